@@ -1,0 +1,13 @@
+// The subcommands of hisparse-bench. Each takes the arguments after its name and returns the
+// process exit code (0 ok, 1 failed, 2 bad usage). Results go to stdout as JSON.
+#ifndef HISPARSE_BENCH_BENCH_CMD_H_
+#define HISPARSE_BENCH_BENCH_CMD_H_
+
+namespace hisparse::bench {
+
+int TraceMain(int argc, char** argv);     // trace_cmd.cc: replay a selection trace through a policy
+int ResolveMain(int argc, char** argv);   // resolve_cmd.cu: the RESOLVE kernel sweep (CUDA builds)
+
+}  // namespace hisparse::bench
+
+#endif  // HISPARSE_BENCH_BENCH_CMD_H_

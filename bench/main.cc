@@ -1,0 +1,49 @@
+// hisparse-bench: benchmarks and trace tools, one subcommand each.
+#include <cstdio>
+#include <cstring>
+
+#include "bench_cmd.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*main)(int, char**);
+  const char* help;
+};
+
+#ifndef HISPARSE_HAVE_CUDA
+int NeedsCuda(int, char**) {
+  std::fprintf(stderr, "hisparse-bench: this subcommand needs a CUDA build (nvcc was not found at configure time)\n");
+  return 2;
+}
+#endif
+
+const Command kCommands[] = {
+    {"trace", hisparse::bench::TraceMain, "replay a selection trace through lru / belady / staging"},
+#ifdef HISPARSE_HAVE_CUDA
+    {"resolve", hisparse::bench::ResolveMain, "sweep the CUDA RESOLVE kernel (GPU)"},
+#else
+    {"resolve", NeedsCuda, "sweep the CUDA RESOLVE kernel (GPU; needs a CUDA build)"},
+#endif
+};
+
+void Usage() {
+  std::fprintf(stderr, "usage: hisparse-bench COMMAND [ARGS...]\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    Usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (!std::strcmp(argv[1], c.name)) return c.main(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "hisparse-bench: unknown command '%s'\n", argv[1]);
+  Usage();
+  return 2;
+}

@@ -1,0 +1,133 @@
+// The slot arena layout: one documented layout shared by the CUDA kernels, the CPU reference and
+// the daemon (which reads the counters for stats).
+//
+// A session's arena holds, for every (request row r, layer l), B record slots plus one extra slot
+// for the newest token, the slot -> position table and the LRU order over the B slots. Rows are
+// the session's request rows (0 .. max_rows-1); the daemon assigns a row when it admits a request.
+//
+// One arena is one contiguous allocation (a memfd in the host-emulated backend, a CUDA VMM
+// allocation on a GPU) laid out as four sections, each 256-byte aligned:
+//
+//   counters   ArenaCounters                                   (hits, misses, bytes fetched)
+//   slot_pos   int32 [max_rows][layers][B]                     position held by a slot, kEmpty = -1
+//   lru        int32 [max_rows][layers][B]                     slot ids, least -> most recently used
+//   records    uint8 [max_rows][layers][B + 1][record_bytes]   slot B is the newest-token slot
+//
+// Invariants of every (row, layer): lru is a permutation of 0..B-1; EMPTY slots precede every
+// filled slot in lru; a position is held by at most one slot; every filled slot's record equals
+// the host pool's record for its position, byte for byte.
+//
+// Plain C-compatible structs only: this header is included by .cu, .cc and the daemon.
+#ifndef HISPARSE_KERNELS_ARENA_LAYOUT_H_
+#define HISPARSE_KERNELS_ARENA_LAYOUT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define HISPARSE_HD __host__ __device__
+#else
+#define HISPARSE_HD
+#endif
+
+namespace hisparse {
+
+inline constexpr int32_t kEmptySlot = -1;   // slot_pos value of a slot that holds nothing
+inline constexpr int32_t kPadding = -1;     // a padding selection, and its output slot
+inline constexpr uint32_t kRecordAlign = 16;  // record_bytes is a multiple of this
+inline constexpr uint32_t kMaxRecordBytes = 16384;
+inline constexpr size_t kArenaSectionAlign = 256;
+
+// Counters that RESOLVE adds to (atomically on the GPU). Read by the daemon for stats.
+struct ArenaCounters {
+  uint64_t hits;           // selected positions found resident (newest token included)
+  uint64_t misses;         // selected positions fetched from the host pool
+  uint64_t bytes_fetched;  // misses * record_bytes
+  uint64_t steps;          // RESOLVE row-steps executed (one per (row, layer) per launch)
+  uint64_t reserved[4];
+};
+
+// The arena's geometry; everything else about the layout follows from it.
+struct ArenaGeometry {
+  int32_t max_rows;       // request rows in the session
+  int32_t num_layers;     // sparse layers
+  int32_t slots;          // B, >= k
+  int32_t k;              // selections per (row, layer, step)
+  uint32_t record_bytes;  // bytes of one KV record, multiple of 16, <= 16 KiB
+};
+
+// Byte offsets of the sections inside the arena.
+struct ArenaOffsets {
+  size_t counters;
+  size_t slot_pos;
+  size_t lru;
+  size_t records;
+  size_t total_bytes;
+};
+
+HISPARSE_HD inline size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+HISPARSE_HD inline ArenaOffsets ComputeArenaOffsets(const ArenaGeometry& g) {
+  ArenaOffsets o{};
+  const size_t tables = static_cast<size_t>(g.max_rows) * g.num_layers * g.slots * sizeof(int32_t);
+  o.counters = 0;
+  o.slot_pos = AlignUp(sizeof(ArenaCounters), kArenaSectionAlign);
+  o.lru = AlignUp(o.slot_pos + tables, kArenaSectionAlign);
+  o.records = AlignUp(o.lru + tables, kArenaSectionAlign);
+  o.total_bytes = AlignUp(o.records + static_cast<size_t>(g.max_rows) * g.num_layers *
+                                          (static_cast<size_t>(g.slots) + 1) * g.record_bytes,
+                          kArenaSectionAlign);
+  return o;
+}
+
+// Typed views of one arena in some address space (host or device). Built by ArenaView::Of.
+struct ArenaView {
+  ArenaGeometry geometry;
+  ArenaCounters* counters;
+  int32_t* slot_pos;  // [max_rows][layers][B]
+  int32_t* lru;       // [max_rows][layers][B]
+  uint8_t* records;   // [max_rows][layers][B+1][record_bytes]
+
+  HISPARSE_HD static ArenaView Of(void* base, const ArenaGeometry& g) {
+    const ArenaOffsets o = ComputeArenaOffsets(g);
+    uint8_t* b = static_cast<uint8_t*>(base);
+    ArenaView v;
+    v.geometry = g;
+    v.counters = reinterpret_cast<ArenaCounters*>(b + o.counters);
+    v.slot_pos = reinterpret_cast<int32_t*>(b + o.slot_pos);
+    v.lru = reinterpret_cast<int32_t*>(b + o.lru);
+    v.records = b + o.records;
+    return v;
+  }
+  // Index of (row, layer) in the [max_rows][layers] grid.
+  HISPARSE_HD size_t RowLayer(int32_t row, int32_t layer) const {
+    return static_cast<size_t>(row) * geometry.num_layers + layer;
+  }
+  HISPARSE_HD int32_t* SlotPos(int32_t row, int32_t layer) const {
+    return slot_pos + RowLayer(row, layer) * geometry.slots;
+  }
+  HISPARSE_HD int32_t* Lru(int32_t row, int32_t layer) const {
+    return lru + RowLayer(row, layer) * geometry.slots;
+  }
+  // Slot s of (row, layer); s == B is the newest-token slot.
+  HISPARSE_HD uint8_t* Record(int32_t row, int32_t layer, int32_t s) const {
+    return records + (RowLayer(row, layer) * (static_cast<size_t>(geometry.slots) + 1) + s) *
+                         geometry.record_bytes;
+  }
+  // Stride between consecutive slots of one (row, layer): what the attention kernel needs.
+  HISPARSE_HD size_t RecordStride() const { return geometry.record_bytes; }
+};
+
+// Where the host records of one session live, as the data path sees them: for every
+// (row, layer), a pointer to position 0 of that row's contiguous run in the host pool (record p
+// at base + p * record_bytes), and how many positions the run holds. The pointers must be
+// readable by whoever runs the kernel (device-mapped host memory on a GPU). Rows not admitted
+// have capacity 0.
+struct HostRecordMap {
+  uint8_t* const* layer_base;  // [max_rows * layers], (row, layer) -> position 0 (written by store and append)
+  const int32_t* capacity;           // [max_rows] positions the row's runs hold
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_KERNELS_ARENA_LAYOUT_H_

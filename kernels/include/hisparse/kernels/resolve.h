@@ -1,0 +1,112 @@
+// RESOLVE: the fused hit / evict / fetch step that runs once per (layer, decode step) for a batch
+// of request rows, and the store / append kernels that keep the host pool authoritative.
+//
+// The contract (../../../../ARCHITECTURE.md, "RESOLVE semantics"), per (row r, layer l):
+//  1. A selected position resident in a slot is a hit. The newest token (seq_len - 1) always maps
+//     to the extra slot B and counts as a hit; it does not touch the LRU order, and a regular slot
+//     that happens to hold the same position is left alone.
+//  2. Misses, in selection order, take the least recently used slots that hold no hit of this
+//     step: the i-th miss takes the i-th such slot (in LRU order). Its record is copied from the
+//     host pool into the slot, and slot_pos is updated.
+//  3. New LRU order, least to most recent: slots untouched this step (old order), then the slots
+//     just filled by misses (miss order), then the hit slots (old relative order).
+//     Example: LRU [0,1,2,3]; a hit in slot 1, one miss -> the miss takes slot 0 -> [2,3,0,1].
+//  4. Output: for every selected index j, the physical slot that now holds it (B for the newest
+//     token; kPadding = -1 for padding).
+//  5. B >= k. With seq_len <= B everything is resident after prefill (position = slot).
+//  6. Deterministic: the CUDA kernel and the CPU reference produce identical slot tables, LRU
+//     orders, outputs and counters for identical inputs.
+//
+// Invalid input of a row (a position outside [-1, seq_len), a duplicate position, seq_len outside
+// [1, capacity of the row], a row outside [0, max_rows)) leaves that row's state untouched, sets its
+// outputs to kPadding and ORs the matching ResolveError bit into *error_flags. Other rows proceed.
+//
+// Memory spaces: on the CUDA path every pointer in a descriptor is device-accessible (arena in
+// device memory, host records in device-mapped pinned host memory); on the host-emulated path all
+// are plain host pointers and the CPU reference runs.
+#ifndef HISPARSE_KERNELS_RESOLVE_H_
+#define HISPARSE_KERNELS_RESOLVE_H_
+
+#include <stdint.h>
+
+#include "hisparse/kernels/arena_layout.h"
+
+namespace hisparse {
+
+enum ResolveError : uint32_t {
+  kResolveOk = 0,
+  kResolveBadPosition = 1u << 0,   // a position < -1 or >= seq_len
+  kResolveDuplicate = 1u << 1,     // a position selected twice in one row
+  kResolveBadSeqLen = 1u << 2,     // seq_len < 1 or > the row's capacity
+  kResolveBadRow = 1u << 3,        // row index outside [0, max_rows)
+};
+
+// One RESOLVE launch: one layer, a batch of rows.
+struct ResolveDesc {
+  ArenaView arena;        // the session's arena (geometry gives B, k, record_bytes)
+  HostRecordMap host;     // where positions live in the host pool
+  int32_t layer;          // which layer's state
+  int32_t max_batch;      // capacity of the per-batch arrays; the grid is sized from it
+  const int32_t* batch_size;  // device scalar: rows actually in this step (<= max_batch);
+                              // rows at index >= *batch_size do nothing (CUDA graph padding)
+  const int32_t* rows;        // [max_batch] arena row of batch entry i
+  const int32_t* seq_lens;    // [max_batch] sequence length of batch entry i at this step
+  const int32_t* positions;   // [max_batch][k] selected positions, kPadding = -1 for padding
+  int32_t* out_slots;         // [max_batch][k] slot that holds positions[i][j] after the step
+  uint32_t* error_flags;      // OR of ResolveError bits; may be null
+  uint32_t flags;             // ResolveFlags; 0 for the real data path
+};
+
+enum ResolveFlags : uint32_t {
+  // Plan and update tables and outputs exactly as usual but move no record bytes. Only for the
+  // benchmark's no-IO bound; never in the data path (slots would not hold their positions).
+  kResolveFlagNoFetch = 1u << 0,
+};
+
+// Prefill store: tokens [start_pos, start_pos + num_tokens) of one row, every layer, from the
+// engine's buffer into the host pool. If seq_len_after <= B the records also land in the slots
+// (position p in slot p), the slot table and the LRU order are rewritten so that the row holds
+// exactly positions 0..seq_len_after-1 (empty slots first in the LRU, then slots in order).
+struct StoreDesc {
+  ArenaView arena;
+  HostRecordMap host;
+  int32_t row;
+  int32_t start_pos;
+  int32_t num_tokens;
+  int32_t seq_len_after;       // the row's sequence length once these tokens are stored
+  const uint8_t* src;          // record of (layer l, token t) at src + l*layer_stride + t*token_stride
+  int64_t src_layer_stride;    // bytes
+  int64_t src_token_stride;    // bytes, >= record_bytes
+};
+
+// Decode append: the newest token (position seq_len - 1) of every row in the batch, one layer:
+// into the row's newest-token slot B and into the host pool.
+struct AppendDesc {
+  ArenaView arena;
+  HostRecordMap host;
+  int32_t layer;
+  int32_t max_batch;
+  const int32_t* batch_size;  // device scalar, as in ResolveDesc
+  const int32_t* rows;        // [max_batch]
+  const int32_t* seq_lens;    // [max_batch] the newest token is at seq_len - 1
+  const uint8_t* src;         // record of batch entry i at src + i * src_stride
+  int64_t src_stride;         // bytes, >= record_bytes
+  uint32_t* error_flags;      // may be null; kResolveBadSeqLen / kResolveBadRow
+};
+
+// Checks a geometry: B >= k >= 1, record_bytes a multiple of 16 in [16, 16384], rows and
+// layers >= 1. Returns null when valid, else a static message naming what is wrong.
+const char* ValidateArenaGeometry(const ArenaGeometry& g);
+
+// ---- CPU reference (kernels/resolve_reference.cc): the oracle, and the host-emulated backend. ----
+// Each returns the OR of ResolveError bits it set (0 when every row was valid). Counters in the
+// arena are updated exactly as the CUDA kernel updates them.
+uint32_t ResolveReference(const ResolveDesc& d);
+uint32_t StoreReference(const StoreDesc& d);
+uint32_t AppendReference(const AppendDesc& d);
+// Resets one row: every layer's slots EMPTY, LRU = identity. Used when a row is (re)admitted.
+void ResetRowReference(const ArenaView& arena, int32_t row);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_KERNELS_RESOLVE_H_

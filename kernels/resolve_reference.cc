@@ -1,0 +1,2 @@
+// Placeholder: the CPU reference of RESOLVE lands here.
+#include "hisparse/kernels/resolve.h"
