@@ -1,2 +1,263 @@
-// Placeholder: the CPU reference of RESOLVE lands here.
+// The CPU reference of RESOLVE, store and append (resolve.h): the oracle the CUDA kernels are held
+// equal to, and what the host-emulated backend runs. Written for obviousness, not speed: each
+// (row, layer) step builds its position -> slot lookup from scratch, so nothing but the arena
+// carries state between calls.
+//
+// Error precedence (the CUDA kernel reports the same bits): a bad row reports only kResolveBadRow
+// (its capacity cannot be read); else a bad seq_len reports only kResolveBadSeqLen (positions
+// cannot be judged against it); else kResolveBadPosition and kResolveDuplicate are both reported
+// when both occur, a duplicate being a valid (in-range) position selected twice. A descriptor
+// layer outside [0, num_layers) names no (row, layer) state, so every active row of the launch is
+// rejected as kResolveBadRow (RESOLVE does the same for a geometry ValidateArenaGeometry rejects).
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
 #include "hisparse/kernels/resolve.h"
+
+namespace hisparse {
+namespace {
+
+// Rows the launch covers: *batch_size clamped to [0, max_batch] so a bad scalar cannot index past
+// the per-batch arrays.
+int32_t ActiveRows(const int32_t* batch_size, int32_t max_batch) {
+  const int32_t n = batch_size ? *batch_size : 0;
+  return std::max(0, std::min(n, max_batch));
+}
+
+bool LayerInRange(const ArenaView& a, int32_t layer) {
+  return layer >= 0 && layer < a.geometry.num_layers;
+}
+
+// Row and seq_len checks shared by RESOLVE and append. Returns 0 when both are valid.
+uint32_t CheckRowAndSeqLen(const ArenaView& a, const HostRecordMap& h, int32_t row,
+                           int32_t seq_len) {
+  if (row < 0 || row >= a.geometry.max_rows) return kResolveBadRow;
+  if (seq_len < 1 || seq_len > h.capacity[row]) return kResolveBadSeqLen;
+  return 0;
+}
+
+// Host record of `pos` in (row, layer): the row's runs are contiguous, position 0 first.
+uint8_t* HostRecord(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer,
+                    int32_t pos) {
+  return h.layer_base[a.RowLayer(row, layer)] +
+         static_cast<size_t>(pos) * a.geometry.record_bytes;
+}
+
+// Positions in [-1, seq_len) and no non-padding position twice. Returns the error bits.
+uint32_t CheckSelection(const int32_t* sel, int32_t k, int32_t seq_len) {
+  uint32_t err = 0;
+  std::vector<int32_t> seen;
+  seen.reserve(k);
+  for (int32_t j = 0; j < k; ++j) {
+    if (sel[j] < kPadding || sel[j] >= seq_len) {
+      err |= kResolveBadPosition;
+    } else if (sel[j] != kPadding) {
+      seen.push_back(sel[j]);
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) err |= kResolveDuplicate;
+  return err;
+}
+
+// One valid (row, layer) step of RESOLVE; the numbered rules are those of resolve.h.
+void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_t* sel,
+                int32_t* out) {
+  const ArenaView& a = d.arena;
+  const int32_t B = a.geometry.slots;
+  const int32_t k = a.geometry.k;
+  int32_t* slot_pos = a.SlotPos(row, d.layer);
+  int32_t* lru = a.Lru(row, d.layer);
+
+  // position -> slot over the filled slots, sorted by position for binary search.
+  std::vector<std::pair<int32_t, int32_t>> resident;
+  resident.reserve(B);
+  for (int32_t s = 0; s < B; ++s) {
+    if (slot_pos[s] != kEmptySlot) resident.emplace_back(slot_pos[s], s);
+  }
+  std::sort(resident.begin(), resident.end());
+
+  // Rule 1: hits. The newest token goes to slot B and never touches a regular slot.
+  std::vector<char> is_hit(B, 0);
+  std::vector<int32_t> miss_index;  // selection indices of the misses, in selection order
+  uint64_t hits = 0;
+  for (int32_t j = 0; j < k; ++j) {
+    const int32_t p = sel[j];
+    if (p == kPadding) {
+      out[j] = kPadding;
+    } else if (p == seq_len - 1) {
+      out[j] = B;
+      ++hits;
+    } else {
+      auto it = std::lower_bound(resident.begin(), resident.end(), std::make_pair(p, -1));
+      if (it != resident.end() && it->first == p) {
+        out[j] = it->second;
+        is_hit[it->second] = 1;
+        ++hits;
+      } else {
+        miss_index.push_back(j);
+      }
+    }
+  }
+
+  // Rule 2: the i-th miss takes the i-th least recently used slot holding no hit. B >= k
+  // guarantees enough of them: hit slots + misses <= k <= B.
+  std::vector<int32_t> victims;
+  victims.reserve(miss_index.size());
+  for (int32_t i = 0; i < B && victims.size() < miss_index.size(); ++i) {
+    if (!is_hit[lru[i]]) victims.push_back(lru[i]);
+  }
+  std::vector<char> is_victim(B, 0);
+  for (size_t i = 0; i < miss_index.size(); ++i) {
+    const int32_t s = victims[i];
+    const int32_t p = sel[miss_index[i]];
+    is_victim[s] = 1;
+    slot_pos[s] = p;
+    out[miss_index[i]] = s;
+    if (!(d.flags & kResolveFlagNoFetch)) {
+      std::memcpy(a.Record(row, d.layer, s), HostRecord(a, d.host, row, d.layer, p),
+                  a.geometry.record_bytes);
+    }
+  }
+
+  // Rule 3: untouched (old order), then filled by misses (miss order), then hits (old order).
+  // Victims were taken in LRU order, so miss order and their old relative order coincide.
+  std::vector<int32_t> next;
+  next.reserve(B);
+  for (int32_t i = 0; i < B; ++i) {
+    if (!is_hit[lru[i]] && !is_victim[lru[i]]) next.push_back(lru[i]);
+  }
+  next.insert(next.end(), victims.begin(), victims.end());
+  for (int32_t i = 0; i < B; ++i) {
+    if (is_hit[lru[i]]) next.push_back(lru[i]);
+  }
+  std::copy(next.begin(), next.end(), lru);
+
+  ArenaCounters* c = a.counters;
+  c->hits += hits;
+  c->misses += miss_index.size();
+  c->bytes_fetched += static_cast<uint64_t>(miss_index.size()) * a.geometry.record_bytes;
+  c->steps += 1;
+}
+
+// Keeps "every filled slot's record equals the host record" true when a store or append
+// rewrites host positions [first, last) that a regular slot of (row, layer) already holds.
+void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer,
+                          int32_t first, int32_t last) {
+  const int32_t* slot_pos = a.SlotPos(row, layer);
+  for (int32_t s = 0; s < a.geometry.slots; ++s) {
+    if (slot_pos[s] >= first && slot_pos[s] < last) {
+      std::memcpy(a.Record(row, layer, s), HostRecord(a, h, row, layer, slot_pos[s]),
+                  a.geometry.record_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+uint32_t ResolveReference(const ResolveDesc& d) {
+  const int32_t k = d.arena.geometry.k;
+  const int32_t n = ActiveRows(d.batch_size, d.max_batch);
+  // An invalid geometry (B < k above all) could leave a miss without a slot: reject every row.
+  const bool layer_ok =
+      LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr;
+  uint32_t all_errors = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t* sel = d.positions + static_cast<size_t>(i) * k;
+    int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
+    uint32_t err = layer_ok ? CheckRowAndSeqLen(d.arena, d.host, d.rows[i], d.seq_lens[i])
+                            : static_cast<uint32_t>(kResolveBadRow);
+    if (err == 0) err = CheckSelection(sel, k, d.seq_lens[i]);
+    if (err != 0) {
+      std::fill(out, out + k, kPadding);  // state untouched, counters untouched
+      all_errors |= err;
+      continue;
+    }
+    ResolveRow(d, d.rows[i], d.seq_lens[i], sel, out);
+  }
+  if (d.error_flags) *d.error_flags |= all_errors;
+  return all_errors;
+}
+
+// Store validity: start_pos >= 0, num_tokens >= 0 (else kResolveBadPosition) and
+// start_pos + num_tokens <= seq_len_after <= capacity, seq_len_after >= 1 (else kResolveBadSeqLen).
+// Source token t of the buffer is position start_pos + t.
+uint32_t StoreReference(const StoreDesc& d) {
+  const ArenaView& a = d.arena;
+  const int32_t B = a.geometry.slots;
+  const uint32_t rb = a.geometry.record_bytes;
+  if (d.row < 0 || d.row >= a.geometry.max_rows) return kResolveBadRow;
+  if (d.start_pos < 0 || d.num_tokens < 0) return kResolveBadPosition;
+  const int64_t end = static_cast<int64_t>(d.start_pos) + d.num_tokens;
+  if (d.seq_len_after < 1 || end > d.seq_len_after || d.seq_len_after > d.host.capacity[d.row]) {
+    return kResolveBadSeqLen;
+  }
+  for (int32_t l = 0; l < a.geometry.num_layers; ++l) {
+    // The host pool is written first: it is the authoritative copy every slot is filled from.
+    for (int32_t t = 0; t < d.num_tokens; ++t) {
+      const uint8_t* src = d.src + l * d.src_layer_stride + t * d.src_token_stride;
+      std::memcpy(HostRecord(a, d.host, d.row, l, d.start_pos + t), src, rb);
+    }
+    RefreshResidentSlots(a, d.host, d.row, l, d.start_pos, static_cast<int32_t>(end));
+    // The newest token's slot B is filled too, so that a RESOLVE at seq_len_after right after
+    // the store is exact.
+    if (d.seq_len_after - 1 >= d.start_pos && d.seq_len_after - 1 < end) {
+      std::memcpy(a.Record(d.row, l, B), HostRecord(a, d.host, d.row, l, d.seq_len_after - 1), rb);
+    }
+    if (d.seq_len_after > B) continue;
+    // Rule 5: a short row is wholly resident, position p in slot p; earlier chunks come from the
+    // host pool, so chunked prefill ends in the same state as a single store.
+    int32_t* slot_pos = a.SlotPos(d.row, l);
+    int32_t* lru = a.Lru(d.row, l);
+    const int32_t filled = d.seq_len_after;
+    for (int32_t s = 0; s < B; ++s) {
+      slot_pos[s] = s < filled ? s : kEmptySlot;
+      if (s < filled) {
+        std::memcpy(a.Record(d.row, l, s), HostRecord(a, d.host, d.row, l, s), rb);
+      }
+    }
+    // EMPTY slots are least recently used, then the filled slots in position order.
+    for (int32_t i = 0; i < B; ++i) lru[i] = i < B - filled ? filled + i : i - (B - filled);
+  }
+  return 0;
+}
+
+uint32_t AppendReference(const AppendDesc& d) {
+  const ArenaView& a = d.arena;
+  const int32_t n = ActiveRows(d.batch_size, d.max_batch);
+  const bool layer_ok = LayerInRange(a, d.layer);
+  uint32_t all_errors = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t row = d.rows[i];
+    const int32_t seq_len = d.seq_lens[i];
+    const uint32_t err = layer_ok ? CheckRowAndSeqLen(a, d.host, row, seq_len)
+                                  : static_cast<uint32_t>(kResolveBadRow);
+    if (err != 0) {
+      all_errors |= err;
+      continue;
+    }
+    const uint8_t* src = d.src + i * d.src_stride;
+    const uint32_t rb = a.geometry.record_bytes;
+    std::memcpy(HostRecord(a, d.host, row, d.layer, seq_len - 1), src, rb);
+    std::memcpy(a.Record(row, d.layer, a.geometry.slots), src, rb);
+    RefreshResidentSlots(a, d.host, row, d.layer, seq_len - 1, seq_len);
+  }
+  if (d.error_flags) *d.error_flags |= all_errors;
+  return all_errors;
+}
+
+void ResetRowReference(const ArenaView& arena, int32_t row) {
+  if (row < 0 || row >= arena.geometry.max_rows) return;
+  for (int32_t l = 0; l < arena.geometry.num_layers; ++l) {
+    int32_t* slot_pos = arena.SlotPos(row, l);
+    int32_t* lru = arena.Lru(row, l);
+    for (int32_t s = 0; s < arena.geometry.slots; ++s) {
+      slot_pos[s] = kEmptySlot;
+      lru[s] = s;
+    }
+  }
+}
+
+}  // namespace hisparse

@@ -1,0 +1,77 @@
+// Replay of a selection trace through a cache policy with B slots per (request, layer), giving
+// the hit / miss accounting of TRACE_FORMAT.md per layer and in total.
+//
+// Policies (each (request, layer) stream has its own B slots and is replayed on its own; the
+// newest-token rule applies to all: position seq_len - 1 is always a hit and occupies no slot):
+//  - kLru:     the real RESOLVE (ResolveReference) on a one-row arena, without moving bytes.
+//  - kBelady:  offline optimal: a miss with no free slot evicts the resident position not
+//              selected in the current step whose next selection in this stream is farthest
+//              (never beats any; ties go to the larger position).
+//  - kStaging: a staging buffer that holds exactly the previous step's selection of this stream
+//              (its newest token included); a hit is a position that stream selected in its
+//              previous record too. B only has to be >= k (the buffer holds k).
+//
+// Replay reads the whole trace into memory first (Belady needs the future; positions are kept as
+// int32, smaller than the text), then replays stream by stream.
+//
+// Thread-safety: the functions are reentrant; results are plain values.
+#ifndef HISPARSE_TRACE_REPLAY_H_
+#define HISPARSE_TRACE_REPLAY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "hisparse/trace/trace.h"
+
+namespace hisparse::trace {
+
+enum class Policy { kLru, kBelady, kStaging };
+
+// "lru", "belady", "staging"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
+const char* PolicyName(Policy policy);
+
+struct ReplayOptions {
+  int32_t slots = 0;          // B per (request, layer); must be >= the trace's k
+  Policy policy = Policy::kLru;
+  uint32_t record_bytes = 0;  // bytes of one KV record; 0: bytes_fetched is not reported
+};
+
+struct ReplayCounts {
+  uint64_t selections = 0;  // selected positions (padding excluded)
+  uint64_t hits = 0;        // newest token included
+  uint64_t misses = 0;
+  double hit_rate() const { return selections ? static_cast<double>(hits) / selections : 0.0; }
+};
+
+struct ReplayResult {
+  Policy policy = Policy::kLru;
+  int32_t slots = 0;
+  int32_t k = 0;
+  int32_t layers = 0;
+  uint32_t record_bytes = 0;
+  uint64_t records = 0;  // S lines
+  uint64_t streams = 0;  // distinct (request, layer) pairs
+  std::vector<ReplayCounts> per_layer;
+  ReplayCounts total;
+};
+
+// Replays the trace at `path`. NOT_FOUND when it cannot be opened; INVALID_ARGUMENT
+// ("PATH:LINE: what") when it is malformed; FAILED_PRECONDITION when slots < k or slots < 1.
+absl::StatusOr<ReplayResult> ReplayTrace(const std::string& path, const ReplayOptions& options);
+
+// The same over records in memory (validated like a file: INVALID_ARGUMENT "record N: what").
+absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header,
+                                           const std::vector<TraceRecord>& records,
+                                           const ReplayOptions& options);
+
+// Renderings for the CLI: one JSON object (bytes_fetched only when record_bytes > 0), or a table.
+std::string ReplayResultJson(const ReplayResult& result, absl::string_view trace_path);
+std::string ReplayResultTable(const ReplayResult& result, absl::string_view trace_path);
+
+}  // namespace hisparse::trace
+
+#endif  // HISPARSE_TRACE_REPLAY_H_

@@ -1,0 +1,276 @@
+// Trace replay through lru / belady / staging (replay.h).
+#include "hisparse/trace/replay.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/kernels/resolve.h"
+
+namespace hisparse::trace {
+namespace {
+
+// One (request, layer) stream: its records in step order, flattened as [seq_len, n, p1 .. pn].
+struct Stream {
+  int32_t layer = 0;
+  std::vector<int32_t> data;
+};
+
+// Calls f(record index, seq_len, positions, n) for each record of `s`, in order.
+template <typename F>
+void ForEachRecord(const Stream& s, F f) {
+  int32_t t = 0;
+  for (size_t i = 0; i < s.data.size(); i += 2 + s.data[i + 1], ++t) {
+    f(t, s.data[i], &s.data[i + 2], s.data[i + 1]);
+  }
+}
+
+class Loader {
+ public:
+  void Add(const TraceRecord& r) {
+    auto [it, fresh] = index_.try_emplace({r.request, r.layer}, streams_.size());
+    if (fresh) streams_.push_back(Stream{r.layer, {}});
+    std::vector<int32_t>& d = streams_[it->second].data;
+    d.push_back(r.seq_len);
+    d.push_back(static_cast<int32_t>(r.positions.size()));
+    d.insert(d.end(), r.positions.begin(), r.positions.end());
+    ++records_;
+  }
+  const std::vector<Stream>& streams() const { return streams_; }
+  uint64_t records() const { return records_; }
+
+ private:
+  std::map<std::pair<int64_t, int32_t>, size_t> index_;  // (request, layer) -> streams_ index
+  std::vector<Stream> streams_;
+  uint64_t records_ = 0;
+};
+
+// LRU is the real RESOLVE on a one-row, one-layer arena reset per stream. NoFetch: the records
+// section is never touched, so no host pool exists; every seq_len is within the row's capacity.
+class LruReplayer {
+ public:
+  LruReplayer(int32_t slots, int32_t k)
+      : g_{1, 1, slots, k, kRecordAlign},
+        storage_(ComputeArenaOffsets(g_).total_bytes / sizeof(uint64_t) + 1),
+        view_(ArenaView::Of(storage_.data(), g_)),
+        positions_(k),
+        out_(k) {}
+
+  absl::StatusOr<ReplayCounts> Run(const Stream& s) {
+    ResetRowReference(view_, 0);
+    *view_.counters = ArenaCounters{};
+    uint8_t* const no_host[1] = {nullptr};
+    const int32_t capacity = std::numeric_limits<int32_t>::max();
+    const int32_t row = 0, one = 1;
+    ReplayCounts c;
+    absl::Status status;
+    ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
+      std::fill(std::copy(p, p + n, positions_.begin()), positions_.end(), kPadding);
+      c.selections += n;
+      ResolveDesc d{};
+      d.arena = view_;
+      d.host = HostRecordMap{no_host, &capacity};
+      d.layer = 0;
+      d.max_batch = 1;
+      d.batch_size = &one;
+      d.rows = &row;
+      d.seq_lens = &seq_len;
+      d.positions = positions_.data();
+      d.out_slots = out_.data();
+      d.flags = kResolveFlagNoFetch;
+      if (ResolveReference(d) != 0 && status.ok()) {
+        status = absl::InternalError("RESOLVE rejected a validated trace record");
+      }
+    });
+    HS_RETURN_IF_ERROR(status);
+    c.hits = view_.counters->hits;
+    c.misses = view_.counters->misses;
+    return c;
+  }
+
+ private:
+  ArenaGeometry g_;
+  std::vector<uint64_t> storage_;
+  ArenaView view_;
+  std::vector<int32_t> positions_, out_;
+};
+
+ReplayCounts ReplayBelady(const Stream& s, int32_t slots) {
+  constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
+  // next[i]: the record index of the next non-newest selection of the position at data[i].
+  std::vector<int32_t> next(s.data.size(), kNever);
+  std::vector<std::pair<size_t, int32_t>> records;  // (data offset, record index), for the reverse scan
+  ForEachRecord(s, [&](int32_t t, int32_t, const int32_t* p, int32_t) {
+    records.emplace_back(p - s.data.data(), t);
+  });
+  std::unordered_map<int32_t, int32_t> next_seen;
+  for (auto r = records.rbegin(); r != records.rend(); ++r) {
+    const int32_t seq_len = s.data[r->first - 2], n = s.data[r->first - 1];
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t p = s.data[r->first + j];
+      if (p == seq_len - 1) continue;  // a newest-token selection costs nothing: not a use
+      auto it = next_seen.find(p);
+      next[r->first + j] = it == next_seen.end() ? kNever : it->second;
+      next_seen[p] = r->second;
+    }
+  }
+
+  ReplayCounts c;
+  std::unordered_map<int32_t, int32_t> resident;  // position -> its next use
+  std::set<std::pair<int32_t, int32_t>> by_next;  // (next use, position) of evictable residents
+  std::vector<std::pair<int32_t, int32_t>> keep;  // (next use, position) selected this step
+  ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
+    c.selections += n;
+    keep.clear();
+    int32_t misses = 0;
+    for (int32_t j = 0; j < n; ++j) {
+      if (p[j] == seq_len - 1) {
+        ++c.hits;
+        continue;
+      }
+      const int32_t nu = next[p - s.data.data() + j];
+      auto it = resident.find(p[j]);
+      if (it != resident.end()) {
+        ++c.hits;
+        by_next.erase({it->second, p[j]});  // selected now: not evictable this step
+      } else {
+        ++misses;
+      }
+      keep.emplace_back(nu, p[j]);
+    }
+    // Hits + misses <= k <= B, so enough unselected residents exist to make room.
+    int64_t need = static_cast<int64_t>(resident.size()) + misses - slots;
+    for (; need > 0; --need) {
+      auto victim = std::prev(by_next.end());
+      resident.erase(victim->second);
+      by_next.erase(victim);
+    }
+    for (const auto& [nu, pos] : keep) {
+      resident[pos] = nu;
+      by_next.emplace(nu, pos);
+    }
+    c.misses += misses;
+  });
+  return c;
+}
+
+ReplayCounts ReplayStaging(const Stream& s) {
+  ReplayCounts c;
+  std::vector<int32_t> prev, cur;  // sorted selections of the previous and current record
+  ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
+    c.selections += n;
+    for (int32_t j = 0; j < n; ++j) {
+      const bool hit = p[j] == seq_len - 1 || std::binary_search(prev.begin(), prev.end(), p[j]);
+      ++(hit ? c.hits : c.misses);
+    }
+    cur.assign(p, p + n);
+    std::sort(cur.begin(), cur.end());
+    std::swap(prev, cur);
+  });
+  return c;
+}
+
+void AddTo(ReplayCounts* sum, const ReplayCounts& c) {
+  sum->selections += c.selections;
+  sum->hits += c.hits;
+  sum->misses += c.misses;
+}
+
+absl::Status CheckSlots(const TraceHeader& h, const ReplayOptions& o) {
+  if (o.slots < 1 || o.slots < h.k) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replay needs slots (B) >= k: B = ", o.slots, ", trace k = ", h.k));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReplayResult> Run(const TraceHeader& h, const Loader& loader,
+                                 const ReplayOptions& o) {
+  ReplayResult res;
+  res.policy = o.policy;
+  res.slots = o.slots;
+  res.k = h.k;
+  res.layers = h.layers;
+  res.record_bytes = o.record_bytes;
+  res.records = loader.records();
+  res.streams = loader.streams().size();
+  res.per_layer.resize(h.layers);
+  std::unique_ptr<LruReplayer> lru;
+  if (o.policy == Policy::kLru) lru = std::make_unique<LruReplayer>(o.slots, h.k);
+  for (const Stream& s : loader.streams()) {
+    ReplayCounts c;
+    switch (o.policy) {
+      case Policy::kLru: {
+        HS_ASSIGN_OR_RETURN(c, lru->Run(s));
+        break;
+      }
+      case Policy::kBelady:
+        c = ReplayBelady(s, o.slots);
+        break;
+      case Policy::kStaging:
+        c = ReplayStaging(s);
+        break;
+    }
+    AddTo(&res.per_layer[s.layer], c);
+    AddTo(&res.total, c);
+  }
+  return res;
+}
+
+}  // namespace
+
+absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
+  if (name == "lru") return Policy::kLru;
+  if (name == "belady") return Policy::kBelady;
+  if (name == "staging") return Policy::kStaging;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy '", name, "' (expected lru, belady or staging)"));
+}
+
+const char* PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kLru: return "lru";
+    case Policy::kBelady: return "belady";
+    case Policy::kStaging: return "staging";
+  }
+  return "?";
+}
+
+absl::StatusOr<ReplayResult> ReplayTrace(const std::string& path, const ReplayOptions& options) {
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<TraceReader> reader, TraceReader::Open(path));
+  HS_RETURN_IF_ERROR(CheckSlots(reader->header(), options));
+  Loader loader;
+  TraceRecord r;
+  while (true) {
+    HS_ASSIGN_OR_RETURN(bool more, reader->Next(&r));
+    if (!more) break;
+    loader.Add(r);
+  }
+  return Run(reader->header(), loader, options);
+}
+
+absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header,
+                                           const std::vector<TraceRecord>& records,
+                                           const ReplayOptions& options) {
+  if (header.k < 1 || header.layers < 1) {
+    return absl::InvalidArgumentError("trace header needs k >= 1 and layers >= 1");
+  }
+  HS_RETURN_IF_ERROR(CheckSlots(header, options));
+  TraceChecker checker(header);
+  Loader loader;
+  for (size_t i = 0; i < records.size(); ++i) {
+    absl::Status s = checker.Check(records[i]);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("record ", i, ": ", s.message()));
+    loader.Add(records[i]);
+  }
+  return Run(header, loader, options);
+}
+
+}  // namespace hisparse::trace

@@ -1,0 +1,221 @@
+// The C ABI (hisparse.h) over ClientSession. Every entry point catches what C++ might throw, maps
+// absl::Status to hs_result, and keeps the message for hs_last_error() on the calling thread.
+#include <new>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client_session.h"
+#include "hisparse/hisparse.h"
+
+struct hs_session {
+  std::unique_ptr<hisparse::ClientSession> impl;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+hs_result ToResult(const absl::Status& s) {
+  if (s.ok()) return HS_OK;
+  g_last_error = std::string(s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange: return HS_ERR_INVALID_ARGUMENT;
+    case absl::StatusCode::kNotFound: return HS_ERR_NOT_FOUND;
+    case absl::StatusCode::kAlreadyExists: return HS_ERR_ALREADY_EXISTS;
+    case absl::StatusCode::kResourceExhausted: return HS_ERR_RESOURCE_EXHAUSTED;
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated: return HS_ERR_PERMISSION_DENIED;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted: return HS_ERR_FAILED_PRECONDITION;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled: return HS_ERR_UNAVAILABLE;
+    case absl::StatusCode::kUnimplemented: return HS_ERR_UNIMPLEMENTED;
+    default: return HS_ERR_INTERNAL;
+  }
+}
+
+hs_result Fail(hs_result r, const char* msg) {
+  g_last_error = msg;
+  return r;
+}
+
+// Runs `body`, turning any escaping C++ exception into HS_ERR_INTERNAL.
+template <typename F>
+hs_result Guard(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(HS_ERR_RESOURCE_EXHAUSTED, "out of memory");
+  } catch (const std::exception& e) {
+    return Fail(HS_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return Fail(HS_ERR_INTERNAL, "unknown C++ exception");
+  }
+}
+
+bool SizeOk(uint32_t struct_size, size_t min) { return struct_size >= min; }
+
+}  // namespace
+
+extern "C" {
+
+const char* hs_result_string(hs_result r) {
+  switch (r) {
+    case HS_OK: return "ok";
+    case HS_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case HS_ERR_NOT_FOUND: return "not found";
+    case HS_ERR_ALREADY_EXISTS: return "already exists";
+    case HS_ERR_RESOURCE_EXHAUSTED: return "resource exhausted";
+    case HS_ERR_PERMISSION_DENIED: return "permission denied";
+    case HS_ERR_FAILED_PRECONDITION: return "failed precondition";
+    case HS_ERR_UNAVAILABLE: return "unavailable";
+    case HS_ERR_UNIMPLEMENTED: return "unimplemented";
+    case HS_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown hs_result";
+}
+
+const char* hs_last_error(void) { return g_last_error.c_str(); }
+int hs_abi_version(void) { return HS_ABI_VERSION; }
+
+hs_result hs_session_open(const hs_session_options* options, hs_session** out) {
+  return Guard([&] {
+    if (options == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "options and out must not be NULL");
+    if (!SizeOk(options->struct_size, sizeof(hs_session_options))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_options.struct_size is too small: use HS_SESSION_OPTIONS_INIT");
+    }
+    *out = nullptr;
+    auto impl = hisparse::ClientSession::Open(*options);
+    if (!impl.ok()) return ToResult(impl.status());
+    *out = new hs_session{std::move(*impl)};
+    return HS_OK;
+  });
+}
+
+void hs_session_close(hs_session* session) {
+  try {
+    delete session;
+  } catch (...) {
+  }
+}
+
+hs_result hs_admit(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                   hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, sizeof(hs_request_info))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->Admit(request_id, context_tokens, token_budget);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) *out = *r;
+    return HS_OK;
+  });
+}
+
+hs_result hs_extend(hs_session* s, uint64_t request_id, uint32_t token_budget, hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, sizeof(hs_request_info))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->Extend(request_id, token_budget);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) *out = *r;
+    return HS_OK;
+  });
+}
+
+hs_result hs_release(hs_session* s, uint64_t request_id) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->Release(request_id));
+  });
+}
+
+hs_result hs_record_ptr(hs_session* s, uint64_t request_id, uint32_t layer, uint32_t position, void** out) {
+  return Guard([&] {
+    if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
+    auto p = s->impl->RecordPtr(request_id, layer, position);
+    if (!p.ok()) return ToResult(p.status());
+    *out = *p;
+    return HS_OK;
+  });
+}
+
+hs_result hs_session_get_info(hs_session* s, hs_session_info* out) {
+  return Guard([&] {
+    if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
+    if (!SizeOk(out->struct_size, sizeof(hs_session_info))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_info.struct_size is too small: use HS_SESSION_INFO_INIT");
+    }
+    *out = s->impl->Info();
+    return HS_OK;
+  });
+}
+
+hs_result hs_stats_get(hs_session* s, hs_stats* out) {
+  return Guard([&] {
+    if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
+    if (!SizeOk(out->struct_size, sizeof(hs_stats))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_stats.struct_size is too small: use HS_STATS_INIT");
+    }
+    auto st = s->impl->NodeStats();
+    if (!st.ok()) return ToResult(st.status());
+    hs_stats r = HS_STATS_INIT;
+    r.pool_capacity_bytes = st->host_pool().capacity_bytes();
+    r.pool_used_bytes = st->host_pool().used_bytes();
+    r.pool_free_bytes = st->host_pool().free_bytes();
+    r.pool_fragmentation = st->host_pool().fragmentation();
+    r.sessions = st->sessions();
+    r.requests = st->requests();
+    for (const auto& ss : st->session_stats()) {
+      if (ss.session_id() != s->impl->session_id()) continue;
+      r.session_requests = ss.requests();
+      r.session_host_bytes = ss.host_bytes();
+      r.hits = ss.hits();
+      r.misses = ss.misses();
+      r.bytes_fetched = ss.bytes_fetched();
+    }
+    *out = r;
+    return HS_OK;
+  });
+}
+
+hs_result hs_resolve(hs_session* s, const hs_resolve_args* args) {
+  return Guard([&] {
+    if (s == nullptr || args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and args must not be NULL");
+    if (!SizeOk(args->struct_size, sizeof(hs_resolve_args))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_resolve_args.struct_size is too small: use HS_RESOLVE_ARGS_INIT");
+    }
+    return ToResult(s->impl->Resolve(*args));
+  });
+}
+
+hs_result hs_store(hs_session* s, uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
+                   const void* src, int64_t src_layer_stride, int64_t src_token_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->Store(request_id, start_pos, num_tokens, seq_len_after, src, src_layer_stride,
+                                   src_token_stride, stream));
+  });
+}
+
+hs_result hs_append(hs_session* s, uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
+                    const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, src, src_stride, stream));
+  });
+}
+
+hs_result hs_check_errors(hs_session* s) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->CheckErrors());
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,363 @@
+#include "client_session.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/common/unix_socket.h"
+
+namespace hisparse {
+namespace {
+
+constexpr char kDefaultAddress[] = "unix:/run/hisparse/hisparsed.sock";
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(absl::StrCat(what, ": the daemon did not answer (", s.error_message(), ")"));
+  }
+  return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_session_options& o) {
+  std::unique_ptr<ClientSession> s(new ClientSession());
+  HS_RETURN_IF_ERROR(s->Connect(o));
+  return s;
+}
+
+absl::Status ClientSession::Connect(const hs_session_options& o) {
+  std::string address = o.daemon_address ? o.daemon_address : "";
+  if (address.empty()) {
+    const char* env = std::getenv("HISPARSE_DAEMON");
+    address = env && *env ? env : kDefaultAddress;
+  }
+  HS_RETURN_IF_ERROR(UnixPathFromAddress(address).status());
+  timeout_ms_ = o.timeout_ms ? o.timeout_ms : 10000;
+  geometry_.set_gpu(o.gpu);
+  geometry_.set_num_layers(o.num_layers);
+  geometry_.set_record_bytes(o.record_bytes);
+  geometry_.set_k(o.k);
+  geometry_.set_slots(o.slots);
+  geometry_.set_max_requests(o.max_requests);
+  arena_geometry_ = ArenaGeometry{static_cast<int32_t>(o.max_requests), static_cast<int32_t>(o.num_layers),
+                                  static_cast<int32_t>(o.slots), static_cast<int32_t>(o.k), o.record_bytes};
+
+  channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address));
+  }
+  stub_ = v1::HiSparse::NewStub(channel_);
+  stream_ = stub_->Session(&stream_context_);
+  v1::SessionRequest open;
+  *open.mutable_open()->mutable_geometry() = geometry_;
+  open.mutable_open()->set_engine_name(o.engine_name ? o.engine_name : "");
+  v1::SessionEvent first;
+  if (!stream_->Write(open) || !stream_->Read(&first) || first.kind_case() != v1::SessionEvent::kOpened) {
+    stream_->WritesDone();
+    return FromGrpc(stream_->Finish(), "open session");
+  }
+  opened_ = first.opened();
+  ref_.set_session_id(opened_.session_id());
+  ref_.set_token(opened_.token());
+  alive_ = true;
+  watcher_ = std::thread([this] { WatchStream(); });
+
+  // Backend, then the arena (from the daemon, over the fd channel).
+  if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
+    auto cuda = MakeCudaBackend(o.gpu, arena_geometry_);
+    if (!cuda.ok() && o.backend == HS_BACKEND_CUDA) return cuda.status();
+    if (cuda.ok()) backend_ = std::move(*cuda);
+  }
+  if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_);
+  uint64_t bytes = 0;
+  HS_ASSIGN_OR_RETURN(UniqueFd arena_fd, FetchFd("arena", &bytes));
+  if (bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
+    return absl::InternalError("the daemon's arena is smaller than the geometry needs");
+  }
+  HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena_fd.get(), bytes));
+  HS_ASSIGN_OR_RETURN(arena_, backend_->AttachArena(arena_map_.data(), arena_geometry_));
+  return absl::OkStatus();
+}
+
+ClientSession::~ClientSession() {
+  if (stream_ != nullptr) {
+    // Ending the stream ends the session: the daemon releases everything it held.
+    if (alive_) {
+      v1::SessionRequest close;
+      close.mutable_close();
+      stream_->Write(close);
+      stream_->WritesDone();
+    }
+    stream_context_.TryCancel();
+    if (watcher_.joinable()) watcher_.join();
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, seg] : segments_) {
+    if (backend_) backend_->UnregisterHostSegment(seg.map.data());
+  }
+  segments_.clear();
+}
+
+void ClientSession::WatchStream() {
+  v1::SessionEvent event;
+  while (stream_->Read(&event)) {
+    // Eviction notices arrive here (admission under pressure); they are logged by the engine's
+    // poll of stats for now.
+  }
+  alive_ = false;
+}
+
+std::unique_ptr<grpc::ClientContext> ClientSession::CallContext() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+  return ctx;
+}
+
+absl::Status ClientSession::CheckAlive() const {
+  if (!alive_) return absl::UnavailableError("the session ended: the daemon stopped or closed it; open a new session");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> ClientSession::FetchFd(const std::string& object, uint64_t* bytes) {
+  absl::MutexLock lock(&fd_mu_);
+  if (!fd_channel_.valid()) {
+    HS_ASSIGN_OR_RETURN(fd_channel_, ConnectUnixSeqpacket(opened_.fd_socket()));
+  }
+  HS_RETURN_IF_ERROR(SendPacket(fd_channel_.get(),
+                                absl::StrCat("HSFD1 ", opened_.session_id(), " ", opened_.token(), " ", object), -1));
+  auto reply = RecvPacket(fd_channel_.get(), 1024);
+  if (!reply.ok()) {
+    fd_channel_.Reset();
+    return reply.status();
+  }
+  absl::string_view text = reply->payload;
+  if (absl::ConsumePrefix(&text, "OK ") && reply->fd.valid() && absl::SimpleAtoi(text, bytes)) {
+    return std::move(reply->fd);
+  }
+  return absl::InternalError(absl::StrCat("fd channel refused \"", object, "\": ", reply->payload));
+}
+
+absl::Status ClientSession::AcquireSegments(const std::vector<v1::Extent>& extents) {
+  for (const v1::Extent& e : extents) {
+    auto it = segments_.find(e.segment());
+    if (it == segments_.end()) {
+      uint64_t bytes = 0;
+      HS_ASSIGN_OR_RETURN(UniqueFd fd, FetchFd(absl::StrCat("segment ", e.segment()), &bytes));
+      Segment seg;
+      HS_ASSIGN_OR_RETURN(seg.map, MappedRegion::MapShared(fd.get(), bytes));
+      HS_ASSIGN_OR_RETURN(seg.kernel_addr, backend_->RegisterHostSegment(seg.map.data(), bytes));
+      it = segments_.emplace(e.segment(), std::move(seg)).first;
+    }
+    if (e.offset() + e.bytes() > it->second.map.size()) {
+      return absl::InternalError(absl::StrCat("extent beyond segment ", e.segment()));
+    }
+    ++it->second.live_runs;
+  }
+  return absl::OkStatus();
+}
+
+void ClientSession::DropSegments(const std::vector<v1::Extent>& extents) {
+  for (const v1::Extent& e : extents) {
+    auto it = segments_.find(e.segment());
+    if (it == segments_.end()) continue;
+    if (--it->second.live_runs == 0) {
+      backend_->UnregisterHostSegment(it->second.map.data());
+      segments_.erase(it);
+    }
+  }
+}
+
+absl::Status ClientSession::PublishRow(uint32_t row, const Request* r) {
+  if (r == nullptr) return backend_->SetHostMapRow(static_cast<int32_t>(row), nullptr, 0);
+  std::vector<const uint8_t*> bases(r->extents.size());
+  for (size_t l = 0; l < r->extents.size(); ++l) {
+    bases[l] = segments_.at(r->extents[l].segment()).kernel_addr + r->extents[l].offset();
+  }
+  return backend_->SetHostMapRow(static_cast<int32_t>(row), bases.data(), static_cast<int32_t>(r->capacity));
+}
+
+absl::StatusOr<ClientSession::Request> ClientSession::InstallRequest(
+    uint64_t id, uint32_t row, uint32_t capacity, const google::protobuf::RepeatedPtrField<v1::Extent>& extents) {
+  (void)id;
+  Request r;
+  r.row = row;
+  r.capacity = capacity;
+  r.extents.assign(extents.begin(), extents.end());
+  if (r.extents.size() != geometry_.num_layers() || row >= geometry_.max_requests()) {
+    return absl::InternalError("the daemon's answer does not match the session geometry");
+  }
+  HS_RETURN_IF_ERROR(AcquireSegments(r.extents));
+  return r;
+}
+
+absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::AdmitRequest req;
+  *req.mutable_session() = ref_;
+  req.set_request_id(request_id);
+  req.set_context_tokens(context_tokens);
+  req.set_token_budget(token_budget);
+  v1::AdmitResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->Admit(CallContext().get(), req, &resp), "admit"));
+  absl::MutexLock lock(&mu_);
+  auto r = InstallRequest(request_id, resp.row(), resp.capacity_tokens(), resp.extents());
+  if (!r.ok()) return r.status();
+  HS_RETURN_IF_ERROR(PublishRow(r->row, &*r));
+  HS_RETURN_IF_ERROR(backend_->ResetRow(arena_, static_cast<int32_t>(r->row), nullptr));
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  info.row = r->row;
+  info.capacity_tokens = r->capacity;
+  requests_[request_id] = std::move(*r);
+  return info;
+}
+
+absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint32_t token_budget) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::ExtendRequest req;
+  *req.mutable_session() = ref_;
+  req.set_request_id(request_id);
+  req.set_token_budget(token_budget);
+  v1::ExtendResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->Extend(CallContext().get(), req, &resp), "extend"));
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::InternalError("extended a request this client does not know");
+  // Map the new runs before dropping the old ones, so a segment holding both stays mapped.
+  auto r = InstallRequest(request_id, it->second.row, resp.capacity_tokens(), resp.extents());
+  if (!r.ok()) return r.status();
+  DropSegments(it->second.extents);
+  it->second = std::move(*r);
+  HS_RETURN_IF_ERROR(PublishRow(it->second.row, &it->second));
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  info.row = it->second.row;
+  info.capacity_tokens = it->second.capacity;
+  info.moved = resp.moved() ? 1 : 0;
+  return info;
+}
+
+absl::Status ClientSession::Release(uint64_t request_id) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::ReleaseRequest req;
+  *req.mutable_session() = ref_;
+  req.set_request_id(request_id);
+  v1::ReleaseResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->Release(CallContext().get(), req, &resp), "release"));
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::OkStatus();
+  HS_RETURN_IF_ERROR(PublishRow(it->second.row, nullptr));
+  DropSegments(it->second.extents);
+  requests_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> ClientSession::RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));
+  const Request& r = it->second;
+  if (layer >= r.extents.size()) return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  if (position >= r.capacity) {
+    return absl::InvalidArgumentError(absl::StrCat("position ", position, " beyond the request's capacity ", r.capacity));
+  }
+  const v1::Extent& e = r.extents[layer];
+  return segments_.at(e.segment()).map.data() + e.offset() + uint64_t{position} * geometry_.record_bytes();
+}
+
+absl::StatusOr<v1::StatsResponse> ClientSession::NodeStats() {
+  v1::StatsResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->Stats(CallContext().get(), v1::StatsRequest(), &resp), "stats"));
+  return resp;
+}
+
+hs_session_info ClientSession::Info() const {
+  hs_session_info info = HS_SESSION_INFO_INIT;
+  info.session_id = opened_.session_id();
+  info.backend = backend_->kind();
+  info.slot_base = arena_.records;
+  info.record_stride = arena_.RecordStride();
+  info.slots = geometry_.slots();
+  info.max_tokens_per_request = opened_.max_tokens_per_request();
+  info.arena_bytes = opened_.arena().bytes();
+  return info;
+}
+
+absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
+  if (a.layer >= geometry_.num_layers()) return absl::InvalidArgumentError(absl::StrCat("layer ", a.layer, " out of range"));
+  if (a.max_batch < 0 || a.rows == nullptr || a.seq_lens == nullptr || a.positions == nullptr || a.out_slots == nullptr) {
+    return absl::InvalidArgumentError("resolve needs max_batch >= 0 and rows, seq_lens, positions, out_slots");
+  }
+  ResolveDesc d{};
+  d.arena = arena_;
+  d.layer = static_cast<int32_t>(a.layer);
+  d.max_batch = a.max_batch;
+  d.batch_size = a.batch_size;  // null: the backend supplies max_batch in its own memory space
+  d.rows = a.rows;
+  d.seq_lens = a.seq_lens;
+  d.positions = a.positions;
+  d.out_slots = a.out_slots;
+  d.error_flags = backend_->error_flags();
+  absl::ReaderMutexLock lock(&mu_);  // the host map must not change under a host-backend step
+  d.host = backend_->host_map();
+  return backend_->Resolve(d, a.stream);
+}
+
+absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
+                                  const void* src, int64_t layer_stride, int64_t token_stride, void* stream) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));
+  if (src == nullptr || num_tokens < 0 || start_pos < 0 || token_stride < static_cast<int64_t>(geometry_.record_bytes()) ||
+      static_cast<int64_t>(start_pos) + num_tokens > it->second.capacity || seq_len_after < start_pos + num_tokens ||
+      seq_len_after > static_cast<int64_t>(it->second.capacity)) {
+    return absl::InvalidArgumentError(absl::StrCat("store: tokens [", start_pos, ", ", start_pos + num_tokens,
+                                                   "), seq_len_after ", seq_len_after, " and token stride ", token_stride,
+                                                   " must fit the request's capacity ", it->second.capacity,
+                                                   " and record size ", geometry_.record_bytes()));
+  }
+  StoreDesc d{};
+  d.arena = arena_;
+  d.host = backend_->host_map();
+  d.row = static_cast<int32_t>(it->second.row);
+  d.start_pos = start_pos;
+  d.num_tokens = num_tokens;
+  d.seq_len_after = seq_len_after;
+  d.src = static_cast<const uint8_t*>(src);
+  d.src_layer_stride = layer_stride;
+  d.src_token_stride = token_stride;
+  return backend_->Store(d, stream);
+}
+
+absl::Status ClientSession::Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
+                                   const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
+  if (layer >= geometry_.num_layers() || max_batch < 0 || rows == nullptr || seq_lens == nullptr || src == nullptr ||
+      src_stride < static_cast<int64_t>(geometry_.record_bytes())) {
+    return absl::InvalidArgumentError("append needs a layer in range, rows, seq_lens, src and src_stride >= record_bytes");
+  }
+  AppendDesc d{};
+  d.arena = arena_;
+  d.layer = static_cast<int32_t>(layer);
+  d.max_batch = max_batch;
+  d.batch_size = batch_size;
+  d.rows = rows;
+  d.seq_lens = seq_lens;
+  d.src = static_cast<const uint8_t*>(src);
+  d.src_stride = src_stride;
+  d.error_flags = backend_->error_flags();
+  absl::ReaderMutexLock lock(&mu_);
+  d.host = backend_->host_map();
+  return backend_->Append(d, stream);
+}
+
+absl::Status ClientSession::CheckErrors() { return backend_->CheckErrors(); }
+
+}  // namespace hisparse

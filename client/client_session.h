@@ -1,0 +1,102 @@
+// ClientSession: the engine side of one hisparse session — the C++ implementation behind the
+// C ABI (hisparse.h). It holds the gRPC session stream (whose life is the session's), the fd
+// channel, this process's mappings of the session's pool segments and arena, the table of
+// admitted requests, and the device backend that runs the data path.
+//
+// Thread-safe for control calls (Admit/Extend/Release/Stats may come from several threads; RPCs
+// run outside the lock). Data-path calls must be ordered by the caller and must not run on a
+// request while a control call on that request is in flight.
+#ifndef HISPARSE_CLIENT_CLIENT_SESSION_H_
+#define HISPARSE_CLIENT_CLIENT_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "device_backend.h"
+#include "hisparse/common/unique_fd.h"
+#include "hisparse/hisparse.h"
+#include "hisparse/v1/hisparse.grpc.pb.h"
+
+namespace hisparse {
+
+class ClientSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<ClientSession>> Open(const hs_session_options& options);
+  ~ClientSession();
+
+  absl::StatusOr<hs_request_info> Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget);
+  absl::StatusOr<hs_request_info> Extend(uint64_t request_id, uint32_t token_budget);
+  absl::Status Release(uint64_t request_id);
+  absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position);
+  absl::StatusOr<v1::StatsResponse> NodeStats();
+  hs_session_info Info() const;
+  uint64_t session_id() const { return opened_.session_id(); }
+
+  absl::Status Resolve(const hs_resolve_args& args);
+  absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
+                     const void* src, int64_t layer_stride, int64_t token_stride, void* stream);
+  absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
+                      const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
+  absl::Status CheckErrors();
+
+ private:
+  struct Segment {
+    MappedRegion map;
+    uint8_t* kernel_addr = nullptr;  // where kernels see it (device-mapped on CUDA)
+    int live_runs = 0;               // runs of this session in it; unmapped at 0 (the daemon may
+                                     // hand the segment, with fresh memory, to another session)
+  };
+  struct Request {
+    uint32_t row = 0;
+    uint32_t capacity = 0;
+    std::vector<v1::Extent> extents;  // one per layer
+  };
+
+  ClientSession() = default;
+  absl::Status Connect(const hs_session_options& options);
+  void WatchStream();
+  std::unique_ptr<grpc::ClientContext> CallContext() const;
+  absl::Status CheckAlive() const;
+  absl::StatusOr<UniqueFd> FetchFd(const std::string& object, uint64_t* bytes);
+  // Maps the segments that `extents` name and are not mapped yet, and counts their runs.
+  absl::Status AcquireSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PublishRow(uint32_t row, const Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Request> InstallRequest(uint64_t id, uint32_t row, uint32_t capacity,
+                                         const google::protobuf::RepeatedPtrField<v1::Extent>& extents)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  v1::Geometry geometry_;
+  ArenaGeometry arena_geometry_{};
+  uint32_t timeout_ms_ = 10000;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::HiSparse::Stub> stub_;
+  grpc::ClientContext stream_context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream_;
+  std::thread watcher_;
+  std::atomic<bool> alive_{false};
+  v1::SessionOpened opened_;
+  v1::SessionRef ref_;
+
+  absl::Mutex fd_mu_;
+  UniqueFd fd_channel_ ABSL_GUARDED_BY(fd_mu_);
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<DeviceBackend> backend_;  // set once in Open
+  MappedRegion arena_map_;
+  ArenaView arena_{};
+  absl::flat_hash_map<uint32_t, Segment> segments_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_CLIENT_CLIENT_SESSION_H_

@@ -1,0 +1,57 @@
+// DeviceBackend: the one seam between the client and a device. The host-emulated backend keeps
+// the arena in host memory and runs the CPU reference; the CUDA backend registers the host pool
+// with CUDA (mapped), keeps the arena on the GPU and launches the kernels on the caller's stream.
+// Tests and machines without a GPU use the host backend; everything above this seam is the same.
+//
+// A backend belongs to one ClientSession, which serializes control calls on it; data-path calls
+// are ordered by the caller.
+#ifndef HISPARSE_CLIENT_DEVICE_BACKEND_H_
+#define HISPARSE_CLIENT_DEVICE_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "hisparse/hisparse.h"
+#include "hisparse/kernels/resolve.h"
+
+namespace hisparse {
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual hs_backend kind() const = 0;
+
+  // Makes a mapped host-pool segment readable by kernels; returns the address kernels use.
+  virtual absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t bytes) = 0;
+  virtual void UnregisterHostSegment(uint8_t* host) = 0;
+
+  // Sets up the arena from the daemon's arena memory mapped here; returns the view kernels use.
+  virtual absl::StatusOr<ArenaView> AttachArena(uint8_t* mapped, const ArenaGeometry& g) = 0;
+
+  // The host record map that kernels read: (row, layer) -> kernel-visible address of position 0.
+  virtual HostRecordMap host_map() const = 0;
+  // Publishes one row's entry (layers pointers in kernel address space; null + 0 clears it).
+  virtual absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) = 0;
+
+  virtual absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) = 0;
+  // Returns InvalidArgument naming the error bits when the backend can tell at once (host).
+  virtual absl::Status Resolve(const ResolveDesc& d, void* stream) = 0;
+  virtual absl::Status Store(const StoreDesc& d, void* stream) = 0;
+  virtual absl::Status Append(const AppendDesc& d, void* stream) = 0;
+  // Error flags that kernels set since the last call; waits for the last stream used.
+  virtual absl::Status CheckErrors() = 0;
+  // Device scratch for the per-step argument arrays the caller passes (nullptr for host).
+  virtual uint32_t* error_flags() = 0;
+};
+
+std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g);
+// Available in CUDA builds (HISPARSE_HAVE_CUDA); elsewhere returns Unimplemented.
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g);
+
+// "resolve: row 3 position out of range" style text for a set of ResolveError bits.
+std::string DescribeResolveErrors(uint32_t bits);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_CLIENT_DEVICE_BACKEND_H_

@@ -1,0 +1,84 @@
+// The host-emulated device: arena in host memory (the daemon's memfd, mapped), RESOLVE / store /
+// append by the CPU reference, synchronously. What CI and machines without a GPU run.
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "device_backend.h"
+
+namespace hisparse {
+
+std::string DescribeResolveErrors(uint32_t bits) {
+  std::vector<std::string> what;
+  if (bits & kResolveBadPosition) what.push_back("a position outside [-1, seq_len)");
+  if (bits & kResolveDuplicate) what.push_back("a position selected twice in one row");
+  if (bits & kResolveBadSeqLen) what.push_back("seq_len outside [1, the request's capacity]");
+  if (bits & kResolveBadRow) what.push_back("a row outside [0, max_requests) or not admitted");
+  return absl::StrCat("invalid data-path input (those rows were left untouched): ", absl::StrJoin(what, "; "));
+}
+
+namespace {
+
+class HostBackend final : public DeviceBackend {
+ public:
+  explicit HostBackend(const ArenaGeometry& g)
+      : layers_(g.num_layers),
+        layer_base_(static_cast<size_t>(g.max_rows) * g.num_layers, nullptr),
+        capacity_(g.max_rows, 0) {}
+
+  hs_backend kind() const override { return HS_BACKEND_HOST; }
+  absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t) override { return host; }
+  void UnregisterHostSegment(uint8_t*) override {}
+  absl::StatusOr<ArenaView> AttachArena(uint8_t* mapped, const ArenaGeometry& g) override {
+    return ArenaView::Of(mapped, g);
+  }
+  HostRecordMap host_map() const override { return HostRecordMap{layer_base_.data(), capacity_.data()}; }
+  absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) override {
+    for (int32_t l = 0; l < layers_; ++l) {
+      layer_base_[static_cast<size_t>(row) * layers_ + l] = layer_base ? const_cast<uint8_t*>(layer_base[l]) : nullptr;
+    }
+    capacity_[row] = capacity;
+    return absl::OkStatus();
+  }
+  absl::Status ResetRow(const ArenaView& arena, int32_t row, void*) override {
+    ResetRowReference(arena, row);
+    return absl::OkStatus();
+  }
+  absl::Status Resolve(const ResolveDesc& desc, void*) override {
+    ResolveDesc d = desc;
+    const int32_t all = d.max_batch;
+    if (d.batch_size == nullptr) d.batch_size = &all;
+    return Check(ResolveReference(d));
+  }
+  absl::Status Store(const StoreDesc& d, void*) override { return Check(StoreReference(d)); }
+  absl::Status Append(const AppendDesc& desc, void*) override {
+    AppendDesc d = desc;
+    const int32_t all = d.max_batch;
+    if (d.batch_size == nullptr) d.batch_size = &all;
+    return Check(AppendReference(d));
+  }
+  absl::Status CheckErrors() override { return absl::OkStatus(); }  // reported synchronously
+  uint32_t* error_flags() override { return nullptr; }
+
+ private:
+  static absl::Status Check(uint32_t bits) {
+    return bits == 0 ? absl::OkStatus() : absl::InvalidArgumentError(DescribeResolveErrors(bits));
+  }
+  const int32_t layers_;
+  std::vector<uint8_t*> layer_base_;
+  std::vector<int32_t> capacity_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g) { return std::make_unique<HostBackend>(g); }
+
+#ifndef HISPARSE_HAVE_CUDA
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int, const ArenaGeometry&) {
+  return absl::UnimplementedError("this libhisparse was built without CUDA: use the host backend");
+}
+#endif
+
+}  // namespace hisparse

@@ -1,0 +1,173 @@
+/* hisparse.h — the C ABI of libhisparse, the engine-side client of hisparsed.
+ *
+ * An engine (SGLang, vLLM, the demo) links libhisparse, opens a session with the node's daemon,
+ * admits and releases requests (control path: gRPC, milliseconds, never per step) and runs the
+ * data path (RESOLVE, store, append) in its own stream against memory the daemon owns and the
+ * session has mapped (no RPC per step).
+ *
+ * Conventions (after NCCL's nccl.h and LevelDB's c.h):
+ *  - Opaque handles; every call returns hs_result; on failure hs_last_error() gives a message for
+ *    the calling thread (valid until that thread's next failing call).
+ *  - Option and info structs open with `struct_size` (set it to sizeof, or use the _INIT macros)
+ *    so that later versions can grow them without breaking callers.
+ *  - No C++ types and no exceptions cross this boundary.
+ *  - Thread-safety: one hs_session may be used from several threads for control calls; data-path
+ *    calls on one session must be ordered by the caller (they run in the caller's stream).
+ */
+#ifndef HISPARSE_HISPARSE_H_
+#define HISPARSE_HISPARSE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HS_ABI_VERSION 1
+
+typedef enum hs_result {
+  HS_OK = 0,
+  HS_ERR_INVALID_ARGUMENT = 1,
+  HS_ERR_NOT_FOUND = 2,
+  HS_ERR_ALREADY_EXISTS = 3,
+  HS_ERR_RESOURCE_EXHAUSTED = 4,
+  HS_ERR_PERMISSION_DENIED = 5,
+  HS_ERR_FAILED_PRECONDITION = 6,
+  HS_ERR_UNAVAILABLE = 7, /* the daemon cannot be reached, or the session ended */
+  HS_ERR_UNIMPLEMENTED = 8,
+  HS_ERR_INTERNAL = 9
+} hs_result;
+
+const char* hs_result_string(hs_result result);
+/* Message of the calling thread's last failed call ("" if none). */
+const char* hs_last_error(void);
+/* HS_ABI_VERSION of the library actually loaded. */
+int hs_abi_version(void);
+
+typedef struct hs_session hs_session;
+
+typedef enum hs_backend {
+  HS_BACKEND_AUTO = 0, /* CUDA when built with it and gpu >= 0, else host */
+  HS_BACKEND_HOST = 1, /* host-emulated device: the arena in host memory, RESOLVE by the CPU reference */
+  HS_BACKEND_CUDA = 2  /* CUDA kernels on the caller's stream */
+} hs_backend;
+
+typedef struct hs_session_options {
+  uint32_t struct_size;       /* sizeof(hs_session_options) */
+  const char* daemon_address; /* "unix:PATH"; NULL: $HISPARSE_DAEMON, else unix:/run/hisparse/hisparsed.sock */
+  const char* engine_name;    /* for logs and stats; may be NULL */
+  int32_t gpu;                /* GPU index, -1 for the host-emulated device */
+  uint32_t num_layers;        /* sparse layers */
+  uint32_t record_bytes;      /* bytes of one KV record: multiple of 16, <= 16384 */
+  uint32_t k;                 /* selections per (request, layer, step) */
+  uint32_t slots;             /* B >= k: GPU slots per (request, layer) */
+  uint32_t max_requests;      /* rows: requests admitted at once */
+  hs_backend backend;
+  uint32_t timeout_ms;        /* deadline of each control call; 0: 10000 */
+} hs_session_options;
+
+#define HS_SESSION_OPTIONS_INIT \
+  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0 }
+
+/* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
+ * memory. On success *out owns the session; close it with hs_session_close. */
+hs_result hs_session_open(const hs_session_options* options, hs_session** out);
+/* Ends the session (the daemon releases everything it held) and frees the handle. NULL is a no-op. */
+void hs_session_close(hs_session* session);
+
+typedef struct hs_request_info {
+  uint32_t struct_size;     /* sizeof(hs_request_info) */
+  uint32_t row;             /* the request's row in the slot arena (the `rows` of resolve/append) */
+  uint32_t capacity_tokens; /* positions its host runs hold */
+  uint32_t moved;           /* hs_extend: 1 when runs moved (host pointers changed) */
+} hs_request_info;
+
+#define HS_REQUEST_INFO_INIT { sizeof(hs_request_info), 0, 0, 0 }
+
+hs_result hs_admit(hs_session* session, uint64_t request_id, uint32_t context_tokens,
+                   uint32_t token_budget, hs_request_info* out);
+hs_result hs_extend(hs_session* session, uint64_t request_id, uint32_t token_budget, hs_request_info* out);
+hs_result hs_release(hs_session* session, uint64_t request_id);
+
+/* Host address of the record of (request, layer, position) in this process's mapping of the pool. */
+hs_result hs_record_ptr(hs_session* session, uint64_t request_id, uint32_t layer, uint32_t position, void** out);
+
+typedef struct hs_session_info {
+  uint32_t struct_size;
+  uint64_t session_id;
+  hs_backend backend;         /* the backend actually in use */
+  void* slot_base;            /* record of (row, layer, slot s) at slot_base + ((row*layers + layer)*(slots+1) + s) * record_stride */
+  uint64_t record_stride;     /* bytes between consecutive slots */
+  uint32_t slots;             /* B; slot B of each (row, layer) holds the newest token */
+  uint32_t max_tokens_per_request;
+  uint64_t arena_bytes;
+} hs_session_info;
+
+#define HS_SESSION_INFO_INIT { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0 }
+
+hs_result hs_session_get_info(hs_session* session, hs_session_info* out);
+
+typedef struct hs_stats {
+  uint32_t struct_size;
+  uint64_t pool_capacity_bytes;
+  uint64_t pool_used_bytes;
+  uint64_t pool_free_bytes;
+  double pool_fragmentation;
+  uint32_t sessions;          /* on the node */
+  uint32_t requests;          /* on the node */
+  uint32_t session_requests;  /* of this session */
+  uint64_t session_host_bytes;
+  uint64_t hits;              /* this session's RESOLVE counters */
+  uint64_t misses;
+  uint64_t bytes_fetched;
+} hs_stats;
+
+#define HS_STATS_INIT { sizeof(hs_stats), 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0 }
+
+hs_result hs_stats_get(hs_session* session, hs_stats* out);
+
+/* ---- Data path: kernels in the caller's stream (a cudaStream_t, or NULL; ignored on the host
+ * backend). Pointers are device pointers on the CUDA backend, host pointers on the host backend. */
+
+typedef struct hs_resolve_args {
+  uint32_t struct_size;       /* sizeof(hs_resolve_args) */
+  uint32_t layer;
+  int32_t max_batch;          /* capacity of the arrays below */
+  const int32_t* batch_size;  /* rows in this step (<= max_batch), read by the kernel at run time so
+                                 one CUDA graph serves every batch; NULL: all max_batch rows */
+  const int32_t* rows;        /* [max_batch] arena rows (hs_request_info.row) */
+  const int32_t* seq_lens;    /* [max_batch] */
+  const int32_t* positions;   /* [max_batch][k], -1 = padding */
+  int32_t* out_slots;         /* [max_batch][k] */
+  void* stream;
+} hs_resolve_args;
+
+#define HS_RESOLVE_ARGS_INIT { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL }
+
+/* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
+ * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);
+ * on the CUDA backend the error surfaces at the next hs_check_errors. */
+hs_result hs_resolve(hs_session* session, const hs_resolve_args* args);
+
+/* Prefill store: tokens [start_pos, start_pos+num_tokens) of a request, every layer; record of
+ * (layer l, token t) at src + l*src_layer_stride + t*src_token_stride. */
+hs_result hs_store(hs_session* session, uint64_t request_id, int32_t start_pos, int32_t num_tokens,
+                   int32_t seq_len_after, const void* src, int64_t src_layer_stride,
+                   int64_t src_token_stride, void* stream);
+
+/* Decode append: the newest token (position seq_len-1) of every row of the batch, one layer; record
+ * of batch entry i at src + i*src_stride. */
+hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
+                    const int32_t* rows, const int32_t* seq_lens, const void* src, int64_t src_stride,
+                    void* stream);
+
+/* Reports (and clears) data-path errors that kernels flagged since the last call. Synchronizes
+ * with the session's last stream. */
+hs_result hs_check_errors(hs_session* session);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HISPARSE_HISPARSE_H_ */

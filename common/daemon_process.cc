@@ -1,0 +1,113 @@
+#include "hisparse/common/daemon_process.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "hisparse/common/unique_fd.h"
+
+namespace hisparse {
+namespace {
+
+bool CanConnect(const std::string& path, int type) {
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindDaemonBinary() {
+  if (const char* env = std::getenv("HISPARSE_DAEMON_BIN"); env != nullptr && *env) {
+    if (::access(env, X_OK) != 0) return absl::NotFoundError(absl::StrCat("HISPARSE_DAEMON_BIN=", env, " is not executable"));
+    return std::string(env);
+  }
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string dir(self);
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string candidate = dir + "/hisparsed";
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    return absl::NotFoundError(absl::StrCat("no hisparsed beside this program (", candidate, "); set HISPARSE_DAEMON_BIN"));
+  }
+  return absl::NotFoundError("cannot locate hisparsed: set HISPARSE_DAEMON_BIN");
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::vector<std::string>& extra_args,
+                                                                     int timeout_ms) {
+  auto binary = FindDaemonBinary();
+  if (!binary.ok()) return binary.status();
+  std::unique_ptr<DaemonProcess> d(new DaemonProcess());
+  char tmpl[] = "/tmp/hisparse-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+  d->dir_ = tmpl;
+  d->socket_path_ = d->dir_ + "/hisparsed.sock";
+  d->address_ = "unix:" + d->socket_path_;
+  std::vector<std::string> args = {*binary, "--listen", d->address_};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  d->pid_ = pid;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      d->pid_ = -1;
+      return absl::UnavailableError(absl::StrCat("hisparsed exited during start (status ", status, ")"));
+    }
+    if (CanConnect(d->socket_path_ + ".fd", SOCK_SEQPACKET) && CanConnect(d->socket_path_, SOCK_STREAM)) return d;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("hisparsed did not start listening within ", timeout_ms, " ms"));
+}
+
+int DaemonProcess::Signal(int sig) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, sig);
+  if (sig != SIGKILL && sig != SIGTERM) return 0;
+  int status = 0;
+  for (int i = 0; i < 500; ++i) {  // up to 5 s for a clean stop, then force it
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+DaemonProcess::~DaemonProcess() {
+  Signal(SIGTERM);
+  if (!dir_.empty()) {
+    ::unlink(socket_path_.c_str());
+    ::unlink((socket_path_ + ".fd").c_str());
+    ::rmdir(dir_.c_str());
+  }
+}
+
+}  // namespace hisparse

@@ -1,0 +1,69 @@
+// UniqueFd owns one file descriptor and closes it when destroyed. Move-only.
+// MappedRegion owns one mmap()ed range and unmaps it when destroyed. Move-only.
+// Neither is thread-safe; each has exactly one owner.
+#ifndef HISPARSE_COMMON_UNIQUE_FD_H_
+#define HISPARSE_COMMON_UNIQUE_FD_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/statusor.h"
+
+namespace hisparse {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { Reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.Release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) Reset(o.Release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() { return std::exchange(fd_, -1); }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+class MappedRegion {
+ public:
+  MappedRegion() = default;
+  ~MappedRegion() { Reset(); }
+  MappedRegion(MappedRegion&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  MappedRegion& operator=(MappedRegion&& o) noexcept;
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+
+  // Maps `size` bytes of `fd` from offset 0, shared and read-write.
+  static absl::StatusOr<MappedRegion> MapShared(int fd, size_t size);
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  void Reset();
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Creates an anonymous memory file of `size` bytes (memfd_create, close-on-exec, sealable).
+// With `try_hugetlb`, asks for huge pages first; `*used_hugetlb` says what was granted.
+absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb,
+                                     bool* used_hugetlb);
+
+// Size of the file behind fd (fstat).
+absl::StatusOr<size_t> FileSize(int fd);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_COMMON_UNIQUE_FD_H_

@@ -1,0 +1,45 @@
+// Unix-domain sockets and file-descriptor passing (SCM_RIGHTS), the carrier of hisparse's fd
+// channel: the gRPC socket cannot carry descriptors, so memory (memfd segments, arenas) travels
+// over a SOCK_SEQPACKET socket beside it, one message per packet.
+//
+// Free functions; each returned UniqueFd has one owner. Thread-safe as the syscalls are.
+#ifndef HISPARSE_COMMON_UNIX_SOCKET_H_
+#define HISPARSE_COMMON_UNIX_SOCKET_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "hisparse/common/unique_fd.h"
+
+namespace hisparse {
+
+// Binds and listens on `path` (an existing socket file there is replaced), mode `mode`.
+absl::StatusOr<UniqueFd> ListenUnixSeqpacket(const std::string& path, mode_t mode);
+absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path);
+
+// Sends one packet, with `fd_to_pass` attached when >= 0.
+absl::Status SendPacket(int sock, absl::string_view payload, int fd_to_pass);
+
+struct Packet {
+  std::string payload;
+  UniqueFd fd;  // invalid when none was attached
+};
+// Receives one packet (at most max_bytes; longer ones are an error). Closed peer -> Unavailable.
+absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes);
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock);
+
+// "unix:/path" -> "/path"; anything else is InvalidArgument.
+absl::StatusOr<std::string> UnixPathFromAddress(absl::string_view address);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_COMMON_UNIX_SOCKET_H_

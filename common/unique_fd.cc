@@ -1,0 +1,87 @@
+#include "hisparse/common/unique_fd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace hisparse {
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+MappedRegion& MappedRegion::operator=(MappedRegion&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+void MappedRegion::Reset() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("cannot map 0 bytes");
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap of ", size, " bytes failed: ", std::strerror(errno)));
+  }
+  MappedRegion r;
+  r.data_ = static_cast<uint8_t*>(p);
+  r.size_ = size;
+  return r;
+}
+
+absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb,
+                                     bool* used_hugetlb) {
+  if (used_hugetlb != nullptr) *used_hugetlb = false;
+  if (try_hugetlb) {
+    // Huge pages must be reserved by the host (vm.nr_hugepages); the size must be a multiple of
+    // the huge page size. Any failure falls back to ordinary pages.
+    constexpr size_t kHuge = 2u << 20;
+    if (size % kHuge == 0) {
+      UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB));
+      if (fd.valid() && ::ftruncate(fd.get(), static_cast<off_t>(size)) == 0) {
+        // Reserve the pages now: a hugetlb mapping that cannot be backed fails here, not later.
+        void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+        if (p != MAP_FAILED) {
+          ::munmap(p, size);
+          if (used_hugetlb != nullptr) *used_hugetlb = true;
+          return fd;
+        }
+      }
+    }
+  }
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) {
+    return absl::InternalError(absl::StrCat("memfd_create(", name, ") failed: ", std::strerror(errno)));
+  }
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ftruncate of memfd ", name, " to ", size, " bytes failed: ", std::strerror(errno)));
+  }
+  // The size is the contract with every process that maps it: forbid shrinking and growing.
+  ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  return fd;
+}
+
+absl::StatusOr<size_t> FileSize(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat("fstat failed: ", std::strerror(errno)));
+  return static_cast<size_t>(st.st_size);
+}
+
+}  // namespace hisparse

@@ -1,0 +1,139 @@
+#include "hisparse/common/unix_socket.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace hisparse {
+namespace {
+
+absl::Status Errno(absl::string_view what) {
+  const int e = errno;
+  std::string msg = absl::StrCat(what, ": ", std::strerror(e));
+  if (e == ECONNREFUSED || e == ENOENT || e == EPIPE || e == ECONNRESET) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::StatusOr<sockaddr_un> MakeAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path must be 1..", sizeof(addr.sun_path) - 1, " bytes: \"", path, "\""));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  return addr;
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> ListenUnixSeqpacket(const std::string& path, mode_t mode) {
+  auto addr = MakeAddress(path);
+  if (!addr.ok()) return addr.status();
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Errno("socket(AF_UNIX, SOCK_SEQPACKET)");
+  ::unlink(path.c_str());
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+    return Errno(absl::StrCat("bind ", path));
+  }
+  if (::chmod(path.c_str(), mode) != 0) return Errno(absl::StrCat("chmod ", path));
+  if (::listen(fd.get(), 128) != 0) return Errno(absl::StrCat("listen ", path));
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path) {
+  auto addr = MakeAddress(path);
+  if (!addr.ok()) return addr.status();
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Errno("socket(AF_UNIX, SOCK_SEQPACKET)");
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+    return Errno(absl::StrCat("connect ", path));
+  }
+  return fd;
+}
+
+absl::Status SendPacket(int sock, absl::string_view payload, int fd_to_pass) {
+  iovec iov{const_cast<char*>(payload.data()), payload.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd_to_pass >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Errno("sendmsg");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes) {
+  std::vector<char> buf(max_bytes + 1);
+  iovec iov{buf.data(), buf.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Errno("recvmsg");
+  Packet p;
+  // Take ownership of every descriptor that arrived before judging the packet, so none leaks.
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (!p.fd.valid()) {
+        p.fd.Reset(fd);
+      } else {
+        ::close(fd);  // the protocol passes one descriptor a packet
+      }
+    }
+  }
+  if (n == 0) return absl::UnavailableError("peer closed the socket");
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || static_cast<size_t>(n) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("packet longer than ", max_bytes, " bytes"));
+  }
+  p.payload.assign(buf.data(), static_cast<size_t>(n));
+  return p;
+}
+
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return Errno("SO_PEERCRED");
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+absl::StatusOr<std::string> UnixPathFromAddress(absl::string_view address) {
+  if (!absl::StartsWith(address, "unix:") || address.size() == 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address must be unix:PATH, got \"", address, "\""));
+  }
+  return std::string(address.substr(5));
+}
+
+}  // namespace hisparse

@@ -1,0 +1,462 @@
+#include "hisparse/daemon/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <exception>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "hisparse/common/size_parse.h"
+#include "hisparse/common/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace hisparse {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kPageSize = 4096;
+constexpr uint64_t kHugePageSize = 2 * kMiB;  // x86-64's default huge page
+constexpr size_t kMaxUnixPathBytes = 107;     // sizeof(sockaddr_un::sun_path) - 1 for the NUL
+
+// Debian's Abseil has its own string_view (ABSL_OPTION_USE_STD_STRING_VIEW is 0), which does not
+// convert from std::string_view on its own.
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// ---- value parsers: messages carry no key; the caller prefixes it ----
+
+std::string Quote(std::string_view text) { return absl::StrCat("\"", absl::CHexEscape(ToAbsl(text)), "\""); }
+
+absl::StatusOr<int> ParseInt(std::string_view text) {
+  int value = 0;
+  if (!absl::SimpleAtoi(ToAbsl(text), &value)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot parse ", Quote(text), " as an integer"));
+  }
+  return value;
+}
+
+absl::StatusOr<bool> ParseBool(std::string_view text) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(ToAbsl(text)));
+  if (v == "true" || v == "yes" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "no" || v == "off" || v == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat("cannot parse ", Quote(text), " as a bool (true or false)"));
+}
+
+template <typename Enum, size_t N>
+absl::StatusOr<Enum> ParseEnum(std::string_view text, const char* const (&names)[N]) {
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(ToAbsl(text)));
+  for (size_t i = 0; i < N; ++i) {
+    if (v == names[i]) return static_cast<Enum>(i);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(Quote(text), " is not one of ", absl::StrJoin(names, ", ")));
+}
+
+// Indexed by the enums' values.
+constexpr const char* kHugePagesNames[] = {"auto", "on", "off"};
+constexpr const char* kDeviceNames[] = {"auto", "cuda", "host"};
+constexpr const char* kLogLevelNames[] = {"debug", "info", "warning", "error"};
+
+absl::StatusOr<HugePagesMode> ParseHugePages(std::string_view text) {
+  return ParseEnum<HugePagesMode>(text, kHugePagesNames);
+}
+absl::StatusOr<DeviceKind> ParseDevice(std::string_view text) {
+  return ParseEnum<DeviceKind>(text, kDeviceNames);
+}
+absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) {
+  return ParseEnum<LogLevel>(text, kLogLevelNames);
+}
+
+template <size_t N>
+std::string_view NameOf(int index, const char* const (&names)[N]) {
+  return index >= 0 && static_cast<size_t>(index) < N ? names[index] : "?";
+}
+
+// ---- per-key constraints ----
+
+absl::Status CheckListen(std::string_view listen) {
+  if (!StartsWith(listen, "unix:")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quote(listen), " is not a unix socket address (write unix:PATH)"));
+  }
+  const std::string_view path = ListenSocketPath(listen);
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(Quote(listen), " has no socket path"));
+  if (StartsWith(listen, "unix://") && path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quote(listen), ": after unix:// the path must be absolute (unix:///run/x.sock)"));
+  }
+  if (path.find('\0') != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(Quote(listen), " contains a NUL byte"));
+  }
+  if (path.size() > kMaxUnixPathBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path is ", path.size(),
+                                                   " bytes; unix sockets allow at most ", kMaxUnixPathBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPoolBytes(uint64_t bytes) {
+  if (bytes < kMiB) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?)"));
+  }
+  if (bytes % kPageSize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("must be a multiple of 4KiB, got ", bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAtLeast(int value, int min) {
+  if (value >= min) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("must be >= ", min, ", got ", value));
+}
+
+// ---- the key table: the one place a key is defined ----
+
+struct KeySpec {
+  const char* key;
+  const char* type;
+  const char* help;
+  bool quote;  // render double-quoted: strings, and on/off (YAML 1.1 readers take them for bools)
+  absl::Status (*set)(DaemonConfig&, std::string_view);
+  std::string (*get)(const DaemonConfig&);
+  absl::Status (*check)(const DaemonConfig&);  // nullptr: every parsed value is valid
+};
+
+#define HS_SET_WITH(parser, field)                                        \
+  [](DaemonConfig& c, std::string_view v) -> absl::Status {              \
+    HS_ASSIGN_OR_RETURN(c.field, parser(v));                             \
+    return absl::OkStatus();                                             \
+  }
+
+const std::vector<KeySpec>& Specs() {
+  static const auto* specs = new std::vector<KeySpec>{
+      {"listen", "unix:PATH", "gRPC control socket: unix:PATH (relative or absolute) or unix:///ABS/PATH.",
+       true,
+       [](DaemonConfig& c, std::string_view v) -> absl::Status {
+         c.listen = std::string(v);
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return c.listen; },
+       [](const DaemonConfig& c) { return CheckListen(c.listen); }},
+      {"host_pool.size", "byte size", "Host KV pool size; rounded up to whole segments. At least 1MiB.",
+       false, HS_SET_WITH(ParseByteSize, host_pool.size),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.size); },
+       [](const DaemonConfig& c) { return CheckPoolBytes(c.host_pool.size); }},
+      {"host_pool.segment_size", "byte size",
+       "Size of each memfd segment of the pool (a smaller pool is one segment). At least 1MiB, a "
+       "multiple of 4KiB.",
+       false, HS_SET_WITH(ParseByteSize, host_pool.segment_size),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.segment_size); },
+       [](const DaemonConfig& c) { return CheckPoolBytes(c.host_pool.segment_size); }},
+      {"host_pool.hugepages", "auto | on | off",
+       "MFD_HUGETLB pages: auto tries them and falls back quietly; on fails start-up without them.",
+       true, HS_SET_WITH(ParseHugePages, host_pool.hugepages),
+       [](const DaemonConfig& c) { return std::string(HugePagesModeName(c.host_pool.hugepages)); },
+       nullptr},
+      {"host_pool.pretouch_threads", "integer >= 0",
+       "Threads that pre-fault the pool at start-up; 0 = one per CPU.", false,
+       HS_SET_WITH(ParseInt, host_pool.pretouch_threads),
+       [](const DaemonConfig& c) { return absl::StrCat(c.host_pool.pretouch_threads); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.host_pool.pretouch_threads, 0); }},
+      {"host_pool.mlock", "bool", "mlock the pool so it never swaps (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK).",
+       false, HS_SET_WITH(ParseBool, host_pool.mlock),
+       [](const DaemonConfig& c) { return std::string(c.host_pool.mlock ? "true" : "false"); }, nullptr},
+      {"device", "auto | cuda | host",
+       "Device backend: cuda, host (emulated, no GPU), or auto (cuda when a GPU is visible).", false,
+       HS_SET_WITH(ParseDevice, device),
+       [](const DaemonConfig& c) { return std::string(DeviceKindName(c.device)); }, nullptr},
+      {"gpu_memory_budget", "byte size", "Per-GPU bytes the daemon may use for slot arenas; 0 = no limit.",
+       false, HS_SET_WITH(ParseByteSize, gpu_memory_budget),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.gpu_memory_budget); },
+       [](const DaemonConfig& c) -> absl::Status {
+         if (c.gpu_memory_budget == 0 || c.gpu_memory_budget >= kMiB) return absl::OkStatus();
+         return absl::InvalidArgumentError(absl::StrCat(
+             "must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
+       }},
+      {"limits.max_sessions", "integer >= 1", "Most sessions (engine connections) open at once.", false,
+       HS_SET_WITH(ParseInt, limits.max_sessions),
+       [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_sessions); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_sessions, 1); }},
+      {"limits.max_requests_per_session", "integer >= 1", "Most admitted requests one session may hold.",
+       false, HS_SET_WITH(ParseInt, limits.max_requests_per_session),
+       [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_requests_per_session); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_requests_per_session, 1); }},
+      {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
+       HS_SET_WITH(ParseLogLevel, log_level),
+       [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},
+  };
+  return *specs;
+}
+
+#undef HS_SET_WITH
+
+const KeySpec* FindSpec(std::string_view key) {
+  for (const KeySpec& spec : Specs()) {
+    if (spec.key == key) return &spec;
+  }
+  return nullptr;
+}
+
+// The names one level below `section` ("" = top level), in table order: "size, segment_size, ...".
+std::vector<std::string> ChildNames(std::string_view section) {
+  std::vector<std::string> names;
+  const std::string prefix = section.empty() ? "" : absl::StrCat(ToAbsl(section), ".");
+  for (const KeySpec& spec : Specs()) {
+    std::string_view key = spec.key;
+    if (!StartsWith(key, prefix)) continue;
+    key.remove_prefix(prefix.size());
+    std::string name(key.substr(0, key.find('.')));
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
+}
+
+bool IsSection(std::string_view key) { return !key.empty() && !ChildNames(key).empty() && FindSpec(key) == nullptr; }
+
+absl::Status KeyError(std::string_view key, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(ToAbsl(key), ": ", status.message()));
+}
+
+absl::Status UnknownKey(std::string_view key, std::string_view section) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(ToAbsl(key), ": unknown key (", section.empty() ? "top-level keys" : ToAbsl(section), ": ",
+                   absl::StrJoin(ChildNames(section), ", "), ")"));
+}
+
+// ---- YAML ----
+
+std::string Where(const YAML::Mark& mark) {
+  if (mark.is_null()) return "";
+  return absl::StrCat(" (line ", mark.line + 1, ", column ", mark.column + 1, ")");
+}
+
+const char* KindOf(const YAML::Node& node) {
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  if (node.IsNull()) return "no value";
+  return "a value";
+}
+
+absl::Status WalkMap(const YAML::Node& map, const std::string& section, DaemonConfig& config,
+                     std::set<std::string>& seen) {
+  for (const auto& entry : map) {
+    const YAML::Node& key_node = entry.first;
+    const YAML::Node& value = entry.second;
+    if (!key_node.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(section.empty() ? "(top level)" : section,
+                                                     ": a key must be a plain name", Where(key_node.Mark())));
+    }
+    const std::string& name = key_node.Scalar();
+    const std::string key = section.empty() ? name : absl::StrCat(section, ".", name);
+    if (name.empty() || absl::StrContains(name, '.')) {
+      // Dotted keys are for flags; in YAML each level is a map, so a key has one spelling.
+      const absl::Status unknown = UnknownKey(key, section);
+      return absl::Status(unknown.code(), absl::StrCat(unknown.message(), "; write sections as nested maps",
+                                                       Where(key_node.Mark())));
+    }
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": given twice", Where(key_node.Mark())));
+    }
+    if (const KeySpec* spec = FindSpec(key)) {
+      if (!value.IsScalar()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(key, ": expected ", spec->type, ", got ", KindOf(value), Where(key_node.Mark())));
+      }
+      const absl::Status status = spec->set(config, value.Scalar());
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat(key, ": ", status.message(), Where(value.Mark())));
+      }
+    } else if (IsSection(key)) {
+      if (value.IsNull()) continue;  // "host_pool:" with nothing under it: all defaults
+      if (!value.IsMap()) {
+        return absl::InvalidArgumentError(absl::StrCat(key, ": expected a map of ",
+                                                       absl::StrJoin(ChildNames(key), ", "), ", got ",
+                                                       KindOf(value), Where(key_node.Mark())));
+      }
+      HS_RETURN_IF_ERROR(WalkMap(value, key, config, seen));
+    } else {
+      const absl::Status unknown = UnknownKey(key, section);
+      return absl::Status(unknown.code(), absl::StrCat(unknown.message(), Where(key_node.Mark())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A YAML double-quoted scalar.
+std::string YamlQuote(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned>(u), absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+}  // namespace
+
+std::string_view HugePagesModeName(HugePagesMode mode) { return NameOf(static_cast<int>(mode), kHugePagesNames); }
+std::string_view DeviceKindName(DeviceKind kind) { return NameOf(static_cast<int>(kind), kDeviceNames); }
+std::string_view LogLevelName(LogLevel level) { return NameOf(static_cast<int>(level), kLogLevelNames); }
+
+bool operator==(const DaemonConfig& a, const DaemonConfig& b) {
+  // Every key is rendered by the table, so comparing the rendered values covers every field
+  // without a second list to keep in sync.
+  for (const KeySpec& spec : Specs()) {
+    if (spec.get(a) != spec.get(b)) return false;
+  }
+  return true;
+}
+
+const std::vector<ConfigKeyInfo>& ConfigKeys() {
+  static const auto* keys = [] {
+    auto* out = new std::vector<ConfigKeyInfo>;
+    const DaemonConfig defaults;
+    for (const KeySpec& spec : Specs()) out->push_back({spec.key, spec.type, spec.get(defaults), spec.help});
+    return out;
+  }();
+  return *keys;
+}
+
+absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text) {
+  DaemonConfig config;
+  try {
+    const YAML::Node root = YAML::Load(std::string(yaml_text));
+    if (root.IsMap()) {
+      std::set<std::string> seen;
+      HS_RETURN_IF_ERROR(WalkMap(root, "", config, seen));
+    } else if (!root.IsNull()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the config must be a map of keys at the top level, got ", KindOf(root), Where(root.Mark())));
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("YAML syntax error", Where(e.mark), ": ", e.msg));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("reading the config YAML: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("reading the config YAML: unknown exception");
+  }
+  HS_RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open config file ", path));
+  std::string text;
+  char buffer[8192];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, n);
+  const int read_error = std::ferror(file) ? errno : 0;
+  std::fclose(file);
+  if (read_error != 0) return absl::ErrnoToStatus(read_error, absl::StrCat("cannot read config file ", path));
+  absl::StatusOr<DaemonConfig> config = ParseConfigYaml(text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::Status ApplyConfigOverride(DaemonConfig& config, std::string_view key, std::string_view value) {
+  const KeySpec* spec = FindSpec(key);
+  if (spec == nullptr) {
+    if (IsSection(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(key), ": is a section; set one of its keys: ",
+                                                     absl::StrJoin(ChildNames(key), ", ")));
+    }
+    const size_t dot = key.rfind('.');
+    const std::string_view section = dot == std::string_view::npos ? "" : key.substr(0, dot);
+    return UnknownKey(key, IsSection(section) ? section : "");
+  }
+  DaemonConfig updated = config;
+  absl::Status status = spec->set(updated, value);
+  if (status.ok() && spec->check != nullptr) status = spec->check(updated);
+  if (!status.ok()) return KeyError(key, status);
+  config = std::move(updated);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateConfig(const DaemonConfig& config) {
+  for (const KeySpec& spec : Specs()) {
+    if (spec.check == nullptr) continue;
+    const absl::Status status = spec.check(config);
+    if (!status.ok()) return KeyError(spec.key, status);
+  }
+  const HostPoolConfig& pool = config.host_pool;
+  if (pool.size > pool.segment_size) {
+    const uint64_t segments = (pool.size - 1) / pool.segment_size + 1;
+    uint64_t total = 0;
+    if (__builtin_mul_overflow(segments, pool.segment_size, &total)) {
+      return absl::InvalidArgumentError(absl::StrCat("host_pool.size: ", pool.size,
+                                                     " rounded up to whole segments overflows 64 bits"));
+    }
+  }
+  if (pool.hugepages == HugePagesMode::kOn) {
+    for (const auto& [key, bytes] : {std::pair<const char*, uint64_t>{"host_pool.size", pool.size},
+                                     {"host_pool.segment_size", pool.segment_size}}) {
+      if (bytes % kHugePageSize != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            key, ": must be a multiple of 2MiB when host_pool.hugepages is on, got ", FormatByteSizeExact(bytes)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string RenderConfigYaml(const DaemonConfig& config) {
+  std::string out = "# hisparsed configuration. Every key, with its help; deploy/hisparsed.yaml explains more.\n";
+  std::string section;
+  for (const KeySpec& spec : Specs()) {
+    const std::string_view key = spec.key;
+    const size_t dot = key.rfind('.');
+    const std::string key_section(dot == std::string_view::npos ? "" : key.substr(0, dot));
+    const std::string_view name = dot == std::string_view::npos ? key : key.substr(dot + 1);
+    // The table groups keys by section, with one level of nesting: all this config has.
+    if (key_section != section || section.empty()) out += "\n";
+    if (key_section != section) {
+      section = key_section;
+      if (!section.empty()) absl::StrAppend(&out, section, ":\n");
+    }
+    const std::string_view indent = section.empty() ? "" : "  ";
+    const std::string value = spec.get(config);
+    absl::StrAppend(&out, ToAbsl(indent), "# ", spec.help, "\n", ToAbsl(indent), ToAbsl(name), ": ",
+                    spec.quote ? YamlQuote(value) : value, "\n");
+  }
+  return out;
+}
+
+std::string_view ListenSocketPath(std::string_view listen) {
+  if (StartsWith(listen, "unix://")) return listen.substr(7);
+  if (StartsWith(listen, "unix:")) return listen.substr(5);
+  return {};
+}
+
+PoolGeometry HostPoolGeometry(const HostPoolConfig& pool) {
+  PoolGeometry g;
+  if (pool.size <= pool.segment_size) {
+    g.segment_size = pool.size;
+    g.segment_count = pool.size == 0 ? 0 : 1;
+  } else {
+    g.segment_size = pool.segment_size;
+    g.segment_count = (pool.size - 1) / pool.segment_size + 1;
+  }
+  g.total_bytes = g.segment_size * g.segment_count;
+  return g;
+}
+
+}  // namespace hisparse

@@ -1,0 +1,120 @@
+#include "hisparse/daemon/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "hisparse/common/log.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/fd_server.h"
+#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/service.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+
+inline constexpr char kVersion[] = "0.1.0";
+// Engines and the daemon share these sockets; the group decides who may attach (issue: access).
+inline constexpr mode_t kSocketMode = 0660;
+
+struct Daemon::Impl {
+  std::string grpc_address;
+  std::string fd_socket_path;
+  std::unique_ptr<SessionManager> sessions;
+  std::unique_ptr<HiSparseService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<FdServer> fd_server;
+  absl::Notification shutdown;
+  std::once_flag shutdown_once;
+};
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Daemon::~Daemon() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
+  HS_RETURN_IF_ERROR(ValidateConfig(config));
+  auto impl = std::make_unique<Impl>();
+  const std::string socket_path(ListenSocketPath(config.listen));
+  impl->grpc_address = absl::StrCat("unix:", socket_path);
+  impl->fd_socket_path = socket_path + ".fd";
+
+  std::string device = "host";
+  if (config.device == DeviceKind::kCuda) {
+    // GPU-resident arenas owned by the daemon come with the GPU-sharing work; this daemon serves
+    // host-memory arenas, which engines with the CUDA client backend mirror on their GPU.
+    return absl::UnimplementedError("device: cuda (daemon-owned GPU arenas) is not supported by this build; use auto or host");
+  }
+
+  const PoolGeometry geometry = HostPoolGeometry(config.host_pool);
+  HostPool::Options pool_options;
+  pool_options.size_bytes = geometry.total_bytes;
+  pool_options.segment_bytes = geometry.segment_size;
+  pool_options.hugepages = config.host_pool.hugepages == HugePagesMode::kOn    ? HostPool::Hugepages::kOn
+                           : config.host_pool.hugepages == HugePagesMode::kOff ? HostPool::Hugepages::kOff
+                                                                               : HostPool::Hugepages::kAuto;
+  pool_options.pretouch_threads = config.host_pool.pretouch_threads;
+  pool_options.mlock = config.host_pool.mlock;
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<HostPool> pool, HostPool::Create(pool_options));
+
+  SessionManager::Options sm_options;
+  sm_options.max_sessions = static_cast<uint32_t>(config.limits.max_sessions);
+  sm_options.max_requests_per_session = static_cast<uint32_t>(config.limits.max_requests_per_session);
+  sm_options.fd_socket_path = impl->fd_socket_path;
+  sm_options.arena_budget_bytes = config.gpu_memory_budget;
+  sm_options.device = device;
+  sm_options.version = kVersion;
+  impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
+
+  HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, impl->sessions.get()));
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  impl->service = std::make_unique<HiSparseService>(impl->sessions.get());
+  grpc::ServerBuilder builder;
+  ::unlink(socket_path.c_str());  // a stale socket from a crashed daemon
+  builder.AddListeningPort(impl->grpc_address, grpc::InsecureServerCredentials());
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", impl->grpc_address,
+                                               " (does the directory exist and is it writable?)"));
+  }
+  ::chmod(socket_path.c_str(), kSocketMode);
+  // Pools are ready: only now do health checks see SERVING.
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
+  impl->server->GetHealthCheckService()->SetServingStatus("hisparse.v1.HiSparse", true);
+  LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
+            << impl->fd_socket_path << ", device " << device << ")";
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+void Daemon::Wait() { impl_->shutdown.WaitForNotification(); }
+
+void Daemon::Shutdown() {
+  std::call_once(impl_->shutdown_once, [this] {
+    impl_->server->GetHealthCheckService()->SetServingStatus(false);
+    impl_->sessions->SetDraining(true);
+    // Streams blocked in Read() are cancelled after the deadline; their handlers close sessions.
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    impl_->server->Wait();
+    impl_->fd_server->Stop();
+    ::unlink(ListenSocketPath(impl_->grpc_address).data());
+    ::unlink(impl_->fd_socket_path.c_str());
+    impl_->shutdown.Notify();
+  });
+}
+
+const std::string& Daemon::grpc_address() const { return impl_->grpc_address; }
+const std::string& Daemon::fd_socket_path() const { return impl_->fd_socket_path; }
+SessionManager* Daemon::sessions() { return impl_->sessions.get(); }
+
+}  // namespace hisparse

@@ -1,0 +1,88 @@
+#include "hisparse/daemon/fd_server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <errno.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "hisparse/common/log.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "hisparse/common/unix_socket.h"
+
+namespace hisparse {
+
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, mode_t mode,
+                                                          SessionManager* sessions) {
+  auto listener = ListenUnixSeqpacket(path, mode);
+  if (!listener.ok()) return listener.status();
+  std::unique_ptr<FdServer> server(new FdServer(std::move(*listener), sessions));
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+FdServer::~FdServer() { Stop(); }
+
+void FdServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  std::vector<std::thread> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int c : conns_) ::shutdown(c, SHUT_RDWR);
+    workers.swap(workers_);
+  }
+  for (auto& w : workers) w.join();
+}
+
+void FdServer::AcceptLoop() {
+  while (!stopping_.load()) {
+    const int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) {
+      if (stopping_.load()) break;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      LOG(ERROR) << "fd channel accept failed: " << std::strerror(errno);
+      break;
+    }
+    absl::MutexLock lock(&mu_);
+    conns_.push_back(conn);
+    workers_.emplace_back([this, conn] { Serve(conn); });
+  }
+}
+
+void FdServer::Serve(int conn) {
+  UniqueFd owned(conn);
+  while (!stopping_.load()) {
+    auto packet = RecvPacket(conn, 512);
+    if (!packet.ok()) break;  // peer gone or garbage: drop the connection
+    UniqueFd fd;
+    const std::string reply = Handle(packet->payload, &fd);
+    if (!SendPacket(conn, reply, fd.get()).ok()) break;
+  }
+  absl::MutexLock lock(&mu_);
+  conns_.erase(std::remove(conns_.begin(), conns_.end(), conn), conns_.end());
+}
+
+std::string FdServer::Handle(const std::string& request, UniqueFd* out_fd) {
+  std::vector<std::string> parts = absl::StrSplit(request, absl::MaxSplits(' ', 3));
+  uint64_t session_id = 0;
+  if (parts.size() != 4 || parts[0] != "HSFD1" || !absl::SimpleAtoi(parts[1], &session_id)) {
+    return "ERR INVALID_ARGUMENT malformed request: want \"HSFD1 <session_id> <token> <object>\"";
+  }
+  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3]);
+  if (!fd.ok()) {
+    return absl::StrCat("ERR ", absl::StatusCodeToString(fd.status().code()), " ", fd.status().message());
+  }
+  auto size = FileSize(fd->get());
+  if (!size.ok()) return absl::StrCat("ERR INTERNAL ", size.status().message());
+  *out_fd = std::move(*fd);
+  return absl::StrCat("OK ", *size);
+}
+
+}  // namespace hisparse

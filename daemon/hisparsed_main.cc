@@ -1,0 +1,108 @@
+// hisparsed: the per-node KV memory daemon. main() only parses flags into a DaemonConfig, starts
+// the Daemon and waits for SIGTERM / SIGINT; everything else is in the hisparse_daemon library.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "hisparse/common/log.h"
+#include "hisparse/daemon/config.h"
+#include "hisparse/daemon/daemon.h"
+
+namespace {
+
+hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
+  switch (level) {
+    case hisparse::LogLevel::kDebug: return hisparse::LogSeverity::kDebug;
+    case hisparse::LogLevel::kInfo: return hisparse::LogSeverity::kInfo;
+    case hisparse::LogLevel::kWarning: return hisparse::LogSeverity::kWarning;
+    case hisparse::LogLevel::kError: return hisparse::LogSeverity::kError;
+  }
+  return hisparse::LogSeverity::kInfo;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hisparsed: per-node KV memory daemon for sparse-attention LLM serving"};
+  std::string config_path;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  app.add_option("--config", config_path, "YAML config file (see deploy/hisparsed.yaml)");
+  // Each flag overrides the config key of the same meaning.
+  const std::vector<std::pair<std::string, std::string>> flag_keys = {
+      {"--listen", "listen"},
+      {"--host-pool-size", "host_pool.size"},
+      {"--host-pool-segment-size", "host_pool.segment_size"},
+      {"--hugepages", "host_pool.hugepages"},
+      {"--pretouch-threads", "host_pool.pretouch_threads"},
+      {"--device", "device"},
+      {"--gpu-memory-budget", "gpu_memory_budget"},
+      {"--max-sessions", "limits.max_sessions"},
+      {"--log-level", "log_level"},
+  };
+  std::vector<std::string> values(flag_keys.size());
+  for (size_t i = 0; i < flag_keys.size(); ++i) {
+    app.add_option(flag_keys[i].first, values[i], "overrides config key " + flag_keys[i].second);
+  }
+  std::vector<std::string> sets;
+  app.add_option("--set", sets, "KEY=VALUE: override any config key");
+  CLI11_PARSE(app, argc, argv);
+
+
+  hisparse::DaemonConfig config;
+  if (!config_path.empty()) {
+    auto loaded = hisparse::LoadConfigFile(config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "hisparsed: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *loaded;
+  }
+  for (size_t i = 0; i < flag_keys.size(); ++i) {
+    if (app.count(flag_keys[i].first) == 0) continue;
+    overrides.emplace_back(flag_keys[i].second, values[i]);
+  }
+  for (const std::string& s : sets) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "hisparsed: --set wants KEY=VALUE, got \"%s\"\n", s.c_str());
+      return 2;
+    }
+    overrides.emplace_back(s.substr(0, eq), s.substr(eq + 1));
+  }
+  for (const auto& [key, value] : overrides) {
+    if (auto st = hisparse::ApplyConfigOverride(config, key, value); !st.ok()) {
+      std::fprintf(stderr, "hisparsed: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
+  }
+  hisparse::SetLogThreshold(ToSeverity(config.log_level));
+
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = hisparse::Daemon::Start(config);
+  if (!daemon.ok()) {
+    LOG(ERROR) << "hisparsed failed to start: " << daemon.status();
+    return 1;
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    LOG(INFO) << "signal " << sig << ": shutting down";
+    (*daemon)->Shutdown();
+  });
+  (*daemon)->Wait();
+  // Wake the waiter if shutdown came from elsewhere.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  return 0;
+}

@@ -1,0 +1,118 @@
+// DaemonConfig: hisparsed's settings, read from a YAML file and overridden by command-line flags.
+//
+// One table (ConfigKeys()) names every key, its default and its help; the parser, the override
+// path, the renderer, the docs and deploy/hisparsed.yaml all follow it, so a key is added in one
+// place (config.cc) and a test holds the example file to it.
+//
+// Values are plain data, copied freely. The functions are pure (LoadConfigFile reads one file)
+// and safe to call from any thread. No exception escapes them: yaml-cpp's are caught here.
+//
+// Order at start-up: LoadConfigFile (or ParseConfigYaml, or DaemonConfig{} without a file) ->
+// ApplyConfigOverride for each flag -> ValidateConfig. Errors are InvalidArgument (NotFound or
+// PermissionDenied etc. for an unreadable file) and start with the full dotted key, e.g.
+//   host_pool.size: cannot parse "12XB" as a byte size: unknown unit "XB"
+#ifndef HISPARSE_DAEMON_CONFIG_H_
+#define HISPARSE_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace hisparse {
+
+// host_pool.hugepages. kAuto tries MFD_HUGETLB and falls back to normal pages quietly (most hosts
+// reserve no huge pages); kOn makes start-up fail when huge pages cannot be had.
+enum class HugePagesMode { kAuto, kOn, kOff };
+// device. kAuto uses CUDA when a GPU is visible, else the host-emulated backend.
+enum class DeviceKind { kAuto, kCuda, kHost };
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
+
+// The YAML spelling of each value: "auto", "on", "cuda", "warning", ...
+std::string_view HugePagesModeName(HugePagesMode mode);
+std::string_view DeviceKindName(DeviceKind kind);
+std::string_view LogLevelName(LogLevel level);
+
+struct HostPoolConfig {
+  // Total host KV pool. The pool is made of memfd segments of `segment_size`; `size` is rounded
+  // up to whole segments, except that a pool smaller than one segment is one segment of `size`.
+  // See HostPoolGeometry().
+  uint64_t size = uint64_t{1} << 30;
+  uint64_t segment_size = uint64_t{256} << 20;
+  HugePagesMode hugepages = HugePagesMode::kAuto;
+  // Threads that pre-fault the pool at start-up; 0 = one per CPU.
+  int pretouch_threads = 0;
+  // mlock the pool so it is never swapped out (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK).
+  bool mlock = false;
+};
+
+struct LimitsConfig {
+  int max_sessions = 256;
+  int max_requests_per_session = 4096;
+};
+
+struct DaemonConfig {
+  // gRPC listen address: "unix:PATH" (relative or absolute) or "unix:///ABSOLUTE/PATH".
+  std::string listen = "unix:/run/hisparse/hisparsed.sock";
+  HostPoolConfig host_pool;
+  DeviceKind device = DeviceKind::kAuto;
+  // Per GPU bytes the daemon may take for slot arenas; 0 = no limit.
+  uint64_t gpu_memory_budget = 0;
+  LimitsConfig limits;
+  LogLevel log_level = LogLevel::kInfo;
+};
+
+bool operator==(const DaemonConfig& a, const DaemonConfig& b);
+inline bool operator!=(const DaemonConfig& a, const DaemonConfig& b) { return !(a == b); }
+
+// One documented key, for generated docs, --help and the example-file test.
+struct ConfigKeyInfo {
+  std::string key;            // dotted: "host_pool.size"
+  std::string type;           // "byte size", "integer >= 1", "bool", "auto | on | off", ...
+  std::string default_value;  // as written in YAML: "1GiB", "auto", "false"
+  std::string help;           // one line
+};
+
+// Every key, in file order (sections grouped). Built once; the reference stays valid.
+const std::vector<ConfigKeyInfo>& ConfigKeys();
+
+// Parses a YAML document; keys not given keep their defaults (an empty document gives
+// DaemonConfig{}). Refuses unknown keys at any level, keys given twice, a map or list where a
+// value is expected and vice versa, bad values, and YAML syntax errors (with line and column).
+// The result is validated (ValidateConfig).
+absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text);
+
+// Reads and parses `path`; every error message starts with the path.
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Sets one key from its text form, as a command-line flag gives it: ("host_pool.size", "64GiB").
+// Checks that key's own constraints; on error `config` is unchanged. Constraints between keys
+// are left to ValidateConfig, to be called after the last override.
+absl::Status ApplyConfigOverride(DaemonConfig& config, std::string_view key, std::string_view value);
+
+// Checks every key's constraints and those between keys (e.g. hugepages: on needs 2 MiB
+// multiples). The first violation is returned, naming its key.
+absl::Status ValidateConfig(const DaemonConfig& config);
+
+// The config as YAML, each key with its help as a comment; ParseConfigYaml reads it back equal.
+std::string RenderConfigYaml(const DaemonConfig& config);
+
+// "unix:/run/x.sock" -> "/run/x.sock"; "unix:///run/x.sock" -> "/run/x.sock"; "unix:rel.sock" ->
+// "rel.sock". Empty when `listen` is not a unix: address.
+std::string_view ListenSocketPath(std::string_view listen);
+
+// How the host pool is cut into memfd segments.
+struct PoolGeometry {
+  uint64_t segment_size = 0;   // bytes in every segment
+  uint64_t segment_count = 0;
+  uint64_t total_bytes = 0;    // segment_size * segment_count >= HostPoolConfig::size
+};
+// Precondition: ValidateConfig accepted the config (so nothing overflows).
+PoolGeometry HostPoolGeometry(const HostPoolConfig& pool);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_CONFIG_H_

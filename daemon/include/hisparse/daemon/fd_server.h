@@ -1,0 +1,53 @@
+// FdServer: the fd channel. gRPC cannot carry file descriptors, so the memory a session owns (its
+// host-pool segments and its slot arena) reaches the engine over this SOCK_SEQPACKET unix socket
+// beside the gRPC one, with SCM_RIGHTS.
+//
+// Protocol (version 1), one request and one reply per packet:
+//   request  "HSFD1 <session_id> <token> arena"  |  "HSFD1 <session_id> <token> segment <N>"
+//   reply    "OK <bytes>" with the descriptor attached  |  "ERR <CODE> <message>" (no descriptor)
+// The token from SessionOpened is the capability: only the session that owns an object gets it.
+//
+// Thread-safe. One thread accepts; one thread serves each connection. Stop() ends them all.
+#ifndef HISPARSE_DAEMON_FD_SERVER_H_
+#define HISPARSE_DAEMON_FD_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "hisparse/common/unique_fd.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+
+class FdServer {
+ public:
+  // Listens on `path` with socket mode `mode`. `sessions` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, mode_t mode,
+                                                         SessionManager* sessions);
+  ~FdServer();
+  void Stop();
+
+ private:
+  FdServer(UniqueFd listener, SessionManager* sessions) : listener_(std::move(listener)), sessions_(sessions) {}
+  void AcceptLoop();
+  void Serve(int conn);
+  std::string Handle(const std::string& request, UniqueFd* out_fd);
+
+  UniqueFd listener_;
+  SessionManager* const sessions_;
+  std::thread acceptor_;
+  std::atomic<bool> stopping_{false};
+  absl::Mutex mu_;
+  std::vector<int> conns_ ABSL_GUARDED_BY(mu_);  // open connections, shut down on Stop
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_FD_SERVER_H_

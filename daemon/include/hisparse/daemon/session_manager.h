@@ -1,0 +1,109 @@
+// SessionManager: sessions, admission and release — the daemon's accounting of the whole node.
+//
+// THE ADMISSION LOGIC LIVES HERE (session_manager.cc, Admit/Extend/Release). A session is the unit
+// of ownership: it holds requests, each request holds one host-pool run per layer and one row of
+// the session's slot arena. Ending a session — cleanly or because its engine died — releases all of
+// it at once (CloseSession). Requests are named per session: no session can see, extend or release
+// another's.
+//
+// Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
+// onto these methods. The proto messages are used only as plain data types.
+//
+// Thread-safe: one mutex guards all state; calls hold it only for the bookkeeping itself.
+#ifndef HISPARSE_DAEMON_SESSION_MANAGER_H_
+#define HISPARSE_DAEMON_SESSION_MANAGER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "hisparse/common/unique_fd.h"
+#include "hisparse/daemon/host_pool.h"
+#include "hisparse/v1/hisparse.pb.h"
+
+namespace hisparse {
+
+class SessionManager {
+ public:
+  struct Options {
+    uint32_t max_sessions = 256;
+    uint32_t max_requests_per_session = 4096;
+    std::string fd_socket_path;       // handed to engines in SessionOpened
+    uint64_t arena_budget_bytes = 0;  // per device (GPU index or host), 0 = unlimited
+    std::string device = "host";
+    std::string version = "0.1.0";
+  };
+
+  SessionManager(const Options& options, std::unique_ptr<HostPool> pool);
+  ~SessionManager();
+
+  // Opens a session for an engine that declared `open`. `peer_pid` is for logs and stats.
+  absl::StatusOr<v1::SessionOpened> OpenSession(const v1::OpenSession& open, pid_t peer_pid);
+  // Ends a session and releases every request, run and arena it held. Idempotent.
+  void CloseSession(uint64_t session_id);
+
+  absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& req);
+  absl::StatusOr<v1::ExtendResponse> Extend(const v1::ExtendRequest& req);
+  absl::Status Release(const v1::ReleaseRequest& req);
+  v1::StatsResponse Stats() const;
+
+  // For the fd channel: a dup of the descriptor of `object` ("arena" or "segment N") when
+  // session_id/token name a live session that owns it. The caller owns the returned fd.
+  absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object);
+
+  // Stop admitting (drain). Existing sessions keep what they hold.
+  void SetDraining(bool draining);
+
+  // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
+  absl::Status CheckInvariants() const;
+  // Read access to the pool's daemon-side mapping, for tests and Extend's copies.
+  uint8_t* SegmentDataForTest(uint32_t segment) const;
+
+ private:
+  struct Request {
+    uint64_t id = 0;
+    uint32_t row = 0;
+    uint32_t capacity_tokens = 0;
+    std::vector<HostPool::Run> runs;  // one per layer
+  };
+  struct Session {
+    uint64_t id = 0;
+    std::string token;
+    std::string engine_name;
+    v1::Geometry geometry;
+    pid_t peer_pid = 0;
+    absl::flat_hash_map<uint64_t, Request> requests;
+    std::vector<bool> row_used;
+    UniqueFd arena_fd;
+    MappedRegion arena;  // the daemon's view, to read RESOLVE's counters
+  };
+
+  absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillExtents(const Session& s, const Request& r,
+                   google::protobuf::RepeatedPtrField<v1::Extent>* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const absl::Time start_time_ = absl::Now();
+  mutable absl::Mutex mu_;
+  std::unique_ptr<HostPool> pool_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rejections_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_SESSION_MANAGER_H_

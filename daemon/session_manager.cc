@@ -1,0 +1,393 @@
+// Sessions, admission and release: see session_manager.h.
+#include "hisparse/daemon/session_manager.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+
+#include <cstring>
+
+#include "hisparse/common/log.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/kernels/arena_layout.h"
+
+namespace hisparse {
+namespace {
+
+constexpr uint32_t kMaxLayers = 1024;
+constexpr uint32_t kMaxSlots = 65536;
+constexpr uint64_t kMaxArenaBytes = 1ull << 40;
+
+std::string NewToken() {
+  uint8_t raw[16];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    const ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  for (uint8_t b : raw) absl::StrAppendFormat(&hex, "%02x", b);
+  return hex;
+}
+
+// Constant-time comparison: the token is a capability.
+bool TokenEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit) {
+  auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat("geometry.", parts...)); };
+  if (g.gpu() < -1) return bad("gpu must be -1 (host) or a GPU index, got ", g.gpu());
+  if (g.num_layers() < 1 || g.num_layers() > kMaxLayers) return bad("num_layers must be 1..", kMaxLayers, ", got ", g.num_layers());
+  if (g.record_bytes() < kRecordAlign || g.record_bytes() > kMaxRecordBytes || g.record_bytes() % kRecordAlign != 0) {
+    return bad("record_bytes must be a multiple of 16 in 16..16384, got ", g.record_bytes());
+  }
+  if (g.k() < 1) return bad("k must be >= 1, got ", g.k());
+  if (g.slots() < g.k()) return bad("slots (B) must be >= k: B = ", g.slots(), ", k = ", g.k());
+  if (g.slots() > kMaxSlots) return bad("slots must be <= ", kMaxSlots, ", got ", g.slots());
+  if (g.max_requests() < 1 || g.max_requests() > max_requests_limit) {
+    return bad("max_requests must be 1..", max_requests_limit, ", got ", g.max_requests());
+  }
+  return absl::OkStatus();
+}
+
+ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
+  return ArenaGeometry{static_cast<int32_t>(g.max_requests()), static_cast<int32_t>(g.num_layers()),
+                       static_cast<int32_t>(g.slots()), static_cast<int32_t>(g.k()), g.record_bytes()};
+}
+
+}  // namespace
+
+SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool> pool)
+    : options_(options), pool_(std::move(pool)) {}
+
+SessionManager::~SessionManager() = default;
+
+absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSession& open, pid_t peer_pid) {
+  HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), options_.max_requests_per_session));
+  const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
+  if (layout.total_bytes > kMaxArenaBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("geometry asks for a ", layout.total_bytes,
+                                                   "-byte slot arena; the limit is ", kMaxArenaBytes));
+  }
+  auto session = std::make_unique<Session>();
+  session->token = NewToken();
+  session->engine_name = open.engine_name().substr(0, 128);
+  session->geometry = open.geometry();
+  session->peer_pid = peer_pid;
+  session->row_used.assign(open.geometry().max_requests(), false);
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::FailedPreconditionError("the daemon is draining: no new sessions");
+    if (sessions_.size() >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions"));
+    }
+    uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
+    if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
+                                                       open.geometry().gpu(), "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)"));
+    }
+    device_bytes += layout.total_bytes;
+    session->id = next_session_id_++;
+  }
+  // The arena memfd is created outside the lock: it can take a while and touches no shared state.
+  // Its pages materialize as the engine uses them.
+  auto arena_fd = CreateMemfd("hisparse-arena", layout.total_bytes, false, nullptr);
+  absl::StatusOr<MappedRegion> arena_map =
+      arena_fd.ok() ? MappedRegion::MapShared(arena_fd->get(), layout.total_bytes) : arena_fd.status();
+  absl::MutexLock lock(&mu_);
+  if (!arena_map.ok()) {
+    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    return arena_map.status();
+  }
+  session->arena_fd = std::move(*arena_fd);
+  session->arena = std::move(*arena_map);
+  v1::SessionOpened opened;
+  opened.set_session_id(session->id);
+  opened.set_token(session->token);
+  opened.set_fd_socket(options_.fd_socket_path);
+  opened.mutable_arena()->set_kind("host");
+  opened.mutable_arena()->set_bytes(layout.total_bytes);
+  opened.set_segment_bytes(pool_->segment_bytes());
+  opened.set_max_tokens_per_request(static_cast<uint32_t>(
+      std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
+  opened.set_daemon_version(options_.version);
+  LOG(INFO) << "session " << session->id << " opened by pid " << peer_pid << " (" << session->engine_name
+            << "): layers " << open.geometry().num_layers() << ", record " << open.geometry().record_bytes()
+            << " B, k " << open.geometry().k() << ", B " << open.geometry().slots() << ", rows "
+            << open.geometry().max_requests() << ", arena " << layout.total_bytes << " B";
+  sessions_.emplace(session->id, std::move(session));
+  return opened;
+}
+
+void SessionManager::CloseSession(uint64_t session_id) {
+  std::unique_ptr<Session> dead;
+  size_t released = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    dead = std::move(it->second);
+    sessions_.erase(it);
+    for (auto& [id, r] : dead->requests) {
+      ReleaseRequestLocked(*dead, r);
+      ++released;
+    }
+    dead->requests.clear();
+    arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena.size();
+  }
+  // The arena memfd and mapping go with `dead`, outside the lock.
+  LOG(INFO) << "session " << session_id << " closed: released " << released << " requests";
+}
+
+absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::SessionRef& ref) {
+  auto it = sessions_.find(ref.session_id());
+  if (it == sessions_.end() || !TokenEquals(it->second->token, ref.token())) {
+    return absl::PermissionDeniedError(absl::StrCat("session ", ref.session_id(), " is not a live session of this caller"));
+  }
+  return it->second.get();
+}
+
+void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
+  for (const HostPool::Run& run : r.runs) {
+    absl::Status st = pool_->Free(s.id, run);
+    if (!st.ok()) LOG(ERROR) << "accounting error freeing a run of session " << s.id << ": " << st;
+  }
+  r.runs.clear();
+  s.row_used[r.row] = false;
+}
+
+void SessionManager::FillExtents(const Session& s, const Request& r,
+                                 google::protobuf::RepeatedPtrField<v1::Extent>* out) const {
+  (void)s;
+  for (size_t layer = 0; layer < r.runs.size(); ++layer) {
+    v1::Extent* e = out->Add();
+    e->set_layer(static_cast<uint32_t>(layer));
+    e->set_segment(r.runs[layer].segment);
+    e->set_offset(r.runs[layer].offset);
+    e->set_bytes(r.runs[layer].bytes);
+  }
+}
+
+absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget) const {
+  const uint64_t max_tokens = pool_->segment_bytes() / s.geometry.record_bytes();
+  if (token_budget == 0 || token_budget > max_tokens || token_budget > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget must be 1..", std::min<uint64_t>(max_tokens, INT32_MAX),
+                                                   " (one layer's run must fit a ", pool_->segment_bytes(),
+                                                   "-byte pool segment), got ", token_budget));
+  }
+  return absl::OkStatus();
+}
+
+// Admission: a request gets a free row of the session's arena and, for every layer, one
+// contiguous run of token_budget records. All or nothing.
+absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+  if (draining_) return absl::FailedPreconditionError("the daemon is draining: no new admissions");
+  if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
+  HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
+  if (req.context_tokens() > req.token_budget()) {
+    return absl::InvalidArgumentError(absl::StrCat("context_tokens (", req.context_tokens(),
+                                                   ") exceeds token_budget (", req.token_budget(), ")"));
+  }
+  if (s->requests.contains(req.request_id())) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"));
+  }
+  uint32_t row = 0;
+  while (row < s->row_used.size() && s->row_used[row]) ++row;
+  if (row == s->row_used.size()) {
+    ++rejections_;
+    return absl::ResourceExhaustedError(absl::StrCat("all ", s->row_used.size(), " request rows of this session are in use"));
+  }
+  Request r;
+  r.id = req.request_id();
+  r.row = row;
+  r.capacity_tokens = req.token_budget();
+  const uint64_t run_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
+  for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
+    auto run = pool_->Allocate(s->id, run_bytes);
+    if (!run.ok()) {
+      for (const HostPool::Run& done : r.runs) (void)pool_->Free(s->id, done);
+      if (absl::IsResourceExhausted(run.status())) ++rejections_;
+      return run.status();
+    }
+    r.runs.push_back(*run);
+  }
+  s->row_used[row] = true;
+  ++admissions_;
+  v1::AdmitResponse resp;
+  resp.set_row(row);
+  resp.set_capacity_tokens(r.capacity_tokens);
+  FillExtents(*s, r, resp.mutable_extents());
+  s->requests.emplace(r.id, std::move(r));
+  return resp;
+}
+
+absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+  auto it = s->requests.find(req.request_id());
+  if (it == s->requests.end()) return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  Request& r = it->second;
+  HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
+  if (req.token_budget() <= r.capacity_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(), ") must exceed the current capacity (",
+                                                   r.capacity_tokens, ")"));
+  }
+  const uint64_t new_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
+  // Grow what can grow in place; find new runs for the rest before touching anything, so that a
+  // full pool leaves the request exactly as it was.
+  std::vector<HostPool::Run> grown = r.runs;
+  std::vector<int> needs_move;
+  for (size_t layer = 0; layer < grown.size(); ++layer) {
+    if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
+  }
+  std::vector<HostPool::Run> moved_to;
+  for (size_t i = 0; i < needs_move.size(); ++i) {
+    auto run = pool_->Allocate(s->id, new_bytes);
+    if (!run.ok()) {
+      // Roll back: the request keeps exactly the runs it had.
+      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
+      for (size_t l = 0; l < grown.size(); ++l) {
+        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
+      }
+      if (absl::IsResourceExhausted(run.status())) ++rejections_;
+      return run.status();
+    }
+    moved_to.push_back(*run);
+  }
+  const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
+  for (size_t i = 0; i < needs_move.size(); ++i) {
+    const HostPool::Run& from = r.runs[needs_move[i]];
+    const HostPool::Run& to = moved_to[i];
+    std::memcpy(pool_->SegmentData(to.segment) + to.offset, pool_->SegmentData(from.segment) + from.offset, old_bytes);
+    (void)pool_->Free(s->id, from);
+    grown[needs_move[i]] = to;
+  }
+  r.runs = std::move(grown);
+  r.capacity_tokens = req.token_budget();
+  v1::ExtendResponse resp;
+  resp.set_capacity_tokens(r.capacity_tokens);
+  resp.set_moved(!needs_move.empty());
+  FillExtents(*s, r, resp.mutable_extents());
+  return resp;
+}
+
+absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+  auto it = s->requests.find(req.request_id());
+  if (it == s->requests.end()) return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  ReleaseRequestLocked(*s, it->second);
+  s->requests.erase(it);
+  return absl::OkStatus();
+}
+
+v1::StatsResponse SessionManager::Stats() const {
+  v1::StatsResponse out;
+  absl::MutexLock lock(&mu_);
+  out.set_version(options_.version);
+  out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  out.set_device(options_.device);
+  const HostPool::Stats ps = pool_->GetStats();
+  v1::HostPoolStats* hp = out.mutable_host_pool();
+  hp->set_capacity_bytes(ps.capacity_bytes);
+  hp->set_used_bytes(ps.used_bytes);
+  hp->set_free_bytes(ps.free_bytes);
+  hp->set_fragmentation(ps.fragmentation());
+  hp->set_largest_free_run_bytes(ps.largest_free_run);
+  hp->set_segments(ps.segments);
+  hp->set_segments_in_use(ps.segments_in_use);
+  hp->set_segment_bytes(ps.segment_bytes);
+  hp->set_hugepages(ps.hugepages);
+  hp->set_locked(ps.locked);
+  out.set_sessions(static_cast<uint32_t>(sessions_.size()));
+  out.set_admissions(admissions_);
+  out.set_rejections(rejections_);
+  uint32_t requests = 0;
+  for (const auto& [id, s] : sessions_) {
+    requests += static_cast<uint32_t>(s->requests.size());
+    v1::SessionStats* ss = out.add_session_stats();
+    ss->set_session_id(id);
+    ss->set_engine_name(s->engine_name);
+    *ss->mutable_geometry() = s->geometry;
+    ss->set_requests(static_cast<uint32_t>(s->requests.size()));
+    uint64_t host = 0;
+    for (const auto& [rid, r] : s->requests) {
+      for (const HostPool::Run& run : r.runs) host += run.bytes;
+    }
+    ss->set_host_bytes(host);
+    ss->set_arena_bytes(s->arena.size());
+    // The engine updates these counters concurrently; a torn read of a 64-bit counter is not
+    // possible on x86-64 and a slightly stale value is fine for stats.
+    const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(s->arena.data());
+    ss->set_hits(counters->hits);
+    ss->set_misses(counters->misses);
+    ss->set_bytes_fetched(counters->bytes_fetched);
+    ss->set_peer_pid(s->peer_pid);
+  }
+  out.set_requests(requests);
+  return out;
+}
+
+absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token, const std::string& object) {
+  absl::MutexLock lock(&mu_);
+  v1::SessionRef ref;
+  ref.set_session_id(session_id);
+  ref.set_token(token);
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
+  int fd = -1;
+  if (object == "arena") {
+    fd = s->arena_fd.get();
+  } else if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "segment ")) {
+    uint32_t segment = 0;
+    if (!absl::SimpleAtoi(rest, &segment)) return absl::InvalidArgumentError(absl::StrCat("bad segment number in \"", object, "\""));
+    HS_ASSIGN_OR_RETURN(fd, pool_->SegmentFdFor(session_id, segment));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown fd object \"", object, "\" (want \"arena\" or \"segment N\")"));
+  }
+  UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) return absl::InternalError("dup of a pool descriptor failed");
+  return dup;
+}
+
+void SessionManager::SetDraining(bool draining) {
+  absl::MutexLock lock(&mu_);
+  draining_ = draining;
+}
+
+absl::Status SessionManager::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  HS_RETURN_IF_ERROR(pool_->CheckInvariants());
+  uint64_t live = 0;
+  for (const auto& [id, s] : sessions_) {
+    std::vector<bool> rows(s->row_used.size(), false);
+    for (const auto& [rid, r] : s->requests) {
+      if (rows[r.row]) return absl::InternalError(absl::StrCat("session ", id, ": row ", r.row, " held twice"));
+      rows[r.row] = true;
+      for (const HostPool::Run& run : r.runs) live += run.bytes;
+    }
+    if (rows != s->row_used) return absl::InternalError(absl::StrCat("session ", id, ": row table disagrees with requests"));
+  }
+  const HostPool::Stats ps = pool_->GetStats();
+  // Runs are rounded up to the pool's alignment; compare against the rounded sum.
+  if (ps.used_bytes < live) {
+    return absl::InternalError(absl::StrCat("pool used ", ps.used_bytes, " < live runs ", live));
+  }
+  return absl::OkStatus();
+}
+
+uint8_t* SessionManager::SegmentDataForTest(uint32_t segment) const {
+  absl::MutexLock lock(&mu_);
+  return pool_->SegmentData(segment);
+}
+
+}  // namespace hisparse

@@ -1,0 +1,21 @@
+// Geometry validation for the slot arena (arena_layout.h, resolve.h).
+#include "hisparse/kernels/arena_layout.h"
+#include "hisparse/kernels/resolve.h"
+
+namespace hisparse {
+
+const char* ValidateArenaGeometry(const ArenaGeometry& g) {
+  if (g.max_rows < 1) return "max_rows must be >= 1";
+  if (g.num_layers < 1) return "num_layers must be >= 1";
+  if (g.k < 1) return "k must be >= 1";
+  // RESOLVE relies on B >= k: every miss of a step then finds a slot that holds no hit.
+  if (g.slots < g.k) return "slots (B) must be >= k";
+  if (g.record_bytes < kRecordAlign || g.record_bytes > kMaxRecordBytes) {
+    return "record_bytes must be in [16, 16384]";
+  }
+  // 16-byte records let a warp move a record with 16-byte loads and keep every slot aligned.
+  if (g.record_bytes % kRecordAlign != 0) return "record_bytes must be a multiple of 16";
+  return nullptr;
+}
+
+}  // namespace hisparse

@@ -1,0 +1,66 @@
+// CUDA launchers of RESOLVE, prefill store, decode append and row reset (kernels/resolve.cu,
+// kernels/store_append.cu). They meet the contract of resolve.h exactly: for identical inputs they
+// leave slot tables, LRU orders, outputs, counters and error flags identical to the CPU reference.
+//
+// Every launcher enqueues work on the given stream and returns at once: no host synchronization,
+// no allocation, no host-side state that changes between launches. All of them can be captured in
+// a CUDA graph and replayed; RESOLVE and append read the batch size from device memory, so one
+// graph captured for max_batch serves every batch size up to it.
+//
+// RESOLVE needs a caller-provided workspace in device memory (ResolveWorkspaceBytes): it holds
+// the per-launch work queue that spreads one step's miss fetches over the whole GPU. The workspace
+// must be zeroed once after allocation (InitResolveWorkspace); every launch leaves it zeroed
+// again, so graph replays need nothing in between. One workspace serves one stream at a time:
+// launches that share it must be ordered (same stream, or a dependency). After a launch that
+// failed mid-kernel (a sticky CUDA error) re-initialize it.
+//
+// Errors: a launcher returns cudaSuccess, the launch's CUDA error, or cudaErrorInvalidValue for
+// input it rejects on the host (unsupported geometry, record size, workspace too small). The
+// reason is then in LastLaunchError() (per host thread, valid until the next launcher call on
+// that thread). Per-row input errors found on the device are reported through error_flags, as in
+// the contract.
+//
+// Thread-safety: the launchers may be called from any host thread; LastLaunchError is
+// thread-local.
+#ifndef HISPARSE_KERNELS_RESOLVE_CUDA_H_
+#define HISPARSE_KERNELS_RESOLVE_CUDA_H_
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hisparse/kernels/arena_layout.h"
+#include "hisparse/kernels/resolve.h"
+
+namespace hisparse {
+
+// Bytes of device memory one RESOLVE workspace needs for this geometry and max_batch.
+size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch);
+
+// Zeroes a workspace (once after allocation, or after a failed launch).
+cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t stream);
+
+// One RESOLVE step for one layer and the batch: hit detection, LRU eviction, miss fetch from the
+// host pool (GPU threads reading mapped host memory), slot table. Grid: max_batch row blocks plus
+// helper blocks; rows at index >= *d.batch_size do nothing but help fetch.
+// Supported: every geometry ValidateArenaGeometry accepts whose per-row plan fits in one thread
+// block's shared memory (k <= 8192 with B <= 32768 on an H200; see LastLaunchError otherwise).
+cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream);
+
+// Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
+cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream);
+
+// Decode append (AppendDesc): the newest token of every batch row into slot B and the host pool.
+cudaError_t LaunchAppend(const AppendDesc& d, cudaStream_t stream);
+
+// Every layer of `row`: slots EMPTY, LRU = identity (as ResetRowReference).
+cudaError_t LaunchResetRow(const ArenaView& arena, int32_t row, cudaStream_t stream);
+
+// Why the last launcher call on this thread returned cudaErrorInvalidValue (or the CUDA error's
+// name otherwise); "" after a success.
+const char* LastLaunchError();
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_KERNELS_RESOLVE_CUDA_H_

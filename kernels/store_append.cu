@@ -1,0 +1,190 @@
+// CUDA prefill store, decode append and row reset: plain copy kernels, a warp per record with
+// 16-byte accesses. Semantics are those of StoreReference / AppendReference / ResetRowReference
+// (kernels/resolve_reference.cc), including the refresh of a regular slot that already holds a
+// position being rewritten.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "hisparse/kernels/resolve_cuda.h"
+
+namespace hisparse {
+namespace internal {
+void SetLaunchError(const char* msg);
+cudaError_t FailLaunch(const std::string& msg);
+cudaError_t CheckLaunched();
+const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n);
+}  // namespace internal
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// One warp copies one record of `bytes` (multiple of 16).
+__device__ __forceinline__ void WarpCopy(uint8_t* dst, const uint8_t* src, uint32_t bytes) {
+  const int lane = threadIdx.x & 31;
+  const int4* s = reinterpret_cast<const int4*>(src);
+  int4* d = reinterpret_cast<int4*>(dst);
+  const int n = static_cast<int>(bytes / 16);
+  for (int u = lane; u < n; u += 32) d[u] = s[u];
+}
+
+__device__ __forceinline__ uint8_t* HostRec(const ArenaView& a, const HostRecordMap& h, int row,
+                                            int layer, int pos) {
+  return h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(pos) * a.geometry.record_bytes;
+}
+
+// Store: blockIdx.y = layer; warp items [0, num_tokens) write the host pool, items
+// [num_tokens, num_tokens + B) handle slot s = item - num_tokens, item num_tokens + B slot B.
+__global__ void __launch_bounds__(kThreads) StoreKernel(const StoreDesc d) {
+  const ArenaView& a = d.arena;
+  const int B = a.geometry.slots;
+  const uint32_t rb = a.geometry.record_bytes;
+  if (d.seq_len_after > d.host.capacity[d.row]) return;  // rejected: nothing is written
+  const int layer = blockIdx.y;
+  const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int start = d.start_pos, end = d.start_pos + d.num_tokens;
+  const uint8_t* src_layer = d.src + layer * d.src_layer_stride;
+  auto src_of = [&](int pos) { return src_layer + static_cast<int64_t>(pos - start) * d.src_token_stride; };
+  if (item < d.num_tokens) {
+    WarpCopy(HostRec(a, d.host, d.row, layer, start + item), src_of(start + item), rb);
+    return;
+  }
+  const int s = item - d.num_tokens;
+  if (s > B) return;
+  if (s == B) {
+    const int newest = d.seq_len_after - 1;
+    if (newest >= start && newest < end) WarpCopy(a.Record(d.row, layer, B), src_of(newest), rb);
+    return;
+  }
+  int* slot_pos = a.SlotPos(d.row, layer);
+  const int old = slot_pos[s];  // only this warp touches slot s
+  const uint8_t* from = nullptr;
+  if (old >= start && old < end) from = src_of(old);  // refresh of a resident slot
+  const int filled = d.seq_len_after;
+  if (filled <= B) {
+    if (s < filled) from = (s >= start && s < end) ? src_of(s) : HostRec(a, d.host, d.row, layer, s);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+      slot_pos[s] = s < filled ? s : kEmptySlot;
+      a.Lru(d.row, layer)[s] = s < B - filled ? filled + s : s - (B - filled);
+    }
+  }
+  if (from) WarpCopy(a.Record(d.row, layer, s), from, rb);
+}
+
+// Append: one block per batch entry; the block scans the row's slot table for a regular slot
+// holding the newest position (rare) and refreshes it, warp 0 writes the host pool and slot B.
+__global__ void __launch_bounds__(kThreads) AppendKernel(const AppendDesc d) {
+  const ArenaView& a = d.arena;
+  int batch = *d.batch_size;
+  if (batch > d.max_batch) batch = d.max_batch;
+  const int i = blockIdx.x;
+  if (i >= batch) return;
+  const int row = d.rows[i];
+  const int seq = d.seq_lens[i];
+  uint32_t err = 0;
+  if (d.layer < 0 || d.layer >= a.geometry.num_layers || row < 0 || row >= a.geometry.max_rows) {
+    err = kResolveBadRow;
+  } else if (seq < 1 || seq > d.host.capacity[row]) {
+    err = kResolveBadSeqLen;
+  }
+  if (err) {
+    if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
+    return;
+  }
+  const uint32_t rb = a.geometry.record_bytes;
+  const uint8_t* src = d.src + i * d.src_stride;
+  const int warp = threadIdx.x >> 5;
+  if (warp == 0) {
+    WarpCopy(HostRec(a, d.host, row, d.layer, seq - 1), src, rb);
+    WarpCopy(a.Record(row, d.layer, a.geometry.slots), src, rb);
+  }
+  const int* slot_pos = a.SlotPos(row, d.layer);
+  const int B = a.geometry.slots;
+  // Warp w scans slots [w * 32, ...) in steps of the block; a match is copied by that warp.
+  for (int base = warp * 32; base < B; base += kThreads) {
+    const int s = base + (threadIdx.x & 31);
+    const bool match = s < B && slot_pos[s] == seq - 1;
+    unsigned m = __ballot_sync(~0u, match);
+    while (m) {
+      const int l = __ffs(m) - 1;
+      m &= m - 1;
+      WarpCopy(a.Record(row, d.layer, base + l), src, rb);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) ResetRowKernel(const ArenaView a, int row) {
+  const int layer = blockIdx.y;
+  int* slot_pos = a.SlotPos(row, layer);
+  int* lru = a.Lru(row, layer);
+  for (int s = blockIdx.x * kThreads + threadIdx.x; s < a.geometry.slots; s += gridDim.x * kThreads) {
+    slot_pos[s] = kEmptySlot;
+    lru[s] = s;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream) {
+  char buf[160];
+  const ArenaGeometry& g = d.arena.geometry;
+  if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
+  if (d.row < 0 || d.row >= g.max_rows) {
+    std::snprintf(buf, sizeof buf, "store: row %d outside [0, %d)", d.row, g.max_rows);
+    return internal::FailLaunch(buf);
+  }
+  if (d.start_pos < 0 || d.num_tokens < 0) return internal::FailLaunch("store: negative start_pos or num_tokens");
+  if (d.seq_len_after < 1 ||
+      static_cast<int64_t>(d.start_pos) + d.num_tokens > d.seq_len_after) {
+    return internal::FailLaunch("store: seq_len_after < 1 or < start_pos + num_tokens");
+  }
+  if (d.num_tokens > 0 && (!d.src || d.src_token_stride < static_cast<int64_t>(g.record_bytes) ||
+                           d.src_token_stride % 16 || d.src_layer_stride % 16 ||
+                           reinterpret_cast<uintptr_t>(d.src) % 16)) {
+    return internal::FailLaunch("store: src must be 16-byte aligned with 16-byte multiple strides >= record_bytes");
+  }
+  const int items = d.num_tokens + g.slots + 1;
+  dim3 grid((items + kWarps - 1) / kWarps, g.num_layers);
+  StoreKernel<<<grid, kThreads, 0, stream>>>(d);
+  return internal::CheckLaunched();
+}
+
+cudaError_t LaunchAppend(const AppendDesc& d, cudaStream_t stream) {
+  char buf[160];
+  const ArenaGeometry& g = d.arena.geometry;
+  if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
+  if (d.max_batch < 0 || !d.batch_size || !d.rows || !d.seq_lens) {
+    return internal::FailLaunch("append: max_batch < 0 or a null per-batch pointer");
+  }
+  if (d.max_batch == 0) {
+    internal::SetLaunchError("");
+    return cudaSuccess;
+  }
+  if (!d.src || d.src_stride < static_cast<int64_t>(g.record_bytes) || d.src_stride % 16 ||
+      reinterpret_cast<uintptr_t>(d.src) % 16) {
+    return internal::FailLaunch("append: src must be 16-byte aligned with a 16-byte multiple stride >= record_bytes");
+  }
+  AppendKernel<<<d.max_batch, kThreads, 0, stream>>>(d);
+  return internal::CheckLaunched();
+}
+
+cudaError_t LaunchResetRow(const ArenaView& arena, int32_t row, cudaStream_t stream) {
+  char buf[160];
+  if (const char* why = internal::CheckGeometry(arena.geometry, buf, sizeof buf)) {
+    return internal::FailLaunch(why);
+  }
+  if (row < 0 || row >= arena.geometry.max_rows) {
+    std::snprintf(buf, sizeof buf, "reset: row %d outside [0, %d)", row, arena.geometry.max_rows);
+    return internal::FailLaunch(buf);
+  }
+  const int per_layer = (arena.geometry.slots + kThreads - 1) / kThreads;
+  dim3 grid(per_layer < 64 ? per_layer : 64, arena.geometry.num_layers);
+  ResetRowKernel<<<grid, kThreads, 0, stream>>>(arena, row);
+  return internal::CheckLaunched();
+}
+
+}  // namespace hisparse

@@ -1,0 +1,382 @@
+#include "hisparse/daemon/config.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "yaml-cpp/yaml.h"
+
+namespace hisparse {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+DaemonConfig MustParse(const std::string& yaml) {
+  absl::StatusOr<DaemonConfig> c = ParseConfigYaml(yaml);
+  EXPECT_TRUE(c.ok()) << c.status() << "\n" << yaml;
+  return c.value_or(DaemonConfig{});
+}
+
+// The error for `yaml`, which must be InvalidArgument.
+std::string ErrorOf(const std::string& yaml) {
+  absl::StatusOr<DaemonConfig> c = ParseConfigYaml(yaml);
+  EXPECT_FALSE(c.ok()) << "accepted:\n" << yaml;
+  if (c.ok()) return "";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  return std::string(c.status().message());
+}
+
+TEST(ConfigTest, Defaults) {
+  const DaemonConfig c;
+  EXPECT_EQ(c.listen, "unix:/run/hisparse/hisparsed.sock");
+  EXPECT_EQ(c.host_pool.size, kGiB);
+  EXPECT_EQ(c.host_pool.segment_size, 256 * kMiB);
+  EXPECT_EQ(c.host_pool.hugepages, HugePagesMode::kAuto);
+  EXPECT_EQ(c.host_pool.pretouch_threads, 0);
+  EXPECT_FALSE(c.host_pool.mlock);
+  EXPECT_EQ(c.device, DeviceKind::kAuto);
+  EXPECT_EQ(c.gpu_memory_budget, 0u);
+  EXPECT_EQ(c.limits.max_sessions, 256);
+  EXPECT_EQ(c.limits.max_requests_per_session, 4096);
+  EXPECT_EQ(c.log_level, LogLevel::kInfo);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+}
+
+TEST(ConfigTest, EmptyDocumentsGiveDefaults) {
+  for (const char* yaml : {"", "\n", "# only a comment\n", "---\n", "~\n", "host_pool:\n"}) {
+    EXPECT_EQ(MustParse(yaml), DaemonConfig{}) << yaml;
+  }
+}
+
+TEST(ConfigTest, EveryKeyParsed) {
+  const DaemonConfig c = MustParse(R"(
+listen: unix:///tmp/h.sock
+host_pool:
+  size: 64GiB
+  segment_size: 512 MiB
+  hugepages: on
+  pretouch_threads: 8
+  mlock: true
+device: cuda
+gpu_memory_budget: 40GiB
+limits:
+  max_sessions: 3
+  max_requests_per_session: 17
+log_level: debug
+)");
+  EXPECT_EQ(c.listen, "unix:///tmp/h.sock");
+  EXPECT_EQ(c.host_pool.size, 64 * kGiB);
+  EXPECT_EQ(c.host_pool.segment_size, 512 * kMiB);
+  EXPECT_EQ(c.host_pool.hugepages, HugePagesMode::kOn);
+  EXPECT_EQ(c.host_pool.pretouch_threads, 8);
+  EXPECT_TRUE(c.host_pool.mlock);
+  EXPECT_EQ(c.device, DeviceKind::kCuda);
+  EXPECT_EQ(c.gpu_memory_budget, 40 * kGiB);
+  EXPECT_EQ(c.limits.max_sessions, 3);
+  EXPECT_EQ(c.limits.max_requests_per_session, 17);
+  EXPECT_EQ(c.log_level, LogLevel::kDebug);
+}
+
+TEST(ConfigTest, EnumAndBoolSpellings) {
+  EXPECT_EQ(MustParse("host_pool: {hugepages: \"off\"}").host_pool.hugepages, HugePagesMode::kOff);
+  EXPECT_EQ(MustParse("host_pool: {hugepages: AUTO}").host_pool.hugepages, HugePagesMode::kAuto);
+  EXPECT_EQ(MustParse("device: host").device, DeviceKind::kHost);
+  EXPECT_EQ(MustParse("log_level: warning").log_level, LogLevel::kWarning);
+  EXPECT_EQ(MustParse("log_level: error").log_level, LogLevel::kError);
+  EXPECT_TRUE(MustParse("host_pool: {mlock: yes}").host_pool.mlock);
+  EXPECT_FALSE(MustParse("host_pool: {mlock: False}").host_pool.mlock);
+  EXPECT_EQ(MustParse("listen: unix:rel/h.sock").listen, "unix:rel/h.sock");
+}
+
+struct BadValue {
+  std::string yaml;
+  const char* key;   // the message must start with "<key>: "
+  const char* why;   // and contain this
+};
+
+TEST(ConfigTest, EveryBadValueNamesItsKey) {
+  const std::vector<BadValue> cases = {
+      {"listen: tcp:0.0.0.0:5000", "listen", "not a unix socket address"},
+      {"listen: \"unix:\"", "listen", "no socket path"},
+      {"listen: \"unix://\"", "listen", "no socket path"},
+      {"listen: unix://rel.sock", "listen", "must be absolute"},
+      {"listen: unix:/" + std::string(120, 'x'), "listen", "at most 107"},
+      {"host_pool: {size: 12XB}", "host_pool.size",
+       "cannot parse \"12XB\" as a byte size: unknown unit \"XB\""},
+      {"host_pool: {size: -1GiB}", "host_pool.size", "negative"},
+      {"host_pool: {size: 99999999999PiB}", "host_pool.size", "64 bits"},
+      {"host_pool: {size: 4096}", "host_pool.size", "at least 1MiB"},
+      {"host_pool: {size: 1000KB}", "host_pool.size", "at least 1MiB"},
+      {"host_pool: {size: 1.5MB}", "host_pool.size", "multiple of 4KiB"},
+      {"host_pool: {segment_size: 512}", "host_pool.segment_size", "at least 1MiB"},
+      {"host_pool: {segment_size: 2000001}", "host_pool.segment_size", "multiple of 4KiB"},
+      {"host_pool: {hugepages: maybe}", "host_pool.hugepages", "\"maybe\" is not one of auto, on, off"},
+      {"host_pool: {pretouch_threads: -1}", "host_pool.pretouch_threads", "must be >= 0, got -1"},
+      {"host_pool: {pretouch_threads: four}", "host_pool.pretouch_threads", "as an integer"},
+      {"host_pool: {pretouch_threads: 1.5}", "host_pool.pretouch_threads", "as an integer"},
+      {"host_pool: {pretouch_threads: 99999999999}", "host_pool.pretouch_threads", "as an integer"},
+      {"host_pool: {mlock: maybe}", "host_pool.mlock", "as a bool"},
+      {"device: tpu", "device", "\"tpu\" is not one of auto, cuda, host"},
+      {"gpu_memory_budget: lots", "gpu_memory_budget", "as a byte size"},
+      {"gpu_memory_budget: 40", "gpu_memory_budget", "a unit missing?"},
+      {"limits: {max_sessions: 0}", "limits.max_sessions", "must be >= 1, got 0"},
+      {"limits: {max_requests_per_session: -5}", "limits.max_requests_per_session", "must be >= 1"},
+      {"log_level: verbose", "log_level", "is not one of debug, info, warning, error"},
+      // Cross-key constraints.
+      {"host_pool: {hugepages: on, size: 1025MiB}", "host_pool.size", "multiple of 2MiB"},
+      {"host_pool: {hugepages: on, segment_size: 3MiB}", "host_pool.segment_size", "multiple of 2MiB"},
+      {"host_pool: {size: 18446744073709547520, segment_size: 3MiB}", "host_pool.size", "overflows"},
+  };
+  for (const BadValue& bad : cases) {
+    const std::string msg = ErrorOf(bad.yaml);
+    EXPECT_THAT(msg, StartsWith(std::string(bad.key) + ": ")) << bad.yaml;
+    EXPECT_THAT(msg, HasSubstr(bad.why)) << bad.yaml;
+  }
+}
+
+TEST(ConfigTest, BadValueMessageHasTheSpecifiedFormAndLine) {
+  EXPECT_EQ(ErrorOf("host_pool:\n  size: 12XB\n"),
+            "host_pool.size: cannot parse \"12XB\" as a byte size: unknown unit \"XB\" (use B, KiB, MiB, "
+            "GiB, TiB, PiB, KB, MB, GB, TB or PB) (line 2, column 9)");
+}
+
+TEST(ConfigTest, WrongYamlTypes) {
+  EXPECT_THAT(ErrorOf("host_pool:\n  size: {a: 1}\n"), StartsWith("host_pool.size: expected byte size, got a map"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  size: [1, 2]\n"), StartsWith("host_pool.size: expected byte size, got a list"));
+  EXPECT_THAT(ErrorOf("log_level:\n"), StartsWith("log_level: expected debug | info | warning | error, got no value"));
+  EXPECT_THAT(ErrorOf("host_pool: 4GiB\n"), StartsWith("host_pool: expected a map of size, segment_size"));
+  EXPECT_THAT(ErrorOf("limits: [1]\n"), StartsWith("limits: expected a map of max_sessions"));
+  EXPECT_THAT(ErrorOf("- listen\n- device\n"), HasSubstr("must be a map of keys at the top level, got a list"));
+  EXPECT_THAT(ErrorOf("just a string\n"), HasSubstr("got a value"));
+  EXPECT_THAT(ErrorOf("? [a, b]\n: 1\n"), HasSubstr("a key must be a plain name"));
+}
+
+TEST(ConfigTest, UnknownKeysAtEveryLevel) {
+  EXPECT_THAT(ErrorOf("lisen: unix:/x\n"), StartsWith("lisen: unknown key (top-level keys: listen, host_pool,"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  sise: 1GiB\n"),
+              StartsWith("host_pool.sise: unknown key (host_pool: size, segment_size, hugepages, "
+                         "pretouch_threads, mlock)"));
+  EXPECT_THAT(ErrorOf("limits:\n  max_session: 3\n"), StartsWith("limits.max_session: unknown key"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  size:\n    extra: 1\n"), StartsWith("host_pool.size: expected"));
+  // Dotted keys are the flag spelling, not YAML's.
+  EXPECT_THAT(ErrorOf("host_pool.size: 2GiB\n"), StartsWith("host_pool.size: unknown key"));
+  EXPECT_THAT(ErrorOf("host_pool.size: 2GiB\n"), HasSubstr("nested maps"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  size: 2GiB\n  size: 3GiB\n"), StartsWith("host_pool.size: given twice"));
+}
+
+TEST(ConfigTest, YamlSyntaxErrorHasLineAndColumn) {
+  const std::string msg = ErrorOf("host_pool:\n  size: 1GiB\n   bad: [unclosed\n");
+  EXPECT_THAT(msg, StartsWith("YAML syntax error (line "));
+  EXPECT_THAT(msg, HasSubstr("column"));
+  EXPECT_THAT(ErrorOf("host_pool: {size: 1GiB\n"), StartsWith("YAML syntax error"));
+  EXPECT_THAT(ErrorOf("a: b: c\n"), StartsWith("YAML syntax error (line 1"));
+}
+
+TEST(ConfigTest, Overrides) {
+  DaemonConfig c;
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.size", "64GiB").ok());
+  ASSERT_TRUE(ApplyConfigOverride(c, "listen", "unix:/tmp/x.sock").ok());
+  ASSERT_TRUE(ApplyConfigOverride(c, "limits.max_sessions", "9").ok());
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.mlock", "true").ok());
+  ASSERT_TRUE(ApplyConfigOverride(c, "device", "host").ok());
+  EXPECT_EQ(c.host_pool.size, 64 * kGiB);
+  EXPECT_EQ(c.listen, "unix:/tmp/x.sock");
+  EXPECT_EQ(c.limits.max_sessions, 9);
+  EXPECT_TRUE(c.host_pool.mlock);
+  EXPECT_EQ(c.device, DeviceKind::kHost);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+}
+
+TEST(ConfigTest, BadOverridesNameTheKeyAndChangeNothing) {
+  DaemonConfig c;
+  const DaemonConfig before = c;
+  absl::Status s = ApplyConfigOverride(c, "host_pool.size", "12XB");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("host_pool.size: cannot parse \"12XB\" as a byte size: unknown unit \"XB\""));
+  // Parses, but breaks the key's own constraint: refused too.
+  EXPECT_THAT(std::string(ApplyConfigOverride(c, "limits.max_sessions", "0").message()),
+              StartsWith("limits.max_sessions: must be >= 1"));
+  EXPECT_THAT(std::string(ApplyConfigOverride(c, "listen", "tcp:1").message()), StartsWith("listen: "));
+  EXPECT_THAT(std::string(ApplyConfigOverride(c, "host_pool.sise", "1").message()),
+              StartsWith("host_pool.sise: unknown key (host_pool: size,"));
+  EXPECT_THAT(std::string(ApplyConfigOverride(c, "nope", "1").message()),
+              StartsWith("nope: unknown key (top-level keys:"));
+  EXPECT_THAT(std::string(ApplyConfigOverride(c, "host_pool", "1").message()),
+              StartsWith("host_pool: is a section"));
+  EXPECT_EQ(c, before);
+}
+
+TEST(ConfigTest, CrossKeyConstraintsWaitForValidate) {
+  DaemonConfig c;
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.segment_size", "3MiB").ok());
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.hugepages", "on").ok());
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), StartsWith("host_pool.segment_size: must be a multiple of 2MiB"));
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.segment_size", "4MiB").ok());
+  EXPECT_TRUE(ValidateConfig(c).ok());
+}
+
+TEST(ConfigTest, ValidateCatchesProgrammaticValues) {
+  DaemonConfig c;
+  c.host_pool.pretouch_threads = -2;
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), StartsWith("host_pool.pretouch_threads: "));
+  c = DaemonConfig{};
+  c.listen = "unix:";
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), StartsWith("listen: "));
+}
+
+TEST(ConfigTest, RenderRoundTrips) {
+  EXPECT_EQ(MustParse(RenderConfigYaml(DaemonConfig{})), DaemonConfig{});
+  DaemonConfig c;
+  c.listen = "unix:/tmp/we\"ird: \\ path #x";
+  c.host_pool.size = 64 * kGiB + 4096;
+  c.host_pool.segment_size = 6 * kMiB;
+  c.host_pool.hugepages = HugePagesMode::kOff;
+  c.host_pool.pretouch_threads = 12;
+  c.host_pool.mlock = true;
+  c.device = DeviceKind::kHost;
+  c.gpu_memory_budget = 1000 * kMiB;
+  c.limits.max_sessions = 1;
+  c.limits.max_requests_per_session = 100000;
+  c.log_level = LogLevel::kError;
+  ASSERT_TRUE(ValidateConfig(c).ok());
+  const std::string yaml = RenderConfigYaml(c);
+  EXPECT_EQ(MustParse(yaml), c) << yaml;
+  EXPECT_THAT(yaml, HasSubstr("  hugepages: \"off\"\n"));
+  EXPECT_THAT(yaml, HasSubstr("  segment_size: 6MiB\n"));
+  // Every key's help is in the rendered file, as a comment.
+  for (const ConfigKeyInfo& key : ConfigKeys()) EXPECT_THAT(yaml, HasSubstr("# " + key.help)) << key.key;
+}
+
+TEST(ConfigTest, EqualityCoversEveryKey) {
+  // Each key, set away from its default, makes the configs unequal.
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"listen", "unix:/x"},          {"host_pool.size", "2GiB"},  {"host_pool.segment_size", "128MiB"},
+      {"host_pool.hugepages", "off"}, {"host_pool.pretouch_threads", "3"}, {"host_pool.mlock", "true"},
+      {"device", "host"},             {"gpu_memory_budget", "1GiB"}, {"limits.max_sessions", "2"},
+      {"limits.max_requests_per_session", "2"}, {"log_level", "debug"}};
+  ASSERT_EQ(changes.size(), ConfigKeys().size());
+  for (const auto& [key, value] : changes) {
+    DaemonConfig c;
+    ASSERT_TRUE(ApplyConfigOverride(c, key, value).ok()) << key;
+    EXPECT_NE(c, DaemonConfig{}) << key;
+  }
+}
+
+TEST(ConfigTest, KeyTable) {
+  const std::vector<ConfigKeyInfo>& keys = ConfigKeys();
+  std::vector<std::string> names;
+  for (const ConfigKeyInfo& k : keys) {
+    names.push_back(k.key);
+    EXPECT_FALSE(k.type.empty()) << k.key;
+    EXPECT_FALSE(k.help.empty()) << k.key;
+    EXPECT_EQ(k.help.find('\n'), std::string::npos) << k.key;
+    // Each default, applied as an override, leaves the defaults unchanged.
+    DaemonConfig c;
+    EXPECT_TRUE(ApplyConfigOverride(c, k.key, k.default_value).ok()) << k.key;
+    EXPECT_EQ(c, DaemonConfig{}) << k.key;
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size",
+                                            "host_pool.hugepages", "host_pool.pretouch_threads",
+                                            "host_pool.mlock", "device", "gpu_memory_budget",
+                                            "limits.max_sessions", "limits.max_requests_per_session",
+                                            "log_level"));
+  EXPECT_EQ(keys[1].default_value, "1GiB");
+  EXPECT_EQ(keys[2].default_value, "256MiB");
+  EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");
+}
+
+TEST(ConfigTest, PoolGeometry) {
+  HostPoolConfig p;
+  p.size = kGiB;
+  p.segment_size = 256 * kMiB;
+  PoolGeometry g = HostPoolGeometry(p);
+  EXPECT_EQ(g.segment_size, 256 * kMiB);
+  EXPECT_EQ(g.segment_count, 4u);
+  EXPECT_EQ(g.total_bytes, kGiB);
+  p.size = kGiB + 4096;  // rounds up to a fifth segment
+  g = HostPoolGeometry(p);
+  EXPECT_EQ(g.segment_count, 5u);
+  EXPECT_EQ(g.total_bytes, 5 * 256 * kMiB);
+  p.size = 64 * kMiB;  // smaller than a segment: one segment of the pool's size
+  g = HostPoolGeometry(p);
+  EXPECT_EQ(g.segment_size, 64 * kMiB);
+  EXPECT_EQ(g.segment_count, 1u);
+  EXPECT_EQ(g.total_bytes, 64 * kMiB);
+}
+
+TEST(ConfigTest, ListenSocketPath) {
+  EXPECT_EQ(ListenSocketPath("unix:/run/x.sock"), "/run/x.sock");
+  EXPECT_EQ(ListenSocketPath("unix:///run/x.sock"), "/run/x.sock");
+  EXPECT_EQ(ListenSocketPath("unix:rel.sock"), "rel.sock");
+  EXPECT_EQ(ListenSocketPath("tcp:1"), "");
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : ::testing::TempDir()) + "/" + name;
+}
+
+TEST(ConfigTest, LoadConfigFile) {
+  const std::string path = TempPath("hisparse_config_test.yaml");
+  {
+    std::ofstream out(path);
+    out << "host_pool:\n  size: 2GiB\n";
+  }
+  absl::StatusOr<DaemonConfig> c = LoadConfigFile(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->host_pool.size, 2 * kGiB);
+  {
+    std::ofstream out(path);
+    out << "host_pool:\n  size: 12XB\n";
+  }
+  c = LoadConfigFile(path);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), StartsWith(path + ": host_pool.size: cannot parse"));
+  std::remove(path.c_str());
+
+  c = LoadConfigFile(path);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(path));
+}
+
+// Whether `node` holds a scalar at the path parts[i..]. Recursive, because assigning yaml-cpp
+// nodes rebinds the tree rather than the handle.
+bool HasScalar(const YAML::Node& node, const std::vector<std::string>& parts, size_t i) {
+  if (i == parts.size()) return node.IsScalar();
+  if (!node.IsMap()) return false;
+  const YAML::Node child = node[parts[i]];
+  return child.IsDefined() && HasScalar(child, parts, i + 1);
+}
+
+// deploy/hisparsed.yaml is the documented example: it must parse, set every key to its default,
+// and document each key (a comment giving its default).
+TEST(ConfigTest, ExampleFileMatchesTheKeyTable) {
+  const std::string path = std::string(HISPARSE_SOURCE_DIR) + "/deploy/hisparsed.yaml";
+  absl::StatusOr<DaemonConfig> c = LoadConfigFile(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, DaemonConfig{}) << "the example should show the defaults";
+
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const YAML::Node root = YAML::Load(text.str());
+  for (const ConfigKeyInfo& key : ConfigKeys()) {
+    EXPECT_TRUE(HasScalar(root, absl::StrSplit(key.key, '.'), 0)) << key.key << " is missing from " << path;
+    EXPECT_THAT(text.str(), HasSubstr("Default: " + key.default_value)) << key.key;
+  }
+}
+
+}  // namespace
+}  // namespace hisparse

@@ -1,0 +1,758 @@
+// GPU tests of the CUDA RESOLVE, store, append and reset kernels against the CPU reference: for
+// identical inputs both must leave identical slot tables, LRU orders, outputs, counters, error
+// flags and record bytes. Every test skips when no CUDA device is present (CI has none).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hisparse/kernels/resolve_cuda.h"
+
+namespace hisparse {
+namespace {
+
+#define CUDA_OK(x)                                                                      \
+  do {                                                                                  \
+    const cudaError_t e_ = (x);                                                         \
+    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_) << " ("          \
+                               << LastLaunchError() << ")";                             \
+  } while (0)
+
+bool HaveDevice(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    *why = cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) {
+    *why = "cudaGetDeviceCount returned 0";
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_GPU()                                                      \
+  do {                                                                     \
+    std::string why_;                                                      \
+    if (!HaveDevice(&why_)) GTEST_SKIP() << "no CUDA device: " << why_;    \
+  } while (0)
+
+constexpr int32_t kPoison = 0x7f7f7f7f;
+
+// Counts selections whose output slot does not hold the host record of the position.
+__global__ void CheckOutputRecords(ArenaView a, HostRecordMap h, int layer, int batch,
+                                   const int* rows, const int* positions, const int* out,
+                                   unsigned long long* bad) {
+  const int i = blockIdx.x;
+  if (i >= batch) return;
+  const int k = a.geometry.k, B = a.geometry.slots;
+  const int lane = threadIdx.x & 31;
+  for (int j = threadIdx.x >> 5; j < k; j += blockDim.x >> 5) {
+    const int s = out[i * k + j];
+    if (s < 0 || s >= B) continue;
+    const int row = rows[i];
+    const int p = positions[i * k + j];
+    const uint4* rec = reinterpret_cast<const uint4*>(a.Record(row, layer, s));
+    const uint4* host = reinterpret_cast<const uint4*>(
+        h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(p) * a.geometry.record_bytes);
+    bool diff = false;
+    for (uint32_t u = lane; u < a.geometry.record_bytes / 16; u += 32) {
+      const uint4 x = rec[u], y = host[u];
+      diff |= x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w;
+    }
+    if (__any_sync(~0u, diff) && lane == 0) atomicAdd(bad, 1ull);
+  }
+}
+
+struct Config {
+  int k, B;
+  uint32_t rb;
+  int max_batch;
+  int steps;
+};
+
+std::string Name(const Config& c) {
+  return "k" + std::to_string(c.k) + "_B" + std::to_string(c.B) + "_rb" + std::to_string(c.rb) +
+         "_mb" + std::to_string(c.max_batch);
+}
+
+// One session's worth of state twice: the reference arena in host memory, the GPU arena in
+// device memory, one host pool in mapped pinned memory that both read.
+class World {
+ public:
+  explicit World(const Config& c, int layers = 2, uint64_t seed = 1)
+      : cfg_(c), layers_(layers), rng_(seed) {}
+
+  ~World() {
+    cudaFreeHost(pool_);
+    cudaFree(gpu_arena_);
+    cudaFree(ws_);
+    cudaFree(d_base_);
+    cudaFree(d_cap_);
+    cudaFree(d_batch_);
+    cudaFree(d_rows_);
+    cudaFree(d_seq_);
+    cudaFree(d_pos_);
+    cudaFree(d_out_);
+    cudaFree(d_err_);
+    cudaFree(d_bad_);
+    std::free(ref_arena_);
+  }
+
+  void Init() {
+    g_ = ArenaGeometry{cfg_.max_batch + 6, layers_, cfg_.B, cfg_.k, cfg_.rb};
+    off_ = ComputeArenaOffsets(g_);
+    cap_ = std::max(2 * cfg_.B, cfg_.B + 2 * cfg_.k) + cfg_.steps + 64;
+    const size_t run = static_cast<size_t>(cap_) * cfg_.rb;
+    pool_bytes_ = run * g_.max_rows * layers_;
+    CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool_), pool_bytes_,
+                          cudaHostAllocMapped | cudaHostAllocPortable));
+    uint64_t* w = reinterpret_cast<uint64_t*>(pool_);
+    for (size_t i = 0; i < pool_bytes_ / 8; ++i) w[i] = (i + 1) * 0x9E3779B97F4A7C15ull ^ (i >> 7);
+    uint8_t* pool_dev = nullptr;
+    CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool_, 0));
+    base_h_.resize(static_cast<size_t>(g_.max_rows) * layers_);
+    std::vector<uint8_t*> base_d(base_h_.size());
+    for (size_t i = 0; i < base_h_.size(); ++i) {
+      base_h_[i] = pool_ + i * run;
+      base_d[i] = pool_dev + i * run;
+    }
+    caps_.assign(g_.max_rows, cap_);
+    CUDA_OK(cudaMalloc(&d_base_, base_d.size() * sizeof(uint8_t*)));
+    CUDA_OK(cudaMemcpy(d_base_, base_d.data(), base_d.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&d_cap_, caps_.size() * 4));
+    CUDA_OK(cudaMemcpy(d_cap_, caps_.data(), caps_.size() * 4, cudaMemcpyHostToDevice));
+
+    ref_arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, off_.total_bytes));
+    ASSERT_NE(ref_arena_, nullptr);
+    std::memset(ref_arena_, 0, off_.total_bytes);
+    ref_ = ArenaView::Of(ref_arena_, g_);
+    seq_.assign(g_.max_rows, 0);
+    prev_.assign(static_cast<size_t>(g_.max_rows) * layers_, {});
+    for (int r = 0; r < g_.max_rows; ++r) {
+      seq_[r] = std::uniform_int_distribution<int>(cfg_.k / 2 + 1, cap_ - cfg_.steps - 2)(rng_);
+      for (int l = 0; l < layers_; ++l) RandomState(r, l);
+    }
+    CUDA_OK(cudaMalloc(&gpu_arena_, off_.total_bytes));
+    CUDA_OK(cudaMemcpy(gpu_arena_, ref_arena_, off_.total_bytes, cudaMemcpyHostToDevice));
+    gpu_ = ArenaView::Of(gpu_arena_, g_);
+
+    ws_bytes_ = ResolveWorkspaceBytes(g_, cfg_.max_batch);
+    CUDA_OK(cudaMalloc(&ws_, ws_bytes_));
+    CUDA_OK(InitResolveWorkspace(ws_, ws_bytes_, 0));
+    const size_t sel = static_cast<size_t>(cfg_.max_batch) * cfg_.k;
+    CUDA_OK(cudaMalloc(&d_batch_, 4));
+    CUDA_OK(cudaMalloc(&d_rows_, cfg_.max_batch * 4));
+    CUDA_OK(cudaMalloc(&d_seq_, cfg_.max_batch * 4));
+    CUDA_OK(cudaMalloc(&d_pos_, sel * 4));
+    CUDA_OK(cudaMalloc(&d_out_, sel * 4));
+    CUDA_OK(cudaMalloc(&d_err_, 4));
+    CUDA_OK(cudaMalloc(&d_bad_, 8));
+    rows_.assign(cfg_.max_batch, 0);
+    seqs_.assign(cfg_.max_batch, 0);
+    pos_.assign(sel, 0);
+  }
+
+  // A valid random state of (row, layer): a random subset of [0, seq) resident in random slots
+  // (sometimes the prefill layout), EMPTY slots first in a random LRU order.
+  void RandomState(int r, int l) {
+    const int B = cfg_.B, seq = seq_[r];
+    int32_t* sp = ref_.SlotPos(r, l);
+    int32_t* lru = ref_.Lru(r, l);
+    std::vector<int32_t> order(B);
+    std::iota(order.begin(), order.end(), 0);
+    if (seq <= B && Bern(0.5)) {
+      for (int s = 0; s < B; ++s) {
+        sp[s] = s < seq ? s : kEmptySlot;
+        lru[s] = s < B - seq ? seq + s : s - (B - seq);
+      }
+    } else {
+      const int filled = std::min(B, std::max(1, static_cast<int>(std::min(B, seq) * Uni(0.5, 1.0))));
+      std::vector<int32_t> ps = Distinct(filled, seq);
+      std::shuffle(order.begin(), order.end(), rng_);
+      for (int s = 0; s < B; ++s) sp[s] = kEmptySlot;
+      for (int i = 0; i < filled; ++i) sp[order[i]] = ps[i];
+      // LRU: empty slots first, then filled in random order.
+      std::vector<int32_t> empties, full;
+      for (int s = 0; s < B; ++s) (sp[s] == kEmptySlot ? empties : full).push_back(s);
+      std::shuffle(empties.begin(), empties.end(), rng_);
+      std::shuffle(full.begin(), full.end(), rng_);
+      int n = 0;
+      for (int s : empties) lru[n++] = s;
+      for (int s : full) lru[n++] = s;
+    }
+    for (int s = 0; s < B; ++s) {
+      if (sp[s] != kEmptySlot) {
+        std::memcpy(ref_.Record(r, l, s), HostRec(r, l, sp[s]), cfg_.rb);
+      }
+    }
+  }
+
+  uint8_t* HostRec(int r, int l, int p) {
+    return base_h_[ref_.RowLayer(r, l)] + static_cast<size_t>(p) * cfg_.rb;
+  }
+  bool Bern(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  double Uni(double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng_); }
+  int UniI(int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng_); }
+
+  // n distinct positions in [0, seq).
+  std::vector<int32_t> Distinct(int n, int seq) {
+    std::vector<int32_t> out;
+    if (n * 2 > seq) {
+      out.resize(seq);
+      std::iota(out.begin(), out.end(), 0);
+      std::shuffle(out.begin(), out.end(), rng_);
+      out.resize(n);
+      return out;
+    }
+    mark_.assign(seq, 0);
+    while (static_cast<int>(out.size()) < n) {
+      const int p = UniI(0, seq - 1);
+      if (!mark_[p]) {
+        mark_[p] = 1;
+        out.push_back(p);
+      }
+    }
+    return out;
+  }
+
+  // A selection with locality to the previous step of (row, layer), or fully random.
+  void Select(int r, int l, int seq, int32_t* sel) {
+    const int k = cfg_.k;
+    std::vector<int32_t>& prev = prev_[ref_.RowLayer(r, l)];
+    mark_.assign(seq, 0);
+    std::vector<int32_t> out;
+    out.reserve(k);
+    const int npad = Bern(0.2) ? UniI(0, k / 8) : 0;
+    const int want = std::min(k - npad, seq);
+    if (!prev.empty() && Bern(0.85)) {
+      const double keep = Uni(0.3, 0.97);
+      for (int32_t p : prev) {
+        if (p >= 0 && p < seq && !mark_[p] && Bern(keep) && static_cast<int>(out.size()) < want) {
+          mark_[p] = 1;
+          out.push_back(p);
+        }
+      }
+      // Neighbours of kept positions.
+      const size_t kept = out.size();
+      for (size_t i = 0; i < kept && static_cast<int>(out.size()) < want; ++i) {
+        if (!Bern(0.1)) continue;
+        const int p = out[i] + UniI(-3, 3);
+        if (p >= 0 && p < seq && !mark_[p]) {
+          mark_[p] = 1;
+          out.push_back(p);
+        }
+      }
+    }
+    if (Bern(0.5) && !mark_[seq - 1] && static_cast<int>(out.size()) < want) {
+      mark_[seq - 1] = 1;
+      out.push_back(seq - 1);
+    }
+    if (static_cast<int>(out.size()) < want) {
+      if ((want - static_cast<int>(out.size())) * 2 > seq - static_cast<int>(out.size())) {
+        for (int p = 0; p < seq && static_cast<int>(out.size()) < want; ++p) {
+          if (!mark_[p]) {
+            mark_[p] = 1;
+            out.push_back(p);
+          }
+        }
+      } else {
+        while (static_cast<int>(out.size()) < want) {
+          const int p = UniI(0, seq - 1);
+          if (!mark_[p]) {
+            mark_[p] = 1;
+            out.push_back(p);
+          }
+        }
+      }
+    }
+    if (!Bern(0.2)) std::shuffle(out.begin(), out.end(), rng_);
+    prev = out;
+    while (static_cast<int>(out.size()) < k) {
+      out.insert(out.begin() + UniI(0, static_cast<int>(out.size())), kPadding);
+    }
+    std::copy(out.begin(), out.end(), sel);
+  }
+
+  // Fills the per-batch inputs of one step. invalid_p: chance that a row gets a bad input.
+  int MakeStep(int batch, double invalid_p) {
+    std::vector<int> perm(g_.max_rows);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng_);
+    const int k = cfg_.k;
+    for (int i = 0; i < cfg_.max_batch; ++i) {
+      int32_t* sel = &pos_[static_cast<size_t>(i) * k];
+      if (i >= batch) {  // padding garbage: must be ignored
+        rows_[i] = -5 - i;
+        seqs_[i] = -1;
+        for (int j = 0; j < k; ++j) sel[j] = -1000 - j;
+        continue;
+      }
+      const int r = perm[i];
+      if (Bern(0.5) && seq_[r] < cap_) ++seq_[r];
+      rows_[i] = r;
+      seqs_[i] = seq_[r];
+      Select(r, layer_, seq_[r], sel);
+      if (Bern(invalid_p)) {
+        switch (UniI(0, 4)) {
+          case 0: rows_[i] = Bern(0.5) ? -1 : g_.max_rows + UniI(0, 3); break;
+          case 1: seqs_[i] = Bern(0.5) ? 0 : cap_ + 1; break;
+          case 2: sel[UniI(0, k - 1)] = Bern(0.5) ? seqs_[i] + UniI(0, 5) : -2 - UniI(0, 5); break;
+          case 3: {
+            int a = UniI(0, k - 1), b = UniI(0, k - 1);
+            if (a != b && sel[a] >= 0) sel[b] = sel[a];
+            else sel[UniI(0, k - 1)] = seqs_[i];
+            break;
+          }
+          default: seqs_[i] = std::max(1, seqs_[i] - UniI(1, 4));  // positions may now be >= seq
+        }
+      }
+    }
+    return batch;
+  }
+
+  ResolveDesc RefDesc(int32_t* batch, int32_t* out, uint32_t* err, uint32_t flags) {
+    ResolveDesc d{};
+    d.arena = ref_;
+    d.host = HostRecordMap{base_h_.data(), caps_.data()};
+    d.layer = layer_;
+    d.max_batch = cfg_.max_batch;
+    d.batch_size = batch;
+    d.rows = rows_.data();
+    d.seq_lens = seqs_.data();
+    d.positions = pos_.data();
+    d.out_slots = out;
+    d.error_flags = err;
+    d.flags = flags;
+    return d;
+  }
+  ResolveDesc GpuDesc(uint32_t flags) {
+    ResolveDesc d{};
+    d.arena = gpu_;
+    d.host = HostRecordMap{d_base_, d_cap_};
+    d.layer = layer_;
+    d.max_batch = cfg_.max_batch;
+    d.batch_size = d_batch_;
+    d.rows = d_rows_;
+    d.seq_lens = d_seq_;
+    d.positions = d_pos_;
+    d.out_slots = d_out_;
+    d.error_flags = d_err_;
+    d.flags = flags;
+    return d;
+  }
+
+  void Upload(int batch) {
+    CUDA_OK(cudaMemcpy(d_batch_, &batch, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_rows_, rows_.data(), rows_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_seq_, seqs_.data(), seqs_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_pos_, pos_.data(), pos_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_out_, 0x7f, pos_.size() * 4));
+    CUDA_OK(cudaMemset(d_err_, 0, 4));
+  }
+
+  // Runs the reference for the current inputs and compares with what the GPU left.
+  void CompareStep(int batch, uint32_t flags, const std::string& what) {
+    std::vector<int32_t> ref_out(pos_.size(), kPoison);
+    uint32_t ref_err = 0;
+    int32_t b = batch;
+    const uint32_t ret = ResolveReference(RefDesc(&b, ref_out.data(), &ref_err, flags));
+    EXPECT_EQ(ret, ref_err);
+    std::vector<int32_t> out(pos_.size());
+    uint32_t err = 0;
+    CUDA_OK(cudaMemcpy(out.data(), d_out_, out.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&err, d_err_, 4, cudaMemcpyDeviceToHost));
+    ASSERT_EQ(err, ref_err) << what;
+    for (size_t x = 0; x < out.size(); ++x) {
+      ASSERT_EQ(out[x], ref_out[x]) << what << ": out_slots[" << x / cfg_.k << "][" << x % cfg_.k
+                                    << "] (batch " << batch << ")";
+    }
+    CompareTables(what);
+    if (!(flags & kResolveFlagNoFetch)) {
+      CUDA_OK(cudaMemset(d_bad_, 0, 8));
+      CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, HostRecordMap{d_base_, d_cap_}, layer_,
+                                                  batch, d_rows_, d_pos_, d_out_, d_bad_);
+      CUDA_OK(cudaGetLastError());
+      unsigned long long bad = 0;
+      CUDA_OK(cudaMemcpy(&bad, d_bad_, 8, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(bad, 0ull) << what << ": output slots whose record differs from the host pool";
+    }
+  }
+
+  // Counters, slot tables and LRU orders of every row and layer.
+  void CompareTables(const std::string& what) {
+    std::vector<uint8_t> t(off_.records);
+    CUDA_OK(cudaMemcpy(t.data(), gpu_arena_, t.size(), cudaMemcpyDeviceToHost));
+    const ArenaCounters* c = reinterpret_cast<const ArenaCounters*>(t.data());
+    const ArenaCounters* rc = ref_.counters;
+    ASSERT_EQ(c->hits, rc->hits) << what;
+    ASSERT_EQ(c->misses, rc->misses) << what;
+    ASSERT_EQ(c->bytes_fetched, rc->bytes_fetched) << what;
+    ASSERT_EQ(c->steps, rc->steps) << what;
+    if (std::memcmp(t.data(), ref_arena_, t.size()) != 0) {
+      for (size_t x = off_.slot_pos; x < t.size(); x += 4) {
+        int32_t a, b;
+        std::memcpy(&a, &t[x], 4);
+        std::memcpy(&b, ref_arena_ + x, 4);
+        if (a != b) {
+          const bool in_lru = x >= off_.lru;
+          const size_t e = (x - (in_lru ? off_.lru : off_.slot_pos)) / 4;
+          FAIL() << what << ": " << (in_lru ? "lru" : "slot_pos") << " differs at row-layer "
+                 << e / cfg_.B << " index " << e % cfg_.B << ": gpu " << a << " ref " << b;
+        }
+      }
+    }
+  }
+
+  // Every byte of the two arenas (records of every slot included).
+  void CompareWholeArena(const std::string& what) {
+    std::vector<uint8_t> t(off_.total_bytes);
+    CUDA_OK(cudaMemcpy(t.data(), gpu_arena_, t.size(), cudaMemcpyDeviceToHost));
+    const size_t rec = static_cast<size_t>(cfg_.B + 1) * cfg_.rb;
+    for (size_t x = off_.records; x < t.size(); x += rec) {
+      const size_t n = std::min(rec, t.size() - x);
+      ASSERT_EQ(std::memcmp(&t[x], ref_arena_ + x, n), 0)
+          << what << ": records of row-layer " << (x - off_.records) / rec << " differ";
+    }
+    ASSERT_EQ(std::memcmp(t.data(), ref_arena_, off_.records), 0) << what;
+  }
+
+  Config cfg_;
+  int layers_;
+  std::mt19937_64 rng_;
+  ArenaGeometry g_{};
+  ArenaOffsets off_{};
+  int cap_ = 0;
+  uint8_t* pool_ = nullptr;
+  size_t pool_bytes_ = 0;
+  std::vector<uint8_t*> base_h_;
+  std::vector<int32_t> caps_;
+  uint8_t** d_base_ = nullptr;
+  int32_t* d_cap_ = nullptr;
+  uint8_t* ref_arena_ = nullptr;
+  void* gpu_arena_ = nullptr;
+  ArenaView ref_{}, gpu_{};
+  void* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  int32_t *d_batch_ = nullptr, *d_rows_ = nullptr, *d_seq_ = nullptr, *d_pos_ = nullptr,
+          *d_out_ = nullptr;
+  uint32_t* d_err_ = nullptr;
+  unsigned long long* d_bad_ = nullptr;
+  std::vector<int32_t> seq_, rows_, seqs_, pos_;
+  std::vector<std::vector<int32_t>> prev_;
+  std::vector<char> mark_;
+  int layer_ = 0;
+};
+
+int RandomBatch(World& w) {
+  const int mb = w.cfg_.max_batch;
+  const double u = w.Uni(0, 1);
+  if (u < 0.2) return mb;
+  if (u < 0.4) return w.UniI(1, std::min(mb, 4));
+  return w.UniI(1, mb);
+}
+
+class ResolveRandom : public ::testing::TestWithParam<Config> {};
+
+TEST_P(ResolveRandom, MatchesReference) {
+  REQUIRE_GPU();
+  const Config c = GetParam();
+  World w(c, 2, 1234 + c.k + c.B + c.rb + c.max_batch);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  for (int step = 0; step < c.steps; ++step) {
+    w.layer_ = w.UniI(0, 1);
+    const int batch = w.MakeStep(RandomBatch(w), 0.03);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, Name(c) + " step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(Name(c)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, ResolveRandom,
+    ::testing::Values(Config{256, 256, 656, 256, 300}, Config{256, 512, 1152, 128, 300},
+                      Config{256, 1024, 656, 64, 250}, Config{256, 512, 16, 32, 200},
+                      Config{256, 512, 4112, 32, 100}, Config{2048, 2048, 1152, 8, 200},
+                      Config{2048, 4096, 656, 16, 120}, Config{2048, 8192, 1152, 8, 80},
+                      Config{2048, 4096, 512, 4, 60}),
+    [](const ::testing::TestParamInfo<Config>& i) { return Name(i.param); });
+
+// A layer outside [0, num_layers) rejects every active row as kResolveBadRow, like the reference.
+TEST(ResolveGpu, BadLayerRejectsEveryRow) {
+  REQUIRE_GPU();
+  World w(Config{256, 512, 656, 8, 4}, 2, 7);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  w.layer_ = 0;
+  const int batch = w.MakeStep(5, 0.0);
+  ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+  w.layer_ = 2;
+  CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "bad layer"));
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("bad layer"));
+}
+
+// kResolveFlagNoFetch: tables and outputs as usual, no record bytes moved (the reference moves
+// none either, so the whole arena still matches).
+TEST(ResolveGpu, NoFetchPlansWithoutCopying) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 1152, 8, 20};
+  World w(c, 1, 99);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  for (int step = 0; step < c.steps; ++step) {
+    const int batch = w.MakeStep(RandomBatch(w), 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(LaunchResolve(w.GpuDesc(kResolveFlagNoFetch), w.ws_, w.ws_bytes_, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, kResolveFlagNoFetch, "nofetch"));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("nofetch"));
+}
+
+// One graph captured for max_batch, replayed with different *batch_size values (0 included),
+// interleaved with eager launches on the same state: every step matches the reference.
+TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
+  REQUIRE_GPU();
+  const Config c{256, 512, 1152, 64, 40};
+  World w(c, 2, 4242);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> execs(2);
+  for (int l = 0; l < 2; ++l) {
+    w.layer_ = l;
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&execs[l], graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  const int batches[] = {64, 1, 7, 0, 33, 64, 2, 50};
+  for (int step = 0; step < c.steps; ++step) {
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(batches[step % 8], 0.03);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    const bool eager = step % 3 == 2;
+    if (eager) {
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    } else {
+      CUDA_OK(cudaGraphLaunch(execs[w.layer_], s));
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(
+        batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("graph"));
+  for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(s);
+}
+
+TEST(ResolveGpu, RejectsUnsupportedInputOnHost) {
+  REQUIRE_GPU();
+  ResolveDesc d{};
+  d.arena.geometry = ArenaGeometry{4, 1, 512, 256, 24};
+  EXPECT_EQ(LaunchResolve(d, nullptr, 0, 0), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("unsupported record_bytes: 24"), std::string::npos)
+      << LastLaunchError();
+  // Workspace too small.
+  World w(Config{256, 512, 656, 4, 1}, 1, 3);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  EXPECT_EQ(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_ - 8, 0), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("workspace"), std::string::npos);
+  StoreDesc sd{};
+  sd.arena.geometry = ArenaGeometry{4, 1, 512, 256, 100};
+  EXPECT_EQ(LaunchStore(sd, 0), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("unsupported record_bytes: 100"), std::string::npos);
+}
+
+// ---- store / append / reset against their references. ----
+
+// Two copies of one arena and one host pool each (the kernels write the pool).
+class StoreWorld {
+ public:
+  StoreWorld(int rows, int layers, int B, int k, uint32_t rb, int cap)
+      : g_{rows, layers, B, k, rb}, off_(ComputeArenaOffsets(g_)), cap_(cap), rng_(5) {}
+  ~StoreWorld() {
+    cudaFreeHost(gpool_);
+    cudaFree(garena_);
+    cudaFree(d_base_);
+    cudaFree(d_cap_);
+    std::free(rarena_);
+  }
+  void Init() {
+    const size_t run = static_cast<size_t>(cap_) * g_.record_bytes;
+    pool_bytes_ = run * g_.max_rows * g_.num_layers;
+    rpool_.resize(pool_bytes_);
+    for (size_t i = 0; i < pool_bytes_; ++i) rpool_[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+    CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&gpool_), pool_bytes_, cudaHostAllocMapped));
+    std::memcpy(gpool_, rpool_.data(), pool_bytes_);
+    uint8_t* dev = nullptr;
+    CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), gpool_, 0));
+    const size_t n = static_cast<size_t>(g_.max_rows) * g_.num_layers;
+    rbase_.resize(n);
+    std::vector<uint8_t*> gb(n);
+    for (size_t i = 0; i < n; ++i) {
+      rbase_[i] = rpool_.data() + i * run;
+      gb[i] = dev + i * run;
+    }
+    caps_.assign(g_.max_rows, cap_);
+    CUDA_OK(cudaMalloc(&d_base_, n * sizeof(uint8_t*)));
+    CUDA_OK(cudaMemcpy(d_base_, gb.data(), n * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&d_cap_, caps_.size() * 4));
+    CUDA_OK(cudaMemcpy(d_cap_, caps_.data(), caps_.size() * 4, cudaMemcpyHostToDevice));
+    rarena_ = static_cast<uint8_t*>(std::aligned_alloc(256, off_.total_bytes));
+    for (size_t i = 0; i < off_.total_bytes; ++i) rarena_[i] = static_cast<uint8_t>(i * 7);
+    ref_ = ArenaView::Of(rarena_, g_);
+    for (int r = 0; r < g_.max_rows; ++r) ResetRowReference(ref_, r);
+    CUDA_OK(cudaMalloc(&garena_, off_.total_bytes));
+    CUDA_OK(cudaMemcpy(garena_, rarena_, off_.total_bytes, cudaMemcpyHostToDevice));
+    gpu_ = ArenaView::Of(garena_, g_);
+  }
+  void Compare(const std::string& what) {
+    std::vector<uint8_t> t(off_.total_bytes);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(t.data(), garena_, t.size(), cudaMemcpyDeviceToHost));
+    ASSERT_EQ(std::memcmp(t.data(), rarena_, off_.records), 0) << what << ": tables differ";
+    ASSERT_EQ(std::memcmp(t.data(), rarena_, t.size()), 0) << what << ": records differ";
+    ASSERT_EQ(std::memcmp(gpool_, rpool_.data(), pool_bytes_), 0) << what << ": host pools differ";
+  }
+  HostRecordMap RefHost() { return HostRecordMap{rbase_.data(), caps_.data()}; }
+  HostRecordMap GpuHost() { return HostRecordMap{d_base_, d_cap_}; }
+
+  ArenaGeometry g_;
+  ArenaOffsets off_;
+  int cap_;
+  std::mt19937 rng_;
+  size_t pool_bytes_ = 0;
+  std::vector<uint8_t> rpool_;
+  uint8_t* gpool_ = nullptr;
+  std::vector<uint8_t*> rbase_;
+  std::vector<int32_t> caps_;
+  uint8_t** d_base_ = nullptr;
+  int32_t* d_cap_ = nullptr;
+  uint8_t* rarena_ = nullptr;
+  void* garena_ = nullptr;
+  ArenaView ref_{}, gpu_{};
+};
+
+TEST(StoreGpu, MatchesReference) {
+  REQUIRE_GPU();
+  const int L = 3, B = 512, k = 256, cap = 2048;
+  const uint32_t rb = 656;
+  StoreWorld w(4, L, B, k, rb, cap);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  const int max_tokens = 1200;
+  const int64_t tstride = rb + 32, lstride = tstride * max_tokens;
+  std::vector<uint8_t> src(static_cast<size_t>(lstride) * L);
+  uint8_t* d_src = nullptr;
+  CUDA_OK(cudaMalloc(&d_src, src.size()));
+  struct Case { int row, start, n, after; };
+  // Chunked prefill within B, a chunk that crosses B, a long prefill, a store that rewrites
+  // positions held by resident slots (refresh), an empty store, the newest token in range.
+  const Case cases[] = {{0, 0, 100, 300},   {0, 100, 200, 300}, {0, 300, 300, 700},
+                        {1, 0, 1200, 1200}, {2, 0, 512, 512},   {2, 100, 50, 512},
+                        {3, 0, 0, 1},       {3, 0, 10, 10},     {1, 600, 400, 1300}};
+  int gen = 0;
+  for (const Case& c : cases) {
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(w.rng_() + gen);
+    ++gen;
+    CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
+    StoreDesc rd{w.ref_, w.RefHost(), c.row, c.start, c.n, c.after, src.data(), lstride, tstride};
+    StoreDesc gd{w.gpu_, w.GpuHost(), c.row, c.start, c.n, c.after, d_src, lstride, tstride};
+    ASSERT_EQ(StoreReference(rd), 0u);
+    CUDA_OK(LaunchStore(gd, 0));
+    ASSERT_NO_FATAL_FAILURE(w.Compare("store row " + std::to_string(c.row) + " start " +
+                                      std::to_string(c.start)));
+  }
+  // Rejected on the host: the reference rejects it too and nothing changes.
+  StoreDesc bad{w.gpu_, w.GpuHost(), 0, -1, 5, 10, d_src, lstride, tstride};
+  EXPECT_EQ(LaunchStore(bad, 0), cudaErrorInvalidValue);
+  bad.arena = w.ref_;
+  bad.host = w.RefHost();
+  EXPECT_NE(StoreReference(bad), 0u);
+  ASSERT_NO_FATAL_FAILURE(w.Compare("rejected store"));
+  cudaFree(d_src);
+}
+
+TEST(AppendGpu, MatchesReference) {
+  REQUIRE_GPU();
+  const int L = 2, B = 256, k = 256, cap = 1024, rows = 12, max_batch = 8;
+  const uint32_t rb = 1152;
+  StoreWorld w(rows, L, B, k, rb, cap);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  // Give every row a prefill of 200 tokens (slots hold 0..199) through both paths.
+  std::vector<uint8_t> src(static_cast<size_t>(rb) * 200 * L);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(w.rng_());
+  uint8_t* d_src = nullptr;
+  CUDA_OK(cudaMalloc(&d_src, src.size()));
+  CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
+  for (int r = 0; r < rows; ++r) {
+    StoreDesc rd{w.ref_, w.RefHost(), r, 0, 200, 200, src.data(), int64_t{rb} * 200, rb};
+    StoreDesc gd{w.gpu_, w.GpuHost(), r, 0, 200, 200, d_src, int64_t{rb} * 200, rb};
+    ASSERT_EQ(StoreReference(rd), 0u);
+    CUDA_OK(LaunchStore(gd, 0));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.Compare("prefill"));
+  int32_t *d_batch, *d_rows, *d_seq;
+  uint32_t* d_err;
+  uint8_t* d_tok;
+  const int64_t stride = rb + 16;
+  CUDA_OK(cudaMalloc(&d_batch, 4));
+  CUDA_OK(cudaMalloc(&d_rows, max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_seq, max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_err, 4));
+  CUDA_OK(cudaMalloc(&d_tok, stride * max_batch));
+  std::vector<uint8_t> tok(stride * max_batch);
+  for (int step = 0; step < 20; ++step) {
+    const int batch = step % 5 == 4 ? 0 : 1 + step % max_batch;
+    std::vector<int32_t> rws(max_batch), seq(max_batch);
+    for (int i = 0; i < max_batch; ++i) {
+      rws[i] = (step * 3 + i) % rows;
+      seq[i] = 150 + step + i;  // seq - 1 < 200: a regular slot holds it (refresh path)
+      if (step > 10) seq[i] = 300 + step * 7 + i;
+    }
+    if (step == 6) rws[1] = rows + 2;  // bad row
+    if (step == 7) seq[0] = cap + 1;   // bad seq_len
+    if (step == 8) seq[2] = 0;
+    for (auto& b : tok) b = static_cast<uint8_t>(w.rng_());
+    const int layer = step % L;
+    uint32_t rerr = 0, gerr = 0;
+    int32_t hb = batch;
+    AppendDesc rd{w.ref_, w.RefHost(), layer, max_batch, &hb, rws.data(), seq.data(), tok.data(), stride, &rerr};
+    CUDA_OK(cudaMemcpy(d_batch, &hb, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_rows, rws.data(), max_batch * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_seq, seq.data(), max_batch * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_tok, tok.data(), tok.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d_err, 0, 4));
+    AppendDesc gd{w.gpu_, w.GpuHost(), layer, max_batch, d_batch, d_rows, d_seq, d_tok, stride, d_err};
+    AppendReference(rd);
+    CUDA_OK(LaunchAppend(gd, 0));
+    CUDA_OK(cudaMemcpy(&gerr, d_err, 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(gerr, rerr) << "append step " << step;
+    ASSERT_NO_FATAL_FAILURE(w.Compare("append step " + std::to_string(step)));
+  }
+  // Reset of one row.
+  ResetRowReference(w.ref_, 3);
+  CUDA_OK(LaunchResetRow(w.gpu_, 3, 0));
+  ASSERT_NO_FATAL_FAILURE(w.Compare("reset row 3"));
+  cudaFree(d_batch);
+  cudaFree(d_rows);
+  cudaFree(d_seq);
+  cudaFree(d_err);
+  cudaFree(d_tok);
+  cudaFree(d_src);
+}
+
+}  // namespace
+}  // namespace hisparse

@@ -1,0 +1,57 @@
+// Shared helpers of the integration tests: a daemon process per test, raw gRPC stubs for calls
+// the client library does not make (bad tokens, health, reflection), and stats.
+#ifndef HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_
+#define HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "hisparse/common/daemon_process.h"
+#include "hisparse/hisparse.hpp"
+#include "hisparse/v1/hisparse.grpc.pb.h"
+
+namespace hisparse::testing {
+
+inline std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args = {}) {
+  if (args.empty()) args = {"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB"};
+  args.push_back("--log-level");
+  args.push_back("warning");
+  auto d = DaemonProcess::Start(args);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
+inline std::unique_ptr<v1::HiSparse::Stub> RawStub(const std::string& address) {
+  return v1::HiSparse::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+inline v1::StatsResponse Stats(const std::string& address) {
+  auto stub = RawStub(address);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatsResponse r;
+  grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &r);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return r;
+}
+
+inline hs_session_options SmallGeometry(const std::string& address) {
+  hs_session_options o = HS_SESSION_OPTIONS_INIT;
+  o.daemon_address = address.c_str();
+  o.engine_name = "integration-test";
+  o.num_layers = 4;
+  o.record_bytes = 64;
+  o.k = 8;
+  o.slots = 16;
+  o.max_requests = 8;
+  o.backend = HS_BACKEND_HOST;
+  return o;
+}
+
+}  // namespace hisparse::testing
+
+#endif  // HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_

@@ -1,0 +1,46 @@
+// Helpers for the trace tests: a per-test temporary directory and file writers. Owns its
+// directory (removed on destruction); not thread-safe.
+#ifndef HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
+#define HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
+
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace hisparse::trace::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "hisparse-trace-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
+    path_ = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string Path(const std::string& name) const { return (path_ / name).string(); }
+
+  // Writes `text` to `name`, gzip-compressed when the name ends in ".gz"; returns the path.
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string p = Path(name);
+    if (name.size() > 3 && name.substr(name.size() - 3) == ".gz") {
+      gzFile gz = gzopen(p.c_str(), "wb");
+      gzwrite(gz, text.data(), static_cast<unsigned>(text.size()));
+      gzclose(gz);
+    } else {
+      std::ofstream(p, std::ios::binary) << text;
+    }
+    return p;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace hisparse::trace::testing
+
+#endif  // HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
