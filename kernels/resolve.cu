@@ -1,9 +1,10 @@
 // The CUDA RESOLVE kernel: one launch per (layer, decode step) for the whole batch.
 //
 // Design (one launch, no host round trip):
-//   * Grid = max_batch row blocks + one helper block per SM. Row block i < *batch_size plans row i
-//     alone: it is the only block that reads or writes that row's slot table and LRU order, so no
-//     other block can see them half-written. Blocks of padded rows and helper blocks only fetch.
+//   * Grid = min(max_batch, resident capacity) row blocks + helper blocks filling the rest of the
+//     capacity (one per SM at most). Row block b plans batch entries b, b + row_blocks, ... alone:
+//     it is the only block that reads or writes those rows' slot tables and LRU orders, so no
+//     other block can see them half-written. Blocks without rows (padding, helpers) only fetch.
 //   * Planning (per row, in shared memory): the k selected positions go into an open-addressing
 //     hash table (position -> selection index), which also finds duplicates; one pass over the
 //     slot table looks every resident position up (hits); a block-wide rank over the selections
@@ -20,9 +21,10 @@
 //     waits only on its own queue entry and the queue drains exactly.
 //   * The workspace resets itself: consumers clear the entries they take, the last block to
 //     finish zeroes the counters. Graph replays need nothing in between.
-//   * Forward progress: row blocks have the lowest block indices and never wait on anything, so
-//     the (waiting) consumers cannot keep them from running; blocks are dispatched in index order
-//     (the same assumption as CUB's single-pass scans).
+//   * Forward progress: consumers wait for the last planner, so every block of the grid must be
+//     able to be resident at once: the grid never exceeds the occupancy-derived capacity, row
+//     blocks have the lowest indices and never wait before they have published. (A kernel that
+//     holds SMs on another stream and itself waits on this one could still starve it.)
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -70,7 +72,7 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileItems = 8;  // items per thread in one ranking tile
+constexpr int kTileItems = 4;  // items per thread in one ranking tile (8 spills)
 constexpr int kTile = kThreads * kTileItems;
 constexpr int kMaxHelperBlocks = 1024;  // workspace is sized for up to this many helpers
 constexpr int kChunkUnits = 32 * 8;     // 16-byte units one warp moves per round (4 KiB)
@@ -97,6 +99,7 @@ struct ResolveParams {
   int hash_bits;
   int chunk_records;
   int total_warps;
+  int planner_blocks;          // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
   unsigned u_bytes;            // hash table / new-LRU staging region
   unsigned hit_bytes;          // hit flag per slot
 };
@@ -287,6 +290,7 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
   int* scratch = miss_pos + K;
   int* misc = scratch + kTileItems * kWarps + 1;  // 0 err, 1 hit slots, 2 newest, 4 queue base, 5 finisher
 
+  __syncthreads();  // shared memory of the previous row of this block is free
   const int row = d.rows[i];
   const int seq = d.seq_lens[i];
   uint32_t err = 0;
@@ -581,9 +585,10 @@ __global__ void __launch_bounds__(kThreads, 2) ResolveKernel(const ResolveParams
   if (batch < 0) batch = 0;
   if (batch > p.d.max_batch) batch = p.d.max_batch;
   const int b = blockIdx.x;
-  if (b < batch) {
-    PlanRow<UPR>(p, b, batch, smem);
-  } else if (batch == 0 && b == 0) {
+  if (b < p.planner_blocks) {
+    for (int i = b; i < batch; i += p.planner_blocks) PlanRow<UPR>(p, i, batch, smem);
+  }
+  if (batch == 0 && b == 0) {
     int* misc = reinterpret_cast<int*>(smem);
     WriteEnds(p, misc);
   }
@@ -603,12 +608,27 @@ __global__ void __launch_bounds__(kThreads, 2) ResolveKernel(const ResolveParams
   }
 }
 
+// Grid: every block must be able to be resident at once (consumers wait for the last planner),
+// so planners are capped at the device's capacity for this kernel and loop over rows; helpers
+// fill what capacity is left, one per SM at most.
 template <int UPR>
-cudaError_t LaunchResolveT(const ResolveParams& p, int grid, unsigned smem, int optin,
+cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin,
                            cudaStream_t stream) {
   cudaError_t e = cudaFuncSetAttribute(ResolveKernel<UPR>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (e != cudaSuccess) return e;
+  int per_sm = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ResolveKernel<UPR>, kThreads, smem);
+  if (e != cudaSuccess) return e;
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  const int capacity = per_sm * sms;
+  const int planners = p.d.max_batch < capacity ? p.d.max_batch : capacity;
+  int helpers = capacity - planners;
+  if (helpers > sms) helpers = sms;
+  if (helpers > kMaxHelperBlocks) helpers = kMaxHelperBlocks;
+  const int grid = planners + helpers;
+  p.planner_blocks = planners;
+  p.total_warps = grid * kWarps;
   ResolveKernel<UPR><<<grid, kThreads, smem, stream>>>(p);
   return cudaSuccess;
 }
@@ -668,9 +688,6 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
                   g.k, g.slots, sm.total, optin);
     return internal::FailLaunch(buf);
   }
-  const int helpers = sms < kMaxHelperBlocks ? sms : kMaxHelperBlocks;
-  const int grid = d.max_batch + helpers;
-
   ResolveParams p{};
   p.d = d;
   uint8_t* base = static_cast<uint8_t*>(workspace);
@@ -679,15 +696,14 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.queue = reinterpret_cast<unsigned long long*>(base + ws.queue);
   p.hash_bits = HashBits(g.k);
   p.chunk_records = ChunkRecords(g.record_bytes);
-  p.total_warps = grid * kWarps;
   p.u_bytes = sm.u_bytes;
   p.hit_bytes = sm.hit_bytes;
 
   switch (g.record_bytes) {
-    case 656: e = LaunchResolveT<41>(p, grid, sm.total, optin, stream); break;
-    case 1152: e = LaunchResolveT<72>(p, grid, sm.total, optin, stream); break;
-    case 512: e = LaunchResolveT<32>(p, grid, sm.total, optin, stream); break;
-    default: e = LaunchResolveT<0>(p, grid, sm.total, optin, stream); break;
+    case 656: e = LaunchResolveT<41>(p, sms, sm.total, optin, stream); break;
+    case 1152: e = LaunchResolveT<72>(p, sms, sm.total, optin, stream); break;
+    case 512: e = LaunchResolveT<32>(p, sms, sm.total, optin, stream); break;
+    default: e = LaunchResolveT<0>(p, sms, sm.total, optin, stream); break;
   }
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));

@@ -41,10 +41,12 @@ size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch);
 cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t stream);
 
 // One RESOLVE step for one layer and the batch: hit detection, LRU eviction, miss fetch from the
-// host pool (GPU threads reading mapped host memory), slot table. Grid: max_batch row blocks plus
-// helper blocks; rows at index >= *d.batch_size do nothing but help fetch.
+// host pool (GPU threads reading mapped host memory), slot table. The grid (at most one wave of
+// resident blocks) is sized from max_batch and the device; rows at index >= *d.batch_size do
+// nothing, and blocks without a row help fetch other rows' misses.
 // Supported: every geometry ValidateArenaGeometry accepts whose per-row plan fits in one thread
-// block's shared memory (k <= 8192 with B <= 32768 on an H200; see LastLaunchError otherwise).
+// block's shared memory (e.g. k = 2048 with B up to 32768 on an H200; LastLaunchError says
+// otherwise). Rows of one launch must be distinct (two entries of one row would race).
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
                           cudaStream_t stream);
 
