@@ -179,6 +179,14 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
       r.misses = ss.misses();
       r.bytes_fetched = ss.bytes_fetched();
     }
+    if (s->impl->backend_kind() == HS_BACKEND_CUDA) {
+      // The arena is engine-side on the CUDA backend (until daemon-owned GPU arenas): read it here.
+      auto c = s->impl->Counters();
+      if (!c.ok()) return ToResult(c.status());
+      r.hits = c->hits;
+      r.misses = c->misses;
+      r.bytes_fetched = c->bytes_fetched;
+    }
     *out = r;
     return HS_OK;
   });

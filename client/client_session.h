@@ -38,6 +38,9 @@ class ClientSession {
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
+  // RESOLVE counters as the data path left them (the daemon reads the same for host arenas).
+  absl::StatusOr<ArenaCounters> Counters() { return backend_->ReadCounters(); }
+  hs_backend backend_kind() const { return backend_->kind(); }
   uint64_t session_id() const { return opened_.session_id(); }
 
   absl::Status Resolve(const hs_resolve_args& args);

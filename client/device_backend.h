@@ -41,8 +41,10 @@ class DeviceBackend {
   virtual absl::Status Append(const AppendDesc& d, void* stream) = 0;
   // Error flags that kernels set since the last call; waits for the last stream used.
   virtual absl::Status CheckErrors() = 0;
-  // Device scratch for the per-step argument arrays the caller passes (nullptr for host).
+  // Where kernels OR their ResolveError bits (nullptr for host: errors are returned at once).
   virtual uint32_t* error_flags() = 0;
+  // The session's RESOLVE counters as the data path left them.
+  virtual absl::StatusOr<ArenaCounters> ReadCounters() = 0;
 };
 
 std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g);

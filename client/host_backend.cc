@@ -32,7 +32,9 @@ class HostBackend final : public DeviceBackend {
   absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t) override { return host; }
   void UnregisterHostSegment(uint8_t*) override {}
   absl::StatusOr<ArenaView> AttachArena(uint8_t* mapped, const ArenaGeometry& g) override {
-    return ArenaView::Of(mapped, g);
+    ArenaView v = ArenaView::Of(mapped, g);
+    counters_ = v.counters;
+    return v;
   }
   HostRecordMap host_map() const override { return HostRecordMap{layer_base_.data(), capacity_.data()}; }
   absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) override {
@@ -61,12 +63,17 @@ class HostBackend final : public DeviceBackend {
   }
   absl::Status CheckErrors() override { return absl::OkStatus(); }  // reported synchronously
   uint32_t* error_flags() override { return nullptr; }
+  absl::StatusOr<ArenaCounters> ReadCounters() override {
+    if (counters_ == nullptr) return absl::FailedPreconditionError("no arena attached");
+    return *counters_;
+  }
 
  private:
   static absl::Status Check(uint32_t bits) {
     return bits == 0 ? absl::OkStatus() : absl::InvalidArgumentError(DescribeResolveErrors(bits));
   }
   const int32_t layers_;
+  const ArenaCounters* counters_ = nullptr;
   std::vector<uint8_t*> layer_base_;
   std::vector<int32_t> capacity_;
 };

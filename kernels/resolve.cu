@@ -77,17 +77,15 @@ constexpr int kTile = kThreads * kTileItems;
 constexpr int kMaxHelperBlocks = 1024;  // workspace is sized for up to this many helpers
 constexpr int kChunkUnits = 32 * 8;     // 16-byte units one warp moves per round (4 KiB)
 constexpr int kMaxChunkRecords = 32;    // a chunk's records are held one per lane
-constexpr unsigned long long kEnd = ~0ull;
+constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word = final tail
 
 // Slot-table encoding of a selection during planning.
 constexpr int kSelMiss = -2;  // miss before ranking; rank m is stored as -(m + 3)
 
 struct WsHeader {
+  unsigned long long pub;  // lo: queue entries reserved by planners, hi: rows published
   unsigned qhead;          // next queue entry a consumer takes
-  unsigned qtail;          // entries published (reserved) by planners
-  unsigned planners_done;  // row blocks that have published
-  unsigned blocks_done;    // blocks that have finished
-  unsigned pad[60];
+  unsigned pad[61];
 };
 static_assert(sizeof(WsHeader) == 256, "header is one 256-byte section");
 
@@ -100,8 +98,9 @@ struct ResolveParams {
   int chunk_records;
   int total_warps;
   int planner_blocks;          // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
-  unsigned u_bytes;            // hash table / new-LRU staging region
-  unsigned hit_bytes;          // hit flag per slot
+  // Shared-memory carve-up of a row block (byte offsets, 16-byte aligned).
+  unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot,
+      off_miss_pos, off_scratch, off_misc;
 };
 
 struct WsLayout {
@@ -136,18 +135,33 @@ int HashBits(int k) {
 }
 
 struct SmemLayout {
-  unsigned u_bytes, hit_bytes, total;
+  unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot,
+      off_miss_pos, off_scratch, off_misc, total;
 };
 
+// [hash table | new LRU] [hit flags] [slot_pos copy] [LRU copy] [selections] [outputs]
+// [victim slots] [miss positions] [rank scratch] [misc]
 SmemLayout ComputeSmem(const ArenaGeometry& g) {
   SmemLayout s{};
   const size_t hash = (size_t{1} << HashBits(g.k)) * 8;
   const size_t lru = static_cast<size_t>(g.slots) * 4;
-  s.u_bytes = static_cast<unsigned>(AlignUp(hash > lru ? hash : lru, 16));
-  s.hit_bytes = static_cast<unsigned>(AlignUp(g.slots, 16));
-  const size_t arrays = 4 * static_cast<size_t>(g.k) * 4;  // selPos, selOut, missSlot, missPos
-  const size_t misc = (kTileItems * kWarps + 1 + 16) * 4;
-  s.total = static_cast<unsigned>(s.u_bytes + s.hit_bytes + arrays + misc);
+  size_t o = AlignUp(hash > lru ? hash : lru, 16);
+  auto take = [&](size_t bytes) {
+    const size_t at = o;
+    o = AlignUp(o + bytes, 16);
+    return static_cast<unsigned>(at);
+  };
+  const size_t b4 = static_cast<size_t>(g.slots) * 4, k4 = static_cast<size_t>(g.k) * 4;
+  s.off_hit = take(g.slots);
+  s.off_tab_sp = take(b4);
+  s.off_tab_lru = take(b4);
+  s.off_sel_pos = take(k4);
+  s.off_sel_out = take(k4);
+  s.off_miss_slot = take(k4);
+  s.off_miss_pos = take(k4);
+  s.off_scratch = take((kTileItems * kWarps + 1) * 4);
+  s.off_misc = take(16 * 4);
+  s.total = static_cast<unsigned>(o);
   return s;
 }
 
@@ -171,6 +185,27 @@ __device__ __forceinline__ int4 LdHost(const uint8_t* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Block-wide asynchronous copy of n ints from global to shared memory (all loads in flight at
+// once; completes at CpAsyncWaitAll).
+__device__ __forceinline__ void StageInts(int* dst, const int* src, int n) {
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0 &&
+      (n & 3) == 0) {
+    for (int v = threadIdx.x; v < n / 4; v += kThreads) CpAsync16(dst + 4 * v, src + 4 * v);
+  } else {
+    for (int e = threadIdx.x; e < n; e += kThreads) CpAsync4(dst + e, src + e);
+  }
 }
 
 __device__ __forceinline__ unsigned HashOf(int p, int bits) {
@@ -261,12 +296,11 @@ __device__ __forceinline__ void RowBases(const ResolveDesc& d, int row, const ui
   *dst = a.Record(row, d.layer, 0);
 }
 
-// Block-wide: one END entry per warp of the grid after the last published entry.
-__device__ void WriteEnds(const ResolveParams& p, int* misc) {
-  if (threadIdx.x == 0) misc[6] = static_cast<int>(atomicAdd(&p.hdr->qtail, 0u));
-  __syncthreads();
-  const unsigned tail = static_cast<unsigned>(misc[6]);
-  for (int w = threadIdx.x; w < p.total_warps; w += kThreads) StRelease(&p.queue[tail + w], kEnd);
+// Block-wide: one END entry per warp of the grid after the last published entry. An END carries
+// the final tail, so the warp that takes the very last index can reset the queue header.
+__device__ void WriteEnds(const ResolveParams& p, unsigned tail) {
+  const unsigned long long end = kEndTag | (static_cast<unsigned long long>(tail) << 32);
+  for (int w = threadIdx.x; w < p.total_warps; w += kThreads) StRelease(&p.queue[tail + w], end);
 }
 
 // Plans batch entry i (a row block), publishes its fetch work and copies its first chunks.

@@ -17,11 +17,13 @@
 #include "CLI/CLI.hpp"
 #include "hisparse/common/daemon_process.h"
 #include "hisparse/hisparse.hpp"
+#include "demo_memory.h"
 #include "synthetic_indexer.h"
 
 namespace {
 
 using hisparse::Error;
+using hisparse::demo::DemoMemory;
 using hisparse::demo::FillRecord;
 using hisparse::demo::SyntheticIndexer;
 
@@ -36,6 +38,8 @@ struct Flags {
   int context = 4096;
   int steps = 64;
   uint64_t seed = 1;
+  std::string backend = "auto";
+  int gpu = 0;
 };
 
 int Fail(const char* what, const Error& e) {
@@ -58,6 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--context", f.context, "prompt tokens per request")->check(CLI::Range(1, 1 << 24));
   app.add_option("--steps", f.steps, "decode steps")->check(CLI::Range(0, 1 << 20));
   app.add_option("--seed", f.seed, "seed of the synthetic indexer");
+  app.add_option("--backend", f.backend, "auto (CUDA when a GPU is present), cuda, host")
+      ->check(CLI::IsMember({"auto", "cuda", "host"}));
+  app.add_option("--gpu", f.gpu, "GPU index for the CUDA backend");
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<hisparse::DaemonProcess> daemon;
@@ -81,18 +88,26 @@ int main(int argc, char** argv) {
   o.k = f.k;
   o.slots = f.slots;
   o.max_requests = f.requests;
-  o.backend = HS_BACKEND_HOST;
+  const bool cuda = f.backend == "cuda" || (f.backend == "auto" && DemoMemory::CudaAvailable());
+  o.backend = cuda ? HS_BACKEND_CUDA : HS_BACKEND_HOST;
+  o.gpu = cuda ? f.gpu : -1;
   hisparse::Session session;
   if (Error e = hisparse::Session::Open(o, &session)) return Fail("open session", e);
   hs_session_info info;
   session.Info(&info);
-  std::printf("session %lu: %d layers, %d B records, k %d, B %d, %d requests, arena %.1f MiB (host backend)\n",
-              info.session_id, f.layers, f.record_bytes, f.k, f.slots, f.requests, info.arena_bytes / 1048576.0);
+  const char* backend_name = info.backend == HS_BACKEND_CUDA ? "CUDA backend" : "host backend";
+  std::printf("session %lu: %d layers, %d B records, k %d, B %d, %d requests, arena %.1f MiB (%s)\n",
+              info.session_id, f.layers, f.record_bytes, f.k, f.slots, f.requests, info.arena_bytes / 1048576.0,
+              backend_name);
+  // Everything the data path reads or writes lives where the backend's kernels run.
+  DemoMemory mem(info.backend == HS_BACKEND_CUDA);
+  const size_t slot_block = static_cast<size_t>(f.slots + 1) * info.record_stride;
 
   // ---- admit and prefill ----
   const uint32_t budget = static_cast<uint32_t>(f.context + f.steps);
   std::vector<int32_t> rows(f.requests);
   std::vector<uint8_t> prompt(static_cast<size_t>(f.layers) * f.context * f.record_bytes);
+  uint8_t* prompt_d = mem.Alloc<uint8_t>(prompt.size());
   for (int r = 0; r < f.requests; ++r) {
     const uint64_t id = r + 1;
     hs_request_info ri = HS_REQUEST_INFO_INIT;
@@ -104,7 +119,8 @@ int main(int argc, char** argv) {
       }
     }
     const int64_t token_stride = f.record_bytes, layer_stride = int64_t{f.context} * f.record_bytes;
-    if (Error e = Error::From(hs_store(session.get(), id, 0, f.context, f.context, prompt.data(), layer_stride,
+    mem.Upload(prompt_d, prompt.data(), prompt.size());
+    if (Error e = Error::From(hs_store(session.get(), id, 0, f.context, f.context, prompt_d, layer_stride,
                                        token_stride, nullptr))) {
       return Fail("store", e);
     }
@@ -135,43 +151,61 @@ int main(int argc, char** argv) {
   std::vector<int32_t> positions(static_cast<size_t>(f.requests) * f.k), out_slots(positions.size());
   std::vector<uint8_t> newest(static_cast<size_t>(f.requests) * f.record_bytes);
   std::vector<int32_t> selection;
+  int32_t* rows_d = mem.Alloc<int32_t>(rows.size());
+  int32_t* seq_d = mem.Alloc<int32_t>(seq_lens.size());
+  int32_t* pos_d = mem.Alloc<int32_t>(positions.size());
+  int32_t* out_d = mem.Alloc<int32_t>(out_slots.size());
+  uint8_t* newest_d = mem.Alloc<uint8_t>(newest.size());
+  std::vector<uint8_t> slots_h(slot_block);
+  mem.Upload(rows_d, rows.data(), rows.size() * sizeof(int32_t));
+  double data_path_seconds = 0;
   uint64_t selections = 0, slot_checks = 0, slot_bad = 0;
   hs_stats before;
   session.Stats(&before);
   const auto t0 = std::chrono::steady_clock::now();
   for (int step = 0; step < f.steps; ++step) {
     for (int r = 0; r < f.requests; ++r) ++seq_lens[r];  // this step's token joins the sequence
+    mem.Upload(seq_d, seq_lens.data(), seq_lens.size() * sizeof(int32_t));
     for (int l = 0; l < f.layers; ++l) {
       for (int r = 0; r < f.requests; ++r) {
         FillRecord(r + 1, l, seq_lens[r] - 1, &newest[static_cast<size_t>(r) * f.record_bytes], f.record_bytes);
       }
-      if (Error e = Error::From(hs_append(session.get(), l, f.requests, nullptr, rows.data(), seq_lens.data(),
-                                          newest.data(), f.record_bytes, nullptr))) {
-        return Fail("append", e);
-      }
+      mem.Upload(newest_d, newest.data(), newest.size());
       for (int r = 0; r < f.requests; ++r) {
         selection.clear();
         indexers[r * f.layers + l].Select(seq_lens[r], &selection);
         selection.resize(f.k, -1);
         std::copy(selection.begin(), selection.end(), positions.begin() + static_cast<size_t>(r) * f.k);
       }
+      mem.Upload(pos_d, positions.data(), positions.size() * sizeof(int32_t));
       hs_resolve_args args = HS_RESOLVE_ARGS_INIT;
       args.layer = l;
       args.max_batch = f.requests;
-      args.rows = rows.data();
-      args.seq_lens = seq_lens.data();
-      args.positions = positions.data();
-      args.out_slots = out_slots.data();
+      args.rows = rows_d;
+      args.seq_lens = seq_d;
+      args.positions = pos_d;
+      args.out_slots = out_d;
+      const auto d0 = std::chrono::steady_clock::now();
+      if (Error e = Error::From(hs_append(session.get(), l, f.requests, nullptr, rows_d, seq_d, newest_d,
+                                          f.record_bytes, nullptr))) {
+        return Fail("append", e);
+      }
       if (Error e = session.Resolve(args)) return Fail("resolve", e);
+      mem.Sync();
+      data_path_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count();
+      if (Error e = Error::From(hs_check_errors(session.get()))) return Fail("data path", e);
+      mem.Download(out_slots.data(), out_d, out_slots.size() * sizeof(int32_t));
       // Exactness: every output slot holds the host record of its position, byte for byte.
       for (int r = 0; r < f.requests; ++r) {
+        mem.Download(slots_h.data(),
+                     static_cast<const uint8_t*>(info.slot_base) + (static_cast<size_t>(rows[r]) * f.layers + l) * slot_block,
+                     slot_block);
         for (int j = 0; j < f.k; ++j) {
           const int32_t p = positions[static_cast<size_t>(r) * f.k + j];
           if (p < 0) continue;
           ++selections;
           const int32_t s = out_slots[static_cast<size_t>(r) * f.k + j];
-          const uint8_t* slot = static_cast<const uint8_t*>(info.slot_base) +
-                                ((static_cast<size_t>(rows[r]) * f.layers + l) * (f.slots + 1) + s) * info.record_stride;
+          const uint8_t* slot = slots_h.data() + static_cast<size_t>(s < 0 ? 0 : s) * info.record_stride;
           void* host = nullptr;
           if (Error e = session.RecordPtr(r + 1, l, p, &host)) return Fail("record pointer", e);
           FillRecord(r + 1, l, p, expect.data(), f.record_bytes);
@@ -187,10 +221,11 @@ int main(int argc, char** argv) {
   if (Error e = session.Stats(&after)) return Fail("stats", e);
   const uint64_t hits = after.hits - before.hits, misses = after.misses - before.misses;
   std::printf("decode: %d steps x %d layers x %d requests, k %d: hit rate %.1f%%, %.1f misses per (request, layer, step), "
-              "%.1f steps/s (host backend, with checks)\n",
+              "%.1f steps/s with checks; data path (append + RESOLVE, synchronized) %.1f us per layer-step (%s)\n",
               f.steps, f.layers, f.requests, f.k, hits + misses ? 100.0 * hits / (hits + misses) : 0.0,
               f.steps ? static_cast<double>(misses) / (static_cast<double>(f.steps) * f.layers * f.requests) : 0.0,
-              seconds > 0 ? f.steps / seconds : 0.0);
+              seconds > 0 ? f.steps / seconds : 0.0,
+              f.steps ? 1e6 * data_path_seconds / (static_cast<double>(f.steps) * f.layers) : 0.0, backend_name);
   std::printf("exactness: %lu output slots checked against the host records, %lu wrong; counters %lu hits + %lu misses "
               "= %lu selections\n",
               slot_checks, slot_bad, hits, misses, selections);

@@ -105,6 +105,11 @@ TEST(DataPathTest, StoreAppendResolveAreExactThroughTheDaemonsMemory) {
   EXPECT_GT(st.hits, 0u);
   EXPECT_GT(st.misses, 0u);
   EXPECT_EQ(st.bytes_fetched, st.misses * 64);
+  // ... and the daemon itself reports the same numbers for this session.
+  v1::StatsResponse node = Stats(address);
+  ASSERT_EQ(node.session_stats_size(), 1);
+  EXPECT_EQ(node.session_stats(0).hits(), st.hits);
+  EXPECT_EQ(node.session_stats(0).misses(), st.misses);
 }
 
 TEST(DataPathTest, ShortPromptIsResidentAfterPrefill) {
