@@ -72,7 +72,7 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileItems = 4;  // items per thread in one ranking tile (8 spills)
+constexpr int kTileItems = 8;  // items per thread in one ranking tile
 constexpr int kTile = kThreads * kTileItems;
 constexpr int kMaxHelperBlocks = 1024;  // workspace is sized for up to this many helpers
 constexpr int kChunkUnits = 32 * 8;     // 16-byte units one warp moves per round (4 KiB)
@@ -93,7 +93,7 @@ struct ResolveParams {
   ResolveDesc d;
   WsHeader* hdr;
   int2* plan;                  // [max_batch][k] (position, slot) of miss m of batch entry i
-  unsigned long long* queue;   // entries: lo = batch index + 1, hi = start << 6 | count; kEnd
+  unsigned long long* queue;   // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
   int chunk_records;
   int total_warps;
@@ -261,6 +261,9 @@ __device__ __forceinline__ int TileRank(const bool (&f)[kTileItems], int (&rank)
 
 // One warp copies `count` (<= 32) records: lane r < count holds record r's source and
 // destination byte offsets. Units of 16 bytes are spread over the lanes across record borders.
+// When the chunk's records are consecutive in the host pool (a run of positions), the lanes are
+// shifted so that every warp-wide load covers a 512-byte window aligned to 128 bytes in host
+// memory: fewer, fuller PCIe read requests for record sizes that are not multiples of 128.
 template <int UPR, int U>
 __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base,
                                           uint8_t* __restrict__ dst_base, long long src_off,
@@ -268,23 +271,32 @@ __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base,
   const int upr = UPR ? UPR : upr_rt;
   const int lane = threadIdx.x & 31;
   const int n = count * upr;
-  for (int base = 0; base < n; base += 32 * U) {
+  int lead = 0;
+  {
+    const long long next = __shfl_down_sync(~0u, src_off, 1);
+    const bool run = lane + 1 >= count || next == src_off + upr * 16;
+    if (__all_sync(~0u, run)) {
+      const long long s0 = __shfl_sync(~0u, src_off, 0);
+      lead = static_cast<int>((reinterpret_cast<uintptr_t>(src_base + s0) & 127) >> 4);
+    }
+  }
+  for (int base = -lead; base < n; base += 32 * U) {
     int4 v[U];
 #pragma unroll
     for (int t = 0; t < U; ++t) {
       const int u = base + t * 32 + lane;
-      int rec = u / upr;
+      int rec = static_cast<int>(static_cast<unsigned>(u < 0 ? 0 : u) / static_cast<unsigned>(upr));
       if (rec >= count) rec = count - 1;
       const long long so = __shfl_sync(~0u, src_off, rec);
-      if (u < n) v[t] = LdHost(src_base + so + (u - rec * upr) * 16);
+      if (u >= 0 && u < n) v[t] = LdHost(src_base + so + (u - rec * upr) * 16);
     }
 #pragma unroll
     for (int t = 0; t < U; ++t) {
       const int u = base + t * 32 + lane;
-      int rec = u / upr;
+      int rec = static_cast<int>(static_cast<unsigned>(u < 0 ? 0 : u) / static_cast<unsigned>(upr));
       if (rec >= count) rec = count - 1;
       const long long dof = __shfl_sync(~0u, dst_off, rec);
-      if (u < n) *reinterpret_cast<int4*>(dst_base + dof + (u - rec * upr) * 16) = v[t];
+      if (u >= 0 && u < n) *reinterpret_cast<int4*>(dst_base + dof + (u - rec * upr) * 16) = v[t];
     }
   }
 }
@@ -316,48 +328,44 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
   int* keys = reinterpret_cast<int*>(smem);
   int* vals = keys + H;
   int* new_lru = reinterpret_cast<int*>(smem);  // reuses the hash table once lookups are done
-  uint8_t* hit = smem + p.u_bytes;
-  int* sel_pos = reinterpret_cast<int*>(smem + p.u_bytes + p.hit_bytes);
-  int* sel_out = sel_pos + K;
-  int* miss_slot = sel_out + K;
-  int* miss_pos = miss_slot + K;
-  int* scratch = miss_pos + K;
-  int* misc = scratch + kTileItems * kWarps + 1;  // 0 err, 1 hit slots, 2 newest, 4 queue base, 5 finisher
+  uint8_t* hit = smem + p.off_hit;
+  int* tab_sp = reinterpret_cast<int*>(smem + p.off_tab_sp);
+  int* tab_lru = reinterpret_cast<int*>(smem + p.off_tab_lru);
+  int* sel_pos = reinterpret_cast<int*>(smem + p.off_sel_pos);
+  int* sel_out = reinterpret_cast<int*>(smem + p.off_sel_out);
+  int* miss_slot = reinterpret_cast<int*>(smem + p.off_miss_slot);
+  int* miss_pos = reinterpret_cast<int*>(smem + p.off_miss_pos);
+  int* scratch = reinterpret_cast<int*>(smem + p.off_scratch);
+  int* misc = reinterpret_cast<int*>(smem + p.off_misc);  // 0 err, 1 hit slots, 2 newest, 4 queue base, 5 finisher, 6 tail
 
   __syncthreads();  // shared memory of the previous row of this block is free
+  // Everything the plan reads is staged into shared memory with all loads in flight at once:
+  // the selections first (they need no row), then the row's slot table and LRU order.
+  const int* positions = d.positions + static_cast<size_t>(i) * K;
+  int* out = d.out_slots + static_cast<size_t>(i) * K;
+  StageInts(sel_pos, positions, K);
   const int row = d.rows[i];
   const int seq = d.seq_lens[i];
   uint32_t err = 0;
+  int cap = 0;
   if (d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) {
     err = kResolveBadRow;
   } else {
-    const int cap = d.host.capacity[row];
-    if (seq < 1 || seq > cap) err = kResolveBadSeqLen;
+    cap = d.host.capacity[row];
+    const size_t rl = d.arena.RowLayer(row, d.layer);
+    StageInts(tab_sp, d.arena.slot_pos + rl * B, B);
+    StageInts(tab_lru, d.arena.lru + rl * B, B);
   }
-  const int* positions = d.positions + static_cast<size_t>(i) * K;
-  int* out = d.out_slots + static_cast<size_t>(i) * K;
+  for (int h = tid; h < H; h += kThreads) keys[h] = -1;
+  for (int s = tid; s < (B + 3) / 4; s += kThreads) reinterpret_cast<unsigned*>(hit)[s] = 0;
+  if (tid < 16) misc[tid] = 0;
+  if (err == 0 && (seq < 1 || seq > cap)) err = kResolveBadSeqLen;
+  CpAsyncWaitAll();
+  __syncthreads();
 
   int M = 0;
-  // The first tile of slot_pos and LRU is loaded early; it is used after two barriers.
-  int sp[kTileItems], lr[kTileItems];
   if (err == 0) {
-    const size_t rl = d.arena.RowLayer(row, d.layer);
-    int* slot_pos = d.arena.slot_pos + rl * B;
-    int* lru = d.arena.lru + rl * B;
     const int newest = seq - 1;
-
-#pragma unroll
-    for (int t = 0; t < kTileItems; ++t) {
-      const int s = t * kThreads + tid;
-      sp[t] = s < B ? slot_pos[s] : kEmptySlot;
-      lr[t] = s < B ? lru[s] : 0;
-    }
-    for (int j = tid; j < K; j += kThreads) sel_pos[j] = __ldg(positions + j);
-    for (int h = tid; h < H; h += kThreads) keys[h] = -1;
-    for (int s = tid; s < (B + 3) / 4; s += kThreads) reinterpret_cast<unsigned*>(hit)[s] = 0;
-    if (tid < 16) misc[tid] = 0;
-    __syncthreads();
-
     // 1. Selections into the hash table: range checks, duplicates, newest token.
     for (int j = tid; j < K; j += kThreads) {
       const int pj = sel_pos[j];
@@ -398,31 +406,20 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
     int* lru = d.arena.lru + rl * B;
     const int newest = seq - 1;
 
-    // 2. Hits: every resident position looked up once (tile 0 is already in registers).
-    for (int base = 0; base < B; base += kTile) {
-      if (base > 0) {
-#pragma unroll
-        for (int t = 0; t < kTileItems; ++t) {
-          const int s = base + t * kThreads + tid;
-          sp[t] = s < B ? slot_pos[s] : kEmptySlot;
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kTileItems; ++t) {
-        const int s = base + t * kThreads + tid;
-        const int ps = sp[t];
-        if (s < B && ps >= 0 && ps != newest) {
-          unsigned h = HashOf(ps, p.hash_bits);
-          for (;;) {
-            const int key = keys[h];
-            if (key == ps) {
-              sel_out[vals[h]] = s;
-              hit[s] = 1;
-              break;
-            }
-            if (key == -1) break;
-            h = (h + 1) & hmask;
+    // 2. Hits: every resident position looked up once.
+    for (int s = tid; s < B; s += kThreads) {
+      const int ps = tab_sp[s];
+      if (ps >= 0 && ps != newest) {
+        unsigned h = HashOf(ps, p.hash_bits);
+        for (;;) {
+          const int key = keys[h];
+          if (key == ps) {
+            sel_out[vals[h]] = s;
+            hit[s] = 1;
+            break;
           }
+          if (key == -1) break;
+          h = (h + 1) & hmask;
         }
       }
     }
@@ -463,12 +460,11 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
     // 4. Victims and the new LRU order from one ranking pass over the old order.
     int icarry = 0;
     for (int base = 0; base < B; base += kTile) {
-      if (base > 0) {
+      int lr[kTileItems];
 #pragma unroll
-        for (int t = 0; t < kTileItems; ++t) {
-          const int idx = base + t * kThreads + tid;
-          lr[t] = idx < B ? lru[idx] : 0;
-        }
+      for (int t = 0; t < kTileItems; ++t) {
+        const int idx = base + t * kThreads + tid;
+        lr[t] = idx < B ? tab_lru[idx] : 0;
       }
       bool f[kTileItems];
       int r[kTileItems];
@@ -536,7 +532,10 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
   const int nq = nch - ndirect;
   __syncthreads();
   if (nq > 0) {
-    if (tid == 0) misc[4] = static_cast<int>(atomicAdd(&p.hdr->qtail, static_cast<unsigned>(nq)));
+    if (tid == 0) {
+      misc[4] = static_cast<int>(static_cast<unsigned>(
+          atomicAdd(&p.hdr->pub, static_cast<unsigned long long>(nq))));
+    }
     __syncthreads();
     const unsigned qbase = static_cast<unsigned>(misc[4]);
     for (int c = tid; c < nq; c += kThreads) {
@@ -550,11 +549,12 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
   }
   if (tid == 0) {
     __threadfence();
-    const unsigned old = atomicAdd(&p.hdr->planners_done, 1u);
-    misc[5] = old == static_cast<unsigned>(batch - 1);
+    const unsigned long long old = atomicAdd(&p.hdr->pub, 1ull << 32);
+    misc[5] = static_cast<unsigned>(old >> 32) == static_cast<unsigned>(batch - 1);
+    misc[6] = static_cast<int>(static_cast<unsigned>(old));
   }
   __syncthreads();
-  if (misc[5]) WriteEnds(p, misc);
+  if (misc[5]) WriteEnds(p, static_cast<unsigned>(misc[6]));
 
   // 7. This block's own chunks, straight from shared memory.
   if (warp < ndirect) {
@@ -590,10 +590,17 @@ __device__ void Consume(const ResolveParams& p) {
         if (ns < 256) ns <<= 1;
       }
       *reinterpret_cast<volatile unsigned long long*>(q) = 0;
+      if (static_cast<unsigned>(e) == kEndTag &&
+          h == static_cast<unsigned>(e >> 32) + static_cast<unsigned>(p.total_warps) - 1u) {
+        // The last index of this launch: every other take and publish is done. Reset the header.
+        volatile WsHeader* hd = p.hdr;
+        hd->pub = 0;
+        hd->qhead = 0;
+      }
     }
     __syncwarp();
     e = __shfl_sync(~0u, e, 0);
-    if (e == kEnd) break;
+    if (static_cast<unsigned>(e) == kEndTag) break;
     const int i = static_cast<int>(e & 0xffffffffu) - 1;
     const unsigned hi = static_cast<unsigned>(e >> 32);
     const int start = static_cast<int>(hi >> 6);
@@ -622,24 +629,8 @@ __global__ void __launch_bounds__(kThreads, 2) ResolveKernel(const ResolveParams
   if (b < p.planner_blocks) {
     for (int i = b; i < batch; i += p.planner_blocks) PlanRow<UPR>(p, i, batch, smem);
   }
-  if (batch == 0 && b == 0) {
-    int* misc = reinterpret_cast<int*>(smem);
-    WriteEnds(p, misc);
-  }
+  if (batch == 0 && b == 0) WriteEnds(p, 0u);
   Consume<UPR>(p);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned old = atomicAdd(&p.hdr->blocks_done, 1u);
-    if (old == gridDim.x - 1) {
-      volatile WsHeader* h = p.hdr;
-      h->qhead = 0;
-      h->qtail = 0;
-      h->planners_done = 0;
-      h->blocks_done = 0;
-      __threadfence();
-    }
-  }
 }
 
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
@@ -730,8 +721,15 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.queue = reinterpret_cast<unsigned long long*>(base + ws.queue);
   p.hash_bits = HashBits(g.k);
   p.chunk_records = ChunkRecords(g.record_bytes);
-  p.u_bytes = sm.u_bytes;
-  p.hit_bytes = sm.hit_bytes;
+  p.off_hit = sm.off_hit;
+  p.off_tab_sp = sm.off_tab_sp;
+  p.off_tab_lru = sm.off_tab_lru;
+  p.off_sel_pos = sm.off_sel_pos;
+  p.off_sel_out = sm.off_sel_out;
+  p.off_miss_slot = sm.off_miss_slot;
+  p.off_miss_pos = sm.off_miss_pos;
+  p.off_scratch = sm.off_scratch;
+  p.off_misc = sm.off_misc;
 
   switch (g.record_bytes) {
     case 656: e = LaunchResolveT<41>(p, sms, sm.total, optin, stream); break;

@@ -42,6 +42,7 @@ struct LogVoidify {
 #define HS_LOG_SEVERITY_WARNING ::hisparse::LogSeverity::kWarning
 #define HS_LOG_SEVERITY_ERROR ::hisparse::LogSeverity::kError
 
+// NOLINTNEXTLINE(bugprone-macro-parentheses): a stream expression, used as LOG(x) << ...
 #define LOG(severity)                                             \
   !::hisparse::LogEnabled(HS_LOG_SEVERITY_##severity)             \
       ? (void)0                                                   \

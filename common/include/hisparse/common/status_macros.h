@@ -19,9 +19,11 @@
 // `lhs = value of expr`, or returns its error status from the enclosing function.
 #define HS_ASSIGN_OR_RETURN(lhs, expr) \
   HS_ASSIGN_OR_RETURN_IMPL_(HS_CONCAT_(hs_statusor_, __LINE__), lhs, expr)
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` is a declaration and cannot be parenthesized.
 #define HS_ASSIGN_OR_RETURN_IMPL_(var, lhs, expr) \
   auto var = (expr);                              \
   if (!var.ok()) return var.status();             \
   lhs = std::move(var).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // HISPARSE_COMMON_STATUS_MACROS_H_
