@@ -317,7 +317,8 @@ __device__ void WriteEnds(const ResolveParams& p, unsigned tail) {
 
 // Plans batch entry i (a row block), publishes its fetch work and copies its first chunks.
 template <int UPR>
-__device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char* smem) {
+__device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int seq,
+                        unsigned char* smem) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
   const int B = g.slots, K = g.k;
@@ -344,8 +345,6 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, unsigned char*
   const int* positions = d.positions + static_cast<size_t>(i) * K;
   int* out = d.out_slots + static_cast<size_t>(i) * K;
   StageInts(sel_pos, positions, K);
-  const int row = d.rows[i];
-  const int seq = d.seq_lens[i];
   uint32_t err = 0;
   int cap = 0;
   if (d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) {
@@ -620,14 +619,29 @@ __device__ void Consume(const ResolveParams& p) {
 }
 
 template <int UPR>
-__global__ void __launch_bounds__(kThreads, 2) ResolveKernel(const ResolveParams p) {
+// One block per SM: the planner wants ~110 registers, and capping it at 64 (two blocks per SM)
+// spills and measured slower.
+__global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  const int b = blockIdx.x;
+  // A row block's first row and seq_len are loaded together with the batch size (b < max_batch,
+  // so the loads are in bounds whatever the batch).
+  int row = 0, seq = 0;
+  if (b < p.planner_blocks) {
+    row = p.d.rows[b];
+    seq = p.d.seq_lens[b];
+  }
   int batch = *p.d.batch_size;
   if (batch < 0) batch = 0;
   if (batch > p.d.max_batch) batch = p.d.max_batch;
-  const int b = blockIdx.x;
   if (b < p.planner_blocks) {
-    for (int i = b; i < batch; i += p.planner_blocks) PlanRow<UPR>(p, i, batch, smem);
+    for (int i = b; i < batch; i += p.planner_blocks) {
+      if (i != b) {
+        row = p.d.rows[i];
+        seq = p.d.seq_lens[i];
+      }
+      PlanRow<UPR>(p, i, batch, row, seq, smem);
+    }
   }
   if (batch == 0 && b == 0) WriteEnds(p, 0u);
   Consume<UPR>(p);

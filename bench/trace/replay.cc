@@ -2,6 +2,7 @@
 #include "hisparse/trace/replay.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -32,26 +33,6 @@ void ForEachRecord(const Stream& s, F f) {
   }
 }
 
-class Loader {
- public:
-  void Add(const TraceRecord& r) {
-    auto [it, fresh] = index_.try_emplace({r.request, r.layer}, streams_.size());
-    if (fresh) streams_.push_back(Stream{r.layer, {}});
-    std::vector<int32_t>& d = streams_[it->second].data;
-    d.push_back(r.seq_len);
-    d.push_back(static_cast<int32_t>(r.positions.size()));
-    d.insert(d.end(), r.positions.begin(), r.positions.end());
-    ++records_;
-  }
-  const std::vector<Stream>& streams() const { return streams_; }
-  uint64_t records() const { return records_; }
-
- private:
-  std::map<std::pair<int64_t, int32_t>, size_t> index_;  // (request, layer) -> streams_ index
-  std::vector<Stream> streams_;
-  uint64_t records_ = 0;
-};
-
 // LRU is the real RESOLVE on a one-row, one-layer arena reset per stream. NoFetch: the records
 // section is never touched, so no host pool exists; every seq_len is within the row's capacity.
 class LruReplayer {
@@ -63,7 +44,8 @@ class LruReplayer {
         positions_(k),
         out_(k) {}
 
-  absl::StatusOr<ReplayCounts> Run(const Stream& s) {
+  // Appends each record's misses to *record_misses.
+  absl::StatusOr<ReplayCounts> Run(const Stream& s, std::vector<uint32_t>* record_misses) {
     ResetRowReference(view_, 0);
     *view_.counters = ArenaCounters{};
     uint8_t* const no_host[1] = {nullptr};
@@ -85,9 +67,11 @@ class LruReplayer {
       d.positions = positions_.data();
       d.out_slots = out_.data();
       d.flags = kResolveFlagNoFetch;
+      const uint64_t before = view_.counters->misses;
       if (ResolveReference(d) != 0 && status.ok()) {
         status = absl::InternalError("RESOLVE rejected a validated trace record");
       }
+      record_misses->push_back(static_cast<uint32_t>(view_.counters->misses - before));
     });
     HS_RETURN_IF_ERROR(status);
     c.hits = view_.counters->hits;
@@ -102,7 +86,7 @@ class LruReplayer {
   std::vector<int32_t> positions_, out_;
 };
 
-ReplayCounts ReplayBelady(const Stream& s, int32_t slots) {
+ReplayCounts ReplayBelady(const Stream& s, int32_t slots, std::vector<uint32_t>* record_misses) {
   constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
   // next[i]: the record index of the next non-newest selection of the position at data[i].
   std::vector<int32_t> next(s.data.size(), kNever);
@@ -157,19 +141,23 @@ ReplayCounts ReplayBelady(const Stream& s, int32_t slots) {
       by_next.emplace(nu, pos);
     }
     c.misses += misses;
+    record_misses->push_back(static_cast<uint32_t>(misses));
   });
   return c;
 }
 
-ReplayCounts ReplayStaging(const Stream& s) {
+ReplayCounts ReplayStaging(const Stream& s, std::vector<uint32_t>* record_misses) {
   ReplayCounts c;
   std::vector<int32_t> prev, cur;  // sorted selections of the previous and current record
   ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
     c.selections += n;
+    uint32_t misses = 0;
     for (int32_t j = 0; j < n; ++j) {
       const bool hit = p[j] == seq_len - 1 || std::binary_search(prev.begin(), prev.end(), p[j]);
       ++(hit ? c.hits : c.misses);
+      misses += !hit;
     }
+    record_misses->push_back(misses);
     cur.assign(p, p + n);
     std::sort(cur.begin(), cur.end());
     std::swap(prev, cur);
@@ -191,40 +179,58 @@ absl::Status CheckSlots(const TraceHeader& h, const ReplayOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ReplayResult> Run(const TraceHeader& h, const Loader& loader,
-                                 const ReplayOptions& o) {
-  ReplayResult res;
-  res.policy = o.policy;
-  res.slots = o.slots;
-  res.k = h.k;
-  res.layers = h.layers;
-  res.record_bytes = o.record_bytes;
-  res.records = loader.records();
-  res.streams = loader.streams().size();
-  res.per_layer.resize(h.layers);
-  std::unique_ptr<LruReplayer> lru;
-  if (o.policy == Policy::kLru) lru = std::make_unique<LruReplayer>(o.slots, h.k);
-  for (const Stream& s : loader.streams()) {
-    ReplayCounts c;
-    switch (o.policy) {
-      case Policy::kLru: {
-        HS_ASSIGN_OR_RETURN(c, lru->Run(s));
-        break;
-      }
-      case Policy::kBelady:
-        c = ReplayBelady(s, o.slots);
-        break;
-      case Policy::kStaging:
-        c = ReplayStaging(s);
-        break;
-    }
-    AddTo(&res.per_layer[s.layer], c);
-    AddTo(&res.total, c);
-  }
-  return res;
+// Nearest-rank percentile q (0 < q <= 1) of `v`, which it reorders.
+uint32_t Percentile(std::vector<uint32_t>* v, double q) {
+  if (v->empty()) return 0;
+  size_t rank = static_cast<size_t>(std::ceil(q * v->size()));
+  rank = std::clamp<size_t>(rank, 1, v->size()) - 1;
+  std::nth_element(v->begin(), v->begin() + rank, v->end());
+  return (*v)[rank];
+}
+
+void SetMissPercentiles(std::vector<uint32_t>* misses, ReplayCounts* c) {
+  c->misses_max = misses->empty() ? 0 : *std::max_element(misses->begin(), misses->end());
+  c->misses_p99 = Percentile(misses, 0.99);
+  c->misses_p50 = Percentile(misses, 0.50);
 }
 
 }  // namespace
+
+struct LoadedTrace::Impl {
+  TraceHeader header;
+  std::map<std::pair<int64_t, int32_t>, size_t> index;  // (request, layer) -> streams index
+  std::vector<Stream> streams;
+  uint64_t records = 0;
+};
+
+// Builds a LoadedTrace record by record; a friend of LoadedTrace.
+class TraceLoader {
+ public:
+  explicit TraceLoader(const TraceHeader& header) : impl_(std::make_unique<LoadedTrace::Impl>()) {
+    impl_->header = header;
+  }
+  void Add(const TraceRecord& r) {
+    auto [it, fresh] = impl_->index.try_emplace({r.request, r.layer}, impl_->streams.size());
+    if (fresh) impl_->streams.push_back(Stream{r.layer, {}});
+    std::vector<int32_t>& d = impl_->streams[it->second].data;
+    d.push_back(r.seq_len);
+    d.push_back(static_cast<int32_t>(r.positions.size()));
+    d.insert(d.end(), r.positions.begin(), r.positions.end());
+    ++impl_->records;
+  }
+  LoadedTrace Finish() { return LoadedTrace(std::move(impl_)); }
+
+ private:
+  std::unique_ptr<LoadedTrace::Impl> impl_;
+};
+
+LoadedTrace::LoadedTrace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LoadedTrace::LoadedTrace(LoadedTrace&&) noexcept = default;
+LoadedTrace& LoadedTrace::operator=(LoadedTrace&&) noexcept = default;
+LoadedTrace::~LoadedTrace() = default;
+const TraceHeader& LoadedTrace::header() const { return impl_->header; }
+uint64_t LoadedTrace::records() const { return impl_->records; }
+uint64_t LoadedTrace::streams() const { return impl_->streams.size(); }
 
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
   if (name == "lru") return Policy::kLru;
@@ -243,34 +249,93 @@ const char* PolicyName(Policy policy) {
   return "?";
 }
 
-absl::StatusOr<ReplayResult> ReplayTrace(const std::string& path, const ReplayOptions& options) {
+absl::StatusOr<LoadedTrace> LoadTrace(const std::string& path, const RecordObserver& observe) {
   HS_ASSIGN_OR_RETURN(std::unique_ptr<TraceReader> reader, TraceReader::Open(path));
-  HS_RETURN_IF_ERROR(CheckSlots(reader->header(), options));
-  Loader loader;
+  TraceLoader loader(reader->header());
   TraceRecord r;
   while (true) {
     HS_ASSIGN_OR_RETURN(bool more, reader->Next(&r));
     if (!more) break;
+    if (observe) observe(r);
     loader.Add(r);
   }
-  return Run(reader->header(), loader, options);
+  return loader.Finish();
+}
+
+absl::StatusOr<LoadedTrace> LoadRecords(const TraceHeader& header,
+                                        const std::vector<TraceRecord>& records,
+                                        const RecordObserver& observe) {
+  if (header.k < 1 || header.layers < 1) {
+    return absl::InvalidArgumentError("trace header needs k >= 1 and layers >= 1");
+  }
+  TraceChecker checker(header);
+  TraceLoader loader(header);
+  for (size_t i = 0; i < records.size(); ++i) {
+    absl::Status s = checker.Check(records[i]);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("record ", i, ": ", s.message()));
+    if (observe) observe(records[i]);
+    loader.Add(records[i]);
+  }
+  return loader.Finish();
+}
+
+absl::StatusOr<ReplayResult> Replay(const LoadedTrace& trace, const ReplayOptions& o) {
+  const TraceHeader& h = trace.header();
+  HS_RETURN_IF_ERROR(CheckSlots(h, o));
+  ReplayResult res;
+  res.policy = o.policy;
+  res.slots = o.slots;
+  res.k = h.k;
+  res.layers = h.layers;
+  res.record_bytes = o.record_bytes;
+  res.records = trace.records();
+  res.streams = trace.streams();
+  res.per_layer.resize(h.layers);
+  std::vector<std::vector<uint32_t>> layer_misses(h.layers);  // per record, for the percentiles
+  std::unique_ptr<LruReplayer> lru;
+  if (o.policy == Policy::kLru) lru = std::make_unique<LruReplayer>(o.slots, h.k);
+  for (const Stream& s : trace.impl_->streams) {
+    ReplayCounts c;
+    std::vector<uint32_t>* misses = &layer_misses[s.layer];
+    switch (o.policy) {
+      case Policy::kLru: {
+        HS_ASSIGN_OR_RETURN(c, lru->Run(s, misses));
+        break;
+      }
+      case Policy::kBelady:
+        c = ReplayBelady(s, o.slots, misses);
+        break;
+      case Policy::kStaging:
+        c = ReplayStaging(s, misses);
+        break;
+    }
+    AddTo(&res.per_layer[s.layer], c);
+    AddTo(&res.total, c);
+  }
+  std::vector<uint32_t> all;
+  for (int32_t l = 0; l < h.layers; ++l) {
+    all.insert(all.end(), layer_misses[l].begin(), layer_misses[l].end());
+    SetMissPercentiles(&layer_misses[l], &res.per_layer[l]);
+  }
+  SetMissPercentiles(&all, &res.total);
+  return res;
+}
+
+absl::StatusOr<ReplayResult> ReplayTrace(const std::string& path, const ReplayOptions& options) {
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<TraceReader> reader, TraceReader::Open(path));
+  // Checked before loading so a bad B fails fast, without reading a large trace first.
+  HS_RETURN_IF_ERROR(CheckSlots(reader->header(), options));
+  reader.reset();
+  HS_ASSIGN_OR_RETURN(LoadedTrace trace, LoadTrace(path));
+  return Replay(trace, options);
 }
 
 absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header,
                                            const std::vector<TraceRecord>& records,
                                            const ReplayOptions& options) {
-  if (header.k < 1 || header.layers < 1) {
-    return absl::InvalidArgumentError("trace header needs k >= 1 and layers >= 1");
-  }
-  HS_RETURN_IF_ERROR(CheckSlots(header, options));
-  TraceChecker checker(header);
-  Loader loader;
-  for (size_t i = 0; i < records.size(); ++i) {
-    absl::Status s = checker.Check(records[i]);
-    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("record ", i, ": ", s.message()));
-    loader.Add(records[i]);
-  }
-  return Run(header, loader, options);
+  if (header.k >= 1 && header.layers >= 1) HS_RETURN_IF_ERROR(CheckSlots(header, options));
+  HS_ASSIGN_OR_RETURN(LoadedTrace trace, LoadRecords(header, records));
+  return Replay(trace, options);
 }
 
 }  // namespace hisparse::trace

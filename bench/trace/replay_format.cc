@@ -27,6 +27,8 @@ std::string CountsJson(const ReplayCounts& c, uint32_t record_bytes) {
   if (record_bytes > 0) {
     absl::StrAppend(&out, ", \"bytes_fetched\": ", c.misses * static_cast<uint64_t>(record_bytes));
   }
+  absl::StrAppendFormat(&out, R"(, "misses_p50": %d, "misses_p99": %d, "misses_max": %d)",
+                        c.misses_p50, c.misses_p99, c.misses_max);
   return out;
 }
 
@@ -53,11 +55,11 @@ std::string ReplayResultTable(const ReplayResult& r, absl::string_view trace_pat
                                     trace_path, PolicyName(r.policy), r.slots, r.k, r.layers,
                                     r.records, r.streams);
   const bool bytes = r.record_bytes > 0;
-  absl::StrAppendFormat(&out, "%-7s %14s %14s %14s %9s%s\n", "layer", "selections", "hits",
-                        "misses", "hit_rate", bytes ? "  bytes_fetched" : "");
+  absl::StrAppendFormat(&out, "%-7s %14s %14s %14s %9s %23s%s\n", "layer", "selections", "hits",
+                        "misses", "hit_rate", "misses/record p50/p99", bytes ? "  bytes_fetched" : "");
   auto row = [&](const std::string& name, const ReplayCounts& c) {
-    absl::StrAppendFormat(&out, "%-7s %14d %14d %14d %9.4f", name, c.selections, c.hits, c.misses,
-                          c.hit_rate());
+    absl::StrAppendFormat(&out, "%-7s %14d %14d %14d %9.4f %23s", name, c.selections, c.hits,
+                          c.misses, c.hit_rate(), absl::StrCat(c.misses_p50, " / ", c.misses_p99));
     if (bytes) absl::StrAppendFormat(&out, "  %13d", c.misses * static_cast<uint64_t>(r.record_bytes));
     out.push_back('\n');
   };

@@ -176,7 +176,8 @@ TEST(TraceReplayTest, FileReplayAndErrors) {
   EXPECT_EQ(r->total.misses, 3u);
   const std::string json = ReplayResultJson(*r, path);
   EXPECT_THAT(json, HasSubstr("\"total\": {\"selections\": 5, \"hits\": 2, \"misses\": 3, "
-                              "\"hit_rate\": 0.400000, \"bytes_fetched\": 1968}"));
+                              "\"hit_rate\": 0.400000, \"bytes_fetched\": 1968, \"misses_p50\": 1, "
+                              "\"misses_p99\": 2, \"misses_max\": 2}"));
   EXPECT_THAT(json, HasSubstr("{\"layer\": 1, \"selections\": 1, \"hits\": 1"));
   EXPECT_THAT(ReplayResultTable(*r, path), HasSubstr("bytes_fetched"));
   EXPECT_EQ(ReplayTrace(path, ReplayOptions{1, Policy::kLru, 0}).status().code(),

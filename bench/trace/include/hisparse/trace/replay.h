@@ -12,13 +12,17 @@
 //              previous record too. B only has to be >= k (the buffer holds k).
 //
 // Replay reads the whole trace into memory first (Belady needs the future; positions are kept as
-// int32, smaller than the text), then replays stream by stream.
+// int32, smaller than the text), then replays stream by stream. A LoadedTrace keeps that copy so
+// one trace can be replayed through several policies and B without reading the file again.
 //
-// Thread-safety: the functions are reentrant; results are plain values.
+// Ownership: a LoadedTrace owns its copy of the records. Thread-safety: the functions are
+// reentrant; a const LoadedTrace may be replayed from several threads; results are plain values.
 #ifndef HISPARSE_TRACE_REPLAY_H_
 #define HISPARSE_TRACE_REPLAY_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,6 +48,11 @@ struct ReplayCounts {
   uint64_t selections = 0;  // selected positions (padding excluded)
   uint64_t hits = 0;        // newest token included
   uint64_t misses = 0;
+  // Misses of one record (one request, layer and step): nearest-rank percentiles over the records
+  // counted here. A step's fetch time follows its misses, so the tail matters, not only the mean.
+  uint32_t misses_p50 = 0;
+  uint32_t misses_p99 = 0;
+  uint32_t misses_max = 0;
   double hit_rate() const { return selections ? static_cast<double>(hits) / selections : 0.0; }
 };
 
@@ -58,6 +67,41 @@ struct ReplayResult {
   std::vector<ReplayCounts> per_layer;
   ReplayCounts total;
 };
+
+// A trace in memory as its (request, layer) streams. Move-only.
+class LoadedTrace {
+ public:
+  LoadedTrace(LoadedTrace&&) noexcept;
+  LoadedTrace& operator=(LoadedTrace&&) noexcept;
+  ~LoadedTrace();
+
+  const TraceHeader& header() const;
+  uint64_t records() const;  // S lines
+  uint64_t streams() const;  // distinct (request, layer) pairs
+
+ private:
+  struct Impl;
+  explicit LoadedTrace(std::unique_ptr<Impl> impl);
+  friend class TraceLoader;
+  friend absl::StatusOr<ReplayResult> Replay(const LoadedTrace&, const ReplayOptions&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Called with every record as it is loaded, in file order (locality statistics use it to see the
+// trace in the same pass).
+using RecordObserver = std::function<void(const TraceRecord&)>;
+
+// Reads the trace at `path` into memory. NOT_FOUND when it cannot be opened; INVALID_ARGUMENT
+// ("PATH:LINE: what") when it is malformed.
+absl::StatusOr<LoadedTrace> LoadTrace(const std::string& path,
+                                      const RecordObserver& observe = nullptr);
+// The same over records in memory (validated like a file: INVALID_ARGUMENT "record N: what").
+absl::StatusOr<LoadedTrace> LoadRecords(const TraceHeader& header,
+                                        const std::vector<TraceRecord>& records,
+                                        const RecordObserver& observe = nullptr);
+
+// Replays a loaded trace: FAILED_PRECONDITION when slots < k or slots < 1.
+absl::StatusOr<ReplayResult> Replay(const LoadedTrace& trace, const ReplayOptions& options);
 
 // Replays the trace at `path`. NOT_FOUND when it cannot be opened; INVALID_ARGUMENT
 // ("PATH:LINE: what") when it is malformed; FAILED_PRECONDITION when slots < k or slots < 1.

@@ -1,0 +1,247 @@
+// Fuzz target: the daemon's request handlers. The input is a program of operations (open a
+// session with fuzzed geometry, admit / extend / release with fuzzed ids, budgets and tokens,
+// close, fd lookups with fuzzed object names, stats, drain) run against one in-process
+// SessionManager over a small HostPool. After every operation the accounting invariants must
+// hold and the outcome must agree with a shadow model of who holds what; after the program every
+// session is closed and the pool must be exactly empty. Anything else aborts (a finding).
+//
+// The manager and its pool live for the whole process (building a pool per input would spend the
+// fuzzer's time pre-touching memory); each input leaves them empty, which is what it checks.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "fuzz_input.h"
+#include "hisparse/common/log.h"
+#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse::fuzz {
+namespace {
+
+constexpr int kMaxOps = 256;
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "session_manager_fuzzer: %s\n", what.c_str());
+  std::abort();
+}
+
+void Expect(bool ok, const std::string& what) {
+  if (!ok) Fail(what);
+}
+
+SessionManager& Manager() {
+  // Leaked on purpose: no destructor ordering against libFuzzer's exit paths.
+  static SessionManager* const manager = [] {
+    SetLogThreshold(LogSeverity::kError);  // one line per open/close would drown the fuzzer
+    HostPool::Options pool;
+    pool.size_bytes = 16ull << 20;
+    pool.segment_bytes = 1ull << 20;
+    pool.hugepages = HostPool::Hugepages::kOff;
+    pool.pretouch_threads = 1;
+    auto created = HostPool::Create(pool);
+    if (!created.ok()) Fail("HostPool::Create: " + created.status().ToString());
+    SessionManager::Options options;
+    options.max_sessions = 8;
+    options.max_requests_per_session = 64;
+    options.fd_socket_path = "/nonexistent/fuzz.sock.fd";
+    return new SessionManager(options, std::move(*created));
+  }();
+  return *manager;
+}
+
+struct LiveSession {
+  uint64_t id = 0;
+  std::string token;
+  std::set<uint64_t> requests;  // the shadow model: what this session holds
+};
+
+// Picks a session reference: usually a live one with its own token, sometimes a wrong token or
+// an id no one holds. `owner` is set when the reference names a live session correctly.
+v1::SessionRef PickRef(FuzzInput& in, std::vector<LiveSession>& live, LiveSession** owner) {
+  v1::SessionRef ref;
+  *owner = nullptr;
+  const uint8_t how = in.Read<uint8_t>();
+  if (!live.empty() && how % 4 != 3) {
+    LiveSession& s = live[in.Read<uint8_t>() % live.size()];
+    ref.set_session_id(s.id);
+    if (how % 4 == 2) {
+      ref.set_token(in.String(40));
+      if (ref.token() == s.token) *owner = &s;
+    } else {
+      ref.set_token(s.token);
+      *owner = &s;
+    }
+  } else {
+    ref.set_session_id(in.Read<uint64_t>());
+    ref.set_token(in.String(40));
+    for (LiveSession& s : live) {
+      if (s.id == ref.session_id() && s.token == ref.token()) *owner = &s;
+    }
+  }
+  return ref;
+}
+
+uint64_t PickRequestId(FuzzInput& in) {
+  const uint8_t how = in.Read<uint8_t>();
+  return how < 240 ? how % 8 : in.Read<uint64_t>();  // mostly a few ids, so they collide
+}
+
+void OpenOne(FuzzInput& in, std::vector<LiveSession>& live) {
+  v1::OpenSession open;
+  v1::Geometry* g = open.mutable_geometry();
+  g->set_gpu(in.Read<uint8_t>() < 200 ? -1 : static_cast<int32_t>(in.Read<uint32_t>()));
+  g->set_num_layers(in.SmallOrRaw(0, 9));
+  g->set_record_bytes(in.Read<uint8_t>() < 32 ? in.Read<uint32_t>() : 16 * in.Small(0, 64));
+  g->set_k(in.SmallOrRaw(0, 33));
+  g->set_slots(in.SmallOrRaw(0, 65));
+  g->set_max_requests(in.SmallOrRaw(0, 9));
+  open.set_engine_name(in.String(200));
+  auto opened = Manager().OpenSession(open, ::getpid());
+  if (!opened.ok()) {
+    const absl::StatusCode code = opened.status().code();
+    Expect(code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kResourceExhausted ||
+               code == absl::StatusCode::kFailedPrecondition,
+           "OpenSession failed with an unexpected code: " + opened.status().ToString());
+    return;
+  }
+  for (const LiveSession& s : live) Expect(s.id != opened->session_id(), "a session id was handed out twice");
+  live.push_back({opened->session_id(), opened->token(), {}});
+}
+
+void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
+  LiveSession* owner = nullptr;
+  switch (in.Read<uint8_t>() % 8) {
+    case 0:
+      OpenOne(in, live);
+      break;
+    case 1: {  // Admit
+      v1::AdmitRequest req;
+      *req.mutable_session() = PickRef(in, live, &owner);
+      req.set_request_id(PickRequestId(in));
+      req.set_token_budget(in.Read<uint8_t>() < 16 ? in.Read<uint32_t>() : in.Small(0, 255) * 64);
+      req.set_context_tokens(in.Read<uint8_t>() < 16 ? in.Read<uint32_t>() : req.token_budget() / 2);
+      auto r = Manager().Admit(req);
+      if (owner == nullptr) {
+        Expect(absl::IsPermissionDenied(r.status()), "Admit with a foreign or wrong ref: " + r.status().ToString());
+      } else if (r.ok()) {
+        Expect(owner->requests.insert(req.request_id()).second, "Admit succeeded for an id already held");
+        Expect(r->capacity_tokens() == req.token_budget(), "Admit capacity differs from the budget");
+      } else if (owner->requests.count(req.request_id()) != 0) {
+        // The id is held: AlreadyExists, unless an earlier check (bad budget, draining) refused
+        // first. Never a trip to the allocator.
+        Expect(absl::IsAlreadyExists(r.status()) || absl::IsInvalidArgument(r.status()) ||
+                   absl::IsFailedPrecondition(r.status()),
+               "Admit of a held id: " + r.status().ToString());
+      } else {
+        Expect(absl::IsInvalidArgument(r.status()) || absl::IsFailedPrecondition(r.status()) ||
+                   absl::IsResourceExhausted(r.status()),
+               "Admit failed with an undocumented code: " + r.status().ToString());
+      }
+      break;
+    }
+    case 2: {  // Extend
+      v1::ExtendRequest req;
+      *req.mutable_session() = PickRef(in, live, &owner);
+      req.set_request_id(PickRequestId(in));
+      req.set_token_budget(in.Read<uint8_t>() < 16 ? in.Read<uint32_t>() : in.Small(0, 255) * 64);
+      auto r = Manager().Extend(req);
+      if (owner == nullptr) {
+        Expect(absl::IsPermissionDenied(r.status()), "Extend with a foreign or wrong ref: " + r.status().ToString());
+      } else if (owner->requests.count(req.request_id()) == 0) {
+        Expect(absl::IsNotFound(r.status()), "Extend of an id not held: " + r.status().ToString());
+      } else if (r.ok()) {
+        Expect(r->capacity_tokens() == req.token_budget(), "Extend capacity differs from the budget");
+      } else {
+        Expect(absl::IsInvalidArgument(r.status()) || absl::IsResourceExhausted(r.status()),
+               "Extend failed with an undocumented code: " + r.status().ToString());
+      }
+      break;
+    }
+    case 3: {  // Release
+      v1::ReleaseRequest req;
+      *req.mutable_session() = PickRef(in, live, &owner);
+      req.set_request_id(PickRequestId(in));
+      absl::Status st = Manager().Release(req);
+      if (owner == nullptr) {
+        Expect(absl::IsPermissionDenied(st), "Release with a foreign or wrong ref: " + st.ToString());
+      } else if (owner->requests.erase(req.request_id()) == 1) {
+        Expect(st.ok(), "Release of a held id failed: " + st.ToString());
+      } else {
+        Expect(absl::IsNotFound(st), "Release of an id not held: " + st.ToString());
+      }
+      break;
+    }
+    case 4: {  // Close (sometimes an id no one holds: a no-op)
+      if (!live.empty() && in.Read<uint8_t>() % 8 != 0) {
+        const size_t i = in.Read<uint8_t>() % live.size();
+        Manager().CloseSession(live[i].id);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        const uint64_t id = in.Read<uint64_t>();
+        bool held = false;
+        for (const LiveSession& s : live) held |= s.id == id;
+        if (!held) Manager().CloseSession(id);
+      }
+      break;
+    }
+    case 5: {  // The fd channel's lookup
+      const v1::SessionRef ref = PickRef(in, live, &owner);
+      std::string object;
+      switch (in.Read<uint8_t>() % 4) {
+        case 0: object = "arena"; break;
+        case 1: object = "segment " + std::to_string(in.Small(0, 20)); break;
+        case 2: object = "segment " + in.String(24); break;
+        default: object = in.String(64); break;
+      }
+      auto fd = Manager().DupFdFor(ref.session_id(), ref.token(), object);
+      if (owner == nullptr) Expect(!fd.ok(), "DupFdFor handed a descriptor to a wrong ref");
+      if (fd.ok()) Expect(fd->valid(), "DupFdFor returned OK without a descriptor");
+      break;
+    }
+    case 6: {  // Stats agrees with the model
+      const v1::StatsResponse st = Manager().Stats();
+      uint32_t requests = 0;
+      for (const LiveSession& s : live) requests += static_cast<uint32_t>(s.requests.size());
+      Expect(st.sessions() == live.size(), "Stats.sessions disagrees with the model");
+      Expect(st.requests() == requests, "Stats.requests disagrees with the model");
+      break;
+    }
+    default:  // Drain on / off: admissions and opens must fail cleanly while draining
+      Manager().SetDraining(in.Read<uint8_t>() % 2 == 1);
+      break;
+  }
+}
+
+}  // namespace
+}  // namespace hisparse::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace hisparse;
+  using namespace hisparse::fuzz;
+  FuzzInput in(data, size);
+  std::vector<LiveSession> live;
+  Manager().SetDraining(false);
+  for (int op = 0; op < kMaxOps && !in.empty(); ++op) {
+    RunOne(in, live);
+    absl::Status st = Manager().CheckInvariants();
+    if (!st.ok()) Fail("invariants broken after op " + std::to_string(op) + ": " + st.ToString());
+  }
+  for (const LiveSession& s : live) Manager().CloseSession(s.id);
+  Manager().SetDraining(false);
+  const v1::StatsResponse st = Manager().Stats();
+  Expect(st.sessions() == 0 && st.requests() == 0, "sessions or requests left after closing every session");
+  Expect(st.host_pool().used_bytes() == 0, "pool used bytes " + std::to_string(st.host_pool().used_bytes()) +
+                                               " after closing every session");
+  Expect(st.host_pool().segments_in_use() == 0, "segments still owned after closing every session");
+  absl::Status inv = Manager().CheckInvariants();
+  if (!inv.ok()) Fail("invariants broken after closing every session: " + inv.ToString());
+  return 0;
+}
