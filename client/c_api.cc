@@ -1,6 +1,8 @@
 // The C ABI (hisparse.h) over ClientSession. Every entry point catches what C++ might throw, maps
 // absl::Status to hs_result, and keeps the message for hs_last_error() on the calling thread.
+#include <algorithm>
 #include <new>
+#include <vector>
 #include <string>
 
 #include "absl/status/status.h"
@@ -216,6 +218,20 @@ hs_result hs_append(hs_session* s, uint32_t layer, int32_t max_batch, const int3
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
     return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, src, src_stride, stream));
+  });
+}
+
+hs_result hs_poll_evicted(hs_session* s, uint64_t* ids, size_t capacity, size_t* count) {
+  return Guard([&] {
+    if (s == nullptr || count == nullptr || (ids == nullptr && capacity > 0)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor ids when capacity > 0");
+    }
+    std::vector<uint64_t> evicted = s->impl->TakeEvicted();
+    const size_t n = std::min(capacity, evicted.size());
+    std::copy(evicted.begin(), evicted.begin() + n, ids);
+    s->impl->ReturnEvicted(std::vector<uint64_t>(evicted.begin() + n, evicted.end()));
+    *count = n;
+    return HS_OK;
   });
 }
 

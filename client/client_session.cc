@@ -110,10 +110,32 @@ ClientSession::~ClientSession() {
 void ClientSession::WatchStream() {
   v1::SessionEvent event;
   while (stream_->Read(&event)) {
-    // Eviction notices arrive here (admission under pressure); they are logged by the engine's
-    // poll of stats for now.
+    if (event.kind_case() != v1::SessionEvent::kEvicted) continue;
+    // The daemon releases the request's memory right after this notice: forget its rows and
+    // mappings now, and let the engine learn of it (hs_poll_evicted).
+    const uint64_t id = event.evicted().request_id();
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(id);
+    if (it != requests_.end()) {
+      (void)PublishRow(it->second.row, nullptr);
+      DropSegments(it->second.extents);
+      requests_.erase(it);
+    }
+    evicted_.push_back(id);
   }
   alive_ = false;
+}
+
+void ClientSession::ReturnEvicted(std::vector<uint64_t> ids) {
+  if (ids.empty()) return;
+  absl::MutexLock lock(&mu_);
+  ids.insert(ids.end(), evicted_.begin(), evicted_.end());
+  evicted_ = std::move(ids);
+}
+
+std::vector<uint64_t> ClientSession::TakeEvicted() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(evicted_, {});
 }
 
 std::unique_ptr<grpc::ClientContext> ClientSession::CallContext() const {

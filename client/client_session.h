@@ -49,6 +49,10 @@ class ClientSession {
   absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
                       const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
   absl::Status CheckErrors();
+  // Requests the daemon evicted since the last call (their memory is gone; re-prefill or fail them).
+  std::vector<uint64_t> TakeEvicted();
+  // Puts back ids the caller had no room for (they come first next time).
+  void ReturnEvicted(std::vector<uint64_t> ids);
 
  private:
   struct Segment {
@@ -98,6 +102,7 @@ class ClientSession {
   ArenaView arena_{};
   absl::flat_hash_map<uint32_t, Segment> segments_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> evicted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hisparse

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -58,6 +59,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::v
   d->socket_path_ = d->dir_ + "/hisparsed.sock";
   d->address_ = "unix:" + d->socket_path_;
   std::vector<std::string> args = {*binary, "--listen", d->address_};
+  // A private daemon serves no metrics unless asked: the default port would clash between
+  // daemons running side by side (tests in parallel).
+  if (std::find(extra_args.begin(), extra_args.end(), "--metrics-listen") == extra_args.end()) {
+    args.insert(args.end(), {"--metrics-listen", ""});
+  }
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

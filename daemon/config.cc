@@ -189,6 +189,24 @@ const std::vector<KeySpec>& Specs() {
        false, HS_SET_WITH(ParseInt, limits.max_requests_per_session),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_requests_per_session); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_requests_per_session, 1); }},
+      {"metrics.listen", "HOST:PORT or empty",
+       "Prometheus /metrics over HTTP; loopback by default, empty turns it off.", true,
+       [](DaemonConfig& c, std::string_view v) -> absl::Status {
+         c.metrics.listen = std::string(v);
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return c.metrics.listen; },
+       [](const DaemonConfig& c) -> absl::Status {
+         const std::string& l = c.metrics.listen;
+         const size_t colon = l.rfind(':');
+         int port = 0;
+         if (l.empty() || (colon != std::string::npos && colon > 0 &&
+                           absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port > 0 &&
+                           port < 65536)) {
+           return absl::OkStatus();
+         }
+         return absl::InvalidArgumentError(absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
+       }},
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},
@@ -321,6 +339,14 @@ bool operator==(const DaemonConfig& a, const DaemonConfig& b) {
     if (spec.get(a) != spec.get(b)) return false;
   }
   return true;
+}
+
+std::vector<std::string> DiffConfigKeys(const DaemonConfig& a, const DaemonConfig& b) {
+  std::vector<std::string> keys;
+  for (const KeySpec& spec : Specs()) {
+    if (spec.get(a) != spec.get(b)) keys.emplace_back(spec.key);
+  }
+  return keys;
 }
 
 const std::vector<ConfigKeyInfo>& ConfigKeys() {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "hisparse/common/log.h"
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/service.h"
 #include "hisparse/daemon/session_manager.h"
 
@@ -27,10 +29,15 @@ inline constexpr char kVersion[] = "0.1.0";
 inline constexpr mode_t kSocketMode = 0660;
 
 struct Daemon::Impl {
+  mutable absl::Mutex config_mu;
+  DaemonConfig config ABSL_GUARDED_BY(config_mu);
   std::string grpc_address;
   std::string fd_socket_path;
   std::unique_ptr<SessionManager> sessions;
+  std::shared_ptr<Metrics> metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
   std::unique_ptr<HiSparseService> service;
+  std::thread drainer;  // runs Shutdown when a drain with exit_when_idle goes idle
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<FdServer> fd_server;
   absl::Notification shutdown;
@@ -38,11 +45,19 @@ struct Daemon::Impl {
 };
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Daemon::~Daemon() { Shutdown(); }
+Daemon::~Daemon() {
+  Shutdown();
+  if (impl_->drainer.joinable()) impl_->drainer.join();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   HS_RETURN_IF_ERROR(ValidateConfig(config));
   auto impl = std::make_unique<Impl>();
+  {
+    absl::MutexLock lock(&impl->config_mu);
+    impl->config = config;
+  }
+  SetLogThreshold(static_cast<LogSeverity>(static_cast<int>(config.log_level)));
   const std::string socket_path(ListenSocketPath(config.listen));
   impl->grpc_address = absl::StrCat("unix:", socket_path);
   impl->fd_socket_path = socket_path + ".fd";
@@ -78,7 +93,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  impl->service = std::make_unique<HiSparseService>(impl->sessions.get());
+  impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
+  if (!config.metrics.listen.empty()) {
+    HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
+    LOG(INFO) << "metrics on http://" << config.metrics.listen << "/metrics";
+  }
+  Impl* raw = impl.get();
+  HiSparseService::Hooks hooks;
+  hooks.config_yaml = [raw] {
+    absl::MutexLock lock(&raw->config_mu);
+    return RenderConfigYaml(raw->config);
+  };
+  // Drain is wired after the Daemon object exists (it needs `this`); see below.
+  auto drain_target = std::make_shared<Daemon*>(nullptr);
+  hooks.drain = [drain_target](bool exit_when_idle) {
+    if (*drain_target != nullptr) (*drain_target)->Drain(exit_when_idle);
+  };
+  impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), std::move(hooks));
   grpc::ServerBuilder builder;
   ::unlink(socket_path.c_str());  // a stale socket from a crashed daemon
   builder.AddListeningPort(impl->grpc_address, grpc::InsecureServerCredentials());
@@ -94,7 +125,53 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->server->GetHealthCheckService()->SetServingStatus("hisparse.v1.HiSparse", true);
   LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
             << impl->fd_socket_path << ", device " << device << ")";
-  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+  std::unique_ptr<Daemon> daemon(new Daemon(std::move(impl)));
+  *drain_target = daemon.get();
+  return daemon;
+}
+
+void Daemon::Drain(bool exit_when_idle) {
+  impl_->server->GetHealthCheckService()->SetServingStatus(false);
+  LOG(INFO) << "draining: no new sessions or admissions" << (exit_when_idle ? "; exiting once idle" : "");
+  std::function<void()> on_idle;
+  if (exit_when_idle) {
+    // Shutdown waits for RPC handlers, so it must not run on one (or under the manager's lock).
+    on_idle = [this] {
+      static std::once_flag once;
+      std::call_once(once, [this] { impl_->drainer = std::thread([this] { Shutdown(); }); });
+    };
+  }
+  impl_->sessions->SetDraining(true, std::move(on_idle));
+}
+
+std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
+  std::vector<std::string> fixed;
+  absl::MutexLock lock(&impl_->config_mu);
+  DaemonConfig& cur = impl_->config;
+  if (next.log_level != cur.log_level) {
+    cur.log_level = next.log_level;
+    SetLogThreshold(static_cast<LogSeverity>(static_cast<int>(next.log_level)));
+    LOG(INFO) << "reload: log_level is now " << LogLevelName(next.log_level);
+  }
+  if (next.limits.max_sessions != cur.limits.max_sessions ||
+      next.limits.max_requests_per_session != cur.limits.max_requests_per_session) {
+    cur.limits = next.limits;
+    impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
+                               static_cast<uint32_t>(next.limits.max_requests_per_session));
+    LOG(INFO) << "reload: limits.max_sessions " << next.limits.max_sessions << ", limits.max_requests_per_session "
+              << next.limits.max_requests_per_session;
+  }
+  // Everything else shapes memory or sockets already in use: it needs a restart.
+  for (std::string& key : DiffConfigKeys(cur, next)) {
+    LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
+    fixed.push_back(std::move(key));
+  }
+  return fixed;
+}
+
+DaemonConfig Daemon::config() const {
+  absl::MutexLock lock(&impl_->config_mu);
+  return impl_->config;
 }
 
 void Daemon::Wait() { impl_->shutdown.WaitForNotification(); }
@@ -107,6 +184,7 @@ void Daemon::Shutdown() {
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     impl_->server->Wait();
     impl_->fd_server->Stop();
+    impl_->metrics_server.reset();
     ::unlink(ListenSocketPath(impl_->grpc_address).data());
     ::unlink(impl_->fd_socket_path.c_str());
     impl_->shutdown.Notify();

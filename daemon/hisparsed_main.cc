@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
       {"--gpu-memory-budget", "gpu_memory_budget"},
       {"--max-sessions", "limits.max_sessions"},
       {"--log-level", "log_level"},
+      {"--metrics-listen", "metrics.listen"},
   };
   std::vector<std::string> values(flag_keys.size());
   for (size_t i = 0; i < flag_keys.size(); ++i) {
@@ -81,11 +82,12 @@ int main(int argc, char** argv) {
   }
   hisparse::SetLogThreshold(ToSeverity(config.log_level));
 
-  // Block the stop signals in every thread; one thread waits for them.
+  // Block the signals in every thread; one thread waits for them. SIGHUP reloads the config file.
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
@@ -95,13 +97,36 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&stop, &sig);
-    LOG(INFO) << "signal " << sig << ": shutting down";
-    (*daemon)->Shutdown();
+    for (;;) {
+      int sig = 0;
+      sigwait(&stop, &sig);
+      if (sig != SIGHUP) {
+        LOG(INFO) << "signal " << sig << ": shutting down";
+        (*daemon)->Shutdown();
+        return;
+      }
+      if (config_path.empty()) {
+        LOG(WARNING) << "SIGHUP: no --config file to reload";
+        continue;
+      }
+      // The file, then the same command-line overrides on top, as at start.
+      auto next = hisparse::LoadConfigFile(config_path);
+      for (const auto& [key, value] : overrides) {
+        if (!next.ok()) break;
+        if (auto st = hisparse::ApplyConfigOverride(*next, key, value); !st.ok()) next = st;
+      }
+      if (next.ok()) {
+        if (auto st = hisparse::ValidateConfig(*next); !st.ok()) next = st;
+      }
+      if (!next.ok()) {
+        LOG(ERROR) << "SIGHUP: keeping the running config: " << next.status();
+        continue;
+      }
+      (*daemon)->Reload(*next);
+    }
   });
   (*daemon)->Wait();
-  // Wake the waiter if shutdown came from elsewhere.
+  // Shutdown may have come from elsewhere (a drain): wake the waiter so it ends.
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   return 0;

@@ -1,9 +1,32 @@
 #include "hisparse/daemon/service.h"
 
 #include "hisparse/common/log.h"
+#include <chrono>
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 
 namespace hisparse {
+namespace {
+
+// Times one RPC into the metrics' latency histogram.
+class RpcTimer {
+ public:
+  RpcTimer(Metrics* metrics, Metrics::Method method)
+      : metrics_(metrics), method_(method), start_(std::chrono::steady_clock::now()) {}
+  ~RpcTimer() {
+    if (metrics_ != nullptr) {
+      metrics_->ObserveRpc(method_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
+  }
+
+ private:
+  Metrics* metrics_;
+  Metrics::Method method_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -24,7 +47,24 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
   v1::SessionEvent event;
   *event.mutable_opened() = *std::move(opened);
   grpc::Status result = grpc::Status::OK;
-  if (stream->Write(event)) {
+  // Notices (evictions) are written from other threads while this one waits in Read(). gRPC
+  // allows one Write at a time, and `stream` dies with this frame: the writer state serializes
+  // writes and, once `closed`, turns late notices away instead of touching a dead stream.
+  struct Writer {
+    std::mutex mu;
+    bool closed = false;
+  };
+  auto writer = std::make_shared<Writer>();
+  bool opened_written;
+  {
+    std::lock_guard<std::mutex> lock(writer->mu);
+    opened_written = stream->Write(event);
+  }
+  sessions_->SetEventSink(id, [stream, writer](const v1::SessionEvent& e) {
+    std::lock_guard<std::mutex> lock(writer->mu);
+    return !writer->closed && stream->Write(e);
+  });
+  if (opened_written) {
     // The session lives as long as this stream. Read() returns false when the client half-closes,
     // is cancelled, or its process dies (its socket closes): all end the session at once.
     v1::SessionRequest msg;
@@ -37,11 +77,16 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
     }
   }
   if (context->IsCancelled()) LOG(INFO) << "session " << id << ": peer went away";
+  {
+    std::lock_guard<std::mutex> lock(writer->mu);
+    writer->closed = true;
+  }
   sessions_->CloseSession(id);
   return result;
 }
 
 grpc::Status HiSparseService::Admit(grpc::ServerContext*, const v1::AdmitRequest* req, v1::AdmitResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kAdmit);
   auto r = sessions_->Admit(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -49,6 +94,7 @@ grpc::Status HiSparseService::Admit(grpc::ServerContext*, const v1::AdmitRequest
 }
 
 grpc::Status HiSparseService::Extend(grpc::ServerContext*, const v1::ExtendRequest* req, v1::ExtendResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kExtend);
   auto r = sessions_->Extend(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -56,11 +102,44 @@ grpc::Status HiSparseService::Extend(grpc::ServerContext*, const v1::ExtendReque
 }
 
 grpc::Status HiSparseService::Release(grpc::ServerContext*, const v1::ReleaseRequest* req, v1::ReleaseResponse*) {
+  RpcTimer t(metrics_, Metrics::kRelease);
   return ToGrpcStatus(sessions_->Release(*req));
 }
 
 grpc::Status HiSparseService::Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kStats);
   *resp = sessions_->Stats();
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::ListRequests(grpc::ServerContext*, const v1::ListRequestsRequest* req,
+                                           v1::ListRequestsResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kListRequests);
+  auto r = sessions_->ListRequests(req->session_id());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kEvict);
+  auto r = sessions_->Evict(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::Drain(grpc::ServerContext*, const v1::DrainRequest* req, v1::DrainResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kDrain);
+  resp->set_sessions(sessions_->Stats().sessions());
+  if (hooks_.drain) hooks_.drain(req->exit_when_idle());
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
+                                        v1::GetConfigResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kGetConfig);
+  if (hooks_.config_yaml) resp->set_yaml(hooks_.config_yaml());
   return grpc::Status::OK;
 }
 

@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "hisparse/common/log.h"
 #include "absl/status/status.h"
@@ -71,7 +73,12 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool>
 SessionManager::~SessionManager() = default;
 
 absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSession& open, pid_t peer_pid) {
-  HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), options_.max_requests_per_session));
+  uint32_t max_requests_limit;
+  {
+    absl::MutexLock lock(&mu_);
+    max_requests_limit = options_.max_requests_per_session;
+  }
+  HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), max_requests_limit));
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
     return absl::InvalidArgumentError(absl::StrCat("geometry asks for a ", layout.total_bytes,
@@ -85,14 +92,17 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   session->row_used.assign(open.geometry().max_requests(), false);
   {
     absl::MutexLock lock(&mu_);
-    if (draining_) return absl::FailedPreconditionError("the daemon is draining: no new sessions");
+    if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new sessions"));
     if (sessions_.size() >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions"));
+      return Reject("session_limit", absl::ResourceExhaustedError(absl::StrCat(
+                                         "the daemon holds its limit of ", options_.max_sessions, " sessions")));
     }
     uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
     if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
-                                                       open.geometry().gpu(), "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)"));
+      return Reject("arena_budget",
+                    absl::ResourceExhaustedError(absl::StrCat(
+                        "the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
+                        open.geometry().gpu(), "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)")));
     }
     device_bytes += layout.total_bytes;
     session->id = next_session_id_++;
@@ -130,6 +140,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
 void SessionManager::CloseSession(uint64_t session_id) {
   std::unique_ptr<Session> dead;
   size_t released = 0;
+  std::function<void()> on_idle;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
@@ -142,9 +153,22 @@ void SessionManager::CloseSession(uint64_t session_id) {
     }
     dead->requests.clear();
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena.size();
+    on_idle = TakeIdleCallbackLocked();
   }
   // The arena memfd and mapping go with `dead`, outside the lock.
   LOG(INFO) << "session " << session_id << " closed: released " << released << " requests";
+  if (on_idle) on_idle();
+}
+
+absl::Status SessionManager::Reject(absl::string_view reason, absl::Status status) {
+  ++rejections_;
+  ++rejections_by_reason_[std::string(reason)];
+  return status;
+}
+
+std::function<void()> SessionManager::TakeIdleCallbackLocked() {
+  if (!draining_ || !sessions_.empty() || !on_idle_) return {};
+  return std::exchange(on_idle_, nullptr);
 }
 
 absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::SessionRef& ref) {
@@ -191,7 +215,7 @@ absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget
 absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  if (draining_) return absl::FailedPreconditionError("the daemon is draining: no new admissions");
+  if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new admissions"));
   if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.context_tokens() > req.token_budget()) {
@@ -204,11 +228,12 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
   uint32_t row = 0;
   while (row < s->row_used.size() && s->row_used[row]) ++row;
   if (row == s->row_used.size()) {
-    ++rejections_;
-    return absl::ResourceExhaustedError(absl::StrCat("all ", s->row_used.size(), " request rows of this session are in use"));
+    return Reject("rows_full", absl::ResourceExhaustedError(absl::StrCat(
+                                   "all ", s->row_used.size(), " request rows of this session are in use")));
   }
   Request r;
   r.id = req.request_id();
+  r.admitted_at = absl::Now();
   r.row = row;
   r.capacity_tokens = req.token_budget();
   const uint64_t run_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
@@ -216,7 +241,7 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
     auto run = pool_->Allocate(s->id, run_bytes);
     if (!run.ok()) {
       for (const HostPool::Run& done : r.runs) (void)pool_->Free(s->id, done);
-      if (absl::IsResourceExhausted(run.status())) ++rejections_;
+      if (absl::IsResourceExhausted(run.status())) return Reject("pool_full", run.status());
       return run.status();
     }
     r.runs.push_back(*run);
@@ -259,7 +284,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
       for (size_t l = 0; l < grown.size(); ++l) {
         if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
       }
-      if (absl::IsResourceExhausted(run.status())) ++rejections_;
+      if (absl::IsResourceExhausted(run.status())) return Reject("pool_full", run.status());
       return run.status();
     }
     moved_to.push_back(*run);
@@ -312,6 +337,15 @@ v1::StatsResponse SessionManager::Stats() const {
   out.set_sessions(static_cast<uint32_t>(sessions_.size()));
   out.set_admissions(admissions_);
   out.set_rejections(rejections_);
+  out.set_draining(draining_);
+  out.set_evictions(evictions_);
+  for (const auto& [reason, count] : rejections_by_reason_) {
+    v1::RejectionCount* rc = out.add_rejections_by_reason();
+    rc->set_reason(reason);
+    rc->set_count(count);
+  }
+  for (const auto& [device, bytes] : arena_bytes_by_device_) (*out.mutable_arena_bytes_by_device())[device] = bytes;
+  out.set_arena_budget_bytes(options_.arena_budget_bytes);
   uint32_t requests = 0;
   for (const auto& [id, s] : sessions_) {
     requests += static_cast<uint32_t>(s->requests.size());
@@ -359,9 +393,91 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
   return dup;
 }
 
-void SessionManager::SetDraining(bool draining) {
+void SessionManager::SetDraining(bool draining, std::function<void()> on_idle) {
+  std::function<void()> run_now;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = draining;
+    on_idle_ = std::move(on_idle);
+    run_now = TakeIdleCallbackLocked();
+  }
+  if (run_now) run_now();
+}
+
+bool SessionManager::draining() const {
   absl::MutexLock lock(&mu_);
-  draining_ = draining;
+  return draining_;
+}
+
+void SessionManager::SetEventSink(uint64_t session_id, EventSink sink) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it != sessions_.end()) it->second->sink = std::make_shared<EventSink>(std::move(sink));
+}
+
+void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session) {
+  absl::MutexLock lock(&mu_);
+  options_.max_sessions = max_sessions;
+  options_.max_requests_per_session = max_requests_per_session;
+}
+
+absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t session_id) const {
+  absl::MutexLock lock(&mu_);
+  if (session_id != 0 && !sessions_.contains(session_id)) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  }
+  v1::ListRequestsResponse out;
+  const absl::Time now = absl::Now();
+  for (const auto& [sid, s] : sessions_) {
+    if (session_id != 0 && sid != session_id) continue;
+    for (const auto& [rid, r] : s->requests) {
+      v1::RequestInfo* info = out.add_requests();
+      info->set_session_id(sid);
+      info->set_request_id(rid);
+      info->set_row(r.row);
+      info->set_capacity_tokens(r.capacity_tokens);
+      uint64_t bytes = 0;
+      for (const HostPool::Run& run : r.runs) bytes += run.bytes;
+      info->set_host_bytes(bytes);
+      info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
+    }
+  }
+  std::sort(out.mutable_requests()->begin(), out.mutable_requests()->end(),
+            [](const v1::RequestInfo& a, const v1::RequestInfo& b) {
+              return std::make_pair(a.session_id(), a.request_id()) < std::make_pair(b.session_id(), b.request_id());
+            });
+  return out;
+}
+
+// Eviction: the session hears of it before its memory is released, so nothing is freed under an
+// engine's feet without notice. The notice is written outside the lock (it is I/O).
+absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req) {
+  std::shared_ptr<EventSink> sink;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(req.session_id());
+    if (it == sessions_.end() || !it->second->requests.contains(req.request_id())) {
+      return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
+    }
+    sink = it->second->sink;
+  }
+  v1::SessionEvent event;
+  event.mutable_evicted()->set_request_id(req.request_id());
+  event.mutable_evicted()->set_reason(req.reason().empty() ? "evicted by an operator" : req.reason());
+  const bool told = sink != nullptr && (*sink)(event);
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(req.session_id());
+  if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
+  auto rit = it->second->requests.find(req.request_id());
+  if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
+  v1::EvictResponse resp;
+  for (const HostPool::Run& run : rit->second.runs) resp.set_freed_bytes(resp.freed_bytes() + run.bytes);
+  ReleaseRequestLocked(*it->second, rit->second);
+  it->second->requests.erase(rit);
+  ++evictions_;
+  LOG(INFO) << "evicted request " << req.request_id() << " of session " << req.session_id() << " ("
+            << resp.freed_bytes() << " bytes" << (told ? "" : "; its stream was already gone") << ")";
+  return resp;
 }
 
 absl::Status SessionManager::CheckInvariants() const {

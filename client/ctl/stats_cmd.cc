@@ -11,21 +11,6 @@
 namespace hisparse::ctl {
 namespace {
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 void PrintJson(const v1::StatsResponse& s) {
   const auto& p = s.host_pool();
   std::printf("{\"version\": %s, \"uptime_seconds\": %.3f, \"device\": %s,\n", JsonString(s.version()).c_str(),
@@ -35,8 +20,16 @@ void PrintJson(const v1::StatsResponse& s) {
       "\"segments\": %u, \"segments_in_use\": %u, \"segment_bytes\": %lu, \"hugepages\": %s, \"locked\": %s},\n",
       p.capacity_bytes(), p.used_bytes(), p.free_bytes(), p.fragmentation(), p.segments(), p.segments_in_use(),
       p.segment_bytes(), p.hugepages() ? "true" : "false", p.locked() ? "true" : "false");
-  std::printf(" \"sessions\": %u, \"requests\": %u, \"admissions\": %lu, \"rejections\": %lu,\n \"session_stats\": [",
-              s.sessions(), s.requests(), s.admissions(), s.rejections());
+  std::printf(" \"arena_bytes_by_gpu\": {");
+  bool first = true;
+  for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
+    std::printf("%s\"%d\": %lu", first ? "" : ", ", gpu, bytes);
+    first = false;
+  }
+  std::printf("}, \"arena_budget_bytes\": %lu, \"draining\": %s,\n", s.arena_budget_bytes(),
+              s.draining() ? "true" : "false");
+  std::printf(" \"sessions\": %u, \"requests\": %u, \"admissions\": %lu, \"rejections\": %lu, \"evictions\": %lu,\n \"session_stats\": [",
+              s.sessions(), s.requests(), s.admissions(), s.rejections(), s.evictions());
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();
@@ -57,33 +50,43 @@ void PrintTable(const v1::StatsResponse& s) {
   std::printf("%-10s %12s %12s %12s %7.1f%% %7u/%-6u\n\n", "host", FormatByteSize(p.capacity_bytes()).c_str(),
               FormatByteSize(p.used_bytes()).c_str(), FormatByteSize(p.free_bytes()).c_str(), 100.0 * p.fragmentation(),
               p.segments_in_use(), p.segments());
-  std::printf("sessions %u, requests %u, admissions %lu, rejections %lu\n", s.sessions(), s.requests(), s.admissions(),
-              s.rejections());
+  for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
+    std::printf("%-10s %12s %12s\n", gpu < 0 ? "arena host" : absl::StrFormat("arena gpu%d", gpu).c_str(),
+                s.arena_budget_bytes() ? FormatByteSize(s.arena_budget_bytes()).c_str() : "unlimited",
+                FormatByteSize(bytes).c_str());
+  }
+  std::printf("\nsessions %u, requests %u, admissions %lu, rejections %lu, evictions %lu%s\n", s.sessions(),
+              s.requests(), s.admissions(), s.rejections(), s.evictions(), s.draining() ? " (draining)" : "");
   if (s.session_stats_size() == 0) return;
-  std::printf("\n%-8s %-20s %5s %9s %12s %12s %9s\n", "SESSION", "ENGINE", "GPU", "REQUESTS", "HOST", "ARENA", "HIT RATE");
+  std::printf("\n%-8s %-20s %4s %9s %11s %11s %12s %12s %9s %11s\n", "SESSION", "ENGINE", "GPU", "REQUESTS", "HOST",
+              "ARENA", "HITS", "MISSES", "HIT RATE", "FETCHED");
   for (const auto& ss : s.session_stats()) {
     const uint64_t sel = ss.hits() + ss.misses();
-    std::printf("%-8lu %-20s %5d %9u %12s %12s %8.1f%%\n", ss.session_id(), ss.engine_name().substr(0, 20).c_str(),
-                ss.geometry().gpu(), ss.requests(), FormatByteSize(ss.host_bytes()).c_str(),
-                FormatByteSize(ss.arena_bytes()).c_str(), sel ? 100.0 * ss.hits() / sel : 0.0);
+    std::printf("%-8lu %-20s %4d %9u %11s %11s %12lu %12lu %9s %11s\n", ss.session_id(),
+                ss.engine_name().substr(0, 20).c_str(), ss.geometry().gpu(), ss.requests(),
+                FormatByteSize(ss.host_bytes()).c_str(), FormatByteSize(ss.arena_bytes()).c_str(), ss.hits(),
+                ss.misses(), sel ? Percent(static_cast<double>(ss.hits()) / sel).c_str() : "-",
+                FormatByteSize(ss.bytes_fetched()).c_str());
   }
 }
 
 }  // namespace
 
-int StatsCommand(const GlobalOptions& g) {
+void PrintStats(const v1::StatsResponse& s, bool json) {
+  if (json) {
+    PrintJson(s);
+  } else {
+    PrintTable(s);
+  }
+}
+
+int StatsCommand(const GlobalOptions& g, const CommandOptions&) {
   auto stub = Connect(g);
   if (stub == nullptr) return kExitUnreachable;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(g.timeout_ms));
   v1::StatsResponse resp;
-  grpc::Status st = stub->Stats(&ctx, v1::StatsRequest(), &resp);
+  grpc::Status st = stub->Stats(Context(g).get(), v1::StatsRequest(), &resp);
   if (!st.ok()) return ReportRpcError(st, "stats");
-  if (g.json) {
-    PrintJson(resp);
-  } else {
-    PrintTable(resp);
-  }
+  PrintStats(resp, g.json);
   return kExitOk;
 }
 

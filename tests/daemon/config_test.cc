@@ -265,13 +265,32 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
       {"listen", "unix:/x"},          {"host_pool.size", "2GiB"},  {"host_pool.segment_size", "128MiB"},
       {"host_pool.hugepages", "off"}, {"host_pool.pretouch_threads", "3"}, {"host_pool.mlock", "true"},
       {"device", "host"},             {"gpu_memory_budget", "1GiB"}, {"limits.max_sessions", "2"},
-      {"limits.max_requests_per_session", "2"}, {"log_level", "debug"}};
+      {"limits.max_requests_per_session", "2"}, {"metrics.listen", ""}, {"log_level", "debug"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
     DaemonConfig c;
     ASSERT_TRUE(ApplyConfigOverride(c, key, value).ok()) << key;
     EXPECT_NE(c, DaemonConfig{}) << key;
   }
+}
+
+TEST(ConfigTest, MetricsListenIsHostPortOrEmpty) {
+  DaemonConfig c;
+  EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "0.0.0.0:9464").ok());
+  EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "").ok());
+  for (const char* bad : {"9464", ":9464", "localhost:", "localhost:http", "host:70000"}) {
+    absl::Status st = ApplyConfigOverride(c, "metrics.listen", bad);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(std::string(st.message()).find("metrics.listen"), std::string::npos) << st;
+  }
+}
+
+TEST(ConfigTest, DiffNamesTheChangedKeys) {
+  DaemonConfig a, b;
+  EXPECT_TRUE(DiffConfigKeys(a, b).empty());
+  ASSERT_TRUE(ApplyConfigOverride(b, "log_level", "debug").ok());
+  ASSERT_TRUE(ApplyConfigOverride(b, "host_pool.size", "2GiB").ok());
+  EXPECT_THAT(DiffConfigKeys(a, b), ::testing::ElementsAre("host_pool.size", "log_level"));
 }
 
 TEST(ConfigTest, KeyTable) {
@@ -291,7 +310,7 @@ TEST(ConfigTest, KeyTable) {
                                             "host_pool.hugepages", "host_pool.pretouch_threads",
                                             "host_pool.mlock", "device", "gpu_memory_budget",
                                             "limits.max_sessions", "limits.max_requests_per_session",
-                                            "log_level"));
+                                            "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

@@ -127,6 +127,12 @@ typedef struct hs_stats {
 
 hs_result hs_stats_get(hs_session* session, hs_stats* out);
 
+/* Requests the daemon evicted (an operator's `hisparse-ctl evict`, or admission under pressure)
+ * since the last call: their memory is gone and the engine must re-prefill or fail them. Writes up
+ * to `capacity` ids to `ids` and their number to *count; ids that did not fit stay for the next
+ * call. */
+hs_result hs_poll_evicted(hs_session* session, uint64_t* ids, size_t capacity, size_t* count);
+
 /* ---- Data path: kernels in the caller's stream (a cudaStream_t, or NULL; ignored on the host
  * backend). Pointers are device pointers on the CUDA backend, host pointers on the host backend. */
 

@@ -17,8 +17,9 @@ namespace hisparse {
 
 class DaemonProcess {
  public:
-  // Starts hisparsed with `--listen unix:<tmp>/hisparsed.sock` plus `extra_args`, and waits until
-  // it accepts connections (or fails with the daemon's exit status).
+  // Starts hisparsed with `--listen unix:<tmp>/hisparsed.sock` plus `extra_args` (metrics off
+  // unless they say `--metrics-listen`), and waits until it accepts connections (or fails with
+  // the daemon's exit status).
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const std::vector<std::string>& extra_args,
                                                               int timeout_ms = 20000);
   ~DaemonProcess();

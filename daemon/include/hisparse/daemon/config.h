@@ -54,6 +54,11 @@ struct LimitsConfig {
   int max_requests_per_session = 4096;
 };
 
+struct MetricsConfig {
+  // Prometheus exposition (HTTP, /metrics): "HOST:PORT", loopback by default; "" turns it off.
+  std::string listen = "127.0.0.1:9464";
+};
+
 struct DaemonConfig {
   // gRPC listen address: "unix:PATH" (relative or absolute) or "unix:///ABSOLUTE/PATH".
   std::string listen = "unix:/run/hisparse/hisparsed.sock";
@@ -62,6 +67,7 @@ struct DaemonConfig {
   // Per GPU bytes the daemon may take for slot arenas; 0 = no limit.
   uint64_t gpu_memory_budget = 0;
   LimitsConfig limits;
+  MetricsConfig metrics;
   LogLevel log_level = LogLevel::kInfo;
 };
 
@@ -99,6 +105,9 @@ absl::Status ValidateConfig(const DaemonConfig& config);
 
 // The config as YAML, each key with its help as a comment; ParseConfigYaml reads it back equal.
 std::string RenderConfigYaml(const DaemonConfig& config);
+
+// The dotted keys whose values differ between a and b, in table order (for SIGHUP reloads).
+std::vector<std::string> DiffConfigKeys(const DaemonConfig& a, const DaemonConfig& b);
 
 // "unix:/run/x.sock" -> "/run/x.sock"; "unix:///run/x.sock" -> "/run/x.sock"; "unix:rel.sock" ->
 // "rel.sock". Empty when `listen` is not a unix: address.

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "hisparse/daemon/config.h"
@@ -26,6 +27,13 @@ class Daemon {
   void Wait();
   // Stops serving: health goes NOT_SERVING, streams end, sessions are released.
   void Shutdown();
+  // Stops admitting and turns health NOT_SERVING; with exit_when_idle, shuts down once the last
+  // session has ended.
+  void Drain(bool exit_when_idle);
+  // Applies what can change live (log level, limits) from `next`; returns the keys that differ
+  // but need a restart (they keep their old values).
+  std::vector<std::string> Reload(const DaemonConfig& next);
+  DaemonConfig config() const;
 
   const std::string& grpc_address() const;
   const std::string& fd_socket_path() const;

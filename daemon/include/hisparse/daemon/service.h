@@ -3,6 +3,10 @@
 #ifndef HISPARSE_DAEMON_SERVICE_H_
 #define HISPARSE_DAEMON_SERVICE_H_
 
+#include <functional>
+#include <string>
+
+#include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/session_manager.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
@@ -12,7 +16,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class HiSparseService final : public v1::HiSparse::Service {
  public:
-  explicit HiSparseService(SessionManager* sessions) : sessions_(sessions) {}
+  // What the service needs from the daemon around it (all called outside any service lock).
+  struct Hooks {
+    std::function<void(bool exit_when_idle)> drain;  // stop admitting, health NOT_SERVING
+    std::function<std::string()> config_yaml;        // the effective configuration
+  };
+  HiSparseService(SessionManager* sessions, Metrics* metrics, Hooks hooks)
+      : sessions_(sessions), metrics_(metrics), hooks_(std::move(hooks)) {}
 
   grpc::Status Session(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::SessionEvent, v1::SessionRequest>* stream) override;
@@ -20,9 +30,16 @@ class HiSparseService final : public v1::HiSparse::Service {
   grpc::Status Extend(grpc::ServerContext*, const v1::ExtendRequest* req, v1::ExtendResponse* resp) override;
   grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest* req, v1::StatsResponse* resp) override;
+  grpc::Status ListRequests(grpc::ServerContext*, const v1::ListRequestsRequest* req,
+                            v1::ListRequestsResponse* resp) override;
+  grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) override;
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* req, v1::DrainResponse* resp) override;
+  grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest* req, v1::GetConfigResponse* resp) override;
 
  private:
   SessionManager* const sessions_;
+  Metrics* const metrics_;  // may be null
+  const Hooks hooks_;
 };
 
 }  // namespace hisparse

@@ -16,6 +16,8 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,8 +61,22 @@ class SessionManager {
   // session_id/token name a live session that owns it. The caller owns the returned fd.
   absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object);
 
-  // Stop admitting (drain). Existing sessions keep what they hold.
-  void SetDraining(bool draining);
+  // Stop admitting (drain). Existing sessions keep what they hold. `on_idle` (may be empty) runs,
+  // outside the lock, once no session is left while draining.
+  void SetDraining(bool draining, std::function<void()> on_idle = {});
+  bool draining() const;
+
+  // Where a session's notices go (its stream). Set by the service right after OpenSession. The
+  // sink is called outside the lock; it returns false when the stream is gone.
+  using EventSink = std::function<bool(const v1::SessionEvent&)>;
+  void SetEventSink(uint64_t session_id, EventSink sink);
+
+  // Administration.
+  absl::StatusOr<v1::ListRequestsResponse> ListRequests(uint64_t session_id) const;
+  // Tells the session (RequestEvicted on its stream) before its memory is released.
+  absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& req);
+  // Live-changeable limits (SIGHUP). Existing sessions keep their geometry.
+  void SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session);
 
   // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
   absl::Status CheckInvariants() const;
@@ -70,6 +86,7 @@ class SessionManager {
  private:
   struct Request {
     uint64_t id = 0;
+    absl::Time admitted_at;
     uint32_t row = 0;
     uint32_t capacity_tokens = 0;
     std::vector<HostPool::Run> runs;  // one per layer
@@ -84,6 +101,7 @@ class SessionManager {
     std::vector<bool> row_used;
     UniqueFd arena_fd;
     MappedRegion arena;  // the daemon's view, to read RESOLVE's counters
+    std::shared_ptr<EventSink> sink;
   };
 
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -91,8 +109,12 @@ class SessionManager {
   void FillExtents(const Session& s, const Request& r,
                    google::protobuf::RepeatedPtrField<v1::Extent>* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a refused admission under `reason` and returns `status`.
+  absl::Status Reject(absl::string_view reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The on-idle callback to run (outside the lock) if draining left no session.
+  std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const Options options_;
+  Options options_;
   const absl::Time start_time_ = absl::Now();
   mutable absl::Mutex mu_;
   std::unique_ptr<HostPool> pool_ ABSL_GUARDED_BY(mu_);
@@ -101,7 +123,10 @@ class SessionManager {
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejections_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> rejections_by_reason_ ABSL_GUARDED_BY(mu_);
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hisparse

@@ -1,0 +1,40 @@
+// hisparse-ctl requests [--session ID]: every admitted request, or one session's.
+#include <cstdio>
+
+#include <grpcpp/grpcpp.h>
+
+#include "ctl.h"
+#include "hisparse/common/size_parse.h"
+
+namespace hisparse::ctl {
+
+int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
+  auto stub = Connect(g);
+  if (stub == nullptr) return kExitUnreachable;
+  v1::ListRequestsRequest req;
+  req.set_session_id(o.session);
+  v1::ListRequestsResponse resp;
+  grpc::Status st = stub->ListRequests(Context(g).get(), req, &resp);
+  if (!st.ok()) return ReportRpcError(st, "requests");
+  if (g.json) {
+    std::printf("[");
+    for (int i = 0; i < resp.requests_size(); ++i) {
+      const auto& r = resp.requests(i);
+      std::printf(
+          "%s\n {\"session_id\": %lu, \"request_id\": %lu, \"row\": %u, \"capacity_tokens\": %u, \"host_bytes\": %lu, "
+          "\"age_seconds\": %.3f}",
+          i ? "," : "", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(), r.host_bytes(), r.age_seconds());
+    }
+    std::printf("%s]\n", resp.requests_size() ? "\n" : "");
+    return kExitOk;
+  }
+  std::printf("%-8s %-20s %5s %10s %11s %9s\n", "SESSION", "REQUEST", "ROW", "TOKENS", "HOST", "AGE");
+  for (const auto& r : resp.requests()) {
+    std::printf("%-8lu %-20lu %5u %10u %11s %8.0fs\n", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(),
+                FormatByteSize(r.host_bytes()).c_str(), r.age_seconds());
+  }
+  if (resp.requests_size() == 0) std::printf("(no requests)\n");
+  return kExitOk;
+}
+
+}  // namespace hisparse::ctl

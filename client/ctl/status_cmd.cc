@@ -1,0 +1,51 @@
+// hisparse-ctl status: is the daemon healthy, what is it, how full is it.
+#include <cstdio>
+
+#include <grpcpp/grpcpp.h>
+
+#include "ctl.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "hisparse/common/size_parse.h"
+
+namespace hisparse::ctl {
+
+int StatusCommand(const GlobalOptions& g, const CommandOptions&) {
+  auto channel = ConnectChannel(g);
+  if (channel == nullptr) return kExitUnreachable;
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest hreq;
+  hreq.set_service("hisparse.v1.HiSparse");
+  grpc::health::v1::HealthCheckResponse hresp;
+  grpc::Status hs = health->Check(Context(g).get(), hreq, &hresp);
+  if (!hs.ok()) return ReportRpcError(hs, "health");
+  const bool serving = hresp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  v1::StatsResponse s;
+  grpc::Status st = v1::HiSparse::NewStub(channel)->Stats(Context(g).get(), v1::StatsRequest(), &s);
+  if (!st.ok()) return ReportRpcError(st, "stats");
+  const auto& p = s.host_pool();
+  uint64_t arena = 0;
+  for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) arena += bytes;
+  if (g.json) {
+    std::printf(
+        "{\"health\": %s, \"version\": %s, \"uptime_seconds\": %.3f, \"device\": %s, \"draining\": %s, "
+        "\"host_pool\": {\"capacity_bytes\": %lu, \"used_bytes\": %lu, \"free_bytes\": %lu}, \"arena_bytes\": %lu, "
+        "\"sessions\": %u, \"requests\": %u}\n",
+        serving ? "\"SERVING\"" : "\"NOT_SERVING\"", JsonString(s.version()).c_str(), s.uptime_seconds(),
+        JsonString(s.device()).c_str(), s.draining() ? "true" : "false", p.capacity_bytes(), p.used_bytes(),
+        p.free_bytes(), arena, s.sessions(), s.requests());
+  } else {
+    std::printf("health     %s\nversion    %s\nuptime     %.0f s\ndevice     %s\n", serving ? "SERVING" : "NOT_SERVING",
+                s.version().c_str(), s.uptime_seconds(), s.device().c_str());
+    std::printf("host pool  %s used of %s (%s), %u of %u segments in use%s\n", FormatByteSize(p.used_bytes()).c_str(),
+                FormatByteSize(p.capacity_bytes()).c_str(),
+                Percent(p.capacity_bytes() ? static_cast<double>(p.used_bytes()) / p.capacity_bytes() : 0).c_str(),
+                p.segments_in_use(), p.segments(), p.hugepages() ? ", huge pages" : "");
+    std::printf("arenas     %s\nsessions   %u\nrequests   %u\n", FormatByteSize(arena).c_str(), s.sessions(),
+                s.requests());
+    if (s.draining()) std::printf("draining: admitting nothing new\n");
+  }
+  // A daemon that answers but does not serve (draining, starting) is "the daemon said no".
+  return serving ? kExitOk : kExitRefused;
+}
+
+}  // namespace hisparse::ctl

@@ -1,0 +1,39 @@
+"""hisparse: Python client of hisparsed, the per-node KV memory daemon for top-k sparse attention.
+
+A thin ctypes layer over libhisparse's C ABI (client/include/hisparse/hisparse.h):
+
+    import hisparse
+    with hisparse.Daemon() as d, hisparse.Session(d, num_layers=4, record_bytes=1152, k=2048,
+                                                  slots=4096, max_requests=32, gpu=0) as s:
+        info = s.admit(request_id=1, context_tokens=8192, token_budget=8192 + 512)
+        s.store(1, prompt_kv)                     # [num_layers, tokens, record] torch tensor
+        s.append(layer, rows, seq_lens, newest)   # every decode step, per layer
+        s.resolve(layer, rows, seq_lens, positions, out_slots)
+        arena = s.slot_view()                     # [rows, layers, B + 1, record_stride] uint8
+
+Control calls work without torch; the data path takes torch tensors (CUDA backend: device
+tensors and the current stream) or numpy arrays / buffers (host backend). Errors are
+HisparseError subclasses named after hs_result codes, carrying the daemon's message.
+See docs/INTEGRATION.md for how an engine plugs in, and examples/engine for a runnable one.
+"""
+
+from ._lib import ABI_VERSION, library_path
+from .daemon import Daemon, find_daemon_binary
+from .errors import (AlreadyExists, FailedPrecondition, HisparseError, Internal, InvalidArgument, NotFound,
+                     PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
+from .session import RequestInfo, Session, SessionInfo, Stats
+
+__version__ = "0.1.0"
+
+
+def abi_version() -> int:
+    """HS_ABI_VERSION of the libhisparse actually loaded."""
+    from . import _lib
+    return int(_lib.load().hs_abi_version())
+
+
+__all__ = [
+    "ABI_VERSION", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError", "Internal", "InvalidArgument",
+    "NotFound", "PermissionDenied", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
+    "Unavailable", "Unimplemented", "abi_version", "find_daemon_binary", "library_path",
+]

@@ -1,0 +1,263 @@
+"""Loading libhisparse and declaring its C ABI (client/include/hisparse/hisparse.h) with ctypes.
+
+The library is loaded once per process, on first use, and every function's argtypes and restype
+are declared here, so a mismatch between this file and the header shows up as a clear error
+rather than as a corrupted call. The ctypes.Structure classes mirror the header's structs field
+for field; callers build them with the ``new_*`` helpers, which set ``struct_size`` the way the
+header's ``*_INIT`` macros do.
+
+Search order for the library (the first that exists wins):
+  1. $HISPARSE_LIB (a file path; an error if it is set but cannot be loaded);
+  2. beside the package: hisparse/libhisparse.so*, hisparse/lib/libhisparse.so*;
+  3. the source tree's build: <repo>/build/lib/libhisparse.so (client/python/../../build/lib);
+  4. the system: ctypes.util.find_library("hisparse") (ldconfig's cache, LD_LIBRARY_PATH).
+
+Thread-safety: loading is guarded by a lock; the declared functions may be called from any
+thread (hs_last_error is per calling thread, and ctypes releases the GIL during each call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+import threading
+from typing import List, Optional
+
+ABI_VERSION = 1
+
+# hs_result
+HS_OK = 0
+HS_ERR_INVALID_ARGUMENT = 1
+HS_ERR_NOT_FOUND = 2
+HS_ERR_ALREADY_EXISTS = 3
+HS_ERR_RESOURCE_EXHAUSTED = 4
+HS_ERR_PERMISSION_DENIED = 5
+HS_ERR_FAILED_PRECONDITION = 6
+HS_ERR_UNAVAILABLE = 7
+HS_ERR_UNIMPLEMENTED = 8
+HS_ERR_INTERNAL = 9
+
+# hs_backend
+HS_BACKEND_AUTO = 0
+HS_BACKEND_HOST = 1
+HS_BACKEND_CUDA = 2
+
+_c_int32_p = ctypes.POINTER(ctypes.c_int32)
+
+
+class SessionOptions(ctypes.Structure):
+    """hs_session_options."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("daemon_address", ctypes.c_char_p),
+        ("engine_name", ctypes.c_char_p),
+        ("gpu", ctypes.c_int32),
+        ("num_layers", ctypes.c_uint32),
+        ("record_bytes", ctypes.c_uint32),
+        ("k", ctypes.c_uint32),
+        ("slots", ctypes.c_uint32),
+        ("max_requests", ctypes.c_uint32),
+        ("backend", ctypes.c_int),  # enum hs_backend
+        ("timeout_ms", ctypes.c_uint32),
+    ]
+
+
+class RequestInfo(ctypes.Structure):
+    """hs_request_info."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("row", ctypes.c_uint32),
+        ("capacity_tokens", ctypes.c_uint32),
+        ("moved", ctypes.c_uint32),
+    ]
+
+
+class SessionInfo(ctypes.Structure):
+    """hs_session_info."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("session_id", ctypes.c_uint64),
+        ("backend", ctypes.c_int),
+        ("slot_base", ctypes.c_void_p),
+        ("record_stride", ctypes.c_uint64),
+        ("slots", ctypes.c_uint32),
+        ("max_tokens_per_request", ctypes.c_uint32),
+        ("arena_bytes", ctypes.c_uint64),
+    ]
+
+
+class Stats(ctypes.Structure):
+    """hs_stats."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("pool_capacity_bytes", ctypes.c_uint64),
+        ("pool_used_bytes", ctypes.c_uint64),
+        ("pool_free_bytes", ctypes.c_uint64),
+        ("pool_fragmentation", ctypes.c_double),
+        ("sessions", ctypes.c_uint32),
+        ("requests", ctypes.c_uint32),
+        ("session_requests", ctypes.c_uint32),
+        ("session_host_bytes", ctypes.c_uint64),
+        ("hits", ctypes.c_uint64),
+        ("misses", ctypes.c_uint64),
+        ("bytes_fetched", ctypes.c_uint64),
+    ]
+
+
+class ResolveArgs(ctypes.Structure):
+    """hs_resolve_args."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("layer", ctypes.c_uint32),
+        ("max_batch", ctypes.c_int32),
+        ("batch_size", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p),
+        ("positions", ctypes.c_void_p),
+        ("out_slots", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+def _new(cls):
+    value = cls()
+    value.struct_size = ctypes.sizeof(cls)
+    return value
+
+
+def new_session_options() -> SessionOptions:
+    """HS_SESSION_OPTIONS_INIT: gpu -1, backend AUTO, everything else zero."""
+    o = _new(SessionOptions)
+    o.gpu = -1
+    o.backend = HS_BACKEND_AUTO
+    return o
+
+
+def new_request_info() -> RequestInfo:
+    return _new(RequestInfo)
+
+
+def new_session_info() -> SessionInfo:
+    return _new(SessionInfo)
+
+
+def new_stats() -> Stats:
+    return _new(Stats)
+
+
+def new_resolve_args() -> ResolveArgs:
+    return _new(ResolveArgs)
+
+
+class _SessionHandle(ctypes.Structure):
+    """The opaque hs_session (only pointers to it are used)."""
+
+
+SessionPtr = ctypes.POINTER(_SessionHandle)
+
+# name -> (restype, argtypes): the whole ABI, in the header's order.
+_SIGNATURES = {
+    "hs_result_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "hs_last_error": (ctypes.c_char_p, []),
+    "hs_abi_version": (ctypes.c_int, []),
+    "hs_session_open": (ctypes.c_int, [ctypes.POINTER(SessionOptions), ctypes.POINTER(SessionPtr)]),
+    "hs_session_close": (None, [SessionPtr]),
+    "hs_admit": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
+                                ctypes.POINTER(RequestInfo)]),
+    "hs_extend": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
+    "hs_release": (ctypes.c_int, [SessionPtr, ctypes.c_uint64]),
+    "hs_record_ptr": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
+                                     ctypes.POINTER(ctypes.c_void_p)]),
+    "hs_session_get_info": (ctypes.c_int, [SessionPtr, ctypes.POINTER(SessionInfo)]),
+    "hs_stats_get": (ctypes.c_int, [SessionPtr, ctypes.POINTER(Stats)]),
+    "hs_resolve": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ResolveArgs)]),
+    "hs_store": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]),
+    "hs_append": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
+    "hs_check_errors": (ctypes.c_int, [SessionPtr]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+def _package_dir() -> pathlib.Path:
+    return pathlib.Path(__file__).resolve().parent
+
+
+def candidate_paths() -> List[str]:
+    """Where the library is looked for, in order ($HISPARSE_LIB is handled by load())."""
+    pkg = _package_dir()
+    out: List[str] = []
+    for folder in (pkg, pkg / "lib"):
+        for name in ("libhisparse.so", "libhisparse.so.1"):
+            out.append(str(folder / name))
+    # client/python/hisparse -> repo root is three levels up: <repo>/build/lib.
+    repo = pkg.parent.parent.parent
+    out.append(str(repo / "build" / "lib" / "libhisparse.so"))
+    return out
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)  # AttributeError names a symbol the library lacks
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def load() -> ctypes.CDLL:
+    """Returns the process's one libhisparse handle, loading and declaring it on first use.
+
+    Raises OSError (with every path tried) when no library can be found or loaded, and
+    RuntimeError when the library's ABI version differs from this package's.
+    """
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried: List[str] = []
+        env = os.environ.get("HISPARSE_LIB")
+        if env:
+            candidates = [env]
+        else:
+            candidates = [p for p in candidate_paths() if os.path.exists(p)]
+            system = ctypes.util.find_library("hisparse")
+            if system:
+                candidates.append(system)
+        lib = None
+        for path in candidates:
+            try:
+                lib = ctypes.CDLL(path)
+                _lib_path = path
+                break
+            except OSError as e:
+                tried.append(f"{path}: {e}")
+        if lib is None:
+            where = "; ".join(tried) if tried else ", ".join(candidate_paths() + ["ldconfig"])
+            raise OSError(
+                "cannot load libhisparse (set HISPARSE_LIB to build/lib/libhisparse.so, or build it with "
+                f"`cmake --build build --target hisparse`); tried: {where}")
+        _declare(lib)
+        version = lib.hs_abi_version()
+        if version != ABI_VERSION:
+            raise RuntimeError(f"{_lib_path} has ABI version {version}; this package speaks {ABI_VERSION}")
+        _lib = lib
+        return lib
+
+
+def library_path() -> str:
+    """Path of the loaded library (loads it if needed)."""
+    load()
+    assert _lib_path is not None
+    return _lib_path

@@ -1,0 +1,377 @@
+"""Session: one engine process's attachment to hisparsed (an hs_session), as a context manager.
+
+Control calls (admit, extend, release, stats, info) are RPCs to the daemon: milliseconds, never
+per decode step. Data-path calls (store, append, resolve) enqueue kernels on the caller's CUDA
+stream (CUDA backend) or run the CPU reference at once (host backend); they do no RPC and no
+synchronization, so they can be captured in a CUDA graph.
+
+Memory spaces: on the CUDA backend every data-path array is device memory (torch CUDA tensors on
+the session's GPU, or __cuda_array_interface__ objects) and the stream defaults to
+torch.cuda.current_stream(); on the host backend they are host memory (numpy arrays, CPU
+tensors, ctypes arrays, writable buffers) and the stream is ignored.
+
+Views without copies: slot_view() is the slot arena [max_requests, num_layers, slots + 1,
+record_stride] uint8 (a torch CUDA tensor on the CUDA backend, a numpy array on the host
+backend); record_view() is a numpy view of a request's records in the host pool. Both stay valid
+until the session closes (record views also until the request is released or moved by extend).
+
+Thread-safety: control calls may come from several threads; data-path calls must be ordered by
+the caller, as the C ABI says. Closing while another thread uses the session is a caller error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from typing import Any, Dict, Optional, Union
+
+from . import _lib
+from ._buffers import CudaArray, _is_torch_tensor, buffer_pointer, host_array, stream_handle
+from .errors import FailedPrecondition, InvalidArgument, Unavailable, check
+
+_BACKENDS = {"auto": _lib.HS_BACKEND_AUTO, "host": _lib.HS_BACKEND_HOST, "cuda": _lib.HS_BACKEND_CUDA}
+_BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestInfo:
+    """What admit/extend return: the request's arena row, its host capacity, whether runs moved."""
+
+    row: int
+    capacity_tokens: int
+    moved: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """hs_session_info: the backend in use and the slot arena's address and layout."""
+
+    session_id: int
+    backend: str  # "host" or "cuda"
+    slot_base: int  # host or device address of slot 0 of (row 0, layer 0)
+    record_stride: int  # bytes between consecutive slots
+    slots: int  # B; slot B of each (row, layer) holds the newest token
+    max_tokens_per_request: int
+    arena_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """hs_stats: the node's host pool, this session's share and its RESOLVE counters."""
+
+    pool_capacity_bytes: int
+    pool_used_bytes: int
+    pool_free_bytes: int
+    pool_fragmentation: float
+    sessions: int
+    requests: int
+    session_requests: int
+    session_host_bytes: int
+    hits: int
+    misses: int
+    bytes_fetched: int
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+def _backend_code(backend: Union[str, int]) -> int:
+    if isinstance(backend, int):
+        if backend not in _BACKEND_NAMES:
+            raise InvalidArgument(f"backend {backend} is not an hs_backend")
+        return backend
+    try:
+        return _BACKENDS[backend]
+    except KeyError:
+        raise InvalidArgument(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}") from None
+
+
+class Session:
+    """An open hs_session. Use as a context manager, or call close().
+
+    Args:
+      address: "unix:PATH" of the daemon, or a Daemon; None: $HISPARSE_DAEMON, else the node's
+        default socket unix:/run/hisparse/hisparsed.sock.
+      num_layers, record_bytes, k, slots, max_requests: the session geometry (hs_session_options).
+      gpu: CUDA device index; -1 for the host-emulated device.
+      backend: "auto" (CUDA when gpu >= 0 and the library has it), "host" or "cuda".
+      engine_name: shown in the daemon's logs and stats.
+      timeout_ms: deadline of each control call (0: the library's 10 s).
+    """
+
+    def __init__(self, address: Any = None, *, num_layers: int, record_bytes: int, k: int, slots: int,
+                 max_requests: int, gpu: int = -1, backend: Union[str, int] = "auto",
+                 engine_name: str = "hisparse-python", timeout_ms: int = 0) -> None:
+        self._lib = _lib.load()
+        self._handle: Optional[Any] = None
+        if address is not None and not isinstance(address, str):
+            address = address.address  # a Daemon
+        self.num_layers = int(num_layers)
+        self.record_bytes = int(record_bytes)
+        self.k = int(k)
+        self.slots = int(slots)
+        self.max_requests = int(max_requests)
+        self.gpu = int(gpu)
+        o = _lib.new_session_options()
+        self._address_bytes = address.encode() if address else None
+        self._engine_bytes = engine_name.encode() if engine_name else None
+        o.daemon_address = self._address_bytes
+        o.engine_name = self._engine_bytes
+        o.gpu = self.gpu
+        o.num_layers = self.num_layers
+        o.record_bytes = self.record_bytes
+        o.k = self.k
+        o.slots = self.slots
+        o.max_requests = self.max_requests
+        o.backend = _backend_code(backend)
+        o.timeout_ms = int(timeout_ms)
+        handle = _lib.SessionPtr()
+        check(self._lib.hs_session_open(ctypes.byref(o), ctypes.byref(handle)), "open session")
+        self._handle = handle
+        self._info = self.info()
+        self._views: Dict[str, Any] = {}
+
+    # ---- lifetime ----
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Ends the session: the daemon releases every request and byte it held. Idempotent."""
+        handle, self._handle = self._handle, None
+        self._views = {}
+        if handle is not None:
+            self._lib.hs_session_close(handle)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _h(self):
+        if self._handle is None:
+            raise Unavailable("the session is closed")
+        return self._handle
+
+    # ---- control path ----
+
+    def admit(self, request_id: int, context_tokens: int, token_budget: int) -> RequestInfo:
+        """Reserves host runs for token_budget tokens (every layer) and an arena row; resets the row."""
+        ri = _lib.new_request_info()
+        check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
+              f"admit request {request_id}")
+        return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
+
+    def extend(self, request_id: int, token_budget: int) -> RequestInfo:
+        """Grows a request's runs to token_budget tokens; moved=True means record addresses changed."""
+        ri = _lib.new_request_info()
+        check(self._lib.hs_extend(self._h(), request_id, token_budget, ctypes.byref(ri)),
+              f"extend request {request_id}")
+        return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
+
+    def release(self, request_id: int) -> None:
+        """Frees a request's host runs and arena row."""
+        check(self._lib.hs_release(self._h(), request_id), f"release request {request_id}")
+
+    def info(self) -> SessionInfo:
+        i = _lib.new_session_info()
+        check(self._lib.hs_session_get_info(self._h(), ctypes.byref(i)), "session info")
+        return SessionInfo(i.session_id, _BACKEND_NAMES.get(i.backend, str(i.backend)), i.slot_base or 0,
+                           i.record_stride, i.slots, i.max_tokens_per_request, i.arena_bytes)
+
+    def stats(self) -> Stats:
+        s = _lib.new_stats()
+        check(self._lib.hs_stats_get(self._h(), ctypes.byref(s)), "stats")
+        return Stats(s.pool_capacity_bytes, s.pool_used_bytes, s.pool_free_bytes, s.pool_fragmentation,
+                     s.sessions, s.requests, s.session_requests, s.session_host_bytes, s.hits, s.misses,
+                     s.bytes_fetched)
+
+    @property
+    def backend(self) -> str:
+        """The backend in use: "host" or "cuda"."""
+        return self._info.backend
+
+    @property
+    def session_id(self) -> int:
+        return self._info.session_id
+
+    # ---- host records and the slot arena ----
+
+    def record_ptr(self, request_id: int, layer: int, position: int) -> int:
+        """Host address (this process's mapping) of the record of (request, layer, position)."""
+        out = ctypes.c_void_p()
+        check(self._lib.hs_record_ptr(self._h(), request_id, layer, position, ctypes.byref(out)),
+              f"record of request {request_id} layer {layer} position {position}")
+        return out.value or 0
+
+    def record_view(self, request_id: int, layer: int, position: int = 0, count: int = 1) -> Any:
+        """Records [position, position + count) of (request, layer) in the host pool, as a uint8
+        [count, record_bytes] numpy view (memoryview without numpy). No copy: writes land in the pool."""
+        if count < 1:
+            raise InvalidArgument("count must be >= 1")
+        first = self.record_ptr(request_id, layer, position)
+        last = self.record_ptr(request_id, layer, position + count - 1)  # checks the capacity
+        if last != first + (count - 1) * self.record_bytes:
+            raise FailedPrecondition("the request's records are not contiguous in this mapping")
+        return host_array(first, count * self.record_bytes, (count, self.record_bytes), owner=self)
+
+    def slot_offset(self, row: int, layer: int, slot: int) -> int:
+        """Byte offset of slot `slot` of (row, layer) from slot_base (slot == slots: the newest token)."""
+        return ((row * self.num_layers + layer) * (self.slots + 1) + slot) * self._info.record_stride
+
+    def _arena_shape(self) -> tuple:
+        return (self.max_requests, self.num_layers, self.slots + 1, self._info.record_stride)
+
+    def slot_array_interface(self) -> CudaArray:
+        """The CUDA slot arena as a __cuda_array_interface__ object (CuPy, Numba, torch.as_tensor)."""
+        if self.backend != "cuda":
+            raise FailedPrecondition("the slot arena is in host memory on the host backend: use slot_view()")
+        self._h()
+        return CudaArray(self._info.slot_base, self._arena_shape(), "|u1", owner=self)
+
+    def slot_view(self) -> Any:
+        """The slot arena, uint8 [max_requests, num_layers, slots + 1, record_stride], without a copy:
+        a torch CUDA tensor on the CUDA backend, a numpy array (or memoryview) on the host backend."""
+        self._h()
+        if "slots" in self._views:
+            return self._views["slots"]
+        if self.backend == "cuda":
+            import torch
+            view = torch.as_tensor(self.slot_array_interface(), device=torch.device("cuda", self.gpu))
+        else:
+            shape = self._arena_shape()
+            nbytes = shape[0] * shape[1] * shape[2] * shape[3]
+            view = host_array(self._info.slot_base, nbytes, shape, owner=self)
+        self._views["slots"] = view
+        return view
+
+    # ---- data path ----
+
+    def _data_ptr(self, obj: Any, name: str, *, int32: bool, writable: bool = False,
+                  min_items: Optional[int] = None) -> int:
+        p = buffer_pointer(obj, name, int32=int32, writable=writable, min_items=min_items)
+        want = "cuda" if self.backend == "cuda" else "cpu"
+        if p.device != want:
+            raise InvalidArgument(f"{name} is in {p.device} memory; the {self.backend} backend needs "
+                                  f"{'device' if want == 'cuda' else 'host'} memory")
+        if want == "cuda" and p.device_index not in (-1, self.gpu):
+            raise InvalidArgument(f"{name} is on cuda:{p.device_index}; the session uses cuda:{self.gpu}")
+        return p.ptr
+
+    def _stream(self, stream: Any) -> int:
+        if self.backend != "cuda":
+            return 0
+        if stream is None:
+            try:
+                import torch
+            except ImportError:
+                return 0  # the legacy default stream
+            return torch.cuda.current_stream(self.gpu).cuda_stream
+        return stream_handle(stream)
+
+    def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
+                batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None) -> None:
+        """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
+
+        rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding).
+        batch_size: None (all max_batch rows) or an int32 [1] array in the same memory read by
+        the kernel at run time, so one captured CUDA graph serves every batch size.
+        max_batch defaults to len(rows). On the CUDA backend invalid rows surface at check_errors().
+        """
+        if max_batch is None:
+            max_batch = len(rows)
+        args = _lib.new_resolve_args()
+        args.layer = layer
+        args.max_batch = max_batch
+        args.batch_size = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) \
+            if batch_size is not None else None
+        args.rows = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
+        args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
+        args.positions = self._data_ptr(positions, "positions", int32=True, min_items=max_batch * self.k)
+        args.out_slots = self._data_ptr(out_slots, "out_slots", int32=True, writable=True,
+                                        min_items=max_batch * self.k)
+        args.stream = self._stream(stream) or None
+        check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
+
+    def store(self, request_id: int, src: Any, *, start_pos: int = 0, num_tokens: Optional[int] = None,
+              seq_len_after: Optional[int] = None, layer_stride: Optional[int] = None,
+              token_stride: Optional[int] = None, stream: Any = None) -> None:
+        """Prefill store of tokens [start_pos, start_pos + num_tokens), every layer.
+
+        Record of (layer l, token t) is read at src + l*layer_stride + t*token_stride (bytes). With
+        a 3-D torch tensor [num_layers, tokens, record] the strides and num_tokens default from its
+        shape and strides (a slice of a larger cache works); otherwise token_stride defaults to
+        record_bytes and layer_stride to num_tokens * token_stride. seq_len_after defaults to
+        start_pos + num_tokens.
+        """
+        if _is_torch_tensor(src) and src.dim() == 3:
+            elem = src.element_size()
+            if src.shape[0] < self.num_layers or src.shape[2] * elem < self.record_bytes:
+                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [{self.num_layers}, tokens, "
+                                      f"record of >= {self.record_bytes} bytes]")
+            num_tokens = int(src.shape[1]) if num_tokens is None else num_tokens
+            token_stride = src.stride(1) * elem if token_stride is None else token_stride
+            layer_stride = src.stride(0) * elem if layer_stride is None else layer_stride
+            ptr = self._strided_ptr(src, "src")
+        else:
+            if num_tokens is None:
+                raise InvalidArgument("num_tokens is required unless src is a [num_layers, tokens, record] tensor")
+            token_stride = self.record_bytes if token_stride is None else token_stride
+            layer_stride = num_tokens * token_stride if layer_stride is None else layer_stride
+            need = 0 if num_tokens == 0 else \
+                (self.num_layers - 1) * layer_stride + (num_tokens - 1) * token_stride + self.record_bytes
+            ptr = self._data_ptr(src, "src", int32=False, min_items=need)
+        if seq_len_after is None:
+            seq_len_after = start_pos + num_tokens
+        check(self._lib.hs_store(self._h(), request_id, start_pos, num_tokens, seq_len_after, ptr, layer_stride,
+                                 token_stride, self._stream(stream) or None),
+              f"store request {request_id}")
+
+    def _strided_ptr(self, t: Any, name: str) -> int:
+        """Address of a (possibly non-contiguous) torch tensor, checked for device like _data_ptr."""
+        want = "cuda" if self.backend == "cuda" else "cpu"
+        if t.device.type != want:
+            raise InvalidArgument(f"{name} is in {t.device.type} memory; the {self.backend} backend needs "
+                                  f"{'device' if want == 'cuda' else 'host'} memory")
+        if want == "cuda" and t.device.index != self.gpu:
+            raise InvalidArgument(f"{name} is on {t.device}; the session uses cuda:{self.gpu}")
+        return t.data_ptr()
+
+    def append(self, layer: int, rows: Any, seq_lens: Any, src: Any, *, batch_size: Any = None,
+               max_batch: Optional[int] = None, src_stride: Optional[int] = None, stream: Any = None) -> None:
+        """Decode append of one layer: the newest token (position seq_len - 1) of every row, into the
+        host pool and the row's newest-token slot. Record of batch entry i at src + i*src_stride;
+        src_stride defaults to the row stride of a 2-D torch tensor, else record_bytes."""
+        if max_batch is None:
+            max_batch = len(rows)
+        if _is_torch_tensor(src) and src.dim() == 2:
+            if src.shape[0] < max_batch or src.shape[1] * src.element_size() < self.record_bytes:
+                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [>= {max_batch}, record of "
+                                      f">= {self.record_bytes} bytes]")
+            src_stride = src.stride(0) * src.element_size() if src_stride is None else src_stride
+            src_ptr = self._strided_ptr(src, "src")
+        else:
+            src_stride = self.record_bytes if src_stride is None else src_stride
+            need = 0 if max_batch == 0 else (max_batch - 1) * src_stride + self.record_bytes
+            src_ptr = self._data_ptr(src, "src", int32=False, min_items=need)
+        bs = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) if batch_size is not None else None
+        check(self._lib.hs_append(self._h(), layer, max_batch, bs,
+                                  self._data_ptr(rows, "rows", int32=True, min_items=max_batch),
+                                  self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch),
+                                  src_ptr, src_stride, self._stream(stream) or None),
+              f"append layer {layer}")
+
+    def check_errors(self) -> None:
+        """Raises InvalidArgument for bad data-path input that kernels flagged since the last call.
+        Synchronizes the device: never call it inside CUDA-graph capture."""
+        check(self._lib.hs_check_errors(self._h()), "data path")

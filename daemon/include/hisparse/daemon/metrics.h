@@ -1,0 +1,73 @@
+// Metrics: THE metric catalog of hisparsed and its Prometheus exposition.
+//
+// Every metric the daemon exports is named, typed and described once, in metrics.cc's catalog.
+// Gauges and counters that the SessionManager already keeps (pool bytes, sessions, requests,
+// admissions, rejections, evictions, RESOLVE counters read from the arenas) are read at scrape
+// time from one Stats() snapshot, so they can never drift from what `hisparse-ctl stats` shows;
+// RPC latency histograms are recorded by the service as calls complete.
+//
+// Thread-safe: ObserveRpc is lock-free (atomics); Collect takes the SessionManager's lock once.
+#ifndef HISPARSE_DAEMON_METRICS_H_
+#define HISPARSE_DAEMON_METRICS_H_
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "hisparse/daemon/session_manager.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace hisparse {
+
+struct MetricInfo {
+  const char* name;
+  const char* type;  // "gauge", "counter", "histogram"
+  const char* help;
+};
+// The catalog, in exposition order.
+const std::vector<MetricInfo>& MetricCatalog();
+
+class Metrics final : public prometheus::Collectable {
+ public:
+  // The RPC methods timed, in a fixed order (index = method id).
+  enum Method { kSession, kAdmit, kExtend, kRelease, kStats, kListRequests, kEvict, kDrain, kGetConfig, kMethodCount };
+
+  explicit Metrics(const SessionManager* sessions) : sessions_(sessions) {}
+  void ObserveRpc(Method method, double seconds);
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  static constexpr std::array<double, 14> kBuckets = {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
+                                                      2.5e-3, 5e-3,   1e-2, 2.5e-2, 0.1,  1.0,  10.0};
+  struct Histogram {
+    std::array<std::atomic<uint64_t>, kBuckets.size() + 1> counts{};  // last: +Inf
+    std::atomic<uint64_t> sum_ns{0};
+  };
+  const SessionManager* const sessions_;
+  std::array<Histogram, kMethodCount> rpc_;
+};
+
+// Serves /metrics on `listen` ("127.0.0.1:9464"). Keeps `metrics` alive while serving.
+class MetricsServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
+                                                              std::shared_ptr<Metrics> metrics);
+  ~MetricsServer();
+
+ private:
+  MetricsServer() = default;
+  std::shared_ptr<Metrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_METRICS_H_

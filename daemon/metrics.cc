@@ -1,0 +1,155 @@
+#include "hisparse/daemon/metrics.h"
+
+#include <exception>
+#include <limits>
+#include <map>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/exposer.h"
+
+namespace hisparse {
+namespace {
+
+constexpr const char* kMethodNames[] = {"Session", "Admit", "Extend", "Release", "Stats",
+                                        "ListRequests", "Evict", "Drain", "GetConfig"};
+
+prometheus::MetricType TypeOf(const char* type) {
+  const std::string t = type;
+  if (t == "counter") return prometheus::MetricType::Counter;
+  if (t == "histogram") return prometheus::MetricType::Histogram;
+  return prometheus::MetricType::Gauge;
+}
+
+// Builds families in catalog order; `add` appends one sample to the family of `name`.
+class FamilyBuilder {
+ public:
+  FamilyBuilder() {
+    for (const MetricInfo& m : MetricCatalog()) {
+      prometheus::MetricFamily f;
+      f.name = m.name;
+      f.help = m.help;
+      f.type = TypeOf(m.type);
+      index_[m.name] = families_.size();
+      families_.push_back(std::move(f));
+    }
+  }
+  void Add(const char* name, double value, std::vector<prometheus::ClientMetric::Label> labels = {}) {
+    prometheus::MetricFamily& f = families_.at(index_.at(name));
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    if (f.type == prometheus::MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    f.metric.push_back(std::move(m));
+  }
+  prometheus::MetricFamily& family(const char* name) { return families_.at(index_.at(name)); }
+  std::vector<prometheus::MetricFamily> Take() { return std::move(families_); }
+
+ private:
+  std::vector<prometheus::MetricFamily> families_;
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace
+
+const std::vector<MetricInfo>& MetricCatalog() {
+  static const std::vector<MetricInfo> catalog = {
+      {"hisparse_up", "gauge", "1 while the daemon serves; 0 while draining."},
+      {"hisparse_uptime_seconds", "gauge", "Seconds since the daemon started."},
+      {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
+      {"hisparse_host_pool_capacity_bytes", "gauge", "Host KV pool capacity in bytes."},
+      {"hisparse_host_pool_fragmentation_ratio", "gauge",
+       "Share of free pool bytes outside their segment's largest free run."},
+      {"hisparse_host_pool_segments", "gauge", "Host pool segments by state (in_use, free)."},
+      {"hisparse_arena_bytes", "gauge", "Slot-arena bytes held by sessions, per device (gpu=-1: host-emulated)."},
+      {"hisparse_sessions", "gauge", "Open sessions."},
+      {"hisparse_requests", "gauge", "Admitted requests."},
+      {"hisparse_admissions_total", "counter", "Requests admitted since start."},
+      {"hisparse_rejections_total", "counter", "Admissions and session opens refused, by reason."},
+      {"hisparse_evictions_total", "counter", "Requests evicted (their sessions were notified first)."},
+      {"hisparse_rpc_duration_seconds", "histogram", "Control-plane RPC latency by method, server side."},
+      {"hisparse_resolve_hits_total", "counter", "RESOLVE selections found resident, per session and GPU."},
+      {"hisparse_resolve_misses_total", "counter", "RESOLVE selections fetched from the host pool, per session and GPU."},
+      {"hisparse_resolve_fetched_bytes_total", "counter", "Bytes RESOLVE fetched from the host pool, per session and GPU."},
+  };
+  return catalog;
+}
+
+void Metrics::ObserveRpc(Method method, double seconds) {
+  Histogram& h = rpc_[method];
+  size_t b = 0;
+  while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
+  h.counts[b].fetch_add(1, std::memory_order_relaxed);
+  h.sum_ns.fetch_add(static_cast<uint64_t>(seconds * 1e9), std::memory_order_relaxed);
+}
+
+std::vector<prometheus::MetricFamily> Metrics::Collect() const {
+  const v1::StatsResponse st = sessions_->Stats();
+  FamilyBuilder fb;
+  fb.Add("hisparse_up", st.draining() ? 0 : 1);
+  fb.Add("hisparse_uptime_seconds", st.uptime_seconds());
+  const auto& p = st.host_pool();
+  fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.used_bytes()), {{"state", "used"}});
+  fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.free_bytes()), {{"state", "free"}});
+  fb.Add("hisparse_host_pool_capacity_bytes", static_cast<double>(p.capacity_bytes()));
+  fb.Add("hisparse_host_pool_fragmentation_ratio", p.fragmentation());
+  fb.Add("hisparse_host_pool_segments", p.segments_in_use(), {{"state", "in_use"}});
+  fb.Add("hisparse_host_pool_segments", p.segments() - p.segments_in_use(), {{"state", "free"}});
+  for (const auto& [gpu, bytes] : st.arena_bytes_by_device()) {
+    fb.Add("hisparse_arena_bytes", static_cast<double>(bytes), {{"gpu", absl::StrCat(gpu)}});
+  }
+  fb.Add("hisparse_sessions", st.sessions());
+  fb.Add("hisparse_requests", st.requests());
+  fb.Add("hisparse_admissions_total", static_cast<double>(st.admissions()));
+  for (const char* reason : {"pool_full", "rows_full", "draining", "session_limit", "arena_budget"}) {
+    uint64_t count = 0;
+    for (const auto& rc : st.rejections_by_reason()) {
+      if (rc.reason() == reason) count = rc.count();
+    }
+    fb.Add("hisparse_rejections_total", static_cast<double>(count), {{"reason", reason}});
+  }
+  fb.Add("hisparse_evictions_total", static_cast<double>(st.evictions()));
+  prometheus::MetricFamily& rpc = fb.family("hisparse_rpc_duration_seconds");
+  for (int m = 0; m < kMethodCount; ++m) {
+    prometheus::ClientMetric cm;
+    cm.label = {{"method", kMethodNames[m]}};
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b <= kBuckets.size(); ++b) {
+      cumulative += rpc_[m].counts[b].load(std::memory_order_relaxed);
+      cm.histogram.bucket.push_back(
+          {cumulative, b < kBuckets.size() ? kBuckets[b] : std::numeric_limits<double>::infinity()});
+    }
+    cm.histogram.sample_count = cumulative;
+    cm.histogram.sample_sum = rpc_[m].sum_ns.load(std::memory_order_relaxed) * 1e-9;
+    rpc.metric.push_back(std::move(cm));
+  }
+  for (const auto& ss : st.session_stats()) {
+    std::vector<prometheus::ClientMetric::Label> labels = {{"gpu", absl::StrCat(ss.geometry().gpu())},
+                                                           {"session", absl::StrCat(ss.session_id())}};
+    fb.Add("hisparse_resolve_hits_total", static_cast<double>(ss.hits()), labels);
+    fb.Add("hisparse_resolve_misses_total", static_cast<double>(ss.misses()), labels);
+    fb.Add("hisparse_resolve_fetched_bytes_total", static_cast<double>(ss.bytes_fetched()), labels);
+  }
+  return fb.Take();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                                   std::shared_ptr<Metrics> metrics) {
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->metrics_ = std::move(metrics);
+  try {
+    // civetweb's "listening_ports" syntax: "127.0.0.1:9464"; one request thread is plenty.
+    server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+  }
+  server->exposer_->RegisterCollectable(server->metrics_);
+  return server;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+}  // namespace hisparse
