@@ -21,6 +21,8 @@ int NeedsCuda(int, char**) {
 
 const Command kCommands[] = {
     {"trace", hisparse::bench::TraceMain, "replay a selection trace through lru / belady / staging"},
+    {"gen-trace", hisparse::bench::GenTraceMain, "write a synthetic selection trace (presets dsv32, stress, local)"},
+    {"control", hisparse::bench::ControlMain, "load the daemon's control plane: concurrent sessions, call latency"},
 #ifdef HISPARSE_HAVE_CUDA
     {"resolve", hisparse::bench::ResolveMain, "sweep the CUDA RESOLVE kernel (GPU)"},
 #else

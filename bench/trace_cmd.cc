@@ -1,17 +1,26 @@
-// `hisparse-bench trace`: replay a selection trace (TRACE_FORMAT.md) through a cache policy.
+// `hisparse-bench trace`: replay a selection trace (TRACE_FORMAT.md) through a cache policy, or
+// run the locality study over one or more traces.
 //
 //   hisparse-bench trace --trace FILE --slots B --policy {lru,belady,staging}
 //                        [--record-bytes N] [--json]
+//   hisparse-bench trace --trace FILE [--trace FILE ...] --policy all|P1,P2
+//                        (--ratios R1,R2,... | --slots B1,B2,...) [--study] [--record-bytes N] [--json]
+//
+// One trace, one policy and one B give the replay result as before; several of any (or --ratios,
+// or --study) give the study: locality (overlaps, reuse distances) and every policy at every B.
 //
 // Exit codes: 0 ok, 1 the trace could not be read or is malformed (the message, with its line
 // number, goes to stderr), 2 bad usage (including B < the trace's k).
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "bench_cmd.h"
+#include "hisparse/trace/locality.h"
 #include "hisparse/trace/replay.h"
 
 namespace hisparse::bench {
@@ -20,38 +29,101 @@ namespace {
 constexpr char kUsage[] =
     "usage: hisparse-bench trace --trace FILE --slots B --policy {lru,belady,staging}\n"
     "                            [--record-bytes N] [--json]\n"
+    "       hisparse-bench trace --trace FILE [--trace FILE ...] --policy {all,P1,P2,...}\n"
+    "                            {--ratios R1,R2,... | --slots B1,B2,...} [--study]\n"
+    "                            [--record-bytes N] [--json]\n"
     "  Replays a selection trace (plain or .gz) with B slots per (request, layer); B >= k.\n"
-    "  Prints selections, hits, misses and hit rate per layer and in total (and bytes fetched\n"
-    "  with --record-bytes), as a table or, with --json, as one JSON object.\n";
+    "  Prints selections, hits, misses, hit rate and misses per record (p50 / p99) per layer and\n"
+    "  in total (and bytes fetched with --record-bytes), as a table or, with --json, as JSON.\n"
+    "  The study (several traces, policies or B, --ratios, or --study) adds the locality of each\n"
+    "  trace: consecutive-step and adjacent-layer overlap, reuse-distance histogram; B = ratio*k.\n"
+    "  Its JSON is {\"traces\": [one object per trace]}.\n";
 
 int UsageError(const std::string& what) {
   std::fprintf(stderr, "hisparse-bench trace: %s\n%s", what.c_str(), kUsage);
   return 2;
 }
 
+int Failed(const absl::Status& status) {
+  if (absl::IsFailedPrecondition(status)) return UsageError(std::string(status.message()));
+  std::fprintf(stderr, "hisparse-bench trace: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+struct Args {
+  std::vector<std::string> traces;
+  std::vector<trace::Policy> policies;
+  std::vector<int32_t> slots;
+  std::vector<double> ratios;
+  int64_t record_bytes = 0;
+  bool json = false;
+  bool study = false;
+};
+
+// Parses one flag's value into *args; an error message, or empty.
+std::string Parse(absl::string_view name, const std::string& value, Args* a) {
+  if (name == "--trace") {
+    a->traces.push_back(value);
+  } else if (name == "--policy") {
+    for (absl::string_view p : absl::StrSplit(value, ',')) {
+      if (p == "all") {
+        a->policies.insert(a->policies.end(),
+                           {trace::Policy::kLru, trace::Policy::kBelady, trace::Policy::kStaging});
+        continue;
+      }
+      absl::StatusOr<trace::Policy> policy = trace::ParsePolicy(p);
+      if (!policy.ok()) return std::string(policy.status().message());
+      a->policies.push_back(*policy);
+    }
+  } else if (name == "--slots") {
+    for (absl::string_view v : absl::StrSplit(value, ',')) {
+      int64_t b;
+      if (!absl::SimpleAtoi(v, &b) || b < 1 || b > (int64_t{1} << 30)) {
+        return "--slots needs positive integers, got '" + value + "'";
+      }
+      a->slots.push_back(static_cast<int32_t>(b));
+    }
+  } else if (name == "--ratios") {
+    for (absl::string_view v : absl::StrSplit(value, ',')) {
+      double r;
+      if (!absl::SimpleAtod(v, &r) || !(r >= 1.0) || r > 1024) {
+        return "--ratios needs numbers in [1, 1024] (B/k), got '" + value + "'";
+      }
+      a->ratios.push_back(r);
+    }
+  } else if (name == "--record-bytes") {
+    if (!absl::SimpleAtoi(value, &a->record_bytes) || a->record_bytes < 1 ||
+        a->record_bytes > (int64_t{1} << 30)) {
+      return "--record-bytes needs a positive integer, got '" + value + "'";
+    }
+  } else {
+    return "unknown argument '" + std::string(name) + "'";
+  }
+  return "";
+}
+
 }  // namespace
 
 int TraceMain(int argc, char** argv) {
-  std::string path, policy_name;
-  int64_t slots = -1, record_bytes = 0;
-  bool json = false;
+  Args a;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (arg == "--json") {
-      json = true;
+    if (arg == "--json" || arg == "--study") {
+      (arg == "--json" ? a.json : a.study) = true;
       continue;
     }
     // --name VALUE or --name=VALUE
-    std::string value;
     const size_t eq = arg.find('=');
     const absl::string_view name = arg.substr(0, eq);
-    if (name != "--trace" && name != "--slots" && name != "--policy" && name != "--record-bytes") {
+    if (name != "--trace" && name != "--slots" && name != "--policy" && name != "--ratios" &&
+        name != "--record-bytes") {
       return UsageError("unknown argument '" + std::string(arg) + "'");
     }
+    std::string value;
     if (eq != absl::string_view::npos) {
       value = std::string(arg.substr(eq + 1));
     } else if (i + 1 < argc) {
@@ -59,39 +131,46 @@ int TraceMain(int argc, char** argv) {
     } else {
       return UsageError(std::string(name) + " needs a value");
     }
-    if (name == "--trace") {
-      path = value;
-    } else if (name == "--policy") {
-      policy_name = value;
-    } else {
-      int64_t& out = name == "--slots" ? slots : record_bytes;
-      if (!absl::SimpleAtoi(value, &out) || out < 1 || out > (int64_t{1} << 30)) {
-        return UsageError(std::string(name) + " needs a positive integer, got '" + value + "'");
-      }
-    }
+    if (std::string error = Parse(name, value, &a); !error.empty()) return UsageError(error);
   }
-  if (path.empty()) return UsageError("--trace is required");
-  if (slots < 1) return UsageError("--slots is required");
-  if (policy_name.empty()) return UsageError("--policy is required");
-  absl::StatusOr<trace::Policy> policy = trace::ParsePolicy(policy_name);
-  if (!policy.ok()) return UsageError(std::string(policy.status().message()));
+  if (a.traces.empty()) return UsageError("--trace is required");
+  if (a.slots.empty() && a.ratios.empty()) return UsageError("--slots or --ratios is required");
+  if (a.policies.empty()) return UsageError("--policy is required");
 
-  trace::ReplayOptions options;
-  options.slots = static_cast<int32_t>(slots);
-  options.policy = *policy;
-  options.record_bytes = static_cast<uint32_t>(record_bytes);
-  absl::StatusOr<trace::ReplayResult> result = trace::ReplayTrace(path, options);
-  if (!result.ok()) {
-    if (absl::IsFailedPrecondition(result.status())) {
-      return UsageError(std::string(result.status().message()));
-    }
-    std::fprintf(stderr, "hisparse-bench trace: %s\n",
-                 std::string(result.status().message()).c_str());
-    return 1;
+  const bool study = a.study || a.traces.size() > 1 || a.policies.size() > 1 ||
+                     a.slots.size() > 1 || !a.ratios.empty();
+  if (!study) {
+    trace::ReplayOptions options;
+    options.slots = a.slots[0];
+    options.policy = a.policies[0];
+    options.record_bytes = static_cast<uint32_t>(a.record_bytes);
+    absl::StatusOr<trace::ReplayResult> result = trace::ReplayTrace(a.traces[0], options);
+    if (!result.ok()) return Failed(result.status());
+    const std::string text = a.json ? trace::ReplayResultJson(*result, a.traces[0])
+                                    : trace::ReplayResultTable(*result, a.traces[0]);
+    std::fputs(text.c_str(), stdout);
+    return 0;
   }
-  const std::string text =
-      json ? trace::ReplayResultJson(*result, path) : trace::ReplayResultTable(*result, path);
-  std::fputs(text.c_str(), stdout);
+
+  trace::StudyOptions options{a.policies, a.slots, a.ratios, static_cast<uint32_t>(a.record_bytes)};
+  if (a.json) std::fputs("{\"traces\": [\n", stdout);
+  for (size_t i = 0; i < a.traces.size(); ++i) {
+    absl::StatusOr<trace::LocalityStudy> s = trace::StudyTrace(a.traces[i], options);
+    if (!s.ok()) {
+      if (a.json) std::fputs("]}\n", stdout);  // what was printed stays valid JSON
+      return Failed(s.status());
+    }
+    if (a.json) {
+      if (i > 0) std::fputs(",\n", stdout);
+      std::string text = trace::LocalityStudyJson(*s);
+      text.pop_back();  // its newline: the separator decides
+      std::fputs(text.c_str(), stdout);
+    } else {
+      std::fputs(((i > 0 ? "\n" : "") + trace::LocalityStudyTable(*s)).c_str(), stdout);
+    }
+    std::fflush(stdout);
+  }
+  if (a.json) std::fputs("\n]}\n", stdout);
   return 0;
 }
 

@@ -1,10 +1,11 @@
 // JSON and table renderings of a ReplayResult (replay.h).
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format_internal.h"
 #include "hisparse/trace/replay.h"
 
 namespace hisparse::trace {
-namespace {
+namespace internal {
 
 std::string JsonString(absl::string_view s) {
   std::string out = "\"";
@@ -32,7 +33,10 @@ std::string CountsJson(const ReplayCounts& c, uint32_t record_bytes) {
   return out;
 }
 
-}  // namespace
+}  // namespace internal
+
+using internal::CountsJson;
+using internal::JsonString;
 
 std::string ReplayResultJson(const ReplayResult& r, absl::string_view trace_path) {
   std::string out = absl::StrCat("{\"trace\": ", JsonString(trace_path), ", \"policy\": \"",

@@ -57,6 +57,8 @@ struct GeneratorPreset {
   LayerProfile deep;
   double static_layer_corr = 0;  // correlation of S_l and S_{l+1}
   double flicker_renew = 1;      // fraction of flicker values redrawn a step, in (0, 1]
+  // Sizes in tokens at k = 2048; topic_span and recency_window scale with k (at least 1 token),
+  // so a preset's overlaps hold at any k with the same k / context.
   int32_t topics = 0;
   int32_t topic_span = 0;
   double topic_jump = 0;  // probability a span moves, per step

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The locality study of bench/RESULTS.md, from scratch: writes the small committed traces
+# (bench/traces/), generates the larger ones into a scratch folder (not committed: ~35 MB each),
+# runs `hisparse-bench trace` over both, and writes the tables (Markdown + JSON) and the plot
+# bench/plots/locality.png.
+#
+#   bench/locality.sh [HISPARSE_BENCH]
+#
+# HISPARSE_BENCH: the hisparse-bench binary (argument, env var, or build/bin/hisparse-bench).
+# OUT: where the JSON and tables go (default: a fresh temporary folder, printed at the end).
+# Needs python3 (tables) and gnuplot (apt-get install -y gnuplot-nox). Takes ~5 minutes on two
+# cores, most of it replaying the large traces through belady.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BENCH="${1:-${HISPARSE_BENCH:-$ROOT/build/bin/hisparse-bench}}"
+OUT="${OUT:-$(mktemp -d /tmp/hisparse-locality-XXXXXX)}"
+RATIOS=1,1.5,2,4
+PRESETS=(dsv32 stress local)
+[[ -x "$BENCH" ]] || { echo "locality.sh: no hisparse-bench at $BENCH" >&2; exit 2; }
+command -v gnuplot >/dev/null || { echo "locality.sh: needs gnuplot (apt-get install -y gnuplot-nox)" >&2; exit 2; }
+mkdir -p "$OUT" "$ROOT/bench/traces" "$ROOT/bench/plots"
+
+# Small traces, committed: k = 256 at the presets' calibration point k / context = 1/16. dsv32 needs
+# layers beyond its first two (the random ones) to show its middle layers, so it gets four.
+small=()
+for p in "${PRESETS[@]}"; do
+  layers=2; [[ $p == dsv32 ]] && layers=4
+  f="$ROOT/bench/traces/$p-small.trace.gz"
+  "$BENCH" gen-trace --preset "$p" --seed 1 --requests 2 --layers $layers --steps 64 \
+    --context 4096 --k 256 --out "$f"
+  small+=(--trace "$f")
+done
+
+# Large traces, generated on the fly: 8 layers x 4 requests x 256 steps, k = 2048, 32k context.
+large=()
+for p in "${PRESETS[@]}"; do
+  f="$OUT/$p-large.trace.gz"
+  "$BENCH" gen-trace --preset "$p" --seed 1 --requests 4 --layers 8 --steps 256 \
+    --context 32768 --k 2048 --out "$f"
+  large+=(--trace "$f")
+done
+
+"$BENCH" trace "${small[@]}" --policy all --ratios $RATIOS --json > "$OUT/small.json"
+"$BENCH" trace "${large[@]}" --policy all --ratios $RATIOS --json > "$OUT/large.json"
+
+# Tables (Markdown) and the plot's data: one block per (trace, policy), lines "ratio hit_rate".
+python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+md = []
+for name in ("small", "large"):
+    doc = json.load(open(os.path.join(out, name + ".json")))
+    md.append(f"### {name} traces\n")
+    md.append("| trace | overlap: consecutive steps per layer | adjacent layers |")
+    md.append("| --- | --- | --- |")
+    for t in doc["traces"]:
+        ov = t["overlap"]
+        md.append(f"| {os.path.basename(t['trace'])} | {' '.join(f'{x:.2f}' for x in ov['consecutive'])}"
+                  f" | {' '.join(f'{x:.2f}' for x in ov['adjacent'])} |")
+    md.append("")
+    md.append("| trace | reuse distance (steps): share of selections |")
+    md.append("| --- | --- |")
+    for t in doc["traces"]:
+        rd = t["reuse_distance"]
+        tot = sum(rd["total"]["counts"]) + rd["total"]["never"]
+        cells = [f"{b}: {c / tot:.3f}" for b, c in zip(rd["buckets"], rd["total"]["counts"])]
+        cells.append(f"never: {rd['total']['never'] / tot:.3f}")
+        md.append(f"| {os.path.basename(t['trace'])} | {', '.join(cells)} |")
+    md.append("")
+    md.append("| trace | policy | B/k | B | hit rate | hit rate, layers >= 2 | misses/record p50 | p99 |")
+    md.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    with open(os.path.join(out, name + ".dat"), "w") as dat:
+        for t in doc["traces"]:
+            trace = os.path.basename(t["trace"]).split(".")[0]
+            for policy in ("lru", "belady", "staging"):
+                dat.write(f"{trace.replace('-small', '').replace('-large', '')}/{policy} rate\n")
+                for r in (r for r in t["replays"] if r["policy"] == policy):
+                    deep = r["per_layer"][2:] or r["per_layer"]
+                    deep_rate = sum(c["hits"] for c in deep) / max(1, sum(c["selections"] for c in deep))
+                    tot = r["total"]
+                    md.append(f"| {trace} | {policy} | {r['ratio']:g} | {r['slots']} | {tot['hit_rate']:.3f}"
+                              f" | {deep_rate:.3f} | {tot['misses_p50']} | {tot['misses_p99']} |")
+                    dat.write(f"{r['ratio']:g} {tot['hit_rate']:.5f}\n")
+                dat.write("\n\n")
+    md.append("")
+open(os.path.join(out, "tables.md"), "w").write("\n".join(md))
+# Reference points: FACTS.md's small trained model (LRU) and the HiSparse paper's one LRU figure.
+open(os.path.join(out, "ref.dat"), "w").write(
+    "# facts\n1 0.73\n1.5 0.82\n2 0.87\n4 0.94\n\n\n# paper\n2 0.866\n")
+EOF
+
+# Plot: two panels (large, small), colour = trace, dash = policy; the reference points are the
+# published / measured figures the presets are compared with in RESULTS.md.
+gnuplot <<EOF
+set terminal pngcairo size 1400,600 font ",11"
+set output "$ROOT/bench/plots/locality.png"
+set multiplot layout 1,2 title "Hit rate vs B/k (hisparse-bench trace, synthetic traces; policy: solid lru, dashed belady, dotted staging)"
+set xlabel "B / k (slots per (request, layer) over selections per step)"
+set ylabel "hit rate (all layers)"
+set yrange [0:1]
+set xrange [0.9:4.1]
+set xtics ("1" 1, "1.5" 1.5, "2" 2, "3" 3, "4" 4)
+set grid
+set key bottom right font ",9"
+do for [panel in "large small"] {
+  file = "$OUT/".panel.".dat"
+  if (panel eq "large") { set title "8 layers x 4 requests x 256 steps, k = 2048, context 32768" } \
+  else { set title "committed bench/traces/*-small (k = 256, context 4096)" }
+  plot for [i=0:8] file index i using 1:2 with linespoints \
+         lc i/3+1 dt i%3+1 pt i/3+5 lw 2 title columnheader(1), \
+       "$OUT/ref.dat" index 0 using 1:2 with points pt 2 ps 2 lc rgb "black" \
+         title "FACTS.md small model, LRU", \
+       "$OUT/ref.dat" index 1 using 1:2 with points pt 8 ps 2.5 lw 2 lc rgb "red" \
+         title "HiSparse paper, LRU at B = 2k"
+}
+unset multiplot
+EOF
+
+echo "locality.sh: tables in $OUT/tables.md, JSON in $OUT/{small,large}.json, plot in bench/plots/locality.png"
