@@ -36,18 +36,29 @@ absl::StatusOr<sockaddr_un> MakeAddress(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<UniqueFd> ListenUnixSeqpacket(const std::string& path, mode_t mode) {
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, mode_t mode, gid_t gid) {
   auto addr = MakeAddress(path);
   if (!addr.ok()) return addr.status();
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return Errno("socket(AF_UNIX, SOCK_SEQPACKET)");
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Errno("socket(AF_UNIX)");
   ::unlink(path.c_str());
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return Errno(absl::StrCat("bind ", path));
   }
+  if (gid != static_cast<gid_t>(-1) && ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return Errno(absl::StrCat("chown ", path, " to group ", gid));
+  }
   if (::chmod(path.c_str(), mode) != 0) return Errno(absl::StrCat("chmod ", path));
   if (::listen(fd.get(), 128) != 0) return Errno(absl::StrCat("listen ", path));
   return fd;
+}
+
+absl::StatusOr<UniqueFd> ListenUnixSeqpacket(const std::string& path, mode_t mode, gid_t gid) {
+  return ListenUnix(path, SOCK_SEQPACKET, mode, gid);
+}
+
+absl::StatusOr<UniqueFd> ListenUnixStream(const std::string& path, mode_t mode, gid_t gid) {
+  return ListenUnix(path, SOCK_STREAM, mode, gid);
 }
 
 absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path) {

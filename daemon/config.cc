@@ -59,7 +59,25 @@ absl::StatusOr<Enum> ParseEnum(std::string_view text, const char* const (&names)
       absl::StrCat(Quote(text), " is not one of ", absl::StrJoin(names, ", ")));
 }
 
+// "1000, 1001" -> {1000, 1001}; "" -> {}.
+absl::StatusOr<std::vector<uint32_t>> ParseIdList(std::string_view text) {
+  std::vector<uint32_t> ids;
+  const std::string v(absl::StripAsciiWhitespace(ToAbsl(text)));
+  if (v.empty() || v == "[]") return ids;
+  for (absl::string_view part : absl::StrSplit(v, ',')) {
+    uint32_t id = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot parse ", Quote(text), " as a comma-separated list of ids"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+std::string RenderIdList(const std::vector<uint32_t>& ids) { return absl::StrJoin(ids, ","); }
+
 // Indexed by the enums' values.
+constexpr const char* kOnPoolFullNames[] = {"reject", "evict_lru_idle"};
 constexpr const char* kHugePagesNames[] = {"auto", "on", "off"};
 constexpr const char* kDeviceNames[] = {"auto", "cuda", "host"};
 constexpr const char* kLogLevelNames[] = {"debug", "info", "warning", "error"};
@@ -72,6 +90,9 @@ absl::StatusOr<DeviceKind> ParseDevice(std::string_view text) {
 }
 absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) {
   return ParseEnum<LogLevel>(text, kLogLevelNames);
+}
+absl::StatusOr<OnPoolFull> ParseOnPoolFull(std::string_view text) {
+  return ParseEnum<OnPoolFull>(text, kOnPoolFullNames);
 }
 
 template <size_t N>
@@ -189,6 +210,32 @@ const std::vector<KeySpec>& Specs() {
        false, HS_SET_WITH(ParseInt, limits.max_requests_per_session),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_requests_per_session); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_requests_per_session, 1); }},
+      {"access.socket_group", "group name, gid, or empty",
+       "Group that owns the sockets (mode 0660): membership gates who can connect at all.", true,
+       [](DaemonConfig& c, std::string_view v) -> absl::Status {
+         c.access.socket_group = std::string(v);
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return c.access.socket_group; }, nullptr},
+      {"access.allowed_uids", "comma-separated uids", "Peers (SO_PEERCRED) admitted by uid; empty with empty gids: any.",
+       true, HS_SET_WITH(ParseIdList, access.allowed_uids),
+       [](const DaemonConfig& c) { return RenderIdList(c.access.allowed_uids); }, nullptr},
+      {"access.allowed_gids", "comma-separated gids", "Peers (SO_PEERCRED) admitted by primary gid.", true,
+       HS_SET_WITH(ParseIdList, access.allowed_gids),
+       [](const DaemonConfig& c) { return RenderIdList(c.access.allowed_gids); }, nullptr},
+      {"quotas.host_bytes", "byte size", "Host pool bytes one tenant (engine uid) may hold; 0 = no limit.", false,
+       HS_SET_WITH(ParseByteSize, quotas.host_bytes),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.quotas.host_bytes); }, nullptr},
+      {"quotas.arena_bytes", "byte size", "Slot-arena bytes one tenant may hold, all GPUs; 0 = no limit.", false,
+       HS_SET_WITH(ParseByteSize, quotas.arena_bytes),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.quotas.arena_bytes); }, nullptr},
+      {"quotas.requests", "integer >= 0", "Admitted requests one tenant may hold; 0 = no limit.", false,
+       HS_SET_WITH(ParseInt, quotas.requests), [](const DaemonConfig& c) { return absl::StrCat(c.quotas.requests); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.requests, 0); }},
+      {"admission.on_pool_full", "reject | evict_lru_idle",
+       "A full pool rejects an Admit, or evicts the tenant's least recently admitted request (notified first).",
+       false, HS_SET_WITH(ParseOnPoolFull, admission.on_pool_full),
+       [](const DaemonConfig& c) { return std::string(OnPoolFullName(c.admission.on_pool_full)); }, nullptr},
       {"metrics.listen", "HOST:PORT or empty",
        "Prometheus /metrics over HTTP; loopback by default, empty turns it off.", true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {
@@ -330,6 +377,7 @@ std::string YamlQuote(std::string_view text) {
 
 std::string_view HugePagesModeName(HugePagesMode mode) { return NameOf(static_cast<int>(mode), kHugePagesNames); }
 std::string_view DeviceKindName(DeviceKind kind) { return NameOf(static_cast<int>(kind), kDeviceNames); }
+std::string_view OnPoolFullName(OnPoolFull mode) { return NameOf(static_cast<int>(mode), kOnPoolFullNames); }
 std::string_view LogLevelName(LogLevel level) { return NameOf(static_cast<int>(level), kLogLevelNames); }
 
 bool operator==(const DaemonConfig& a, const DaemonConfig& b) {

@@ -3,6 +3,8 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_posix.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/access.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/daemon/metrics.h"
@@ -25,6 +28,11 @@
 namespace hisparse {
 
 inline constexpr char kVersion[] = "0.1.0";
+
+SessionManager::QuotaOptions QuotasFrom(const DaemonConfig& c) {
+  return SessionManager::QuotaOptions{c.quotas.host_bytes, c.quotas.arena_bytes,
+                                      static_cast<uint32_t>(c.quotas.requests)};
+}
 // Engines and the daemon share these sockets; the group decides who may attach (issue: access).
 inline constexpr mode_t kSocketMode = 0660;
 
@@ -40,6 +48,7 @@ struct Daemon::Impl {
   std::thread drainer;  // runs Shutdown when a drain with exit_when_idle goes idle
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<FdServer> fd_server;
+  std::unique_ptr<PeerAcceptor> acceptor;  // feeds admitted control connections to `server`
   absl::Notification shutdown;
   std::once_flag shutdown_once;
 };
@@ -85,11 +94,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.max_requests_per_session = static_cast<uint32_t>(config.limits.max_requests_per_session);
   sm_options.fd_socket_path = impl->fd_socket_path;
   sm_options.arena_budget_bytes = config.gpu_memory_budget;
+  sm_options.quotas = QuotasFrom(config);
+  sm_options.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
   sm_options.device = device;
   sm_options.version = kVersion;
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
 
-  HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, impl->sessions.get()));
+  HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
+  const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids);
+  HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy,
+                                                       impl->sessions.get()));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -110,16 +124,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     if (*drain_target != nullptr) (*drain_target)->Drain(exit_when_idle);
   };
   impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), std::move(hooks));
-  grpc::ServerBuilder builder;
-  ::unlink(socket_path.c_str());  // a stale socket from a crashed daemon
-  builder.AddListeningPort(impl->grpc_address, grpc::InsecureServerCredentials());
-  builder.RegisterService(impl->service.get());
-  impl->server = builder.BuildAndStart();
-  if (impl->server == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", impl->grpc_address,
+  // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
+  // and hands only admitted connections to gRPC: no RPC, admin ones included, is reachable by a
+  // peer the access policy refuses.
+  auto listener = ListenUnixStream(socket_path, kSocketMode, socket_gid);
+  if (!listener.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", impl->grpc_address, ": ", listener.status().message(),
                                                " (does the directory exist and is it writable?)"));
   }
-  ::chmod(socket_path.c_str(), kSocketMode);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
+  grpc::Server* server = impl->server.get();
+  impl->acceptor = PeerAcceptor::Start(std::move(*listener), policy,
+                                       [server](int fd) {
+    // gRPC's event engine drives the connection with non-blocking I/O.
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    grpc::AddInsecureChannelFromFd(server, fd);
+  });
   // Pools are ready: only now do health checks see SERVING.
   impl->server->GetHealthCheckService()->SetServingStatus(true);
   impl->server->GetHealthCheckService()->SetServingStatus("hisparse.v1.HiSparse", true);
@@ -153,14 +176,13 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
     SetLogThreshold(static_cast<LogSeverity>(static_cast<int>(next.log_level)));
     LOG(INFO) << "reload: log_level is now " << LogLevelName(next.log_level);
   }
-  if (next.limits.max_sessions != cur.limits.max_sessions ||
-      next.limits.max_requests_per_session != cur.limits.max_requests_per_session) {
-    cur.limits = next.limits;
-    impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
-                               static_cast<uint32_t>(next.limits.max_requests_per_session));
-    LOG(INFO) << "reload: limits.max_sessions " << next.limits.max_sessions << ", limits.max_requests_per_session "
-              << next.limits.max_requests_per_session;
-  }
+  // Limits, quotas and the admission policy change live: they are checked at each admission.
+  cur.limits = next.limits;
+  cur.quotas = next.quotas;
+  cur.admission = next.admission;
+  impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
+                             static_cast<uint32_t>(next.limits.max_requests_per_session), QuotasFrom(next),
+                             next.admission.on_pool_full == OnPoolFull::kEvictLruIdle);
   // Everything else shapes memory or sockets already in use: it needs a restart.
   for (std::string& key : DiffConfigKeys(cur, next)) {
     LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
@@ -180,6 +202,7 @@ void Daemon::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
     impl_->server->GetHealthCheckService()->SetServingStatus(false);
     impl_->sessions->SetDraining(true);
+    impl_->acceptor->Stop();
     // Streams blocked in Read() are cancelled after the deadline; their handlers close sessions.
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     impl_->server->Wait();

@@ -13,15 +13,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "hisparse/common/log.h"
 #include "hisparse/common/unix_socket.h"
 
 namespace hisparse {
 
-absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, mode_t mode,
-                                                          SessionManager* sessions) {
-  auto listener = ListenUnixSeqpacket(path, mode);
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, mode_t mode, gid_t gid,
+                                                          AccessPolicy policy, SessionManager* sessions) {
+  auto listener = ListenUnixSeqpacket(path, mode, gid);
   if (!listener.ok()) return listener.status();
-  std::unique_ptr<FdServer> server(new FdServer(std::move(*listener), sessions));
+  std::unique_ptr<FdServer> server(new FdServer(std::move(*listener), std::move(policy), sessions));
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -58,24 +59,32 @@ void FdServer::AcceptLoop() {
 
 void FdServer::Serve(int conn) {
   UniqueFd owned(conn);
-  while (!stopping_.load()) {
-    auto packet = RecvPacket(conn, 512);
-    if (!packet.ok()) break;  // peer gone or garbage: drop the connection
-    UniqueFd fd;
-    const std::string reply = Handle(packet->payload, &fd);
-    if (!SendPacket(conn, reply, fd.get()).ok()) break;
+  // The kernel vouches for the peer: its uid becomes the session's tenant (quotas), its pid is
+  // what stats show.
+  auto peer = GetPeerCredentials(conn);
+  if (!peer.ok() || !policy_.Allows(*peer)) {
+    LOG(WARNING) << "refused an fd-channel connection"
+                 << (peer.ok() ? absl::StrCat(" from pid ", peer->pid, " uid ", peer->uid) : std::string());
+  } else {
+    while (!stopping_.load()) {
+      auto packet = RecvPacket(conn, 512);
+      if (!packet.ok()) break;  // peer gone or garbage: drop the connection
+      UniqueFd fd;
+      const std::string reply = Handle(packet->payload, *peer, &fd);
+      if (!SendPacket(conn, reply, fd.get()).ok()) break;
+    }
   }
   absl::MutexLock lock(&mu_);
   conns_.erase(std::remove(conns_.begin(), conns_.end(), conn), conns_.end());
 }
 
-std::string FdServer::Handle(const std::string& request, UniqueFd* out_fd) {
+std::string FdServer::Handle(const std::string& request, const PeerCredentials& peer, UniqueFd* out_fd) {
   std::vector<std::string> parts = absl::StrSplit(request, absl::MaxSplits(' ', 3));
   uint64_t session_id = 0;
   if (parts.size() != 4 || parts[0] != "HSFD1" || !absl::SimpleAtoi(parts[1], &session_id)) {
     return "ERR INVALID_ARGUMENT malformed request: want \"HSFD1 <session_id> <token> <object>\"";
   }
-  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3]);
+  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3], peer);
   if (!fd.ok()) {
     return absl::StrCat("ERR ", absl::StatusCodeToString(fd.status().code()), " ", fd.status().message());
   }

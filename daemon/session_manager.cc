@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 #include "hisparse/common/log.h"
@@ -211,9 +212,31 @@ absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget
 }
 
 // Admission: a request gets a free row of the session's arena and, for every layer, one
-// contiguous run of token_budget records. All or nothing.
+// contiguous run of token_budget records. All or nothing. Order of checks: the session, draining,
+// the request itself, the tenant's quotas, a free row, then the pool. With
+// admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
+// admitted (or extended) request — its session is told first, outside the lock — and retries.
 absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
-  absl::MutexLock lock(&mu_);
+  constexpr int kMaxEvictionsPerAdmit = 64;
+  for (int evictions = 0;; ++evictions) {
+    Victim victim;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::StatusOr<v1::AdmitResponse> r = AdmitLocked(req);
+      if (r.ok() || !absl::IsResourceExhausted(r.status()) || !options_.evict_on_pool_full ||
+          evictions == kMaxEvictionsPerAdmit || pool_full_reason_ != "pool_full") {
+        return r;
+      }
+      auto found = PickVictimLocked(req.session().session_id());
+      if (!found.has_value()) return r;
+      victim = *found;
+    }
+    (void)EvictVictim(victim, "evicted to admit another request of the same tenant (host pool full)");
+  }
+}
+
+absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitRequest& req) {
+  pool_full_reason_.clear();
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new admissions"));
   if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
@@ -225,6 +248,8 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
   if (s->requests.contains(req.request_id())) {
     return absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"));
   }
+  const uint64_t run_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
+  HS_RETURN_IF_ERROR(CheckQuotaLocked(*s, run_bytes * s->geometry.num_layers(), 1));
   uint32_t row = 0;
   while (row < s->row_used.size() && s->row_used[row]) ++row;
   if (row == s->row_used.size()) {
@@ -234,14 +259,17 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
+  r.last_used = r.admitted_at;
   r.row = row;
   r.capacity_tokens = req.token_budget();
-  const uint64_t run_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
     auto run = pool_->Allocate(s->id, run_bytes);
     if (!run.ok()) {
       for (const HostPool::Run& done : r.runs) (void)pool_->Free(s->id, done);
-      if (absl::IsResourceExhausted(run.status())) return Reject("pool_full", run.status());
+      if (absl::IsResourceExhausted(run.status())) {
+        pool_full_reason_ = "pool_full";
+        return Reject("pool_full", run.status());
+      }
       return run.status();
     }
     r.runs.push_back(*run);
@@ -256,6 +284,78 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
   return resp;
 }
 
+uint32_t SessionManager::TenantOf(const Session& s) { return s.tenant_uid.value_or(kUnboundTenant); }
+
+SessionManager::TenantUsage SessionManager::UsageLocked(uint32_t tenant) const {
+  TenantUsage u;
+  for (const auto& [sid, s] : sessions_) {
+    if (TenantOf(*s) != tenant) continue;
+    u.arena_bytes += s->arena.size();
+    u.requests += s->requests.size();
+    for (const auto& [rid, r] : s->requests) {
+      for (const HostPool::Run& run : r.runs) u.host_bytes += run.bytes;
+    }
+  }
+  return u;
+}
+
+absl::Status SessionManager::CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests) {
+  const QuotaOptions& q = options_.quotas;
+  if (q.host_bytes == 0 && q.requests == 0) return absl::OkStatus();
+  const uint32_t tenant = TenantOf(s);
+  const TenantUsage u = UsageLocked(tenant);
+  if (q.host_bytes != 0 && u.host_bytes + more_host_bytes > q.host_bytes) {
+    return Reject("quota", absl::ResourceExhaustedError(absl::StrCat(
+                               "tenant uid ", tenant, " would hold ", u.host_bytes + more_host_bytes,
+                               " host pool bytes; its quota (quotas.host_bytes) is ", q.host_bytes)));
+  }
+  if (q.requests != 0 && u.requests + more_requests > q.requests) {
+    return Reject("quota", absl::ResourceExhaustedError(absl::StrCat("tenant uid ", tenant, " holds ", u.requests,
+                                                                     " requests; its quota (quotas.requests) is ",
+                                                                     q.requests)));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t session_id) const {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return std::nullopt;
+  const uint32_t tenant = TenantOf(*it->second);
+  std::optional<Victim> best;
+  absl::Time oldest = absl::InfiniteFuture();
+  for (const auto& [sid, s] : sessions_) {
+    if (TenantOf(*s) != tenant) continue;
+    for (const auto& [rid, r] : s->requests) {
+      if (r.last_used < oldest) {
+        oldest = r.last_used;
+        best = Victim{sid, rid, s->sink};
+      }
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std::string& reason) {
+  v1::SessionEvent event;
+  event.mutable_evicted()->set_request_id(v.request_id);
+  event.mutable_evicted()->set_reason(reason);
+  // The notice goes out before the memory is released, and outside the lock (it is I/O).
+  const bool told = v.sink != nullptr && (*v.sink)(event);
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(v.session_id);
+  if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
+  auto rit = it->second->requests.find(v.request_id);
+  if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
+  uint64_t freed = 0;
+  for (const HostPool::Run& run : rit->second.runs) freed += run.bytes;
+  ReleaseRequestLocked(*it->second, rit->second);
+  it->second->requests.erase(rit);
+  ++evictions_;
+  LOG(INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed << " bytes; "
+            << reason << (told ? ")" : "; its stream was already gone)");
+  return freed;
+}
+
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
@@ -268,6 +368,9 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
                                                    r.capacity_tokens, ")"));
   }
   const uint64_t new_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
+  HS_RETURN_IF_ERROR(CheckQuotaLocked(
+      *s, (new_bytes - uint64_t{r.capacity_tokens} * s->geometry.record_bytes()) * s->geometry.num_layers(), 0));
+  r.last_used = absl::Now();
   // Grow what can grow in place; find new runs for the rest before touching anything, so that a
   // full pool leaves the request exactly as it was.
   std::vector<HostPool::Run> grown = r.runs;
@@ -372,12 +475,30 @@ v1::StatsResponse SessionManager::Stats() const {
   return out;
 }
 
-absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token, const std::string& object) {
+absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token,
+                                                  const std::string& object, const PeerCredentials& peer) {
   absl::MutexLock lock(&mu_);
   v1::SessionRef ref;
   ref.set_session_id(session_id);
   ref.set_token(token);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
+  // The first peer to fetch a session's memory binds it: its uid is the session's tenant. A token
+  // that leaked to another user is worth nothing to them.
+  if (!s->tenant_uid.has_value()) {
+    const QuotaOptions& q = options_.quotas;
+    const TenantUsage u = UsageLocked(peer.uid);
+    if (q.arena_bytes != 0 && u.arena_bytes + s->arena.size() > q.arena_bytes) {
+      return Reject("quota", absl::ResourceExhaustedError(absl::StrCat(
+                                 "tenant uid ", peer.uid, " would hold ", u.arena_bytes + s->arena.size(),
+                                 " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
+    }
+    s->tenant_uid = peer.uid;
+    s->peer_pid = peer.pid;
+    LOG(INFO) << "session " << s->id << " bound to pid " << peer.pid << " uid " << peer.uid << " gid " << peer.gid;
+  } else if (*s->tenant_uid != peer.uid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", s->id, " belongs to uid ", *s->tenant_uid, ", not uid ", peer.uid));
+  }
   int fd = -1;
   if (object == "arena") {
     fd = s->arena_fd.get();
@@ -415,10 +536,13 @@ void SessionManager::SetEventSink(uint64_t session_id, EventSink sink) {
   if (it != sessions_.end()) it->second->sink = std::make_shared<EventSink>(std::move(sink));
 }
 
-void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session) {
+void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
+                               bool evict_on_pool_full) {
   absl::MutexLock lock(&mu_);
   options_.max_sessions = max_sessions;
   options_.max_requests_per_session = max_requests_per_session;
+  options_.quotas = quotas;
+  options_.evict_on_pool_full = evict_on_pool_full;
 }
 
 absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t session_id) const {
@@ -449,34 +573,20 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t s
   return out;
 }
 
-// Eviction: the session hears of it before its memory is released, so nothing is freed under an
-// engine's feet without notice. The notice is written outside the lock (it is I/O).
+// Eviction by an operator: the session hears of it before its memory is released.
 absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req) {
-  std::shared_ptr<EventSink> sink;
+  Victim v;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(req.session_id());
     if (it == sessions_.end() || !it->second->requests.contains(req.request_id())) {
       return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
     }
-    sink = it->second->sink;
+    v = Victim{req.session_id(), req.request_id(), it->second->sink};
   }
-  v1::SessionEvent event;
-  event.mutable_evicted()->set_request_id(req.request_id());
-  event.mutable_evicted()->set_reason(req.reason().empty() ? "evicted by an operator" : req.reason());
-  const bool told = sink != nullptr && (*sink)(event);
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(req.session_id());
-  if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
-  auto rit = it->second->requests.find(req.request_id());
-  if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
+  HS_ASSIGN_OR_RETURN(uint64_t freed, EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
   v1::EvictResponse resp;
-  for (const HostPool::Run& run : rit->second.runs) resp.set_freed_bytes(resp.freed_bytes() + run.bytes);
-  ReleaseRequestLocked(*it->second, rit->second);
-  it->second->requests.erase(rit);
-  ++evictions_;
-  LOG(INFO) << "evicted request " << req.request_id() << " of session " << req.session_id() << " ("
-            << resp.freed_bytes() << " bytes" << (told ? "" : "; its stream was already gone") << ")";
+  resp.set_freed_bytes(freed);
   return resp;
 }
 

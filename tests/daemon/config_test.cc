@@ -265,7 +265,10 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
       {"listen", "unix:/x"},          {"host_pool.size", "2GiB"},  {"host_pool.segment_size", "128MiB"},
       {"host_pool.hugepages", "off"}, {"host_pool.pretouch_threads", "3"}, {"host_pool.mlock", "true"},
       {"device", "host"},             {"gpu_memory_budget", "1GiB"}, {"limits.max_sessions", "2"},
-      {"limits.max_requests_per_session", "2"}, {"metrics.listen", ""}, {"log_level", "debug"}};
+      {"limits.max_requests_per_session", "2"}, {"access.socket_group", "hisparse"},
+      {"access.allowed_uids", "1000,1001"}, {"access.allowed_gids", "10001"}, {"quotas.host_bytes", "8GiB"},
+      {"quotas.arena_bytes", "1GiB"}, {"quotas.requests", "64"}, {"admission.on_pool_full", "evict_lru_idle"},
+      {"metrics.listen", ""}, {"log_level", "debug"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
     DaemonConfig c;
@@ -283,6 +286,24 @@ TEST(ConfigTest, MetricsListenIsHostPortOrEmpty) {
     EXPECT_FALSE(st.ok()) << bad;
     EXPECT_NE(std::string(st.message()).find("metrics.listen"), std::string::npos) << st;
   }
+}
+
+TEST(ConfigTest, AccessAndAdmissionKeys) {
+  DaemonConfig c;
+  ASSERT_TRUE(ApplyConfigOverride(c, "access.allowed_uids", " 1000, 1001 ").ok());
+  EXPECT_THAT(c.access.allowed_uids, ::testing::ElementsAre(1000u, 1001u));
+  ASSERT_TRUE(ApplyConfigOverride(c, "access.allowed_uids", "").ok());
+  EXPECT_TRUE(c.access.allowed_uids.empty());
+  absl::Status st = ApplyConfigOverride(c, "access.allowed_gids", "10001,abc");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("access.allowed_gids"), std::string::npos) << st;
+  st = ApplyConfigOverride(c, "admission.on_pool_full", "evict_everything");
+  EXPECT_NE(std::string(st.message()).find("admission.on_pool_full"), std::string::npos) << st;
+  EXPECT_FALSE(ApplyConfigOverride(c, "quotas.requests", "-1").ok());
+  auto parsed = ParseConfigYaml("quotas:\n  host_bytes: 4GiB\nadmission:\n  on_pool_full: evict_lru_idle\n");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->quotas.host_bytes, uint64_t{4} << 30);
+  EXPECT_EQ(parsed->admission.on_pool_full, OnPoolFull::kEvictLruIdle);
 }
 
 TEST(ConfigTest, DiffNamesTheChangedKeys) {
@@ -310,7 +331,9 @@ TEST(ConfigTest, KeyTable) {
                                             "host_pool.hugepages", "host_pool.pretouch_threads",
                                             "host_pool.mlock", "device", "gpu_memory_budget",
                                             "limits.max_sessions", "limits.max_requests_per_session",
-                                            "metrics.listen", "log_level"));
+                                            "access.socket_group", "access.allowed_uids", "access.allowed_gids",
+                                            "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
+                                            "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

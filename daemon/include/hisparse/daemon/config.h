@@ -54,6 +54,33 @@ struct LimitsConfig {
   int max_requests_per_session = 4096;
 };
 
+// Who may attach. The sockets are created with mode 0660; with `socket_group` set they belong to
+// that group, so membership is the first gate. Every connection's peer is then read with
+// SO_PEERCRED and refused unless its uid or gid is listed (empty lists admit any peer that could
+// open the socket).
+struct AccessConfig {
+  std::string socket_group;          // group name or numeric gid; "" keeps the daemon's group
+  std::vector<uint32_t> allowed_uids;
+  std::vector<uint32_t> allowed_gids;
+};
+
+// Hard per-tenant limits; a tenant is the uid of the engine process (read with SO_PEERCRED).
+// 0 = unlimited.
+struct QuotaConfig {
+  uint64_t host_bytes = 0;   // host pool bytes one tenant may hold
+  uint64_t arena_bytes = 0;  // slot-arena bytes one tenant may hold, summed over GPUs
+  int requests = 0;          // admitted requests one tenant may hold
+};
+
+enum class OnPoolFull { kReject, kEvictLruIdle };
+std::string_view OnPoolFullName(OnPoolFull mode);
+
+struct AdmissionConfig {
+  // What a full pool does to an Admit: reject (RESOURCE_EXHAUSTED), or evict the same tenant's
+  // least recently admitted request (its session is told on its stream first) and retry.
+  OnPoolFull on_pool_full = OnPoolFull::kReject;
+};
+
 struct MetricsConfig {
   // Prometheus exposition (HTTP, /metrics): "HOST:PORT", loopback by default; "" turns it off.
   std::string listen = "127.0.0.1:9464";
@@ -67,6 +94,9 @@ struct DaemonConfig {
   // Per GPU bytes the daemon may take for slot arenas; 0 = no limit.
   uint64_t gpu_memory_budget = 0;
   LimitsConfig limits;
+  AccessConfig access;
+  QuotaConfig quotas;
+  AdmissionConfig admission;
   MetricsConfig metrics;
   LogLevel log_level = LogLevel::kInfo;
 };

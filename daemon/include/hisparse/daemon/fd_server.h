@@ -21,25 +21,30 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "hisparse/common/unique_fd.h"
+#include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/access.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
 
 class FdServer {
  public:
-  // Listens on `path` with socket mode `mode`. `sessions` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, mode_t mode,
-                                                         SessionManager* sessions);
+  // Listens on `path` with socket mode `mode` and group `gid` (-1: unchanged), admitting peers
+  // by `policy`. `sessions` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, mode_t mode, gid_t gid,
+                                                         AccessPolicy policy, SessionManager* sessions);
   ~FdServer();
   void Stop();
 
  private:
-  FdServer(UniqueFd listener, SessionManager* sessions) : listener_(std::move(listener)), sessions_(sessions) {}
+  FdServer(UniqueFd listener, AccessPolicy policy, SessionManager* sessions)
+      : listener_(std::move(listener)), policy_(std::move(policy)), sessions_(sessions) {}
   void AcceptLoop();
   void Serve(int conn);
-  std::string Handle(const std::string& request, UniqueFd* out_fd);
+  std::string Handle(const std::string& request, const PeerCredentials& peer, UniqueFd* out_fd);
 
   UniqueFd listener_;
+  const AccessPolicy policy_;
   SessionManager* const sessions_;
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "hisparse/common/unique_fd.h"
+#include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
 
@@ -35,7 +37,15 @@ namespace hisparse {
 
 class SessionManager {
  public:
+  // Hard per-tenant limits (tenant = the engine's uid, from the fd channel); 0 = unlimited.
+  struct QuotaOptions {
+    uint64_t host_bytes = 0;
+    uint64_t arena_bytes = 0;
+    uint32_t requests = 0;
+  };
   struct Options {
+    QuotaOptions quotas;
+    bool evict_on_pool_full = false;  // admission.on_pool_full = evict_lru_idle
     uint32_t max_sessions = 256;
     uint32_t max_requests_per_session = 4096;
     std::string fd_socket_path;       // handed to engines in SessionOpened
@@ -59,7 +69,9 @@ class SessionManager {
 
   // For the fd channel: a dup of the descriptor of `object` ("arena" or "segment N") when
   // session_id/token name a live session that owns it. The caller owns the returned fd.
-  absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object);
+  // The first peer to fetch binds the session to its uid (the tenant) and pid.
+  absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object,
+                                    const PeerCredentials& peer);
 
   // Stop admitting (drain). Existing sessions keep what they hold. `on_idle` (may be empty) runs,
   // outside the lock, once no session is left while draining.
@@ -76,7 +88,8 @@ class SessionManager {
   // Tells the session (RequestEvicted on its stream) before its memory is released.
   absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& req);
   // Live-changeable limits (SIGHUP). Existing sessions keep their geometry.
-  void SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session);
+  void SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
+                 bool evict_on_pool_full);
 
   // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
   absl::Status CheckInvariants() const;
@@ -87,6 +100,7 @@ class SessionManager {
   struct Request {
     uint64_t id = 0;
     absl::Time admitted_at;
+    absl::Time last_used;  // admitted or extended: the LRU order of evict_lru_idle
     uint32_t row = 0;
     uint32_t capacity_tokens = 0;
     std::vector<HostPool::Run> runs;  // one per layer
@@ -97,6 +111,7 @@ class SessionManager {
     std::string engine_name;
     v1::Geometry geometry;
     pid_t peer_pid = 0;
+    std::optional<uint32_t> tenant_uid;  // bound by the first fd-channel peer
     absl::flat_hash_map<uint64_t, Request> requests;
     std::vector<bool> row_used;
     UniqueFd arena_fd;
@@ -104,6 +119,24 @@ class SessionManager {
     std::shared_ptr<EventSink> sink;
   };
 
+  struct Victim {
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    std::shared_ptr<EventSink> sink;
+  };
+  struct TenantUsage {
+    uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
+  };
+  static constexpr uint32_t kUnboundTenant = 0xffffffffu;  // sessions no fd-channel peer has bound
+  static uint32_t TenantOf(const Session& s);
+
+  absl::StatusOr<v1::AdmitResponse> AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TenantUsage UsageLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the victim's session, then releases the request. Takes the lock itself.
+  absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillExtents(const Session& s, const Request& r,
@@ -126,6 +159,7 @@ class SessionManager {
   std::map<std::string, uint64_t> rejections_by_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::string pool_full_reason_ ABSL_GUARDED_BY(mu_);  // "pool_full" when the last AdmitLocked hit it
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,146 @@
+// Isolation and access: socket group and SO_PEERCRED admission, per-tenant quotas, admission
+// under pressure (evict with notice), and the session's binding to its peer.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "test_support.h"
+
+namespace hisparse::testing {
+namespace {
+
+std::string BinDir() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  self[n > 0 ? n : 0] = 0;
+  std::string dir(self);
+  return dir.substr(0, dir.rfind('/'));
+}
+
+int RunAsNobody(const std::string& cmd) {
+  const std::string full = "setpriv --reuid=65534 --regid=65534 --clear-groups " + cmd + " >/dev/null 2>&1";
+  const int status = std::system(full.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class AccessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::getuid() != 0 || std::system("command -v setpriv >/dev/null 2>&1") != 0) {
+      GTEST_SKIP() << "needs root and setpriv to act as another user";
+    }
+    if (RunAsNobody(BinDir() + "/hisparse-ctl --help") != 0) {
+      GTEST_SKIP() << "user nobody cannot run the binaries in " << BinDir() << " (a parent folder is not traversable)";
+    }
+  }
+  // Lets another user reach the daemon's socket directory (mkdtemp makes it 0700).
+  static void OpenDir(const DaemonProcess& d) {
+    const std::string dir = d.socket_path().substr(0, d.socket_path().rfind('/'));
+    ::chmod(dir.c_str(), 0755);
+    ::chmod(BinDir().c_str(), 0755);
+  }
+};
+
+TEST_F(AccessTest, SocketModeKeepsOtherUsersOut) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  OpenDir(*daemon);
+  struct stat st;
+  ASSERT_EQ(::stat(daemon->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  ASSERT_EQ(::stat((daemon->socket_path() + ".fd").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  // nobody is neither the owner nor in the group: the kernel refuses the connect.
+  EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-ctl --timeout-ms 500 --daemon " + daemon->address() + " stats"), 2);
+}
+
+TEST_F(AccessTest, PeerCredentialsDecideWhoIsAdmitted) {
+  // Group nogroup (65534) may open the sockets; only uid 12345 is admitted by the policy.
+  auto refused = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
+                              "access.socket_group=65534", "--set", "access.allowed_uids=12345"});
+  ASSERT_NE(refused, nullptr);
+  OpenDir(*refused);
+  EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-ctl --timeout-ms 500 --daemon " + refused->address() + " stats"), 2);
+  EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-test-client " + refused->address() + " hold 1"), 1);
+  // Root (the operator) always passes.
+  EXPECT_EQ(Stats(refused->address()).sessions(), 0u);
+
+  auto admitted = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
+                               "access.socket_group=65534", "--set", "access.allowed_gids=65534"});
+  ASSERT_NE(admitted, nullptr);
+  OpenDir(*admitted);
+  EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-ctl --timeout-ms 2000 --daemon " + admitted->address() + " stats"), 0);
+}
+
+TEST(QuotaTest, TenantQuotasAreHard) {
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
+                             "quotas.requests=2", "--set", "quotas.host_bytes=1MiB"});
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  Session s1, s2;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &s1).ok());
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &s2).ok());  // same uid: the same tenant
+  ASSERT_TRUE(s1.Admit(1, 10, 1000).ok());                 // 256000 B
+  Error big = s2.Admit(2, 10, 4000);                         // +1024000 B > 1 MiB
+  EXPECT_EQ(big.code, HS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(big.message.find("quotas.host_bytes"), std::string::npos) << big.message;
+  ASSERT_TRUE(s2.Admit(2, 10, 1000).ok());
+  Error third = s1.Admit(3, 10, 10);
+  EXPECT_EQ(third.code, HS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(third.message.find("quotas.requests"), std::string::npos) << third.message;
+  v1::StatsResponse st = Stats(a);
+  EXPECT_EQ(st.requests(), 2u);
+  bool counted = false;
+  for (const auto& rc : st.rejections_by_reason()) counted |= rc.reason() == "quota" && rc.count() == 2;
+  EXPECT_TRUE(counted);
+  // The sessions are bound to this process: the daemon saw our pid over the fd channel.
+  for (const auto& ss : st.session_stats()) EXPECT_EQ(ss.peer_pid(), ::getpid());
+}
+
+TEST(AdmissionUnderPressureTest, FullPoolEvictsTheTenantsOldestRequestAfterNotice) {
+  // 16 segments x 4 MiB; each request takes four 1,024,000-byte runs: 16 requests fill the pool.
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
+                             "admission.on_pool_full=evict_lru_idle"});
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  hs_session_options o = SmallGeometry(a);
+  o.max_requests = 32;
+  Session old_session, new_session;
+  ASSERT_TRUE(Session::Open(o, &old_session).ok());
+  ASSERT_TRUE(Session::Open(o, &new_session).ok());
+  for (uint64_t id = 1; id <= 16; ++id) ASSERT_TRUE(old_session.Admit(id, 10, 16000).ok()) << id;
+  // The pool is full: this admission evicts request 1 (the oldest), whose session hears first.
+  ASSERT_TRUE(new_session.Admit(100, 10, 16000).ok());
+  uint64_t ids[4];
+  size_t n = 0;
+  for (int i = 0; i < 500 && n == 0; ++i) {
+    ASSERT_EQ(hs_poll_evicted(old_session.get(), ids, 4, &n), HS_OK);
+    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(ids[0], 1u);
+  v1::StatsResponse st = Stats(a);
+  EXPECT_EQ(st.requests(), 16u);
+  EXPECT_EQ(st.evictions(), 1u);
+  EXPECT_EQ(st.host_pool().free_bytes() + st.host_pool().used_bytes(), st.host_pool().capacity_bytes());
+}
+
+TEST(AdmissionUnderPressureTest, RejectIsTheDefault) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  hs_session_options o = SmallGeometry(daemon->address());
+  o.max_requests = 32;
+  Session s;
+  ASSERT_TRUE(Session::Open(o, &s).ok());
+  for (uint64_t id = 1; id <= 16; ++id) ASSERT_TRUE(s.Admit(id, 10, 16000).ok());
+  EXPECT_EQ(s.Admit(17, 10, 16000).code, HS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(Stats(daemon->address()).evictions(), 0u);
+}
+
+}  // namespace
+}  // namespace hisparse::testing
