@@ -5,28 +5,39 @@
 //     capacity (one per SM at most). Row block b plans batch entries b, b + row_blocks, ... alone:
 //     it is the only block that reads or writes those rows' slot tables and LRU orders, so no
 //     other block can see them half-written. Blocks without rows (padding, helpers) only fetch.
-//   * Planning (per row, in shared memory): the k selected positions go into an open-addressing
-//     hash table (position -> selection index), which also finds duplicates; one pass over the
-//     slot table looks every resident position up (hits); a block-wide rank over the selections
-//     numbers the misses in selection order; a block-wide rank over the LRU order numbers the
-//     slots that hold no hit, which gives the victims (the i-th such slot takes the i-th miss) and
-//     the new LRU order in closed form:
-//         non-hit slot with rank r: r >= M ? r - M : (B - H - M) + r;   hit slot: (B - H) + its rank
-//     (M misses, H hit slots). Outputs, slot_pos of the victims and the new LRU are written at once.
+//   * Planning (per row, in shared memory) is a short chain of block-wide steps, one barrier each,
+//     because planning latency is the floor of every launch:
+//       1. the k selected positions go into an open-addressing hash table of 64-bit entries
+//          (position | selection index << 32, one atomicCAS), which also finds duplicates;
+//       2. one pass over the slot table looks every resident position up (hits);
+//       3. each warp owns one contiguous segment of the selections and one of the LRU order and
+//          records, as 32-bit ballot masks, which selections miss and which slots hold no hit,
+//          plus its segment's totals;
+//       4. every warp sums the totals of the warps before it (a warp reduction, no scan barrier)
+//          and ranks its items from the masks: misses numbered in selection order, and non-hit
+//          slots numbered in LRU order, which gives the victims (the i-th non-hit slot takes the
+//          i-th miss) and the new LRU order in closed form, written straight to global memory:
+//            non-hit slot with rank r: r >= M ? r - M : (B - H - M) + r;  hit slot: (B - H) + its
+//            rank among hit slots   (M misses, H hit slots = B - non-hit slots);
+//       5. outputs, slot_pos of the victims and the fetch plan.
 //   * Fetching is spread over the whole GPU: the planner cuts its misses into chunks of a few
 //     records (~4 KB), keeps the first chunks for its own warps (no extra round trip) and publishes
-//     the rest into a work queue in the workspace; every warp of the grid pulls chunks from the
-//     queue and copies them with 16-byte non-coherent loads from mapped host memory and 16-byte
-//     stores. The last planner to finish writes one END entry per warp of the grid, so every warp
-//     waits only on its own queue entry and the queue drains exactly.
-//   * The workspace resets itself: consumers clear the entries they take, the last block to
-//     finish zeroes the counters. Graph replays need nothing in between.
+//     the rest into a work queue in the workspace (one atomic reserves the entries and counts the
+//     row as published); every warp of the grid pulls chunks from the queue and copies them with
+//     16-byte non-coherent loads from mapped host memory and 16-byte stores. The warp that
+//     publishes the last row writes one END entry for every other warp of the grid and takes
+//     none itself, so every other warp waits only on its own queue entry and the queue drains
+//     exactly.
+//   * The workspace resets itself: consumers clear the entries they take, the last planner zeroes
+//     the publish counter and the warp that takes the very last entry the take counter. Graph
+//     replays need nothing in between.
 //   * Forward progress: consumers wait for the last planner, so every block of the grid must be
 //     able to be resident at once: the grid never exceeds the occupancy-derived capacity, row
 //     blocks have the lowest indices and never wait before they have published. (A kernel that
 //     holds SMs on another stream and itself waits on this one could still starve it.)
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
 
@@ -68,26 +79,38 @@ const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n) {
 
 const char* LastLaunchError() { return internal::g_last_error.c_str(); }
 
+
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileItems = 8;  // items per thread in one ranking tile
-constexpr int kTile = kThreads * kTileItems;
+static_assert(kWarps <= 32, "segment totals are summed by one warp reduction");
+constexpr int kIlp = 4;                 // hash inserts / lookups one thread keeps in flight
 constexpr int kMaxHelperBlocks = 1024;  // workspace is sized for up to this many helpers
 constexpr int kChunkUnits = 32 * 8;     // 16-byte units one warp moves per round (4 KiB)
 constexpr int kMaxChunkRecords = 32;    // a chunk's records are held one per lane
 constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word = final tail
+// 16-byte loads one lane keeps in flight: consumers hold 8 (64 KiB per SM in flight), a
+// planner's own chunks 4 (its warps go on to the queue afterwards).
+constexpr int kConsumeUnroll = 8;
+constexpr int kDirectUnroll = 4;
 
 // Slot-table encoding of a selection during planning.
 constexpr int kSelMiss = -2;  // miss before ranking; rank m is stored as -(m + 3)
+// Hash table entry: position in the low word, selection index in the high word; all ones = empty
+// (no valid entry has a negative position).
+constexpr unsigned long long kEmptyEntry = ~0ull;
 
+// pub and qhead sit in different 128-byte lines: ~2000 warps take queue indices (atomics on
+// qhead) while planners publish (atomics on pub).
 struct WsHeader {
   unsigned long long pub;  // lo: queue entries reserved by planners, hi: rows published
+  unsigned pad0[30];
   unsigned qhead;          // next queue entry a consumer takes
-  unsigned pad[61];
+  unsigned pad1[31];
 };
 static_assert(sizeof(WsHeader) == 256, "header is one 256-byte section");
+static_assert(offsetof(WsHeader, qhead) == 128, "qhead has its own 128-byte line");
 
 struct ResolveParams {
   ResolveDesc d;
@@ -96,11 +119,12 @@ struct ResolveParams {
   unsigned long long* queue;   // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
   int chunk_records;
-  int total_warps;
+  int end_count;               // END entries a launch writes: one per warp of the grid but one
   int planner_blocks;          // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
+  int seg_k, seg_b;            // selections / LRU entries per warp segment (multiples of 32)
   // Shared-memory carve-up of a row block (byte offsets, 16-byte aligned).
   unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot,
-      off_miss_pos, off_scratch, off_misc;
+      off_miss_pos, off_masks, off_tot, off_misc;
 };
 
 struct WsLayout {
@@ -134,32 +158,37 @@ int HashBits(int k) {
   return bits;
 }
 
+// Items per warp segment: n split over the warps, rounded up to whole ballots.
+int SegmentItems(int n) {
+  const int per = (n + kWarps - 1) / kWarps;
+  return (per + 31) / 32 * 32;
+}
+
 struct SmemLayout {
   unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot,
-      off_miss_pos, off_scratch, off_misc, total;
+      off_miss_pos, off_masks, off_tot, off_misc, total;
 };
 
-// [hash table | new LRU] [hit flags] [slot_pos copy] [LRU copy] [selections] [outputs]
-// [victim slots] [miss positions] [rank scratch] [misc]
+// [hash table] [hit flags] [slot_pos copy] [LRU copy] [selections] [outputs] [victim slots]
+// [miss positions] [ballot masks] [segment totals] [misc]
 SmemLayout ComputeSmem(const ArenaGeometry& g) {
   SmemLayout s{};
-  const size_t hash = (size_t{1} << HashBits(g.k)) * 8;
-  const size_t lru = static_cast<size_t>(g.slots) * 4;
-  size_t o = AlignUp(hash > lru ? hash : lru, 16);
+  size_t o = (size_t{1} << HashBits(g.k)) * 8;
   auto take = [&](size_t bytes) {
     const size_t at = o;
     o = AlignUp(o + bytes, 16);
     return static_cast<unsigned>(at);
   };
   const size_t b4 = static_cast<size_t>(g.slots) * 4, k4 = static_cast<size_t>(g.k) * 4;
-  s.off_hit = take(g.slots);
+  s.off_hit = take(g.slots);  // zeroed in 16-byte stores: take() rounds it up to 16
   s.off_tab_sp = take(b4);
   s.off_tab_lru = take(b4);
   s.off_sel_pos = take(k4);
   s.off_sel_out = take(k4);
   s.off_miss_slot = take(k4);
   s.off_miss_pos = take(k4);
-  s.off_scratch = take((kTileItems * kWarps + 1) * 4);
+  s.off_masks = take(static_cast<size_t>(kWarps) * (SegmentItems(g.k) + SegmentItems(g.slots)) / 8);
+  s.off_tot = take(2 * kWarps * 4);
   s.off_misc = take(16 * 4);
   s.total = static_cast<unsigned>(o);
   return s;
@@ -174,8 +203,10 @@ __device__ __forceinline__ unsigned long long LdAcquire(const unsigned long long
   return v;
 }
 
-__device__ __forceinline__ void StRelease(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+// Queue entries are stored relaxed after one __threadfence() per storing warp (a release per
+// entry would be a fence per store); consumers read them with ld.acquire.
+__device__ __forceinline__ void StRelaxed(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // 16 bytes of a host record: read once, never written during the kernel.
@@ -212,51 +243,10 @@ __device__ __forceinline__ unsigned HashOf(int p, int bits) {
   return (static_cast<unsigned>(p) * 2654435761u) >> (32 - bits);
 }
 
-// Exclusive rank of the set flags of one tile (item t of thread x is item t * kThreads + x),
-// returns the tile's count. Three block barriers; scratch holds kTileItems * kWarps + 1 ints.
-__device__ __forceinline__ int TileRank(const bool (&f)[kTileItems], int (&rank)[kTileItems],
-                                        int* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const unsigned lt = (1u << lane) - 1u;
-#pragma unroll
-  for (int t = 0; t < kTileItems; ++t) {
-    const unsigned m = __ballot_sync(~0u, f[t]);
-    rank[t] = __popc(m & lt);
-    if (lane == 0) scratch[t * kWarps + warp] = __popc(m);
-  }
-  __syncthreads();
-  if (warp == 0) {
-    constexpr int kN = kTileItems * kWarps;
-    constexpr int kPer = (kN + 31) / 32;
-    int v[kPer];
-    int sum = 0;
-#pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const int idx = lane * kPer + q;
-      v[q] = idx < kN ? scratch[idx] : 0;
-      sum += v[q];
-    }
-    int incl = sum;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(~0u, incl, o);
-      if (lane >= o) incl += y;
-    }
-    int run = incl - sum;
-#pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const int idx = lane * kPer + q;
-      if (idx < kN) scratch[idx] = run;
-      run += v[q];
-    }
-    if (lane == 31) scratch[kN] = incl;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < kTileItems; ++t) rank[t] += scratch[t * kWarps + warp];
-  const int total = scratch[kTileItems * kWarps];
-  __syncthreads();
-  return total;
+// Ballot rounds of 32 items a warp segment [start, start + seg) of n items has.
+__device__ __forceinline__ int SegmentRounds(int n, int start, int seg) {
+  const int len = n - start < seg ? n - start : seg;
+  return len > 0 ? (len + 31) / 32 : 0;
 }
 
 // One warp copies `count` (<= 32) records: lane r < count holds record r's source and
@@ -308,27 +298,30 @@ __device__ __forceinline__ void RowBases(const ResolveDesc& d, int row, const ui
   *dst = a.Record(row, d.layer, 0);
 }
 
-// Block-wide: one END entry per warp of the grid after the last published entry. An END carries
-// the final tail, so the warp that takes the very last index can reset the queue header.
-__device__ void WriteEnds(const ResolveParams& p, unsigned tail) {
+// One warp: an END entry for every other warp of the grid after the last published entry. An
+// END carries the final tail, so the warp that takes the very last index can reset qhead. ENDs
+// publish no data, so they are plain relaxed stores.
+__device__ __forceinline__ void WriteEnds(const ResolveParams& p, unsigned tail) {
   const unsigned long long end = kEndTag | (static_cast<unsigned long long>(tail) << 32);
-  for (int w = threadIdx.x; w < p.total_warps; w += kThreads) StRelease(&p.queue[tail + w], end);
+  for (int w = threadIdx.x & 31; w < p.end_count; w += 32) StRelaxed(&p.queue[tail + w], end);
 }
 
 // Plans batch entry i (a row block), publishes its fetch work and copies its first chunks.
+// Returns true in warp 0 of the block that published the launch's last row: that warp wrote the
+// END entries and must not take one.
 template <int UPR>
-__device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int seq,
+__device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first,
                         unsigned char* smem) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
   const int B = g.slots, K = g.k;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int H = 1 << p.hash_bits;
+  const int bits = p.hash_bits;
+  const int H = 1 << bits;
   const unsigned hmask = H - 1;
+  const unsigned lt = (1u << lane) - 1u;
 
-  int* keys = reinterpret_cast<int*>(smem);
-  int* vals = keys + H;
-  int* new_lru = reinterpret_cast<int*>(smem);  // reuses the hash table once lookups are done
+  unsigned long long* table = reinterpret_cast<unsigned long long*>(smem);
   uint8_t* hit = smem + p.off_hit;
   int* tab_sp = reinterpret_cast<int*>(smem + p.off_tab_sp);
   int* tab_lru = reinterpret_cast<int*>(smem + p.off_tab_lru);
@@ -336,10 +329,14 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   int* sel_out = reinterpret_cast<int*>(smem + p.off_sel_out);
   int* miss_slot = reinterpret_cast<int*>(smem + p.off_miss_slot);
   int* miss_pos = reinterpret_cast<int*>(smem + p.off_miss_pos);
-  int* scratch = reinterpret_cast<int*>(smem + p.off_scratch);
-  int* misc = reinterpret_cast<int*>(smem + p.off_misc);  // 0 err, 1 hit slots, 2 newest, 4 queue base, 5 finisher, 6 tail
+  const int rounds_k = p.seg_k / 32, rounds_b = p.seg_b / 32;
+  unsigned* mask_k = reinterpret_cast<unsigned*>(smem + p.off_masks);  // [kWarps][rounds_k]
+  unsigned* mask_b = mask_k + kWarps * rounds_k;                        // [kWarps][rounds_b]
+  int* tot = reinterpret_cast<int*>(smem + p.off_tot);  // misses per selection segment, then
+                                                        // non-hit slots per LRU segment
+  int* misc = reinterpret_cast<int*>(smem + p.off_misc);  // 0 err, 1 newest selected
 
-  __syncthreads();  // shared memory of the previous row of this block is free
+  if (!first) __syncthreads();  // shared memory of the previous row of this block is free
   // Everything the plan reads is staged into shared memory with all loads in flight at once:
   // the selections first (they need no row), then the row's slot table and LRU order.
   const int* positions = d.positions + static_cast<size_t>(i) * K;
@@ -355,163 +352,203 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     StageInts(tab_sp, d.arena.slot_pos + rl * B, B);
     StageInts(tab_lru, d.arena.lru + rl * B, B);
   }
-  for (int h = tid; h < H; h += kThreads) keys[h] = -1;
-  for (int s = tid; s < (B + 3) / 4; s += kThreads) reinterpret_cast<unsigned*>(hit)[s] = 0;
+  {
+    uint4* t4 = reinterpret_cast<uint4*>(table);
+    const uint4 ones = make_uint4(~0u, ~0u, ~0u, ~0u);
+    for (int h = tid; h < H / 2; h += kThreads) t4[h] = ones;
+    uint4* h4 = reinterpret_cast<uint4*>(hit);
+    for (int s = tid; s < (B + 15) / 16; s += kThreads) h4[s] = make_uint4(0, 0, 0, 0);
+  }
   if (tid < 16) misc[tid] = 0;
   if (err == 0 && (seq < 1 || seq > cap)) err = kResolveBadSeqLen;
   CpAsyncWaitAll();
   __syncthreads();
 
-  int M = 0;
+  const int newest = seq - 1;
   if (err == 0) {
-    const int newest = seq - 1;
-    // 1. Selections into the hash table: range checks, duplicates, newest token.
-    for (int j = tid; j < K; j += kThreads) {
-      const int pj = sel_pos[j];
-      int o = kPadding;
-      if (pj == kPadding) {
-      } else if (pj < -1 || pj >= seq) {
-        atomicOr(reinterpret_cast<unsigned*>(&misc[0]), kResolveBadPosition);
-      } else {
-        unsigned h = HashOf(pj, p.hash_bits);
-        for (;;) {
-          const int old = atomicCAS(&keys[h], -1, pj);
-          if (old == -1) {
-            vals[h] = j;
-            break;
+    // 1. Selections into the hash table: range checks, duplicates, newest token. kIlp inserts
+    //    per thread are issued before any result is looked at (shared-memory atomics are slow
+    //    one at a time); collisions are resolved afterwards by linear probing.
+    for (int base = 0; base < K; base += kIlp * kThreads) {
+      int pj[kIlp];
+      unsigned h[kIlp];
+      unsigned long long old[kIlp];
+#pragma unroll
+      for (int t = 0; t < kIlp; ++t) {
+        const int j = base + t * kThreads + tid;
+        pj[t] = j < K ? sel_pos[j] : kPadding;
+      }
+#pragma unroll
+      for (int t = 0; t < kIlp; ++t) {
+        const int j = base + t * kThreads + tid;
+        old[t] = kEmptyEntry;
+        h[t] = HashOf(pj[t], bits);
+        if (pj[t] >= 0 && pj[t] < seq) {
+          const unsigned long long e =
+              static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32);
+          old[t] = atomicCAS(&table[h[t]], kEmptyEntry, e);
+        }
+        if (j < K) {
+          int o = kPadding;
+          if (pj[t] == kPadding) {
+          } else if (pj[t] < -1 || pj[t] >= seq) {
+            atomicOr(reinterpret_cast<unsigned*>(&misc[0]), kResolveBadPosition);
+          } else if (pj[t] == newest) {
+            o = B;
+            atomicAdd(&misc[1], 1);
+          } else {
+            o = kSelMiss;
           }
-          if (old == pj) {
+          sel_out[j] = o;
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kIlp; ++t) {
+        while (old[t] != kEmptyEntry) {
+          if (static_cast<int>(static_cast<unsigned>(old[t])) == pj[t]) {
             atomicOr(reinterpret_cast<unsigned*>(&misc[0]), kResolveDuplicate);
             break;
           }
-          h = (h + 1) & hmask;
-        }
-        if (pj == newest) {
-          o = B;
-          atomicAdd(&misc[2], 1);
-        } else {
-          o = kSelMiss;
+          h[t] = (h[t] + 1) & hmask;
+          const int j = base + t * kThreads + tid;
+          old[t] = atomicCAS(&table[h[t]], kEmptyEntry,
+                             static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32));
         }
       }
-      sel_out[j] = o;
     }
     __syncthreads();
     err = static_cast<uint32_t>(misc[0]);
   }
 
+  int M = 0;
   if (err == 0) {
     const size_t rl = d.arena.RowLayer(row, d.layer);
     int* slot_pos = d.arena.slot_pos + rl * B;
     int* lru = d.arena.lru + rl * B;
-    const int newest = seq - 1;
 
-    // 2. Hits: every resident position looked up once.
-    for (int s = tid; s < B; s += kThreads) {
-      const int ps = tab_sp[s];
-      if (ps >= 0 && ps != newest) {
-        unsigned h = HashOf(ps, p.hash_bits);
-        for (;;) {
-          const int key = keys[h];
-          if (key == ps) {
-            sel_out[vals[h]] = s;
+    // 2. Hits: every resident position looked up once (kIlp lookups in flight per thread). The
+    //    newest token never hits a regular slot.
+    for (int base = 0; base < B; base += kIlp * kThreads) {
+      int ps[kIlp];
+      unsigned h[kIlp];
+      unsigned long long e[kIlp];
+#pragma unroll
+      for (int t = 0; t < kIlp; ++t) {
+        const int s = base + t * kThreads + tid;
+        ps[t] = s < B ? tab_sp[s] : kEmptySlot;
+        if (ps[t] == newest) ps[t] = kEmptySlot;
+      }
+#pragma unroll
+      for (int t = 0; t < kIlp; ++t) {
+        h[t] = HashOf(ps[t], bits);
+        e[t] = ps[t] >= 0 ? table[h[t]] : kEmptyEntry;
+      }
+#pragma unroll
+      for (int t = 0; t < kIlp; ++t) {
+        while (e[t] != kEmptyEntry) {
+          if (static_cast<int>(static_cast<unsigned>(e[t])) == ps[t]) {
+            const int s = base + t * kThreads + tid;
+            sel_out[static_cast<int>(e[t] >> 32)] = s;
             hit[s] = 1;
             break;
           }
-          if (key == -1) break;
-          h = (h + 1) & hmask;
+          h[t] = (h[t] + 1) & hmask;
+          e[t] = table[h[t]];
         }
       }
     }
     __syncthreads();
 
-    // 3. Misses numbered in selection order; hit selections counted.
-    int carry = 0;
-    for (int base = 0; base < K; base += kTile) {
-      bool f[kTileItems];
-      int r[kTileItems];
-      int hits = 0;
-#pragma unroll
-      for (int t = 0; t < kTileItems; ++t) {
-        const int j = base + t * kThreads + tid;
-        const int o = j < K ? sel_out[j] : kPadding;
-        f[t] = o == kSelMiss;
-        hits += (o >= 0 && o < B);
+    // 3. Per warp segment: ballot masks of the missing selections and of the LRU entries whose
+    //    slot holds no hit, and the segment totals.
+    const int k0 = warp * p.seg_k, b0 = warp * p.seg_b;
+    const int nrk = SegmentRounds(K, k0, p.seg_k), nrb = SegmentRounds(B, b0, p.seg_b);
+    {
+      int ck = 0, cb = 0;
+#pragma unroll 4
+      for (int r = 0; r < nrk; ++r) {
+        const int j = k0 + r * 32 + lane;
+        const unsigned m = __ballot_sync(~0u, j < K && sel_out[j] == kSelMiss);
+        if (lane == 0) mask_k[warp * rounds_k + r] = m;
+        ck += __popc(m);
       }
-      hits += __shfl_xor_sync(~0u, hits, 16);
-      hits += __shfl_xor_sync(~0u, hits, 8);
-      hits += __shfl_xor_sync(~0u, hits, 4);
-      hits += __shfl_xor_sync(~0u, hits, 2);
-      hits += __shfl_xor_sync(~0u, hits, 1);
-      if (lane == 0 && hits) atomicAdd(&misc[1], hits);
-      const int total = TileRank(f, r, scratch);
-#pragma unroll
-      for (int t = 0; t < kTileItems; ++t) {
-        const int j = base + t * kThreads + tid;
-        if (f[t]) sel_out[j] = -(carry + r[t] + 3);
+#pragma unroll 4
+      for (int r = 0; r < nrb; ++r) {
+        const int idx = b0 + r * 32 + lane;
+        const unsigned m = __ballot_sync(~0u, idx < B && !hit[tab_lru[idx]]);
+        if (lane == 0) mask_b[warp * rounds_b + r] = m;
+        cb += __popc(m);
       }
-      carry += total;
+      if (lane == 0) {
+        tot[warp] = ck;
+        tot[kWarps + warp] = cb;
+      }
     }
-    M = carry;
     __syncthreads();
-    const int hit_slots = misc[1];
-    const int non_hit = B - hit_slots;
 
-    // 4. Victims and the new LRU order from one ranking pass over the old order.
-    int icarry = 0;
-    for (int base = 0; base < B; base += kTile) {
-      int lr[kTileItems];
-#pragma unroll
-      for (int t = 0; t < kTileItems; ++t) {
-        const int idx = base + t * kThreads + tid;
-        lr[t] = idx < B ? tab_lru[idx] : 0;
+    // 4. Ranks. Every warp sums the totals itself (a redundant 16-entry reduction beats another
+    //    barrier): M misses, NH non-hit slots, and the counts before its own segments.
+    const int tk = lane < kWarps ? tot[lane] : 0;
+    const int tb = lane < kWarps ? tot[kWarps + lane] : 0;
+    M = __reduce_add_sync(~0u, tk);
+    const int NH = __reduce_add_sync(~0u, tb);
+    int run_k = __reduce_add_sync(~0u, lane < warp ? tk : 0);
+    int run_b = __reduce_add_sync(~0u, lane < warp ? tb : 0);
+    for (int r = 0; r < nrk; ++r) {
+      const unsigned m = mask_k[warp * rounds_k + r];
+      if ((m >> lane) & 1u) {
+        const int j = k0 + r * 32 + lane;
+        const int mi = run_k + __popc(m & lt);
+        sel_out[j] = -(mi + 3);
+        miss_pos[mi] = sel_pos[j];
       }
-      bool f[kTileItems];
-      int r[kTileItems];
-#pragma unroll
-      for (int t = 0; t < kTileItems; ++t) {
-        const int idx = base + t * kThreads + tid;
-        f[t] = idx < B && !hit[lr[t]];
-      }
-      const int total = TileRank(f, r, scratch);
-#pragma unroll
-      for (int t = 0; t < kTileItems; ++t) {
-        const int idx = base + t * kThreads + tid;
-        if (idx < B) {
-          const int s = lr[t];
-          const int nr = icarry + r[t];
-          int ni;
-          if (f[t]) {
-            ni = nr >= M ? nr - M : non_hit - M + nr;
-            if (nr < M) miss_slot[nr] = s;
+      run_k += __popc(m);
+    }
+    // Victims and the new LRU order (written straight to the arena: the old order is staged).
+#pragma unroll 4
+    for (int r = 0; r < nrb; ++r) {
+      const int idx = b0 + r * 32 + lane;
+      const unsigned m = mask_b[warp * rounds_b + r];
+      if (idx < B) {
+        const int s = tab_lru[idx];
+        const int nr = run_b + __popc(m & lt);  // non-hit slots before idx in the old order
+        int ni;
+        if ((m >> lane) & 1u) {
+          if (nr < M) {
+            miss_slot[nr] = s;
+            ni = NH - M + nr;
           } else {
-            ni = non_hit + (idx - nr);
+            ni = nr - M;
           }
-          new_lru[ni] = s;
+        } else {
+          ni = NH + (idx - nr);
         }
+        lru[ni] = s;
       }
-      icarry += total;
+      run_b += __popc(m);
     }
     __syncthreads();
 
-    // 5. Outputs, victims' slot_pos, the fetch plan, the new LRU order.
+    // 5. Outputs, victims' slot_pos, the fetch plan of the misses that go through the queue.
+    const int rw = p.chunk_records;
+    const bool fetch = !(d.flags & kResolveFlagNoFetch);
+    const int plan_from = fetch && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
     int2* plan = p.plan + static_cast<size_t>(i) * K;
     for (int j = tid; j < K; j += kThreads) {
       int o = sel_out[j];
       if (o <= -3) {
         const int m = -o - 3;
         o = miss_slot[m];
-        const int pos = sel_pos[j];
+        const int pos = miss_pos[m];
         slot_pos[o] = pos;
-        miss_pos[m] = pos;
-        plan[m] = make_int2(pos, o);
+        if (m >= plan_from) plan[m] = make_int2(pos, o);
       }
       out[j] = o;
     }
-    for (int idx = tid; idx < B; idx += kThreads) lru[idx] = new_lru[idx];
     if (tid == 0) {
       ArenaCounters* c = d.arena.counters;
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits),
-                static_cast<unsigned long long>(hit_slots + misc[2]));
+                static_cast<unsigned long long>(B - NH + misc[1]));
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses),
                 static_cast<unsigned long long>(M));
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched),
@@ -521,41 +558,48 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   } else {
     for (int j = tid; j < K; j += kThreads) out[j] = kPadding;
     if (tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
-    M = 0;
   }
 
-  // 6. Publish: the first chunks stay with this block's warps, the rest go to the queue.
+  // 6. Publish: the first chunks stay with this block's warps, the rest go to the queue. One
+  //    atomic reserves the queue entries and counts the row as published; the entries are
+  //    written after it (a consumer that takes one of them waits for it, and the END entries
+  //    lie past every reservation, so the order does not matter).
   const int rw = p.chunk_records;
   const int nch = (d.flags & kResolveFlagNoFetch) ? 0 : (M + rw - 1) / rw;
   const int ndirect = nch < kWarps ? nch : kWarps;
   const int nq = nch - ndirect;
-  __syncthreads();
-  if (nq > 0) {
-    if (tid == 0) {
-      misc[4] = static_cast<int>(static_cast<unsigned>(
-          atomicAdd(&p.hdr->pub, static_cast<unsigned long long>(nq))));
+  if (nq > 0) __syncthreads();  // every thread's plan entries are written
+  bool wrote_ends = false;
+  if (warp == 0) {
+    unsigned long long old = 0;
+    if (lane == 0) {
+      old = atomicAdd(&p.hdr->pub, (1ull << 32) | static_cast<unsigned long long>(nq));
+      // The launch's last row: no planner touches pub again, so the finisher resets it here
+      // (after its own atomic in program order). END entries then order nothing and need no
+      // fence: the fence would wait for all of this warp's table and output stores.
+      if (static_cast<unsigned>(old >> 32) == static_cast<unsigned>(batch - 1)) {
+        *reinterpret_cast<volatile unsigned long long*>(&p.hdr->pub) = 0;
+      }
     }
-    __syncthreads();
-    const unsigned qbase = static_cast<unsigned>(misc[4]);
-    for (int c = tid; c < nq; c += kThreads) {
-      const int start = (ndirect + c) * rw;
-      const int cnt = M - start < rw ? M - start : rw;
-      const unsigned long long e = static_cast<unsigned long long>(i + 1) |
-                                   (static_cast<unsigned long long>(start << 6 | cnt) << 32);
-      StRelease(&p.queue[qbase + c], e);
+    old = __shfl_sync(~0u, old, 0);
+    const unsigned qbase = static_cast<unsigned>(old);
+    wrote_ends = static_cast<unsigned>(old >> 32) == static_cast<unsigned>(batch - 1);
+    if (nq > 0) {
+      // Orders the block's plan writes (through the barrier above) before the entries:
+      // consumers read them with ld.acquire.
+      __threadfence();
+      for (int c = lane; c < nq; c += 32) {
+        const int start = (ndirect + c) * rw;
+        const int cnt = M - start < rw ? M - start : rw;
+        const unsigned long long e = static_cast<unsigned long long>(i + 1) |
+                                     (static_cast<unsigned long long>(start << 6 | cnt) << 32);
+        StRelaxed(&p.queue[qbase + c], e);
+      }
     }
-    __syncthreads();
+    if (wrote_ends) WriteEnds(p, qbase + static_cast<unsigned>(nq));
   }
-  if (tid == 0) {
-    __threadfence();
-    const unsigned long long old = atomicAdd(&p.hdr->pub, 1ull << 32);
-    misc[5] = static_cast<unsigned>(old >> 32) == static_cast<unsigned>(batch - 1);
-    misc[6] = static_cast<int>(static_cast<unsigned>(old));
-  }
-  __syncthreads();
-  if (misc[5]) WriteEnds(p, static_cast<unsigned>(misc[6]));
 
-  // 7. This block's own chunks, straight from shared memory.
+  // 7. This block's own chunks, straight from shared memory (written before the last barrier).
   if (warp < ndirect) {
     const int start = warp * rw;
     const int cnt = M - start < rw ? M - start : rw;
@@ -567,11 +611,12 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     const uint8_t* src;
     uint8_t* dst;
     RowBases(d, row, &src, &dst);
-    CopyChunk<UPR, 4>(src, dst, so, dof, cnt, static_cast<int>(g.record_bytes / 16));
+    CopyChunk<UPR, kDirectUnroll>(src, dst, so, dof, cnt, static_cast<int>(g.record_bytes / 16));
   }
+  return wrote_ends;
 }
 
-// Every warp: take queue entries until its END.
+// Every warp but the one that wrote the ENDs: take queue entries until its END.
 template <int UPR>
 __device__ void Consume(const ResolveParams& p) {
   const ResolveDesc& d = p.d;
@@ -590,11 +635,10 @@ __device__ void Consume(const ResolveParams& p) {
       }
       *reinterpret_cast<volatile unsigned long long*>(q) = 0;
       if (static_cast<unsigned>(e) == kEndTag &&
-          h == static_cast<unsigned>(e >> 32) + static_cast<unsigned>(p.total_warps) - 1u) {
-        // The last index of this launch: every other take and publish is done. Reset the header.
-        volatile WsHeader* hd = p.hdr;
-        hd->pub = 0;
-        hd->qhead = 0;
+          h == static_cast<unsigned>(e >> 32) + static_cast<unsigned>(p.end_count) - 1u) {
+        // The last index of this launch: every other take is done (it returned a smaller
+        // index). Reset the take counter (the last planner reset pub).
+        *reinterpret_cast<volatile unsigned*>(&p.hdr->qhead) = 0;
       }
     }
     __syncwarp();
@@ -614,13 +658,12 @@ __device__ void Consume(const ResolveParams& p) {
     const uint8_t* src;
     uint8_t* dst;
     RowBases(d, row, &src, &dst);
-    CopyChunk<UPR, 8>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
+    CopyChunk<UPR, kConsumeUnroll>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
   }
 }
 
 template <int UPR>
-// One block per SM: the planner wants ~110 registers, and capping it at 64 (two blocks per SM)
-// spills and measured slower.
+// One block per SM (shared memory allows no more at k = 2048 anyway; registers stay unbounded).
 __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int b = blockIdx.x;
@@ -634,17 +677,21 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
   int batch = *p.d.batch_size;
   if (batch < 0) batch = 0;
   if (batch > p.d.max_batch) batch = p.d.max_batch;
+  bool wrote_ends = false;  // warp-uniform
   if (b < p.planner_blocks) {
     for (int i = b; i < batch; i += p.planner_blocks) {
       if (i != b) {
         row = p.d.rows[i];
         seq = p.d.seq_lens[i];
       }
-      PlanRow<UPR>(p, i, batch, row, seq, smem);
+      wrote_ends |= PlanRow<UPR>(p, i, batch, row, seq, i == b, smem);
     }
   }
-  if (batch == 0 && b == 0) WriteEnds(p, 0u);
-  Consume<UPR>(p);
+  if (batch == 0 && b == 0 && threadIdx.x < 32) {
+    WriteEnds(p, 0u);
+    wrote_ends = true;
+  }
+  if (!wrote_ends) Consume<UPR>(p);
 }
 
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
@@ -667,7 +714,7 @@ cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin,
   if (helpers > kMaxHelperBlocks) helpers = kMaxHelperBlocks;
   const int grid = planners + helpers;
   p.planner_blocks = planners;
-  p.total_warps = grid * kWarps;
+  p.end_count = grid * kWarps - 1;
   ResolveKernel<UPR><<<grid, kThreads, smem, stream>>>(p);
   return cudaSuccess;
 }
@@ -742,8 +789,11 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.off_sel_out = sm.off_sel_out;
   p.off_miss_slot = sm.off_miss_slot;
   p.off_miss_pos = sm.off_miss_pos;
-  p.off_scratch = sm.off_scratch;
+  p.off_masks = sm.off_masks;
+  p.off_tot = sm.off_tot;
   p.off_misc = sm.off_misc;
+  p.seg_k = SegmentItems(g.k);
+  p.seg_b = SegmentItems(g.slots);
 
   switch (g.record_bytes) {
     case 656: e = LaunchResolveT<41>(p, sms, sm.total, optin, stream); break;
