@@ -44,8 +44,6 @@ HS_BACKEND_AUTO = 0
 HS_BACKEND_HOST = 1
 HS_BACKEND_CUDA = 2
 
-_c_int32_p = ctypes.POINTER(ctypes.c_int32)
-
 
 class SessionOptions(ctypes.Structure):
     """hs_session_options."""

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Runs the example engine in both modes and checks that hisparse changes nothing.
+
+For every (batch x context) point and record format, the baseline (every layer's KV in HBM) runs
+once, then hisparse runs once per B (slots = factor x k); each hisparse run's logits must equal
+the baseline's at every decode step (torch.equal, bit for bit) and the generated tokens must be
+identical. Prints one `exactness:` and one `latency:` line per hisparse run, optionally a markdown
+table (--markdown) and JSON (--json); exits 1 on any mismatch.
+
+    # on a GPU (CUDA backend, decode step in a CUDA graph):
+    python3 examples/engine/run_engine.py --configs 1x65536,8x16384,32x8192 --k 2048 --steps 300
+    # anywhere (host backend, eager, tiny model):
+    python3 examples/engine/run_engine.py --device cpu --model small --configs 2x600 --k 32 --steps 24
+
+Needs libhisparse and hisparsed (HISPARSE_LIB / HISPARSE_DAEMON_BIN, or the source tree's build/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import sys
+from typing import List, Tuple
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
+
+import torch  # noqa: E402
+
+import hisparse  # noqa: E402
+from engine import SMALL, ModelConfig, SparseDecoder, record_format, run_mode  # noqa: E402
+
+
+def parse_configs(text: str) -> List[Tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        b, ctx = item.lower().split("x")
+        out.append((int(b), int(ctx)))
+    return out
+
+
+def pct(values: List[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="1x8192", help="comma-separated BATCHxCONTEXT points")
+    ap.add_argument("--k", type=int, default=2048, help="positions selected per (request, layer, step)")
+    ap.add_argument("--slots-factor", default="1,2", help="B = factor x k, comma-separated")
+    ap.add_argument("--steps", type=int, default=300, help="decode steps per run")
+    ap.add_argument("--records", default="bf16", help="record formats: bf16 (1152 B), fp8 (656 B), or both")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", choices=["default", "small"], default="default")
+    ap.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    ap.add_argument("--locality", type=float, default=None, help="override the indexer's salience strength")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-graph", action="store_true", help="decode eagerly instead of replaying a CUDA graph")
+    ap.add_argument("--probe-steps", type=int, default=16,
+                    help="last steps of each run synchronized to read in-graph RESOLVE events")
+    ap.add_argument("--daemon", default=None, help="unix:PATH of a running hisparsed (default: start one)")
+    ap.add_argument("--host-pool-size", default=None, help="pool of the daemon started here (default: sized to fit)")
+    ap.add_argument("--markdown", default=None, help="append a results table to this file")
+    ap.add_argument("--json", default=None, help="write every run's figures to this file")
+    args = ap.parse_args(argv)
+
+    dev = torch.device(args.device)
+    cfg = ModelConfig(seed=args.seed, **(SMALL if args.model == "small" else {}))
+    if args.layers is not None:
+        cfg.n_layers = args.layers
+    if args.locality is not None:
+        cfg.locality = args.locality
+    configs = parse_configs(args.configs)
+    factors = [float(f) for f in args.slots_factor.split(",")]
+    formats = [record_format(name, cfg) for name in args.records.split(",")]
+    model = SparseDecoder(cfg, dev)
+    gpu = dev.index if dev.index is not None else 0
+    backend = "cuda" if dev.type == "cuda" else "host"
+    print(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, latent {cfg.latent}, "
+          f"indexer {cfg.idx_heads}x{cfg.idx_dim}, vocab {cfg.vocab}, locality {cfg.locality}; device {dev}, "
+          f"hisparse backend {backend}, decode step in a CUDA graph: {dev.type == 'cuda' and not args.no_graph}",
+          flush=True)
+
+    if dev.type == "cuda":
+        # The link the misses cross, measured in this run (the machines are shared).
+        host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+        devbuf = torch.empty_like(host, device=dev)
+        best = float("inf")
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            devbuf.copy_(host, non_blocking=True)
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b))
+        print(f"link: H2D copy of 1 GiB pinned, best of 3: {(1 << 30) / best / 1e6:.1f} GB/s; "
+              f"{torch.cuda.get_device_name(dev)}", flush=True)
+        del host, devbuf
+
+    daemon = None
+    address = args.daemon
+    if address is None:
+        need = max(b * (ctx + args.steps + 1) * cfg.n_layers * max(f.record_bytes for f in formats)
+                   for b, ctx in configs)
+        pool = args.host_pool_size or f"{max(1, math.ceil(need * 1.3 / 2**30))}GiB"
+        daemon = hisparse.Daemon(host_pool_size=pool, host_pool_segment_size="256MiB").start()
+        address = daemon.address
+        print(f"started hisparsed (pid {daemon.pid}) with a {pool} host pool", flush=True)
+
+    rows = []
+    failures = 0
+    try:
+        for fmt in formats:
+            for batch, ctx in configs:
+                base = run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps,
+                                seed=args.seed + 1, use_graph=not args.no_graph, probe_steps=args.probe_steps)
+                for factor in factors:
+                    slots = int(round(factor * args.k))
+                    with hisparse.Session(address, num_layers=cfg.n_layers, record_bytes=fmt.record_bytes, k=args.k,
+                                          slots=slots, max_requests=batch, gpu=gpu if backend == "cuda" else -1,
+                                          backend=backend, engine_name="examples/engine") as session:
+                        hs = run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps,
+                                      session=session, seed=args.seed + 1, use_graph=not args.no_graph,
+                                      probe_steps=args.probe_steps)
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                    row = report(fmt.name, batch, ctx, args.k, slots, cfg.n_layers, base, hs)
+                    failures += 0 if row["exact"] else 1
+                    rows.append(row)
+                del base
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+    if args.markdown:
+        write_markdown(args.markdown, rows, args, cfg, dev)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(f"engine: {len(rows) - failures} of {len(rows)} hisparse runs bit-identical to the baseline")
+    return 1 if failures else 0
+
+
+def report(fmt_name, batch, ctx, k, slots, n_layers, base, hs) -> dict:
+    steps = base.logits.shape[0]
+    same = [bool(torch.equal(base.logits[i], hs.logits[i])) for i in range(steps)]
+    first_bad = same.index(False) if not all(same) else None
+    tokens_same = bool(torch.equal(base.tokens, hs.tokens))
+    exact = all(same) and tokens_same
+    where = f"batch {batch}, context {ctx}, k {k}, B {slots}, {fmt_name} records"
+    print(f"exactness: {where}: logits bit-identical at {sum(same)}/{steps} decode steps (torch.equal)"
+          f"{'' if first_bad is None else f', first difference at step {first_bad}'}; generated tokens "
+          f"identical: {'yes' if tokens_same else 'NO'} -> {'EXACT' if exact else 'MISMATCH'}", flush=True)
+    b50, h50 = pct(base.step_ms, 0.5), pct(hs.step_ms, 0.5)
+    sel = hs.hits + hs.misses
+    share = (statistics.median(r / g for r, g in zip(hs.resolve_ms, hs.graph_ms))
+             if hs.resolve_ms and hs.graph_ms else float("nan"))
+    resolve = statistics.median(hs.resolve_ms) if hs.resolve_ms else float("nan")
+    misses_per = hs.misses / (steps * batch * n_layers)
+    print(f"latency: {where}: baseline {b50:.3f} ms/step (p90 {pct(base.step_ms, 0.9):.3f}), hisparse {h50:.3f} "
+          f"ms/step (p90 {pct(hs.step_ms, 0.9):.3f}), x{h50 / b50 if b50 else float('nan'):.2f}; RESOLVE "
+          f"{resolve:.3f} ms/step = {100 * share:.1f}% of the in-graph step; hit rate "
+          f"{100 * hs.hits / sel if sel else 0:.1f}%, {misses_per:.0f} misses per (request, layer, step); KV in HBM "
+          f"{fmt_bytes(base.kv_hbm_bytes)} -> {fmt_bytes(hs.kv_hbm_bytes)} (index keys {fmt_bytes(base.index_hbm_bytes)} "
+          f"in both); timed steps {len(hs.step_ms)}, {'CUDA graph' if hs.used_graph else 'eager'}", flush=True)
+    return dict(records=fmt_name, batch=batch, context=ctx, k=k, slots=slots, steps=steps, exact=exact,
+                identical_steps=sum(same), tokens_identical=tokens_same, baseline_ms_p50=b50,
+                baseline_ms_p90=pct(base.step_ms, 0.9), hisparse_ms_p50=h50, hisparse_ms_p90=pct(hs.step_ms, 0.9),
+                resolve_ms_p50=resolve, resolve_share=share, hits=hs.hits, misses=hs.misses,
+                misses_per_row_layer_step=misses_per, baseline_kv_hbm=base.kv_hbm_bytes,
+                hisparse_kv_hbm=hs.kv_hbm_bytes, index_hbm=base.index_hbm_bytes, graph=hs.used_graph,
+                prefill_s_baseline=base.prefill_s, prefill_s_hisparse=hs.prefill_s)
+
+
+def write_markdown(path, rows, args, cfg, dev) -> None:
+    lines = [
+        "",
+        f"Command: `python3 examples/engine/run_engine.py --configs {args.configs} --k {args.k} "
+        f"--slots-factor {args.slots_factor} --steps {args.steps} --records {args.records}`; model "
+        f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, locality {cfg.locality}; {dev}.",
+        "",
+        "| records | batch | context | k | B | exact (steps) | baseline ms/step p50 | hisparse ms/step p50 | x | "
+        "RESOLVE ms/step | RESOLVE share | hit rate | misses/(req,layer,step) | KV HBM baseline -> hisparse |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        sel = r["hits"] + r["misses"]
+        lines.append(
+            f"| {r['records']} | {r['batch']} | {r['context']} | {r['k']} | {r['slots']} | "
+            f"{'yes' if r['exact'] else 'NO'} ({r['identical_steps']}/{r['steps']}) | {r['baseline_ms_p50']:.3f} | "
+            f"{r['hisparse_ms_p50']:.3f} | {r['hisparse_ms_p50'] / r['baseline_ms_p50']:.2f} | "
+            f"{r['resolve_ms_p50']:.3f} | {100 * r['resolve_share']:.0f}% | {100 * r['hits'] / sel if sel else 0:.1f}% | "
+            f"{r['misses_per_row_layer_step']:.0f} | {fmt_bytes(r['baseline_kv_hbm'])} -> {fmt_bytes(r['hisparse_kv_hbm'])} |")
+    with open(path, "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

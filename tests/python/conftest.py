@@ -1,0 +1,82 @@
+"""Fixtures for the Python client tests: a real hisparsed per test module, sessions on it.
+
+The package is imported from the source tree (client/python), ahead of any installed copy. The library and daemon come from $HISPARSE_LIB / $HISPARSE_DAEMON_BIN (ctest
+sets both), else the package's own search (the source tree's build/). When neither is found and
+no variable names them, the tests are skipped with the reason; a variable that names a missing
+file fails them instead.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "client" / "python"))
+sys.path.insert(0, str(REPO / "examples" / "engine"))
+
+import hisparse  # noqa: E402
+
+
+def _library_or_skip() -> None:
+    try:
+        hisparse.library_path()
+    except OSError as e:
+        if os.environ.get("HISPARSE_LIB"):
+            raise
+        pytest.skip(f"libhisparse not built: {e}", allow_module_level=True)
+
+
+def _daemon_or_skip() -> None:
+    try:
+        hisparse.find_daemon_binary()
+    except hisparse.NotFound as e:
+        if os.environ.get("HISPARSE_DAEMON_BIN"):
+            raise
+        pytest.skip(f"hisparsed not built: {e}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    _library_or_skip()
+    _daemon_or_skip()
+    with hisparse.Daemon(host_pool_size="256MiB", host_pool_segment_size="16MiB") as d:
+        yield d
+
+
+@pytest.fixture
+def open_session(daemon):
+    """open_session(**geometry) -> Session on the module's daemon (host backend unless told);
+    every session it opened is closed at the end of the test."""
+    opened = []
+
+    def _open(**kw):
+        kw.setdefault("num_layers", 2)
+        kw.setdefault("record_bytes", 64)
+        kw.setdefault("k", 4)
+        kw.setdefault("slots", 8)
+        kw.setdefault("max_requests", 4)
+        kw.setdefault("backend", "host")
+        s = hisparse.Session(daemon, **kw)
+        opened.append(s)
+        return s
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+def wait_for(predicate, timeout_s: float = 5.0, what: str = "condition"):
+    """Polls predicate() until it returns a truthy value or timeout_s passes (the daemon ends a
+    closed session asynchronously, within milliseconds)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            assert value, f"timed out waiting for {what}"
+            return value
+        time.sleep(0.01)

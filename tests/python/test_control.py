@@ -1,0 +1,167 @@
+"""Control path against a real hisparsed: sessions, admission, stats, errors and cleanup."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import pytest
+
+import hisparse
+from hisparse import _lib
+from conftest import wait_for
+
+
+def test_library_loads_once_with_every_signature_declared():
+    lib = _lib.load()
+    assert _lib.load() is lib
+    assert hisparse.abi_version() == hisparse.ABI_VERSION
+    for name in _lib._SIGNATURES:
+        assert getattr(lib, name).argtypes is not None or name in ("hs_last_error", "hs_abi_version")
+    assert ctypes.sizeof(_lib.SessionOptions) == _lib.new_session_options().struct_size
+    assert os.path.exists(hisparse.library_path())
+
+
+def test_open_reports_geometry_and_host_backend(open_session):
+    s = open_session(num_layers=3, record_bytes=80, k=4, slots=6, max_requests=2)
+    info = s.info()
+    assert info.backend == "host" and s.backend == "host"
+    assert info.slots == 6
+    assert info.record_stride >= 80
+    assert info.slot_base != 0
+    assert info.arena_bytes >= 2 * 3 * 7 * 80
+    assert s.slot_view().shape == (2, 3, 7, info.record_stride)
+
+
+def test_admit_extend_release_and_stats(open_session):
+    s = open_session(record_bytes=64, max_requests=2)
+    base = s.stats()
+    assert base.session_requests == 0 and base.session_host_bytes == 0
+    r = s.admit(7, context_tokens=100, token_budget=128)
+    assert 0 <= r.row < 2 and r.capacity_tokens >= 128
+    st = s.stats()
+    assert st.session_requests == 1
+    assert st.session_host_bytes >= 2 * 128 * 64
+    assert st.pool_used_bytes >= base.pool_used_bytes + 2 * 128 * 64
+    grown = s.extend(7, token_budget=4096)
+    assert grown.row == r.row and grown.capacity_tokens >= 4096
+    assert s.record_ptr(7, 1, 4095) != 0
+    s.release(7)
+    end = s.stats()
+    assert end.session_requests == 0 and end.session_host_bytes == 0
+    assert end.pool_used_bytes == base.pool_used_bytes
+
+
+def test_errors_carry_the_daemons_message(open_session):
+    s = open_session()
+    s.admit(1, 10, 16)
+    with pytest.raises(hisparse.AlreadyExists, match="already admitted"):
+        s.admit(1, 10, 16)
+    with pytest.raises(hisparse.NotFound, match="request 99") as e:
+        s.release(99)
+    assert isinstance(e.value, LookupError) and e.value.code == _lib.HS_ERR_NOT_FOUND
+    with pytest.raises(hisparse.NotFound):
+        s.extend(99, 32)
+    with pytest.raises(hisparse.InvalidArgument, match="position 16") as e:
+        s.record_ptr(1, 0, 16)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(hisparse.InvalidArgument, match="layer 5"):
+        s.record_ptr(1, 5, 0)
+    with pytest.raises(hisparse.InvalidArgument, match="token_budget"):
+        s.admit(2, 10, 0)
+
+
+def test_bad_geometry_is_invalid_argument(daemon):
+    with pytest.raises(hisparse.InvalidArgument) as e:
+        hisparse.Session(daemon, num_layers=2, record_bytes=64, k=16, slots=8, max_requests=1, backend="host")
+    assert str(e.value).startswith("open session: ") and len(str(e.value)) > len("open session: ")
+    with pytest.raises(hisparse.InvalidArgument):
+        hisparse.Session(daemon, num_layers=2, record_bytes=65, k=4, slots=8, max_requests=1, backend="host")
+    with pytest.raises(hisparse.InvalidArgument, match="backend"):
+        hisparse.Session(daemon, num_layers=2, record_bytes=64, k=4, slots=8, max_requests=1, backend="tpu")
+
+
+def test_full_pool_is_resource_exhausted(open_session):
+    s = open_session(num_layers=4, record_bytes=4096, max_requests=4)
+    # 4 layers x 4096 tokens x 4 KiB = 64 MiB a request: the 256 MiB pool holds at most four.
+    with pytest.raises(hisparse.ResourceExhausted):
+        for rid in range(1, 6):
+            s.admit(rid, 4096, 4096)
+    for rid in range(1, 6):
+        try:
+            s.release(rid)
+        except hisparse.NotFound:
+            pass
+    assert s.stats().session_host_bytes == 0
+
+
+def test_unreachable_daemon_is_unavailable(tmp_path):
+    with pytest.raises(hisparse.Unavailable, match="cannot reach"):
+        hisparse.Session(f"unix:{tmp_path}/nobody.sock", num_layers=1, record_bytes=16, k=1, slots=1,
+                         max_requests=1, backend="host", timeout_ms=200)
+
+
+def test_closed_session_raises_unavailable(open_session):
+    s = open_session()
+    s.close()
+    s.close()  # idempotent
+    assert s.closed
+    with pytest.raises(hisparse.Unavailable, match="closed"):
+        s.admit(1, 1, 1)
+
+
+def test_context_manager_returns_everything(daemon, open_session):
+    observer = open_session()
+    before = observer.stats()
+    with hisparse.Session(daemon, num_layers=2, record_bytes=64, k=4, slots=8, max_requests=4,
+                          backend="host") as s:
+        for rid in range(1, 4):
+            s.admit(rid, 100, 200)
+        during = observer.stats()
+        assert during.requests == before.requests + 3
+        assert during.sessions == before.sessions + 1
+        assert during.pool_used_bytes > before.pool_used_bytes
+    assert s.closed
+
+    def back_to_zero():
+        st = observer.stats()
+        return st.requests == before.requests and st.sessions == before.sessions and \
+            st.pool_used_bytes == before.pool_used_bytes
+
+    wait_for(back_to_zero, what="the daemon to release the closed session")
+
+
+def test_daemon_context_manager_stops_and_cleans_up():
+    d = hisparse.Daemon(host_pool_size="64MiB", host_pool_segment_size="16MiB")
+    with d:
+        address = d.address
+        path = address[len("unix:"):]
+        assert os.path.exists(path) and d.running()
+        with hisparse.Session(address, num_layers=1, record_bytes=16, k=1, slots=1, max_requests=1,
+                              backend="host") as s:
+            assert s.stats().pool_capacity_bytes == 64 << 20
+    assert not d.running() and not os.path.exists(os.path.dirname(path))
+    with pytest.raises(hisparse.Unavailable):
+        d.address
+
+
+def test_session_after_daemon_stop_is_unavailable():
+    d = hisparse.Daemon(host_pool_size="64MiB", host_pool_segment_size="16MiB").start()
+    s = hisparse.Session(d, num_layers=1, record_bytes=16, k=1, slots=1, max_requests=1, backend="host",
+                         timeout_ms=500)
+    d.stop()
+    try:
+        with pytest.raises(hisparse.Unavailable):
+            wait_for(lambda: _admit_fails(s), what="the session to notice the daemon stopped")
+            s.admit(1, 1, 1)
+    finally:
+        s.close()
+
+
+def _admit_fails(s) -> bool:
+    try:
+        s.admit(1, 1, 1)
+        s.release(1)
+        return False
+    except hisparse.Unavailable:
+        return True

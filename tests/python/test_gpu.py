@@ -1,0 +1,168 @@
+"""CUDA backend data path from torch: store / append / resolve on device tensors in the current
+stream, the arena viewed through __cuda_array_interface__, and CUDA-graph capture + replay with a
+device-resident batch size. Skipped without torch, a GPU, or a CUDA build of libhisparse."""
+
+from __future__ import annotations
+
+import pytest
+
+import hisparse
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+LAYERS, RECORD, K, B, ROWS = 2, 656, 64, 128, 4
+DEV = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def cuda_session(open_session):
+    try:
+        return open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=ROWS, gpu=0,
+                            backend="cuda")
+    except hisparse.Unimplemented as e:
+        pytest.skip(f"libhisparse built without CUDA: {e}")
+
+
+def admit_and_prefill(s, context, budget, gen):
+    rows, prompts = [], []
+    for i in range(ROWS):
+        rows.append(s.admit(i + 1, context, budget).row)
+        p = torch.randint(0, 256, (LAYERS, context, RECORD), dtype=torch.uint8, generator=gen).to(DEV)
+        s.store(i + 1, p)
+        prompts.append(p)
+    return torch.tensor(rows, dtype=torch.int32, device=DEV), prompts
+
+
+def random_selection(gen, seq_lens):
+    """Per row: K/2 positions from a recurring hot set, K/2 - 2 others, the newest token, one pad."""
+    pos = torch.full((ROWS, K), -1, dtype=torch.int32)
+    for i, n in enumerate(seq_lens.tolist()):
+        hot = torch.randperm(min(n - 1, 2 * K), generator=gen)[: K // 2]
+        free = torch.ones(n - 1, dtype=torch.bool)
+        free[hot] = False
+        rest = torch.nonzero(free).flatten()
+        cold = rest[torch.randperm(rest.numel(), generator=gen)[: K // 2 - 2]]
+        sel = torch.cat([hot, cold, torch.tensor([n - 1])])
+        pos[i, : sel.numel()] = sel[torch.randperm(sel.numel(), generator=gen)].to(torch.int32)
+    return pos.to(DEV)
+
+
+def check_exact(s, rows, seq_lens, positions, out_slots, layer):
+    """Every output slot holds the host record of its position, byte for byte."""
+    torch.cuda.synchronize()
+    arena = s.slot_view()
+    assert arena.is_cuda and arena.dtype == torch.uint8 and arena.shape == (ROWS, LAYERS, B + 1, RECORD)
+    for i in range(ROWS):
+        rid, n = i + 1, int(seq_lens[i])
+        host = torch.from_numpy(np.array(s.record_view(rid, layer, 0, n)))
+        pos, out = positions[i].cpu(), out_slots[i].cpu()
+        valid = pos >= 0
+        assert (out[~valid] == -1).all()
+        assert (out[pos == n - 1] == B).all()
+        got = arena[int(rows[i]), layer][out[valid].long().to(DEV)].cpu()
+        assert torch.equal(got, host[pos[valid].long()])
+
+
+def test_store_append_resolve_on_the_current_stream(cuda_session):
+    s, gen = cuda_session, torch.Generator().manual_seed(3)
+    context, steps = 700, 6
+    assert s.backend == "cuda"
+    rows, _ = admit_and_prefill(s, context, context + steps, gen)
+    seq_lens = torch.full((ROWS,), context, dtype=torch.int32, device=DEV)
+    out = torch.empty(ROWS, K, dtype=torch.int32, device=DEV)
+    stream = torch.cuda.Stream()
+    before, selections = s.stats(), 0
+    with torch.cuda.stream(stream):  # the data path follows torch's current stream
+        for _ in range(steps):
+            seq_lens += 1
+            for layer in range(LAYERS):
+                newest = torch.randint(0, 256, (ROWS, RECORD), dtype=torch.uint8, generator=gen).to(DEV)
+                s.append(layer, rows, seq_lens, newest)
+                pos = random_selection(gen, seq_lens.cpu())
+                selections += int((pos >= 0).sum())
+                s.resolve(layer, rows, seq_lens, pos, out)
+                check_exact(s, rows, seq_lens.cpu(), pos, out, layer)
+    s.check_errors()
+    after = s.stats()
+    assert (after.hits - before.hits) + (after.misses - before.misses) == selections
+    assert after.misses > before.misses
+
+
+def test_cuda_graph_replay_with_device_batch_size(cuda_session):
+    s, gen = cuda_session, torch.Generator().manual_seed(4)
+    context, steps = 900, 5
+    rows, _ = admit_and_prefill(s, context, context + steps + 1, gen)
+    seq_lens = torch.full((ROWS,), context, dtype=torch.int32, device=DEV)
+    batch = torch.tensor([ROWS], dtype=torch.int32, device=DEV)
+    positions = torch.full((LAYERS, ROWS, K), -1, dtype=torch.int32, device=DEV)
+    newest = torch.zeros(LAYERS, ROWS, RECORD, dtype=torch.uint8, device=DEV)
+    out = torch.full((LAYERS, ROWS, K), -7, dtype=torch.int32, device=DEV)
+
+    def step():
+        for layer in range(LAYERS):
+            s.append(layer, rows, seq_lens, newest[layer], batch_size=batch)
+            s.resolve(layer, rows, seq_lens, positions[layer], out[layer], batch_size=batch)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    seq_lens += 1
+    with torch.cuda.stream(side):
+        for layer in range(LAYERS):
+            positions[layer].copy_(random_selection(gen, seq_lens.cpu()))
+        newest.random_(0, 256)
+        step()  # warm-up, a real step
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for layer in range(LAYERS):
+        check_exact(s, rows, seq_lens.cpu(), positions[layer], out[layer], layer)
+    for step_i in range(steps - 1):
+        seq_lens += 1
+        for layer in range(LAYERS):
+            positions[layer].copy_(random_selection(gen, seq_lens.cpu()))
+        newest.random_(0, 256)
+        if step_i == steps - 2:
+            batch.fill_(ROWS - 1)  # the same graph, one row fewer: the last row must stay untouched
+            out[:, ROWS - 1].fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        if step_i < steps - 2:
+            for layer in range(LAYERS):
+                check_exact(s, rows, seq_lens.cpu(), positions[layer], out[layer], layer)
+    assert (out[:, ROWS - 1] == -7).all()
+    assert (out[:, : ROWS - 1] >= -1).all()
+    s.check_errors()
+
+
+def test_cuda_session_wants_device_memory(cuda_session):
+    s = cuda_session
+    row = s.admit(1, 100, 120).row
+    host = np.array([row], np.int32)
+    with pytest.raises(hisparse.InvalidArgument, match="device memory"):
+        s.resolve(0, host, np.array([100], np.int32), np.zeros((1, K), np.int32), np.zeros((1, K), np.int32))
+    with pytest.raises(hisparse.InvalidArgument, match="torch.int32"):
+        d = torch.tensor([row], device=DEV)
+        s.resolve(0, d, d, torch.zeros(1, K, device=DEV, dtype=torch.long), torch.zeros(1, K, device=DEV))
+    cai = s.slot_array_interface().__cuda_array_interface__
+    assert cai["shape"] == (ROWS, LAYERS, B + 1, RECORD) and cai["typestr"] == "|u1"
+    assert cai["data"][0] == s.info().slot_base
+
+
+def test_bad_positions_surface_at_check_errors(cuda_session):
+    s = cuda_session
+    row = s.admit(1, 200, 220).row
+    s.store(1, torch.zeros(LAYERS, 200, RECORD, dtype=torch.uint8, device=DEV))
+    rows = torch.tensor([row], dtype=torch.int32, device=DEV)
+    seq = torch.tensor([200], dtype=torch.int32, device=DEV)
+    pos = torch.arange(K, dtype=torch.int32, device=DEV).reshape(1, K)
+    pos[0, 5] = 500  # beyond seq_len
+    out = torch.zeros(1, K, dtype=torch.int32, device=DEV)
+    s.resolve(0, rows, seq, pos, out)  # enqueued; the kernel flags the row
+    with pytest.raises(hisparse.InvalidArgument, match="position"):
+        s.check_errors()
+    assert (out == -1).all()
+    s.check_errors()  # cleared

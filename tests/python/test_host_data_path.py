@@ -1,0 +1,175 @@
+"""Host-backend data path with numpy int32 arrays: store, append, resolve, and every slot's bytes
+checked against the host pool's records (the exactness contract of ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+import hisparse
+
+np = pytest.importorskip("numpy")
+
+LAYERS, RECORD, K, B, ROWS = 3, 64, 8, 16, 3
+
+
+def record_bytes(rid: int, layer: int, pos: int) -> np.ndarray:
+    """A record whose bytes name (request, layer, position), so any mix-up shows."""
+    rng = np.random.default_rng(rid * 1_000_003 + layer * 7919 + pos)
+    return rng.integers(0, 256, RECORD, dtype=np.uint8)
+
+
+def prompt(rid: int, tokens: int) -> np.ndarray:
+    return np.stack([np.stack([record_bytes(rid, l, p) for p in range(tokens)]) for l in range(LAYERS)])
+
+
+def check_slots(s, rid, row, layer, positions, out_slots, seq_len):
+    arena = s.slot_view()
+    for j, p in enumerate(positions):
+        slot = int(out_slots[j])
+        if p < 0:
+            assert slot == -1
+            continue
+        if p == seq_len - 1:
+            assert slot == B, "the newest token maps to the extra slot B"
+        assert 0 <= slot <= B
+        host = s.record_view(rid, layer, int(p))[0]
+        np.testing.assert_array_equal(arena[row, layer, slot, :RECORD], host)
+        np.testing.assert_array_equal(host, record_bytes(rid, layer, int(p)))
+
+
+@pytest.fixture
+def session(open_session):
+    return open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=ROWS)
+
+
+def test_store_reads_back_and_short_prompts_are_resident(session):
+    s = session
+    info = s.admit(1, 12, 64)
+    data = prompt(1, 12)
+    s.store(1, data, num_tokens=12)
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(s.record_view(1, l, 0, 12), data[l])
+    # seq_len <= B: every position p sits in slot p after prefill (rule 5).
+    arena = s.slot_view()
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(arena[info.row, l, :12, :RECORD], data[l])
+
+
+def test_record_view_writes_through_to_the_pool(session):
+    s = session
+    s.admit(1, 4, 8)
+    view = s.record_view(1, 0, 2)
+    view[0, :] = 0xAB
+    assert bytes(s.record_view(1, 0, 2)[0]) == b"\xab" * RECORD
+    with pytest.raises(hisparse.InvalidArgument):
+        s.record_view(1, 0, 4, count=5)  # beyond the capacity of 8
+
+
+def test_decode_steps_keep_every_slot_exact(session):
+    s = session
+    context, steps = 40, 12
+    ids = [1, 2, 3]
+    rows = np.zeros(ROWS, np.int32)
+    for i, rid in enumerate(ids):
+        rows[i] = s.admit(rid, context, context + steps).row
+        s.store(rid, prompt(rid, context), num_tokens=context)
+    seq_lens = np.full(ROWS, context, np.int32)
+    positions = np.full((ROWS, K), -1, np.int32)
+    out = np.zeros((ROWS, K), np.int32)
+    rng = np.random.default_rng(5)
+    before = s.stats()
+    selections = 0
+    for step in range(steps):
+        seq_lens += 1
+        for l in range(LAYERS):
+            newest = np.stack([record_bytes(rid, l, int(seq_lens[i]) - 1) for i, rid in enumerate(ids)])
+            s.append(l, rows, seq_lens, newest)
+            for i in range(ROWS):
+                # Locality: half from a small hot set, half anywhere; the newest token, some padding.
+                hot = rng.choice(12, 3, replace=False)
+                cold = rng.choice(np.arange(12, seq_lens[i] - 1), 3, replace=False)
+                sel = np.concatenate([hot, cold, [seq_lens[i] - 1], [-1]]).astype(np.int32)
+                positions[i] = rng.permutation(sel)
+            selections += int((positions >= 0).sum())
+            s.resolve(l, rows, seq_lens, positions, out)
+            for i, rid in enumerate(ids):
+                check_slots(s, rid, int(rows[i]), l, positions[i], out[i], int(seq_lens[i]))
+    after = s.stats()
+    assert (after.hits - before.hits) + (after.misses - before.misses) == selections
+    assert after.hits > before.hits and after.misses > before.misses
+    assert after.bytes_fetched - before.bytes_fetched == (after.misses - before.misses) * RECORD
+
+
+def test_batch_size_limits_the_rows_resolved(session):
+    s = session
+    rows = np.array([s.admit(1, 20, 24).row, s.admit(2, 20, 24).row, 0], np.int32)
+    s.store(1, prompt(1, 20), num_tokens=20)
+    s.store(2, prompt(2, 20), num_tokens=20)
+    seq_lens = np.array([20, 20, 20], np.int32)
+    positions = np.tile(np.arange(K, dtype=np.int32), (ROWS, 1))
+    out = np.full((ROWS, K), 77, np.int32)
+    s.resolve(0, rows, seq_lens, positions, out, batch_size=np.array([1], np.int32))
+    assert (out[0] >= 0).all() and (out[1:] == 77).all()
+
+
+def test_other_buffer_kinds(session):
+    s = session
+    row = s.admit(1, 20, 24).row
+    s.store(1, bytearray(prompt(1, 20).tobytes()), num_tokens=20)
+    Arr = ctypes.c_int32 * 1
+    rows, seq = Arr(row), memoryview(np.array([20], np.int32))
+    pos = (ctypes.c_int32 * K)(*range(K))
+    out = (ctypes.c_int32 * K)()
+    s.resolve(1, rows, seq, pos, out)
+    check_slots(s, 1, row, 1, list(pos), list(out), 20)
+    s.append(0, rows, seq, prompt(1, 20)[0, 19].tobytes())  # read-only bytes are fine as a source
+
+
+def test_data_path_argument_errors(session):
+    s = session
+    row = s.admit(1, 20, 24).row
+    s.store(1, prompt(1, 20), num_tokens=20)
+    rows, seq = np.array([row], np.int32), np.array([20], np.int32)
+    pos, out = np.arange(K, dtype=np.int32).reshape(1, K), np.zeros((1, K), np.int32)
+    with pytest.raises(hisparse.InvalidArgument, match="int32"):
+        s.resolve(0, rows.astype(np.int64), seq, pos, out)
+    with pytest.raises(hisparse.InvalidArgument, match="contiguous"):
+        s.resolve(0, rows, seq, np.zeros((K, 2), np.int32).T[:1], out)
+    with pytest.raises(hisparse.InvalidArgument, match="read-only"):
+        ro = out.copy()
+        ro.flags.writeable = False
+        s.resolve(0, rows, seq, pos, ro)
+    with pytest.raises(hisparse.InvalidArgument, match="reads 8"):
+        s.resolve(0, rows, seq, pos[:, :4].copy(), out)
+    bad = pos.copy()
+    bad[0, 3] = 20  # == seq_len: out of range
+    with pytest.raises(hisparse.InvalidArgument, match="position"):
+        s.resolve(0, rows, seq, bad, out)
+    assert (out == -1).all(), "an invalid row's outputs are padding"
+    dup = pos.copy()
+    dup[0, 1] = dup[0, 0]
+    with pytest.raises(hisparse.InvalidArgument, match="twice"):
+        s.resolve(0, rows, seq, dup, out)
+    with pytest.raises(hisparse.InvalidArgument, match="capacity"):
+        s.store(1, prompt(1, 20), start_pos=10, num_tokens=20)
+    with pytest.raises(hisparse.NotFound):
+        s.store(42, prompt(1, 20), num_tokens=20)
+    with pytest.raises(hisparse.InvalidArgument, match="src holds"):
+        s.store(1, prompt(1, 20)[:1], num_tokens=20)
+
+
+def test_torch_cpu_tensors_on_the_host_backend(session):
+    torch = pytest.importorskip("torch")
+    s = session
+    row = s.admit(1, 20, 24).row
+    s.store(1, torch.from_numpy(prompt(1, 20)), num_tokens=20)
+    rows = torch.tensor([row], dtype=torch.int32)
+    seq = torch.tensor([20], dtype=torch.int32)
+    pos = torch.arange(K, dtype=torch.int32).reshape(1, K)
+    out = torch.zeros(1, K, dtype=torch.int32)
+    s.resolve(2, rows, seq, pos, out)
+    check_slots(s, 1, row, 2, pos[0].tolist(), out[0].numpy(), 20)
+    with pytest.raises(hisparse.InvalidArgument, match="torch.int32"):
+        s.resolve(2, rows.long(), seq, pos, out)
