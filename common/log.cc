@@ -17,7 +17,7 @@ void SetLogThreshold(LogSeverity severity) { g_threshold.store(static_cast<int>(
 LogSeverity GetLogThreshold() { return static_cast<LogSeverity>(g_threshold.load()); }
 bool LogEnabled(LogSeverity severity) { return static_cast<int>(severity) >= g_threshold.load(); }
 
-LogMessage::LogMessage(LogSeverity severity, const char* file, int line) : severity_(severity) {
+LogMessage::LogMessage(LogSeverity severity, const char* file, int line) {
   timeval tv;
   ::gettimeofday(&tv, nullptr);
   tm utc;

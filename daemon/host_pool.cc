@@ -84,7 +84,7 @@ absl::Status HostPool::MakeSegmentMemory(Segment& s, uint64_t bytes, int threads
   HS_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd("hisparse-pool", bytes, try_huge, hugetlb));
   HS_ASSIGN_OR_RETURN(MappedRegion map, MappedRegion::MapShared(fd.get(), bytes));
   if (!*hugetlb) ::madvise(map.data(), bytes, MADV_HUGEPAGE);  // transparent huge pages, if shmem allows
-  PretouchParallel(map.data(), bytes, threads);
+  if (threads > 0) PretouchParallel(map.data(), bytes, threads);
   s.fd = std::move(fd);
   s.map = std::move(map);
   s.runs = std::make_unique<ExtentAllocator>(bytes, kRunAlignment);
@@ -109,20 +109,28 @@ absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes)
       best_free = s.runs->largest_free_extent();
     }
   }
-  // 2. Else a free segment, preferring one this owner used last (no replacement needed).
+  // 2. Else a free segment: one this owner used last, else one nobody has used since it was made
+  // (neither needs new memory), else any free one, which gets fresh memory first.
   if (best < 0) {
+    int rank_best = 3;
     for (size_t i = 0; i < segments_.size(); ++i) {
       const Segment& s = segments_[i];
       if (s.owner != kNoOwner || s.runs->capacity() < bytes) continue;
-      if (best < 0 || s.last_owner == owner) best = static_cast<int>(i);
-      if (s.last_owner == owner) break;
+      const int rank = s.last_owner == owner ? 0 : s.last_owner == kNoOwner ? 1 : 2;
+      if (rank < rank_best) {
+        rank_best = rank;
+        best = static_cast<int>(i);
+        if (rank == 0) break;
+      }
     }
     if (best >= 0) {
       Segment& s = segments_[best];
-      if (s.last_owner != kNoOwner && s.last_owner != owner) {
-        // Scrub by replacement: the previous engine may still map the old memfd.
+      if (rank_best == 2) {
+        // Scrub by replacement: the previous engine may still map the old memfd. The fresh one is
+        // not pre-touched here (that would stall every session behind this lock); the engine's
+        // cudaHostRegister populates it when it maps the segment.
         bool huge = false;
-        HS_RETURN_IF_ERROR(MakeSegmentMemory(s, s.map.size(), 1, &huge));
+        HS_RETURN_IF_ERROR(MakeSegmentMemory(s, s.map.size(), /*pretouch_threads=*/0, &huge));
       }
       s.owner = owner;
       s.last_owner = owner;

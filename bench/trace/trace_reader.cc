@@ -95,9 +95,14 @@ absl::StatusOr<bool> TraceReader::ReadLine() {
   }
   if (!got) return false;
   ++line_;
-  // A NUL would make the line mean different things to different tools: reject it.
+  // CRLF files are fine: one trailing CR goes. Any other CR or a NUL would make the line mean
+  // different things to different tools (the writer refuses them): reject it.
+  if (!line_text_.empty() && line_text_.back() == '\r') line_text_.pop_back();
   if (line_text_.find('\0') != std::string::npos) {
     return Error("NUL byte in a line: not a text trace");
+  }
+  if (line_text_.find('\r') != std::string::npos) {
+    return Error("carriage return inside a line: not a text trace");
   }
   return true;
 }

@@ -201,7 +201,7 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
         case 2: object = "segment " + in.String(24); break;
         default: object = in.String(64); break;
       }
-      auto fd = Manager().DupFdFor(ref.session_id(), ref.token(), object);
+      auto fd = Manager().DupFdFor(ref.session_id(), ref.token(), object, PeerCredentials{::getpid(), ::getuid(), ::getgid()});
       if (owner == nullptr) Expect(!fd.ok(), "DupFdFor handed a descriptor to a wrong ref");
       if (fd.ok()) Expect(fd->valid(), "DupFdFor returned OK without a descriptor");
       break;

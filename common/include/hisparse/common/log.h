@@ -26,7 +26,6 @@ class LogMessage {
   std::ostream& stream() { return stream_; }
 
  private:
-  LogSeverity severity_;
   std::ostringstream stream_;
 };
 

@@ -8,9 +8,12 @@
 //
 // Isolation: a segment belongs to at most one owner (a session) at a time, and the owner's engine
 // maps exactly the segments it owns (their fds travel over the fd channel). A segment returns to
-// the free list when its last run is freed. When a free segment is claimed by a different owner
-// than its last one, its memfd is replaced by a fresh one first, so that a mapping the previous
-// engine may still hold can never reach the next tenant's records.
+// the free list when its last run is freed. A claim prefers a segment the owner used last, then
+// one never used; a segment that passes to a different owner gets a fresh memfd first, so that a
+// mapping the previous engine may still hold can never reach the next tenant's records.
+//
+// Capacity note: since segments are exclusive, at most `segment_count` sessions hold memory at
+// once; size host_pool.segment_size so that the pool has several segments per expected session.
 //
 // Not thread-safe: SessionManager owns the pool and serializes every call under its mutex.
 #ifndef HISPARSE_DAEMON_HOST_POOL_H_
@@ -96,6 +99,7 @@ class HostPool {
     uint64_t last_owner = kNoOwner;
   };
   explicit HostPool(const Options& options) : options_(options) {}
+  // New memfd + mapping for `s`; pre-touched by `threads` threads (0: not pre-touched).
   absl::Status MakeSegmentMemory(Segment& s, uint64_t bytes, int threads, bool* hugetlb);
   absl::Status CheckRun(uint64_t owner, const Run& run) const;
 
