@@ -76,7 +76,7 @@ struct Config {
 
 // What one worker saw. Merged after the run; no sharing while it runs.
 struct WorkerResult {
-  std::vector<uint32_t> ns[kKinds];  // latencies in nanoseconds
+  std::vector<uint32_t> ns[kKinds];        // latencies in nanoseconds
   std::map<std::string, uint64_t> errors;  // "kind: code" -> count
   uint64_t pool_full = 0;                  // RESOURCE_EXHAUSTED with rows to spare: the pool
   uint64_t corrupted = 0;
@@ -149,15 +149,20 @@ class Worker {
 
   void SteadyStep(uint64_t id) {
     uint32_t admit_ns = 0, release_ns = 0;
-    if (Timed(kAdmit, [&] { return session_.Admit(id, budget_ / 2, budget_); }, &admit_ns)) return;
+    if (Timed(
+            kAdmit, [&] { return session_.Admit(id, budget_ / 2, budget_); }, &admit_ns))
+      return;
     if (id % 2 == 0) Timed(kExtend, [&] { return session_.Extend(id, budget_ * 2); });
-    if (Timed(kRelease, [&] { return session_.Release(id); }, &release_ns)) return;
+    if (Timed(
+            kRelease, [&] { return session_.Release(id); }, &release_ns))
+      return;
     result_.ns[kAdmitRelease].push_back(admit_ns + release_ns);
   }
 
   void PressureStep(uint64_t id) {
     uint32_t admit_ns = 0;
-    Error e = Timed(kAdmit, [&] { return session_.Admit(id, budget_ / 2, budget_); }, &admit_ns);
+    Error e = Timed(
+        kAdmit, [&] { return session_.Admit(id, budget_ / 2, budget_); }, &admit_ns);
     if (e) {
       if (e.code == HS_ERR_RESOURCE_EXHAUSTED && held_.size() < kRows) ++result_.pool_full;
       if (!held_.empty()) ReleaseOldest();
@@ -193,7 +198,8 @@ class Worker {
     held_.pop_front();
     if (!Stamp(h.id, false)) ++result_.corrupted;
     uint32_t release_ns = 0;
-    if (!Timed(kRelease, [&] { return session_.Release(h.id); }, &release_ns)) {
+    if (!Timed(
+            kRelease, [&] { return session_.Release(h.id); }, &release_ns)) {
       result_.ns[kAdmitRelease].push_back(h.admit_ns + release_ns);
     }
   }
@@ -398,7 +404,8 @@ int ControlMain(int argc, char** argv) {
   absl::StrAppendFormat(&out, "  \"daemon\": \"%s\",\n", own_daemon ? "own" : address);
   if (own_daemon) absl::StrAppendFormat(&out, "  \"daemon_start_s\": %.3f,\n", daemon_start_s);
   absl::StrAppendFormat(&out, "  \"pool_capacity_bytes\": %u,\n", before.pool_capacity_bytes);
-  absl::StrAppendFormat(&out, "  \"sessions\": %d,\n  \"layers\": %u,\n  \"record_bytes\": %u,\n  \"budget_tokens\": %u,\n",
+  absl::StrAppendFormat(&out,
+                        "  \"sessions\": %d,\n  \"layers\": %u,\n  \"record_bytes\": %u,\n  \"budget_tokens\": %u,\n",
                         config.sessions, config.layers, config.record_bytes, budget);
   absl::StrAppendFormat(&out, "  \"seconds\": %.3f,\n  \"calls\": %u,\n  \"calls_per_s\": %.0f,\n", elapsed, calls,
                         calls / elapsed);

@@ -121,8 +121,7 @@ int GenTraceMain(int argc, char** argv) {
     return writer ? writer->Write(r) : absl::OkStatus();
   });
   if (status.ok() && writer) status = writer->Close();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!status.ok()) {
     std::fprintf(stderr, "hisparse-bench gen-trace: %s\n", std::string(status.message()).c_str());
     return absl::IsInvalidArgument(status) ? 2 : 1;
@@ -137,10 +136,10 @@ int GenTraceMain(int argc, char** argv) {
         o.preset.name.c_str(), generator.c_str(), seconds, Means(stats.consecutive, true).c_str(),
         Means(stats.adjacent, true).c_str());
   } else {
-    std::printf("%s  (%.2f s)\nconsecutive-step overlap per layer: %s\nadjacent-layer overlap "
-                "(l, l+1):        %s\n",
-                generator.c_str(), seconds, Means(stats.consecutive, false).c_str(),
-                Means(stats.adjacent, false).c_str());
+    std::printf(
+        "%s  (%.2f s)\nconsecutive-step overlap per layer: %s\nadjacent-layer overlap "
+        "(l, l+1):        %s\n",
+        generator.c_str(), seconds, Means(stats.consecutive, false).c_str(), Means(stats.adjacent, false).c_str());
   }
   return 0;
 }

@@ -27,14 +27,13 @@
 namespace hisparse::bench {
 namespace {
 
-#define BENCH_CUDA(x)                                                                     \
-  do {                                                                                    \
-    const cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "hisparse-bench resolve: %s: %s (%s)\n", #x,                   \
-                   cudaGetErrorString(e_), LastLaunchError());                            \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define BENCH_CUDA(x)                                                                                               \
+  do {                                                                                                              \
+    const cudaError_t e_ = (x);                                                                                     \
+    if (e_ != cudaSuccess) {                                                                                        \
+      std::fprintf(stderr, "hisparse-bench resolve: %s: %s (%s)\n", #x, cudaGetErrorString(e_), LastLaunchError()); \
+      std::exit(1);                                                                                                 \
+    }                                                                                                               \
   } while (0)
 
 __global__ void SpinKernel(long long cycles) {
@@ -122,13 +121,20 @@ int ResolveMain(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--batch") o.batch = ParseList<int>(next());
-    else if (a == "--slots") o.slots = ParseList<int>(next());
-    else if (a == "--record-bytes") o.record_bytes = ParseList<int>(next());
-    else if (a == "--miss") o.miss = ParseList<double>(next());
-    else if (a == "--k") o.k = std::atoi(next());
-    else if (a == "--runs") o.runs = std::atoi(next());
-    else if (a == "--warm-l2") o.scrub_l2 = false;
+    if (a == "--batch")
+      o.batch = ParseList<int>(next());
+    else if (a == "--slots")
+      o.slots = ParseList<int>(next());
+    else if (a == "--record-bytes")
+      o.record_bytes = ParseList<int>(next());
+    else if (a == "--miss")
+      o.miss = ParseList<double>(next());
+    else if (a == "--k")
+      o.k = std::atoi(next());
+    else if (a == "--runs")
+      o.runs = std::atoi(next());
+    else if (a == "--warm-l2")
+      o.scrub_l2 = false;
     else if (a == "-h" || a == "--help") {
       Usage();
       return 0;
@@ -138,8 +144,7 @@ int ResolveMain(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.k < 1 ||
-      o.runs < 1) {
+  if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.k < 1 || o.runs < 1) {
     Usage();
     return 2;
   }
@@ -162,8 +167,7 @@ int ResolveMain(int argc, char** argv) {
   // Host pool: sized for the largest point, reused by all.
   const size_t pool_bytes = static_cast<size_t>(max_batch_all) * (max_slots_all + k + 1) * max_rb_all;
   uint8_t* pool = nullptr;
-  BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes,
-                           cudaHostAllocMapped | cudaHostAllocPortable));
+  BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
   for (size_t i = 0; i < pool_bytes; i += 4096) pool[i] = static_cast<uint8_t>(i >> 12);
   uint8_t* pool_dev = nullptr;
   BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
@@ -286,10 +290,9 @@ int ResolveMain(int argc, char** argv) {
               "\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,\"noio_median_us\":%.2f,"
               "\"noio_min_us\":%.2f,\"link_gbps\":%.2f,\"bound_us\":%.2f,\"ratio_to_bound\":%.3f,"
               "\"runs\":%d,\"l2\":\"%s\",\"check\":\"%s\"}\n",
-              batch, k, B, rb, miss, misses_row * batch, miss_bytes, med[0], mn[0],
-              miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1],
-              link, bound, med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
-              ok ? "ok" : "FAILED");
+              batch, k, B, rb, miss, misses_row * batch, miss_bytes, med[0], mn[0], miss_bytes / (med[0] * 1e3),
+              miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], link, bound, med[0] / bound, o.runs,
+              o.scrub_l2 ? "cold" : "warm", ok ? "ok" : "FAILED");
           std::fflush(stdout);
         }
         cudaFree(ws);

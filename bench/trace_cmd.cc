@@ -67,8 +67,7 @@ std::string Parse(absl::string_view name, const std::string& value, Args* a) {
   } else if (name == "--policy") {
     for (absl::string_view p : absl::StrSplit(value, ',')) {
       if (p == "all") {
-        a->policies.insert(a->policies.end(),
-                           {trace::Policy::kLru, trace::Policy::kBelady, trace::Policy::kStaging});
+        a->policies.insert(a->policies.end(), {trace::Policy::kLru, trace::Policy::kBelady, trace::Policy::kStaging});
         continue;
       }
       absl::StatusOr<trace::Policy> policy = trace::ParsePolicy(p);
@@ -92,8 +91,7 @@ std::string Parse(absl::string_view name, const std::string& value, Args* a) {
       a->ratios.push_back(r);
     }
   } else if (name == "--record-bytes") {
-    if (!absl::SimpleAtoi(value, &a->record_bytes) || a->record_bytes < 1 ||
-        a->record_bytes > (int64_t{1} << 30)) {
+    if (!absl::SimpleAtoi(value, &a->record_bytes) || a->record_bytes < 1 || a->record_bytes > (int64_t{1} << 30)) {
       return "--record-bytes needs a positive integer, got '" + value + "'";
     }
   } else {
@@ -137,8 +135,7 @@ int TraceMain(int argc, char** argv) {
   if (a.slots.empty() && a.ratios.empty()) return UsageError("--slots or --ratios is required");
   if (a.policies.empty()) return UsageError("--policy is required");
 
-  const bool study = a.study || a.traces.size() > 1 || a.policies.size() > 1 ||
-                     a.slots.size() > 1 || !a.ratios.empty();
+  const bool study = a.study || a.traces.size() > 1 || a.policies.size() > 1 || a.slots.size() > 1 || !a.ratios.empty();
   if (!study) {
     trace::ReplayOptions options;
     options.slots = a.slots[0];
@@ -146,8 +143,8 @@ int TraceMain(int argc, char** argv) {
     options.record_bytes = static_cast<uint32_t>(a.record_bytes);
     absl::StatusOr<trace::ReplayResult> result = trace::ReplayTrace(a.traces[0], options);
     if (!result.ok()) return Failed(result.status());
-    const std::string text = a.json ? trace::ReplayResultJson(*result, a.traces[0])
-                                    : trace::ReplayResultTable(*result, a.traces[0]);
+    const std::string text =
+        a.json ? trace::ReplayResultJson(*result, a.traces[0]) : trace::ReplayResultTable(*result, a.traces[0]);
     std::fputs(text.c_str(), stdout);
     return 0;
   }

@@ -32,7 +32,8 @@ bool CanConnect(const std::string& path, int type) {
 
 absl::StatusOr<std::string> FindDaemonBinary() {
   if (const char* env = std::getenv("HISPARSE_DAEMON_BIN"); env != nullptr && *env) {
-    if (::access(env, X_OK) != 0) return absl::NotFoundError(absl::StrCat("HISPARSE_DAEMON_BIN=", env, " is not executable"));
+    if (::access(env, X_OK) != 0)
+      return absl::NotFoundError(absl::StrCat("HISPARSE_DAEMON_BIN=", env, " is not executable"));
     return std::string(env);
   }
   char self[4096];
@@ -43,13 +44,14 @@ absl::StatusOr<std::string> FindDaemonBinary() {
     dir = dir.substr(0, dir.rfind('/'));
     const std::string candidate = dir + "/hisparsed";
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    return absl::NotFoundError(absl::StrCat("no hisparsed beside this program (", candidate, "); set HISPARSE_DAEMON_BIN"));
+    return absl::NotFoundError(
+        absl::StrCat("no hisparsed beside this program (", candidate, "); set HISPARSE_DAEMON_BIN"));
   }
   return absl::NotFoundError("cannot locate hisparsed: set HISPARSE_DAEMON_BIN");
 }
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::vector<std::string>& extra_args,
-                                                                     int timeout_ms) {
+                                                                    int timeout_ms) {
   auto binary = FindDaemonBinary();
   if (!binary.ok()) return binary.status();
   std::unique_ptr<DaemonProcess> d(new DaemonProcess());

@@ -26,8 +26,8 @@ LogMessage::LogMessage(LogSeverity severity, const char* file, int line) {
   std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &utc);
   const char* base = std::strrchr(file, '/');
   stream_ << when << '.' << std::to_string(1000000 + tv.tv_usec).substr(1) << "Z "
-          << kLetters[static_cast<int>(severity)] << ' ' << program_invocation_short_name << '['
-          << ::getpid() << "] " << (base ? base + 1 : file) << ':' << line << "] ";
+          << kLetters[static_cast<int>(severity)] << ' ' << program_invocation_short_name << '[' << ::getpid() << "] "
+          << (base ? base + 1 : file) << ':' << line << "] ";
 }
 
 LogMessage::~LogMessage() {

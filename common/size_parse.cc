@@ -25,12 +25,17 @@ constexpr uint64_t kTi = uint64_t{1} << 40;
 constexpr uint64_t kPi = uint64_t{1} << 50;
 
 constexpr std::array<Unit, 22> kUnits = {{
-    {"", 1},          {"b", 1},
-    {"k", kKi},       {"ki", kKi},       {"kib", kKi},       {"kb", 1000},
-    {"m", kMi},       {"mi", kMi},       {"mib", kMi},       {"mb", 1000 * 1000},
-    {"g", kGi},       {"gi", kGi},       {"gib", kGi},       {"gb", 1000 * 1000 * 1000},
-    {"t", kTi},       {"ti", kTi},       {"tib", kTi},       {"tb", 1000ull * 1000 * 1000 * 1000},
-    {"p", kPi},       {"pi", kPi},       {"pib", kPi},       {"pb", 1000ull * 1000 * 1000 * 1000 * 1000},
+    {"", 1},      {"b", 1},
+    {"k", kKi},   {"ki", kKi},
+    {"kib", kKi}, {"kb", 1000},
+    {"m", kMi},   {"mi", kMi},
+    {"mib", kMi}, {"mb", 1000 * 1000},
+    {"g", kGi},   {"gi", kGi},
+    {"gib", kGi}, {"gb", 1000 * 1000 * 1000},
+    {"t", kTi},   {"ti", kTi},
+    {"tib", kTi}, {"tb", 1000ull * 1000 * 1000 * 1000},
+    {"p", kPi},   {"pi", kPi},
+    {"pib", kPi}, {"pb", 1000ull * 1000 * 1000 * 1000 * 1000},
 }};
 
 // Debian's Abseil has its own string_view (ABSL_OPTION_USE_STD_STRING_VIEW is 0), which does not
@@ -44,8 +49,7 @@ bool IsSpace(char c) { return c == ' ' || c == '\t'; }
 std::string Quote(std::string_view text) { return absl::StrCat("\"", absl::CHexEscape(ToAbsl(text)), "\""); }
 
 absl::Status Invalid(std::string_view text, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("cannot parse ", Quote(text), " as a byte size: ", why));
+  return absl::InvalidArgumentError(absl::StrCat("cannot parse ", Quote(text), " as a byte size: ", why));
 }
 
 }  // namespace
@@ -147,8 +151,8 @@ std::string FormatByteSize(uint64_t bytes) {
 }
 
 std::string FormatByteSizeExact(uint64_t bytes) {
-  static constexpr std::array<std::pair<uint64_t, const char*>, 5> kUnitsDesc = {{
-      {kPi, "PiB"}, {kTi, "TiB"}, {kGi, "GiB"}, {kMi, "MiB"}, {kKi, "KiB"}}};
+  static constexpr std::array<std::pair<uint64_t, const char*>, 5> kUnitsDesc = {
+      {{kPi, "PiB"}, {kTi, "TiB"}, {kGi, "GiB"}, {kMi, "MiB"}, {kKi, "KiB"}}};
   if (bytes == 0) return "0";
   for (const auto& [mult, name] : kUnitsDesc) {
     if (bytes % mult == 0) return absl::StrCat(bytes / mult, name);

@@ -45,8 +45,7 @@ absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size) {
   return r;
 }
 
-absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb,
-                                     bool* used_hugetlb) {
+absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb, bool* used_hugetlb) {
   if (used_hugetlb != nullptr) *used_hugetlb = false;
   if (try_hugetlb) {
     // Huge pages must be reserved by the host (vm.nr_hugepages); the size must be a multiple of

@@ -141,8 +141,7 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int sock) {
 
 absl::StatusOr<std::string> UnixPathFromAddress(absl::string_view address) {
   if (!absl::StartsWith(address, "unix:") || address.size() == 5) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address must be unix:PATH, got \"", address, "\""));
+    return absl::InvalidArgumentError(absl::StrCat("address must be unix:PATH, got \"", address, "\""));
   }
   return std::string(address.substr(5));
 }

@@ -55,8 +55,7 @@ absl::StatusOr<Enum> ParseEnum(std::string_view text, const char* const (&names)
   for (size_t i = 0; i < N; ++i) {
     if (v == names[i]) return static_cast<Enum>(i);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(Quote(text), " is not one of ", absl::StrJoin(names, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(Quote(text), " is not one of ", absl::StrJoin(names, ", ")));
 }
 
 // "1000, 1001" -> {1000, 1001}; "" -> {}.
@@ -67,7 +66,8 @@ absl::StatusOr<std::vector<uint32_t>> ParseIdList(std::string_view text) {
   for (absl::string_view part : absl::StrSplit(v, ',')) {
     uint32_t id = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id)) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot parse ", Quote(text), " as a comma-separated list of ids"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot parse ", Quote(text), " as a comma-separated list of ids"));
     }
     ids.push_back(id);
   }
@@ -85,12 +85,8 @@ constexpr const char* kLogLevelNames[] = {"debug", "info", "warning", "error"};
 absl::StatusOr<HugePagesMode> ParseHugePages(std::string_view text) {
   return ParseEnum<HugePagesMode>(text, kHugePagesNames);
 }
-absl::StatusOr<DeviceKind> ParseDevice(std::string_view text) {
-  return ParseEnum<DeviceKind>(text, kDeviceNames);
-}
-absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) {
-  return ParseEnum<LogLevel>(text, kLogLevelNames);
-}
+absl::StatusOr<DeviceKind> ParseDevice(std::string_view text) { return ParseEnum<DeviceKind>(text, kDeviceNames); }
+absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) { return ParseEnum<LogLevel>(text, kLogLevelNames); }
 absl::StatusOr<OnPoolFull> ParseOnPoolFull(std::string_view text) {
   return ParseEnum<OnPoolFull>(text, kOnPoolFullNames);
 }
@@ -104,8 +100,7 @@ std::string_view NameOf(int index, const char* const (&names)[N]) {
 
 absl::Status CheckListen(std::string_view listen) {
   if (!StartsWith(listen, "unix:")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Quote(listen), " is not a unix socket address (write unix:PATH)"));
+    return absl::InvalidArgumentError(absl::StrCat(Quote(listen), " is not a unix socket address (write unix:PATH)"));
   }
   const std::string_view path = ListenSocketPath(listen);
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(Quote(listen), " has no socket path"));
@@ -117,16 +112,15 @@ absl::Status CheckListen(std::string_view listen) {
     return absl::InvalidArgumentError(absl::StrCat(Quote(listen), " contains a NUL byte"));
   }
   if (path.size() > kMaxUnixPathBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path is ", path.size(),
-                                                   " bytes; unix sockets allow at most ", kMaxUnixPathBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path is ", path.size(), " bytes; unix sockets allow at most ", kMaxUnixPathBytes));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckPoolBytes(uint64_t bytes) {
   if (bytes < kMiB) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?)"));
+    return absl::InvalidArgumentError(absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?)"));
   }
   if (bytes % kPageSize != 0) {
     return absl::InvalidArgumentError(absl::StrCat("must be a multiple of 4KiB, got ", bytes));
@@ -151,24 +145,22 @@ struct KeySpec {
   absl::Status (*check)(const DaemonConfig&);  // nullptr: every parsed value is valid
 };
 
-#define HS_SET_WITH(parser, field)                                        \
-  [](DaemonConfig& c, std::string_view v) -> absl::Status {              \
-    HS_ASSIGN_OR_RETURN(c.field, parser(v));                             \
-    return absl::OkStatus();                                             \
+#define HS_SET_WITH(parser, field)                          \
+  [](DaemonConfig& c, std::string_view v) -> absl::Status { \
+    HS_ASSIGN_OR_RETURN(c.field, parser(v));                \
+    return absl::OkStatus();                                \
   }
 
 const std::vector<KeySpec>& Specs() {
   static const auto* specs = new std::vector<KeySpec>{
-      {"listen", "unix:PATH", "gRPC control socket: unix:PATH (relative or absolute) or unix:///ABS/PATH.",
-       true,
+      {"listen", "unix:PATH", "gRPC control socket: unix:PATH (relative or absolute) or unix:///ABS/PATH.", true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {
          c.listen = std::string(v);
          return absl::OkStatus();
        },
-       [](const DaemonConfig& c) { return c.listen; },
-       [](const DaemonConfig& c) { return CheckListen(c.listen); }},
-      {"host_pool.size", "byte size", "Host KV pool size; rounded up to whole segments. At least 1MiB.",
-       false, HS_SET_WITH(ParseByteSize, host_pool.size),
+       [](const DaemonConfig& c) { return c.listen; }, [](const DaemonConfig& c) { return CheckListen(c.listen); }},
+      {"host_pool.size", "byte size", "Host KV pool size; rounded up to whole segments. At least 1MiB.", false,
+       HS_SET_WITH(ParseByteSize, host_pool.size),
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.size); },
        [](const DaemonConfig& c) { return CheckPoolBytes(c.host_pool.size); }},
       {"host_pool.segment_size", "byte size",
@@ -178,36 +170,34 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.segment_size); },
        [](const DaemonConfig& c) { return CheckPoolBytes(c.host_pool.segment_size); }},
       {"host_pool.hugepages", "auto | on | off",
-       "MFD_HUGETLB pages: auto tries them and falls back quietly; on fails start-up without them.",
-       true, HS_SET_WITH(ParseHugePages, host_pool.hugepages),
-       [](const DaemonConfig& c) { return std::string(HugePagesModeName(c.host_pool.hugepages)); },
-       nullptr},
-      {"host_pool.pretouch_threads", "integer >= 0",
-       "Threads that pre-fault the pool at start-up; 0 = one per CPU.", false,
-       HS_SET_WITH(ParseInt, host_pool.pretouch_threads),
+       "MFD_HUGETLB pages: auto tries them and falls back quietly; on fails start-up without them.", true,
+       HS_SET_WITH(ParseHugePages, host_pool.hugepages),
+       [](const DaemonConfig& c) { return std::string(HugePagesModeName(c.host_pool.hugepages)); }, nullptr},
+      {"host_pool.pretouch_threads", "integer >= 0", "Threads that pre-fault the pool at start-up; 0 = one per CPU.",
+       false, HS_SET_WITH(ParseInt, host_pool.pretouch_threads),
        [](const DaemonConfig& c) { return absl::StrCat(c.host_pool.pretouch_threads); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.host_pool.pretouch_threads, 0); }},
-      {"host_pool.mlock", "bool", "mlock the pool so it never swaps (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK).",
-       false, HS_SET_WITH(ParseBool, host_pool.mlock),
+      {"host_pool.mlock", "bool", "mlock the pool so it never swaps (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK).", false,
+       HS_SET_WITH(ParseBool, host_pool.mlock),
        [](const DaemonConfig& c) { return std::string(c.host_pool.mlock ? "true" : "false"); }, nullptr},
       {"device", "auto | cuda | host",
        "Device backend: cuda, host (emulated, no GPU), or auto (cuda when a GPU is visible).", false,
-       HS_SET_WITH(ParseDevice, device),
-       [](const DaemonConfig& c) { return std::string(DeviceKindName(c.device)); }, nullptr},
-      {"gpu_memory_budget", "byte size", "Per-GPU bytes the daemon may use for slot arenas; 0 = no limit.",
-       false, HS_SET_WITH(ParseByteSize, gpu_memory_budget),
+       HS_SET_WITH(ParseDevice, device), [](const DaemonConfig& c) { return std::string(DeviceKindName(c.device)); },
+       nullptr},
+      {"gpu_memory_budget", "byte size", "Per-GPU bytes the daemon may use for slot arenas; 0 = no limit.", false,
+       HS_SET_WITH(ParseByteSize, gpu_memory_budget),
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.gpu_memory_budget); },
        [](const DaemonConfig& c) -> absl::Status {
          if (c.gpu_memory_budget == 0 || c.gpu_memory_budget >= kMiB) return absl::OkStatus();
-         return absl::InvalidArgumentError(absl::StrCat(
-             "must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
+         return absl::InvalidArgumentError(
+             absl::StrCat("must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
        }},
       {"limits.max_sessions", "integer >= 1", "Most sessions (engine connections) open at once.", false,
        HS_SET_WITH(ParseInt, limits.max_sessions),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_sessions); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_sessions, 1); }},
-      {"limits.max_requests_per_session", "integer >= 1", "Most admitted requests one session may hold.",
-       false, HS_SET_WITH(ParseInt, limits.max_requests_per_session),
+      {"limits.max_requests_per_session", "integer >= 1", "Most admitted requests one session may hold.", false,
+       HS_SET_WITH(ParseInt, limits.max_requests_per_session),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_requests_per_session); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_requests_per_session, 1); }},
       {"access.socket_group", "group name, gid, or empty",
@@ -217,8 +207,9 @@ const std::vector<KeySpec>& Specs() {
          return absl::OkStatus();
        },
        [](const DaemonConfig& c) { return c.access.socket_group; }, nullptr},
-      {"access.allowed_uids", "comma-separated uids", "Peers (SO_PEERCRED) admitted by uid; empty with empty gids: any.",
-       true, HS_SET_WITH(ParseIdList, access.allowed_uids),
+      {"access.allowed_uids", "comma-separated uids",
+       "Peers (SO_PEERCRED) admitted by uid; empty with empty gids: any.", true,
+       HS_SET_WITH(ParseIdList, access.allowed_uids),
        [](const DaemonConfig& c) { return RenderIdList(c.access.allowed_uids); }, nullptr},
       {"access.allowed_gids", "comma-separated gids", "Peers (SO_PEERCRED) admitted by primary gid.", true,
        HS_SET_WITH(ParseIdList, access.allowed_gids),
@@ -233,8 +224,8 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseInt, quotas.requests), [](const DaemonConfig& c) { return absl::StrCat(c.quotas.requests); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.requests, 0); }},
       {"admission.on_pool_full", "reject | evict_lru_idle",
-       "A full pool rejects an Admit, or evicts the tenant's least recently admitted request (notified first).",
-       false, HS_SET_WITH(ParseOnPoolFull, admission.on_pool_full),
+       "A full pool rejects an Admit, or evicts the tenant's least recently admitted request (notified first).", false,
+       HS_SET_WITH(ParseOnPoolFull, admission.on_pool_full),
        [](const DaemonConfig& c) { return std::string(OnPoolFullName(c.admission.on_pool_full)); }, nullptr},
       {"metrics.listen", "HOST:PORT or empty",
        "Prometheus /metrics over HTTP; loopback by default, empty turns it off.", true,
@@ -247,12 +238,13 @@ const std::vector<KeySpec>& Specs() {
          const std::string& l = c.metrics.listen;
          const size_t colon = l.rfind(':');
          int port = 0;
-         if (l.empty() || (colon != std::string::npos && colon > 0 &&
-                           absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port > 0 &&
-                           port < 65536)) {
+         if (l.empty() ||
+             (colon != std::string::npos && colon > 0 &&
+              absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port > 0 && port < 65536)) {
            return absl::OkStatus();
          }
-         return absl::InvalidArgumentError(absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
+         return absl::InvalidArgumentError(
+             absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
        }},
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
@@ -291,9 +283,9 @@ absl::Status KeyError(std::string_view key, const absl::Status& status) {
 }
 
 absl::Status UnknownKey(std::string_view key, std::string_view section) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(ToAbsl(key), ": unknown key (", section.empty() ? "top-level keys" : ToAbsl(section), ": ",
-                   absl::StrJoin(ChildNames(section), ", "), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(ToAbsl(key), ": unknown key (",
+                                                 section.empty() ? "top-level keys" : ToAbsl(section), ": ",
+                                                 absl::StrJoin(ChildNames(section), ", "), ")"));
 }
 
 // ---- YAML ----
@@ -324,8 +316,8 @@ absl::Status WalkMap(const YAML::Node& map, const std::string& section, DaemonCo
     if (name.empty() || absl::StrContains(name, '.')) {
       // Dotted keys are for flags; in YAML each level is a map, so a key has one spelling.
       const absl::Status unknown = UnknownKey(key, section);
-      return absl::Status(unknown.code(), absl::StrCat(unknown.message(), "; write sections as nested maps",
-                                                       Where(key_node.Mark())));
+      return absl::Status(unknown.code(),
+                          absl::StrCat(unknown.message(), "; write sections as nested maps", Where(key_node.Mark())));
     }
     if (!seen.insert(key).second) {
       return absl::InvalidArgumentError(absl::StrCat(key, ": given twice", Where(key_node.Mark())));
@@ -343,8 +335,8 @@ absl::Status WalkMap(const YAML::Node& map, const std::string& section, DaemonCo
       if (value.IsNull()) continue;  // "host_pool:" with nothing under it: all defaults
       if (!value.IsMap()) {
         return absl::InvalidArgumentError(absl::StrCat(key, ": expected a map of ",
-                                                       absl::StrJoin(ChildNames(key), ", "), ", got ",
-                                                       KindOf(value), Where(key_node.Mark())));
+                                                       absl::StrJoin(ChildNames(key), ", "), ", got ", KindOf(value),
+                                                       Where(key_node.Mark())));
       }
       HS_RETURN_IF_ERROR(WalkMap(value, key, config, seen));
     } else {
@@ -415,8 +407,8 @@ absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text) {
       std::set<std::string> seen;
       HS_RETURN_IF_ERROR(WalkMap(root, "", config, seen));
     } else if (!root.IsNull()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the config must be a map of keys at the top level, got ", KindOf(root), Where(root.Mark())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the config must be a map of keys at the top level, got ", KindOf(root), Where(root.Mark())));
     }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("YAML syntax error", Where(e.mark), ": ", e.msg));
@@ -450,8 +442,8 @@ absl::Status ApplyConfigOverride(DaemonConfig& config, std::string_view key, std
   const KeySpec* spec = FindSpec(key);
   if (spec == nullptr) {
     if (IsSection(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(key), ": is a section; set one of its keys: ",
-                                                     absl::StrJoin(ChildNames(key), ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ToAbsl(key), ": is a section; set one of its keys: ", absl::StrJoin(ChildNames(key), ", ")));
     }
     const size_t dot = key.rfind('.');
     const std::string_view section = dot == std::string_view::npos ? "" : key.substr(0, dot);
@@ -476,8 +468,8 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     const uint64_t segments = (pool.size - 1) / pool.segment_size + 1;
     uint64_t total = 0;
     if (__builtin_mul_overflow(segments, pool.segment_size, &total)) {
-      return absl::InvalidArgumentError(absl::StrCat("host_pool.size: ", pool.size,
-                                                     " rounded up to whole segments overflows 64 bits"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("host_pool.size: ", pool.size, " rounded up to whole segments overflows 64 bits"));
     }
   }
   if (pool.hugepages == HugePagesMode::kOn) {

@@ -15,8 +15,7 @@ bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 absl::StatusOr<ExtentAllocator> ExtentAllocator::Create(uint64_t capacity, uint64_t alignment) {
   if (!IsPowerOfTwo(alignment)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("extent alignment must be a power of two, got ", alignment));
+    return absl::InvalidArgumentError(absl::StrCat("extent alignment must be a power of two, got ", alignment));
   }
   return ExtentAllocator(capacity, alignment);
 }
@@ -41,17 +40,17 @@ void ExtentAllocator::EraseFree(std::map<uint64_t, uint64_t>::iterator it) {
 absl::StatusOr<uint64_t> ExtentAllocator::Allocate(uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("cannot allocate an extent of 0 bytes");
   if (bytes > capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes,
-                                                     " bytes: the region holds only ", capacity_));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes: the region holds only ", capacity_));
   }
   // bytes <= capacity_, a multiple of alignment_, so RoundUp cannot overflow.
   const uint64_t size = RoundUp(bytes);
   auto fit = free_by_size_.lower_bound({size, 0});
   if (fit == free_by_size_.end()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", bytes, " bytes (", size, " aligned): ", free_bytes(), " of ",
-        capacity_, " bytes free, largest free extent ", largest_free_extent(), " bytes",
-        free_bytes() >= size ? " (enough space in total, but fragmented)" : ""));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes (", size, " aligned): ", free_bytes(), " of ", capacity_,
+                     " bytes free, largest free extent ", largest_free_extent(), " bytes",
+                     free_bytes() >= size ? " (enough space in total, but fragmented)" : ""));
   }
   const uint64_t offset = fit->second;
   const uint64_t extent = fit->first;
@@ -70,9 +69,9 @@ absl::Status ExtentAllocator::Free(uint64_t offset) {
     if (free_after != free_by_offset_.begin()) {
       auto free_at = std::prev(free_after);
       if (offset < free_at->first + free_at->second) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "offset ", offset, " is not allocated: it lies in the free extent [", free_at->first,
-            ", ", free_at->first + free_at->second, ") (double free?)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("offset ", offset, " is not allocated: it lies in the free extent [", free_at->first, ", ",
+                         free_at->first + free_at->second, ") (double free?)"));
       }
     }
     auto alloc_after = allocations_.upper_bound(offset);
@@ -80,12 +79,11 @@ absl::Status ExtentAllocator::Free(uint64_t offset) {
       auto owner = std::prev(alloc_after);
       if (offset < owner->first + owner->second) {
         return absl::NotFoundError(absl::StrCat("no allocation starts at offset ", offset,
-                                                ": it lies inside the allocation at ",
-                                                owner->first, " of ", owner->second, " bytes"));
+                                                ": it lies inside the allocation at ", owner->first, " of ",
+                                                owner->second, " bytes"));
       }
     }
-    return absl::NotFoundError(
-        absl::StrCat("no allocation starts at offset ", offset, " (capacity ", capacity_, ")"));
+    return absl::NotFoundError(absl::StrCat("no allocation starts at offset ", offset, " (capacity ", capacity_, ")"));
   }
 
   uint64_t start = alloc->first;
@@ -173,8 +171,7 @@ absl::Status ExtentAllocator::CheckInvariants() const {
     return absl::InternalError(absl::StrCat("extent allocator invariant broken: ", parts...));
   };
   if (free_by_offset_.size() != free_by_size_.size()) {
-    return broken(free_by_offset_.size(), " free extents by offset but ", free_by_size_.size(),
-                  " by size");
+    return broken(free_by_offset_.size(), " free extents by offset but ", free_by_size_.size(), " by size");
   }
   uint64_t free_sum = 0;
   uint64_t prev_end = 0;

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "hisparse/common/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -84,11 +83,13 @@ std::string FdServer::Handle(const std::string& request, const PeerCredentials& 
   if (parts.size() != 4 || parts[0] != "HSFD1" || !absl::SimpleAtoi(parts[1], &session_id)) {
     return "ERR INVALID_ARGUMENT malformed request: want \"HSFD1 <session_id> <token> <object>\"";
   }
-  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3], peer);
+  uint64_t known_bytes = 0;
+  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3], peer, &known_bytes);
   if (!fd.ok()) {
     return absl::StrCat("ERR ", absl::StatusCodeToString(fd.status().code()), " ", fd.status().message());
   }
-  auto size = FileSize(fd->get());
+  // A GPU arena's fd has no size to fstat; the session manager knows the allocation's.
+  absl::StatusOr<size_t> size = known_bytes != 0 ? absl::StatusOr<size_t>(known_bytes) : FileSize(fd->get());
   if (!size.ok()) return absl::StrCat("ERR INTERNAL ", size.status().message());
   *out_fd = std::move(*fd);
   return absl::StrCat("OK ", *size);

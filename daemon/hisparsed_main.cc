@@ -16,10 +16,14 @@ namespace {
 
 hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
   switch (level) {
-    case hisparse::LogLevel::kDebug: return hisparse::LogSeverity::kDebug;
-    case hisparse::LogLevel::kInfo: return hisparse::LogSeverity::kInfo;
-    case hisparse::LogLevel::kWarning: return hisparse::LogSeverity::kWarning;
-    case hisparse::LogLevel::kError: return hisparse::LogSeverity::kError;
+    case hisparse::LogLevel::kDebug:
+      return hisparse::LogSeverity::kDebug;
+    case hisparse::LogLevel::kInfo:
+      return hisparse::LogSeverity::kInfo;
+    case hisparse::LogLevel::kWarning:
+      return hisparse::LogSeverity::kWarning;
+    case hisparse::LogLevel::kError:
+      return hisparse::LogSeverity::kError;
   }
   return hisparse::LogSeverity::kInfo;
 }
@@ -51,7 +55,6 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   app.add_option("--set", sets, "KEY=VALUE: override any config key");
   CLI11_PARSE(app, argc, argv);
-
 
   hisparse::DaemonConfig config;
   if (!config_path.empty()) {
@@ -127,7 +130,8 @@ int main(int argc, char** argv) {
   });
   (*daemon)->Wait();
   // Shutdown may have come from elsewhere (a drain): wake the waiter so it ends.
-  pthread_kill(waiter.native_handle(), SIGTERM);
+  // The waiter blocks in sigwait with SIGTERM blocked: this wakes it, it does not kill it.
+  pthread_kill(waiter.native_handle(), SIGTERM);  // NOLINT(bugprone-bad-signal-to-kill-thread)
   waiter.join();
   return 0;
 }

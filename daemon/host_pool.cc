@@ -7,9 +7,9 @@
 #include <cstring>
 #include <thread>
 
-#include "hisparse/common/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "hisparse/common/log.h"
 #include "hisparse/common/size_parse.h"
 #include "hisparse/common/status_macros.h"
 
@@ -130,7 +130,7 @@ absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes)
         // not pre-touched here (that would stall every session behind this lock); the engine's
         // cudaHostRegister populates it when it maps the segment.
         bool huge = false;
-        HS_RETURN_IF_ERROR(MakeSegmentMemory(s, s.map.size(), /*pretouch_threads=*/0, &huge));
+        HS_RETURN_IF_ERROR(MakeSegmentMemory(s, s.map.size(), /*threads=*/0, &huge));
       }
       s.owner = owner;
       s.last_owner = owner;
@@ -138,9 +138,9 @@ absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes)
   }
   if (best < 0) {
     const Stats st = GetStats();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host pool cannot hold a run of ", bytes, " bytes: ", st.free_bytes, " bytes free in all, ",
-        "no free segment and no room in this session's segments"));
+    return absl::ResourceExhaustedError(absl::StrCat("host pool cannot hold a run of ", bytes,
+                                                     " bytes: ", st.free_bytes, " bytes free in all, ",
+                                                     "no free segment and no room in this session's segments"));
   }
   Segment& s = segments_[best];
   auto offset = s.runs->Allocate(bytes);

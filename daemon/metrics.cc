@@ -11,8 +11,8 @@
 namespace hisparse {
 namespace {
 
-constexpr const char* kMethodNames[] = {"Session", "Admit", "Extend", "Release", "Stats",
-                                        "ListRequests", "Evict", "Drain", "GetConfig"};
+constexpr const char* kMethodNames[] = {"Session",      "Admit", "Extend", "Release",  "Stats",
+                                        "ListRequests", "Evict", "Drain",  "GetConfig"};
 
 prometheus::MetricType TypeOf(const char* type) {
   const std::string t = type;
@@ -72,8 +72,10 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_evictions_total", "counter", "Requests evicted (their sessions were notified first)."},
       {"hisparse_rpc_duration_seconds", "histogram", "Control-plane RPC latency by method, server side."},
       {"hisparse_resolve_hits_total", "counter", "RESOLVE selections found resident, per session and GPU."},
-      {"hisparse_resolve_misses_total", "counter", "RESOLVE selections fetched from the host pool, per session and GPU."},
-      {"hisparse_resolve_fetched_bytes_total", "counter", "Bytes RESOLVE fetched from the host pool, per session and GPU."},
+      {"hisparse_resolve_misses_total", "counter",
+       "RESOLVE selections fetched from the host pool, per session and GPU."},
+      {"hisparse_resolve_fetched_bytes_total", "counter",
+       "Bytes RESOLVE fetched from the host pool, per session and GPU."},
   };
   return catalog;
 }
@@ -137,7 +139,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
-                                                                   std::shared_ptr<Metrics> metrics) {
+                                                                    std::shared_ptr<Metrics> metrics) {
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->metrics_ = std::move(metrics);
   try {

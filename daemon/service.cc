@@ -1,8 +1,8 @@
 #include "hisparse/daemon/service.h"
 
-#include "hisparse/common/log.h"
 #include <chrono>
 #include <mutex>
+#include "hisparse/common/log.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -65,10 +65,8 @@ cudaError_t CheckLaunched() {
 
 // Host-side checks shared by every launcher: the contract's geometry and the record size.
 const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n) {
-  if (g.record_bytes < kRecordAlign || g.record_bytes > kMaxRecordBytes ||
-      g.record_bytes % kRecordAlign != 0) {
-    std::snprintf(buf, n, "unsupported record_bytes: %u (a multiple of 16 in [16, 16384])",
-                  g.record_bytes);
+  if (g.record_bytes < kRecordAlign || g.record_bytes > kMaxRecordBytes || g.record_bytes % kRecordAlign != 0) {
+    std::snprintf(buf, n, "unsupported record_bytes: %u (a multiple of 16 in [16, 16384])", g.record_bytes);
     return buf;
   }
   if (const char* why = ValidateArenaGeometry(g)) return why;
@@ -79,16 +77,15 @@ const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n) {
 
 const char* LastLaunchError() { return internal::g_last_error.c_str(); }
 
-
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps <= 32, "segment totals are summed by one warp reduction");
-constexpr int kIlp = 4;                 // hash inserts / lookups one thread keeps in flight
-constexpr int kMaxHelperBlocks = 1024;  // workspace is sized for up to this many helpers
-constexpr int kChunkUnits = 32 * 8;     // 16-byte units one warp moves per round (4 KiB)
-constexpr int kMaxChunkRecords = 32;    // a chunk's records are held one per lane
+constexpr int kIlp = 4;                    // hash inserts / lookups one thread keeps in flight
+constexpr int kMaxHelperBlocks = 1024;     // workspace is sized for up to this many helpers
+constexpr int kChunkUnits = 32 * 8;        // 16-byte units one warp moves per round (4 KiB)
+constexpr int kMaxChunkRecords = 32;       // a chunk's records are held one per lane
 constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word = final tail
 // 16-byte loads one lane keeps in flight: consumers hold 8 (64 KiB per SM in flight), a
 // planner's own chunks 4 (its warps go on to the queue afterwards).
@@ -106,7 +103,7 @@ constexpr unsigned long long kEmptyEntry = ~0ull;
 struct WsHeader {
   unsigned long long pub;  // lo: queue entries reserved by planners, hi: rows published
   unsigned pad0[30];
-  unsigned qhead;          // next queue entry a consumer takes
+  unsigned qhead;  // next queue entry a consumer takes
   unsigned pad1[31];
 };
 static_assert(sizeof(WsHeader) == 256, "header is one 256-byte section");
@@ -115,16 +112,16 @@ static_assert(offsetof(WsHeader, qhead) == 128, "qhead has its own 128-byte line
 struct ResolveParams {
   ResolveDesc d;
   WsHeader* hdr;
-  int2* plan;                  // [max_batch][k] (position, slot) of miss m of batch entry i
-  unsigned long long* queue;   // entries: lo = batch index + 1, hi = start << 6 | count; END
+  int2* plan;                 // [max_batch][k] (position, slot) of miss m of batch entry i
+  unsigned long long* queue;  // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
   int chunk_records;
-  int end_count;               // END entries a launch writes: one per warp of the grid but one
-  int planner_blocks;          // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
-  int seg_k, seg_b;            // selections / LRU entries per warp segment (multiples of 32)
+  int end_count;       // END entries a launch writes: one per warp of the grid but one
+  int planner_blocks;  // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
+  int seg_k, seg_b;    // selections / LRU entries per warp segment (multiples of 32)
   // Shared-memory carve-up of a row block (byte offsets, 16-byte aligned).
-  unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot,
-      off_miss_pos, off_masks, off_tot, off_misc;
+  unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot, off_miss_pos, off_masks, off_tot,
+      off_misc;
 };
 
 struct WsLayout {
@@ -165,8 +162,8 @@ int SegmentItems(int n) {
 }
 
 struct SmemLayout {
-  unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot,
-      off_miss_pos, off_masks, off_tot, off_misc, total;
+  unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot, off_miss_pos, off_masks, off_tot,
+      off_misc, total;
 };
 
 // [hash table] [hit flags] [slot_pos copy] [LRU copy] [selections] [outputs] [victim slots]
@@ -231,8 +228,7 @@ __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_a
 // Block-wide asynchronous copy of n ints from global to shared memory (all loads in flight at
 // once; completes at CpAsyncWaitAll).
 __device__ __forceinline__ void StageInts(int* dst, const int* src, int n) {
-  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0 &&
-      (n & 3) == 0) {
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0 && (n & 3) == 0) {
     for (int v = threadIdx.x; v < n / 4; v += kThreads) CpAsync16(dst + 4 * v, src + 4 * v);
   } else {
     for (int e = threadIdx.x; e < n; e += kThreads) CpAsync4(dst + e, src + e);
@@ -255,9 +251,8 @@ __device__ __forceinline__ int SegmentRounds(int n, int start, int seg) {
 // shifted so that every warp-wide load covers a 512-byte window aligned to 128 bytes in host
 // memory: fewer, fuller PCIe read requests for record sizes that are not multiples of 128.
 template <int UPR, int U>
-__device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base,
-                                          uint8_t* __restrict__ dst_base, long long src_off,
-                                          long long dst_off, int count, int upr_rt) {
+__device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base, uint8_t* __restrict__ dst_base,
+                                          long long src_off, long long dst_off, int count, int upr_rt) {
   const int upr = UPR ? UPR : upr_rt;
   const int lane = threadIdx.x & 31;
   const int n = count * upr;
@@ -291,8 +286,7 @@ __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base,
   }
 }
 
-__device__ __forceinline__ void RowBases(const ResolveDesc& d, int row, const uint8_t** src,
-                                         uint8_t** dst) {
+__device__ __forceinline__ void RowBases(const ResolveDesc& d, int row, const uint8_t** src, uint8_t** dst) {
   const ArenaView& a = d.arena;
   *src = d.host.layer_base[a.RowLayer(row, d.layer)];
   *dst = a.Record(row, d.layer, 0);
@@ -310,8 +304,7 @@ __device__ __forceinline__ void WriteEnds(const ResolveParams& p, unsigned tail)
 // Returns true in warp 0 of the block that published the launch's last row: that warp wrote the
 // END entries and must not take one.
 template <int UPR>
-__device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first,
-                        unsigned char* smem) {
+__device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first, unsigned char* smem) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
   const int B = g.slots, K = g.k;
@@ -331,10 +324,10 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   int* miss_pos = reinterpret_cast<int*>(smem + p.off_miss_pos);
   const int rounds_k = p.seg_k / 32, rounds_b = p.seg_b / 32;
   unsigned* mask_k = reinterpret_cast<unsigned*>(smem + p.off_masks);  // [kWarps][rounds_k]
-  unsigned* mask_b = mask_k + kWarps * rounds_k;                        // [kWarps][rounds_b]
-  int* tot = reinterpret_cast<int*>(smem + p.off_tot);  // misses per selection segment, then
-                                                        // non-hit slots per LRU segment
-  int* misc = reinterpret_cast<int*>(smem + p.off_misc);  // 0 err, 1 newest selected
+  unsigned* mask_b = mask_k + kWarps * rounds_k;                       // [kWarps][rounds_b]
+  int* tot = reinterpret_cast<int*>(smem + p.off_tot);                 // misses per selection segment, then
+                                                                       // non-hit slots per LRU segment
+  int* misc = reinterpret_cast<int*>(smem + p.off_misc);               // 0 err, 1 newest selected
 
   if (!first) __syncthreads();  // shared memory of the previous row of this block is free
   // Everything the plan reads is staged into shared memory with all loads in flight at once:
@@ -384,8 +377,7 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
         old[t] = kEmptyEntry;
         h[t] = HashOf(pj[t], bits);
         if (pj[t] >= 0 && pj[t] < seq) {
-          const unsigned long long e =
-              static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32);
+          const unsigned long long e = static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32);
           old[t] = atomicCAS(&table[h[t]], kEmptyEntry, e);
         }
         if (j < K) {
@@ -547,10 +539,8 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     }
     if (tid == 0) {
       ArenaCounters* c = d.arena.counters;
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits),
-                static_cast<unsigned long long>(B - NH + misc[1]));
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses),
-                static_cast<unsigned long long>(M));
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), static_cast<unsigned long long>(B - NH + misc[1]));
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), static_cast<unsigned long long>(M));
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched),
                 static_cast<unsigned long long>(M) * g.record_bytes);
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
@@ -591,8 +581,8 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
       for (int c = lane; c < nq; c += 32) {
         const int start = (ndirect + c) * rw;
         const int cnt = M - start < rw ? M - start : rw;
-        const unsigned long long e = static_cast<unsigned long long>(i + 1) |
-                                     (static_cast<unsigned long long>(start << 6 | cnt) << 32);
+        const unsigned long long e =
+            static_cast<unsigned long long>(i + 1) | (static_cast<unsigned long long>(start << 6 | cnt) << 32);
         StRelaxed(&p.queue[qbase + c], e);
       }
     }
@@ -698,10 +688,8 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
 // so planners are capped at the device's capacity for this kernel and loop over rows; helpers
 // fill what capacity is left, one per SM at most.
 template <int UPR>
-cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin,
-                           cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(ResolveKernel<UPR>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin, cudaStream_t stream) {
+  cudaError_t e = cudaFuncSetAttribute(ResolveKernel<UPR>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (e != cudaSuccess) return e;
   int per_sm = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ResolveKernel<UPR>, kThreads, smem);
@@ -733,17 +721,15 @@ cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t str
   return e;
 }
 
-cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
-                          cudaStream_t stream) {
+cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   char buf[192];
   const ArenaGeometry& g = d.arena.geometry;
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
   // A layer outside [0, num_layers) is not rejected here: as in the reference, every active row
   // of the launch then reports kResolveBadRow on the device.
   if (d.max_batch < 0) return internal::FailLaunch("max_batch < 0");
-  if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || !d.out_slots ||
-      !d.host.layer_base || !d.host.capacity || !d.arena.slot_pos || !d.arena.lru ||
-      !d.arena.records || !d.arena.counters) {
+  if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || !d.out_slots || !d.host.layer_base ||
+      !d.host.capacity || !d.arena.slot_pos || !d.arena.lru || !d.arena.records || !d.arena.counters) {
     return internal::FailLaunch("a RESOLVE descriptor pointer is null");
   }
   if (d.max_batch == 0) {
@@ -752,8 +738,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   }
   const WsLayout ws = ComputeWsLayout(g, d.max_batch);
   if (!workspace || workspace_bytes < ws.total) {
-    std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu",
-                  workspace_bytes, ws.total);
+    std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);
     return internal::FailLaunch(buf);
   }
   int dev = 0, sms = 0, optin = 0;
@@ -796,10 +781,18 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.seg_b = SegmentItems(g.slots);
 
   switch (g.record_bytes) {
-    case 656: e = LaunchResolveT<41>(p, sms, sm.total, optin, stream); break;
-    case 1152: e = LaunchResolveT<72>(p, sms, sm.total, optin, stream); break;
-    case 512: e = LaunchResolveT<32>(p, sms, sm.total, optin, stream); break;
-    default: e = LaunchResolveT<0>(p, sms, sm.total, optin, stream); break;
+    case 656:
+      e = LaunchResolveT<41>(p, sms, sm.total, optin, stream);
+      break;
+    case 1152:
+      e = LaunchResolveT<72>(p, sms, sm.total, optin, stream);
+      break;
+    case 512:
+      e = LaunchResolveT<32>(p, sms, sm.total, optin, stream);
+      break;
+    default:
+      e = LaunchResolveT<0>(p, sms, sm.total, optin, stream);
+      break;
   }
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));

@@ -26,23 +26,18 @@ int32_t ActiveRows(const int32_t* batch_size, int32_t max_batch) {
   return std::max(0, std::min(n, max_batch));
 }
 
-bool LayerInRange(const ArenaView& a, int32_t layer) {
-  return layer >= 0 && layer < a.geometry.num_layers;
-}
+bool LayerInRange(const ArenaView& a, int32_t layer) { return layer >= 0 && layer < a.geometry.num_layers; }
 
 // Row and seq_len checks shared by RESOLVE and append. Returns 0 when both are valid.
-uint32_t CheckRowAndSeqLen(const ArenaView& a, const HostRecordMap& h, int32_t row,
-                           int32_t seq_len) {
+uint32_t CheckRowAndSeqLen(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t seq_len) {
   if (row < 0 || row >= a.geometry.max_rows) return kResolveBadRow;
   if (seq_len < 1 || seq_len > h.capacity[row]) return kResolveBadSeqLen;
   return 0;
 }
 
 // Host record of `pos` in (row, layer): the row's runs are contiguous, position 0 first.
-uint8_t* HostRecord(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer,
-                    int32_t pos) {
-  return h.layer_base[a.RowLayer(row, layer)] +
-         static_cast<size_t>(pos) * a.geometry.record_bytes;
+uint8_t* HostRecord(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer, int32_t pos) {
+  return h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(pos) * a.geometry.record_bytes;
 }
 
 // Positions in [-1, seq_len) and no non-padding position twice. Returns the error bits.
@@ -63,8 +58,7 @@ uint32_t CheckSelection(const int32_t* sel, int32_t k, int32_t seq_len) {
 }
 
 // One valid (row, layer) step of RESOLVE; the numbered rules are those of resolve.h.
-void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_t* sel,
-                int32_t* out) {
+void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_t* sel, int32_t* out) {
   const ArenaView& a = d.arena;
   const int32_t B = a.geometry.slots;
   const int32_t k = a.geometry.k;
@@ -117,8 +111,7 @@ void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_
     slot_pos[s] = p;
     out[miss_index[i]] = s;
     if (!(d.flags & kResolveFlagNoFetch)) {
-      std::memcpy(a.Record(row, d.layer, s), HostRecord(a, d.host, row, d.layer, p),
-                  a.geometry.record_bytes);
+      std::memcpy(a.Record(row, d.layer, s), HostRecord(a, d.host, row, d.layer, p), a.geometry.record_bytes);
     }
   }
 
@@ -144,13 +137,12 @@ void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_
 
 // Keeps "every filled slot's record equals the host record" true when a store or append
 // rewrites host positions [first, last) that a regular slot of (row, layer) already holds.
-void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer,
-                          int32_t first, int32_t last) {
+void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer, int32_t first,
+                          int32_t last) {
   const int32_t* slot_pos = a.SlotPos(row, layer);
   for (int32_t s = 0; s < a.geometry.slots; ++s) {
     if (slot_pos[s] >= first && slot_pos[s] < last) {
-      std::memcpy(a.Record(row, layer, s), HostRecord(a, h, row, layer, slot_pos[s]),
-                  a.geometry.record_bytes);
+      std::memcpy(a.Record(row, layer, s), HostRecord(a, h, row, layer, slot_pos[s]), a.geometry.record_bytes);
     }
   }
 }
@@ -161,14 +153,13 @@ uint32_t ResolveReference(const ResolveDesc& d) {
   const int32_t k = d.arena.geometry.k;
   const int32_t n = ActiveRows(d.batch_size, d.max_batch);
   // An invalid geometry (B < k above all) could leave a miss without a slot: reject every row.
-  const bool layer_ok =
-      LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr;
+  const bool layer_ok = LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr;
   uint32_t all_errors = 0;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t* sel = d.positions + static_cast<size_t>(i) * k;
     int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
-    uint32_t err = layer_ok ? CheckRowAndSeqLen(d.arena, d.host, d.rows[i], d.seq_lens[i])
-                            : static_cast<uint32_t>(kResolveBadRow);
+    uint32_t err =
+        layer_ok ? CheckRowAndSeqLen(d.arena, d.host, d.rows[i], d.seq_lens[i]) : static_cast<uint32_t>(kResolveBadRow);
     if (err == 0) err = CheckSelection(sel, k, d.seq_lens[i]);
     if (err != 0) {
       std::fill(out, out + k, kPadding);  // state untouched, counters untouched
@@ -232,8 +223,7 @@ uint32_t AppendReference(const AppendDesc& d) {
   for (int32_t i = 0; i < n; ++i) {
     const int32_t row = d.rows[i];
     const int32_t seq_len = d.seq_lens[i];
-    const uint32_t err = layer_ok ? CheckRowAndSeqLen(a, d.host, row, seq_len)
-                                  : static_cast<uint32_t>(kResolveBadRow);
+    const uint32_t err = layer_ok ? CheckRowAndSeqLen(a, d.host, row, seq_len) : static_cast<uint32_t>(kResolveBadRow);
     if (err != 0) {
       all_errors |= err;
       continue;

@@ -31,8 +31,7 @@ __device__ __forceinline__ void WarpCopy(uint8_t* dst, const uint8_t* src, uint3
   for (int u = lane; u < n; u += 32) d[u] = s[u];
 }
 
-__device__ __forceinline__ uint8_t* HostRec(const ArenaView& a, const HostRecordMap& h, int row,
-                                            int layer, int pos) {
+__device__ __forceinline__ uint8_t* HostRec(const ArenaView& a, const HostRecordMap& h, int row, int layer, int pos) {
   return h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(pos) * a.geometry.record_bytes;
 }
 
@@ -138,13 +137,12 @@ cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream) {
     return internal::FailLaunch(buf);
   }
   if (d.start_pos < 0 || d.num_tokens < 0) return internal::FailLaunch("store: negative start_pos or num_tokens");
-  if (d.seq_len_after < 1 ||
-      static_cast<int64_t>(d.start_pos) + d.num_tokens > d.seq_len_after) {
+  if (d.seq_len_after < 1 || static_cast<int64_t>(d.start_pos) + d.num_tokens > d.seq_len_after) {
     return internal::FailLaunch("store: seq_len_after < 1 or < start_pos + num_tokens");
   }
-  if (d.num_tokens > 0 && (!d.src || d.src_token_stride < static_cast<int64_t>(g.record_bytes) ||
-                           d.src_token_stride % 16 || d.src_layer_stride % 16 ||
-                           reinterpret_cast<uintptr_t>(d.src) % 16)) {
+  if (d.num_tokens > 0 &&
+      (!d.src || d.src_token_stride < static_cast<int64_t>(g.record_bytes) || d.src_token_stride % 16 ||
+       d.src_layer_stride % 16 || reinterpret_cast<uintptr_t>(d.src) % 16)) {
     return internal::FailLaunch("store: src must be 16-byte aligned with 16-byte multiple strides >= record_bytes");
   }
   const int items = d.num_tokens + g.slots + 1;

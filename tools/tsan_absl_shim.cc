@@ -59,8 +59,7 @@ void* Next(const char* rest) {
 }
 
 // Resolved once per entry point; a static local's initialization is thread-safe.
-#define HS_REAL(type, rest)                                \
-  static const auto real = reinterpret_cast<type>(Next(rest))
+#define HS_REAL(type, rest) static const auto real = reinterpret_cast<type>(Next(rest))
 
 }  // namespace
 

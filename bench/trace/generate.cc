@@ -43,8 +43,7 @@ class Rng {
   // stop at +-3.46, which only matters far beyond the top-k thresholds used here (~1.5).
   float Normal() {
     const uint64_t x = Next();
-    const uint32_t sum = static_cast<uint32_t>((x & 0xffff) + ((x >> 16) & 0xffff) +
-                                               ((x >> 32) & 0xffff) + (x >> 48));
+    const uint32_t sum = static_cast<uint32_t>((x & 0xffff) + ((x >> 16) & 0xffff) + ((x >> 32) & 0xffff) + (x >> 48));
     constexpr float kScale = 1.0f / 37837.23f;  // 65536 * sqrt(4 / 12)
     return (static_cast<float>(sum) - 131070.0f) * kScale;
   }
@@ -133,9 +132,7 @@ class RequestState {
 
   const LayerProfile& Profile(int32_t l) const { return l < p_.first_layers ? p_.shallow : p_.deep; }
 
-  int32_t RandomSpanStart(int32_t seq_len) {
-    return rng_->Below(std::max(1, seq_len - topic_span_));
-  }
+  int32_t RandomSpanStart(int32_t seq_len) { return rng_->Below(std::max(1, seq_len - topic_span_)); }
 
   void AddPosition() {
     const double c = p_.static_layer_corr, rest = std::sqrt(std::max(0.0, 1 - c * c));
@@ -174,8 +171,7 @@ class RequestState {
       Score(l, prof, lo, hi);
       keys_.resize(hi - lo);
       for (int32_t p = lo; p < hi; ++p) {
-        keys_[p - lo] = (static_cast<uint64_t>(OrderedBits(score_[p - lo])) << 32) |
-                        static_cast<uint32_t>(p);
+        keys_[p - lo] = (static_cast<uint64_t>(OrderedBits(score_[p - lo])) << 32) | static_cast<uint32_t>(p);
       }
       std::nth_element(keys_.begin(), keys_.begin() + want, keys_.end(), std::greater<>());
       for (int32_t i = 0; i < want; ++i) sel->push_back(static_cast<int32_t>(keys_[i] & 0xffffffffu));
@@ -221,17 +217,16 @@ class RequestState {
 
 absl::Status CheckOptions(const GeneratorOptions& o) {
   if (o.requests < 1 || o.layers < 1 || o.steps < 1 || o.context < 1 || o.k < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "requests, layers, steps, context and k must all be >= 1 (got ", o.requests, ", ",
-        o.layers, ", ", o.steps, ", ", o.context, ", ", o.k, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("requests, layers, steps, context and k must all be >= 1 (got ",
+                                                   o.requests, ", ", o.layers, ", ", o.steps, ", ", o.context, ", ",
+                                                   o.k, ")"));
   }
   if (static_cast<int64_t>(o.context) + o.steps >= std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError("context + steps must stay below 2^31");
   }
   const GeneratorPreset& p = o.preset;
-  if (!(p.flicker_renew > 0 && p.flicker_renew <= 1) || p.static_layer_corr < -1 ||
-      p.static_layer_corr > 1 || p.topics < 0 || p.topic_span < 0 || p.sink_tokens < 0 ||
-      p.recency_window < 0) {
+  if (!(p.flicker_renew > 0 && p.flicker_renew <= 1) || p.static_layer_corr < -1 || p.static_layer_corr > 1 ||
+      p.topics < 0 || p.topic_span < 0 || p.sink_tokens < 0 || p.recency_window < 0) {
     return absl::InvalidArgumentError(absl::StrCat("preset '", p.name, "' is out of range"));
   }
   return absl::OkStatus();
@@ -271,8 +266,8 @@ absl::StatusOr<GeneratorPreset> FindPreset(absl::string_view name) {
     p.topic_span = 128;
     p.topic_jump = 0.02;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown preset '", name, "' (expected ", absl::StrJoin(PresetNames(), ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset '", name, "' (expected ", absl::StrJoin(PresetNames(), ", "), ")"));
   }
   return p;
 }
@@ -284,15 +279,13 @@ TraceHeader GeneratedHeader(const GeneratorOptions& o) {
   h.k = o.k;
   h.layers = o.layers;
   h.extra.emplace_back("source", "synthetic");
-  h.extra.emplace_back(
-      "generator", absl::StrCat("hisparse-bench gen-trace --preset ", o.preset.name, " --seed ",
-                                o.seed, " --requests ", o.requests, " --layers ", o.layers,
-                                " --steps ", o.steps, " --context ", o.context, " --k ", o.k));
+  h.extra.emplace_back("generator", absl::StrCat("hisparse-bench gen-trace --preset ", o.preset.name, " --seed ",
+                                                 o.seed, " --requests ", o.requests, " --layers ", o.layers,
+                                                 " --steps ", o.steps, " --context ", o.context, " --k ", o.k));
   return h;
 }
 
-absl::Status GenerateTrace(const GeneratorOptions& o,
-                           const std::function<absl::Status(const TraceRecord&)>& emit) {
+absl::Status GenerateTrace(const GeneratorOptions& o, const std::function<absl::Status(const TraceRecord&)>& emit) {
   HS_RETURN_IF_ERROR(CheckOptions(o));
   std::vector<std::unique_ptr<RequestState>> requests;
   for (int32_t r = 0; r < o.requests; ++r) requests.push_back(std::make_unique<RequestState>(o, r));

@@ -49,9 +49,7 @@ uint64_t ReuseHistogram::total() const {
 double LocalityStats::MeanConsecutive(int32_t first, int32_t last) const {
   return MeanOfMeans(consecutive, first, last);
 }
-double LocalityStats::MeanAdjacent(int32_t first, int32_t last) const {
-  return MeanOfMeans(adjacent, first, last);
-}
+double LocalityStats::MeanAdjacent(int32_t first, int32_t last) const { return MeanOfMeans(adjacent, first, last); }
 
 LocalityMeter::LocalityMeter(int32_t layers) : layers_(std::max(layers, 1)) {
   stats_.layers = layers_;
@@ -73,8 +71,7 @@ void LocalityMeter::Add(const TraceRecord& r) {
   std::vector<int32_t>& prev = prev_[key];
   auto [it, fresh] = last_use_.try_emplace(key);
   if (!fresh && !scratch_.empty()) {
-    stats_.consecutive[r.layer].sum +=
-        static_cast<double>(IntersectionSize(scratch_, prev)) / scratch_.size();
+    stats_.consecutive[r.layer].sum += static_cast<double>(IntersectionSize(scratch_, prev)) / scratch_.size();
     ++stats_.consecutive[r.layer].count;
   }
   ReuseHistogram& h = stats_.reuse[r.layer];
@@ -101,8 +98,7 @@ void LocalityMeter::FlushStep() {
   for (auto& [request, s] : step_sel_) {
     for (int32_t l = 0; l + 1 < layers_; ++l) {
       if (!s.present[l] || !s.present[l + 1] || s.sel[l].empty()) continue;
-      stats_.adjacent[l].sum +=
-          static_cast<double>(IntersectionSize(s.sel[l], s.sel[l + 1])) / s.sel[l].size();
+      stats_.adjacent[l].sum += static_cast<double>(IntersectionSize(s.sel[l], s.sel[l + 1])) / s.sel[l].size();
       ++stats_.adjacent[l].count;
     }
   }
@@ -128,8 +124,7 @@ LocalityStats LocalityMeter::Finish() {
 
 namespace {
 
-absl::StatusOr<LocalityStudy> RunStudy(const LoadedTrace& trace, LocalityStats locality,
-                                       const StudyOptions& o) {
+absl::StatusOr<LocalityStudy> RunStudy(const LoadedTrace& trace, LocalityStats locality, const StudyOptions& o) {
   LocalityStudy study;
   study.k = trace.header().k;
   study.layers = trace.header().layers;
@@ -147,8 +142,7 @@ absl::StatusOr<LocalityStudy> RunStudy(const LoadedTrace& trace, LocalityStats l
   }
   for (Policy policy : o.policies) {
     for (const auto& [ratio, b] : sizes) {
-      HS_ASSIGN_OR_RETURN(ReplayResult result,
-                          Replay(trace, ReplayOptions{b, policy, o.record_bytes}));
+      HS_ASSIGN_OR_RETURN(ReplayResult result, Replay(trace, ReplayOptions{b, policy, o.record_bytes}));
       study.runs.push_back(LocalityStudy::Run{ratio, std::move(result)});
     }
   }
@@ -165,20 +159,17 @@ absl::StatusOr<LocalityStudy> StudyTrace(const std::string& path, const StudyOpt
     layers = reader->header().layers;
   }
   LocalityMeter meter(layers);
-  HS_ASSIGN_OR_RETURN(LoadedTrace trace,
-                      LoadTrace(path, [&meter](const TraceRecord& r) { meter.Add(r); }));
-  HS_ASSIGN_OR_RETURN(LocalityStudy study,
-                      RunStudy(trace, meter.Finish(), options));
+  HS_ASSIGN_OR_RETURN(LoadedTrace trace, LoadTrace(path, [&meter](const TraceRecord& r) { meter.Add(r); }));
+  HS_ASSIGN_OR_RETURN(LocalityStudy study, RunStudy(trace, meter.Finish(), options));
   study.trace_path = path;
   return study;
 }
 
-absl::StatusOr<LocalityStudy> StudyRecords(const TraceHeader& header,
-                                           const std::vector<TraceRecord>& records,
+absl::StatusOr<LocalityStudy> StudyRecords(const TraceHeader& header, const std::vector<TraceRecord>& records,
                                            const StudyOptions& options) {
   LocalityMeter meter(header.layers);
-  HS_ASSIGN_OR_RETURN(LoadedTrace trace, LoadRecords(header, records, [&meter](
-                                                         const TraceRecord& r) { meter.Add(r); }));
+  HS_ASSIGN_OR_RETURN(LoadedTrace trace,
+                      LoadRecords(header, records, [&meter](const TraceRecord& r) { meter.Add(r); }));
   return RunStudy(trace, meter.Finish(), options);
 }
 

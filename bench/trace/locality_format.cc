@@ -35,9 +35,8 @@ std::string MeansJson(const std::vector<MeanStat>& v) {
 
 std::string LocalityStudyJson(const LocalityStudy& s) {
   const LocalityStats& loc = s.locality;
-  std::string out = absl::StrCat("{\"trace\": ", JsonString(s.trace_path), ", \"k\": ", s.k,
-                                 ", \"layers\": ", s.layers, ", \"records\": ", s.records,
-                                 ", \"streams\": ", s.streams);
+  std::string out = absl::StrCat("{\"trace\": ", JsonString(s.trace_path), ", \"k\": ", s.k, ", \"layers\": ", s.layers,
+                                 ", \"records\": ", s.records, ", \"streams\": ", s.streams);
   absl::StrAppend(&out, ",\n \"overlap\": {\"consecutive\": ", MeansJson(loc.consecutive),
                   ", \"adjacent\": ", MeansJson(loc.adjacent), "}");
   absl::StrAppend(&out, ",\n \"reuse_distance\": {\"buckets\": [");
@@ -53,8 +52,8 @@ std::string LocalityStudyJson(const LocalityStudy& s) {
     const ReplayResult& r = s.runs[i].result;
     absl::StrAppend(&out, i ? ",\n  " : "\n  ", "{\"policy\": \"", PolicyName(r.policy), "\"");
     if (s.runs[i].ratio > 0) absl::StrAppendFormat(&out, ", \"ratio\": %g", s.runs[i].ratio);
-    absl::StrAppend(&out, ", \"slots\": ", r.slots, ", \"total\": {",
-                    CountsJson(r.total, r.record_bytes), "}, \"per_layer\": [");
+    absl::StrAppend(&out, ", \"slots\": ", r.slots, ", \"total\": {", CountsJson(r.total, r.record_bytes),
+                    "}, \"per_layer\": [");
     for (size_t l = 0; l < r.per_layer.size(); ++l) {
       absl::StrAppend(&out, l ? ", " : "", "{", CountsJson(r.per_layer[l], r.record_bytes), "}");
     }
@@ -66,8 +65,8 @@ std::string LocalityStudyJson(const LocalityStudy& s) {
 
 std::string LocalityStudyTable(const LocalityStudy& s) {
   const LocalityStats& loc = s.locality;
-  std::string out = absl::StrFormat("trace %s: k = %d, %d layers, %d records, %d streams\n",
-                                    s.trace_path, s.k, s.layers, s.records, s.streams);
+  std::string out = absl::StrFormat("trace %s: k = %d, %d layers, %d records, %d streams\n", s.trace_path, s.k,
+                                    s.layers, s.records, s.streams);
   absl::StrAppendFormat(&out, "\n%-24s", "overlap \\ layer");
   for (int32_t l = 0; l < s.layers; ++l) absl::StrAppendFormat(&out, " %6d", l);
   absl::StrAppendFormat(&out, "\n%-24s", "consecutive steps");
@@ -87,15 +86,14 @@ std::string LocalityStudyTable(const LocalityStudy& s) {
   }
   absl::StrAppendFormat(&out, " %9.4f\n", total > 0 ? h.never / total : 0.0);
 
-  absl::StrAppendFormat(&out, "\n%-8s %6s %7s %8s %8s %8s", "policy", "B/k", "B", "hit_rate",
-                        "miss p50", "miss p99");
+  absl::StrAppendFormat(&out, "\n%-8s %6s %7s %8s %8s %8s", "policy", "B/k", "B", "hit_rate", "miss p50", "miss p99");
   for (int32_t l = 0; l < s.layers; ++l) absl::StrAppendFormat(&out, " %7s", absl::StrCat("L", l));
   out.push_back('\n');
   for (const LocalityStudy::Run& run : s.runs) {
     const ReplayResult& r = run.result;
     absl::StrAppendFormat(&out, "%-8s %6.3g %7d %8.4f %8d %8d", PolicyName(r.policy),
-                          static_cast<double>(r.slots) / r.k, r.slots, r.total.hit_rate(),
-                          r.total.misses_p50, r.total.misses_p99);
+                          static_cast<double>(r.slots) / r.k, r.slots, r.total.hit_rate(), r.total.misses_p50,
+                          r.total.misses_p99);
     for (const ReplayCounts& c : r.per_layer) absl::StrAppendFormat(&out, " %7.4f", c.hit_rate());
     out.push_back('\n');
   }

@@ -91,9 +91,7 @@ ReplayCounts ReplayBelady(const Stream& s, int32_t slots, std::vector<uint32_t>*
   // next[i]: the record index of the next non-newest selection of the position at data[i].
   std::vector<int32_t> next(s.data.size(), kNever);
   std::vector<std::pair<size_t, int32_t>> records;  // (data offset, record index), for the reverse scan
-  ForEachRecord(s, [&](int32_t t, int32_t, const int32_t* p, int32_t) {
-    records.emplace_back(p - s.data.data(), t);
-  });
+  ForEachRecord(s, [&](int32_t t, int32_t, const int32_t* p, int32_t) { records.emplace_back(p - s.data.data(), t); });
   std::unordered_map<int32_t, int32_t> next_seen;
   for (auto r = records.rbegin(); r != records.rend(); ++r) {
     const int32_t seq_len = s.data[r->first - 2], n = s.data[r->first - 1];
@@ -236,15 +234,17 @@ absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
   if (name == "lru") return Policy::kLru;
   if (name == "belady") return Policy::kBelady;
   if (name == "staging") return Policy::kStaging;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown policy '", name, "' (expected lru, belady or staging)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown policy '", name, "' (expected lru, belady or staging)"));
 }
 
 const char* PolicyName(Policy policy) {
   switch (policy) {
-    case Policy::kLru: return "lru";
-    case Policy::kBelady: return "belady";
-    case Policy::kStaging: return "staging";
+    case Policy::kLru:
+      return "lru";
+    case Policy::kBelady:
+      return "belady";
+    case Policy::kStaging:
+      return "staging";
   }
   return "?";
 }
@@ -262,8 +262,7 @@ absl::StatusOr<LoadedTrace> LoadTrace(const std::string& path, const RecordObser
   return loader.Finish();
 }
 
-absl::StatusOr<LoadedTrace> LoadRecords(const TraceHeader& header,
-                                        const std::vector<TraceRecord>& records,
+absl::StatusOr<LoadedTrace> LoadRecords(const TraceHeader& header, const std::vector<TraceRecord>& records,
                                         const RecordObserver& observe) {
   if (header.k < 1 || header.layers < 1) {
     return absl::InvalidArgumentError("trace header needs k >= 1 and layers >= 1");
@@ -330,8 +329,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const std::string& path, const ReplayOp
   return Replay(trace, options);
 }
 
-absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header,
-                                           const std::vector<TraceRecord>& records,
+absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header, const std::vector<TraceRecord>& records,
                                            const ReplayOptions& options) {
   if (header.k >= 1 && header.layers >= 1) HS_RETURN_IF_ERROR(CheckSlots(header, options));
   HS_ASSIGN_OR_RETURN(LoadedTrace trace, LoadRecords(header, records));

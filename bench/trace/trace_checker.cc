@@ -23,13 +23,11 @@ absl::Status TraceChecker::Check(const TraceRecord& r) {
     return absl::InvalidArgumentError(absl::StrCat("seq_len ", r.seq_len, " must be >= 1"));
   }
   if (r.positions.size() > static_cast<size_t>(k_)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(r.positions.size(), " positions, more than k = ", k_));
+    return absl::InvalidArgumentError(absl::StrCat(r.positions.size(), " positions, more than k = ", k_));
   }
   for (int32_t p : r.positions) {
     if (p < 0 || p >= r.seq_len) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", p, " outside [0, seq_len = ", r.seq_len, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("position ", p, " outside [0, seq_len = ", r.seq_len, ")"));
     }
   }
   scratch_.assign(r.positions.begin(), r.positions.end());
@@ -43,8 +41,8 @@ absl::Status TraceChecker::Check(const TraceRecord& r) {
     seen_.clear();
   }
   if (!seen_.emplace(r.layer, r.request).second) {
-    return absl::InvalidArgumentError(absl::StrCat("(layer ", r.layer, ", request ", r.request,
-                                                   ") appears twice in step ", r.step));
+    return absl::InvalidArgumentError(
+        absl::StrCat("(layer ", r.layer, ", request ", r.request, ") appears twice in step ", r.step));
   }
   return absl::OkStatus();
 }

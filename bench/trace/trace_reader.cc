@@ -87,7 +87,8 @@ absl::StatusOr<bool> TraceReader::ReadLine() {
     got = true;
     const char* start = buf_.data() + buf_pos_;
     const size_t avail = buf_.size() - buf_pos_;
-    const char* nl = static_cast<const char*>(std::memchr(start, '\n', avail));
+    const char* nl = static_cast<const char*>(
+        std::memchr(start, '\n', avail));  // NOLINT(bugprone-not-null-terminated-result): a byte search, not a string
     const size_t take = nl ? static_cast<size_t>(nl - start) : avail;
     line_text_.append(start, take);
     buf_pos_ += nl ? take + 1 : take;
@@ -133,17 +134,15 @@ absl::Status TraceReader::ReadHeader() {
       int64_t v = 0;
       if (have) return Error(absl::StrCat("bad header: '", tok[0], "' given twice"));
       if (tok.size() != 2 || !ParseInt(tok[1], 1, kInt32Max, &v)) {
-        return Error(absl::StrCat("bad header: '", tok[0], "' needs one positive integer, got '",
-                                  line_text_, "'"));
+        return Error(absl::StrCat("bad header: '", tok[0], "' needs one positive integer, got '", line_text_, "'"));
       }
       (tok[0] == "k" ? header_.k : header_.layers) = static_cast<int32_t>(v);
       have = true;
       continue;
     }
     const size_t rest = static_cast<size_t>(tok[0].data() - line_text_.data()) + tok[0].size();
-    header_.extra.emplace_back(
-        std::string(tok[0]),
-        std::string(absl::StripAsciiWhitespace(absl::string_view(line_text_).substr(rest))));
+    header_.extra.emplace_back(std::string(tok[0]),
+                               std::string(absl::StripAsciiWhitespace(absl::string_view(line_text_).substr(rest))));
   }
   if (!magic) return Error("bad header: missing 'hisparse-trace 1' (empty file?)");
   if (!have_k) return Error("bad header: 'k' missing before the first S line");
@@ -176,8 +175,8 @@ absl::Status TraceReader::ParseRecord(TraceRecord* r) {
   std::vector<absl::string_view> tok;
   Tokenize(line_text_, &tok);
   if (tok[0] != "S") {
-    return Error(absl::StrCat("expected an S line, got '", tok[0],
-                              "' (header keys must come before the first S line)"));
+    return Error(
+        absl::StrCat("expected an S line, got '", tok[0], "' (header keys must come before the first S line)"));
   }
   if (tok.size() < 5) return Error("S line needs: S <step> <layer> <request> <seq_len> [positions]");
   int64_t step, layer, request, seq_len;

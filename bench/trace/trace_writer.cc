@@ -11,15 +11,13 @@
 
 namespace hisparse::trace {
 
-absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path,
-                                                                 const TraceHeader& header) {
+absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& path, const TraceHeader& header) {
   if (header.k < 1 || header.layers < 1) {
     return absl::InvalidArgumentError("trace header needs k >= 1 and layers >= 1");
   }
   for (const auto& [key, value] : header.extra) {
     if (key.empty() || key == "k" || key == "layers" || key == "S" || key[0] == '#' ||
-        key.find_first_of(" \t\r\n") != std::string::npos ||
-        value.find_first_of("\r\n") != std::string::npos) {
+        key.find_first_of(" \t\r\n") != std::string::npos || value.find_first_of("\r\n") != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("bad extra header key '", key, "'"));
     }
   }

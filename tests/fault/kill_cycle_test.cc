@@ -129,9 +129,9 @@ TEST(KillCycleTest, NodeIsEmptyAfterManyKilledClients) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%d cycles in %.1f s: admissions %lu, rejections %lu, clients that exited by themselves %d\n",
-              cycles, seconds, static_cast<unsigned long>(st.admissions()),
-              static_cast<unsigned long>(st.rejections()), abnormal_exits);
+  std::printf("%d cycles in %.1f s: admissions %lu, rejections %lu, clients that exited by themselves %d\n", cycles,
+              seconds, static_cast<unsigned long>(st.admissions()), static_cast<unsigned long>(st.rejections()),
+              abnormal_exits);
   EXPECT_EQ(st.sessions(), 0u);
   EXPECT_EQ(st.requests(), 0u);
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);

@@ -196,12 +196,21 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
       const v1::SessionRef ref = PickRef(in, live, &owner);
       std::string object;
       switch (in.Read<uint8_t>() % 4) {
-        case 0: object = "arena"; break;
-        case 1: object = "segment " + std::to_string(in.Small(0, 20)); break;
-        case 2: object = "segment " + in.String(24); break;
-        default: object = in.String(64); break;
+        case 0:
+          object = "arena";
+          break;
+        case 1:
+          object = "segment " + std::to_string(in.Small(0, 20));
+          break;
+        case 2:
+          object = "segment " + in.String(24);
+          break;
+        default:
+          object = in.String(64);
+          break;
       }
-      auto fd = Manager().DupFdFor(ref.session_id(), ref.token(), object, PeerCredentials{::getpid(), ::getuid(), ::getgid()});
+      auto fd = Manager().DupFdFor(ref.session_id(), ref.token(), object,
+                                   PeerCredentials{::getpid(), ::getuid(), ::getgid()});
       if (owner == nullptr) Expect(!fd.ok(), "DupFdFor handed a descriptor to a wrong ref");
       if (fd.ok()) Expect(fd->valid(), "DupFdFor returned OK without a descriptor");
       break;
@@ -238,8 +247,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Manager().SetDraining(false);
   const v1::StatsResponse st = Manager().Stats();
   Expect(st.sessions() == 0 && st.requests() == 0, "sessions or requests left after closing every session");
-  Expect(st.host_pool().used_bytes() == 0, "pool used bytes " + std::to_string(st.host_pool().used_bytes()) +
-                                               " after closing every session");
+  Expect(st.host_pool().used_bytes() == 0,
+         "pool used bytes " + std::to_string(st.host_pool().used_bytes()) + " after closing every session");
   Expect(st.host_pool().segments_in_use() == 0, "segments still owned after closing every session");
   absl::Status inv = Manager().CheckInvariants();
   if (!inv.ok()) Fail("invariants broken after closing every session: " + inv.ToString());

@@ -26,8 +26,8 @@ constexpr int kMaxRecords = 100000;  // a gzip bomb must end in bounded time
 // executions per second.
 const std::string& ScratchDir() {
   static const std::string* const dir = [] {
-    std::string tmpl = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/hisparse-trace-fuzz-XXXXXX"
-                                                       : "/tmp/hisparse-trace-fuzz-XXXXXX";
+    std::string tmpl =
+        ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/hisparse-trace-fuzz-XXXXXX" : "/tmp/hisparse-trace-fuzz-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) Fail("mkdtemp failed");
     return new std::string(tmpl);
   }();

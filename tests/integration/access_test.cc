@@ -86,7 +86,7 @@ TEST(QuotaTest, TenantQuotasAreHard) {
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s1).ok());
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s2).ok());  // same uid: the same tenant
   ASSERT_TRUE(s1.Admit(1, 10, 1000).ok());                 // 256000 B
-  Error big = s2.Admit(2, 10, 4000);                         // +1024000 B > 1 MiB
+  Error big = s2.Admit(2, 10, 4000);                       // +1024000 B > 1 MiB
   EXPECT_EQ(big.code, HS_ERR_RESOURCE_EXHAUSTED);
   EXPECT_NE(big.message.find("quotas.host_bytes"), std::string::npos) << big.message;
   ASSERT_TRUE(s2.Admit(2, 10, 1000).ok());

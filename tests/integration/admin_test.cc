@@ -152,7 +152,7 @@ int FreePort() {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 0;
   socklen_t len = sizeof(addr);
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   return ntohs(addr.sin_port);
@@ -187,11 +187,11 @@ TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
   EXPECT_EQ(s.Admit(2, 10, 1u << 30).code, HS_ERR_INVALID_ARGUMENT);
   const std::string text = HttpGet(port, "/metrics");
   ASSERT_FALSE(text.empty());
-  for (const char* want : {"hisparse_host_pool_bytes{state=\"used\"} 256000", "hisparse_sessions 1",
-                           "hisparse_requests 1", "hisparse_admissions_total 1",
-                           "hisparse_rejections_total{reason=\"pool_full\"} 0",
-                           "hisparse_rpc_duration_seconds_bucket{method=\"Admit\"",
-                           "hisparse_resolve_hits_total{gpu=\"-1\",session=\"1\"} 0", "# TYPE hisparse_evictions_total counter"}) {
+  for (const char* want :
+       {"hisparse_host_pool_bytes{state=\"used\"} 256000", "hisparse_sessions 1", "hisparse_requests 1",
+        "hisparse_admissions_total 1", "hisparse_rejections_total{reason=\"pool_full\"} 0",
+        "hisparse_rpc_duration_seconds_bucket{method=\"Admit\"",
+        "hisparse_resolve_hits_total{gpu=\"-1\",session=\"1\"} 0", "# TYPE hisparse_evictions_total counter"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
   // promtool (Debian's prometheus package) lints the exposition when it is installed.

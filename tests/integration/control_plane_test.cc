@@ -4,9 +4,9 @@
 #include <cstring>
 #include <thread>
 
-#include "gtest/gtest.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "gtest/gtest.h"
 #include "test_support.h"
 
 namespace hisparse::testing {
@@ -127,8 +127,8 @@ TEST_F(ControlPlaneTest, MalformedRequestsGetClearErrorsAndTheDaemonKeepsServing
   EXPECT_EQ(e.code, HS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(e.message.find("token_budget"), std::string::npos) << e.message;
   EXPECT_EQ(s.Admit(1, 10, 2000000000).code, HS_ERR_INVALID_ARGUMENT);  // absurd size
-  EXPECT_EQ(s.Admit(1, 200, 100).code, HS_ERR_INVALID_ARGUMENT);         // context > budget
-  EXPECT_EQ(s.Admit(0, 1, 10).code, HS_ERR_INVALID_ARGUMENT);            // id 0
+  EXPECT_EQ(s.Admit(1, 200, 100).code, HS_ERR_INVALID_ARGUMENT);        // context > budget
+  EXPECT_EQ(s.Admit(0, 1, 10).code, HS_ERR_INVALID_ARGUMENT);           // id 0
   ASSERT_TRUE(s.Admit(1, 1, 10).ok());
   EXPECT_EQ(s.Admit(1, 1, 10).code, HS_ERR_ALREADY_EXISTS);
   void* rec = nullptr;
@@ -136,10 +136,10 @@ TEST_F(ControlPlaneTest, MalformedRequestsGetClearErrorsAndTheDaemonKeepsServing
   EXPECT_EQ(s.RecordPtr(1, 0, 10, &rec).code, HS_ERR_INVALID_ARGUMENT);  // beyond capacity
 
   // Bad geometry is refused at open, naming the field.
-  for (auto mutate : std::vector<void (*)(hs_session_options&)>{
-           [](hs_session_options& o) { o.num_layers = 0; }, [](hs_session_options& o) { o.record_bytes = 17; },
-           [](hs_session_options& o) { o.k = 32; },  // k > B
-           [](hs_session_options& o) { o.max_requests = 0; }}) {
+  for (auto mutate : std::vector<void (*)(hs_session_options&)>{[](hs_session_options& o) { o.num_layers = 0; },
+                                                                [](hs_session_options& o) { o.record_bytes = 17; },
+                                                                [](hs_session_options& o) { o.k = 32; },  // k > B
+                                                                [](hs_session_options& o) { o.max_requests = 0; }}) {
     hs_session_options o = SmallGeometry(address_);
     mutate(o);
     Session bad;

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   o.slots = 32;
   o.max_requests = 64;
   o.backend = HS_BACKEND_HOST;
-  hs_session* s = NULL;
+  hs_session* s = nullptr;
   if (hs_session_open(&o, &s) != HS_OK) {
     fprintf(stderr, "open: %s\n", hs_last_error());
     return 1;
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "admit: %s\n", hs_last_error());
         return 1;
       }
-      void* rec = NULL;
+      void* rec = nullptr;
       if (hs_record_ptr(s, (uint64_t)i, 0, 0, &rec) == HS_OK) memset(rec, 0xAB, 128);
     }
     printf("READY %lu\n", (unsigned long)info.session_id);

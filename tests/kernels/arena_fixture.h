@@ -36,8 +36,7 @@ class ArenaFixture {
   void set_capacity(int32_t row, int32_t c) { capacity_[row] = c; }
 
   uint8_t* HostRecord(int32_t row, int32_t layer, int32_t pos) {
-    return layer_base_[view_.RowLayer(row, layer)] +
-           static_cast<size_t>(pos) * geometry_.record_bytes;
+    return layer_base_[view_.RowLayer(row, layer)] + static_cast<size_t>(pos) * geometry_.record_bytes;
   }
   // Writes a pattern that differs for every (row, layer, pos, gen) into `dst`.
   void Pattern(uint8_t* dst, int32_t row, int32_t layer, int32_t pos, uint32_t gen) const {
@@ -55,14 +54,12 @@ class ArenaFixture {
   }
   // Sets (row, layer)'s slot table and LRU order directly and loads each filled slot's record
   // from the host pool, so the arena invariants hold.
-  void SetState(int32_t row, int32_t layer, const std::vector<int32_t>& slot_pos,
-                const std::vector<int32_t>& lru) {
+  void SetState(int32_t row, int32_t layer, const std::vector<int32_t>& slot_pos, const std::vector<int32_t>& lru) {
     for (int32_t s = 0; s < geometry_.slots; ++s) {
       view_.SlotPos(row, layer)[s] = slot_pos[s];
       view_.Lru(row, layer)[s] = lru[s];
       if (slot_pos[s] != kEmptySlot) {
-        std::memcpy(view_.Record(row, layer, s), HostRecord(row, layer, slot_pos[s]),
-                    geometry_.record_bytes);
+        std::memcpy(view_.Record(row, layer, s), HostRecord(row, layer, slot_pos[s]), geometry_.record_bytes);
       }
     }
   }

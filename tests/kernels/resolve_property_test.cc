@@ -33,8 +33,8 @@ void CheckInvariants(ArenaFixture& f, int32_t row, int32_t layer) {
   for (int32_t s = 0; s < B; ++s) {
     if (pos[s] == kEmptySlot) continue;
     ASSERT_TRUE(resident.insert(pos[s]).second) << "position " << pos[s] << " held twice";
-    ASSERT_EQ(0, std::memcmp(f.view().Record(row, layer, s), f.HostRecord(row, layer, pos[s]),
-                             f.geometry().record_bytes))
+    ASSERT_EQ(0,
+              std::memcmp(f.view().Record(row, layer, s), f.HostRecord(row, layer, pos[s]), f.geometry().record_bytes))
         << "slot " << s << " differs from host position " << pos[s];
   }
 }
@@ -69,8 +69,7 @@ class Sim {
           f_.Pattern(&src[(l * n + t) * token_stride], r, l, start + t, st.gen);
         }
       }
-      StoreDesc d{f_.view(), f_.host(), r, start, n, start + n, src.data(), n * token_stride,
-                  token_stride};
+      StoreDesc d{f_.view(), f_.host(), r, start, n, start + n, src.data(), n * token_stride, token_stride};
       ASSERT_EQ(0u, StoreReference(d));
       start += n;
     }
@@ -96,8 +95,8 @@ class Sim {
         f_.Pattern(&src[i * rb], rows[i], l, seq_lens[i] - 1, rows_[rows[i]].gen);
       }
       int32_t bs = batch;
-      AppendDesc a{f_.view(), f_.host(), l, static_cast<int32_t>(rows.size()), &bs, rows.data(),
-                   seq_lens.data(), src.data(), rb, nullptr};
+      AppendDesc a{f_.view(),  f_.host(), l,      static_cast<int32_t>(rows.size()), &bs, rows.data(), seq_lens.data(),
+                   src.data(), rb,        nullptr};
       ASSERT_EQ(0u, AppendReference(a));
       ResolveLayer(l, batch, rows, seq_lens);
     }
@@ -106,9 +105,7 @@ class Sim {
   int64_t steps() const { return f_.counters().steps; }
 
  private:
-  int32_t Uniform(int32_t lo, int32_t hi) {
-    return std::uniform_int_distribution<int32_t>(lo, hi)(rng_);
-  }
+  int32_t Uniform(int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(rng_); }
 
   // A selection with locality: part of the previous one, maybe the newest token, the rest random,
   // padding anywhere.
@@ -129,8 +126,7 @@ class Sim {
     return sel;
   }
 
-  void ResolveLayer(int32_t l, int32_t batch, const std::vector<int32_t>& rows,
-                    const std::vector<int32_t>& seq_lens) {
+  void ResolveLayer(int32_t l, int32_t batch, const std::vector<int32_t>& rows, const std::vector<int32_t>& seq_lens) {
     const int32_t k = g_.k, B = g_.slots;
     std::vector<int32_t> positions(rows.size() * k, kPadding);
     std::vector<std::vector<int32_t>> before(rows.size()), before_lru(rows.size());

@@ -25,8 +25,8 @@ void ExpectExact(ArenaFixture& f, int32_t row, int32_t layer, const std::vector<
     if (sel[j] != seq_len - 1) {
       EXPECT_EQ(f.view().SlotPos(row, layer)[s], sel[j]);
     }
-    EXPECT_EQ(0, std::memcmp(f.view().Record(row, layer, s), f.HostRecord(row, layer, sel[j]),
-                             f.geometry().record_bytes))
+    EXPECT_EQ(0,
+              std::memcmp(f.view().Record(row, layer, s), f.HostRecord(row, layer, sel[j]), f.geometry().record_bytes))
         << "selection " << j;
   }
 }
@@ -57,7 +57,7 @@ TEST(ResolveTest, EmptyCacheMissesFillLruOrder) {
   EXPECT_EQ(0u, f.Resolve(1, 1, {0}, {10}, {3, 5}, &out));
   EXPECT_THAT(out, ElementsAre(0, 1));
   EXPECT_THAT(f.SlotPos(0, 1), ElementsAre(3, 5, kEmptySlot, kEmptySlot));
-  EXPECT_THAT(f.Lru(0, 1), ElementsAre(2, 3, 0, 1));  // EMPTY slots stay least recently used
+  EXPECT_THAT(f.Lru(0, 1), ElementsAre(2, 3, 0, 1));          // EMPTY slots stay least recently used
   EXPECT_THAT(f.SlotPos(0, 0), ElementsAre(-1, -1, -1, -1));  // other layer untouched
   ExpectExact(f, 0, 1, {3, 5}, out, 10);
   EXPECT_EQ(f.counters().hits, 0u);
@@ -152,8 +152,7 @@ TEST(ResolveTest, ShortRowAfterStoreIsAllHits) {
   for (int32_t l = 0; l < 2; ++l) {
     for (int32_t t = 0; t < n; ++t) f.Pattern(&src[(l * n + t) * 32], 1, l, t, 5);
   }
-  StoreDesc s{f.view(), f.host(), /*row=*/1, /*start_pos=*/0, n, /*seq_len_after=*/n,
-              src.data(), n * 32, 32};
+  StoreDesc s{f.view(), f.host(), /*row=*/1, /*start_pos=*/0, n, /*seq_len_after=*/n, src.data(), n * 32, 32};
   ASSERT_EQ(0u, StoreReference(s));
   EXPECT_THAT(f.SlotPos(1, 0), ElementsAre(0, 1, 2, kEmptySlot));
   EXPECT_THAT(f.Lru(1, 1), ElementsAre(3, 0, 1, 2));
@@ -260,7 +259,7 @@ TEST(ResolveTest, CountersAccumulateOverRowsAndLaunches) {
   f.FillHost(0, 30);
   f.FillHost(1, 30);
   std::vector<int32_t> out;
-  f.Resolve(0, 2, {0, 1}, {10, 20}, {1, 9, 2, 3}, &out);  // row 0: 1 miss + newest; row 1: 2 misses
+  f.Resolve(0, 2, {0, 1}, {10, 20}, {1, 9, 2, 3}, &out);   // row 0: 1 miss + newest; row 1: 2 misses
   f.Resolve(0, 2, {0, 1}, {11, 20}, {1, 9, 3, -1}, &out);  // row 0: 1 hit + 1 miss; row 1: 1 hit
   EXPECT_EQ(f.counters().hits, 3u);
   EXPECT_EQ(f.counters().misses, 4u);

@@ -18,8 +18,7 @@ constexpr uint32_t kRb = 32;
 const ArenaGeometry kG{/*max_rows=*/2, /*num_layers=*/2, /*slots=*/4, /*k=*/2, kRb};
 
 // Engine buffer of tokens [start, start + n) of every layer, token stride `stride`.
-std::vector<uint8_t> Src(const ArenaFixture& f, int32_t row, int32_t start, int32_t n,
-                         int64_t stride, uint32_t gen) {
+std::vector<uint8_t> Src(const ArenaFixture& f, int32_t row, int32_t start, int32_t n, int64_t stride, uint32_t gen) {
   std::vector<uint8_t> src(2 * n * stride, 0xee);
   for (int32_t l = 0; l < 2; ++l) {
     for (int32_t t = 0; t < n; ++t) f.Pattern(&src[(l * n + t) * stride], row, l, start + t, gen);
@@ -27,17 +26,15 @@ std::vector<uint8_t> Src(const ArenaFixture& f, int32_t row, int32_t start, int3
   return src;
 }
 
-bool SameAsPattern(const ArenaFixture& f, const uint8_t* p, int32_t row, int32_t layer,
-                   int32_t pos, uint32_t gen) {
+bool SameAsPattern(const ArenaFixture& f, const uint8_t* p, int32_t row, int32_t layer, int32_t pos, uint32_t gen) {
   std::vector<uint8_t> want(kRb);
   f.Pattern(want.data(), row, layer, pos, gen);
   return std::memcmp(p, want.data(), kRb) == 0;
 }
 
-uint32_t Store(ArenaFixture& f, int32_t row, int32_t start, int32_t n, int32_t after,
-               const std::vector<uint8_t>& src, int64_t stride) {
-  return StoreReference(StoreDesc{f.view(), f.host(), row, start, n, after, src.data(),
-                                  n * stride, stride});
+uint32_t Store(ArenaFixture& f, int32_t row, int32_t start, int32_t n, int32_t after, const std::vector<uint8_t>& src,
+               int64_t stride) {
+  return StoreReference(StoreDesc{f.view(), f.host(), row, start, n, after, src.data(), n * stride, stride});
 }
 
 TEST(StoreTest, ChunkedPrefillWithinBIsWhollyResident) {
@@ -114,8 +111,7 @@ TEST(AppendTest, WritesSlotBAndHostAndResolveSeesIt) {
   std::vector<int32_t> rows = {1, 0, 0}, seq = {3, 7, 10};
   int32_t batch = 2;
   uint32_t flags = 0;
-  AppendDesc d{f.view(), f.host(), 1, 3, &batch, rows.data(), seq.data(), src.data(), stride,
-               &flags};
+  AppendDesc d{f.view(), f.host(), 1, 3, &batch, rows.data(), seq.data(), src.data(), stride, &flags};
   ASSERT_EQ(0u, AppendReference(d));
   EXPECT_EQ(0u, flags);
   EXPECT_TRUE(SameAsPattern(f, f.view().Record(1, 1, 4), 1, 1, 2, 4));

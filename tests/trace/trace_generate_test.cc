@@ -142,9 +142,9 @@ TEST(TraceGenerateTest, BadOptions) {
   // emit's error stops generation and comes back.
   o.k = 8;
   int calls = 0;
-  EXPECT_EQ(GenerateTrace(o, [&](const TraceRecord&) {
-              return ++calls == 3 ? absl::DataLossError("disk") : absl::OkStatus();
-            }).code(),
+  EXPECT_EQ(GenerateTrace(
+                o, [&](const TraceRecord&) { return ++calls == 3 ? absl::DataLossError("disk") : absl::OkStatus(); })
+                .code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(calls, 3);
 }
@@ -163,9 +163,9 @@ TEST(TraceGenerateTest, Command) {
   TempDir dir;
   const std::string path = dir.Path("t.trace.gz");
   std::string out;
-  ASSERT_EQ(0, RunGen({"--preset", "dsv32", "--seed", "9", "--requests", "2", "--layers", "3",
-                       "--steps", "5", "--context", "512", "--k=32", "--out", path, "--measure",
-                       "--json"}, &out));
+  ASSERT_EQ(0, RunGen({"--preset", "dsv32", "--seed", "9", "--requests", "2", "--layers", "3", "--steps", "5",
+                       "--context", "512", "--k=32", "--out", path, "--measure", "--json"},
+                      &out));
   EXPECT_THAT(out, HasSubstr("\"preset\": \"dsv32\""));
   EXPECT_THAT(out, HasSubstr("\"consecutive\": ["));
   auto r = ReplayTrace(path, ReplayOptions{64, Policy::kLru, 0});
@@ -180,16 +180,18 @@ TEST(TraceGenerateTest, Command) {
   }
   EXPECT_TRUE(found);
 
-  EXPECT_EQ(0, RunGen({"--preset", "local", "--steps", "2", "--context", "64", "--k", "8",
-                       "--layers", "1", "--measure"}, &out));
+  EXPECT_EQ(
+      0,
+      RunGen({"--preset", "local", "--steps", "2", "--context", "64", "--k", "8", "--layers", "1", "--measure"}, &out));
   EXPECT_THAT(out, HasSubstr("consecutive-step overlap per layer"));
-  EXPECT_EQ(2, RunGen({"--steps", "2", "--measure"}, &out));                    // no preset
-  EXPECT_EQ(2, RunGen({"--preset", "foo", "--measure"}, &out));                 // unknown preset
-  EXPECT_EQ(2, RunGen({"--preset", "local"}, &out));                            // no output
-  EXPECT_EQ(2, RunGen({"--preset", "local", "--k", "0", "--measure"}, &out));   // bad k
+  EXPECT_EQ(2, RunGen({"--steps", "2", "--measure"}, &out));                   // no preset
+  EXPECT_EQ(2, RunGen({"--preset", "foo", "--measure"}, &out));                // unknown preset
+  EXPECT_EQ(2, RunGen({"--preset", "local"}, &out));                           // no output
+  EXPECT_EQ(2, RunGen({"--preset", "local", "--k", "0", "--measure"}, &out));  // bad k
   EXPECT_EQ(2, RunGen({"--preset", "local", "--bogus", "1", "--measure"}, &out));
-  EXPECT_EQ(1, RunGen({"--preset", "local", "--steps", "1", "--context", "8", "--k", "2",
-                       "--out", dir.Path("no/such/dir/t.gz")}, &out));
+  EXPECT_EQ(1, RunGen({"--preset", "local", "--steps", "1", "--context", "8", "--k", "2", "--out",
+                       dir.Path("no/such/dir/t.gz")},
+                      &out));
 }
 
 }  // namespace

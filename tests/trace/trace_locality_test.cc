@@ -22,8 +22,8 @@ using ::testing::HasSubstr;
 // 0 and 1 only.
 const TraceHeader kHeader{3, 2, {}};
 const std::vector<TraceRecord> kRecords = {
-    {0, 0, 7, 10, {1, 2, 3}}, {0, 1, 7, 10, {9, 2, 1}},  // 9 is layer 1's newest token
-    {1, 1, 7, 11, {4}},       {1, 0, 7, 11, {4, 1, 2}},  // layers in either order within a step
+    {0, 0, 7, 10, {1, 2, 3}}, {0, 1, 7, 10, {9, 2, 1}},   // 9 is layer 1's newest token
+    {1, 1, 7, 11, {4}},       {1, 0, 7, 11, {4, 1, 2}},   // layers in either order within a step
     {3, 0, 7, 12, {1, 5, 4}}, {7, 0, 7, 13, {2, 1, 12}},  // 12 is the newest token
 };
 
@@ -111,8 +111,7 @@ TEST(TraceLocalityTest, StudyRunsEveryPolicyAtEveryB) {
   EXPECT_THAT(LocalityStudyTable(*s), HasSubstr("reuse distance"));
 
   o.ratios = {0.5};
-  EXPECT_EQ(StudyRecords(kHeader, kRecords, o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StudyRecords(kHeader, kRecords, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 int RunTrace(std::vector<std::string> args, std::string* out) {
@@ -127,12 +126,10 @@ int RunTrace(std::vector<std::string> args, std::string* out) {
 
 TEST(TraceLocalityTest, StudyCommand) {
   TempDir dir;
-  const std::string a = dir.Write(
-      "a.trace.gz", "hisparse-trace 1\nk 2\nlayers 1\nS 0 0 1 10 1 2\nS 1 0 1 11 2 3\n");
+  const std::string a = dir.Write("a.trace.gz", "hisparse-trace 1\nk 2\nlayers 1\nS 0 0 1 10 1 2\nS 1 0 1 11 2 3\n");
   const std::string b = dir.Write("b.trace", "hisparse-trace 1\nk 2\nlayers 1\nS 0 0 4 10 5 9\n");
   std::string out;
-  ASSERT_EQ(0, RunTrace({"--trace", a, "--trace", b, "--policy", "all", "--ratios", "1,1.5,4",
-                         "--json"}, &out));
+  ASSERT_EQ(0, RunTrace({"--trace", a, "--trace", b, "--policy", "all", "--ratios", "1,1.5,4", "--json"}, &out));
   EXPECT_THAT(out, HasSubstr("{\"traces\": [\n{\"trace\": "));
   EXPECT_THAT(out, HasSubstr("\"policy\": \"staging\", \"ratio\": 4, \"slots\": 8"));
   EXPECT_THAT(out, HasSubstr("\"consecutive\": [0.5000]"));
@@ -149,10 +146,10 @@ TEST(TraceLocalityTest, StudyCommand) {
   EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "all", "--ratios", "0.5"}, &out));
   EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "all", "--ratios", "x"}, &out));
   EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "lru,fifo", "--ratios", "1"}, &out));
-  EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "all"}, &out));  // no B
+  EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "all"}, &out));                    // no B
   EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "all", "--slots", "1,2"}, &out));  // B < k
-  EXPECT_EQ(1, RunTrace({"--trace", a, "--trace", dir.Path("missing"), "--policy", "lru",
-                         "--ratios", "1", "--json"}, &out));
+  EXPECT_EQ(
+      1, RunTrace({"--trace", a, "--trace", dir.Path("missing"), "--policy", "lru", "--ratios", "1", "--json"}, &out));
   EXPECT_THAT(out, HasSubstr("]}"));  // what was printed before the failure is closed
 }
 

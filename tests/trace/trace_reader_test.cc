@@ -117,8 +117,7 @@ TEST(TraceReaderTest, RejectsMalformedWithLineNumber) {
       {"negative position", h + "S 0 0 0 5 -1\n", 4, "position -1 outside"},
       {"duplicate", h + "S 0 0 0 5 1 3\nS 0 1 0 5 3 3\n", 5, "position 3 selected twice"},
       {"more than k", h + "S 0 0 0 5 1 2 3\n", 4, "3 positions, more than k = 2"},
-      {"pair twice", h + "S 0 0 7 5 1\nS 0 1 7 5 1\nS 0 0 7 6 2\n", 6,
-       "(layer 0, request 7) appears twice in step 0"},
+      {"pair twice", h + "S 0 0 7 5 1\nS 0 1 7 5 1\nS 0 0 7 6 2\n", 6, "(layer 0, request 7) appears twice in step 0"},
       {"step text", h + "S x 0 0 5 1\n", 4, "step 'x'"},
       {"layer text", h + "S 0 0.5 0 5 1\n", 4, "layer '0.5'"},
       {"request negative", h + "S 0 0 -3 5 1\n", 4, "request '-3'"},
@@ -150,8 +149,7 @@ TEST(TraceReaderTest, RejectsMalformedWithLineNumber) {
       }
       ASSERT_FALSE(status.ok()) << c.name << ": accepted";
       EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.name;
-      EXPECT_THAT(std::string(status.message()),
-                  HasSubstr(path + ":" + std::to_string(c.line) + ": "))
+      EXPECT_THAT(std::string(status.message()), HasSubstr(path + ":" + std::to_string(c.line) + ": "))
           << c.name << ": " << status;
       EXPECT_THAT(std::string(status.message()), HasSubstr(c.what)) << c.name << ": " << status;
     }

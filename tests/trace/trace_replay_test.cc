@@ -20,8 +20,7 @@ namespace {
 using ::hisparse::trace::testing::TempDir;
 using ::testing::HasSubstr;
 
-ReplayResult MustReplay(const TraceHeader& h, const std::vector<TraceRecord>& recs, int32_t slots,
-                        Policy policy) {
+ReplayResult MustReplay(const TraceHeader& h, const std::vector<TraceRecord>& recs, int32_t slots, Policy policy) {
   auto r = ReplayRecords(h, recs, ReplayOptions{slots, policy, 0});
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : ReplayResult{};
@@ -165,8 +164,7 @@ TEST(TraceReplayTest, RandomTracesLruMatchesModelAndBeladyIsNoWorse) {
 
 TEST(TraceReplayTest, FileReplayAndErrors) {
   TempDir dir;
-  const std::string text =
-      "hisparse-trace 1\nk 2\nlayers 2\nS 0 0 1 10 1 2\nS 0 1 1 10 9\nS 1 0 1 11 2 3\n";
+  const std::string text = "hisparse-trace 1\nk 2\nlayers 2\nS 0 0 1 10 1 2\nS 0 1 1 10 9\nS 1 0 1 11 2 3\n";
   const std::string path = dir.Write("t.trace.gz", text);
   auto r = ReplayTrace(path, ReplayOptions{2, Policy::kLru, 656});
   ASSERT_TRUE(r.ok()) << r.status();

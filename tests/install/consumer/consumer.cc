@@ -10,6 +10,7 @@ int main() {
   o.timeout_ms = 200;
   hisparse::Session s;
   hisparse::Error e = hisparse::Session::Open(o, &s);
-  std::printf("abi %d, open without a daemon: %s (%s)\n", hs_abi_version(), hs_result_string(e.code), e.message.c_str());
+  std::printf("abi %d, open without a daemon: %s (%s)\n", hs_abi_version(), hs_result_string(e.code),
+              e.message.c_str());
   return e.code == HS_ERR_UNAVAILABLE ? 0 : 1;
 }

@@ -41,11 +41,11 @@ struct LogVoidify {
 #define HS_LOG_SEVERITY_WARNING ::hisparse::LogSeverity::kWarning
 #define HS_LOG_SEVERITY_ERROR ::hisparse::LogSeverity::kError
 
-// NOLINTNEXTLINE(bugprone-macro-parentheses): a stream expression, used as LOG(x) << ...
-#define LOG(severity)                                             \
-  !::hisparse::LogEnabled(HS_LOG_SEVERITY_##severity)             \
-      ? (void)0                                                   \
-      : ::hisparse::LogVoidify() &                                \
-            ::hisparse::LogMessage(HS_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
+// NOLINTBEGIN(bugprone-macro-parentheses): a stream expression, used as LOG(x) << ...
+#define LOG(severity)                                 \
+  !::hisparse::LogEnabled(HS_LOG_SEVERITY_##severity) \
+      ? (void)0                                       \
+      : ::hisparse::LogVoidify() & ::hisparse::LogMessage(HS_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // HISPARSE_COMMON_LOG_H_

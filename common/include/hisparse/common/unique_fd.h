@@ -38,8 +38,7 @@ class MappedRegion {
  public:
   MappedRegion() = default;
   ~MappedRegion() { Reset(); }
-  MappedRegion(MappedRegion&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  MappedRegion(MappedRegion&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   MappedRegion& operator=(MappedRegion&& o) noexcept;
   MappedRegion(const MappedRegion&) = delete;
   MappedRegion& operator=(const MappedRegion&) = delete;
@@ -58,8 +57,7 @@ class MappedRegion {
 
 // Creates an anonymous memory file of `size` bytes (memfd_create, close-on-exec, sealable).
 // With `try_hugetlb`, asks for huge pages first; `*used_hugetlb` says what was granted.
-absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb,
-                                     bool* used_hugetlb);
+absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb, bool* used_hugetlb);
 
 // Size of the file behind fd (fstat).
 absl::StatusOr<size_t> FileSize(int fd);

@@ -59,7 +59,7 @@ struct LimitsConfig {
 // SO_PEERCRED and refused unless its uid or gid is listed (empty lists admit any peer that could
 // open the socket).
 struct AccessConfig {
-  std::string socket_group;          // group name or numeric gid; "" keeps the daemon's group
+  std::string socket_group;  // group name or numeric gid; "" keeps the daemon's group
   std::vector<uint32_t> allowed_uids;
   std::vector<uint32_t> allowed_gids;
 };
@@ -145,9 +145,9 @@ std::string_view ListenSocketPath(std::string_view listen);
 
 // How the host pool is cut into memfd segments.
 struct PoolGeometry {
-  uint64_t segment_size = 0;   // bytes in every segment
+  uint64_t segment_size = 0;  // bytes in every segment
   uint64_t segment_count = 0;
-  uint64_t total_bytes = 0;    // segment_size * segment_count >= HostPoolConfig::size
+  uint64_t total_bytes = 0;  // segment_size * segment_count >= HostPoolConfig::size
 };
 // Precondition: ValidateConfig accepted the config (so nothing overflows).
 PoolGeometry HostPoolGeometry(const HostPoolConfig& pool);

@@ -45,8 +45,8 @@ class Metrics final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  static constexpr std::array<double, 14> kBuckets = {1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
-                                                      2.5e-3, 5e-3,   1e-2, 2.5e-2, 0.1,  1.0,  10.0};
+  static constexpr std::array<double, 14> kBuckets = {1e-5,   2.5e-5, 5e-5, 1e-4,   2.5e-4, 5e-4, 1e-3,
+                                                      2.5e-3, 5e-3,   1e-2, 2.5e-2, 0.1,    1.0,  10.0};
   struct Histogram {
     std::array<std::atomic<uint64_t>, kBuckets.size() + 1> counts{};  // last: +Inf
     std::atomic<uint64_t> sum_ns{0};

@@ -32,8 +32,8 @@
 
 namespace hisparse {
 
-inline constexpr int32_t kEmptySlot = -1;   // slot_pos value of a slot that holds nothing
-inline constexpr int32_t kPadding = -1;     // a padding selection, and its output slot
+inline constexpr int32_t kEmptySlot = -1;     // slot_pos value of a slot that holds nothing
+inline constexpr int32_t kPadding = -1;       // a padding selection, and its output slot
 inline constexpr uint32_t kRecordAlign = 16;  // record_bytes is a multiple of this
 inline constexpr uint32_t kMaxRecordBytes = 16384;
 inline constexpr size_t kArenaSectionAlign = 256;
@@ -74,9 +74,9 @@ HISPARSE_HD inline ArenaOffsets ComputeArenaOffsets(const ArenaGeometry& g) {
   o.slot_pos = AlignUp(sizeof(ArenaCounters), kArenaSectionAlign);
   o.lru = AlignUp(o.slot_pos + tables, kArenaSectionAlign);
   o.records = AlignUp(o.lru + tables, kArenaSectionAlign);
-  o.total_bytes = AlignUp(o.records + static_cast<size_t>(g.max_rows) * g.num_layers *
-                                          (static_cast<size_t>(g.slots) + 1) * g.record_bytes,
-                          kArenaSectionAlign);
+  o.total_bytes = AlignUp(
+      o.records + static_cast<size_t>(g.max_rows) * g.num_layers * (static_cast<size_t>(g.slots) + 1) * g.record_bytes,
+      kArenaSectionAlign);
   return o;
 }
 
@@ -106,13 +106,10 @@ struct ArenaView {
   HISPARSE_HD int32_t* SlotPos(int32_t row, int32_t layer) const {
     return slot_pos + RowLayer(row, layer) * geometry.slots;
   }
-  HISPARSE_HD int32_t* Lru(int32_t row, int32_t layer) const {
-    return lru + RowLayer(row, layer) * geometry.slots;
-  }
+  HISPARSE_HD int32_t* Lru(int32_t row, int32_t layer) const { return lru + RowLayer(row, layer) * geometry.slots; }
   // Slot s of (row, layer); s == B is the newest-token slot.
   HISPARSE_HD uint8_t* Record(int32_t row, int32_t layer, int32_t s) const {
-    return records + (RowLayer(row, layer) * (static_cast<size_t>(geometry.slots) + 1) + s) *
-                         geometry.record_bytes;
+    return records + (RowLayer(row, layer) * (static_cast<size_t>(geometry.slots) + 1) + s) * geometry.record_bytes;
   }
   // Stride between consecutive slots of one (row, layer): what the attention kernel needs.
   HISPARSE_HD size_t RecordStride() const { return geometry.record_bytes; }
@@ -125,7 +122,7 @@ struct ArenaView {
 // have capacity 0.
 struct HostRecordMap {
   uint8_t* const* layer_base;  // [max_rows * layers], (row, layer) -> position 0 (written by store and append)
-  const int32_t* capacity;           // [max_rows] positions the row's runs hold
+  const int32_t* capacity;     // [max_rows] positions the row's runs hold
 };
 
 }  // namespace hisparse

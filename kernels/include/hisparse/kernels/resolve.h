@@ -35,18 +35,18 @@ namespace hisparse {
 
 enum ResolveError : uint32_t {
   kResolveOk = 0,
-  kResolveBadPosition = 1u << 0,   // a position < -1 or >= seq_len
-  kResolveDuplicate = 1u << 1,     // a position selected twice in one row
-  kResolveBadSeqLen = 1u << 2,     // seq_len < 1 or > the row's capacity
-  kResolveBadRow = 1u << 3,        // row index outside [0, max_rows)
+  kResolveBadPosition = 1u << 0,  // a position < -1 or >= seq_len
+  kResolveDuplicate = 1u << 1,    // a position selected twice in one row
+  kResolveBadSeqLen = 1u << 2,    // seq_len < 1 or > the row's capacity
+  kResolveBadRow = 1u << 3,       // row index outside [0, max_rows)
 };
 
 // One RESOLVE launch: one layer, a batch of rows.
 struct ResolveDesc {
-  ArenaView arena;        // the session's arena (geometry gives B, k, record_bytes)
-  HostRecordMap host;     // where positions live in the host pool
-  int32_t layer;          // which layer's state
-  int32_t max_batch;      // capacity of the per-batch arrays; the grid is sized from it
+  ArenaView arena;            // the session's arena (geometry gives B, k, record_bytes)
+  HostRecordMap host;         // where positions live in the host pool
+  int32_t layer;              // which layer's state
+  int32_t max_batch;          // capacity of the per-batch arrays; the grid is sized from it
   const int32_t* batch_size;  // device scalar: rows actually in this step (<= max_batch);
                               // rows at index >= *batch_size do nothing (CUDA graph padding)
   const int32_t* rows;        // [max_batch] arena row of batch entry i
@@ -73,10 +73,10 @@ struct StoreDesc {
   int32_t row;
   int32_t start_pos;
   int32_t num_tokens;
-  int32_t seq_len_after;       // the row's sequence length once these tokens are stored
-  const uint8_t* src;          // record of (layer l, token t) at src + l*layer_stride + t*token_stride
-  int64_t src_layer_stride;    // bytes
-  int64_t src_token_stride;    // bytes, >= record_bytes
+  int32_t seq_len_after;     // the row's sequence length once these tokens are stored
+  const uint8_t* src;        // record of (layer l, token t) at src + l*layer_stride + t*token_stride
+  int64_t src_layer_stride;  // bytes
+  int64_t src_token_stride;  // bytes, >= record_bytes
 };
 
 // Decode append: the newest token (position seq_len - 1) of every row in the batch, one layer:

@@ -47,8 +47,7 @@ cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t str
 // Supported: every geometry ValidateArenaGeometry accepts whose per-row plan fits in one thread
 // block's shared memory (e.g. k = 2048 with B up to 32768 on an H200; LastLaunchError says
 // otherwise). Rows of one launch must be distinct (two entries of one row would race).
-cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
-                          cudaStream_t stream);
+cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
 cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream);

@@ -73,7 +73,7 @@ class LocalityMeter {
     std::vector<std::vector<int32_t>> sel;  // [layer] sorted positions
     std::vector<char> present;              // [layer] a record was seen
   };
-  std::map<int64_t, StepRecords> step_sel_;  // request -> this step's records
+  std::map<int64_t, StepRecords> step_sel_;                           // request -> this step's records
   std::map<std::pair<int64_t, int32_t>, std::vector<int32_t>> prev_;  // (request, layer) -> sorted
   // (request, layer) -> position -> step of its last selection.
   std::map<std::pair<int64_t, int32_t>, std::unordered_map<int32_t, int64_t>> last_use_;
@@ -107,8 +107,7 @@ struct StudyOptions {
 absl::StatusOr<LocalityStudy> StudyTrace(const std::string& path, const StudyOptions& options);
 
 // The same over records in memory (validated like a file: INVALID_ARGUMENT "record N: what").
-absl::StatusOr<LocalityStudy> StudyRecords(const TraceHeader& header,
-                                           const std::vector<TraceRecord>& records,
+absl::StatusOr<LocalityStudy> StudyRecords(const TraceHeader& header, const std::vector<TraceRecord>& records,
                                            const StudyOptions& options);
 
 // One JSON object; a table for people.

@@ -39,7 +39,7 @@ absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
 const char* PolicyName(Policy policy);
 
 struct ReplayOptions {
-  int32_t slots = 0;          // B per (request, layer); must be >= the trace's k
+  int32_t slots = 0;  // B per (request, layer); must be >= the trace's k
   Policy policy = Policy::kLru;
   uint32_t record_bytes = 0;  // bytes of one KV record; 0: bytes_fetched is not reported
 };
@@ -93,11 +93,9 @@ using RecordObserver = std::function<void(const TraceRecord&)>;
 
 // Reads the trace at `path` into memory. NOT_FOUND when it cannot be opened; INVALID_ARGUMENT
 // ("PATH:LINE: what") when it is malformed.
-absl::StatusOr<LoadedTrace> LoadTrace(const std::string& path,
-                                      const RecordObserver& observe = nullptr);
+absl::StatusOr<LoadedTrace> LoadTrace(const std::string& path, const RecordObserver& observe = nullptr);
 // The same over records in memory (validated like a file: INVALID_ARGUMENT "record N: what").
-absl::StatusOr<LoadedTrace> LoadRecords(const TraceHeader& header,
-                                        const std::vector<TraceRecord>& records,
+absl::StatusOr<LoadedTrace> LoadRecords(const TraceHeader& header, const std::vector<TraceRecord>& records,
                                         const RecordObserver& observe = nullptr);
 
 // Replays a loaded trace: FAILED_PRECONDITION when slots < k or slots < 1.
@@ -108,8 +106,7 @@ absl::StatusOr<ReplayResult> Replay(const LoadedTrace& trace, const ReplayOption
 absl::StatusOr<ReplayResult> ReplayTrace(const std::string& path, const ReplayOptions& options);
 
 // The same over records in memory (validated like a file: INVALID_ARGUMENT "record N: what").
-absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header,
-                                           const std::vector<TraceRecord>& records,
+absl::StatusOr<ReplayResult> ReplayRecords(const TraceHeader& header, const std::vector<TraceRecord>& records,
                                            const ReplayOptions& options);
 
 // Renderings for the CLI: one JSON object (bytes_fetched only when record_bytes > 0), or a table.

@@ -84,7 +84,7 @@ class TraceReader {
   void* gz_;  // gzFile; void* keeps zlib.h out of this header
   int64_t line_ = 0;
   std::string line_text_;
-  std::string buf_;      // decompressed bytes not yet consumed start at buf_pos_
+  std::string buf_;  // decompressed bytes not yet consumed start at buf_pos_
   size_t buf_pos_ = 0;
   bool pending_ = false;  // line_text_ holds the first S line, read while looking for the header
   bool failed_ = false;
@@ -96,8 +96,7 @@ class TraceWriter {
  public:
   // Creates `path` (gzip when it ends in ".gz") and writes the header. INVALID_ARGUMENT for a bad
   // header (k or layers < 1); INTERNAL when the file cannot be created.
-  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
-                                                             const TraceHeader& header);
+  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path, const TraceHeader& header);
   ~TraceWriter();  // closes the file; call Close() to see its status
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
