@@ -14,14 +14,6 @@
 namespace hisparse::testing {
 namespace {
 
-std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
-
 int RunAsNobody(const std::string& cmd) {
   const std::string full = "setpriv --reuid=65534 --regid=65534 --clear-groups " + cmd + " >/dev/null 2>&1";
   const int status = std::system(full.c_str());

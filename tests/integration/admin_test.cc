@@ -20,35 +20,6 @@
 namespace hisparse::testing {
 namespace {
 
-struct CmdResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
-
-CmdResult Sh(const std::string& cmd) {
-  CmdResult r;
-  FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-CmdResult Ctl(const std::string& address, const std::string& args) {
-  return Sh(BinDir() + "/hisparse-ctl --daemon " + address + " " + args);
-}
-
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address) {
   auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -72,7 +43,7 @@ TEST(AdminTest, EveryCommandHumanAndJson) {
   s.Info(&info);
   const std::string sid = std::to_string(info.session_id);
 
-  CmdResult r = Ctl(a, "status");
+  CommandResult r = Ctl(a, "status");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("SERVING"), std::string::npos) << r.out;
   r = Ctl(a, "--json status");
@@ -130,7 +101,7 @@ TEST(AdminTest, DrainTurnsHealthNotServingRefusesAdmissionsAndExitsWhenIdle) {
   Session s;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
   ASSERT_TRUE(s.Admit(1, 10, 100).ok());
-  CmdResult r = Ctl(a, "drain --no-wait");
+  CommandResult r = Ctl(a, "drain --no-wait");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_FAILED_PRECONDITION);
@@ -195,13 +166,13 @@ TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
   // promtool (Debian's prometheus package) lints the exposition when it is installed.
-  if (Sh("command -v promtool").exit_code == 0) {
+  if (RunCommand("command -v promtool").exit_code == 0) {
     char path[] = "/tmp/hisparse-metrics-XXXXXX";
     const int fd = ::mkstemp(path);
     ASSERT_GE(fd, 0);
     (void)!::write(fd, text.data(), text.size());
     ::close(fd);
-    CmdResult lint = Sh("promtool check metrics < " + std::string(path) + " 2>&1");
+    CommandResult lint = RunCommand("promtool check metrics < " + std::string(path) + " 2>&1");
     ::unlink(path);
     // prometheus-cpp's own exposer_* summary is not ours to rename; judge only hisparse_ lines.
     std::string ours;

@@ -18,12 +18,7 @@ namespace {
 
 // Starts hisparse-test-client (beside this test binary) and waits for its READY line.
 pid_t StartClient(const std::vector<std::string>& args) {
-  char self[4096];
-  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return -1;
-  self[n] = 0;
-  std::string bin(self);
-  bin = bin.substr(0, bin.rfind('/')) + "/hisparse-test-client";
+  std::string bin = BinDir() + "/hisparse-test-client";
   int pipefd[2];
   if (::pipe(pipefd) != 0) return -1;
   const pid_t pid = ::fork();

@@ -4,6 +4,10 @@
 #define HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_
 
 #include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <memory>
 #include <string>
@@ -15,6 +19,38 @@
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse::testing {
+
+// The folder of the running test binary: the daemon, the CLI and the test client live beside it.
+inline std::string BinDir() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  self[n > 0 ? n : 0] = 0;
+  std::string dir(self);
+  return dir.substr(0, dir.rfind('/'));
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout (stderr is dropped)
+};
+
+// Runs a shell command and captures its stdout and exit code.
+inline CommandResult RunCommand(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// hisparse-ctl --daemon ADDRESS ARGS
+inline CommandResult Ctl(const std::string& address, const std::string& args) {
+  return RunCommand(BinDir() + "/hisparse-ctl --daemon " + address + " " + args);
+}
 
 inline std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args = {}) {
   if (args.empty()) args = {"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB"};
