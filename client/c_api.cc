@@ -181,8 +181,9 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
       r.misses = ss.misses();
       r.bytes_fetched = ss.bytes_fetched();
     }
-    if (s->impl->backend_kind() == HS_BACKEND_CUDA) {
-      // The arena is engine-side on the CUDA backend (until daemon-owned GPU arenas): read it here.
+    if (s->impl->backend_kind() == HS_BACKEND_CUDA && s->impl->arena_kind() == "host") {
+      // The CUDA backend keeps a private GPU arena when the daemon serves host arenas (device
+      // auto/host): its counters are only here. With daemon GPU arenas the daemon reads them.
       auto c = s->impl->Counters();
       if (!c.ok()) return ToResult(c.status());
       r.hits = c->hits;

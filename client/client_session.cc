@@ -9,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/unix_socket.h"
 
@@ -61,7 +63,16 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   *open.mutable_open()->mutable_geometry() = geometry_;
   open.mutable_open()->set_engine_name(o.engine_name ? o.engine_name : "");
   v1::SessionEvent first;
-  if (!stream_->Write(open) || !stream_->Read(&first) || first.kind_case() != v1::SessionEvent::kOpened) {
+  // The stream has no deadline (it lives as long as the session), so the open handshake gets a
+  // watchdog: a daemon that accepts but never answers cancels the stream instead of hanging us.
+  absl::Notification answered;
+  std::thread watchdog([this, &answered] {
+    if (!answered.WaitForNotificationWithTimeout(absl::Milliseconds(timeout_ms_))) stream_context_.TryCancel();
+  });
+  const bool ok = stream_->Write(open) && stream_->Read(&first) && first.kind_case() == v1::SessionEvent::kOpened;
+  answered.Notify();
+  watchdog.join();
+  if (!ok) {
     stream_->WritesDone();
     return FromGrpc(stream_->Finish(), "open session");
   }
@@ -83,8 +94,16 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   if (bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
     return absl::InternalError("the daemon's arena is smaller than the geometry needs");
   }
-  HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena_fd.get(), bytes));
-  HS_ASSIGN_OR_RETURN(arena_, backend_->AttachArena(arena_map_.data(), arena_geometry_));
+  if (opened_.arena().kind() == "cuda-vmm") {
+    // The daemon's GPU memory: imported and mapped by the backend, never mmap'ed here.
+    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachGpuArena(arena_fd.get(), bytes, arena_geometry_));
+  } else if (opened_.arena().kind() == "host") {
+    HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena_fd.get(), bytes));
+    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachArena(arena_map_.data(), arena_geometry_));
+  } else {
+    return absl::UnimplementedError(absl::StrCat("the daemon offers a slot arena of kind \"", opened_.arena().kind(),
+                                                 "\", which this client does not support"));
+  }
   return absl::OkStatus();
 }
 

@@ -41,6 +41,8 @@ class ClientSession {
   // RESOLVE counters as the data path left them (the daemon reads the same for host arenas).
   absl::StatusOr<ArenaCounters> Counters() { return backend_->ReadCounters(); }
   hs_backend backend_kind() const { return backend_->kind(); }
+  // SessionOpened.arena.kind: "host" (a memfd) or "cuda-vmm" (the daemon's GPU memory).
+  const std::string& arena_kind() const { return opened_.arena().kind(); }
   uint64_t session_id() const { return opened_.session_id(); }
 
   absl::Status Resolve(const hs_resolve_args& args);

@@ -2,16 +2,19 @@
 // RESOLVE's GPU threads read host records directly; the slot arena, host record map, RESOLVE
 // workspace and error flags in device memory on the session's GPU; kernels on the caller's stream.
 //
-// This engine-side arena is what the data path uses until the daemon exports GPU arenas itself
-// (CUDA VMM, the GPU-sharing work); meanwhile the session's RESOLVE counters are read from it
-// here (hs_stats_get) rather than by the daemon.
+// The slot arena is the daemon's when it offers one in GPU memory (arena kind "cuda-vmm"):
+// imported from its fd and mapped here, so the daemon owns it, reads its counters and frees it
+// when the session ends. A daemon that serves host arenas (device auto/host) gets a private
+// cudaMalloc'ed arena instead, whose counters hs_stats_get reads here.
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "device_backend.h"
+#include "hisparse/common/cuda_vmm.h"
 #include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse {
@@ -30,9 +33,6 @@ class CudaBackend final : public DeviceBackend {
 
   absl::Status Init() {
     if (auto e = cudaSetDevice(gpu_); e != cudaSuccess) return CudaError(e, absl::StrCat("cudaSetDevice(", gpu_, ")"));
-    arena_bytes_ = ComputeArenaOffsets(g_).total_bytes;
-    if (auto e = cudaMalloc(&arena_, arena_bytes_); e != cudaSuccess) return CudaError(e, "allocating the slot arena");
-    if (auto e = cudaMemset(arena_, 0, arena_bytes_); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
     const size_t rows = g_.max_rows, entries = rows * g_.num_layers;
     host_base_.assign(entries, nullptr);
     if (auto e = cudaMalloc(&dev_base_, entries * sizeof(uint8_t*)); e != cudaSuccess) return CudaError(e, "host map");
@@ -54,6 +54,9 @@ class CudaBackend final : public DeviceBackend {
   }
 
   ~CudaBackend() override {
+    // No kernel may still use the arena when it is unmapped below.
+    cudaSetDevice(gpu_);
+    cudaDeviceSynchronize();
     for (void* p : {static_cast<void*>(arena_), static_cast<void*>(dev_base_), static_cast<void*>(dev_capacity_),
                     static_cast<void*>(counts_), static_cast<void*>(errors_), workspace_}) {
       if (p != nullptr) cudaFree(p);
@@ -76,8 +79,22 @@ class CudaBackend final : public DeviceBackend {
   }
   void UnregisterHostSegment(uint8_t* host) override { cudaHostUnregister(host); }
 
+  // The daemon's arena is host memory: keep a private one on the GPU (the fallback path).
   absl::StatusOr<ArenaView> AttachArena(uint8_t*, const ArenaGeometry& g) override {
+    cudaSetDevice(gpu_);
+    arena_bytes_ = ComputeArenaOffsets(g).total_bytes;
+    if (auto e = cudaMalloc(&arena_, arena_bytes_); e != cudaSuccess) return CudaError(e, "allocating the slot arena");
+    if (auto e = cudaMemset(arena_, 0, arena_bytes_); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
+    if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
     view_ = ArenaView::Of(arena_, g);
+    return view_;
+  }
+  // The daemon's GPU arena (already zeroed by the daemon).
+  absl::StatusOr<ArenaView> AttachGpuArena(int fd, uint64_t bytes, const ArenaGeometry& g) override {
+    absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes);
+    if (!m.ok()) return m.status();
+    shared_arena_ = std::move(*m);
+    view_ = ArenaView::Of(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(shared_arena_->ptr())), g);
     return view_;
   }
   HostRecordMap host_map() const override { return HostRecordMap{dev_base_, dev_capacity_}; }
@@ -140,8 +157,9 @@ class CudaBackend final : public DeviceBackend {
  private:
   const int gpu_;
   const ArenaGeometry g_;
-  uint8_t* arena_ = nullptr;
+  uint8_t* arena_ = nullptr;  // private arena (daemon serves host arenas), else null
   size_t arena_bytes_ = 0;
+  std::unique_ptr<cuvmm::VmmMapping> shared_arena_;  // the daemon's GPU arena, mapped here
   ArenaView view_{};
   std::vector<uint8_t*> host_base_;
   uint8_t** dev_base_ = nullptr;

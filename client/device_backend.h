@@ -28,6 +28,14 @@ class DeviceBackend {
 
   // Sets up the arena from the daemon's arena memory mapped here; returns the view kernels use.
   virtual absl::StatusOr<ArenaView> AttachArena(uint8_t* mapped, const ArenaGeometry& g) = 0;
+  // Sets up the arena from the daemon's GPU arena (SessionOpened.arena.kind "cuda-vmm"): imports
+  // `fd` (not consumed), an allocation of `bytes`, and maps it here. Only the CUDA backend can.
+  virtual absl::StatusOr<ArenaView> AttachGpuArena(int fd, uint64_t bytes, const ArenaGeometry& g) {
+    (void)fd, (void)bytes, (void)g;
+    return absl::FailedPreconditionError(
+        "the daemon put this session's slot arena in GPU memory (device: cuda); the host-emulated backend "
+        "cannot use it: open the session with the CUDA backend, or with gpu = -1");
+  }
 
   // The host record map that kernels read: (row, layer) -> kernel-visible address of position 0.
   virtual HostRecordMap host_map() const = 0;

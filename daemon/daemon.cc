@@ -71,11 +71,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->grpc_address = absl::StrCat("unix:", socket_path);
   impl->fd_socket_path = socket_path + ".fd";
 
+  // device: cuda puts the slot arena of every session that declares a GPU in that GPU's memory
+  // (CUDA VMM, exported to the engine as an fd). auto and host keep host-memory arenas: an engine
+  // on the host-emulated backend may declare a GPU index too, and could not map GPU memory.
   std::string device = "host";
+  GpuArenaAllocator gpu_arena_allocator;
   if (config.device == DeviceKind::kCuda) {
-    // GPU-resident arenas owned by the daemon come with the GPU-sharing work; this daemon serves
-    // host-memory arenas, which engines with the CUDA client backend mirror on their GPU.
-    return absl::UnimplementedError("device: cuda (daemon-owned GPU arenas) is not supported by this build; use auto or host");
+    int gpus = 0;
+    absl::StatusOr<GpuArenaAllocator> vmm = MakeVmmArenaAllocator(&gpus);
+    if (!vmm.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device: cuda, but GPU slot arenas are unavailable: ", vmm.status().message()));
+    }
+    gpu_arena_allocator = *std::move(vmm);
+    device = "cuda";
+    LOG(INFO) << "device cuda: slot arenas in GPU memory (CUDA VMM, fd export) on " << gpus << " GPU(s)";
   }
 
   const PoolGeometry geometry = HostPoolGeometry(config.host_pool);
@@ -97,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.quotas = QuotasFrom(config);
   sm_options.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
   sm_options.device = device;
+  sm_options.gpu_arena_allocator = std::move(gpu_arena_allocator);
   sm_options.version = kVersion;
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
 

@@ -22,6 +22,7 @@ namespace hisparse {
 namespace {
 
 constexpr uint32_t kMaxLayers = 1024;
+constexpr int32_t kMaxGpus = 64;
 constexpr uint32_t kMaxSlots = 65536;
 constexpr uint64_t kMaxArenaBytes = 1ull << 40;
 
@@ -47,7 +48,7 @@ bool TokenEquals(const std::string& a, const std::string& b) {
 
 absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat("geometry.", parts...)); };
-  if (g.gpu() < -1) return bad("gpu must be -1 (host) or a GPU index, got ", g.gpu());
+  if (g.gpu() < -1 || g.gpu() >= kMaxGpus) return bad("gpu must be -1 (host) or a GPU index below ", kMaxGpus, ", got ", g.gpu());
   if (g.num_layers() < 1 || g.num_layers() > kMaxLayers) return bad("num_layers must be 1..", kMaxLayers, ", got ", g.num_layers());
   if (g.record_bytes() < kRecordAlign || g.record_bytes() > kMaxRecordBytes || g.record_bytes() % kRecordAlign != 0) {
     return bad("record_bytes must be a multiple of 16 in 16..16384, got ", g.record_bytes());
@@ -108,24 +109,45 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     device_bytes += layout.total_bytes;
     session->id = next_session_id_++;
   }
-  // The arena memfd is created outside the lock: it can take a while and touches no shared state.
-  // Its pages materialize as the engine uses them.
-  auto arena_fd = CreateMemfd("hisparse-arena", layout.total_bytes, false, nullptr);
-  absl::StatusOr<MappedRegion> arena_map =
-      arena_fd.ok() ? MappedRegion::MapShared(arena_fd->get(), layout.total_bytes) : arena_fd.status();
-  absl::MutexLock lock(&mu_);
-  if (!arena_map.ok()) {
-    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
-    return arena_map.status();
+  // The arena is created outside the lock: it can take a while and touches no shared state. A
+  // host memfd's pages materialize as the engine uses them; a GPU arena is allocated, zeroed and
+  // exported now.
+  const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
+  absl::Status arena_status;
+  if (on_gpu) {
+    absl::StatusOr<std::unique_ptr<GpuArena>> gpu = options_.gpu_arena_allocator(open.geometry().gpu(), layout.total_bytes);
+    if (gpu.ok()) {
+      session->gpu_arena = std::move(*gpu);
+      session->arena_bytes = session->gpu_arena->bytes();
+    } else {
+      arena_status = gpu.status();
+    }
+  } else {
+    auto arena_fd = CreateMemfd("hisparse-arena", layout.total_bytes, false, nullptr);
+    absl::StatusOr<MappedRegion> arena_map =
+        arena_fd.ok() ? MappedRegion::MapShared(arena_fd->get(), layout.total_bytes) : arena_fd.status();
+    if (arena_map.ok()) {
+      session->arena_fd = std::move(*arena_fd);
+      session->arena = std::move(*arena_map);
+      session->arena_bytes = layout.total_bytes;
+    } else {
+      arena_status = arena_map.status();
+    }
   }
-  session->arena_fd = std::move(*arena_fd);
-  session->arena = std::move(*arena_map);
+  absl::MutexLock lock(&mu_);
+  if (!arena_status.ok()) {
+    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    return arena_status;
+  }
+  // The budget was checked against the geometry's bytes; account what the allocator really took
+  // (a GPU arena is rounded up to the VMM granularity, 2 MiB on current GPUs).
+  arena_bytes_by_device_[open.geometry().gpu()] += session->arena_bytes - layout.total_bytes;
   v1::SessionOpened opened;
   opened.set_session_id(session->id);
   opened.set_token(session->token);
   opened.set_fd_socket(options_.fd_socket_path);
-  opened.mutable_arena()->set_kind("host");
-  opened.mutable_arena()->set_bytes(layout.total_bytes);
+  opened.mutable_arena()->set_kind(session->gpu_arena ? session->gpu_arena->kind() : "host");
+  opened.mutable_arena()->set_bytes(session->arena_bytes);
   opened.set_segment_bytes(pool_->segment_bytes());
   opened.set_max_tokens_per_request(static_cast<uint32_t>(
       std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
@@ -133,7 +155,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   LOG(INFO) << "session " << session->id << " opened by pid " << peer_pid << " (" << session->engine_name
             << "): layers " << open.geometry().num_layers() << ", record " << open.geometry().record_bytes()
             << " B, k " << open.geometry().k() << ", B " << open.geometry().slots() << ", rows "
-            << open.geometry().max_requests() << ", arena " << layout.total_bytes << " B";
+            << open.geometry().max_requests() << ", arena " << session->arena_bytes << " B "
+            << (session->gpu_arena ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"));
   sessions_.emplace(session->id, std::move(session));
   return opened;
 }
@@ -153,10 +176,13 @@ void SessionManager::CloseSession(uint64_t session_id) {
       ++released;
     }
     dead->requests.clear();
-    arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena.size();
+    arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
   }
-  // The arena memfd and mapping go with `dead`, outside the lock.
+  // The arena (memfd and mapping, or the GPU allocation) goes with `dead`, outside the lock: the
+  // daemon's GPU memory is released here, and the GPU's once the engine's import is gone too (an
+  // engine that died has lost it already). A Stats call in flight may hold the GPU arena a moment.
+  dead.reset();
   LOG(INFO) << "session " << session_id << " closed: released " << released << " requests";
   if (on_idle) on_idle();
 }
@@ -290,7 +316,7 @@ SessionManager::TenantUsage SessionManager::UsageLocked(uint32_t tenant) const {
   TenantUsage u;
   for (const auto& [sid, s] : sessions_) {
     if (TenantOf(*s) != tenant) continue;
-    u.arena_bytes += s->arena.size();
+    u.arena_bytes += s->arena_bytes;
     u.requests += s->requests.size();
     for (const auto& [rid, r] : s->requests) {
       for (const HostPool::Run& run : r.runs) u.host_bytes += run.bytes;
@@ -421,6 +447,9 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
 
 v1::StatsResponse SessionManager::Stats() const {
   v1::StatsResponse out;
+  // GPU arenas' counters are read after the lock is dropped: a device copy may wait on the GPU.
+  std::vector<std::tuple<int, std::shared_ptr<GpuArena>, size_t>> gpu_counters;
+  {
   absl::MutexLock lock(&mu_);
   out.set_version(options_.version);
   out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
@@ -462,21 +491,42 @@ v1::StatsResponse SessionManager::Stats() const {
       for (const HostPool::Run& run : r.runs) host += run.bytes;
     }
     ss->set_host_bytes(host);
-    ss->set_arena_bytes(s->arena.size());
+    ss->set_arena_bytes(s->arena_bytes);
+    ss->set_peer_pid(s->peer_pid);
+    if (s->gpu_arena != nullptr) {
+      gpu_counters.emplace_back(out.session_stats_size() - 1, s->gpu_arena,
+                                ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
+      continue;
+    }
     // The engine updates these counters concurrently; a torn read of a 64-bit counter is not
     // possible on x86-64 and a slightly stale value is fine for stats.
     const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(s->arena.data());
     ss->set_hits(counters->hits);
     ss->set_misses(counters->misses);
     ss->set_bytes_fetched(counters->bytes_fetched);
-    ss->set_peer_pid(s->peer_pid);
   }
   out.set_requests(requests);
+  }
+  // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
+  // sees them as of some recent point, which is all stats need.
+  for (const auto& [index, arena, offset] : gpu_counters) {
+    ArenaCounters c{};
+    absl::Status st = arena->Read(offset, &c, sizeof(c));
+    if (!st.ok()) {
+      LOG(WARNING) << "reading a GPU arena's counters: " << st;
+      continue;
+    }
+    v1::SessionStats* ss = out.mutable_session_stats(index);
+    ss->set_hits(c.hits);
+    ss->set_misses(c.misses);
+    ss->set_bytes_fetched(c.bytes_fetched);
+  }
   return out;
 }
 
 absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token,
-                                                  const std::string& object, const PeerCredentials& peer) {
+                                                  const std::string& object, const PeerCredentials& peer,
+                                                  uint64_t* bytes) {
   absl::MutexLock lock(&mu_);
   v1::SessionRef ref;
   ref.set_session_id(session_id);
@@ -487,9 +537,9 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
   if (!s->tenant_uid.has_value()) {
     const QuotaOptions& q = options_.quotas;
     const TenantUsage u = UsageLocked(peer.uid);
-    if (q.arena_bytes != 0 && u.arena_bytes + s->arena.size() > q.arena_bytes) {
+    if (q.arena_bytes != 0 && u.arena_bytes + s->arena_bytes > q.arena_bytes) {
       return Reject("quota", absl::ResourceExhaustedError(absl::StrCat(
-                                 "tenant uid ", peer.uid, " would hold ", u.arena_bytes + s->arena.size(),
+                                 "tenant uid ", peer.uid, " would hold ", u.arena_bytes + s->arena_bytes,
                                  " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
     }
     s->tenant_uid = peer.uid;
@@ -499,8 +549,12 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
     return absl::PermissionDeniedError(
         absl::StrCat("session ", s->id, " belongs to uid ", *s->tenant_uid, ", not uid ", peer.uid));
   }
+  if (bytes != nullptr) *bytes = 0;
   int fd = -1;
-  if (object == "arena") {
+  if (object == "arena" && s->gpu_arena != nullptr) {
+    if (bytes != nullptr) *bytes = s->gpu_arena->bytes();
+    return s->gpu_arena->Export();
+  } else if (object == "arena") {
     fd = s->arena_fd.get();
   } else if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "segment ")) {
     uint32_t segment = 0;

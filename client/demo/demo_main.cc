@@ -67,9 +67,13 @@ int main(int argc, char** argv) {
   app.add_option("--gpu", f.gpu, "GPU index for the CUDA backend");
   CLI11_PARSE(app, argc, argv);
 
+  const bool cuda = f.backend == "cuda" || (f.backend == "auto" && DemoMemory::CudaAvailable());
   std::unique_ptr<hisparse::DaemonProcess> daemon;
   if (f.daemon.empty()) {
-    auto d = hisparse::DaemonProcess::Start({"--host-pool-size", f.host_pool_size, "--log-level", "warning"});
+    std::vector<std::string> daemon_args = {"--host-pool-size", f.host_pool_size, "--log-level", "warning"};
+    // The two-process GPU path: the daemon owns the session's slot arena in GPU memory.
+    if (cuda) daemon_args.insert(daemon_args.end(), {"--device", "cuda"});
+    auto d = hisparse::DaemonProcess::Start(daemon_args);
     if (!d.ok()) {
       std::fprintf(stderr, "hisparse-demo: cannot start hisparsed: %s\n", std::string(d.status().message()).c_str());
       return 1;
@@ -88,7 +92,6 @@ int main(int argc, char** argv) {
   o.k = f.k;
   o.slots = f.slots;
   o.max_requests = f.requests;
-  const bool cuda = f.backend == "cuda" || (f.backend == "auto" && DemoMemory::CudaAvailable());
   o.backend = cuda ? HS_BACKEND_CUDA : HS_BACKEND_HOST;
   o.gpu = cuda ? f.gpu : -1;
   hisparse::Session session;

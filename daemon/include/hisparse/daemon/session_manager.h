@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
 
@@ -51,6 +52,10 @@ class SessionManager {
     std::string fd_socket_path;       // handed to engines in SessionOpened
     uint64_t arena_budget_bytes = 0;  // per device (GPU index or host), 0 = unlimited
     std::string device = "host";
+    // Set (device cuda): sessions that declare geometry.gpu >= 0 get their slot arena in that
+    // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm"). Unset, or for
+    // gpu = -1, the arena is a host memfd ("host").
+    GpuArenaAllocator gpu_arena_allocator;
     std::string version = "0.1.0";
   };
 
@@ -69,9 +74,10 @@ class SessionManager {
 
   // For the fd channel: a dup of the descriptor of `object` ("arena" or "segment N") when
   // session_id/token name a live session that owns it. The caller owns the returned fd.
-  // The first peer to fetch binds the session to its uid (the tenant) and pid.
+  // The first peer to fetch binds the session to its uid (the tenant) and pid. `bytes` (may be
+  // null) receives the object's size where fstat cannot tell it (a GPU arena's fd); else 0.
   absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object,
-                                    const PeerCredentials& peer);
+                                    const PeerCredentials& peer, uint64_t* bytes = nullptr);
 
   // Stop admitting (drain). Existing sessions keep what they hold. `on_idle` (may be empty) runs,
   // outside the lock, once no session is left while draining.
@@ -114,8 +120,13 @@ class SessionManager {
     std::optional<uint32_t> tenant_uid;  // bound by the first fd-channel peer
     absl::flat_hash_map<uint64_t, Request> requests;
     std::vector<bool> row_used;
+    uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
+    // Exactly one of these holds the arena: a host memfd mapped here, or GPU memory. Both are
+    // the daemon's views, to read RESOLVE's counters. The GPU arena is shared with Stats, which
+    // reads it outside the lock.
     UniqueFd arena_fd;
-    MappedRegion arena;  // the daemon's view, to read RESOLVE's counters
+    MappedRegion arena;
+    std::shared_ptr<GpuArena> gpu_arena;
     std::shared_ptr<EventSink> sink;
   };
 

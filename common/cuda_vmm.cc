@@ -1,0 +1,247 @@
+// CUDA VMM allocations shared between processes: see cuda_vmm.h.
+#include "hisparse/common/cuda_vmm.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
+
+namespace hisparse::cuvmm {
+namespace {
+
+// The handful of driver entry points used here, resolved by name from libcuda.so.1 (the versioned
+// names are what cuda.h's macros expand to).
+struct Driver {
+  decltype(&::cuInit) Init = nullptr;
+  decltype(&::cuGetErrorString) GetErrorString = nullptr;
+  decltype(&::cuDeviceGetCount) DeviceGetCount = nullptr;
+  decltype(&::cuDeviceGet) DeviceGet = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) PrimaryCtxRetain = nullptr;
+  decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
+  decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
+  decltype(&::cuMemGetInfo) MemGetInfo = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) GetGranularity = nullptr;
+  decltype(&::cuMemCreate) Create = nullptr;
+  decltype(&::cuMemRelease) Release = nullptr;
+  decltype(&::cuMemAddressReserve) AddressReserve = nullptr;
+  decltype(&::cuMemAddressFree) AddressFree = nullptr;
+  decltype(&::cuMemMap) Map = nullptr;
+  decltype(&::cuMemUnmap) Unmap = nullptr;
+  decltype(&::cuMemSetAccess) SetAccess = nullptr;
+  decltype(&::cuMemExportToShareableHandle) Export = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) Import = nullptr;
+  decltype(&::cuMemsetD8) MemsetD8 = nullptr;
+  decltype(&::cuMemcpyDtoH) MemcpyDtoH = nullptr;
+
+  int device_count = 0;
+  std::mutex ctx_mu;
+  std::vector<CUcontext> primary;  // retained once per GPU for the life of the process
+};
+
+template <typename F>
+bool Resolve(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(::dlsym(lib, name));
+  return *out != nullptr;
+}
+
+absl::StatusOr<Driver*> LoadDriver() {
+  // Never dlclose'd: the driver stays for the life of the process, as when linked.
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return absl::UnavailableError(absl::StrCat("no CUDA driver (dlopen libcuda.so.1: ", ::dlerror(), ")"));
+  auto* d = new Driver;
+  const bool ok = Resolve(lib, "cuInit", &d->Init) && Resolve(lib, "cuGetErrorString", &d->GetErrorString) &&
+                  Resolve(lib, "cuDeviceGetCount", &d->DeviceGetCount) && Resolve(lib, "cuDeviceGet", &d->DeviceGet) &&
+                  Resolve(lib, "cuDevicePrimaryCtxRetain", &d->PrimaryCtxRetain) &&
+                  Resolve(lib, "cuCtxSetCurrent", &d->CtxSetCurrent) &&
+                  Resolve(lib, "cuCtxSynchronize", &d->CtxSynchronize) && Resolve(lib, "cuMemGetInfo_v2", &d->MemGetInfo) &&
+                  Resolve(lib, "cuMemGetAllocationGranularity", &d->GetGranularity) &&
+                  Resolve(lib, "cuMemCreate", &d->Create) && Resolve(lib, "cuMemRelease", &d->Release) &&
+                  Resolve(lib, "cuMemAddressReserve", &d->AddressReserve) &&
+                  Resolve(lib, "cuMemAddressFree", &d->AddressFree) && Resolve(lib, "cuMemMap", &d->Map) &&
+                  Resolve(lib, "cuMemUnmap", &d->Unmap) && Resolve(lib, "cuMemSetAccess", &d->SetAccess) &&
+                  Resolve(lib, "cuMemExportToShareableHandle", &d->Export) &&
+                  Resolve(lib, "cuMemImportFromShareableHandle", &d->Import) &&
+                  Resolve(lib, "cuMemsetD8_v2", &d->MemsetD8) && Resolve(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH);
+  if (!ok) {
+    delete d;
+    return absl::UnavailableError("the CUDA driver lacks the VMM API (cuMemCreate and friends): too old");
+  }
+  if (CUresult r = d->Init(0); r != CUDA_SUCCESS) {
+    delete d;
+    return absl::UnavailableError(absl::StrCat("cuInit failed (CUresult ", static_cast<int>(r), "): no usable GPU"));
+  }
+  if (d->DeviceGetCount(&d->device_count) != CUDA_SUCCESS) d->device_count = 0;
+  d->primary.assign(d->device_count, nullptr);
+  return d;
+}
+
+absl::StatusOr<Driver*> GetDriver() {
+  static const absl::StatusOr<Driver*>* driver = new absl::StatusOr<Driver*>(LoadDriver());
+  return *driver;
+}
+
+absl::Status Check(const Driver& d, CUresult r, absl::string_view what) {
+  if (r == CUDA_SUCCESS) return absl::OkStatus();
+  const char* text = nullptr;
+  if (d.GetErrorString(r, &text) != CUDA_SUCCESS || text == nullptr) text = "unknown error";
+  const std::string msg = absl::StrCat(what, ": ", text, " (CUresult ", static_cast<int>(r), ")");
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
+}
+
+// Makes `gpu`'s primary context (the one the CUDA runtime uses too) current on this thread.
+absl::StatusOr<Driver*> UseGpu(int gpu) {
+  absl::StatusOr<Driver*> got = GetDriver();
+  if (!got.ok()) return got.status();
+  Driver* d = *got;
+  if (gpu < 0 || gpu >= d->device_count) {
+    return absl::InvalidArgumentError(absl::StrCat("gpu ", gpu, " is not a CUDA device here (", d->device_count, " present)"));
+  }
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d->ctx_mu);
+    if (d->primary[gpu] == nullptr) {
+      CUdevice dev = 0;
+      if (absl::Status st = Check(*d, d->DeviceGet(&dev, gpu), "cuDeviceGet"); !st.ok()) return st;
+      if (absl::Status st = Check(*d, d->PrimaryCtxRetain(&d->primary[gpu], dev), "cuDevicePrimaryCtxRetain"); !st.ok()) {
+        return st;
+      }
+    }
+    ctx = d->primary[gpu];
+  }
+  if (absl::Status st = Check(*d, d->CtxSetCurrent(ctx), "cuCtxSetCurrent"); !st.ok()) return st;
+  return d;
+}
+
+CUmemAllocationProp PropFor(int gpu) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = gpu;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+}  // namespace
+
+absl::StatusOr<int> DeviceCount() {
+  absl::StatusOr<Driver*> d = GetDriver();
+  if (!d.ok()) return d.status();
+  return (*d)->device_count;
+}
+
+absl::Status MemInfo(int gpu, uint64_t* free_bytes, uint64_t* total_bytes) {
+  absl::StatusOr<Driver*> d = UseGpu(gpu);
+  if (!d.ok()) return d.status();
+  size_t f = 0, t = 0;
+  absl::Status st = Check(**d, (*d)->MemGetInfo(&f, &t), "cuMemGetInfo");
+  *free_bytes = f;
+  *total_bytes = t;
+  return st;
+}
+
+absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Create(int gpu, uint64_t bytes) {
+  absl::StatusOr<Driver*> got = UseGpu(gpu);
+  if (!got.ok()) return got.status();
+  Driver& d = **got;
+  const CUmemAllocationProp prop = PropFor(gpu);
+  size_t granularity = 0;
+  if (auto st = Check(d, d.GetGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "VMM granularity");
+      !st.ok()) {
+    return st;
+  }
+  std::unique_ptr<VmmMapping> m(new VmmMapping);
+  m->gpu_ = gpu;
+  m->bytes_ = (bytes + granularity - 1) / granularity * granularity;
+  if (auto st = Check(d, d.Create(&m->handle_, m->bytes_, &prop, 0),
+                      absl::StrCat("cuMemCreate of ", m->bytes_, " bytes on GPU ", gpu, " (POSIX fd export)"));
+      !st.ok()) {
+    return st;
+  }
+  m->have_handle_ = true;
+  HS_RETURN_IF_ERROR(m->MapHere());
+  int fd = -1;
+  if (auto st = Check(d, d.Export(&fd, m->handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                      "cuMemExportToShareableHandle (POSIX fd)");
+      !st.ok()) {
+    return st;
+  }
+  m->exported_.Reset(fd);
+  // Engines see a clean arena: counters zero, every slot empty.
+  if (auto st = Check(d, d.MemsetD8(m->va_, 0, m->bytes_), "clearing the slot arena"); !st.ok()) return st;
+  if (auto st = Check(d, d.CtxSynchronize(), "clearing the slot arena"); !st.ok()) return st;
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Import(int gpu, int fd, uint64_t bytes) {
+  absl::StatusOr<Driver*> got = UseGpu(gpu);
+  if (!got.ok()) return got.status();
+  Driver& d = **got;
+  std::unique_ptr<VmmMapping> m(new VmmMapping);
+  m->gpu_ = gpu;
+  m->bytes_ = bytes;
+  if (auto st = Check(d,
+                      d.Import(&m->handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                      "cuMemImportFromShareableHandle (the daemon's GPU arena)");
+      !st.ok()) {
+    return st;
+  }
+  m->have_handle_ = true;
+  HS_RETURN_IF_ERROR(m->MapHere());
+  return m;
+}
+
+absl::Status VmmMapping::MapHere() {
+  Driver& d = **GetDriver();
+  HS_RETURN_IF_ERROR(Check(d, d.AddressReserve(&va_, bytes_, 0, 0, 0), "cuMemAddressReserve"));
+  if (auto st = Check(d, d.Map(va_, bytes_, 0, handle_, 0), "cuMemMap"); !st.ok()) return st;
+  mapped_ = true;
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = gpu_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return Check(d, d.SetAccess(va_, bytes_, &access, 1), "cuMemSetAccess");
+}
+
+VmmMapping::~VmmMapping() {
+  absl::StatusOr<Driver*> got = UseGpu(gpu_);
+  if (!got.ok()) return;
+  Driver& d = **got;
+  // Reverse order of MapHere/Create. Errors are logged, not fatal: nothing more can be done.
+  if (mapped_) {
+    if (CUresult r = d.Unmap(va_, bytes_); r != CUDA_SUCCESS) LOG(ERROR) << "cuMemUnmap failed: " << static_cast<int>(r);
+  }
+  if (va_ != 0) {
+    if (CUresult r = d.AddressFree(va_, bytes_); r != CUDA_SUCCESS) {
+      LOG(ERROR) << "cuMemAddressFree failed: " << static_cast<int>(r);
+    }
+  }
+  if (have_handle_) {
+    if (CUresult r = d.Release(handle_); r != CUDA_SUCCESS) LOG(ERROR) << "cuMemRelease failed: " << static_cast<int>(r);
+  }
+  // exported_ closes with the object.
+}
+
+absl::StatusOr<UniqueFd> VmmMapping::Export() const {
+  if (!exported_.valid()) return absl::FailedPreconditionError("this GPU arena was imported, not created here");
+  UniqueFd dup(::fcntl(exported_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) return absl::InternalError("dup of a GPU arena descriptor failed");
+  return dup;
+}
+
+absl::Status VmmMapping::Read(uint64_t offset, void* dst, size_t n) const {
+  if (offset + n > bytes_) return absl::OutOfRangeError("read past the end of a GPU arena");
+  absl::StatusOr<Driver*> got = UseGpu(gpu_);
+  if (!got.ok()) return got.status();
+  return Check(**got, (*got)->MemcpyDtoH(dst, va_ + offset, n), "reading the GPU arena");
+}
+
+}  // namespace hisparse::cuvmm

@@ -1,0 +1,65 @@
+// CUDA VMM allocations shared between processes: the daemon creates a GPU slot arena and exports
+// it as a POSIX fd; an engine imports that fd and maps it. Both sides map it (the daemon reads the
+// RESOLVE counters from it for stats), and each side's VmmMapping unmaps and releases its part.
+//
+// The CUDA driver is loaded at run time (dlopen("libcuda.so.1")), never linked: hisparsed must
+// start on hosts without a GPU driver, where every call here returns Unavailable. Built only with
+// HISPARSE_HAVE_CUDA (cuda.h supplies the types).
+#ifndef HISPARSE_COMMON_CUDA_VMM_H_
+#define HISPARSE_COMMON_CUDA_VMM_H_
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "hisparse/common/unique_fd.h"
+
+namespace hisparse::cuvmm {
+
+// The number of CUDA devices the driver sees; Unavailable without a driver.
+absl::StatusOr<int> DeviceCount();
+
+// Bytes of device memory free and total on `gpu` (cuMemGetInfo in its primary context).
+absl::Status MemInfo(int gpu, uint64_t* free_bytes, uint64_t* total_bytes);
+
+class VmmMapping {
+ public:
+  // Creates `bytes` (rounded up to the allocation granularity) on `gpu`, exportable as a POSIX fd,
+  // mapped read-write for `gpu` in this process and zeroed.
+  static absl::StatusOr<std::unique_ptr<VmmMapping>> Create(int gpu, uint64_t bytes);
+  // Imports an allocation exported by another process (`fd` is not consumed) of `bytes` bytes (the
+  // exporter's rounded size) and maps it read-write for `gpu`.
+  static absl::StatusOr<std::unique_ptr<VmmMapping>> Import(int gpu, int fd, uint64_t bytes);
+
+  VmmMapping(const VmmMapping&) = delete;
+  VmmMapping& operator=(const VmmMapping&) = delete;
+  // Unmaps, frees the address range and releases this process's handle. The physical memory goes
+  // back to the GPU once every process that imported it has done the same (or exited).
+  ~VmmMapping();
+
+  CUdeviceptr ptr() const { return va_; }
+  uint64_t bytes() const { return bytes_; }
+  int gpu() const { return gpu_; }
+  // A new close-on-exec fd for the allocation (exportable allocations only), for SCM_RIGHTS.
+  absl::StatusOr<UniqueFd> Export() const;
+  // Copies `n` bytes at `offset` of the allocation to host memory (synchronous).
+  absl::Status Read(uint64_t offset, void* dst, size_t n) const;
+
+ private:
+  VmmMapping() = default;
+  absl::Status MapHere();
+
+  int gpu_ = -1;
+  uint64_t bytes_ = 0;
+  bool have_handle_ = false;
+  CUmemGenericAllocationHandle handle_ = 0;
+  CUdeviceptr va_ = 0;
+  bool mapped_ = false;
+  UniqueFd exported_;  // the daemon's own export; dup'ed for every engine that fetches it
+};
+
+}  // namespace hisparse::cuvmm
+
+#endif  // HISPARSE_COMMON_CUDA_VMM_H_
