@@ -62,7 +62,9 @@ class TwoProcessGpuTest : public ::testing::Test {
   void SetUp() override {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
-    auto d = DaemonProcess::Start({"--device", "cuda", "--host-pool-size", "256MiB", "--log-level", "warning"});
+    // Small segments: each session owns whole segments, and several sessions run at once here.
+    auto d = DaemonProcess::Start({"--device", "cuda", "--host-pool-size", "256MiB", "--host-pool-segment-size",
+                                   "16MiB", "--log-level", "warning"});
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
     // An observer session on the host-emulated device, to read the daemon's stats.
@@ -111,6 +113,15 @@ TEST_F(TwoProcessGpuTest, ResolveThroughTheDaemonsGpuArena) {
 }
 
 TEST_F(TwoProcessGpuTest, KillNineMidDecodeFreesTheGpuArena) {
+  // The baseline is taken once the daemon's own CUDA context exists (it is created with the first
+  // GPU arena and lives as long as the daemon): one engine attaches and is killed first.
+  {
+    Engine warm = Engine::Start(daemon_->address(), "loop");
+    ASSERT_EQ(warm.Line(), "READY\n");
+    ::kill(warm.pid, SIGKILL);
+    warm.Wait();
+    for (int i = 0; i < 2000 && Stats().sessions != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   const size_t baseline = FreeBytes();
   double worst_ms = 0;
   for (int round = 0; round < 20; ++round) {
@@ -133,8 +144,8 @@ TEST_F(TwoProcessGpuTest, KillNineMidDecodeFreesTheGpuArena) {
     worst_ms = std::max(worst_ms, ms);
     ASSERT_TRUE(back) << "round " << round << ": free " << FreeBytes() << " vs baseline " << baseline;
   }
+  // Reported, not asserted (timings belong in benchmarks); the 10 s wait above is only liveness.
   std::printf("kill -9 x20: GPU memory back to baseline within %.1f ms at worst\n", worst_ms);
-  EXPECT_LT(worst_ms, 5000.0);
 }
 
 TEST_F(TwoProcessGpuTest, TwoEnginesEachOnTheirOwnArena) {
