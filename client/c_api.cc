@@ -2,8 +2,8 @@
 // absl::Status to hs_result, and keeps the message for hs_last_error() on the calling thread.
 #include <algorithm>
 #include <new>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "client_session.h"
@@ -22,19 +22,28 @@ hs_result ToResult(const absl::Status& s) {
   g_last_error = std::string(s.message());
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: return HS_ERR_INVALID_ARGUMENT;
-    case absl::StatusCode::kNotFound: return HS_ERR_NOT_FOUND;
-    case absl::StatusCode::kAlreadyExists: return HS_ERR_ALREADY_EXISTS;
-    case absl::StatusCode::kResourceExhausted: return HS_ERR_RESOURCE_EXHAUSTED;
+    case absl::StatusCode::kOutOfRange:
+      return HS_ERR_INVALID_ARGUMENT;
+    case absl::StatusCode::kNotFound:
+      return HS_ERR_NOT_FOUND;
+    case absl::StatusCode::kAlreadyExists:
+      return HS_ERR_ALREADY_EXISTS;
+    case absl::StatusCode::kResourceExhausted:
+      return HS_ERR_RESOURCE_EXHAUSTED;
     case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated: return HS_ERR_PERMISSION_DENIED;
+    case absl::StatusCode::kUnauthenticated:
+      return HS_ERR_PERMISSION_DENIED;
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kAborted: return HS_ERR_FAILED_PRECONDITION;
+    case absl::StatusCode::kAborted:
+      return HS_ERR_FAILED_PRECONDITION;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kCancelled: return HS_ERR_UNAVAILABLE;
-    case absl::StatusCode::kUnimplemented: return HS_ERR_UNIMPLEMENTED;
-    default: return HS_ERR_INTERNAL;
+    case absl::StatusCode::kCancelled:
+      return HS_ERR_UNAVAILABLE;
+    case absl::StatusCode::kUnimplemented:
+      return HS_ERR_UNIMPLEMENTED;
+    default:
+      return HS_ERR_INTERNAL;
   }
 }
 
@@ -65,16 +74,26 @@ extern "C" {
 
 const char* hs_result_string(hs_result r) {
   switch (r) {
-    case HS_OK: return "ok";
-    case HS_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case HS_ERR_NOT_FOUND: return "not found";
-    case HS_ERR_ALREADY_EXISTS: return "already exists";
-    case HS_ERR_RESOURCE_EXHAUSTED: return "resource exhausted";
-    case HS_ERR_PERMISSION_DENIED: return "permission denied";
-    case HS_ERR_FAILED_PRECONDITION: return "failed precondition";
-    case HS_ERR_UNAVAILABLE: return "unavailable";
-    case HS_ERR_UNIMPLEMENTED: return "unimplemented";
-    case HS_ERR_INTERNAL: return "internal error";
+    case HS_OK:
+      return "ok";
+    case HS_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case HS_ERR_NOT_FOUND:
+      return "not found";
+    case HS_ERR_ALREADY_EXISTS:
+      return "already exists";
+    case HS_ERR_RESOURCE_EXHAUSTED:
+      return "resource exhausted";
+    case HS_ERR_PERMISSION_DENIED:
+      return "permission denied";
+    case HS_ERR_FAILED_PRECONDITION:
+      return "failed precondition";
+    case HS_ERR_UNAVAILABLE:
+      return "unavailable";
+    case HS_ERR_UNIMPLEMENTED:
+      return "unimplemented";
+    case HS_ERR_INTERNAL:
+      return "internal error";
   }
   return "unknown hs_result";
 }

@@ -240,7 +240,8 @@ absl::StatusOr<ClientSession::Request> ClientSession::InstallRequest(
   return r;
 }
 
-absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget) {
+absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32_t context_tokens,
+                                                     uint32_t token_budget) {
   HS_RETURN_IF_ERROR(CheckAlive());
   v1::AdmitRequest req;
   *req.mutable_session() = ref_;
@@ -308,7 +309,8 @@ absl::StatusOr<uint8_t*> ClientSession::RecordPtr(uint64_t request_id, uint32_t 
   const Request& r = it->second;
   if (layer >= r.extents.size()) return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   if (position >= r.capacity) {
-    return absl::InvalidArgumentError(absl::StrCat("position ", position, " beyond the request's capacity ", r.capacity));
+    return absl::InvalidArgumentError(
+        absl::StrCat("position ", position, " beyond the request's capacity ", r.capacity));
   }
   const v1::Extent& e = r.extents[layer];
   return segments_.at(e.segment()).map.data() + e.offset() + uint64_t{position} * geometry_.record_bytes();
@@ -333,8 +335,10 @@ hs_session_info ClientSession::Info() const {
 }
 
 absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
-  if (a.layer >= geometry_.num_layers()) return absl::InvalidArgumentError(absl::StrCat("layer ", a.layer, " out of range"));
-  if (a.max_batch < 0 || a.rows == nullptr || a.seq_lens == nullptr || a.positions == nullptr || a.out_slots == nullptr) {
+  if (a.layer >= geometry_.num_layers())
+    return absl::InvalidArgumentError(absl::StrCat("layer ", a.layer, " out of range"));
+  if (a.max_batch < 0 || a.rows == nullptr || a.seq_lens == nullptr || a.positions == nullptr ||
+      a.out_slots == nullptr) {
     return absl::InvalidArgumentError("resolve needs max_batch >= 0 and rows, seq_lens, positions, out_slots");
   }
   ResolveDesc d{};
@@ -357,13 +361,14 @@ absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_
   absl::ReaderMutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));
-  if (src == nullptr || num_tokens < 0 || start_pos < 0 || token_stride < static_cast<int64_t>(geometry_.record_bytes()) ||
+  if (src == nullptr || num_tokens < 0 || start_pos < 0 ||
+      token_stride < static_cast<int64_t>(geometry_.record_bytes()) ||
       static_cast<int64_t>(start_pos) + num_tokens > it->second.capacity || seq_len_after < start_pos + num_tokens ||
       seq_len_after > static_cast<int64_t>(it->second.capacity)) {
     return absl::InvalidArgumentError(absl::StrCat("store: tokens [", start_pos, ", ", start_pos + num_tokens,
-                                                   "), seq_len_after ", seq_len_after, " and token stride ", token_stride,
-                                                   " must fit the request's capacity ", it->second.capacity,
-                                                   " and record size ", geometry_.record_bytes()));
+                                                   "), seq_len_after ", seq_len_after, " and token stride ",
+                                                   token_stride, " must fit the request's capacity ",
+                                                   it->second.capacity, " and record size ", geometry_.record_bytes()));
   }
   StoreDesc d{};
   d.arena = arena_;
@@ -382,7 +387,8 @@ absl::Status ClientSession::Append(uint32_t layer, int32_t max_batch, const int3
                                    const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
   if (layer >= geometry_.num_layers() || max_batch < 0 || rows == nullptr || seq_lens == nullptr || src == nullptr ||
       src_stride < static_cast<int64_t>(geometry_.record_bytes())) {
-    return absl::InvalidArgumentError("append needs a layer in range, rows, seq_lens, src and src_stride >= record_bytes");
+    return absl::InvalidArgumentError(
+        "append needs a layer in range, rows, seq_lens, src and src_stride >= record_bytes");
   }
   AppendDesc d{};
   d.arena = arena_;

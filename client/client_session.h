@@ -46,8 +46,8 @@ class ClientSession {
   uint64_t session_id() const { return opened_.session_id(); }
 
   absl::Status Resolve(const hs_resolve_args& args);
-  absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
-                     const void* src, int64_t layer_stride, int64_t token_stride, void* stream);
+  absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after, const void* src,
+                     int64_t layer_stride, int64_t token_stride, void* stream);
   absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
                       const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
   absl::Status CheckErrors();

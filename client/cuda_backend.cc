@@ -23,8 +23,8 @@ namespace {
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   if (e == cudaSuccess) return absl::OkStatus();
   const char* why = LastLaunchError();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e), (why && *why) ? " (" : "",
-                                          why ? why : "", (why && *why) ? ")" : ""));
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e), (why && *why) ? " (" : "", why ? why : "",
+                                          (why && *why) ? ")" : ""));
 }
 
 class CudaBackend final : public DeviceBackend {
@@ -49,7 +49,8 @@ class CudaBackend final : public DeviceBackend {
     cudaMemset(errors_, 0, sizeof(uint32_t));
     workspace_bytes_ = ResolveWorkspaceBytes(g_, g_.max_rows);
     if (auto e = cudaMalloc(&workspace_, workspace_bytes_); e != cudaSuccess) return CudaError(e, "RESOLVE workspace");
-    if (auto e = InitResolveWorkspace(workspace_, workspace_bytes_, nullptr); e != cudaSuccess) return CudaError(e, "workspace");
+    if (auto e = InitResolveWorkspace(workspace_, workspace_bytes_, nullptr); e != cudaSuccess)
+      return CudaError(e, "workspace");
     return CudaError(cudaDeviceSynchronize(), "backend setup");
   }
 
@@ -125,7 +126,8 @@ class CudaBackend final : public DeviceBackend {
       if (d.max_batch > g_.max_rows) return absl::InvalidArgumentError("max_batch exceeds the session's rows");
       d.batch_size = counts_ + d.max_batch;
     }
-    return CudaError(LaunchResolve(d, workspace_, workspace_bytes_, static_cast<cudaStream_t>(stream)), "RESOLVE launch");
+    return CudaError(LaunchResolve(d, workspace_, workspace_bytes_, static_cast<cudaStream_t>(stream)),
+                     "RESOLVE launch");
   }
   absl::Status Store(const StoreDesc& d, void* stream) override {
     return CudaError(LaunchStore(d, static_cast<cudaStream_t>(stream)), "store launch");

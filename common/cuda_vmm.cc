@@ -55,21 +55,22 @@ bool Resolve(void* lib, const char* name, F* out) {
 absl::StatusOr<Driver*> LoadDriver() {
   // Never dlclose'd: the driver stays for the life of the process, as when linked.
   void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return absl::UnavailableError(absl::StrCat("no CUDA driver (dlopen libcuda.so.1: ", ::dlerror(), ")"));
+  if (lib == nullptr)
+    return absl::UnavailableError(absl::StrCat("no CUDA driver (dlopen libcuda.so.1: ", ::dlerror(), ")"));
   auto* d = new Driver;
-  const bool ok = Resolve(lib, "cuInit", &d->Init) && Resolve(lib, "cuGetErrorString", &d->GetErrorString) &&
-                  Resolve(lib, "cuDeviceGetCount", &d->DeviceGetCount) && Resolve(lib, "cuDeviceGet", &d->DeviceGet) &&
-                  Resolve(lib, "cuDevicePrimaryCtxRetain", &d->PrimaryCtxRetain) &&
-                  Resolve(lib, "cuCtxSetCurrent", &d->CtxSetCurrent) &&
-                  Resolve(lib, "cuCtxSynchronize", &d->CtxSynchronize) && Resolve(lib, "cuMemGetInfo_v2", &d->MemGetInfo) &&
-                  Resolve(lib, "cuMemGetAllocationGranularity", &d->GetGranularity) &&
-                  Resolve(lib, "cuMemCreate", &d->Create) && Resolve(lib, "cuMemRelease", &d->Release) &&
-                  Resolve(lib, "cuMemAddressReserve", &d->AddressReserve) &&
-                  Resolve(lib, "cuMemAddressFree", &d->AddressFree) && Resolve(lib, "cuMemMap", &d->Map) &&
-                  Resolve(lib, "cuMemUnmap", &d->Unmap) && Resolve(lib, "cuMemSetAccess", &d->SetAccess) &&
-                  Resolve(lib, "cuMemExportToShareableHandle", &d->Export) &&
-                  Resolve(lib, "cuMemImportFromShareableHandle", &d->Import) &&
-                  Resolve(lib, "cuMemsetD8_v2", &d->MemsetD8) && Resolve(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH);
+  const bool ok =
+      Resolve(lib, "cuInit", &d->Init) && Resolve(lib, "cuGetErrorString", &d->GetErrorString) &&
+      Resolve(lib, "cuDeviceGetCount", &d->DeviceGetCount) && Resolve(lib, "cuDeviceGet", &d->DeviceGet) &&
+      Resolve(lib, "cuDevicePrimaryCtxRetain", &d->PrimaryCtxRetain) &&
+      Resolve(lib, "cuCtxSetCurrent", &d->CtxSetCurrent) && Resolve(lib, "cuCtxSynchronize", &d->CtxSynchronize) &&
+      Resolve(lib, "cuMemGetInfo_v2", &d->MemGetInfo) &&
+      Resolve(lib, "cuMemGetAllocationGranularity", &d->GetGranularity) && Resolve(lib, "cuMemCreate", &d->Create) &&
+      Resolve(lib, "cuMemRelease", &d->Release) && Resolve(lib, "cuMemAddressReserve", &d->AddressReserve) &&
+      Resolve(lib, "cuMemAddressFree", &d->AddressFree) && Resolve(lib, "cuMemMap", &d->Map) &&
+      Resolve(lib, "cuMemUnmap", &d->Unmap) && Resolve(lib, "cuMemSetAccess", &d->SetAccess) &&
+      Resolve(lib, "cuMemExportToShareableHandle", &d->Export) &&
+      Resolve(lib, "cuMemImportFromShareableHandle", &d->Import) && Resolve(lib, "cuMemsetD8_v2", &d->MemsetD8) &&
+      Resolve(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH);
   if (!ok) {
     delete d;
     return absl::UnavailableError("the CUDA driver lacks the VMM API (cuMemCreate and friends): too old");
@@ -102,7 +103,8 @@ absl::StatusOr<Driver*> UseGpu(int gpu) {
   if (!got.ok()) return got.status();
   Driver* d = *got;
   if (gpu < 0 || gpu >= d->device_count) {
-    return absl::InvalidArgumentError(absl::StrCat("gpu ", gpu, " is not a CUDA device here (", d->device_count, " present)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu ", gpu, " is not a CUDA device here (", d->device_count, " present)"));
   }
   CUcontext ctx = nullptr;
   {
@@ -110,7 +112,8 @@ absl::StatusOr<Driver*> UseGpu(int gpu) {
     if (d->primary[gpu] == nullptr) {
       CUdevice dev = 0;
       if (absl::Status st = Check(*d, d->DeviceGet(&dev, gpu), "cuDeviceGet"); !st.ok()) return st;
-      if (absl::Status st = Check(*d, d->PrimaryCtxRetain(&d->primary[gpu], dev), "cuDevicePrimaryCtxRetain"); !st.ok()) {
+      if (absl::Status st = Check(*d, d->PrimaryCtxRetain(&d->primary[gpu], dev), "cuDevicePrimaryCtxRetain");
+          !st.ok()) {
         return st;
       }
     }
@@ -217,7 +220,8 @@ VmmMapping::~VmmMapping() {
   Driver& d = **got;
   // Reverse order of MapHere/Create. Errors are logged, not fatal: nothing more can be done.
   if (mapped_) {
-    if (CUresult r = d.Unmap(va_, bytes_); r != CUDA_SUCCESS) LOG(ERROR) << "cuMemUnmap failed: " << static_cast<int>(r);
+    if (CUresult r = d.Unmap(va_, bytes_); r != CUDA_SUCCESS)
+      LOG(ERROR) << "cuMemUnmap failed: " << static_cast<int>(r);
   }
   if (va_ != 0) {
     if (CUresult r = d.AddressFree(va_, bytes_); r != CUDA_SUCCESS) {
@@ -225,7 +229,8 @@ VmmMapping::~VmmMapping() {
     }
   }
   if (have_handle_) {
-    if (CUresult r = d.Release(handle_); r != CUDA_SUCCESS) LOG(ERROR) << "cuMemRelease failed: " << static_cast<int>(r);
+    if (CUresult r = d.Release(handle_); r != CUDA_SUCCESS)
+      LOG(ERROR) << "cuMemRelease failed: " << static_cast<int>(r);
   }
   // exported_ closes with the object.
 }

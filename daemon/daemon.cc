@@ -1,10 +1,10 @@
 #include "hisparse/daemon/daemon.h"
 
+#include <fcntl.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_posix.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <unistd.h>
@@ -13,10 +13,10 @@
 #include <mutex>
 #include <thread>
 
-#include "hisparse/common/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/fd_server.h"
@@ -113,8 +113,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
   const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids);
-  HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy,
-                                                       impl->sessions.get()));
+  HS_ASSIGN_OR_RETURN(impl->fd_server,
+                      FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy, impl->sessions.get()));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -140,7 +140,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   // peer the access policy refuses.
   auto listener = ListenUnixStream(socket_path, kSocketMode, socket_gid);
   if (!listener.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", impl->grpc_address, ": ", listener.status().message(),
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", impl->grpc_address, ": ",
+                                               listener.status().message(),
                                                " (does the directory exist and is it writable?)"));
   }
   grpc::ServerBuilder builder;
@@ -148,8 +149,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
   grpc::Server* server = impl->server.get();
-  impl->acceptor = PeerAcceptor::Start(std::move(*listener), policy,
-                                       [server](int fd) {
+  impl->acceptor = PeerAcceptor::Start(std::move(*listener), policy, [server](int fd) {
     // gRPC's event engine drives the connection with non-blocking I/O.
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     grpc::AddInsecureChannelFromFd(server, fd);

@@ -9,12 +9,12 @@
 #include <optional>
 #include <tuple>
 
-#include "hisparse/common/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/kernels/arena_layout.h"
 
@@ -48,8 +48,10 @@ bool TokenEquals(const std::string& a, const std::string& b) {
 
 absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat("geometry.", parts...)); };
-  if (g.gpu() < -1 || g.gpu() >= kMaxGpus) return bad("gpu must be -1 (host) or a GPU index below ", kMaxGpus, ", got ", g.gpu());
-  if (g.num_layers() < 1 || g.num_layers() > kMaxLayers) return bad("num_layers must be 1..", kMaxLayers, ", got ", g.num_layers());
+  if (g.gpu() < -1 || g.gpu() >= kMaxGpus)
+    return bad("gpu must be -1 (host) or a GPU index below ", kMaxGpus, ", got ", g.gpu());
+  if (g.num_layers() < 1 || g.num_layers() > kMaxLayers)
+    return bad("num_layers must be 1..", kMaxLayers, ", got ", g.num_layers());
   if (g.record_bytes() < kRecordAlign || g.record_bytes() > kMaxRecordBytes || g.record_bytes() % kRecordAlign != 0) {
     return bad("record_bytes must be a multiple of 16 in 16..16384, got ", g.record_bytes());
   }
@@ -83,8 +85,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), max_requests_limit));
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("geometry asks for a ", layout.total_bytes,
-                                                   "-byte slot arena; the limit is ", kMaxArenaBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("geometry asks for a ", layout.total_bytes, "-byte slot arena; the limit is ", kMaxArenaBytes));
   }
   auto session = std::make_unique<Session>();
   session->token = NewToken();
@@ -96,8 +98,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     absl::MutexLock lock(&mu_);
     if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new sessions"));
     if (sessions_.size() >= options_.max_sessions) {
-      return Reject("session_limit", absl::ResourceExhaustedError(absl::StrCat(
-                                         "the daemon holds its limit of ", options_.max_sessions, " sessions")));
+      return Reject("session_limit", absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ",
+                                                                               options_.max_sessions, " sessions")));
     }
     uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
     if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
@@ -115,7 +117,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
   absl::Status arena_status;
   if (on_gpu) {
-    absl::StatusOr<std::unique_ptr<GpuArena>> gpu = options_.gpu_arena_allocator(open.geometry().gpu(), layout.total_bytes);
+    absl::StatusOr<std::unique_ptr<GpuArena>> gpu =
+        options_.gpu_arena_allocator(open.geometry().gpu(), layout.total_bytes);
     if (gpu.ok()) {
       session->gpu_arena = std::move(*gpu);
       session->arena_bytes = session->gpu_arena->bytes();
@@ -149,13 +152,13 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.mutable_arena()->set_kind(session->gpu_arena ? session->gpu_arena->kind() : "host");
   opened.mutable_arena()->set_bytes(session->arena_bytes);
   opened.set_segment_bytes(pool_->segment_bytes());
-  opened.set_max_tokens_per_request(static_cast<uint32_t>(
-      std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
+  opened.set_max_tokens_per_request(
+      static_cast<uint32_t>(std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
   opened.set_daemon_version(options_.version);
   LOG(INFO) << "session " << session->id << " opened by pid " << peer_pid << " (" << session->engine_name
-            << "): layers " << open.geometry().num_layers() << ", record " << open.geometry().record_bytes()
-            << " B, k " << open.geometry().k() << ", B " << open.geometry().slots() << ", rows "
-            << open.geometry().max_requests() << ", arena " << session->arena_bytes << " B "
+            << "): layers " << open.geometry().num_layers() << ", record " << open.geometry().record_bytes() << " B, k "
+            << open.geometry().k() << ", B " << open.geometry().slots() << ", rows " << open.geometry().max_requests()
+            << ", arena " << session->arena_bytes << " B "
             << (session->gpu_arena ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"));
   sessions_.emplace(session->id, std::move(session));
   return opened;
@@ -201,7 +204,8 @@ std::function<void()> SessionManager::TakeIdleCallbackLocked() {
 absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::SessionRef& ref) {
   auto it = sessions_.find(ref.session_id());
   if (it == sessions_.end() || !TokenEquals(it->second->token, ref.token())) {
-    return absl::PermissionDeniedError(absl::StrCat("session ", ref.session_id(), " is not a live session of this caller"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", ref.session_id(), " is not a live session of this caller"));
   }
   return it->second.get();
 }
@@ -230,9 +234,9 @@ void SessionManager::FillExtents(const Session& s, const Request& r,
 absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget) const {
   const uint64_t max_tokens = pool_->segment_bytes() / s.geometry.record_bytes();
   if (token_budget == 0 || token_budget > max_tokens || token_budget > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("token_budget must be 1..", std::min<uint64_t>(max_tokens, INT32_MAX),
-                                                   " (one layer's run must fit a ", pool_->segment_bytes(),
-                                                   "-byte pool segment), got ", token_budget));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_budget must be 1..", std::min<uint64_t>(max_tokens, INT32_MAX), " (one layer's run must fit a ",
+        pool_->segment_bytes(), "-byte pool segment), got ", token_budget));
   }
   return absl::OkStatus();
 }
@@ -268,8 +272,8 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitReq
   if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.context_tokens() > req.token_budget()) {
-    return absl::InvalidArgumentError(absl::StrCat("context_tokens (", req.context_tokens(),
-                                                   ") exceeds token_budget (", req.token_budget(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"));
   }
   if (s->requests.contains(req.request_id())) {
     return absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"));
@@ -279,8 +283,8 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitReq
   uint32_t row = 0;
   while (row < s->row_used.size() && s->row_used[row]) ++row;
   if (row == s->row_used.size()) {
-    return Reject("rows_full", absl::ResourceExhaustedError(absl::StrCat(
-                                   "all ", s->row_used.size(), " request rows of this session are in use")));
+    return Reject("rows_full", absl::ResourceExhaustedError(absl::StrCat("all ", s->row_used.size(),
+                                                                         " request rows of this session are in use")));
   }
   Request r;
   r.id = req.request_id();
@@ -331,14 +335,14 @@ absl::Status SessionManager::CheckQuotaLocked(const Session& s, uint64_t more_ho
   const uint32_t tenant = TenantOf(s);
   const TenantUsage u = UsageLocked(tenant);
   if (q.host_bytes != 0 && u.host_bytes + more_host_bytes > q.host_bytes) {
-    return Reject("quota", absl::ResourceExhaustedError(absl::StrCat(
-                               "tenant uid ", tenant, " would hold ", u.host_bytes + more_host_bytes,
-                               " host pool bytes; its quota (quotas.host_bytes) is ", q.host_bytes)));
+    return Reject("quota", absl::ResourceExhaustedError(
+                               absl::StrCat("tenant uid ", tenant, " would hold ", u.host_bytes + more_host_bytes,
+                                            " host pool bytes; its quota (quotas.host_bytes) is ", q.host_bytes)));
   }
   if (q.requests != 0 && u.requests + more_requests > q.requests) {
-    return Reject("quota", absl::ResourceExhaustedError(absl::StrCat("tenant uid ", tenant, " holds ", u.requests,
-                                                                     " requests; its quota (quotas.requests) is ",
-                                                                     q.requests)));
+    return Reject("quota",
+                  absl::ResourceExhaustedError(absl::StrCat("tenant uid ", tenant, " holds ", u.requests,
+                                                            " requests; its quota (quotas.requests) is ", q.requests)));
   }
   return absl::OkStatus();
 }
@@ -386,12 +390,13 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end()) return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  if (it == s->requests.end())
+    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
   Request& r = it->second;
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.token_budget() <= r.capacity_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(), ") must exceed the current capacity (",
-                                                   r.capacity_tokens, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                   ") must exceed the current capacity (", r.capacity_tokens, ")"));
   }
   const uint64_t new_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
   HS_RETURN_IF_ERROR(CheckQuotaLocked(
@@ -439,7 +444,8 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end()) return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  if (it == s->requests.end())
+    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
   ReleaseRequestLocked(*s, it->second);
   s->requests.erase(it);
   return absl::OkStatus();
@@ -450,62 +456,62 @@ v1::StatsResponse SessionManager::Stats() const {
   // GPU arenas' counters are read after the lock is dropped: a device copy may wait on the GPU.
   std::vector<std::tuple<int, std::shared_ptr<GpuArena>, size_t>> gpu_counters;
   {
-  absl::MutexLock lock(&mu_);
-  out.set_version(options_.version);
-  out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
-  out.set_device(options_.device);
-  const HostPool::Stats ps = pool_->GetStats();
-  v1::HostPoolStats* hp = out.mutable_host_pool();
-  hp->set_capacity_bytes(ps.capacity_bytes);
-  hp->set_used_bytes(ps.used_bytes);
-  hp->set_free_bytes(ps.free_bytes);
-  hp->set_fragmentation(ps.fragmentation());
-  hp->set_largest_free_run_bytes(ps.largest_free_run);
-  hp->set_segments(ps.segments);
-  hp->set_segments_in_use(ps.segments_in_use);
-  hp->set_segment_bytes(ps.segment_bytes);
-  hp->set_hugepages(ps.hugepages);
-  hp->set_locked(ps.locked);
-  out.set_sessions(static_cast<uint32_t>(sessions_.size()));
-  out.set_admissions(admissions_);
-  out.set_rejections(rejections_);
-  out.set_draining(draining_);
-  out.set_evictions(evictions_);
-  for (const auto& [reason, count] : rejections_by_reason_) {
-    v1::RejectionCount* rc = out.add_rejections_by_reason();
-    rc->set_reason(reason);
-    rc->set_count(count);
-  }
-  for (const auto& [device, bytes] : arena_bytes_by_device_) (*out.mutable_arena_bytes_by_device())[device] = bytes;
-  out.set_arena_budget_bytes(options_.arena_budget_bytes);
-  uint32_t requests = 0;
-  for (const auto& [id, s] : sessions_) {
-    requests += static_cast<uint32_t>(s->requests.size());
-    v1::SessionStats* ss = out.add_session_stats();
-    ss->set_session_id(id);
-    ss->set_engine_name(s->engine_name);
-    *ss->mutable_geometry() = s->geometry;
-    ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-    uint64_t host = 0;
-    for (const auto& [rid, r] : s->requests) {
-      for (const HostPool::Run& run : r.runs) host += run.bytes;
+    absl::MutexLock lock(&mu_);
+    out.set_version(options_.version);
+    out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+    out.set_device(options_.device);
+    const HostPool::Stats ps = pool_->GetStats();
+    v1::HostPoolStats* hp = out.mutable_host_pool();
+    hp->set_capacity_bytes(ps.capacity_bytes);
+    hp->set_used_bytes(ps.used_bytes);
+    hp->set_free_bytes(ps.free_bytes);
+    hp->set_fragmentation(ps.fragmentation());
+    hp->set_largest_free_run_bytes(ps.largest_free_run);
+    hp->set_segments(ps.segments);
+    hp->set_segments_in_use(ps.segments_in_use);
+    hp->set_segment_bytes(ps.segment_bytes);
+    hp->set_hugepages(ps.hugepages);
+    hp->set_locked(ps.locked);
+    out.set_sessions(static_cast<uint32_t>(sessions_.size()));
+    out.set_admissions(admissions_);
+    out.set_rejections(rejections_);
+    out.set_draining(draining_);
+    out.set_evictions(evictions_);
+    for (const auto& [reason, count] : rejections_by_reason_) {
+      v1::RejectionCount* rc = out.add_rejections_by_reason();
+      rc->set_reason(reason);
+      rc->set_count(count);
     }
-    ss->set_host_bytes(host);
-    ss->set_arena_bytes(s->arena_bytes);
-    ss->set_peer_pid(s->peer_pid);
-    if (s->gpu_arena != nullptr) {
-      gpu_counters.emplace_back(out.session_stats_size() - 1, s->gpu_arena,
-                                ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
-      continue;
+    for (const auto& [device, bytes] : arena_bytes_by_device_) (*out.mutable_arena_bytes_by_device())[device] = bytes;
+    out.set_arena_budget_bytes(options_.arena_budget_bytes);
+    uint32_t requests = 0;
+    for (const auto& [id, s] : sessions_) {
+      requests += static_cast<uint32_t>(s->requests.size());
+      v1::SessionStats* ss = out.add_session_stats();
+      ss->set_session_id(id);
+      ss->set_engine_name(s->engine_name);
+      *ss->mutable_geometry() = s->geometry;
+      ss->set_requests(static_cast<uint32_t>(s->requests.size()));
+      uint64_t host = 0;
+      for (const auto& [rid, r] : s->requests) {
+        for (const HostPool::Run& run : r.runs) host += run.bytes;
+      }
+      ss->set_host_bytes(host);
+      ss->set_arena_bytes(s->arena_bytes);
+      ss->set_peer_pid(s->peer_pid);
+      if (s->gpu_arena != nullptr) {
+        gpu_counters.emplace_back(out.session_stats_size() - 1, s->gpu_arena,
+                                  ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
+        continue;
+      }
+      // The engine updates these counters concurrently; a torn read of a 64-bit counter is not
+      // possible on x86-64 and a slightly stale value is fine for stats.
+      const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(s->arena.data());
+      ss->set_hits(counters->hits);
+      ss->set_misses(counters->misses);
+      ss->set_bytes_fetched(counters->bytes_fetched);
     }
-    // The engine updates these counters concurrently; a torn read of a 64-bit counter is not
-    // possible on x86-64 and a slightly stale value is fine for stats.
-    const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(s->arena.data());
-    ss->set_hits(counters->hits);
-    ss->set_misses(counters->misses);
-    ss->set_bytes_fetched(counters->bytes_fetched);
-  }
-  out.set_requests(requests);
+    out.set_requests(requests);
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
   // sees them as of some recent point, which is all stats need.
@@ -538,9 +544,9 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
     const QuotaOptions& q = options_.quotas;
     const TenantUsage u = UsageLocked(peer.uid);
     if (q.arena_bytes != 0 && u.arena_bytes + s->arena_bytes > q.arena_bytes) {
-      return Reject("quota", absl::ResourceExhaustedError(absl::StrCat(
-                                 "tenant uid ", peer.uid, " would hold ", u.arena_bytes + s->arena_bytes,
-                                 " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
+      return Reject("quota", absl::ResourceExhaustedError(
+                                 absl::StrCat("tenant uid ", peer.uid, " would hold ", u.arena_bytes + s->arena_bytes,
+                                              " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
     }
     s->tenant_uid = peer.uid;
     s->peer_pid = peer.pid;
@@ -558,10 +564,12 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
     fd = s->arena_fd.get();
   } else if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "segment ")) {
     uint32_t segment = 0;
-    if (!absl::SimpleAtoi(rest, &segment)) return absl::InvalidArgumentError(absl::StrCat("bad segment number in \"", object, "\""));
+    if (!absl::SimpleAtoi(rest, &segment))
+      return absl::InvalidArgumentError(absl::StrCat("bad segment number in \"", object, "\""));
     HS_ASSIGN_OR_RETURN(fd, pool_->SegmentFdFor(session_id, segment));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown fd object \"", object, "\" (want \"arena\" or \"segment N\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown fd object \"", object, "\" (want \"arena\" or \"segment N\")"));
   }
   UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!dup.valid()) return absl::InternalError("dup of a pool descriptor failed");
@@ -655,7 +663,8 @@ absl::Status SessionManager::CheckInvariants() const {
       rows[r.row] = true;
       for (const HostPool::Run& run : r.runs) live += run.bytes;
     }
-    if (rows != s->row_used) return absl::InternalError(absl::StrCat("session ", id, ": row table disagrees with requests"));
+    if (rows != s->row_used)
+      return absl::InternalError(absl::StrCat("session ", id, ": row table disagrees with requests"));
   }
   const HostPool::Stats ps = pool_->GetStats();
   // Runs are rounded up to the pool's alignment; compare against the rounded sum.

@@ -19,19 +19,19 @@ inline constexpr int kExitUnreachable = 2;
 
 struct GlobalOptions {
   std::string daemon = "unix:/run/hisparse/hisparsed.sock";  // --daemon, or $HISPARSE_DAEMON
-  bool json = false;                                       // --json
+  bool json = false;                                         // --json
   int timeout_ms = 5000;
 };
 
 // Every command's own options, filled by the command table's option setup.
 struct CommandOptions {
-  uint64_t session = 0;      // requests, evict
-  uint64_t request = 0;      // evict
-  std::string reason;        // evict
-  bool no_wait = false;      // drain
-  int drain_timeout_s = 600; // drain
-  double interval_s = 2.0;   // watch
-  int count = 0;             // watch: 0 = until interrupted
+  uint64_t session = 0;        // requests, evict
+  uint64_t request = 0;        // evict
+  std::string reason;          // evict
+  bool no_wait = false;        // drain
+  int drain_timeout_s = 600;   // drain
+  double interval_s = 2.0;     // watch
+  int count = 0;               // watch: 0 = until interrupted
   std::string shell = "bash";  // completion
 };
 

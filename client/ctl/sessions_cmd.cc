@@ -21,9 +21,11 @@ int SessionsCommand(const GlobalOptions& g, const CommandOptions&) {
       const auto& geo = ss.geometry();
       std::printf(
           "%s\n {\"session_id\": %lu, \"engine_name\": %s, \"gpu\": %d, \"num_layers\": %u, \"record_bytes\": %u, "
-          "\"k\": %u, \"slots\": %u, \"max_requests\": %u, \"requests\": %u, \"host_bytes\": %lu, \"arena_bytes\": %lu}",
+          "\"k\": %u, \"slots\": %u, \"max_requests\": %u, \"requests\": %u, \"host_bytes\": %lu, \"arena_bytes\": "
+          "%lu}",
           i ? "," : "", ss.session_id(), JsonString(ss.engine_name()).c_str(), geo.gpu(), geo.num_layers(),
-          geo.record_bytes(), geo.k(), geo.slots(), geo.max_requests(), ss.requests(), ss.host_bytes(), ss.arena_bytes());
+          geo.record_bytes(), geo.k(), geo.slots(), geo.max_requests(), ss.requests(), ss.host_bytes(),
+          ss.arena_bytes());
     }
     std::printf("%s]\n", s.session_stats_size() ? "\n" : "");
     return kExitOk;

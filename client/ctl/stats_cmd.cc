@@ -28,8 +28,10 @@ void PrintJson(const v1::StatsResponse& s) {
   }
   std::printf("}, \"arena_budget_bytes\": %lu, \"draining\": %s,\n", s.arena_budget_bytes(),
               s.draining() ? "true" : "false");
-  std::printf(" \"sessions\": %u, \"requests\": %u, \"admissions\": %lu, \"rejections\": %lu, \"evictions\": %lu,\n \"session_stats\": [",
-              s.sessions(), s.requests(), s.admissions(), s.rejections(), s.evictions());
+  std::printf(
+      " \"sessions\": %u, \"requests\": %u, \"admissions\": %lu, \"rejections\": %lu, \"evictions\": %lu,\n "
+      "\"session_stats\": [",
+      s.sessions(), s.requests(), s.admissions(), s.rejections(), s.evictions());
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "demo_memory.h"
 #include "hisparse/common/daemon_process.h"
 #include "hisparse/hisparse.hpp"
-#include "demo_memory.h"
 #include "synthetic_indexer.h"
 
 namespace {
@@ -99,9 +99,8 @@ int main(int argc, char** argv) {
   hs_session_info info;
   session.Info(&info);
   const char* backend_name = info.backend == HS_BACKEND_CUDA ? "CUDA backend" : "host backend";
-  std::printf("session %lu: %d layers, %d B records, k %d, B %d, %d requests, arena %.1f MiB (%s)\n",
-              info.session_id, f.layers, f.record_bytes, f.k, f.slots, f.requests, info.arena_bytes / 1048576.0,
-              backend_name);
+  std::printf("session %lu: %d layers, %d B records, k %d, B %d, %d requests, arena %.1f MiB (%s)\n", info.session_id,
+              f.layers, f.record_bytes, f.k, f.slots, f.requests, info.arena_bytes / 1048576.0, backend_name);
   // Everything the data path reads or writes lives where the backend's kernels run.
   DemoMemory mem(info.backend == HS_BACKEND_CUDA);
   const size_t slot_block = static_cast<size_t>(f.slots + 1) * info.record_stride;
@@ -123,8 +122,8 @@ int main(int argc, char** argv) {
     }
     const int64_t token_stride = f.record_bytes, layer_stride = int64_t{f.context} * f.record_bytes;
     mem.Upload(prompt_d, prompt.data(), prompt.size());
-    if (Error e = Error::From(hs_store(session.get(), id, 0, f.context, f.context, prompt_d, layer_stride,
-                                       token_stride, nullptr))) {
+    if (Error e = Error::From(
+            hs_store(session.get(), id, 0, f.context, f.context, prompt_d, layer_stride, token_stride, nullptr))) {
       return Fail("store", e);
     }
   }
@@ -189,8 +188,8 @@ int main(int argc, char** argv) {
       args.positions = pos_d;
       args.out_slots = out_d;
       const auto d0 = std::chrono::steady_clock::now();
-      if (Error e = Error::From(hs_append(session.get(), l, f.requests, nullptr, rows_d, seq_d, newest_d,
-                                          f.record_bytes, nullptr))) {
+      if (Error e = Error::From(
+              hs_append(session.get(), l, f.requests, nullptr, rows_d, seq_d, newest_d, f.record_bytes, nullptr))) {
         return Fail("append", e);
       }
       if (Error e = session.Resolve(args)) return Fail("resolve", e);
@@ -200,9 +199,10 @@ int main(int argc, char** argv) {
       mem.Download(out_slots.data(), out_d, out_slots.size() * sizeof(int32_t));
       // Exactness: every output slot holds the host record of its position, byte for byte.
       for (int r = 0; r < f.requests; ++r) {
-        mem.Download(slots_h.data(),
-                     static_cast<const uint8_t*>(info.slot_base) + (static_cast<size_t>(rows[r]) * f.layers + l) * slot_block,
-                     slot_block);
+        mem.Download(
+            slots_h.data(),
+            static_cast<const uint8_t*>(info.slot_base) + (static_cast<size_t>(rows[r]) * f.layers + l) * slot_block,
+            slot_block);
         for (int j = 0; j < f.k; ++j) {
           const int32_t p = positions[static_cast<size_t>(r) * f.k + j];
           if (p < 0) continue;
@@ -223,18 +223,21 @@ int main(int argc, char** argv) {
   hs_stats after;
   if (Error e = session.Stats(&after)) return Fail("stats", e);
   const uint64_t hits = after.hits - before.hits, misses = after.misses - before.misses;
-  std::printf("decode: %d steps x %d layers x %d requests, k %d: hit rate %.1f%%, %.1f misses per (request, layer, step), "
-              "%.1f steps/s with checks; data path (append + RESOLVE, synchronized) %.1f us per layer-step (%s)\n",
-              f.steps, f.layers, f.requests, f.k, hits + misses ? 100.0 * hits / (hits + misses) : 0.0,
-              f.steps ? static_cast<double>(misses) / (static_cast<double>(f.steps) * f.layers * f.requests) : 0.0,
-              seconds > 0 ? f.steps / seconds : 0.0,
-              f.steps ? 1e6 * data_path_seconds / (static_cast<double>(f.steps) * f.layers) : 0.0, backend_name);
-  std::printf("exactness: %lu output slots checked against the host records, %lu wrong; counters %lu hits + %lu misses "
-              "= %lu selections\n",
-              slot_checks, slot_bad, hits, misses, selections);
-  std::printf("pool: capacity %.1f MiB, used %.1f MiB, free %.1f MiB, fragmentation %.1f%%; node: %u sessions, %u requests\n",
-              after.pool_capacity_bytes / 1048576.0, after.pool_used_bytes / 1048576.0, after.pool_free_bytes / 1048576.0,
-              100.0 * after.pool_fragmentation, after.sessions, after.requests);
+  std::printf(
+      "decode: %d steps x %d layers x %d requests, k %d: hit rate %.1f%%, %.1f misses per (request, layer, step), "
+      "%.1f steps/s with checks; data path (append + RESOLVE, synchronized) %.1f us per layer-step (%s)\n",
+      f.steps, f.layers, f.requests, f.k, hits + misses ? 100.0 * hits / (hits + misses) : 0.0,
+      f.steps ? static_cast<double>(misses) / (static_cast<double>(f.steps) * f.layers * f.requests) : 0.0,
+      seconds > 0 ? f.steps / seconds : 0.0,
+      f.steps ? 1e6 * data_path_seconds / (static_cast<double>(f.steps) * f.layers) : 0.0, backend_name);
+  std::printf(
+      "exactness: %lu output slots checked against the host records, %lu wrong; counters %lu hits + %lu misses "
+      "= %lu selections\n",
+      slot_checks, slot_bad, hits, misses, selections);
+  std::printf(
+      "pool: capacity %.1f MiB, used %.1f MiB, free %.1f MiB, fragmentation %.1f%%; node: %u sessions, %u requests\n",
+      after.pool_capacity_bytes / 1048576.0, after.pool_used_bytes / 1048576.0, after.pool_free_bytes / 1048576.0,
+      100.0 * after.pool_fragmentation, after.sessions, after.requests);
 
   for (int r = 0; r < f.requests; ++r) {
     if (Error e = session.Release(r + 1)) return Fail("release", e);

@@ -25,7 +25,8 @@ class SyntheticIndexer {
     }
     chosen_.clear();
     auto take = [&](int32_t p) {
-      if (p >= 0 && p < seq_len && static_cast<int>(chosen_.size()) < want && chosen_.insert(p).second) out->push_back(p);
+      if (p >= 0 && p < seq_len && static_cast<int>(chosen_.size()) < want && chosen_.insert(p).second)
+        out->push_back(p);
     };
     take(seq_len - 1);  // the newest token: always selected, RESOLVE maps it to its own slot
     for (int32_t i = 1; i <= want / 4; ++i) take(seq_len - 1 - i);  // recency window

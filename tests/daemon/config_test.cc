@@ -101,8 +101,8 @@ TEST(ConfigTest, EnumAndBoolSpellings) {
 
 struct BadValue {
   std::string yaml;
-  const char* key;   // the message must start with "<key>: "
-  const char* why;   // and contain this
+  const char* key;  // the message must start with "<key>: "
+  const char* why;  // and contain this
 };
 
 TEST(ConfigTest, EveryBadValueNamesItsKey) {
@@ -112,8 +112,7 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
       {"listen: \"unix://\"", "listen", "no socket path"},
       {"listen: unix://rel.sock", "listen", "must be absolute"},
       {"listen: unix:/" + std::string(120, 'x'), "listen", "at most 107"},
-      {"host_pool: {size: 12XB}", "host_pool.size",
-       "cannot parse \"12XB\" as a byte size: unknown unit \"XB\""},
+      {"host_pool: {size: 12XB}", "host_pool.size", "cannot parse \"12XB\" as a byte size: unknown unit \"XB\""},
       {"host_pool: {size: -1GiB}", "host_pool.size", "negative"},
       {"host_pool: {size: 99999999999PiB}", "host_pool.size", "64 bits"},
       {"host_pool: {size: 4096}", "host_pool.size", "at least 1MiB"},
@@ -213,8 +212,7 @@ TEST(ConfigTest, BadOverridesNameTheKeyAndChangeNothing) {
               StartsWith("host_pool.sise: unknown key (host_pool: size,"));
   EXPECT_THAT(std::string(ApplyConfigOverride(c, "nope", "1").message()),
               StartsWith("nope: unknown key (top-level keys:"));
-  EXPECT_THAT(std::string(ApplyConfigOverride(c, "host_pool", "1").message()),
-              StartsWith("host_pool: is a section"));
+  EXPECT_THAT(std::string(ApplyConfigOverride(c, "host_pool", "1").message()), StartsWith("host_pool: is a section"));
   EXPECT_EQ(c, before);
 }
 
@@ -222,7 +220,8 @@ TEST(ConfigTest, CrossKeyConstraintsWaitForValidate) {
   DaemonConfig c;
   ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.segment_size", "3MiB").ok());
   ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.hugepages", "on").ok());
-  EXPECT_THAT(std::string(ValidateConfig(c).message()), StartsWith("host_pool.segment_size: must be a multiple of 2MiB"));
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              StartsWith("host_pool.segment_size: must be a multiple of 2MiB"));
   ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.segment_size", "4MiB").ok());
   EXPECT_TRUE(ValidateConfig(c).ok());
 }
@@ -261,14 +260,25 @@ TEST(ConfigTest, RenderRoundTrips) {
 
 TEST(ConfigTest, EqualityCoversEveryKey) {
   // Each key, set away from its default, makes the configs unequal.
-  const std::vector<std::pair<std::string, std::string>> changes = {
-      {"listen", "unix:/x"},          {"host_pool.size", "2GiB"},  {"host_pool.segment_size", "128MiB"},
-      {"host_pool.hugepages", "off"}, {"host_pool.pretouch_threads", "3"}, {"host_pool.mlock", "true"},
-      {"device", "host"},             {"gpu_memory_budget", "1GiB"}, {"limits.max_sessions", "2"},
-      {"limits.max_requests_per_session", "2"}, {"access.socket_group", "hisparse"},
-      {"access.allowed_uids", "1000,1001"}, {"access.allowed_gids", "10001"}, {"quotas.host_bytes", "8GiB"},
-      {"quotas.arena_bytes", "1GiB"}, {"quotas.requests", "64"}, {"admission.on_pool_full", "evict_lru_idle"},
-      {"metrics.listen", ""}, {"log_level", "debug"}};
+  const std::vector<std::pair<std::string, std::string>> changes = {{"listen", "unix:/x"},
+                                                                    {"host_pool.size", "2GiB"},
+                                                                    {"host_pool.segment_size", "128MiB"},
+                                                                    {"host_pool.hugepages", "off"},
+                                                                    {"host_pool.pretouch_threads", "3"},
+                                                                    {"host_pool.mlock", "true"},
+                                                                    {"device", "host"},
+                                                                    {"gpu_memory_budget", "1GiB"},
+                                                                    {"limits.max_sessions", "2"},
+                                                                    {"limits.max_requests_per_session", "2"},
+                                                                    {"access.socket_group", "hisparse"},
+                                                                    {"access.allowed_uids", "1000,1001"},
+                                                                    {"access.allowed_gids", "10001"},
+                                                                    {"quotas.host_bytes", "8GiB"},
+                                                                    {"quotas.arena_bytes", "1GiB"},
+                                                                    {"quotas.requests", "64"},
+                                                                    {"admission.on_pool_full", "evict_lru_idle"},
+                                                                    {"metrics.listen", ""},
+                                                                    {"log_level", "debug"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
     DaemonConfig c;
@@ -327,13 +337,12 @@ TEST(ConfigTest, KeyTable) {
     EXPECT_TRUE(ApplyConfigOverride(c, k.key, k.default_value).ok()) << k.key;
     EXPECT_EQ(c, DaemonConfig{}) << k.key;
   }
-  EXPECT_THAT(names, ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size",
-                                            "host_pool.hugepages", "host_pool.pretouch_threads",
-                                            "host_pool.mlock", "device", "gpu_memory_budget",
-                                            "limits.max_sessions", "limits.max_requests_per_session",
-                                            "access.socket_group", "access.allowed_uids", "access.allowed_gids",
-                                            "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
-                                            "admission.on_pool_full", "metrics.listen", "log_level"));
+  EXPECT_THAT(names, ::testing::ElementsAre(
+                         "listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
+                         "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
+                         "limits.max_sessions", "limits.max_requests_per_session", "access.socket_group",
+                         "access.allowed_uids", "access.allowed_gids", "quotas.host_bytes", "quotas.arena_bytes",
+                         "quotas.requests", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

@@ -151,9 +151,9 @@ class BestFitTest : public ::testing::Test {
 };
 
 TEST_F(BestFitTest, PicksSmallestExtentThatFits) {
-  EXPECT_EQ(MustAllocate(a_, kA), 4 * kA);       // the 1-page hole, not the front of the 3
-  EXPECT_EQ(MustAllocate(a_, 2 * kA), 6 * kA);   // the 2-page hole
-  EXPECT_EQ(MustAllocate(a_, 3 * kA), 0u);       // the 3-page hole
+  EXPECT_EQ(MustAllocate(a_, kA), 4 * kA);      // the 1-page hole, not the front of the 3
+  EXPECT_EQ(MustAllocate(a_, 2 * kA), 6 * kA);  // the 2-page hole
+  EXPECT_EQ(MustAllocate(a_, 3 * kA), 0u);      // the 3-page hole
   EXPECT_EQ(a_.free_bytes(), 0u);
 }
 
@@ -161,7 +161,7 @@ TEST_F(BestFitTest, SplitsTheBestFitAndKeepsTheRest) {
   EXPECT_EQ(MustAllocate(a_, 2 * kA), 6 * kA);
   EXPECT_EQ(MustAllocate(a_, 2 * kA), 0u);  // only the 3-page hole is left large enough
   EXPECT_EQ(a_.largest_free_extent(), kA);
-  EXPECT_EQ(a_.free_extent_count(), 2u);    // page 2 and page 4
+  EXPECT_EQ(a_.free_extent_count(), 2u);  // page 2 and page 4
 }
 
 TEST(ExtentAllocatorTest, BestFitTiesGoToLowestOffset) {
@@ -278,7 +278,7 @@ TEST(ExtentAllocatorTest, GrowInPlaceTakesTheFollowingFreeExtent) {
 TEST(ExtentAllocatorTest, GrowInPlaceRefusals) {
   ExtentAllocator a(8 * kA, kA);
   const uint64_t x = MustAllocate(a, 2 * kA);
-  EXPECT_TRUE(a.TryGrowInPlace(x, kA));      // already large enough: no shrink
+  EXPECT_TRUE(a.TryGrowInPlace(x, kA));  // already large enough: no shrink
   EXPECT_TRUE(a.TryGrowInPlace(x, 2 * kA));
   EXPECT_EQ(a.allocation_size(x), 2 * kA);
   EXPECT_FALSE(a.TryGrowInPlace(x, 9 * kA));  // past the end of the region

@@ -65,9 +65,9 @@ TEST(ParseByteSizeTest, CaseAndWhitespace) {
 TEST(ParseByteSizeTest, Fractions) {
   EXPECT_EQ(Parsed("1.5GiB"), kGiB + kGiB / 2);
   EXPECT_EQ(Parsed("0.5 KiB"), 512u);
-  EXPECT_EQ(Parsed("1.0"), 1u);               // a zero fraction is a whole number
-  EXPECT_EQ(Parsed("0.1KiB"), 102u);          // 102.4 rounds to nearest
-  EXPECT_EQ(Parsed("0.0006KiB"), 1u);         // 0.6144 rounds up
+  EXPECT_EQ(Parsed("1.0"), 1u);        // a zero fraction is a whole number
+  EXPECT_EQ(Parsed("0.1KiB"), 102u);   // 102.4 rounds to nearest
+  EXPECT_EQ(Parsed("0.0006KiB"), 1u);  // 0.6144 rounds up
   EXPECT_EQ(Parsed("1.25MB"), 1250000u);
   EXPECT_EQ(Parsed("0.333333333333333333333GiB"), 357913941u);  // digits past 18 ignored
 }

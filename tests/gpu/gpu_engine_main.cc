@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   void* src = nullptr;
   cudaMalloc(&src, host.size());
   cudaMemcpy(src, host.data(), host.size(), cudaMemcpyHostToDevice);
-  if (hs_result r = hs_store(s, 1, 0, kContext, kContext, src, int64_t{kContext} * kRecord, kRecord, nullptr); r != HS_OK) {
+  if (hs_result r = hs_store(s, 1, 0, kContext, kContext, src, int64_t{kContext} * kRecord, kRecord, nullptr);
+      r != HS_OK) {
     return Die("hs_store", r);
   }
   int32_t *rows = nullptr, *seq = nullptr, *pos = nullptr, *out = nullptr;
@@ -101,8 +102,8 @@ int main(int argc, char** argv) {
         }
         if (std::memcmp(got, want, kRecord) != 0 ||
             std::memcmp(got, host.data() + (size_t{layer} * kContext + p[j]) * kRecord, kRecord) != 0) {
-          std::fprintf(stderr, "gpu_engine: step %d layer %u position %d: slot %d holds the wrong record\n", step, layer,
-                       p[j], slots[j]);
+          std::fprintf(stderr, "gpu_engine: step %d layer %u position %d: slot %d holds the wrong record\n", step,
+                       layer, p[j], slots[j]);
           return 3;
         }
         ++checked;

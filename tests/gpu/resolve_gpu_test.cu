@@ -18,11 +18,10 @@
 namespace hisparse {
 namespace {
 
-#define CUDA_OK(x)                                                                      \
-  do {                                                                                  \
-    const cudaError_t e_ = (x);                                                         \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_) << " ("          \
-                               << LastLaunchError() << ")";                             \
+#define CUDA_OK(x)                                                                                          \
+  do {                                                                                                      \
+    const cudaError_t e_ = (x);                                                                             \
+    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_) << " (" << LastLaunchError() << ")"; \
   } while (0)
 
 bool HaveDevice(std::string* why) {
@@ -39,18 +38,17 @@ bool HaveDevice(std::string* why) {
   return true;
 }
 
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    std::string why_;                                                      \
-    if (!HaveDevice(&why_)) GTEST_SKIP() << "no CUDA device: " << why_;    \
+#define REQUIRE_GPU()                                                   \
+  do {                                                                  \
+    std::string why_;                                                   \
+    if (!HaveDevice(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
 
 constexpr int32_t kPoison = 0x7f7f7f7f;
 
 // Counts selections whose output slot does not hold the host record of the position.
-__global__ void CheckOutputRecords(ArenaView a, HostRecordMap h, int layer, int batch,
-                                   const int* rows, const int* positions, const int* out,
-                                   unsigned long long* bad) {
+__global__ void CheckOutputRecords(ArenaView a, HostRecordMap h, int layer, int batch, const int* rows,
+                                   const int* positions, const int* out, unsigned long long* bad) {
   const int i = blockIdx.x;
   if (i >= batch) return;
   const int k = a.geometry.k, B = a.geometry.slots;
@@ -61,8 +59,8 @@ __global__ void CheckOutputRecords(ArenaView a, HostRecordMap h, int layer, int 
     const int row = rows[i];
     const int p = positions[i * k + j];
     const uint4* rec = reinterpret_cast<const uint4*>(a.Record(row, layer, s));
-    const uint4* host = reinterpret_cast<const uint4*>(
-        h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(p) * a.geometry.record_bytes);
+    const uint4* host = reinterpret_cast<const uint4*>(h.layer_base[a.RowLayer(row, layer)] +
+                                                       static_cast<size_t>(p) * a.geometry.record_bytes);
     bool diff = false;
     for (uint32_t u = lane; u < a.geometry.record_bytes / 16; u += 32) {
       const uint4 x = rec[u], y = host[u];
@@ -80,16 +78,15 @@ struct Config {
 };
 
 std::string Name(const Config& c) {
-  return "k" + std::to_string(c.k) + "_B" + std::to_string(c.B) + "_rb" + std::to_string(c.rb) +
-         "_mb" + std::to_string(c.max_batch);
+  return "k" + std::to_string(c.k) + "_B" + std::to_string(c.B) + "_rb" + std::to_string(c.rb) + "_mb" +
+         std::to_string(c.max_batch);
 }
 
 // One session's worth of state twice: the reference arena in host memory, the GPU arena in
 // device memory, one host pool in mapped pinned memory that both read.
 class World {
  public:
-  explicit World(const Config& c, int layers = 2, uint64_t seed = 1)
-      : cfg_(c), layers_(layers), rng_(seed) {}
+  explicit World(const Config& c, int layers = 2, uint64_t seed = 1) : cfg_(c), layers_(layers), rng_(seed) {}
 
   ~World() {
     cudaFreeHost(pool_);
@@ -113,8 +110,7 @@ class World {
     cap_ = std::max(2 * cfg_.B, cfg_.B + 2 * cfg_.k) + cfg_.steps + 64;
     const size_t run = static_cast<size_t>(cap_) * cfg_.rb;
     pool_bytes_ = run * g_.max_rows * layers_;
-    CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool_), pool_bytes_,
-                          cudaHostAllocMapped | cudaHostAllocPortable));
+    CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool_), pool_bytes_, cudaHostAllocMapped | cudaHostAllocPortable));
     uint64_t* w = reinterpret_cast<uint64_t*>(pool_);
     for (size_t i = 0; i < pool_bytes_ / 8; ++i) w[i] = (i + 1) * 0x9E3779B97F4A7C15ull ^ (i >> 7);
     uint8_t* pool_dev = nullptr;
@@ -196,9 +192,7 @@ class World {
     }
   }
 
-  uint8_t* HostRec(int r, int l, int p) {
-    return base_h_[ref_.RowLayer(r, l)] + static_cast<size_t>(p) * cfg_.rb;
-  }
+  uint8_t* HostRec(int r, int l, int p) { return base_h_[ref_.RowLayer(r, l)] + static_cast<size_t>(p) * cfg_.rb; }
   bool Bern(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
   double Uni(double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng_); }
   int UniI(int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng_); }
@@ -303,16 +297,25 @@ class World {
       Select(r, layer_, seq_[r], sel);
       if (Bern(invalid_p)) {
         switch (UniI(0, 4)) {
-          case 0: rows_[i] = Bern(0.5) ? -1 : g_.max_rows + UniI(0, 3); break;
-          case 1: seqs_[i] = Bern(0.5) ? 0 : cap_ + 1; break;
-          case 2: sel[UniI(0, k - 1)] = Bern(0.5) ? seqs_[i] + UniI(0, 5) : -2 - UniI(0, 5); break;
+          case 0:
+            rows_[i] = Bern(0.5) ? -1 : g_.max_rows + UniI(0, 3);
+            break;
+          case 1:
+            seqs_[i] = Bern(0.5) ? 0 : cap_ + 1;
+            break;
+          case 2:
+            sel[UniI(0, k - 1)] = Bern(0.5) ? seqs_[i] + UniI(0, 5) : -2 - UniI(0, 5);
+            break;
           case 3: {
             int a = UniI(0, k - 1), b = UniI(0, k - 1);
-            if (a != b && sel[a] >= 0) sel[b] = sel[a];
-            else sel[UniI(0, k - 1)] = seqs_[i];
+            if (a != b && sel[a] >= 0)
+              sel[b] = sel[a];
+            else
+              sel[UniI(0, k - 1)] = seqs_[i];
             break;
           }
-          default: seqs_[i] = std::max(1, seqs_[i] - UniI(1, 4));  // positions may now be >= seq
+          default:
+            seqs_[i] = std::max(1, seqs_[i] - UniI(1, 4));  // positions may now be >= seq
         }
       }
     }
@@ -372,14 +375,14 @@ class World {
     CUDA_OK(cudaMemcpy(&err, d_err_, 4, cudaMemcpyDeviceToHost));
     ASSERT_EQ(err, ref_err) << what;
     for (size_t x = 0; x < out.size(); ++x) {
-      ASSERT_EQ(out[x], ref_out[x]) << what << ": out_slots[" << x / cfg_.k << "][" << x % cfg_.k
-                                    << "] (batch " << batch << ")";
+      ASSERT_EQ(out[x], ref_out[x]) << what << ": out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
+                                    << batch << ")";
     }
     CompareTables(what);
     if (!(flags & kResolveFlagNoFetch)) {
       CUDA_OK(cudaMemset(d_bad_, 0, 8));
-      CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, HostRecordMap{d_base_, d_cap_}, layer_,
-                                                  batch, d_rows_, d_pos_, d_out_, d_bad_);
+      CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, HostRecordMap{d_base_, d_cap_}, layer_, batch, d_rows_, d_pos_,
+                                                  d_out_, d_bad_);
       CUDA_OK(cudaGetLastError());
       unsigned long long bad = 0;
       CUDA_OK(cudaMemcpy(&bad, d_bad_, 8, cudaMemcpyDeviceToHost));
@@ -405,8 +408,8 @@ class World {
         if (a != b) {
           const bool in_lru = x >= off_.lru;
           const size_t e = (x - (in_lru ? off_.lru : off_.slot_pos)) / 4;
-          FAIL() << what << ": " << (in_lru ? "lru" : "slot_pos") << " differs at row-layer "
-                 << e / cfg_.B << " index " << e % cfg_.B << ": gpu " << a << " ref " << b;
+          FAIL() << what << ": " << (in_lru ? "lru" : "slot_pos") << " differs at row-layer " << e / cfg_.B << " index "
+                 << e % cfg_.B << ": gpu " << a << " ref " << b;
         }
       }
     }
@@ -442,8 +445,7 @@ class World {
   ArenaView ref_{}, gpu_{};
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
-  int32_t *d_batch_ = nullptr, *d_rows_ = nullptr, *d_seq_ = nullptr, *d_pos_ = nullptr,
-          *d_out_ = nullptr;
+  int32_t *d_batch_ = nullptr, *d_rows_ = nullptr, *d_seq_ = nullptr, *d_pos_ = nullptr, *d_out_ = nullptr;
   uint32_t* d_err_ = nullptr;
   unsigned long long* d_bad_ = nullptr;
   std::vector<int32_t> seq_, rows_, seqs_, pos_;
@@ -478,14 +480,13 @@ TEST_P(ResolveRandom, MatchesReference) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(Name(c)));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, ResolveRandom,
-    ::testing::Values(Config{256, 256, 656, 256, 300}, Config{256, 512, 1152, 128, 300},
-                      Config{256, 1024, 656, 64, 250}, Config{256, 512, 16, 32, 200},
-                      Config{256, 512, 4112, 32, 100}, Config{2048, 2048, 1152, 8, 200},
-                      Config{2048, 4096, 656, 16, 120}, Config{2048, 8192, 1152, 8, 80},
-                      Config{2048, 4096, 512, 4, 60}),
-    [](const ::testing::TestParamInfo<Config>& i) { return Name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Sweep, ResolveRandom,
+                         ::testing::Values(Config{256, 256, 656, 256, 300}, Config{256, 512, 1152, 128, 300},
+                                           Config{256, 1024, 656, 64, 250}, Config{256, 512, 16, 32, 200},
+                                           Config{256, 512, 4112, 32, 100}, Config{2048, 2048, 1152, 8, 200},
+                                           Config{2048, 4096, 656, 16, 120}, Config{2048, 8192, 1152, 8, 80},
+                                           Config{2048, 4096, 512, 4, 60}),
+                         [](const ::testing::TestParamInfo<Config>& i) { return Name(i.param); });
 
 // A layer outside [0, num_layers) rejects every active row as kResolveBadRow, like the reference.
 TEST(ResolveGpu, BadLayerRejectsEveryRow) {
@@ -550,8 +551,8 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
       CUDA_OK(cudaGraphLaunch(execs[w.layer_], s));
     }
     CUDA_OK(cudaStreamSynchronize(s));
-    ASSERT_NO_FATAL_FAILURE(w.CompareStep(
-        batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
+    ASSERT_NO_FATAL_FAILURE(
+        w.CompareStep(batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
   }
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("graph"));
   for (auto e : execs) cudaGraphExecDestroy(e);
@@ -657,12 +658,13 @@ TEST(StoreGpu, MatchesReference) {
   std::vector<uint8_t> src(static_cast<size_t>(lstride) * L);
   uint8_t* d_src = nullptr;
   CUDA_OK(cudaMalloc(&d_src, src.size()));
-  struct Case { int row, start, n, after; };
+  struct Case {
+    int row, start, n, after;
+  };
   // Chunked prefill within B, a chunk that crosses B, a long prefill, a store that rewrites
   // positions held by resident slots (refresh), an empty store, the newest token in range.
-  const Case cases[] = {{0, 0, 100, 300},   {0, 100, 200, 300}, {0, 300, 300, 700},
-                        {1, 0, 1200, 1200}, {2, 0, 512, 512},   {2, 100, 50, 512},
-                        {3, 0, 0, 1},       {3, 0, 10, 10},     {1, 600, 400, 1300}};
+  const Case cases[] = {{0, 0, 100, 300},  {0, 100, 200, 300}, {0, 300, 300, 700}, {1, 0, 1200, 1200}, {2, 0, 512, 512},
+                        {2, 100, 50, 512}, {3, 0, 0, 1},       {3, 0, 10, 10},     {1, 600, 400, 1300}};
   int gen = 0;
   for (const Case& c : cases) {
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(w.rng_() + gen);
@@ -672,8 +674,7 @@ TEST(StoreGpu, MatchesReference) {
     StoreDesc gd{w.gpu_, w.GpuHost(), c.row, c.start, c.n, c.after, d_src, lstride, tstride};
     ASSERT_EQ(StoreReference(rd), 0u);
     CUDA_OK(LaunchStore(gd, 0));
-    ASSERT_NO_FATAL_FAILURE(w.Compare("store row " + std::to_string(c.row) + " start " +
-                                      std::to_string(c.start)));
+    ASSERT_NO_FATAL_FAILURE(w.Compare("store row " + std::to_string(c.row) + " start " + std::to_string(c.start)));
   }
   // Rejected on the host: the reference rejects it too and nothing changes.
   StoreDesc bad{w.gpu_, w.GpuHost(), 0, -1, 5, 10, d_src, lstride, tstride};

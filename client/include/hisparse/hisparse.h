@@ -64,7 +64,7 @@ typedef struct hs_session_options {
   uint32_t slots;             /* B >= k: GPU slots per (request, layer) */
   uint32_t max_requests;      /* rows: requests admitted at once */
   hs_backend backend;
-  uint32_t timeout_ms;        /* deadline of each control call; 0: 10000 */
+  uint32_t timeout_ms; /* deadline of each control call; 0: 10000 */
 } hs_session_options;
 
 #define HS_SESSION_OPTIONS_INIT \
@@ -83,10 +83,11 @@ typedef struct hs_request_info {
   uint32_t moved;           /* hs_extend: 1 when runs moved (host pointers changed) */
 } hs_request_info;
 
-#define HS_REQUEST_INFO_INIT { sizeof(hs_request_info), 0, 0, 0 }
+#define HS_REQUEST_INFO_INIT \
+  { sizeof(hs_request_info), 0, 0, 0 }
 
-hs_result hs_admit(hs_session* session, uint64_t request_id, uint32_t context_tokens,
-                   uint32_t token_budget, hs_request_info* out);
+hs_result hs_admit(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                   hs_request_info* out);
 hs_result hs_extend(hs_session* session, uint64_t request_id, uint32_t token_budget, hs_request_info* out);
 hs_result hs_release(hs_session* session, uint64_t request_id);
 
@@ -96,15 +97,17 @@ hs_result hs_record_ptr(hs_session* session, uint64_t request_id, uint32_t layer
 typedef struct hs_session_info {
   uint32_t struct_size;
   uint64_t session_id;
-  hs_backend backend;         /* the backend actually in use */
-  void* slot_base;            /* record of (row, layer, slot s) at slot_base + ((row*layers + layer)*(slots+1) + s) * record_stride */
-  uint64_t record_stride;     /* bytes between consecutive slots */
-  uint32_t slots;             /* B; slot B of each (row, layer) holds the newest token */
+  hs_backend backend; /* the backend actually in use */
+  void* slot_base; /* record of (row, layer, slot s) at slot_base + ((row*layers + layer)*(slots+1) + s) * record_stride
+                    */
+  uint64_t record_stride; /* bytes between consecutive slots */
+  uint32_t slots;         /* B; slot B of each (row, layer) holds the newest token */
   uint32_t max_tokens_per_request;
   uint64_t arena_bytes;
 } hs_session_info;
 
-#define HS_SESSION_INFO_INIT { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0 }
+#define HS_SESSION_INFO_INIT \
+  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0 }
 
 hs_result hs_session_get_info(hs_session* session, hs_session_info* out);
 
@@ -114,16 +117,17 @@ typedef struct hs_stats {
   uint64_t pool_used_bytes;
   uint64_t pool_free_bytes;
   double pool_fragmentation;
-  uint32_t sessions;          /* on the node */
-  uint32_t requests;          /* on the node */
-  uint32_t session_requests;  /* of this session */
+  uint32_t sessions;         /* on the node */
+  uint32_t requests;         /* on the node */
+  uint32_t session_requests; /* of this session */
   uint64_t session_host_bytes;
-  uint64_t hits;              /* this session's RESOLVE counters */
+  uint64_t hits; /* this session's RESOLVE counters */
   uint64_t misses;
   uint64_t bytes_fetched;
 } hs_stats;
 
-#define HS_STATS_INIT { sizeof(hs_stats), 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0 }
+#define HS_STATS_INIT \
+  { sizeof(hs_stats), 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0 }
 
 hs_result hs_stats_get(hs_session* session, hs_stats* out);
 
@@ -137,19 +141,20 @@ hs_result hs_poll_evicted(hs_session* session, uint64_t* ids, size_t capacity, s
  * backend). Pointers are device pointers on the CUDA backend, host pointers on the host backend. */
 
 typedef struct hs_resolve_args {
-  uint32_t struct_size;       /* sizeof(hs_resolve_args) */
+  uint32_t struct_size; /* sizeof(hs_resolve_args) */
   uint32_t layer;
-  int32_t max_batch;          /* capacity of the arrays below */
-  const int32_t* batch_size;  /* rows in this step (<= max_batch), read by the kernel at run time so
-                                 one CUDA graph serves every batch; NULL: all max_batch rows */
-  const int32_t* rows;        /* [max_batch] arena rows (hs_request_info.row) */
-  const int32_t* seq_lens;    /* [max_batch] */
-  const int32_t* positions;   /* [max_batch][k], -1 = padding */
-  int32_t* out_slots;         /* [max_batch][k] */
+  int32_t max_batch;         /* capacity of the arrays below */
+  const int32_t* batch_size; /* rows in this step (<= max_batch), read by the kernel at run time so
+                                one CUDA graph serves every batch; NULL: all max_batch rows */
+  const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row) */
+  const int32_t* seq_lens;   /* [max_batch] */
+  const int32_t* positions;  /* [max_batch][k], -1 = padding */
+  int32_t* out_slots;        /* [max_batch][k] */
   void* stream;
 } hs_resolve_args;
 
-#define HS_RESOLVE_ARGS_INIT { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL }
+#define HS_RESOLVE_ARGS_INIT \
+  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL }
 
 /* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
  * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);
@@ -159,14 +164,13 @@ hs_result hs_resolve(hs_session* session, const hs_resolve_args* args);
 /* Prefill store: tokens [start_pos, start_pos+num_tokens) of a request, every layer; record of
  * (layer l, token t) at src + l*src_layer_stride + t*src_token_stride. */
 hs_result hs_store(hs_session* session, uint64_t request_id, int32_t start_pos, int32_t num_tokens,
-                   int32_t seq_len_after, const void* src, int64_t src_layer_stride,
-                   int64_t src_token_stride, void* stream);
+                   int32_t seq_len_after, const void* src, int64_t src_layer_stride, int64_t src_token_stride,
+                   void* stream);
 
 /* Decode append: the newest token (position seq_len-1) of every row of the batch, one layer; record
  * of batch entry i at src + i*src_stride. */
 hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
-                    const int32_t* rows, const int32_t* seq_lens, const void* src, int64_t src_stride,
-                    void* stream);
+                    const int32_t* rows, const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
 
 /* Reports (and clears) data-path errors that kernels flagged since the last call. Synchronizes
  * with the session's last stream. */

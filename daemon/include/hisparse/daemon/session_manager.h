@@ -150,8 +150,8 @@ class SessionManager {
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillExtents(const Session& s, const Request& r,
-                   google::protobuf::RepeatedPtrField<v1::Extent>* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillExtents(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::Extent>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refused admission under `reason` and returns `status`.
   absl::Status Reject(absl::string_view reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
