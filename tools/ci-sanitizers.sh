@@ -71,7 +71,7 @@ stage_asan() {
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   HISPARSE_KILL_CYCLES=$KILL_CYCLES \
-    ctest --test-dir build-asan --output-on-failure -j1 -LE gpu -E '^Install'
+    ctest --test-dir build-asan --output-on-failure -j1 -LE gpu -E '^Install|^python$'
   local tested=$?
   record asan "$start" $(( built | tested )) "(ctest: unit, integration, fault, fuzz corpus replay$( ((built)) && echo '; some targets failed to build'))"
 }
@@ -89,7 +89,7 @@ stage_tsan() {
   # libraries (Abseil's deadlock graph, gRPC) are not checked; see tools/tsan.supp.
   TSAN_OPTIONS="suppressions=$ROOT/tools/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:ignore_noninstrumented_modules=1" \
   HISPARSE_KILL_CYCLES=$KILL_CYCLES \
-    ctest --test-dir build-tsan --output-on-failure -j1 -L 'integration|fault|unit' -E '_NOT_BUILT|^fuzz_|^Install'
+    ctest --test-dir build-tsan --output-on-failure -j1 -L 'integration|fault|unit' -E '_NOT_BUILT|^fuzz_|^Install|^python$'
   local tested=$?
   record tsan "$start" $(( built | tested )) "(ctest: integration, fault, daemon unit$( ((built)) && echo '; some targets failed to build'))"
 }
