@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -130,9 +131,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     return RenderConfigYaml(raw->config);
   };
   // Drain is wired after the Daemon object exists (it needs `this`); see below.
-  auto drain_target = std::make_shared<Daemon*>(nullptr);
+  // Atomic: the server may take a Drain call before Start has stored the Daemon (TSan saw it).
+  auto drain_target = std::make_shared<std::atomic<Daemon*>>(nullptr);
   hooks.drain = [drain_target](bool exit_when_idle) {
-    if (*drain_target != nullptr) (*drain_target)->Drain(exit_when_idle);
+    Daemon* d = drain_target->load(std::memory_order_acquire);
+    if (d == nullptr) return false;  // still starting: the caller is told to retry
+    d->Drain(exit_when_idle);
+    return true;
   };
   impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), std::move(hooks));
   // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
@@ -160,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
             << impl->fd_socket_path << ", device " << device << ")";
   std::unique_ptr<Daemon> daemon(new Daemon(std::move(impl)));
-  *drain_target = daemon.get();
+  drain_target->store(daemon.get(), std::memory_order_release);
   return daemon;
 }
 

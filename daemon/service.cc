@@ -132,7 +132,9 @@ grpc::Status HiSparseService::Evict(grpc::ServerContext*, const v1::EvictRequest
 grpc::Status HiSparseService::Drain(grpc::ServerContext*, const v1::DrainRequest* req, v1::DrainResponse* resp) {
   RpcTimer t(metrics_, Metrics::kDrain);
   resp->set_sessions(sessions_->Stats().sessions());
-  if (hooks_.drain) hooks_.drain(req->exit_when_idle());
+  if (!hooks_.drain || !hooks_.drain(req->exit_when_idle())) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is still starting; retry the drain");
+  }
   return grpc::Status::OK;
 }
 

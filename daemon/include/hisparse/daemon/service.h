@@ -18,7 +18,7 @@ class HiSparseService final : public v1::HiSparse::Service {
  public:
   // What the service needs from the daemon around it (all called outside any service lock).
   struct Hooks {
-    std::function<void(bool exit_when_idle)> drain;  // stop admitting, health NOT_SERVING
+    std::function<bool(bool exit_when_idle)> drain;  // stop admitting, health NOT_SERVING; false: not yet
     std::function<std::string()> config_yaml;        // the effective configuration
   };
   HiSparseService(SessionManager* sessions, Metrics* metrics, Hooks hooks)
