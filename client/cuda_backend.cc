@@ -95,7 +95,10 @@ class CudaBackend final : public DeviceBackend {
     absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes);
     if (!m.ok()) return m.status();
     shared_arena_ = std::move(*m);
-    view_ = ArenaView::Of(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(shared_arena_->ptr())), g);
+    // A CUdeviceptr is an integer the driver hands out; kernels need it as a pointer.
+    view_ = ArenaView::Of(
+        reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(shared_arena_->ptr())),  // NOLINT(performance-no-int-to-ptr)
+        g);
     return view_;
   }
   HostRecordMap host_map() const override { return HostRecordMap{dev_base_, dev_capacity_}; }

@@ -190,10 +190,13 @@ absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Import(int gpu, int fd, 
   std::unique_ptr<VmmMapping> m(new VmmMapping);
   m->gpu_ = gpu;
   m->bytes_ = bytes;
-  if (auto st = Check(d,
-                      d.Import(&m->handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
-                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                      "cuMemImportFromShareableHandle (the daemon's GPU arena)");
+  if (auto st =
+          Check(d,
+                // The driver's API passes a POSIX fd through a void*.
+                d.Import(&m->handle_,
+                         reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),  // NOLINT(performance-no-int-to-ptr)
+                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                "cuMemImportFromShareableHandle (the daemon's GPU arena)");
       !st.ok()) {
     return st;
   }

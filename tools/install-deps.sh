@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format clang-tidy
   python3 python3-pytest python3-numpy
+  prometheus  # promtool, which lints the /metrics exposition in the admin test
 )
 missing=()
 for p in "${packages[@]}"; do
