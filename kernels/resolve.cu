@@ -526,6 +526,8 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     const bool fetch = !(d.flags & kResolveFlagNoFetch);
     const int plan_from = fetch && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
     int2* plan = p.plan + static_cast<size_t>(i) * K;
+    // The miss plan for layers that share this selection (ReplayDesc), when asked for.
+    int2* miss_plan = d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + static_cast<size_t>(i) * K : nullptr;
     for (int j = tid; j < K; j += kThreads) {
       int o = sel_out[j];
       if (o <= -3) {
@@ -534,10 +536,17 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
         const int pos = miss_pos[m];
         slot_pos[o] = pos;
         if (m >= plan_from) plan[m] = make_int2(pos, o);
+        if (miss_plan) miss_plan[m] = make_int2(pos, o);
       }
       out[j] = o;
     }
     if (tid == 0) {
+      if (d.plan.summary) {
+        int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+        sum[0] = row;
+        sum[1] = M;
+        sum[2] = B - NH + misc[1];
+      }
       ArenaCounters* c = d.arena.counters;
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), static_cast<unsigned long long>(B - NH + misc[1]));
       atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), static_cast<unsigned long long>(M));
@@ -548,6 +557,12 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   } else {
     for (int j = tid; j < K; j += kThreads) out[j] = kPadding;
     if (tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
+    if (tid == 0 && d.plan.summary) {
+      int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+      sum[0] = row;
+      sum[1] = -1;
+      sum[2] = 0;
+    }
   }
 
   // 6. Publish: the first chunks stay with this block's warps, the rest go to the queue. One
@@ -668,6 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
   if (batch < 0) batch = 0;
   if (batch > p.d.max_batch) batch = p.d.max_batch;
   bool wrote_ends = false;  // warp-uniform
+  if (b == 0 && threadIdx.x == 0 && p.d.plan.summary) *p.d.plan.batch = batch;
   if (b < p.planner_blocks) {
     for (int i = b; i < batch; i += p.planner_blocks) {
       if (i != b) {
@@ -707,6 +723,66 @@ cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin, c
   return cudaSuccess;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Replay of a miss plan into a layer that shares the anchor's selection (ReplayDesc). No planning:
+// blockIdx.y is the batch entry, the blocks along x split its table copy and its miss chunks.
+// Chunks are copied like RESOLVE's (CopyChunk), so one replay moves bytes as fast as RESOLVE does.
+constexpr int kReplayThreads = 256;
+constexpr int kReplayWarps = kReplayThreads / 32;
+
+template <int UPR>
+__global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc d, int chunk_records) {
+  const int i = blockIdx.y;
+  int batch = *d.plan.batch;
+  if (batch > d.max_batch) batch = d.max_batch;
+  if (i >= batch) return;
+  const int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+  const int row = sum[0], misses = sum[1];
+  if (misses < 0) return;  // the anchor rejected this entry and left its state alone
+  const ArenaView& a = d.arena;
+  const ArenaGeometry& g = a.geometry;
+  const int B = g.slots;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The anchor's tables right after its RESOLVE are this layer's tables after the step.
+  const int* ssp = a.SlotPos(row, d.anchor_layer);
+  const int* slru = a.Lru(row, d.anchor_layer);
+  int* dsp = a.SlotPos(row, d.layer);
+  int* dlru = a.Lru(row, d.layer);
+  for (int x = blockIdx.x * kReplayThreads + tid; x < B; x += gridDim.x * kReplayThreads) {
+    dsp[x] = __ldg(ssp + x);
+    dlru[x] = __ldg(slru + x);
+  }
+  const int rw = chunk_records;
+  const int nch = (misses + rw - 1) / rw;
+  const uint32_t rb = g.record_bytes;
+  const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + static_cast<size_t>(i) * g.k;
+  const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
+  uint8_t* dst = a.Record(row, d.layer, 0);
+  for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
+    const int start = c * rw;
+    const int cnt = misses - start < rw ? misses - start : rw;
+    long long so = 0, dof = 0;
+    if (lane < cnt) {
+      const int2 pe = __ldg(e + start + lane);
+      so = static_cast<long long>(pe.x) * rb;
+      dof = static_cast<long long>(pe.y) * rb;
+    }
+    CopyChunk<UPR, kConsumeUnroll>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
+  }
+  if (blockIdx.x == 0 && tid == 0) {
+    ArenaCounters* c = a.counters;
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), static_cast<unsigned long long>(sum[2]));
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), static_cast<unsigned long long>(misses));
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched), static_cast<unsigned long long>(misses) * rb);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
+  }
+}
+
+template <int UPR>
+void LaunchReplayT(const ReplayDesc& d, dim3 grid, int chunk_records, cudaStream_t stream) {
+  ReplayKernel<UPR><<<grid, kReplayThreads, 0, stream>>>(d, chunk_records);
+}
+
 }  // namespace
 
 size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch) {
@@ -731,6 +807,9 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || !d.out_slots || !d.host.layer_base ||
       !d.host.capacity || !d.arena.slot_pos || !d.arena.lru || !d.arena.records || !d.arena.counters) {
     return internal::FailLaunch("a RESOLVE descriptor pointer is null");
+  }
+  if (d.plan.summary && (!d.plan.batch || !d.plan.entries || d.plan.max_batch < d.max_batch)) {
+    return internal::FailLaunch("the miss plan is incomplete or smaller than max_batch");
   }
   if (d.max_batch == 0) {
     internal::SetLaunchError("");
@@ -797,6 +876,59 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
+  }
+  return internal::CheckLaunched();
+}
+
+cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
+  char buf[192];
+  const ArenaGeometry& g = d.arena.geometry;
+  if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
+  if (d.layer < 0 || d.layer >= g.num_layers || d.anchor_layer < 0 || d.anchor_layer >= g.num_layers ||
+      d.layer == d.anchor_layer) {
+    std::snprintf(buf, sizeof buf, "replay: layer %d of anchor %d (layers must differ and lie in [0, %d))", d.layer,
+                  d.anchor_layer, g.num_layers);
+    return internal::FailLaunch(buf);
+  }
+  if (d.max_batch < 0 || d.max_batch > d.plan.max_batch || d.max_batch > 65535) {
+    return internal::FailLaunch("replay: max_batch outside [0, the plan's max_batch] (or above 65535)");
+  }
+  if (!d.plan.batch || !d.plan.summary || !d.plan.entries || !d.host.layer_base || !d.arena.slot_pos || !d.arena.lru ||
+      !d.arena.records || !d.arena.counters) {
+    return internal::FailLaunch("a replay descriptor pointer is null");
+  }
+  if (d.max_batch == 0) {
+    internal::SetLaunchError("");
+    return cudaSuccess;
+  }
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) {
+    internal::SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  // About four blocks of 8 warps per SM over the whole batch, and no more blocks per entry than
+  // a full row of misses (k) has chunks for.
+  const int rw = ChunkRecords(g.record_bytes);
+  const int max_x = (g.k + rw * kReplayWarps - 1) / (rw * kReplayWarps);
+  int gx = (4 * sms + d.max_batch - 1) / d.max_batch;
+  if (gx > max_x) gx = max_x;
+  if (gx < 1) gx = 1;
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(d.max_batch));
+  switch (g.record_bytes) {
+    case 656:
+      LaunchReplayT<41>(d, grid, rw, stream);
+      break;
+    case 1152:
+      LaunchReplayT<72>(d, grid, rw, stream);
+      break;
+    case 512:
+      LaunchReplayT<32>(d, grid, rw, stream);
+      break;
+    default:
+      LaunchReplayT<0>(d, grid, rw, stream);
+      break;
   }
   return internal::CheckLaunched();
 }

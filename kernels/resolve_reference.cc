@@ -58,7 +58,10 @@ uint32_t CheckSelection(const int32_t* sel, int32_t k, int32_t seq_len) {
 }
 
 // One valid (row, layer) step of RESOLVE; the numbered rules are those of resolve.h.
-void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_t* sel, int32_t* out) {
+// plan_index: the batch entry, for the miss plan (recorded when d.plan.summary is set).
+void ResolveRow(const ResolveDesc& d, int32_t plan_index, int32_t row, int32_t seq_len, const int32_t* sel,
+                int32_t* out) {
+  const bool plan = d.plan.summary != nullptr;
   const ArenaView& a = d.arena;
   const int32_t B = a.geometry.slots;
   const int32_t k = a.geometry.k;
@@ -128,6 +131,18 @@ void ResolveRow(const ResolveDesc& d, int32_t row, int32_t seq_len, const int32_
   }
   std::copy(next.begin(), next.end(), lru);
 
+  if (plan) {
+    int32_t* sum = d.plan.summary + static_cast<size_t>(plan_index) * 3;
+    sum[0] = row;
+    sum[1] = static_cast<int32_t>(miss_index.size());
+    sum[2] = static_cast<int32_t>(hits);
+    int32_t* e = d.plan.entries + static_cast<size_t>(plan_index) * k * 2;
+    for (size_t i = 0; i < miss_index.size(); ++i) {
+      e[2 * i] = sel[miss_index[i]];
+      e[2 * i + 1] = victims[i];
+    }
+  }
+
   ArenaCounters* c = a.counters;
   c->hits += hits;
   c->misses += miss_index.size();
@@ -155,6 +170,7 @@ uint32_t ResolveReference(const ResolveDesc& d) {
   // An invalid geometry (B < k above all) could leave a miss without a slot: reject every row.
   const bool layer_ok = LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr;
   uint32_t all_errors = 0;
+  if (d.plan.summary) *d.plan.batch = n;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t* sel = d.positions + static_cast<size_t>(i) * k;
     int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
@@ -163,10 +179,16 @@ uint32_t ResolveReference(const ResolveDesc& d) {
     if (err == 0) err = CheckSelection(sel, k, d.seq_lens[i]);
     if (err != 0) {
       std::fill(out, out + k, kPadding);  // state untouched, counters untouched
+      if (d.plan.summary) {
+        int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+        sum[0] = d.rows[i];
+        sum[1] = -1;
+        sum[2] = 0;
+      }
       all_errors |= err;
       continue;
     }
-    ResolveRow(d, d.rows[i], d.seq_lens[i], sel, out);
+    ResolveRow(d, i, d.rows[i], d.seq_lens[i], sel, out);
   }
   if (d.error_flags) *d.error_flags |= all_errors;
   return all_errors;
@@ -236,6 +258,33 @@ uint32_t AppendReference(const AppendDesc& d) {
   }
   if (d.error_flags) *d.error_flags |= all_errors;
   return all_errors;
+}
+
+uint32_t ReplayReference(const ReplayDesc& d) {
+  const ArenaView& a = d.arena;
+  if (!LayerInRange(a, d.layer) || !LayerInRange(a, d.anchor_layer) || d.layer == d.anchor_layer) {
+    return kResolveBadRow;
+  }
+  const int32_t n = ActiveRows(d.plan.batch, std::min(d.max_batch, d.plan.max_batch));
+  const int32_t B = a.geometry.slots;
+  const uint32_t rb = a.geometry.record_bytes;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+    const int32_t row = sum[0], misses = sum[1], hits = sum[2];
+    if (misses < 0) continue;  // the anchor rejected the entry and left its state alone
+    const int32_t* e = d.plan.entries + static_cast<size_t>(i) * a.geometry.k * 2;
+    for (int32_t m = 0; m < misses; ++m) {
+      std::memcpy(a.Record(row, d.layer, e[2 * m + 1]), HostRecord(a, d.host, row, d.layer, e[2 * m]), rb);
+    }
+    std::copy(a.SlotPos(row, d.anchor_layer), a.SlotPos(row, d.anchor_layer) + B, a.SlotPos(row, d.layer));
+    std::copy(a.Lru(row, d.anchor_layer), a.Lru(row, d.anchor_layer) + B, a.Lru(row, d.layer));
+    ArenaCounters* c = a.counters;
+    c->hits += static_cast<uint64_t>(hits);
+    c->misses += static_cast<uint64_t>(misses);
+    c->bytes_fetched += static_cast<uint64_t>(misses) * rb;
+    c->steps += 1;
+  }
+  return 0;
 }
 
 void ResetRowReference(const ArenaView& arena, int32_t row) {

@@ -27,6 +27,7 @@
 #ifndef HISPARSE_KERNELS_RESOLVE_H_
 #define HISPARSE_KERNELS_RESOLVE_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hisparse/kernels/arena_layout.h"
@@ -39,6 +40,38 @@ enum ResolveError : uint32_t {
   kResolveDuplicate = 1u << 1,    // a position selected twice in one row
   kResolveBadSeqLen = 1u << 2,    // seq_len < 1 or > the row's capacity
   kResolveBadRow = 1u << 3,       // row index outside [0, max_rows)
+};
+
+// The miss plan of one RESOLVE launch: what it fetched, where to, and what it counted, per batch
+// entry. Layers that share an anchor layer's selection (shared indexers: the anchor's top-k is
+// reused by the layers after it) replay it instead of running RESOLVE themselves (ReplayDesc).
+// One contiguous buffer of MissPlanBytes(g, max_batch) bytes; MissPlan::Of carves it. Written by
+// RESOLVE only when ResolveDesc::plan.summary is not null; nothing in it needs initializing.
+struct MissPlan {
+  int32_t* batch;    // [1] batch entries the launch covered (*batch_size clamped to [0, max_batch])
+  int32_t* summary;  // [max_batch][3] (row, misses, hits) of batch entry i; misses = -1: the entry
+                     // was invalid (its state was left untouched; error_flags told)
+  int32_t* entries;  // [max_batch][k][2] (position, slot) of miss m of entry i, in miss order
+  int32_t max_batch;
+
+  // Layout: batch (16 bytes), summary, entries (16-byte aligned).
+  static size_t SummaryBytes(int32_t max_batch) {
+    const size_t b = (max_batch > 0 ? static_cast<size_t>(max_batch) : 0) * 3 * sizeof(int32_t);
+    return (b + 15) / 16 * 16;
+  }
+  static size_t Bytes(const ArenaGeometry& g, int32_t max_batch) {
+    const size_t mb = max_batch > 0 ? static_cast<size_t>(max_batch) : 0;
+    return 16 + SummaryBytes(max_batch) + mb * static_cast<size_t>(g.k) * 2 * sizeof(int32_t);
+  }
+  static MissPlan Of(void* base, int32_t max_batch) {
+    uint8_t* b = static_cast<uint8_t*>(base);
+    MissPlan p;
+    p.batch = reinterpret_cast<int32_t*>(b);
+    p.summary = reinterpret_cast<int32_t*>(b + 16);
+    p.entries = reinterpret_cast<int32_t*>(b + 16 + SummaryBytes(max_batch));
+    p.max_batch = max_batch;
+    return p;
+  }
 };
 
 // One RESOLVE launch: one layer, a batch of rows.
@@ -55,6 +88,32 @@ struct ResolveDesc {
   int32_t* out_slots;         // [max_batch][k] slot that holds positions[i][j] after the step
   uint32_t* error_flags;      // OR of ResolveError bits; may be null
   uint32_t flags;             // ResolveFlags; 0 for the real data path
+  MissPlan plan;              // where to record the miss plan; summary == null: not recorded.
+                              // plan.max_batch must be >= max_batch
+};
+
+// Exact layer-wise prefetch: replays the miss plan that `anchor_layer`'s RESOLVE recorded into
+// `layer`, a layer that shares the anchor's selection. For every batch entry the plan covers
+// whose row was valid: the plan's records are copied from `layer`'s host records into `layer`'s
+// slots, `layer`'s slot table and LRU order become the anchor's (a copy of the anchor's state
+// right after its RESOLVE), and the counters grow as a RESOLVE of `layer` would make them grow.
+//
+// Why that is exact: RESOLVE's result depends only on the selection, seq_len and the (row, layer)
+// tables, never on record bytes. A shared layer that starts a step with the anchor's tables and
+// sees the anchor's selection ends it with the anchor's tables, the anchor's outputs and the
+// anchor's victims. Store and reset write every layer's tables alike and append touches only slot
+// B, so the tables of a layer driven only by replays of its anchor (or by RESOLVEs with the
+// anchor's inputs) never diverge from the anchor's. The anchor's out_slots serve the layer too.
+//
+// Ordering: after the anchor's RESOLVE (it reads the plan and the anchor's new tables) and before
+// the anchor's next RESOLVE; before `layer`'s append and attention of the step.
+struct ReplayDesc {
+  ArenaView arena;
+  HostRecordMap host;
+  int32_t anchor_layer;
+  int32_t layer;      // != anchor_layer
+  int32_t max_batch;  // the anchor launch's max_batch (sizes the grid); <= plan.max_batch
+  MissPlan plan;      // read only
 };
 
 enum ResolveFlags : uint32_t {
@@ -104,6 +163,9 @@ const char* ValidateArenaGeometry(const ArenaGeometry& g);
 uint32_t ResolveReference(const ResolveDesc& d);
 uint32_t StoreReference(const StoreDesc& d);
 uint32_t AppendReference(const AppendDesc& d);
+// Returns kResolveBadRow (and does nothing) when a layer is outside [0, num_layers) or the two
+// layers are equal, else 0.
+uint32_t ReplayReference(const ReplayDesc& d);
 // Resets one row: every layer's slots EMPTY, LRU = identity. Used when a row is (re)admitted.
 void ResetRowReference(const ArenaView& arena, int32_t row);
 

@@ -49,6 +49,12 @@ cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t str
 // otherwise). Rows of one launch must be distinct (two entries of one row would race).
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// Exact layer-wise prefetch (ReplayDesc): copies the anchor's recorded misses into `layer`'s
+// slots and makes its tables the anchor's. Meant for a side stream that waits on an event recorded
+// after the anchor's RESOLVE, so the copies overlap the anchor's and the next layers' compute.
+// Graph-capturable like RESOLVE; needs no workspace. max_batch <= 65535 (one grid row per entry).
+cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream);
+
 // Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
 cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream);
 
