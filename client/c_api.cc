@@ -1,6 +1,8 @@
 // The C ABI (hisparse.h) over ClientSession. Every entry point catches what C++ might throw, maps
 // absl::Status to hs_result, and keeps the message for hs_last_error() on the calling thread.
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <new>
 #include <string>
 #include <vector>
@@ -104,11 +106,16 @@ int hs_abi_version(void) { return HS_ABI_VERSION; }
 hs_result hs_session_open(const hs_session_options* options, hs_session** out) {
   return Guard([&] {
     if (options == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "options and out must not be NULL");
-    if (!SizeOk(options->struct_size, sizeof(hs_session_options))) {
+    // ABI 1.0 callers end before layer_anchor; fields they do not know are zero (NULL).
+    if (!SizeOk(options->struct_size, offsetof(hs_session_options, layer_anchor))) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_options.struct_size is too small: use HS_SESSION_OPTIONS_INIT");
     }
+    hs_session_options o;
+    std::memset(&o, 0, sizeof(o));
+    std::memcpy(&o, options, std::min<size_t>(options->struct_size, sizeof(o)));
+    o.struct_size = sizeof(o);
     *out = nullptr;
-    auto impl = hisparse::ClientSession::Open(*options);
+    auto impl = hisparse::ClientSession::Open(o);
     if (!impl.ok()) return ToResult(impl.status());
     *out = new hs_session{std::move(*impl)};
     return HS_OK;
@@ -252,6 +259,13 @@ hs_result hs_poll_evicted(hs_session* s, uint64_t* ids, size_t capacity, size_t*
     s->impl->ReturnEvicted(std::vector<uint64_t>(evicted.begin() + n, evicted.end()));
     *count = n;
     return HS_OK;
+  });
+}
+
+hs_result hs_prefetch(hs_session* s, uint32_t layer, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session must not be NULL");
+    return ToResult(s->impl->Prefetch(layer, stream));
   });
 }
 

@@ -52,6 +52,22 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   geometry_.set_max_requests(o.max_requests);
   arena_geometry_ = ArenaGeometry{static_cast<int32_t>(o.max_requests), static_cast<int32_t>(o.num_layers),
                                   static_cast<int32_t>(o.slots), static_cast<int32_t>(o.k), o.record_bytes};
+  anchor_.resize(o.num_layers);
+  for (uint32_t l = 0; l < o.num_layers; ++l) anchor_[l] = static_cast<int32_t>(l);
+  if (o.layer_anchor != nullptr) {
+    // Declared to the daemon with the geometry; the daemon validates it too (its rule is the
+    // one that counts), this check only makes the message local.
+    for (uint32_t l = 0; l < o.num_layers; ++l) {
+      const int32_t a = o.layer_anchor[l];
+      if (a < 0 || a > static_cast<int32_t>(l) || o.layer_anchor[a] != a) {
+        return absl::InvalidArgumentError(absl::StrCat("layer_anchor[", l, "] = ", a,
+                                                       ": an anchor must be an earlier (or the same) layer that is "
+                                                       "its own anchor"));
+      }
+      anchor_[l] = a;
+      geometry_.add_layer_anchor(a);
+    }
+  }
 
   channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_))) {
@@ -93,6 +109,15 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   HS_ASSIGN_OR_RETURN(UniqueFd arena_fd, FetchFd("arena", &bytes));
   if (bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
     return absl::InternalError("the daemon's arena is smaller than the geometry needs");
+  }
+  // Miss plans of the anchors that have followers (kernel-visible memory, owned by the backend).
+  plans_.assign(o.num_layers, MissPlan{});
+  plan_max_batch_.assign(o.num_layers, -1);
+  for (uint32_t l = 0; l < o.num_layers; ++l) {
+    const int32_t a = anchor_[l];
+    if (a != static_cast<int32_t>(l) && plans_[a].summary == nullptr) {
+      HS_ASSIGN_OR_RETURN(plans_[a], backend_->AllocMissPlan());
+    }
   }
   if (opened_.arena().kind() == "cuda-vmm") {
     // The daemon's GPU memory: imported and mapped by the backend, never mmap'ed here.
@@ -351,9 +376,43 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   d.positions = a.positions;
   d.out_slots = a.out_slots;
   d.error_flags = backend_->error_flags();
+  const MissPlan& plan = plans_[a.layer];
+  if (plan.summary != nullptr) {
+    if (a.max_batch > plan.max_batch) {
+      return absl::InvalidArgumentError(absl::StrCat("resolve of anchor layer ", a.layer, ": max_batch ", a.max_batch,
+                                                     " exceeds the session's rows (", plan.max_batch,
+                                                     "), which its miss plan is sized for"));
+    }
+    d.plan = plan;
+  }
   absl::ReaderMutexLock lock(&mu_);  // the host map must not change under a host-backend step
   d.host = backend_->host_map();
-  return backend_->Resolve(d, a.stream);
+  HS_RETURN_IF_ERROR(backend_->Resolve(d, a.stream));
+  if (plan.summary != nullptr) plan_max_batch_[a.layer] = a.max_batch;
+  return absl::OkStatus();
+}
+
+absl::Status ClientSession::Prefetch(uint32_t layer, void* stream) {
+  if (layer >= geometry_.num_layers())
+    return absl::InvalidArgumentError(absl::StrCat("prefetch: layer ", layer, " out of range"));
+  const int32_t a = anchor_[layer];
+  if (a == static_cast<int32_t>(layer)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "prefetch: layer ", layer, " selects on its own (declare its anchor in layer_anchor at session open)"));
+  }
+  if (plan_max_batch_[a] < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("prefetch: anchor layer ", a, " of layer ", layer, " has not been resolved yet"));
+  }
+  ReplayDesc d{};
+  d.arena = arena_;
+  d.anchor_layer = a;
+  d.layer = static_cast<int32_t>(layer);
+  d.max_batch = plan_max_batch_[a];
+  d.plan = plans_[a];
+  absl::ReaderMutexLock lock(&mu_);
+  d.host = backend_->host_map();
+  return backend_->Replay(d, stream);
 }
 
 absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,

@@ -46,6 +46,8 @@ class ClientSession {
   uint64_t session_id() const { return opened_.session_id(); }
 
   absl::Status Resolve(const hs_resolve_args& args);
+  // hs_prefetch: replays `layer`'s anchor's last miss plan into `layer` (ReplayDesc).
+  absl::Status Prefetch(uint32_t layer, void* stream);
   absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after, const void* src,
                      int64_t layer_stride, int64_t token_stride, void* stream);
   absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
@@ -85,6 +87,12 @@ class ClientSession {
 
   v1::Geometry geometry_;
   ArenaGeometry arena_geometry_{};
+  // Shared indexers: anchor_[l] is the layer whose selection l reuses (l itself for most layers).
+  // An anchor with followers records its miss plan at every RESOLVE into plans_[l]; the data path
+  // is ordered by the caller, so these are written by Resolve and read by Prefetch without a lock.
+  std::vector<int32_t> anchor_;
+  std::vector<MissPlan> plans_;          // [layers]; summary == null: not an anchor with followers
+  std::vector<int32_t> plan_max_batch_;  // [layers] max_batch of the anchor's last RESOLVE; -1: none
   uint32_t timeout_ms_ = 10000;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::HiSparse::Stub> stub_;

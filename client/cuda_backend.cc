@@ -62,6 +62,7 @@ class CudaBackend final : public DeviceBackend {
                     static_cast<void*>(counts_), static_cast<void*>(errors_), workspace_}) {
       if (p != nullptr) cudaFree(p);
     }
+    for (void* p : plans_) cudaFree(p);
   }
 
   hs_backend kind() const override { return HS_BACKEND_CUDA; }
@@ -143,6 +144,16 @@ class CudaBackend final : public DeviceBackend {
     }
     return CudaError(LaunchAppend(d, static_cast<cudaStream_t>(stream)), "append launch");
   }
+  absl::StatusOr<MissPlan> AllocMissPlan() override {
+    cudaSetDevice(gpu_);
+    void* p = nullptr;
+    if (auto e = cudaMalloc(&p, MissPlan::Bytes(g_, g_.max_rows)); e != cudaSuccess) return CudaError(e, "miss plan");
+    plans_.push_back(p);
+    return MissPlan::Of(p, g_.max_rows);
+  }
+  absl::Status Replay(const ReplayDesc& d, void* stream) override {
+    return CudaError(LaunchReplay(d, static_cast<cudaStream_t>(stream)), "prefetch launch");
+  }
   absl::Status CheckErrors() override {
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "data path");
     uint32_t bits = 0;
@@ -173,6 +184,7 @@ class CudaBackend final : public DeviceBackend {
   uint32_t* errors_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  std::vector<void*> plans_;  // miss plans of anchor layers
 };
 
 }  // namespace

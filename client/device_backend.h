@@ -47,6 +47,11 @@ class DeviceBackend {
   virtual absl::Status Resolve(const ResolveDesc& d, void* stream) = 0;
   virtual absl::Status Store(const StoreDesc& d, void* stream) = 0;
   virtual absl::Status Append(const AppendDesc& d, void* stream) = 0;
+  // Memory for one anchor layer's miss plan, for batches of up to the session's rows, where
+  // kernels can write it; the backend owns it until it is destroyed.
+  virtual absl::StatusOr<MissPlan> AllocMissPlan() = 0;
+  // Exact prefetch of a shared layer from its anchor's plan (ReplayDesc).
+  virtual absl::Status Replay(const ReplayDesc& d, void* stream) = 0;
   // Error flags that kernels set since the last call; waits for the last stream used.
   virtual absl::Status CheckErrors() = 0;
   // Where kernels OR their ResolveError bits (nullptr for host: errors are returned at once).

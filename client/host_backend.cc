@@ -1,5 +1,6 @@
 // The host-emulated device: arena in host memory (the daemon's memfd, mapped), RESOLVE / store /
 // append by the CPU reference, synchronously. What CI and machines without a GPU run.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ namespace {
 class HostBackend final : public DeviceBackend {
  public:
   explicit HostBackend(const ArenaGeometry& g)
-      : layers_(g.num_layers),
+      : geometry_(g),
+        layers_(g.num_layers),
         layer_base_(static_cast<size_t>(g.max_rows) * g.num_layers, nullptr),
         capacity_(g.max_rows, 0) {}
 
@@ -61,6 +63,12 @@ class HostBackend final : public DeviceBackend {
     if (d.batch_size == nullptr) d.batch_size = &all;
     return Check(AppendReference(d));
   }
+  absl::StatusOr<MissPlan> AllocMissPlan() override {
+    const size_t bytes = MissPlan::Bytes(geometry_, geometry_.max_rows);
+    plans_.push_back(std::make_unique<int32_t[]>((bytes + 3) / 4));
+    return MissPlan::Of(plans_.back().get(), geometry_.max_rows);
+  }
+  absl::Status Replay(const ReplayDesc& d, void*) override { return Check(ReplayReference(d)); }
   absl::Status CheckErrors() override { return absl::OkStatus(); }  // reported synchronously
   uint32_t* error_flags() override { return nullptr; }
   absl::StatusOr<ArenaCounters> ReadCounters() override {
@@ -72,8 +80,10 @@ class HostBackend final : public DeviceBackend {
   static absl::Status Check(uint32_t bits) {
     return bits == 0 ? absl::OkStatus() : absl::InvalidArgumentError(DescribeResolveErrors(bits));
   }
+  const ArenaGeometry geometry_;
   const int32_t layers_;
   const ArenaCounters* counters_ = nullptr;
+  std::vector<std::unique_ptr<int32_t[]>> plans_;  // miss plans of anchor layers
   std::vector<uint8_t*> layer_base_;
   std::vector<int32_t> capacity_;
 };

@@ -61,6 +61,22 @@ absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit
   if (g.max_requests() < 1 || g.max_requests() > max_requests_limit) {
     return bad("max_requests must be 1..", max_requests_limit, ", got ", g.max_requests());
   }
+  // Shared indexers: every layer names an anchor at or before it that is its own anchor, so a
+  // follower's anchor is resolved (and has recorded its miss plan) before the follower runs.
+  if (g.layer_anchor_size() != 0) {
+    if (g.layer_anchor_size() != static_cast<int>(g.num_layers())) {
+      return bad("layer_anchor must be empty or have one entry per layer (", g.num_layers(), "), got ",
+                 g.layer_anchor_size());
+    }
+    for (int l = 0; l < g.layer_anchor_size(); ++l) {
+      const int32_t a = g.layer_anchor(l);
+      if (a < 0 || a > l) return bad("layer_anchor[", l, "] must be in 0..", l, ", got ", a);
+      if (g.layer_anchor(a) != a) {
+        return bad("layer_anchor[", l, "] = ", a, " names a layer that is not its own anchor (layer_anchor[", a,
+                   "] = ", g.layer_anchor(a), ")");
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -54,6 +54,17 @@ class ModelConfig:
     # models' selections overlap 35-90% from step to step; 6.0 gives LRU hit rates of about 0.6-0.8 at B = k.
     locality: float = 6.0
     seed: int = 0
+    # Shared indexers (GLM-5-style): layers [a, a + index_share) reuse anchor a's top-k selection,
+    # only anchors run the indexer. 1: every layer selects on its own.
+    index_share: int = 1
+    # "indexer": the DSA indexer selects. "sweep": a benchmark selection with a set miss rate at
+    # B = k: every row selects a window of k - 1 prompt positions that slides by sweep_shift
+    # positions a step (so about sweep_shift of the k are new each step), plus the newest token.
+    selection: str = "indexer"
+    sweep_shift: int = 0
+
+    def anchor(self, layer: int) -> int:
+        return layer - layer % max(1, self.index_share)
 
     @property
     def latent(self) -> int:
@@ -209,17 +220,28 @@ class SparseDecoder:
         h = self.embed[st.tokens]
         for l, W in enumerate(self.layers):
             x = _rms(h)
+            # Followers of a shared indexer wait for their prefetched records here (hisparse).
+            kv.before_layer(l, st)
             # The newest token's KV record: into the KV backend before this layer's selection.
             kv.append(l, kv.fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)), st)
-            st.idx_cache[l].index_put_((st.ar, pos), self._index_key(W, x))
-            # DSA indexer: top-k positions among [0, seq_len).
-            iq = (x @ W["iq"]).view(b, c.idx_heads, c.idx_dim) + (c.locality * W["u"])
-            iw = torch.sigmoid((x @ W["iw"]).float())
-            sc = torch.bmm(iq, st.idx_cache[l].transpose(1, 2))  # [b, idx_heads, max_len]
-            score = (F.relu(sc.float()) * iw.unsqueeze(-1)).sum(1)
-            score = score.masked_fill(st.tpos.unsqueeze(0) >= st.seq_lens.unsqueeze(1), float("-inf"))
-            top_v, top_i = score.topk(st.k, dim=1)
-            st.positions.copy_(top_i.masked_fill(torch.isinf(top_v), -1))
+            if c.anchor(l) == l:
+                if c.selection == "sweep":
+                    # Window start per row and step; positions stay inside the prompt (< seq_len - 1).
+                    span = st.prompt_len - st.k
+                    start = (st.step * c.sweep_shift + st.ar * 7919) % max(1, span)
+                    st.positions[:, :-1].copy_(start.unsqueeze(1) + st.kpos[:-1].unsqueeze(0))
+                    st.positions[:, -1].copy_(st.seq_lens - 1)
+                else:
+                    st.idx_cache[l].index_put_((st.ar, pos), self._index_key(W, x))
+                    # DSA indexer: top-k positions among [0, seq_len).
+                    iq = (x @ W["iq"]).view(b, c.idx_heads, c.idx_dim) + (c.locality * W["u"])
+                    iw = torch.sigmoid((x @ W["iw"]).float())
+                    sc = torch.bmm(iq, st.idx_cache[l].transpose(1, 2))  # [b, idx_heads, max_len]
+                    score = (F.relu(sc.float()) * iw.unsqueeze(-1)).sum(1)
+                    score = score.masked_fill(st.tpos.unsqueeze(0) >= st.seq_lens.unsqueeze(1), float("-inf"))
+                    top_v, top_i = score.topk(st.k, dim=1)
+                    st.positions.copy_(top_i.masked_fill(torch.isinf(top_v), -1))
+            # (A follower reuses st.positions: its anchor's selection of this step.)
             # Sparse MLA attention over the k selected latent records.
             lat = kv.fmt.decode(kv.gather(l, st))  # [b, k, 576] bf16
             q = _rope((x @ W["wq"]).view(b, c.n_heads, c.latent), pos.unsqueeze(1), c.rope_dim)
@@ -245,8 +267,13 @@ class DecodeState:
         self.seq_lens = torch.full((batch,), prompt_len + 1, dtype=torch.int32, device=device)
         self.positions = torch.full((batch, k), -1, dtype=torch.int32, device=device)
         self.tpos = torch.arange(max_len, dtype=torch.int32, device=device)
+        self.prompt_len = prompt_len
+        self.step = torch.zeros((), dtype=torch.int64, device=device)  # decode steps so far (sweep)
+        self.kpos = torch.arange(k, dtype=torch.int64, device=device)
+        # Index keys of the layers that run the indexer (anchors); the sweep selection needs none.
         self.idx_cache = [torch.zeros(batch, max_len, cfg.idx_dim, dtype=torch.bfloat16, device=device)
-                          for _ in range(cfg.n_layers)]
+                          if cfg.anchor(l) == l and cfg.selection != "sweep" else None
+                          for l in range(cfg.n_layers)]
 
 
 class FullKV:
@@ -265,6 +292,9 @@ class FullKV:
     def store(self, i: int, start: int, recs: torch.Tensor) -> None:
         for l, cache in enumerate(self.cache):
             cache[i, start:start + recs.shape[1]] = recs[l]
+
+    def before_layer(self, layer: int, st: DecodeState) -> None:
+        pass
 
     def append(self, layer: int, rec: torch.Tensor, st: DecodeState) -> None:
         self.cache[layer].index_put_((st.ar, (st.seq_lens - 1).long()), rec)
@@ -287,8 +317,20 @@ class HisparseKV:
     mode = "hisparse"
 
     def __init__(self, session, cfg: ModelConfig, fmt: RecordFormat, batch: int, prompt_len: int,
-                 token_budget: int, device, first_request_id: int = 1) -> None:
+                 token_budget: int, device, first_request_id: int = 1, prefetch: bool = False) -> None:
         self.session, self.fmt, self.device = session, fmt, device
+        self.cfg = cfg
+        # Exact layer-wise prefetch (hs_prefetch): followers of a shared indexer get their anchor's
+        # miss plan replayed on a side stream right after the anchor's RESOLVE; each follower
+        # waits only for its own copies. Without it, followers run RESOLVE like any layer.
+        self.followers = {a: [l for l in range(cfg.n_layers) if l != a and cfg.anchor(l) == a]
+                          for a in range(cfg.n_layers) if cfg.anchor(a) == a}
+        self.prefetch = prefetch and any(self.followers.values())
+        if self.prefetch and list(getattr(session, "layer_anchor", [])) != [cfg.anchor(l) for l in range(cfg.n_layers)]:
+            raise ValueError("prefetch needs a session opened with layer_anchor = the model's shared indexers")
+        cuda = device.type == "cuda" if hasattr(device, "type") else str(device).startswith("cuda")
+        self.prefetch_stream = torch.cuda.Stream(device) if self.prefetch and cuda else None
+        self.prefetch_done = {l: torch.cuda.Event() for l in range(cfg.n_layers)} if self.prefetch_stream else {}
         self.request_ids = [first_request_id + i for i in range(batch)]
         rows = [session.admit(rid, prompt_len, token_budget).row for rid in self.request_ids]
         self.rows = torch.tensor(rows, dtype=torch.int32, device=device)
@@ -306,6 +348,12 @@ class HisparseKV:
         n = recs.shape[1]
         self.session.store(self.request_ids[i], recs, start_pos=start, seq_len_after=start + n)
 
+    def before_layer(self, layer: int, st: DecodeState) -> None:
+        # A prefetched follower's append and attention wait for its own copies, nothing else.
+        if self.prefetch and layer in self.prefetch_done:
+            if self.cfg.anchor(layer) != layer:
+                torch.cuda.current_stream(self.device).wait_event(self.prefetch_done[layer])
+
     def append(self, layer: int, rec: torch.Tensor, st: DecodeState) -> None:
         self.session.append(layer, self.rows, st.seq_lens, rec, batch_size=self.batch_size)
 
@@ -313,8 +361,23 @@ class HisparseKV:
         ev = self.resolve_events[layer] if self.resolve_events else None
         if ev:
             ev[0].record()
-        self.session.resolve(layer, self.rows, st.seq_lens, st.positions, self.out_slots,
-                             batch_size=self.batch_size)
+        follower = self.cfg.anchor(layer) != layer
+        if not (self.prefetch and follower):
+            # An anchor, or a follower without prefetch (same selection, so the same out_slots).
+            self.session.resolve(layer, self.rows, st.seq_lens, st.positions, self.out_slots,
+                                 batch_size=self.batch_size)
+        if self.prefetch and not follower and self.followers.get(layer):
+            if self.prefetch_stream is None:  # host backend: nothing to overlap, run in order
+                for f in self.followers[layer]:
+                    self.session.prefetch(f)
+            else:
+                fork = torch.cuda.Event()
+                fork.record()
+                self.prefetch_stream.wait_event(fork)
+                with torch.cuda.stream(self.prefetch_stream):
+                    for f in self.followers[layer]:
+                        self.session.prefetch(f)
+                        self.prefetch_done[f].record(self.prefetch_stream)
         if ev:
             ev[1].record()
         slots = self.arena[:, layer]  # [rows, B + 1, record_stride]
@@ -355,7 +418,7 @@ def _timing_event(external: bool):
 @torch.no_grad()
 def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len: int, k: int, steps: int,
              session=None, seed: int = 1, chunk: int = 4096, use_graph: bool = True, probe_steps: int = 16,
-             first_request_id: int = 1) -> RunResult:
+             first_request_id: int = 1, prefetch: bool = False) -> RunResult:
     """Prefills `batch` random prompts of prompt_len tokens and decodes `steps` tokens greedily, with
     the KV in HBM (session None) or in hisparse (an open Session whose geometry matches)."""
     import time
@@ -371,7 +434,7 @@ def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len:
     if session is None:
         kv = FullKV(cfg, fmt, batch, max_len, dev)
     else:
-        kv = HisparseKV(session, cfg, fmt, batch, prompt_len, max_len, dev, first_request_id)
+        kv = HisparseKV(session, cfg, fmt, batch, prompt_len, max_len, dev, first_request_id, prefetch=prefetch)
 
     t0 = time.perf_counter()
     for i in range(batch):
@@ -379,7 +442,8 @@ def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len:
         for start in range(0, prompt_len, chunk):
             recs, keys = model.prefill_chunk(toks[start:start + chunk], start, fmt)
             for l in range(cfg.n_layers):
-                st.idx_cache[l][i, start:start + keys.shape[1]] = keys[l]
+                if st.idx_cache[l] is not None:
+                    st.idx_cache[l][i, start:start + keys.shape[1]] = keys[l]
             kv.store(i, start, recs)  # FullKV: into the cache; hisparse: hs_store into the host pool
     if cuda:
         torch.cuda.synchronize(dev)
@@ -404,6 +468,7 @@ def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len:
         out_logits.copy_(logits)
         st.tokens.copy_(logits.argmax(-1))
         st.seq_lens.add_(1)
+        st.step.add_(1)
         if ev_step:
             ev_step[1].record()
 
@@ -468,7 +533,8 @@ def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len:
         session.check_errors()  # data-path errors the kernels flagged, if any (synchronizes)
         after = session.stats()
     result = RunResult(kv.mode, logits_hist, tok_hist, step_ms, graph_ms, resolve_ms, kv.kv_bytes(),
-                       sum(t.numel() * t.element_size() for t in st.idx_cache), prefill_s, use_graph)
+                       sum(t.numel() * t.element_size() for t in st.idx_cache if t is not None), prefill_s,
+                       use_graph)
     if session is not None:
         result.hits, result.misses = after.hits - before.hits, after.misses - before.misses
     kv.close()

@@ -181,6 +181,50 @@ TEST_F(ControlPlaneTest, SessionStreamMustOpenFirst) {
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// Shared indexers are declared with the geometry; the daemon validates them itself (a client that
+// skips the library's check gets the same answer) and names the entry at fault.
+TEST_F(ControlPlaneTest, DaemonValidatesLayerAnchors) {
+  auto open_with = [&](std::vector<int32_t> anchors, grpc::Status* status) {
+    auto stub = RawStub(address_);
+    grpc::ClientContext ctx;
+    auto stream = stub->Session(&ctx);
+    v1::SessionRequest open;
+    v1::Geometry* g = open.mutable_open()->mutable_geometry();
+    g->set_gpu(-1);
+    g->set_num_layers(4);
+    g->set_record_bytes(64);
+    g->set_k(4);
+    g->set_slots(8);
+    g->set_max_requests(2);
+    for (int32_t a : anchors) g->add_layer_anchor(a);
+    EXPECT_TRUE(stream->Write(open));
+    v1::SessionEvent ev;
+    const bool opened = stream->Read(&ev) && ev.kind_case() == v1::SessionEvent::kOpened;
+    stream->WritesDone();
+    if (opened) ctx.TryCancel();
+    *status = stream->Finish();
+    return opened;
+  };
+  grpc::Status st;
+  EXPECT_TRUE(open_with({0, 0, 2, 2}, &st));
+  EXPECT_TRUE(open_with({}, &st));
+  struct Bad {
+    std::vector<int32_t> anchors;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{{0, 0, 1, 1}, "is not its own anchor"}, Bad{{0, 2, 2, 2}, "layer_anchor[1] must be in 0..1"},
+                       Bad{{0, 0, 0}, "one entry per layer"}, Bad{{-1, 0, 0, 0}, "layer_anchor[0]"}}) {
+    EXPECT_FALSE(open_with(b.anchors, &st));
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find(b.says), std::string::npos) << st.error_message();
+  }
+  // The two sessions that opened ended with their streams (asynchronously), the refused never began.
+  for (int i = 0; i < 200 && Stats(address_).sessions() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Stats(address_).sessions(), 0u);
+}
+
 TEST_F(ControlPlaneTest, ClosingASessionReleasesEverything) {
   {
     Session s = Open(SmallGeometry(address_));

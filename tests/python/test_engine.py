@@ -12,17 +12,23 @@ torch = pytest.importorskip("torch")
 engine = pytest.importorskip("engine")  # examples/engine, put on sys.path by conftest
 
 
-def run_both(daemon, device, fmt_name, *, batch, context, k, slots, steps, graph=True):
-    cfg = engine.ModelConfig(seed=11, **engine.SMALL)
+def run_both(daemon, device, fmt_name, *, batch, context, k, slots, steps, graph=True, share=1, prefetch=False,
+             layers=None):
+    small = dict(engine.SMALL)
+    if layers is not None:
+        small["n_layers"] = layers
+    cfg = engine.ModelConfig(seed=11, index_share=share, **small)
     model = engine.SparseDecoder(cfg, device)
     fmt = engine.record_format(fmt_name, cfg)
     base = engine.run_mode(model, fmt, batch=batch, prompt_len=context, k=k, steps=steps, seed=5,
                            use_graph=graph, probe_steps=4)
     cuda = device.type == "cuda"
+    anchors = [cfg.anchor(l) for l in range(cfg.n_layers)] if share > 1 else None
     with hisparse.Session(daemon, num_layers=cfg.n_layers, record_bytes=fmt.record_bytes, k=k, slots=slots,
-                          max_requests=batch, gpu=0 if cuda else -1, backend="cuda" if cuda else "host") as s:
+                          max_requests=batch, gpu=0 if cuda else -1, backend="cuda" if cuda else "host",
+                          layer_anchor=anchors) as s:
         hs = engine.run_mode(model, fmt, batch=batch, prompt_len=context, k=k, steps=steps, seed=5, session=s,
-                             use_graph=graph, probe_steps=4)
+                             use_graph=graph, probe_steps=4, prefetch=prefetch)
         stats = s.stats()
     for i in range(steps):
         assert torch.equal(base.logits[i], hs.logits[i]), f"logits differ at decode step {i}"
@@ -54,3 +60,17 @@ def gpu(daemon):
 def test_engine_exact_in_a_cuda_graph(daemon, gpu, fmt_name, factor):
     base, hs = run_both(daemon, gpu, fmt_name, batch=3, context=2500, k=64, slots=64 * factor, steps=40)
     assert hs.used_graph and base.used_graph
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_shared_indexer_prefetch_exact(daemon, gpu, graph):
+    """Shared-index mode (layers 1-2 reuse layer 0's selection, 4-5 reuse 3's): with exact prefetch on
+    a side stream the logits still equal the baseline's bit for bit, eager and as a CUDA graph."""
+    base, hs = run_both(daemon, gpu, "bf16", batch=3, context=2500, k=64, slots=64, steps=30, graph=graph,
+                        share=3, prefetch=True, layers=6)
+    assert hs.used_graph == graph
+
+
+def test_shared_indexer_prefetch_on_the_host_backend(daemon):
+    run_both(daemon, torch.device("cpu"), "bf16", batch=2, context=300, k=16, slots=16, steps=5, share=2,
+             prefetch=True, layers=4)

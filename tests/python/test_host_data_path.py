@@ -173,3 +173,60 @@ def test_torch_cpu_tensors_on_the_host_backend(session):
     check_slots(s, 1, row, 2, pos[0].tolist(), out[0].numpy(), 20)
     with pytest.raises(hisparse.InvalidArgument, match="torch.int32"):
         s.resolve(2, rows.long(), seq, pos, out)
+
+
+def test_shared_indexer_prefetch_equals_resolve(open_session):
+    """Layers 1 and 2 reuse layer 0's selection: one session prefetches them from layer 0's miss
+    plan, another resolves every layer. Slot tables, LRU orders, slot bytes and counters agree."""
+    anchors = [0, 0, 0]
+    pref = open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=ROWS,
+                        layer_anchor=anchors)
+    plain = open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=ROWS)
+    assert pref.layer_anchor == anchors and plain.layer_anchor == [0, 1, 2]
+    with pytest.raises(hisparse.FailedPrecondition, match="not been resolved"):
+        pref.prefetch(1)
+    with pytest.raises(hisparse.FailedPrecondition, match="selects on its own"):
+        pref.prefetch(0)
+    context, steps, ids = 30, 15, [7, 8]
+    rows = {}
+    for s in (pref, plain):
+        rows[id(s)] = np.array([s.admit(rid, context, context + steps).row for rid in ids] + [0], np.int32)
+        for rid in ids:
+            s.store(rid, prompt(rid, context), num_tokens=context)
+    seq_lens = np.array([context, context, 1], np.int32)
+    batch = np.array([2], np.int32)
+    rng = np.random.default_rng(11)
+    out_pref = np.zeros((ROWS, K), np.int32)
+    out_plain = np.zeros((ROWS, K), np.int32)
+    for step in range(steps):
+        seq_lens[:2] += 1
+        positions = np.full((ROWS, K), -1, np.int32)
+        for i in range(2):
+            sel = rng.choice(int(seq_lens[i]) - 1, K - 1, replace=False)
+            positions[i] = rng.permutation(np.concatenate([sel, [seq_lens[i] - 1]])).astype(np.int32)
+        for l in range(LAYERS):
+            newest = np.stack([record_bytes(rid, l, int(seq_lens[i]) - 1) for i, rid in enumerate(ids)]
+                              + [np.zeros(RECORD, np.uint8)])
+            for s in (pref, plain):
+                s.append(l, rows[id(s)], seq_lens, newest, batch_size=batch)
+            if l == 0:
+                pref.resolve(0, rows[id(pref)], seq_lens, positions, out_pref, batch_size=batch)
+            else:
+                pref.prefetch(l)
+            plain.resolve(l, rows[id(plain)], seq_lens, positions, out_plain, batch_size=batch)
+            np.testing.assert_array_equal(out_pref[:2], out_plain[:2])
+            for i, rid in enumerate(ids):
+                check_slots(pref, rid, int(rows[id(pref)][i]), l, positions[i], out_pref[i], int(seq_lens[i]))
+    a, b = pref.slot_view(), plain.slot_view()
+    for i in range(2):
+        np.testing.assert_array_equal(a[rows[id(pref)][i]], b[rows[id(plain)][i]])
+    sa, sb = pref.stats(), plain.stats()
+    assert (sa.hits, sa.misses, sa.bytes_fetched) == (sb.hits, sb.misses, sb.bytes_fetched)
+    assert sa.misses > 0
+
+
+def test_bad_layer_anchor_is_invalid_argument(open_session):
+    for anchors, why in (([0, 2, 2], "earlier"), ([0, 0], "entries"), ([1, 1, 1], "earlier")):
+        with pytest.raises(hisparse.InvalidArgument, match=why):
+            open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=ROWS,
+                         layer_anchor=anchors)

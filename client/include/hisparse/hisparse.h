@@ -65,10 +65,15 @@ typedef struct hs_session_options {
   uint32_t max_requests;      /* rows: requests admitted at once */
   hs_backend backend;
   uint32_t timeout_ms; /* deadline of each control call; 0: 10000 */
+  /* Since ABI 1.1 (callers built against 1.0 pass a smaller struct_size and get NULL here).
+   * Shared indexers: [num_layers], layer l reuses the top-k selection of layer layer_anchor[l]
+   * (0 <= layer_anchor[l] <= l, and an anchor is its own anchor); NULL: every layer selects on its
+   * own. A layer that shares an anchor can be prefetched exactly with hs_prefetch. Copied at open. */
+  const int32_t* layer_anchor;
 } hs_session_options;
 
 #define HS_SESSION_OPTIONS_INIT \
-  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0 }
+  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL }
 
 /* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
  * memory. On success *out owns the session; close it with hs_session_close. */
@@ -171,6 +176,18 @@ hs_result hs_store(hs_session* session, uint64_t request_id, int32_t start_pos, 
  * of batch entry i at src + i*src_stride. */
 hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
                     const int32_t* rows, const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
+
+/* Exact layer-wise prefetch for a layer that shares an anchor's selection (layer_anchor at open).
+ * The anchor's last hs_resolve recorded its miss plan (which records it fetched into which slots);
+ * this replays it for `layer`: copies the same positions of `layer`'s own records from the host pool
+ * into the same slots, and leaves `layer`'s slot table, LRU order and counters exactly as an
+ * hs_resolve of `layer` with the anchor's arguments would. The anchor's out_slots then serve `layer`.
+ * No planning: only copies, meant for a side stream, so they overlap the anchor layer's compute.
+ * Ordering (the caller's, with events): after the anchor's hs_resolve of this step and before its
+ * next one; `layer`'s hs_append and attention of the step after this. Capturable in a CUDA graph
+ * (fork the side stream from the captured stream with an event, join it back before the end).
+ * HS_ERR_FAILED_PRECONDITION when `layer` has no other anchor or the anchor was not resolved yet. */
+hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
 
 /* Reports (and clears) data-path errors that kernels flagged since the last call. Synchronizes
  * with the session's last stream. */

@@ -60,6 +60,7 @@ class SessionOptions(ctypes.Structure):
         ("max_requests", ctypes.c_uint32),
         ("backend", ctypes.c_int),  # enum hs_backend
         ("timeout_ms", ctypes.c_uint32),
+        ("layer_anchor", ctypes.POINTER(ctypes.c_int32)),  # ABI 1.1
     ]
 
 
@@ -180,6 +181,7 @@ _SIGNATURES = {
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]),
     "hs_append": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
+    "hs_prefetch": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_void_p]),
     "hs_check_errors": (ctypes.c_int, [SessionPtr]),
 }
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from . import _lib
 from ._buffers import CudaArray, _is_torch_tensor, buffer_pointer, host_array, stream_handle
@@ -99,11 +99,14 @@ class Session:
       backend: "auto" (CUDA when gpu >= 0 and the library has it), "host" or "cuda".
       engine_name: shown in the daemon's logs and stats.
       timeout_ms: deadline of each control call (0: the library's 10 s).
+      layer_anchor: shared indexers, one entry per layer: layer l reuses the selection of layer
+        layer_anchor[l] (<= l, itself an anchor). Followers can then be prefetched (prefetch()).
     """
 
     def __init__(self, address: Any = None, *, num_layers: int, record_bytes: int, k: int, slots: int,
                  max_requests: int, gpu: int = -1, backend: Union[str, int] = "auto",
-                 engine_name: str = "hisparse-python", timeout_ms: int = 0) -> None:
+                 engine_name: str = "hisparse-python", timeout_ms: int = 0,
+                 layer_anchor: Optional[Sequence[int]] = None) -> None:
         self._lib = _lib.load()
         self._handle: Optional[Any] = None
         if address is not None and not isinstance(address, str):
@@ -127,6 +130,13 @@ class Session:
         o.max_requests = self.max_requests
         o.backend = _backend_code(backend)
         o.timeout_ms = int(timeout_ms)
+        self.layer_anchor = [int(a) for a in layer_anchor] if layer_anchor is not None else list(range(self.num_layers))
+        if layer_anchor is not None:
+            if len(self.layer_anchor) != self.num_layers:
+                raise InvalidArgument(f"layer_anchor has {len(self.layer_anchor)} entries; the session has "
+                                      f"{self.num_layers} layers")
+            self._anchor_array = (ctypes.c_int32 * self.num_layers)(*self.layer_anchor)
+            o.layer_anchor = self._anchor_array
         handle = _lib.SessionPtr()
         check(self._lib.hs_session_open(ctypes.byref(o), ctypes.byref(handle)), "open session")
         self._handle = handle
@@ -302,6 +312,16 @@ class Session:
                                         min_items=max_batch * self.k)
         args.stream = self._stream(stream) or None
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
+
+    def prefetch(self, layer: int, *, stream: Any = None) -> None:
+        """Exact prefetch of a layer that shares its anchor's selection (layer_anchor at open).
+
+        Replays the miss plan of the anchor's last resolve() into `layer` (its own records, the
+        same slots); `layer`'s tables end exactly as a resolve() of it with the anchor's arguments
+        would leave them, and the anchor's out_slots serve it. Run it on a side stream that waits
+        for the anchor's resolve (an event), and make the layer's append and attention wait for it.
+        """
+        check(self._lib.hs_prefetch(self._h(), layer, self._stream(stream) or None), f"prefetch layer {layer}")
 
     def store(self, request_id: int, src: Any, *, start_pos: int = 0, num_tokens: Optional[int] = None,
               seq_len_after: Optional[int] = None, layer_stride: Optional[int] = None,
