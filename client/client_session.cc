@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -410,6 +411,12 @@ absl::Status ClientSession::Prefetch(uint32_t layer, void* stream) {
   d.layer = static_cast<int32_t>(layer);
   d.max_batch = plan_max_batch_[a];
   d.plan = plans_[a];
+  // Tuning knob for benchmarks: thread blocks the copies take (default: an eighth of the SMs).
+  static const int32_t blocks = [] {
+    const char* env = std::getenv("HISPARSE_PREFETCH_BLOCKS");
+    return env ? std::max(0, std::atoi(env)) : 0;
+  }();
+  d.blocks = blocks;
   absl::ReaderMutexLock lock(&mu_);
   d.host = backend_->host_map();
   return backend_->Replay(d, stream);

@@ -724,63 +724,66 @@ cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Replay of a miss plan into a layer that shares the anchor's selection (ReplayDesc). No planning:
-// blockIdx.y is the batch entry, the blocks along x split its table copy and its miss chunks.
-// Chunks are copied like RESOLVE's (CopyChunk), so one replay moves bytes as fast as RESOLVE does.
+// Replay of a miss plan into a layer that shares the anchor's selection (ReplayDesc). No planning.
+// A replay runs beside the engine's compute on a side stream, so it must leave the SMs to that
+// compute: a small persistent grid (ReplayDesc::blocks, an eighth of the SMs by default) walks every
+// batch entry, its blocks splitting each entry's table copy and miss chunks. Chunks are copied
+// like RESOLVE's (CopyChunk); 16 blocks of 8 warps keep ~0.5 MB of 16-byte loads in flight, which
+// covers the link's bandwidth-delay product many times over.
 constexpr int kReplayThreads = 256;
 constexpr int kReplayWarps = kReplayThreads / 32;
 
 template <int UPR>
 __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc d, int chunk_records) {
-  const int i = blockIdx.y;
   int batch = *d.plan.batch;
   if (batch > d.max_batch) batch = d.max_batch;
-  if (i >= batch) return;
-  const int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
-  const int row = sum[0], misses = sum[1];
-  if (misses < 0) return;  // the anchor rejected this entry and left its state alone
   const ArenaView& a = d.arena;
   const ArenaGeometry& g = a.geometry;
   const int B = g.slots;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // The anchor's tables right after its RESOLVE are this layer's tables after the step.
-  const int* ssp = a.SlotPos(row, d.anchor_layer);
-  const int* slru = a.Lru(row, d.anchor_layer);
-  int* dsp = a.SlotPos(row, d.layer);
-  int* dlru = a.Lru(row, d.layer);
-  for (int x = blockIdx.x * kReplayThreads + tid; x < B; x += gridDim.x * kReplayThreads) {
-    dsp[x] = __ldg(ssp + x);
-    dlru[x] = __ldg(slru + x);
-  }
   const int rw = chunk_records;
-  const int nch = (misses + rw - 1) / rw;
   const uint32_t rb = g.record_bytes;
-  const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + static_cast<size_t>(i) * g.k;
-  const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
-  uint8_t* dst = a.Record(row, d.layer, 0);
-  for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
-    const int start = c * rw;
-    const int cnt = misses - start < rw ? misses - start : rw;
-    long long so = 0, dof = 0;
-    if (lane < cnt) {
-      const int2 pe = __ldg(e + start + lane);
-      so = static_cast<long long>(pe.x) * rb;
-      dof = static_cast<long long>(pe.y) * rb;
+  for (int i = 0; i < batch; ++i) {  // block-uniform
+    const int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+    const int row = sum[0], misses = sum[1];
+    if (misses < 0) continue;  // the anchor rejected this entry and left its state alone
+    // The anchor's tables right after its RESOLVE are this layer's tables after the step.
+    const int* ssp = a.SlotPos(row, d.anchor_layer);
+    const int* slru = a.Lru(row, d.anchor_layer);
+    int* dsp = a.SlotPos(row, d.layer);
+    int* dlru = a.Lru(row, d.layer);
+    for (int x = blockIdx.x * kReplayThreads + tid; x < B; x += gridDim.x * kReplayThreads) {
+      dsp[x] = __ldg(ssp + x);
+      dlru[x] = __ldg(slru + x);
     }
-    CopyChunk<UPR, kConsumeUnroll>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
-  }
-  if (blockIdx.x == 0 && tid == 0) {
-    ArenaCounters* c = a.counters;
-    atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), static_cast<unsigned long long>(sum[2]));
-    atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), static_cast<unsigned long long>(misses));
-    atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched), static_cast<unsigned long long>(misses) * rb);
-    atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
+    const int nch = (misses + rw - 1) / rw;
+    const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + static_cast<size_t>(i) * g.k;
+    const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
+    uint8_t* dst = a.Record(row, d.layer, 0);
+    for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
+      const int start = c * rw;
+      const int cnt = misses - start < rw ? misses - start : rw;
+      long long so = 0, dof = 0;
+      if (lane < cnt) {
+        const int2 pe = __ldg(e + start + lane);
+        so = static_cast<long long>(pe.x) * rb;
+        dof = static_cast<long long>(pe.y) * rb;
+      }
+      CopyChunk<UPR, kConsumeUnroll>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
+    }
+    if (blockIdx.x == 0 && tid == 0) {
+      ArenaCounters* c = a.counters;
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), static_cast<unsigned long long>(sum[2]));
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), static_cast<unsigned long long>(misses));
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched), static_cast<unsigned long long>(misses) * rb);
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
+    }
   }
 }
 
 template <int UPR>
-void LaunchReplayT(const ReplayDesc& d, dim3 grid, int chunk_records, cudaStream_t stream) {
-  ReplayKernel<UPR><<<grid, kReplayThreads, 0, stream>>>(d, chunk_records);
+void LaunchReplayT(const ReplayDesc& d, int blocks, int chunk_records, cudaStream_t stream) {
+  ReplayKernel<UPR><<<blocks, kReplayThreads, 0, stream>>>(d, chunk_records);
 }
 
 }  // namespace
@@ -890,8 +893,8 @@ cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
                   d.anchor_layer, g.num_layers);
     return internal::FailLaunch(buf);
   }
-  if (d.max_batch < 0 || d.max_batch > d.plan.max_batch || d.max_batch > 65535) {
-    return internal::FailLaunch("replay: max_batch outside [0, the plan's max_batch] (or above 65535)");
+  if (d.max_batch < 0 || d.max_batch > d.plan.max_batch) {
+    return internal::FailLaunch("replay: max_batch outside [0, the plan's max_batch]");
   }
   if (!d.plan.batch || !d.plan.summary || !d.plan.entries || !d.host.layer_base || !d.arena.slot_pos || !d.arena.lru ||
       !d.arena.records || !d.arena.counters) {
@@ -908,26 +911,22 @@ cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
   }
-  // About four blocks of 8 warps per SM over the whole batch, and no more blocks per entry than
-  // a full row of misses (k) has chunks for.
   const int rw = ChunkRecords(g.record_bytes);
-  const int max_x = (g.k + rw * kReplayWarps - 1) / (rw * kReplayWarps);
-  int gx = (4 * sms + d.max_batch - 1) / d.max_batch;
-  if (gx > max_x) gx = max_x;
-  if (gx < 1) gx = 1;
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(d.max_batch));
+  int blocks = d.blocks > 0 ? d.blocks : sms / 8;
+  if (blocks < 1) blocks = 1;
+  if (blocks > sms) blocks = sms;
   switch (g.record_bytes) {
     case 656:
-      LaunchReplayT<41>(d, grid, rw, stream);
+      LaunchReplayT<41>(d, blocks, rw, stream);
       break;
     case 1152:
-      LaunchReplayT<72>(d, grid, rw, stream);
+      LaunchReplayT<72>(d, blocks, rw, stream);
       break;
     case 512:
-      LaunchReplayT<32>(d, grid, rw, stream);
+      LaunchReplayT<32>(d, blocks, rw, stream);
       break;
     default:
-      LaunchReplayT<0>(d, grid, rw, stream);
+      LaunchReplayT<0>(d, blocks, rw, stream);
       break;
   }
   return internal::CheckLaunched();

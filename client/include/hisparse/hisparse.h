@@ -186,6 +186,8 @@ hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, cons
  * Ordering (the caller's, with events): after the anchor's hs_resolve of this step and before its
  * next one; `layer`'s hs_append and attention of the step after this. Capturable in a CUDA graph
  * (fork the side stream from the captured stream with an event, join it back before the end).
+ * The copies take a few thread blocks (an eighth of the SMs; $HISPARSE_PREFETCH_BLOCKS overrides it),
+ * leaving the rest of the GPU to the engine's kernels they overlap.
  * HS_ERR_FAILED_PRECONDITION when `layer` has no other anchor or the anchor was not resolved yet. */
 hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
 

@@ -112,8 +112,10 @@ struct ReplayDesc {
   HostRecordMap host;
   int32_t anchor_layer;
   int32_t layer;      // != anchor_layer
-  int32_t max_batch;  // the anchor launch's max_batch (sizes the grid); <= plan.max_batch
+  int32_t max_batch;  // the anchor launch's max_batch; <= plan.max_batch
   MissPlan plan;      // read only
+  int32_t blocks;     // CUDA thread blocks of 256 to copy with; 0: an eighth of the SMs. A replay
+                      // runs beside compute, so it takes few SMs (a few suffice for the link)
 };
 
 enum ResolveFlags : uint32_t {

@@ -52,7 +52,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
 // Exact layer-wise prefetch (ReplayDesc): copies the anchor's recorded misses into `layer`'s
 // slots and makes its tables the anchor's. Meant for a side stream that waits on an event recorded
 // after the anchor's RESOLVE, so the copies overlap the anchor's and the next layers' compute.
-// Graph-capturable like RESOLVE; needs no workspace. max_batch <= 65535 (one grid row per entry).
+// Graph-capturable like RESOLVE; needs no workspace. Uses d.blocks thread blocks (0: an eighth of
+// the SMs), so the engine's kernels on the main stream keep the rest of the GPU.
 cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream);
 
 // Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
