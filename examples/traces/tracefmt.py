@@ -81,6 +81,8 @@ class TraceWriter:
     def close(self) -> None:
         if self.closed:
             return
+        if self.truncated:
+            self._f.write(f"# truncated: size limit ({self.max_bytes} bytes) reached after step {self.step}\n".encode())
         if self._f is not self._raw:
             self._f.close()
         self._raw.close()

@@ -493,7 +493,7 @@ def main():
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--ctx", type=int, default=32768, help="full traces: request length cap (bytes)")
     ap.add_argument("--steps", type=int, default=256, help="full traces: decode steps per request")
-    ap.add_argument("--requests", type=int, default=4, help="full traces: requests (documents)")
+    ap.add_argument("--requests", type=int, default=3, help="full traces: requests (documents)")
     ap.add_argument("--ks", default="2048,512", help="full traces: k values (stats for all; files for the first)")
     ap.add_argument("--small-ctx", type=int, default=4096)
     ap.add_argument("--small-steps", type=int, default=64)
@@ -503,7 +503,9 @@ def main():
     ap.add_argument("--eval-docs", type=int, default=24, help="held-out documents for bits per byte")
     ap.add_argument("--max-trace-mib", type=float, default=15.0, help="stop a full trace at a step boundary past this")
     ap.add_argument("--full-methods", default="dsa,quest,oracle")
-    ap.add_argument("--no-ckpt", action="store_true", help="do not save the checkpoint ($OUT/ckpt/model.pt, bf16)")
+    ap.add_argument("--ckpt", choices=("auto", "out", "none"), default="auto",
+                    help="the checkpoint (bf16): 'out' $OUT/ckpt/model.pt; 'auto' there only when <= 15 MiB "
+                         "(the device runner returns no larger file), else ./.ckpt-traces/model.pt; 'none'")
     ap.add_argument("--deadline", type=float, default=420.0,
                     help="seconds from start after which no further request is extracted")
     args = ap.parse_args()
@@ -550,12 +552,15 @@ def main():
     log("train_done", **tr)
     ti = train_indexers(model, idx, data, args, dev, cos, sin, icos, isin, amp)
     log("indexer_done", **ti)
-    if not args.no_ckpt:
-        os.makedirs(os.path.join(out, "ckpt"), exist_ok=True)
+    if args.ckpt != "none":
+        n_bytes = 2 * (n_params + sum(p.numel() for p in idx.parameters()))
+        where = os.path.join(out, "ckpt") if args.ckpt == "out" or n_bytes <= 15 * (1 << 20) else ".ckpt-traces"
+        os.makedirs(where, exist_ok=True)
         torch.save({"cfg": dataclasses.asdict(cfg), "args": vars(args),
                     "model": {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()},
                     "indexer": {k: v.to(torch.bfloat16) for k, v in idx.state_dict().items()}},
-                   os.path.join(out, "ckpt", "model.pt"))
+                   os.path.join(where, "model.pt"))
+        log("checkpoint", path=os.path.join(where, "model.pt"), bytes=os.path.getsize(os.path.join(where, "model.pt")))
 
     # Requests: held-out documents of distinct source packages, longest-first within the hash order
     # build_corpus gave them, each long enough for the configuration's context.
@@ -614,6 +619,19 @@ def main():
         for key in sorted(stats.acc):
             log("summary", config=name, metric=key, per_layer=stats.mean(key),
                 mean=round(sum(stats.mean(key)) / max(1, len(stats.mean(key))), 4))
+        mid = list(range(1, cfg.layers - 1)) or list(range(cfg.layers))
+        cal = {}
+        for m in ("dsa", "quest", "oracle"):
+            for k in kk:
+                c, a = stats.mean(f"{m}/k{k}/consecutive"), stats.mean(f"{m}/k{k}/adjacent")
+                cal[f"{m}/k{k}"] = {"consecutive_middle_layers": round(sum(c[l] for l in mid) / len(mid), 4),
+                                    "adjacent_mean": round(sum(a) / max(1, len(a)), 4)}
+                if m != "oracle":
+                    r = stats.mean(f"{m}/k{k}/recall_vs_oracle")
+                    cal[f"{m}/k{k}"]["recall_vs_oracle_mean"] = round(sum(r) / len(r), 4)
+        log("calibration", config=name, middle_layers=mid, results=cal,
+            published={"consecutive_middle_layers": 0.44, "adjacent": "0.7-1.0",
+                       "what": "DeepSeek-V3.2, k = 2048 (the gen-trace dsv32 preset's targets)"})
         # Trace files.
         for m in args.full_methods.split(","):
             hdr = {"model": model_desc, "method": m, "page_size": args.page,
