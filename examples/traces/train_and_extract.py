@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Selection traces from a model whose attention has real structure (issue 8, part 2).
 
-On one GPU (default budget: ~4 minutes of training, ~7 minutes in all on an H200):
+On one GPU (default budget: 4 minutes of training, an estimated 5-6 minutes in all on an H200):
 
  1. Train a byte-level decoder (vocab 256; default 6 layers, d_model 512, 8 heads of 64, RoPE,
     GELU MLP, RMSNorm, tied embeddings) on the training split of the Debian text corpus that
