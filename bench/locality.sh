@@ -5,9 +5,13 @@
 # bench/plots/locality.png.
 #
 #   bench/locality.sh [HISPARSE_BENCH]
+#   REAL_TRACES=DIR bench/locality.sh [HISPARSE_BENCH]
 #
 # HISPARSE_BENCH: the hisparse-bench binary (argument, env var, or build/bin/hisparse-bench).
 # OUT: where the JSON and tables go (default: a fresh temporary folder, printed at the end).
+# Real traces (examples/traces/train_and_extract.py) join the study without further steps: every
+# committed bench/traces/debian-*-small.trace.gz joins the small set, and every *.trace.gz in
+# REAL_TRACES (e.g. the extractor's $OUT/traces, not committed) joins the large set.
 # Needs python3 (tables) and gnuplot (apt-get install -y gnuplot-nox). Takes ~5 minutes on two
 # cores, most of it replaying the large traces through belady.
 set -euo pipefail
@@ -31,6 +35,9 @@ for p in "${PRESETS[@]}"; do
     --context 4096 --k 256 --out "$f"
   small+=(--trace "$f")
 done
+for f in "$ROOT"/bench/traces/debian-*-small.trace.gz; do
+  [[ -e $f ]] && small+=(--trace "$f")
+done
 
 # Large traces, generated on the fly: 8 layers x 4 requests x 256 steps, k = 2048, 32k context.
 large=()
@@ -40,6 +47,16 @@ for p in "${PRESETS[@]}"; do
     --context 32768 --k 2048 --out "$f"
   large+=(--trace "$f")
 done
+if [[ -n ${REAL_TRACES:-} ]]; then
+  found=0
+  for f in "$REAL_TRACES"/*.trace.gz; do
+    [[ -e $f ]] && { large+=(--trace "$f"); found=1; }
+  done
+  [[ $found == 1 ]] || { echo "locality.sh: no *.trace.gz in REAL_TRACES=$REAL_TRACES" >&2; exit 2; }
+fi
+# Plot blocks per panel: one per (trace, policy), counted from 0.
+LAST_SMALL=$(( ${#small[@]} / 2 * 3 - 1 ))
+LAST_LARGE=$(( ${#large[@]} / 2 * 3 - 1 ))
 
 "$BENCH" trace "${small[@]}" --policy all --ratios $RATIOS --json > "$OUT/small.json"
 "$BENCH" trace "${large[@]}" --policy all --ratios $RATIOS --json > "$OUT/large.json"
@@ -95,7 +112,7 @@ EOF
 gnuplot <<EOF
 set terminal pngcairo size 1400,600 font ",11"
 set output "$ROOT/bench/plots/locality.png"
-set multiplot layout 1,2 title "Hit rate vs B/k (hisparse-bench trace, synthetic traces; policy: solid lru, dashed belady, dotted staging)"
+set multiplot layout 1,2 title "Hit rate vs B/k (hisparse-bench trace; synthetic presets, debian-* from a small model on real text; policy: solid lru, dashed belady, dotted staging)"
 set xlabel "B / k (slots per (request, layer) over selections per step)"
 set ylabel "hit rate (all layers)"
 set yrange [0:1]
@@ -105,9 +122,9 @@ set grid
 set key bottom right font ",9"
 do for [panel in "large small"] {
   file = "$OUT/".panel.".dat"
-  if (panel eq "large") { set title "8 layers x 4 requests x 256 steps, k = 2048, context 32768" } \
-  else { set title "committed bench/traces/*-small (k = 256, context 4096)" }
-  plot for [i=0:8] file index i using 1:2 with linespoints \
+  if (panel eq "large") { set title "k = 2048, context 32768 (presets: 8 layers x 4 requests x 256 steps)"; last = $LAST_LARGE } \
+  else { set title "committed bench/traces/*-small (k = 256, context 4096)"; last = $LAST_SMALL }
+  plot for [i=0:last] file index i using 1:2 with linespoints \
          lc i/3+1 dt i%3+1 pt i/3+5 lw 2 title columnheader(1), \
        "$OUT/ref.dat" index 0 using 1:2 with points pt 2 ps 2 lc rgb "black" \
          title "FACTS.md small model, LRU", \
