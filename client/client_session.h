@@ -64,6 +64,8 @@ class ClientSession {
   // SessionOpened.arena.kind: "host" (a memfd), "cuda-vmm" or "cuda-ipc" (the daemon's GPU memory).
   const std::string& arena_kind() const { return opened_.arena().kind(); }
   const OpenPhases& open_phases() const { return open_phases_; }
+  // The slot arena as kernels see it (device addresses on the CUDA backend), for benchmarks.
+  const ArenaView& arena_view() const { return arena_; }
   HostMapPhases host_map_phases() const {
     absl::MutexLock lock(&mu_);
     return host_map_phases_;
