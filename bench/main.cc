@@ -25,14 +25,18 @@ const Command kCommands[] = {
     {"control", hisparse::bench::ControlMain, "load the daemon's control plane: concurrent sessions, call latency"},
 #ifdef HISPARSE_HAVE_CUDA
     {"resolve", hisparse::bench::ResolveMain, "sweep the CUDA RESOLVE kernel (GPU)"},
+    {"resolve-shared", hisparse::bench::ResolveSharedMain, "RESOLVE on the daemon's GPU arena vs an own one (GPU)"},
+    {"session-open", hisparse::bench::SessionOpenMain, "time a GPU session's open: arena and host pool (GPU)"},
 #else
     {"resolve", NeedsCuda, "sweep the CUDA RESOLVE kernel (GPU; needs a CUDA build)"},
+    {"resolve-shared", NeedsCuda, "RESOLVE on the daemon's GPU arena vs an own one (GPU; needs a CUDA build)"},
+    {"session-open", NeedsCuda, "time a GPU session's open: arena and host pool (GPU; needs a CUDA build)"},
 #endif
 };
 
 void Usage() {
   std::fprintf(stderr, "usage: hisparse-bench COMMAND [ARGS...]\n\ncommands:\n");
-  for (const Command& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
+  for (const Command& c : kCommands) std::fprintf(stderr, "  %-15s %s\n", c.name, c.help);
 }
 
 }  // namespace

@@ -22,25 +22,11 @@
 #include <vector>
 
 #include "bench_cmd.h"
+#include "cuda_bench_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse::bench {
 namespace {
-
-#define BENCH_CUDA(x)                                                                                               \
-  do {                                                                                                              \
-    const cudaError_t e_ = (x);                                                                                     \
-    if (e_ != cudaSuccess) {                                                                                        \
-      std::fprintf(stderr, "hisparse-bench resolve: %s: %s (%s)\n", #x, cudaGetErrorString(e_), LastLaunchError()); \
-      std::exit(1);                                                                                                 \
-    }                                                                                                               \
-  } while (0)
-
-__global__ void SpinKernel(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
 
 template <typename T>
 std::vector<T> ParseList(const char* s) {
@@ -73,39 +59,6 @@ void Usage() {
                "usage: hisparse-bench resolve [--batch 1,10,64,100,128] [--slots 4096,8192]\n"
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
                "       [--runs 200] [--warm-l2]\n");
-}
-
-double Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double MeasureLink() {
-  const size_t bytes = size_t{1} << 30;
-  void* h = nullptr;
-  void* d = nullptr;
-  BENCH_CUDA(cudaHostAlloc(&h, bytes, cudaHostAllocDefault));
-  BENCH_CUDA(cudaMalloc(&d, bytes));
-  std::memset(h, 1, bytes);
-  cudaEvent_t a, b;
-  BENCH_CUDA(cudaEventCreate(&a));
-  BENCH_CUDA(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int i = 0; i < 6; ++i) {
-    BENCH_CUDA(cudaEventRecord(a));
-    BENCH_CUDA(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaEventRecord(b));
-    BENCH_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
-    if (i > 0) best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaFree(d);
-  cudaFreeHost(h);
-  return bytes / (best * 1e-3) / 1e9;
 }
 
 }  // namespace
@@ -260,7 +213,7 @@ int ResolveMain(int argc, char** argv) {
             for (int run = 0; run < o.runs + 5; ++run) {
               BENCH_CUDA(cudaMemcpyAsync(view.slot_pos, saved, table_span, cudaMemcpyDeviceToDevice, st));
               if (o.scrub_l2) BENCH_CUDA(cudaMemsetAsync(scrub, run & 0xff, scrub_bytes, st));
-              SpinKernel<<<1, 1, 0, st>>>(spin);
+              LaunchSpin(st, spin);
               BENCH_CUDA(cudaEventRecord(ev0, st));
               BENCH_CUDA(LaunchResolve(d, ws, ws_bytes, st));
               BENCH_CUDA(cudaEventRecord(ev1, st));

@@ -176,10 +176,15 @@ hs_result hs_record_ptr(hs_session* s, uint64_t request_id, uint32_t layer, uint
 hs_result hs_session_get_info(hs_session* s, hs_session_info* out) {
   return Guard([&] {
     if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
-    if (!SizeOk(out->struct_size, sizeof(hs_session_info))) {
+    // Callers built before arena_kind was added pass the older, smaller struct: they get the
+    // fields they know of.
+    const size_t size = out->struct_size;
+    if (!SizeOk(out->struct_size, offsetof(hs_session_info, arena_kind))) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_info.struct_size is too small: use HS_SESSION_INFO_INIT");
     }
-    *out = s->impl->Info();
+    hs_session_info info = s->impl->Info();
+    info.struct_size = out->struct_size;
+    std::memcpy(out, &info, std::min(size, sizeof(info)));
     return HS_OK;
   });
 }

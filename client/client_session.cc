@@ -7,8 +7,10 @@
 #include <cstdlib>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -37,7 +39,14 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_sess
   return s;
 }
 
+namespace {
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
 absl::Status ClientSession::Connect(const hs_session_options& o) {
+  const auto t_start = std::chrono::steady_clock::now();
   std::string address = o.daemon_address ? o.daemon_address : "";
   if (address.empty()) {
     const char* env = std::getenv("HISPARSE_DAEMON");
@@ -75,6 +84,7 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
     return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address));
   }
   stub_ = v1::HiSparse::NewStub(channel_);
+  auto t = std::chrono::steady_clock::now();
   stream_ = stub_->Session(&stream_context_);
   v1::SessionRequest open;
   *open.mutable_open()->mutable_geometry() = geometry_;
@@ -94,21 +104,26 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
     return FromGrpc(stream_->Finish(), "open session");
   }
   opened_ = first.opened();
+  open_phases_.open_rpc_s = SecondsSince(t);
+  open_phases_.daemon_create_s = opened_.arena().create_seconds();
   ref_.set_session_id(opened_.session_id());
   ref_.set_token(opened_.token());
   alive_ = true;
   watcher_ = std::thread([this] { WatchStream(); });
 
   // Backend, then the arena (from the daemon, over the fd channel).
+  t = std::chrono::steady_clock::now();
   if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
     auto cuda = MakeCudaBackend(o.gpu, arena_geometry_);
     if (!cuda.ok() && o.backend == HS_BACKEND_CUDA) return cuda.status();
     if (cuda.ok()) backend_ = std::move(*cuda);
   }
   if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_);
-  uint64_t bytes = 0;
-  HS_ASSIGN_OR_RETURN(UniqueFd arena_fd, FetchFd("arena", &bytes));
-  if (bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
+  open_phases_.backend_init_s = SecondsSince(t);
+  t = std::chrono::steady_clock::now();
+  HS_ASSIGN_OR_RETURN(Fetched arena, Fetch("arena"));
+  open_phases_.fetch_arena_s = SecondsSince(t);
+  if (arena.bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
     return absl::InternalError("the daemon's arena is smaller than the geometry needs");
   }
   // Miss plans of the anchors that have followers (kernel-visible memory, owned by the backend).
@@ -120,20 +135,34 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
       HS_ASSIGN_OR_RETURN(plans_[a], backend_->AllocMissPlan());
     }
   }
-  if (opened_.arena().kind() == "cuda-vmm") {
+  const std::string& kind = opened_.arena().kind();
+  const bool want_fd = kind != "cuda-ipc";
+  if (want_fd != arena.fd.valid() || want_fd == !arena.ipc_handle.empty()) {
+    return absl::InternalError(absl::StrCat("the fd channel sent the \"", kind, "\" arena in the wrong form"));
+  }
+  t = std::chrono::steady_clock::now();
+  if (kind == "cuda-vmm") {
     // The daemon's GPU memory: imported and mapped by the backend, never mmap'ed here.
-    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachGpuArena(arena_fd.get(), bytes, arena_geometry_));
-  } else if (opened_.arena().kind() == "host") {
-    HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena_fd.get(), bytes));
+    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachGpuArena(arena.fd.get(), arena.bytes, arena_geometry_));
+  } else if (kind == "cuda-ipc") {
+    // The legacy fallback: a cudaIpc handle, opened (and closed at the end) by the backend.
+    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachIpcArena(arena.ipc_handle, arena.bytes, arena_geometry_));
+  } else if (kind == "host") {
+    HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena.fd.get(), arena.bytes));
     HS_ASSIGN_OR_RETURN(arena_, backend_->AttachArena(arena_map_.data(), arena_geometry_));
   } else {
-    return absl::UnimplementedError(absl::StrCat("the daemon offers a slot arena of kind \"", opened_.arena().kind(),
-                                                 "\", which this client does not support"));
+    return absl::UnimplementedError(
+        absl::StrCat("the daemon offers a slot arena of kind \"", kind, "\", which this client does not support"));
   }
+  open_phases_.attach_s = SecondsSince(t);
+  backend_->LastImportTimes(&open_phases_.import_s, &open_phases_.map_s);
+  open_phases_.total_s = SecondsSince(t_start);
   return absl::OkStatus();
 }
 
 ClientSession::~ClientSession() {
+  // This process lets go of the daemon's GPU arena first: the daemon frees it when the session ends.
+  if (backend_) backend_->ReleaseArena();
   if (stream_ != nullptr) {
     // Ending the stream ends the session: the daemon releases everything it held.
     if (alive_) {
@@ -194,23 +223,41 @@ absl::Status ClientSession::CheckAlive() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<UniqueFd> ClientSession::FetchFd(const std::string& object, uint64_t* bytes) {
+absl::StatusOr<ClientSession::Fetched> ClientSession::Fetch(const std::string& object) {
   absl::MutexLock lock(&fd_mu_);
   if (!fd_channel_.valid()) {
     HS_ASSIGN_OR_RETURN(fd_channel_, ConnectUnixSeqpacket(opened_.fd_socket()));
   }
   HS_RETURN_IF_ERROR(SendPacket(fd_channel_.get(),
-                                absl::StrCat("HSFD1 ", opened_.session_id(), " ", opened_.token(), " ", object), -1));
+                                absl::StrCat("HSFD2 ", opened_.session_id(), " ", opened_.token(), " ", object), -1));
   auto reply = RecvPacket(fd_channel_.get(), 1024);
   if (!reply.ok()) {
     fd_channel_.Reset();
     return reply.status();
   }
+  // Protocol version 2 (fd_server.h): "OK fd <bytes>" + fd, or "OK cuda-ipc <bytes> <hex handle>".
   absl::string_view text = reply->payload;
-  if (absl::ConsumePrefix(&text, "OK ") && reply->fd.valid() && absl::SimpleAtoi(text, bytes)) {
-    return std::move(reply->fd);
+  Fetched out;
+  if (absl::ConsumePrefix(&text, "OK fd ") && reply->fd.valid() && absl::SimpleAtoi(text, &out.bytes)) {
+    out.fd = std::move(reply->fd);
+    return out;
+  }
+  if (absl::ConsumePrefix(&text, "OK cuda-ipc ") && !reply->fd.valid()) {
+    std::vector<absl::string_view> f = absl::StrSplit(text, ' ');
+    if (f.size() == 2 && absl::SimpleAtoi(f[0], &out.bytes) && f[1].size() == 128 &&
+        f[1].find_first_not_of("0123456789abcdef") == absl::string_view::npos) {
+      out.ipc_handle = absl::HexStringToBytes(f[1]);
+      return out;
+    }
   }
   return absl::InternalError(absl::StrCat("fd channel refused \"", object, "\": ", reply->payload));
+}
+
+absl::StatusOr<UniqueFd> ClientSession::FetchFd(const std::string& object, uint64_t* bytes) {
+  HS_ASSIGN_OR_RETURN(Fetched f, Fetch(object));
+  if (!f.fd.valid()) return absl::InternalError(absl::StrCat("the fd channel sent no descriptor for \"", object, "\""));
+  *bytes = f.bytes;
+  return std::move(f.fd);
 }
 
 absl::Status ClientSession::AcquireSegments(const std::vector<v1::Extent>& extents) {
@@ -218,10 +265,18 @@ absl::Status ClientSession::AcquireSegments(const std::vector<v1::Extent>& exten
     auto it = segments_.find(e.segment());
     if (it == segments_.end()) {
       uint64_t bytes = 0;
+      auto t = std::chrono::steady_clock::now();
       HS_ASSIGN_OR_RETURN(UniqueFd fd, FetchFd(absl::StrCat("segment ", e.segment()), &bytes));
+      host_map_phases_.fetch_s += SecondsSince(t);
+      t = std::chrono::steady_clock::now();
       Segment seg;
       HS_ASSIGN_OR_RETURN(seg.map, MappedRegion::MapShared(fd.get(), bytes));
+      host_map_phases_.mmap_s += SecondsSince(t);
+      t = std::chrono::steady_clock::now();
       HS_ASSIGN_OR_RETURN(seg.kernel_addr, backend_->RegisterHostSegment(seg.map.data(), bytes));
+      host_map_phases_.register_s += SecondsSince(t);
+      ++host_map_phases_.segments;
+      host_map_phases_.bytes += bytes;
       it = segments_.emplace(e.segment(), std::move(seg)).first;
     }
     if (e.offset() + e.bytes() > it->second.map.size()) {
@@ -357,6 +412,8 @@ hs_session_info ClientSession::Info() const {
   info.slots = geometry_.slots();
   info.max_tokens_per_request = opened_.max_tokens_per_request();
   info.arena_bytes = opened_.arena().bytes();
+  const std::string& kind = opened_.arena().kind();
+  info.arena_kind = kind == "cuda-vmm" ? HS_ARENA_CUDA_VMM : kind == "cuda-ipc" ? HS_ARENA_CUDA_IPC : HS_ARENA_HOST;
   return info;
 }
 

@@ -29,6 +29,26 @@ namespace hisparse {
 
 class ClientSession {
  public:
+  // Where Open spent its time (seconds), for the session-open benchmark (bench/session_open_cmd).
+  struct OpenPhases {
+    double open_rpc_s = 0;       // the OpenSession round trip (includes the daemon's arena creation)
+    double daemon_create_s = 0;  // of which the daemon allocated, cleared and exported the arena
+    double backend_init_s = 0;   // the device backend's setup (CUDA context, workspace)
+    double fetch_arena_s = 0;    // the fd channel round trip for the arena (fd or cudaIpc handle)
+    double import_s = 0;         // cuMemImportFromShareableHandle / cuIpcOpenMemHandle
+    double map_s = 0;            // cuMemAddressReserve + cuMemMap + cuMemSetAccess (VMM only)
+    double attach_s = 0;         // the whole attach: import + map (+ host mmap for host arenas)
+    double total_s = 0;          // Open, end to end
+  };
+  // Host-pool segments this session mapped (mmap) and registered with its device (on Admit/Extend).
+  struct HostMapPhases {
+    uint32_t segments = 0;
+    uint64_t bytes = 0;
+    double fetch_s = 0;     // fd channel round trips
+    double mmap_s = 0;      // mmap of the memfds
+    double register_s = 0;  // cudaHostRegister (mapped, portable) + device pointer; ~0 on host
+  };
+
   static absl::StatusOr<std::unique_ptr<ClientSession>> Open(const hs_session_options& options);
   ~ClientSession();
 
@@ -41,8 +61,15 @@ class ClientSession {
   // RESOLVE counters as the data path left them (the daemon reads the same for host arenas).
   absl::StatusOr<ArenaCounters> Counters() { return backend_->ReadCounters(); }
   hs_backend backend_kind() const { return backend_->kind(); }
-  // SessionOpened.arena.kind: "host" (a memfd) or "cuda-vmm" (the daemon's GPU memory).
+  // SessionOpened.arena.kind: "host" (a memfd), "cuda-vmm" or "cuda-ipc" (the daemon's GPU memory).
   const std::string& arena_kind() const { return opened_.arena().kind(); }
+  const OpenPhases& open_phases() const { return open_phases_; }
+  // The slot arena as kernels see it (device addresses on the CUDA backend), for benchmarks.
+  const ArenaView& arena_view() const { return arena_; }
+  HostMapPhases host_map_phases() const {
+    absl::MutexLock lock(&mu_);
+    return host_map_phases_;
+  }
   uint64_t session_id() const { return opened_.session_id(); }
 
   absl::Status Resolve(const hs_resolve_args& args);
@@ -76,6 +103,13 @@ class ClientSession {
   void WatchStream();
   std::unique_ptr<grpc::ClientContext> CallContext() const;
   absl::Status CheckAlive() const;
+  // One fd-channel object: a descriptor, or (a "cuda-ipc" arena) a cudaIpc handle.
+  struct Fetched {
+    UniqueFd fd;
+    uint64_t bytes = 0;
+    std::string ipc_handle;
+  };
+  absl::StatusOr<Fetched> Fetch(const std::string& object);
   absl::StatusOr<UniqueFd> FetchFd(const std::string& object, uint64_t* bytes);
   // Maps the segments that `extents` name and are not mapped yet, and counts their runs.
   absl::Status AcquireSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,6 +146,8 @@ class ClientSession {
   ArenaView arena_{};
   absl::flat_hash_map<uint32_t, Segment> segments_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
+  OpenPhases open_phases_;  // written once, in Open
+  HostMapPhases host_map_phases_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> evicted_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,13 +2,14 @@
 // RESOLVE's GPU threads read host records directly; the slot arena, host record map, RESOLVE
 // workspace and error flags in device memory on the session's GPU; kernels on the caller's stream.
 //
-// The slot arena is the daemon's when it offers one in GPU memory (arena kind "cuda-vmm"):
-// imported from its fd and mapped here, so the daemon owns it, reads its counters and frees it
-// when the session ends. A daemon that serves host arenas (device auto/host) gets a private
-// cudaMalloc'ed arena instead, whose counters hs_stats_get reads here.
+// The slot arena is the daemon's when it offers one in GPU memory: kind "cuda-vmm" is imported
+// from its fd and mapped here, kind "cuda-ipc" opened from its cudaIpc handle. Either way the
+// daemon owns it, reads its counters and frees it when the session ends. A daemon that serves host arenas (device
+// auto/host) gets a private cudaMalloc'ed arena instead, whose counters hs_stats_get reads here.
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -93,14 +94,27 @@ class CudaBackend final : public DeviceBackend {
   }
   // The daemon's GPU arena (already zeroed by the daemon).
   absl::StatusOr<ArenaView> AttachGpuArena(int fd, uint64_t bytes, const ArenaGeometry& g) override {
-    absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes);
+    absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes, &import_times_);
     if (!m.ok()) return m.status();
     shared_arena_ = std::move(*m);
-    // A CUdeviceptr is an integer the driver hands out; kernels need it as a pointer.
-    view_ = ArenaView::Of(
-        reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(shared_arena_->ptr())),  // NOLINT(performance-no-int-to-ptr)
-        g);
-    return view_;
+    return ViewOf(shared_arena_->ptr(), g);
+  }
+  // The daemon's GPU arena through the cudaIpc fallback (cuIpcOpenMemHandle; closed with us).
+  absl::StatusOr<ArenaView> AttachIpcArena(const std::string& handle, uint64_t bytes, const ArenaGeometry& g) override {
+    absl::StatusOr<std::unique_ptr<cuvmm::IpcMapping>> m = cuvmm::IpcMapping::Open(gpu_, handle, bytes, &import_times_);
+    if (!m.ok()) return m.status();
+    ipc_arena_ = std::move(*m);
+    return ViewOf(ipc_arena_->ptr(), g);
+  }
+  void ReleaseArena() override {
+    cudaSetDevice(gpu_);
+    cudaDeviceSynchronize();
+    ipc_arena_.reset();
+    shared_arena_.reset();
+  }
+  void LastImportTimes(double* import_s, double* map_s) const override {
+    *import_s = import_times_.import_s;
+    *map_s = import_times_.map_s;
   }
   HostRecordMap host_map() const override { return HostRecordMap{dev_base_, dev_capacity_}; }
 
@@ -171,11 +185,20 @@ class CudaBackend final : public DeviceBackend {
   }
 
  private:
+  ArenaView ViewOf(CUdeviceptr ptr, const ArenaGeometry& g) {
+    // A CUdeviceptr is an integer the driver hands out; kernels need it as a pointer.
+    view_ = ArenaView::Of(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr)),  // NOLINT(performance-no-int-to-ptr)
+                          g);
+    return view_;
+  }
+
   const int gpu_;
   const ArenaGeometry g_;
   uint8_t* arena_ = nullptr;  // private arena (daemon serves host arenas), else null
   size_t arena_bytes_ = 0;
-  std::unique_ptr<cuvmm::VmmMapping> shared_arena_;  // the daemon's GPU arena, mapped here
+  std::unique_ptr<cuvmm::VmmMapping> shared_arena_;  // the daemon's GPU arena, mapped here (cuda-vmm)
+  std::unique_ptr<cuvmm::IpcMapping> ipc_arena_;     // or opened here (cuda-ipc)
+  cuvmm::ImportTimes import_times_;
   ArenaView view_{};
   std::vector<uint8_t*> host_base_;
   uint8_t** dev_base_ = nullptr;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "hisparse/hisparse.h"
@@ -36,6 +37,18 @@ class DeviceBackend {
         "the daemon put this session's slot arena in GPU memory (device: cuda); the host-emulated backend "
         "cannot use it: open the session with the CUDA backend, or with gpu = -1");
   }
+
+  // Sets up the arena from the daemon's GPU arena shared the legacy way (kind "cuda-ipc"): opens
+  // the 64-byte cudaIpc `handle` of an allocation of `bytes`; closed when the backend goes.
+  virtual absl::StatusOr<ArenaView> AttachIpcArena(const std::string& handle, uint64_t bytes, const ArenaGeometry& g) {
+    (void)handle;
+    return AttachGpuArena(-1, bytes, g);
+  }
+  // Waits for the device and lets go of the daemon's GPU arena (unmap / cuIpcCloseMemHandle); the
+  // session calls it before it ends, so no import outlives the daemon's free. Nothing for host.
+  virtual void ReleaseArena() {}
+  // Seconds the last AttachGpuArena/AttachIpcArena spent importing and mapping (benchmarks).
+  virtual void LastImportTimes(double* import_s, double* map_s) const { *import_s = *map_s = 0; }
 
   // The host record map that kernels read: (row, layer) -> kernel-visible address of position 0.
   virtual HostRecordMap host_map() const = 0;

@@ -5,8 +5,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +43,12 @@ struct Driver {
   decltype(&::cuMemImportFromShareableHandle) Import = nullptr;
   decltype(&::cuMemsetD8) MemsetD8 = nullptr;
   decltype(&::cuMemcpyDtoH) MemcpyDtoH = nullptr;
+  decltype(&::cuDeviceGetAttribute) DeviceGetAttribute = nullptr;
+  decltype(&::cuMemAlloc) MemAlloc = nullptr;
+  decltype(&::cuMemFree) MemFree = nullptr;
+  decltype(&::cuIpcGetMemHandle) IpcGetMemHandle = nullptr;
+  decltype(&::cuIpcOpenMemHandle) IpcOpenMemHandle = nullptr;
+  decltype(&::cuIpcCloseMemHandle) IpcCloseMemHandle = nullptr;
 
   int device_count = 0;
   std::mutex ctx_mu;
@@ -70,7 +79,11 @@ absl::StatusOr<Driver*> LoadDriver() {
       Resolve(lib, "cuMemUnmap", &d->Unmap) && Resolve(lib, "cuMemSetAccess", &d->SetAccess) &&
       Resolve(lib, "cuMemExportToShareableHandle", &d->Export) &&
       Resolve(lib, "cuMemImportFromShareableHandle", &d->Import) && Resolve(lib, "cuMemsetD8_v2", &d->MemsetD8) &&
-      Resolve(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH);
+      Resolve(lib, "cuMemcpyDtoH_v2", &d->MemcpyDtoH) && Resolve(lib, "cuDeviceGetAttribute", &d->DeviceGetAttribute) &&
+      Resolve(lib, "cuMemAlloc_v2", &d->MemAlloc) && Resolve(lib, "cuMemFree_v2", &d->MemFree) &&
+      Resolve(lib, "cuIpcGetMemHandle", &d->IpcGetMemHandle) &&
+      Resolve(lib, "cuIpcOpenMemHandle_v2", &d->IpcOpenMemHandle) &&
+      Resolve(lib, "cuIpcCloseMemHandle", &d->IpcCloseMemHandle);
   if (!ok) {
     delete d;
     return absl::UnavailableError("the CUDA driver lacks the VMM API (cuMemCreate and friends): too old");
@@ -150,6 +163,21 @@ absl::Status MemInfo(int gpu, uint64_t* free_bytes, uint64_t* total_bytes) {
   return st;
 }
 
+absl::StatusOr<bool> VmmFdExportSupported(int gpu) {
+  absl::StatusOr<Driver*> got = UseGpu(gpu);
+  if (!got.ok()) return got.status();
+  Driver& d = **got;
+  CUdevice dev = 0;
+  HS_RETURN_IF_ERROR(Check(d, d.DeviceGet(&dev, gpu), "cuDeviceGet"));
+  int vmm = 0, posix_fd = 0;
+  HS_RETURN_IF_ERROR(Check(d, d.DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+                           "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)"));
+  HS_RETURN_IF_ERROR(
+      Check(d, d.DeviceGetAttribute(&posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev),
+            "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)"));
+  return vmm != 0 && posix_fd != 0;
+}
+
 absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Create(int gpu, uint64_t bytes) {
   absl::StatusOr<Driver*> got = UseGpu(gpu);
   if (!got.ok()) return got.status();
@@ -183,13 +211,14 @@ absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Create(int gpu, uint64_t
   return m;
 }
 
-absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Import(int gpu, int fd, uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Import(int gpu, int fd, uint64_t bytes, ImportTimes* times) {
   absl::StatusOr<Driver*> got = UseGpu(gpu);
   if (!got.ok()) return got.status();
   Driver& d = **got;
   std::unique_ptr<VmmMapping> m(new VmmMapping);
   m->gpu_ = gpu;
   m->bytes_ = bytes;
+  const auto t0 = std::chrono::steady_clock::now();
   if (auto st =
           Check(d,
                 // The driver's API passes a POSIX fd through a void*.
@@ -201,7 +230,12 @@ absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Import(int gpu, int fd, 
     return st;
   }
   m->have_handle_ = true;
+  const auto t1 = std::chrono::steady_clock::now();
   HS_RETURN_IF_ERROR(m->MapHere());
+  if (times != nullptr) {
+    times->import_s = std::chrono::duration<double>(t1 - t0).count();
+    times->map_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }
   return m;
 }
 
@@ -250,6 +284,74 @@ absl::Status VmmMapping::Read(uint64_t offset, void* dst, size_t n) const {
   absl::StatusOr<Driver*> got = UseGpu(gpu_);
   if (!got.ok()) return got.status();
   return Check(**got, (*got)->MemcpyDtoH(dst, va_ + offset, n), "reading the GPU arena");
+}
+
+absl::StatusOr<std::unique_ptr<IpcMapping>> IpcMapping::Create(int gpu, uint64_t bytes) {
+  absl::StatusOr<Driver*> got = UseGpu(gpu);
+  if (!got.ok()) return got.status();
+  Driver& d = **got;
+  constexpr uint64_t kRound = uint64_t{2} << 20;  // the same accounting unit as the VMM path
+  std::unique_ptr<IpcMapping> m(new IpcMapping);
+  m->gpu_ = gpu;
+  m->bytes_ = (bytes + kRound - 1) / kRound * kRound;
+  HS_RETURN_IF_ERROR(Check(d, d.MemAlloc(&m->ptr_, m->bytes_),
+                           absl::StrCat("cuMemAlloc of ", m->bytes_, " bytes on GPU ", gpu, " (cudaIpc export)")));
+  CUipcMemHandle h;
+  HS_RETURN_IF_ERROR(Check(d, d.IpcGetMemHandle(&h, m->ptr_), "cuIpcGetMemHandle"));
+  m->handle_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  HS_RETURN_IF_ERROR(Check(d, d.MemsetD8(m->ptr_, 0, m->bytes_), "clearing the slot arena"));
+  HS_RETURN_IF_ERROR(Check(d, d.CtxSynchronize(), "clearing the slot arena"));
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<IpcMapping>> IpcMapping::Open(int gpu, absl::string_view handle, uint64_t bytes,
+                                                             ImportTimes* times) {
+  if (handle.size() != kHandleBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a cudaIpc handle is ", kHandleBytes, " bytes, got ", handle.size()));
+  }
+  absl::StatusOr<Driver*> got = UseGpu(gpu);
+  if (!got.ok()) return got.status();
+  Driver& d = **got;
+  CUipcMemHandle h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  std::unique_ptr<IpcMapping> m(new IpcMapping);
+  m->gpu_ = gpu;
+  m->bytes_ = bytes;
+  const auto t0 = std::chrono::steady_clock::now();
+  HS_RETURN_IF_ERROR(Check(d, d.IpcOpenMemHandle(&m->ptr_, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                           "cuIpcOpenMemHandle (the daemon's GPU arena)"));
+  m->opened_ = true;
+  if (times != nullptr) {
+    times->import_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times->map_s = 0;
+  }
+  return m;
+}
+
+IpcMapping::~IpcMapping() {
+  if (ptr_ == 0) return;
+  absl::StatusOr<Driver*> got = UseGpu(gpu_);
+  if (!got.ok()) return;
+  Driver& d = **got;
+  if (opened_) {
+    if (CUresult r = d.IpcCloseMemHandle(ptr_); r != CUDA_SUCCESS)
+      LOG(ERROR) << "cuIpcCloseMemHandle failed: " << static_cast<int>(r);
+  } else if (CUresult r = d.MemFree(ptr_); r != CUDA_SUCCESS) {
+    LOG(ERROR) << "cuMemFree failed: " << static_cast<int>(r);
+  }
+}
+
+absl::StatusOr<std::string> IpcMapping::Handle() const {
+  if (opened_) return absl::FailedPreconditionError("this GPU arena was imported, not created here");
+  return handle_;
+}
+
+absl::Status IpcMapping::Read(uint64_t offset, void* dst, size_t n) const {
+  if (offset + n > bytes_) return absl::OutOfRangeError("read past the end of a GPU arena");
+  absl::StatusOr<Driver*> got = UseGpu(gpu_);
+  if (!got.ok()) return got.status();
+  return Check(**got, (*got)->MemcpyDtoH(dst, ptr_ + offset, n), "reading the GPU arena");
 }
 
 }  // namespace hisparse::cuvmm

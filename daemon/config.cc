@@ -80,12 +80,16 @@ std::string RenderIdList(const std::vector<uint32_t>& ids) { return absl::StrJoi
 constexpr const char* kOnPoolFullNames[] = {"reject", "evict_lru_idle"};
 constexpr const char* kHugePagesNames[] = {"auto", "on", "off"};
 constexpr const char* kDeviceNames[] = {"auto", "cuda", "host"};
+constexpr const char* kArenaExportNames[] = {"auto", "vmm", "cuda_ipc"};
 constexpr const char* kLogLevelNames[] = {"debug", "info", "warning", "error"};
 
 absl::StatusOr<HugePagesMode> ParseHugePages(std::string_view text) {
   return ParseEnum<HugePagesMode>(text, kHugePagesNames);
 }
 absl::StatusOr<DeviceKind> ParseDevice(std::string_view text) { return ParseEnum<DeviceKind>(text, kDeviceNames); }
+absl::StatusOr<ArenaExportMode> ParseArenaExport(std::string_view text) {
+  return ParseEnum<ArenaExportMode>(text, kArenaExportNames);
+}
 absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) { return ParseEnum<LogLevel>(text, kLogLevelNames); }
 absl::StatusOr<OnPoolFull> ParseOnPoolFull(std::string_view text) {
   return ParseEnum<OnPoolFull>(text, kOnPoolFullNames);
@@ -192,6 +196,11 @@ const std::vector<KeySpec>& Specs() {
          return absl::InvalidArgumentError(
              absl::StrCat("must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
        }},
+      {"gpu.arena_export", "auto | vmm | cuda_ipc",
+       "How GPU slot arenas reach engines (device cuda): vmm (CUDA VMM, POSIX fd), cuda_ipc (legacy cudaIpc "
+       "handle), or auto (vmm where the GPU supports fd export, else cuda_ipc).",
+       false, HS_SET_WITH(ParseArenaExport, gpu.arena_export),
+       [](const DaemonConfig& c) { return std::string(ArenaExportModeName(c.gpu.arena_export)); }, nullptr},
       {"limits.max_sessions", "integer >= 1", "Most sessions (engine connections) open at once.", false,
        HS_SET_WITH(ParseInt, limits.max_sessions),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_sessions); },
@@ -369,6 +378,7 @@ std::string YamlQuote(std::string_view text) {
 
 std::string_view HugePagesModeName(HugePagesMode mode) { return NameOf(static_cast<int>(mode), kHugePagesNames); }
 std::string_view DeviceKindName(DeviceKind kind) { return NameOf(static_cast<int>(kind), kDeviceNames); }
+std::string_view ArenaExportModeName(ArenaExportMode mode) { return NameOf(static_cast<int>(mode), kArenaExportNames); }
 std::string_view OnPoolFullName(OnPoolFull mode) { return NameOf(static_cast<int>(mode), kOnPoolFullNames); }
 std::string_view LogLevelName(LogLevel level) { return NameOf(static_cast<int>(level), kLogLevelNames); }
 

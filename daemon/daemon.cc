@@ -79,14 +79,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   GpuArenaAllocator gpu_arena_allocator;
   if (config.device == DeviceKind::kCuda) {
     int gpus = 0;
-    absl::StatusOr<GpuArenaAllocator> vmm = MakeVmmArenaAllocator(&gpus);
+    const ArenaExport mode = config.gpu.arena_export == ArenaExportMode::kVmm       ? ArenaExport::kVmm
+                             : config.gpu.arena_export == ArenaExportMode::kCudaIpc ? ArenaExport::kCudaIpc
+                                                                                    : ArenaExport::kAuto;
+    absl::StatusOr<GpuArenaAllocator> vmm = MakeCudaArenaAllocator(mode, &gpus);
     if (!vmm.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("device: cuda, but GPU slot arenas are unavailable: ", vmm.status().message()));
     }
     gpu_arena_allocator = *std::move(vmm);
     device = "cuda";
-    LOG(INFO) << "device cuda: slot arenas in GPU memory (CUDA VMM, fd export) on " << gpus << " GPU(s)";
+    LOG(INFO) << "device cuda: slot arenas in GPU memory on " << gpus
+              << " GPU(s), gpu.arena_export: " << ArenaExportModeName(config.gpu.arena_export);
   }
 
   const PoolGeometry geometry = HostPoolGeometry(config.host_pool);

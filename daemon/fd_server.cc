@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -80,19 +81,22 @@ void FdServer::Serve(int conn) {
 std::string FdServer::Handle(const std::string& request, const PeerCredentials& peer, UniqueFd* out_fd) {
   std::vector<std::string> parts = absl::StrSplit(request, absl::MaxSplits(' ', 3));
   uint64_t session_id = 0;
-  if (parts.size() != 4 || parts[0] != "HSFD1" || !absl::SimpleAtoi(parts[1], &session_id)) {
-    return "ERR INVALID_ARGUMENT malformed request: want \"HSFD1 <session_id> <token> <object>\"";
+  const bool v2 = !parts.empty() && parts[0] == "HSFD2";
+  if (parts.size() != 4 || (parts[0] != "HSFD1" && !v2) || !absl::SimpleAtoi(parts[1], &session_id)) {
+    return "ERR INVALID_ARGUMENT malformed request: want \"HSFD2 <session_id> <token> <object>\"";
   }
   uint64_t known_bytes = 0;
-  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3], peer, &known_bytes);
+  std::string ipc_handle;
+  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3], peer, &known_bytes, v2 ? &ipc_handle : nullptr);
   if (!fd.ok()) {
     return absl::StrCat("ERR ", absl::StatusCodeToString(fd.status().code()), " ", fd.status().message());
   }
+  if (!ipc_handle.empty()) return absl::StrCat("OK cuda-ipc ", known_bytes, " ", absl::BytesToHexString(ipc_handle));
   // A GPU arena's fd has no size to fstat; the session manager knows the allocation's.
   absl::StatusOr<size_t> size = known_bytes != 0 ? absl::StatusOr<size_t>(known_bytes) : FileSize(fd->get());
   if (!size.ok()) return absl::StrCat("ERR INTERNAL ", size.status().message());
   *out_fd = std::move(*fd);
-  return absl::StrCat("OK ", *size);
+  return absl::StrCat(v2 ? "OK fd " : "OK ", *size);
 }
 
 }  // namespace hisparse

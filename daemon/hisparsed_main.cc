@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
       {"--pretouch-threads", "host_pool.pretouch_threads"},
       {"--device", "device"},
       {"--gpu-memory-budget", "gpu_memory_budget"},
+      {"--gpu-arena-export", "gpu.arena_export"},
       {"--max-sessions", "limits.max_sessions"},
       {"--log-level", "log_level"},
       {"--metrics-listen", "metrics.listen"},

@@ -132,6 +132,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   // exported now.
   const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
   absl::Status arena_status;
+  const absl::Time create_start = absl::Now();
   if (on_gpu) {
     absl::StatusOr<std::unique_ptr<GpuArena>> gpu =
         options_.gpu_arena_allocator(open.geometry().gpu(), layout.total_bytes);
@@ -153,6 +154,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
       arena_status = arena_map.status();
     }
   }
+  const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
   absl::MutexLock lock(&mu_);
   if (!arena_status.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
@@ -165,8 +167,10 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.set_session_id(session->id);
   opened.set_token(session->token);
   opened.set_fd_socket(options_.fd_socket_path);
-  opened.mutable_arena()->set_kind(session->gpu_arena ? session->gpu_arena->kind() : "host");
+  session->arena_kind = session->gpu_arena ? session->gpu_arena->kind() : std::string(kArenaKindHost);
+  opened.mutable_arena()->set_kind(session->arena_kind);
   opened.mutable_arena()->set_bytes(session->arena_bytes);
+  opened.mutable_arena()->set_create_seconds(create_seconds);
   opened.set_segment_bytes(pool_->segment_bytes());
   opened.set_max_tokens_per_request(
       static_cast<uint32_t>(std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
@@ -175,7 +179,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
             << "): layers " << open.geometry().num_layers() << ", record " << open.geometry().record_bytes() << " B, k "
             << open.geometry().k() << ", B " << open.geometry().slots() << ", rows " << open.geometry().max_requests()
             << ", arena " << session->arena_bytes << " B "
-            << (session->gpu_arena ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"));
+            << (session->gpu_arena ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
+            << " shared as " << session->arena_kind << " (created in " << create_seconds * 1e3 << " ms)";
   sessions_.emplace(session->id, std::move(session));
   return opened;
 }
@@ -515,6 +520,7 @@ v1::StatsResponse SessionManager::Stats() const {
       ss->set_host_bytes(host);
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
+      ss->set_arena_kind(s->arena_kind);
       if (s->gpu_arena != nullptr) {
         gpu_counters.emplace_back(out.session_stats_size() - 1, s->gpu_arena,
                                   ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
@@ -548,7 +554,7 @@ v1::StatsResponse SessionManager::Stats() const {
 
 absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token,
                                                   const std::string& object, const PeerCredentials& peer,
-                                                  uint64_t* bytes) {
+                                                  uint64_t* bytes, std::string* ipc_handle) {
   absl::MutexLock lock(&mu_);
   v1::SessionRef ref;
   ref.set_session_id(session_id);
@@ -572,8 +578,19 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
         absl::StrCat("session ", s->id, " belongs to uid ", *s->tenant_uid, ", not uid ", peer.uid));
   }
   if (bytes != nullptr) *bytes = 0;
+  if (ipc_handle != nullptr) ipc_handle->clear();
   int fd = -1;
-  if (object == "arena" && s->gpu_arena != nullptr) {
+  if (object == "arena" && s->gpu_arena != nullptr && s->arena_kind == kArenaKindIpc) {
+    // No descriptor: the cudaIpc handle travels as data.
+    if (ipc_handle == nullptr) {
+      return absl::FailedPreconditionError(
+          "this session's GPU arena is shared as a cudaIpc handle, which this request form cannot carry "
+          "(fetch it with HSFD2)");
+    }
+    HS_ASSIGN_OR_RETURN(*ipc_handle, s->gpu_arena->IpcHandle());
+    if (bytes != nullptr) *bytes = s->gpu_arena->bytes();
+    return UniqueFd();
+  } else if (object == "arena" && s->gpu_arena != nullptr) {
     if (bytes != nullptr) *bytes = s->gpu_arena->bytes();
     return s->gpu_arena->Export();
   } else if (object == "arena") {

@@ -47,6 +47,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_FALSE(c.host_pool.mlock);
   EXPECT_EQ(c.device, DeviceKind::kAuto);
   EXPECT_EQ(c.gpu_memory_budget, 0u);
+  EXPECT_EQ(c.gpu.arena_export, ArenaExportMode::kAuto);
   EXPECT_EQ(c.limits.max_sessions, 256);
   EXPECT_EQ(c.limits.max_requests_per_session, 4096);
   EXPECT_EQ(c.log_level, LogLevel::kInfo);
@@ -182,6 +183,24 @@ TEST(ConfigTest, YamlSyntaxErrorHasLineAndColumn) {
   EXPECT_THAT(ErrorOf("a: b: c\n"), StartsWith("YAML syntax error (line 1"));
 }
 
+TEST(ConfigTest, GpuArenaExport) {
+  EXPECT_EQ(MustParse("gpu: {arena_export: vmm}").gpu.arena_export, ArenaExportMode::kVmm);
+  EXPECT_EQ(MustParse("gpu: {arena_export: CUDA_IPC}").gpu.arena_export, ArenaExportMode::kCudaIpc);
+  EXPECT_EQ(MustParse("gpu: {arena_export: auto}").gpu.arena_export, ArenaExportMode::kAuto);
+  DaemonConfig c;
+  ASSERT_TRUE(ApplyConfigOverride(c, "gpu.arena_export", "cuda_ipc").ok());
+  EXPECT_EQ(c.gpu.arena_export, ArenaExportMode::kCudaIpc);
+  EXPECT_EQ(ArenaExportModeName(c.gpu.arena_export), "cuda_ipc");
+  const absl::Status bad = ApplyConfigOverride(c, "gpu.arena_export", "ipc");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("gpu.arena_export"));
+  EXPECT_THAT(std::string(bad.message()), ::testing::HasSubstr("auto, vmm, cuda_ipc"));
+  EXPECT_EQ(c.gpu.arena_export, ArenaExportMode::kCudaIpc);  // unchanged by the bad value
+  DaemonConfig d;
+  ASSERT_TRUE(ApplyConfigOverride(d, "gpu.arena_export", "cuda_ipc").ok());
+  EXPECT_NE(d, DaemonConfig{});  // equality covers the new key
+}
+
 TEST(ConfigTest, Overrides) {
   DaemonConfig c;
   ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.size", "64GiB").ok());
@@ -268,6 +287,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"host_pool.mlock", "true"},
                                                                     {"device", "host"},
                                                                     {"gpu_memory_budget", "1GiB"},
+                                                                    {"gpu.arena_export", "cuda_ipc"},
                                                                     {"limits.max_sessions", "2"},
                                                                     {"limits.max_requests_per_session", "2"},
                                                                     {"access.socket_group", "hisparse"},
@@ -337,12 +357,13 @@ TEST(ConfigTest, KeyTable) {
     EXPECT_TRUE(ApplyConfigOverride(c, k.key, k.default_value).ok()) << k.key;
     EXPECT_EQ(c, DaemonConfig{}) << k.key;
   }
-  EXPECT_THAT(names, ::testing::ElementsAre(
-                         "listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
-                         "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
-                         "limits.max_sessions", "limits.max_requests_per_session", "access.socket_group",
-                         "access.allowed_uids", "access.allowed_gids", "quotas.host_bytes", "quotas.arena_bytes",
-                         "quotas.requests", "admission.on_pool_full", "metrics.listen", "log_level"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
+                                     "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
+                                     "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
+                                     "access.socket_group", "access.allowed_uids", "access.allowed_gids",
+                                     "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
+                                     "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

@@ -1,6 +1,7 @@
 // SessionManager with GPU slot arenas, through a fake GpuArenaAllocator (no GPU needed): per-GPU
 // accounting, budget refusal, the fd and size handed out for "arena", counters read for Stats,
-// and release of the allocation the moment the session closes.
+// release of the allocation the moment the session closes, the choice and reporting of the
+// sharing kind (cuda-vmm or the cuda-ipc fallback), and the fd channel's typed replies.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -8,10 +9,17 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/access.h"
+#include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/session_manager.h"
 #include "hisparse/kernels/arena_layout.h"
@@ -30,9 +38,11 @@ struct FakeGpus {
 };
 
 // GPU memory stood in for by a memfd (so Export has a real fd), rounded like the VMM allocator.
+// As kind "cuda-ipc" it has no fd to give, only a 64-byte handle (the memfd still backs Read).
 class FakeArena final : public GpuArena {
  public:
-  FakeArena(FakeGpus* gpus, int gpu, uint64_t bytes) : gpus_(gpus), gpu_(gpu), bytes_(bytes) {
+  FakeArena(FakeGpus* gpus, int gpu, uint64_t bytes, std::string kind = kArenaKindVmm)
+      : gpus_(gpus), gpu_(gpu), bytes_(bytes), kind_(std::move(kind)) {
     fd_ = UniqueFd(::memfd_create("fake-gpu-arena", MFD_CLOEXEC));
     (void)::ftruncate(fd_.get(), static_cast<off_t>(bytes_));
     gpus_->live_bytes[gpu_] += bytes_;
@@ -44,8 +54,17 @@ class FakeArena final : public GpuArena {
   }
   int gpu() const override { return gpu_; }
   uint64_t bytes() const override { return bytes_; }
-  std::string kind() const override { return "cuda-vmm"; }
-  absl::StatusOr<UniqueFd> Export() const override { return UniqueFd(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0)); }
+  std::string kind() const override { return kind_; }
+  absl::StatusOr<UniqueFd> Export() const override {
+    if (kind_ == kArenaKindIpc) return absl::FailedPreconditionError("fake: a cuda-ipc arena has no fd");
+    return UniqueFd(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+  }
+  absl::StatusOr<std::string> IpcHandle() const override {
+    if (kind_ != kArenaKindIpc) return GpuArena::IpcHandle();
+    std::string h(64, '\0');
+    for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<char>(gpu_ * 64 + i);
+    return h;
+  }
   absl::Status Read(uint64_t offset, void* dst, size_t n) const override {
     if (::pread(fd_.get(), dst, n, static_cast<off_t>(offset)) != static_cast<ssize_t>(n)) {
       return absl::InternalError("pread");
@@ -58,6 +77,7 @@ class FakeArena final : public GpuArena {
   FakeGpus* gpus_;
   int gpu_;
   uint64_t bytes_;
+  std::string kind_;
   UniqueFd fd_;
 };
 
@@ -81,8 +101,12 @@ class GpuArenaSessionTest : public ::testing::Test {
         gpus_.fail_next = false;
         return absl::ResourceExhaustedError("fake cuMemCreate: out of memory");
       }
+      // The kind is chosen as the CUDA allocator chooses it, from gpu.arena_export and the GPU's
+      // (here: pretended) VMM fd-export support.
+      absl::StatusOr<std::string> kind = ChooseArenaKind(export_mode_, !no_vmm_fd_.count(gpu), gpu);
+      if (!kind.ok()) return kind.status();
       return std::unique_ptr<GpuArena>(
-          new FakeArena(&gpus_, gpu, (bytes + kGranularity - 1) / kGranularity * kGranularity));
+          new FakeArena(&gpus_, gpu, (bytes + kGranularity - 1) / kGranularity * kGranularity, *kind));
     };
     manager_ = std::make_unique<SessionManager>(options, std::move(*created));
   }
@@ -102,6 +126,8 @@ class GpuArenaSessionTest : public ::testing::Test {
   PeerCredentials Me() const { return PeerCredentials{::getpid(), ::getuid(), ::getgid()}; }
 
   FakeGpus gpus_;
+  ArenaExport export_mode_ = ArenaExport::kAuto;
+  std::set<int> no_vmm_fd_;  // GPUs that pretend to lack VMM POSIX-fd export
   std::unique_ptr<SessionManager> manager_;
 };
 
@@ -182,6 +208,121 @@ TEST_F(GpuArenaSessionTest, StatsReadCountersFromTheGpuArena) {
   EXPECT_EQ(st.session_stats(0).misses(), 7u);
   EXPECT_EQ(st.session_stats(0).bytes_fetched(), 7u * 64);
   EXPECT_EQ(st.session_stats(0).arena_bytes(), kGranularity);
+}
+
+TEST(ChooseArenaKindTest, AutoPrefersVmmAndFallsBackToCudaIpc) {
+  EXPECT_EQ(*ChooseArenaKind(ArenaExport::kAuto, true, 0), "cuda-vmm");
+  EXPECT_EQ(*ChooseArenaKind(ArenaExport::kAuto, false, 0), "cuda-ipc");
+  EXPECT_EQ(*ChooseArenaKind(ArenaExport::kCudaIpc, true, 0), "cuda-ipc");
+  EXPECT_EQ(*ChooseArenaKind(ArenaExport::kCudaIpc, false, 0), "cuda-ipc");
+  EXPECT_EQ(*ChooseArenaKind(ArenaExport::kVmm, true, 0), "cuda-vmm");
+  const absl::StatusOr<std::string> refused = ChooseArenaKind(ArenaExport::kVmm, false, 3);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("GPU 3"));
+}
+
+TEST_F(GpuArenaSessionTest, AutoFallsBackToCudaIpcAndReportsIt) {
+  no_vmm_fd_ = {1};
+  auto vmm = manager_->OpenSession(Open(0), 1);
+  auto ipc = manager_->OpenSession(Open(1), 1);
+  ASSERT_TRUE(vmm.ok() && ipc.ok());
+  EXPECT_EQ(vmm->arena().kind(), "cuda-vmm");
+  EXPECT_EQ(ipc->arena().kind(), "cuda-ipc");
+  EXPECT_EQ(ipc->arena().bytes(), kGranularity);
+  EXPECT_GE(ipc->arena().create_seconds(), 0.0);
+
+  // The handle, not an fd; the request form without room for a handle is refused.
+  uint64_t bytes = 0;
+  std::string handle;
+  auto none = manager_->DupFdFor(ipc->session_id(), ipc->token(), "arena", Me(), &bytes, &handle);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->valid());
+  EXPECT_EQ(handle.size(), 64u);
+  EXPECT_EQ(bytes, kGranularity);
+  auto v1 = manager_->DupFdFor(ipc->session_id(), ipc->token(), "arena", Me(), &bytes);
+  EXPECT_TRUE(absl::IsFailedPrecondition(v1.status())) << v1.status();
+  // A VMM arena still comes as an fd, with no handle, through the same call.
+  auto fd = manager_->DupFdFor(vmm->session_id(), vmm->token(), "arena", Me(), &bytes, &handle);
+  ASSERT_TRUE(fd.ok());
+  EXPECT_TRUE(fd->valid());
+  EXPECT_TRUE(handle.empty());
+  // Another session's token names nothing here.
+  auto cross = manager_->DupFdFor(ipc->session_id(), vmm->token(), "arena", Me(), &bytes, &handle);
+  EXPECT_FALSE(cross.ok());
+
+  // Reported per session in Stats (hisparse-ctl sessions prints it).
+  const v1::StatsResponse st = manager_->Stats();
+  ASSERT_EQ(st.session_stats_size(), 2);
+  for (const v1::SessionStats& ss : st.session_stats()) {
+    EXPECT_EQ(ss.arena_kind(), ss.session_id() == ipc->session_id() ? "cuda-ipc" : "cuda-vmm");
+  }
+  // Released on close like any GPU arena.
+  manager_->CloseSession(ipc->session_id());
+  EXPECT_EQ(gpus_.live_bytes[1], 0u);
+  EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(1), 0u);
+}
+
+TEST_F(GpuArenaSessionTest, ForcedModes) {
+  export_mode_ = ArenaExport::kCudaIpc;
+  auto ipc = manager_->OpenSession(Open(0), 1);
+  ASSERT_TRUE(ipc.ok());
+  EXPECT_EQ(ipc->arena().kind(), "cuda-ipc");  // forced, though GPU 0 supports VMM fds
+
+  export_mode_ = ArenaExport::kVmm;
+  no_vmm_fd_ = {1};
+  auto refused = manager_->OpenSession(Open(1), 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(1), 0u);  // the reservation is returned
+  auto host = manager_->OpenSession(Open(-1), 1);                  // host arenas are not affected
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->arena().kind(), "host");
+  EXPECT_EQ(manager_->Stats().session_stats(0).arena_kind().empty(), false);
+}
+
+// The fd channel's typed replies (protocol version 2) against a real FdServer on a temporary socket.
+TEST_F(GpuArenaSessionTest, FdChannelCarriesFdsAndCudaIpcHandles) {
+  no_vmm_fd_ = {1};
+  char dir_template[] = "/tmp/hs-fdchan-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string path = std::string(dir_template) + "/fd.sock";
+  auto server = FdServer::Start(path, 0600, static_cast<gid_t>(-1), AccessPolicy(), manager_.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto vmm = manager_->OpenSession(Open(0), 1);
+  auto ipc = manager_->OpenSession(Open(1), 1);
+  ASSERT_TRUE(vmm.ok() && ipc.ok());
+  auto conn = ConnectUnixSeqpacket(path);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto ask = [&](const std::string& request) {
+    EXPECT_TRUE(SendPacket(conn->get(), request, -1).ok());
+    auto reply = RecvPacket(conn->get(), 1024);
+    EXPECT_TRUE(reply.ok());
+    return reply.ok() ? std::move(*reply) : Packet{};
+  };
+  const std::string ipc_ref = absl::StrCat(ipc->session_id(), " ", ipc->token(), " arena");
+  const std::string vmm_ref = absl::StrCat(vmm->session_id(), " ", vmm->token(), " arena");
+
+  Packet r = ask("HSFD2 " + ipc_ref);
+  std::string hex;
+  for (int i = 0; i < 64; ++i) hex += absl::StrFormat("%02x", 64 + i);  // the fake's handle on GPU 1
+  EXPECT_EQ(r.payload, absl::StrCat("OK cuda-ipc ", kGranularity, " ", hex));
+  EXPECT_FALSE(r.fd.valid());
+  r = ask("HSFD1 " + ipc_ref);
+  EXPECT_THAT(r.payload, ::testing::StartsWith("ERR FAILED_PRECONDITION"));
+  EXPECT_FALSE(r.fd.valid());
+  r = ask("HSFD2 " + vmm_ref);
+  EXPECT_EQ(r.payload, absl::StrCat("OK fd ", kGranularity));
+  EXPECT_TRUE(r.fd.valid());
+  r = ask("HSFD1 " + vmm_ref);
+  EXPECT_EQ(r.payload, absl::StrCat("OK ", kGranularity));
+  EXPECT_TRUE(r.fd.valid());
+  // One session's token opens nothing of another's.
+  r = ask(absl::StrCat("HSFD2 ", ipc->session_id(), " ", vmm->token(), " arena"));
+  EXPECT_THAT(r.payload, ::testing::StartsWith("ERR "));
+  EXPECT_FALSE(r.fd.valid());
+  conn->Reset();
+  (*server)->Stop();
+  ::unlink(path.c_str());
+  ::rmdir(dir_template);
 }
 
 }  // namespace

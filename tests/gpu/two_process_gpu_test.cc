@@ -1,7 +1,11 @@
 // The two-process GPU path: hisparsed (device: cuda) owns each session's slot arena in GPU memory
-// and engines (gpu_engine, beside this binary) import it. Skips without a GPU.
+// and engines (gpu_engine, beside this binary) import it. Every test runs twice: with
+// gpu.arena_export auto (CUDA VMM, fd export, on a GPU that has it) and forced to the legacy
+// cudaIpc fallback. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,26 +28,35 @@ std::string EngineBinary() {
   return self.substr(0, self.rfind('/') + 1) + "gpu_engine";
 }
 
-// A running engine with its stdout on a pipe.
+// A running engine with its stdin and stdout on pipes.
 struct Engine {
   pid_t pid = -1;
   FILE* out = nullptr;
-  static Engine Start(const std::string& address, const std::string& mode, const std::string& steps = "0") {
-    int p[2];
+  int in = -1;
+  static Engine Start(const std::string& address, const std::string& mode, const std::string& steps = "0",
+                      const std::string& request_id = "1", const std::string& foreign_id = "0") {
+    int p[2], q[2];
     EXPECT_EQ(::pipe(p), 0);
+    EXPECT_EQ(::pipe(q), 0);
     Engine e;
     e.pid = ::fork();
     if (e.pid == 0) {
       ::dup2(p[1], 1);
+      ::dup2(q[0], 0);
       ::close(p[0]);
+      ::close(q[1]);
       const std::string bin = EngineBinary();
-      ::execl(bin.c_str(), bin.c_str(), address.c_str(), mode.c_str(), steps.c_str(), nullptr);
+      ::execl(bin.c_str(), bin.c_str(), address.c_str(), mode.c_str(), steps.c_str(), request_id.c_str(),
+              foreign_id.c_str(), nullptr);
       ::_exit(127);
     }
     ::close(p[1]);
+    ::close(q[0]);
     e.out = ::fdopen(p[0], "r");
+    e.in = q[1];
     return e;
   }
+  void Send(const std::string& line) { EXPECT_EQ(::write(in, line.data(), line.size()), ssize_t(line.size())); }
   std::string Line() {
     char buf[256] = {};
     return std::fgets(buf, sizeof(buf), out) ? std::string(buf) : std::string();
@@ -53,18 +66,21 @@ struct Engine {
     ::waitpid(pid, &status, 0);
     if (out) std::fclose(out);
     out = nullptr;
+    if (in >= 0) ::close(in);
+    in = -1;
     return status;
   }
 };
 
-class TwoProcessGpuTest : public ::testing::Test {
+// The parameter: gpu.arena_export.
+class TwoProcessGpuTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
     // Small segments: each session owns whole segments, and several sessions run at once here.
-    auto d = DaemonProcess::Start({"--device", "cuda", "--host-pool-size", "256MiB", "--host-pool-segment-size",
-                                   "16MiB", "--log-level", "warning"});
+    auto d = DaemonProcess::Start({"--device", "cuda", "--gpu-arena-export", GetParam(), "--host-pool-size", "256MiB",
+                                   "--host-pool-segment-size", "16MiB", "--log-level", "warning"});
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
     // An observer session on the host-emulated device, to read the daemon's stats.
@@ -93,11 +109,18 @@ class TwoProcessGpuTest : public ::testing::Test {
     return free_b;
   }
 
+  // The kind the engine must see: forced cuda_ipc, else VMM (every GPU this test runs on has fd
+  // export; a GPU without it would get cuda-ipc under auto, and this expectation would say so).
+  std::string ExpectedKind() const { return GetParam() == "cuda_ipc" ? "cuda-ipc" : "cuda-vmm"; }
+
   std::unique_ptr<DaemonProcess> daemon_;
   hs_session* observer_ = nullptr;
 };
 
-TEST_F(TwoProcessGpuTest, ResolveThroughTheDaemonsGpuArena) {
+INSTANTIATE_TEST_SUITE_P(ArenaExport, TwoProcessGpuTest, ::testing::Values("auto", "cuda_ipc"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST_P(TwoProcessGpuTest, ResolveThroughTheDaemonsGpuArena) {
   Engine e = Engine::Start(daemon_->address(), "check", "50");
   const std::string line = e.Line();
   const int status = e.Wait();
@@ -105,6 +128,7 @@ TEST_F(TwoProcessGpuTest, ResolveThroughTheDaemonsGpuArena) {
   unsigned long long hits = 0, misses = 0, checked = 0;
   ASSERT_EQ(std::sscanf(line.c_str(), "OK hits=%llu misses=%llu checked=%llu", &hits, &misses, &checked), 3) << line;
   EXPECT_EQ(checked, 50u * 2 * 4);
+  EXPECT_NE(line.find("arena=" + ExpectedKind()), std::string::npos) << line;
   // The daemon read these from GPU memory: every selection counted once as a hit or a miss.
   EXPECT_GT(hits + misses, 0u);
   EXPECT_LE(hits + misses, checked);
@@ -112,7 +136,7 @@ TEST_F(TwoProcessGpuTest, ResolveThroughTheDaemonsGpuArena) {
   EXPECT_EQ(Stats().sessions, 1u);  // the engine's session (and its arena) is gone
 }
 
-TEST_F(TwoProcessGpuTest, KillNineMidDecodeFreesTheGpuArena) {
+TEST_P(TwoProcessGpuTest, KillNineMidDecodeFreesTheGpuArena) {
   // The baseline is taken once the daemon's own CUDA context exists (it is created with the first
   // GPU arena and lives as long as the daemon): one engine attaches and is killed first.
   {
@@ -148,7 +172,7 @@ TEST_F(TwoProcessGpuTest, KillNineMidDecodeFreesTheGpuArena) {
   std::printf("kill -9 x20: GPU memory back to baseline within %.1f ms at worst\n", worst_ms);
 }
 
-TEST_F(TwoProcessGpuTest, TwoEnginesEachOnTheirOwnArena) {
+TEST_P(TwoProcessGpuTest, TwoEnginesEachOnTheirOwnArena) {
   Engine a = Engine::Start(daemon_->address(), "loop");
   Engine b = Engine::Start(daemon_->address(), "loop");
   EXPECT_EQ(a.Line(), "READY\n");
@@ -163,6 +187,54 @@ TEST_F(TwoProcessGpuTest, TwoEnginesEachOnTheirOwnArena) {
   EXPECT_EQ(::kill(b.pid, 0), 0) << "engine b died";
   ::kill(b.pid, SIGKILL);
   b.Wait();
+}
+
+// Isolation, on top of TwoEnginesEachOnTheirOwnArena: engine A holds its arena still while engine
+// B decodes (checking every slot's bytes): A's arena bytes are the same before and after, and B
+// cannot name A's request (NOT_FOUND for extend, release, record_ptr). The fd channel refuses a
+// forged token for every live session, from a third process (this one). The token of one session
+// opening nothing of another's is covered without a GPU (gpu_arena_session_test).
+TEST_P(TwoProcessGpuTest, EnginesCannotReachEachOthersArenaOrRequests) {
+  Engine a = Engine::Start(daemon_->address(), "hold", "20", "4242");
+  const std::string before = a.Line();
+  ASSERT_EQ(before.rfind("SUM ", 0), 0u) << before;
+  Engine b = Engine::Start(daemon_->address(), "check", "50", "1", "4242");
+  const std::string line = b.Line();
+  EXPECT_EQ(WEXITSTATUS(b.Wait()), 0) << line;
+  EXPECT_EQ(line.rfind("OK ", 0), 0u) << line;
+  a.Send("go\n");
+  const std::string after = a.Line();
+  EXPECT_EQ(WEXITSTATUS(a.Wait()), 0);
+  EXPECT_EQ(before, after) << "engine A's arena changed while engine B decoded";
+
+  // Forged tokens on the fd channel: refused, nothing attached, for any session id.
+  Engine held = Engine::Start(daemon_->address(), "loop");
+  ASSERT_EQ(held.Line(), "READY\n");
+  const int conn = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string fd_path = daemon_->socket_path() + ".fd";
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", fd_path.c_str());
+  ASSERT_EQ(::connect(conn, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << fd_path;
+  for (int id = 1; id <= 16; ++id) {
+    const std::string req = "HSFD2 " + std::to_string(id) + " 00000000000000000000000000000000 arena";
+    ASSERT_EQ(::send(conn, req.data(), req.size(), 0), ssize_t(req.size()));
+    char buf[1024] = {};
+    char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{buf, sizeof(buf) - 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(conn, &msg, 0);
+    ASSERT_GT(n, 0);
+    EXPECT_EQ(std::string(buf, 4), "ERR ") << "session " << id << ": " << buf;
+    EXPECT_EQ(CMSG_FIRSTHDR(&msg), nullptr) << "session " << id << ": a descriptor came with a forged token";
+  }
+  ::close(conn);
+  ::kill(held.pid, SIGKILL);
+  held.Wait();
 }
 
 }  // namespace

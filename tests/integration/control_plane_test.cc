@@ -1,6 +1,7 @@
 // The control plane against a real hisparsed: sessions, admission, release, stats, errors,
 // health and reflection.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
@@ -60,6 +61,29 @@ TEST_F(ControlPlaneTest, AdmitWriteReadReleaseAndStatsMatch) {
   st = Stats(address_);
   EXPECT_EQ(st.requests(), 0u);
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);
+}
+
+TEST_F(ControlPlaneTest, SessionInfoReportsTheArenaKindAndServesOlderStructs) {
+  Session s = Open(SmallGeometry(address_));
+  hs_session_info info = HS_SESSION_INFO_INIT;
+  ASSERT_EQ(hs_session_get_info(s.get(), &info), HS_OK) << hs_last_error();
+  EXPECT_EQ(info.arena_kind, HS_ARENA_HOST);
+  EXPECT_EQ(info.struct_size, sizeof(hs_session_info));
+  v1::StatsResponse st = Stats(address_);
+  ASSERT_EQ(st.session_stats_size(), 1);
+  EXPECT_EQ(st.session_stats(0).arena_kind(), "host");
+  // A caller built before arena_kind existed passes the older size: it gets what it knows of, and
+  // nothing past its struct is written.
+  hs_session_info old;
+  std::memset(&old, 0xab, sizeof(old));
+  old.struct_size = offsetof(hs_session_info, arena_kind);
+  ASSERT_EQ(hs_session_get_info(s.get(), &old), HS_OK) << hs_last_error();
+  EXPECT_EQ(old.session_id, info.session_id);
+  EXPECT_EQ(old.arena_bytes, info.arena_bytes);
+  EXPECT_EQ(static_cast<int>(old.arena_kind), static_cast<int>(0xabababab));
+  hs_session_info tiny = HS_SESSION_INFO_INIT;
+  tiny.struct_size = 8;
+  EXPECT_EQ(hs_session_get_info(s.get(), &tiny), HS_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(ControlPlaneTest, RecordsOfOneLayerAreContiguous) {

@@ -30,6 +30,7 @@ def test_open_reports_geometry_and_host_backend(open_session):
     assert info.record_stride >= 80
     assert info.slot_base != 0
     assert info.arena_bytes >= 2 * 3 * 7 * 80
+    assert info.arena_kind == "host"  # a host-emulated daemon shares a memfd arena
     assert s.slot_view().shape == (2, 3, 7, info.record_stride)
 
 

@@ -99,6 +99,13 @@ hs_result hs_release(hs_session* session, uint64_t request_id);
 /* Host address of the record of (request, layer, position) in this process's mapping of the pool. */
 hs_result hs_record_ptr(hs_session* session, uint64_t request_id, uint32_t layer, uint32_t position, void** out);
 
+/* How the daemon shares the session's slot arena with this process (SessionOpened.arena.kind). */
+typedef enum hs_arena_kind {
+  HS_ARENA_HOST = 0,     /* a host memfd (device host/auto; or gpu = -1) */
+  HS_ARENA_CUDA_VMM = 1, /* GPU memory: a CUDA VMM allocation imported from a POSIX fd */
+  HS_ARENA_CUDA_IPC = 2  /* GPU memory: the legacy cudaIpc fallback (no VMM fd export on the GPU) */
+} hs_arena_kind;
+
 typedef struct hs_session_info {
   uint32_t struct_size;
   uint64_t session_id;
@@ -109,10 +116,11 @@ typedef struct hs_session_info {
   uint32_t slots;         /* B; slot B of each (row, layer) holds the newest token */
   uint32_t max_tokens_per_request;
   uint64_t arena_bytes;
+  hs_arena_kind arena_kind; /* how the arena reached this process */
 } hs_session_info;
 
 #define HS_SESSION_INFO_INIT \
-  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0 }
+  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0, HS_ARENA_HOST }
 
 hs_result hs_session_get_info(hs_session* session, hs_session_info* out);
 

@@ -87,6 +87,7 @@ class SessionInfo(ctypes.Structure):
         ("slots", ctypes.c_uint32),
         ("max_tokens_per_request", ctypes.c_uint32),
         ("arena_bytes", ctypes.c_uint64),
+        ("arena_kind", ctypes.c_int),
     ]
 
 

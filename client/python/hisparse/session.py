@@ -31,6 +31,7 @@ from .errors import FailedPrecondition, InvalidArgument, Unavailable, check
 
 _BACKENDS = {"auto": _lib.HS_BACKEND_AUTO, "host": _lib.HS_BACKEND_HOST, "cuda": _lib.HS_BACKEND_CUDA}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+_ARENA_KIND_NAMES = {0: "host", 1: "cuda-vmm", 2: "cuda-ipc"}  # hs_arena_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,7 @@ class SessionInfo:
     slots: int  # B; slot B of each (row, layer) holds the newest token
     max_tokens_per_request: int
     arena_bytes: int
+    arena_kind: str  # "host", "cuda-vmm" or "cuda-ipc": how the daemon shared the arena
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +199,8 @@ class Session:
         i = _lib.new_session_info()
         check(self._lib.hs_session_get_info(self._h(), ctypes.byref(i)), "session info")
         return SessionInfo(i.session_id, _BACKEND_NAMES.get(i.backend, str(i.backend)), i.slot_base or 0,
-                           i.record_stride, i.slots, i.max_tokens_per_request, i.arena_bytes)
+                           i.record_stride, i.slots, i.max_tokens_per_request, i.arena_bytes,
+                           _ARENA_KIND_NAMES.get(i.arena_kind, str(i.arena_kind)))
 
     def stats(self) -> Stats:
         s = _lib.new_stats()

@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "hisparse/common/unique_fd.h"
 
 namespace hisparse::cuvmm {
@@ -24,6 +26,17 @@ absl::StatusOr<int> DeviceCount();
 // Bytes of device memory free and total on `gpu` (cuMemGetInfo in its primary context).
 absl::Status MemInfo(int gpu, uint64_t* free_bytes, uint64_t* total_bytes);
 
+// Whether `gpu` can share VMM allocations as POSIX fds: both
+// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
+// CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED. Where not, cudaIpc is the way.
+absl::StatusOr<bool> VmmFdExportSupported(int gpu);
+
+// Where a mapping's import spent its time (seconds), for the session-open benchmark.
+struct ImportTimes {
+  double import_s = 0;  // cuMemImportFromShareableHandle / cuIpcOpenMemHandle
+  double map_s = 0;     // address reserve + map + set access (VMM only; cudaIpc maps in its open)
+};
+
 class VmmMapping {
  public:
   // Creates `bytes` (rounded up to the allocation granularity) on `gpu`, exportable as a POSIX fd,
@@ -31,7 +44,8 @@ class VmmMapping {
   static absl::StatusOr<std::unique_ptr<VmmMapping>> Create(int gpu, uint64_t bytes);
   // Imports an allocation exported by another process (`fd` is not consumed) of `bytes` bytes (the
   // exporter's rounded size) and maps it read-write for `gpu`.
-  static absl::StatusOr<std::unique_ptr<VmmMapping>> Import(int gpu, int fd, uint64_t bytes);
+  static absl::StatusOr<std::unique_ptr<VmmMapping>> Import(int gpu, int fd, uint64_t bytes,
+                                                            ImportTimes* times = nullptr);
 
   VmmMapping(const VmmMapping&) = delete;
   VmmMapping& operator=(const VmmMapping&) = delete;
@@ -58,6 +72,39 @@ class VmmMapping {
   CUdeviceptr va_ = 0;
   bool mapped_ = false;
   UniqueFd exported_;  // the daemon's own export; dup'ed for every engine that fetches it
+};
+
+// The legacy fallback: a cuMemAlloc'ed allocation shared through a cudaIpc handle (64 bytes, sent
+// as data: no fd). The creator frees it (cuMemFree); an importer's object closes its mapping
+// (cuIpcCloseMemHandle). The GPU memory is released when the creator frees it and every importer
+// has closed it or exited.
+class IpcMapping {
+ public:
+  static constexpr size_t kHandleBytes = sizeof(CUipcMemHandle);  // 64
+  // Allocates `bytes` (rounded up to 2 MiB, as the VMM path does) on `gpu`, zeroed, with a handle.
+  static absl::StatusOr<std::unique_ptr<IpcMapping>> Create(int gpu, uint64_t bytes);
+  // Opens another process's allocation from its handle (kHandleBytes bytes) on `gpu`.
+  static absl::StatusOr<std::unique_ptr<IpcMapping>> Open(int gpu, absl::string_view handle, uint64_t bytes,
+                                                          ImportTimes* times = nullptr);
+
+  IpcMapping(const IpcMapping&) = delete;
+  IpcMapping& operator=(const IpcMapping&) = delete;
+  ~IpcMapping();
+
+  CUdeviceptr ptr() const { return ptr_; }
+  uint64_t bytes() const { return bytes_; }
+  int gpu() const { return gpu_; }
+  // The handle's bytes (created allocations only).
+  absl::StatusOr<std::string> Handle() const;
+  absl::Status Read(uint64_t offset, void* dst, size_t n) const;
+
+ private:
+  IpcMapping() = default;
+  int gpu_ = -1;
+  uint64_t bytes_ = 0;
+  CUdeviceptr ptr_ = 0;
+  bool opened_ = false;  // imported: closed with cuIpcCloseMemHandle, else freed with cuMemFree
+  std::string handle_;
 };
 
 }  // namespace hisparse::cuvmm

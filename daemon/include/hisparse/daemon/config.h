@@ -29,11 +29,16 @@ namespace hisparse {
 enum class HugePagesMode { kAuto, kOn, kOff };
 // device. kAuto uses CUDA when a GPU is visible, else the host-emulated backend.
 enum class DeviceKind { kAuto, kCuda, kHost };
+// gpu.arena_export (device cuda): how a GPU slot arena is shared with its engine. kAuto uses CUDA
+// VMM with POSIX-fd export where the GPU supports it and legacy cudaIpc handles elsewhere; kVmm
+// and kCudaIpc force one (kVmm fails session open on a GPU without fd export).
+enum class ArenaExportMode { kAuto, kVmm, kCudaIpc };
 enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
 // The YAML spelling of each value: "auto", "on", "cuda", "warning", ...
 std::string_view HugePagesModeName(HugePagesMode mode);
 std::string_view DeviceKindName(DeviceKind kind);
+std::string_view ArenaExportModeName(ArenaExportMode mode);
 std::string_view LogLevelName(LogLevel level);
 
 struct HostPoolConfig {
@@ -93,6 +98,9 @@ struct DaemonConfig {
   DeviceKind device = DeviceKind::kAuto;
   // Per GPU bytes the daemon may take for slot arenas; 0 = no limit.
   uint64_t gpu_memory_budget = 0;
+  struct GpuConfig {
+    ArenaExportMode arena_export = ArenaExportMode::kAuto;
+  } gpu;
   LimitsConfig limits;
   AccessConfig access;
   QuotaConfig quotas;

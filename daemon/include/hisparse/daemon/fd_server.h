@@ -2,9 +2,14 @@
 // host-pool segments and its slot arena) reaches the engine over this SOCK_SEQPACKET unix socket
 // beside the gRPC one, with SCM_RIGHTS.
 //
-// Protocol (version 1), one request and one reply per packet:
-//   request  "HSFD1 <session_id> <token> arena"  |  "HSFD1 <session_id> <token> segment <N>"
-//   reply    "OK <bytes>" with the descriptor attached  |  "ERR <CODE> <message>" (no descriptor)
+// Protocol, one request and one reply per packet. Version 2 (typed replies):
+//   request  "HSFD2 <session_id> <token> arena"  |  "HSFD2 <session_id> <token> segment <N>"
+//   reply    "OK fd <bytes>" with the descriptor attached
+//          | "OK cuda-ipc <bytes> <handle>": no descriptor; <handle> is the arena's 64-byte cudaIpc
+//            handle in lower-case hex (128 characters); only a "cuda-ipc" arena answers so
+//          | "ERR <CODE> <message>" (no descriptor)
+// Version 1 ("HSFD1 ...", reply "OK <bytes>" + descriptor) is still served; it cannot carry a
+// cudaIpc handle, so a "cuda-ipc" arena answers it with ERR FAILED_PRECONDITION.
 // The token from SessionOpened is the capability: only the session that owns an object gets it.
 //
 // Thread-safe. One thread accepts; one thread serves each connection. Stop() ends them all.

@@ -53,8 +53,8 @@ class SessionManager {
     uint64_t arena_budget_bytes = 0;  // per device (GPU index or host), 0 = unlimited
     std::string device = "host";
     // Set (device cuda): sessions that declare geometry.gpu >= 0 get their slot arena in that
-    // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm"). Unset, or for
-    // gpu = -1, the arena is a host memfd ("host").
+    // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm" or "cuda-ipc", as the
+    // allocator chose). Unset, or for gpu = -1, the arena is a host memfd ("host").
     GpuArenaAllocator gpu_arena_allocator;
     std::string version = "0.1.0";
   };
@@ -75,9 +75,12 @@ class SessionManager {
   // For the fd channel: a dup of the descriptor of `object` ("arena" or "segment N") when
   // session_id/token name a live session that owns it. The caller owns the returned fd.
   // The first peer to fetch binds the session to its uid (the tenant) and pid. `bytes` (may be
-  // null) receives the object's size where fstat cannot tell it (a GPU arena's fd); else 0.
+  // null) receives the object's size where fstat cannot tell it (a GPU arena); else 0.
+  // A "cuda-ipc" arena has no descriptor: its 64-byte cudaIpc handle goes to `ipc_handle` and the
+  // returned fd is invalid; with `ipc_handle` null such an arena is refused (FailedPrecondition).
   absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object,
-                                    const PeerCredentials& peer, uint64_t* bytes = nullptr);
+                                    const PeerCredentials& peer, uint64_t* bytes = nullptr,
+                                    std::string* ipc_handle = nullptr);
 
   // Stop admitting (drain). Existing sessions keep what they hold. `on_idle` (may be empty) runs,
   // outside the lock, once no session is left while draining.
@@ -127,6 +130,7 @@ class SessionManager {
     UniqueFd arena_fd;
     MappedRegion arena;
     std::shared_ptr<GpuArena> gpu_arena;
+    std::string arena_kind;  // "host", "cuda-vmm" or "cuda-ipc"
     std::shared_ptr<EventSink> sink;
   };
 

@@ -1,0 +1,276 @@
+// hisparse-bench resolve-shared: the same RESOLVE launch on the daemon's GPU arena (imported by a
+// CUDA-backend session: cuda-vmm or cuda-ipc) and on an arena of the same geometry that this
+// process cudaMalloc'ed itself. Issue 4's goal: no measurable difference (within 3%).
+//
+// Starts its own hisparsed (--device cuda, --gpu-arena-export MODE; beside this binary or
+// $HISPARSE_DAEMON_BIN). Both arenas get the same state (every row's slots hold positions 0..B-1,
+// LRU in slot order, seq_len = B + k + 1; the selection is the first round((1-miss)*k) resident
+// positions, then non-resident ones), read the same host pool (one cudaHostAlloc'ed mapped block,
+// each row's run contiguous, as in `hisparse-bench resolve`) through the same host record map and
+// workspace. Timing as in `resolve`: per run, the tables are restored from a pristine device copy,
+// L2 is scrubbed (128 MiB memset), a ~20 us spin hides the launch, and CUDA events bracket the one
+// launch. The two arenas alternate run by run (ABBA order) so that drift hits both alike. Prints the
+// link's bulk H2D bandwidth first, then one JSON object per point with both medians and their ratio.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench_cmd.h"
+#include "client_session.h"
+#include "cuda_bench_util.h"
+#include "hisparse/common/daemon_process.h"
+#include "hisparse/kernels/resolve_cuda.h"
+
+namespace hisparse::bench {
+namespace {
+
+struct Options {
+  std::string mode = "auto";
+  int batch = 64, slots = 4096, k = 2048, record_bytes = 656;
+  std::vector<double> miss{0, 0.05, 0.2};
+  int runs = 300;
+};
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: hisparse-bench resolve-shared [--mode auto|vmm|cuda_ipc] [--batch 64] [--slots 4096]\n"
+               "       [--k 2048] [--record-bytes 656] [--miss 0,0.05,0.2] [--runs 300]\n");
+}
+
+// One arena's tables and their pristine copy.
+struct Arena {
+  ArenaView view{};
+  void* saved = nullptr;
+  size_t table_span = 0;
+};
+
+Arena Prepare(const ArenaView& view, const ArenaGeometry& g) {
+  Arena a;
+  a.view = view;
+  const ArenaOffsets off = ComputeArenaOffsets(g);
+  std::vector<int32_t> tab(static_cast<size_t>(g.max_rows) * g.slots);
+  for (size_t i = 0; i < tab.size(); ++i) tab[i] = static_cast<int32_t>(i % g.slots);
+  BENCH_CUDA(cudaMemcpy(view.slot_pos, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(view.lru, tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemset(view.counters, 0, sizeof(ArenaCounters)));
+  a.table_span = off.records - off.slot_pos;
+  BENCH_CUDA(cudaMalloc(&a.saved, a.table_span));
+  BENCH_CUDA(cudaMemcpy(a.saved, view.slot_pos, a.table_span, cudaMemcpyDeviceToDevice));
+  return a;
+}
+
+bool ParseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return false;
+    const char* v = argv[++i];
+    bool ok = true;
+    if (a == "--mode") {
+      o->mode = v;
+    } else if (a == "--batch") {
+      ok = absl::SimpleAtoi(v, &o->batch);
+    } else if (a == "--slots") {
+      ok = absl::SimpleAtoi(v, &o->slots);
+    } else if (a == "--k") {
+      ok = absl::SimpleAtoi(v, &o->k);
+    } else if (a == "--record-bytes") {
+      ok = absl::SimpleAtoi(v, &o->record_bytes);
+    } else if (a == "--runs") {
+      ok = absl::SimpleAtoi(v, &o->runs) && o->runs >= 1;
+    } else if (a == "--miss") {
+      o->miss.clear();
+      for (absl::string_view p : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+        double m = 0;
+        ok = ok && absl::SimpleAtod(p, &m) && m >= 0 && m <= 1;
+        o->miss.push_back(m);
+      }
+    } else {
+      ok = false;
+    }
+    if (!ok) return false;
+  }
+  return o->batch >= 1 && o->k >= 1 && o->slots >= o->k && !o->miss.empty();
+}
+
+}  // namespace
+
+int ResolveSharedMain(int argc, char** argv) {
+  Options o;
+  if (argc > 1 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help")) {
+    Usage();
+    return 0;
+  }
+  if (!ParseArgs(argc, argv, &o)) {
+    Usage();
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "hisparse-bench resolve-shared: no CUDA device\n");
+    return 1;
+  }
+  BENCH_CUDA(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double link = MeasureLink();
+  std::printf("{\"kind\":\"link\",\"device\":\"%s\",\"sms\":%d,\"h2d_gbps\":%.2f}\n", prop.name,
+              prop.multiProcessorCount, link);
+  std::fflush(stdout);
+
+  auto daemon = DaemonProcess::Start(
+      {"--device", "cuda", "--gpu-arena-export", o.mode, "--host-pool-size", "64MiB", "--log-level", "warning"},
+      120000);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "hisparse-bench resolve-shared: cannot start hisparsed: %s\n",
+                 daemon.status().ToString().c_str());
+    return 1;
+  }
+  const std::string address = (*daemon)->address();
+  hs_session_options so = HS_SESSION_OPTIONS_INIT;
+  so.daemon_address = address.c_str();
+  so.engine_name = "bench-resolve-shared";
+  so.gpu = 0;
+  so.num_layers = 1;
+  so.record_bytes = static_cast<uint32_t>(o.record_bytes);
+  so.k = static_cast<uint32_t>(o.k);
+  so.slots = static_cast<uint32_t>(o.slots);
+  so.max_requests = static_cast<uint32_t>(o.batch);
+  so.backend = HS_BACKEND_CUDA;
+  auto session = ClientSession::Open(so);
+  if (!session.ok()) {
+    std::fprintf(stderr, "hisparse-bench resolve-shared: session: %s\n", session.status().ToString().c_str());
+    return 1;
+  }
+  const std::string kind = (*session)->arena_kind();
+  const ArenaGeometry g{o.batch, 1, o.slots, o.k, static_cast<uint32_t>(o.record_bytes)};
+  const ArenaOffsets off = ComputeArenaOffsets(g);
+  void* own_mem = nullptr;
+  BENCH_CUDA(cudaMalloc(&own_mem, off.total_bytes));
+  BENCH_CUDA(cudaMemset(own_mem, 0, off.total_bytes));
+  Arena arenas[2] = {Prepare((*session)->arena_view(), g), Prepare(ArenaView::Of(own_mem, g), g)};
+
+  // The host pool and everything else RESOLVE reads: shared by both arenas.
+  const int B = o.slots, k = o.k, batch = o.batch, rb = o.record_bytes, seq = B + k + 1;
+  const size_t pool_bytes = static_cast<size_t>(batch) * seq * rb;
+  uint8_t* pool = nullptr;
+  BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  for (size_t i = 0; i < pool_bytes; i += 4096) pool[i] = static_cast<uint8_t>(i >> 12);
+  uint8_t* pool_dev = nullptr;
+  BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
+  std::vector<uint8_t*> base(batch);
+  for (int r = 0; r < batch; ++r) base[r] = pool_dev + static_cast<size_t>(r) * seq * rb;
+  std::vector<int32_t> caps(batch, seq), rows(batch), seqs(batch, seq);
+  for (int r = 0; r < batch; ++r) rows[r] = r;
+  uint8_t** d_base = nullptr;
+  int32_t *d_cap, *d_rows, *d_seqs, *d_batch, *d_pos, *d_out;
+  uint32_t* d_err;
+  BENCH_CUDA(cudaMalloc(&d_base, batch * sizeof(uint8_t*)));
+  BENCH_CUDA(cudaMemcpy(d_base, base.data(), batch * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_cap, batch * 4));
+  BENCH_CUDA(cudaMemcpy(d_cap, caps.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_rows, batch * 4));
+  BENCH_CUDA(cudaMemcpy(d_rows, rows.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_seqs, batch * 4));
+  BENCH_CUDA(cudaMemcpy(d_seqs, seqs.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_batch, 4));
+  BENCH_CUDA(cudaMemcpy(d_batch, &batch, 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_pos, static_cast<size_t>(batch) * k * 4));
+  BENCH_CUDA(cudaMalloc(&d_out, static_cast<size_t>(batch) * k * 4));
+  BENCH_CUDA(cudaMalloc(&d_err, 4));
+  BENCH_CUDA(cudaMemset(d_err, 0, 4));
+  const size_t ws_bytes = ResolveWorkspaceBytes(g, batch);
+  void* ws = nullptr;
+  BENCH_CUDA(cudaMalloc(&ws, ws_bytes));
+  void* scrub = nullptr;
+  const size_t scrub_bytes = size_t{128} << 20;
+  BENCH_CUDA(cudaMalloc(&scrub, scrub_bytes));
+  cudaStream_t st;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  BENCH_CUDA(InitResolveWorkspace(ws, ws_bytes, st));
+  cudaEvent_t ev0, ev1;
+  BENCH_CUDA(cudaEventCreate(&ev0));
+  BENCH_CUDA(cudaEventCreate(&ev1));
+  const long long spin = SpinCycles(20);
+
+  int rc = 0;
+  for (double miss : o.miss) {
+    const int hits = static_cast<int>(std::lround((1.0 - miss) * k));
+    const int misses_row = k - hits;
+    std::vector<int32_t> pos(static_cast<size_t>(batch) * k);
+    for (int r = 0; r < batch; ++r) {
+      for (int j = 0; j < k; ++j) pos[static_cast<size_t>(r) * k + j] = j < hits ? j : B + (j - hits);
+    }
+    BENCH_CUDA(cudaMemcpy(d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+    ResolveDesc d{};
+    d.host = HostRecordMap{d_base, d_cap};
+    d.layer = 0;
+    d.max_batch = batch;
+    d.batch_size = d_batch;
+    d.rows = d_rows;
+    d.seq_lens = d_seqs;
+    d.positions = d_pos;
+    d.out_slots = d_out;
+    d.error_flags = d_err;
+    std::vector<float> t[2];
+    const int warmup = 5;
+    for (int run = 0; run < o.runs + warmup; ++run) {
+      for (int step = 0; step < 2; ++step) {
+        const int which = (run % 2 == 0) ? step : 1 - step;  // ABBA: neither always goes first
+        Arena& a = arenas[which];
+        d.arena = a.view;
+        BENCH_CUDA(cudaMemcpyAsync(a.view.slot_pos, a.saved, a.table_span, cudaMemcpyDeviceToDevice, st));
+        BENCH_CUDA(cudaMemsetAsync(scrub, run & 0xff, scrub_bytes, st));
+        LaunchSpin(st, spin);
+        BENCH_CUDA(cudaEventRecord(ev0, st));
+        BENCH_CUDA(LaunchResolve(d, ws, ws_bytes, st));
+        BENCH_CUDA(cudaEventRecord(ev1, st));
+        BENCH_CUDA(cudaEventSynchronize(ev1));
+        float ms = 0;
+        BENCH_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
+        if (run >= warmup) t[which].push_back(ms * 1000.0f);
+      }
+    }
+    // Sanity: no error flags; both arenas counted the planned misses.
+    uint32_t err = 0;
+    BENCH_CUDA(cudaMemcpy(&err, d_err, 4, cudaMemcpyDeviceToHost));
+    bool ok = err == 0;
+    const uint64_t launches = static_cast<uint64_t>(o.runs) + warmup;
+    for (Arena& a : arenas) {
+      ArenaCounters c{};
+      BENCH_CUDA(cudaMemcpy(&c, a.view.counters, sizeof c, cudaMemcpyDeviceToHost));
+      ok = ok && c.misses == launches * misses_row * batch;
+      BENCH_CUDA(cudaMemset(a.view.counters, 0, sizeof c));
+    }
+    const double shared = Median(t[0]), own = Median(t[1]);
+    const double miss_bytes = static_cast<double>(misses_row) * batch * rb;
+    std::printf(
+        "{\"kind\":\"resolve_shared\",\"mode\":\"%s\",\"arena_kind\":\"%s\",\"batch\":%d,\"k\":%d,\"slots\":%d,"
+        "\"record_bytes\":%d,\"miss_rate\":%g,\"miss_bytes\":%.0f,\"shared_median_us\":%.2f,\"own_median_us\":%.2f,"
+        "\"shared_min_us\":%.2f,\"own_min_us\":%.2f,\"ratio_shared_to_own\":%.4f,\"within_3pct\":%s,"
+        "\"link_gbps\":%.2f,\"runs\":%d,\"check\":\"%s\"}\n",
+        o.mode.c_str(), kind.c_str(), batch, k, B, rb, miss, miss_bytes, shared, own,
+        *std::min_element(t[0].begin(), t[0].end()), *std::min_element(t[1].begin(), t[1].end()), shared / own,
+        std::fabs(shared / own - 1) <= 0.03 ? "true" : "false", link, o.runs, ok ? "ok" : "FAILED");
+    std::fflush(stdout);
+    if (!ok) rc = 1;
+  }
+  for (Arena& a : arenas) cudaFree(a.saved);
+  for (void* p : {static_cast<void*>(d_base), static_cast<void*>(d_cap), static_cast<void*>(d_rows),
+                  static_cast<void*>(d_seqs), static_cast<void*>(d_batch), static_cast<void*>(d_pos),
+                  static_cast<void*>(d_out), static_cast<void*>(d_err), ws, scrub, own_mem}) {
+    cudaFree(p);
+  }
+  cudaFreeHost(pool);
+  cudaStreamDestroy(st);
+  session->reset();
+  return rc;
+}
+
+}  // namespace hisparse::bench
