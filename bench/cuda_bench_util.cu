@@ -49,4 +49,37 @@ double MeasureLink() {
   return bytes / (best * 1e-3) / 1e9;
 }
 
+ResolveInputs::ResolveInputs(const ArenaGeometry& g, uint8_t* pool_dev, int batch, int seq, cudaStream_t stream) {
+  const uint32_t rb = g.record_bytes;
+  std::vector<uint8_t*> base(batch);
+  for (int r = 0; r < batch; ++r) base[r] = pool_dev + static_cast<size_t>(r) * seq * rb;
+  std::vector<int32_t> caps(batch, seq), rows(batch), seqs(batch, seq);
+  for (int r = 0; r < batch; ++r) rows[r] = r;
+  BENCH_CUDA(cudaMalloc(&d_base, batch * sizeof(uint8_t*)));
+  BENCH_CUDA(cudaMemcpy(d_base, base.data(), batch * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_cap, batch * 4));
+  BENCH_CUDA(cudaMemcpy(d_cap, caps.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_rows, batch * 4));
+  BENCH_CUDA(cudaMemcpy(d_rows, rows.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_seqs, batch * 4));
+  BENCH_CUDA(cudaMemcpy(d_seqs, seqs.data(), batch * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_batch, 4));
+  BENCH_CUDA(cudaMemcpy(d_batch, &batch, 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_pos, static_cast<size_t>(batch) * g.k * 4));
+  BENCH_CUDA(cudaMalloc(&d_out, static_cast<size_t>(batch) * g.k * 4));
+  BENCH_CUDA(cudaMalloc(&d_err, 4));
+  BENCH_CUDA(cudaMemset(d_err, 0, 4));
+  ws_bytes = ResolveWorkspaceBytes(g, batch);
+  BENCH_CUDA(cudaMalloc(&ws, ws_bytes));
+  BENCH_CUDA(InitResolveWorkspace(ws, ws_bytes, stream));
+}
+
+ResolveInputs::~ResolveInputs() {
+  for (void* p : {static_cast<void*>(d_base), static_cast<void*>(d_cap), static_cast<void*>(d_rows),
+                  static_cast<void*>(d_seqs), static_cast<void*>(d_batch), static_cast<void*>(d_pos),
+                  static_cast<void*>(d_out), static_cast<void*>(d_err), ws}) {
+    cudaFree(p);
+  }
+}
+
 }  // namespace hisparse::bench

@@ -42,6 +42,23 @@ double Median(std::vector<T> v) {
 // GB/s of a 1 GiB pinned host-to-device copy: best of 5 after one warm-up.
 double MeasureLink();
 
+// The device-side inputs of one RESOLVE launch over rows 0..batch-1, every row at seq_len `seq`
+// with its host run at pool_dev + r * seq * record_bytes: host record map, rows, seq_lens, batch
+// size, positions / out_slots / error flags, and a workspace zeroed on `stream`. Owns them all.
+struct ResolveInputs {
+  ResolveInputs(const ArenaGeometry& g, uint8_t* pool_dev, int batch, int seq, cudaStream_t stream);
+  ~ResolveInputs();
+  ResolveInputs(const ResolveInputs&) = delete;
+  ResolveInputs& operator=(const ResolveInputs&) = delete;
+
+  uint8_t** d_base = nullptr;
+  int32_t *d_cap = nullptr, *d_rows = nullptr, *d_seqs = nullptr, *d_batch = nullptr, *d_pos = nullptr,
+          *d_out = nullptr;
+  uint32_t* d_err = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+};
+
 }  // namespace hisparse::bench
 
 #endif  // HISPARSE_BENCH_CUDA_BENCH_UTIL_H_

@@ -159,31 +159,13 @@ int ResolveMain(int argc, char** argv) {
         BENCH_CUDA(cudaMalloc(&saved, table_span));
         BENCH_CUDA(cudaMemcpy(saved, view.slot_pos, table_span, cudaMemcpyDeviceToDevice));
 
-        std::vector<uint8_t*> base(batch);
-        for (int r = 0; r < batch; ++r) base[r] = pool_dev + static_cast<size_t>(r) * seq * rb;
-        std::vector<int32_t> caps(batch, seq), rows(batch), seqs(batch, seq);
-        for (int r = 0; r < batch; ++r) rows[r] = r;
-        uint8_t** d_base;
-        int32_t *d_cap, *d_rows, *d_seqs, *d_batch, *d_pos, *d_out;
-        uint32_t* d_err;
-        BENCH_CUDA(cudaMalloc(&d_base, batch * sizeof(uint8_t*)));
-        BENCH_CUDA(cudaMemcpy(d_base, base.data(), batch * sizeof(uint8_t*), cudaMemcpyHostToDevice));
-        BENCH_CUDA(cudaMalloc(&d_cap, batch * 4));
-        BENCH_CUDA(cudaMemcpy(d_cap, caps.data(), batch * 4, cudaMemcpyHostToDevice));
-        BENCH_CUDA(cudaMalloc(&d_rows, batch * 4));
-        BENCH_CUDA(cudaMemcpy(d_rows, rows.data(), batch * 4, cudaMemcpyHostToDevice));
-        BENCH_CUDA(cudaMalloc(&d_seqs, batch * 4));
-        BENCH_CUDA(cudaMemcpy(d_seqs, seqs.data(), batch * 4, cudaMemcpyHostToDevice));
-        BENCH_CUDA(cudaMalloc(&d_batch, 4));
-        BENCH_CUDA(cudaMemcpy(d_batch, &batch, 4, cudaMemcpyHostToDevice));
-        BENCH_CUDA(cudaMalloc(&d_pos, static_cast<size_t>(batch) * k * 4));
-        BENCH_CUDA(cudaMalloc(&d_out, static_cast<size_t>(batch) * k * 4));
-        BENCH_CUDA(cudaMalloc(&d_err, 4));
-        BENCH_CUDA(cudaMemset(d_err, 0, 4));
-        const size_t ws_bytes = ResolveWorkspaceBytes(g, batch);
-        void* ws = nullptr;
-        BENCH_CUDA(cudaMalloc(&ws, ws_bytes));
-        BENCH_CUDA(InitResolveWorkspace(ws, ws_bytes, st));
+        bench::ResolveInputs in(g, pool_dev, batch, seq, st);
+        uint8_t** const d_base = in.d_base;
+        int32_t *const d_cap = in.d_cap, *const d_rows = in.d_rows, *const d_seqs = in.d_seqs,
+                       *const d_batch = in.d_batch, *const d_pos = in.d_pos, *const d_out = in.d_out;
+        uint32_t* const d_err = in.d_err;
+        void* const ws = in.ws;
+        const size_t ws_bytes = in.ws_bytes;
 
         for (double miss : o.miss) {
           const int hits = static_cast<int>(std::lround((1.0 - miss) * k));
@@ -248,15 +230,6 @@ int ResolveMain(int argc, char** argv) {
               o.scrub_l2 ? "cold" : "warm", ok ? "ok" : "FAILED");
           std::fflush(stdout);
         }
-        cudaFree(ws);
-        cudaFree(d_base);
-        cudaFree(d_cap);
-        cudaFree(d_rows);
-        cudaFree(d_seqs);
-        cudaFree(d_batch);
-        cudaFree(d_pos);
-        cudaFree(d_out);
-        cudaFree(d_err);
         cudaFree(saved);
         cudaFree(arena);
       }

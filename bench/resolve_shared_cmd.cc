@@ -164,36 +164,18 @@ int ResolveSharedMain(int argc, char** argv) {
   for (size_t i = 0; i < pool_bytes; i += 4096) pool[i] = static_cast<uint8_t>(i >> 12);
   uint8_t* pool_dev = nullptr;
   BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
-  std::vector<uint8_t*> base(batch);
-  for (int r = 0; r < batch; ++r) base[r] = pool_dev + static_cast<size_t>(r) * seq * rb;
-  std::vector<int32_t> caps(batch, seq), rows(batch), seqs(batch, seq);
-  for (int r = 0; r < batch; ++r) rows[r] = r;
-  uint8_t** d_base = nullptr;
-  int32_t *d_cap, *d_rows, *d_seqs, *d_batch, *d_pos, *d_out;
-  uint32_t* d_err;
-  BENCH_CUDA(cudaMalloc(&d_base, batch * sizeof(uint8_t*)));
-  BENCH_CUDA(cudaMemcpy(d_base, base.data(), batch * sizeof(uint8_t*), cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMalloc(&d_cap, batch * 4));
-  BENCH_CUDA(cudaMemcpy(d_cap, caps.data(), batch * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMalloc(&d_rows, batch * 4));
-  BENCH_CUDA(cudaMemcpy(d_rows, rows.data(), batch * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMalloc(&d_seqs, batch * 4));
-  BENCH_CUDA(cudaMemcpy(d_seqs, seqs.data(), batch * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMalloc(&d_batch, 4));
-  BENCH_CUDA(cudaMemcpy(d_batch, &batch, 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMalloc(&d_pos, static_cast<size_t>(batch) * k * 4));
-  BENCH_CUDA(cudaMalloc(&d_out, static_cast<size_t>(batch) * k * 4));
-  BENCH_CUDA(cudaMalloc(&d_err, 4));
-  BENCH_CUDA(cudaMemset(d_err, 0, 4));
-  const size_t ws_bytes = ResolveWorkspaceBytes(g, batch);
-  void* ws = nullptr;
-  BENCH_CUDA(cudaMalloc(&ws, ws_bytes));
   void* scrub = nullptr;
   const size_t scrub_bytes = size_t{128} << 20;
   BENCH_CUDA(cudaMalloc(&scrub, scrub_bytes));
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  BENCH_CUDA(InitResolveWorkspace(ws, ws_bytes, st));
+  bench::ResolveInputs in(g, pool_dev, batch, seq, st);
+  uint8_t** const d_base = in.d_base;
+  int32_t *const d_cap = in.d_cap, *const d_rows = in.d_rows, *const d_seqs = in.d_seqs, *const d_batch = in.d_batch,
+                 *const d_pos = in.d_pos, *const d_out = in.d_out;
+  uint32_t* const d_err = in.d_err;
+  void* const ws = in.ws;
+  const size_t ws_bytes = in.ws_bytes;
   cudaEvent_t ev0, ev1;
   BENCH_CUDA(cudaEventCreate(&ev0));
   BENCH_CUDA(cudaEventCreate(&ev1));
@@ -262,11 +244,7 @@ int ResolveSharedMain(int argc, char** argv) {
     if (!ok) rc = 1;
   }
   for (Arena& a : arenas) cudaFree(a.saved);
-  for (void* p : {static_cast<void*>(d_base), static_cast<void*>(d_cap), static_cast<void*>(d_rows),
-                  static_cast<void*>(d_seqs), static_cast<void*>(d_batch), static_cast<void*>(d_pos),
-                  static_cast<void*>(d_out), static_cast<void*>(d_err), ws, scrub, own_mem}) {
-    cudaFree(p);
-  }
+  for (void* p : {scrub, own_mem}) cudaFree(p);
   cudaFreeHost(pool);
   cudaStreamDestroy(st);
   session->reset();

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/kernels/resolve.h"
@@ -21,26 +22,6 @@
 
 namespace hisparse {
 namespace {
-
-#define CUDA_OK(x)                                                                                  \
-  do {                                                                                              \
-    const cudaError_t e_ = (x);                                                                     \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_) << " " << LastLaunchError(); \
-  } while (0)
-
-bool HaveDevice(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    *why = "cudaGetDeviceCount returned 0";
-    return false;
-  }
-  return true;
-}
 
 struct Config {
   int k, B;
@@ -442,8 +423,7 @@ class PrefetchWorld {
 class PrefetchExact : public ::testing::TestWithParam<Config> {};
 
 TEST_P(PrefetchExact, EqualsPlainResolveOnEveryLayer) {
-  std::string why;
-  if (!HaveDevice(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  REQUIRE_GPU();
   PrefetchWorld w(GetParam());
   ASSERT_NO_FATAL_FAILURE(w.Init());
   ASSERT_NO_FATAL_FAILURE(w.CheckPlanAgainstReference("plan of the first step"));
@@ -463,8 +443,7 @@ INSTANTIATE_TEST_SUITE_P(Sweep, PrefetchExact,
                          Name);
 
 TEST(PrefetchGpu, RejectsBadLayersOnHost) {
-  std::string why;
-  if (!HaveDevice(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  REQUIRE_GPU();
   const ArenaGeometry g{2, 2, 8, 4, 32};
   ReplayDesc r{};
   r.arena.geometry = g;

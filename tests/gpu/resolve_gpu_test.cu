@@ -13,36 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse {
 namespace {
-
-#define CUDA_OK(x)                                                                                          \
-  do {                                                                                                      \
-    const cudaError_t e_ = (x);                                                                             \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_) << " (" << LastLaunchError() << ")"; \
-  } while (0)
-
-bool HaveDevice(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    *why = "cudaGetDeviceCount returned 0";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!HaveDevice(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 constexpr int32_t kPoison = 0x7f7f7f7f;
 
