@@ -1,6 +1,7 @@
 #include "hisparse/common/daemon_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -70,9 +71,15 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::v
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    // The daemon must not outlive its owner: a test that aborts (a sanitizer report, a crash)
+    // would otherwise leave it running, holding the test runner's output pipe open, and the
+    // runner would wait for that pipe until its timeout.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(126);  // the owner died before prctl took effect
     ::execv(argv[0], argv.data());
     std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
