@@ -211,7 +211,7 @@ TEST_F(ControlPlaneTest, SessionStreamMustOpenFirst) {
 // Shared indexers are declared with the geometry; the daemon validates them itself (a client that
 // skips the library's check gets the same answer) and names the entry at fault.
 TEST_F(ControlPlaneTest, DaemonValidatesLayerAnchors) {
-  auto open_with = [&](std::vector<int32_t> anchors, grpc::Status* status) {
+  auto open_with = [&](const std::vector<int32_t>& anchors, grpc::Status* status) {
     auto stub = RawStub(address_);
     grpc::ClientContext ctx;
     auto stream = stub->Session(&ctx);
