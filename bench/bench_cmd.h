@@ -3,7 +3,25 @@
 #ifndef HISPARSE_BENCH_BENCH_CMD_H_
 #define HISPARSE_BENCH_BENCH_CMD_H_
 
+#include <string>
+
 namespace hisparse::bench {
+
+// One "--name VALUE" or "--name=VALUE" argument at argv[*i]: sets *name, and *value from after
+// the '=' or from argv[*i + 1] (then consumed: *i advances). Returns false, *name still set, when
+// the value is missing.
+inline bool TakeFlag(int argc, char** argv, int* i, std::string* name, std::string* value) {
+  const std::string arg = argv[*i];
+  const size_t eq = arg.find('=');
+  *name = arg.substr(0, eq);
+  if (eq != std::string::npos) {
+    *value = arg.substr(eq + 1);
+    return true;
+  }
+  if (*i + 1 >= argc) return false;
+  *value = argv[++*i];
+  return true;
+}
 
 int TraceMain(int argc, char** argv);          // trace_cmd.cc: replay a selection trace through a policy
 int GenTraceMain(int argc, char** argv);       // gen_trace_cmd.cc: write a synthetic selection trace

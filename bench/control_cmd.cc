@@ -248,16 +248,8 @@ int ParseFlags(int argc, char** argv, Config* c) {
       c->pool_pressure = true;
       continue;
     }
-    const size_t eq = arg.find('=');
-    const std::string name(arg.substr(0, eq));
-    std::string value;
-    if (eq != absl::string_view::npos) {
-      value = std::string(arg.substr(eq + 1));
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return UsageError(name + " needs a value");
-    }
+    std::string name, value;
+    if (!TakeFlag(argc, argv, &i, &name, &value)) return UsageError(name + " needs a value");
     int64_t n = 0;
     const bool is_int = absl::SimpleAtoi(value, &n);
     auto positive = [&](auto* out, int64_t hi) {

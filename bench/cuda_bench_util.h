@@ -42,6 +42,30 @@ double Median(std::vector<T> v) {
 // GB/s of a 1 GiB pinned host-to-device copy: best of 5 after one warm-up.
 double MeasureLink();
 
+// A host pool for RESOLVE benches: one mapped, portable cudaHostAlloc block with every page
+// touched, and its device address. Owns it.
+struct MappedPool {
+  explicit MappedPool(size_t bytes);
+  ~MappedPool() { cudaFreeHost(host); }
+  MappedPool(const MappedPool&) = delete;
+  MappedPool& operator=(const MappedPool&) = delete;
+  uint8_t* host = nullptr;
+  uint8_t* dev = nullptr;
+  size_t bytes = 0;
+};
+
+// A 128 MiB device buffer whose memset evicts the L2, so the next launch reads its tables from HBM
+// ("cold", as in serving). Owns it.
+struct L2Scrubber {
+  L2Scrubber() { BENCH_CUDA(cudaMalloc(&buf, kBytes)); }
+  ~L2Scrubber() { cudaFree(buf); }
+  L2Scrubber(const L2Scrubber&) = delete;
+  L2Scrubber& operator=(const L2Scrubber&) = delete;
+  void Scrub(int value, cudaStream_t stream) { BENCH_CUDA(cudaMemsetAsync(buf, value & 0xff, kBytes, stream)); }
+  static constexpr size_t kBytes = size_t{128} << 20;
+  void* buf = nullptr;
+};
+
 // The device-side inputs of one RESOLVE launch over rows 0..batch-1, every row at seq_len `seq`
 // with its host run at pool_dev + r * seq * record_bytes: host record map, rows, seq_lens, batch
 // size, positions / out_slots / error flags, and a workspace zeroed on `stream`. Owns them all.

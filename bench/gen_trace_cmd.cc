@@ -61,16 +61,8 @@ int GenTraceMain(int argc, char** argv) {
       (arg == "--json" ? json : measure) = true;
       continue;
     }
-    const size_t eq = arg.find('=');
-    const absl::string_view name = arg.substr(0, eq);
-    std::string value;
-    if (eq != absl::string_view::npos) {
-      value = std::string(arg.substr(eq + 1));
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return UsageError(absl::StrCat(name, " needs a value"));
-    }
+    std::string name, value;
+    if (!TakeFlag(argc, argv, &i, &name, &value)) return UsageError(name + " needs a value");
     int64_t* number = name == "--seed"       ? &seed
                       : name == "--requests" ? &requests
                       : name == "--layers"   ? &layers

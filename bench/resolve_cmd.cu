@@ -119,15 +119,10 @@ int ResolveMain(int argc, char** argv) {
   const int k = o.k;
   // Host pool: sized for the largest point, reused by all.
   const size_t pool_bytes = static_cast<size_t>(max_batch_all) * (max_slots_all + k + 1) * max_rb_all;
-  uint8_t* pool = nullptr;
-  BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-  for (size_t i = 0; i < pool_bytes; i += 4096) pool[i] = static_cast<uint8_t>(i >> 12);
-  uint8_t* pool_dev = nullptr;
-  BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
+  MappedPool pool(pool_bytes);
+  uint8_t* const pool_dev = pool.dev;
 
-  void* scrub = nullptr;
-  const size_t scrub_bytes = size_t{128} << 20;
-  BENCH_CUDA(cudaMalloc(&scrub, scrub_bytes));
+  L2Scrubber scrub;
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t ev0, ev1;
@@ -194,7 +189,7 @@ int ResolveMain(int argc, char** argv) {
             t.reserve(o.runs);
             for (int run = 0; run < o.runs + 5; ++run) {
               BENCH_CUDA(cudaMemcpyAsync(view.slot_pos, saved, table_span, cudaMemcpyDeviceToDevice, st));
-              if (o.scrub_l2) BENCH_CUDA(cudaMemsetAsync(scrub, run & 0xff, scrub_bytes, st));
+              if (o.scrub_l2) scrub.Scrub(run, st);
               LaunchSpin(st, spin);
               BENCH_CUDA(cudaEventRecord(ev0, st));
               BENCH_CUDA(LaunchResolve(d, ws, ws_bytes, st));
@@ -235,8 +230,6 @@ int ResolveMain(int argc, char** argv) {
       }
     }
   }
-  cudaFree(scrub);
-  cudaFreeHost(pool);
   cudaStreamDestroy(st);
   return 0;
 }

@@ -159,14 +159,9 @@ int ResolveSharedMain(int argc, char** argv) {
   // The host pool and everything else RESOLVE reads: shared by both arenas.
   const int B = o.slots, k = o.k, batch = o.batch, rb = o.record_bytes, seq = B + k + 1;
   const size_t pool_bytes = static_cast<size_t>(batch) * seq * rb;
-  uint8_t* pool = nullptr;
-  BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-  for (size_t i = 0; i < pool_bytes; i += 4096) pool[i] = static_cast<uint8_t>(i >> 12);
-  uint8_t* pool_dev = nullptr;
-  BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
-  void* scrub = nullptr;
-  const size_t scrub_bytes = size_t{128} << 20;
-  BENCH_CUDA(cudaMalloc(&scrub, scrub_bytes));
+  MappedPool pool(pool_bytes);
+  uint8_t* const pool_dev = pool.dev;
+  L2Scrubber scrub;
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   bench::ResolveInputs in(g, pool_dev, batch, seq, st);
@@ -208,7 +203,7 @@ int ResolveSharedMain(int argc, char** argv) {
         Arena& a = arenas[which];
         d.arena = a.view;
         BENCH_CUDA(cudaMemcpyAsync(a.view.slot_pos, a.saved, a.table_span, cudaMemcpyDeviceToDevice, st));
-        BENCH_CUDA(cudaMemsetAsync(scrub, run & 0xff, scrub_bytes, st));
+        scrub.Scrub(run, st);
         LaunchSpin(st, spin);
         BENCH_CUDA(cudaEventRecord(ev0, st));
         BENCH_CUDA(LaunchResolve(d, ws, ws_bytes, st));
@@ -244,8 +239,7 @@ int ResolveSharedMain(int argc, char** argv) {
     if (!ok) rc = 1;
   }
   for (Arena& a : arenas) cudaFree(a.saved);
-  for (void* p : {scrub, own_mem}) cudaFree(p);
-  cudaFreeHost(pool);
+  cudaFree(own_mem);
   cudaStreamDestroy(st);
   session->reset();
   return rc;

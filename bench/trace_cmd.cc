@@ -114,21 +114,13 @@ int TraceMain(int argc, char** argv) {
       (arg == "--json" ? a.json : a.study) = true;
       continue;
     }
-    // --name VALUE or --name=VALUE
-    const size_t eq = arg.find('=');
-    const absl::string_view name = arg.substr(0, eq);
+    std::string name, value;
+    const bool has_value = TakeFlag(argc, argv, &i, &name, &value);
     if (name != "--trace" && name != "--slots" && name != "--policy" && name != "--ratios" &&
         name != "--record-bytes") {
       return UsageError("unknown argument '" + std::string(arg) + "'");
     }
-    std::string value;
-    if (eq != absl::string_view::npos) {
-      value = std::string(arg.substr(eq + 1));
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return UsageError(std::string(name) + " needs a value");
-    }
+    if (!has_value) return UsageError(name + " needs a value");
     if (std::string error = Parse(name, value, &a); !error.empty()) return UsageError(error);
   }
   if (a.traces.empty()) return UsageError("--trace is required");

@@ -65,17 +65,11 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   anchor_.resize(o.num_layers);
   for (uint32_t l = 0; l < o.num_layers; ++l) anchor_[l] = static_cast<int32_t>(l);
   if (o.layer_anchor != nullptr) {
-    // Declared to the daemon with the geometry; the daemon validates it too (its rule is the
-    // one that counts), this check only makes the message local.
+    // Declared with the geometry; the daemon validates it (ValidateGeometry) before the session
+    // opens, and anchor_ is used only after that.
     for (uint32_t l = 0; l < o.num_layers; ++l) {
-      const int32_t a = o.layer_anchor[l];
-      if (a < 0 || a > static_cast<int32_t>(l) || o.layer_anchor[a] != a) {
-        return absl::InvalidArgumentError(absl::StrCat("layer_anchor[", l, "] = ", a,
-                                                       ": an anchor must be an earlier (or the same) layer that is "
-                                                       "its own anchor"));
-      }
-      anchor_[l] = a;
-      geometry_.add_layer_anchor(a);
+      anchor_[l] = o.layer_anchor[l];
+      geometry_.add_layer_anchor(o.layer_anchor[l]);
     }
   }
 

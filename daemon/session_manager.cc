@@ -70,7 +70,9 @@ absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit
     }
     for (int l = 0; l < g.layer_anchor_size(); ++l) {
       const int32_t a = g.layer_anchor(l);
-      if (a < 0 || a > l) return bad("layer_anchor[", l, "] must be in 0..", l, ", got ", a);
+      if (a < 0 || a > l) {
+        return bad("layer_anchor[", l, "] must be in 0..", l, " (an earlier layer, or itself), got ", a);
+      }
       if (g.layer_anchor(a) != a) {
         return bad("layer_anchor[", l, "] = ", a, " names a layer that is not its own anchor (layer_anchor[", a,
                    "] = ", g.layer_anchor(a), ")");

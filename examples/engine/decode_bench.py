@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 try:
     import torch  # noqa: E402
 
-    from engine import ModelConfig, SparseDecoder, record_format, run_mode  # noqa: E402
+    from engine import ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
 except ImportError:  # --plan-only works without torch
     torch = None
 
@@ -148,17 +148,7 @@ def main(argv=None) -> int:
     print(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, latent {cfg.latent}, "
           f"indexer {cfg.idx_heads}x{cfg.idx_dim} (keys in HBM), locality {cfg.locality}, {fmt.name} records "
           f"({fmt.record_bytes} B); {torch.cuda.get_device_name(dev)}", flush=True)
-    host = torch.empty(GIB, dtype=torch.uint8).pin_memory()
-    devbuf = torch.empty_like(host, device=dev)
-    best = float("inf")
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        devbuf.copy_(host, non_blocking=True)
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b))
-    link = GIB / best / 1e6
+    link = measure_link_gbps(dev, tries=3)
     emit(dict(kind="link", h2d_gbps=round(link, 1), note="1 GiB pinned H2D, best of 3"))
     del host, devbuf
 

@@ -328,9 +328,11 @@ class HisparseKV:
         self.prefetch = prefetch and any(self.followers.values())
         if self.prefetch and list(getattr(session, "layer_anchor", [])) != [cfg.anchor(l) for l in range(cfg.n_layers)]:
             raise ValueError("prefetch needs a session opened with layer_anchor = the model's shared indexers")
-        cuda = device.type == "cuda" if hasattr(device, "type") else str(device).startswith("cuda")
-        self.prefetch_stream = torch.cuda.Stream(device) if self.prefetch and cuda else None
-        self.prefetch_done = {l: torch.cuda.Event() for l in range(cfg.n_layers)} if self.prefetch_stream else {}
+        # On a GPU the copies run on their own stream, one event per follower; on the host backend
+        # they run in order (nothing to overlap).
+        on_gpu = self.prefetch and torch.device(device).type == "cuda"
+        self.prefetch_stream = torch.cuda.Stream(device) if on_gpu else None
+        self.prefetch_done = {l: torch.cuda.Event() for l in range(cfg.n_layers)} if on_gpu else {}
         self.request_ids = [first_request_id + i for i in range(batch)]
         rows = [session.admit(rid, prompt_len, token_budget).row for rid in self.request_ids]
         self.rows = torch.tensor(rows, dtype=torch.int32, device=device)
@@ -350,9 +352,8 @@ class HisparseKV:
 
     def before_layer(self, layer: int, st: DecodeState) -> None:
         # A prefetched follower's append and attention wait for its own copies, nothing else.
-        if self.prefetch and layer in self.prefetch_done:
-            if self.cfg.anchor(layer) != layer:
-                torch.cuda.current_stream(self.device).wait_event(self.prefetch_done[layer])
+        if self.prefetch_stream is not None and self.cfg.anchor(layer) != layer:
+            torch.cuda.current_stream(self.device).wait_event(self.prefetch_done[layer])
 
     def append(self, layer: int, rec: torch.Tensor, st: DecodeState) -> None:
         self.session.append(layer, self.rows, st.seq_lens, rec, batch_size=self.batch_size)
@@ -367,7 +368,7 @@ class HisparseKV:
             self.session.resolve(layer, self.rows, st.seq_lens, st.positions, self.out_slots,
                                  batch_size=self.batch_size)
         if self.prefetch and not follower and self.followers.get(layer):
-            if self.prefetch_stream is None:  # host backend: nothing to overlap, run in order
+            if self.prefetch_stream is None:
                 for f in self.followers[layer]:
                     self.session.prefetch(f)
             else:
@@ -388,6 +389,22 @@ class HisparseKV:
             self.session.release(rid)
         self.request_ids = []
         self.arena = None
+
+
+def measure_link_gbps(device, tries: int = 3, nbytes: int = 1 << 30) -> float:
+    """GB/s of one pinned host-to-device copy of nbytes, best of `tries`: the link the misses
+    cross, measured in the same run as the figures reported against it (the machines are shared)."""
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    devbuf = torch.empty_like(host, device=device)
+    best = float("inf")
+    for _ in range(tries):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        devbuf.copy_(host, non_blocking=True)
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b))
+    return nbytes / best / 1e6
 
 
 # ---- running one mode: prefill, then decode steps (one CUDA graph, replayed) ----

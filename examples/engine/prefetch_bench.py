@@ -28,7 +28,6 @@ import json
 import pathlib
 import statistics
 import sys
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -37,23 +36,7 @@ sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 import torch  # noqa: E402
 
 import hisparse  # noqa: E402
-from engine import ModelConfig, SparseDecoder, record_format, run_mode  # noqa: E402
-
-
-def link_gbps(dev) -> float:
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(n, dtype=torch.uint8, device=dev)
-    best = 0.0
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src, non_blocking=True)
-        b.record()
-        torch.cuda.synchronize(dev)
-        best = max(best, n / (a.elapsed_time(b) * 1e-3) / 1e9)
-    del src, dst
-    return best
+from engine import ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -81,7 +64,8 @@ def main(argv=None) -> int:
         if out:
             out.write(line + "\n")
 
-    emit({"kind": "link", "h2d_gbps": round(link_gbps(dev), 2), "device": torch.cuda.get_device_name(dev)})
+    emit({"kind": "link", "h2d_gbps": round(measure_link_gbps(dev, tries=5), 2),
+          "device": torch.cuda.get_device_name(dev)})
     kw = dict(n_layers=args.layers, index_share=args.share, selection="sweep")
     if args.heads:
         kw["n_heads"] = args.heads

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 import torch  # noqa: E402
 
 import hisparse  # noqa: E402
-from engine import SMALL, ModelConfig, SparseDecoder, record_format, run_mode  # noqa: E402
+from engine import SMALL, ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
 
 
 def parse_configs(text: str) -> List[Tuple[int, int]]:
@@ -98,17 +98,7 @@ def main(argv=None) -> int:
 
     if dev.type == "cuda":
         # The link the misses cross, measured in this run (the machines are shared).
-        host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
-        devbuf = torch.empty_like(host, device=dev)
-        best = float("inf")
-        for _ in range(3):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            devbuf.copy_(host, non_blocking=True)
-            b.record()
-            b.synchronize()
-            best = min(best, a.elapsed_time(b))
-        print(f"link: H2D copy of 1 GiB pinned, best of 3: {(1 << 30) / best / 1e6:.1f} GB/s; "
+        print(f"link: H2D copy of 1 GiB pinned, best of 3: {measure_link_gbps(dev, tries=3):.1f} GB/s; "
               f"{torch.cuda.get_device_name(dev)}", flush=True)
         del host, devbuf
 

@@ -74,10 +74,12 @@ class ArenaFixture {
   // The whole arena, bytes, for "state untouched" comparisons.
   std::vector<uint64_t> Snapshot() const { return storage_; }
 
-  // One RESOLVE launch. `positions` holds max_batch * k entries (pad with kPadding).
+  // One RESOLVE launch. `positions` holds max_batch * k entries (pad with kPadding); `plan`, when
+  // given (summary set), receives the launch's miss plan.
   uint32_t Resolve(int32_t layer, int32_t batch_size, const std::vector<int32_t>& rows,
                    const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& positions,
-                   std::vector<int32_t>* out, uint32_t flags = 0, uint32_t* error_flags = nullptr) {
+                   std::vector<int32_t>* out, uint32_t flags = 0, uint32_t* error_flags = nullptr,
+                   const MissPlan& plan = MissPlan{}) {
     ResolveDesc d{};
     d.arena = view_;
     d.host = host();
@@ -91,6 +93,7 @@ class ArenaFixture {
     d.out_slots = out->data();
     d.error_flags = error_flags;
     d.flags = flags;
+    d.plan = plan;
     return ResolveReference(d);
   }
 

@@ -107,19 +107,10 @@ TEST(ReplayReference, EqualsPerLayerResolveOverManySteps) {
       uint32_t ef = 0;
       full.Resolve(l, batch, rows, seq, positions, &out_full, 0, &ef);
       if (anchor[l] == l) {
-        ResolveDesc d{};
-        d.arena = pref.view();
-        d.host = pref.host();
-        d.layer = l;
-        d.max_batch = max_batch;
-        d.batch_size = &batch;
-        d.rows = rows.data();
-        d.seq_lens = seq.data();
-        d.positions = positions.data();
-        out_anchor.assign(positions.size(), 12345);  // as the fixture does: padded entries stay so
-        d.out_slots = out_anchor.data();
-        d.plan = plans[l].plan;
-        EXPECT_EQ(ResolveReference(d), ef);
+        out_anchor.assign(positions.size(), 12345);  // as out_full: padded entries stay so
+        uint32_t ea = 0;
+        EXPECT_EQ(pref.Resolve(l, batch, rows, seq, positions, &out_anchor, 0, &ea, plans[l].plan), ef);
+        EXPECT_EQ(ea, ef);
         EXPECT_EQ(*plans[l].plan.batch, batch);
         EXPECT_EQ(out_anchor, out_full) << "layer " << l << " step " << step;
       } else {
@@ -153,19 +144,8 @@ TEST(ReplayReference, PlanRecordsMissesInOrderAndInvalidRows) {
   const int32_t batch = 2;
   std::vector<int32_t> rows = {0, 1}, seq = {10, 10};
   std::vector<int32_t> pos = {7, 1, 4, 4};  // row 1 selects 4 twice: invalid
-  std::vector<int32_t> out(4, 0);
-  ResolveDesc d{};
-  d.arena = f.view();
-  d.host = f.host();
-  d.layer = 0;
-  d.max_batch = 2;
-  d.batch_size = &batch;
-  d.rows = rows.data();
-  d.seq_lens = seq.data();
-  d.positions = pos.data();
-  d.out_slots = out.data();
-  d.plan = pb.plan;
-  EXPECT_EQ(ResolveReference(d), static_cast<uint32_t>(kResolveDuplicate));
+  std::vector<int32_t> out;
+  EXPECT_EQ(f.Resolve(0, batch, rows, seq, pos, &out, 0, nullptr, pb.plan), static_cast<uint32_t>(kResolveDuplicate));
   EXPECT_EQ(*pb.plan.batch, 2);
   // Row 0: position 1 hits slot 1; position 7 misses into slot 0 (the LRU slot without a hit).
   EXPECT_EQ(pb.plan.summary[0], 0);
