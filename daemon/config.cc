@@ -185,9 +185,10 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseBool, host_pool.mlock),
        [](const DaemonConfig& c) { return std::string(c.host_pool.mlock ? "true" : "false"); }, nullptr},
       {"device", "auto | cuda | host",
-       "Device backend: cuda, host (emulated, no GPU), or auto (cuda when a GPU is visible).", false,
-       HS_SET_WITH(ParseDevice, device), [](const DaemonConfig& c) { return std::string(DeviceKindName(c.device)); },
-       nullptr},
+       "Where GPU sessions' slot arenas live: cuda (GPU memory; start fails without a GPU), host (host memory), or "
+       "auto (cuda when the daemon sees a usable GPU, else host, saying why in the log).",
+       false, HS_SET_WITH(ParseDevice, device),
+       [](const DaemonConfig& c) { return std::string(DeviceKindName(c.device)); }, nullptr},
       {"gpu_memory_budget", "byte size", "Per-GPU bytes the daemon may use for slot arenas; 0 = no limit.", false,
        HS_SET_WITH(ParseByteSize, gpu_memory_budget),
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.gpu_memory_budget); },
@@ -197,7 +198,7 @@ const std::vector<KeySpec>& Specs() {
              absl::StrCat("must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
        }},
       {"gpu.arena_export", "auto | vmm | cuda_ipc",
-       "How GPU slot arenas reach engines (device cuda): vmm (CUDA VMM, POSIX fd), cuda_ipc (legacy cudaIpc "
+       "How GPU slot arenas reach engines (device cuda or auto): vmm (CUDA VMM, POSIX fd), cuda_ipc (legacy cudaIpc "
        "handle), or auto (vmm where the GPU supports fd export, else cuda_ipc).",
        false, HS_SET_WITH(ParseArenaExport, gpu.arena_export),
        [](const DaemonConfig& c) { return std::string(ArenaExportModeName(c.gpu.arena_export)); }, nullptr},

@@ -20,6 +20,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/access.h"
+#include "hisparse/daemon/device_choice.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/daemon/metrics.h"
@@ -72,25 +73,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->grpc_address = absl::StrCat("unix:", socket_path);
   impl->fd_socket_path = socket_path + ".fd";
 
-  // device: cuda puts the slot arena of every session that declares a GPU in that GPU's memory
-  // (CUDA VMM, exported to the engine as an fd). auto and host keep host-memory arenas: an engine
-  // on the host-emulated backend may declare a GPU index too, and could not map GPU memory.
-  std::string device = "host";
+  // The slot arena of every session that declares a GPU goes in that GPU's memory (CUDA VMM,
+  // exported to the engine as an fd) under device cuda, and under auto when this process sees a
+  // GPU; device host keeps host-memory arenas (ChooseDevice has the cases).
   GpuArenaAllocator gpu_arena_allocator;
-  if (config.device == DeviceKind::kCuda) {
-    int gpus = 0;
+  GpuProbe probe;
+  if (config.device != DeviceKind::kHost) {
     const ArenaExport mode = config.gpu.arena_export == ArenaExportMode::kVmm       ? ArenaExport::kVmm
                              : config.gpu.arena_export == ArenaExportMode::kCudaIpc ? ArenaExport::kCudaIpc
                                                                                     : ArenaExport::kAuto;
-    absl::StatusOr<GpuArenaAllocator> vmm = MakeCudaArenaAllocator(mode, &gpus);
-    if (!vmm.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("device: cuda, but GPU slot arenas are unavailable: ", vmm.status().message()));
-    }
-    gpu_arena_allocator = *std::move(vmm);
-    device = "cuda";
-    LOG(INFO) << "device cuda: slot arenas in GPU memory on " << gpus
-              << " GPU(s), gpu.arena_export: " << ArenaExportModeName(config.gpu.arena_export);
+    absl::StatusOr<GpuArenaAllocator> vmm = MakeCudaArenaAllocator(mode, &probe.gpus);
+    probe.status = vmm.status();
+    if (vmm.ok()) gpu_arena_allocator = *std::move(vmm);
+  }
+  HS_ASSIGN_OR_RETURN(const DeviceChoice choice, ChooseDevice(config.device, probe));
+  if (!choice.gpu_arenas) gpu_arena_allocator = nullptr;
+  const std::string device = choice.device();
+  if (choice.gpu_arenas) {
+    LOG(INFO) << choice.why << ", gpu.arena_export: " << ArenaExportModeName(config.gpu.arena_export);
+  } else {
+    LOG(INFO) << choice.why;
   }
 
   const PoolGeometry geometry = HostPoolGeometry(config.host_pool);

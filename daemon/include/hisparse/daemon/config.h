@@ -27,9 +27,11 @@ namespace hisparse {
 // host_pool.hugepages. kAuto tries MFD_HUGETLB and falls back to normal pages quietly (most hosts
 // reserve no huge pages); kOn makes start-up fail when huge pages cannot be had.
 enum class HugePagesMode { kAuto, kOn, kOff };
-// device. kAuto uses CUDA when a GPU is visible, else the host-emulated backend.
+// device: where GPU sessions' slot arenas live (ChooseDevice, device_choice.h). kCuda: GPU
+// memory, start fails without a usable GPU; kAuto: GPU memory when the daemon sees a usable GPU,
+// else host memory (logged); kHost: host memory always.
 enum class DeviceKind { kAuto, kCuda, kHost };
-// gpu.arena_export (device cuda): how a GPU slot arena is shared with its engine. kAuto uses CUDA
+// gpu.arena_export (device cuda or auto): how a GPU slot arena is shared with its engine. kAuto uses CUDA
 // VMM with POSIX-fd export where the GPU supports it and legacy cudaIpc handles elsewhere; kVmm
 // and kCudaIpc force one (kVmm fails session open on a GPU without fd export).
 enum class ArenaExportMode { kAuto, kVmm, kCudaIpc };
