@@ -407,7 +407,10 @@ hs_session_info ClientSession::Info() const {
   info.max_tokens_per_request = opened_.max_tokens_per_request();
   info.arena_bytes = opened_.arena().bytes();
   const std::string& kind = opened_.arena().kind();
-  info.arena_kind = kind == "cuda-vmm" ? HS_ARENA_CUDA_VMM : kind == "cuda-ipc" ? HS_ARENA_CUDA_IPC : HS_ARENA_HOST;
+  info.arena_kind = kind == "cuda-vmm"                    ? HS_ARENA_CUDA_VMM
+                    : kind == "cuda-ipc"                  ? HS_ARENA_CUDA_IPC
+                    : backend_->kind() == HS_BACKEND_CUDA ? HS_ARENA_PRIVATE_GPU
+                                                          : HS_ARENA_HOST;
   return info;
 }
 

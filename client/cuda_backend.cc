@@ -4,10 +4,13 @@
 //
 // The slot arena is the daemon's when it offers one in GPU memory: kind "cuda-vmm" is imported
 // from its fd and mapped here, kind "cuda-ipc" opened from its cudaIpc handle. Either way the
-// daemon owns it, reads its counters and frees it when the session ends. A daemon that serves host arenas (device
-// auto/host) gets a private cudaMalloc'ed arena instead, whose counters hs_stats_get reads here.
+// daemon owns it, reads its counters and frees it when the session ends. Given a host arena
+// (daemon device host, or auto where the daemon sees no GPU) the backend keeps a private
+// cudaMalloc'ed arena only when the engine asked for one (PrivateGpuArenaAllowed); hs_stats_get
+// then reads its counters here, and hs_session_info says HS_ARENA_PRIVATE_GPU.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,8 +85,9 @@ class CudaBackend final : public DeviceBackend {
   }
   void UnregisterHostSegment(uint8_t* host) override { cudaHostUnregister(host); }
 
-  // The daemon's arena is host memory: keep a private one on the GPU (the fallback path).
+  // The daemon's arena is host memory: keep a private one on the GPU, if the engine asked.
   absl::StatusOr<ArenaView> AttachArena(uint8_t*, const ArenaGeometry& g) override {
+    if (absl::Status st = PrivateGpuArenaAllowed(std::getenv(kPrivateGpuArenaEnv)); !st.ok()) return st;
     cudaSetDevice(gpu_);
     arena_bytes_ = ComputeArenaOffsets(g).total_bytes;
     if (auto e = cudaMalloc(&arena_, arena_bytes_); e != cudaSuccess) return CudaError(e, "allocating the slot arena");

@@ -34,7 +34,8 @@ class DeviceBackend {
   virtual absl::StatusOr<ArenaView> AttachGpuArena(int fd, uint64_t bytes, const ArenaGeometry& g) {
     (void)fd, (void)bytes, (void)g;
     return absl::FailedPreconditionError(
-        "the daemon put this session's slot arena in GPU memory (device: cuda); the host-emulated backend "
+        "the daemon put this session's slot arena in GPU memory (device: auto or cuda on a GPU node); the "
+        "host-emulated backend "
         "cannot use it: open the session with the CUDA backend, or with gpu = -1");
   }
 
@@ -76,6 +77,15 @@ class DeviceBackend {
 std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g);
 // Available in CUDA builds (HISPARSE_HAVE_CUDA); elsewhere returns Unimplemented.
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g);
+
+// The environment variable by which an engine asks for a private GPU arena (value "1").
+inline constexpr char kPrivateGpuArenaEnv[] = "HISPARSE_PRIVATE_GPU_ARENA";
+// Whether the CUDA backend may keep a private GPU arena when the daemon serves the session a host
+// arena (its device is host, or auto where it sees no GPU): only when the engine asked, with
+// `request` (the value of kPrivateGpuArenaEnv, may be null) "1". The daemon cannot read a private
+// arena's RESOLVE counters nor count its GPU memory, so without the ask it is FailedPrecondition
+// with what to do instead.
+absl::Status PrivateGpuArenaAllowed(const char* request);
 
 // "resolve: row 3 position out of range" style text for a set of ResolveError bits.
 std::string DescribeResolveErrors(uint32_t bits);

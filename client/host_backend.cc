@@ -2,6 +2,7 @@
 // append by the CPU reference, synchronously. What CI and machines without a GPU run.
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,16 @@ std::string DescribeResolveErrors(uint32_t bits) {
   if (bits & kResolveBadSeqLen) what.push_back("seq_len outside [1, the request's capacity]");
   if (bits & kResolveBadRow) what.push_back("a row outside [0, max_requests) or not admitted");
   return absl::StrCat("invalid data-path input (those rows were left untouched): ", absl::StrJoin(what, "; "));
+}
+
+absl::Status PrivateGpuArenaAllowed(const char* request) {
+  if (request != nullptr && std::string_view(request) == "1") return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the daemon serves this session a host-memory slot arena (its device is host, or auto where it sees no "
+      "GPU; its log says which), which the CUDA backend cannot use in place; a private GPU arena would hide "
+      "this session's RESOLVE counters and GPU memory from the daemon. Run the daemon where it sees the GPU "
+      "(device: auto or cuda), open the session with gpu = -1 (host backend), or set ",
+      kPrivateGpuArenaEnv, "=1 to keep a private GPU arena anyway"));
 }
 
 namespace {

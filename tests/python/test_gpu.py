@@ -166,3 +166,25 @@ def test_bad_positions_surface_at_check_errors(cuda_session):
         s.check_errors()
     assert (out == -1).all()
     s.check_errors()  # cleared
+
+
+def test_auto_daemon_puts_cuda_sessions_in_gpu_arenas(cuda_session):
+    """device: auto (the default, the module's daemon) on a GPU node: the daemon owns the session's
+    arena in GPU memory and reads its RESOLVE counters (issue 15: auto used to serve host arenas)."""
+    assert cuda_session.info().arena_kind in ("cuda-vmm", "cuda-ipc")
+
+
+def test_private_gpu_arena_only_when_asked(monkeypatch):
+    """device: host serves host arenas; the CUDA backend keeps a private GPU arena only when the
+    engine asks with HISPARSE_PRIVATE_GPU_ARENA=1, and says so in its session info."""
+    geometry = dict(num_layers=1, record_bytes=64, k=4, slots=8, max_requests=1, gpu=0, backend="cuda")
+    with hisparse.Daemon(host_pool_size="64MiB", host_pool_segment_size="16MiB", extra_args=["--device", "host"]) as d:
+        monkeypatch.delenv("HISPARSE_PRIVATE_GPU_ARENA", raising=False)
+        try:
+            with pytest.raises(hisparse.FailedPrecondition, match="HISPARSE_PRIVATE_GPU_ARENA=1"):
+                hisparse.Session(d, **geometry)
+        except hisparse.Unimplemented as e:
+            pytest.skip(f"libhisparse built without CUDA: {e}")
+        monkeypatch.setenv("HISPARSE_PRIVATE_GPU_ARENA", "1")
+        with hisparse.Session(d, **geometry) as s:
+            assert s.info().arena_kind == "private-gpu"

@@ -101,9 +101,15 @@ hs_result hs_record_ptr(hs_session* session, uint64_t request_id, uint32_t layer
 
 /* How the daemon shares the session's slot arena with this process (SessionOpened.arena.kind). */
 typedef enum hs_arena_kind {
-  HS_ARENA_HOST = 0,     /* a host memfd (device host/auto; or gpu = -1) */
+  HS_ARENA_HOST = 0,     /* a host memfd, on the host backend (gpu = -1, or a daemon without GPU arenas) */
   HS_ARENA_CUDA_VMM = 1, /* GPU memory: a CUDA VMM allocation imported from a POSIX fd */
-  HS_ARENA_CUDA_IPC = 2  /* GPU memory: the legacy cudaIpc fallback (no VMM fd export on the GPU) */
+  HS_ARENA_CUDA_IPC = 2, /* GPU memory: the legacy cudaIpc fallback (no VMM fd export on the GPU) */
+  /* The daemon served a host memfd (device host, or auto where it sees no GPU) to the CUDA
+   * backend, which keeps a private GPU arena instead: only when the engine asked, with
+   * HISPARSE_PRIVATE_GPU_ARENA=1 in its environment (hs_session_open fails with
+   * HS_ERR_FAILED_PRECONDITION otherwise). The daemon does not see this arena: its stats read 0
+   * RESOLVE counters for the session; hs_stats_get reads them here. */
+  HS_ARENA_PRIVATE_GPU = 3
 } hs_arena_kind;
 
 typedef struct hs_session_info {

@@ -31,7 +31,7 @@ from .errors import FailedPrecondition, InvalidArgument, Unavailable, check
 
 _BACKENDS = {"auto": _lib.HS_BACKEND_AUTO, "host": _lib.HS_BACKEND_HOST, "cuda": _lib.HS_BACKEND_CUDA}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
-_ARENA_KIND_NAMES = {0: "host", 1: "cuda-vmm", 2: "cuda-ipc"}  # hs_arena_kind
+_ARENA_KIND_NAMES = {0: "host", 1: "cuda-vmm", 2: "cuda-ipc", 3: "private-gpu"}  # hs_arena_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SessionInfo:
     slots: int  # B; slot B of each (row, layer) holds the newest token
     max_tokens_per_request: int
     arena_bytes: int
-    arena_kind: str  # "host", "cuda-vmm" or "cuda-ipc": how the daemon shared the arena
+    arena_kind: str  # "host", "cuda-vmm", "cuda-ipc" or "private-gpu" (hs_arena_kind)
 
 
 @dataclasses.dataclass(frozen=True)
