@@ -8,7 +8,7 @@ packages=(
   libabsl-dev libyaml-cpp-dev libcli11-dev zlib1g-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format clang-tidy
-  python3 python3-pytest python3-numpy
+  python3 python3-pytest python3-numpy python3-pyflakes
   prometheus  # promtool, which lints the /metrics exposition in the admin test
 )
 missing=()

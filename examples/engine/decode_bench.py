@@ -26,6 +26,9 @@ than in bench/main.cc). For each context length it
         --contexts 131072,32768 --k 2048 --slots 2048,4096 --layers 4 --steps 40
     # the capacity plan only (no GPU needed):
     python3 examples/engine/decode_bench.py --plan-only
+    # a CPU smoke run: the whole script on a tiny model, the host backend, a few steps (torch, no
+    # GPU; tests/python/test_decode_bench.py runs it so the GPU path's code cannot rot unseen):
+    python3 examples/engine/decode_bench.py --smoke
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 try:
     import torch  # noqa: E402
 
-    from engine import ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
+    from engine import SMALL, ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
 except ImportError:  # --plan-only works without torch
     torch = None
 
@@ -56,6 +59,10 @@ except ImportError:  # --plan-only works without torch
         return type("Fmt", (), dict(name=name, record_bytes={"bf16": 1152, "fp8": 656}[name]))()
 
 GIB = 1 << 30
+
+# --smoke: sizes small enough for a CPU in seconds, and a model of engine.SMALL's dimensions.
+SMOKE = dict(hbm_budget="2MiB", host_pool_size="256MiB", host_pool_segment_size="16MiB", contexts="300", k=16,
+             slots="16,32", matched_slots="16", layers=2, steps=4, probe_steps=0, max_batch=3)
 
 
 def parse_size(text: str) -> int:
@@ -113,10 +120,18 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the JSON lines here")
     ap.add_argument("--plan-only", action="store_true", help="print the capacity plan and exit")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU smoke run: tiny model and sizes (overriding the above), host backend, a few steps")
     args = ap.parse_args(argv)
+    if args.smoke:
+        if torch is None:
+            ap.error("--smoke needs torch")
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
 
     t_start = time.monotonic()
-    cfg = ModelConfig(seed=args.seed, n_layers=args.layers)
+    dims = {key: v for key, v in SMALL.items() if key != "n_layers"} if args.smoke else {}
+    cfg = ModelConfig(seed=args.seed, n_layers=args.layers, **dims)
     if args.locality is not None:
         cfg.locality = args.locality
     fmt = record_format(args.records, cfg)
@@ -143,28 +158,31 @@ def main(argv=None) -> int:
 
     import hisparse
 
-    dev = torch.device("cuda")
+    cuda = not args.smoke
+    dev = torch.device("cuda") if cuda else torch.device("cpu")
     model = SparseDecoder(cfg, dev)
     print(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, latent {cfg.latent}, "
           f"indexer {cfg.idx_heads}x{cfg.idx_dim} (keys in HBM), locality {cfg.locality}, {fmt.name} records "
-          f"({fmt.record_bytes} B); {torch.cuda.get_device_name(dev)}", flush=True)
-    link = measure_link_gbps(dev, tries=3)
-    emit(dict(kind="link", h2d_gbps=round(link, 1), note="1 GiB pinned H2D, best of 3"))
-    del host, devbuf
+          f"({fmt.record_bytes} B); {torch.cuda.get_device_name(dev) if cuda else 'CPU smoke run, host backend'}",
+          flush=True)
+    link = measure_link_gbps(dev, tries=3) if cuda else float("nan")
+    if cuda:
+        emit(dict(kind="link", h2d_gbps=round(link, 1), note="1 GiB pinned H2D, best of 3"))
 
     t = time.monotonic()
     daemon = hisparse.Daemon(host_pool_size=args.host_pool_size, host_pool_segment_size=args.host_pool_segment_size,
                              start_timeout_s=300.0).start()
     print(f"hisparsed pid {daemon.pid}, {args.host_pool_size} host pool, started (pre-touched) in "
           f"{time.monotonic() - t:.1f} s", flush=True)
-    weights_bytes = torch.cuda.memory_allocated(dev)
+    weights_bytes = torch.cuda.memory_allocated(dev) if cuda else 0
 
     def run(ctx, mode, batch, B=None, keep_logits=False):
         if time.monotonic() - t_start > args.time_budget_s:
             emit(dict(kind="skipped", context=ctx, mode=mode, batch=batch, reason="time budget"))
             return None
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(dev)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.monotonic()
         arena = 0
         if B is None:
@@ -172,13 +190,14 @@ def main(argv=None) -> int:
                            chunk=16384, probe_steps=args.probe_steps)
         else:
             with hisparse.Session(daemon.address, num_layers=cfg.n_layers, record_bytes=fmt.record_bytes, k=args.k,
-                                  slots=B, max_requests=batch, gpu=dev.index or 0, backend="cuda",
-                                  engine_name="decode_bench") as session:
+                                  slots=B, max_requests=batch, gpu=(dev.index or 0) if cuda else -1,
+                                  backend="cuda" if cuda else "host", engine_name="decode_bench") as session:
                 arena = session.info().arena_bytes
                 res = run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps, session=session,
                                seed=args.seed + 1, chunk=16384, probe_steps=args.probe_steps)
-                torch.cuda.synchronize(dev)
-        peak = torch.cuda.max_memory_allocated(dev) - weights_bytes + arena
+                if cuda:
+                    torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - weights_bytes + arena if cuda else None
         p50, p90 = pct(res.step_ms, 0.5), pct(res.step_ms, 0.9)
         sel = res.hits + res.misses
         rec = dict(kind="run", context=ctx, mode=mode, slots=B, batch=batch, steps=args.steps,
@@ -218,7 +237,8 @@ def main(argv=None) -> int:
                       f"steps -> {'EXACT' if same == args.steps else 'MISMATCH'}", flush=True)
                 del r
             base = base[0]
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
             for B in slots:
                 nh = p[f"hisparse_B{B}"]["batch"]
                 r = run(ctx, f"hisparse_B{B}", nh, B)
@@ -239,17 +259,19 @@ def main(argv=None) -> int:
     runs = [x for x in lines if x["kind"] == "run"]
     print(f"\nhisparse-bench decode: HBM budget {budget / GIB:.0f} GiB, host pool {pool / GIB:.0f} GiB, "
           f"{cfg.n_layers} layers, {fmt.name} records ({fmt.record_bytes} B) + index keys "
-          f"({cfg.idx_dim * 2} B) per token and layer, k {args.k}, {args.steps} steps, link {link:.1f} GB/s")
+          f"({cfg.idx_dim * 2} B) per token and layer, k {args.k}, {args.steps} steps, link {link:.1f} GB/s"
+          + (" (CPU smoke run: no link, no HBM)" if not cuda else ""))
     print("| context | mode | B | batch | step ms p50 | p90 | tokens/s | hit rate | misses/(req,layer,step) | "
           "RESOLVE ms | peak HBM GiB | prefill s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in runs:
         hit = "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.1f}%"
+        peak = "-" if r["measured_peak_hbm_bytes"] is None else f"{r['measured_peak_hbm_bytes'] / GIB:.2f}"
         print(f"| {r['context']} | {r['mode']} | {r['slots'] or '-'} | {r['batch']} | {r['step_ms_p50']:.3f} | "
               f"{r['step_ms_p90']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{hit} | "
               f"{r['misses_per_row_layer_step']:.0f} | {r['resolve_ms_p50'] if r['resolve_ms_p50'] is not None else '-'} | "
-              f"{r['measured_peak_hbm_bytes'] / GIB:.2f} | {r['prefill_s']} |")
+              f"{peak} | {r['prefill_s']} |")
     print("\n| context | B | batch base -> hisparse (limit) | capacity x | tokens/s base -> hisparse | "
           "throughput x | matched-batch latency x (hit rate) | exact |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
