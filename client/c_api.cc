@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "client_session.h"
+#include "hisparse/common/version.h"
 #include "hisparse/hisparse.h"
 
 struct hs_session {
@@ -68,7 +69,35 @@ hs_result Guard(F&& body) {
   }
 }
 
-bool SizeOk(uint32_t struct_size, size_t min) { return struct_size >= min; }
+// The size of each size-prefixed struct's first version: the smallest struct_size accepted. A
+// field added later goes after these, and the struct's old callers keep working.
+constexpr size_t kSessionOptionsV1 = offsetof(hs_session_options, layer_anchor);  // ABI 1.0
+constexpr size_t kRequestInfoV1 = sizeof(hs_request_info);
+constexpr size_t kSessionInfoV1 = offsetof(hs_session_info, arena_kind);  // ABI 1.0
+constexpr size_t kStatsV1 = sizeof(hs_stats);
+constexpr size_t kResolveArgsV1 = sizeof(hs_resolve_args);
+
+bool SizeOk(uint32_t struct_size, size_t first_version) { return struct_size >= first_version; }
+
+// An input struct as this library knows it: the caller's bytes up to its struct_size, zero past it.
+template <typename T>
+T ReadSized(const T& in) {
+  T out;
+  std::memset(&out, 0, sizeof(out));
+  std::memcpy(&out, &in, std::min<size_t>(in.struct_size, sizeof(out)));
+  out.struct_size = sizeof(out);
+  return out;
+}
+
+// Writes `value` to a caller's output struct: only the bytes its struct_size covers (an older
+// caller's smaller struct), nothing past this library's sizeof (a newer caller's larger one), and
+// struct_size stays the caller's.
+template <typename T>
+void WriteSized(T value, T* out) {
+  const uint32_t size = out->struct_size;
+  value.struct_size = size;
+  std::memcpy(out, &value, std::min<size_t>(size, sizeof(value)));
+}
 
 }  // namespace
 
@@ -102,19 +131,21 @@ const char* hs_result_string(hs_result r) {
 
 const char* hs_last_error(void) { return g_last_error.c_str(); }
 int hs_abi_version(void) { return HS_ABI_VERSION; }
+void hs_abi_version_get(int* major, int* minor) {
+  if (major != nullptr) *major = HS_ABI_VERSION_MAJOR;
+  if (minor != nullptr) *minor = HS_ABI_VERSION_MINOR;
+}
+const char* hs_version(void) { return HISPARSE_VERSION; }
 
 hs_result hs_session_open(const hs_session_options* options, hs_session** out) {
   return Guard([&] {
     if (options == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "options and out must not be NULL");
+    *out = nullptr;  // on every failure below
     // ABI 1.0 callers end before layer_anchor; fields they do not know are zero (NULL).
-    if (!SizeOk(options->struct_size, offsetof(hs_session_options, layer_anchor))) {
+    if (!SizeOk(options->struct_size, kSessionOptionsV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_options.struct_size is too small: use HS_SESSION_OPTIONS_INIT");
     }
-    hs_session_options o;
-    std::memset(&o, 0, sizeof(o));
-    std::memcpy(&o, options, std::min<size_t>(options->struct_size, sizeof(o)));
-    o.struct_size = sizeof(o);
-    *out = nullptr;
+    const hs_session_options o = ReadSized(*options);
     auto impl = hisparse::ClientSession::Open(o);
     if (!impl.ok()) return ToResult(impl.status());
     *out = new hs_session{std::move(*impl)};
@@ -133,12 +164,12 @@ hs_result hs_admit(hs_session* s, uint64_t request_id, uint32_t context_tokens, 
                    hs_request_info* out) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    if (out != nullptr && !SizeOk(out->struct_size, sizeof(hs_request_info))) {
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
     }
     auto r = s->impl->Admit(request_id, context_tokens, token_budget);
     if (!r.ok()) return ToResult(r.status());
-    if (out != nullptr) *out = *r;
+    if (out != nullptr) WriteSized(*r, out);
     return HS_OK;
   });
 }
@@ -146,12 +177,12 @@ hs_result hs_admit(hs_session* s, uint64_t request_id, uint32_t context_tokens, 
 hs_result hs_extend(hs_session* s, uint64_t request_id, uint32_t token_budget, hs_request_info* out) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    if (out != nullptr && !SizeOk(out->struct_size, sizeof(hs_request_info))) {
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
     }
     auto r = s->impl->Extend(request_id, token_budget);
     if (!r.ok()) return ToResult(r.status());
-    if (out != nullptr) *out = *r;
+    if (out != nullptr) WriteSized(*r, out);
     return HS_OK;
   });
 }
@@ -178,13 +209,10 @@ hs_result hs_session_get_info(hs_session* s, hs_session_info* out) {
     if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
     // Callers built before arena_kind was added pass the older, smaller struct: they get the
     // fields they know of.
-    const size_t size = out->struct_size;
-    if (!SizeOk(out->struct_size, offsetof(hs_session_info, arena_kind))) {
+    if (!SizeOk(out->struct_size, kSessionInfoV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_info.struct_size is too small: use HS_SESSION_INFO_INIT");
     }
-    hs_session_info info = s->impl->Info();
-    info.struct_size = out->struct_size;
-    std::memcpy(out, &info, std::min(size, sizeof(info)));
+    WriteSized(s->impl->Info(), out);
     return HS_OK;
   });
 }
@@ -192,7 +220,7 @@ hs_result hs_session_get_info(hs_session* s, hs_session_info* out) {
 hs_result hs_stats_get(hs_session* s, hs_stats* out) {
   return Guard([&] {
     if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
-    if (!SizeOk(out->struct_size, sizeof(hs_stats))) {
+    if (!SizeOk(out->struct_size, kStatsV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_stats.struct_size is too small: use HS_STATS_INIT");
     }
     auto st = s->impl->NodeStats();
@@ -221,7 +249,7 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
       r.misses = c->misses;
       r.bytes_fetched = c->bytes_fetched;
     }
-    *out = r;
+    WriteSized(r, out);
     return HS_OK;
   });
 }
@@ -229,10 +257,10 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
 hs_result hs_resolve(hs_session* s, const hs_resolve_args* args) {
   return Guard([&] {
     if (s == nullptr || args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and args must not be NULL");
-    if (!SizeOk(args->struct_size, sizeof(hs_resolve_args))) {
+    if (!SizeOk(args->struct_size, kResolveArgsV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_resolve_args.struct_size is too small: use HS_RESOLVE_ARGS_INIT");
     }
-    return ToResult(s->impl->Resolve(*args));
+    return ToResult(s->impl->Resolve(ReadSized(*args)));
   });
 }
 

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/common/version.h"
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/device_choice.h"
 #include "hisparse/daemon/fd_server.h"
@@ -29,7 +30,7 @@
 
 namespace hisparse {
 
-inline constexpr char kVersion[] = "0.1.0";
+inline constexpr char kVersion[] = HISPARSE_VERSION;
 
 SessionManager::QuotaOptions QuotasFrom(const DaemonConfig& c) {
   return SessionManager::QuotaOptions{c.quotas.host_bytes, c.quotas.arena_bytes,

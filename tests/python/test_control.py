@@ -4,22 +4,65 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
+import subprocess
 
 import pytest
 
 import hisparse
 from hisparse import _lib
-from conftest import wait_for
+from conftest import REPO, wait_for
 
 
 def test_library_loads_once_with_every_signature_declared():
     lib = _lib.load()
     assert _lib.load() is lib
     assert hisparse.abi_version() == hisparse.ABI_VERSION
+    assert hisparse.abi_version_full() == (hisparse.ABI_VERSION, hisparse.ABI_VERSION_MINOR)
     for name in _lib._SIGNATURES:
         assert getattr(lib, name).argtypes is not None or name in ("hs_last_error", "hs_abi_version")
-    assert ctypes.sizeof(_lib.SessionOptions) == _lib.new_session_options().struct_size
     assert os.path.exists(hisparse.library_path())
+
+
+def test_version_is_the_projects():
+    """One release string: CMakeLists.txt's project(VERSION), the library's hs_version() (generated
+    from it) and the package's __version__ (which pip reads) agree."""
+    cmake = (REPO / "CMakeLists.txt").read_text()
+    project = re.search(r"project\(hisparse VERSION ([0-9.]+)", cmake).group(1)
+    assert hisparse.version() == project
+    assert hisparse.__version__ == project
+
+
+# The C name of each ctypes mirror in _lib.
+_C_STRUCTS = {"SessionOptions": "hs_session_options", "RequestInfo": "hs_request_info",
+              "SessionInfo": "hs_session_info", "Stats": "hs_stats", "ResolveArgs": "hs_resolve_args"}
+
+
+def test_ctypes_structs_match_the_header(tmp_path):
+    """Every ctypes mirror has the header's size and every field its offset, as a C compiler lays
+    them out (a field declared in the wrong place or with the wrong type fails here)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = []
+    for py, c in _C_STRUCTS.items():
+        lines.append(f'printf("{py} size %zu\\n", sizeof({c}));')
+        for name, *_ in getattr(_lib, py)._fields_:
+            lines.append(f'printf("{py} {name} %zu\\n", offsetof({c}, {name}));')
+    src = tmp_path / "layout.c"
+    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"hisparse/hisparse.h\"\nint main(void) {\n"
+                   + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-I", str(REPO / "client" / "include"), str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    c_layout = {tuple(line.split()[:2]): int(line.split()[2]) for line in out.splitlines()}
+    assert set(_C_STRUCTS) <= {k[0] for k in c_layout}
+    for py in _C_STRUCTS:
+        cls = getattr(_lib, py)
+        assert ctypes.sizeof(cls) == c_layout[(py, "size")], py
+        for name, *_ in cls._fields_:
+            assert getattr(cls, name).offset == c_layout[(py, name)], f"{py}.{name}"
 
 
 def test_open_reports_geometry_and_host_backend(open_session):

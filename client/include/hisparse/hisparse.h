@@ -9,7 +9,10 @@
  *  - Opaque handles; every call returns hs_result; on failure hs_last_error() gives a message for
  *    the calling thread (valid until that thread's next failing call).
  *  - Option and info structs open with `struct_size` (set it to sizeof, or use the _INIT macros)
- *    so that later versions can grow them without breaking callers.
+ *    so that later versions can grow them without breaking callers: the library accepts any
+ *    struct_size from the struct's first version's size up (smaller is HS_ERR_INVALID_ARGUMENT),
+ *    reads only the bytes an input struct's struct_size covers (fields past it are zero), writes
+ *    only those of an output struct, and leaves struct_size as the caller set it.
  *  - No C++ types and no exceptions cross this boundary.
  *  - Thread-safety: one hs_session may be used from several threads for control calls; data-path
  *    calls on one session must be ordered by the caller (they run in the caller's stream).
@@ -24,7 +27,14 @@
 extern "C" {
 #endif
 
-#define HS_ABI_VERSION 1
+/* ABI version major.minor. A minor release only adds (struct fields at the end, enum values,
+ * functions), so a library of the same major and at least the caller's minor serves it; a new
+ * major breaks callers. 1.0: the first ABI; 1.1: hs_session_options.layer_anchor, hs_prefetch,
+ * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU. */
+#define HS_ABI_VERSION_MAJOR 1
+#define HS_ABI_VERSION_MINOR 2
+/* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
+#define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
 typedef enum hs_result {
   HS_OK = 0,
@@ -42,8 +52,13 @@ typedef enum hs_result {
 const char* hs_result_string(hs_result result);
 /* Message of the calling thread's last failed call ("" if none). */
 const char* hs_last_error(void);
-/* HS_ABI_VERSION of the library actually loaded. */
+/* HS_ABI_VERSION (the major) of the library actually loaded. */
 int hs_abi_version(void);
+/* Since ABI 1.2. The loaded library's HS_ABI_VERSION_MAJOR and _MINOR; either pointer may be NULL. */
+void hs_abi_version_get(int* major, int* minor);
+/* Since ABI 1.2. The release of the loaded library ("0.1.0"): the build's project version, the
+ * same string hisparsed reports. */
+const char* hs_version(void);
 
 typedef struct hs_session hs_session;
 
@@ -76,7 +91,7 @@ typedef struct hs_session_options {
   { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL }
 
 /* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
- * memory. On success *out owns the session; close it with hs_session_close. */
+ * memory. On success *out owns the session; close it with hs_session_close. On failure *out is NULL. */
 hs_result hs_session_open(const hs_session_options* options, hs_session** out);
 /* Ends the session (the daemon releases everything it held) and frees the handle. NULL is a no-op. */
 void hs_session_close(hs_session* session);
@@ -109,7 +124,7 @@ typedef enum hs_arena_kind {
    * HISPARSE_PRIVATE_GPU_ARENA=1 in its environment (hs_session_open fails with
    * HS_ERR_FAILED_PRECONDITION otherwise). The daemon does not see this arena: its stats read 0
    * RESOLVE counters for the session; hs_stats_get reads them here. */
-  HS_ARENA_PRIVATE_GPU = 3
+  HS_ARENA_PRIVATE_GPU = 3 /* since ABI 1.2 */
 } hs_arena_kind;
 
 typedef struct hs_session_info {
@@ -122,7 +137,7 @@ typedef struct hs_session_info {
   uint32_t slots;         /* B; slot B of each (row, layer) holds the newest token */
   uint32_t max_tokens_per_request;
   uint64_t arena_bytes;
-  hs_arena_kind arena_kind; /* how the arena reached this process */
+  hs_arena_kind arena_kind; /* since ABI 1.1: how the arena reached this process */
 } hs_session_info;
 
 #define HS_SESSION_INFO_INIT \

@@ -25,6 +25,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = "hisparse"
 
 
+def _version() -> str:
+    """hisparse/__init__.py's __version__ (pyproject.toml declares the version dynamic)."""
+    for line in (ROOT / PACKAGE / "__init__.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    raise RuntimeError("hisparse/__init__.py has no __version__ line")
+
+
 def _project() -> dict:
     try:
         import tomllib  # Python 3.11+
@@ -32,13 +40,11 @@ def _project() -> dict:
         tomllib = None
     if tomllib is not None:
         with open(ROOT / "pyproject.toml", "rb") as f:
-            return tomllib.load(f)["project"]
+            project = tomllib.load(f)["project"]
+        project["version"] = _version()
+        return project
     # Python < 3.11: name and version are all that must be exact.
-    version = "0.0.0"
-    for line in (ROOT / PACKAGE / "__init__.py").read_text().splitlines():
-        if line.startswith("__version__"):
-            version = line.split("=", 1)[1].strip().strip("\"'")
-    return {"name": PACKAGE, "version": version, "description": "", "requires-python": ">=3.9"}
+    return {"name": PACKAGE, "version": _version(), "description": "", "requires-python": ">=3.9"}
 
 
 def _metadata(p: dict) -> str:

@@ -17,23 +17,43 @@ HisparseError subclasses named after hs_result codes, carrying the daemon's mess
 See docs/INTEGRATION.md for how an engine plugs in, and examples/engine for a runnable one.
 """
 
-from ._lib import ABI_VERSION, library_path
+from ._lib import ABI_VERSION, ABI_VERSION_MINOR, library_path
 from .daemon import Daemon, find_daemon_binary
 from .errors import (AlreadyExists, FailedPrecondition, HisparseError, Internal, InvalidArgument, NotFound,
                      PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
 from .session import RequestInfo, Session, SessionInfo, Stats
 
+# The release. The one source is CMakeLists.txt's project(VERSION); this copy (which pip reads
+# when it builds the package without CMake, see pyproject.toml) is held equal to it, and to the
+# loaded library's version(), by tests/python/test_control.py.
 __version__ = "0.1.0"
 
 
 def abi_version() -> int:
-    """HS_ABI_VERSION of the libhisparse actually loaded."""
+    """HS_ABI_VERSION (the major) of the libhisparse actually loaded."""
     from . import _lib
     return int(_lib.load().hs_abi_version())
 
 
+def abi_version_full() -> tuple:
+    """(HS_ABI_VERSION_MAJOR, HS_ABI_VERSION_MINOR) of the libhisparse actually loaded."""
+    import ctypes
+
+    from . import _lib
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    _lib.load().hs_abi_version_get(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def version() -> str:
+    """The release of the libhisparse actually loaded (hs_version: the build's project version)."""
+    from . import _lib
+    return _lib.load().hs_version().decode()
+
+
 __all__ = [
-    "ABI_VERSION", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError", "Internal", "InvalidArgument",
+    "ABI_VERSION", "ABI_VERSION_MINOR", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError", "Internal", "InvalidArgument",
     "NotFound", "PermissionDenied", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
-    "Unavailable", "Unimplemented", "abi_version", "find_daemon_binary", "library_path",
+    "Unavailable", "Unimplemented", "abi_version", "abi_version_full", "find_daemon_binary", "library_path",
+    "version",
 ]

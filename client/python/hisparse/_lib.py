@@ -25,7 +25,10 @@ import pathlib
 import threading
 from typing import List, Optional
 
+# The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
+# HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
+ABI_VERSION_MINOR = 2
 
 # hs_result
 HS_OK = 0
@@ -167,6 +170,8 @@ _SIGNATURES = {
     "hs_result_string": (ctypes.c_char_p, [ctypes.c_int]),
     "hs_last_error": (ctypes.c_char_p, []),
     "hs_abi_version": (ctypes.c_int, []),
+    "hs_abi_version_get": (None, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
+    "hs_version": (ctypes.c_char_p, []),
     "hs_session_open": (ctypes.c_int, [ctypes.POINTER(SessionOptions), ctypes.POINTER(SessionPtr)]),
     "hs_session_close": (None, [SessionPtr]),
     "hs_admit": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
@@ -249,10 +254,20 @@ def load() -> ctypes.CDLL:
             raise OSError(
                 "cannot load libhisparse (set HISPARSE_LIB to build/lib/libhisparse.so, or build it with "
                 f"`cmake --build build --target hisparse`); tried: {where}")
+        # hs_abi_version (the major) is in every library: check it before declaring what a
+        # library of another version may lack.
+        major = lib.hs_abi_version()
+        if major != ABI_VERSION:
+            raise RuntimeError(f"{_lib_path} has ABI version {major}; this package speaks {ABI_VERSION}")
+        if not hasattr(lib, "hs_abi_version_get"):
+            raise RuntimeError(f"{_lib_path} has ABI version {major}.0 or {major}.1; this package needs "
+                               f"{ABI_VERSION}.{ABI_VERSION_MINOR} or later")
         _declare(lib)
-        version = lib.hs_abi_version()
-        if version != ABI_VERSION:
-            raise RuntimeError(f"{_lib_path} has ABI version {version}; this package speaks {ABI_VERSION}")
+        minor = ctypes.c_int(0)
+        lib.hs_abi_version_get(None, ctypes.byref(minor))
+        if minor.value < ABI_VERSION_MINOR:
+            raise RuntimeError(f"{_lib_path} has ABI version {major}.{minor.value}; this package needs "
+                               f"{ABI_VERSION}.{ABI_VERSION_MINOR} or later")
         _lib = lib
         return lib
 

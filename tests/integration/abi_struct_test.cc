@@ -1,0 +1,145 @@
+// The C ABI's size-prefixed structs against a real daemon, one test per struct: each accepts any
+// struct_size from its first version's up and refuses a smaller one with HS_ERR_INVALID_ARGUMENT;
+// an output struct gets only the bytes its struct_size covers, keeps the caller's struct_size, and
+// a newer caller's larger struct is never written past this library's sizeof.
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "test_support.h"
+
+namespace hisparse::testing {
+namespace {
+
+// A caller's struct T grown by kExtra bytes (as a newer header would grow it), filled with 0xab.
+template <typename T>
+struct Grown {
+  static constexpr size_t kExtra = 32;
+  Grown() {
+    std::memset(bytes, 0xab, sizeof(bytes));
+    get()->struct_size = sizeof(bytes);
+  }
+  T* get() { return reinterpret_cast<T*>(bytes); }
+  bool TailUntouched() const {
+    for (size_t i = sizeof(T); i < sizeof(bytes); ++i) {
+      if (bytes[i] != 0xab) return false;
+    }
+    return true;
+  }
+  alignas(T) unsigned char bytes[sizeof(T) + kExtra];
+};
+
+class AbiStructTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = StartDaemon();
+    ASSERT_NE(daemon_, nullptr);
+    address_ = daemon_->address();
+    ASSERT_TRUE(Session::Open(SmallGeometry(address_), &session_).ok());
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::string address_;
+  Session session_;
+};
+
+TEST_F(AbiStructTest, AbiVersionIsMajorMinor) {
+  int major = -1, minor = -1;
+  hs_abi_version_get(&major, &minor);
+  EXPECT_EQ(major, HS_ABI_VERSION_MAJOR);
+  EXPECT_EQ(minor, HS_ABI_VERSION_MINOR);
+  EXPECT_EQ(hs_abi_version(), HS_ABI_VERSION);
+  EXPECT_EQ(HS_ABI_VERSION, HS_ABI_VERSION_MAJOR);  // what callers of HS_ABI_VERSION always got
+  hs_abi_version_get(nullptr, nullptr);             // either may be NULL
+  EXPECT_STRNE(hs_version(), "");
+}
+
+TEST_F(AbiStructTest, SessionOptionsFromTheFirstVersionUp) {
+  // ABI 1.0's struct ends before layer_anchor.
+  hs_session_options o = SmallGeometry(address_);
+  o.struct_size = offsetof(hs_session_options, layer_anchor);
+  hs_session* s = nullptr;
+  ASSERT_EQ(hs_session_open(&o, &s), HS_OK) << hs_last_error();
+  hs_session_close(s);
+
+  Grown<hs_session_options> grown;
+  const uint32_t size = grown.get()->struct_size;
+  *grown.get() = SmallGeometry(address_);
+  grown.get()->struct_size = size;
+  ASSERT_EQ(hs_session_open(grown.get(), &s), HS_OK) << hs_last_error();
+  hs_session_close(s);
+
+  o.struct_size = offsetof(hs_session_options, layer_anchor) - 4;
+  EXPECT_EQ(hs_session_open(&o, &s), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(s, nullptr);
+}
+
+TEST_F(AbiStructTest, RequestInfoFromTheFirstVersionUp) {
+  Grown<hs_request_info> grown;
+  ASSERT_EQ(hs_admit(session_.get(), 1, 10, 100, grown.get()), HS_OK) << hs_last_error();
+  EXPECT_EQ(grown.get()->capacity_tokens, 100u);
+  EXPECT_EQ(grown.get()->struct_size, sizeof(grown.bytes));  // the caller's, not the library's
+  EXPECT_TRUE(grown.TailUntouched());
+  Grown<hs_request_info> extended;
+  ASSERT_EQ(hs_extend(session_.get(), 1, 200, extended.get()), HS_OK) << hs_last_error();
+  EXPECT_EQ(extended.get()->capacity_tokens, 200u);
+  EXPECT_EQ(extended.get()->struct_size, sizeof(extended.bytes));
+  EXPECT_TRUE(extended.TailUntouched());
+
+  hs_request_info small = HS_REQUEST_INFO_INIT;
+  small.struct_size = sizeof(hs_request_info) - 4;
+  EXPECT_EQ(hs_admit(session_.get(), 2, 10, 100, &small), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(hs_extend(session_.get(), 1, 300, &small), HS_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(AbiStructTest, SessionInfoFromTheFirstVersionUp) {
+  Grown<hs_session_info> grown;
+  ASSERT_EQ(hs_session_get_info(session_.get(), grown.get()), HS_OK) << hs_last_error();
+  EXPECT_EQ(grown.get()->arena_kind, HS_ARENA_HOST);
+  EXPECT_EQ(grown.get()->struct_size, sizeof(grown.bytes));
+  EXPECT_TRUE(grown.TailUntouched());
+  // The first version (before arena_kind) and the refusal below it: control_plane_test.
+}
+
+TEST_F(AbiStructTest, StatsFromTheFirstVersionUp) {
+  ASSERT_EQ(hs_admit(session_.get(), 1, 10, 100, nullptr), HS_OK) << hs_last_error();
+  Grown<hs_stats> grown;
+  ASSERT_EQ(hs_stats_get(session_.get(), grown.get()), HS_OK) << hs_last_error();
+  EXPECT_EQ(grown.get()->session_requests, 1u);
+  EXPECT_EQ(grown.get()->struct_size, sizeof(grown.bytes));  // the caller's, not the library's
+  EXPECT_TRUE(grown.TailUntouched());
+
+  hs_stats small = HS_STATS_INIT;
+  small.struct_size = sizeof(hs_stats) - 8;
+  EXPECT_EQ(hs_stats_get(session_.get(), &small), HS_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
+  hs_request_info ri = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_admit(session_.get(), 1, 20, 40, &ri), HS_OK) << hs_last_error();
+  std::vector<uint8_t> prompt(4 * 20 * 64, 0x11);
+  ASSERT_EQ(hs_store(session_.get(), 1, 0, 20, 20, prompt.data(), 20 * 64, 64, nullptr), HS_OK) << hs_last_error();
+  const int32_t row = static_cast<int32_t>(ri.row), seq = 20;
+  std::vector<int32_t> pos = {19, 0, 1, 2, -1, -1, -1, -1}, out(8, -7);
+  // A newer caller's larger struct: the bytes past this library's fields are not read.
+  Grown<hs_resolve_args> grown;
+  const uint32_t size = grown.get()->struct_size;
+  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
+  a.layer = 0;
+  a.max_batch = 1;
+  a.rows = &row;
+  a.seq_lens = &seq;
+  a.positions = pos.data();
+  a.out_slots = out.data();
+  *grown.get() = a;
+  grown.get()->struct_size = size;
+  ASSERT_EQ(hs_resolve(session_.get(), grown.get()), HS_OK) << hs_last_error();
+  EXPECT_NE(out[0], -7);
+  EXPECT_EQ(out[4], -1);
+
+  a.struct_size = sizeof(hs_resolve_args) - 8;
+  EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace hisparse::testing
