@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "device_backend.h"
 #include "hisparse/common/cuda_vmm.h"
+#include "hisparse/common/device_buffer.h"
 #include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse {
@@ -39,34 +40,37 @@ class CudaBackend final : public DeviceBackend {
     if (auto e = cudaSetDevice(gpu_); e != cudaSuccess) return CudaError(e, absl::StrCat("cudaSetDevice(", gpu_, ")"));
     const size_t rows = g_.max_rows, entries = rows * g_.num_layers;
     host_base_.assign(entries, nullptr);
-    if (auto e = cudaMalloc(&dev_base_, entries * sizeof(uint8_t*)); e != cudaSuccess) return CudaError(e, "host map");
-    if (auto e = cudaMalloc(&dev_capacity_, rows * sizeof(int32_t)); e != cudaSuccess) return CudaError(e, "host map");
-    cudaMemset(dev_base_, 0, entries * sizeof(uint8_t*));
-    cudaMemset(dev_capacity_, 0, rows * sizeof(int32_t));
+    if (auto e = DeviceBuffer::Allocate(entries * sizeof(uint8_t*), &dev_base_); e != cudaSuccess) {
+      return CudaError(e, "host map");
+    }
+    if (auto e = DeviceBuffer::Allocate(rows * sizeof(int32_t), &dev_capacity_); e != cudaSuccess) {
+      return CudaError(e, "host map");
+    }
+    cudaMemset(dev_base_.get(), 0, dev_base_.bytes());
+    cudaMemset(dev_capacity_.get(), 0, dev_capacity_.bytes());
     // counts_[i] == i: a device-resident batch size for calls that pass none, without a copy
     // (so even those stay capturable in a CUDA graph).
     std::vector<int32_t> counts(rows + 1);
     for (size_t i = 0; i <= rows; ++i) counts[i] = static_cast<int32_t>(i);
-    if (auto e = cudaMalloc(&counts_, counts.size() * sizeof(int32_t)); e != cudaSuccess) return CudaError(e, "counts");
-    cudaMemcpy(counts_, counts.data(), counts.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-    if (auto e = cudaMalloc(&errors_, sizeof(uint32_t)); e != cudaSuccess) return CudaError(e, "error flags");
-    cudaMemset(errors_, 0, sizeof(uint32_t));
-    workspace_bytes_ = ResolveWorkspaceBytes(g_, g_.max_rows);
-    if (auto e = cudaMalloc(&workspace_, workspace_bytes_); e != cudaSuccess) return CudaError(e, "RESOLVE workspace");
-    if (auto e = InitResolveWorkspace(workspace_, workspace_bytes_, nullptr); e != cudaSuccess)
+    if (auto e = DeviceBuffer::Allocate(counts.size() * sizeof(int32_t), &counts_); e != cudaSuccess) {
+      return CudaError(e, "counts");
+    }
+    cudaMemcpy(counts_.get(), counts.data(), counts_.bytes(), cudaMemcpyHostToDevice);
+    if (auto e = DeviceBuffer::Allocate(sizeof(uint32_t), &errors_); e != cudaSuccess)
+      return CudaError(e, "error flags");
+    cudaMemset(errors_.get(), 0, sizeof(uint32_t));
+    if (auto e = DeviceBuffer::Allocate(ResolveWorkspaceBytes(g_, g_.max_rows), &workspace_); e != cudaSuccess) {
+      return CudaError(e, "RESOLVE workspace");
+    }
+    if (auto e = InitResolveWorkspace(workspace_.get(), workspace_.bytes(), nullptr); e != cudaSuccess)
       return CudaError(e, "workspace");
     return CudaError(cudaDeviceSynchronize(), "backend setup");
   }
 
   ~CudaBackend() override {
-    // No kernel may still use the arena when it is unmapped below.
+    // No kernel may still use the arena or the buffers when the members free them, after this.
     cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
-    for (void* p : {static_cast<void*>(arena_), static_cast<void*>(dev_base_), static_cast<void*>(dev_capacity_),
-                    static_cast<void*>(counts_), static_cast<void*>(errors_), workspace_}) {
-      if (p != nullptr) cudaFree(p);
-    }
-    for (void* p : plans_) cudaFree(p);
   }
 
   hs_backend kind() const override { return HS_BACKEND_CUDA; }
@@ -89,11 +93,14 @@ class CudaBackend final : public DeviceBackend {
   absl::StatusOr<ArenaView> AttachArena(uint8_t*, const ArenaGeometry& g) override {
     if (absl::Status st = PrivateGpuArenaAllowed(std::getenv(kPrivateGpuArenaEnv)); !st.ok()) return st;
     cudaSetDevice(gpu_);
-    arena_bytes_ = ComputeArenaOffsets(g).total_bytes;
-    if (auto e = cudaMalloc(&arena_, arena_bytes_); e != cudaSuccess) return CudaError(e, "allocating the slot arena");
-    if (auto e = cudaMemset(arena_, 0, arena_bytes_); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
+    if (auto e = DeviceBuffer::Allocate(ComputeArenaOffsets(g).total_bytes, &arena_); e != cudaSuccess) {
+      return CudaError(e, "allocating the slot arena");
+    }
+    if (auto e = cudaMemset(arena_.get(), 0, arena_.bytes()); e != cudaSuccess) {
+      return CudaError(e, "clearing the slot arena");
+    }
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
-    view_ = ArenaView::Of(arena_, g);
+    view_ = ArenaView::Of(arena_.as<uint8_t>(), g);
     return view_;
   }
   // The daemon's GPU arena (already zeroed by the daemon).
@@ -120,7 +127,9 @@ class CudaBackend final : public DeviceBackend {
     *import_s = import_times_.import_s;
     *map_s = import_times_.map_s;
   }
-  HostRecordMap host_map() const override { return HostRecordMap{dev_base_, dev_capacity_}; }
+  HostRecordMap host_map() const override {
+    return HostRecordMap{dev_base_.as<uint8_t*>(), dev_capacity_.as<int32_t>()};
+  }
 
   absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) override {
     const size_t first = static_cast<size_t>(row) * g_.num_layers;
@@ -128,12 +137,13 @@ class CudaBackend final : public DeviceBackend {
       host_base_[first + l] = layer_base ? const_cast<uint8_t*>(layer_base[l]) : nullptr;
     }
     // Control path: synchronous copies, so the next data-path launch sees the row.
-    if (auto e = cudaMemcpy(dev_base_ + first, host_base_.data() + first, g_.num_layers * sizeof(uint8_t*),
-                            cudaMemcpyHostToDevice);
+    if (auto e = cudaMemcpy(dev_base_.as<uint8_t*>() + first, host_base_.data() + first,
+                            g_.num_layers * sizeof(uint8_t*), cudaMemcpyHostToDevice);
         e != cudaSuccess) {
       return CudaError(e, "publishing a row of the host map");
     }
-    return CudaError(cudaMemcpy(dev_capacity_ + row, &capacity, sizeof(int32_t), cudaMemcpyHostToDevice), "host map");
+    return CudaError(cudaMemcpy(dev_capacity_.as<int32_t>() + row, &capacity, sizeof(int32_t), cudaMemcpyHostToDevice),
+                     "host map");
   }
 
   absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) override {
@@ -146,9 +156,9 @@ class CudaBackend final : public DeviceBackend {
     ResolveDesc d = desc;
     if (d.batch_size == nullptr) {
       if (d.max_batch > g_.max_rows) return absl::InvalidArgumentError("max_batch exceeds the session's rows");
-      d.batch_size = counts_ + d.max_batch;
+      d.batch_size = counts_.as<int32_t>() + d.max_batch;
     }
-    return CudaError(LaunchResolve(d, workspace_, workspace_bytes_, static_cast<cudaStream_t>(stream)),
+    return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");
   }
   absl::Status Store(const StoreDesc& d, void* stream) override {
@@ -158,16 +168,18 @@ class CudaBackend final : public DeviceBackend {
     AppendDesc d = desc;
     if (d.batch_size == nullptr) {
       if (d.max_batch > g_.max_rows) return absl::InvalidArgumentError("max_batch exceeds the session's rows");
-      d.batch_size = counts_ + d.max_batch;
+      d.batch_size = counts_.as<int32_t>() + d.max_batch;
     }
     return CudaError(LaunchAppend(d, static_cast<cudaStream_t>(stream)), "append launch");
   }
   absl::StatusOr<MissPlan> AllocMissPlan() override {
     cudaSetDevice(gpu_);
-    void* p = nullptr;
-    if (auto e = cudaMalloc(&p, MissPlan::Bytes(g_, g_.max_rows)); e != cudaSuccess) return CudaError(e, "miss plan");
-    plans_.push_back(p);
-    return MissPlan::Of(p, g_.max_rows);
+    DeviceBuffer plan;
+    if (auto e = DeviceBuffer::Allocate(MissPlan::Bytes(g_, g_.max_rows), &plan); e != cudaSuccess) {
+      return CudaError(e, "miss plan");
+    }
+    plans_.push_back(std::move(plan));
+    return MissPlan::Of(plans_.back().get(), g_.max_rows);
   }
   absl::Status Replay(const ReplayDesc& d, void* stream) override {
     return CudaError(LaunchReplay(d, static_cast<cudaStream_t>(stream)), "prefetch launch");
@@ -175,11 +187,11 @@ class CudaBackend final : public DeviceBackend {
   absl::Status CheckErrors() override {
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "data path");
     uint32_t bits = 0;
-    cudaMemcpy(&bits, errors_, sizeof(bits), cudaMemcpyDeviceToHost);
-    cudaMemset(errors_, 0, sizeof(bits));
+    cudaMemcpy(&bits, errors_.get(), sizeof(bits), cudaMemcpyDeviceToHost);
+    cudaMemset(errors_.get(), 0, sizeof(bits));
     return bits == 0 ? absl::OkStatus() : absl::InvalidArgumentError(DescribeResolveErrors(bits));
   }
-  uint32_t* error_flags() override { return errors_; }
+  uint32_t* error_flags() override { return errors_.as<uint32_t>(); }
   absl::StatusOr<ArenaCounters> ReadCounters() override {
     ArenaCounters c{};
     if (auto e = cudaMemcpy(&c, view_.counters, sizeof(c), cudaMemcpyDeviceToHost); e != cudaSuccess) {
@@ -198,20 +210,18 @@ class CudaBackend final : public DeviceBackend {
 
   const int gpu_;
   const ArenaGeometry g_;
-  uint8_t* arena_ = nullptr;  // private arena (daemon serves host arenas), else null
-  size_t arena_bytes_ = 0;
+  DeviceBuffer arena_;                               // the private arena (the engine asked for one), else empty
   std::unique_ptr<cuvmm::VmmMapping> shared_arena_;  // the daemon's GPU arena, mapped here (cuda-vmm)
   std::unique_ptr<cuvmm::IpcMapping> ipc_arena_;     // or opened here (cuda-ipc)
   cuvmm::ImportTimes import_times_;
   ArenaView view_{};
   std::vector<uint8_t*> host_base_;
-  uint8_t** dev_base_ = nullptr;
-  int32_t* dev_capacity_ = nullptr;
-  int32_t* counts_ = nullptr;
-  uint32_t* errors_ = nullptr;
-  void* workspace_ = nullptr;
-  size_t workspace_bytes_ = 0;
-  std::vector<void*> plans_;  // miss plans of anchor layers
+  DeviceBuffer dev_base_;            // uint8_t*[rows * layers]: the host record map's bases
+  DeviceBuffer dev_capacity_;        // int32_t[rows]
+  DeviceBuffer counts_;              // int32_t[rows + 1], counts_[i] == i
+  DeviceBuffer errors_;              // uint32_t: ResolveError bits
+  DeviceBuffer workspace_;           // RESOLVE's
+  std::vector<DeviceBuffer> plans_;  // miss plans of anchor layers
 };
 
 }  // namespace
