@@ -66,7 +66,8 @@ class DeviceBackend {
   virtual absl::StatusOr<MissPlan> AllocMissPlan() = 0;
   // Exact prefetch of a shared layer from its anchor's plan (ReplayDesc).
   virtual absl::Status Replay(const ReplayDesc& d, void* stream) = 0;
-  // Error flags that kernels set since the last call; waits for the last stream used.
+  // Error flags that kernels set since the last call; waits for the whole device (CUDA: every
+  // stream, so that kernels on a side stream, e.g. prefetch, have landed their flags too).
   virtual absl::Status CheckErrors() = 0;
   // Where kernels OR their ResolveError bits (nullptr for host: errors are returned at once).
   virtual uint32_t* error_flags() = 0;

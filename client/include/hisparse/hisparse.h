@@ -220,8 +220,10 @@ hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, cons
  * HS_ERR_FAILED_PRECONDITION when `layer` has no other anchor or the anchor was not resolved yet. */
 hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
 
-/* Reports (and clears) data-path errors that kernels flagged since the last call. Synchronizes
- * with the session's last stream. */
+/* Reports (and clears) data-path errors that kernels flagged since the last call. On the CUDA
+ * backend it synchronizes the session's GPU (cudaDeviceSynchronize: waits for the work of every
+ * stream this process has on that GPU, not only the session's), so call it off the hot path; on
+ * the host backend the data path ran synchronously and errors were returned at once. */
 hs_result hs_check_errors(hs_session* session);
 
 #ifdef __cplusplus

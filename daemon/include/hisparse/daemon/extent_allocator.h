@@ -2,7 +2,7 @@
 //
 // The daemon gives each admitted request, per layer, one contiguous run of records in a host
 // pool segment, because GPU threads gather scattered records at near link speed only when one
-// step's records lie within a bounded host range (see ARCHITECTURE.md). This class does the
+// step's records lie within a bounded host range (docs/ARCHITECTURE.md). This class does the
 // bookkeeping for one such region: it knows offsets only and never touches memory.
 //
 // Policy: best fit (the smallest free extent that fits; ties go to the lowest offset), which

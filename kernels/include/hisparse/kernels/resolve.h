@@ -1,7 +1,7 @@
 // RESOLVE: the fused hit / evict / fetch step that runs once per (layer, decode step) for a batch
 // of request rows, and the store / append kernels that keep the host pool authoritative.
 //
-// The contract (the project's ARCHITECTURE.md, "RESOLVE semantics"; docs/ARCHITECTURE.md here), per (row r, layer l):
+// The contract (docs/ARCHITECTURE.md, "The RESOLVE contract"), per (row r, layer l):
 //  1. A selected position resident in a slot is a hit. The newest token (seq_len - 1) always maps
 //     to the extra slot B and counts as a hit; it does not touch the LRU order, and a regular slot
 //     that happens to hold the same position is left alone.
