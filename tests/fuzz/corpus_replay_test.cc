@@ -3,7 +3,11 @@
 // targets and their seeds. The corpus folder comes from $HISPARSE_CORPUS_DIR, which ctest sets
 // (tests/fuzz/CMakeLists.txt); nothing about the source tree is compiled in, so the binary runs
 // anywhere. A target aborts on a finding, which fails the test with the file being replayed in
-// the log.
+// the log. Beyond what the targets check themselves, the replay checks what a seed leaves behind:
+// every seed runs twice, and the second run must leave the process with the file descriptors it
+// had before it (a memfd, socket or file a code path forgets to close fails here; the first run
+// lets lazily opened process-wide ones settle), and the corpus must hold no two identical seeds
+// (a copy replays nothing new and hides that the seed it meant to add is missing).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +24,16 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace {
+
+// Open file descriptors of this process (the directory's own descriptor not counted).
+size_t OpenFds() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n - 1;
+}
 
 TEST(CorpusReplay, EverySeedRunsClean) {
   const char* dir = std::getenv("HISPARSE_CORPUS_DIR");
@@ -29,12 +44,18 @@ TEST(CorpusReplay, EverySeedRunsClean) {
   }
   std::sort(files.begin(), files.end());  // a stable order makes a failure reproducible
   ASSERT_FALSE(files.empty()) << "no seed files in " << dir;
+  std::set<std::string> seen;
   for (const auto& path : files) {
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(in) << "cannot read " << path;
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(seen.insert(bytes).second) << path << " repeats an earlier seed byte for byte";
     std::fprintf(stderr, "replaying %s (%zu bytes)\n", path.c_str(), bytes.size());
-    EXPECT_EQ(LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), 0) << path;
+    const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+    EXPECT_EQ(LLVMFuzzerTestOneInput(data, bytes.size()), 0) << path;
+    const size_t fds = OpenFds();
+    EXPECT_EQ(LLVMFuzzerTestOneInput(data, bytes.size()), 0) << path;
+    EXPECT_EQ(OpenFds(), fds) << path << " leaves file descriptors open";
   }
   // The empty input is every target's smallest case.
   EXPECT_EQ(LLVMFuzzerTestOneInput(nullptr, 0), 0);

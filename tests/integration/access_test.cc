@@ -119,7 +119,20 @@ TEST(AdmissionUnderPressureTest, FullPoolEvictsTheTenantsOldestRequestAfterNotic
   v1::StatsResponse st = Stats(a);
   EXPECT_EQ(st.requests(), 16u);
   EXPECT_EQ(st.evictions(), 1u);
-  EXPECT_EQ(st.host_pool().free_bytes() + st.host_pool().used_bytes(), st.host_pool().capacity_bytes());
+  // Exactly the 16 live requests' runs are in use, each tenant charged for its own: request 1's
+  // runs went back to the pool before request 100 took them (4 layers x 16000 tokens x 64 B each).
+  constexpr uint64_t kRequestBytes = 4ull * 16000 * 64;
+  EXPECT_EQ(st.host_pool().used_bytes(), 16 * kRequestBytes);
+  hs_session_info old_info = HS_SESSION_INFO_INIT, new_info = HS_SESSION_INFO_INIT;
+  ASSERT_TRUE(old_session.Info(&old_info).ok());
+  ASSERT_TRUE(new_session.Info(&new_info).ok());
+  ASSERT_EQ(st.session_stats_size(), 2);
+  for (const auto& ss : st.session_stats()) {
+    const bool old_one = ss.session_id() == old_info.session_id;
+    EXPECT_TRUE(old_one || ss.session_id() == new_info.session_id) << ss.session_id();
+    EXPECT_EQ(ss.requests(), old_one ? 15u : 1u);
+    EXPECT_EQ(ss.host_bytes(), (old_one ? 15 : 1) * kRequestBytes);
+  }
 }
 
 TEST(AdmissionUnderPressureTest, RejectIsTheDefault) {
