@@ -30,7 +30,6 @@ struct Driver {
   decltype(&::cuDevicePrimaryCtxRetain) PrimaryCtxRetain = nullptr;
   decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
   decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
-  decltype(&::cuMemGetInfo) MemGetInfo = nullptr;
   decltype(&::cuMemGetAllocationGranularity) GetGranularity = nullptr;
   decltype(&::cuMemCreate) Create = nullptr;
   decltype(&::cuMemRelease) Release = nullptr;
@@ -72,7 +71,6 @@ absl::StatusOr<Driver*> LoadDriver() {
       Resolve(lib, "cuDeviceGetCount", &d->DeviceGetCount) && Resolve(lib, "cuDeviceGet", &d->DeviceGet) &&
       Resolve(lib, "cuDevicePrimaryCtxRetain", &d->PrimaryCtxRetain) &&
       Resolve(lib, "cuCtxSetCurrent", &d->CtxSetCurrent) && Resolve(lib, "cuCtxSynchronize", &d->CtxSynchronize) &&
-      Resolve(lib, "cuMemGetInfo_v2", &d->MemGetInfo) &&
       Resolve(lib, "cuMemGetAllocationGranularity", &d->GetGranularity) && Resolve(lib, "cuMemCreate", &d->Create) &&
       Resolve(lib, "cuMemRelease", &d->Release) && Resolve(lib, "cuMemAddressReserve", &d->AddressReserve) &&
       Resolve(lib, "cuMemAddressFree", &d->AddressFree) && Resolve(lib, "cuMemMap", &d->Map) &&
@@ -151,16 +149,6 @@ absl::StatusOr<int> DeviceCount() {
   absl::StatusOr<Driver*> d = GetDriver();
   if (!d.ok()) return d.status();
   return (*d)->device_count;
-}
-
-absl::Status MemInfo(int gpu, uint64_t* free_bytes, uint64_t* total_bytes) {
-  absl::StatusOr<Driver*> d = UseGpu(gpu);
-  if (!d.ok()) return d.status();
-  size_t f = 0, t = 0;
-  absl::Status st = Check(**d, (*d)->MemGetInfo(&f, &t), "cuMemGetInfo");
-  *free_bytes = f;
-  *total_bytes = t;
-  return st;
 }
 
 absl::StatusOr<bool> VmmFdExportSupported(int gpu) {

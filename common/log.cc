@@ -14,7 +14,6 @@ constexpr char kLetters[] = {'D', 'I', 'W', 'E'};
 }  // namespace
 
 void SetLogThreshold(LogSeverity severity) { g_threshold.store(static_cast<int>(severity)); }
-LogSeverity GetLogThreshold() { return static_cast<LogSeverity>(g_threshold.load()); }
 bool LogEnabled(LogSeverity severity) { return static_cast<int>(severity) >= g_threshold.load(); }
 
 LogMessage::LogMessage(LogSeverity severity, const char* file, int line) {

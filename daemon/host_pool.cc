@@ -181,10 +181,6 @@ uint8_t* HostPool::SegmentData(uint32_t segment) const {
   return segment < segments_.size() ? segments_[segment].map.data() : nullptr;
 }
 
-uint64_t HostPool::SegmentSize(uint32_t segment) const {
-  return segment < segments_.size() ? segments_[segment].map.size() : 0;
-}
-
 absl::StatusOr<int> HostPool::SegmentFdFor(uint64_t owner, uint32_t segment) const {
   if (segment >= segments_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no segment ", segment, " (the pool has ", segments_.size(), ")"));

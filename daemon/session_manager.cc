@@ -622,11 +622,6 @@ void SessionManager::SetDraining(bool draining, std::function<void()> on_idle) {
   if (run_now) run_now();
 }
 
-bool SessionManager::draining() const {
-  absl::MutexLock lock(&mu_);
-  return draining_;
-}
-
 void SessionManager::SetEventSink(uint64_t session_id, EventSink sink) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);

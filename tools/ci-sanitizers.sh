@@ -82,7 +82,7 @@ stage_tsan() {
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test hisparsed hisparse-test-client hisparse-ctl \
-    -- -DHISPARSE_SANITIZE=thread -DHISPARSE_BUILD_BENCH=OFF || built=1
+    -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }
   # halt_on_error: a race in the daemon child kills it, which fails the test that drives it.
   # ignore_noninstrumented_modules: memcpy & co. called from inside Debian's uninstrumented
@@ -99,7 +99,7 @@ stage_fuzz() {
   echo "== fuzz: libFuzzer targets, ${FUZZ_SECONDS}s each"
   mkdir -p build-fuzz
   configure_and_build build-fuzz fuzz_session_manager fuzz_config fuzz_trace_reader \
-    -- -DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON -DHISPARSE_BUILD_BENCH=OFF \
+    -- -DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON \
     || { record fuzz "$start" 1 "build failed"; return; }
   local status=0 note=""
   for target in session_manager config trace_reader; do

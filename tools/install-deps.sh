@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libcli11-dev zlib1g-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev
   clang clang-format clang-tidy
   python3 python3-pytest python3-numpy python3-pyflakes
   prometheus  # promtool, which lints the /metrics exposition in the admin test

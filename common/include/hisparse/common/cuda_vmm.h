@@ -23,9 +23,6 @@ namespace hisparse::cuvmm {
 // The number of CUDA devices the driver sees; Unavailable without a driver.
 absl::StatusOr<int> DeviceCount();
 
-// Bytes of device memory free and total on `gpu` (cuMemGetInfo in its primary context).
-absl::Status MemInfo(int gpu, uint64_t* free_bytes, uint64_t* total_bytes);
-
 // Whether `gpu` can share VMM allocations as POSIX fds: both
 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED. Where not, cudaIpc is the way.

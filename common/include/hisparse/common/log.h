@@ -16,7 +16,6 @@ namespace hisparse {
 enum class LogSeverity { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
 void SetLogThreshold(LogSeverity severity);
-LogSeverity GetLogThreshold();
 bool LogEnabled(LogSeverity severity);
 
 class LogMessage {

@@ -82,7 +82,6 @@ class HostPool {
   uint8_t* SegmentData(uint32_t segment) const;
   // The segment's memfd, borrowed, when `owner` owns it; PermissionDenied otherwise.
   absl::StatusOr<int> SegmentFdFor(uint64_t owner, uint32_t segment) const;
-  uint64_t SegmentSize(uint32_t segment) const;
   uint64_t segment_bytes() const { return options_.segment_bytes; }
   uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
 

@@ -85,7 +85,6 @@ class SessionManager {
   // Stop admitting (drain). Existing sessions keep what they hold. `on_idle` (may be empty) runs,
   // outside the lock, once no session is left while draining.
   void SetDraining(bool draining, std::function<void()> on_idle = {});
-  bool draining() const;
 
   // Where a session's notices go (its stream). Set by the service right after OpenSession. The
   // sink is called outside the lock; it returns false when the stream is gone.
