@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU regression plan: every GPU test, the Python GPU tests and the benchmarks whose paths a change
+# touched, in one device call. Built here, run there (the GPU host has no gRPC):
+#   tools/gpu/make-bundle.sh .bundle-gpu        # here: CUDA build, stripped, libhisparse beside
+#   tools/gpu/check-plan.sh .bundle-gpu         # there, from the repo root ($OUT collects logs)
+# Steps: link bandwidth (hisparse-bench resolve's own measurement, one small point), gpu_resolve_test,
+# gpu_prefetch_test, gpu_two_process_test, pytest tests/python (GPU cases included), hisparse-bench
+# decode at a short configuration (capacity, matched-batch exactness). About 5 minutes.
+# Writes under $OUT: gpu.txt, link.jsonl, resolve.log, prefetch.log, two_process.log, pytest.log,
+# decode.log, summary.txt.
+set -uo pipefail
+B=$(cd "${1:?bundle dir}" && pwd)
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export HISPARSE_DAEMON_BIN="$B/bin/hisparsed" HISPARSE_LIB="$B/bin/libhisparse.so" PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+S="$OUT/summary.txt"
+: > "$S"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$OUT/gpu.txt" 2>&1
+step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its exit status
+  local limit=$1 name=$2 t=$SECONDS
+  shift 2
+  timeout -k 10 "$limit" "$@"
+  local rc=$?
+  echo "$name: rc=$rc in $((SECONDS - t)) s" | tee -a "$S"
+}
+step 60 link "$B/bin/hisparse-bench" resolve --batch 1 --slots 4096 --k 2048 --record-bytes 1152 --miss 0.2 \
+  --runs 20 > "$OUT/link.jsonl" 2>&1
+grep '"kind":"link"' "$OUT/link.jsonl" | tee -a "$S"
+step 150 gpu_resolve_test "$B/bin/gpu_resolve_test" > "$OUT/resolve.log" 2>&1
+step 150 gpu_prefetch_test "$B/bin/gpu_prefetch_test" > "$OUT/prefetch.log" 2>&1
+step 200 gpu_two_process_test "$B/bin/gpu_two_process_test" > "$OUT/two_process.log" 2>&1
+for f in resolve prefetch two_process; do
+  grep -E '^\[  (PASSED|FAILED) |tests? ran|SKIPPED' "$OUT/$f.log" | sed "s/^/$f: /" | tee -a "$S"
+done
+step 240 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python > "$OUT/pytest.log" 2>&1
+tail -3 "$OUT/pytest.log" | tee -a "$S"
+step 200 decode "$PY" examples/engine/decode_bench.py --hbm-budget 8GiB --host-pool-size 12GiB \
+  --host-pool-segment-size 1GiB --contexts 32768 --k 2048 --slots 4096 --matched-slots 4096 --layers 4 \
+  --records bf16 --steps 12 --probe-steps 4 --time-budget-s 150 > "$OUT/decode.log" 2>&1
+grep -E 'link|EXACT|MISMATCH|ratio|tokens/s' "$OUT/decode.log" | tail -12 | tee -a "$S"
+exit 0
