@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 
 #include "absl/status/status.h"
@@ -29,6 +30,23 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
     return absl::UnavailableError(absl::StrCat(what, ": the daemon did not answer (", s.error_message(), ")"));
   }
   return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
+}
+
+// The code an "ERR <CODE> ..." reply names; INTERNAL for a name that is none.
+absl::StatusCode StatusCodeFromName(absl::string_view name) {
+  for (int c = 1; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
+    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) return static_cast<absl::StatusCode>(c);
+  }
+  return absl::StatusCode::kInternal;
+}
+
+// A failed exchange on the fd channel; a timeout reads as the daemon not answering.
+absl::Status FdChannelError(const absl::Status& s, absl::string_view object) {
+  if (absl::IsDeadlineExceeded(s)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("fetch \"", object, "\": the daemon's fd channel did not answer in time (", s.message(), ")"));
+  }
+  return absl::Status(s.code(), absl::StrCat("fetch \"", object, "\" over the fd channel: ", s.message()));
 }
 
 }  // namespace
@@ -219,15 +237,19 @@ absl::Status ClientSession::CheckAlive() const {
 
 absl::StatusOr<ClientSession::Fetched> ClientSession::Fetch(const std::string& object) {
   absl::MutexLock lock(&fd_mu_);
+  // Every step is bounded by timeout_ms: a daemon that does not accept, or accepts and never
+  // answers, fails the call instead of hanging it.
   if (!fd_channel_.valid()) {
-    HS_ASSIGN_OR_RETURN(fd_channel_, ConnectUnixSeqpacket(opened_.fd_socket()));
+    auto conn = ConnectUnixSeqpacket(opened_.fd_socket(), static_cast<int>(std::min<uint32_t>(timeout_ms_, INT32_MAX)));
+    if (!conn.ok()) return FdChannelError(conn.status(), object);
+    fd_channel_ = std::move(*conn);
   }
-  HS_RETURN_IF_ERROR(SendPacket(fd_channel_.get(),
-                                absl::StrCat("HSFD2 ", opened_.session_id(), " ", opened_.token(), " ", object), -1));
-  auto reply = RecvPacket(fd_channel_.get(), 1024);
+  const absl::Status sent = SendPacket(
+      fd_channel_.get(), absl::StrCat("HSFD2 ", opened_.session_id(), " ", opened_.token(), " ", object), -1);
+  auto reply = sent.ok() ? RecvPacket(fd_channel_.get(), 1024) : absl::StatusOr<Packet>(sent);
   if (!reply.ok()) {
-    fd_channel_.Reset();
-    return reply.status();
+    fd_channel_.Reset();  // a late reply must never be read as the answer to the next request
+    return FdChannelError(reply.status(), object);
   }
   // Protocol version 2 (fd_server.h): "OK fd <bytes>" + fd, or "OK cuda-ipc <bytes> <hex handle>".
   absl::string_view text = reply->payload;
@@ -244,7 +266,11 @@ absl::StatusOr<ClientSession::Fetched> ClientSession::Fetch(const std::string& o
       return out;
     }
   }
-  return absl::InternalError(absl::StrCat("fd channel refused \"", object, "\": ", reply->payload));
+  // "ERR <CODE> <message>" keeps the daemon's code (a quota or connection cap is RESOURCE_EXHAUSTED).
+  std::pair<absl::string_view, absl::string_view> err = absl::StrSplit(text, absl::MaxSplits(' ', 1));
+  absl::StatusCode code = absl::StatusCode::kInternal;
+  if (err.first == "ERR") code = StatusCodeFromName(err.second.substr(0, err.second.find(' ')));
+  return absl::Status(code, absl::StrCat("fd channel refused \"", object, "\": ", reply->payload));
 }
 
 absl::StatusOr<UniqueFd> ClientSession::FetchFd(const std::string& object, uint64_t* bytes) {

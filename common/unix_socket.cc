@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -20,6 +21,8 @@ absl::Status Errno(absl::string_view what) {
   const int e = errno;
   std::string msg = absl::StrCat(what, ": ", std::strerror(e));
   if (e == ECONNREFUSED || e == ENOENT || e == EPIPE || e == ECONNRESET) return absl::UnavailableError(msg);
+  // A socket timeout (SO_SNDTIMEO / SO_RCVTIMEO) ran out, or a non-blocking socket would block.
+  if (e == EAGAIN || e == EWOULDBLOCK) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
   return absl::InternalError(msg);
 }
 
@@ -61,12 +64,29 @@ absl::StatusOr<UniqueFd> ListenUnixStream(const std::string& path, mode_t mode, 
   return ListenUnix(path, SOCK_STREAM, mode, gid);
 }
 
-absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path) {
+absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path, int timeout_ms) {
   auto addr = MakeAddress(path);
   if (!addr.ok()) return addr.status();
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Errno("socket(AF_UNIX, SOCK_SEQPACKET)");
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+  if (timeout_ms > 0) {
+    // A unix connect waits on a full backlog for up to SO_SNDTIMEO; sends and receives on the
+    // socket are bounded by the same timeouts from then on.
+    const timeval tv{timeout_ms / 1000, static_cast<suseconds_t>((timeout_ms % 1000) * 1000)};
+    if (::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+        ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+      return Errno("setsockopt(SO_SNDTIMEO / SO_RCVTIMEO)");
+    }
+  }
+  int rc;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    if (errno == EAGAIN) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("connect ", path, ": no answer in ", timeout_ms, " ms (its listener is not accepting)"));
+    }
     return Errno(absl::StrCat("connect ", path));
   }
   return fd;
@@ -91,7 +111,7 @@ absl::Status SendPacket(int sock, absl::string_view payload, int fd_to_pass) {
   do {
     n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n < 0) return Errno("sendmsg");
+  if (n < 0) return Errno("sendmsg");  // DeadlineExceeded when SO_SNDTIMEO ran out
   return absl::OkStatus();
 }
 

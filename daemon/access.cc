@@ -1,12 +1,16 @@
 #include "hisparse/daemon/access.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -35,13 +39,26 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   return found->gr_gid;
 }
 
-std::unique_ptr<PeerAcceptor> PeerAcceptor::Start(UniqueFd listener, AccessPolicy policy,
-                                                  std::function<void(int fd)> adopt) {
+absl::StatusOr<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(UniqueFd listener, AccessPolicy policy,
+                                                                  std::function<void(int fd)> adopt,
+                                                                  std::function<void(bool serving)> on_serving_change) {
   std::unique_ptr<PeerAcceptor> a(new PeerAcceptor());
+  if (::fcntl(listener.get(), F_SETFL, ::fcntl(listener.get(), F_GETFL) | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("control socket: O_NONBLOCK: ", std::strerror(errno)));
+  }
   a->listener_ = std::move(listener);
   a->policy_ = std::move(policy);
   a->adopt_ = std::move(adopt);
-  a->thread_ = std::thread([p = a.get()] { p->Loop(); });
+  a->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!a->wake_.valid()) return absl::InternalError(absl::StrCat("control socket: eventfd: ", std::strerror(errno)));
+  auto guard = AcceptGuard::Create(a->listener_.get(), {"control socket", std::move(on_serving_change)});
+  if (!guard.ok()) return guard.status();
+  a->guard_ = std::move(*guard);
+  try {
+    a->thread_ = std::thread([p = a.get()] { p->Loop(); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("control socket: cannot start its accept thread: ", e.what()));
+  }
   return a;
 }
 
@@ -49,30 +66,57 @@ PeerAcceptor::~PeerAcceptor() { Stop(); }
 
 void PeerAcceptor::Stop() {
   if (stopping_.exchange(true)) return;
-  ::shutdown(listener_.get(), SHUT_RDWR);
+  if (wake_.valid()) {
+    const uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
   if (thread_.joinable()) thread_.join();
 }
 
 void PeerAcceptor::Loop() {
   while (!stopping_.load()) {
-    UniqueFd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!conn.valid()) {
-      if (stopping_.load()) break;
-      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
-      LOG(ERROR) << "accept on the control socket failed: " << std::strerror(errno);
-      break;
+    guard_->Probe();
+    pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
+    const nfds_t count = guard_->listener_paused() ? 1 : 2;  // paused: wait on the clock alone
+    const int n = ::poll(fds, count, guard_->WaitMs());
+    if (n < 0 && errno != EINTR) {
+      LOG(ERROR) << "control socket: poll failed: " << std::strerror(errno);
+      return;
     }
-    auto peer = GetPeerCredentials(conn.get());
-    if (!peer.ok() || !policy_.Allows(*peer)) {
+    if (n > 0 && count == 2 && fds[1].revents != 0) AcceptAll();
+  }
+}
+
+void PeerAcceptor::AcceptAll() {
+  while (!stopping_.load()) {
+    UniqueFd conn;
+    switch (guard_->Accept(&conn)) {
+      case AcceptGuard::Outcome::kAccepted:
+        Admit(std::move(conn));
+        break;
+      case AcceptGuard::Outcome::kAgain:
+        break;
+      case AcceptGuard::Outcome::kIdle:
+      case AcceptGuard::Outcome::kPaused:
+        return;
+    }
+  }
+}
+
+void PeerAcceptor::Admit(UniqueFd conn) {
+  auto peer = GetPeerCredentials(conn.get());
+  if (!peer.ok() || !policy_.Allows(*peer)) {
+    uint64_t suppressed = 0;
+    if (refused_log_.ShouldLog(&suppressed)) {
       LOG(WARNING) << "refused a control connection from "
                    << (peer.ok() ? absl::StrCat("pid ", peer->pid, " uid ", peer->uid, " gid ", peer->gid)
                                  : std::string(peer.status().message()))
-                   << ": not in access.allowed_uids / allowed_gids";
-      continue;  // closing it is the answer
+                   << ": not in access.allowed_uids / allowed_gids" << SuppressedNote(suppressed);
     }
-    LOG(DEBUG) << "control connection from pid " << peer->pid << " uid " << peer->uid << " gid " << peer->gid;
-    adopt_(conn.Release());
+    return;  // closing it is the answer
   }
+  LOG(DEBUG) << "control connection from pid " << peer->pid << " uid " << peer->uid << " gid " << peer->gid;
+  adopt_(conn.Release());
 }
 
 }  // namespace hisparse

@@ -210,6 +210,11 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseInt, limits.max_requests_per_session),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_requests_per_session); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_requests_per_session, 1); }},
+      {"limits.max_fd_connections_per_peer", "integer >= 1",
+       "Most fd-channel connections one peer uid may hold open at once (each session's client holds one).", false,
+       HS_SET_WITH(ParseInt, limits.max_fd_connections_per_peer),
+       [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_fd_connections_per_peer); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_fd_connections_per_peer, 1); }},
       {"access.socket_group", "group name, gid, or empty",
        "Group that owns the sockets (mode 0660): membership gates who can connect at all.", true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {

@@ -54,6 +54,29 @@ struct Daemon::Impl {
   std::unique_ptr<PeerAcceptor> acceptor;  // feeds admitted control connections to `server`
   absl::Notification shutdown;
   std::once_flag shutdown_once;
+
+  // Health is SERVING while the daemon is ready (started, not draining or stopping) and both
+  // sockets accept; the acceptors report their state from their own threads.
+  enum Channel { kFdChannel = 1, kControlSocket = 2 };
+  absl::Mutex health_mu;
+  grpc::HealthCheckServiceInterface* health ABSL_GUARDED_BY(health_mu) = nullptr;  // `server`'s
+  bool ready ABSL_GUARDED_BY(health_mu) = false;
+  int channels_down ABSL_GUARDED_BY(health_mu) = 0;  // Channel bits
+  void SetReady(bool now_ready) {
+    absl::MutexLock lock(&health_mu);
+    ready = now_ready;
+    PublishHealthLocked();
+  }
+  void SetChannelUp(Channel channel, bool up) {
+    absl::MutexLock lock(&health_mu);
+    const int before = channels_down;
+    channels_down = up ? channels_down & ~channel : channels_down | channel;
+    if (channels_down != before) PublishHealthLocked();
+  }
+  // gRPC's health service is in-process state; setting it under the lock keeps updates ordered.
+  void PublishHealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu) {
+    if (health != nullptr) health->SetServingStatus(ready && channels_down == 0);
+  }
 };
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -121,8 +144,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
   const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids);
-  HS_ASSIGN_OR_RETURN(impl->fd_server,
-                      FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy, impl->sessions.get()));
+  Impl* raw = impl.get();
+  FdServer::Options fd_options;
+  fd_options.max_connections_per_peer = config.limits.max_fd_connections_per_peer;
+  fd_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kFdChannel, up); };
+  HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy,
+                                                       impl->sessions.get(), std::move(fd_options)));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -131,7 +158,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
     LOG(INFO) << "metrics on http://" << config.metrics.listen << "/metrics";
   }
-  Impl* raw = impl.get();
   HiSparseService::Hooks hooks;
   hooks.config_yaml = [raw] {
     absl::MutexLock lock(&raw->config_mu);
@@ -161,14 +187,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
   grpc::Server* server = impl->server.get();
-  impl->acceptor = PeerAcceptor::Start(std::move(*listener), policy, [server](int fd) {
-    // gRPC's event engine drives the connection with non-blocking I/O.
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    grpc::AddInsecureChannelFromFd(server, fd);
-  });
+  HS_ASSIGN_OR_RETURN(impl->acceptor, PeerAcceptor::Start(
+                                          std::move(*listener), policy,
+                                          [server](int fd) {
+                                            // gRPC's event engine drives the connection with non-blocking I/O.
+                                            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+                                            grpc::AddInsecureChannelFromFd(server, fd);
+                                          },
+                                          [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); }));
   // Pools are ready: only now do health checks see SERVING.
-  impl->server->GetHealthCheckService()->SetServingStatus(true);
-  impl->server->GetHealthCheckService()->SetServingStatus("hisparse.v1.HiSparse", true);
+  {
+    absl::MutexLock lock(&impl->health_mu);
+    impl->health = impl->server->GetHealthCheckService();
+    impl->health->SetServingStatus("hisparse.v1.HiSparse", false);  // named here; SetReady sets all
+  }
+  impl->SetReady(true);
   LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
             << impl->fd_socket_path << ", device " << device << ")";
   std::unique_ptr<Daemon> daemon(new Daemon(std::move(impl)));
@@ -177,7 +210,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 }
 
 void Daemon::Drain(bool exit_when_idle) {
-  impl_->server->GetHealthCheckService()->SetServingStatus(false);
+  impl_->SetReady(false);
   LOG(INFO) << "draining: no new sessions or admissions" << (exit_when_idle ? "; exiting once idle" : "");
   std::function<void()> on_idle;
   if (exit_when_idle) {
@@ -203,6 +236,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   cur.limits = next.limits;
   cur.quotas = next.quotas;
   cur.admission = next.admission;
+  impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);
   impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
                              static_cast<uint32_t>(next.limits.max_requests_per_session), QuotasFrom(next),
                              next.admission.on_pool_full == OnPoolFull::kEvictLruIdle);
@@ -223,7 +257,7 @@ void Daemon::Wait() { impl_->shutdown.WaitForNotification(); }
 
 void Daemon::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
-    impl_->server->GetHealthCheckService()->SetServingStatus(false);
+    impl_->SetReady(false);
     impl_->sessions->SetDraining(true);
     impl_->acceptor->Stop();
     // Streams blocked in Read() are cancelled after the deadline; their handlers close sessions.

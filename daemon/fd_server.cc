@@ -1,12 +1,16 @@
 #include "hisparse/daemon/fd_server.h"
 
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <errno.h>
 
-#include <algorithm>
 #include <cstring>
+#include <system_error>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
@@ -17,68 +21,192 @@
 #include "hisparse/common/unix_socket.h"
 
 namespace hisparse {
+namespace {
+
+constexpr size_t kMaxRequestBytes = 512;
+constexpr int kMaxEvents = 64;
+constexpr int kMaxAcceptsPerWakeup = 64;  // then the open connections get their turn
+
+absl::Status ErrnoStatus(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("fd channel: ", what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, mode_t mode, gid_t gid,
+                                                          AccessPolicy policy, SessionManager* sessions,
+                                                          Options options) {
+  auto listener = ListenUnixSeqpacket(path, mode, gid);
+  if (!listener.ok()) return listener.status();
+  if (::fcntl(listener->get(), F_SETFL, ::fcntl(listener->get(), F_GETFL) | O_NONBLOCK) != 0) {
+    return ErrnoStatus("O_NONBLOCK on the listener");
+  }
+  std::unique_ptr<FdServer> server(new FdServer(std::move(*listener), std::move(policy), sessions, std::move(options)));
+  server->epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!server->epoll_.valid()) return ErrnoStatus("epoll_create1");
+  server->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!server->wake_.valid()) return ErrnoStatus("eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = server->wake_.get();
+  if (::epoll_ctl(server->epoll_.get(), EPOLL_CTL_ADD, server->wake_.get(), &ev) != 0) {
+    return ErrnoStatus("epoll_ctl(ADD eventfd)");
+  }
+  auto guard = AcceptGuard::Create(server->listener_.get(), {"fd channel", server->options_.on_serving_change});
+  if (!guard.ok()) return guard.status();
+  server->guard_ = std::move(*guard);
+  try {
+    server->loop_ = std::thread([s = server.get()] { s->Loop(); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("fd channel: cannot start its thread: ", e.what()));
+  }
+  return server;
+}
 
 absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, mode_t mode, gid_t gid,
                                                           AccessPolicy policy, SessionManager* sessions) {
-  auto listener = ListenUnixSeqpacket(path, mode, gid);
-  if (!listener.ok()) return listener.status();
-  std::unique_ptr<FdServer> server(new FdServer(std::move(*listener), std::move(policy), sessions));
-  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
-  return server;
+  return Start(path, mode, gid, std::move(policy), sessions, Options());
 }
 
 FdServer::~FdServer() { Stop(); }
 
 void FdServer::Stop() {
   if (stopping_.exchange(true)) return;
-  ::shutdown(listener_.get(), SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
-  std::vector<std::thread> workers;
-  {
-    absl::MutexLock lock(&mu_);
-    for (int c : conns_) ::shutdown(c, SHUT_RDWR);
-    workers.swap(workers_);
+  if (wake_.valid()) {
+    const uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
   }
-  for (auto& w : workers) w.join();
+  if (loop_.joinable()) loop_.join();
+  conns_.clear();  // the loop has ended: its table is ours now
+  conns_per_uid_.clear();
 }
 
-void FdServer::AcceptLoop() {
+void FdServer::Loop() {
+  epoll_event events[kMaxEvents];
   while (!stopping_.load()) {
-    const int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) {
-      if (stopping_.load()) break;
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      LOG(ERROR) << "fd channel accept failed: " << std::strerror(errno);
-      break;
+    guard_->Probe();
+    WatchListener(!guard_->listener_paused());
+    const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, guard_->WaitMs());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      LOG(ERROR) << "fd channel: epoll_wait failed: " << std::strerror(errno) << "; the channel is down";
+      if (options_.on_serving_change) options_.on_serving_change(false);
+      return;
     }
-    absl::MutexLock lock(&mu_);
-    conns_.push_back(conn);
-    workers_.emplace_back([this, conn] { Serve(conn); });
+    for (int i = 0; i < n && !stopping_.load(); ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_.get()) continue;  // Stop: the loop condition ends it
+      if (fd == listener_.get()) {
+        AcceptReady();
+      } else if ((events[i].events & EPOLLIN) != 0) {
+        ServeOne(fd);  // a hang-up with data still queued: serve it; the next read sees the end
+      } else {
+        Drop(fd);
+      }
+    }
   }
 }
 
-void FdServer::Serve(int conn) {
-  UniqueFd owned(conn);
+void FdServer::WatchListener(bool want) {
+  if (want == listener_watched_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listener_.get();
+  if (::epoll_ctl(epoll_.get(), want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listener_.get(), &ev) != 0) {
+    LOG(ERROR) << "fd channel: epoll_ctl on the listener: " << std::strerror(errno);
+    return;
+  }
+  listener_watched_ = want;
+}
+
+void FdServer::AcceptReady() {
+  for (int i = 0; i < kMaxAcceptsPerWakeup; ++i) {
+    UniqueFd conn;
+    switch (guard_->Accept(&conn)) {
+      case AcceptGuard::Outcome::kAccepted:
+        Admit(std::move(conn));
+        break;
+      case AcceptGuard::Outcome::kAgain:
+        break;
+      case AcceptGuard::Outcome::kIdle:
+      case AcceptGuard::Outcome::kPaused:
+        return;
+    }
+  }
+}
+
+void FdServer::Admit(UniqueFd conn) {
   // The kernel vouches for the peer: its uid becomes the session's tenant (quotas), its pid is
   // what stats show.
-  auto peer = GetPeerCredentials(conn);
-  if (!peer.ok() || !policy_.Allows(*peer)) {
-    LOG(WARNING) << "refused an fd-channel connection"
-                 << (peer.ok() ? absl::StrCat(" from pid ", peer->pid, " uid ", peer->uid) : std::string());
-  } else {
-    while (!stopping_.load()) {
-      auto packet = RecvPacket(conn, 512);
-      if (!packet.ok()) break;  // peer gone or garbage: drop the connection
-      UniqueFd fd;
-      const std::string reply = Handle(packet->payload, *peer, &fd);
-      if (!SendPacket(conn, reply, fd.get()).ok()) break;
-    }
+  auto peer = GetPeerCredentials(conn.get());
+  if (!peer.ok()) return Refuse(absl::StrCat("(", peer.status().message(), ")"));
+  if (!policy_.Allows(*peer)) return Refuse(absl::StrCat("from pid ", peer->pid, " uid ", peer->uid));
+  const int limit = max_per_peer_.load();
+  auto held = conns_per_uid_.find(peer->uid);
+  if (held != conns_per_uid_.end() && held->second >= limit) {
+    const std::string why = absl::StrCat("uid ", peer->uid, " holds ", held->second,
+                                         " fd-channel connections, its limit (limits.max_fd_connections_per_peer)");
+    (void)SendPacket(conn.get(), absl::StrCat("ERR RESOURCE_EXHAUSTED ", why), -1);  // best effort
+    Refuse(absl::StrCat("from pid ", peer->pid, ": ", why));
+    if (refusing_ < kMaxRefusing) Watch(std::move(conn), *peer, /*refused=*/true);
+    return;
   }
-  absl::MutexLock lock(&mu_);
-  conns_.erase(std::remove(conns_.begin(), conns_.end(), conn), conns_.end());
+  if (!Watch(std::move(conn), *peer, /*refused=*/false)) return;
+  ++conns_per_uid_[peer->uid];
 }
 
-std::string FdServer::Handle(const std::string& request, const PeerCredentials& peer, UniqueFd* out_fd) {
+bool FdServer::Watch(UniqueFd conn, const PeerCredentials& peer, bool refused) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.fd = conn.get();
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn.get(), &ev) != 0) {
+    Refuse(absl::StrCat("from pid ", peer.pid, " (epoll_ctl: ", std::strerror(errno), ")"));
+    return false;
+  }
+  if (refused) ++refusing_;
+  const int fd = conn.get();
+  conns_.emplace(fd, Conn{std::move(conn), peer, refused});
+  return true;
+}
+
+void FdServer::Refuse(const std::string& why) {
+  uint64_t suppressed = 0;
+  if (refused_log_.ShouldLog(&suppressed)) {
+    LOG(WARNING) << "refused an fd-channel connection " << why << SuppressedNote(suppressed);
+  }
+}
+
+void FdServer::ServeOne(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  auto packet = RecvPacket(fd, kMaxRequestBytes);
+  if (it->second.refused) {
+    if (!absl::IsDeadlineExceeded(packet.status())) Drop(fd);  // its request is read: close quietly
+    return;
+  }
+  if (!packet.ok()) {
+    if (!absl::IsDeadlineExceeded(packet.status())) Drop(fd);  // else a spurious wake-up
+    return;                                                    // peer gone or garbage: drop the connection
+  }
+  UniqueFd out;
+  const std::string reply = HandleRequest(*sessions_, packet->payload, it->second.peer, &out);
+  if (!SendPacket(fd, reply, out.get()).ok()) Drop(fd);  // gone, or not reading its replies
+}
+
+void FdServer::Drop(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  if (it->second.refused) {
+    --refusing_;
+  } else if (auto held = conns_per_uid_.find(it->second.peer.uid); held != conns_per_uid_.end()) {
+    if (--held->second <= 0) conns_per_uid_.erase(held);
+  }
+  conns_.erase(it);  // closes the connection
+}
+
+std::string FdServer::HandleRequest(SessionManager& sessions, absl::string_view request, const PeerCredentials& peer,
+                                    UniqueFd* out_fd) {
   std::vector<std::string> parts = absl::StrSplit(request, absl::MaxSplits(' ', 3));
   uint64_t session_id = 0;
   const bool v2 = !parts.empty() && parts[0] == "HSFD2";
@@ -87,7 +215,7 @@ std::string FdServer::Handle(const std::string& request, const PeerCredentials& 
   }
   uint64_t known_bytes = 0;
   std::string ipc_handle;
-  auto fd = sessions_->DupFdFor(session_id, parts[2], parts[3], peer, &known_bytes, v2 ? &ipc_handle : nullptr);
+  auto fd = sessions.DupFdFor(session_id, parts[2], parts[3], peer, &known_bytes, v2 ? &ipc_handle : nullptr);
   if (!fd.ok()) {
     return absl::StrCat("ERR ", absl::StatusCodeToString(fd.status().code()), " ", fd.status().message());
   }

@@ -98,11 +98,11 @@ stage_fuzz() {
   local start; start=$(now)
   echo "== fuzz: libFuzzer targets, ${FUZZ_SECONDS}s each"
   mkdir -p build-fuzz
-  configure_and_build build-fuzz fuzz_session_manager fuzz_config fuzz_trace_reader \
+  configure_and_build build-fuzz fuzz_session_manager fuzz_fd_channel fuzz_config fuzz_trace_reader \
     -- -DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON \
     || { record fuzz "$start" 1 "build failed"; return; }
   local status=0 note=""
-  for target in session_manager config trace_reader; do
+  for target in session_manager fd_channel config trace_reader; do
     # The working corpus grows run over run in the build folder; the committed seeds stay small.
     local corpus=build-fuzz/corpus/$target artifacts=build-fuzz/artifacts/$target/
     mkdir -p "$corpus" "$artifacts"

@@ -20,16 +20,21 @@ namespace hisparse {
 // group `gid` unless it is -1.
 absl::StatusOr<UniqueFd> ListenUnixSeqpacket(const std::string& path, mode_t mode, gid_t gid = static_cast<gid_t>(-1));
 absl::StatusOr<UniqueFd> ListenUnixStream(const std::string& path, mode_t mode, gid_t gid = static_cast<gid_t>(-1));
-absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path);
+// With timeout_ms > 0, the connect (which on a unix socket waits while the listener's backlog
+// is full) and every later send and receive on the socket give up after timeout_ms with
+// DeadlineExceeded; with 0 they wait as long as it takes.
+absl::StatusOr<UniqueFd> ConnectUnixSeqpacket(const std::string& path, int timeout_ms = 0);
 
-// Sends one packet, with `fd_to_pass` attached when >= 0.
+// Sends one packet, with `fd_to_pass` attached when >= 0. A send that would block (a full
+// non-blocking socket, or SO_SNDTIMEO ran out) is DeadlineExceeded.
 absl::Status SendPacket(int sock, absl::string_view payload, int fd_to_pass);
 
 struct Packet {
   std::string payload;
   UniqueFd fd;  // invalid when none was attached
 };
-// Receives one packet (at most max_bytes; longer ones are an error). Closed peer -> Unavailable.
+// Receives one packet (at most max_bytes; longer ones are an error). Closed peer -> Unavailable;
+// nothing to read on a non-blocking socket, or SO_RCVTIMEO ran out -> DeadlineExceeded.
 absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes);
 
 struct PeerCredentials {

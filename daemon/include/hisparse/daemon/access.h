@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/accept_guard.h"
 
 namespace hisparse {
 
@@ -38,20 +39,29 @@ class AccessPolicy {
 // "hisparse" or "10001" -> gid; "" -> -1 (keep the daemon's group).
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group);
 
-// Accepts connections on a listening stream socket, admits them by policy (logging who connected)
-// and hands each admitted one to `adopt` (which takes ownership of the fd).
+// Accepts connections on a listening stream socket, admits them by policy (logging who connected;
+// refusals at most once a second, with a count) and hands each admitted one to `adopt` (which
+// takes ownership of the fd). Running out of descriptors is survived (AcceptGuard, in
+// accept_guard.h): `on_serving_change(false)` while it cannot accept, `(true)` once it can again;
+// both run on the acceptor's thread. One thread, woken for Stop by an eventfd.
 class PeerAcceptor {
  public:
-  static std::unique_ptr<PeerAcceptor> Start(UniqueFd listener, AccessPolicy policy, std::function<void(int fd)> adopt);
+  static absl::StatusOr<std::unique_ptr<PeerAcceptor>> Start(UniqueFd listener, AccessPolicy policy,
+                                                             std::function<void(int fd)> adopt,
+                                                             std::function<void(bool serving)> on_serving_change = {});
   ~PeerAcceptor();
   void Stop();
 
  private:
   PeerAcceptor() = default;
   void Loop();
-  UniqueFd listener_;
+  void AcceptAll();
+  void Admit(UniqueFd conn);
+  UniqueFd listener_, wake_;
   AccessPolicy policy_;
   std::function<void(int)> adopt_;
+  std::unique_ptr<AcceptGuard> guard_;  // the acceptor thread's
+  RateLimitedLog refused_log_{absl::Seconds(1)};
   std::thread thread_;
   std::atomic<bool> stopping_{false};
 };

@@ -59,6 +59,8 @@ struct HostPoolConfig {
 struct LimitsConfig {
   int max_sessions = 256;
   int max_requests_per_session = 4096;
+  // fd-channel connections one peer uid may hold open at once (a session's client holds one).
+  int max_fd_connections_per_peer = 1024;
 };
 
 // Who may attach. The sockets are created with mode 0660; with `socket_group` set they belong to

@@ -1,0 +1,207 @@
+// Fuzz target: the fd channel's protocol (FdServer::HandleRequest, the whole of it but the
+// socket). The input is a program of request packets, raw bytes or shaped like the protocol
+// ("HSFD1|HSFD2 <id> <token> arena|segment <N>") with fuzzed versions, ids, tokens, objects and
+// peer uids, answered against one in-process SessionManager holding one live session (bound to
+// this process's uid, with one admitted request). Every reply must be "OK ..." with a descriptor
+// or "ERR <CODE> ..." without one, and a descriptor may only ever be handed out for the live
+// session's exact id and token, to its own uid, and only be its arena or a segment it holds (same
+// inode) of the size the reply says. Anything else aborts (a finding).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "fuzz_input.h"
+#include "hisparse/common/log.h"
+#include "hisparse/daemon/fd_server.h"
+#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse::fuzz {
+namespace {
+
+constexpr int kMaxPackets = 64;
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "fd_channel_fuzzer: %s\n", what.c_str());
+  std::abort();
+}
+
+void Expect(bool ok, const std::string& what) {
+  if (!ok) Fail(what);
+}
+
+std::pair<dev_t, ino_t> Identity(int fd) {
+  struct stat st {};
+  Expect(::fstat(fd, &st) == 0, "fstat of a handed-out descriptor failed");
+  return {st.st_dev, st.st_ino};
+}
+
+struct World {
+  SessionManager* manager = nullptr;
+  uint64_t id = 0;
+  std::string token;
+  std::set<uint32_t> segments;                // the segments the live request holds
+  std::set<std::pair<dev_t, ino_t>> allowed;  // the arena's and those segments' files
+  PeerCredentials owner{::getpid(), ::getuid(), ::getgid()};
+};
+
+World& TheWorld() {
+  // Leaked on purpose: no destructor ordering against libFuzzer's exit paths.
+  static World* const world = [] {
+    SetLogThreshold(LogSeverity::kError);
+    HostPool::Options pool;
+    pool.size_bytes = 8ull << 20;
+    pool.segment_bytes = 1ull << 20;
+    pool.hugepages = HostPool::Hugepages::kOff;
+    pool.pretouch_threads = 1;
+    auto created = HostPool::Create(pool);
+    if (!created.ok()) Fail("HostPool::Create: " + created.status().ToString());
+    SessionManager::Options options;
+    options.max_sessions = 4;
+    options.max_requests_per_session = 8;
+    options.fd_socket_path = "/nonexistent/fuzz.sock.fd";
+    auto* w = new World;
+    w->manager = new SessionManager(options, std::move(*created));
+    v1::OpenSession open;
+    v1::Geometry* g = open.mutable_geometry();
+    g->set_gpu(-1);
+    g->set_num_layers(2);
+    g->set_record_bytes(64);
+    g->set_k(4);
+    g->set_slots(8);
+    g->set_max_requests(2);
+    auto opened = w->manager->OpenSession(open, ::getpid());
+    if (!opened.ok()) Fail("OpenSession: " + opened.status().ToString());
+    w->id = opened->session_id();
+    w->token = opened->token();
+    // The first fetch binds the session to this uid, as an engine's does.
+    UniqueFd arena;
+    const std::string reply =
+        FdServer::HandleRequest(*w->manager, absl::StrCat("HSFD2 ", w->id, " ", w->token, " arena"), w->owner, &arena);
+    if (!arena.valid()) Fail("the live session's arena was refused: " + reply);
+    w->allowed.insert(Identity(arena.get()));
+    v1::AdmitRequest admit;
+    admit.mutable_session()->set_session_id(w->id);
+    admit.mutable_session()->set_token(w->token);
+    admit.set_request_id(1);
+    admit.set_token_budget(64);
+    admit.set_context_tokens(16);
+    auto admitted = w->manager->Admit(admit);
+    if (!admitted.ok()) Fail("Admit: " + admitted.status().ToString());
+    for (const v1::Extent& e : admitted->extents()) {
+      w->segments.insert(e.segment());
+      UniqueFd seg;
+      FdServer::HandleRequest(*w->manager, absl::StrCat("HSFD2 ", w->id, " ", w->token, " segment ", e.segment()),
+                              w->owner, &seg);
+      if (!seg.valid()) Fail("a held segment was refused");
+      w->allowed.insert(Identity(seg.get()));
+    }
+    return w;
+  }();
+  return *world;
+}
+
+std::string PickToken(FuzzInput& in, const World& w) {
+  switch (in.Small(0, 3)) {
+    case 0:
+    case 1:
+      return w.token;
+    case 2: {  // one byte off
+      std::string t = w.token;
+      if (!t.empty()) t[in.Read<uint8_t>() % t.size()] ^= static_cast<char>(in.Small(1, 255));
+      return t;
+    }
+    default:
+      return in.String(64);
+  }
+}
+
+std::string PickObject(FuzzInput& in, const World& w) {
+  switch (in.Small(0, 4)) {
+    case 0:
+      return "arena";
+    case 1:
+      return absl::StrCat("segment ", *std::next(w.segments.begin(), in.Read<uint8_t>() % w.segments.size()));
+    case 2:
+      return absl::StrCat("segment ", in.Read<uint32_t>() % 16);
+    case 3:
+      return "segment " + in.String(16);
+    default:
+      return in.String(64);
+  }
+}
+
+// A packet shaped like the protocol, off by whatever the input says.
+std::string ShapedPacket(FuzzInput& in, const World& w) {
+  static const char* const kVersions[] = {"HSFD1", "HSFD2", "HSFD2", "HSFD3", "hsfd2", "HSFD2 "};
+  std::string version = kVersions[in.Small(0, 5)];
+  const std::string id = in.Read<uint8_t>() < 200 ? absl::StrCat(w.id) : in.String(24);
+  const std::string sep = in.Read<uint8_t>() < 240 ? " " : in.String(2);
+  return absl::StrCat(version, sep, id, " ", PickToken(in, w), " ", PickObject(in, w));
+}
+
+bool KnownErrorReply(const std::string& reply) {
+  if (!absl::StartsWith(reply, "ERR ")) return false;
+  for (int c = 1; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
+    if (absl::StartsWith(reply.substr(4), absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) + " ")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void CheckOne(const World& w, const std::string& packet, const PeerCredentials& peer) {
+  UniqueFd fd;
+  const std::string reply = FdServer::HandleRequest(*w.manager, packet, peer, &fd);
+  if (!fd.valid()) {
+    Expect(KnownErrorReply(reply), "a reply without a descriptor that is not \"ERR <CODE> ...\": " + reply);
+    return;
+  }
+  // A descriptor: only the live session's, for its exact credentials, to its own uid.
+  const bool v2 = absl::StartsWith(packet, "HSFD2 ");
+  Expect(v2 || absl::StartsWith(packet, "HSFD1 "), "a descriptor for a packet of no known version: " + packet);
+  const std::string rest = packet.substr(6);
+  const size_t space = rest.find(' ');
+  uint64_t id = 0;
+  Expect(space != std::string::npos && absl::SimpleAtoi(rest.substr(0, space), &id) && id == w.id &&
+             absl::StartsWith(rest.substr(space + 1), w.token + " "),
+         "a descriptor for a request that does not name the live session's id and token: " + packet);
+  Expect(peer.uid == w.owner.uid, "a descriptor handed to another uid");
+  Expect(w.allowed.count(Identity(fd.get())) == 1, "a descriptor for a file the session does not own: " + packet);
+  absl::string_view bytes_text = reply;
+  Expect(absl::ConsumePrefix(&bytes_text, v2 ? "OK fd " : "OK "),
+         "a descriptor with a reply of another form: " + reply);
+  uint64_t bytes = 0;
+  Expect(absl::SimpleAtoi(bytes_text, &bytes), "no size in the reply: " + reply);
+  struct stat st {};
+  Expect(::fstat(fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == bytes,
+         "the reply's size is not the descriptor's: " + reply);
+}
+
+}  // namespace
+}  // namespace hisparse::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace hisparse::fuzz;  // NOLINT(google-build-using-namespace): the target's own
+  World& w = TheWorld();
+  FuzzInput in(data, size);
+  for (int i = 0; i < kMaxPackets && !in.empty(); ++i) {
+    const uint8_t kind = in.Read<uint8_t>();
+    hisparse::PeerCredentials peer = w.owner;
+    if ((kind & 0x80) != 0) peer.uid = w.owner.uid + 1 + in.Small(0, 3);  // another tenant
+    const std::string packet = (kind & 3) == 0 ? in.String(255) : ShapedPacket(in, w);
+    CheckOne(w, packet, peer);
+  }
+  return 0;
+}
