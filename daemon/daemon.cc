@@ -45,6 +45,7 @@ struct Daemon::Impl {
   std::unique_ptr<SessionManager> sessions;
   std::shared_ptr<Metrics> metrics;
   std::unique_ptr<MetricsServer> metrics_server;
+  PeerRegistry peers;  // who is at the other end of each control connection
   std::unique_ptr<HiSparseService> service;
   std::thread drainer;  // runs Shutdown when a drain with exit_when_idle goes idle
   std::unique_ptr<grpc::Server> server;
@@ -117,7 +118,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
-  const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids);
+  const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids, config.access.admin_uids,
+                            config.access.admin_gids);
   HS_ASSIGN_OR_RETURN(impl->fd_server,
                       FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy, impl->sessions.get()));
 
@@ -143,7 +145,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     d->Drain(exit_when_idle);
     return true;
   };
-  impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), std::move(hooks));
+  impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), &impl->peers, policy,
+                                                    std::move(hooks));
   // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
   // and hands only admitted connections to gRPC: no RPC, admin ones included, is reachable by a
   // peer the access policy refuses.
@@ -158,11 +161,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
   grpc::Server* server = impl->server.get();
-  impl->acceptor = PeerAcceptor::Start(std::move(*listener), policy, [server](int fd) {
-    // gRPC's event engine drives the connection with non-blocking I/O.
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    grpc::AddInsecureChannelFromFd(server, fd);
-  });
+  PeerRegistry* peers = &impl->peers;
+  impl->acceptor =
+      PeerAcceptor::Start(std::move(*listener), policy, [server, peers](int fd, const PeerCredentials& peer) {
+        // Recorded first: the connection's first RPC may arrive as soon as gRPC has it.
+        if (absl::Status st = peers->Record(fd, peer); !st.ok()) {
+          LOG(WARNING) << "refused a control connection from pid " << peer.pid << ": " << st;
+          ::close(fd);
+          return;
+        }
+        // gRPC's event engine drives the connection with non-blocking I/O.
+        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+        grpc::AddInsecureChannelFromFd(server, fd);
+      });
   // Pools are ready: only now do health checks see SERVING.
   impl->server->GetHealthCheckService()->SetServingStatus(true);
   impl->server->GetHealthCheckService()->SetServingStatus("hisparse.v1.HiSparse", true);

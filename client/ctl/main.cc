@@ -43,6 +43,14 @@ std::unique_ptr<grpc::ClientContext> Context(const GlobalOptions& g) {
 int ReportRpcError(const grpc::Status& s, const char* what) {
   std::fprintf(stderr, "hisparse-ctl: %s: %s\n", what, s.error_message().c_str());
   const auto code = s.error_code();
+  if (code == grpc::StatusCode::PERMISSION_DENIED) {
+    std::fprintf(stderr,
+                 "hisparse-ctl: permission denied: this needs the daemon's admin role (root, the daemon's user, or "
+                 "a uid/gid in access.admin_uids / access.admin_gids); other users see and act on their own "
+                 "sessions only\n");
+  } else if (code == grpc::StatusCode::UNAUTHENTICATED) {
+    std::fprintf(stderr, "hisparse-ctl: the daemon could not tell who this caller is; retry\n");
+  }
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ? kExitUnreachable
                                                                                               : kExitRefused;
 }

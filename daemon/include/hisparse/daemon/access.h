@@ -1,9 +1,11 @@
 // Access control for the daemon's sockets. Two gates: the sockets' group and mode 0660 (who can
 // open them at all), then each connection's peer credentials read with SO_PEERCRED (who is
-// admitted). AccessPolicy decides the second; PeerAcceptor applies it to the gRPC socket, whose
-// accepted connections are handed to gRPC one by one; FdServer applies it to the fd channel.
+// admitted). AccessPolicy decides the second, and who is an admin; PeerAcceptor applies it to the
+// gRPC socket, whose accepted connections are handed to gRPC one by one; FdServer applies it to
+// the fd channel. PeerRegistry remembers, per control connection, who is at the other end, so
+// that each RPC knows its caller.
 //
-// Thread-safe: AccessPolicy is immutable; PeerAcceptor runs one accept thread.
+// Thread-safe: AccessPolicy is immutable; PeerRegistry locks; PeerAcceptor runs one accept thread.
 #ifndef HISPARSE_DAEMON_ACCESS_H_
 #define HISPARSE_DAEMON_ACCESS_H_
 
@@ -16,7 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
 
@@ -25,24 +31,62 @@ namespace hisparse {
 class AccessPolicy {
  public:
   AccessPolicy() = default;
-  AccessPolicy(std::vector<uint32_t> uids, std::vector<uint32_t> gids)
-      : uids_(std::move(uids)), gids_(std::move(gids)) {}
-  // Root and the daemon's own uid always pass (operators, and the daemon's own tools); with both
-  // lists empty, so does anyone who could open the socket.
+  AccessPolicy(std::vector<uint32_t> uids, std::vector<uint32_t> gids, std::vector<uint32_t> admin_uids = {},
+               std::vector<uint32_t> admin_gids = {})
+      : uids_(std::move(uids)),
+        gids_(std::move(gids)),
+        admin_uids_(std::move(admin_uids)),
+        admin_gids_(std::move(admin_gids)) {}
+  // Admins always pass; with both allowed lists empty, so does anyone who could open the socket.
   bool Allows(const PeerCredentials& peer) const;
+  // Root, the daemon's own uid (the operator's tools run as it), and the peers named by
+  // access.admin_uids / admin_gids (primary gid, as SO_PEERCRED reports it). Admins see and act on
+  // every tenant's sessions and may drain the node; everyone else only on their own.
+  bool IsAdmin(const PeerCredentials& peer) const;
 
  private:
-  std::vector<uint32_t> uids_, gids_;
+  std::vector<uint32_t> uids_, gids_, admin_uids_, admin_gids_;
+};
+
+// Who is at the other end of each control connection that gRPC serves. gRPC 1.51 names a
+// connection handed to it with AddInsecureChannelFromFd "fd:N" (ServerContext::peer()), N being
+// the descriptor, and tells nothing else about it; the acceptor records N's credentials here
+// before handing N over, and every RPC looks its caller up by that name.
+//
+// Descriptor numbers are reused: an entry also holds the socket's device and inode (fstat), and
+// a lookup holds only while descriptor N is still that very socket. A connection gRPC has closed
+// thus answers no lookup, whatever N is now (another socket, a memfd, nothing), until the next
+// accepted connection at N replaces the entry. (An RPC of a closed connection that reaches its
+// handler only after its number went to a new connection would see the new peer; the service
+// refuses calls already cancelled, which a closed connection's calls are.)
+class PeerRegistry {
+ public:
+  // Records `fd`'s peer. Call before the connection is handed to gRPC (its first RPC may come at
+  // once). Fails (and records nothing) when `fd` cannot be fstat'ed.
+  absl::Status Record(int fd, const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // The credentials of the connection gRPC names `grpc_peer` ("fd:N"). Unauthenticated when the
+  // name is not of that form, N was never recorded, or N is no longer the recorded socket.
+  absl::StatusOr<PeerCredentials> Lookup(absl::string_view grpc_peer) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Entry {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    PeerCredentials peer;
+  };
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);  // one per descriptor number
 };
 
 // "hisparse" or "10001" -> gid; "" -> -1 (keep the daemon's group).
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group);
 
 // Accepts connections on a listening stream socket, admits them by policy (logging who connected)
-// and hands each admitted one to `adopt` (which takes ownership of the fd).
+// and hands each admitted one, with its credentials, to `adopt` (which takes ownership of the fd).
 class PeerAcceptor {
  public:
-  static std::unique_ptr<PeerAcceptor> Start(UniqueFd listener, AccessPolicy policy, std::function<void(int fd)> adopt);
+  using Adopt = std::function<void(int fd, const PeerCredentials& peer)>;
+  static std::unique_ptr<PeerAcceptor> Start(UniqueFd listener, AccessPolicy policy, Adopt adopt);
   ~PeerAcceptor();
   void Stop();
 
@@ -51,7 +95,7 @@ class PeerAcceptor {
   void Loop();
   UniqueFd listener_;
   AccessPolicy policy_;
-  std::function<void(int)> adopt_;
+  Adopt adopt_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
 };
