@@ -52,6 +52,7 @@ struct Daemon::Impl {
   std::unique_ptr<FdServer> fd_server;
   std::unique_ptr<PeerAcceptor> acceptor;  // feeds admitted control connections to `server`
   absl::Notification shutdown;
+  std::atomic<bool> drained{false};  // the shutdown came from a drain going idle
   std::once_flag shutdown_once;
 };
 
@@ -192,7 +193,10 @@ void Daemon::Drain(bool exit_when_idle) {
     // Shutdown waits for RPC handlers, so it must not run on one (or under the manager's lock).
     on_idle = [this] {
       static std::once_flag once;
-      std::call_once(once, [this] { impl_->drainer = std::thread([this] { Shutdown(); }); });
+      std::call_once(once, [this] {
+        impl_->drained.store(true);
+        impl_->drainer = std::thread([this] { Shutdown(); });
+      });
     };
   }
   impl_->sessions->SetDraining(true, std::move(on_idle));
@@ -228,6 +232,8 @@ DaemonConfig Daemon::config() const {
 }
 
 void Daemon::Wait() { impl_->shutdown.WaitForNotification(); }
+
+bool Daemon::drained() const { return impl_->drained.load(); }
 
 void Daemon::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
