@@ -56,9 +56,13 @@ class AccessPolicy {
 // Descriptor numbers are reused: an entry also holds the socket's device and inode (fstat), and
 // a lookup holds only while descriptor N is still that very socket. A connection gRPC has closed
 // thus answers no lookup, whatever N is now (another socket, a memfd, nothing), until the next
-// accepted connection at N replaces the entry. (An RPC of a closed connection that reaches its
-// handler only after its number went to a new connection would see the new peer; the service
-// refuses calls already cancelled, which a closed connection's calls are.)
+// accepted connection at N replaces the entry. A call of a closed connection that reaches its
+// handler after N went to a new, recorded connection would see the new peer; gRPC cancels such a
+// call as it closes the connection, and the service refuses cancelled calls. What is left is the
+// moment between gRPC closing N and marking the call cancelled (the same gRPC thread, right
+// after): a new connection would have to be accepted and recorded at N, and the old call's
+// handler look up, within it. Holding a closed number back from reuse for a grace period would
+// close that too (not done).
 class PeerRegistry {
  public:
   // Records `fd`'s peer. Call before the connection is handed to gRPC (its first RPC may come at
