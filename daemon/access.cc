@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,15 +16,54 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "hisparse/common/log.h"
 
 namespace hisparse {
 
+namespace {
+bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+}  // namespace
+
 bool AccessPolicy::Allows(const PeerCredentials& peer) const {
-  if (peer.uid == 0 || peer.uid == ::getuid()) return true;
+  if (IsAdmin(peer)) return true;
   if (uids_.empty() && gids_.empty()) return true;
-  return std::find(uids_.begin(), uids_.end(), peer.uid) != uids_.end() ||
-         std::find(gids_.begin(), gids_.end(), peer.gid) != gids_.end();
+  return Contains(uids_, peer.uid) || Contains(gids_, peer.gid);
+}
+
+bool AccessPolicy::IsAdmin(const PeerCredentials& peer) const {
+  return peer.uid == 0 || peer.uid == ::getuid() || Contains(admin_uids_, peer.uid) || Contains(admin_gids_, peer.gid);
+}
+
+absl::Status PeerRegistry::Record(int fd, const PeerCredentials& peer) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0)
+    return absl::InternalError(absl::StrCat("fstat of connection ", fd, ": ", std::strerror(errno)));
+  absl::MutexLock lock(&mu_);
+  entries_[fd] = Entry{st.st_dev, st.st_ino, peer};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PeerCredentials> PeerRegistry::Lookup(absl::string_view grpc_peer) const {
+  int fd = -1;
+  if (!absl::ConsumePrefix(&grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer, &fd) || fd < 0) {
+    return absl::UnauthenticatedError(absl::StrCat("cannot tell who the caller is (peer \"", grpc_peer, "\")"));
+  }
+  Entry e;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(fd);
+    if (it == entries_.end()) return absl::UnauthenticatedError("the caller's connection is unknown");
+    e = it->second;
+  }
+  // fstat outside the lock; a connection at N recorded meanwhile has another inode and fails too.
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino) {
+    return absl::UnauthenticatedError("the caller's connection is gone");
+  }
+  return e.peer;
 }
 
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
@@ -40,7 +80,7 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
 }
 
 absl::StatusOr<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(UniqueFd listener, AccessPolicy policy,
-                                                                  std::function<void(int fd)> adopt,
+                                                                  Adopt adopt,
                                                                   std::function<void(bool serving)> on_serving_change) {
   std::unique_ptr<PeerAcceptor> a(new PeerAcceptor());
   if (::fcntl(listener.get(), F_SETFL, ::fcntl(listener.get(), F_GETFL) | O_NONBLOCK) != 0) {
@@ -116,7 +156,7 @@ void PeerAcceptor::Admit(UniqueFd conn) {
     return;  // closing it is the answer
   }
   LOG(DEBUG) << "control connection from pid " << peer->pid << " uid " << peer->uid << " gid " << peer->gid;
-  adopt_(conn.Release());
+  adopt_(conn.Release(), *peer);
 }
 
 }  // namespace hisparse

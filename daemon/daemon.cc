@@ -47,12 +47,14 @@ struct Daemon::Impl {
   std::unique_ptr<SessionManager> sessions;
   std::shared_ptr<Metrics> metrics;
   std::unique_ptr<MetricsServer> metrics_server;
+  PeerRegistry peers;  // who is at the other end of each control connection
   std::unique_ptr<HiSparseService> service;
   std::thread drainer;  // runs Shutdown when a drain with exit_when_idle goes idle
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<FdServer> fd_server;
   std::unique_ptr<PeerAcceptor> acceptor;  // feeds admitted control connections to `server`
   absl::Notification shutdown;
+  std::atomic<bool> drained{false};  // the shutdown came from a drain going idle
   std::once_flag shutdown_once;
 
   // Health is SERVING while the daemon is ready (started, not draining or stopping) and both
@@ -143,7 +145,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
-  const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids);
+  const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids, config.access.admin_uids,
+                            config.access.admin_gids);
   Impl* raw = impl.get();
   FdServer::Options fd_options;
   fd_options.max_connections_per_peer = config.limits.max_fd_connections_per_peer;
@@ -172,7 +175,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     d->Drain(exit_when_idle);
     return true;
   };
-  impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), std::move(hooks));
+  impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), &impl->peers, policy,
+                                                    std::move(hooks));
   // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
   // and hands only admitted connections to gRPC: no RPC, admin ones included, is reachable by a
   // peer the access policy refuses.
@@ -187,14 +191,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
   grpc::Server* server = impl->server.get();
-  HS_ASSIGN_OR_RETURN(impl->acceptor, PeerAcceptor::Start(
-                                          std::move(*listener), policy,
-                                          [server](int fd) {
-                                            // gRPC's event engine drives the connection with non-blocking I/O.
-                                            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-                                            grpc::AddInsecureChannelFromFd(server, fd);
-                                          },
-                                          [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); }));
+  PeerRegistry* peers = &impl->peers;
+  HS_ASSIGN_OR_RETURN(impl->acceptor,
+                      PeerAcceptor::Start(
+                          std::move(*listener), policy,
+                          [server, peers](int fd, const PeerCredentials& peer) {
+                            // Recorded first: the connection's first RPC may arrive as soon as gRPC has it.
+                            if (absl::Status st = peers->Record(fd, peer); !st.ok()) {
+                              LOG(WARNING) << "refused a control connection from pid " << peer.pid << ": " << st;
+                              ::close(fd);
+                              return;
+                            }
+                            // gRPC's event engine drives the connection with non-blocking I/O.
+                            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+                            grpc::AddInsecureChannelFromFd(server, fd);
+                          },
+                          [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); }));
   // Pools are ready: only now do health checks see SERVING.
   {
     absl::MutexLock lock(&impl->health_mu);
@@ -217,7 +229,10 @@ void Daemon::Drain(bool exit_when_idle) {
     // Shutdown waits for RPC handlers, so it must not run on one (or under the manager's lock).
     on_idle = [this] {
       static std::once_flag once;
-      std::call_once(once, [this] { impl_->drainer = std::thread([this] { Shutdown(); }); });
+      std::call_once(once, [this] {
+        impl_->drained.store(true);
+        impl_->drainer = std::thread([this] { Shutdown(); });
+      });
     };
   }
   impl_->sessions->SetDraining(true, std::move(on_idle));
@@ -254,6 +269,8 @@ DaemonConfig Daemon::config() const {
 }
 
 void Daemon::Wait() { impl_->shutdown.WaitForNotification(); }
+
+bool Daemon::drained() const { return impl_->drained.load(); }
 
 void Daemon::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {

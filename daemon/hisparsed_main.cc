@@ -134,5 +134,6 @@ int main(int argc, char** argv) {
   // The waiter blocks in sigwait with SIGTERM blocked: this wakes it, it does not kill it.
   pthread_kill(waiter.native_handle(), SIGTERM);  // NOLINT(bugprone-bad-signal-to-kill-thread)
   waiter.join();
-  return 0;
+  // A drain's exit asks the service manager for a fresh start; a stop (signal) is final.
+  return (*daemon)->drained() ? hisparse::kDrainedExitCode : 0;
 }

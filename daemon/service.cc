@@ -2,9 +2,9 @@
 
 #include <chrono>
 #include <mutex>
-#include "hisparse/common/log.h"
-
 #include "absl/strings/str_cat.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
 
 namespace hisparse {
 namespace {
@@ -34,14 +34,25 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+absl::StatusOr<HiSparseService::Caller> HiSparseService::Identify(grpc::ServerContext* context) const {
+  if (peers_ == nullptr) return absl::UnauthenticatedError("this server cannot tell who its callers are");
+  HS_ASSIGN_OR_RETURN(PeerCredentials peer, peers_->Lookup(context->peer()));
+  // A call of a connection that has closed is cancelled; its descriptor number may already name
+  // a newer connection, whose credentials are not this call's.
+  if (context->IsCancelled()) return absl::UnauthenticatedError("the caller's connection is gone");
+  return Caller{peer, policy_.IsAdmin(peer)};
+}
+
 grpc::Status HiSparseService::Session(grpc::ServerContext* context,
                                       grpc::ServerReaderWriter<v1::SessionEvent, v1::SessionRequest>* stream) {
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   v1::SessionRequest first;
   if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "stream ended before open");
   if (first.kind_case() != v1::SessionRequest::kOpen) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of a session must be `open`");
   }
-  auto opened = sessions_->OpenSession(first.open(), /*peer_pid=*/0);
+  auto opened = sessions_->OpenSession(first.open(), caller->peer);
   if (!opened.ok()) return ToGrpcStatus(opened.status());
   const uint64_t id = opened->session_id();
   v1::SessionEvent event;
@@ -85,52 +96,85 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
   return result;
 }
 
-grpc::Status HiSparseService::Admit(grpc::ServerContext*, const v1::AdmitRequest* req, v1::AdmitResponse* resp) {
+grpc::Status HiSparseService::Admit(grpc::ServerContext* context, const v1::AdmitRequest* req,
+                                    v1::AdmitResponse* resp) {
   RpcTimer t(metrics_, Metrics::kAdmit);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
   auto r = sessions_->Admit(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status HiSparseService::Extend(grpc::ServerContext*, const v1::ExtendRequest* req, v1::ExtendResponse* resp) {
+grpc::Status HiSparseService::Extend(grpc::ServerContext* context, const v1::ExtendRequest* req,
+                                     v1::ExtendResponse* resp) {
   RpcTimer t(metrics_, Metrics::kExtend);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
   auto r = sessions_->Extend(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status HiSparseService::Release(grpc::ServerContext*, const v1::ReleaseRequest* req, v1::ReleaseResponse*) {
+grpc::Status HiSparseService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* req,
+                                      v1::ReleaseResponse*) {
   RpcTimer t(metrics_, Metrics::kRelease);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
   return ToGrpcStatus(sessions_->Release(*req));
 }
 
-grpc::Status HiSparseService::Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* resp) {
+grpc::Status HiSparseService::Stats(grpc::ServerContext* context, const v1::StatsRequest*, v1::StatsResponse* resp) {
   RpcTimer t(metrics_, Metrics::kStats);
-  *resp = sessions_->Stats();
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  *resp = sessions_->Stats(caller->scope());
   return grpc::Status::OK;
 }
 
-grpc::Status HiSparseService::ListRequests(grpc::ServerContext*, const v1::ListRequestsRequest* req,
+grpc::Status HiSparseService::ListRequests(grpc::ServerContext* context, const v1::ListRequestsRequest* req,
                                            v1::ListRequestsResponse* resp) {
   RpcTimer t(metrics_, Metrics::kListRequests);
-  auto r = sessions_->ListRequests(req->session_id());
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto r = sessions_->ListRequests(req->session_id(), caller->scope());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status HiSparseService::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+grpc::Status HiSparseService::Evict(grpc::ServerContext* context, const v1::EvictRequest* req,
+                                    v1::EvictResponse* resp) {
   RpcTimer t(metrics_, Metrics::kEvict);
-  auto r = sessions_->Evict(*req);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto r = sessions_->Evict(*req, caller->scope());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status HiSparseService::Drain(grpc::ServerContext*, const v1::DrainRequest* req, v1::DrainResponse* resp) {
+grpc::Status HiSparseService::Drain(grpc::ServerContext* context, const v1::DrainRequest* req,
+                                    v1::DrainResponse* resp) {
   RpcTimer t(metrics_, Metrics::kDrain);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (!caller->admin) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("draining the node needs the admin role (uid ", caller->peer.uid,
+                                     " is not root, the daemon's uid, or in access.admin_uids / admin_gids)"));
+  }
   resp->set_sessions(sessions_->Stats().sessions());
   if (!hooks_.drain || !hooks_.drain(req->exit_when_idle())) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is still starting; retry the drain");
@@ -138,9 +182,11 @@ grpc::Status HiSparseService::Drain(grpc::ServerContext*, const v1::DrainRequest
   return grpc::Status::OK;
 }
 
-grpc::Status HiSparseService::GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
+grpc::Status HiSparseService::GetConfig(grpc::ServerContext* context, const v1::GetConfigRequest*,
                                         v1::GetConfigResponse* resp) {
   RpcTimer t(metrics_, Metrics::kGetConfig);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (hooks_.config_yaml) resp->set_yaml(hooks_.config_yaml());
   return grpc::Status::OK;
 }

@@ -94,7 +94,8 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool>
 
 SessionManager::~SessionManager() = default;
 
-absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSession& open, pid_t peer_pid) {
+absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSession& open,
+                                                              const PeerCredentials& owner) {
   uint32_t max_requests_limit;
   {
     absl::MutexLock lock(&mu_);
@@ -110,7 +111,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   session->token = NewToken();
   session->engine_name = open.engine_name().substr(0, 128);
   session->geometry = open.geometry();
-  session->peer_pid = peer_pid;
+  session->peer_pid = owner.pid;
+  session->tenant_uid = owner.uid;
   session->row_used.assign(open.geometry().max_requests(), false);
   {
     absl::MutexLock lock(&mu_);
@@ -119,6 +121,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
       return Reject("session_limit", absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ",
                                                                                options_.max_sessions, " sessions")));
     }
+    HS_RETURN_IF_ERROR(CheckArenaQuotaLocked(owner.uid, layout.total_bytes));
     uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
     if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
       return Reject("arena_budget",
@@ -162,6 +165,12 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
     return arena_status;
   }
+  // Checked again with what the allocator took, atomically with the session's insertion below:
+  // two sessions opened at once by one tenant cannot both slip under its quota.
+  if (absl::Status quota = CheckArenaQuotaLocked(owner.uid, session->arena_bytes); !quota.ok()) {
+    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    return quota;
+  }
   // The budget was checked against the geometry's bytes; account what the allocator really took
   // (a GPU arena is rounded up to the VMM granularity, 2 MiB on current GPUs).
   arena_bytes_by_device_[open.geometry().gpu()] += session->arena_bytes - layout.total_bytes;
@@ -177,10 +186,10 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.set_max_tokens_per_request(
       static_cast<uint32_t>(std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
   opened.set_daemon_version(options_.version);
-  LOG(INFO) << "session " << session->id << " opened by pid " << peer_pid << " (" << session->engine_name
-            << "): layers " << open.geometry().num_layers() << ", record " << open.geometry().record_bytes() << " B, k "
-            << open.geometry().k() << ", B " << open.geometry().slots() << ", rows " << open.geometry().max_requests()
-            << ", arena " << session->arena_bytes << " B "
+  LOG(INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
+            << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
+            << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B " << open.geometry().slots()
+            << ", rows " << open.geometry().max_requests() << ", arena " << session->arena_bytes << " B "
             << (session->gpu_arena ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
             << " shared as " << session->arena_kind << " (created in " << create_seconds * 1e3 << " ms)";
   sessions_.emplace(session->id, std::move(session));
@@ -337,7 +346,33 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitReq
   return resp;
 }
 
-uint32_t SessionManager::TenantOf(const Session& s) { return s.tenant_uid.value_or(kUnboundTenant); }
+uint32_t SessionManager::TenantOf(const Session& s) { return s.tenant_uid; }
+
+absl::Status SessionManager::CheckArenaQuotaLocked(uint32_t tenant, uint64_t more_arena_bytes) {
+  const QuotaOptions& q = options_.quotas;
+  if (q.arena_bytes == 0) return absl::OkStatus();
+  const TenantUsage u = UsageLocked(tenant);
+  if (u.arena_bytes + more_arena_bytes > q.arena_bytes) {
+    return Reject("quota", absl::ResourceExhaustedError(
+                               absl::StrCat("tenant uid ", tenant, " would hold ", u.arena_bytes + more_arena_bytes,
+                                            " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::CheckOwner(const v1::SessionRef& ref, uint32_t uid) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(ref.session_id());
+  if (it == sessions_.end() || !TokenEquals(it->second->token, ref.token())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", ref.session_id(), " is not a live session of this caller"));
+  }
+  if (it->second->tenant_uid != uid) {
+    return absl::PermissionDeniedError(absl::StrCat("session ", ref.session_id(), " belongs to uid ",
+                                                    it->second->tenant_uid, ", not to the caller's uid ", uid));
+  }
+  return absl::OkStatus();
+}
 
 SessionManager::TenantUsage SessionManager::UsageLocked(uint32_t tenant) const {
   TenantUsage u;
@@ -474,7 +509,7 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   return absl::OkStatus();
 }
 
-v1::StatsResponse SessionManager::Stats() const {
+v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const {
   v1::StatsResponse out;
   // GPU arenas' counters are read after the lock is dropped: a device copy may wait on the GPU.
   std::vector<std::tuple<int, std::shared_ptr<GpuArena>, size_t>> gpu_counters;
@@ -495,7 +530,7 @@ v1::StatsResponse SessionManager::Stats() const {
     hp->set_segment_bytes(ps.segment_bytes);
     hp->set_hugepages(ps.hugepages);
     hp->set_locked(ps.locked);
-    out.set_sessions(static_cast<uint32_t>(sessions_.size()));
+    uint32_t sessions = 0;
     out.set_admissions(admissions_);
     out.set_rejections(rejections_);
     out.set_draining(draining_);
@@ -509,6 +544,8 @@ v1::StatsResponse SessionManager::Stats() const {
     out.set_arena_budget_bytes(options_.arena_budget_bytes);
     uint32_t requests = 0;
     for (const auto& [id, s] : sessions_) {
+      if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
+      ++sessions;
       requests += static_cast<uint32_t>(s->requests.size());
       v1::SessionStats* ss = out.add_session_stats();
       ss->set_session_id(id);
@@ -535,6 +572,7 @@ v1::StatsResponse SessionManager::Stats() const {
       ss->set_misses(counters->misses);
       ss->set_bytes_fetched(counters->bytes_fetched);
     }
+    out.set_sessions(sessions);
     out.set_requests(requests);
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
@@ -562,22 +600,11 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
   ref.set_session_id(session_id);
   ref.set_token(token);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
-  // The first peer to fetch a session's memory binds it: its uid is the session's tenant. A token
-  // that leaked to another user is worth nothing to them.
-  if (!s->tenant_uid.has_value()) {
-    const QuotaOptions& q = options_.quotas;
-    const TenantUsage u = UsageLocked(peer.uid);
-    if (q.arena_bytes != 0 && u.arena_bytes + s->arena_bytes > q.arena_bytes) {
-      return Reject("quota", absl::ResourceExhaustedError(
-                                 absl::StrCat("tenant uid ", peer.uid, " would hold ", u.arena_bytes + s->arena_bytes,
-                                              " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
-    }
-    s->tenant_uid = peer.uid;
-    s->peer_pid = peer.pid;
-    LOG(INFO) << "session " << s->id << " bound to pid " << peer.pid << " uid " << peer.uid << " gid " << peer.gid;
-  } else if (*s->tenant_uid != peer.uid) {
+  // The session's owner (bound at OpenSession) alone may map its memory: a token that leaked to
+  // another user is worth nothing to them.
+  if (s->tenant_uid != peer.uid) {
     return absl::PermissionDeniedError(
-        absl::StrCat("session ", s->id, " belongs to uid ", *s->tenant_uid, ", not uid ", peer.uid));
+        absl::StrCat("session ", s->id, " belongs to uid ", s->tenant_uid, ", not uid ", peer.uid));
   }
   if (bytes != nullptr) *bytes = 0;
   if (ipc_handle != nullptr) ipc_handle->clear();
@@ -637,15 +664,22 @@ void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_
   options_.evict_on_pool_full = evict_on_pool_full;
 }
 
-absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t session_id) const {
+absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t session_id,
+                                                                      std::optional<uint32_t> only_uid) const {
   absl::MutexLock lock(&mu_);
-  if (session_id != 0 && !sessions_.contains(session_id)) {
-    return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  if (session_id != 0) {
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id));
+    if (only_uid.has_value() && it->second->tenant_uid != *only_uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session ", session_id, " belongs to another tenant; only an admin may list it"));
+    }
   }
   v1::ListRequestsResponse out;
   const absl::Time now = absl::Now();
   for (const auto& [sid, s] : sessions_) {
     if (session_id != 0 && sid != session_id) continue;
+    if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
     for (const auto& [rid, r] : s->requests) {
       v1::RequestInfo* info = out.add_requests();
       info->set_session_id(sid);
@@ -666,11 +700,15 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t s
 }
 
 // Eviction by an operator: the session hears of it before its memory is released.
-absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req) {
+absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid) {
   Victim v;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(req.session_id());
+    if (it != sessions_.end() && only_uid.has_value() && it->second->tenant_uid != *only_uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session ", req.session_id(), " belongs to another tenant; only an admin may evict from it"));
+    }
     if (it == sessions_.end() || !it->second->requests.contains(req.request_id())) {
       return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
     }

@@ -111,6 +111,9 @@ unit_rules() {
   [[ "$(value RuntimeDirectory)" == hisparse && "$(value RuntimeDirectoryMode)" == 0750 ]] ||
     { echo "RuntimeDirectory=hisparse with mode 0750 is missing"; bad=1; }
   [[ "$(value Restart)" == on-failure && -n "$(value RestartSec)" ]] || { echo "Restart=on-failure with RestartSec is missing"; bad=1; }
+  # hisparsed exits 75 after `hisparse-ctl drain` (kDrainedExitCode, daemon.h): the unit restarts it.
+  [[ " $(value RestartForceExitStatus) " == *" 75 "* ]] ||
+    { echo "RestartForceExitStatus=75 is missing: a drained daemon would stay down"; bad=1; }
   [[ "$(value ExecReload)" == *"-HUP \$MAINPID"* ]] || { echo "ExecReload does not send SIGHUP (config reload)"; bad=1; }
   [[ "$(value LimitMEMLOCK)" == infinity ]] || { echo "LimitMEMLOCK is not infinity"; bad=1; }
   [[ "$(value RestrictAddressFamilies)" == "AF_UNIX AF_INET AF_INET6" ]] || { echo "RestrictAddressFamilies"; bad=1; }

@@ -43,6 +43,14 @@ std::unique_ptr<grpc::ClientContext> Context(const GlobalOptions& g) {
 int ReportRpcError(const grpc::Status& s, const char* what) {
   std::fprintf(stderr, "hisparse-ctl: %s: %s\n", what, s.error_message().c_str());
   const auto code = s.error_code();
+  if (code == grpc::StatusCode::PERMISSION_DENIED) {
+    std::fprintf(stderr,
+                 "hisparse-ctl: permission denied: this needs the daemon's admin role (root, the daemon's user, or "
+                 "a uid/gid in access.admin_uids / access.admin_gids); other users see and act on their own "
+                 "sessions only\n");
+  } else if (code == grpc::StatusCode::UNAUTHENTICATED) {
+    std::fprintf(stderr, "hisparse-ctl: the daemon could not tell who this caller is; retry\n");
+  }
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ? kExitUnreachable
                                                                                               : kExitRefused;
 }
@@ -81,19 +89,22 @@ const std::vector<Command>& Commands() {
       {"status", "", "health, version, uptime, devices, pool and arena totals", NoOptions, StatusCommand},
       {"stats", "", "per pool and GPU: capacity, used, free, fragmentation; per session: requests, bytes, hit rate",
        NoOptions, StatsCommand},
-      {"sessions", "", "open sessions: engine, GPU, geometry, requests, memory", NoOptions, SessionsCommand},
-      {"requests", "[--session ID]", "admitted requests, of every session or one",
+      {"sessions", "", "open sessions: engine, GPU, geometry, requests, memory (a tenant sees its own)", NoOptions,
+       SessionsCommand},
+      {"requests", "[--session ID]", "admitted requests, of every session or one (a tenant sees its own)",
        [](CLI::App* a, CommandOptions* o) { a->add_option("--session", o->session, "only this session's"); },
        RequestsCommand},
       {"evict", "REQUEST --session ID [--reason TEXT]",
-       "take a request away (its engine is told first, then its memory is released)",
+       "take a request away (its engine is told first, then its memory is released); an admin, or the request's own "
+       "tenant",
        [](CLI::App* a, CommandOptions* o) {
          a->add_option("request", o->request, "request id")->required();
          a->add_option("--session", o->session, "the session holding it")->required();
          a->add_option("--reason", o->reason, "told to the engine");
        },
        EvictCommand},
-      {"drain", "[--no-wait] [--timeout SECONDS]", "stop admitting, wait for sessions to end; the daemon then exits",
+      {"drain", "[--no-wait] [--timeout SECONDS]",
+       "admin: stop admitting, wait for sessions to end; the daemon then exits 75, a restart for its service manager",
        [](CLI::App* a, CommandOptions* o) {
          a->add_flag("--no-wait", o->no_wait, "return once draining has begun");
          a->add_option("--timeout", o->drain_timeout_s, "give up waiting after this many seconds");

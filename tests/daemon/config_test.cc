@@ -294,6 +294,8 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"access.socket_group", "hisparse"},
                                                                     {"access.allowed_uids", "1000,1001"},
                                                                     {"access.allowed_gids", "10001"},
+                                                                    {"access.admin_uids", "1002"},
+                                                                    {"access.admin_gids", "10002"},
                                                                     {"quotas.host_bytes", "8GiB"},
                                                                     {"quotas.arena_bytes", "1GiB"},
                                                                     {"quotas.requests", "64"},
@@ -363,8 +365,9 @@ TEST(ConfigTest, KeyTable) {
                                     "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
                                     "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
                                     "limits.max_fd_connections_per_peer", "access.socket_group", "access.allowed_uids",
-                                    "access.allowed_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
-                                    "admission.on_pool_full", "metrics.listen", "log_level"));
+                                    "access.allowed_gids", "access.admin_uids", "access.admin_gids", "quotas.host_bytes",
+                                    "quotas.arena_bytes", "quotas.requests", "admission.on_pool_full", "metrics.listen",
+                                    "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

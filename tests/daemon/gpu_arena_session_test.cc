@@ -132,9 +132,9 @@ class GpuArenaSessionTest : public ::testing::Test {
 };
 
 TEST_F(GpuArenaSessionTest, GpuSessionsGetGpuArenasAccountedPerGpu) {
-  auto a = manager_->OpenSession(Open(0), 1);
-  auto b = manager_->OpenSession(Open(1), 1);
-  auto host = manager_->OpenSession(Open(-1), 1);
+  auto a = manager_->OpenSession(Open(0), Me());
+  auto b = manager_->OpenSession(Open(1), Me());
+  auto host = manager_->OpenSession(Open(-1), Me());
   ASSERT_TRUE(a.ok() && b.ok() && host.ok());
   EXPECT_EQ(a->arena().kind(), "cuda-vmm");
   EXPECT_EQ(a->arena().bytes(), kGranularity);  // the allocation's rounded size
@@ -160,18 +160,18 @@ TEST_F(GpuArenaSessionTest, GpuSessionsGetGpuArenasAccountedPerGpu) {
 }
 
 TEST_F(GpuArenaSessionTest, BudgetIsPerGpuAndRefusalAllocatesNothing) {
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(manager_->OpenSession(Open(0), 1).ok()) << i;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(manager_->OpenSession(Open(0), Me()).ok()) << i;
   const int before = gpus_.allocations;
-  auto refused = manager_->OpenSession(Open(0), 1);
+  auto refused = manager_->OpenSession(Open(0), Me());
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   EXPECT_EQ(gpus_.allocations, before);
-  EXPECT_TRUE(manager_->OpenSession(Open(1), 1).ok());  // GPU 1 has its own budget
+  EXPECT_TRUE(manager_->OpenSession(Open(1), Me()).ok());  // GPU 1 has its own budget
   EXPECT_EQ(gpus_.live_bytes[0], 3 * kGranularity);
 }
 
 TEST_F(GpuArenaSessionTest, FailedAllocationReturnsTheReservation) {
   gpus_.fail_next = true;
-  auto failed = manager_->OpenSession(Open(0), 1);
+  auto failed = manager_->OpenSession(Open(0), Me());
   EXPECT_TRUE(absl::IsResourceExhausted(failed.status())) << failed.status();
   EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(0), 0u);
   EXPECT_EQ(manager_->Stats().sessions(), 0u);
@@ -179,7 +179,7 @@ TEST_F(GpuArenaSessionTest, FailedAllocationReturnsTheReservation) {
 
 TEST_F(GpuArenaSessionTest, CloseReleasesTheGpuArenaAtOnce) {
   for (int round = 0; round < 20; ++round) {
-    auto s = manager_->OpenSession(Open(0), 1);
+    auto s = manager_->OpenSession(Open(0), Me());
     ASSERT_TRUE(s.ok()) << s.status();
     auto fd = manager_->DupFdFor(s->session_id(), s->token(), "arena", Me());
     ASSERT_TRUE(fd.ok());
@@ -192,7 +192,7 @@ TEST_F(GpuArenaSessionTest, CloseReleasesTheGpuArenaAtOnce) {
 }
 
 TEST_F(GpuArenaSessionTest, StatsReadCountersFromTheGpuArena) {
-  auto s = manager_->OpenSession(Open(0), 1);
+  auto s = manager_->OpenSession(Open(0), Me());
   ASSERT_TRUE(s.ok());
   auto fd = manager_->DupFdFor(s->session_id(), s->token(), "arena", Me());
   ASSERT_TRUE(fd.ok());
@@ -223,8 +223,8 @@ TEST(ChooseArenaKindTest, AutoPrefersVmmAndFallsBackToCudaIpc) {
 
 TEST_F(GpuArenaSessionTest, AutoFallsBackToCudaIpcAndReportsIt) {
   no_vmm_fd_ = {1};
-  auto vmm = manager_->OpenSession(Open(0), 1);
-  auto ipc = manager_->OpenSession(Open(1), 1);
+  auto vmm = manager_->OpenSession(Open(0), Me());
+  auto ipc = manager_->OpenSession(Open(1), Me());
   ASSERT_TRUE(vmm.ok() && ipc.ok());
   EXPECT_EQ(vmm->arena().kind(), "cuda-vmm");
   EXPECT_EQ(ipc->arena().kind(), "cuda-ipc");
@@ -264,16 +264,16 @@ TEST_F(GpuArenaSessionTest, AutoFallsBackToCudaIpcAndReportsIt) {
 
 TEST_F(GpuArenaSessionTest, ForcedModes) {
   export_mode_ = ArenaExport::kCudaIpc;
-  auto ipc = manager_->OpenSession(Open(0), 1);
+  auto ipc = manager_->OpenSession(Open(0), Me());
   ASSERT_TRUE(ipc.ok());
   EXPECT_EQ(ipc->arena().kind(), "cuda-ipc");  // forced, though GPU 0 supports VMM fds
 
   export_mode_ = ArenaExport::kVmm;
   no_vmm_fd_ = {1};
-  auto refused = manager_->OpenSession(Open(1), 1);
+  auto refused = manager_->OpenSession(Open(1), Me());
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(1), 0u);  // the reservation is returned
-  auto host = manager_->OpenSession(Open(-1), 1);                  // host arenas are not affected
+  auto host = manager_->OpenSession(Open(-1), Me());               // host arenas are not affected
   ASSERT_TRUE(host.ok());
   EXPECT_EQ(host->arena().kind(), "host");
   EXPECT_EQ(manager_->Stats().session_stats(0).arena_kind().empty(), false);
@@ -287,8 +287,8 @@ TEST_F(GpuArenaSessionTest, FdChannelCarriesFdsAndCudaIpcHandles) {
   const std::string path = std::string(dir_template) + "/fd.sock";
   auto server = FdServer::Start(path, 0600, static_cast<gid_t>(-1), AccessPolicy(), manager_.get());
   ASSERT_TRUE(server.ok()) << server.status();
-  auto vmm = manager_->OpenSession(Open(0), 1);
-  auto ipc = manager_->OpenSession(Open(1), 1);
+  auto vmm = manager_->OpenSession(Open(0), Me());
+  auto ipc = manager_->OpenSession(Open(1), Me());
   ASSERT_TRUE(vmm.ok() && ipc.ok());
   auto conn = ConnectUnixSeqpacket(path);
   ASSERT_TRUE(conn.ok()) << conn.status();

@@ -104,7 +104,7 @@ void OpenOne(FuzzInput& in, std::vector<LiveSession>& live) {
   g->set_slots(in.SmallOrRaw(0, 65));
   g->set_max_requests(in.SmallOrRaw(0, 9));
   open.set_engine_name(in.String(200));
-  auto opened = Manager().OpenSession(open, ::getpid());
+  auto opened = Manager().OpenSession(open, PeerCredentials{::getpid(), ::getuid(), ::getgid()});
   if (!opened.ok()) {
     const absl::StatusCode code = opened.status().code();
     Expect(code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kResourceExhausted ||

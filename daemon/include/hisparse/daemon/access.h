@@ -1,9 +1,11 @@
 // Access control for the daemon's sockets. Two gates: the sockets' group and mode 0660 (who can
 // open them at all), then each connection's peer credentials read with SO_PEERCRED (who is
-// admitted). AccessPolicy decides the second; PeerAcceptor applies it to the gRPC socket, whose
-// accepted connections are handed to gRPC one by one; FdServer applies it to the fd channel.
+// admitted). AccessPolicy decides the second, and who is an admin; PeerAcceptor applies it to the
+// gRPC socket, whose accepted connections are handed to gRPC one by one; FdServer applies it to
+// the fd channel. PeerRegistry remembers, per control connection, who is at the other end, so
+// that each RPC knows its caller.
 //
-// Thread-safe: AccessPolicy is immutable; PeerAcceptor runs one accept thread.
+// Thread-safe: AccessPolicy is immutable; PeerRegistry locks; PeerAcceptor runs one accept thread.
 #ifndef HISPARSE_DAEMON_ACCESS_H_
 #define HISPARSE_DAEMON_ACCESS_H_
 
@@ -16,7 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/accept_guard.h"
@@ -26,28 +32,70 @@ namespace hisparse {
 class AccessPolicy {
  public:
   AccessPolicy() = default;
-  AccessPolicy(std::vector<uint32_t> uids, std::vector<uint32_t> gids)
-      : uids_(std::move(uids)), gids_(std::move(gids)) {}
-  // Root and the daemon's own uid always pass (operators, and the daemon's own tools); with both
-  // lists empty, so does anyone who could open the socket.
+  AccessPolicy(std::vector<uint32_t> uids, std::vector<uint32_t> gids, std::vector<uint32_t> admin_uids = {},
+               std::vector<uint32_t> admin_gids = {})
+      : uids_(std::move(uids)),
+        gids_(std::move(gids)),
+        admin_uids_(std::move(admin_uids)),
+        admin_gids_(std::move(admin_gids)) {}
+  // Admins always pass; with both allowed lists empty, so does anyone who could open the socket.
   bool Allows(const PeerCredentials& peer) const;
+  // Root, the daemon's own uid (the operator's tools run as it), and the peers named by
+  // access.admin_uids / admin_gids (primary gid, as SO_PEERCRED reports it). Admins see and act on
+  // every tenant's sessions and may drain the node; everyone else only on their own.
+  bool IsAdmin(const PeerCredentials& peer) const;
 
  private:
-  std::vector<uint32_t> uids_, gids_;
+  std::vector<uint32_t> uids_, gids_, admin_uids_, admin_gids_;
+};
+
+// Who is at the other end of each control connection that gRPC serves. gRPC 1.51 names a
+// connection handed to it with AddInsecureChannelFromFd "fd:N" (ServerContext::peer()), N being
+// the descriptor, and tells nothing else about it; the acceptor records N's credentials here
+// before handing N over, and every RPC looks its caller up by that name.
+//
+// Descriptor numbers are reused: an entry also holds the socket's device and inode (fstat), and
+// a lookup holds only while descriptor N is still that very socket. A connection gRPC has closed
+// thus answers no lookup, whatever N is now (another socket, a memfd, nothing), until the next
+// accepted connection at N replaces the entry. A call of a closed connection that reaches its
+// handler after N went to a new, recorded connection would see the new peer; gRPC cancels such a
+// call as it closes the connection, and the service refuses cancelled calls. What is left is the
+// moment between gRPC closing N and marking the call cancelled (the same gRPC thread, right
+// after): a new connection would have to be accepted and recorded at N, and the old call's
+// handler look up, within it. Holding a closed number back from reuse for a grace period would
+// close that too (not done).
+class PeerRegistry {
+ public:
+  // Records `fd`'s peer. Call before the connection is handed to gRPC (its first RPC may come at
+  // once). Fails (and records nothing) when `fd` cannot be fstat'ed.
+  absl::Status Record(int fd, const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // The credentials of the connection gRPC names `grpc_peer` ("fd:N"). Unauthenticated when the
+  // name is not of that form, N was never recorded, or N is no longer the recorded socket.
+  absl::StatusOr<PeerCredentials> Lookup(absl::string_view grpc_peer) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Entry {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    PeerCredentials peer;
+  };
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);  // one per descriptor number
 };
 
 // "hisparse" or "10001" -> gid; "" -> -1 (keep the daemon's group).
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group);
 
 // Accepts connections on a listening stream socket, admits them by policy (logging who connected;
-// refusals at most once a second, with a count) and hands each admitted one to `adopt` (which
-// takes ownership of the fd). Running out of descriptors is survived (AcceptGuard, in
+// refusals at most once a second, with a count) and hands each admitted one, with its credentials, to `adopt`
+// (which takes ownership of the fd). Running out of descriptors is survived (AcceptGuard, in
 // accept_guard.h): `on_serving_change(false)` while it cannot accept, `(true)` once it can again;
 // both run on the acceptor's thread. One thread, woken for Stop by an eventfd.
 class PeerAcceptor {
  public:
+  using Adopt = std::function<void(int fd, const PeerCredentials& peer)>;
   static absl::StatusOr<std::unique_ptr<PeerAcceptor>> Start(UniqueFd listener, AccessPolicy policy,
-                                                             std::function<void(int fd)> adopt,
+                                                             Adopt adopt,
                                                              std::function<void(bool serving)> on_serving_change = {});
   ~PeerAcceptor();
   void Stop();
@@ -59,7 +107,7 @@ class PeerAcceptor {
   void Admit(UniqueFd conn);
   UniqueFd listener_, wake_;
   AccessPolicy policy_;
-  std::function<void(int)> adopt_;
+  Adopt adopt_;
   std::unique_ptr<AcceptGuard> guard_;  // the acceptor thread's
   RateLimitedLog refused_log_{absl::Seconds(1)};
   std::thread thread_;

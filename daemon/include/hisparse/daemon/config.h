@@ -66,11 +66,15 @@ struct LimitsConfig {
 // Who may attach. The sockets are created with mode 0660; with `socket_group` set they belong to
 // that group, so membership is the first gate. Every connection's peer is then read with
 // SO_PEERCRED and refused unless its uid or gid is listed (empty lists admit any peer that could
-// open the socket).
+// open the socket). Admins (root, the daemon's own uid, and `admin_uids` / `admin_gids`) are
+// always admitted, see every tenant's sessions and may evict any request or drain the node; any
+// other peer sees and acts on its own sessions only.
 struct AccessConfig {
   std::string socket_group;  // group name or numeric gid; "" keeps the daemon's group
   std::vector<uint32_t> allowed_uids;
   std::vector<uint32_t> allowed_gids;
+  std::vector<uint32_t> admin_uids;
+  std::vector<uint32_t> admin_gids;
 };
 
 // Hard per-tenant limits; a tenant is the uid of the engine process (read with SO_PEERCRED).

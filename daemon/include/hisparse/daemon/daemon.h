@@ -18,6 +18,11 @@ namespace hisparse {
 
 class SessionManager;
 
+// hisparsed's exit status after a drain with exit_when_idle went idle (`hisparse-ctl drain`):
+// EX_TEMPFAIL, "come back". The systemd unit restarts on it (RestartForceExitStatus=75), while a
+// stop (SIGTERM, exit 0) stays stopped.
+inline constexpr int kDrainedExitCode = 75;
+
 class Daemon {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config);
@@ -30,6 +35,8 @@ class Daemon {
   // Stops admitting and turns health NOT_SERVING; with exit_when_idle, shuts down once the last
   // session has ended.
   void Drain(bool exit_when_idle);
+  // After Wait(): whether the daemon stopped because a drain with exit_when_idle went idle.
+  bool drained() const;
   // Applies what can change live (log level, limits) from `next`; returns the keys that differ
   // but need a restart (they keep their old values).
   std::vector<std::string> Reload(const DaemonConfig& next);

@@ -1,11 +1,25 @@
 // HiSparseService: the gRPC edge of hisparsed. A thin map from hisparse.v1 RPCs onto
 // SessionManager; the one place where absl::Status becomes grpc::Status. Thread-safe.
+//
+// Every RPC first learns its caller from the PeerRegistry (the kernel's SO_PEERCRED, recorded
+// when the connection was accepted); a caller that cannot be told is refused (UNAUTHENTICATED),
+// never served as anyone. Then:
+//   Session                 opens a session owned by the caller's uid (its tenant).
+//   Admit, Extend, Release  only the session's owner uid, token or not (PERMISSION_DENIED).
+//   Stats, ListRequests     an admin sees every session; a tenant only its own.
+//   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
+//   Drain                   admins only (PERMISSION_DENIED).
+//   GetConfig               any admitted caller: limits and quotas are what an engine sizes itself
+//                           by, and the file holds no secret.
 #ifndef HISPARSE_DAEMON_SERVICE_H_
 #define HISPARSE_DAEMON_SERVICE_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "hisparse/daemon/access.h"
 #include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/session_manager.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
@@ -21,8 +35,11 @@ class HiSparseService final : public v1::HiSparse::Service {
     std::function<bool(bool exit_when_idle)> drain;  // stop admitting, health NOT_SERVING; false: not yet
     std::function<std::string()> config_yaml;        // the effective configuration
   };
-  HiSparseService(SessionManager* sessions, Metrics* metrics, Hooks hooks)
-      : sessions_(sessions), metrics_(metrics), hooks_(std::move(hooks)) {}
+  // `peers` (who is at the other end of each connection) must outlive the service; `policy`
+  // says who among them is an admin.
+  HiSparseService(SessionManager* sessions, Metrics* metrics, const PeerRegistry* peers, AccessPolicy policy,
+                  Hooks hooks)
+      : sessions_(sessions), metrics_(metrics), peers_(peers), policy_(std::move(policy)), hooks_(std::move(hooks)) {}
 
   grpc::Status Session(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::SessionEvent, v1::SessionRequest>* stream) override;
@@ -37,8 +54,18 @@ class HiSparseService final : public v1::HiSparse::Service {
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest* req, v1::GetConfigResponse* resp) override;
 
  private:
+  struct Caller {
+    PeerCredentials peer;
+    bool admin = false;
+    // What the caller may see: everything (an admin), or its own uid's sessions.
+    std::optional<uint32_t> scope() const { return admin ? std::nullopt : std::optional<uint32_t>(peer.uid); }
+  };
+  absl::StatusOr<Caller> Identify(grpc::ServerContext* context) const;
+
   SessionManager* const sessions_;
   Metrics* const metrics_;  // may be null
+  const PeerRegistry* const peers_;
+  const AccessPolicy policy_;
   const Hooks hooks_;
 };
 

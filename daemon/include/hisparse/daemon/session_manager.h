@@ -4,7 +4,8 @@
 // of ownership: it holds requests, each request holds one host-pool run per layer and one row of
 // the session's slot arena. Ending a session — cleanly or because its engine died — releases all of
 // it at once (CloseSession). Requests are named per session: no session can see, extend or release
-// another's.
+// another's. A session belongs to the uid that opened it (its tenant): only that uid may use its
+// token, and a tenant's view (`only_uid` below) shows and touches its own sessions alone.
 //
 // Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
 // onto these methods. The proto messages are used only as plain data types.
@@ -38,7 +39,7 @@ namespace hisparse {
 
 class SessionManager {
  public:
-  // Hard per-tenant limits (tenant = the engine's uid, from the fd channel); 0 = unlimited.
+  // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited.
   struct QuotaOptions {
     uint64_t host_bytes = 0;
     uint64_t arena_bytes = 0;
@@ -62,19 +63,27 @@ class SessionManager {
   SessionManager(const Options& options, std::unique_ptr<HostPool> pool);
   ~SessionManager();
 
-  // Opens a session for an engine that declared `open`. `peer_pid` is for logs and stats.
-  absl::StatusOr<v1::SessionOpened> OpenSession(const v1::OpenSession& open, pid_t peer_pid);
+  // Opens a session for an engine that declared `open`. `owner` (the kernel's word on the peer of
+  // the Session stream) binds it: its uid is the session's tenant, its pid shows in stats. The
+  // tenant's arena quota is charged here.
+  absl::StatusOr<v1::SessionOpened> OpenSession(const v1::OpenSession& open, const PeerCredentials& owner);
   // Ends a session and releases every request, run and arena it held. Idempotent.
   void CloseSession(uint64_t session_id);
 
+  // PermissionDenied unless `ref` names a live session that `uid` owns. Session ids are never
+  // reused, so a check that passed stays true for as long as the session lives.
+  absl::Status CheckOwner(const v1::SessionRef& ref, uint32_t uid) const;
   absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& req);
   absl::StatusOr<v1::ExtendResponse> Extend(const v1::ExtendRequest& req);
   absl::Status Release(const v1::ReleaseRequest& req);
-  v1::StatsResponse Stats() const;
+  // Node figures, and every session (only_uid unset: an admin's view) or only the sessions of
+  // tenant `only_uid`; then `sessions` and `requests` count those alone, while the pool, arena
+  // and admission counters stay the node's.
+  v1::StatsResponse Stats(std::optional<uint32_t> only_uid = std::nullopt) const;
 
   // For the fd channel: a dup of the descriptor of `object` ("arena" or "segment N") when
   // session_id/token name a live session that owns it. The caller owns the returned fd.
-  // The first peer to fetch binds the session to its uid (the tenant) and pid. `bytes` (may be
+  // `peer` must be the session's owner (uid), else PermissionDenied. `bytes` (may be
   // null) receives the object's size where fstat cannot tell it (a GPU arena); else 0.
   // A "cuda-ipc" arena has no descriptor: its 64-byte cudaIpc handle goes to `ipc_handle` and the
   // returned fd is invalid; with `ipc_handle` null such an arena is refused (FailedPrecondition).
@@ -91,10 +100,13 @@ class SessionManager {
   using EventSink = std::function<bool(const v1::SessionEvent&)>;
   void SetEventSink(uint64_t session_id, EventSink sink);
 
-  // Administration.
-  absl::StatusOr<v1::ListRequestsResponse> ListRequests(uint64_t session_id) const;
-  // Tells the session (RequestEvicted on its stream) before its memory is released.
-  absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& req);
+  // Administration. With `only_uid` set (a tenant's view), only that tenant's requests, and a
+  // session of another tenant is PermissionDenied.
+  absl::StatusOr<v1::ListRequestsResponse> ListRequests(uint64_t session_id,
+                                                        std::optional<uint32_t> only_uid = std::nullopt) const;
+  // Tells the session (RequestEvicted on its stream) before its memory is released. With
+  // `only_uid` set, a request of another tenant's session is PermissionDenied.
+  absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid = std::nullopt);
   // Live-changeable limits (SIGHUP). Existing sessions keep their geometry.
   void SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
                  bool evict_on_pool_full);
@@ -119,7 +131,7 @@ class SessionManager {
     std::string engine_name;
     v1::Geometry geometry;
     pid_t peer_pid = 0;
-    std::optional<uint32_t> tenant_uid;  // bound by the first fd-channel peer
+    uint32_t tenant_uid = 0;  // the owner: the uid of the Session stream's peer
     absl::flat_hash_map<uint64_t, Request> requests;
     std::vector<bool> row_used;
     uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
@@ -141,11 +153,11 @@ class SessionManager {
   struct TenantUsage {
     uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
   };
-  static constexpr uint32_t kUnboundTenant = 0xffffffffu;  // sessions no fd-channel peer has bound
   static uint32_t TenantOf(const Session& s);
 
   absl::StatusOr<v1::AdmitResponse> AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TenantUsage UsageLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckArenaQuotaLocked(uint32_t tenant, uint64_t more_arena_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
