@@ -448,11 +448,19 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   }
   const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
   for (size_t i = 0; i < needs_move.size(); ++i) {
-    const HostPool::Run& from = r.runs[needs_move[i]];
-    const HostPool::Run& to = moved_to[i];
-    std::memcpy(pool_->SegmentData(to.segment) + to.offset, pool_->SegmentData(from.segment) + from.offset, old_bytes);
-    (void)pool_->Free(s->id, from);
-    grown[needs_move[i]] = to;
+    absl::Status copied = pool_->CopyRun(s->id, r.runs[needs_move[i]], moved_to[i], old_bytes);
+    if (!copied.ok()) {
+      // Roll back as above: the old runs are still intact and still the request's.
+      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
+      for (size_t l = 0; l < grown.size(); ++l) {
+        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
+      }
+      return copied;
+    }
+  }
+  for (size_t i = 0; i < needs_move.size(); ++i) {
+    (void)pool_->Free(s->id, r.runs[needs_move[i]]);
+    grown[needs_move[i]] = moved_to[i];
   }
   r.runs = std::move(grown);
   r.capacity_tokens = req.token_budget();
