@@ -290,6 +290,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"gpu.arena_export", "cuda_ipc"},
                                                                     {"limits.max_sessions", "2"},
                                                                     {"limits.max_requests_per_session", "2"},
+                                                                    {"limits.host_arena_bytes", "64GiB"},
                                                                     {"access.socket_group", "hisparse"},
                                                                     {"access.allowed_uids", "1000,1001"},
                                                                     {"access.allowed_gids", "10001"},
@@ -357,13 +358,13 @@ TEST(ConfigTest, KeyTable) {
     EXPECT_TRUE(ApplyConfigOverride(c, k.key, k.default_value).ok()) << k.key;
     EXPECT_EQ(c, DaemonConfig{}) << k.key;
   }
-  EXPECT_THAT(names,
-              ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
-                                     "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
-                                     "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
-                                     "access.socket_group", "access.allowed_uids", "access.allowed_gids",
-                                     "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
-                                     "admission.on_pool_full", "metrics.listen", "log_level"));
+  EXPECT_THAT(
+      names, ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
+                                    "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
+                                    "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
+                                    "limits.host_arena_bytes", "access.socket_group", "access.allowed_uids",
+                                    "access.allowed_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
+                                    "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");
