@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -284,6 +285,9 @@ TEST(AddressSpaceTest, AHostArenaCostsTheDaemonAPageNotItsSize) {
   const uint64_t arena_bytes = s->opened.arena().bytes();
   ASSERT_GE(arena_bytes, rows * kGiB);
   const uint64_t after_kb = StatusField(d->pid(), "VmSize");
+  std::printf("[ figure   ] daemon VmSize %lu kB -> %lu kB for a %lu-byte host arena\n",
+              static_cast<unsigned long>(before_kb), static_cast<unsigned long>(after_kb),
+              static_cast<unsigned long>(arena_bytes));
   // A thread stack or a malloc arena may come and go; the arena's size must not.
   EXPECT_LT(after_kb * 1024, before_kb * 1024 + arena_bytes / 4)
       << "VmSize " << before_kb << " kB -> " << after_kb << " kB with a " << arena_bytes << "-byte arena";
@@ -409,6 +413,10 @@ TEST(GrpcThreadsTest, IdleStreamsPastTheThreadBoundAreRefused) {
   const int sync_threads = ThreadsNamed(d->pid(), "grpcpp_sync_ser");
   EXPECT_LE(sync_threads, kBound) << "gRPC server threads with " << kStreams << " idle streams";
   const uint64_t threads_held = StatusField(d->pid(), "Threads");
+  std::printf(
+      "[ figure   ] %d idle streams: %d refused RESOURCE_EXHAUSTED, %d gRPC server threads, threads %lu -> %lu\n",
+      kStreams, exhausted, sync_threads, static_cast<unsigned long>(threads_before),
+      static_cast<unsigned long>(threads_held));
   EXPECT_LE(threads_held, threads_before + kBound + kGrpcCoreThreads)
       << "threads " << threads_before << " -> " << threads_held;
   // Let the held streams go, and the daemon serves again.
