@@ -53,6 +53,7 @@ int GrpcThreadLimit(int max_sessions) { return 2 * max_sessions + kSessionlessCa
 
 // Refuses a pool the machine cannot hold (pre-touching it would end in the OOM killer), before a
 // page of it is touched. Huge pages the pool may take count apart: they are reserved already.
+// What the daemon holds already (its VmRSS) counts with the pool.
 // Returns the memory left after the pool: limits.host_arena_bytes' auto value. Unlimited (with a
 // warning) when /proc/meminfo cannot be read.
 absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hugetlb) {
@@ -62,9 +63,13 @@ absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hu
                  << "): the host pool is not checked against it and host slot arenas have no auto budget";
     return UINT64_MAX;
   }
-  const uint64_t ordinary = OrdinaryPoolBytes(*headroom, pool_bytes, may_use_hugetlb);
-  HS_RETURN_IF_ERROR(CheckMemoryFits(*headroom, ordinary, "the host pool (host_pool.size)"));
-  const uint64_t left = headroom->bytes() - ordinary;
+  // The cgroup's limit covers what the daemon holds already too.
+  const uint64_t need = OrdinaryPoolBytes(*headroom, pool_bytes, may_use_hugetlb) + headroom->self_rss;
+  HS_RETURN_IF_ERROR(
+      CheckMemoryFits(*headroom, need,
+                      absl::StrCat("the host pool (host_pool.size, ", pool_bytes, " bytes) with the daemon's own ",
+                                   headroom->self_rss, " resident bytes")));
+  const uint64_t left = headroom->bytes() - need;
   LOG(INFO) << "memory: " << headroom->Describe() << "; after the pool " << FormatByteSize(left)
             << " are left (the auto value of limits.host_arena_bytes)";
   return left;

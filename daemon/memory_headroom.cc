@@ -93,6 +93,16 @@ absl::StatusOr<MemoryHeadroom> ReadMemoryHeadroom(const MemorySources& sources) 
     h.hugetlb_free = (*huge_free - std::min(*huge_free, huge_reserved)) * *huge_page;
   }
 
+  if (const auto status = ReadSmallFile(sources.self_status); status.has_value()) {
+    for (absl::string_view line : absl::StrSplit(*status, '\n')) {
+      uint64_t kib = 0;
+      if (absl::ConsumePrefix(&line, "VmRSS:") && absl::ConsumeSuffix(&line, "kB") &&
+          absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib)) {
+        h.self_rss = kib * 1024;
+      }
+    }
+  }
+
   // Lines are "hierarchy-id:controllers:path"; v2's is "0::path", v1's memory one names "memory".
   const auto cgroups = ReadSmallFile(sources.self_cgroup);
   if (!cgroups.has_value()) return h;

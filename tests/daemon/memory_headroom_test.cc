@@ -29,6 +29,7 @@ class MemoryHeadroomTest : public ::testing::Test {
     sources_.meminfo = dir_ + "/meminfo";
     sources_.self_cgroup = dir_ + "/cgroup";
     sources_.cgroup_root = dir_ + "/sys";
+    sources_.self_status = dir_ + "/status";
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -129,6 +130,14 @@ TEST_F(MemoryHeadroomTest, FreeHugePagesTakeThePoolApartFromOrdinaryMemory) {
   EXPECT_EQ(OrdinaryPoolBytes(*h, 8 * kGiB, /*may_use_hugetlb=*/true), 2 * kGiB);
   EXPECT_EQ(OrdinaryPoolBytes(*h, 8 * kGiB, /*may_use_hugetlb=*/false), 8 * kGiB);
   EXPECT_EQ(OrdinaryPoolBytes(*h, 1 * kGiB, /*may_use_hugetlb=*/true), 0u);
+}
+
+TEST_F(MemoryHeadroomTest, ReadsWhatThisProcessHoldsAlready) {
+  Meminfo(16);
+  Write("status", "Name:\thisparsed\nVmSize:\t  900000 kB\nVmRSS:\t   65536 kB\nThreads:\t4\n");
+  auto h = ReadMemoryHeadroom(sources_);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->self_rss, uint64_t{64} << 20);
 }
 
 TEST_F(MemoryHeadroomTest, MissingOrBrokenMeminfoIsAnError) {

@@ -26,6 +26,7 @@ namespace hisparse {
 struct MemorySources {
   std::string meminfo = "/proc/meminfo";
   std::string self_cgroup = "/proc/self/cgroup";
+  std::string self_status = "/proc/self/status";  // VmRSS: what this process holds already
   // Mount point of the cgroup hierarchies: v2 at ROOT (or ROOT/unified on a hybrid host), v1's
   // memory controller at ROOT/memory.
   std::string cgroup_root = "/sys/fs/cgroup";
@@ -36,6 +37,7 @@ struct MemoryHeadroom {
   uint64_t hugetlb_free = 0;             // (HugePages_Free - HugePages_Rsvd) x Hugepagesize
   std::optional<uint64_t> cgroup_limit;  // the tightest limit found; unset: none
   std::string cgroup_limit_file;         // the file that set it
+  uint64_t self_rss = 0;                 // this process's VmRSS, bytes (0 when unreadable)
 
   // The bytes this process may still take: MemAvailable, capped by the cgroup limit.
   uint64_t bytes() const;
