@@ -335,6 +335,32 @@ TEST(HostArenaBudgetTest, SessionsPastTheBudgetAreRefusedAndTheDaemonServes) {
   EXPECT_TRUE(again->ok()) << again->status.error_message();
 }
 
+TEST(HostArenaBudgetTest, TheBudgetChangesOnReload) {
+  char tmpl[] = "/tmp/hisparse-budget-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/hisparsed.yaml";
+  std::ofstream(path) << "host_pool:\n  size: 64MiB\n  segment_size: 4MiB\nlimits:\n  host_arena_bytes: 150GiB\n";
+  auto d = StartDaemon({"--config", path});
+  ASSERT_NE(d, nullptr);
+  auto stub = RawStub(d->address());
+  auto first = OpenRaw(stub.get(), Arena100GiB());
+  ASSERT_TRUE(first->ok()) << first->status.error_message();
+  auto refused = OpenRaw(stub.get(), Arena100GiB());
+  ASSERT_EQ(refused->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::ofstream(path) << "host_pool:\n  size: 64MiB\n  segment_size: 4MiB\nlimits:\n  host_arena_bytes: 250GiB\n";
+  ::kill(d->pid(), SIGHUP);
+  std::unique_ptr<RawSession> second;
+  for (int attempt = 0;; ++attempt) {  // the reload lands a moment after the signal
+    second = OpenRaw(stub.get(), Arena100GiB());
+    if (second->ok()) break;
+    ASSERT_EQ(second->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second->status.error_message();
+    ASSERT_LT(attempt, 2000) << "the raised budget never applied: " << second->status.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::unlink(path.c_str());
+  ::rmdir(tmpl);
+}
+
 // The attack on the default config: sessions of legal ~0.9 TiB host arenas used to be
 // accepted until the daemon's 128 TiB of address space ran out (138 of them) and it aborted. The
 // default budget is the memory the machine has left after the pool, so each is refused at once.
