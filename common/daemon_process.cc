@@ -121,6 +121,7 @@ DaemonProcess::~DaemonProcess() {
   if (!dir_.empty()) {
     ::unlink(socket_path_.c_str());
     ::unlink((socket_path_ + ".fd").c_str());
+    ::unlink((socket_path_ + ".lock").c_str());  // left behind when the daemon was killed
     ::rmdir(dir_.c_str());
   }
 }

@@ -45,15 +45,36 @@ absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size) {
   return r;
 }
 
+namespace {
+
+// The size is the contract with every process that maps the memfd: with shrinking forbidden no
+// page the daemon maps can vanish under it (a tenant's ftruncate would turn the daemon's next copy
+// into SIGBUS), and growing is forbidden so that a tenant cannot make the node hold more than it
+// was given. F_SEAL_SEAL keeps anyone from adding (or later lifting) seals, so no holder can add
+// F_SEAL_WRITE and fault the daemon's writes either. Writes stay allowed: both sides write.
+// hugetlbfs supports these seals since Linux 4.16.
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+absl::Status SealSize(int fd, const char* name) {
+  if (::fcntl(fd, F_ADD_SEALS, kSizeSeals) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot seal memfd ", name, " against resizing: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb, bool* used_hugetlb) {
   if (used_hugetlb != nullptr) *used_hugetlb = false;
   if (try_hugetlb) {
     // Huge pages must be reserved by the host (vm.nr_hugepages); the size must be a multiple of
-    // the huge page size. Any failure falls back to ordinary pages.
+    // the huge page size. Any failure (a kernel too old to seal hugetlb memfds included) falls
+    // back to ordinary pages.
     constexpr size_t kHuge = 2u << 20;
     if (size % kHuge == 0) {
-      UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB));
-      if (fd.valid() && ::ftruncate(fd.get(), static_cast<off_t>(size)) == 0) {
+      UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING));
+      if (fd.valid() && ::ftruncate(fd.get(), static_cast<off_t>(size)) == 0 && SealSize(fd.get(), name).ok()) {
         // Reserve the pages now: a hugetlb mapping that cannot be backed fails here, not later.
         void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
         if (p != MAP_FAILED) {
@@ -72,8 +93,7 @@ absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hug
     return absl::ResourceExhaustedError(
         absl::StrCat("ftruncate of memfd ", name, " to ", size, " bytes failed: ", std::strerror(errno)));
   }
-  // The size is the contract with every process that maps it: forbid shrinking and growing.
-  ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  if (absl::Status st = SealSize(fd.get(), name); !st.ok()) return st;
   return fd;
 }
 

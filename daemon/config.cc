@@ -215,6 +215,10 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseInt, limits.max_fd_connections_per_peer),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_fd_connections_per_peer); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_fd_connections_per_peer, 1); }},
+      {"limits.host_arena_bytes", "byte size",
+       "Host slot-arena bytes all sessions together may hold; 0 = auto (memory left at start after the pool).", false,
+       HS_SET_WITH(ParseByteSize, limits.host_arena_bytes),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.limits.host_arena_bytes); }, nullptr},
       {"access.socket_group", "group name, gid, or empty",
        "Group that owns the sockets (mode 0660): membership gates who can connect at all.", true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {

@@ -12,18 +12,22 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "hisparse/common/log.h"
+#include "hisparse/common/path_lock.h"
+#include "hisparse/common/size_parse.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/device_choice.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/memory_headroom.h"
 #include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/service.h"
 #include "hisparse/daemon/session_manager.h"
@@ -39,7 +43,44 @@ SessionManager::QuotaOptions QuotasFrom(const DaemonConfig& c) {
 // Engines and the daemon share these sockets; the group decides who may attach (issue: access).
 inline constexpr mode_t kSocketMode = 0660;
 
+namespace {
+
+// gRPC's sync server runs every call on a thread of its own, and a Session stream holds its thread
+// for the session's life. The daemon bounds them (grpc::ResourceQuota) so that overload is answered
+// with RESOURCE_EXHAUSTED rather than ending in a failed thread creation: one thread per session
+// stream, one per session for a unary call in flight beside it, and a few for calls that need no
+// session (health, stats, admin) and for gRPC's pollers.
+constexpr int kSessionlessCallThreads = 16;
+int GrpcThreadLimit(int max_sessions) { return 2 * max_sessions + kSessionlessCallThreads; }
+
+// Refuses a pool the machine cannot hold (pre-touching it would end in the OOM killer), before a
+// page of it is touched. Huge pages the pool may take count apart: they are reserved already.
+// What the daemon holds already (its VmRSS) counts with the pool.
+// Returns the memory left after the pool: limits.host_arena_bytes' auto value. Unlimited (with a
+// warning) when /proc/meminfo cannot be read.
+absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hugetlb) {
+  const absl::StatusOr<MemoryHeadroom> headroom = ReadMemoryHeadroom();
+  if (!headroom.ok()) {
+    LOG(WARNING) << "cannot tell how much memory is available (" << headroom.status()
+                 << "): the host pool is not checked against it and host slot arenas have no auto budget";
+    return UINT64_MAX;
+  }
+  // The cgroup's limit covers what the daemon holds already too.
+  const uint64_t need = OrdinaryPoolBytes(*headroom, pool_bytes, may_use_hugetlb) + headroom->self_rss;
+  HS_RETURN_IF_ERROR(
+      CheckMemoryFits(*headroom, need,
+                      absl::StrCat("the host pool (host_pool.size, ", pool_bytes, " bytes) with the daemon's own ",
+                                   headroom->self_rss, " resident bytes")));
+  const uint64_t left = headroom->bytes() - need;
+  LOG(INFO) << "memory: " << headroom->Describe() << "; after the pool " << FormatByteSize(left)
+            << " are left (the auto value of limits.host_arena_bytes)";
+  return left;
+}
+
+}  // namespace
+
 struct Daemon::Impl {
+  PathLock socket_lock;  // first member: released last, after the sockets are gone
   mutable absl::Mutex config_mu;
   DaemonConfig config ABSL_GUARDED_BY(config_mu);
   std::string grpc_address;
@@ -50,6 +91,8 @@ struct Daemon::Impl {
   PeerRegistry peers;  // who is at the other end of each control connection
   std::unique_ptr<HiSparseService> service;
   std::thread drainer;  // runs Shutdown when a drain with exit_when_idle goes idle
+  grpc::ResourceQuota grpc_threads{"hisparsed-grpc-threads"};
+  uint64_t auto_host_arena_bytes = UINT64_MAX;  // limits.host_arena_bytes: 0 (auto) means this
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<FdServer> fd_server;
   std::unique_ptr<PeerAcceptor> acceptor;  // feeds admitted control connections to `server`
@@ -98,6 +141,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   const std::string socket_path(ListenSocketPath(config.listen));
   impl->grpc_address = absl::StrCat("unix:", socket_path);
   impl->fd_socket_path = socket_path + ".fd";
+  // One daemon per socket path, decided before anything else is made: a second one would replace
+  // the sockets and orphan the first daemon with its pool.
+  absl::StatusOr<PathLock> lock = PathLock::Acquire(socket_path + ".lock");
+  if (!lock.ok()) {
+    if (absl::IsFailedPrecondition(lock.status())) return lock.status();
+    return absl::UnavailableError(absl::StrCat("cannot lock ", socket_path, ".lock: ", lock.status().message(),
+                                               " (does the directory exist and is it writable?)"));
+  }
+  impl->socket_lock = *std::move(lock);
 
   // The slot arena of every session that declares a GPU goes in that GPU's memory (CUDA VMM,
   // exported to the engine as an fd) under device cuda, and under auto when this process sees a
@@ -130,6 +182,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                                                                : HostPool::Hugepages::kAuto;
   pool_options.pretouch_threads = config.host_pool.pretouch_threads;
   pool_options.mlock = config.host_pool.mlock;
+  HS_ASSIGN_OR_RETURN(impl->auto_host_arena_bytes,
+                      CheckMemoryAtStart(geometry.total_bytes, pool_options.hugepages != HostPool::Hugepages::kOff));
   HS_ASSIGN_OR_RETURN(std::unique_ptr<HostPool> pool, HostPool::Create(pool_options));
 
   SessionManager::Options sm_options;
@@ -137,6 +191,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.max_requests_per_session = static_cast<uint32_t>(config.limits.max_requests_per_session);
   sm_options.fd_socket_path = impl->fd_socket_path;
   sm_options.arena_budget_bytes = config.gpu_memory_budget;
+  sm_options.host_arena_budget_bytes =
+      config.limits.host_arena_bytes != 0 ? config.limits.host_arena_bytes : impl->auto_host_arena_bytes;
   sm_options.quotas = QuotasFrom(config);
   sm_options.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
   sm_options.device = device;
@@ -187,6 +243,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                                " (does the directory exist and is it writable?)"));
   }
   grpc::ServerBuilder builder;
+  impl->grpc_threads.SetMaxThreads(GrpcThreadLimit(config.limits.max_sessions));
+  builder.SetResourceQuota(impl->grpc_threads);
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
@@ -231,7 +289,13 @@ void Daemon::Drain(bool exit_when_idle) {
       static std::once_flag once;
       std::call_once(once, [this] {
         impl_->drained.store(true);
-        impl_->drainer = std::thread([this] { Shutdown(); });
+        try {
+          impl_->drainer = std::thread([this] { Shutdown(); });
+        } catch (const std::system_error& e) {
+          // Out of threads: keep serving, drained; SIGTERM still stops the daemon.
+          impl_->drained.store(false);
+          LOG(ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
+        }
       });
     };
   }
@@ -252,6 +316,9 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   cur.quotas = next.quotas;
   cur.admission = next.admission;
   impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);
+  impl_->grpc_threads.SetMaxThreads(GrpcThreadLimit(next.limits.max_sessions));
+  impl_->sessions->SetHostArenaBudget(next.limits.host_arena_bytes != 0 ? next.limits.host_arena_bytes
+                                                                        : impl_->auto_host_arena_bytes);
   impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
                              static_cast<uint32_t>(next.limits.max_requests_per_session), QuotasFrom(next),
                              next.admission.on_pool_full == OnPoolFull::kEvictLruIdle);

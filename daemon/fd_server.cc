@@ -136,8 +136,8 @@ void FdServer::AcceptReady() {
 }
 
 void FdServer::Admit(UniqueFd conn) {
-  // The kernel vouches for the peer: its uid becomes the session's tenant (quotas), its pid is
-  // what stats show.
+  // The kernel vouches for the peer: only the uid that opened a session (its tenant) may fetch
+  // its memory, and connections are counted per uid.
   auto peer = GetPeerCredentials(conn.get());
   if (!peer.ok()) return Refuse(absl::StrCat("(", peer.status().message(), ")"));
   if (!policy_.Allows(*peer)) return Refuse(absl::StrCat("from pid ", peer->pid, " uid ", peer->uid));

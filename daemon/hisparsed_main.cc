@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "hisparsed failed to start: " << daemon.status();
     return 1;
   }
-  std::thread waiter([&] {
+  auto wait_for_signals = [&] {
     for (;;) {
       int sig = 0;
       sigwait(&stop, &sig);
@@ -128,7 +129,14 @@ int main(int argc, char** argv) {
       }
       (*daemon)->Reload(*next);
     }
-  });
+  };
+  std::thread waiter;
+  try {
+    waiter = std::thread(wait_for_signals);
+  } catch (const std::system_error& e) {
+    LOG(ERROR) << "hisparsed cannot start its signal thread: " << e.what();
+    return 1;
+  }
   (*daemon)->Wait();
   // Shutdown may have come from elsewhere (a drain): wake the waiter so it ends.
   // The waiter blocks in sigwait with SIGTERM blocked: this wakes it, it does not kill it.

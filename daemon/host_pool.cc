@@ -1,10 +1,13 @@
 #include "hisparse/daemon/host_pool.h"
 
+#include <errno.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -21,12 +24,17 @@ namespace {
 void PretouchParallel(uint8_t* data, uint64_t bytes, int threads) {
   constexpr uint64_t kPage = 4096;
   const uint64_t chunk = std::max<uint64_t>(kPage, (bytes / threads + kPage - 1) / kPage * kPage);
+  auto touch = [data](uint64_t begin, uint64_t end) {
+    for (uint64_t off = begin; off < end; off += kPage) data[off] = 0;
+  };
   std::vector<std::thread> workers;
   for (uint64_t begin = 0; begin < bytes; begin += chunk) {
     const uint64_t end = std::min(bytes, begin + chunk);
-    workers.emplace_back([data, begin, end] {
-      for (uint64_t off = begin; off < end; off += kPage) data[off] = 0;
-    });
+    try {
+      workers.emplace_back(touch, begin, end);
+    } catch (const std::system_error&) {
+      touch(begin, end);  // out of threads: this one does the chunk, slower but the same
+    }
   }
   for (auto& w : workers) w.join();
 }
@@ -174,6 +182,29 @@ absl::Status HostPool::Shrink(uint64_t owner, Run& run, uint64_t new_bytes) {
   HS_RETURN_IF_ERROR(CheckRun(owner, run));
   HS_RETURN_IF_ERROR(segments_[run.segment].runs->ShrinkInPlace(run.offset, new_bytes));
   run.bytes = new_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status HostPool::CopyRun(uint64_t owner, const Run& from, const Run& to, uint64_t bytes) {
+  HS_RETURN_IF_ERROR(CheckRun(owner, from));
+  HS_RETURN_IF_ERROR(CheckRun(owner, to));
+  if (bytes > from.bytes || bytes > to.bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a copy of ", bytes, " bytes exceeds its runs (", from.bytes, " and ", to.bytes, " bytes)"));
+  }
+  const int src = segments_[from.segment].fd.get();
+  uint8_t* dst = segments_[to.segment].map.data() + to.offset;
+  for (uint64_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(src, dst + done, bytes - done, static_cast<off_t>(from.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat("moving a run from segment ", from.segment, " to segment ", to.segment,
+                                              " failed after ", done, " of ", bytes, " bytes (",
+                                              n < 0 ? std::strerror(errno) : "end of segment",
+                                              "): the engine holding them may have removed their pages"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
   return absl::OkStatus();
 }
 

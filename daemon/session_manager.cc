@@ -114,6 +114,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
   session->row_used.assign(open.geometry().max_requests(), false);
+  // Set at construction only: readable without the lock.
+  const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new sessions"));
@@ -122,6 +124,17 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                                                                                options_.max_sessions, " sessions")));
     }
     HS_RETURN_IF_ERROR(CheckArenaQuotaLocked(owner.uid, layout.total_bytes));
+    // The budget may have been lowered (SIGHUP) below what is held already.
+    const uint64_t host_arena_left =
+        options_.host_arena_budget_bytes - std::min(host_arena_bytes_, options_.host_arena_budget_bytes);
+    if (!on_gpu && layout.total_bytes > host_arena_left) {
+      return Reject("host_arena_budget",
+                    absl::ResourceExhaustedError(absl::StrCat("the host slot arena (", layout.total_bytes,
+                                                              " bytes) exceeds what is left of the node's "
+                                                              "host-arena budget: ",
+                                                              host_arena_left, " of ", options_.host_arena_budget_bytes,
+                                                              " bytes (limits.host_arena_bytes)")));
+    }
     uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
     if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
       return Reject("arena_budget",
@@ -130,12 +143,12 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                         open.geometry().gpu(), "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)")));
     }
     device_bytes += layout.total_bytes;
+    if (!on_gpu) host_arena_bytes_ += layout.total_bytes;
     session->id = next_session_id_++;
   }
   // The arena is created outside the lock: it can take a while and touches no shared state. A
   // host memfd's pages materialize as the engine uses them; a GPU arena is allocated, zeroed and
   // exported now.
-  const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
   absl::Status arena_status;
   const absl::Time create_start = absl::Now();
   if (on_gpu) {
@@ -148,9 +161,12 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
       arena_status = gpu.status();
     }
   } else {
+    // The daemon maps only the counters it reads, never the whole arena: a session's address
+    // space cost here is one page, however large its arena (the seals keep that page mapped).
     auto arena_fd = CreateMemfd("hisparse-arena", layout.total_bytes, false, nullptr);
     absl::StatusOr<MappedRegion> arena_map =
-        arena_fd.ok() ? MappedRegion::MapShared(arena_fd->get(), layout.total_bytes) : arena_fd.status();
+        arena_fd.ok() ? MappedRegion::MapShared(arena_fd->get(), layout.counters + sizeof(ArenaCounters))
+                      : arena_fd.status();
     if (arena_map.ok()) {
       session->arena_fd = std::move(*arena_fd);
       session->arena = std::move(*arena_map);
@@ -163,12 +179,14 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   absl::MutexLock lock(&mu_);
   if (!arena_status.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return arena_status;
   }
   // Checked again with what the allocator took, atomically with the session's insertion below:
   // two sessions opened at once by one tenant cannot both slip under its quota.
   if (absl::Status quota = CheckArenaQuotaLocked(owner.uid, session->arena_bytes); !quota.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return quota;
   }
   // The budget was checked against the geometry's bytes; account what the allocator really took
@@ -212,6 +230,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
     }
     dead->requests.clear();
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
+    if (dead->gpu_arena == nullptr) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
   }
   // The arena (memfd and mapping, or the GPU allocation) goes with `dead`, outside the lock: the
@@ -483,11 +502,19 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   }
   const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
   for (size_t i = 0; i < needs_move.size(); ++i) {
-    const HostPool::Run& from = r.runs[needs_move[i]];
-    const HostPool::Run& to = moved_to[i];
-    std::memcpy(pool_->SegmentData(to.segment) + to.offset, pool_->SegmentData(from.segment) + from.offset, old_bytes);
-    (void)pool_->Free(s->id, from);
-    grown[needs_move[i]] = to;
+    absl::Status copied = pool_->CopyRun(s->id, r.runs[needs_move[i]], moved_to[i], old_bytes);
+    if (!copied.ok()) {
+      // Roll back as above: the old runs are still intact and still the request's.
+      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
+      for (size_t l = 0; l < grown.size(); ++l) {
+        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
+      }
+      return copied;
+    }
+  }
+  for (size_t i = 0; i < needs_move.size(); ++i) {
+    (void)pool_->Free(s->id, r.runs[needs_move[i]]);
+    grown[needs_move[i]] = moved_to[i];
   }
   r.runs = std::move(grown);
   r.capacity_tokens = req.token_budget();
@@ -567,7 +594,8 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       }
       // The engine updates these counters concurrently; a torn read of a 64-bit counter is not
       // possible on x86-64 and a slightly stale value is fine for stats.
-      const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(s->arena.data());
+      const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(
+          s->arena.data() + ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
       ss->set_hits(counters->hits);
       ss->set_misses(counters->misses);
       ss->set_bytes_fetched(counters->bytes_fetched);
@@ -662,6 +690,11 @@ void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_
   options_.max_requests_per_session = max_requests_per_session;
   options_.quotas = quotas;
   options_.evict_on_pool_full = evict_on_pool_full;
+}
+
+void SessionManager::SetHostArenaBudget(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  options_.host_arena_budget_bytes = bytes;
 }
 
 absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t session_id,

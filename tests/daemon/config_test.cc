@@ -291,6 +291,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"limits.max_sessions", "2"},
                                                                     {"limits.max_requests_per_session", "2"},
                                                                     {"limits.max_fd_connections_per_peer", "2"},
+                                                                    {"limits.host_arena_bytes", "64GiB"},
                                                                     {"access.socket_group", "hisparse"},
                                                                     {"access.allowed_uids", "1000,1001"},
                                                                     {"access.allowed_gids", "10001"},
@@ -364,10 +365,10 @@ TEST(ConfigTest, KeyTable) {
       names, ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
                                     "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
                                     "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
-                                    "limits.max_fd_connections_per_peer", "access.socket_group", "access.allowed_uids",
-                                    "access.allowed_gids", "access.admin_uids", "access.admin_gids", "quotas.host_bytes",
-                                    "quotas.arena_bytes", "quotas.requests", "admission.on_pool_full", "metrics.listen",
-                                    "log_level"));
+                                    "limits.max_fd_connections_per_peer", "limits.host_arena_bytes",
+                                    "access.socket_group", "access.allowed_uids", "access.allowed_gids",
+                                    "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes",
+                                    "quotas.requests", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

@@ -81,11 +81,11 @@ World& TheWorld() {
     g->set_k(4);
     g->set_slots(8);
     g->set_max_requests(2);
-    auto opened = w->manager->OpenSession(open, ::getpid());
+    auto opened = w->manager->OpenSession(open, w->owner);
     if (!opened.ok()) Fail("OpenSession: " + opened.status().ToString());
     w->id = opened->session_id();
     w->token = opened->token();
-    // The first fetch binds the session to this uid, as an engine's does.
+    // The session belongs to this uid from its open, as an engine's does.
     UniqueFd arena;
     const std::string reply =
         FdServer::HandleRequest(*w->manager, absl::StrCat("HSFD2 ", w->id, " ", w->token, " arena"), w->owner, &arena);

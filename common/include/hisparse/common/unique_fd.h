@@ -55,8 +55,10 @@ class MappedRegion {
   size_t size_ = 0;
 };
 
-// Creates an anonymous memory file of `size` bytes (memfd_create, close-on-exec, sealable).
-// With `try_hugetlb`, asks for huge pages first; `*used_hugetlb` says what was granted.
+// Creates an anonymous memory file of `size` bytes (memfd_create, close-on-exec), sealed against
+// shrinking, growing and further seals (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) whether or not
+// it is on huge pages: whoever holds a descriptor of it can never change its size. With
+// `try_hugetlb`, asks for huge pages first; `*used_hugetlb` says what was granted.
 absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb, bool* used_hugetlb);
 
 // Size of the file behind fd (fstat).

@@ -16,8 +16,9 @@
 
 namespace hisparse {
 
-// Binds and listens on `path` (an existing socket file there is replaced), mode `mode`, owned by
-// group `gid` unless it is -1.
+// Binds and listens on `path` (an existing socket file there is replaced, so the caller must own
+// the path: hisparsed holds PathLock on `<socket>.lock` first), mode `mode`, owned by group `gid`
+// unless it is -1.
 absl::StatusOr<UniqueFd> ListenUnixSeqpacket(const std::string& path, mode_t mode, gid_t gid = static_cast<gid_t>(-1));
 absl::StatusOr<UniqueFd> ListenUnixStream(const std::string& path, mode_t mode, gid_t gid = static_cast<gid_t>(-1));
 // With timeout_ms > 0, the connect (which on a unix socket waits while the listener's backlog

@@ -61,6 +61,11 @@ struct LimitsConfig {
   int max_requests_per_session = 4096;
   // fd-channel connections one peer uid may hold open at once (a session's client holds one).
   int max_fd_connections_per_peer = 1024;
+  // Node-wide bytes of host slot arenas (memfd arenas of sessions on the host backend or with
+  // gpu = -1) all sessions together may hold: an arena's pages become real memory as its engine
+  // touches them. 0 = auto: what the machine (MemAvailable, capped by the cgroup limit) has left
+  // at start once the host pool is taken.
+  uint64_t host_arena_bytes = 0;
 };
 
 // Who may attach. The sockets are created with mode 0660; with `socket_group` set they belong to

@@ -78,7 +78,14 @@ class HostPool {
   // Shrinks a run in place (undoes TryGrow when a later step of the same change fails).
   absl::Status Shrink(uint64_t owner, Run& run, uint64_t new_bytes);
 
-  // The daemon's own mapping of a segment (for copies when a run moves, and for tests).
+  // Copies the first `bytes` of run `from` to run `to`, both of `owner` (Extend, when a run moves).
+  // The source is read with pread from its memfd into the daemon's mapping of the destination, so
+  // memory the owner's engine damaged through its descriptors (a hole punched in a hugetlb segment
+  // the host then has no huge page to refill) fails the copy, with DataLoss, instead of faulting
+  // the daemon: a syscall sees such a fault as EFAULT where a memcpy would take SIGBUS.
+  absl::Status CopyRun(uint64_t owner, const Run& from, const Run& to, uint64_t bytes);
+
+  // The daemon's own mapping of a segment (for tests).
   uint8_t* SegmentData(uint32_t segment) const;
   // The segment's memfd, borrowed, when `owner` owns it; PermissionDenied otherwise.
   absl::StatusOr<int> SegmentFdFor(uint64_t owner, uint32_t segment) const;

@@ -52,6 +52,8 @@ class SessionManager {
     uint32_t max_requests_per_session = 4096;
     std::string fd_socket_path;       // handed to engines in SessionOpened
     uint64_t arena_budget_bytes = 0;  // per device (GPU index or host), 0 = unlimited
+    // Node-wide bytes of host (memfd) slot arenas, all sessions together.
+    uint64_t host_arena_budget_bytes = UINT64_MAX;
     std::string device = "host";
     // Set (device cuda): sessions that declare geometry.gpu >= 0 get their slot arena in that
     // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm" or "cuda-ipc", as the
@@ -110,6 +112,8 @@ class SessionManager {
   // Live-changeable limits (SIGHUP). Existing sessions keep their geometry.
   void SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
                  bool evict_on_pool_full);
+  // The node-wide host slot-arena budget, live; sessions already open keep their arenas.
+  void SetHostArenaBudget(uint64_t bytes);
 
   // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
   absl::Status CheckInvariants() const;
@@ -135,9 +139,9 @@ class SessionManager {
     absl::flat_hash_map<uint64_t, Request> requests;
     std::vector<bool> row_used;
     uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
-    // Exactly one of these holds the arena: a host memfd mapped here, or GPU memory. Both are
-    // the daemon's views, to read RESOLVE's counters. The GPU arena is shared with Stats, which
-    // reads it outside the lock.
+    // Exactly one of these holds the arena: a host memfd, or GPU memory. The daemon reads
+    // RESOLVE's counters from them: `arena` maps the memfd's counters only, not the whole arena.
+    // The GPU arena is shared with Stats, which reads it outside the lock.
     UniqueFd arena_fd;
     MappedRegion arena;
     std::shared_ptr<GpuArena> gpu_arena;
@@ -179,6 +183,7 @@ class SessionManager {
   std::unique_ptr<HostPool> pool_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
+  uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejections_ ABSL_GUARDED_BY(mu_) = 0;
