@@ -49,6 +49,7 @@
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "record_dispatch.h"
 
 namespace hisparse {
 namespace internal {
@@ -257,6 +258,7 @@ __device__ __forceinline__ int SegmentRounds(int n, int start, int seg) {
 // When the chunk's records are consecutive in the host pool (a run of positions), the lanes are
 // shifted so that every warp-wide load covers a 512-byte window aligned to 128 bytes in host
 // memory: fewer, fuller PCIe read requests for record sizes that are not multiples of 128.
+// UPR: the record's 16-byte units when compiled for its size (DispatchRecordBytes), 0: upr_rt.
 template <int UPR, int U>
 __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base, uint8_t* __restrict__ dst_base,
                                           long long src_off, long long dst_off, int count, int upr_rt) {
@@ -1002,20 +1004,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.seg_k = SegmentItems(g.k);
   p.seg_b = SegmentItems(g.slots);
 
-  switch (g.record_bytes) {
-    case 656:
-      e = LaunchResolveT<41>(p, sms, sm.total, optin, stream);
-      break;
-    case 1152:
-      e = LaunchResolveT<72>(p, sms, sm.total, optin, stream);
-      break;
-    case 512:
-      e = LaunchResolveT<32>(p, sms, sm.total, optin, stream);
-      break;
-    default:
-      e = LaunchResolveT<0>(p, sms, sm.total, optin, stream);
-      break;
-  }
+  e = internal::DispatchRecordBytes(
+      g.record_bytes, [&](auto upr) { return LaunchResolveT<decltype(upr)::value>(p, sms, sm.total, optin, stream); });
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
@@ -1055,20 +1045,8 @@ cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
   int blocks = d.blocks > 0 ? d.blocks : sms / 8;
   if (blocks < 1) blocks = 1;
   if (blocks > sms) blocks = sms;
-  switch (g.record_bytes) {
-    case 656:
-      LaunchReplayT<41>(d, blocks, rw, stream);
-      break;
-    case 1152:
-      LaunchReplayT<72>(d, blocks, rw, stream);
-      break;
-    case 512:
-      LaunchReplayT<32>(d, blocks, rw, stream);
-      break;
-    default:
-      LaunchReplayT<0>(d, blocks, rw, stream);
-      break;
-  }
+  internal::DispatchRecordBytes(g.record_bytes,
+                                [&](auto upr) { LaunchReplayT<decltype(upr)::value>(d, blocks, rw, stream); });
   return internal::CheckLaunched();
 }
 
