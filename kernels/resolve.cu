@@ -382,8 +382,8 @@ struct RowTotals {
 
 // Step 0, staging. Everything the plan reads goes into shared memory with all loads in flight
 // at once: the selections first (they need no row), then the row's slot table and LRU order;
-// the hash table, hit flags and misc are cleared. Invalid input: a layer or row outside its range, or
-// seq_len outside [1, the row's capacity], is the row's error (its tables are then not read).
+// the hash table, hit flags and misc are cleared. Invalid input: a layer or row outside its
+// range, or seq_len outside [1, the row's capacity], is the row's error.
 __device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int seq) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
