@@ -58,20 +58,44 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_sess
 }
 
 namespace {
+
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-}  // namespace
 
-absl::Status ClientSession::Connect(const hs_session_options& o) {
-  const auto t_start = std::chrono::steady_clock::now();
+// The daemon's gRPC address: the option, else $HISPARSE_DAEMON, else the default socket.
+std::string DaemonAddress(const hs_session_options& o) {
   std::string address = o.daemon_address ? o.daemon_address : "";
   if (address.empty()) {
     const char* env = std::getenv("HISPARSE_DAEMON");
     address = env && *env ? env : kDefaultAddress;
   }
+  return address;
+}
+
+}  // namespace
+
+// Open, step by step: the options, the channel, the session stream and its SessionOpened, the
+// backend, the arena over the fd channel, the miss plans, the arena's attachment. A failed step
+// returns its error; what the earlier steps set up is released by the destructor (Open drops
+// the half-open session).
+absl::Status ClientSession::Connect(const hs_session_options& o) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::string address = DaemonAddress(o);
   HS_RETURN_IF_ERROR(UnixPathFromAddress(address).status());
   timeout_ms_ = o.timeout_ms ? o.timeout_ms : 10000;
+  SetGeometry(o);
+  HS_RETURN_IF_ERROR(OpenStream(address));
+  HS_RETURN_IF_ERROR(AwaitOpened(o.engine_name ? o.engine_name : ""));
+  HS_RETURN_IF_ERROR(InitBackend(o));
+  HS_ASSIGN_OR_RETURN(Fetched arena, FetchArena());
+  HS_RETURN_IF_ERROR(AllocMissPlans());
+  HS_RETURN_IF_ERROR(AttachArena(arena));
+  open_phases_.total_s = SecondsSince(t_start);
+  return absl::OkStatus();
+}
+
+void ClientSession::SetGeometry(const hs_session_options& o) {
   geometry_.set_gpu(o.gpu);
   geometry_.set_num_layers(o.num_layers);
   geometry_.set_record_bytes(o.record_bytes);
@@ -90,17 +114,23 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
       geometry_.add_layer_anchor(o.layer_anchor[l]);
     }
   }
+}
 
+absl::Status ClientSession::OpenStream(const std::string& address) {
   channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_))) {
     return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address));
   }
   stub_ = v1::HiSparse::NewStub(channel_);
-  auto t = std::chrono::steady_clock::now();
+  return absl::OkStatus();
+}
+
+absl::Status ClientSession::AwaitOpened(const std::string& engine_name) {
+  const auto t = std::chrono::steady_clock::now();
   stream_ = stub_->Session(&stream_context_);
   v1::SessionRequest open;
   *open.mutable_open()->mutable_geometry() = geometry_;
-  open.mutable_open()->set_engine_name(o.engine_name ? o.engine_name : "");
+  open.mutable_open()->set_engine_name(engine_name);
   v1::SessionEvent first;
   // The stream has no deadline (it lives as long as the session), so the open handshake gets a
   // watchdog: a daemon that accepts but never answers cancels the stream instead of hanging us.
@@ -122,9 +152,11 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   ref_.set_token(opened_.token());
   alive_ = true;
   watcher_ = std::thread([this] { WatchStream(); });
+  return absl::OkStatus();
+}
 
-  // Backend, then the arena (from the daemon, over the fd channel).
-  t = std::chrono::steady_clock::now();
+absl::Status ClientSession::InitBackend(const hs_session_options& o) {
+  const auto t = std::chrono::steady_clock::now();
   if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
     auto cuda = MakeCudaBackend(o.gpu, arena_geometry_);
     if (!cuda.ok() && o.backend == HS_BACKEND_CUDA) return cuda.status();
@@ -132,27 +164,40 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   }
   if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_);
   open_phases_.backend_init_s = SecondsSince(t);
-  t = std::chrono::steady_clock::now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClientSession::Fetched> ClientSession::FetchArena() {
+  const auto t = std::chrono::steady_clock::now();
   HS_ASSIGN_OR_RETURN(Fetched arena, Fetch("arena"));
   open_phases_.fetch_arena_s = SecondsSince(t);
   if (arena.bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
     return absl::InternalError("the daemon's arena is smaller than the geometry needs");
   }
-  // Miss plans of the anchors that have followers (kernel-visible memory, owned by the backend).
-  plans_.assign(o.num_layers, MissPlan{});
-  plan_max_batch_.assign(o.num_layers, -1);
-  for (uint32_t l = 0; l < o.num_layers; ++l) {
+  return arena;
+}
+
+absl::Status ClientSession::AllocMissPlans() {
+  // Kernel-visible memory, owned by the backend.
+  const uint32_t layers = static_cast<uint32_t>(anchor_.size());
+  plans_.assign(layers, MissPlan{});
+  plan_max_batch_.assign(layers, -1);
+  for (uint32_t l = 0; l < layers; ++l) {
     const int32_t a = anchor_[l];
     if (a != static_cast<int32_t>(l) && plans_[a].summary == nullptr) {
       HS_ASSIGN_OR_RETURN(plans_[a], backend_->AllocMissPlan());
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ClientSession::AttachArena(const Fetched& arena) {
   const std::string& kind = opened_.arena().kind();
   const bool want_fd = kind != "cuda-ipc";
   if (want_fd != arena.fd.valid() || want_fd == !arena.ipc_handle.empty()) {
     return absl::InternalError(absl::StrCat("the fd channel sent the \"", kind, "\" arena in the wrong form"));
   }
-  t = std::chrono::steady_clock::now();
+  const auto t = std::chrono::steady_clock::now();
   if (kind == "cuda-vmm") {
     // The daemon's GPU memory: imported and mapped by the backend, never mmap'ed here.
     HS_ASSIGN_OR_RETURN(arena_, backend_->AttachGpuArena(arena.fd.get(), arena.bytes, arena_geometry_));
@@ -168,7 +213,6 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   }
   open_phases_.attach_s = SecondsSince(t);
   backend_->LastImportTimes(&open_phases_.import_s, &open_phases_.map_s);
-  open_phases_.total_s = SecondsSince(t_start);
   return absl::OkStatus();
 }
 

@@ -97,18 +97,36 @@ class ClientSession {
     uint32_t capacity = 0;
     std::vector<v1::Extent> extents;  // one per layer
   };
-
-  ClientSession() = default;
-  absl::Status Connect(const hs_session_options& options);
-  void WatchStream();
-  std::unique_ptr<grpc::ClientContext> CallContext() const;
-  absl::Status CheckAlive() const;
   // One fd-channel object: a descriptor, or (a "cuda-ipc" arena) a cudaIpc handle.
   struct Fetched {
     UniqueFd fd;
     uint64_t bytes = 0;
     std::string ipc_handle;
   };
+
+  ClientSession() = default;
+  // Open: runs the steps below in their order and returns the first failure.
+  absl::Status Connect(const hs_session_options& options);
+  // The geometry as the daemon gets it (geometry_), as kernels see it, and the layer anchors.
+  void SetGeometry(const hs_session_options& options);
+  // The gRPC channel, connected within timeout_ms: UNAVAILABLE when the daemon is not reached.
+  absl::Status OpenStream(const std::string& address);
+  // Opens the session stream, sends OpenSession and waits at most timeout_ms for SessionOpened
+  // (a watchdog cancels the stream); starts the stream's watcher. The daemon's refusal is
+  // returned with its code.
+  absl::Status AwaitOpened(const std::string& engine_name);
+  // The device backend the options ask for (CUDA falls back to host under HS_BACKEND_AUTO).
+  absl::Status InitBackend(const hs_session_options& options);
+  // The arena object from the fd channel, at least as large as the geometry needs.
+  absl::StatusOr<Fetched> FetchArena();
+  // One miss plan per anchor layer that has followers (plans_, plan_max_batch_).
+  absl::Status AllocMissPlans();
+  // Attaches the fetched arena as its kind (SessionOpened.arena.kind) says: arena_, arena_map_.
+  absl::Status AttachArena(const Fetched& arena);
+
+  void WatchStream();
+  std::unique_ptr<grpc::ClientContext> CallContext() const;
+  absl::Status CheckAlive() const;
   absl::StatusOr<Fetched> Fetch(const std::string& object);
   absl::StatusOr<UniqueFd> FetchFd(const std::string& object, uint64_t* bytes);
   // Maps the segments that `extents` name and are not mapped yet, and counts their runs.

@@ -5,21 +5,28 @@
 //     capacity (one per SM at most). Row block b plans batch entries b, b + row_blocks, ... alone:
 //     it is the only block that reads or writes those rows' slot tables and LRU orders, so no
 //     other block can see them half-written. Blocks without rows (padding, helpers) only fetch.
-//   * Planning (per row, in shared memory) is a short chain of block-wide steps, one barrier each,
-//     because planning latency is the floor of every launch:
-//       1. the k selected positions go into an open-addressing hash table of 64-bit entries
-//          (position | selection index << 32, one atomicCAS), which also finds duplicates;
-//       2. one pass over the slot table looks every resident position up (hits);
-//       3. each warp owns one contiguous segment of the selections and one of the LRU order and
-//          records, as 32-bit ballot masks, which selections miss and which slots hold no hit,
-//          plus its segment's totals;
-//       4. every warp sums the totals of the warps before it (a warp reduction, no scan barrier)
-//          and ranks its items from the masks: misses numbered in selection order, and non-hit
-//          slots numbered in LRU order, which gives the victims (the i-th non-hit slot takes the
-//          i-th miss) and the new LRU order in closed form, written straight to global memory:
+//   * Planning (per row, in shared memory; PlanRow, one __forceinline__ function per step) is a
+//     short chain of block-wide steps, one barrier each, because planning latency is the floor of
+//     every launch:
+//       0. StageRow: the selections, the row's slot table and LRU order are staged into shared
+//          memory with every load in flight at once;
+//       1. InsertSelections: the k selected positions go into an open-addressing hash table of
+//          64-bit entries (position | selection index << 32, one atomicCAS), which also finds
+//          duplicates;
+//       2. FindHits: one pass over the slot table looks every resident position up (hits);
+//       3. BallotSegments: each warp owns one contiguous segment of the selections and one of the
+//          LRU order and records, as 32-bit ballot masks, which selections miss and which slots
+//          hold no hit, plus its segment's totals;
+//       4. SumTotals: every warp sums the totals of the warps before it (a warp reduction, no scan
+//          barrier); RankMisses and PlaceVictims rank its items from the masks: misses numbered
+//          in selection order, and non-hit slots numbered in LRU order, which gives the victims
+//          (the i-th non-hit slot takes the i-th miss) and the new LRU order in closed form,
+//          written straight to global memory:
 //            non-hit slot with rank r: r >= M ? r - M : (B - H - M) + r;  hit slot: (B - H) + its
 //            rank among hit slots   (M misses, H hit slots = B - non-hit slots);
-//       5. outputs, slot_pos of the victims and the fetch plan.
+//       5. WriteOutputs and CountRow: outputs, slot_pos of the victims, the fetch plan and the
+//          counters (RejectRow instead for an invalid row);
+//       6. PublishChunks and CopyOwnChunks: the fetch, below.
 //   * Fetching is spread over the whole GPU: the planner cuts its misses into chunks of a few
 //     records (~4 KB), keeps the first chunks for its own warps (no extra round trip) and publishes
 //     the rest into a work queue in the workspace (one atomic reserves the entries and counts the
@@ -42,6 +49,7 @@
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "record_dispatch.h"
 
 namespace hisparse {
 namespace internal {
@@ -250,6 +258,7 @@ __device__ __forceinline__ int SegmentRounds(int n, int start, int seg) {
 // When the chunk's records are consecutive in the host pool (a run of positions), the lanes are
 // shifted so that every warp-wide load covers a 512-byte window aligned to 128 bytes in host
 // memory: fewer, fuller PCIe read requests for record sizes that are not multiples of 128.
+// UPR: the record's 16-byte units when compiled for its size (DispatchRecordBytes), 0: upr_rt.
 template <int UPR, int U>
 __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base, uint8_t* __restrict__ dst_base,
                                           long long src_off, long long dst_off, int count, int upr_rt) {
@@ -300,41 +309,86 @@ __device__ __forceinline__ void WriteEnds(const ResolveParams& p, unsigned tail)
   for (int w = threadIdx.x & 31; w < p.end_count; w += 32) StRelaxed(&p.queue[tail + w], end);
 }
 
-// Plans batch entry i (a row block), publishes its fetch work and copies its first chunks.
-// Returns true in warp 0 of the block that published the launch's last row: that warp wrote the
-// END entries and must not take one.
-template <int UPR>
-__device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first, unsigned char* smem) {
+// ---------------------------------------------------------------------------------------------
+// Planning one row: the steps of the design above, one function each. "Rule n" is rule n of the
+// RESOLVE contract in kernels/include/hisparse/kernels/resolve.h, "invalid input" its paragraph
+// on invalid rows. Every step is __forceinline__ and PlanRow computes what they share once
+// (PlanCtx): the compiler still sees one body, and the registers, shared memory and spills of
+// every instantiation are those of the function before the split (ptxas -v).
+
+// What every step reads: the geometry, this thread's place in the block, the hash table's size
+// and the row block's shared memory (ComputeSmem's carve-up) as typed pointers.
+struct PlanCtx {
+  int B, K;                   // slots, selections
+  int tid, lane, warp;        // this thread in the block
+  int bits, H;                // the hash table has H = 1 << bits entries
+  unsigned hmask;             // H - 1
+  unsigned lt;                // mask of the lanes below this one
+  unsigned long long* table;  // [H] the selections' hash table
+  uint8_t* hit;               // [B] 1: the slot holds a hit of this step
+  int* tab_sp;                // [B] the row's slot table, staged (read only)
+  int* tab_lru;               // [B] the row's LRU order, staged (read only)
+  int* sel_pos;               // [k] the selections
+  int* sel_out;               // [k] output of selection j, or kSelMiss / -(miss rank + 3)
+  int* miss_slot;             // [k] victim slot of miss m
+  int* miss_pos;              // [k] position of miss m
+  int rounds_k, rounds_b;     // ballot rounds per warp segment
+  unsigned* mask_k;           // [kWarps][rounds_k] ballots of the missing selections
+  unsigned* mask_b;           // [kWarps][rounds_b] ballots of the LRU entries without a hit
+  int* tot;                   // [kWarps] misses per selection segment, then [kWarps] non-hit slots
+                              // per LRU segment
+  int* misc;                  // [16] 0: error bits, 1: times the newest token is selected
+};
+
+__device__ __forceinline__ PlanCtx MakePlanCtx(const ResolveParams& p, unsigned char* smem) {
+  PlanCtx c;
+  c.B = p.d.arena.geometry.slots;
+  c.K = p.d.arena.geometry.k;
+  c.tid = threadIdx.x;
+  c.lane = c.tid & 31;
+  c.warp = c.tid >> 5;
+  c.bits = p.hash_bits;
+  c.H = 1 << c.bits;
+  c.hmask = c.H - 1;
+  c.lt = (1u << c.lane) - 1u;
+  c.table = reinterpret_cast<unsigned long long*>(smem);
+  c.hit = smem + p.off_hit;
+  c.tab_sp = reinterpret_cast<int*>(smem + p.off_tab_sp);
+  c.tab_lru = reinterpret_cast<int*>(smem + p.off_tab_lru);
+  c.sel_pos = reinterpret_cast<int*>(smem + p.off_sel_pos);
+  c.sel_out = reinterpret_cast<int*>(smem + p.off_sel_out);
+  c.miss_slot = reinterpret_cast<int*>(smem + p.off_miss_slot);
+  c.miss_pos = reinterpret_cast<int*>(smem + p.off_miss_pos);
+  c.rounds_k = p.seg_k / 32;
+  c.rounds_b = p.seg_b / 32;
+  c.mask_k = reinterpret_cast<unsigned*>(smem + p.off_masks);
+  c.mask_b = c.mask_k + kWarps * c.rounds_k;
+  c.tot = reinterpret_cast<int*>(smem + p.off_tot);
+  c.misc = reinterpret_cast<int*>(smem + p.off_misc);
+  return c;
+}
+
+// This warp's segments: selections [k0, k0 + seg_k) and LRU entries [b0, b0 + seg_b).
+struct WarpSegments {
+  int k0, b0;    // first item
+  int nrk, nrb;  // ballot rounds that hold items
+};
+
+// Step 4's totals, the same in every warp.
+struct RowTotals {
+  int M, NH;         // misses; slots that hold no hit
+  int run_k, run_b;  // misses / non-hit slots in the segments before this warp's
+};
+
+// Step 0, staging. Everything the plan reads goes into shared memory with all loads in flight
+// at once: the selections first (they need no row), then the row's slot table and LRU order;
+// the hash table, hit flags and misc are cleared. Invalid input: a layer or row outside its
+// range, or seq_len outside [1, the row's capacity], is the row's error.
+__device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int seq) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
-  const int B = g.slots, K = g.k;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int bits = p.hash_bits;
-  const int H = 1 << bits;
-  const unsigned hmask = H - 1;
-  const unsigned lt = (1u << lane) - 1u;
-
-  unsigned long long* table = reinterpret_cast<unsigned long long*>(smem);
-  uint8_t* hit = smem + p.off_hit;
-  int* tab_sp = reinterpret_cast<int*>(smem + p.off_tab_sp);
-  int* tab_lru = reinterpret_cast<int*>(smem + p.off_tab_lru);
-  int* sel_pos = reinterpret_cast<int*>(smem + p.off_sel_pos);
-  int* sel_out = reinterpret_cast<int*>(smem + p.off_sel_out);
-  int* miss_slot = reinterpret_cast<int*>(smem + p.off_miss_slot);
-  int* miss_pos = reinterpret_cast<int*>(smem + p.off_miss_pos);
-  const int rounds_k = p.seg_k / 32, rounds_b = p.seg_b / 32;
-  unsigned* mask_k = reinterpret_cast<unsigned*>(smem + p.off_masks);  // [kWarps][rounds_k]
-  unsigned* mask_b = mask_k + kWarps * rounds_k;                       // [kWarps][rounds_b]
-  int* tot = reinterpret_cast<int*>(smem + p.off_tot);                 // misses per selection segment, then
-                                                                       // non-hit slots per LRU segment
-  int* misc = reinterpret_cast<int*>(smem + p.off_misc);               // 0 err, 1 newest selected
-
-  if (!first) __syncthreads();  // shared memory of the previous row of this block is free
-  // Everything the plan reads is staged into shared memory with all loads in flight at once:
-  // the selections first (they need no row), then the row's slot table and LRU order.
-  const int* positions = d.positions + static_cast<size_t>(i) * K;
-  int* out = d.out_slots + static_cast<size_t>(i) * K;
-  StageInts(sel_pos, positions, K);
+  const int B = c.B, K = c.K, tid = c.tid;
+  StageInts(c.sel_pos, d.positions + static_cast<size_t>(i) * K, K);
   uint32_t err = 0;
   int cap = 0;
   if (d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) {
@@ -342,240 +396,283 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   } else {
     cap = d.host.capacity[row];
     const size_t rl = d.arena.RowLayer(row, d.layer);
-    StageInts(tab_sp, d.arena.slot_pos + rl * B, B);
-    StageInts(tab_lru, d.arena.lru + rl * B, B);
+    StageInts(c.tab_sp, d.arena.slot_pos + rl * B, B);
+    StageInts(c.tab_lru, d.arena.lru + rl * B, B);
   }
   {
-    uint4* t4 = reinterpret_cast<uint4*>(table);
+    uint4* t4 = reinterpret_cast<uint4*>(c.table);
     const uint4 ones = make_uint4(~0u, ~0u, ~0u, ~0u);
-    for (int h = tid; h < H / 2; h += kThreads) t4[h] = ones;
-    uint4* h4 = reinterpret_cast<uint4*>(hit);
+    for (int h = tid; h < c.H / 2; h += kThreads) t4[h] = ones;
+    uint4* h4 = reinterpret_cast<uint4*>(c.hit);
     for (int s = tid; s < (B + 15) / 16; s += kThreads) h4[s] = make_uint4(0, 0, 0, 0);
   }
-  if (tid < 16) misc[tid] = 0;
+  if (tid < 16) c.misc[tid] = 0;
   if (err == 0 && (seq < 1 || seq > cap)) err = kResolveBadSeqLen;
   CpAsyncWaitAll();
   __syncthreads();
+  return err;
+}
 
-  const int newest = seq - 1;
-  if (err == 0) {
-    // 1. Selections into the hash table: range checks, duplicates, newest token. kIlp inserts
-    //    per thread are issued before any result is looked at (shared-memory atomics are slow
-    //    one at a time); collisions are resolved afterwards by linear probing.
-    for (int base = 0; base < K; base += kIlp * kThreads) {
-      int pj[kIlp];
-      unsigned h[kIlp];
-      unsigned long long old[kIlp];
+// Step 1: the selections into the hash table. Invalid input: a position outside [-1, seq_len)
+// or selected twice is the row's error. Rule 1: the newest token maps to slot B (a hit); rule 4:
+// padding stays kPadding; every other selection is a miss until FindHits finds it. kIlp inserts
+// per thread are issued before any result is looked at (shared-memory atomics are slow one at a
+// time); collisions are resolved afterwards by linear probing. Returns the row's error bits
+// (read after a barrier: the whole block agrees).
+__device__ __forceinline__ uint32_t InsertSelections(const PlanCtx& c, int seq, int newest) {
+  const int B = c.B, K = c.K, tid = c.tid;
+  for (int base = 0; base < K; base += kIlp * kThreads) {
+    int pj[kIlp];
+    unsigned h[kIlp];
+    unsigned long long old[kIlp];
 #pragma unroll
-      for (int t = 0; t < kIlp; ++t) {
-        const int j = base + t * kThreads + tid;
-        pj[t] = j < K ? sel_pos[j] : kPadding;
-      }
-#pragma unroll
-      for (int t = 0; t < kIlp; ++t) {
-        const int j = base + t * kThreads + tid;
-        old[t] = kEmptyEntry;
-        h[t] = HashOf(pj[t], bits);
-        if (pj[t] >= 0 && pj[t] < seq) {
-          const unsigned long long e = static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32);
-          old[t] = atomicCAS(&table[h[t]], kEmptyEntry, e);
-        }
-        if (j < K) {
-          int o = kPadding;
-          if (pj[t] == kPadding) {
-          } else if (pj[t] < -1 || pj[t] >= seq) {
-            atomicOr(reinterpret_cast<unsigned*>(&misc[0]), kResolveBadPosition);
-          } else if (pj[t] == newest) {
-            o = B;
-            atomicAdd(&misc[1], 1);
-          } else {
-            o = kSelMiss;
-          }
-          sel_out[j] = o;
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kIlp; ++t) {
-        while (old[t] != kEmptyEntry) {
-          if (static_cast<int>(static_cast<unsigned>(old[t])) == pj[t]) {
-            atomicOr(reinterpret_cast<unsigned*>(&misc[0]), kResolveDuplicate);
-            break;
-          }
-          h[t] = (h[t] + 1) & hmask;
-          const int j = base + t * kThreads + tid;
-          old[t] = atomicCAS(&table[h[t]], kEmptyEntry,
-                             static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32));
-        }
-      }
+    for (int t = 0; t < kIlp; ++t) {
+      const int j = base + t * kThreads + tid;
+      pj[t] = j < K ? c.sel_pos[j] : kPadding;
     }
-    __syncthreads();
-    err = static_cast<uint32_t>(misc[0]);
-  }
-
-  int M = 0;
-  if (err == 0) {
-    const size_t rl = d.arena.RowLayer(row, d.layer);
-    int* slot_pos = d.arena.slot_pos + rl * B;
-    int* lru = d.arena.lru + rl * B;
-
-    // 2. Hits: every resident position looked up once (kIlp lookups in flight per thread). The
-    //    newest token never hits a regular slot.
-    for (int base = 0; base < B; base += kIlp * kThreads) {
-      int ps[kIlp];
-      unsigned h[kIlp];
-      unsigned long long e[kIlp];
 #pragma unroll
-      for (int t = 0; t < kIlp; ++t) {
-        const int s = base + t * kThreads + tid;
-        ps[t] = s < B ? tab_sp[s] : kEmptySlot;
-        if (ps[t] == newest) ps[t] = kEmptySlot;
+    for (int t = 0; t < kIlp; ++t) {
+      const int j = base + t * kThreads + tid;
+      old[t] = kEmptyEntry;
+      h[t] = HashOf(pj[t], c.bits);
+      if (pj[t] >= 0 && pj[t] < seq) {
+        const unsigned long long e = static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32);
+        old[t] = atomicCAS(&c.table[h[t]], kEmptyEntry, e);
       }
-#pragma unroll
-      for (int t = 0; t < kIlp; ++t) {
-        h[t] = HashOf(ps[t], bits);
-        e[t] = ps[t] >= 0 ? table[h[t]] : kEmptyEntry;
-      }
-#pragma unroll
-      for (int t = 0; t < kIlp; ++t) {
-        while (e[t] != kEmptyEntry) {
-          if (static_cast<int>(static_cast<unsigned>(e[t])) == ps[t]) {
-            const int s = base + t * kThreads + tid;
-            sel_out[static_cast<int>(e[t] >> 32)] = s;
-            hit[s] = 1;
-            break;
-          }
-          h[t] = (h[t] + 1) & hmask;
-          e[t] = table[h[t]];
-        }
-      }
-    }
-    __syncthreads();
-
-    // 3. Per warp segment: ballot masks of the missing selections and of the LRU entries whose
-    //    slot holds no hit, and the segment totals.
-    const int k0 = warp * p.seg_k, b0 = warp * p.seg_b;
-    const int nrk = SegmentRounds(K, k0, p.seg_k), nrb = SegmentRounds(B, b0, p.seg_b);
-    {
-      int ck = 0, cb = 0;
-#pragma unroll 4
-      for (int r = 0; r < nrk; ++r) {
-        const int j = k0 + r * 32 + lane;
-        const unsigned m = __ballot_sync(~0u, j < K && sel_out[j] == kSelMiss);
-        if (lane == 0) mask_k[warp * rounds_k + r] = m;
-        ck += __popc(m);
-      }
-#pragma unroll 4
-      for (int r = 0; r < nrb; ++r) {
-        const int idx = b0 + r * 32 + lane;
-        const unsigned m = __ballot_sync(~0u, idx < B && !hit[tab_lru[idx]]);
-        if (lane == 0) mask_b[warp * rounds_b + r] = m;
-        cb += __popc(m);
-      }
-      if (lane == 0) {
-        tot[warp] = ck;
-        tot[kWarps + warp] = cb;
-      }
-    }
-    __syncthreads();
-
-    // 4. Ranks. Every warp sums the totals itself (a redundant 16-entry reduction beats another
-    //    barrier): M misses, NH non-hit slots, and the counts before its own segments.
-    const int tk = lane < kWarps ? tot[lane] : 0;
-    const int tb = lane < kWarps ? tot[kWarps + lane] : 0;
-    M = __reduce_add_sync(~0u, tk);
-    const int NH = __reduce_add_sync(~0u, tb);
-    int run_k = __reduce_add_sync(~0u, lane < warp ? tk : 0);
-    int run_b = __reduce_add_sync(~0u, lane < warp ? tb : 0);
-    for (int r = 0; r < nrk; ++r) {
-      const unsigned m = mask_k[warp * rounds_k + r];
-      if ((m >> lane) & 1u) {
-        const int j = k0 + r * 32 + lane;
-        const int mi = run_k + __popc(m & lt);
-        sel_out[j] = -(mi + 3);
-        miss_pos[mi] = sel_pos[j];
-      }
-      run_k += __popc(m);
-    }
-    // Victims and the new LRU order (written straight to the arena: the old order is staged).
-#pragma unroll 4
-    for (int r = 0; r < nrb; ++r) {
-      const int idx = b0 + r * 32 + lane;
-      const unsigned m = mask_b[warp * rounds_b + r];
-      if (idx < B) {
-        const int s = tab_lru[idx];
-        const int nr = run_b + __popc(m & lt);  // non-hit slots before idx in the old order
-        int ni;
-        if ((m >> lane) & 1u) {
-          if (nr < M) {
-            miss_slot[nr] = s;
-            ni = NH - M + nr;
-          } else {
-            ni = nr - M;
-          }
+      if (j < K) {
+        int o = kPadding;
+        if (pj[t] == kPadding) {
+        } else if (pj[t] < -1 || pj[t] >= seq) {
+          atomicOr(reinterpret_cast<unsigned*>(&c.misc[0]), kResolveBadPosition);
+        } else if (pj[t] == newest) {
+          o = B;
+          atomicAdd(&c.misc[1], 1);
         } else {
-          ni = NH + (idx - nr);
+          o = kSelMiss;
         }
-        lru[ni] = s;
+        c.sel_out[j] = o;
       }
-      run_b += __popc(m);
     }
-    __syncthreads();
-
-    // 5. Outputs, victims' slot_pos, the fetch plan of the misses that go through the queue.
-    const int rw = p.chunk_records;
-    const bool fetch = !(d.flags & kResolveFlagNoFetch);
-    const int plan_from = fetch && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
-    int2* plan = p.plan + static_cast<size_t>(i) * K;
-    // The miss plan for layers that share this selection (ReplayDesc), when asked for.
-    int2* miss_plan = d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + static_cast<size_t>(i) * K : nullptr;
-    for (int j = tid; j < K; j += kThreads) {
-      int o = sel_out[j];
-      if (o <= -3) {
-        const int m = -o - 3;
-        o = miss_slot[m];
-        const int pos = miss_pos[m];
-        slot_pos[o] = pos;
-        if (m >= plan_from) plan[m] = make_int2(pos, o);
-        if (miss_plan) miss_plan[m] = make_int2(pos, o);
+#pragma unroll
+    for (int t = 0; t < kIlp; ++t) {
+      while (old[t] != kEmptyEntry) {
+        if (static_cast<int>(static_cast<unsigned>(old[t])) == pj[t]) {
+          atomicOr(reinterpret_cast<unsigned*>(&c.misc[0]), kResolveDuplicate);
+          break;
+        }
+        h[t] = (h[t] + 1) & c.hmask;
+        const int j = base + t * kThreads + tid;
+        old[t] = atomicCAS(&c.table[h[t]], kEmptyEntry,
+                           static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32));
       }
-      out[j] = o;
-    }
-    if (tid == 0) {
-      if (d.plan.summary) {
-        int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
-        sum[0] = row;
-        sum[1] = M;
-        sum[2] = B - NH + misc[1];
-      }
-      ArenaCounters* c = d.arena.counters;
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), static_cast<unsigned long long>(B - NH + misc[1]));
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), static_cast<unsigned long long>(M));
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched),
-                static_cast<unsigned long long>(M) * g.record_bytes);
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
-    }
-  } else {
-    for (int j = tid; j < K; j += kThreads) out[j] = kPadding;
-    if (tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
-    if (tid == 0 && d.plan.summary) {
-      int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
-      sum[0] = row;
-      sum[1] = -1;
-      sum[2] = 0;
     }
   }
+  __syncthreads();
+  return static_cast<uint32_t>(c.misc[0]);
+}
 
-  // 6. Publish: the first chunks stay with this block's warps, the rest go to the queue. One
-  //    atomic reserves the queue entries and counts the row as published; the entries are
-  //    written after it (a consumer that takes one of them waits for it, and the END entries
-  //    lie past every reservation, so the order does not matter).
+// Step 2, rule 1: a selected position resident in a slot is a hit. Every resident position is
+// looked up once (kIlp lookups in flight per thread); a hit sets its selection's output to the
+// slot and flags the slot. A regular slot that holds the newest token is left alone.
+__device__ __forceinline__ void FindHits(const PlanCtx& c, int newest) {
+  const int B = c.B, tid = c.tid;
+  for (int base = 0; base < B; base += kIlp * kThreads) {
+    int ps[kIlp];
+    unsigned h[kIlp];
+    unsigned long long e[kIlp];
+#pragma unroll
+    for (int t = 0; t < kIlp; ++t) {
+      const int s = base + t * kThreads + tid;
+      ps[t] = s < B ? c.tab_sp[s] : kEmptySlot;
+      if (ps[t] == newest) ps[t] = kEmptySlot;
+    }
+#pragma unroll
+    for (int t = 0; t < kIlp; ++t) {
+      h[t] = HashOf(ps[t], c.bits);
+      e[t] = ps[t] >= 0 ? c.table[h[t]] : kEmptyEntry;
+    }
+#pragma unroll
+    for (int t = 0; t < kIlp; ++t) {
+      while (e[t] != kEmptyEntry) {
+        if (static_cast<int>(static_cast<unsigned>(e[t])) == ps[t]) {
+          const int s = base + t * kThreads + tid;
+          c.sel_out[static_cast<int>(e[t] >> 32)] = s;
+          c.hit[s] = 1;
+          break;
+        }
+        h[t] = (h[t] + 1) & c.hmask;
+        e[t] = c.table[h[t]];
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// Step 3, what rules 2 and 3 rank: per warp segment, ballot masks of the selections that miss
+// and of the LRU entries whose slot holds no hit of this step, and the segments' totals.
+__device__ __forceinline__ WarpSegments BallotSegments(const ResolveParams& p, const PlanCtx& c) {
+  const int B = c.B, K = c.K, lane = c.lane, warp = c.warp;
+  WarpSegments w;
+  w.k0 = warp * p.seg_k;
+  w.b0 = warp * p.seg_b;
+  w.nrk = SegmentRounds(K, w.k0, p.seg_k);
+  w.nrb = SegmentRounds(B, w.b0, p.seg_b);
+  int ck = 0, cb = 0;
+#pragma unroll 4
+  for (int r = 0; r < w.nrk; ++r) {
+    const int j = w.k0 + r * 32 + lane;
+    const unsigned m = __ballot_sync(~0u, j < K && c.sel_out[j] == kSelMiss);
+    if (lane == 0) c.mask_k[warp * c.rounds_k + r] = m;
+    ck += __popc(m);
+  }
+#pragma unroll 4
+  for (int r = 0; r < w.nrb; ++r) {
+    const int idx = w.b0 + r * 32 + lane;
+    const unsigned m = __ballot_sync(~0u, idx < B && !c.hit[c.tab_lru[idx]]);
+    if (lane == 0) c.mask_b[warp * c.rounds_b + r] = m;
+    cb += __popc(m);
+  }
+  if (lane == 0) {
+    c.tot[warp] = ck;
+    c.tot[kWarps + warp] = cb;
+  }
+  __syncthreads();
+  return w;
+}
+
+// Step 4's sums: every warp adds up the segment totals itself (a redundant 16-entry reduction
+// beats another barrier).
+__device__ __forceinline__ RowTotals SumTotals(const PlanCtx& c) {
+  const int lane = c.lane, warp = c.warp;
+  const int tk = lane < kWarps ? c.tot[lane] : 0;
+  const int tb = lane < kWarps ? c.tot[kWarps + lane] : 0;
+  RowTotals t;
+  t.M = __reduce_add_sync(~0u, tk);
+  t.NH = __reduce_add_sync(~0u, tb);
+  t.run_k = __reduce_add_sync(~0u, lane < warp ? tk : 0);
+  t.run_b = __reduce_add_sync(~0u, lane < warp ? tb : 0);
+  return t;
+}
+
+// Step 4, rule 2's "misses, in selection order": the m-th missing selection is miss m; its
+// output becomes -(m + 3) and its position is recorded.
+__device__ __forceinline__ void RankMisses(const PlanCtx& c, const WarpSegments& w, int run_k) {
+  const int lane = c.lane, warp = c.warp;
+  for (int r = 0; r < w.nrk; ++r) {
+    const unsigned m = c.mask_k[warp * c.rounds_k + r];
+    if ((m >> lane) & 1u) {
+      const int j = w.k0 + r * 32 + lane;
+      const int mi = run_k + __popc(m & c.lt);
+      c.sel_out[j] = -(mi + 3);
+      c.miss_pos[mi] = c.sel_pos[j];
+    }
+    run_k += __popc(m);
+  }
+}
+
+// Step 4, rules 2 and 3: the i-th slot without a hit, in LRU order, is the i-th miss's victim,
+// and the new LRU order in closed form (the design above), written straight to the arena's
+// `lru` (the old order is staged).
+__device__ __forceinline__ void PlaceVictims(const PlanCtx& c, const WarpSegments& w, const RowTotals& t, int* lru) {
+  const int B = c.B, lane = c.lane, warp = c.warp, M = t.M, NH = t.NH;
+  int run_b = t.run_b;
+#pragma unroll 4
+  for (int r = 0; r < w.nrb; ++r) {
+    const int idx = w.b0 + r * 32 + lane;
+    const unsigned m = c.mask_b[warp * c.rounds_b + r];
+    if (idx < B) {
+      const int s = c.tab_lru[idx];
+      const int nr = run_b + __popc(m & c.lt);  // non-hit slots before idx in the old order
+      int ni;
+      if ((m >> lane) & 1u) {
+        if (nr < M) {
+          c.miss_slot[nr] = s;
+          ni = NH - M + nr;
+        } else {
+          ni = nr - M;
+        }
+      } else {
+        ni = NH + (idx - nr);
+      }
+      lru[ni] = s;
+    }
+    run_b += __popc(m);
+  }
+}
+
+// Step 5, rules 4 and 2: every selection's output slot; each victim's slot_pos gets its miss's
+// position; the fetch plan of the misses that go through the queue (past the block's own kWarps
+// chunks) and, when asked for, the MissPlan entries that replays of this layer copy.
+__device__ __forceinline__ void WriteOutputs(const ResolveParams& p, const PlanCtx& c, int i, int* out, int* slot_pos,
+                                             int M) {
+  const ResolveDesc& d = p.d;
+  const int K = c.K;
   const int rw = p.chunk_records;
-  const int nch = (d.flags & kResolveFlagNoFetch) ? 0 : (M + rw - 1) / rw;
-  const int ndirect = nch < kWarps ? nch : kWarps;
-  const int nq = nch - ndirect;
+  const bool fetch = !(d.flags & kResolveFlagNoFetch);
+  const int plan_from = fetch && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
+  int2* plan = p.plan + static_cast<size_t>(i) * K;
+  int2* miss_plan = d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + static_cast<size_t>(i) * K : nullptr;
+  for (int j = c.tid; j < K; j += kThreads) {
+    int o = c.sel_out[j];
+    if (o <= -3) {
+      const int m = -o - 3;
+      o = c.miss_slot[m];
+      const int pos = c.miss_pos[m];
+      slot_pos[o] = pos;
+      if (m >= plan_from) plan[m] = make_int2(pos, o);
+      if (miss_plan) miss_plan[m] = make_int2(pos, o);
+    }
+    out[j] = o;
+  }
+}
+
+// Step 5, the counters (rule 6: the CPU reference counts alike) and the MissPlan summary. Hits
+// are the hit slots plus the newest-token selections. One thread.
+__device__ __forceinline__ void CountRow(const ResolveParams& p, const PlanCtx& c, int i, int row, const RowTotals& t) {
+  const ResolveDesc& d = p.d;
+  const int B = c.B, M = t.M, NH = t.NH;
+  if (d.plan.summary) {
+    int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+    sum[0] = row;
+    sum[1] = M;
+    sum[2] = B - NH + c.misc[1];
+  }
+  ArenaCounters* ctr = d.arena.counters;
+  atomicAdd(reinterpret_cast<unsigned long long*>(&ctr->hits), static_cast<unsigned long long>(B - NH + c.misc[1]));
+  atomicAdd(reinterpret_cast<unsigned long long*>(&ctr->misses), static_cast<unsigned long long>(M));
+  atomicAdd(reinterpret_cast<unsigned long long*>(&ctr->bytes_fetched),
+            static_cast<unsigned long long>(M) * d.arena.geometry.record_bytes);
+  atomicAdd(reinterpret_cast<unsigned long long*>(&ctr->steps), 1ull);
+}
+
+// Invalid input: the row's outputs become kPadding, its error bits are ORed into error_flags and
+// its state is left untouched; its MissPlan summary says misses = -1 (replays skip the row).
+__device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out,
+                                          uint32_t err) {
+  const ResolveDesc& d = p.d;
+  const int tid = c.tid;
+  for (int j = tid; j < c.K; j += kThreads) out[j] = kPadding;
+  if (tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
+  if (tid == 0 && d.plan.summary) {
+    int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+    sum[0] = row;
+    sum[1] = -1;
+    sum[2] = 0;
+  }
+}
+
+// Step 6 (rule 2's copy, spread over the grid): publishes the row's nq queue chunks, those after
+// its ndirect own ones. One atomic reserves the queue entries and counts the row as published;
+// the entries are written after it (a consumer that takes one of them waits for it, and the END
+// entries lie past every reservation, so the order does not matter). Returns true in warp 0 of
+// the block that published the launch's last row: that warp also wrote the END entries.
+__device__ __forceinline__ bool PublishChunks(const ResolveParams& p, const PlanCtx& c, int i, int batch, int M,
+                                              int ndirect, int nq) {
+  const int rw = p.chunk_records;
+  const int lane = c.lane;
   if (nq > 0) __syncthreads();  // every thread's plan entries are written
   bool wrote_ends = false;
-  if (warp == 0) {
+  if (c.warp == 0) {
     unsigned long long old = 0;
     if (lane == 0) {
       old = atomicAdd(&p.hdr->pub, (1ull << 32) | static_cast<unsigned long long>(nq));
@@ -593,31 +690,76 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
       // Orders the block's plan writes (through the barrier above) before the entries:
       // consumers read them with ld.acquire.
       __threadfence();
-      for (int c = lane; c < nq; c += 32) {
-        const int start = (ndirect + c) * rw;
+      for (int ch = lane; ch < nq; ch += 32) {
+        const int start = (ndirect + ch) * rw;
         const int cnt = M - start < rw ? M - start : rw;
         const unsigned long long e =
             static_cast<unsigned long long>(i + 1) | (static_cast<unsigned long long>(start << 6 | cnt) << 32);
-        StRelaxed(&p.queue[qbase + c], e);
+        StRelaxed(&p.queue[qbase + ch], e);
       }
     }
     if (wrote_ends) WriteEnds(p, qbase + static_cast<unsigned>(nq));
   }
+  return wrote_ends;
+}
 
-  // 7. This block's own chunks, straight from shared memory (written before the last barrier).
+// Step 6, the block's own share (rule 2's copy): warp w < ndirect copies the row's chunk w, whose
+// records shared memory names (written before the last barrier).
+template <int UPR>
+__device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const PlanCtx& c, int row, int M, int ndirect) {
+  const ResolveDesc& d = p.d;
+  const ArenaGeometry& g = d.arena.geometry;
+  const int rw = p.chunk_records;
+  const int lane = c.lane, warp = c.warp;
   if (warp < ndirect) {
     const int start = warp * rw;
     const int cnt = M - start < rw ? M - start : rw;
     long long so = 0, dof = 0;
     if (lane < cnt) {
-      so = static_cast<long long>(miss_pos[start + lane]) * g.record_bytes;
-      dof = static_cast<long long>(miss_slot[start + lane]) * g.record_bytes;
+      so = static_cast<long long>(c.miss_pos[start + lane]) * g.record_bytes;
+      dof = static_cast<long long>(c.miss_slot[start + lane]) * g.record_bytes;
     }
     const uint8_t* src;
     uint8_t* dst;
     RowBases(d, row, &src, &dst);
     CopyChunk<UPR, kDirectUnroll>(src, dst, so, dof, cnt, static_cast<int>(g.record_bytes / 16));
   }
+}
+
+// Plans batch entry i (a row block), publishes its fetch work and copies its first chunks.
+// Returns true in warp 0 of the block that published the launch's last row: that warp wrote the
+// END entries and must not take one.
+template <int UPR>
+__device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first, unsigned char* smem) {
+  const ResolveDesc& d = p.d;
+  const PlanCtx c = MakePlanCtx(p, smem);
+  if (!first) __syncthreads();  // shared memory of the previous row of this block is free
+  int* out = d.out_slots + static_cast<size_t>(i) * c.K;
+  uint32_t err = StageRow(p, c, i, row, seq);
+  const int newest = seq - 1;
+  if (err == 0) err = InsertSelections(c, seq, newest);
+  int M = 0;
+  if (err == 0) {
+    const size_t rl = d.arena.RowLayer(row, d.layer);
+    int* slot_pos = d.arena.slot_pos + rl * c.B;
+    int* lru = d.arena.lru + rl * c.B;
+    FindHits(c, newest);
+    const WarpSegments w = BallotSegments(p, c);
+    const RowTotals t = SumTotals(c);
+    M = t.M;
+    RankMisses(c, w, t.run_k);
+    PlaceVictims(c, w, t, lru);
+    __syncthreads();
+    WriteOutputs(p, c, i, out, slot_pos, M);
+    if (c.tid == 0) CountRow(p, c, i, row, t);
+  } else {
+    RejectRow(p, c, i, row, out, err);
+  }
+  const int rw = p.chunk_records;
+  const int nch = (d.flags & kResolveFlagNoFetch) ? 0 : (M + rw - 1) / rw;
+  const int ndirect = nch < kWarps ? nch : kWarps;
+  const bool wrote_ends = PublishChunks(p, c, i, batch, M, ndirect, nch - ndirect);
+  CopyOwnChunks<UPR>(p, c, row, M, ndirect);
   return wrote_ends;
 }
 
@@ -862,20 +1004,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.seg_k = SegmentItems(g.k);
   p.seg_b = SegmentItems(g.slots);
 
-  switch (g.record_bytes) {
-    case 656:
-      e = LaunchResolveT<41>(p, sms, sm.total, optin, stream);
-      break;
-    case 1152:
-      e = LaunchResolveT<72>(p, sms, sm.total, optin, stream);
-      break;
-    case 512:
-      e = LaunchResolveT<32>(p, sms, sm.total, optin, stream);
-      break;
-    default:
-      e = LaunchResolveT<0>(p, sms, sm.total, optin, stream);
-      break;
-  }
+  e = internal::DispatchRecordBytes(
+      g.record_bytes, [&](auto upr) { return LaunchResolveT<decltype(upr)::value>(p, sms, sm.total, optin, stream); });
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
@@ -915,20 +1045,8 @@ cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
   int blocks = d.blocks > 0 ? d.blocks : sms / 8;
   if (blocks < 1) blocks = 1;
   if (blocks > sms) blocks = sms;
-  switch (g.record_bytes) {
-    case 656:
-      LaunchReplayT<41>(d, blocks, rw, stream);
-      break;
-    case 1152:
-      LaunchReplayT<72>(d, blocks, rw, stream);
-      break;
-    case 512:
-      LaunchReplayT<32>(d, blocks, rw, stream);
-      break;
-    default:
-      LaunchReplayT<0>(d, blocks, rw, stream);
-      break;
-  }
+  internal::DispatchRecordBytes(g.record_bytes,
+                                [&](auto upr) { LaunchReplayT<decltype(upr)::value>(d, blocks, rw, stream); });
   return internal::CheckLaunched();
 }
 
