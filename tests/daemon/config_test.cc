@@ -296,6 +296,8 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"quotas.host_bytes", "8GiB"},
                                                                     {"quotas.arena_bytes", "1GiB"},
                                                                     {"quotas.requests", "64"},
+                                                                    {"quotas.sessions", "4"},
+                                                                    {"quotas.segments", "2"},
                                                                     {"admission.on_pool_full", "evict_lru_idle"},
                                                                     {"metrics.listen", ""},
                                                                     {"log_level", "debug"}};
@@ -362,8 +364,8 @@ TEST(ConfigTest, KeyTable) {
                                      "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
                                      "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
                                      "access.socket_group", "access.allowed_uids", "access.allowed_gids",
-                                     "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
-                                     "admission.on_pool_full", "metrics.listen", "log_level"));
+                                     "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests", "quotas.sessions",
+                                     "quotas.segments", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");
@@ -421,6 +423,32 @@ TEST(ConfigTest, LoadConfigFile) {
   c = LoadConfigFile(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr(path));
+}
+
+// A reload refuses an empty document (it would reset every quota); `{}` still means all defaults.
+TEST(ConfigTest, EmptyDocumentIsRefusedWhenNotAllowed) {
+  for (const char* empty : {"", "\n", "# only a comment\n", "~\n"}) {
+    EXPECT_TRUE(ParseConfigYaml(empty).ok()) << empty;
+    const absl::Status st = ParseConfigYaml(empty, /*allow_empty=*/false).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << empty;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("empty")) << empty;
+  }
+  EXPECT_TRUE(ParseConfigYaml("{}", /*allow_empty=*/false).ok());
+  EXPECT_EQ(ParseConfigYaml("- a\n", /*allow_empty=*/false).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string path = TempPath("hisparse_empty_config_test.yaml");
+  std::ofstream(path).close();
+  EXPECT_EQ(LoadConfigFile(path, /*allow_empty=*/false).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(LoadConfigFile(path).ok());
+  std::remove(path.c_str());
+}
+
+TEST(ConfigTest, DescribeConfigChangesGivesOldAndNew) {
+  DaemonConfig a, b;
+  b.quotas.host_bytes = kGiB;
+  b.quotas.sessions = 3;
+  EXPECT_THAT(DescribeConfigChanges(a, b),
+              ::testing::ElementsAre("quotas.host_bytes: \"0\" -> \"1GiB\"", "quotas.sessions: \"0\" -> \"3\""));
+  EXPECT_TRUE(DescribeConfigChanges(a, a).empty());
 }
 
 // Whether `node` holds a scalar at the path parts[i..]. Recursive, because assigning yaml-cpp
