@@ -13,6 +13,20 @@
 
 namespace hisparse {
 
+absl::Status ErrnoStatus(int error, absl::string_view what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(error));
+  switch (error) {
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case ENOSPC:
+    case EAGAIN:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
 void UniqueFd::Reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd;
@@ -37,7 +51,7 @@ absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size) {
   if (size == 0) return absl::InvalidArgumentError("cannot map 0 bytes");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("mmap of ", size, " bytes failed: ", std::strerror(errno)));
+    return ErrnoStatus(errno, absl::StrCat("mmap of ", size, " bytes failed"));
   }
   MappedRegion r;
   r.data_ = static_cast<uint8_t*>(p);
@@ -87,7 +101,7 @@ absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hug
   }
   UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) {
-    return absl::InternalError(absl::StrCat("memfd_create(", name, ") failed: ", std::strerror(errno)));
+    return ErrnoStatus(errno, absl::StrCat("memfd_create(", name, ") failed"));
   }
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return absl::ResourceExhaustedError(

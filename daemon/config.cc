@@ -250,6 +250,15 @@ const std::vector<KeySpec>& Specs() {
       {"quotas.requests", "integer >= 0", "Admitted requests one tenant may hold; 0 = no limit.", false,
        HS_SET_WITH(ParseInt, quotas.requests), [](const DaemonConfig& c) { return absl::StrCat(c.quotas.requests); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.requests, 0); }},
+      {"quotas.sessions", "integer >= 0", "Sessions one tenant may hold open; 0 = no limit.", false,
+       HS_SET_WITH(ParseInt, quotas.sessions), [](const DaemonConfig& c) { return absl::StrCat(c.quotas.sessions); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.sessions, 0); }},
+      {"quotas.segments", "integer >= 0",
+       "Pool segments one tenant may hold (each is exclusive to one session); 0 = what host_bytes covers, "
+       "rounded up to whole segments (no limit without host_bytes).",
+       false, HS_SET_WITH(ParseInt, quotas.segments),
+       [](const DaemonConfig& c) { return absl::StrCat(c.quotas.segments); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.segments, 0); }},
       {"admission.on_pool_full", "reject | evict_lru_idle",
        "A full pool rejects an Admit, or evicts the tenant's least recently admitted request (notified first).", false,
        HS_SET_WITH(ParseOnPoolFull, admission.on_pool_full),
@@ -427,13 +436,25 @@ const std::vector<ConfigKeyInfo>& ConfigKeys() {
   return *keys;
 }
 
-absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text) {
+std::vector<std::string> DescribeConfigChanges(const DaemonConfig& a, const DaemonConfig& b) {
+  std::vector<std::string> changes;
+  for (const KeySpec& spec : Specs()) {
+    const std::string before = spec.get(a), after = spec.get(b);
+    if (before != after) changes.push_back(absl::StrCat(spec.key, ": ", Quote(before), " -> ", Quote(after)));
+  }
+  return changes;
+}
+
+absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text, bool allow_empty) {
   DaemonConfig config;
   try {
     const YAML::Node root = YAML::Load(std::string(yaml_text));
     if (root.IsMap()) {
       std::set<std::string> seen;
       HS_RETURN_IF_ERROR(WalkMap(root, "", config, seen));
+    } else if (root.IsNull() && !allow_empty) {
+      return absl::InvalidArgumentError(
+          "the config is empty: it would reset every key to its default (write `{}` to mean that)");
     } else if (!root.IsNull()) {
       return absl::InvalidArgumentError(
           absl::StrCat("the config must be a map of keys at the top level, got ", KindOf(root), Where(root.Mark())));
@@ -449,7 +470,7 @@ absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text) {
   return config;
 }
 
-absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, bool allow_empty) {
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open config file ", path));
   std::string text;
@@ -459,7 +480,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
   const int read_error = std::ferror(file) ? errno : 0;
   std::fclose(file);
   if (read_error != 0) return absl::ErrnoToStatus(read_error, absl::StrCat("cannot read config file ", path));
-  absl::StatusOr<DaemonConfig> config = ParseConfigYaml(text);
+  absl::StatusOr<DaemonConfig> config = ParseConfigYaml(text, allow_empty);
   if (!config.ok()) {
     return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
   }

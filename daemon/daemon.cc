@@ -37,8 +37,9 @@ namespace hisparse {
 inline constexpr char kVersion[] = HISPARSE_VERSION;
 
 SessionManager::QuotaOptions QuotasFrom(const DaemonConfig& c) {
-  return SessionManager::QuotaOptions{c.quotas.host_bytes, c.quotas.arena_bytes,
-                                      static_cast<uint32_t>(c.quotas.requests)};
+  return SessionManager::QuotaOptions{
+      c.quotas.host_bytes, c.quotas.arena_bytes, static_cast<uint32_t>(c.quotas.requests),
+      static_cast<uint32_t>(c.quotas.sessions), static_cast<uint32_t>(c.quotas.segments)};
 }
 // Engines and the daemon share these sockets; the group decides who may attach (issue: access).
 inline constexpr mode_t kSocketMode = 0660;
@@ -306,10 +307,16 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   std::vector<std::string> fixed;
   absl::MutexLock lock(&impl_->config_mu);
   DaemonConfig& cur = impl_->config;
+  // Every change a reload makes to the limits, quotas and admission policy is logged.
+  DaemonConfig live = cur;
+  live.log_level = next.log_level;
+  live.limits = next.limits;
+  live.quotas = next.quotas;
+  live.admission = next.admission;
+  for (const std::string& change : DescribeConfigChanges(cur, live)) LOG(INFO) << "reload: " << change;
   if (next.log_level != cur.log_level) {
     cur.log_level = next.log_level;
     SetLogThreshold(static_cast<LogSeverity>(static_cast<int>(next.log_level)));
-    LOG(INFO) << "reload: log_level is now " << LogLevelName(next.log_level);
   }
   // Limits, quotas and the admission policy change live: they are checked at each admission.
   cur.limits = next.limits;

@@ -114,8 +114,9 @@ int main(int argc, char** argv) {
         LOG(WARNING) << "SIGHUP: no --config file to reload";
         continue;
       }
-      // The file, then the same command-line overrides on top, as at start.
-      auto next = hisparse::LoadConfigFile(config_path);
+      // The file, then the same command-line overrides on top, as at start. An empty file (one
+      // being rewritten, or truncated by mistake) is refused rather than read as all defaults.
+      auto next = hisparse::LoadConfigFile(config_path, /*allow_empty=*/false);
       for (const auto& [key, value] : overrides) {
         if (!next.ok()) break;
         if (auto st = hisparse::ApplyConfigOverride(*next, key, value); !st.ok()) next = st;

@@ -99,7 +99,8 @@ absl::Status HostPool::MakeSegmentMemory(Segment& s, uint64_t bytes, int threads
   return absl::OkStatus();
 }
 
-absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes) {
+absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes, bool may_claim, bool* claimed) {
+  if (claimed != nullptr) *claimed = false;
   if (owner == kNoOwner) return absl::InvalidArgumentError("run owner must be non-zero");
   if (bytes == 0) return absl::InvalidArgumentError("cannot allocate an empty run");
   if (bytes > options_.segment_bytes) {
@@ -119,7 +120,8 @@ absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes)
   }
   // 2. Else a free segment: one this owner used last, else one nobody has used since it was made
   // (neither needs new memory), else any free one, which gets fresh memory first.
-  if (best < 0) {
+  const bool claiming = best < 0 && may_claim;
+  if (claiming) {
     int rank_best = 3;
     for (size_t i = 0; i < segments_.size(); ++i) {
       const Segment& s = segments_[i];
@@ -142,18 +144,21 @@ absl::StatusOr<HostPool::Run> HostPool::Allocate(uint64_t owner, uint64_t bytes)
       }
       s.owner = owner;
       s.last_owner = owner;
+      ++segments_by_owner_[owner];
     }
   }
   if (best < 0) {
     const Stats st = GetStats();
-    return absl::ResourceExhaustedError(absl::StrCat("host pool cannot hold a run of ", bytes,
-                                                     " bytes: ", st.free_bytes, " bytes free in all, ",
-                                                     "no free segment and no room in this session's segments"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host pool cannot hold a run of ", bytes, " bytes: ", st.free_bytes, " bytes free in all, ",
+        may_claim ? "no free segment" : "no segment it may claim", " and no room in this session's segments"));
   }
   Segment& s = segments_[best];
   auto offset = s.runs->Allocate(bytes);
   if (!offset.ok()) return offset.status();
-  return Run{static_cast<uint32_t>(best), *offset, bytes};
+  if (claimed != nullptr) *claimed = claiming;
+  // The run records what it holds: the allocator's rounded size, which is what is charged.
+  return Run{static_cast<uint32_t>(best), *offset, s.runs->allocation_size(*offset).value_or(bytes)};
 }
 
 absl::Status HostPool::CheckRun(uint64_t owner, const Run& run) const {
@@ -167,21 +172,37 @@ absl::Status HostPool::Free(uint64_t owner, const Run& run) {
   HS_RETURN_IF_ERROR(CheckRun(owner, run));
   Segment& s = segments_[run.segment];
   HS_RETURN_IF_ERROR(s.runs->Free(run.offset));
-  if (s.runs->allocation_count() == 0) s.owner = kNoOwner;
+  if (s.runs->allocation_count() == 0) {
+    if (--segments_by_owner_[owner] == 0) segments_by_owner_.erase(owner);
+    s.owner = kNoOwner;
+  }
   return absl::OkStatus();
+}
+
+uint32_t HostPool::SegmentsOf(uint64_t owner) const {
+  auto it = segments_by_owner_.find(owner);
+  return it == segments_by_owner_.end() ? 0 : it->second;
+}
+
+HostPool::SegmentState HostPool::GetSegment(uint32_t segment) const {
+  if (segment >= segments_.size()) return {};
+  const Segment& s = segments_[segment];
+  return SegmentState{s.owner, s.runs->capacity(), s.runs->free_bytes()};
 }
 
 bool HostPool::TryGrow(uint64_t owner, Run& run, uint64_t new_bytes) {
   if (!CheckRun(owner, run).ok()) return false;
-  if (!segments_[run.segment].runs->TryGrowInPlace(run.offset, new_bytes)) return false;
-  run.bytes = new_bytes;
+  ExtentAllocator& runs = *segments_[run.segment].runs;
+  if (!runs.TryGrowInPlace(run.offset, new_bytes)) return false;
+  run.bytes = runs.allocation_size(run.offset).value_or(new_bytes);
   return true;
 }
 
 absl::Status HostPool::Shrink(uint64_t owner, Run& run, uint64_t new_bytes) {
   HS_RETURN_IF_ERROR(CheckRun(owner, run));
-  HS_RETURN_IF_ERROR(segments_[run.segment].runs->ShrinkInPlace(run.offset, new_bytes));
-  run.bytes = new_bytes;
+  ExtentAllocator& runs = *segments_[run.segment].runs;
+  HS_RETURN_IF_ERROR(runs.ShrinkInPlace(run.offset, new_bytes));
+  run.bytes = runs.allocation_size(run.offset).value_or(new_bytes);
   return absl::OkStatus();
 }
 
@@ -241,6 +262,11 @@ HostPool::Stats HostPool::GetStats() const {
 }
 
 absl::Status HostPool::CheckInvariants() const {
+  std::unordered_map<uint64_t, uint32_t> by_owner;
+  for (const Segment& s : segments_) {
+    if (s.owner != kNoOwner) ++by_owner[s.owner];
+  }
+  if (by_owner != segments_by_owner_) return absl::InternalError("per-owner segment counts disagree with segments");
   for (size_t i = 0; i < segments_.size(); ++i) {
     const Segment& s = segments_[i];
     HS_RETURN_IF_ERROR(s.runs->CheckInvariants());

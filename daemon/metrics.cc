@@ -11,6 +11,11 @@
 namespace hisparse {
 namespace {
 
+// The metrics server's workers and how long one waits for a request before dropping it: N idle
+// connections delay a scrape by about N / kMetricsThreads * kMetricsRequestTimeoutMs.
+constexpr int kMetricsThreads = 16;
+constexpr int kMetricsRequestTimeoutMs = 250;
+
 constexpr const char* kMethodNames[] = {"Session",      "Admit", "Extend", "Release",  "Stats",
                                         "ListRequests", "Evict", "Drain",  "GetConfig"};
 
@@ -70,6 +75,8 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_admissions_total", "counter", "Requests admitted since start."},
       {"hisparse_rejections_total", "counter", "Admissions and session opens refused, by reason."},
       {"hisparse_evictions_total", "counter", "Requests evicted (their sessions were notified first)."},
+      {"hisparse_undelivered_notices_total", "counter",
+       "Eviction notices that did not reach their session (stream gone or not read); memory released anyway."},
       {"hisparse_rpc_duration_seconds", "histogram", "Control-plane RPC latency by method, server side."},
       {"hisparse_resolve_hits_total", "counter", "RESOLVE selections found resident, per session and GPU."},
       {"hisparse_resolve_misses_total", "counter",
@@ -106,7 +113,8 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_sessions", st.sessions());
   fb.Add("hisparse_requests", st.requests());
   fb.Add("hisparse_admissions_total", static_cast<double>(st.admissions()));
-  for (const char* reason : {"pool_full", "rows_full", "draining", "session_limit", "arena_budget"}) {
+  for (const RejectReason r : kRejectReasons) {
+    const char* reason = RejectReasonName(r);
     uint64_t count = 0;
     for (const auto& rc : st.rejections_by_reason()) {
       if (rc.reason() == reason) count = rc.count();
@@ -114,6 +122,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     fb.Add("hisparse_rejections_total", static_cast<double>(count), {{"reason", reason}});
   }
   fb.Add("hisparse_evictions_total", static_cast<double>(st.evictions()));
+  fb.Add("hisparse_undelivered_notices_total", static_cast<double>(st.undelivered_notices()));
   prometheus::MetricFamily& rpc = fb.family("hisparse_rpc_duration_seconds");
   for (int m = 0; m < kMethodCount; ++m) {
     prometheus::ClientMetric cm;
@@ -143,8 +152,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->metrics_ = std::move(metrics);
   try {
-    // civetweb's "listening_ports" syntax: "127.0.0.1:9464"; one request thread is plenty.
-    server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
+    // civetweb's "listening_ports" syntax: "127.0.0.1:9464". civetweb (1.15 in Debian) gives each
+    // connection a worker thread until it is done, and a connection that sends nothing holds its
+    // worker for request_timeout_ms: idle connections must not be able to starve the scrape, so
+    // the workers are several, idle ones are dropped quickly and keep-alive is off.
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", absl::StrCat(kMetricsThreads), "request_timeout_ms",
+        absl::StrCat(kMetricsRequestTimeoutMs), "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
   }

@@ -1,7 +1,12 @@
 #include "hisparse/daemon/service.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <system_error>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
@@ -24,6 +29,92 @@ class RpcTimer {
   Metrics* metrics_;
   Metrics::Method method_;
   std::chrono::steady_clock::time_point start_;
+};
+
+using SessionStream = grpc::ServerReaderWriter<v1::SessionEvent, v1::SessionRequest>;
+
+// One session's notices (evictions). They are posted from other threads — an operator's Evict, a
+// sibling's Admit under evict_lru_idle — that must never wait on this stream: an engine that does
+// not read it would hold them forever once gRPC's flow-control window is full. So a post only
+// queues into a small bounded outbox and returns; a writer thread, started when there is
+// something to write and gone when there is not, does the blocking Writes (gRPC allows one at a
+// time, beside the handler's Read). A notice that does not fit is dropped, and the post says so.
+// The handler Closes the notifier before its stream dies.
+class Notifier {
+ public:
+  static constexpr size_t kOutbox = 64;
+
+  Notifier(uint64_t session_id, grpc::ServerContext* context, SessionStream* stream)
+      : session_id_(session_id), context_(context), stream_(stream) {}
+  ~Notifier() { Close(); }
+
+  // False, with nothing queued, when the stream is closed or broken or the outbox is full.
+  bool Post(const v1::SessionEvent& event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || broken_ || outbox_.size() >= kOutbox) return false;
+    outbox_.push_back(event);
+    if (writing_) return true;
+    // The last writer has left (writing_ went false before it returned): reap it, start another.
+    if (writer_.joinable()) writer_.join();
+    try {
+      writer_ = std::thread([this] { Drain(); });
+    } catch (const std::system_error& e) {
+      outbox_.pop_back();
+      LOG(WARNING) << "session " << session_id_ << ": cannot start a notice writer: " << e.what();
+      return false;
+    }
+    writing_ = true;
+    return true;
+  }
+
+  // No more notices. A write still in flight gets a moment to finish; one stuck on a peer that
+  // does not read is cancelled (the stream is ending anyway). Then the writer is joined.
+  void Close() {
+    std::unique_lock<std::mutex> lock(mu_);
+    closed_ = true;
+    if (const size_t dropped = outbox_.size(); dropped != 0) {
+      LOG(WARNING) << "session " << session_id_ << ": " << dropped << " notices undelivered (the stream ended)";
+      outbox_.clear();
+    }
+    if (!idle_.wait_for(lock, std::chrono::milliseconds(500), [this] { return !writing_; })) {
+      context_->TryCancel();
+      idle_.wait(lock, [this] { return !writing_; });
+    }
+    std::thread writer = std::move(writer_);
+    lock.unlock();
+    if (writer.joinable()) writer.join();
+  }
+
+ private:
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!outbox_.empty() && !closed_) {
+      v1::SessionEvent event = std::move(outbox_.front());
+      outbox_.pop_front();
+      lock.unlock();
+      const bool ok = stream_->Write(event);
+      lock.lock();
+      if (!ok) {
+        broken_ = true;
+        LOG(WARNING) << "session " << session_id_ << ": " << outbox_.size() + 1
+                     << " notices undelivered (its stream is gone)";
+        outbox_.clear();
+      }
+    }
+    writing_ = false;
+    idle_.notify_all();
+  }
+
+  const uint64_t session_id_;
+  grpc::ServerContext* const context_;
+  SessionStream* const stream_;
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::deque<v1::SessionEvent> outbox_;  // guarded by mu_
+  bool writing_ = false;                 // a writer thread is draining the outbox
+  bool closed_ = false;
+  bool broken_ = false;  // a Write failed: the peer is gone
+  std::thread writer_;
 };
 
 }  // namespace
@@ -58,23 +149,12 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
   v1::SessionEvent event;
   *event.mutable_opened() = *std::move(opened);
   grpc::Status result = grpc::Status::OK;
-  // Notices (evictions) are written from other threads while this one waits in Read(). gRPC
-  // allows one Write at a time, and `stream` dies with this frame: the writer state serializes
-  // writes and, once `closed`, turns late notices away instead of touching a dead stream.
-  struct Writer {
-    std::mutex mu;
-    bool closed = false;
-  };
-  auto writer = std::make_shared<Writer>();
-  bool opened_written;
-  {
-    std::lock_guard<std::mutex> lock(writer->mu);
-    opened_written = stream->Write(event);
-  }
-  sessions_->SetEventSink(id, [stream, writer](const v1::SessionEvent& e) {
-    std::lock_guard<std::mutex> lock(writer->mu);
-    return !writer->closed && stream->Write(e);
-  });
+  // The opened event is written before any notice can be posted (the sink is not set yet).
+  const bool opened_written = stream->Write(event);
+  // Notices are written from other threads while this one waits in Read(); `stream` dies with
+  // this frame, so the notifier is closed (and turns late notices away) before it returns.
+  auto notifier = std::make_shared<Notifier>(id, context, stream);
+  sessions_->SetEventSink(id, [notifier](const v1::SessionEvent& e) { return notifier->Post(e); });
   if (opened_written) {
     // The session lives as long as this stream. Read() returns false when the client half-closes,
     // is cancelled, or its process dies (its socket closes): all end the session at once.
@@ -88,10 +168,7 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
     }
   }
   if (context->IsCancelled()) LOG(INFO) << "session " << id << ": peer went away";
-  {
-    std::lock_guard<std::mutex> lock(writer->mu);
-    writer->closed = true;
-  }
+  notifier->Close();
   sessions_->CloseSession(id);
   return result;
 }
@@ -148,7 +225,7 @@ grpc::Status HiSparseService::ListRequests(grpc::ServerContext* context, const v
   RpcTimer t(metrics_, Metrics::kListRequests);
   auto caller = Identify(context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  auto r = sessions_->ListRequests(req->session_id(), caller->scope());
+  auto r = sessions_->ListRequests(*req, caller->scope());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;

@@ -82,6 +82,47 @@ absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit
   return absl::OkStatus();
 }
 
+// The byte length of the UTF-8 character at text[i], or 0 when none starts there (a stray or
+// truncated byte, an overlong form, a surrogate, or a code point above U+10FFFF).
+size_t Utf8CharLength(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t j) { return static_cast<uint8_t>(text[j]); };
+  const uint8_t c = byte(i);
+  if (c < 0x80) return 1;
+  size_t n;
+  uint32_t cp;
+  if ((c & 0xe0) == 0xc0) {
+    n = 2, cp = c & 0x1f;
+  } else if ((c & 0xf0) == 0xe0) {
+    n = 3, cp = c & 0x0f;
+  } else if ((c & 0xf8) == 0xf0) {
+    n = 4, cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + n > text.size()) return 0;
+  for (size_t j = 1; j < n; ++j) {
+    if ((byte(i + j) & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i + j) & 0x3f);
+  }
+  constexpr uint32_t kMinOf[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMinOf[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
+// engine_name travels as bytes (a proto3 string with bad UTF-8 would fail to parse, and gRPC would
+// answer CANCELLED): it must be UTF-8, and is cut to at most `max` bytes of whole characters, so
+// that Stats, which returns it as a string, always serializes.
+absl::StatusOr<std::string> EngineName(absl::string_view name, size_t max) {
+  size_t keep = 0;
+  for (size_t i = 0; i < name.size();) {
+    const size_t n = Utf8CharLength(name, i);
+    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("engine_name is not UTF-8 (at byte ", i, ")"));
+    i += n;
+    if (i <= max) keep = i;
+  }
+  return std::string(name.substr(0, keep));
+}
+
 ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
   return ArenaGeometry{static_cast<int32_t>(g.max_requests()), static_cast<int32_t>(g.num_layers()),
                        static_cast<int32_t>(g.slots()), static_cast<int32_t>(g.k()), g.record_bytes()};
@@ -90,7 +131,15 @@ ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
 }  // namespace
 
 SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool> pool)
-    : options_(options), pool_(std::move(pool)) {}
+    : options_(options), pool_(std::move(pool)) {
+  uint32_t share, segments;
+  {
+    absl::MutexLock lock(&mu_);
+    share = SegmentsPerTenantLocked();
+    segments = pool_->segment_count();
+  }
+  LogQuotaCoverage(share, segments, options.quotas, options.max_sessions);
+}
 
 SessionManager::~SessionManager() = default;
 
@@ -102,6 +151,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     max_requests_limit = options_.max_requests_per_session;
   }
   HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), max_requests_limit));
+  HS_ASSIGN_OR_RETURN(std::string engine_name, EngineName(open.engine_name(), 128));
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
     return absl::InvalidArgumentError(
@@ -109,7 +159,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   }
   auto session = std::make_unique<Session>();
   session->token = NewToken();
-  session->engine_name = open.engine_name().substr(0, 128);
+  session->engine_name = std::move(engine_name);
   session->geometry = open.geometry();
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
@@ -118,17 +168,19 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new sessions"));
+    if (draining_)
+      return Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new sessions"));
     if (sessions_.size() >= options_.max_sessions) {
-      return Reject("session_limit", absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ",
-                                                                               options_.max_sessions, " sessions")));
+      return Reject(RejectReason::kSessionLimit,
+                    absl::ResourceExhaustedError(
+                        absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions")));
     }
-    HS_RETURN_IF_ERROR(CheckArenaQuotaLocked(owner.uid, layout.total_bytes));
+    HS_RETURN_IF_ERROR(CheckSessionQuotaLocked(owner.uid, layout.total_bytes));
     // The budget may have been lowered (SIGHUP) below what is held already.
     const uint64_t host_arena_left =
         options_.host_arena_budget_bytes - std::min(host_arena_bytes_, options_.host_arena_budget_bytes);
     if (!on_gpu && layout.total_bytes > host_arena_left) {
-      return Reject("host_arena_budget",
+      return Reject(RejectReason::kHostArenaBudget,
                     absl::ResourceExhaustedError(absl::StrCat("the host slot arena (", layout.total_bytes,
                                                               " bytes) exceeds what is left of the node's "
                                                               "host-arena budget: ",
@@ -137,7 +189,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     }
     uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
     if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
-      return Reject("arena_budget",
+      return Reject(RejectReason::kArenaBudget,
                     absl::ResourceExhaustedError(absl::StrCat(
                         "the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
                         open.geometry().gpu(), "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)")));
@@ -184,7 +236,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   }
   // Checked again with what the allocator took, atomically with the session's insertion below:
   // two sessions opened at once by one tenant cannot both slip under its quota.
-  if (absl::Status quota = CheckArenaQuotaLocked(owner.uid, session->arena_bytes); !quota.ok()) {
+  if (absl::Status quota = CheckSessionQuotaLocked(owner.uid, session->arena_bytes); !quota.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return quota;
@@ -241,9 +293,9 @@ void SessionManager::CloseSession(uint64_t session_id) {
   if (on_idle) on_idle();
 }
 
-absl::Status SessionManager::Reject(absl::string_view reason, absl::Status status) {
+absl::Status SessionManager::Reject(RejectReason reason, absl::Status status) {
   ++rejections_;
-  ++rejections_by_reason_[std::string(reason)];
+  ++rejections_by_reason_[RejectReasonName(reason)];
   return status;
 }
 
@@ -305,7 +357,16 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
       absl::MutexLock lock(&mu_);
       absl::StatusOr<v1::AdmitResponse> r = AdmitLocked(req);
       if (r.ok() || !absl::IsResourceExhausted(r.status()) || !options_.evict_on_pool_full ||
-          evictions == kMaxEvictionsPerAdmit || pool_full_reason_ != "pool_full") {
+          evictions == kMaxEvictionsPerAdmit || !admit_lacked_room_) {
+        return r;
+      }
+      // Only when evicting can make this admission succeed: else it fails with nothing evicted.
+      auto it = sessions_.find(req.session().session_id());
+      if (evictions == 0 &&
+          (it == sessions_.end() ||
+           !EvictionCouldAdmitLocked(
+               *it->second, HostPool::HeldBytes(uint64_t{req.token_budget()} * it->second->geometry.record_bytes()),
+               it->second->geometry.num_layers()))) {
         return r;
       }
       auto found = PickVictimLocked(req.session().session_id());
@@ -317,9 +378,10 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
 }
 
 absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitRequest& req) {
-  pool_full_reason_.clear();
+  admit_lacked_room_ = false;
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  if (draining_) return Reject("draining", absl::FailedPreconditionError("the daemon is draining: no new admissions"));
+  if (draining_)
+    return Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new admissions"));
   if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.context_tokens() > req.token_budget()) {
@@ -329,13 +391,15 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitReq
   if (s->requests.contains(req.request_id())) {
     return absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"));
   }
-  const uint64_t run_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
+  // Charged as held: each run is rounded up to the pool's alignment.
+  const uint64_t run_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
   HS_RETURN_IF_ERROR(CheckQuotaLocked(*s, run_bytes * s->geometry.num_layers(), 1));
   uint32_t row = 0;
   while (row < s->row_used.size() && s->row_used[row]) ++row;
   if (row == s->row_used.size()) {
-    return Reject("rows_full", absl::ResourceExhaustedError(absl::StrCat("all ", s->row_used.size(),
-                                                                         " request rows of this session are in use")));
+    return Reject(RejectReason::kRowsFull,
+                  absl::ResourceExhaustedError(
+                      absl::StrCat("all ", s->row_used.size(), " request rows of this session are in use")));
   }
   Request r;
   r.id = req.request_id();
@@ -343,14 +407,12 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitReq
   r.last_used = r.admitted_at;
   r.row = row;
   r.capacity_tokens = req.token_budget();
+  uint32_t tenant_segments = SegmentsHeldLocked(TenantOf(*s));
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
-    auto run = pool_->Allocate(s->id, run_bytes);
+    auto run = AllocateRunLocked(*s, run_bytes, &tenant_segments);
     if (!run.ok()) {
       for (const HostPool::Run& done : r.runs) (void)pool_->Free(s->id, done);
-      if (absl::IsResourceExhausted(run.status())) {
-        pool_full_reason_ = "pool_full";
-        return Reject("pool_full", run.status());
-      }
+      admit_lacked_room_ = absl::IsResourceExhausted(run.status());
       return run.status();
     }
     r.runs.push_back(*run);
@@ -366,18 +428,6 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitReq
 }
 
 uint32_t SessionManager::TenantOf(const Session& s) { return s.tenant_uid; }
-
-absl::Status SessionManager::CheckArenaQuotaLocked(uint32_t tenant, uint64_t more_arena_bytes) {
-  const QuotaOptions& q = options_.quotas;
-  if (q.arena_bytes == 0) return absl::OkStatus();
-  const TenantUsage u = UsageLocked(tenant);
-  if (u.arena_bytes + more_arena_bytes > q.arena_bytes) {
-    return Reject("quota", absl::ResourceExhaustedError(
-                               absl::StrCat("tenant uid ", tenant, " would hold ", u.arena_bytes + more_arena_bytes,
-                                            " slot-arena bytes; its quota (quotas.arena_bytes) is ", q.arena_bytes)));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status SessionManager::CheckOwner(const v1::SessionRef& ref, uint32_t uid) const {
   absl::MutexLock lock(&mu_);
@@ -397,6 +447,7 @@ SessionManager::TenantUsage SessionManager::UsageLocked(uint32_t tenant) const {
   TenantUsage u;
   for (const auto& [sid, s] : sessions_) {
     if (TenantOf(*s) != tenant) continue;
+    ++u.sessions;
     u.arena_bytes += s->arena_bytes;
     u.requests += s->requests.size();
     for (const auto& [rid, r] : s->requests) {
@@ -412,12 +463,12 @@ absl::Status SessionManager::CheckQuotaLocked(const Session& s, uint64_t more_ho
   const uint32_t tenant = TenantOf(s);
   const TenantUsage u = UsageLocked(tenant);
   if (q.host_bytes != 0 && u.host_bytes + more_host_bytes > q.host_bytes) {
-    return Reject("quota", absl::ResourceExhaustedError(
-                               absl::StrCat("tenant uid ", tenant, " would hold ", u.host_bytes + more_host_bytes,
+    return Reject(RejectReason::kQuota, absl::ResourceExhaustedError(absl::StrCat(
+                                            "tenant uid ", tenant, " would hold ", u.host_bytes + more_host_bytes,
                                             " host pool bytes; its quota (quotas.host_bytes) is ", q.host_bytes)));
   }
   if (q.requests != 0 && u.requests + more_requests > q.requests) {
-    return Reject("quota",
+    return Reject(RejectReason::kQuota,
                   absl::ResourceExhaustedError(absl::StrCat("tenant uid ", tenant, " holds ", u.requests,
                                                             " requests; its quota (quotas.requests) is ", q.requests)));
   }
@@ -446,7 +497,8 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   v1::SessionEvent event;
   event.mutable_evicted()->set_request_id(v.request_id);
   event.mutable_evicted()->set_reason(reason);
-  // The notice goes out before the memory is released, and outside the lock (it is I/O).
+  // The notice is posted before the memory is released, outside the lock; posting never waits on
+  // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(v.session_id);
@@ -458,8 +510,9 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   ReleaseRequestLocked(*it->second, rit->second);
   it->second->requests.erase(rit);
   ++evictions_;
+  if (!told) ++undelivered_notices_;
   LOG(INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed << " bytes; "
-            << reason << (told ? ")" : "; its stream was already gone)");
+            << reason << (told ? ")" : "; the notice was not delivered: its stream is gone or not read)");
   return freed;
 }
 
@@ -475,9 +528,10 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
     return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
                                                    ") must exceed the current capacity (", r.capacity_tokens, ")"));
   }
-  const uint64_t new_bytes = uint64_t{req.token_budget()} * s->geometry.record_bytes();
-  HS_RETURN_IF_ERROR(CheckQuotaLocked(
-      *s, (new_bytes - uint64_t{r.capacity_tokens} * s->geometry.record_bytes()) * s->geometry.num_layers(), 0));
+  // Charged as held: what the rounded runs grow by.
+  const uint64_t new_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
+  const uint64_t held_bytes = HostPool::HeldBytes(uint64_t{r.capacity_tokens} * s->geometry.record_bytes());
+  HS_RETURN_IF_ERROR(CheckQuotaLocked(*s, (new_bytes - held_bytes) * s->geometry.num_layers(), 0));
   r.last_used = absl::Now();
   // Grow what can grow in place; find new runs for the rest before touching anything, so that a
   // full pool leaves the request exactly as it was.
@@ -487,15 +541,15 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
     if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
   }
   std::vector<HostPool::Run> moved_to;
+  uint32_t tenant_segments = SegmentsHeldLocked(TenantOf(*s));
   for (size_t i = 0; i < needs_move.size(); ++i) {
-    auto run = pool_->Allocate(s->id, new_bytes);
+    auto run = AllocateRunLocked(*s, new_bytes, &tenant_segments);
     if (!run.ok()) {
       // Roll back: the request keeps exactly the runs it had.
       for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
       for (size_t l = 0; l < grown.size(); ++l) {
         if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
       }
-      if (absl::IsResourceExhausted(run.status())) return Reject("pool_full", run.status());
       return run.status();
     }
     moved_to.push_back(*run);
@@ -562,6 +616,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     out.set_rejections(rejections_);
     out.set_draining(draining_);
     out.set_evictions(evictions_);
+    out.set_undelivered_notices(undelivered_notices_);
     for (const auto& [reason, count] : rejections_by_reason_) {
       v1::RejectionCount* rc = out.add_rejections_by_reason();
       rc->set_reason(reason);
@@ -685,51 +740,22 @@ void SessionManager::SetEventSink(uint64_t session_id, EventSink sink) {
 
 void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
                                bool evict_on_pool_full) {
-  absl::MutexLock lock(&mu_);
-  options_.max_sessions = max_sessions;
-  options_.max_requests_per_session = max_requests_per_session;
-  options_.quotas = quotas;
-  options_.evict_on_pool_full = evict_on_pool_full;
+  uint32_t share, segments;
+  {
+    absl::MutexLock lock(&mu_);
+    options_.max_sessions = max_sessions;
+    options_.max_requests_per_session = max_requests_per_session;
+    options_.quotas = quotas;
+    options_.evict_on_pool_full = evict_on_pool_full;
+    share = SegmentsPerTenantLocked();
+    segments = pool_->segment_count();
+  }
+  LogQuotaCoverage(share, segments, quotas, max_sessions);
 }
 
 void SessionManager::SetHostArenaBudget(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   options_.host_arena_budget_bytes = bytes;
-}
-
-absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(uint64_t session_id,
-                                                                      std::optional<uint32_t> only_uid) const {
-  absl::MutexLock lock(&mu_);
-  if (session_id != 0) {
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id));
-    if (only_uid.has_value() && it->second->tenant_uid != *only_uid) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("session ", session_id, " belongs to another tenant; only an admin may list it"));
-    }
-  }
-  v1::ListRequestsResponse out;
-  const absl::Time now = absl::Now();
-  for (const auto& [sid, s] : sessions_) {
-    if (session_id != 0 && sid != session_id) continue;
-    if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
-    for (const auto& [rid, r] : s->requests) {
-      v1::RequestInfo* info = out.add_requests();
-      info->set_session_id(sid);
-      info->set_request_id(rid);
-      info->set_row(r.row);
-      info->set_capacity_tokens(r.capacity_tokens);
-      uint64_t bytes = 0;
-      for (const HostPool::Run& run : r.runs) bytes += run.bytes;
-      info->set_host_bytes(bytes);
-      info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
-    }
-  }
-  std::sort(out.mutable_requests()->begin(), out.mutable_requests()->end(),
-            [](const v1::RequestInfo& a, const v1::RequestInfo& b) {
-              return std::make_pair(a.session_id(), a.request_id()) < std::make_pair(b.session_id(), b.request_id());
-            });
-  return out;
 }
 
 // Eviction by an operator: the session hears of it before its memory is released.
@@ -768,9 +794,9 @@ absl::Status SessionManager::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("session ", id, ": row table disagrees with requests"));
   }
   const HostPool::Stats ps = pool_->GetStats();
-  // Runs are rounded up to the pool's alignment; compare against the rounded sum.
-  if (ps.used_bytes < live) {
-    return absl::InternalError(absl::StrCat("pool used ", ps.used_bytes, " < live runs ", live));
+  // Runs record the bytes they hold, so the two agree exactly.
+  if (ps.used_bytes != live) {
+    return absl::InternalError(absl::StrCat("pool used ", ps.used_bytes, " != live runs ", live));
   }
   return absl::OkStatus();
 }

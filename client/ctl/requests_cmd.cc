@@ -1,4 +1,5 @@
-// hisparse-ctl requests [--session ID]: every admitted request, or one session's.
+// hisparse-ctl requests [--session ID]: every admitted request, or one session's, following the
+// daemon's pages to the end.
 #include <cstdio>
 
 #include <grpcpp/grpcpp.h>
@@ -14,8 +15,14 @@ int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
   v1::ListRequestsRequest req;
   req.set_session_id(o.session);
   v1::ListRequestsResponse resp;
-  grpc::Status st = stub->ListRequests(Context(g).get(), req, &resp);
-  if (!st.ok()) return ReportRpcError(st, "requests");
+  for (;;) {
+    v1::ListRequestsResponse page;
+    grpc::Status st = stub->ListRequests(Context(g).get(), req, &page);
+    if (!st.ok()) return ReportRpcError(st, "requests");
+    for (auto& r : *page.mutable_requests()) *resp.add_requests() = std::move(r);
+    if (page.next_page_token().empty()) break;
+    req.set_page_token(page.next_page_token());
+  }
   if (g.json) {
     std::printf("[");
     for (int i = 0; i < resp.requests_size(); ++i) {

@@ -300,6 +300,8 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"quotas.host_bytes", "8GiB"},
                                                                     {"quotas.arena_bytes", "1GiB"},
                                                                     {"quotas.requests", "64"},
+                                                                    {"quotas.sessions", "4"},
+                                                                    {"quotas.segments", "2"},
                                                                     {"admission.on_pool_full", "evict_lru_idle"},
                                                                     {"metrics.listen", ""},
                                                                     {"log_level", "debug"}};
@@ -368,7 +370,7 @@ TEST(ConfigTest, KeyTable) {
                                     "limits.max_fd_connections_per_peer", "limits.host_arena_bytes",
                                     "access.socket_group", "access.allowed_uids", "access.allowed_gids",
                                     "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes",
-                                    "quotas.requests", "admission.on_pool_full", "metrics.listen", "log_level"));
+                                    "quotas.requests", "quotas.sessions", "quotas.segments", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");
@@ -426,6 +428,32 @@ TEST(ConfigTest, LoadConfigFile) {
   c = LoadConfigFile(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr(path));
+}
+
+// A reload refuses an empty document (it would reset every quota); `{}` still means all defaults.
+TEST(ConfigTest, EmptyDocumentIsRefusedWhenNotAllowed) {
+  for (const char* empty : {"", "\n", "# only a comment\n", "~\n"}) {
+    EXPECT_TRUE(ParseConfigYaml(empty).ok()) << empty;
+    const absl::Status st = ParseConfigYaml(empty, /*allow_empty=*/false).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << empty;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("empty")) << empty;
+  }
+  EXPECT_TRUE(ParseConfigYaml("{}", /*allow_empty=*/false).ok());
+  EXPECT_EQ(ParseConfigYaml("- a\n", /*allow_empty=*/false).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string path = TempPath("hisparse_empty_config_test.yaml");
+  std::ofstream(path).close();
+  EXPECT_EQ(LoadConfigFile(path, /*allow_empty=*/false).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(LoadConfigFile(path).ok());
+  std::remove(path.c_str());
+}
+
+TEST(ConfigTest, DescribeConfigChangesGivesOldAndNew) {
+  DaemonConfig a, b;
+  b.quotas.host_bytes = kGiB;
+  b.quotas.sessions = 3;
+  EXPECT_THAT(DescribeConfigChanges(a, b),
+              ::testing::ElementsAre("quotas.host_bytes: \"0\" -> \"1GiB\"", "quotas.sessions: \"0\" -> \"3\""));
+  EXPECT_TRUE(DescribeConfigChanges(a, a).empty());
 }
 
 // Whether `node` holds a scalar at the path parts[i..]. Recursive, because assigning yaml-cpp

@@ -70,8 +70,10 @@ TEST_F(AccessTest, PeerCredentialsDecideWhoIsAdmitted) {
 }
 
 TEST(QuotaTest, TenantQuotasAreHard) {
+  // Two sessions hold two 4 MiB segments: more than 1 MiB covers (quotas.segments' default), so
+  // the segment share is given explicitly.
   auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                             "quotas.requests=2", "--set", "quotas.host_bytes=1MiB"});
+                             "quotas.requests=2", "--set", "quotas.host_bytes=1MiB", "--set", "quotas.segments=2"});
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
   Session s1, s2;

@@ -154,9 +154,11 @@ class IdentityTest : public ::testing::Test {
 // before fetching anything was no tenant's and escaped its quotas.
 TEST(SessionQuotaTest, ASessionThatAdmitsBeforeAnyFdFetchHitsTheQuotasExactly) {
   auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                             "quotas.requests=4", "--set", "quotas.host_bytes=1MiB"});
+                             "quotas.requests=4", "--set", "quotas.host_bytes=1MiB", "--set", "quotas.segments=2"});
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
+  // Two sessions of one tenant hold a segment each (segments are exclusive to a session), more
+  // than the 1 MiB quota's default share of one 4 MiB segment: quotas.segments=2 allows them.
   Session engine;  // the client library fetches its fds at open: bound on every version
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &engine).ok());
   ASSERT_TRUE(engine.Admit(1, 10, 1000).ok());  // 4 layers x 1000 x 64 B = 256,000 B

@@ -61,6 +61,10 @@ class MappedRegion {
 // `try_hugetlb`, asks for huge pages first; `*used_hugetlb` says what was granted.
 absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb, bool* used_hugetlb);
 
+// `what: strerror(error)` as a status: RESOURCE_EXHAUSTED when the system ran out of something
+// (ENOMEM, EMFILE, ENFILE, ENOSPC, EAGAIN), INTERNAL otherwise.
+absl::Status ErrnoStatus(int error, absl::string_view what);
+
 // Size of the file behind fd (fstat).
 absl::StatusOr<size_t> FileSize(int fd);
 

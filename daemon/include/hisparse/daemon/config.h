@@ -88,6 +88,10 @@ struct QuotaConfig {
   uint64_t host_bytes = 0;   // host pool bytes one tenant may hold
   uint64_t arena_bytes = 0;  // slot-arena bytes one tenant may hold, summed over GPUs
   int requests = 0;          // admitted requests one tenant may hold
+  int sessions = 0;          // sessions one tenant may hold open
+  // Pool segments one tenant may hold; a segment is exclusive to one session, so a held segment
+  // is held memory. 0: ceil(host_bytes / segment_size), or no limit without host_bytes.
+  int segments = 0;
 };
 
 enum class OnPoolFull { kReject, kEvictLruIdle };
@@ -137,13 +141,15 @@ struct ConfigKeyInfo {
 const std::vector<ConfigKeyInfo>& ConfigKeys();
 
 // Parses a YAML document; keys not given keep their defaults (an empty document gives
-// DaemonConfig{}). Refuses unknown keys at any level, keys given twice, a map or list where a
-// value is expected and vice versa, bad values, and YAML syntax errors (with line and column).
-// The result is validated (ValidateConfig).
-absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text);
+// DaemonConfig{}, unless `allow_empty` is false: a reload refuses a file truncated or not yet
+// written, which would silently drop every quota; `{}` still says "all defaults"). Refuses
+// unknown keys at any level, keys given twice, a map or list where a value is expected and vice
+// versa, bad values, and YAML syntax errors (with line and column). The result is validated
+// (ValidateConfig).
+absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text, bool allow_empty = true);
 
 // Reads and parses `path`; every error message starts with the path.
-absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, bool allow_empty = true);
 
 // Sets one key from its text form, as a command-line flag gives it: ("host_pool.size", "64GiB").
 // Checks that key's own constraints; on error `config` is unchanged. Constraints between keys
@@ -159,6 +165,8 @@ std::string RenderConfigYaml(const DaemonConfig& config);
 
 // The dotted keys whose values differ between a and b, in table order (for SIGHUP reloads).
 std::vector<std::string> DiffConfigKeys(const DaemonConfig& a, const DaemonConfig& b);
+// The same keys as `key: "old" -> "new"`, for the log of a reload.
+std::vector<std::string> DescribeConfigChanges(const DaemonConfig& a, const DaemonConfig& b);
 
 // "unix:/run/x.sock" -> "/run/x.sock"; "unix:///run/x.sock" -> "/run/x.sock"; "unix:rel.sock" ->
 // "rel.sock". Empty when `listen` is not a unix: address.

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,13 +68,14 @@ class HostPool {
   static absl::StatusOr<std::unique_ptr<HostPool>> Create(const Options& options);
   ~HostPool();
 
-  // One run of `bytes` for `owner` (non-zero): from a segment the owner holds (best fit), else
-  // from a free segment. ResourceExhausted when nothing fits; InvalidArgument when `bytes` exceeds
-  // a segment.
-  absl::StatusOr<Run> Allocate(uint64_t owner, uint64_t bytes);
+  // One run of `bytes` for `owner` (non-zero): from a segment the owner holds (best fit), else,
+  // when `may_claim`, from a free segment (`*claimed`, if given, tells which it was).
+  // ResourceExhausted when nothing fits; InvalidArgument when `bytes` exceeds a segment.
+  // Run::bytes is what the run holds: `bytes` rounded up to kRunAlignment (HeldBytes).
+  absl::StatusOr<Run> Allocate(uint64_t owner, uint64_t bytes, bool may_claim = true, bool* claimed = nullptr);
   // Frees a run of `owner`. NotFound when it is not one; nothing changes then.
   absl::Status Free(uint64_t owner, const Run& run);
-  // Grows a run in place; false when the bytes after it are taken.
+  // Grows a run in place (to HeldBytes(new_bytes)); false when the bytes after it are taken.
   bool TryGrow(uint64_t owner, Run& run, uint64_t new_bytes);
   // Shrinks a run in place (undoes TryGrow when a later step of the same change fails).
   absl::Status Shrink(uint64_t owner, Run& run, uint64_t new_bytes);
@@ -90,6 +92,15 @@ class HostPool {
   // The segment's memfd, borrowed, when `owner` owns it; PermissionDenied otherwise.
   absl::StatusOr<int> SegmentFdFor(uint64_t owner, uint32_t segment) const;
   uint64_t segment_bytes() const { return options_.segment_bytes; }
+  // What a run of `bytes` holds once allocated.
+  static uint64_t HeldBytes(uint64_t bytes) { return (bytes + kRunAlignment - 1) / kRunAlignment * kRunAlignment; }
+  // The segments `owner` holds now (O(1)).
+  uint32_t SegmentsOf(uint64_t owner) const;
+  // One segment as admission planning sees it.
+  struct SegmentState {
+    uint64_t owner = kNoOwner, capacity = 0, free_bytes = 0;
+  };
+  SegmentState GetSegment(uint32_t segment) const;
   uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
 
   Stats GetStats() const;
@@ -111,6 +122,7 @@ class HostPool {
 
   Options options_;
   std::vector<Segment> segments_;
+  std::unordered_map<uint64_t, uint32_t> segments_by_owner_;  // owners with at least one segment
   bool hugepages_ = false;
   bool locked_ = false;
   double pretouch_seconds_ = 0;

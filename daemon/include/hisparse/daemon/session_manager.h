@@ -37,13 +37,27 @@
 
 namespace hisparse {
 
+// Why an admission or session open was refused: the one list that Stats' rejections_by_reason
+// and the metrics' hisparse_rejections_total{reason} both follow.
+enum class RejectReason { kPoolFull, kRowsFull, kDraining, kSessionLimit, kArenaBudget, kHostArenaBudget, kQuota };
+inline constexpr RejectReason kRejectReasons[] = {
+    RejectReason::kPoolFull,    RejectReason::kRowsFull,         RejectReason::kDraining, RejectReason::kSessionLimit,
+    RejectReason::kArenaBudget, RejectReason::kHostArenaBudget, RejectReason::kQuota};
+// "pool_full", "rows_full", "draining", "session_limit", "arena_budget", "host_arena_budget", "quota".
+const char* RejectReasonName(RejectReason reason);
+
 class SessionManager {
  public:
   // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited.
+  // A tenant's rows are bounded by sessions x max_requests_per_session.
   struct QuotaOptions {
     uint64_t host_bytes = 0;
     uint64_t arena_bytes = 0;
     uint32_t requests = 0;
+    uint32_t sessions = 0;
+    // Pool segments one tenant may hold (a segment is exclusive to one session, so a held segment
+    // is held memory). 0 with host_bytes set: ceil(host_bytes / segment size).
+    uint32_t segments = 0;
   };
   struct Options {
     QuotaOptions quotas;
@@ -98,13 +112,18 @@ class SessionManager {
   void SetDraining(bool draining, std::function<void()> on_idle = {});
 
   // Where a session's notices go (its stream). Set by the service right after OpenSession. The
-  // sink is called outside the lock; it returns false when the stream is gone.
+  // sink is called outside the lock and must not block (the service queues); it returns false
+  // when the notice will not be delivered (the stream is gone, or its outbox is full).
   using EventSink = std::function<bool(const v1::SessionEvent&)>;
   void SetEventSink(uint64_t session_id, EventSink sink);
 
-  // Administration. With `only_uid` set (a tenant's view), only that tenant's requests, and a
-  // session of another tenant is PermissionDenied.
-  absl::StatusOr<v1::ListRequestsResponse> ListRequests(uint64_t session_id,
+  // Administration. Requests in (session_id, request_id) order, one page at a time: at most
+  // page_size (0: kDefaultPageSize; above kMaxPageSize: kMaxPageSize), after page_token. With
+  // `only_uid` set (a tenant's view), only that tenant's requests, and a session of another tenant
+  // is PermissionDenied.
+  static constexpr uint32_t kDefaultPageSize = 1000;
+  static constexpr uint32_t kMaxPageSize = 10000;
+  absl::StatusOr<v1::ListRequestsResponse> ListRequests(const v1::ListRequestsRequest& req,
                                                         std::optional<uint32_t> only_uid = std::nullopt) const;
   // Tells the session (RequestEvicted on its stream) before its memory is released. With
   // `only_uid` set, a request of another tenant's session is PermissionDenied.
@@ -115,6 +134,8 @@ class SessionManager {
   // The node-wide host slot-arena budget, live; sessions already open keep their arenas.
   void SetHostArenaBudget(uint64_t bytes);
 
+  // The segments one tenant may hold under the current quotas (UINT32_MAX: no limit).
+  uint32_t SegmentsPerTenant() const;
   // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
   absl::Status CheckInvariants() const;
   // Read access to the pool's daemon-side mapping, for tests and Extend's copies.
@@ -156,13 +177,30 @@ class SessionManager {
   };
   struct TenantUsage {
     uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
+    uint32_t sessions = 0;
   };
   static uint32_t TenantOf(const Session& s);
 
   absl::StatusOr<v1::AdmitResponse> AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TenantUsage UsageLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckArenaQuotaLocked(uint32_t tenant, uint64_t more_arena_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `tenant` may hold one more session of `arena_bytes` (quotas.sessions, arena_bytes).
+  absl::Status CheckSessionQuotaLocked(uint32_t tenant, uint64_t arena_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t SegmentsPerTenantLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs how many tenants the pool's `segments` give their full `share` at once (a warning when
+  // one tenant could fill it). Called outside the lock.
+  static void LogQuotaCoverage(uint32_t share, uint32_t segments, const QuotaOptions& q, uint32_t max_sessions);
+  // The pool segments the sessions of `tenant` hold now (O(sessions)).
+  uint32_t SegmentsHeldLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One run of `bytes` for `s`, claiming a free segment only while its tenant holds fewer than its
+  // share (`*tenant_segments`, counted up on a claim). Counts and returns a refusal.
+  absl::StatusOr<HostPool::Run> AllocateRunLocked(const Session& s, uint64_t bytes, uint32_t* tenant_segments)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // evict_lru_idle: whether `layers` runs of `run_bytes` could be placed for `s` once every
+  // request of its tenant were gone (per segment, ignoring fragmentation inside one). When not,
+  // evicting cannot make the admission succeed and nothing is evicted.
+  bool EvictionCouldAdmitLocked(const Session& s, uint64_t run_bytes, uint32_t layers) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the victim's session, then releases the request. Takes the lock itself.
@@ -173,7 +211,7 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refused admission under `reason` and returns `status`.
-  absl::Status Reject(absl::string_view reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -189,8 +227,11 @@ class SessionManager {
   uint64_t rejections_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> rejections_by_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  std::string pool_full_reason_ ABSL_GUARDED_BY(mu_);  // "pool_full" when the last AdmitLocked hit it
+  // Set by AdmitLocked when the pool (or the tenant's segment share) had no room for a run:
+  // the one refusal that evicting the tenant's own requests can cure.
+  bool admit_lacked_room_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
 };
 

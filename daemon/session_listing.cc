@@ -1,0 +1,90 @@
+// SessionManager::ListRequests: every admitted request (or one session's), in pages. Part of
+// SessionManager (session_manager.h).
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+
+namespace {
+
+// A page token is "SESSION_ID:REQUEST_ID", the last request of the page before.
+std::string PageToken(uint64_t session_id, uint64_t request_id) { return absl::StrCat(session_id, ":", request_id); }
+
+absl::StatusOr<std::pair<uint64_t, uint64_t>> ParsePageToken(const std::string& token) {
+  std::pair<uint64_t, uint64_t> after{0, 0};
+  if (token.empty()) return after;
+  const std::vector<absl::string_view> parts = absl::StrSplit(token, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &after.first) || !absl::SimpleAtoi(parts[1], &after.second)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token \"", absl::CHexEscape(token.substr(0, 64)), "\" is not one this daemon handed out"));
+  }
+  return after;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::ListRequestsRequest& req,
+                                                                      std::optional<uint32_t> only_uid) const {
+  HS_ASSIGN_OR_RETURN(const auto after, ParsePageToken(req.page_token()));
+  const uint32_t page_size =
+      req.page_size() == 0 ? kDefaultPageSize : std::min<uint32_t>(req.page_size(), kMaxPageSize);
+  const uint64_t session_id = req.session_id();
+  absl::MutexLock lock(&mu_);
+  if (session_id != 0) {
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id));
+    if (only_uid.has_value() && it->second->tenant_uid != *only_uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session ", session_id, " belongs to another tenant; only an admin may list it"));
+    }
+  }
+  // Sessions (a tenant's own only, with `only_uid`) and their requests in id order, from just after
+  // the token, until the page is full.
+  std::vector<uint64_t> sids;
+  for (const auto& [sid, s] : sessions_) {
+    if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
+    if ((session_id == 0 || sid == session_id) && sid >= after.first) sids.push_back(sid);
+  }
+  std::sort(sids.begin(), sids.end());
+  v1::ListRequestsResponse out;
+  const absl::Time now = absl::Now();
+  for (uint64_t sid : sids) {
+    const Session& s = *sessions_.at(sid);
+    std::vector<uint64_t> rids;
+    for (const auto& [rid, r] : s.requests) {
+      if (sid > after.first || rid > after.second) rids.push_back(rid);
+    }
+    std::sort(rids.begin(), rids.end());
+    for (uint64_t rid : rids) {
+      if (static_cast<uint32_t>(out.requests_size()) == page_size) {
+        const v1::RequestInfo& last = out.requests(out.requests_size() - 1);
+        out.set_next_page_token(PageToken(last.session_id(), last.request_id()));
+        return out;
+      }
+      const Request& r = s.requests.at(rid);
+      v1::RequestInfo* info = out.add_requests();
+      info->set_session_id(sid);
+      info->set_request_id(rid);
+      info->set_row(r.row);
+      info->set_capacity_tokens(r.capacity_tokens);
+      uint64_t bytes = 0;
+      for (const HostPool::Run& run : r.runs) bytes += run.bytes;
+      info->set_host_bytes(bytes);
+      info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
+    }
+  }
+  return out;
+}
+
+}  // namespace hisparse

@@ -1,0 +1,325 @@
+// SessionManager's admission and accounting, with tenants as parameters (the uid a session is
+// bound to through DupFdFor): bytes charged as held, per-tenant caps that keep one tenant from
+// locking out another, evict_lru_idle evicting only when that can admit, ListRequests' pages,
+// rejection reasons in the metrics, and the codes of a refused session open.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/metrics.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {},
+                                            bool evict = false) {
+  HostPool::Options po;
+  po.size_bytes = pool_bytes;
+  po.segment_bytes = kMiB;
+  po.pretouch_threads = 1;
+  auto pool = HostPool::Create(po);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  SessionManager::Options o;
+  o.quotas = quotas;
+  o.evict_on_pool_full = evict;
+  o.max_sessions = 64;
+  return std::make_unique<SessionManager>(o, std::move(*pool));
+}
+
+struct Opened {
+  v1::SessionRef ref;
+  absl::Status bind;  // of the OpenSession that made `uid` its tenant, then of its arena fetch
+};
+
+PeerCredentials Owner(uint32_t uid) {
+  PeerCredentials peer;
+  peer.uid = uid;
+  peer.pid = ::getpid();
+  return peer;
+}
+
+// Opens a host session as `uid` (its tenant, as the Session stream's peer would be) and fetches
+// its arena as the engine would.
+Opened Open(SessionManager& sm, uint32_t uid, uint32_t layers = 1, uint32_t record_bytes = 16,
+            uint32_t max_requests = 128) {
+  v1::OpenSession open;
+  open.set_engine_name("session-manager-test");
+  v1::Geometry* g = open.mutable_geometry();
+  g->set_gpu(-1);
+  g->set_num_layers(layers);
+  g->set_record_bytes(record_bytes);
+  g->set_k(1);
+  g->set_slots(1);
+  g->set_max_requests(max_requests);
+  auto opened = sm.OpenSession(open, Owner(uid));
+  Opened out;
+  out.bind = opened.status();
+  if (!opened.ok()) return out;
+  out.ref.set_session_id(opened->session_id());
+  out.ref.set_token(opened->token());
+  out.bind = sm.DupFdFor(opened->session_id(), opened->token(), "arena", Owner(uid)).status();
+  return out;
+}
+
+absl::Status Admit(SessionManager& sm, const v1::SessionRef& ref, uint64_t request_id, uint32_t tokens) {
+  v1::AdmitRequest req;
+  *req.mutable_session() = ref;
+  req.set_request_id(request_id);
+  req.set_token_budget(tokens);
+  return sm.Admit(req).status();
+}
+
+uint64_t SumOfSessionHostBytes(const v1::StatsResponse& st) {
+  uint64_t sum = 0;
+  for (const auto& ss : st.session_stats()) sum += ss.host_bytes();
+  return sum;
+}
+
+TEST(SessionManagerTest, TinyRunsAreChargedWhatTheyHold) {
+  SessionManager::QuotaOptions q;
+  q.host_bytes = 1024;  // four 256-byte runs
+  auto sm = MakeManager(4 * kMiB, q);
+  const Opened s = Open(*sm, 1000);
+  ASSERT_TRUE(s.bind.ok()) << s.bind;
+  int admitted = 0;
+  absl::Status last;
+  for (uint64_t id = 1; id <= 100; ++id) {
+    last = Admit(*sm, s.ref, id, 1);  // 16 bytes asked, 256 held
+    if (!last.ok()) break;
+    ++admitted;
+  }
+  EXPECT_EQ(admitted, 4);
+  EXPECT_TRUE(absl::IsResourceExhausted(last)) << last;
+  const v1::StatsResponse st = sm->Stats();
+  EXPECT_EQ(st.host_pool().used_bytes(), 4u * HostPool::kRunAlignment);
+  EXPECT_LE(st.host_pool().used_bytes(), q.host_bytes);
+  EXPECT_EQ(SumOfSessionHostBytes(st), st.host_pool().used_bytes());
+  auto listed = sm->ListRequests(v1::ListRequestsRequest());
+  ASSERT_TRUE(listed.ok());
+  uint64_t listed_bytes = 0;
+  for (const auto& r : listed->requests()) listed_bytes += r.host_bytes();
+  EXPECT_EQ(listed_bytes, st.host_pool().used_bytes());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+
+  // Extend charges the rounded growth too: 1 -> 17 records is 16 -> 272 bytes, held as 512.
+  v1::ExtendRequest ext;
+  *ext.mutable_session() = s.ref;
+  ext.set_request_id(1);
+  ext.set_token_budget(17);
+  EXPECT_TRUE(absl::IsResourceExhausted(sm->Extend(ext).status()));  // 5 x 256 > 1024
+  v1::ReleaseRequest rel;
+  *rel.mutable_session() = s.ref;
+  rel.set_request_id(2);
+  ASSERT_TRUE(sm->Release(rel).ok());
+  ASSERT_TRUE(sm->Extend(ext).ok());
+  const v1::StatsResponse after = sm->Stats();
+  EXPECT_EQ(after.host_pool().used_bytes(), 4u * HostPool::kRunAlignment);
+  EXPECT_EQ(SumOfSessionHostBytes(after), after.host_pool().used_bytes());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionManagerTest, OneTenantCannotLockAnotherOut) {
+  SessionManager::QuotaOptions q;
+  q.host_bytes = 2 * kMiB;  // two 1 MiB segments' worth
+  q.sessions = 4;
+  auto sm = MakeManager(8 * kMiB, q);
+  EXPECT_EQ(sm->SegmentsPerTenant(), 2u);
+  // Tenant A opens as many sessions as it can and puts a 1-token request in each.
+  std::vector<Opened> a;
+  int bound = 0, admitted = 0;
+  for (int i = 0; i < 8; ++i) {
+    a.push_back(Open(*sm, 1000));
+    if (!a.back().bind.ok()) {
+      EXPECT_TRUE(absl::IsResourceExhausted(a.back().bind)) << a.back().bind;
+      continue;
+    }
+    ++bound;
+    if (Admit(*sm, a.back().ref, 1, 1).ok()) ++admitted;
+  }
+  EXPECT_EQ(bound, 4);     // quotas.sessions
+  EXPECT_EQ(admitted, 2);  // one segment per session, two segments per tenant
+  EXPECT_EQ(sm->Stats().host_pool().segments_in_use(), 2u);
+  // Tenant B, with its quota unused, is admitted all the same.
+  const Opened b = Open(*sm, 2000);
+  ASSERT_TRUE(b.bind.ok()) << b.bind;
+  EXPECT_TRUE(Admit(*sm, b.ref, 1, 1).ok());
+  // A's refusals were its quota, not a full pool.
+  const v1::StatsResponse st = sm->Stats();
+  for (const auto& rc : st.rejections_by_reason()) {
+    if (rc.reason() == "pool_full") {
+      EXPECT_EQ(rc.count(), 0u);
+    }
+    if (rc.reason() == "quota") {
+      EXPECT_EQ(rc.count(), 4u + 2u);  // 4 sessions, 2 admissions
+    }
+  }
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionManagerTest, EvictsOnlyWhenThatCanAdmit) {
+  auto sm = MakeManager(2 * kMiB, {}, /*evict=*/true);
+  const Opened a1 = Open(*sm, 1000, 1);
+  const Opened b = Open(*sm, 2000, 1);
+  const Opened a2 = Open(*sm, 1000, 2);  // two layers
+  ASSERT_TRUE(a1.bind.ok() && b.bind.ok() && a2.bind.ok());
+  ASSERT_TRUE(Admit(*sm, a1.ref, 1, 1).ok());  // segment 0, tenant A
+  ASSERT_TRUE(Admit(*sm, b.ref, 1, 1).ok());   // segment 1, tenant B
+  // Two 1 MiB runs need two segments: evicting A's request frees only one. Nothing is evicted.
+  const uint32_t whole_segment = kMiB / 16;
+  EXPECT_TRUE(absl::IsResourceExhausted(Admit(*sm, a2.ref, 1, whole_segment)));
+  v1::StatsResponse st = sm->Stats();
+  EXPECT_EQ(st.evictions(), 0u);
+  EXPECT_EQ(st.requests(), 2u);
+  // Two half-segment runs fit one segment: evicting A's request admits this one.
+  EXPECT_TRUE(Admit(*sm, a2.ref, 2, whole_segment / 2).ok());
+  st = sm->Stats();
+  EXPECT_EQ(st.evictions(), 1u);
+  EXPECT_EQ(st.requests(), 2u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionManagerTest, ListRequestsComesInPages) {
+  auto sm = MakeManager(16 * kMiB);
+  std::vector<Opened> sessions;
+  std::set<std::pair<uint64_t, uint64_t>> want;
+  for (int i = 0; i < 3; ++i) {
+    sessions.push_back(Open(*sm, 1000, 1, 16, 4096));
+    for (uint64_t id = 1; id <= 3001; ++id) {
+      ASSERT_TRUE(Admit(*sm, sessions.back().ref, id * 7, 1).ok());
+      want.insert({sessions.back().ref.session_id(), id * 7});
+    }
+  }
+  for (const uint32_t page_size : {0u, 7u, 1000u, 100000u}) {
+    v1::ListRequestsRequest req;
+    req.set_page_size(page_size);
+    std::vector<std::pair<uint64_t, uint64_t>> got;
+    int pages = 0;
+    for (;;) {
+      auto page = sm->ListRequests(req);
+      ASSERT_TRUE(page.ok()) << page.status();
+      ++pages;
+      const uint32_t limit =
+          page_size == 0 ? SessionManager::kDefaultPageSize : std::min(page_size, SessionManager::kMaxPageSize);
+      ASSERT_LE(static_cast<uint32_t>(page->requests_size()), limit);
+      for (const auto& r : page->requests()) got.emplace_back(r.session_id(), r.request_id());
+      if (page->next_page_token().empty()) break;
+      ASSERT_EQ(static_cast<uint32_t>(page->requests_size()), limit);
+      req.set_page_token(page->next_page_token());
+      ASSERT_LT(pages, 10000);
+    }
+    EXPECT_TRUE(std::is_sorted(got.begin(), got.end())) << page_size;
+    const std::set<std::pair<uint64_t, uint64_t>> got_set(got.begin(), got.end());
+    EXPECT_EQ(got_set, want) << page_size;
+    EXPECT_EQ(got.size(), want.size()) << page_size;
+  }
+  // One session's requests, a page at a time.
+  v1::ListRequestsRequest one;
+  one.set_session_id(sessions[1].ref.session_id());
+  one.set_page_size(1000);
+  size_t count = 0;
+  for (;;) {
+    auto page = sm->ListRequests(one);
+    ASSERT_TRUE(page.ok());
+    for (const auto& r : page->requests()) EXPECT_EQ(r.session_id(), one.session_id());
+    count += page->requests_size();
+    if (page->next_page_token().empty()) break;
+    one.set_page_token(page->next_page_token());
+  }
+  EXPECT_EQ(count, 3001u);
+  v1::ListRequestsRequest bad;
+  bad.set_page_token("not a token");
+  EXPECT_TRUE(absl::IsInvalidArgument(sm->ListRequests(bad).status()));
+}
+
+TEST(SessionManagerTest, MetricsExportEveryRejectionReason) {
+  SessionManager::QuotaOptions q;
+  q.requests = 1;
+  auto sm = MakeManager(2 * kMiB, q);
+  const Opened s = Open(*sm, 1000);
+  ASSERT_TRUE(Admit(*sm, s.ref, 1, 1).ok());
+  ASSERT_TRUE(absl::IsResourceExhausted(Admit(*sm, s.ref, 2, 1)));  // quotas.requests
+  Metrics metrics(sm.get());
+  std::set<std::string> reasons;
+  for (const prometheus::MetricFamily& f : metrics.Collect()) {
+    if (f.name != "hisparse_rejections_total") continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      ASSERT_EQ(m.label.size(), 1u);
+      reasons.insert(m.label[0].value);
+      if (m.label[0].value == "quota") {
+        EXPECT_EQ(m.counter.value, 1.0);
+      }
+    }
+  }
+  std::set<std::string> want;
+  for (RejectReason r : kRejectReasons) want.insert(RejectReasonName(r));
+  EXPECT_EQ(reasons, want);
+  EXPECT_EQ(want.size(), 7u);
+  EXPECT_EQ(want.count("quota"), 1u);
+}
+
+TEST(SessionManagerTest, EngineNameMustBeUtf8AndIsCutAtACharacter) {
+  auto sm = MakeManager(2 * kMiB);
+  v1::OpenSession open;
+  v1::Geometry* g = open.mutable_geometry();
+  g->set_gpu(-1);
+  g->set_num_layers(1);
+  g->set_record_bytes(16);
+  g->set_k(1);
+  g->set_slots(1);
+  g->set_max_requests(1);
+  for (const char* bad : {"\xff", "ok\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) {
+    open.set_engine_name(bad);
+    const absl::Status st = sm->OpenSession(open, Owner(0)).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  }
+  std::string long_name(127, 'a');
+  long_name += "\xc3\xa9\xc3\xa9";  // two-byte characters across byte 128
+  open.set_engine_name(long_name);
+  ASSERT_TRUE(sm->OpenSession(open, Owner(0)).ok());
+  const v1::StatsResponse st = sm->Stats();
+  ASSERT_EQ(st.session_stats_size(), 1);
+  EXPECT_EQ(st.session_stats(0).engine_name(), std::string(127, 'a'));
+}
+
+TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
+  auto sm = MakeManager(2 * kMiB);
+  v1::OpenSession open;
+  v1::Geometry* g = open.mutable_geometry();
+  g->set_gpu(-1);
+  g->set_num_layers(1);
+  g->set_record_bytes(16);
+  g->set_k(1);
+  g->set_slots(1);
+  g->set_max_requests(1);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // Take every descriptor below a lowered limit, so that the arena's memfd_create gets EMFILE.
+  rlimit low = saved;
+  low.rlim_cur = 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> held;
+  for (int fd; (fd = ::dup(0)) >= 0;) held.push_back(fd);
+  const absl::Status st = sm->OpenSession(open, Owner(0)).status();
+  for (int fd : held) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+  EXPECT_NE(st.message().find("memfd_create"), absl::string_view::npos) << st;
+  EXPECT_TRUE(sm->OpenSession(open, Owner(0)).ok());  // and nothing was lost
+  EXPECT_EQ(sm->Stats().sessions(), 1u);
+}
+
+}  // namespace
+}  // namespace hisparse
