@@ -41,7 +41,7 @@ class RateLimitedLog {
       : interval_(interval), clock_(std::move(clock)) {}
   // True when the caller should log this occurrence; *suppressed is then how many occurrences
   // since the last logged one were not.
-  bool ShouldLog(uint64_t* suppressed);
+  bool ShouldLog(uint64_t* suppressed) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const absl::Duration interval_;
