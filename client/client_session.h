@@ -52,10 +52,11 @@ class ClientSession {
   static absl::StatusOr<std::unique_ptr<ClientSession>> Open(const hs_session_options& options);
   ~ClientSession();
 
-  absl::StatusOr<hs_request_info> Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget);
-  absl::StatusOr<hs_request_info> Extend(uint64_t request_id, uint32_t token_budget);
-  absl::Status Release(uint64_t request_id);
-  absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position);
+  absl::StatusOr<hs_request_info> Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  absl::StatusOr<hs_request_info> Extend(uint64_t request_id, uint32_t token_budget) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  absl::Status Release(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
   // RESOLVE counters as the data path left them (the daemon reads the same for host arenas).
@@ -66,24 +67,25 @@ class ClientSession {
   const OpenPhases& open_phases() const { return open_phases_; }
   // The slot arena as kernels see it (device addresses on the CUDA backend), for benchmarks.
   const ArenaView& arena_view() const { return arena_; }
-  HostMapPhases host_map_phases() const {
+  HostMapPhases host_map_phases() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return host_map_phases_;
   }
   uint64_t session_id() const { return opened_.session_id(); }
 
-  absl::Status Resolve(const hs_resolve_args& args);
+  absl::Status Resolve(const hs_resolve_args& args) ABSL_LOCKS_EXCLUDED(mu_);
   // hs_prefetch: replays `layer`'s anchor's last miss plan into `layer` (ReplayDesc).
-  absl::Status Prefetch(uint32_t layer, void* stream);
+  absl::Status Prefetch(uint32_t layer, void* stream) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after, const void* src,
-                     int64_t layer_stride, int64_t token_stride, void* stream);
+                     int64_t layer_stride, int64_t token_stride, void* stream) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
-                      const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
+                      const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckErrors();
   // Requests the daemon evicted since the last call (their memory is gone; re-prefill or fail them).
-  std::vector<uint64_t> TakeEvicted();
+  std::vector<uint64_t> TakeEvicted() ABSL_LOCKS_EXCLUDED(mu_);
   // Puts back ids the caller had no room for (they come first next time).
-  void ReturnEvicted(std::vector<uint64_t> ids);
+  void ReturnEvicted(std::vector<uint64_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Segment {
@@ -124,11 +126,11 @@ class ClientSession {
   // Attaches the fetched arena as its kind (SessionOpened.arena.kind) says: arena_, arena_map_.
   absl::Status AttachArena(const Fetched& arena);
 
-  void WatchStream();
+  void WatchStream() ABSL_LOCKS_EXCLUDED(mu_);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
   absl::Status CheckAlive() const;
-  absl::StatusOr<Fetched> Fetch(const std::string& object);
-  absl::StatusOr<UniqueFd> FetchFd(const std::string& object, uint64_t* bytes);
+  absl::StatusOr<Fetched> Fetch(const std::string& object) ABSL_LOCKS_EXCLUDED(fd_mu_);
+  absl::StatusOr<UniqueFd> FetchFd(const std::string& object, uint64_t* bytes) ABSL_LOCKS_EXCLUDED(fd_mu_);
   // Maps the segments that `extents` name and are not mapped yet, and counts their runs.
   absl::Status AcquireSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,10 +157,13 @@ class ClientSession {
   v1::SessionOpened opened_;
   v1::SessionRef ref_;
 
-  absl::Mutex fd_mu_;
+  // Lock order: mu_, then fd_mu_ (Admit and Extend fetch the segments they map under mu_).
+  mutable absl::Mutex mu_;
+  absl::Mutex fd_mu_ ABSL_ACQUIRED_AFTER(mu_);
   UniqueFd fd_channel_ ABSL_GUARDED_BY(fd_mu_);
 
-  mutable absl::Mutex mu_;
+  // mu_ also guards the backend's host map (RegisterHostSegment, SetHostMapRow: exclusive;
+  // host_map() for a data-path step: shared), which lives in the backend, out of the analysis' view.
   std::unique_ptr<DeviceBackend> backend_;  // set once in Open
   MappedRegion arena_map_;
   ArenaView arena_{};

@@ -62,6 +62,10 @@ class CudaBackend final : public DeviceBackend {
     if (auto e = DeviceBuffer::Allocate(ResolveWorkspaceBytes(g_, g_.max_rows), &workspace_); e != cudaSuccess) {
       return CudaError(e, "RESOLVE workspace");
     }
+    // The device's SM count, shared memory and RESOLVE's occupancy, asked once for the session
+    // instead of at every launch. A geometry RESOLVE cannot run leaves launch_ unprepared: every
+    // RESOLVE then fails with the launcher's own reason, as it would without a config.
+    if (PrepareResolveLaunch(g_, &launch_) != cudaSuccess) (void)cudaGetLastError();  // not the next launch's
     if (auto e = InitResolveWorkspace(workspace_.get(), workspace_.bytes(), nullptr); e != cudaSuccess)
       return CudaError(e, "workspace");
     return CudaError(cudaDeviceSynchronize(), "backend setup");
@@ -158,7 +162,7 @@ class CudaBackend final : public DeviceBackend {
       if (d.max_batch > g_.max_rows) return absl::InvalidArgumentError("max_batch exceeds the session's rows");
       d.batch_size = counts_.as<int32_t>() + d.max_batch;
     }
-    return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), static_cast<cudaStream_t>(stream)),
+    return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), launch_, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");
   }
   absl::Status Store(const StoreDesc& d, void* stream) override {
@@ -182,7 +186,7 @@ class CudaBackend final : public DeviceBackend {
     return MissPlan::Of(plans_.back().get(), g_.max_rows);
   }
   absl::Status Replay(const ReplayDesc& d, void* stream) override {
-    return CudaError(LaunchReplay(d, static_cast<cudaStream_t>(stream)), "prefetch launch");
+    return CudaError(LaunchReplay(d, launch_, static_cast<cudaStream_t>(stream)), "prefetch launch");
   }
   absl::Status CheckErrors() override {
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "data path");
@@ -221,6 +225,7 @@ class CudaBackend final : public DeviceBackend {
   DeviceBuffer counts_;              // int32_t[rows + 1], counts_[i] == i
   DeviceBuffer errors_;              // uint32_t: ResolveError bits
   DeviceBuffer workspace_;           // RESOLVE's
+  ResolveLaunchConfig launch_;       // PrepareResolveLaunch's for gpu_ and g_, at Init
   std::vector<DeviceBuffer> plans_;  // miss plans of anchor layers
 };
 

@@ -8,12 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 
@@ -50,8 +51,8 @@ struct Driver {
   decltype(&::cuIpcCloseMemHandle) IpcCloseMemHandle = nullptr;
 
   int device_count = 0;
-  std::mutex ctx_mu;
-  std::vector<CUcontext> primary;  // retained once per GPU for the life of the process
+  absl::Mutex ctx_mu;
+  std::vector<CUcontext> primary ABSL_GUARDED_BY(ctx_mu);  // retained once per GPU for the life of the process
 };
 
 template <typename F>
@@ -91,7 +92,10 @@ absl::StatusOr<Driver*> LoadDriver() {
     return absl::UnavailableError(absl::StrCat("cuInit failed (CUresult ", static_cast<int>(r), "): no usable GPU"));
   }
   if (d->DeviceGetCount(&d->device_count) != CUDA_SUCCESS) d->device_count = 0;
-  d->primary.assign(d->device_count, nullptr);
+  {
+    absl::MutexLock lock(&d->ctx_mu);  // not yet shared; the lock keeps the analysis exact
+    d->primary.assign(d->device_count, nullptr);
+  }
   return d;
 }
 
@@ -119,7 +123,7 @@ absl::StatusOr<Driver*> UseGpu(int gpu) {
   }
   CUcontext ctx = nullptr;
   {
-    std::lock_guard<std::mutex> lock(d->ctx_mu);
+    absl::MutexLock lock(&d->ctx_mu);
     if (d->primary[gpu] == nullptr) {
       CUdevice dev = 0;
       if (absl::Status st = Check(*d, d->DeviceGet(&dev, gpu), "cuDeviceGet"); !st.ok()) return st;

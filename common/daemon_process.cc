@@ -1,9 +1,12 @@
 #include "hisparse/common/daemon_process.h"
 
+#include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,10 +15,16 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "hisparse/common/unique_fd.h"
 
 namespace hisparse {
@@ -29,7 +38,78 @@ bool CanConnect(const std::string& path, int type) {
   return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
 }
 
+// The inodes of the sockets among `pid`'s descriptors (/proc/<pid>/fd/N -> "socket:[INODE]").
+std::set<std::string> SocketInodes(pid_t pid) {
+  std::set<std::string> inodes;
+  const std::string dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return inodes;
+  while (const dirent* e = ::readdir(d)) {
+    char target[256];
+    const ssize_t n = ::readlink((dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+    if (n <= 0) continue;
+    absl::string_view t(target, static_cast<size_t>(n));
+    if (absl::ConsumePrefix(&t, "socket:[") && absl::ConsumeSuffix(&t, "]")) inodes.emplace(t);
+  }
+  ::closedir(d);
+  return inodes;
+}
+
+// Local ports of the LISTEN entries (state 0A) of a /proc/net/tcp-format table whose inode is in
+// `inodes`. A line: "sl local_address(HEXIP:HEXPORT) rem_address st tx:rx tr:when retrnsmt uid
+// timeout inode ...".
+std::set<int> ListeningPorts(const std::string& table, const std::set<std::string>& inodes) {
+  std::set<int> ports;
+  std::ifstream in(table);
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    if (!(f >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode)) continue;
+    const size_t colon = local.rfind(':');
+    int port = 0;
+    if (state != "0A" || inodes.count(inode) == 0 || colon == std::string::npos ||
+        !absl::SimpleHexAtoi(absl::string_view(local).substr(colon + 1), &port)) {
+      continue;
+    }
+    ports.insert(port);
+  }
+  return ports;
+}
+
 }  // namespace
+
+bool WaitForChildExit(pid_t pid, int timeout_ms, int* status, struct rusage* usage) {
+  int st = 0;
+  rusage ru{};
+  const auto reaped = [&](int options) {
+    if (::wait4(pid, &st, options, &ru) != pid) return false;
+    if (status != nullptr) *status = st;
+    if (usage != nullptr) *usage = ru;
+    return true;
+  };
+  if (reaped(WNOHANG)) return true;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+#ifdef SYS_pidfd_open
+  // A pidfd turns readable when the process exits: poll() sleeps until then or the deadline.
+  if (UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))); pidfd.valid()) {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{pidfd.get(), POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      if (r > 0) return reaped(0);
+      if (r == 0 || errno != EINTR) return reaped(WNOHANG);
+    }
+  }
+#endif
+  while (std::chrono::steady_clock::now() < deadline) {  // no pidfd: look every 5 ms
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (reaped(WNOHANG)) return true;
+  }
+  return false;
+}
 
 absl::StatusOr<std::string> FindDaemonBinary() {
   if (const char* env = std::getenv("HISPARSE_DAEMON_BIN"); env != nullptr && *env) {
@@ -98,20 +178,45 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::v
   return absl::DeadlineExceededError(absl::StrCat("hisparsed did not start listening within ", timeout_ms, " ms"));
 }
 
+absl::StatusOr<int> DaemonProcess::ListeningTcpPort(int timeout_ms) const {
+  if (pid_ <= 0) return absl::FailedPreconditionError("the daemon is not running");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const std::set<std::string> inodes = SocketInodes(pid_);
+    std::set<int> ports = ListeningPorts(absl::StrCat("/proc/", pid_, "/net/tcp"), inodes);
+    for (int p : ListeningPorts(absl::StrCat("/proc/", pid_, "/net/tcp6"), inodes)) ports.insert(p);
+    if (ports.size() == 1) return *ports.begin();
+    if (ports.size() > 1) {
+      return absl::FailedPreconditionError(absl::StrCat("hisparsed (pid ", pid_, ") listens on ", ports.size(),
+                                                        " TCP ports; which one is meant is not known"));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::NotFoundError(
+          absl::StrCat("hisparsed (pid ", pid_, ") listens on no TCP port after ", timeout_ms, " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 int DaemonProcess::Signal(int sig) {
   if (pid_ <= 0) return -1;
   ::kill(pid_, sig);
   if (sig != SIGKILL && sig != SIGTERM) return 0;
   int status = 0;
-  for (int i = 0; i < 500; ++i) {  // up to 5 s for a clean stop, then force it
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return status;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!WaitForChildExit(pid_, 5000, &status)) {  // up to 5 s for a clean stop, then force it
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
   }
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+absl::StatusOr<int> DaemonProcess::WaitExit(int timeout_ms) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("the daemon is not running");
+  int status = 0;
+  if (!WaitForChildExit(pid_, timeout_ms, &status)) {
+    return absl::DeadlineExceededError(absl::StrCat("hisparsed (pid ", pid_, ") still runs after ", timeout_ms, " ms"));
+  }
   pid_ = -1;
   return status;
 }

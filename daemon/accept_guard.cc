@@ -104,7 +104,7 @@ AcceptGuard::Outcome AcceptGuard::OutOfDescriptors() {
 
 void AcceptGuard::Probe() {
   if (serving_ && !paused_) return;
-  if (Clock::now() < next_probe_) return;
+  if (Now() < next_probe_) return;
   if (!reserve_.valid()) reserve_ = OpenReserve();
   if (reserve_.valid()) {
     paused_ = false;
@@ -120,13 +120,13 @@ void AcceptGuard::Probe() {
 
 int AcceptGuard::WaitMs() const {
   if (serving_ && !paused_) return -1;
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_probe_ - Clock::now());
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_probe_ - Now());
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 
 void AcceptGuard::ScheduleProbe() {
   backoff_ = backoff_.count() == 0 ? kMinBackoff : std::min(backoff_ * 2, kMaxBackoff);
-  next_probe_ = Clock::now() + backoff_;
+  next_probe_ = Now() + backoff_;
 }
 
 void AcceptGuard::SetServing(bool serving, const std::string& why) {

@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(UniqueFd liste
   a->adopt_ = std::move(adopt);
   a->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!a->wake_.valid()) return absl::InternalError(absl::StrCat("control socket: eventfd: ", std::strerror(errno)));
-  auto guard = AcceptGuard::Create(a->listener_.get(), {"control socket", std::move(on_serving_change)});
+  auto guard = AcceptGuard::Create(a->listener_.get(), {"control socket", std::move(on_serving_change), {}});
   if (!guard.ok()) return guard.status();
   a->guard_ = std::move(*guard);
   try {

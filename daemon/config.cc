@@ -264,7 +264,9 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseOnPoolFull, admission.on_pool_full),
        [](const DaemonConfig& c) { return std::string(OnPoolFullName(c.admission.on_pool_full)); }, nullptr},
       {"metrics.listen", "HOST:PORT or empty",
-       "Prometheus /metrics over HTTP; loopback by default, empty turns it off.", true,
+       "Prometheus /metrics over HTTP; loopback by default, empty turns it off; port 0 takes a free port "
+       "(logged at start).",
+       true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {
          c.metrics.listen = std::string(v);
          return absl::OkStatus();
@@ -276,7 +278,7 @@ const std::vector<KeySpec>& Specs() {
          int port = 0;
          if (l.empty() ||
              (colon != std::string::npos && colon > 0 &&
-              absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port > 0 && port < 65536)) {
+              absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port >= 0 && port < 65536)) {
            return absl::OkStatus();
          }
          return absl::InvalidArgumentError(

@@ -108,12 +108,12 @@ struct Daemon::Impl {
   grpc::HealthCheckServiceInterface* health ABSL_GUARDED_BY(health_mu) = nullptr;  // `server`'s
   bool ready ABSL_GUARDED_BY(health_mu) = false;
   int channels_down ABSL_GUARDED_BY(health_mu) = 0;  // Channel bits
-  void SetReady(bool now_ready) {
+  void SetReady(bool now_ready) ABSL_LOCKS_EXCLUDED(health_mu) {
     absl::MutexLock lock(&health_mu);
     ready = now_ready;
     PublishHealthLocked();
   }
-  void SetChannelUp(Channel channel, bool up) {
+  void SetChannelUp(Channel channel, bool up) ABSL_LOCKS_EXCLUDED(health_mu) {
     absl::MutexLock lock(&health_mu);
     const int before = channels_down;
     channels_down = up ? channels_down & ~channel : channels_down | channel;
@@ -216,7 +216,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
   if (!config.metrics.listen.empty()) {
     HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
-    LOG(INFO) << "metrics on http://" << config.metrics.listen << "/metrics";
+    const std::vector<int> ports = impl->metrics_server->ListeningPorts();  // port 0: the one taken
+    const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
+    LOG(INFO) << "metrics on http://" << host << ":" << (ports.empty() ? 0 : ports.front()) << "/metrics";
   }
   HiSparseService::Hooks hooks;
   hooks.config_yaml = [raw] {

@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
   if (::epoll_ctl(server->epoll_.get(), EPOLL_CTL_ADD, server->wake_.get(), &ev) != 0) {
     return ErrnoStatus("epoll_ctl(ADD eventfd)");
   }
-  auto guard = AcceptGuard::Create(server->listener_.get(), {"fd channel", server->options_.on_serving_change});
+  auto guard = AcceptGuard::Create(server->listener_.get(), {"fd channel", server->options_.on_serving_change, {}});
   if (!guard.ok()) return guard.status();
   server->guard_ = std::move(*guard);
   try {

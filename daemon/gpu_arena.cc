@@ -4,10 +4,11 @@
 #include "hisparse/daemon/gpu_arena.h"
 
 #include <map>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "hisparse/common/log.h"
 
 #ifdef HISPARSE_HAVE_CUDA
@@ -67,8 +68,9 @@ class IpcArena final : public GpuArena {
 class KindCache {
  public:
   explicit KindCache(ArenaExport mode) : mode_(mode) {}
-  absl::StatusOr<std::string> For(int gpu) {
-    std::lock_guard<std::mutex> lock(mu_);
+  // The probe runs under the lock: the first arenas of one GPU must not probe it twice.
+  absl::StatusOr<std::string> For(int gpu) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     auto it = kinds_.find(gpu);
     if (it != kinds_.end()) return it->second;
     absl::StatusOr<bool> vmm = cuvmm::VmmFdExportSupported(gpu);
@@ -83,8 +85,8 @@ class KindCache {
 
  private:
   const ArenaExport mode_;
-  std::mutex mu_;
-  std::map<int, std::string> kinds_;
+  absl::Mutex mu_;
+  std::map<int, std::string> kinds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

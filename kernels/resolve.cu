@@ -842,18 +842,23 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
   if (!wrote_ends) Consume<UPR>(p);
 }
 
+// The RESOLVE kernel for a record size (its 16-byte units per record, 0: any size).
+using ResolveKernelFn = void (*)(const ResolveParams);
+ResolveKernelFn ResolveKernelFor(uint32_t record_bytes) {
+  return internal::DispatchRecordBytes(record_bytes,
+                                       [](auto upr) -> ResolveKernelFn { return ResolveKernel<decltype(upr)::value>; });
+}
+
+bool PreparedFor(const ResolveLaunchConfig& c, int device, const ArenaGeometry& g) {
+  return c.device >= 0 && c.device == device && c.k == g.k && c.slots == g.slots && c.record_bytes == g.record_bytes;
+}
+
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
 // so planners are capped at the device's capacity for this kernel and loop over rows; helpers
 // fill what capacity is left, one per SM at most.
-template <int UPR>
-cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin, cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(ResolveKernel<UPR>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (e != cudaSuccess) return e;
-  int per_sm = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ResolveKernel<UPR>, kThreads, smem);
-  if (e != cudaSuccess) return e;
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  const int capacity = per_sm * sms;
+void LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
+  const int sms = c.sms;
+  const int capacity = c.blocks_per_sm * sms;
   const int planners = p.d.max_batch < capacity ? p.d.max_batch : capacity;
   int helpers = capacity - planners;
   if (helpers > sms) helpers = sms;
@@ -861,8 +866,7 @@ cudaError_t LaunchResolveT(ResolveParams p, int sms, unsigned smem, int optin, c
   const int grid = planners + helpers;
   p.planner_blocks = planners;
   p.end_count = grid * kWarps - 1;
-  ResolveKernel<UPR><<<grid, kThreads, smem, stream>>>(p);
-  return cudaSuccess;
+  ResolveKernelFor(p.d.arena.geometry.record_bytes)<<<grid, kThreads, c.smem, stream>>>(p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -923,9 +927,10 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
   }
 }
 
-template <int UPR>
-void LaunchReplayT(const ReplayDesc& d, int blocks, int chunk_records, cudaStream_t stream) {
-  ReplayKernel<UPR><<<blocks, kReplayThreads, 0, stream>>>(d, chunk_records);
+using ReplayKernelFn = void (*)(const ReplayDesc, int);
+ReplayKernelFn ReplayKernelFor(uint32_t record_bytes) {
+  return internal::DispatchRecordBytes(record_bytes,
+                                       [](auto upr) -> ReplayKernelFn { return ReplayKernel<decltype(upr)::value>; });
 }
 
 }  // namespace
@@ -942,7 +947,49 @@ cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t str
   return e;
 }
 
+cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* config) {
+  char buf[192];
+  if (config == nullptr) return internal::FailLaunch("PrepareResolveLaunch: config is null");
+  if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
+  ResolveLaunchConfig c;
+  c.k = g.k;
+  c.slots = g.slots;
+  c.record_bytes = g.record_bytes;
+  cudaError_t e = cudaGetDevice(&c.device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, c.device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device);
+  if (e != cudaSuccess) {
+    internal::SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  const SmemLayout sm = ComputeSmem(g);
+  if (sm.total > static_cast<unsigned>(c.smem_optin)) {
+    std::snprintf(buf, sizeof buf,
+                  "unsupported geometry: k=%d, B=%d needs %u bytes of shared memory per row "
+                  "block, the device has %d",
+                  g.k, g.slots, sm.total, c.smem_optin);
+    return internal::FailLaunch(buf);
+  }
+  c.smem = sm.total;
+  const ResolveKernelFn kernel = ResolveKernelFor(g.record_bytes);
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, c.smem_optin);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.blocks_per_sm, kernel, kThreads, c.smem);
+  if (e == cudaSuccess && c.blocks_per_sm < 1) e = cudaErrorInvalidConfiguration;
+  if (e != cudaSuccess) {
+    internal::SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  *config = c;
+  internal::SetLaunchError("");
+  return cudaSuccess;
+}
+
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return LaunchResolve(d, workspace, workspace_bytes, ResolveLaunchConfig{}, stream);
+}
+
+cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
+                          const ResolveLaunchConfig& config, cudaStream_t stream) {
   char buf[192];
   const ArenaGeometry& g = d.arena.geometry;
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
@@ -965,24 +1012,20 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);
     return internal::FailLaunch(buf);
   }
-  int dev = 0, sms = 0, optin = 0;
+  // The device's figures: the session's, or asked for now (no config, another device or geometry).
+  int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess) {
-    e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  }
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
   }
-  const SmemLayout sm = ComputeSmem(g);
-  if (sm.total > static_cast<unsigned>(optin)) {
-    std::snprintf(buf, sizeof buf,
-                  "unsupported geometry: k=%d, B=%d needs %u bytes of shared memory per row "
-                  "block, the device has %d",
-                  g.k, g.slots, sm.total, optin);
-    return internal::FailLaunch(buf);
+  ResolveLaunchConfig asked;
+  const ResolveLaunchConfig* c = &config;
+  if (!PreparedFor(config, dev, g)) {
+    if ((e = PrepareResolveLaunch(g, &asked)) != cudaSuccess) return e;
+    c = &asked;
   }
+  const SmemLayout sm = ComputeSmem(g);
   ResolveParams p{};
   p.d = d;
   uint8_t* base = static_cast<uint8_t*>(workspace);
@@ -1004,16 +1047,15 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.seg_k = SegmentItems(g.k);
   p.seg_b = SegmentItems(g.slots);
 
-  e = internal::DispatchRecordBytes(
-      g.record_bytes, [&](auto upr) { return LaunchResolveT<decltype(upr)::value>(p, sms, sm.total, optin, stream); });
-  if (e != cudaSuccess) {
-    internal::SetLaunchError(cudaGetErrorName(e));
-    return e;
-  }
+  LaunchResolveGrid(p, *c, stream);
   return internal::CheckLaunched();
 }
 
 cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
+  return LaunchReplay(d, ResolveLaunchConfig{}, stream);
+}
+
+cudaError_t LaunchReplay(const ReplayDesc& d, const ResolveLaunchConfig& config, cudaStream_t stream) {
   char buf[192];
   const ArenaGeometry& g = d.arena.geometry;
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
@@ -1034,9 +1076,11 @@ cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
     internal::SetLaunchError("");
     return cudaSuccess;
   }
-  int dev = 0, sms = 0;
+  int dev = 0, sms = config.sms;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess && (config.device < 0 || config.device != dev)) {
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  }
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
@@ -1045,8 +1089,7 @@ cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {
   int blocks = d.blocks > 0 ? d.blocks : sms / 8;
   if (blocks < 1) blocks = 1;
   if (blocks > sms) blocks = sms;
-  internal::DispatchRecordBytes(g.record_bytes,
-                                [&](auto upr) { LaunchReplayT<decltype(upr)::value>(d, blocks, rw, stream); });
+  ReplayKernelFor(g.record_bytes)<<<blocks, kReplayThreads, 0, stream>>>(d, rw);
   return internal::CheckLaunched();
 }
 

@@ -5,6 +5,9 @@
 #   build-tsan  TSan: the daemon's concurrency tests (integration and fault: a TSan-built hisparsed
 #               serving several client threads and processes) and the daemon unit tests
 #   build-fuzz  libFuzzer + ASan + UBSan: each fuzz target of tests/fuzz for FUZZ_SECONDS
+# Being clang builds, all three also enforce the thread-safety annotations (HISPARSE_THREAD_SAFETY,
+# on with clang: -Wthread-safety -Werror=thread-safety), and ctest's ThreadSafetyAnalysisEnforced
+# checks that the flags refuse a violation.
 # Every stage runs even when an earlier one fails; the summary at the end lists each stage's
 # result and time, and the exit status is non-zero when any stage failed.
 #

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -68,7 +67,10 @@ TEST(AcceptGuardTest, ShedsPendingConnectionsWithoutDescriptorsAndRecovers) {
   ASSERT_TRUE(listener.ok()) << listener.status();
   ASSERT_EQ(::fcntl(listener->get(), F_SETFL, O_NONBLOCK), 0);
   std::vector<bool> changes;
-  auto guard = AcceptGuard::Create(listener->get(), {"test channel", [&](bool up) { changes.push_back(up); }});
+  // The backoff runs on a fake clock: the test moves it past each wait instead of sleeping.
+  AcceptGuard::Clock::time_point now{};
+  auto guard = AcceptGuard::Create(listener->get(),
+                                   {"test channel", [&](bool up) { changes.push_back(up); }, [&] { return now; }});
   ASSERT_TRUE(guard.ok()) << guard.status();
   AcceptGuard& g = **guard;
   UniqueFd conn;
@@ -104,16 +106,19 @@ TEST(AcceptGuardTest, ShedsPendingConnectionsWithoutDescriptorsAndRecovers) {
     EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();  // closed, not left waiting
   }
 
-  // A probe while still full keeps the channel down; with descriptors free it comes back.
-  std::this_thread::sleep_for(std::chrono::milliseconds(g.WaitMs() + 1));
+  // A probe while still full keeps the channel down, and backs off further.
+  const int first_wait = g.WaitMs();
+  now += std::chrono::milliseconds(first_wait + 1);
   g.Probe();
   EXPECT_FALSE(g.serving());
+  EXPECT_GT(g.WaitMs(), first_wait);  // the backoff doubled
+  // With descriptors free, a probe before the wait has passed does nothing; the next one after it
+  // brings the channel back.
   filler.clear();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!g.serving() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::max(1, g.WaitMs())));
-    g.Probe();
-  }
+  g.Probe();
+  EXPECT_FALSE(g.serving());
+  now += std::chrono::milliseconds(g.WaitMs() + 1);
+  g.Probe();
   EXPECT_TRUE(g.serving());
   EXPECT_EQ(g.WaitMs(), -1);
   EXPECT_EQ(changes, (std::vector<bool>{false, true}));

@@ -534,6 +534,71 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   cudaStreamDestroy(s);
 }
 
+// The device figures asked for once (PrepareResolveLaunch, as the CUDA backend does at session
+// open) give the launches of the figures asked for at every launch: every step matches the
+// reference, eager and graph-captured. A config prepared for another geometry is not used (the
+// launcher asks the driver again), so a stale config cannot change a kernel's grid.
+TEST(ResolveGpu, PreparedLaunchConfigMatchesReference) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 656, 16, 40};
+  World w(c, 2, 5150);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  int dev = -1, sms = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  ResolveLaunchConfig cfg;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &cfg));
+  EXPECT_EQ(cfg.device, dev);
+  EXPECT_EQ(cfg.sms, sms);
+  EXPECT_EQ(cfg.k, c.k);
+  EXPECT_EQ(cfg.slots, c.B);
+  EXPECT_EQ(cfg.record_bytes, c.rb);
+  EXPECT_GE(cfg.blocks_per_sm, 1);
+  EXPECT_GT(cfg.smem, 0u);
+  EXPECT_LE(cfg.smem, static_cast<unsigned>(cfg.smem_optin));
+  ResolveLaunchConfig other;
+  CUDA_OK(PrepareResolveLaunch(ArenaGeometry{4, 2, 512, 256, 1152}, &other));
+
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraphExec_t exec;
+  w.layer_ = 0;
+  {
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, cfg, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  for (int step = 0; step < c.steps; ++step) {
+    const int how = step % 3;  // 0: the prepared config, 1: another geometry's, 2: the captured graph
+    w.layer_ = how == 2 ? 0 : step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), 0.03);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    if (how == 2) {
+      CUDA_OK(cudaGraphLaunch(exec, s));
+    } else {
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, how == 0 ? cfg : other, s));
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(
+        w.CompareStep(batch, 0, "prepared config, way " + std::to_string(how) + " step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("prepared config"));
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+
+  // A geometry RESOLVE cannot run is refused by Prepare with the launcher's own reason.
+  ResolveLaunchConfig too_big;
+  EXPECT_EQ(PrepareResolveLaunch(ArenaGeometry{4, 1, 200000, 2048, 656}, &too_big), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("bytes of shared memory per row block"), std::string::npos)
+      << LastLaunchError();
+  EXPECT_EQ(too_big.device, -1);
+  EXPECT_EQ(PrepareResolveLaunch(ArenaGeometry{4, 1, 512, 256, 24}, &too_big), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("unsupported record_bytes: 24"), std::string::npos);
+}
+
 TEST(ResolveGpu, RejectsUnsupportedInputOnHost) {
   REQUIRE_GPU();
   ResolveDesc d{};

@@ -112,10 +112,7 @@ TEST(AdmissionUnderPressureTest, FullPoolEvictsTheTenantsOldestRequestAfterNotic
   ASSERT_TRUE(new_session.Admit(100, 10, 16000).ok());
   uint64_t ids[4];
   size_t n = 0;
-  for (int i = 0; i < 500 && n == 0; ++i) {
-    ASSERT_EQ(hs_poll_evicted(old_session.get(), ids, 4, &n), HS_OK);
-    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  ASSERT_TRUE(WaitUntil([&] { return hs_poll_evicted(old_session.get(), ids, 4, &n) != HS_OK || n != 0; }));
   ASSERT_EQ(n, 1u);
   EXPECT_EQ(ids[0], 1u);
   v1::StatsResponse st = Stats(a);

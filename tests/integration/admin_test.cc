@@ -79,10 +79,7 @@ TEST(AdminTest, EveryCommandHumanAndJson) {
   EXPECT_NE(r.out.find("evicted request 11"), std::string::npos) << r.out;
   uint64_t ids[4];
   size_t n = 0;
-  for (int i = 0; i < 500 && n == 0; ++i) {
-    ASSERT_EQ(hs_poll_evicted(s.get(), ids, 4, &n), HS_OK);
-    if (n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  ASSERT_TRUE(WaitUntil([&] { return hs_poll_evicted(s.get(), ids, 4, &n) != HS_OK || n != 0; }));
   ASSERT_EQ(n, 1u);
   EXPECT_EQ(ids[0], 11u);
   void* rec = nullptr;
@@ -110,24 +107,10 @@ TEST(AdminTest, DrainTurnsHealthNotServingRefusesAdmissionsAndExitsWhenIdle) {
   v1::StatsResponse st = Stats(a);
   EXPECT_TRUE(st.draining());
   s.Close();  // the last session ends: the daemon exits
-  int status = -1;
-  for (int i = 0; i < 1000; ++i) {
-    if (::waitpid(daemon->pid(), &status, WNOHANG) == daemon->pid()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const absl::StatusOr<int> status = daemon->WaitExit(30000);
+  ASSERT_TRUE(status.ok()) << status.status();
   // 75 (kDrainedExitCode): a drain is a graceful restart, which the systemd unit restarts.
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 75) << status;
-}
-
-int FreePort() {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 0;
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  return ntohs(addr.sin_port);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
 }
 
 std::string HttpGet(int port, const std::string& path) {
@@ -148,10 +131,14 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
-  const int port = FreePort();
-  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--metrics-listen",
-                             "127.0.0.1:" + std::to_string(port)});
+  // Port 0: the kernel picks a free port as the daemon binds, and the test reads it back.
+  auto daemon =
+      StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--metrics-listen", "127.0.0.1:0"});
   ASSERT_NE(daemon, nullptr);
+  const absl::StatusOr<int> port_or = daemon->ListeningTcpPort();
+  ASSERT_TRUE(port_or.ok()) << port_or.status();
+  const int port = *port_or;
+  ASSERT_GT(port, 0);
   const std::string a = daemon->address();
   Session s;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
@@ -201,11 +188,10 @@ TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
                       << "log_level: debug\n";
   ::kill(daemon->pid(), SIGHUP);
   std::string cfg;
-  for (int i = 0; i < 500; ++i) {
+  WaitUntil([&] {
     cfg = Ctl(a, "config").out;
-    if (cfg.find("max_sessions: 1\n") != std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    return cfg.find("max_sessions: 1\n") != std::string::npos;
+  });
   EXPECT_NE(cfg.find("max_sessions: 1\n"), std::string::npos) << cfg;
   // StartDaemon passes --log-level warning: a flag keeps overriding the file across reloads.
   EXPECT_NE(cfg.find("log_level: warning"), std::string::npos) << cfg;

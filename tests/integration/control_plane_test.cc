@@ -246,9 +246,7 @@ TEST_F(ControlPlaneTest, DaemonValidatesLayerAnchors) {
     EXPECT_NE(st.error_message().find(b.says), std::string::npos) << st.error_message();
   }
   // The two sessions that opened ended with their streams (asynchronously), the refused never began.
-  for (int i = 0; i < 200 && Stats(address_).sessions() != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return Stats(address_).sessions() == 0; });
   EXPECT_EQ(Stats(address_).sessions(), 0u);
 }
 
@@ -259,13 +257,12 @@ TEST_F(ControlPlaneTest, ClosingASessionReleasesEverything) {
     ASSERT_TRUE(s.Admit(2, 1, 1000).ok());
     EXPECT_EQ(Stats(address_).requests(), 2u);
   }
-  // The close is a stream end the daemon processes asynchronously; poll briefly.
+  // The close is a stream end the daemon processes asynchronously: wait for it (bounded).
   v1::StatsResponse st;
-  for (int i = 0; i < 500; ++i) {
+  WaitUntil([&] {
     st = Stats(address_);
-    if (st.sessions() == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    return st.sessions() == 0;
+  });
   EXPECT_EQ(st.sessions(), 0u);
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);
 }

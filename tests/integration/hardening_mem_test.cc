@@ -327,10 +327,7 @@ TEST(HostArenaBudgetTest, SessionsPastTheBudgetAreRefusedAndTheDaemonServes) {
   EXPECT_EQ(stats.sessions(), 2u);
   // A closed session gives its bytes back.
   held.pop_back();
-  for (int attempt = 0; Stats(d->address()).sessions() != 1u; ++attempt) {
-    ASSERT_LT(attempt, 2000) << "the closed session did not end";
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  ASSERT_TRUE(WaitUntil([&] { return Stats(d->address()).sessions() == 1u; })) << "the closed session did not end";
   auto again = OpenRaw(stub.get(), Arena100GiB());
   EXPECT_TRUE(again->ok()) << again->status.error_message();
 }
@@ -350,13 +347,12 @@ TEST(HostArenaBudgetTest, TheBudgetChangesOnReload) {
   std::ofstream(path) << "host_pool:\n  size: 64MiB\n  segment_size: 4MiB\nlimits:\n  host_arena_bytes: 250GiB\n";
   ::kill(d->pid(), SIGHUP);
   std::unique_ptr<RawSession> second;
-  for (int attempt = 0;; ++attempt) {  // the reload lands a moment after the signal
+  // The reload lands a moment after the signal; until then the budget refuses.
+  const bool applied = WaitUntil([&] {
     second = OpenRaw(stub.get(), Arena100GiB());
-    if (second->ok()) break;
-    ASSERT_EQ(second->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second->status.error_message();
-    ASSERT_LT(attempt, 2000) << "the raised budget never applied: " << second->status.error_message();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    return second->ok() || second->status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED;
+  });
+  ASSERT_TRUE(second->ok()) << (applied ? "" : "the raised budget never applied: ") << second->status.error_message();
   ::unlink(path.c_str());
   ::rmdir(tmpl);
 }
@@ -466,12 +462,12 @@ TEST(GrpcThreadsTest, IdleStreamsPastTheThreadBoundAreRefused) {
   bool ok = false;
   while (cq.Next(&t, &ok)) {
   }
-  for (int attempt = 0;; ++attempt) {  // the cancelled handlers return a moment later
+  std::string last_error;
+  EXPECT_TRUE(WaitUntil([&] {  // the cancelled handlers return a moment later
     auto s = OpenRaw(stub.get(), HostGeometry(8, 4, 16, 64));
-    if (s->ok()) break;
-    ASSERT_LT(attempt, 2000) << s->status.error_message();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    last_error = s->status.error_message();
+    return s->ok();
+  })) << last_error;
 }
 
 // ---- 3 and 4: processes that must not start ----
@@ -502,21 +498,16 @@ struct Child {
     }
     return c;
   }
-  // True once exited within `seconds`.
+  // True once exited within `seconds` (0: has it exited?).
   bool WaitExit(int seconds) {
-    const auto deadline = Clock::now() + std::chrono::seconds(seconds);
-    while (Clock::now() < deadline) {
-      int st = 0;
-      rusage ru{};
-      if (::wait4(pid, &st, WNOHANG, &ru) == pid) {
-        status = st;
-        max_rss_kb = ru.ru_maxrss;
-        pid = -1;
-        return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
+    int st = 0;
+    rusage ru{};
+    if (pid <= 0) return status.has_value();  // reaped already
+    if (!WaitForChildExit(pid, seconds * 1000, &st, &ru)) return false;
+    status = st;
+    max_rss_kb = ru.ru_maxrss;
+    pid = -1;
+    return true;
   }
   void Kill(int sig) {
     if (pid <= 0) return;
@@ -568,10 +559,7 @@ TEST(SocketLockTest, ASecondDaemonOnTheSamePathRefusesAndTheFirstServes) {
   EXPECT_EQ(::access((dir + "/hisparsed.sock.lock").c_str(), F_OK), 0);
   Child third = Child::Spawn(args, dir + "/third.err");
   bool serving = false;
-  for (int attempt = 0; attempt < 2000 && !serving && !third.WaitExit(0); ++attempt) {
-    serving = Serves(address);
-    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return (serving = Serves(address)) || third.WaitExit(0); });
   EXPECT_TRUE(serving) << third.Stderr();
   third.Kill(SIGTERM);
   ASSERT_TRUE(third.status.has_value());

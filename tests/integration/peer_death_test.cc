@@ -59,11 +59,10 @@ TEST(PeerDeathTest, KilledClientsMemoryIsReclaimed) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     // Liveness bound only (not a timing assertion): the reclaim time is printed.
-    for (int i = 0; i < 1000; ++i) {
+    WaitUntil([&] {
       st = Stats(daemon->address());
-      if (st.sessions() == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+      return st.sessions() == 0;
+    });
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("round %d: reclaimed in %.1f ms\n", round, ms);
     EXPECT_EQ(st.sessions(), 0u);
@@ -85,11 +84,10 @@ TEST(PeerDeathTest, ChurningClientsKilledAtRandomPointsLeaveNothing) {
     ::waitpid(pid, nullptr, 0);
   }
   v1::StatsResponse st;
-  for (int i = 0; i < 1000; ++i) {
+  WaitUntil([&] {
     st = Stats(daemon->address());
-    if (st.sessions() == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+    return st.sessions() == 0;
+  });
   EXPECT_EQ(st.sessions(), 0u);
   EXPECT_EQ(st.requests(), 0u);
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);

@@ -27,11 +27,10 @@ TEST(DaemonRestartTest, EnginesGetAClearErrorKeepTheirMappingAndReconnect) {
   // The stream's end marks the session dead; give the client's watcher a moment to see it.
   Error e;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 200; ++i) {
+  WaitUntil([&] {
     e = s.Admit(2, 10, 100);
-    if (e.code == HS_ERR_UNAVAILABLE) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+    return e.code == HS_ERR_UNAVAILABLE;
+  });
   EXPECT_EQ(e.code, HS_ERR_UNAVAILABLE) << e.message;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15)) << "a control call hung";
   // The pages stay mapped in this process: an in-flight step can still read its records.

@@ -7,10 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
-
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -50,6 +51,21 @@ inline CommandResult RunCommand(const std::string& cmd) {
 // hisparse-ctl --daemon ADDRESS ARGS
 inline CommandResult Ctl(const std::string& address, const std::string& args) {
   return RunCommand(BinDir() + "/hisparse-ctl --daemon " + address + " " + args);
+}
+
+// Waits for what the daemon does asynchronously and offers no event for (a session ends after its
+// stream closed, a reload lands after SIGHUP, an eviction notice reaches the client): checks
+// `done` now, then every 2 ms, until it holds or `timeout` passes. The deadline only bounds the
+// wait (generous, for sanitizer builds); nothing is asserted about how long it took. Returns
+// whether `done` held.
+template <typename Done>
+bool WaitUntil(Done&& done, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 inline std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args = {}) {

@@ -12,7 +12,7 @@
 // besides the reserve: on_serving_change(true).
 //
 // RateLimitedLog says whether to log now: at most one line per interval, the next one carrying the
-// count of those suppressed. Its clock is injected.
+// count of those suppressed. Both clocks are injected.
 //
 // Thread-safety: AcceptGuard is confined to its acceptor's thread (not thread-safe); its callback
 // runs on that thread. RateLimitedLog is thread-safe.
@@ -41,7 +41,7 @@ class RateLimitedLog {
       : interval_(interval), clock_(std::move(clock)) {}
   // True when the caller should log this occurrence; *suppressed is then how many occurrences
   // since the last logged one were not.
-  bool ShouldLog(uint64_t* suppressed);
+  bool ShouldLog(uint64_t* suppressed) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const absl::Duration interval_;
@@ -56,9 +56,11 @@ std::string SuppressedNote(uint64_t suppressed);
 
 class AcceptGuard {
  public:
+  using Clock = std::chrono::steady_clock;
   struct Options {
     std::string channel;                                  // "fd channel", "control socket": for logs
     std::function<void(bool serving)> on_serving_change;  // may be empty
+    std::function<Clock::time_point()> now;               // the backoff's clock; empty: Clock::now
   };
   enum class Outcome {
     kAccepted,  // *conn holds a new connection
@@ -82,12 +84,12 @@ class AcceptGuard {
   uint64_t shed() const { return shed_; }  // connections closed unserved for want of descriptors
 
  private:
-  using Clock = std::chrono::steady_clock;
   AcceptGuard(int listener, Options options, UniqueFd reserve)
       : listener_(listener), options_(std::move(options)), reserve_(std::move(reserve)) {}
   Outcome OutOfDescriptors();
   void SetServing(bool serving, const std::string& why);
   void ScheduleProbe();
+  Clock::time_point Now() const { return options_.now ? options_.now() : Clock::now(); }
 
   int listener_;
   Options options_;

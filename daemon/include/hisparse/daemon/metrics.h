@@ -19,11 +19,8 @@
 #include "absl/status/statusor.h"
 #include "hisparse/daemon/session_manager.h"
 #include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
-
-namespace prometheus {
-class Exposer;
-}
 
 namespace hisparse {
 
@@ -61,6 +58,8 @@ class MetricsServer {
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
                                                               std::shared_ptr<Metrics> metrics);
   ~MetricsServer();
+  // The ports it listens on: the one asked for, or the one the kernel chose for port 0.
+  std::vector<int> ListeningPorts() const { return exposer_->GetListeningPorts(); }
 
  private:
   MetricsServer() = default;

@@ -40,6 +40,29 @@ size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch);
 // Zeroes a workspace (once after allocation, or after a failed launch).
 cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t stream);
 
+// What RESOLVE and replay launches need to know of the device and of the RESOLVE kernel for one
+// geometry: the SM count, the opt-in shared memory per block and the kernel's occupancy. Asking
+// the driver for these at every step costs host time on the decode path, and none of them changes
+// during a session: PrepareResolveLaunch asks once (at session open, with the session's device
+// current) and a launcher given the config uses it. A launcher uses a config only when it was
+// prepared for the current device and the launch's k, slots and record size; otherwise it asks the
+// driver as the launchers without a config do, so the kernels' behaviour never depends on it.
+struct ResolveLaunchConfig {
+  int device = -1;  // -1: not prepared
+  int32_t k = 0;
+  int32_t slots = 0;
+  uint32_t record_bytes = 0;
+  int sms = 0;            // cudaDevAttrMultiProcessorCount
+  int smem_optin = 0;     // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  unsigned smem = 0;      // dynamic shared memory of one RESOLVE block for this geometry
+  int blocks_per_sm = 0;  // RESOLVE blocks resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor)
+};
+
+// Fills `config` for the current device and `g`, and sets the RESOLVE kernel's shared-memory
+// attribute on that device. cudaErrorInvalidValue (LastLaunchError says why) for a geometry that
+// RESOLVE does not support, e.g. one whose per-row plan does not fit in shared memory.
+cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* config);
+
 // One RESOLVE step for one layer and the batch: hit detection, LRU eviction, miss fetch from the
 // host pool (GPU threads reading mapped host memory), slot table. The grid (at most one wave of
 // resident blocks) is sized from max_batch and the device; rows at index >= *d.batch_size do
@@ -48,6 +71,10 @@ cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t str
 // block's shared memory (e.g. k = 2048 with B up to about 18,500 on an H200; LastLaunchError says
 // otherwise). Rows of one launch must be distinct (two entries of one row would race).
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// The same, with the device figures of PrepareResolveLaunch (asked for again only if `config`
+// does not match the current device and d's geometry).
+cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
+                          const ResolveLaunchConfig& config, cudaStream_t stream);
 
 // Exact layer-wise prefetch (ReplayDesc): copies the anchor's recorded misses into `layer`'s
 // slots and makes its tables the anchor's. Meant for a side stream that waits on an event recorded
@@ -55,6 +82,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
 // Graph-capturable like RESOLVE; needs no workspace. Uses d.blocks thread blocks (0: an eighth of
 // the SMs), so the engine's kernels on the main stream keep the rest of the GPU.
 cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream);
+// The same, with the SM count of a config prepared for the current device (any geometry).
+cudaError_t LaunchReplay(const ReplayDesc& d, const ResolveLaunchConfig& config, cudaStream_t stream);
 
 // Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
 cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream);
