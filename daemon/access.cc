@@ -79,8 +79,7 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   return found->gr_gid;
 }
 
-absl::StatusOr<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(UniqueFd listener, AccessPolicy policy,
-                                                                  Adopt adopt,
+absl::StatusOr<std::unique_ptr<PeerAcceptor>> PeerAcceptor::Start(UniqueFd listener, AccessPolicy policy, Adopt adopt,
                                                                   std::function<void(bool serving)> on_serving_change) {
   std::unique_ptr<PeerAcceptor> a(new PeerAcceptor());
   if (::fcntl(listener.get(), F_SETFL, ::fcntl(listener.get(), F_GETFL) | O_NONBLOCK) != 0) {

@@ -253,21 +253,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
   grpc::Server* server = impl->server.get();
   PeerRegistry* peers = &impl->peers;
-  HS_ASSIGN_OR_RETURN(impl->acceptor,
-                      PeerAcceptor::Start(
-                          std::move(*listener), policy,
-                          [server, peers](int fd, const PeerCredentials& peer) {
-                            // Recorded first: the connection's first RPC may arrive as soon as gRPC has it.
-                            if (absl::Status st = peers->Record(fd, peer); !st.ok()) {
-                              LOG(WARNING) << "refused a control connection from pid " << peer.pid << ": " << st;
-                              ::close(fd);
-                              return;
-                            }
-                            // gRPC's event engine drives the connection with non-blocking I/O.
-                            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-                            grpc::AddInsecureChannelFromFd(server, fd);
-                          },
-                          [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); }));
+  HS_ASSIGN_OR_RETURN(impl->acceptor, PeerAcceptor::Start(
+                                          std::move(*listener), policy,
+                                          [server, peers](int fd, const PeerCredentials& peer) {
+                                            // Recorded first: the connection's first RPC may arrive as soon as gRPC has
+                                            // it.
+                                            if (absl::Status st = peers->Record(fd, peer); !st.ok()) {
+                                              LOG(WARNING)
+                                                  << "refused a control connection from pid " << peer.pid << ": " << st;
+                                              ::close(fd);
+                                              return;
+                                            }
+                                            // gRPC's event engine drives the connection with non-blocking I/O.
+                                            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+                                            grpc::AddInsecureChannelFromFd(server, fd);
+                                          },
+                                          [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); }));
   // Pools are ready: only now do health checks see SERVING.
   {
     absl::MutexLock lock(&impl->health_mu);

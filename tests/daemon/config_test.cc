@@ -366,13 +366,13 @@ TEST(ConfigTest, KeyTable) {
     EXPECT_EQ(c, DaemonConfig{}) << k.key;
   }
   EXPECT_THAT(
-      names, ::testing::ElementsAre("listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
-                                    "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
-                                    "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
-                                    "limits.max_fd_connections_per_peer", "limits.host_arena_bytes",
-                                    "access.socket_group", "access.allowed_uids", "access.allowed_gids",
-                                    "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes",
-                                    "quotas.requests", "quotas.sessions", "quotas.segments", "admission.on_pool_full", "metrics.listen", "log_level"));
+      names, ::testing::ElementsAre(
+                 "listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
+                 "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget", "gpu.arena_export",
+                 "limits.max_sessions", "limits.max_requests_per_session", "limits.max_fd_connections_per_peer",
+                 "limits.host_arena_bytes", "access.socket_group", "access.allowed_uids", "access.allowed_gids",
+                 "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
+                 "quotas.sessions", "quotas.segments", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");

@@ -94,8 +94,7 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group);
 class PeerAcceptor {
  public:
   using Adopt = std::function<void(int fd, const PeerCredentials& peer)>;
-  static absl::StatusOr<std::unique_ptr<PeerAcceptor>> Start(UniqueFd listener, AccessPolicy policy,
-                                                             Adopt adopt,
+  static absl::StatusOr<std::unique_ptr<PeerAcceptor>> Start(UniqueFd listener, AccessPolicy policy, Adopt adopt,
                                                              std::function<void(bool serving)> on_serving_change = {});
   ~PeerAcceptor();
   void Stop();

@@ -41,7 +41,7 @@ namespace hisparse {
 // and the metrics' hisparse_rejections_total{reason} both follow.
 enum class RejectReason { kPoolFull, kRowsFull, kDraining, kSessionLimit, kArenaBudget, kHostArenaBudget, kQuota };
 inline constexpr RejectReason kRejectReasons[] = {
-    RejectReason::kPoolFull,    RejectReason::kRowsFull,         RejectReason::kDraining, RejectReason::kSessionLimit,
+    RejectReason::kPoolFull,    RejectReason::kRowsFull,        RejectReason::kDraining, RejectReason::kSessionLimit,
     RejectReason::kArenaBudget, RejectReason::kHostArenaBudget, RejectReason::kQuota};
 // "pool_full", "rows_full", "draining", "session_limit", "arena_budget", "host_arena_budget", "quota".
 const char* RejectReasonName(RejectReason reason);
