@@ -295,6 +295,11 @@ TEST(SessionManagerTest, EngineNameMustBeUtf8AndIsCutAtACharacter) {
 }
 
 TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
+#ifdef HISPARSE_UBSAN_BUILD
+  // UBSan's vptr check tests memory through a pipe (sanitizer_common's IsAccessibleMemoryRange):
+  // with no descriptor left it reports every virtual call as a type error, here and in the daemon.
+  GTEST_SKIP() << "descriptor exhaustion makes UBSan's vptr check report false errors; runs in the plain build";
+#endif
   auto sm = MakeManager(2 * kMiB);
   v1::OpenSession open;
   v1::Geometry* g = open.mutable_geometry();

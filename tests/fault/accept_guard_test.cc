@@ -62,6 +62,11 @@ class LimitGuard {
 };
 
 TEST(AcceptGuardTest, ShedsPendingConnectionsWithoutDescriptorsAndRecovers) {
+#ifdef HISPARSE_UBSAN_BUILD
+  // UBSan's vptr check tests memory through a pipe (sanitizer_common's IsAccessibleMemoryRange):
+  // with no descriptor left it reports every virtual call as a type error, here and in the daemon.
+  GTEST_SKIP() << "descriptor exhaustion makes UBSan's vptr check report false errors; runs in the plain build";
+#endif
   const std::string path = ::testing::TempDir() + "/accept_guard_test." + std::to_string(::getpid()) + ".sock";
   auto listener = ListenUnixSeqpacket(path, 0600);
   ASSERT_TRUE(listener.ok()) << listener.status();

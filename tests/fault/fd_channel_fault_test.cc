@@ -141,6 +141,11 @@ int OpenFds(pid_t pid) {
 }
 
 TEST(FdChannelFaultTest, RecoversFromDescriptorExhaustion) {
+#ifdef HISPARSE_UBSAN_BUILD
+  // UBSan's vptr check tests memory through a pipe (sanitizer_common's IsAccessibleMemoryRange):
+  // with no descriptor left it reports every virtual call as a type error, here and in the daemon.
+  GTEST_SKIP() << "descriptor exhaustion makes UBSan's vptr check report false errors; runs in the plain build";
+#endif
   auto daemon = Start({});  // the default per-peer cap (1024) is far above what this takes
   ASSERT_NE(daemon, nullptr);
   const std::string fd_path = daemon->socket_path() + ".fd";
