@@ -148,7 +148,7 @@ int ResolveSharedMain(int argc, char** argv) {
     std::fprintf(stderr, "hisparse-bench resolve-shared: session: %s\n", session.status().ToString().c_str());
     return 1;
   }
-  const std::string kind = (*session)->arena_kind();
+  const std::string kind = v1::ArenaKindName((*session)->arena_kind());
   const ArenaGeometry g{o.batch, 1, o.slots, o.k, static_cast<uint32_t>(o.record_bytes)};
   const ArenaOffsets off = ComputeArenaOffsets(g);
   void* own_mem = nullptr;

@@ -106,7 +106,7 @@ int ArenaPart(const Options& o) {
         }
         const ClientSession::OpenPhases p = (*s)->open_phases();
         const hs_session_info info = (*s)->Info();
-        const std::string kind = (*s)->arena_kind();
+        const std::string kind = v1::ArenaKindName((*s)->arena_kind());
         const auto t_close = std::chrono::steady_clock::now();
         s->reset();
         double close_s = Since(t_close);

@@ -240,7 +240,7 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
       r.misses = ss.misses();
       r.bytes_fetched = ss.bytes_fetched();
     }
-    if (s->impl->backend_kind() == HS_BACKEND_CUDA && s->impl->arena_kind() == "host") {
+    if (s->impl->backend_kind() == HS_BACKEND_CUDA && s->impl->arena_kind() == hisparse::v1::ARENA_KIND_HOST) {
       // The CUDA backend keeps a private GPU arena when the daemon serves host arenas (device
       // auto/host): its counters are only here. With daemon GPU arenas the daemon reads them.
       auto c = s->impl->Counters();

@@ -6,13 +6,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <variant>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "hisparse/common/status_macros.h"
@@ -32,12 +29,17 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
 }
 
-// The code an "ERR <CODE> ..." reply names; INTERNAL for a name that is none.
-absl::StatusCode StatusCodeFromName(absl::string_view name) {
-  for (int c = 1; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
-    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) return static_cast<absl::StatusCode>(c);
+// The C ABI's arena kind, mapped from the wire's in this one place: a host arena served to the
+// CUDA backend means it keeps a private GPU arena (device_backend.h, PrivateGpuArenaAllowed).
+hs_arena_kind ToCArenaKind(v1::ArenaKind kind, hs_backend backend) {
+  switch (kind) {
+    case v1::ARENA_KIND_CUDA_VMM:
+      return HS_ARENA_CUDA_VMM;
+    case v1::ARENA_KIND_CUDA_IPC:
+      return HS_ARENA_CUDA_IPC;
+    default:
+      return backend == HS_BACKEND_CUDA ? HS_ARENA_PRIVATE_GPU : HS_ARENA_HOST;
   }
-  return absl::StatusCode::kInternal;
 }
 
 // A failed exchange on the fd channel; a timeout reads as the daemon not answering.
@@ -169,7 +171,7 @@ absl::Status ClientSession::InitBackend(const hs_session_options& o) {
 
 absl::StatusOr<ClientSession::Fetched> ClientSession::FetchArena() {
   const auto t = std::chrono::steady_clock::now();
-  HS_ASSIGN_OR_RETURN(Fetched arena, Fetch("arena"));
+  HS_ASSIGN_OR_RETURN(Fetched arena, Fetch(FdArena{}));
   open_phases_.fetch_arena_s = SecondsSince(t);
   if (arena.bytes < ComputeArenaOffsets(arena_geometry_).total_bytes) {
     return absl::InternalError("the daemon's arena is smaller than the geometry needs");
@@ -192,25 +194,38 @@ absl::Status ClientSession::AllocMissPlans() {
 }
 
 absl::Status ClientSession::AttachArena(const Fetched& arena) {
-  const std::string& kind = opened_.arena().kind();
-  const bool want_fd = kind != "cuda-ipc";
+  const v1::ArenaKind kind = arena_kind();
+  const bool want_fd = kind != v1::ARENA_KIND_CUDA_IPC;
   if (want_fd != arena.fd.valid() || want_fd == !arena.ipc_handle.empty()) {
-    return absl::InternalError(absl::StrCat("the fd channel sent the \"", kind, "\" arena in the wrong form"));
+    return absl::InternalError(
+        absl::StrCat("the fd channel sent the \"", v1::ArenaKindName(kind), "\" arena in the wrong form"));
   }
   const auto t = std::chrono::steady_clock::now();
-  if (kind == "cuda-vmm") {
-    // The daemon's GPU memory: imported and mapped by the backend, never mmap'ed here.
-    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachGpuArena(arena.fd.get(), arena.bytes, arena_geometry_));
-  } else if (kind == "cuda-ipc") {
-    // The legacy fallback: a cudaIpc handle, opened (and closed at the end) by the backend.
-    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachIpcArena(arena.ipc_handle, arena.bytes, arena_geometry_));
-  } else if (kind == "host") {
-    HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena.fd.get(), arena.bytes));
-    HS_ASSIGN_OR_RETURN(arena_, backend_->AttachArena(arena_map_.data(), arena_geometry_));
-  } else {
-    return absl::UnimplementedError(
-        absl::StrCat("the daemon offers a slot arena of kind \"", kind, "\", which this client does not support"));
+  AttachedArena attached;
+  attached.bytes = arena.bytes;
+  switch (kind) {
+    case v1::ARENA_KIND_HOST: {
+      HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena.fd.get(), arena.bytes));
+      attached.form = AttachedArena::Form::kHostMapped;
+      attached.mapped = arena_map_.data();
+      break;
+    }
+    case v1::ARENA_KIND_CUDA_VMM:
+      // The daemon's GPU memory: imported and mapped by the backend, never mmap'ed here.
+      attached.form = AttachedArena::Form::kCudaVmmFd;
+      attached.fd = arena.fd.get();
+      break;
+    case v1::ARENA_KIND_CUDA_IPC:
+      // The legacy fallback: a cudaIpc handle, opened (and closed at the end) by the backend.
+      attached.form = AttachedArena::Form::kCudaIpcHandle;
+      attached.handle = arena.ipc_handle;
+      break;
+    default:
+      return absl::UnimplementedError(absl::StrCat("the daemon offers a slot arena of kind \"", opened_.arena().kind(),
+                                                   "\" (", opened_.arena().kind_enum(),
+                                                   "), which this client does not support"));
   }
+  HS_ASSIGN_OR_RETURN(arena_, backend_->Attach(attached, arena_geometry_));
   open_phases_.attach_s = SecondsSince(t);
   backend_->LastImportTimes(&open_phases_.import_s, &open_phases_.map_s);
   return absl::OkStatus();
@@ -279,7 +294,8 @@ absl::Status ClientSession::CheckAlive() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ClientSession::Fetched> ClientSession::Fetch(const std::string& object) {
+absl::StatusOr<ClientSession::Fetched> ClientSession::Fetch(const FdObject& what) {
+  const std::string object = FdObjectName(what);
   absl::MutexLock lock(&fd_mu_);
   // Every step is bounded by timeout_ms: a daemon that does not accept, or accepts and never
   // answers, fails the call instead of hanging it.
@@ -288,38 +304,35 @@ absl::StatusOr<ClientSession::Fetched> ClientSession::Fetch(const std::string& o
     if (!conn.ok()) return FdChannelError(conn.status(), object);
     fd_channel_ = std::move(*conn);
   }
-  const absl::Status sent = SendPacket(
-      fd_channel_.get(), absl::StrCat("HSFD2 ", opened_.session_id(), " ", opened_.token(), " ", object), -1);
+  const FdRequest request{FdVersion::kV2, opened_.session_id(), opened_.token(), what};
+  const absl::Status sent = SendPacket(fd_channel_.get(), EncodeFdRequest(request), -1);
   auto reply = sent.ok() ? RecvPacket(fd_channel_.get(), 1024) : absl::StatusOr<Packet>(sent);
   if (!reply.ok()) {
     fd_channel_.Reset();  // a late reply must never be read as the answer to the next request
     return FdChannelError(reply.status(), object);
   }
-  // Protocol version 2 (fd_server.h): "OK fd <bytes>" + fd, or "OK cuda-ipc <bytes> <hex handle>".
-  absl::string_view text = reply->payload;
+  absl::StatusOr<FdReply> decoded = DecodeFdReply(reply->payload, reply->fd.valid());
+  if (!decoded.ok()) {
+    return absl::InternalError(
+        absl::StrCat("fd channel refused \"", object, "\": ", reply->payload, " (", decoded.status().message(), ")"));
+  }
+  if (const auto* err = std::get_if<FdErr>(&*decoded)) {
+    // The daemon's code is kept (a quota or connection cap is RESOURCE_EXHAUSTED).
+    return absl::Status(err->code, absl::StrCat("fd channel refused \"", object, "\": ", reply->payload));
+  }
+  FdOk& ok = std::get<FdOk>(*decoded);
   Fetched out;
-  if (absl::ConsumePrefix(&text, "OK fd ") && reply->fd.valid() && absl::SimpleAtoi(text, &out.bytes)) {
-    out.fd = std::move(reply->fd);
-    return out;
-  }
-  if (absl::ConsumePrefix(&text, "OK cuda-ipc ") && !reply->fd.valid()) {
-    std::vector<absl::string_view> f = absl::StrSplit(text, ' ');
-    if (f.size() == 2 && absl::SimpleAtoi(f[0], &out.bytes) && f[1].size() == 128 &&
-        f[1].find_first_not_of("0123456789abcdef") == absl::string_view::npos) {
-      out.ipc_handle = absl::HexStringToBytes(f[1]);
-      return out;
-    }
-  }
-  // "ERR <CODE> <message>" keeps the daemon's code (a quota or connection cap is RESOURCE_EXHAUSTED).
-  std::pair<absl::string_view, absl::string_view> err = absl::StrSplit(text, absl::MaxSplits(' ', 1));
-  absl::StatusCode code = absl::StatusCode::kInternal;
-  if (err.first == "ERR") code = StatusCodeFromName(err.second.substr(0, err.second.find(' ')));
-  return absl::Status(code, absl::StrCat("fd channel refused \"", object, "\": ", reply->payload));
+  out.bytes = ok.bytes;
+  out.ipc_handle = std::move(ok.handle);
+  out.fd = std::move(reply->fd);
+  return out;
 }
 
-absl::StatusOr<UniqueFd> ClientSession::FetchFd(const std::string& object, uint64_t* bytes) {
+absl::StatusOr<UniqueFd> ClientSession::FetchFd(const FdObject& object, uint64_t* bytes) {
   HS_ASSIGN_OR_RETURN(Fetched f, Fetch(object));
-  if (!f.fd.valid()) return absl::InternalError(absl::StrCat("the fd channel sent no descriptor for \"", object, "\""));
+  if (!f.fd.valid()) {
+    return absl::InternalError(absl::StrCat("the fd channel sent no descriptor for \"", FdObjectName(object), "\""));
+  }
   *bytes = f.bytes;
   return std::move(f.fd);
 }
@@ -330,7 +343,7 @@ absl::Status ClientSession::AcquireSegments(const std::vector<v1::Extent>& exten
     if (it == segments_.end()) {
       uint64_t bytes = 0;
       auto t = std::chrono::steady_clock::now();
-      HS_ASSIGN_OR_RETURN(UniqueFd fd, FetchFd(absl::StrCat("segment ", e.segment()), &bytes));
+      HS_ASSIGN_OR_RETURN(UniqueFd fd, FetchFd(FdSegment{e.segment()}, &bytes));
       host_map_phases_.fetch_s += SecondsSince(t);
       t = std::chrono::steady_clock::now();
       Segment seg;
@@ -476,11 +489,7 @@ hs_session_info ClientSession::Info() const {
   info.slots = geometry_.slots();
   info.max_tokens_per_request = opened_.max_tokens_per_request();
   info.arena_bytes = opened_.arena().bytes();
-  const std::string& kind = opened_.arena().kind();
-  info.arena_kind = kind == "cuda-vmm"                    ? HS_ARENA_CUDA_VMM
-                    : kind == "cuda-ipc"                  ? HS_ARENA_CUDA_IPC
-                    : backend_->kind() == HS_BACKEND_CUDA ? HS_ARENA_PRIVATE_GPU
-                                                          : HS_ARENA_HOST;
+  info.arena_kind = ToCArenaKind(arena_kind(), backend_->kind());
   return info;
 }
 

@@ -21,8 +21,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "device_backend.h"
+#include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/hisparse.h"
+#include "hisparse/v1/arena_kind.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
@@ -62,8 +64,8 @@ class ClientSession {
   // RESOLVE counters as the data path left them (the daemon reads the same for host arenas).
   absl::StatusOr<ArenaCounters> Counters() { return backend_->ReadCounters(); }
   hs_backend backend_kind() const { return backend_->kind(); }
-  // SessionOpened.arena.kind: "host" (a memfd), "cuda-vmm" or "cuda-ipc" (the daemon's GPU memory).
-  const std::string& arena_kind() const { return opened_.arena().kind(); }
+  // How the daemon shares the slot arena (SessionOpened.arena; an old daemon's string read too).
+  v1::ArenaKind arena_kind() const { return v1::ArenaKindOf(opened_.arena()); }
   const OpenPhases& open_phases() const { return open_phases_; }
   // The slot arena as kernels see it (device addresses on the CUDA backend), for benchmarks.
   const ArenaView& arena_view() const { return arena_; }
@@ -129,8 +131,9 @@ class ClientSession {
   void WatchStream() ABSL_LOCKS_EXCLUDED(mu_);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
   absl::Status CheckAlive() const;
-  absl::StatusOr<Fetched> Fetch(const std::string& object) ABSL_LOCKS_EXCLUDED(fd_mu_);
-  absl::StatusOr<UniqueFd> FetchFd(const std::string& object, uint64_t* bytes) ABSL_LOCKS_EXCLUDED(fd_mu_);
+  // One exchange on the fd channel (fd_channel_codec.h); an ERR reply keeps the daemon's code.
+  absl::StatusOr<Fetched> Fetch(const FdObject& object) ABSL_LOCKS_EXCLUDED(fd_mu_);
+  absl::StatusOr<UniqueFd> FetchFd(const FdObject& object, uint64_t* bytes) ABSL_LOCKS_EXCLUDED(fd_mu_);
   // Maps the segments that `extents` name and are not mapped yet, and counts their runs.
   absl::Status AcquireSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

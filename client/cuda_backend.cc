@@ -93,33 +93,16 @@ class CudaBackend final : public DeviceBackend {
   }
   void UnregisterHostSegment(uint8_t* host) override { cudaHostUnregister(host); }
 
-  // The daemon's arena is host memory: keep a private one on the GPU, if the engine asked.
-  absl::StatusOr<ArenaView> AttachArena(uint8_t*, const ArenaGeometry& g) override {
-    if (absl::Status st = PrivateGpuArenaAllowed(std::getenv(kPrivateGpuArenaEnv)); !st.ok()) return st;
-    cudaSetDevice(gpu_);
-    if (auto e = DeviceBuffer::Allocate(ComputeArenaOffsets(g).total_bytes, &arena_); e != cudaSuccess) {
-      return CudaError(e, "allocating the slot arena");
+  absl::StatusOr<ArenaView> Attach(const AttachedArena& arena, const ArenaGeometry& g) override {
+    switch (arena.form) {
+      case AttachedArena::Form::kHostMapped:
+        return AttachPrivateArena(g);
+      case AttachedArena::Form::kCudaVmmFd:
+        return AttachVmmArena(arena.fd, arena.bytes, g);
+      case AttachedArena::Form::kCudaIpcHandle:
+        return AttachIpcArena(arena.handle, arena.bytes, g);
     }
-    if (auto e = cudaMemset(arena_.get(), 0, arena_.bytes()); e != cudaSuccess) {
-      return CudaError(e, "clearing the slot arena");
-    }
-    if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
-    view_ = ArenaView::Of(arena_.as<uint8_t>(), g);
-    return view_;
-  }
-  // The daemon's GPU arena (already zeroed by the daemon).
-  absl::StatusOr<ArenaView> AttachGpuArena(int fd, uint64_t bytes, const ArenaGeometry& g) override {
-    absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes, &import_times_);
-    if (!m.ok()) return m.status();
-    shared_arena_ = std::move(*m);
-    return ViewOf(shared_arena_->ptr(), g);
-  }
-  // The daemon's GPU arena through the cudaIpc fallback (cuIpcOpenMemHandle; closed with us).
-  absl::StatusOr<ArenaView> AttachIpcArena(const std::string& handle, uint64_t bytes, const ArenaGeometry& g) override {
-    absl::StatusOr<std::unique_ptr<cuvmm::IpcMapping>> m = cuvmm::IpcMapping::Open(gpu_, handle, bytes, &import_times_);
-    if (!m.ok()) return m.status();
-    ipc_arena_ = std::move(*m);
-    return ViewOf(ipc_arena_->ptr(), g);
+    return absl::InternalError("an arena of no known form");
   }
   void ReleaseArena() override {
     cudaSetDevice(gpu_);
@@ -131,6 +114,7 @@ class CudaBackend final : public DeviceBackend {
     *import_s = import_times_.import_s;
     *map_s = import_times_.map_s;
   }
+
   HostRecordMap host_map() const override {
     return HostRecordMap{dev_base_.as<uint8_t*>(), dev_capacity_.as<int32_t>()};
   }
@@ -205,6 +189,34 @@ class CudaBackend final : public DeviceBackend {
   }
 
  private:
+  // The daemon's arena is host memory: keep a private one on the GPU, if the engine asked.
+  absl::StatusOr<ArenaView> AttachPrivateArena(const ArenaGeometry& g) {
+    if (absl::Status st = PrivateGpuArenaAllowed(std::getenv(kPrivateGpuArenaEnv)); !st.ok()) return st;
+    cudaSetDevice(gpu_);
+    if (auto e = DeviceBuffer::Allocate(ComputeArenaOffsets(g).total_bytes, &arena_); e != cudaSuccess) {
+      return CudaError(e, "allocating the slot arena");
+    }
+    if (auto e = cudaMemset(arena_.get(), 0, arena_.bytes()); e != cudaSuccess) {
+      return CudaError(e, "clearing the slot arena");
+    }
+    if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "clearing the slot arena");
+    view_ = ArenaView::Of(arena_.as<uint8_t>(), g);
+    return view_;
+  }
+  // The daemon's GPU arena (already zeroed by the daemon).
+  absl::StatusOr<ArenaView> AttachVmmArena(int fd, uint64_t bytes, const ArenaGeometry& g) {
+    absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes, &import_times_);
+    if (!m.ok()) return m.status();
+    shared_arena_ = std::move(*m);
+    return ViewOf(shared_arena_->ptr(), g);
+  }
+  // The daemon's GPU arena through the cudaIpc fallback (cuIpcOpenMemHandle; closed with us).
+  absl::StatusOr<ArenaView> AttachIpcArena(const std::string& handle, uint64_t bytes, const ArenaGeometry& g) {
+    absl::StatusOr<std::unique_ptr<cuvmm::IpcMapping>> m = cuvmm::IpcMapping::Open(gpu_, handle, bytes, &import_times_);
+    if (!m.ok()) return m.status();
+    ipc_arena_ = std::move(*m);
+    return ViewOf(ipc_arena_->ptr(), g);
+  }
   ArenaView ViewOf(CUdeviceptr ptr, const ArenaGeometry& g) {
     // A CUdeviceptr is an integer the driver hands out; kernels need it as a pointer.
     view_ = ArenaView::Of(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(ptr)),  // NOLINT(performance-no-int-to-ptr)

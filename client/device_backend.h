@@ -18,6 +18,21 @@
 
 namespace hisparse {
 
+// The daemon's slot arena as this process received it, in one of its sharing forms (the kind in
+// SessionOpened.arena, fetched over the fd channel). Borrowed: nothing here is owned.
+struct AttachedArena {
+  enum class Form {
+    kHostMapped,     // a host memfd ("host"), mapped into this process at `mapped`
+    kCudaVmmFd,      // GPU memory ("cuda-vmm"): a CUDA VMM allocation's POSIX `fd`, not consumed
+    kCudaIpcHandle,  // GPU memory ("cuda-ipc"): the allocation's 64-byte cudaIpc `handle`
+  };
+  Form form = Form::kHostMapped;
+  uint64_t bytes = 0;  // the allocation's size (kHostMapped: the mapping's)
+  uint8_t* mapped = nullptr;
+  int fd = -1;
+  std::string handle;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -27,28 +42,16 @@ class DeviceBackend {
   virtual absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t bytes) = 0;
   virtual void UnregisterHostSegment(uint8_t* host) = 0;
 
-  // Sets up the arena from the daemon's arena memory mapped here; returns the view kernels use.
-  virtual absl::StatusOr<ArenaView> AttachArena(uint8_t* mapped, const ArenaGeometry& g) = 0;
-  // Sets up the arena from the daemon's GPU arena (SessionOpened.arena.kind "cuda-vmm"): imports
-  // `fd` (not consumed), an allocation of `bytes`, and maps it here. Only the CUDA backend can.
-  virtual absl::StatusOr<ArenaView> AttachGpuArena(int fd, uint64_t bytes, const ArenaGeometry& g) {
-    (void)fd, (void)bytes, (void)g;
-    return absl::FailedPreconditionError(
-        "the daemon put this session's slot arena in GPU memory (device: auto or cuda on a GPU node); the "
-        "host-emulated backend "
-        "cannot use it: open the session with the CUDA backend, or with gpu = -1");
-  }
-
-  // Sets up the arena from the daemon's GPU arena shared the legacy way (kind "cuda-ipc"): opens
-  // the 64-byte cudaIpc `handle` of an allocation of `bytes`; closed when the backend goes.
-  virtual absl::StatusOr<ArenaView> AttachIpcArena(const std::string& handle, uint64_t bytes, const ArenaGeometry& g) {
-    (void)handle;
-    return AttachGpuArena(-1, bytes, g);
-  }
+  // Sets up the slot arena of geometry `g` from the daemon's arena in whichever form it came;
+  // returns the view kernels use. The host backend takes kHostMapped only, the CUDA backend every
+  // form (for kHostMapped it keeps a private GPU arena, PrivateGpuArenaAllowed); a form the
+  // backend cannot use is FailedPrecondition saying what to do instead. Imports (GPU forms) are
+  // held until ReleaseArena or the backend's end.
+  virtual absl::StatusOr<ArenaView> Attach(const AttachedArena& arena, const ArenaGeometry& g) = 0;
   // Waits for the device and lets go of the daemon's GPU arena (unmap / cuIpcCloseMemHandle); the
   // session calls it before it ends, so no import outlives the daemon's free. Nothing for host.
   virtual void ReleaseArena() {}
-  // Seconds the last AttachGpuArena/AttachIpcArena spent importing and mapping (benchmarks).
+  // Seconds the last Attach of a GPU form spent importing and mapping (benchmarks).
   virtual void LastImportTimes(double* import_s, double* map_s) const { *import_s = *map_s = 0; }
 
   // The host record map that kernels read: (row, layer) -> kernel-visible address of position 0.

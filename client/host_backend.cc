@@ -44,8 +44,13 @@ class HostBackend final : public DeviceBackend {
   hs_backend kind() const override { return HS_BACKEND_HOST; }
   absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t) override { return host; }
   void UnregisterHostSegment(uint8_t*) override {}
-  absl::StatusOr<ArenaView> AttachArena(uint8_t* mapped, const ArenaGeometry& g) override {
-    ArenaView v = ArenaView::Of(mapped, g);
+  absl::StatusOr<ArenaView> Attach(const AttachedArena& arena, const ArenaGeometry& g) override {
+    if (arena.form != AttachedArena::Form::kHostMapped) {
+      return absl::FailedPreconditionError(
+          "the daemon put this session's slot arena in GPU memory (device: auto or cuda on a GPU node); the "
+          "host-emulated backend cannot use it: open the session with the CUDA backend, or with gpu = -1");
+    }
+    ArenaView v = ArenaView::Of(arena.mapped, g);
     counters_ = v.counters;
     return v;
   }

@@ -10,13 +10,10 @@
 
 #include <cstring>
 #include <system_error>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/unix_socket.h"
 
@@ -146,7 +143,8 @@ void FdServer::Admit(UniqueFd conn) {
   if (held != conns_per_uid_.end() && held->second >= limit) {
     const std::string why = absl::StrCat("uid ", peer->uid, " holds ", held->second,
                                          " fd-channel connections, its limit (limits.max_fd_connections_per_peer)");
-    (void)SendPacket(conn.get(), absl::StrCat("ERR RESOURCE_EXHAUSTED ", why), -1);  // best effort
+    (void)SendPacket(conn.get(), EncodeFdReply(FdErr{absl::StatusCode::kResourceExhausted, why}, FdVersion::kV2),
+                     -1);  // best effort
     Refuse(absl::StrCat("from pid ", peer->pid, ": ", why));
     if (refusing_ < kMaxRefusing) Watch(std::move(conn), *peer, /*refused=*/true);
     return;
@@ -207,24 +205,26 @@ void FdServer::Drop(int fd) {
 
 std::string FdServer::HandleRequest(SessionManager& sessions, absl::string_view request, const PeerCredentials& peer,
                                     UniqueFd* out_fd) {
-  std::vector<std::string> parts = absl::StrSplit(request, absl::MaxSplits(' ', 3));
-  uint64_t session_id = 0;
-  const bool v2 = !parts.empty() && parts[0] == "HSFD2";
-  if (parts.size() != 4 || (parts[0] != "HSFD1" && !v2) || !absl::SimpleAtoi(parts[1], &session_id)) {
-    return "ERR INVALID_ARGUMENT malformed request: want \"HSFD2 <session_id> <token> <object>\"";
+  absl::StatusOr<FdRequest> req = DecodeFdRequest(request);
+  if (!req.ok()) return EncodeFdReply(FdErr{req.status().code(), std::string(req.status().message())}, FdVersion::kV2);
+  const FdVersion version = req->version;
+  FdOk ok;
+  const bool v2 = version == FdVersion::kV2;
+  auto fd = sessions.DupFdFor(req->session_id, req->token, req->object, peer, &ok.bytes, v2 ? &ok.handle : nullptr);
+  if (!fd.ok()) return EncodeFdReply(FdErr{fd.status().code(), std::string(fd.status().message())}, version);
+  if (!ok.handle.empty()) {
+    ok.form = FdForm::kCudaIpc;
+    return EncodeFdReply(ok, version);
   }
-  uint64_t known_bytes = 0;
-  std::string ipc_handle;
-  auto fd = sessions.DupFdFor(session_id, parts[2], parts[3], peer, &known_bytes, v2 ? &ipc_handle : nullptr);
-  if (!fd.ok()) {
-    return absl::StrCat("ERR ", absl::StatusCodeToString(fd.status().code()), " ", fd.status().message());
-  }
-  if (!ipc_handle.empty()) return absl::StrCat("OK cuda-ipc ", known_bytes, " ", absl::BytesToHexString(ipc_handle));
   // A GPU arena's fd has no size to fstat; the session manager knows the allocation's.
-  absl::StatusOr<size_t> size = known_bytes != 0 ? absl::StatusOr<size_t>(known_bytes) : FileSize(fd->get());
-  if (!size.ok()) return absl::StrCat("ERR INTERNAL ", size.status().message());
+  if (ok.bytes == 0) {
+    absl::StatusOr<size_t> size = FileSize(fd->get());
+    if (!size.ok())
+      return EncodeFdReply(FdErr{absl::StatusCode::kInternal, std::string(size.status().message())}, version);
+    ok.bytes = *size;
+  }
   *out_fd = std::move(*fd);
-  return absl::StrCat(v2 ? "OK fd " : "OK ", *size);
+  return EncodeFdReply(ok, version);
 }
 
 }  // namespace hisparse

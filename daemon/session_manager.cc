@@ -7,7 +7,8 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <tuple>
+#include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -17,6 +18,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/kernels/arena_layout.h"
+#include "hisparse/v1/arena_kind.h"
 
 namespace hisparse {
 namespace {
@@ -130,6 +132,16 @@ ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<Arena>> SessionManager::CreateArena(bool on_gpu, int gpu,
+                                                                   const ArenaOffsets& layout) const {
+  // A host memfd's pages materialize as the engine uses them; a GPU arena is allocated, zeroed and
+  // exported now.
+  if (!on_gpu) return MakeHostArena(layout);
+  absl::StatusOr<std::unique_ptr<GpuArena>> allocated = options_.gpu_arena_allocator(gpu, layout.total_bytes);
+  if (!allocated.ok()) return allocated.status();
+  return WrapGpuArena(std::move(*allocated), layout.counters);
+}
+
 SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool> pool)
     : options_(options), pool_(std::move(pool)) {
   uint32_t share, segments;
@@ -203,29 +215,12 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   // exported now.
   absl::Status arena_status;
   const absl::Time create_start = absl::Now();
-  if (on_gpu) {
-    absl::StatusOr<std::unique_ptr<GpuArena>> gpu =
-        options_.gpu_arena_allocator(open.geometry().gpu(), layout.total_bytes);
-    if (gpu.ok()) {
-      session->gpu_arena = std::move(*gpu);
-      session->arena_bytes = session->gpu_arena->bytes();
-    } else {
-      arena_status = gpu.status();
-    }
+  absl::StatusOr<std::unique_ptr<Arena>> arena = CreateArena(on_gpu, open.geometry().gpu(), layout);
+  if (arena.ok()) {
+    session->arena = std::move(*arena);
+    session->arena_bytes = session->arena->bytes();
   } else {
-    // The daemon maps only the counters it reads, never the whole arena: a session's address
-    // space cost here is one page, however large its arena (the seals keep that page mapped).
-    auto arena_fd = CreateMemfd("hisparse-arena", layout.total_bytes, false, nullptr);
-    absl::StatusOr<MappedRegion> arena_map =
-        arena_fd.ok() ? MappedRegion::MapShared(arena_fd->get(), layout.counters + sizeof(ArenaCounters))
-                      : arena_fd.status();
-    if (arena_map.ok()) {
-      session->arena_fd = std::move(*arena_fd);
-      session->arena = std::move(*arena_map);
-      session->arena_bytes = layout.total_bytes;
-    } else {
-      arena_status = arena_map.status();
-    }
+    arena_status = arena.status();
   }
   const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
   absl::MutexLock lock(&mu_);
@@ -248,8 +243,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.set_session_id(session->id);
   opened.set_token(session->token);
   opened.set_fd_socket(options_.fd_socket_path);
-  session->arena_kind = session->gpu_arena ? session->gpu_arena->kind() : std::string(kArenaKindHost);
-  opened.mutable_arena()->set_kind(session->arena_kind);
+  v1::SetArenaKind(session->arena->kind(), opened.mutable_arena());
   opened.mutable_arena()->set_bytes(session->arena_bytes);
   opened.mutable_arena()->set_create_seconds(create_seconds);
   opened.set_segment_bytes(pool_->segment_bytes());
@@ -260,8 +254,9 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
             << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
             << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B " << open.geometry().slots()
             << ", rows " << open.geometry().max_requests() << ", arena " << session->arena_bytes << " B "
-            << (session->gpu_arena ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
-            << " shared as " << session->arena_kind << " (created in " << create_seconds * 1e3 << " ms)";
+            << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
+            << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
+            << " ms)";
   sessions_.emplace(session->id, std::move(session));
   return opened;
 }
@@ -282,7 +277,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
     }
     dead->requests.clear();
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
-    if (dead->gpu_arena == nullptr) host_arena_bytes_ -= dead->arena_bytes;
+    if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
   }
   // The arena (memfd and mapping, or the GPU allocation) goes with `dead`, outside the lock: the
@@ -592,8 +587,9 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
 
 v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const {
   v1::StatsResponse out;
-  // GPU arenas' counters are read after the lock is dropped: a device copy may wait on the GPU.
-  std::vector<std::tuple<int, std::shared_ptr<GpuArena>, size_t>> gpu_counters;
+  // Arenas' counters are read after the lock is dropped: a GPU arena's is a device copy, which may
+  // wait on the GPU.
+  std::vector<std::pair<int, std::shared_ptr<const Arena>>> counters;
   {
     absl::MutexLock lock(&mu_);
     out.set_version(options_.version);
@@ -641,30 +637,19 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       ss->set_host_bytes(host);
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
-      ss->set_arena_kind(s->arena_kind);
-      if (s->gpu_arena != nullptr) {
-        gpu_counters.emplace_back(out.session_stats_size() - 1, s->gpu_arena,
-                                  ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
-        continue;
-      }
-      // The engine updates these counters concurrently; a torn read of a 64-bit counter is not
-      // possible on x86-64 and a slightly stale value is fine for stats.
-      const auto* counters = reinterpret_cast<const volatile ArenaCounters*>(
-          s->arena.data() + ComputeArenaOffsets(ToArenaGeometry(s->geometry)).counters);
-      ss->set_hits(counters->hits);
-      ss->set_misses(counters->misses);
-      ss->set_bytes_fetched(counters->bytes_fetched);
+      v1::SetArenaKind(s->arena->kind(), ss);
+      counters.emplace_back(out.session_stats_size() - 1, s->arena);
     }
     out.set_sessions(sessions);
     out.set_requests(requests);
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
   // sees them as of some recent point, which is all stats need.
-  for (const auto& [index, arena, offset] : gpu_counters) {
+  for (const auto& [index, arena] : counters) {
     ArenaCounters c{};
-    absl::Status st = arena->Read(offset, &c, sizeof(c));
+    absl::Status st = arena->ReadCounters(&c);
     if (!st.ok()) {
-      LOG(WARNING) << "reading a GPU arena's counters: " << st;
+      LOG(WARNING) << "reading a slot arena's counters: " << st;
       continue;
     }
     v1::SessionStats* ss = out.mutable_session_stats(index);
@@ -678,47 +663,50 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
 absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token,
                                                   const std::string& object, const PeerCredentials& peer,
                                                   uint64_t* bytes, std::string* ipc_handle) {
-  absl::MutexLock lock(&mu_);
-  v1::SessionRef ref;
-  ref.set_session_id(session_id);
-  ref.set_token(token);
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
-  // The session's owner (bound at OpenSession) alone may map its memory: a token that leaked to
-  // another user is worth nothing to them.
-  if (s->tenant_uid != peer.uid) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("session ", s->id, " belongs to uid ", s->tenant_uid, ", not uid ", peer.uid));
-  }
+  HS_ASSIGN_OR_RETURN(FdObject decoded, DecodeFdObject(object));
+  return DupFdFor(session_id, token, decoded, peer, bytes, ipc_handle);
+}
+
+absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std::string& token, const FdObject& object,
+                                                  const PeerCredentials& peer, uint64_t* bytes,
+                                                  std::string* ipc_handle) {
   if (bytes != nullptr) *bytes = 0;
   if (ipc_handle != nullptr) ipc_handle->clear();
-  int fd = -1;
-  if (object == "arena" && s->gpu_arena != nullptr && s->arena_kind == kArenaKindIpc) {
-    // No descriptor: the cudaIpc handle travels as data.
+  std::shared_ptr<const Arena> arena;
+  {
+    absl::MutexLock lock(&mu_);
+    v1::SessionRef ref;
+    ref.set_session_id(session_id);
+    ref.set_token(token);
+    HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
+    // The session's owner (bound at OpenSession) alone may map its memory: a token that leaked to
+    // another user is worth nothing to them.
+    if (s->tenant_uid != peer.uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session ", s->id, " belongs to uid ", s->tenant_uid, ", not uid ", peer.uid));
+    }
+    if (const auto* segment = std::get_if<FdSegment>(&object)) {
+      // The pool may close a segment's descriptor once its runs are released: dup it under the lock.
+      HS_ASSIGN_OR_RETURN(int fd, pool_->SegmentFdFor(session_id, segment->n));
+      UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!dup.valid()) return absl::InternalError("dup of a pool descriptor failed");
+      return dup;  // a memfd: fstat tells its size
+    }
+    arena = s->arena;
+  }
+  // Exported outside the lock (a GPU arena's export is a driver call); the arena stays alive
+  // while it is held here, even if the session closes meanwhile.
+  HS_ASSIGN_OR_RETURN(ExportedArena exported, arena->Export());
+  if (exported.grant.form == FdForm::kCudaIpc) {
     if (ipc_handle == nullptr) {
       return absl::FailedPreconditionError(
           "this session's GPU arena is shared as a cudaIpc handle, which this request form cannot carry "
           "(fetch it with HSFD2)");
     }
-    HS_ASSIGN_OR_RETURN(*ipc_handle, s->gpu_arena->IpcHandle());
-    if (bytes != nullptr) *bytes = s->gpu_arena->bytes();
-    return UniqueFd();
-  } else if (object == "arena" && s->gpu_arena != nullptr) {
-    if (bytes != nullptr) *bytes = s->gpu_arena->bytes();
-    return s->gpu_arena->Export();
-  } else if (object == "arena") {
-    fd = s->arena_fd.get();
-  } else if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "segment ")) {
-    uint32_t segment = 0;
-    if (!absl::SimpleAtoi(rest, &segment))
-      return absl::InvalidArgumentError(absl::StrCat("bad segment number in \"", object, "\""));
-    HS_ASSIGN_OR_RETURN(fd, pool_->SegmentFdFor(session_id, segment));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown fd object \"", object, "\" (want \"arena\" or \"segment N\")"));
+    *ipc_handle = std::move(exported.grant.handle);
   }
-  UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!dup.valid()) return absl::InternalError("dup of a pool descriptor failed");
-  return dup;
+  if (bytes != nullptr) *bytes = exported.grant.bytes;
+  return std::move(exported.fd);
 }
 
 void SessionManager::SetDraining(bool draining, std::function<void()> on_idle) {

@@ -23,6 +23,7 @@
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/session_manager.h"
 #include "hisparse/kernels/arena_layout.h"
+#include "hisparse/v1/arena_kind.h"
 
 namespace hisparse {
 namespace {
@@ -137,6 +138,8 @@ TEST_F(GpuArenaSessionTest, GpuSessionsGetGpuArenasAccountedPerGpu) {
   auto host = manager_->OpenSession(Open(-1), Me());
   ASSERT_TRUE(a.ok() && b.ok() && host.ok());
   EXPECT_EQ(a->arena().kind(), "cuda-vmm");
+  EXPECT_EQ(a->arena().kind_enum(), v1::ARENA_KIND_CUDA_VMM);
+  EXPECT_EQ(host->arena().kind_enum(), v1::ARENA_KIND_HOST);
   EXPECT_EQ(a->arena().bytes(), kGranularity);  // the allocation's rounded size
   EXPECT_EQ(host->arena().kind(), "host");
   EXPECT_EQ(gpus_.live_bytes[0], kGranularity);
@@ -156,7 +159,11 @@ TEST_F(GpuArenaSessionTest, GpuSessionsGetGpuArenasAccountedPerGpu) {
   EXPECT_TRUE(fd->valid());
   auto host_fd = manager_->DupFdFor(host->session_id(), host->token(), "arena", Me(), &bytes);
   ASSERT_TRUE(host_fd.ok());
-  EXPECT_EQ(bytes, 0u);  // a memfd: fstat tells its size
+  // A memfd's size, as fstat tells it (the arena says it, as a GPU arena does).
+  auto host_size = FileSize(host_fd->get());
+  ASSERT_TRUE(host_size.ok());
+  EXPECT_EQ(bytes, *host_size);
+  EXPECT_EQ(bytes, host->arena().bytes());
 }
 
 TEST_F(GpuArenaSessionTest, BudgetIsPerGpuAndRefusalAllocatesNothing) {
@@ -228,6 +235,7 @@ TEST_F(GpuArenaSessionTest, AutoFallsBackToCudaIpcAndReportsIt) {
   ASSERT_TRUE(vmm.ok() && ipc.ok());
   EXPECT_EQ(vmm->arena().kind(), "cuda-vmm");
   EXPECT_EQ(ipc->arena().kind(), "cuda-ipc");
+  EXPECT_EQ(ipc->arena().kind_enum(), v1::ARENA_KIND_CUDA_IPC);
   EXPECT_EQ(ipc->arena().bytes(), kGranularity);
   EXPECT_GE(ipc->arena().create_seconds(), 0.0);
 
@@ -255,6 +263,8 @@ TEST_F(GpuArenaSessionTest, AutoFallsBackToCudaIpcAndReportsIt) {
   ASSERT_EQ(st.session_stats_size(), 2);
   for (const v1::SessionStats& ss : st.session_stats()) {
     EXPECT_EQ(ss.arena_kind(), ss.session_id() == ipc->session_id() ? "cuda-ipc" : "cuda-vmm");
+    EXPECT_EQ(ss.arena_kind_enum(),
+              ss.session_id() == ipc->session_id() ? v1::ARENA_KIND_CUDA_IPC : v1::ARENA_KIND_CUDA_VMM);
   }
   // Released on close like any GPU arena.
   manager_->CloseSession(ipc->session_id());
@@ -323,6 +333,28 @@ TEST_F(GpuArenaSessionTest, FdChannelCarriesFdsAndCudaIpcHandles) {
   (*server)->Stop();
   ::unlink(path.c_str());
   ::rmdir(dir_template);
+}
+
+// The kind's one mapping (hisparse/v1/arena_kind.h): both fields filled for old and new peers,
+// and a client reading a daemon older than the enum falls back to the string.
+TEST(ArenaKindTest, EnumAndOldStringAgree) {
+  for (v1::ArenaKind k : {v1::ARENA_KIND_HOST, v1::ARENA_KIND_CUDA_VMM, v1::ARENA_KIND_CUDA_IPC}) {
+    v1::ArenaInfo info;
+    v1::SetArenaKind(k, &info);
+    EXPECT_EQ(info.kind_enum(), k);
+    EXPECT_EQ(v1::ArenaKindFromName(info.kind()), k) << info.kind();
+    v1::ArenaInfo old_daemon;
+    old_daemon.set_kind(info.kind());  // no kind_enum: a daemon older than the field
+    EXPECT_EQ(v1::ArenaKindOf(old_daemon), k);
+  }
+  v1::ArenaInfo unknown;
+  unknown.set_kind("cuda-fabric");
+  EXPECT_EQ(v1::ArenaKindOf(unknown), v1::ARENA_KIND_UNSPECIFIED);
+  EXPECT_STREQ(v1::ArenaKindName(v1::ARENA_KIND_UNSPECIFIED), "");
+  v1::ArenaInfo both;
+  both.set_kind("host");
+  both.set_kind_enum(v1::ARENA_KIND_CUDA_VMM);
+  EXPECT_EQ(v1::ArenaKindOf(both), v1::ARENA_KIND_CUDA_VMM);  // new code reads the enum
 }
 
 }  // namespace

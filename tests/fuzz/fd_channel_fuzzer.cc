@@ -2,8 +2,8 @@
 // socket). The input is a program of request packets, raw bytes or shaped like the protocol
 // ("HSFD1|HSFD2 <id> <token> arena|segment <N>") with fuzzed versions, ids, tokens, objects and
 // peer uids, answered against one in-process SessionManager holding one live session (bound to
-// this process's uid, with one admitted request). Every reply must be "OK ..." with a descriptor
-// or "ERR <CODE> ..." without one, and a descriptor may only ever be handed out for the live
+// this process's uid, with one admitted request). Every reply must decode (fd_channel_codec.h) as
+// an fd grant with a descriptor or an error without one, and a descriptor may only ever be handed out for the live
 // session's exact id and token, to its own uid, and only be its arena or a segment it holds (same
 // inode) of the size the reply says. Anything else aborts (a finding).
 #include <sys/stat.h>
@@ -15,13 +15,12 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "fuzz_input.h"
+#include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/host_pool.h"
@@ -151,41 +150,29 @@ std::string ShapedPacket(FuzzInput& in, const World& w) {
   return absl::StrCat(version, sep, id, " ", PickToken(in, w), " ", PickObject(in, w));
 }
 
-bool KnownErrorReply(const std::string& reply) {
-  if (!absl::StartsWith(reply, "ERR ")) return false;
-  for (int c = 1; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
-    if (absl::StartsWith(reply.substr(4), absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) + " ")) {
-      return true;
-    }
-  }
-  return false;
-}
-
 void CheckOne(const World& w, const std::string& packet, const PeerCredentials& peer) {
   UniqueFd fd;
   const std::string reply = FdServer::HandleRequest(*w.manager, packet, peer, &fd);
+  // Every reply is one the codec reads back (fd_channel_codec.h), in the form the request's
+  // version uses: what the client decodes is what the daemon meant.
+  auto decoded = DecodeFdReply(reply, fd.valid());
+  Expect(decoded.ok(), "a reply the codec cannot read: " + reply + " (" + decoded.status().ToString() + ")");
   if (!fd.valid()) {
-    Expect(KnownErrorReply(reply), "a reply without a descriptor that is not \"ERR <CODE> ...\": " + reply);
+    Expect(std::holds_alternative<FdErr>(*decoded), "a reply without a descriptor that is not an error: " + reply);
     return;
   }
   // A descriptor: only the live session's, for its exact credentials, to its own uid.
-  const bool v2 = absl::StartsWith(packet, "HSFD2 ");
-  Expect(v2 || absl::StartsWith(packet, "HSFD1 "), "a descriptor for a packet of no known version: " + packet);
-  const std::string rest = packet.substr(6);
-  const size_t space = rest.find(' ');
-  uint64_t id = 0;
-  Expect(space != std::string::npos && absl::SimpleAtoi(rest.substr(0, space), &id) && id == w.id &&
-             absl::StartsWith(rest.substr(space + 1), w.token + " "),
+  auto request = DecodeFdRequest(packet);
+  Expect(request.ok(), "a descriptor for a packet that is no request: " + packet);
+  Expect(request->session_id == w.id && request->token == w.token,
          "a descriptor for a request that does not name the live session's id and token: " + packet);
   Expect(peer.uid == w.owner.uid, "a descriptor handed to another uid");
   Expect(w.allowed.count(Identity(fd.get())) == 1, "a descriptor for a file the session does not own: " + packet);
-  absl::string_view bytes_text = reply;
-  Expect(absl::ConsumePrefix(&bytes_text, v2 ? "OK fd " : "OK "),
+  const FdOk* ok = std::get_if<FdOk>(&*decoded);
+  Expect(ok != nullptr && ok->form == FdForm::kFd && reply == EncodeFdReply(*ok, request->version),
          "a descriptor with a reply of another form: " + reply);
-  uint64_t bytes = 0;
-  Expect(absl::SimpleAtoi(bytes_text, &bytes), "no size in the reply: " + reply);
   struct stat st {};
-  Expect(::fstat(fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == bytes,
+  Expect(::fstat(fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == ok->bytes,
          "the reply's size is not the descriptor's: " + reply);
 }
 

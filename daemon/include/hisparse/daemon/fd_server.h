@@ -10,6 +10,7 @@
 //          | "ERR <CODE> <message>" (no descriptor)
 // Version 1 ("HSFD1 ...", reply "OK <bytes>" + descriptor) is still served; it cannot carry a
 // cudaIpc handle, so a "cuda-ipc" arena answers it with ERR FAILED_PRECONDITION.
+// The bytes are made and read by one codec, hisparse/common/fd_channel_codec.h, on both sides.
 // The token from SessionOpened is the capability: only the session that owns an object gets it.
 // A client reads each reply before it sends the next request: a connection whose replies cannot
 // be sent at once (its receive queue is full) is dropped, so no reply is ever queued here.

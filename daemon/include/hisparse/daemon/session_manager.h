@@ -29,8 +29,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
@@ -97,12 +99,16 @@ class SessionManager {
   // and admission counters stay the node's.
   v1::StatsResponse Stats(std::optional<uint32_t> only_uid = std::nullopt) const;
 
-  // For the fd channel: a dup of the descriptor of `object` ("arena" or "segment N") when
+  // For the fd channel: a dup of the descriptor of `object` (the arena or a segment) when
   // session_id/token name a live session that owns it. The caller owns the returned fd.
   // `peer` must be the session's owner (uid), else PermissionDenied. `bytes` (may be
   // null) receives the object's size where fstat cannot tell it (a GPU arena); else 0.
   // A "cuda-ipc" arena has no descriptor: its 64-byte cudaIpc handle goes to `ipc_handle` and the
   // returned fd is invalid; with `ipc_handle` null such an arena is refused (FailedPrecondition).
+  absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const FdObject& object,
+                                    const PeerCredentials& peer, uint64_t* bytes = nullptr,
+                                    std::string* ipc_handle = nullptr);
+  // The same for `object` spelled as on the wire ("arena" or "segment N"; fd_channel_codec.h).
   absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object,
                                     const PeerCredentials& peer, uint64_t* bytes = nullptr,
                                     std::string* ipc_handle = nullptr);
@@ -160,15 +166,14 @@ class SessionManager {
     absl::flat_hash_map<uint64_t, Request> requests;
     std::vector<bool> row_used;
     uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
-    // Exactly one of these holds the arena: a host memfd, or GPU memory. The daemon reads
-    // RESOLVE's counters from them: `arena` maps the memfd's counters only, not the whole arena.
-    // The GPU arena is shared with Stats, which reads it outside the lock.
-    UniqueFd arena_fd;
-    MappedRegion arena;
-    std::shared_ptr<GpuArena> gpu_arena;
-    std::string arena_kind;  // "host", "cuda-vmm" or "cuda-ipc"
+    // The slot arena in its sharing form (arena.h), chosen at open and never null after it.
+    // Shared with Stats and the fd channel, which use it outside the lock.
+    std::shared_ptr<const Arena> arena;
     std::shared_ptr<EventSink> sink;
   };
+  // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
+  // Touches no shared state: called outside the lock.
+  absl::StatusOr<std::unique_ptr<Arena>> CreateArena(bool on_gpu, int gpu, const ArenaOffsets& layout) const;
 
   struct Victim {
     uint64_t session_id = 0;
