@@ -14,26 +14,6 @@
 
 namespace hisparse {
 
-const char* RejectReasonName(RejectReason reason) {
-  switch (reason) {
-    case RejectReason::kPoolFull:
-      return "pool_full";
-    case RejectReason::kRowsFull:
-      return "rows_full";
-    case RejectReason::kDraining:
-      return "draining";
-    case RejectReason::kSessionLimit:
-      return "session_limit";
-    case RejectReason::kArenaBudget:
-      return "arena_budget";
-    case RejectReason::kHostArenaBudget:
-      return "host_arena_budget";
-    case RejectReason::kQuota:
-      return "quota";
-  }
-  return "unknown";
-}
-
 // With quotas set, one tenant must never keep another with unused quota out. Segments are
 // exclusive, so that holds only while the pool has a share for each tenant: say how many.
 void SessionManager::LogQuotaCoverage(uint32_t share, uint32_t segments, const QuotaOptions& q, uint32_t max_sessions) {

@@ -31,21 +31,14 @@
 #include "absl/time/clock.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
 
 namespace hisparse {
 
-// Why an admission or session open was refused: the one list that Stats' rejections_by_reason
-// and the metrics' hisparse_rejections_total{reason} both follow.
-enum class RejectReason { kPoolFull, kRowsFull, kDraining, kSessionLimit, kArenaBudget, kHostArenaBudget, kQuota };
-inline constexpr RejectReason kRejectReasons[] = {
-    RejectReason::kPoolFull,    RejectReason::kRowsFull,         RejectReason::kDraining, RejectReason::kSessionLimit,
-    RejectReason::kArenaBudget, RejectReason::kHostArenaBudget, RejectReason::kQuota};
-// "pool_full", "rows_full", "draining", "session_limit", "arena_budget", "host_arena_budget", "quota".
-const char* RejectReasonName(RejectReason reason);
-
+// RejectReason and RejectReasonName live in admission_ledger.h.
 class SessionManager {
  public:
   // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited.
