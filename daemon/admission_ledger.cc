@@ -158,6 +158,13 @@ void AdmissionLedger::SetHolds(uint64_t session_id, uint64_t request_id, std::ve
   used_bytes_ += r.HeldBytes();
 }
 
+void AdmissionLedger::Touch(uint64_t session_id, uint64_t request_id) {
+  Session* s = Find(session_id);
+  if (s == nullptr) return;
+  auto it = s->requests.find(request_id);
+  if (it != s->requests.end()) it->second.last_used = clock_();
+}
+
 void AdmissionLedger::Release(uint64_t session_id, uint64_t request_id) {
   Session* s = Find(session_id);
   if (s == nullptr) return;

@@ -154,6 +154,10 @@ TEST_F(AdmissionLedgerTest, VictimIsLeastRecentlyUsedOfTheTenantWithTiesBySessio
   EXPECT_EQ(ledger_.PickVictim(1), (Key{1, 1}));
   ledger_.SetMoving(2, 7, false);
   EXPECT_EQ(ledger_.PickVictim(1), (Key{2, 7}));
+  Tick();
+  ledger_.Touch(2, 7);
+  Check();
+  EXPECT_EQ(ledger_.PickVictim(1), (Key{1, 1}));
   ledger_.RemoveSession(3);
   Check();
   EXPECT_EQ(ledger_.PickVictim(3), std::nullopt);

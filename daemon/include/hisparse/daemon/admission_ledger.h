@@ -99,6 +99,8 @@ class AdmissionLedger {
   void Admit(uint64_t session_id, uint64_t request_id, uint32_t row, std::vector<Hold> holds);
   // The request's runs are now `holds` (grown, moved, or old and new while moving); used now.
   void SetHolds(uint64_t session_id, uint64_t request_id, std::vector<Hold> holds);
+  // The request is used now (an Extend, even one that then fails for want of room).
+  void Touch(uint64_t session_id, uint64_t request_id);
   // Forgets the request, freeing its row.
   void Release(uint64_t session_id, uint64_t request_id);
   bool HasRequest(uint64_t session_id, uint64_t request_id) const;

@@ -41,17 +41,9 @@ namespace hisparse {
 // RejectReason and RejectReasonName live in admission_ledger.h.
 class SessionManager {
  public:
-  // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited.
-  // A tenant's rows are bounded by sessions x max_requests_per_session.
-  struct QuotaOptions {
-    uint64_t host_bytes = 0;
-    uint64_t arena_bytes = 0;
-    uint32_t requests = 0;
-    uint32_t sessions = 0;
-    // Pool segments one tenant may hold (a segment is exclusive to one session, so a held segment
-    // is held memory). 0 with host_bytes set: ceil(host_bytes / segment size).
-    uint32_t segments = 0;
-  };
+  // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited. A tenant's
+  // rows are bounded by sessions x max_requests_per_session. See AdmissionLedger::Quotas.
+  using QuotaOptions = AdmissionLedger::Quotas;
   struct Options {
     QuotaOptions quotas;
     bool evict_on_pool_full = false;  // admission.on_pool_full = evict_lru_idle
@@ -67,6 +59,8 @@ class SessionManager {
     // allocator chose). Unset, or for gpu = -1, the arena is a host memfd ("host").
     GpuArenaAllocator gpu_arena_allocator;
     std::string version = "0.1.0";
+    // The time of the LRU order of evict_lru_idle (unset: absl::Now). Tests inject a fake one.
+    AdmissionLedger::Clock clock;
   };
 
   SessionManager(const Options& options, std::unique_ptr<HostPool> pool);
@@ -129,7 +123,9 @@ class SessionManager {
 
   // The segments one tenant may hold under the current quotas (UINT32_MAX: no limit).
   uint32_t SegmentsPerTenant() const;
-  // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
+  // Accounting invariants, exact: the ledger's own (admission_ledger.h); pool used bytes == the
+  // ledger's == the sum of every live request's runs; each request's runs are its ledger holds
+  // and its row the ledger's; each session's pool segments are the ledger's count.
   absl::Status CheckInvariants() const;
   // Read access to the pool's daemon-side mapping, for tests and Extend's copies.
   uint8_t* SegmentDataForTest(uint32_t segment) const;
@@ -138,8 +134,7 @@ class SessionManager {
   struct Request {
     uint64_t id = 0;
     absl::Time admitted_at;
-    absl::Time last_used;  // admitted or extended: the LRU order of evict_lru_idle
-    uint32_t row = 0;
+    uint32_t row = 0;  // the ledger's, copied for listing
     uint32_t capacity_tokens = 0;
     std::vector<HostPool::Run> runs;  // one per layer
   };
@@ -149,10 +144,9 @@ class SessionManager {
     std::string engine_name;
     v1::Geometry geometry;
     pid_t peer_pid = 0;
-    uint32_t tenant_uid = 0;  // the owner: the uid of the Session stream's peer
-    absl::flat_hash_map<uint64_t, Request> requests;
-    std::vector<bool> row_used;
-    uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
+    uint32_t tenant_uid = 0;                          // the owner: the uid of the Session stream's peer
+    absl::flat_hash_map<uint64_t, Request> requests;  // rows and LRU times are in ledger_
+    uint64_t arena_bytes = 0;                         // accounted against its device's budget and its tenant's quota
     // Exactly one of these holds the arena: a host memfd, or GPU memory. The daemon reads
     // RESOLVE's counters from them: `arena` maps the memfd's counters only, not the whole arena.
     // The GPU arena is shared with Stats, which reads it outside the lock.
@@ -168,31 +162,24 @@ class SessionManager {
     uint64_t request_id = 0;
     std::shared_ptr<EventSink> sink;
   };
-  struct TenantUsage {
-    uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
-    uint32_t sessions = 0;
+  // AdmitLocked's answer, and whether it failed for want of room in the pool (or the tenant's
+  // segment share): the one refusal that evicting the tenant's own requests can cure.
+  struct AdmitOutcome {
+    absl::StatusOr<v1::AdmitResponse> result;
+    bool lacked_room = false;
   };
-  static uint32_t TenantOf(const Session& s);
+  static std::vector<AdmissionLedger::Hold> HoldsOf(const std::vector<HostPool::Run>& runs);
 
-  absl::StatusOr<v1::AdmitResponse> AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TenantUsage UsageLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `tenant` may hold one more session of `arena_bytes` (quotas.sessions, arena_bytes).
-  absl::Status CheckSessionQuotaLocked(uint32_t tenant, uint64_t arena_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t SegmentsPerTenantLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs how many tenants the pool's `segments` give their full `share` at once (a warning when
   // one tenant could fill it). Called outside the lock.
   static void LogQuotaCoverage(uint32_t share, uint32_t segments, const QuotaOptions& q, uint32_t max_sessions);
-  // The pool segments the sessions of `tenant` hold now (O(sessions)).
-  uint32_t SegmentsHeldLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One run of `bytes` for `s`, claiming a free segment only while its tenant holds fewer than its
   // share (`*tenant_segments`, counted up on a claim). Counts and returns a refusal.
   absl::StatusOr<HostPool::Run> AllocateRunLocked(const Session& s, uint64_t bytes, uint32_t* tenant_segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // evict_lru_idle: whether `layers` runs of `run_bytes` could be placed for `s` once every
-  // request of its tenant were gone (per segment, ignoring fragmentation inside one). When not,
-  // evicting cannot make the admission succeed and nothing is evicted.
+  // evict_lru_idle: whether evicting the tenant's requests could make room for `layers` runs of
+  // `run_bytes` for `s` (AdmissionLedger::EvictionCouldAdmit on the pool's segments).
   bool EvictionCouldAdmitLocked(const Session& s, uint64_t run_bytes, uint32_t layers) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,6 +192,7 @@ class SessionManager {
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refused admission under `reason` and returns `status`.
   absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Reject(Refusal refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -212,6 +200,8 @@ class SessionManager {
   const absl::Time start_time_ = absl::Now();
   mutable absl::Mutex mu_;
   std::unique_ptr<HostPool> pool_ ABSL_GUARDED_BY(mu_);
+  // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
+  AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
   uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
@@ -222,9 +212,6 @@ class SessionManager {
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  // Set by AdmitLocked when the pool (or the tenant's segment share) had no room for a run:
-  // the one refusal that evicting the tenant's own requests can cure.
-  bool admit_lacked_room_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
 };
 
