@@ -153,7 +153,6 @@ void AdmissionLedger::SetHolds(uint64_t session_id, uint64_t request_id, std::ve
   u.host_bytes -= r.HeldBytes();
   used_bytes_ -= r.HeldBytes();
   r.holds = std::move(holds);
-  r.last_used = clock_();
   u.host_bytes += r.HeldBytes();
   used_bytes_ += r.HeldBytes();
 }

@@ -279,6 +279,11 @@ void SessionManager::CloseSession(uint64_t session_id) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return;
+    // A request that an Extend is moving keeps its runs until the copy ends: wait for it.
+    it->second->closing = true;
+    while (ledger_.MovesIn(session_id) != 0) moves_done_.Wait(&mu_);
+    it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
     dead = std::move(it->second);
     sessions_.erase(it);
     for (auto& [id, r] : dead->requests) {
@@ -454,6 +459,8 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
   absl::MutexLock lock(&mu_);
+  // A moving request is evicted once its copy ends (its session has been told already).
+  while (ledger_.IsMoving(v.session_id, v.request_id)) moves_done_.Wait(&mu_);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   auto rit = it->second->requests.find(v.request_id);
@@ -469,70 +476,114 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   return freed;
 }
 
+// Extend grows each layer's run in place where it can; a layer that cannot grow moves to a new
+// run. The new runs are reserved under the lock, the records (megabytes) are copied outside it
+// with the request marked as moving, and the runs are swapped in under the lock again.
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
+  const uint64_t session_id = req.session().session_id();
+  std::vector<HostPool::CopyPlan> copies;
+  {
+    absl::MutexLock lock(&mu_);
+    HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+    auto it = s->requests.find(req.request_id());
+    if (it == s->requests.end())
+      return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+    Request& r = it->second;
+    if (r.move.has_value() || s->closing) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request ", req.request_id(), s->closing ? ": its session is closing" : " is being moved by another Extend"));
+    }
+    HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
+    if (req.token_budget() <= r.capacity_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                     ") must exceed the current capacity (", r.capacity_tokens, ")"));
+    }
+    // Charged as held: what the rounded runs grow by.
+    const uint64_t new_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
+    const uint64_t held_bytes = HostPool::HeldBytes(uint64_t{r.capacity_tokens} * s->geometry.record_bytes());
+    if (std::optional<Refusal> refusal =
+            ledger_.CheckGrow(s->id, (new_bytes - held_bytes) * s->geometry.num_layers(), 0)) {
+      return Reject(*std::move(refusal));
+    }
+    ledger_.Touch(s->id, r.id);
+    // Grow what can grow in place; find new runs for the rest before touching anything, so that a
+    // full pool leaves the request exactly as it was.
+    std::vector<HostPool::Run> grown = r.runs;
+    std::vector<int> needs_move;
+    for (size_t layer = 0; layer < grown.size(); ++layer) {
+      if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
+    }
+    std::vector<HostPool::Run> moved_to;
+    uint32_t tenant_segments = ledger_.SegmentsHeld(s->tenant_uid);
+    const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
+    for (size_t i = 0; i < needs_move.size(); ++i) {
+      auto run = AllocateRunLocked(*s, new_bytes, &tenant_segments);
+      absl::StatusOr<HostPool::CopyPlan> plan =
+          run.ok() ? pool_->PlanCopy(s->id, r.runs[needs_move[i]], *run, old_bytes) : run.status();
+      if (run.ok()) moved_to.push_back(*run);
+      if (!plan.ok()) {
+        UndoExtendLocked(*s, r, grown, moved_to);  // the request keeps exactly the runs it had
+        return plan.status();
+      }
+      copies.push_back(*plan);
+    }
+    if (needs_move.empty()) return CommitExtendLocked(*s, r, std::move(grown), {}, {}, req.token_budget());
+    std::vector<AdmissionLedger::Hold> holds = HoldsOf(grown);
+    for (const AdmissionLedger::Hold& h : HoldsOf(moved_to)) holds.push_back(h);
+    ledger_.SetHolds(s->id, r.id, std::move(holds));
+    ledger_.SetMoving(s->id, r.id, true);
+    r.move = Request::Move{std::move(grown), std::move(needs_move), std::move(moved_to)};
+  }
+  // The runs stay allocated meanwhile: nothing releases a moving request, and CloseSession waits.
+  if (options_.during_move_for_test) options_.during_move_for_test();
+  absl::Status copied;
+  for (const HostPool::CopyPlan& plan : copies) {
+    copied = HostPool::ExecuteCopy(plan);
+    if (!copied.ok()) break;
+  }
   absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end())
-    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  Request& r = it->second;
-  HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
-  if (req.token_budget() <= r.capacity_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
-                                                   ") must exceed the current capacity (", r.capacity_tokens, ")"));
+  moves_done_.SignalAll();
+  auto sit = sessions_.find(session_id);
+  auto rit = sit == sessions_.end() ? nullptr : &sit->second->requests;
+  if (rit == nullptr || !rit->contains(req.request_id()) || !rit->at(req.request_id()).move.has_value()) {
+    return absl::InternalError("a moving request vanished during its copy");
   }
-  // Charged as held: what the rounded runs grow by.
-  const uint64_t new_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
-  const uint64_t held_bytes = HostPool::HeldBytes(uint64_t{r.capacity_tokens} * s->geometry.record_bytes());
-  if (std::optional<Refusal> refusal =
-          ledger_.CheckGrow(s->id, (new_bytes - held_bytes) * s->geometry.num_layers(), 0)) {
-    return Reject(*std::move(refusal));
+  Session& s = *sit->second;
+  Request& r = rit->at(req.request_id());
+  Request::Move move = *std::move(r.move);
+  r.move.reset();
+  ledger_.SetMoving(s.id, r.id, false);
+  if (!copied.ok()) {
+    // The old runs are still intact and still the request's.
+    UndoExtendLocked(s, r, move.grown, move.to);
+    return copied;
   }
-  ledger_.Touch(s->id, r.id);
-  // Grow what can grow in place; find new runs for the rest before touching anything, so that a
-  // full pool leaves the request exactly as it was.
-  std::vector<HostPool::Run> grown = r.runs;
-  std::vector<int> needs_move;
-  for (size_t layer = 0; layer < grown.size(); ++layer) {
-    if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
+  return CommitExtendLocked(s, r, std::move(move.grown), move.layers, move.to, req.token_budget());
+}
+
+void SessionManager::UndoExtendLocked(Session& s, Request& r, std::vector<HostPool::Run>& grown,
+                                      const std::vector<HostPool::Run>& to) {
+  for (const HostPool::Run& m : to) (void)pool_->Free(s.id, m);
+  for (size_t l = 0; l < grown.size(); ++l) {
+    if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s.id, grown[l], r.runs[l].bytes);
   }
-  std::vector<HostPool::Run> moved_to;
-  uint32_t tenant_segments = ledger_.SegmentsHeld(s->tenant_uid);
-  for (size_t i = 0; i < needs_move.size(); ++i) {
-    auto run = AllocateRunLocked(*s, new_bytes, &tenant_segments);
-    if (!run.ok()) {
-      // Roll back: the request keeps exactly the runs it had.
-      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
-      for (size_t l = 0; l < grown.size(); ++l) {
-        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
-      }
-      return run.status();
-    }
-    moved_to.push_back(*run);
-  }
-  const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
-  for (size_t i = 0; i < needs_move.size(); ++i) {
-    absl::Status copied = pool_->CopyRun(s->id, r.runs[needs_move[i]], moved_to[i], old_bytes);
-    if (!copied.ok()) {
-      // Roll back as above: the old runs are still intact and still the request's.
-      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
-      for (size_t l = 0; l < grown.size(); ++l) {
-        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
-      }
-      return copied;
-    }
-  }
-  for (size_t i = 0; i < needs_move.size(); ++i) {
-    (void)pool_->Free(s->id, r.runs[needs_move[i]]);
-    grown[needs_move[i]] = moved_to[i];
+  ledger_.SetHolds(s.id, r.id, HoldsOf(r.runs));
+}
+
+v1::ExtendResponse SessionManager::CommitExtendLocked(Session& s, Request& r, std::vector<HostPool::Run> grown,
+                                                      const std::vector<int>& layers,
+                                                      const std::vector<HostPool::Run>& to, uint32_t token_budget) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    (void)pool_->Free(s.id, r.runs[layers[i]]);
+    grown[layers[i]] = to[i];
   }
   r.runs = std::move(grown);
-  r.capacity_tokens = req.token_budget();
-  ledger_.SetHolds(s->id, r.id, HoldsOf(r.runs));
+  r.capacity_tokens = token_budget;
+  ledger_.SetHolds(s.id, r.id, HoldsOf(r.runs));
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
-  resp.set_moved(!needs_move.empty());
-  FillExtents(*s, r, resp.mutable_extents());
+  resp.set_moved(!layers.empty());
+  FillExtents(s, r, resp.mutable_extents());
   return resp;
 }
 
@@ -542,6 +593,10 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   auto it = s->requests.find(req.request_id());
   if (it == s->requests.end())
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  if (it->second.move.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", req.request_id(), " is being moved by an Extend; release it once that answers"));
+  }
   ReleaseRequestLocked(*s, it->second);
   s->requests.erase(it);
   return absl::OkStatus();
@@ -747,7 +802,12 @@ absl::Status SessionManager::CheckInvariants() const {
       if (ledger_.RowOf(id, rid) != r.row) {
         return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": row disagrees with the ledger"));
       }
-      for (const HostPool::Run& run : r.runs) live += run.bytes;
+      if (r.move.has_value()) {
+        for (const HostPool::Run& run : r.move->grown) live += run.bytes;
+        for (const HostPool::Run& run : r.move->to) live += run.bytes;
+      } else {
+        for (const HostPool::Run& run : r.runs) live += run.bytes;
+      }
     }
     if (ledger_.SegmentsOf(id) != pool_->SegmentsOf(id)) {
       return absl::InternalError(absl::StrCat("session ", id, ": the pool counts ", pool_->SegmentsOf(id),

@@ -145,8 +145,10 @@ TEST_F(AdmissionLedgerTest, VictimIsLeastRecentlyUsedOfTheTenantWithTiesBySessio
   EXPECT_EQ(ledger_.PickVictim(1), (Key{2, 5}));
   // Extending makes it recent; a moving request is never picked.
   Tick();
-  ledger_.SetHolds(2, 5, {Hold{0, 8192}});
+  ledger_.SetHolds(2, 5, {Hold{0, 8192}});  // holding more is not using
   Check();
+  EXPECT_EQ(ledger_.PickVictim(1), (Key{2, 5}));
+  ledger_.Touch(2, 5);
   EXPECT_EQ(ledger_.PickVictim(1), (Key{2, 7}));
   ledger_.SetMoving(2, 7, true);
   EXPECT_TRUE(ledger_.IsMoving(2, 7));

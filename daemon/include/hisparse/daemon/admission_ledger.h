@@ -97,7 +97,7 @@ class AdmissionLedger {
   std::optional<Refusal> FreeRow(uint64_t session_id, uint32_t* row) const;
   // Records an admitted request in `row` (which FreeRow gave) holding `holds`; used now.
   void Admit(uint64_t session_id, uint64_t request_id, uint32_t row, std::vector<Hold> holds);
-  // The request's runs are now `holds` (grown, moved, or old and new while moving); used now.
+  // The request's runs are now `holds` (grown, moved, or old and new while moving).
   void SetHolds(uint64_t session_id, uint64_t request_id, std::vector<Hold> holds);
   // The request is used now (an Extend, even one that then fails for want of room).
   void Touch(uint64_t session_id, uint64_t request_id);

@@ -61,6 +61,8 @@ class SessionManager {
     std::string version = "0.1.0";
     // The time of the LRU order of evict_lru_idle (unset: absl::Now). Tests inject a fake one.
     AdmissionLedger::Clock clock;
+    // Tests only: runs in Extend while it copies a moving request's records, outside the lock.
+    std::function<void()> during_move_for_test;
   };
 
   SessionManager(const Options& options, std::unique_ptr<HostPool> pool);
@@ -137,6 +139,16 @@ class SessionManager {
     uint32_t row = 0;  // the ledger's, copied for listing
     uint32_t capacity_tokens = 0;
     std::vector<HostPool::Run> runs;  // one per layer
+    // Set while Extend copies the request's records to new runs outside the lock. The request
+    // then holds `grown` (every layer: grown in place, or its old run where it moves) and `to`
+    // (the new runs of `layers`); `runs` and capacity_tokens are still the old ones. Release and
+    // Extend of it are refused, an eviction and CloseSession wait for it (moves_done_).
+    struct Move {
+      std::vector<HostPool::Run> grown;
+      std::vector<int> layers;
+      std::vector<HostPool::Run> to;
+    };
+    std::optional<Move> move;
   };
   struct Session {
     uint64_t id = 0;
@@ -155,6 +167,7 @@ class SessionManager {
     std::shared_ptr<GpuArena> gpu_arena;
     std::string arena_kind;  // "host", "cuda-vmm" or "cuda-ipc"
     std::shared_ptr<EventSink> sink;
+    bool closing = false;  // CloseSession waits for its moves: no new one starts
   };
 
   struct Victim {
@@ -187,6 +200,14 @@ class SessionManager {
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend's end: the request holds `grown` (with `to` in place of its moving `layers`), at
+  // `token_budget`; the runs it leaves are freed.
+  v1::ExtendResponse CommitExtendLocked(Session& s, Request& r, std::vector<HostPool::Run> grown,
+                                        const std::vector<int>& layers, const std::vector<HostPool::Run>& to,
+                                        uint32_t token_budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend's undo: frees `to`, shrinks `grown` back to the request's runs, which it keeps.
+  void UndoExtendLocked(Session& s, Request& r, std::vector<HostPool::Run>& grown, const std::vector<HostPool::Run>& to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillExtents(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::Extent>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,6 +234,7 @@ class SessionManager {
   uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar moves_done_;  // signalled (under mu_) whenever an Extend's move ends
 };
 
 }  // namespace hisparse
