@@ -25,7 +25,7 @@ class AdmissionLedgerTest : public ::testing::Test {
   void Check() { ASSERT_TRUE(ledger_.CheckInvariants().ok()) << ledger_.CheckInvariants(); }
   void Tick() { now_ += absl::Seconds(1); }
   // Admits `rid` in the session's lowest free row with one hold per entry of `segments`.
-  void AdmitIn(uint64_t sid, uint64_t rid, std::vector<uint32_t> segments, uint64_t bytes = 4096) {
+  void AdmitIn(uint64_t sid, uint64_t rid, const std::vector<uint32_t>& segments, uint64_t bytes = 4096) {
     uint32_t row = 0;
     ASSERT_EQ(ledger_.FreeRow(sid, &row), std::nullopt);
     std::vector<Hold> holds;
