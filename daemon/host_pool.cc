@@ -207,20 +207,34 @@ absl::Status HostPool::Shrink(uint64_t owner, Run& run, uint64_t new_bytes) {
 }
 
 absl::Status HostPool::CopyRun(uint64_t owner, const Run& from, const Run& to, uint64_t bytes) {
+  HS_ASSIGN_OR_RETURN(const CopyPlan plan, PlanCopy(owner, from, to, bytes));
+  return ExecuteCopy(plan);
+}
+
+absl::StatusOr<HostPool::CopyPlan> HostPool::PlanCopy(uint64_t owner, const Run& from, const Run& to,
+                                                      uint64_t bytes) const {
   HS_RETURN_IF_ERROR(CheckRun(owner, from));
   HS_RETURN_IF_ERROR(CheckRun(owner, to));
   if (bytes > from.bytes || bytes > to.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("a copy of ", bytes, " bytes exceeds its runs (", from.bytes, " and ", to.bytes, " bytes)"));
   }
-  const int src = segments_[from.segment].fd.get();
-  uint8_t* dst = segments_[to.segment].map.data() + to.offset;
-  for (uint64_t done = 0; done < bytes;) {
-    const ssize_t n = ::pread(src, dst + done, bytes - done, static_cast<off_t>(from.offset + done));
+  return CopyPlan{segments_[from.segment].fd.get(),
+                  from.offset,
+                  segments_[to.segment].map.data() + to.offset,
+                  bytes,
+                  from.segment,
+                  to.segment};
+}
+
+absl::Status HostPool::ExecuteCopy(const CopyPlan& plan) {
+  for (uint64_t done = 0; done < plan.bytes;) {
+    const ssize_t n =
+        ::pread(plan.src_fd, plan.dst + done, plan.bytes - done, static_cast<off_t>(plan.src_offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return absl::DataLossError(absl::StrCat("moving a run from segment ", from.segment, " to segment ", to.segment,
-                                              " failed after ", done, " of ", bytes, " bytes (",
+      return absl::DataLossError(absl::StrCat("moving a run from segment ", plan.from_segment, " to segment ",
+                                              plan.to_segment, " failed after ", done, " of ", plan.bytes, " bytes (",
                                               n < 0 ? std::strerror(errno) : "end of segment",
                                               "): the engine holding them may have removed their pages"));
     }

@@ -143,11 +143,14 @@ absl::StatusOr<std::unique_ptr<Arena>> SessionManager::CreateArena(bool on_gpu, 
 }
 
 SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool> pool)
-    : options_(options), pool_(std::move(pool)) {
+    : options_(options),
+      pool_(std::move(pool)),
+      ledger_(options.quotas, pool_->segment_bytes(),
+              options.clock ? options.clock : AdmissionLedger::Clock(absl::Now)) {
   uint32_t share, segments;
   {
     absl::MutexLock lock(&mu_);
-    share = SegmentsPerTenantLocked();
+    share = ledger_.SegmentsPerTenant();
     segments = pool_->segment_count();
   }
   LogQuotaCoverage(share, segments, options.quotas, options.max_sessions);
@@ -175,7 +178,6 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   session->geometry = open.geometry();
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
-  session->row_used.assign(open.geometry().max_requests(), false);
   // Set at construction only: readable without the lock.
   const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
   {
@@ -187,7 +189,9 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                     absl::ResourceExhaustedError(
                         absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions")));
     }
-    HS_RETURN_IF_ERROR(CheckSessionQuotaLocked(owner.uid, layout.total_bytes));
+    if (std::optional<Refusal> refusal = ledger_.CheckOpenSession(owner.uid, layout.total_bytes)) {
+      return Reject(*std::move(refusal));
+    }
     // The budget may have been lowered (SIGHUP) below what is held already.
     const uint64_t host_arena_left =
         options_.host_arena_budget_bytes - std::min(host_arena_bytes_, options_.host_arena_budget_bytes);
@@ -231,10 +235,10 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   }
   // Checked again with what the allocator took, atomically with the session's insertion below:
   // two sessions opened at once by one tenant cannot both slip under its quota.
-  if (absl::Status quota = CheckSessionQuotaLocked(owner.uid, session->arena_bytes); !quota.ok()) {
+  if (std::optional<Refusal> refusal = ledger_.CheckOpenSession(owner.uid, session->arena_bytes)) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
-    return quota;
+    return Reject(*std::move(refusal));
   }
   // The budget was checked against the geometry's bytes; account what the allocator really took
   // (a GPU arena is rounded up to the VMM granularity, 2 MiB on current GPUs).
@@ -257,6 +261,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
             << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
             << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
             << " ms)";
+  ledger_.AddSession(session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   sessions_.emplace(session->id, std::move(session));
   return opened;
 }
@@ -269,6 +274,11 @@ void SessionManager::CloseSession(uint64_t session_id) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return;
+    // A request that an Extend is moving keeps its runs until the copy ends: wait for it.
+    it->second->closing = true;
+    while (ledger_.MovesIn(session_id) != 0) moves_done_.Wait(&mu_);
+    it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
     dead = std::move(it->second);
     sessions_.erase(it);
     for (auto& [id, r] : dead->requests) {
@@ -276,6 +286,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
       ++released;
     }
     dead->requests.clear();
+    ledger_.RemoveSession(session_id);
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
@@ -314,7 +325,7 @@ void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
     if (!st.ok()) LOG(ERROR) << "accounting error freeing a run of session " << s.id << ": " << st;
   }
   r.runs.clear();
-  s.row_used[r.row] = false;
+  ledger_.Release(s.id, r.id);
 }
 
 void SessionManager::FillExtents(const Session& s, const Request& r,
@@ -350,10 +361,10 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
     Victim victim;
     {
       absl::MutexLock lock(&mu_);
-      absl::StatusOr<v1::AdmitResponse> r = AdmitLocked(req);
-      if (r.ok() || !absl::IsResourceExhausted(r.status()) || !options_.evict_on_pool_full ||
-          evictions == kMaxEvictionsPerAdmit || !admit_lacked_room_) {
-        return r;
+      AdmitOutcome outcome = AdmitLocked(req);
+      if (outcome.result.ok() || !outcome.lacked_room || !options_.evict_on_pool_full ||
+          evictions == kMaxEvictionsPerAdmit) {
+        return std::move(outcome.result);
       }
       // Only when evicting can make this admission succeed: else it fails with nothing evicted.
       auto it = sessions_.find(req.session().session_id());
@@ -362,67 +373,64 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
            !EvictionCouldAdmitLocked(
                *it->second, HostPool::HeldBytes(uint64_t{req.token_budget()} * it->second->geometry.record_bytes()),
                it->second->geometry.num_layers()))) {
-        return r;
+        return std::move(outcome.result);
       }
       auto found = PickVictimLocked(req.session().session_id());
-      if (!found.has_value()) return r;
+      if (!found.has_value()) return std::move(outcome.result);
       victim = *found;
     }
     (void)EvictVictim(victim, "evicted to admit another request of the same tenant (host pool full)");
   }
 }
 
-absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitLocked(const v1::AdmitRequest& req) {
-  admit_lacked_room_ = false;
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest& req) {
+  absl::StatusOr<Session*> found = FindLocked(req.session());
+  if (!found.ok()) return {found.status()};
+  Session* s = *found;
   if (draining_)
-    return Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new admissions"));
-  if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
-  HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
+    return {
+        Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new admissions"))};
+  if (req.request_id() == 0) return {absl::InvalidArgumentError("request_id must be non-zero")};
+  if (absl::Status budget = CheckBudget(*s, req.token_budget()); !budget.ok()) return {budget};
   if (req.context_tokens() > req.token_budget()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"));
+    return {absl::InvalidArgumentError(
+        absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"))};
   }
   if (s->requests.contains(req.request_id())) {
-    return absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"));
+    return {
+        absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
   }
   // Charged as held: each run is rounded up to the pool's alignment.
   const uint64_t run_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
-  HS_RETURN_IF_ERROR(CheckQuotaLocked(*s, run_bytes * s->geometry.num_layers(), 1));
-  uint32_t row = 0;
-  while (row < s->row_used.size() && s->row_used[row]) ++row;
-  if (row == s->row_used.size()) {
-    return Reject(RejectReason::kRowsFull,
-                  absl::ResourceExhaustedError(
-                      absl::StrCat("all ", s->row_used.size(), " request rows of this session are in use")));
+  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s->id, run_bytes * s->geometry.num_layers(), 1)) {
+    return {Reject(*std::move(refusal))};
   }
+  uint32_t row = 0;
+  if (std::optional<Refusal> refusal = ledger_.FreeRow(s->id, &row)) return {Reject(*std::move(refusal))};
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
-  r.last_used = r.admitted_at;
   r.row = row;
   r.capacity_tokens = req.token_budget();
-  uint32_t tenant_segments = SegmentsHeldLocked(TenantOf(*s));
+  uint32_t tenant_segments = ledger_.SegmentsHeld(s->tenant_uid);
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
     auto run = AllocateRunLocked(*s, run_bytes, &tenant_segments);
     if (!run.ok()) {
       for (const HostPool::Run& done : r.runs) (void)pool_->Free(s->id, done);
-      admit_lacked_room_ = absl::IsResourceExhausted(run.status());
-      return run.status();
+      const bool lacked_room = absl::IsResourceExhausted(run.status());
+      return {run.status(), lacked_room};
     }
     r.runs.push_back(*run);
   }
-  s->row_used[row] = true;
+  ledger_.Admit(s->id, r.id, row, HoldsOf(r.runs));
   ++admissions_;
   v1::AdmitResponse resp;
   resp.set_row(row);
   resp.set_capacity_tokens(r.capacity_tokens);
   FillExtents(*s, r, resp.mutable_extents());
   s->requests.emplace(r.id, std::move(r));
-  return resp;
+  return {std::move(resp)};
 }
-
-uint32_t SessionManager::TenantOf(const Session& s) { return s.tenant_uid; }
 
 absl::Status SessionManager::CheckOwner(const v1::SessionRef& ref, uint32_t uid) const {
   absl::MutexLock lock(&mu_);
@@ -438,56 +446,6 @@ absl::Status SessionManager::CheckOwner(const v1::SessionRef& ref, uint32_t uid)
   return absl::OkStatus();
 }
 
-SessionManager::TenantUsage SessionManager::UsageLocked(uint32_t tenant) const {
-  TenantUsage u;
-  for (const auto& [sid, s] : sessions_) {
-    if (TenantOf(*s) != tenant) continue;
-    ++u.sessions;
-    u.arena_bytes += s->arena_bytes;
-    u.requests += s->requests.size();
-    for (const auto& [rid, r] : s->requests) {
-      for (const HostPool::Run& run : r.runs) u.host_bytes += run.bytes;
-    }
-  }
-  return u;
-}
-
-absl::Status SessionManager::CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests) {
-  const QuotaOptions& q = options_.quotas;
-  if (q.host_bytes == 0 && q.requests == 0) return absl::OkStatus();
-  const uint32_t tenant = TenantOf(s);
-  const TenantUsage u = UsageLocked(tenant);
-  if (q.host_bytes != 0 && u.host_bytes + more_host_bytes > q.host_bytes) {
-    return Reject(RejectReason::kQuota, absl::ResourceExhaustedError(absl::StrCat(
-                                            "tenant uid ", tenant, " would hold ", u.host_bytes + more_host_bytes,
-                                            " host pool bytes; its quota (quotas.host_bytes) is ", q.host_bytes)));
-  }
-  if (q.requests != 0 && u.requests + more_requests > q.requests) {
-    return Reject(RejectReason::kQuota,
-                  absl::ResourceExhaustedError(absl::StrCat("tenant uid ", tenant, " holds ", u.requests,
-                                                            " requests; its quota (quotas.requests) is ", q.requests)));
-  }
-  return absl::OkStatus();
-}
-
-std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t session_id) const {
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return std::nullopt;
-  const uint32_t tenant = TenantOf(*it->second);
-  std::optional<Victim> best;
-  absl::Time oldest = absl::InfiniteFuture();
-  for (const auto& [sid, s] : sessions_) {
-    if (TenantOf(*s) != tenant) continue;
-    for (const auto& [rid, r] : s->requests) {
-      if (r.last_used < oldest) {
-        oldest = r.last_used;
-        best = Victim{sid, rid, s->sink};
-      }
-    }
-  }
-  return best;
-}
-
 absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std::string& reason) {
   v1::SessionEvent event;
   event.mutable_evicted()->set_request_id(v.request_id);
@@ -496,6 +454,8 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
   absl::MutexLock lock(&mu_);
+  // A moving request is evicted once its copy ends (its session has been told already).
+  while (ledger_.IsMoving(v.session_id, v.request_id)) moves_done_.Wait(&mu_);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   auto rit = it->second->requests.find(v.request_id);
@@ -511,66 +471,114 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   return freed;
 }
 
+// Extend grows each layer's run in place where it can; a layer that cannot grow moves to a new
+// run. The new runs are reserved under the lock, the records (megabytes) are copied outside it
+// with the request marked as moving, and the runs are swapped in under the lock again.
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
+  const uint64_t session_id = req.session().session_id();
+  std::vector<HostPool::CopyPlan> copies;
+  {
+    absl::MutexLock lock(&mu_);
+    HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+    auto it = s->requests.find(req.request_id());
+    if (it == s->requests.end())
+      return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+    Request& r = it->second;
+    if (r.move.has_value() || s->closing) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request ", req.request_id(), s->closing ? ": its session is closing" : " is being moved by another Extend"));
+    }
+    HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
+    if (req.token_budget() <= r.capacity_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                     ") must exceed the current capacity (", r.capacity_tokens, ")"));
+    }
+    // Charged as held: what the rounded runs grow by.
+    const uint64_t new_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
+    const uint64_t held_bytes = HostPool::HeldBytes(uint64_t{r.capacity_tokens} * s->geometry.record_bytes());
+    if (std::optional<Refusal> refusal =
+            ledger_.CheckGrow(s->id, (new_bytes - held_bytes) * s->geometry.num_layers(), 0)) {
+      return Reject(*std::move(refusal));
+    }
+    ledger_.Touch(s->id, r.id);
+    // Grow what can grow in place; find new runs for the rest before touching anything, so that a
+    // full pool leaves the request exactly as it was.
+    std::vector<HostPool::Run> grown = r.runs;
+    std::vector<int> needs_move;
+    for (size_t layer = 0; layer < grown.size(); ++layer) {
+      if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
+    }
+    std::vector<HostPool::Run> moved_to;
+    uint32_t tenant_segments = ledger_.SegmentsHeld(s->tenant_uid);
+    const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
+    for (size_t i = 0; i < needs_move.size(); ++i) {
+      auto run = AllocateRunLocked(*s, new_bytes, &tenant_segments);
+      absl::StatusOr<HostPool::CopyPlan> plan =
+          run.ok() ? pool_->PlanCopy(s->id, r.runs[needs_move[i]], *run, old_bytes) : run.status();
+      if (run.ok()) moved_to.push_back(*run);
+      if (!plan.ok()) {
+        UndoExtendLocked(*s, r, grown, moved_to);  // the request keeps exactly the runs it had
+        return plan.status();
+      }
+      copies.push_back(*plan);
+    }
+    if (needs_move.empty()) return CommitExtendLocked(*s, r, std::move(grown), {}, {}, req.token_budget());
+    std::vector<AdmissionLedger::Hold> holds = HoldsOf(grown);
+    for (const AdmissionLedger::Hold& h : HoldsOf(moved_to)) holds.push_back(h);
+    ledger_.SetHolds(s->id, r.id, std::move(holds));
+    ledger_.SetMoving(s->id, r.id, true);
+    r.move = Request::Move{std::move(grown), std::move(needs_move), std::move(moved_to)};
+  }
+  // The runs stay allocated meanwhile: nothing releases a moving request, and CloseSession waits.
+  if (options_.during_move_for_test) options_.during_move_for_test();
+  absl::Status copied;
+  for (const HostPool::CopyPlan& plan : copies) {
+    copied = HostPool::ExecuteCopy(plan);
+    if (!copied.ok()) break;
+  }
   absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end())
-    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  Request& r = it->second;
-  HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
-  if (req.token_budget() <= r.capacity_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
-                                                   ") must exceed the current capacity (", r.capacity_tokens, ")"));
+  moves_done_.SignalAll();
+  auto sit = sessions_.find(session_id);
+  auto rit = sit == sessions_.end() ? nullptr : &sit->second->requests;
+  if (rit == nullptr || !rit->contains(req.request_id()) || !rit->at(req.request_id()).move.has_value()) {
+    return absl::InternalError("a moving request vanished during its copy");
   }
-  // Charged as held: what the rounded runs grow by.
-  const uint64_t new_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
-  const uint64_t held_bytes = HostPool::HeldBytes(uint64_t{r.capacity_tokens} * s->geometry.record_bytes());
-  HS_RETURN_IF_ERROR(CheckQuotaLocked(*s, (new_bytes - held_bytes) * s->geometry.num_layers(), 0));
-  r.last_used = absl::Now();
-  // Grow what can grow in place; find new runs for the rest before touching anything, so that a
-  // full pool leaves the request exactly as it was.
-  std::vector<HostPool::Run> grown = r.runs;
-  std::vector<int> needs_move;
-  for (size_t layer = 0; layer < grown.size(); ++layer) {
-    if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
+  Session& s = *sit->second;
+  Request& r = rit->at(req.request_id());
+  Request::Move move = *std::move(r.move);
+  r.move.reset();
+  ledger_.SetMoving(s.id, r.id, false);
+  if (!copied.ok()) {
+    // The old runs are still intact and still the request's.
+    UndoExtendLocked(s, r, move.grown, move.to);
+    return copied;
   }
-  std::vector<HostPool::Run> moved_to;
-  uint32_t tenant_segments = SegmentsHeldLocked(TenantOf(*s));
-  for (size_t i = 0; i < needs_move.size(); ++i) {
-    auto run = AllocateRunLocked(*s, new_bytes, &tenant_segments);
-    if (!run.ok()) {
-      // Roll back: the request keeps exactly the runs it had.
-      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
-      for (size_t l = 0; l < grown.size(); ++l) {
-        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
-      }
-      return run.status();
-    }
-    moved_to.push_back(*run);
+  return CommitExtendLocked(s, r, std::move(move.grown), move.layers, move.to, req.token_budget());
+}
+
+void SessionManager::UndoExtendLocked(Session& s, Request& r, std::vector<HostPool::Run>& grown,
+                                      const std::vector<HostPool::Run>& to) {
+  for (const HostPool::Run& m : to) (void)pool_->Free(s.id, m);
+  for (size_t l = 0; l < grown.size(); ++l) {
+    if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s.id, grown[l], r.runs[l].bytes);
   }
-  const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
-  for (size_t i = 0; i < needs_move.size(); ++i) {
-    absl::Status copied = pool_->CopyRun(s->id, r.runs[needs_move[i]], moved_to[i], old_bytes);
-    if (!copied.ok()) {
-      // Roll back as above: the old runs are still intact and still the request's.
-      for (const HostPool::Run& m : moved_to) (void)pool_->Free(s->id, m);
-      for (size_t l = 0; l < grown.size(); ++l) {
-        if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s->id, grown[l], r.runs[l].bytes);
-      }
-      return copied;
-    }
-  }
-  for (size_t i = 0; i < needs_move.size(); ++i) {
-    (void)pool_->Free(s->id, r.runs[needs_move[i]]);
-    grown[needs_move[i]] = moved_to[i];
+  ledger_.SetHolds(s.id, r.id, HoldsOf(r.runs));
+}
+
+v1::ExtendResponse SessionManager::CommitExtendLocked(Session& s, Request& r, std::vector<HostPool::Run> grown,
+                                                      const std::vector<int>& layers,
+                                                      const std::vector<HostPool::Run>& to, uint32_t token_budget) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    (void)pool_->Free(s.id, r.runs[layers[i]]);
+    grown[layers[i]] = to[i];
   }
   r.runs = std::move(grown);
-  r.capacity_tokens = req.token_budget();
+  r.capacity_tokens = token_budget;
+  ledger_.SetHolds(s.id, r.id, HoldsOf(r.runs));
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
-  resp.set_moved(!needs_move.empty());
-  FillExtents(*s, r, resp.mutable_extents());
+  resp.set_moved(!layers.empty());
+  FillExtents(s, r, resp.mutable_extents());
   return resp;
 }
 
@@ -580,6 +588,10 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   auto it = s->requests.find(req.request_id());
   if (it == s->requests.end())
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  if (it->second.move.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", req.request_id(), " is being moved by an Extend; release it once that answers"));
+  }
   ReleaseRequestLocked(*s, it->second);
   s->requests.erase(it);
   return absl::OkStatus();
@@ -733,9 +745,9 @@ void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_
     absl::MutexLock lock(&mu_);
     options_.max_sessions = max_sessions;
     options_.max_requests_per_session = max_requests_per_session;
-    options_.quotas = quotas;
+    ledger_.SetQuotas(quotas);
     options_.evict_on_pool_full = evict_on_pool_full;
-    share = SegmentsPerTenantLocked();
+    share = ledger_.SegmentsPerTenant();
     segments = pool_->segment_count();
   }
   LogQuotaCoverage(share, segments, quotas, max_sessions);
@@ -770,21 +782,31 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
 absl::Status SessionManager::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   HS_RETURN_IF_ERROR(pool_->CheckInvariants());
+  HS_RETURN_IF_ERROR(ledger_.CheckInvariants());
   uint64_t live = 0;
   for (const auto& [id, s] : sessions_) {
-    std::vector<bool> rows(s->row_used.size(), false);
+    if (!ledger_.HasSession(id)) return absl::InternalError(absl::StrCat("session ", id, " is not in the ledger"));
     for (const auto& [rid, r] : s->requests) {
-      if (rows[r.row]) return absl::InternalError(absl::StrCat("session ", id, ": row ", r.row, " held twice"));
-      rows[r.row] = true;
-      for (const HostPool::Run& run : r.runs) live += run.bytes;
+      if (ledger_.RowOf(id, rid) != r.row) {
+        return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": row disagrees with the ledger"));
+      }
+      if (r.move.has_value()) {
+        for (const HostPool::Run& run : r.move->grown) live += run.bytes;
+        for (const HostPool::Run& run : r.move->to) live += run.bytes;
+      } else {
+        for (const HostPool::Run& run : r.runs) live += run.bytes;
+      }
     }
-    if (rows != s->row_used)
-      return absl::InternalError(absl::StrCat("session ", id, ": row table disagrees with requests"));
+    if (ledger_.SegmentsOf(id) != pool_->SegmentsOf(id)) {
+      return absl::InternalError(absl::StrCat("session ", id, ": the pool counts ", pool_->SegmentsOf(id),
+                                              " segments, the ledger ", ledger_.SegmentsOf(id)));
+    }
   }
   const HostPool::Stats ps = pool_->GetStats();
-  // Runs record the bytes they hold, so the two agree exactly.
-  if (ps.used_bytes != live) {
-    return absl::InternalError(absl::StrCat("pool used ", ps.used_bytes, " != live runs ", live));
+  // Runs record the bytes they hold, so the three agree exactly.
+  if (ps.used_bytes != live || ledger_.used_bytes() != live) {
+    return absl::InternalError(
+        absl::StrCat("pool used ", ps.used_bytes, ", ledger used ", ledger_.used_bytes(), ", live runs ", live));
   }
   return absl::OkStatus();
 }

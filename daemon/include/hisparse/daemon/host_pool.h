@@ -86,6 +86,18 @@ class HostPool {
   // the host then has no huge page to refill) fails the copy, with DataLoss, instead of faulting
   // the daemon: a syscall sees such a fault as EFAULT where a memcpy would take SIGBUS.
   absl::Status CopyRun(uint64_t owner, const Run& from, const Run& to, uint64_t bytes);
+  // CopyRun in two steps, so that the copy can run outside the owner's lock: PlanCopy checks the
+  // runs and names the source descriptor and destination bytes; ExecuteCopy, which touches no pool
+  // state, copies. The plan stays valid while both runs stay allocated to `owner`.
+  struct CopyPlan {
+    int src_fd = -1;
+    uint64_t src_offset = 0;
+    uint8_t* dst = nullptr;
+    uint64_t bytes = 0;
+    uint32_t from_segment = 0, to_segment = 0;
+  };
+  absl::StatusOr<CopyPlan> PlanCopy(uint64_t owner, const Run& from, const Run& to, uint64_t bytes) const;
+  static absl::Status ExecuteCopy(const CopyPlan& plan);
 
   // The daemon's own mapping of a segment (for tests).
   uint8_t* SegmentData(uint32_t segment) const;

@@ -32,6 +32,7 @@
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/host_pool.h"
@@ -39,28 +40,12 @@
 
 namespace hisparse {
 
-// Why an admission or session open was refused: the one list that Stats' rejections_by_reason
-// and the metrics' hisparse_rejections_total{reason} both follow.
-enum class RejectReason { kPoolFull, kRowsFull, kDraining, kSessionLimit, kArenaBudget, kHostArenaBudget, kQuota };
-inline constexpr RejectReason kRejectReasons[] = {
-    RejectReason::kPoolFull,    RejectReason::kRowsFull,        RejectReason::kDraining, RejectReason::kSessionLimit,
-    RejectReason::kArenaBudget, RejectReason::kHostArenaBudget, RejectReason::kQuota};
-// "pool_full", "rows_full", "draining", "session_limit", "arena_budget", "host_arena_budget", "quota".
-const char* RejectReasonName(RejectReason reason);
-
+// RejectReason and RejectReasonName live in admission_ledger.h.
 class SessionManager {
  public:
-  // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited.
-  // A tenant's rows are bounded by sessions x max_requests_per_session.
-  struct QuotaOptions {
-    uint64_t host_bytes = 0;
-    uint64_t arena_bytes = 0;
-    uint32_t requests = 0;
-    uint32_t sessions = 0;
-    // Pool segments one tenant may hold (a segment is exclusive to one session, so a held segment
-    // is held memory). 0 with host_bytes set: ceil(host_bytes / segment size).
-    uint32_t segments = 0;
-  };
+  // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited. A tenant's
+  // rows are bounded by sessions x max_requests_per_session. See AdmissionLedger::Quotas.
+  using QuotaOptions = AdmissionLedger::Quotas;
   struct Options {
     QuotaOptions quotas;
     bool evict_on_pool_full = false;  // admission.on_pool_full = evict_lru_idle
@@ -76,6 +61,10 @@ class SessionManager {
     // allocator chose). Unset, or for gpu = -1, the arena is a host memfd ("host").
     GpuArenaAllocator gpu_arena_allocator;
     std::string version = "0.1.0";
+    // The time of the LRU order of evict_lru_idle (unset: absl::Now). Tests inject a fake one.
+    AdmissionLedger::Clock clock;
+    // Tests only: runs in Extend while it copies a moving request's records, outside the lock.
+    std::function<void()> during_move_for_test;
   };
 
   SessionManager(const Options& options, std::unique_ptr<HostPool> pool);
@@ -142,7 +131,9 @@ class SessionManager {
 
   // The segments one tenant may hold under the current quotas (UINT32_MAX: no limit).
   uint32_t SegmentsPerTenant() const;
-  // Accounting invariants: pool used bytes == sum of every live request's runs, rows unique.
+  // Accounting invariants, exact: the ledger's own (admission_ledger.h); pool used bytes == the
+  // ledger's == the sum of every live request's runs; each request's runs are its ledger holds
+  // and its row the ledger's; each session's pool segments are the ledger's count.
   absl::Status CheckInvariants() const;
   // Read access to the pool's daemon-side mapping, for tests and Extend's copies.
   uint8_t* SegmentDataForTest(uint32_t segment) const;
@@ -151,10 +142,19 @@ class SessionManager {
   struct Request {
     uint64_t id = 0;
     absl::Time admitted_at;
-    absl::Time last_used;  // admitted or extended: the LRU order of evict_lru_idle
-    uint32_t row = 0;
+    uint32_t row = 0;  // the ledger's, copied for listing
     uint32_t capacity_tokens = 0;
     std::vector<HostPool::Run> runs;  // one per layer
+    // Set while Extend copies the request's records to new runs outside the lock. The request
+    // then holds `grown` (every layer: grown in place, or its old run where it moves) and `to`
+    // (the new runs of `layers`); `runs` and capacity_tokens are still the old ones. Release and
+    // Extend of it are refused, an eviction and CloseSession wait for it (moves_done_).
+    struct Move {
+      std::vector<HostPool::Run> grown;
+      std::vector<int> layers;
+      std::vector<HostPool::Run> to;
+    };
+    std::optional<Move> move;
   };
   struct Session {
     uint64_t id = 0;
@@ -162,14 +162,14 @@ class SessionManager {
     std::string engine_name;
     v1::Geometry geometry;
     pid_t peer_pid = 0;
-    uint32_t tenant_uid = 0;  // the owner: the uid of the Session stream's peer
-    absl::flat_hash_map<uint64_t, Request> requests;
-    std::vector<bool> row_used;
-    uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
+    uint32_t tenant_uid = 0;                          // the owner: the uid of the Session stream's peer
+    absl::flat_hash_map<uint64_t, Request> requests;  // rows and LRU times are in ledger_
+    uint64_t arena_bytes = 0;                         // accounted against its device's budget and its tenant's quota
     // The slot arena in its sharing form (arena.h), chosen at open and never null after it.
     // Shared with Stats and the fd channel, which use it outside the lock.
     std::shared_ptr<const Arena> arena;
     std::shared_ptr<EventSink> sink;
+    bool closing = false;  // CloseSession waits for its moves: no new one starts
   };
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
@@ -180,31 +180,24 @@ class SessionManager {
     uint64_t request_id = 0;
     std::shared_ptr<EventSink> sink;
   };
-  struct TenantUsage {
-    uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
-    uint32_t sessions = 0;
+  // AdmitLocked's answer, and whether it failed for want of room in the pool (or the tenant's
+  // segment share): the one refusal that evicting the tenant's own requests can cure.
+  struct AdmitOutcome {
+    absl::StatusOr<v1::AdmitResponse> result;
+    bool lacked_room = false;
   };
-  static uint32_t TenantOf(const Session& s);
+  static std::vector<AdmissionLedger::Hold> HoldsOf(const std::vector<HostPool::Run>& runs);
 
-  absl::StatusOr<v1::AdmitResponse> AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TenantUsage UsageLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckQuotaLocked(const Session& s, uint64_t more_host_bytes, uint32_t more_requests)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `tenant` may hold one more session of `arena_bytes` (quotas.sessions, arena_bytes).
-  absl::Status CheckSessionQuotaLocked(uint32_t tenant, uint64_t arena_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t SegmentsPerTenantLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs how many tenants the pool's `segments` give their full `share` at once (a warning when
   // one tenant could fill it). Called outside the lock.
   static void LogQuotaCoverage(uint32_t share, uint32_t segments, const QuotaOptions& q, uint32_t max_sessions);
-  // The pool segments the sessions of `tenant` hold now (O(sessions)).
-  uint32_t SegmentsHeldLocked(uint32_t tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One run of `bytes` for `s`, claiming a free segment only while its tenant holds fewer than its
   // share (`*tenant_segments`, counted up on a claim). Counts and returns a refusal.
   absl::StatusOr<HostPool::Run> AllocateRunLocked(const Session& s, uint64_t bytes, uint32_t* tenant_segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // evict_lru_idle: whether `layers` runs of `run_bytes` could be placed for `s` once every
-  // request of its tenant were gone (per segment, ignoring fragmentation inside one). When not,
-  // evicting cannot make the admission succeed and nothing is evicted.
+  // evict_lru_idle: whether evicting the tenant's requests could make room for `layers` runs of
+  // `run_bytes` for `s` (AdmissionLedger::EvictionCouldAdmit on the pool's segments).
   bool EvictionCouldAdmitLocked(const Session& s, uint64_t run_bytes, uint32_t layers) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -212,11 +205,20 @@ class SessionManager {
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend's end: the request holds `grown` (with `to` in place of its moving `layers`), at
+  // `token_budget`; the runs it leaves are freed.
+  v1::ExtendResponse CommitExtendLocked(Session& s, Request& r, std::vector<HostPool::Run> grown,
+                                        const std::vector<int>& layers, const std::vector<HostPool::Run>& to,
+                                        uint32_t token_budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend's undo: frees `to`, shrinks `grown` back to the request's runs, which it keeps.
+  void UndoExtendLocked(Session& s, Request& r, std::vector<HostPool::Run>& grown, const std::vector<HostPool::Run>& to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillExtents(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::Extent>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refused admission under `reason` and returns `status`.
   absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Reject(Refusal refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -224,6 +226,8 @@ class SessionManager {
   const absl::Time start_time_ = absl::Now();
   mutable absl::Mutex mu_;
   std::unique_ptr<HostPool> pool_ ABSL_GUARDED_BY(mu_);
+  // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
+  AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
   uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
@@ -234,10 +238,8 @@ class SessionManager {
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  // Set by AdmitLocked when the pool (or the tenant's segment share) had no room for a run:
-  // the one refusal that evicting the tenant's own requests can cure.
-  bool admit_lacked_room_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar moves_done_;  // signalled (under mu_) whenever an Extend's move ends
 };
 
 }  // namespace hisparse

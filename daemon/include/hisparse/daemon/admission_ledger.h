@@ -1,0 +1,167 @@
+// AdmissionLedger: the node's admission accounting as plain numbers, testable alone.
+//
+// It holds, per session, its tenant, its slot-arena bytes and its row table; per request, its row,
+// what its runs hold in which pool segment, and when it was last used; per tenant, the sums of
+// those. From them it decides the quota refusals (host bytes charged as held, requests, sessions,
+// arena bytes, the segment share), the free row, the victim of admission.on_pool_full =
+// evict_lru_idle and whether evicting could admit at all. It touches no pool, fd, arena, proto or
+// socket: SessionManager (session_manager.h) makes the pool calls at the edges and records their
+// outcome here. Time comes from an injected clock, so the LRU order is deterministic in tests;
+// ties are broken by (last_used, session_id, request_id).
+//
+// Not thread-safe: SessionManager consults it under its one mutex.
+#ifndef HISPARSE_DAEMON_ADMISSION_LEDGER_H_
+#define HISPARSE_DAEMON_ADMISSION_LEDGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace hisparse {
+
+// Why an admission or session open was refused: the one list that Stats' rejections_by_reason
+// and the metrics' hisparse_rejections_total{reason} both follow.
+enum class RejectReason { kPoolFull, kRowsFull, kDraining, kSessionLimit, kArenaBudget, kHostArenaBudget, kQuota };
+inline constexpr RejectReason kRejectReasons[] = {
+    RejectReason::kPoolFull,    RejectReason::kRowsFull,        RejectReason::kDraining, RejectReason::kSessionLimit,
+    RejectReason::kArenaBudget, RejectReason::kHostArenaBudget, RejectReason::kQuota};
+// "pool_full", "rows_full", "draining", "session_limit", "arena_budget", "host_arena_budget", "quota".
+const char* RejectReasonName(RejectReason reason);
+
+// A refusal: the reason it is counted under, and what the caller is told.
+struct Refusal {
+  RejectReason reason;
+  absl::Status status;
+};
+
+class AdmissionLedger {
+ public:
+  // Hard per-tenant limits (tenant = the uid that opened the session); 0 = unlimited.
+  struct Quotas {
+    uint64_t host_bytes = 0;
+    uint64_t arena_bytes = 0;
+    uint32_t requests = 0;
+    uint32_t sessions = 0;
+    // Pool segments one tenant may hold. 0 with host_bytes set: ceil(host_bytes / segment size).
+    uint32_t segments = 0;
+  };
+  // What one pool run holds, where: the ledger's copy of a HostPool::Run.
+  struct Hold {
+    uint32_t segment = 0;
+    uint64_t bytes = 0;
+  };
+  // One pool segment as eviction planning sees it (HostPool::SegmentState).
+  struct SegmentView {
+    uint64_t owner = 0;  // a session id, 0 = free
+    uint64_t capacity = 0, free_bytes = 0;
+  };
+  struct RequestKey {
+    uint64_t session_id = 0, request_id = 0;
+    bool operator==(const RequestKey& o) const { return session_id == o.session_id && request_id == o.request_id; }
+  };
+  struct TenantUsage {
+    uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
+    uint32_t sessions = 0;
+    bool operator==(const TenantUsage& o) const {
+      return host_bytes == o.host_bytes && arena_bytes == o.arena_bytes && requests == o.requests &&
+             sessions == o.sessions;
+    }
+  };
+  using Clock = std::function<absl::Time()>;
+
+  AdmissionLedger(const Quotas& quotas, uint64_t segment_bytes, Clock clock);
+
+  void SetQuotas(const Quotas& quotas) { quotas_ = quotas; }
+  const Quotas& quotas() const { return quotas_; }
+  // The segments one tenant may hold under the current quotas (UINT32_MAX: no limit).
+  uint32_t SegmentsPerTenant() const;
+
+  // Sessions. CheckOpenSession: whether `tenant` may hold one more session of `arena_bytes`.
+  std::optional<Refusal> CheckOpenSession(uint32_t tenant, uint64_t arena_bytes) const;
+  // A new session with `rows` request rows (session ids are never reused).
+  void AddSession(uint64_t session_id, uint32_t tenant, uint32_t rows, uint64_t arena_bytes);
+  // Forgets the session and every request it held. No-op for an unknown id.
+  void RemoveSession(uint64_t session_id);
+  bool HasSession(uint64_t session_id) const { return sessions_.count(session_id) != 0; }
+
+  // Requests. CheckGrow: whether the session's tenant may hold `more_host_bytes` and
+  // `more_requests` more (quotas.host_bytes, quotas.requests).
+  std::optional<Refusal> CheckGrow(uint64_t session_id, uint64_t more_host_bytes, uint32_t more_requests) const;
+  // The lowest free row of the session, or kRowsFull.
+  std::optional<Refusal> FreeRow(uint64_t session_id, uint32_t* row) const;
+  // Records an admitted request in `row` (which FreeRow gave) holding `holds`; used now.
+  void Admit(uint64_t session_id, uint64_t request_id, uint32_t row, std::vector<Hold> holds);
+  // The request's runs are now `holds` (grown, moved, or old and new while moving).
+  void SetHolds(uint64_t session_id, uint64_t request_id, std::vector<Hold> holds);
+  // The request is used now (an Extend, even one that then fails for want of room).
+  void Touch(uint64_t session_id, uint64_t request_id);
+  // Forgets the request, freeing its row.
+  void Release(uint64_t session_id, uint64_t request_id);
+  bool HasRequest(uint64_t session_id, uint64_t request_id) const;
+  // A moving request (Extend copying its records outside the lock) is never a victim.
+  void SetMoving(uint64_t session_id, uint64_t request_id, bool moving);
+  bool IsMoving(uint64_t session_id, uint64_t request_id) const;
+  // Requests of the session that are moving now.
+  uint32_t MovesIn(uint64_t session_id) const;
+
+  // Pool segments: what the sessions of `tenant` hold (distinct segments of their requests).
+  uint32_t SegmentsHeld(uint32_t tenant) const;
+  // The refusal when a run of `bytes` found no room: kQuota when the tenant holds its share of
+  // `tenant_segments`, else kPoolFull with `pool_status`.
+  Refusal RoomRefusal(uint64_t session_id, uint64_t bytes, uint32_t tenant_segments, absl::Status pool_status) const;
+
+  // evict_lru_idle: the least recently used request of the session's tenant, not moving,
+  // smallest (last_used, session_id, request_id) first.
+  std::optional<RequestKey> PickVictim(uint64_t session_id) const;
+  // Whether `layers` runs of `run_bytes` could be placed for the session once every request of
+  // its tenant were gone (per segment, ignoring fragmentation inside one), given the pool's
+  // `segments`. When not, evicting cannot make the admission succeed.
+  bool EvictionCouldAdmit(uint64_t session_id, uint64_t run_bytes, uint32_t layers,
+                          const std::vector<SegmentView>& segments) const;
+
+  TenantUsage Usage(uint32_t tenant) const;
+  // Bytes held by every request: must equal the pool's used bytes.
+  uint64_t used_bytes() const { return used_bytes_; }
+  // Distinct segments the session's requests hold: must equal the pool's count for it.
+  uint32_t SegmentsOf(uint64_t session_id) const;
+  std::optional<uint32_t> RowOf(uint64_t session_id, uint64_t request_id) const;
+
+  // Exact and total: used bytes == sum of every request's holds; every tenant's kept sums ==
+  // what its sessions hold; no tenant kept without a session; rows unique and the row tables
+  // exactly the rows of live requests.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Request {
+    uint32_t row = 0;
+    absl::Time last_used;
+    std::vector<Hold> holds;
+    bool moving = false;
+    uint64_t HeldBytes() const;
+  };
+  struct Session {
+    uint32_t tenant = 0;
+    uint64_t arena_bytes = 0;
+    std::vector<bool> row_used;
+    std::map<uint64_t, Request> requests;
+  };
+  Session* Find(uint64_t session_id);
+  const Session* Find(uint64_t session_id) const;
+
+  Quotas quotas_;
+  uint64_t segment_bytes_;
+  Clock clock_;
+  std::map<uint64_t, Session> sessions_;
+  std::map<uint32_t, TenantUsage> tenants_;  // kept sums; a tenant with no session is erased
+  uint64_t used_bytes_ = 0;
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_ADMISSION_LEDGER_H_
