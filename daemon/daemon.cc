@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
       config.limits.host_arena_bytes != 0 ? config.limits.host_arena_bytes : impl->auto_host_arena_bytes;
   sm_options.quotas = QuotasFrom(config);
   sm_options.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
-  sm_options.device = device;
+  sm_options.device = choice.gpu_arenas ? DeviceKind::kCuda : DeviceKind::kHost;
   sm_options.gpu_arena_allocator = std::move(gpu_arena_allocator);
   sm_options.version = kVersion;
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));

@@ -606,7 +606,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     absl::MutexLock lock(&mu_);
     out.set_version(options_.version);
     out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
-    out.set_device(options_.device);
+    out.set_device(std::string(DeviceKindName(options_.device)));
     const HostPool::Stats ps = pool_->GetStats();
     v1::HostPoolStats* hp = out.mutable_host_pool();
     hp->set_capacity_bytes(ps.capacity_bytes);

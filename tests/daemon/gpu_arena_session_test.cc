@@ -95,7 +95,7 @@ class GpuArenaSessionTest : public ::testing::Test {
     SessionManager::Options options;
     options.fd_socket_path = "/nonexistent/test.sock.fd";
     options.arena_budget_bytes = 3 * kGranularity;  // three rounded arenas per GPU
-    options.device = "cuda";
+    options.device = DeviceKind::kCuda;
     options.gpu_arena_allocator = [this](int gpu, uint64_t bytes) -> absl::StatusOr<std::unique_ptr<GpuArena>> {
       ++gpus_.allocations;
       if (gpus_.fail_next) {

@@ -328,3 +328,34 @@ TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
 
 }  // namespace
 }  // namespace hisparse
+
+namespace hisparse {
+namespace {
+
+// Every entry of the one metric catalog is exported with a sample once the daemon has a session,
+// a request and a timed RPC: a catalog entry that nothing fills would be a dashboard panel that
+// always reads empty. And the families are exactly the catalog's, with its types, in its order.
+TEST(SessionManagerTest, MetricsFillEveryCatalogEntry) {
+  auto sm = MakeManager(2 * kMiB);
+  const Opened s = Open(*sm, 1000);
+  ASSERT_TRUE(Admit(*sm, s.ref, 1, 1).ok());
+  Metrics metrics(sm.get());
+  metrics.ObserveRpc(Metrics::kAdmit, 0.001);
+  const std::vector<prometheus::MetricFamily> families = metrics.Collect();
+  const std::vector<MetricInfo>& catalog = MetricCatalog();
+  ASSERT_EQ(families.size(), catalog.size());
+  for (size_t i = 0; i < catalog.size(); ++i) {
+    const prometheus::MetricFamily& f = families[i];
+    EXPECT_EQ(f.name, catalog[i].name);
+    EXPECT_EQ(f.help, catalog[i].help) << f.name;
+    const prometheus::MetricType want = std::string(catalog[i].type) == "counter" ? prometheus::MetricType::Counter
+                                        : std::string(catalog[i].type) == "histogram"
+                                            ? prometheus::MetricType::Histogram
+                                            : prometheus::MetricType::Gauge;
+    EXPECT_EQ(f.type, want) << f.name;
+    EXPECT_FALSE(f.metric.empty()) << f.name << " has no sample";
+  }
+}
+
+}  // namespace
+}  // namespace hisparse

@@ -34,6 +34,7 @@
 #include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/arena.h"
+#include "hisparse/daemon/config.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/host_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
@@ -55,7 +56,7 @@ class SessionManager {
     uint64_t arena_budget_bytes = 0;  // per device (GPU index or host), 0 = unlimited
     // Node-wide bytes of host (memfd) slot arenas, all sessions together.
     uint64_t host_arena_budget_bytes = UINT64_MAX;
-    std::string device = "host";
+    DeviceKind device = DeviceKind::kHost;  // the device in use (ChooseDevice): kCuda or kHost, never kAuto
     // Set (device cuda): sessions that declare geometry.gpu >= 0 get their slot arena in that
     // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm" or "cuda-ipc", as the
     // allocator chose). Unset, or for gpu = -1, the arena is a host memfd ("host").
