@@ -101,11 +101,13 @@ stage_fuzz() {
   local start; start=$(now)
   echo "== fuzz: libFuzzer targets, ${FUZZ_SECONDS}s each"
   mkdir -p build-fuzz
-  configure_and_build build-fuzz fuzz_session_manager fuzz_fd_channel fuzz_config fuzz_trace_reader \
+  # Every target of tests/fuzz (HS_FUZZ_TARGETS there): each one built is run.
+  local targets=(session_manager fd_channel fd_channel_codec config trace_reader)
+  configure_and_build build-fuzz "${targets[@]/#/fuzz_}" \
     -- -DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON \
     || { record fuzz "$start" 1 "build failed"; return; }
   local status=0 note=""
-  for target in session_manager fd_channel config trace_reader; do
+  for target in "${targets[@]}"; do
     # The working corpus grows run over run in the build folder; the committed seeds stay small.
     local corpus=build-fuzz/corpus/$target artifacts=build-fuzz/artifacts/$target/
     mkdir -p "$corpus" "$artifacts"
