@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <system_error>
 
@@ -127,19 +128,8 @@ void PeerAcceptor::Loop() {
 }
 
 void PeerAcceptor::AcceptAll() {
-  while (!stopping_.load()) {
-    UniqueFd conn;
-    switch (guard_->Accept(&conn)) {
-      case AcceptGuard::Outcome::kAccepted:
-        Admit(std::move(conn));
-        break;
-      case AcceptGuard::Outcome::kAgain:
-        break;
-      case AcceptGuard::Outcome::kIdle:
-      case AcceptGuard::Outcome::kPaused:
-        return;
-    }
-  }
+  guard_->AcceptEach(
+      INT_MAX, [this](UniqueFd conn) { Admit(std::move(conn)); }, [this] { return !stopping_.load(); });
 }
 
 void PeerAcceptor::Admit(UniqueFd conn) {

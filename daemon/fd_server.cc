@@ -117,19 +117,8 @@ void FdServer::WatchListener(bool want) {
 }
 
 void FdServer::AcceptReady() {
-  for (int i = 0; i < kMaxAcceptsPerWakeup; ++i) {
-    UniqueFd conn;
-    switch (guard_->Accept(&conn)) {
-      case AcceptGuard::Outcome::kAccepted:
-        Admit(std::move(conn));
-        break;
-      case AcceptGuard::Outcome::kAgain:
-        break;
-      case AcceptGuard::Outcome::kIdle:
-      case AcceptGuard::Outcome::kPaused:
-        return;
-    }
-  }
+  guard_->AcceptEach(
+      kMaxAcceptsPerWakeup, [this](UniqueFd conn) { Admit(std::move(conn)); }, [] { return true; });
 }
 
 void FdServer::Admit(UniqueFd conn) {

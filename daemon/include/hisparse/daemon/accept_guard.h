@@ -73,6 +73,24 @@ class AcceptGuard {
   static absl::StatusOr<std::unique_ptr<AcceptGuard>> Create(int listener, Options options);
 
   Outcome Accept(UniqueFd* conn);
+  // Accepts what is waiting, at most `max` connections, handing each to `admit(UniqueFd)`; returns
+  // once nothing is pending, the listener is paused, `max` is reached or `keep_going()` is false.
+  template <typename Admit, typename KeepGoing>
+  void AcceptEach(int max, Admit&& admit, KeepGoing&& keep_going) {
+    for (int i = 0; i < max && keep_going(); ++i) {
+      UniqueFd conn;
+      switch (Accept(&conn)) {
+        case Outcome::kAccepted:
+          admit(std::move(conn));
+          break;
+        case Outcome::kAgain:
+          break;
+        case Outcome::kIdle:
+        case Outcome::kPaused:
+          return;
+      }
+    }
+  }
   // While the channel is down, checks whether it can serve again (call it once WaitMs() has
   // passed; earlier calls do nothing).
   void Probe();
