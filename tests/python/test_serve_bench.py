@@ -1,0 +1,107 @@
+"""hisparse-bench serve (examples/engine/serve_bench.py, the DeepSeek-V3.2-class decode node).
+
+The CPU smoke run drives the whole benchmark (daemon, closed loop with admissions and releases,
+both modes, the exactness check, the tables) on a tiny model with the host backend, so the GPU
+path's code cannot rot unseen. The GPU cases hold the Triton kernels (the fused indexer and the
+sparse MLA over records read by index) to the torch references beside them (skipped without a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+serve_bench = pytest.importorskip("serve_bench")  # examples/engine, put on sys.path by conftest
+dsv32 = pytest.importorskip("dsv32")
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_smoke_run_on_the_cpu(capsys):
+    assert serve_bench.main(["--smoke"]) == 0
+    lines = json_lines(capsys.readouterr().out)
+    points = [x for x in lines if x["kind"] == "point"]
+    modes = {x["mode"] for x in points}
+    assert modes == {"baseline", "hisparse_B24"}
+    cap = {x["mode"]: x["capacity"] for x in lines if x["kind"] == "capacity"}
+    assert cap["hisparse_B24"] > cap["baseline"], "the slot arena must fit more requests"
+    for p in points:
+        assert p["steps"] == serve_bench.SMOKE["steps"] - 1
+        assert p["tokens_per_s"] > 0
+        if p["mode"] != "baseline":
+            assert 0 < p["hit_rate"] < 1, "the run must both hit and fetch"
+    # Requests finished and were replaced inside the loop (outputs of 3-6 tokens, 5 timed steps).
+    assert sum(p["finished"] for p in points) > 0
+    ex = [x for x in lines if x["kind"] == "exactness"]
+    assert ex and all(x["exact"] for x in ex)
+    stops = {x["mode"]: x["limit"] for x in lines if x["kind"] == "stop"}
+    assert stops["baseline"] == "HBM"
+
+
+def test_capacity_counts_the_index_keys_in_both_modes():
+    cfg = dsv32.V32Config(layers=8)
+    fmt = dsv32.record_format("bf16", cfg)
+    cap = serve_bench.capacity(cfg, fmt, 131072, 2048, 2048, budget=6 << 30, pool=1 << 40)
+    per_token = 8 * (131072 + 2049)
+    assert cap["baseline"]["per_request_hbm"] > per_token * (1152 + 132)
+    assert cap["hisparse"]["per_request_hbm"] > per_token * 132  # the keys stay in HBM
+    assert cap["hisparse"]["capacity"] > 4 * cap["baseline"]["capacity"]
+    small_pool = serve_bench.capacity(cfg, fmt, 131072, 2048, 2048, budget=6 << 30, pool=4 << 30)
+    assert small_pool["hisparse"]["limit"] == "host pool"
+
+
+def _gpu_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if dsv32.triton is None:
+        pytest.skip("no triton")
+
+
+@pytest.mark.parametrize("records", ["fp8", "bf16"])
+def test_triton_sparse_mla_matches_the_reference(records):
+    _gpu_or_skip()
+    dev = torch.device("cuda")
+    cfg = dsv32.V32Config(layers=1)
+    fmt = dsv32.record_format(records, cfg)
+    g = torch.Generator(device=dev).manual_seed(3)
+    M, k, n, stride = 5, 2048, 9000, fmt.record_bytes + 48  # a padded stride, as the slot arena has
+    recs = torch.zeros(n, stride, dtype=torch.uint8, device=dev)
+    recs[:, :fmt.record_bytes] = fmt.encode(torch.randn(n, 576, generator=g, device=dev).to(torch.bfloat16))
+    q = torch.randn(M, cfg.heads, 576, generator=g, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(n, generator=g, device=dev)[:k] for _ in range(M)])
+    idx[1, 100:] = -1  # padding in one row
+    bs = torch.tensor([4], dtype=torch.int32, device=dev)  # row 4 is past the batch: untouched
+    out_t = torch.full((M, cfg.heads, 512), 7.0, dtype=torch.bfloat16, device=dev)
+    out_r = torch.empty_like(out_t)
+    scale = 1.0 / 24.0
+    dsv32.Kernels(True).sparse_mla(q, recs, idx, stride, fmt, bs, out_t, scale)
+    dsv32.Kernels(False).sparse_mla(q, recs, idx, stride, fmt, bs, out_r, scale)
+    assert torch.all(out_t[4] == 7.0), "a row past *batch_size was written"
+    torch.testing.assert_close(out_t[:4].float(), out_r[:4].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_triton_index_scores_match_the_reference():
+    _gpu_or_skip()
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(4)
+    M, H, D, T = 3, 64, 128, 5000
+    keys, ks = dsv32.quantize_keys(torch.randn(M, T, D, generator=g, device=dev), True)
+    q = (torch.randn(M, H, D, generator=g, device=dev)).to(torch.float8_e4m3fn)
+    w = torch.rand(M, H, generator=g, device=dev)
+    seq = torch.tensor([5000, 1234, 77], dtype=torch.int32, device=dev)
+    bs = torch.tensor([2], dtype=torch.int32, device=dev)
+    out_t = torch.full((M, T), 5.0, device=dev)
+    out_r = torch.empty_like(out_t)
+    dsv32.Kernels(True).index_scores(q, w, keys, ks, seq, bs, out_t)
+    dsv32.Kernels(False).index_scores(q, w, keys, ks, seq, bs, out_r)
+    assert torch.all(out_t[2] == 5.0), "a row past *batch_size was written"
+    assert torch.all(torch.isinf(out_t[1, 1234:])) and not torch.isinf(out_t[1, :1234]).any()
+    torch.testing.assert_close(out_t[:2], out_r[:2], rtol=1e-3, atol=1e-3)
+    # The selection the engine makes from them: the same top-k sets.
+    a = set(out_t[0].topk(256).indices.tolist())
+    b = set(out_r[0].topk(256).indices.tolist())
+    assert len(a & b) >= 250
