@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev
   clang clang-format clang-tidy
   python3 python3-pytest python3-numpy python3-pyflakes
+  python3-torch  # CPU torch: the engine benchmarks' smoke runs (decode_bench, serve_bench) in ctest
   prometheus  # promtool, which lints the /metrics exposition in the admin test
 )
 missing=()

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The cost model of bench/MODEL.md ("Production-proportioned decode node") applied to a
+hisparse-bench serve run: predicts every hisparse point's step time and throughput from the
+full-HBM points only, and prints predicted against measured.
+
+    T_base(b, C) = sum over the step's parts p of  a_p + w_p * b + c_p * b * C
+                   (each part's time from the probe graph's timing events, least squares over the
+                   run's full-HBM points; the indexer and top-k scale with b * C (c_p, w_p = 0),
+                   every other part with b (w_p, c_p = 0))
+    T_hs(b, C)   = T_base(b, C) + L * t_plan + M * R / (eta * link)
+
+M is the point's misses per step (the daemon's counter: the selection stream sets it, not the
+timing), R the record bytes, link the H2D rate the run measured, t_plan = 15 µs a RESOLVE launch and
+eta = 0.53 (random 656-B misses gather at 29.4 of 55.5 GB/s: ../shared/FACTS.md), both from other
+runs. Nothing is fitted to a hisparse point.
+
+    python3 bench/serve_model.py serve.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+T_PLAN_MS = 0.015
+ETA = 0.53
+
+
+def fit(rows, cols):
+    """Least squares of y over the columns named in cols (of 1, b, b*C) for rows (b, b*C, y)."""
+    import numpy as np
+    X = np.array([[{"1": 1.0, "b": r[0], "bC": r[1]}[c] for c in cols] for r in rows])
+    y = np.array([r[2] for r in rows])
+    coef = dict(zip(cols, np.linalg.lstsq(X, y, rcond=None)[0]))
+    return [coef.get("1", 0.0), coef.get("b", 0.0), coef.get("bC", 0.0)]
+
+
+# What each part's time can depend on: the indexer and top-k read every row's whole context (b * C);
+# every other part streams weights (a constant) and does per-row work (b), whatever the context.
+CONTEXT_PARTS = {"indexer", "topk"}
+
+
+def main(path: str) -> int:
+    lines = [json.loads(x) for x in open(path)]
+    model = next(x for x in lines if x["kind"] == "model")
+    link = next(x["h2d_gbps"] for x in lines if x["kind"] == "link")
+    L, R = model["layers"], model["record_bytes"]
+    pts = [x for x in lines if x["kind"] == "point"]
+    bpts = [p for p in pts if p["mode"] == "baseline"]
+    fits = {}
+    for part in bpts[0]["parts_ms"]:
+        rows = [(p["concurrency"], p["concurrency"] * p["context"] / 1e6, p["parts_ms"][part]) for p in bpts]
+        fits[part] = fit(rows, ["1", "bC"] if part in CONTEXT_PARTS else ["1", "b"])
+        print(f"  {part:9s} = {fits[part][0]:.4f} + {fits[part][1]:.5f} b + {fits[part][2]:.5f} b C/1M  ms")
+    a, w, c = (sum(f[i] for f in fits.values()) for i in range(3))
+    print(f"T_base(b, C) = {a:.3f} + {w:.4f} b + {c:.4f} b C/1M  ms   (per-part fits over {len(bpts)} full-HBM points)")
+    print(f"link {link} GB/s, eta {ETA}, t_plan {T_PLAN_MS * 1e3:.0f} us, {L} layers, {R}-B records\n")
+    print("| mode | context | N | predicted ms | measured ms | pred/meas | predicted tok/s | measured tok/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    peaks = {}
+    for p in pts:
+        b, C = p["concurrency"], p["context"]
+        tb = a + w * b + c * b * C / 1e6
+        if p["mode"] == "baseline":
+            peaks.setdefault((C, "baseline"), []).append((p["tokens_per_s"], b * 1e3 / tb))
+            continue
+        t = tb + L * T_PLAN_MS + p["misses_per_step"] * R / (ETA * link * 1e9) * 1e3
+        peaks.setdefault((C, p["mode"]), []).append((p["tokens_per_s"], b * 1e3 / t))
+        print(f"| {p['mode']} | {C} | {b} | {t:.2f} | {p['tpot_ms_p50']:.2f} | {t / p['tpot_ms_p50']:.2f} | "
+              f"{b * 1e3 / t:.0f} | {p['tokens_per_s']:.0f} |")
+    print("\n| context | mode | peak ratio measured | peak ratio predicted |")
+    print("| --- | --- | --- | --- |")
+    for (C, mode), v in sorted(peaks.items()):
+        if mode == "baseline":
+            continue
+        bm = max(x[0] for x in peaks[(C, "baseline")])
+        bp = max(x[1] for x in peaks[(C, "baseline")])
+        print(f"| {C} | {mode} | {max(x[0] for x in v) / bm:.2f} | {max(x[1] for x in v) / bp:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""hisparse-bench serve: a decode node of a DeepSeek-V3.2-class model, full-HBM against hisparse.
+
+The model is dsv32.Model: one GPU's share of the real deployment (DP-attention, EP 8, fp8
+weights, the DSA indexer, sparse MLA over 2048 selected 656-B records), random weights, optionally
+fewer layers (--layers; everything that scales with depth scales together, see dsv32.py).
+
+The serving loop is the decode side of a prefill/decode split, a closed loop of N clients:
+  - a request arrives with its prompt's KV (records and index keys, generated from its seed on the
+    GPU: that is what the prefill node would send; the transfer itself is not simulated), is
+    admitted (hisparse: hs_admit + hs_store into the daemon's host pool; baseline: into its HBM
+    rows) and decodes its output length (uniform in --out-len) under continuous batching: when a
+    request finishes it is released and the next request takes its batch slot between two steps;
+  - every step is one CUDA graph replay for the batch bucket (one graph a bucket, the batch size a
+    device tensor the kernels read), timed with CUDA events; admission work happens between
+    replays and is reported separately (admit_ms), not in the step times;
+  - both modes run the same request schedule, so their logits must be bit-identical: they are
+    compared at every --sample-every-th step (exactness), for each concurrency both modes ran;
+  - per concurrency point the run reports throughput (tokens/s = generated tokens / summed step
+    time), TPOT p50/p99 (step times), the daemon's counters (hits, misses, bytes fetched: hit
+    rate, misses per step, link utilisation) and, from timing events captured inside a probe
+    graph, the time of each part of the step (proj, append, indexer, topk, resolve, attention,
+    moe, lm_head).
+
+HBM budget: both modes get the same HBM for KV and per-request state: (--gpu-hbm - the full
+model's weights - --reserve) scaled by layers/61. full HBM keeps layers x max_len x (656 + 132) B
+per request; hisparse keeps layers x ((B + 1) x 656 + max_len x 132) B (slot arena + the
+indexer's keys, which stay in HBM in both modes) and needs layers x max_len x 656 B of host pool.
+A curve stops at the first concurrency past the mode's capacity, and says which limit it hit.
+
+    # GPU (HISPARSE_LIB / HISPARSE_DAEMON_BIN or the source tree's build/):
+    python3 examples/engine/serve_bench.py --layers 8 --contexts 131072,32768 --json serve.jsonl --plot serve.png
+    # CPU smoke run (tiny model, host backend, a few steps; tests/python/test_serve_bench.py):
+    python3 examples/engine/serve_bench.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
+
+import torch  # noqa: E402
+
+import dsv32  # noqa: E402
+
+GIB = 1 << 30
+PARTS = ["proj", "append", "indexer", "topk", "resolve", "attention", "moe", "lm_head"]
+LEVELS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512]
+SMOKE = dict(layers=2, contexts="96", slots="24", steps=6, sample_every=2, out_len="3:6", gpu_hbm="4MiB",
+             reserve="0", host_pool_size="64MiB", host_pool_segment_size="8MiB", records="bf16", levels="1,2,4",
+             probe_steps=0, max_concurrency=8)
+
+
+def parse_size(text: str) -> int:
+    import re
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?B)?\s*", text, re.I)
+    if not m:
+        raise ValueError(f"bad size {text!r}")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()])
+
+
+def pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def capacity(cfg, fmt, ctx, max_out, B, budget, pool):
+    """Largest concurrency per mode at this context, and what limits it."""
+    L, max_len, R, I = cfg.layers, ctx + max_out + 1, fmt.record_bytes, cfg.index_key_bytes
+    state = cfg.topk * 4 * 3 + max_len * 4  # positions, out_slots, record indices; the score row
+    base = L * max_len * (R + I) + state
+    hs = L * ((B + 1) * R + max_len * I) + state
+    by_hbm, by_pool = budget // hs, pool // (L * max_len * R)
+    return dict(baseline=dict(per_request_hbm=base, capacity=budget // base, limit="HBM"),
+                hisparse=dict(per_request_hbm=hs, host_per_request=L * max_len * R, capacity=min(by_hbm, by_pool),
+                              limit="HBM" if by_hbm <= by_pool else "host pool"))
+
+
+class Schedule:
+    """The closed loop's requests, identical in both modes: request n has its own seed, the context,
+    and an output length; the first N start part-way through their outputs (a loop in steady state)."""
+
+    def __init__(self, seed: int, ctx: int, out_lo: int, out_hi: int) -> None:
+        self.seed, self.ctx, self.lo, self.hi = seed, ctx, out_lo, out_hi
+        self.next_id = 1  # hisparse request ids are non-zero
+
+    def take(self, first: bool):
+        rid = self.next_id
+        self.next_id += 1
+        rng = random.Random(self.seed * 1000003 + rid)
+        out = rng.randint(self.lo, self.hi)
+        return rid, (rng.randint(1, out) if first else out), rng.randrange(1 << 30)
+
+
+def prompt_kv(cfg, fmt, ctx, seed, device):
+    """What the prefill node sends for one request: records uint8 [L, ctx, R] (a random latent per
+    token and layer), a generator for its index keys, and each token's salience (softplus of a normal:
+    the part of the key that every query favours, dsv32.V32Config.locality)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    recs = torch.empty(cfg.layers, ctx, fmt.record_bytes, dtype=torch.uint8, device=device)
+    for l in range(cfg.layers):
+        recs[l] = fmt.encode(torch.randn(ctx, cfg.latent, generator=g, device=device).to(torch.bfloat16))
+    sal = torch.nn.functional.softplus(torch.randn(ctx, generator=g, device=device))
+    return recs, g, sal
+
+
+class Point:
+    """One (mode, context, concurrency) run of the closed loop."""
+
+    def __init__(self, args, model, fmt, mode, ctx, N, session) -> None:
+        self.args, self.model, self.fmt, self.mode, self.ctx, self.N = args, model, fmt, mode, ctx, N
+        cfg, dev = model.cfg, model.device
+        self.max_out = int(args.out_len.split(":")[1])
+        self.max_len = ctx + self.max_out + 2 + args.probe_steps  # the probe replays run past the last output
+        self.st = dsv32.DecodeState(cfg, N, self.max_len, dev, model.idx_fp8)
+        if mode == "baseline":
+            self.kv = dsv32.FullKV(cfg, fmt, N, self.max_len, dev)
+        else:
+            self.kv = dsv32.HisparseKV(session, cfg, fmt, N, dev)
+        lo, hi = (int(x) for x in args.out_len.split(":"))
+        self.sched = Schedule(args.seed, ctx, lo, hi)
+        self.remaining = [0] * N
+        self.rid = [None] * N
+        self.admit_ms = []
+        self.logits = torch.zeros(N, cfg.vocab, dtype=torch.float32, device=dev)
+
+    def admit(self, i: int, first: bool) -> None:
+        t = time.perf_counter()
+        cfg, st, L = self.model.cfg, self.st, self.model.layers
+        if self.rid[i] is not None:
+            self.kv.release(i, self.rid[i])
+        rid, out_len, seed = self.sched.take(first)
+        recs, g, sal = prompt_kv(cfg, self.fmt, self.ctx, seed, self.model.device)
+        for l in range(cfg.layers):  # index keys: noise + the salience along the layer's u (selections overlap)
+            k = torch.randn(self.ctx, cfg.idx_dim, generator=g, device=self.model.device)
+            k += (cfg.locality * sal).unsqueeze(-1) * L[l].u.float()
+            key, scale = dsv32.quantize_keys(k, self.model.idx_fp8)
+            st.idx_keys[l].view(torch.uint8)[i, :self.ctx] = key.view(torch.uint8)
+            st.idx_scale[l][i, :self.ctx] = scale
+        self.kv.admit(i, rid, self.ctx, self.max_len)
+        self.kv.store(i, rid, recs, 0)
+        st.tokens[i] = seed % cfg.vocab
+        st.seq_lens[i] = self.ctx + 1
+        self.rid[i], self.remaining[i] = rid, out_len
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.admit_ms.append(1e3 * (time.perf_counter() - t))
+
+    def _step(self):
+        logits = self.model.step(self.kv, self.st)
+        self.logits.copy_(logits)
+        self.st.tokens.copy_(logits.argmax(-1))
+        self.st.seq_lens.add_(1)
+
+    def _capture(self, pool):
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            with torch.cuda.graph(g, pool=pool, stream=side):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        return g
+
+    def run(self, pool=None):
+        """Decodes args.steps steps; returns the point's record and the sampled logits {step: cpu tensor}."""
+        args, cuda = self.args, self.model.device.type == "cuda"
+        for i in range(self.N):
+            self.admit(i, first=True)
+        samples, step_ms, finished = {}, [], 0
+        # Step 0 runs eagerly, so that graph capture finds every kernel compiled; untimed, uncounted.
+        self._step()
+        self._book(samples, 0)
+        self.admit_ms.clear()  # the initial fill is not steady-state admission
+        before = self.kv.session.stats() if self.mode == "hisparse" else None
+        graph = self._capture(pool) if cuda else None
+        evs = []
+        for s in range(1, args.steps):
+            if cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                evs.append((a, b))
+            else:
+                t = time.perf_counter()
+                self._step()
+                step_ms.append(1e3 * (time.perf_counter() - t))
+            finished += self._book(samples, s)
+        if cuda:
+            torch.cuda.synchronize()
+            step_ms = [a.elapsed_time(b) for a, b in evs]
+        rec = dict(kind="point", mode=self.mode, context=self.ctx, concurrency=self.N, steps=len(step_ms),
+                   tokens_per_s=round(self.N * 1e3 * len(step_ms) / sum(step_ms), 1),
+                   tpot_ms_p50=round(pct(step_ms, 0.5), 3), tpot_ms_p99=round(pct(step_ms, 0.99), 3),
+                   finished=finished, admit_ms_p50=round(pct(self.admit_ms, 0.5), 2) if self.admit_ms else None,
+                   kv_hbm_bytes=self.kv.kv_bytes(), index_hbm_bytes=self.st.index_bytes())
+        if self.mode == "hisparse":
+            after = self.kv.session.stats()
+            hits, misses = after.hits - before.hits, after.misses - before.misses
+            fetched = after.bytes_fetched - before.bytes_fetched
+            rec.update(hit_rate=round(hits / max(1, hits + misses), 4),
+                       misses_per_step=round(misses / len(step_ms), 1),
+                       fetched_gb_per_s=round(fetched / (sum(step_ms) * 1e-3) / 1e9, 2))
+            self.kv.session.check_errors()
+        if cuda and args.probe_steps > 0:
+            rec["parts_ms"] = self._probe_parts(pool)
+        del graph
+        return rec, samples
+
+    def _book(self, samples, s) -> int:
+        """After step s: keep sampled logits, retire finished requests and admit the next ones."""
+        if s % self.args.sample_every == 0:
+            samples[s] = self.logits.cpu()
+        done = 0
+        for i in range(self.N):
+            self.remaining[i] -= 1
+            if self.remaining[i] <= 0:
+                done += 1
+                self.admit(i, first=False)
+        return done
+
+    def _probe_parts(self, pool):
+        """Median time of each part per step, from timing events captured inside a probe graph."""
+        self.model.events = []
+        try:
+            g = self._capture(pool)
+        finally:
+            events, self.model.events = self.model.events, None
+        per = {p: [] for p in PARTS}
+        for _ in range(self.args.probe_steps):
+            g.replay()
+            torch.cuda.synchronize()
+            tot = {p: 0.0 for p in PARTS}
+            for name, a, b in events:
+                tot[name] += a.elapsed_time(b)
+            for p in PARTS:
+                per[p].append(tot[p])
+        del g
+        return {p: round(pct(v, 0.5), 4) for p, v in per.items()}
+
+    def close(self):
+        if self.mode == "hisparse":
+            self.kv.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=8, help="layers of the 61-layer model to run (all sizes scale)")
+    ap.add_argument("--contexts", default="131072,32768")
+    ap.add_argument("--records", default="fp8", choices=["fp8", "bf16"])
+    ap.add_argument("--slots", default="2048,4096", help="B values (slots per request and layer), one hisparse curve each")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels to try (and each capacity)")
+    ap.add_argument("--max-concurrency", type=int, default=512)
+    ap.add_argument("--modes", default="baseline,hisparse")
+    ap.add_argument("--steps", type=int, default=48, help="decode steps per point (the first eager)")
+    ap.add_argument("--sample-every", type=int, default=8, help="logits kept for the exactness check every n steps")
+    ap.add_argument("--probe-steps", type=int, default=3, help="replays of the probe graph (part times)")
+    ap.add_argument("--out-len", default="256:2048", help="output tokens per request, uniform in LO:HI")
+    ap.add_argument("--gpu-hbm", default="139GiB", help="the GPU's memory (the real deployment's)")
+    ap.add_argument("--reserve", default="8GiB", help="activations, graphs, CUDA context of the real deployment")
+    ap.add_argument("--host-pool-size", default="48GiB")
+    ap.add_argument("--host-pool-segment-size", default="1GiB")
+    ap.add_argument("--locality", type=float, default=2.8)
+    ap.add_argument("--tune-mla", type=int, default=32, help="tune the sparse MLA tiles at this batch (0: defaults)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-budget-s", type=float, default=1e9, help="skip the remaining points after this long")
+    ap.add_argument("--ctl-watch", default=None, help="run `hisparse-ctl --json watch` on the daemon into this file")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="PNG of throughput and TPOT against concurrency (matplotlib)")
+    ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model, host backend, a few steps")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    t_start = time.monotonic()
+    cuda = not args.smoke
+    dev = torch.device("cuda") if cuda else torch.device("cpu")
+    dims = {k: v for k, v in dsv32.SMOKE.items() if k != "layers"} if args.smoke else {}
+    cfg = dsv32.V32Config(layers=args.layers, locality=args.locality, seed=args.seed, **dims)
+    fmt = dsv32.record_format(args.records, cfg)
+    lines = []
+
+    def emit(obj):
+        lines.append(obj)
+        print(json.dumps(obj), flush=True)
+
+    if cuda:
+        from engine import measure_link_gbps
+        emit(dict(kind="link", h2d_gbps=round(measure_link_gbps(dev, tries=3), 1), note="1 GiB pinned H2D, best of 3"))
+    t = time.monotonic()
+    model = dsv32.Model(cfg, dev, fp8_weights=cuda, kernels=dsv32.Kernels(cuda))
+    wb = model.weight_bytes()
+    full_weights = sum(wb.values()) * cfg.full_layers / cfg.layers
+    budget = int(max(0, parse_size(args.gpu_hbm) - full_weights - parse_size(args.reserve)) * cfg.layers / cfg.full_layers)
+    pool = parse_size(args.host_pool_size)
+    grouped = {}
+    if cuda:  # grouped expert GEMM or one a expert: whichever is faster here, at 8 rows an expert (N = 32)
+        moe = next((L for L in model.layers if not L.dense), None)
+        grouped = moe.experts.choose_gemm(8) if moe else {}
+        for L in model.layers:
+            if not L.dense:
+                L.experts.grouped = grouped.get("grouped", False)
+    mla = model.kernels.tune_mla(fmt, args.tune_mla) if cuda and args.tune_mla > 0 else {}
+    emit(dict(kind="model", layers=cfg.layers, dense_layers=cfg.dense_layers, vocab=cfg.vocab,
+              weight_bytes=wb, full_model_weight_bytes=int(full_weights), kv_budget_bytes=budget,
+              records=fmt.name, record_bytes=fmt.record_bytes, index_key_bytes=cfg.index_key_bytes, k=cfg.topk,
+              slots=args.slots, locality=cfg.locality, grouped_expert_gemm=grouped, mla_tiles_us=mla,
+              mla_tile=[model.kernels.mla_block_h, model.kernels.mla_block_n, model.kernels.mla_warps],
+              device=torch.cuda.get_device_name(dev) if cuda else "cpu", build_s=round(time.monotonic() - t, 1)))
+
+    import hisparse
+    daemon = hisparse.Daemon(host_pool_size=args.host_pool_size, host_pool_segment_size=args.host_pool_segment_size,
+                             start_timeout_s=300.0).start()
+    watch = None
+    if args.ctl_watch:  # the daemon's own view during the run (its counters per session)
+        ctl = os.environ.get("HISPARSE_CTL_BIN") or str(pathlib.Path(hisparse.find_daemon_binary()).with_name("hisparse-ctl"))
+        watch = subprocess.Popen([ctl, "--daemon", daemon.address, "--json", "watch", "--interval", "2"],
+                                 stdout=open(args.ctl_watch, "w"), stderr=subprocess.STDOUT)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    slots = [int(x) for x in args.slots.split(",")]
+    modes = [(m, None) for m in args.modes.split(",") if m == "baseline"]
+    modes += [("hisparse", B) for B in slots] if "hisparse" in args.modes.split(",") else []
+    levels = [int(x) for x in args.levels.split(",")]
+    max_out = int(args.out_len.split(":")[1])
+    pool_handle = None  # each graph its own pool: a handle outliving its graphs trips torch's allocator
+    samples = {}
+    try:
+        for ctx in contexts:
+            for mode, B in modes:
+                cap = capacity(cfg, fmt, ctx, max_out, B or slots[0], budget, pool)[mode]
+                name = mode if B is None else f"hisparse_B{B}"
+                emit(dict(kind="capacity", context=ctx, mode=name, slots=B, **cap))
+                c = min(cap["capacity"], args.max_concurrency)
+                todo = sorted({n for n in levels if n <= c} | ({c} if c > 0 else set()))
+                for N in todo:
+                    if time.monotonic() - t_start > args.time_budget_s:
+                        emit(dict(kind="skipped", mode=name, context=ctx, concurrency=N, reason="time budget"))
+                        continue
+                    session = None
+                    if mode == "hisparse":
+                        session = hisparse.Session(daemon.address, num_layers=cfg.layers, record_bytes=fmt.record_bytes,
+                                                   k=cfg.topk, slots=B, max_requests=N, gpu=0 if cuda else -1,
+                                                   backend="cuda" if cuda else "host", engine_name="serve_bench")
+                    t0 = time.monotonic()
+                    p = Point(args, model, fmt, mode, ctx, N, session)
+                    try:
+                        rec, samp = p.run(pool_handle)
+                    finally:
+                        p.close()
+                        if session is not None:
+                            session.close()
+                    del p
+                    if cuda:
+                        rec["peak_hbm_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+                        torch.cuda.empty_cache()
+                        torch.cuda.reset_peak_memory_stats()
+                    rec["wall_s"] = round(time.monotonic() - t0, 1)
+                    rec["mode"], rec["slots"] = name, B
+                    emit(rec)
+                    samples[(name, ctx, N)] = samp
+                emit(dict(kind="stop", mode=name, context=ctx, last=c, limit=cap["limit"] if c == cap["capacity"]
+                          else "--max-concurrency"))
+        for (name, ctx, N), samp in samples.items():
+            if name == "baseline":
+                continue
+            base = samples.get(("baseline", ctx, N))
+            if base is None:
+                continue
+            same = sum(bool(torch.equal(base[s], samp[s])) for s in base)
+            emit(dict(kind="exactness", mode=name, context=ctx, concurrency=N, records=fmt.name, sampled_steps=len(base),
+                      identical=same, exact=same == len(base)))
+    finally:
+        if watch is not None:
+            watch.terminate()
+            watch.wait(timeout=10)
+        daemon.stop()
+    if args.json:
+        pathlib.Path(args.json).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report(lines)
+    if args.plot:
+        plot(lines, args.plot)
+    bad = [x for x in lines if x["kind"] == "exactness" and not x["exact"]]
+    print(f"device-side wall time {time.monotonic() - t_start:.0f} s")
+    return 1 if bad else 0
+
+
+def report(lines):
+    pts = [x for x in lines if x["kind"] == "point"]
+    print("\n| mode | context | N | tokens/s | TPOT p50 ms | p99 | hit rate | misses/step | fetched GB/s | admit ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in pts:
+        print(f"| {r['mode']} | {r['context']} | {r['concurrency']} | {r['tokens_per_s']:.0f} | {r['tpot_ms_p50']:.3f} | "
+              f"{r['tpot_ms_p99']:.3f} | {r.get('hit_rate', '-')} | {r.get('misses_per_step', '-')} | "
+              f"{r.get('fetched_gb_per_s', '-')} | {r['admit_ms_p50']} |")
+    for ctx in sorted({r["context"] for r in pts}):
+        names = sorted({r["mode"] for r in pts if r["context"] == ctx})
+        best = {m: max(r["tokens_per_s"] for r in pts if r["context"] == ctx and r["mode"] == m) for m in names}
+        for m in names:
+            if m != "baseline" and best.get("baseline"):
+                print(f"context {ctx}: peak tokens/s baseline {best['baseline']:.0f}, {m} {best[m]:.0f}: "
+                      f"x{best[m] / best['baseline']:.2f}")
+
+
+def plot(lines, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: no plot")
+        return
+    pts = [x for x in lines if x["kind"] == "point"]
+    stops = {(x["mode"], x["context"]): x for x in lines if x["kind"] == "stop"}
+    ctxs = sorted({r["context"] for r in pts}, reverse=True)
+    fig, axes = plt.subplots(2, len(ctxs), figsize=(6 * len(ctxs), 8), squeeze=False)
+    for j, ctx in enumerate(ctxs):
+        names = sorted({r["mode"] for r in pts if r["context"] == ctx})
+        colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+        for mode, color in [(m, "tab:gray" if m == "baseline" else colors[i % 4]) for i, m in enumerate(names)]:
+            rs = sorted((r for r in pts if r["context"] == ctx and r["mode"] == mode), key=lambda r: r["concurrency"])
+            if not rs:
+                continue
+            xs = [r["concurrency"] for r in rs]
+            stop = stops.get((mode, ctx), {}).get("limit", "?")
+            axes[0][j].plot(xs, [r["tokens_per_s"] for r in rs], "o-", color=color, label=f"{mode} (stops: {stop})")
+            axes[1][j].plot(xs, [r["tpot_ms_p50"] for r in rs], "o-", color=color, label=f"{mode} p50")
+            axes[1][j].plot(xs, [r["tpot_ms_p99"] for r in rs], "x--", color=color, label=f"{mode} p99")
+        axes[0][j].set_title(f"context {ctx // 1024}k: throughput")
+        axes[0][j].set_ylabel("tokens/s (this GPU)")
+        axes[1][j].set_ylabel("TPOT ms")
+        for ax in axes[:, j]:
+            ax.set_xlabel("concurrent requests")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
