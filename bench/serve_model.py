@@ -49,7 +49,7 @@ def main(path: str) -> int:
     bpts = [p for p in pts if p["mode"] == "baseline"]
     fits = {}
     for part in bpts[0]["parts_ms"]:
-        rows = [(p["concurrency"], p["concurrency"] * p["context"] / 1e6, p["parts_ms"][part]) for p in bpts]
+        rows = [(p["concurrency"], p["concurrency"] * p.get("mean_context", p["context"]) / 1e6, p["parts_ms"][part]) for p in bpts]
         fits[part] = fit(rows, ["1", "bC"] if part in CONTEXT_PARTS else ["1", "b"])
         print(f"  {part:9s} = {fits[part][0]:.4f} + {fits[part][1]:.5f} b + {fits[part][2]:.5f} b C/1M  ms")
     a, w, c = (sum(f[i] for f in fits.values()) for i in range(3))
@@ -59,18 +59,18 @@ def main(path: str) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     peaks = {}
     for p in pts:
-        b, C = p["concurrency"], p["context"]
+        b, C = p["concurrency"], p.get("mean_context", p["context"])
         tb = a + w * b + c * b * C / 1e6
         if p["mode"] == "baseline":
-            peaks.setdefault((C, "baseline"), []).append((p["tokens_per_s"], b * 1e3 / tb))
+            peaks.setdefault((p["context"], "baseline"), []).append((p["tokens_per_s"], b * 1e3 / tb))
             continue
         t = tb + L * T_PLAN_MS + p["misses_per_step"] * R / (ETA * link * 1e9) * 1e3
-        peaks.setdefault((C, p["mode"]), []).append((p["tokens_per_s"], b * 1e3 / t))
-        print(f"| {p['mode']} | {C} | {b} | {t:.2f} | {p['tpot_ms_p50']:.2f} | {t / p['tpot_ms_p50']:.2f} | "
+        peaks.setdefault((p["context"], p["mode"]), []).append((p["tokens_per_s"], b * 1e3 / t))
+        print(f"| {p['mode']} | {p['context']} | {b} | {t:.2f} | {p['tpot_ms_p50']:.2f} | {t / p['tpot_ms_p50']:.2f} | "
               f"{b * 1e3 / t:.0f} | {p['tokens_per_s']:.0f} |")
     print("\n| context | mode | peak ratio measured | peak ratio predicted |")
     print("| --- | --- | --- | --- |")
-    for (C, mode), v in sorted(peaks.items()):
+    for (C, mode), v in sorted(peaks.items(), key=str):
         if mode == "baseline":
             continue
         bm = max(x[0] for x in peaks[(C, "baseline")])

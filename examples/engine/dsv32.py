@@ -173,10 +173,11 @@ def record_format(name: str, cfg: V32Config) -> RecordFormat:
 if triton is not None:
 
     @triton.jit
-    def _index_scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, out_ptr, max_len,
+    def _index_scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
                              H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
         """score[b, t] = scale[b, t] * sum_h w[b, h] * relu(q[b, h] . k[b, t]) for t < seq_len[b], else
-        -inf. q, k fp8 e4m3; rows at and past *bs do nothing. Reads each key once (132 B a token)."""
+        -inf; row b's keys are the pool's entries base[b] + t. q, k fp8 e4m3; rows at and past *bs do
+        nothing. Reads each key once (132 B a token)."""
         tb = tl.program_id(0)
         b = tl.program_id(1)
         if b < tl.load(bs_ptr):
@@ -189,13 +190,13 @@ if triton is not None:
                 h = tl.arange(0, H)
                 d = tl.arange(0, D)
                 q = tl.load(q_ptr + b.to(tl.int64) * (H * D) + h[:, None] * D + d[None, :])
-                tc = tl.minimum(t, seq - 1).to(tl.int64)
-                kk = tl.load(k_ptr + (b.to(tl.int64) * max_len + tc[:, None]) * D + d[None, :])
+                tc = tl.load(base_ptr + b) + tl.minimum(t, seq - 1).to(tl.int64)
+                kk = tl.load(k_ptr + tc[:, None] * D + d[None, :])
                 s = tl.dot(q, tl.trans(kk))  # [H, BLOCK_T] fp32
                 s = tl.maximum(s, 0.0)
                 w = tl.load(w_ptr + b * H + h)
                 sc = tl.sum(s * w[:, None], axis=0)
-                ks = tl.load(ks_ptr + b.to(tl.int64) * max_len + tc)
+                ks = tl.load(ks_ptr + tc)
                 sc = tl.where(t < seq, sc * ks, float("-inf"))
                 tl.store(out, sc, mask=t < max_len)
 
@@ -204,7 +205,8 @@ if triton is not None:
                            HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
         """Sparse MLA decode, absorbed form, one split of the selection: for (row b, heads hb, split sp),
         the unnormalised softmax(q . K_j) V_j over selections [sp * SPLIT_LEN, +SPLIT_LEN) of the
-        records rec_ptr + idx[b, j] * rec_stride (idx < 0: padding); K_j is the 576-element latent,
+        records rec_ptr + idx[b, j] * rec_stride (idx == -1: padding; other negative values are
+        legal offsets, so one base can address two allocations); K_j is the 576-element latent,
         V_j its first 512. fp8 records are dequantized in registers (4 tiles of 128, float32 scales
         at byte 512, bf16 rotary at 528); bf16 records are 576 bf16. Writes acc [b, sp, h, 512] and
         (max, sum) [b, sp, h, 2] for _mla_combine_kernel. Rows at and past *bs do nothing."""
@@ -226,7 +228,7 @@ if triton is not None:
             for n0 in range(lo, lo + SPLIT_LEN, BLOCK_N):
                 j = n0 + tl.arange(0, BLOCK_N)
                 idx = tl.load(idx_ptr + b.to(tl.int64) * K_SEL + j, mask=j < K_SEL, other=-1).to(tl.int64)
-                valid = idx >= 0
+                valid = idx != -1
                 base = rec_ptr + tl.where(valid, idx, 0) * rec_stride
                 if FP8:
                     raw = tl.load(base[:, None] + dn[None, :])
@@ -335,18 +337,20 @@ class Kernels:
             s *= 2
         return s
 
-    def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out):
-        """q [M, H, D], w float32 [M, H], keys [M, T, D], kscale float32 [M, T], out float32 [M, T]."""
+    def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out, row_base):
+        """q [M, H, D], w float32 [M, H], keys [P, D] and kscale float32 [P]: a pool in which row b's
+        token t is entry row_base[b] + t (int64 [M]); out float32 [M, T]."""
+        M, H, D = q.shape
+        T = out.shape[1]
         if self.triton:
-            M, H, D = q.shape
-            T = keys.shape[1]
             BT = 128
-            _index_scores_kernel[(triton.cdiv(T, BT), M)](q, w, keys, kscale, seq_lens, batch_size, out, T,
+            _index_scores_kernel[(triton.cdiv(T, BT), M)](q, w, keys, kscale, seq_lens, batch_size, row_base, out, T,
                                                           H=H, D=D, BLOCK_T=BT, num_warps=4)
             return out
-        s = torch.einsum("bhd,btd->bht", q.float(), keys.float()).clamp(min=0)
-        sc = (s * w.unsqueeze(-1)).sum(1) * kscale
-        t = torch.arange(keys.shape[1], device=keys.device)
+        at = (row_base.unsqueeze(1) + torch.arange(T, device=keys.device)).clamp(max=keys.shape[0] - 1)
+        s = torch.einsum("bhd,btd->bht", q.float(), keys[at].float()).clamp(min=0)
+        sc = (s * w.unsqueeze(-1)).sum(1) * kscale[at]
+        t = torch.arange(T, device=keys.device)
         out.copy_(sc.masked_fill(t.unsqueeze(0) >= seq_lens.unsqueeze(1), float("-inf")))
         return out
 
@@ -355,7 +359,7 @@ class Kernels:
         idx int32/int64 [M, k] (-1: padding); out bf16 [M, heads, 512]."""
         M, heads, _ = q.shape
         k = idx.shape[1]
-        if self.triton:
+        if self.triton and not isinstance(records, list):
             bh = min(self.mla_block_h, heads)
             ns = self.mla_splits(M, heads, k)
             key = (M, heads, ns, bh, q.device)
@@ -371,11 +375,16 @@ class Kernels:
                                                      num_warps=self.mla_warps)
             _mla_combine_kernel[(M, heads // 16)](acc, ml, batch_size, out, ns, HEADS=heads, BLOCK_H=16, num_warps=4)
             return out
-        flat = records.reshape(-1)
-        offs = idx.clamp(min=0).long().unsqueeze(-1) * rec_stride + torch.arange(fmt.record_bytes, device=idx.device)
-        lat = fmt.decode(flat[offs])  # [M, k, 576] bf16
+        if isinstance(records, list):  # HybridKV on a CPU: [(tensor, idx, stride)] gathered and concatenated
+            lat = fmt.decode(torch.cat([t.reshape(-1)[i.clamp(min=0).long().unsqueeze(-1) * st +
+                                                      torch.arange(fmt.record_bytes, device=i.device)]
+                                        for t, i, st in records]))
+        else:
+            flat = records.reshape(-1)
+            offs = idx.clamp(min=0).long().unsqueeze(-1) * rec_stride + torch.arange(fmt.record_bytes, device=idx.device)
+            lat = fmt.decode(flat[offs])  # [M, k, 576] bf16
         att = torch.bmm(q.float(), lat.float().transpose(1, 2)) * sm_scale
-        att = att.masked_fill((idx < 0).unsqueeze(1), float("-inf"))
+        att = att.masked_fill((idx == -1).unsqueeze(1), float("-inf"))
         p = torch.softmax(att, dim=-1)
         out.copy_(torch.bmm(p, lat[..., :512].float()).to(torch.bfloat16))
         return out
@@ -658,10 +667,12 @@ class Model:
                 key, kscale = self._index_key(L, xa[:, c.q_lora + c.latent:], sal)
             with self._part("append"):
                 kv.append(l, kv.fmt.encode(latent), st)
-                st.idx_keys[l].view(torch.uint8).index_put_((st.ar, pos), key.view(torch.uint8))
-                st.idx_scale[l].index_put_((st.ar, pos), kscale)
+                at = st.row_base + pos
+                st.idx_keys[l].view(torch.uint8).index_put_((at,), key.view(torch.uint8))
+                st.idx_scale[l].index_put_((at,), kscale)
             with self._part("indexer"):
-                K.index_scores(iq, iw, st.idx_keys[l], st.idx_scale[l], st.seq_lens, st.batch_size, st.scores)
+                K.index_scores(iq, iw, st.idx_keys[l], st.idx_scale[l], st.seq_lens, st.batch_size, st.scores,
+                               st.row_base)
             with self._part("topk"):
                 top_v, top_i = st.scores.topk(c.topk, dim=1, sorted=False)
                 st.positions.copy_(top_i.masked_fill(torch.isinf(top_v), -1))
@@ -687,11 +698,25 @@ def quantize_keys(k: torch.Tensor, fp8: bool):
     return (k / s.unsqueeze(-1)).to(torch.float8_e4m3fn), s
 
 
-class DecodeState:
-    """Static decode inputs of one batch bucket of M rows (updated in place: one graph serves every step)."""
+def row_bases(lens: List[int]) -> List[int]:
+    """Start of each batch slot's extent in a token pool: slot i holds lens[i] tokens."""
+    out, at = [], 0
+    for n in lens:
+        out.append(at)
+        at += n
+    return out
 
-    def __init__(self, cfg: V32Config, M: int, max_len: int, device, idx_fp8: bool) -> None:
-        self.M, self.max_len = M, max_len
+
+class DecodeState:
+    """Static decode inputs of one batch bucket of M rows (updated in place: one graph serves every step).
+    Slot i may hold lens[i] tokens (its own context + output): the index keys live in one pool per
+    layer, slot i's at entries row_base[i] + t, so a length mix costs what its tokens cost."""
+
+    def __init__(self, cfg: V32Config, M: int, lens: List[int], device, idx_fp8: bool) -> None:
+        self.M, self.lens, self.max_len = M, list(lens), max(lens)
+        self.bases = row_bases(self.lens)
+        self.row_base = torch.tensor(self.bases, dtype=torch.int64, device=device)
+        max_len, total = self.max_len, sum(self.lens)
         self.ar = torch.arange(M, device=device)
         self.tokens = torch.zeros(M, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(M, dtype=torch.int32, device=device)
@@ -700,33 +725,36 @@ class DecodeState:
         self.scores = torch.empty(M, max_len, dtype=torch.float32, device=device)
         self.att_out = torch.empty(M, cfg.heads, cfg.kv_lora, dtype=torch.bfloat16, device=device)
         kdt = torch.float8_e4m3fn if idx_fp8 else torch.bfloat16
-        self.idx_keys = [torch.zeros(M, max_len, cfg.idx_dim, dtype=kdt, device=device) for _ in range(cfg.layers)]
-        self.idx_scale = [torch.zeros(M, max_len, dtype=torch.float32, device=device) for _ in range(cfg.layers)]
+        self.idx_keys = [torch.zeros(total, cfg.idx_dim, dtype=kdt, device=device) for _ in range(cfg.layers)]
+        self.idx_scale = [torch.zeros(total, dtype=torch.float32, device=device) for _ in range(cfg.layers)]
 
     def index_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.idx_keys + self.idx_scale)
 
 
 class FullKV:
-    """Baseline: every layer's records in HBM, uint8 [M, max_len, R]; record index = row * max_len + pos."""
+    """Baseline: every layer's records in HBM, one token pool uint8 [sum(lens), R] a layer in which slot i
+    holds lens[i] tokens from row_base[i]; record index = row_base[i] + pos."""
 
     mode = "baseline"
 
-    def __init__(self, cfg: V32Config, fmt: RecordFormat, M: int, max_len: int, device) -> None:
-        self.fmt, self.max_len = fmt, max_len
-        self.cache = [torch.zeros(M, max_len, fmt.record_bytes, dtype=torch.uint8, device=device) for _ in range(cfg.layers)]
-        self.rec_idx = torch.zeros(M, cfg.topk, dtype=torch.int64, device=device)
-        self.row_base = torch.arange(M, device=device, dtype=torch.int64) * max_len
+    def __init__(self, cfg: V32Config, fmt: RecordFormat, lens: List[int], device) -> None:
+        self.fmt = fmt
+        self.bases = row_bases(lens)
+        self.cache = [torch.zeros(sum(lens), fmt.record_bytes, dtype=torch.uint8, device=device) for _ in range(cfg.layers)]
+        self.rec_idx = torch.zeros(len(lens), cfg.topk, dtype=torch.int64, device=device)
+        self.row_base = torch.tensor(self.bases, dtype=torch.int64, device=device)
 
     def kv_bytes(self) -> int:
         return sum(t.numel() for t in self.cache)
 
     def store(self, i: int, rid: int, recs: torch.Tensor, start: int) -> None:  # recs [layers, n, R]
+        at = self.bases[i] + start
         for l, cache in enumerate(self.cache):
-            cache[i, start:start + recs.shape[1]] = recs[l]
+            cache[at:at + recs.shape[1]] = recs[l]
 
     def append(self, layer: int, rec: torch.Tensor, st: DecodeState) -> None:
-        self.cache[layer].index_put_((st.ar, (st.seq_lens - 1).long()), rec)
+        self.cache[layer].index_put_((self.row_base + (st.seq_lens - 1).long(),), rec)
 
     def resolve(self, layer: int, st: DecodeState):
         torch.add(self.row_base.unsqueeze(1), st.positions.long(), out=self.rec_idx)
@@ -786,3 +814,88 @@ class HisparseKV:
         for rid in list(self.rows_of):
             self.release(0, rid)
         self.arena = None
+
+
+class HybridKV:
+    """Resident while HBM allows, hisparse for the rest: batch slots [0, n_res) keep their whole KV in
+    HBM (as FullKV: no RESOLVE, no misses), slots [n_res, M) are served by hisparse. The engine
+    picks n_res from its HBM budget (serve_bench.resident_rows), so at low concurrency every request
+    is resident and the step is the full-HBM step. Attention reads both kinds of rows through one
+    base: offsets in 16-byte units from the slot arena (an offset into the resident cache is negative
+    or beyond the arena; -1 stays padding). The sparse rows are the batch's tail, so their positions and
+    seq_lens are contiguous views of the step's tensors, and RESOLVE runs on them alone."""
+
+    mode = "hybrid"
+
+    def __init__(self, session, cfg: V32Config, fmt: RecordFormat, lens: List[int], n_res: int, device) -> None:
+        M = len(lens)
+        self.cfg, self.fmt, self.M, self.n_res = cfg, fmt, M, n_res
+        self.full = FullKV(cfg, fmt, lens[:n_res], device) if n_res > 0 else None
+        self.sparse = HisparseKV(session, cfg, fmt, M - n_res, device) if M > n_res else None
+        self.session = session
+        if self.sparse is not None:
+            self.bs_sparse = torch.tensor([M - n_res], dtype=torch.int32, device=device)
+        self.off = torch.zeros(M, cfg.topk, dtype=torch.int64, device=device)
+        self.cpu = torch.device(device).type != "cuda"
+
+    def kv_bytes(self) -> int:
+        return (self.full.kv_bytes() if self.full else 0) + (self.sparse.kv_bytes() if self.sparse else 0)
+
+    def admit(self, i: int, rid: int, ctx: int, max_len: int) -> None:
+        if i >= self.n_res:
+            self.sparse.admit(i - self.n_res, rid, ctx, max_len)
+
+    def store(self, i: int, rid: int, recs: torch.Tensor, start: int) -> None:
+        if i < self.n_res:
+            self.full.store(i, rid, recs, start)
+        else:
+            self.sparse.store(i - self.n_res, rid, recs, start)
+
+    def release(self, i: int, rid: int) -> None:
+        if i >= self.n_res:
+            self.sparse.release(i - self.n_res, rid)
+
+    def append(self, layer: int, rec: torch.Tensor, st: DecodeState) -> None:
+        r = self.n_res
+        if self.full is not None:
+            self.full.cache[layer].index_put_((self.full.row_base + (st.seq_lens[:r] - 1).long(),), rec[:r])
+        if self.sparse is not None:
+            self.session.append(layer, self.sparse.rows, st.seq_lens[r:], rec[r:], batch_size=self.bs_sparse)
+
+    def resolve(self, layer: int, st: DecodeState):
+        r, sp = self.n_res, self.sparse
+        R = self.fmt.record_bytes
+        if sp is not None:
+            self.session.resolve(layer, sp.rows, st.seq_lens[r:], st.positions[r:], sp.out_slots,
+                                 batch_size=self.bs_sparse)
+        if self.cpu:  # the torch reference gathers from each source itself
+            parts = []
+            if self.full is not None:
+                pos = st.positions[:r].long()
+                idx = self.full.row_base.unsqueeze(1) + pos
+                parts.append((self.full.cache[layer], idx.masked_fill(pos < 0, -1), R))
+            if sp is not None:
+                base = (sp.rows.long() * self.cfg.layers + layer) * sp.B1
+                idx = base.unsqueeze(1) + sp.out_slots.long()
+                parts.append((sp.arena, idx.masked_fill(sp.out_slots < 0, -1), sp.stride))
+            return parts, self.off, 1
+        # Offsets in units of 16 bytes (every record starts 16-aligned): a stride the kernel knows to
+        # be a multiple of 16 keeps its loads vectorized (byte offsets with stride 1 cost ~100 µs a layer).
+        U = 16
+        arena = sp.arena if sp is not None else self.full.cache[layer]
+        if self.full is not None:
+            shift = self.full.cache[layer].data_ptr() - arena.data_ptr()
+            assert shift % U == 0 and R % U == 0
+            pos = st.positions[:r].long()
+            o = (self.full.row_base.unsqueeze(1) + pos) * (R // U) + shift // U
+            self.off[:r] = o.masked_fill(pos < 0, -1)
+        if sp is not None:
+            assert sp.stride % U == 0
+            base = (sp.rows.long() * self.cfg.layers + layer) * sp.B1
+            o = (base.unsqueeze(1) + sp.out_slots.long()) * (sp.stride // U)
+            self.off[r:] = o.masked_fill(sp.out_slots < 0, -1)
+        return arena, self.off, U
+
+    def close(self) -> None:
+        if self.sparse is not None:
+            self.sparse.close()

@@ -56,7 +56,7 @@ import dsv32  # noqa: E402
 GIB = 1 << 30
 PARTS = ["proj", "append", "indexer", "topk", "resolve", "attention", "moe", "lm_head"]
 LEVELS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512]
-SMOKE = dict(layers=2, contexts="96", slots="24", steps=6, sample_every=2, out_len="3:6", gpu_hbm="4MiB",
+SMOKE = dict(layers=2, contexts="96,mix:48:160", slots="24", hybrid_slots="24", steps=6, sample_every=2, out_len="3:6", gpu_hbm="4MiB",
              reserve="0", host_pool_size="64MiB", host_pool_segment_size="8MiB", records="bf16", levels="1,2,4",
              probe_steps=0, max_concurrency=8)
 
@@ -74,24 +74,61 @@ def pct(values, q):
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
-def capacity(cfg, fmt, ctx, max_out, B, budget, pool):
-    """Largest concurrency per mode at this context, and what limits it."""
-    L, max_len, R, I = cfg.layers, ctx + max_out + 1, fmt.record_bytes, cfg.index_key_bytes
-    state = cfg.topk * 4 * 3 + max_len * 4  # positions, out_slots, record indices; the score row
-    base = L * max_len * (R + I) + state
-    hs = L * ((B + 1) * R + max_len * I) + state
-    by_hbm, by_pool = budget // hs, pool // (L * max_len * R)
-    return dict(baseline=dict(per_request_hbm=base, capacity=budget // base, limit="HBM"),
-                hisparse=dict(per_request_hbm=hs, host_per_request=L * max_len * R, capacity=min(by_hbm, by_pool),
-                              limit="HBM" if by_hbm <= by_pool else "host pool"))
+def slot_contexts(spec, N):
+    """Prompt length of each of the N clients: a fixed context, or "mix": log-uniform over 8k-128k,
+    client i at 8k * 16^frac(i * 0.618...) (a low-discrepancy spread), rounded to 1k. Each client
+    keeps its length, so the batch's footprint is the same at every step and in both modes."""
+    if not str(spec).startswith("mix"):
+        return [int(spec)] * N
+    lo, hi = (int(x) for x in spec.split(":")[1:]) if ":" in spec else (8192, 131072)
+    q = 1024 if lo >= 4096 else 1
+    return [int(round(lo * (hi / lo) ** ((i * 0.6180339887) % 1.0) / q)) * q for i in range(N)]
+
+
+def per_request(cfg, fmt, ctx, max_out, B):
+    """HBM bytes a request of this context keeps in each mode, and its host-pool bytes."""
+    L, n, R, I = cfg.layers, ctx + max_out + 1, fmt.record_bytes, cfg.index_key_bytes
+    state = cfg.topk * 4 * 3 + n * 4  # positions, out_slots, record indices; the score row
+    return dict(baseline=L * n * (R + I) + state, hisparse=L * ((B + 1) * R + n * I) + state, host=L * n * R)
+
+
+def capacity(cfg, fmt, spec, max_out, B, budget, pool, limit=1024):
+    """Largest concurrency per mode whose clients' requests fit the HBM budget (hisparse: and the host
+    pool), what limits it, and the mean bytes a request."""
+    out = {}
+    for mode in ("baseline", "hisparse"):
+        n, why = 0, "HBM"
+        while n < limit:
+            reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, n + 1)]
+            if sum(r[mode] for r in reqs) > budget:
+                break
+            if mode == "hisparse" and sum(r["host"] for r in reqs) > pool:
+                why = "host pool"
+                break
+            n += 1
+        reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, max(1, n))]
+        out[mode] = dict(per_request_hbm=sum(r[mode] for r in reqs) // len(reqs), capacity=n, limit=why)
+        if mode == "hisparse":
+            out[mode]["host_per_request"] = sum(r["host"] for r in reqs) // len(reqs)
+    return out
+
+
+def resident_rows(cfg, fmt, spec, N, max_out, B, budget):
+    """Hybrid mode: how many of the N clients (the first r) keep their whole KV in HBM, the rest being
+    served by hisparse: the most r with sum(full of the first r) + sum(sparse of the others) <= budget."""
+    reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, N)]
+    r = 0
+    while r < N and sum(x["baseline"] for x in reqs[:r + 1]) + sum(x["hisparse"] for x in reqs[r + 1:]) <= budget:
+        r += 1
+    return r
 
 
 class Schedule:
     """The closed loop's requests, identical in both modes: request n has its own seed, the context,
     and an output length; the first N start part-way through their outputs (a loop in steady state)."""
 
-    def __init__(self, seed: int, ctx: int, out_lo: int, out_hi: int) -> None:
-        self.seed, self.ctx, self.lo, self.hi = seed, ctx, out_lo, out_hi
+    def __init__(self, seed: int, out_lo: int, out_hi: int) -> None:
+        self.seed, self.lo, self.hi = seed, out_lo, out_hi
         self.next_id = 1  # hisparse request ids are non-zero
 
     def take(self, first: bool):
@@ -117,18 +154,23 @@ def prompt_kv(cfg, fmt, ctx, seed, device):
 class Point:
     """One (mode, context, concurrency) run of the closed loop."""
 
-    def __init__(self, args, model, fmt, mode, ctx, N, session) -> None:
+    def __init__(self, args, model, fmt, mode, ctx, N, session, n_res=0) -> None:
         self.args, self.model, self.fmt, self.mode, self.ctx, self.N = args, model, fmt, mode, ctx, N
+        self.session = session
         cfg, dev = model.cfg, model.device
         self.max_out = int(args.out_len.split(":")[1])
-        self.max_len = ctx + self.max_out + 2 + args.probe_steps  # the probe replays run past the last output
-        self.st = dsv32.DecodeState(cfg, N, self.max_len, dev, model.idx_fp8)
+        self.ctxs = slot_contexts(ctx, N)
+        self.lens = [c + self.max_out + 2 + args.probe_steps for c in self.ctxs]  # probe replays run past the end
+        self.st = dsv32.DecodeState(cfg, N, self.lens, dev, model.idx_fp8)
         if mode == "baseline":
-            self.kv = dsv32.FullKV(cfg, fmt, N, self.max_len, dev)
+            self.kv = dsv32.FullKV(cfg, fmt, self.lens, dev)
+        elif mode == "hybrid":
+            self.kv = dsv32.HybridKV(session, cfg, fmt, self.lens, n_res, dev)
         else:
             self.kv = dsv32.HisparseKV(session, cfg, fmt, N, dev)
+        self.n_res = n_res
         lo, hi = (int(x) for x in args.out_len.split(":"))
-        self.sched = Schedule(args.seed, ctx, lo, hi)
+        self.sched = Schedule(args.seed, lo, hi)
         self.remaining = [0] * N
         self.rid = [None] * N
         self.admit_ms = []
@@ -140,17 +182,18 @@ class Point:
         if self.rid[i] is not None:
             self.kv.release(i, self.rid[i])
         rid, out_len, seed = self.sched.take(first)
-        recs, g, sal = prompt_kv(cfg, self.fmt, self.ctx, seed, self.model.device)
+        ctx, at = self.ctxs[i], st.bases[i]
+        recs, g, sal = prompt_kv(cfg, self.fmt, ctx, seed, self.model.device)
         for l in range(cfg.layers):  # index keys: noise + the salience along the layer's u (selections overlap)
-            k = torch.randn(self.ctx, cfg.idx_dim, generator=g, device=self.model.device)
+            k = torch.randn(ctx, cfg.idx_dim, generator=g, device=self.model.device)
             k += (cfg.locality * sal).unsqueeze(-1) * L[l].u.float()
             key, scale = dsv32.quantize_keys(k, self.model.idx_fp8)
-            st.idx_keys[l].view(torch.uint8)[i, :self.ctx] = key.view(torch.uint8)
-            st.idx_scale[l][i, :self.ctx] = scale
-        self.kv.admit(i, rid, self.ctx, self.max_len)
+            st.idx_keys[l].view(torch.uint8)[at:at + ctx] = key.view(torch.uint8)
+            st.idx_scale[l][at:at + ctx] = scale
+        self.kv.admit(i, rid, ctx, self.lens[i])
         self.kv.store(i, rid, recs, 0)
         st.tokens[i] = seed % cfg.vocab
-        st.seq_lens[i] = self.ctx + 1
+        st.seq_lens[i] = ctx + 1
         self.rid[i], self.remaining[i] = rid, out_len
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
@@ -182,7 +225,7 @@ class Point:
         self._step()
         self._book(samples, 0)
         self.admit_ms.clear()  # the initial fill is not steady-state admission
-        before = self.kv.session.stats() if self.mode == "hisparse" else None
+        before = self.session.stats() if self.session is not None else None
         graph = self._capture(pool) if cuda else None
         evs = []
         for s in range(1, args.steps):
@@ -201,18 +244,21 @@ class Point:
             torch.cuda.synchronize()
             step_ms = [a.elapsed_time(b) for a, b in evs]
         rec = dict(kind="point", mode=self.mode, context=self.ctx, concurrency=self.N, steps=len(step_ms),
+                   mean_context=round(sum(self.ctxs) / self.N),
                    tokens_per_s=round(self.N * 1e3 * len(step_ms) / sum(step_ms), 1),
                    tpot_ms_p50=round(pct(step_ms, 0.5), 3), tpot_ms_p99=round(pct(step_ms, 0.99), 3),
                    finished=finished, admit_ms_p50=round(pct(self.admit_ms, 0.5), 2) if self.admit_ms else None,
                    kv_hbm_bytes=self.kv.kv_bytes(), index_hbm_bytes=self.st.index_bytes())
-        if self.mode == "hisparse":
-            after = self.kv.session.stats()
+        if self.mode == "hybrid":
+            rec["resident_rows"] = self.n_res
+        if self.session is not None:
+            after = self.session.stats()
             hits, misses = after.hits - before.hits, after.misses - before.misses
             fetched = after.bytes_fetched - before.bytes_fetched
             rec.update(hit_rate=round(hits / max(1, hits + misses), 4),
                        misses_per_step=round(misses / len(step_ms), 1),
                        fetched_gb_per_s=round(fetched / (sum(step_ms) * 1e-3) / 1e9, 2))
-            self.kv.session.check_errors()
+            self.session.check_errors()
         if cuda and args.probe_steps > 0:
             rec["parts_ms"] = self._probe_parts(pool)
         del graph
@@ -250,16 +296,19 @@ class Point:
         return {p: round(pct(v, 0.5), 4) for p, v in per.items()}
 
     def close(self):
-        if self.mode == "hisparse":
+        if self.mode != "baseline":
             self.kv.close()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8, help="layers of the 61-layer model to run (all sizes scale)")
-    ap.add_argument("--contexts", default="131072,32768")
+    ap.add_argument("--contexts", default="131072,32768,mix",
+                    help="prompt lengths, one sweep each; mix (or mix:LO:HI): each client's length log-uniform in 8k-128k")
     ap.add_argument("--records", default="fp8", choices=["fp8", "bf16"])
     ap.add_argument("--slots", default="2048,4096", help="B values (slots per request and layer), one hisparse curve each")
+    ap.add_argument("--hybrid-slots", default="4096",
+                    help="B values of the hybrid mode (requests resident in HBM while the budget allows, hisparse for the rest)")
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels to try (and each capacity)")
     ap.add_argument("--max-concurrency", type=int, default=512)
     ap.add_argument("--modes", default="baseline,hisparse")
@@ -327,10 +376,11 @@ def main(argv=None) -> int:
         ctl = os.environ.get("HISPARSE_CTL_BIN") or str(pathlib.Path(hisparse.find_daemon_binary()).with_name("hisparse-ctl"))
         watch = subprocess.Popen([ctl, "--daemon", daemon.address, "--json", "watch", "--interval", "2"],
                                  stdout=open(args.ctl_watch, "w"), stderr=subprocess.STDOUT)
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = [c if c.startswith("mix") else int(c) for c in args.contexts.split(",")]
     slots = [int(x) for x in args.slots.split(",")]
     modes = [(m, None) for m in args.modes.split(",") if m == "baseline"]
     modes += [("hisparse", B) for B in slots] if "hisparse" in args.modes.split(",") else []
+    modes += [("hybrid", int(B)) for B in args.hybrid_slots.split(",") if B]
     levels = [int(x) for x in args.levels.split(",")]
     max_out = int(args.out_len.split(":")[1])
     pool_handle = None  # each graph its own pool: a handle outliving its graphs trips torch's allocator
@@ -338,8 +388,9 @@ def main(argv=None) -> int:
     try:
         for ctx in contexts:
             for mode, B in modes:
-                cap = capacity(cfg, fmt, ctx, max_out, B or slots[0], budget, pool)[mode]
-                name = mode if B is None else f"hisparse_B{B}"
+                caps = capacity(cfg, fmt, ctx, max_out, B or slots[0], budget, pool)
+                cap = caps["baseline" if mode == "baseline" else "hisparse"]
+                name = mode if B is None else f"{mode}_B{B}"
                 emit(dict(kind="capacity", context=ctx, mode=name, slots=B, **cap))
                 c = min(cap["capacity"], args.max_concurrency)
                 todo = sorted({n for n in levels if n <= c} | ({c} if c > 0 else set()))
@@ -348,12 +399,13 @@ def main(argv=None) -> int:
                         emit(dict(kind="skipped", mode=name, context=ctx, concurrency=N, reason="time budget"))
                         continue
                     session = None
-                    if mode == "hisparse":
+                    n_res = resident_rows(cfg, fmt, ctx, N, max_out, B, budget) if mode == "hybrid" else 0
+                    if mode != "baseline" and N > n_res:
                         session = hisparse.Session(daemon.address, num_layers=cfg.layers, record_bytes=fmt.record_bytes,
-                                                   k=cfg.topk, slots=B, max_requests=N, gpu=0 if cuda else -1,
+                                                   k=cfg.topk, slots=B, max_requests=N - n_res, gpu=0 if cuda else -1,
                                                    backend="cuda" if cuda else "host", engine_name="serve_bench")
                     t0 = time.monotonic()
-                    p = Point(args, model, fmt, mode, ctx, N, session)
+                    p = Point(args, model, fmt, mode, ctx, N, session, n_res)
                     try:
                         rec, samp = p.run(pool_handle)
                     finally:
@@ -372,14 +424,15 @@ def main(argv=None) -> int:
                 emit(dict(kind="stop", mode=name, context=ctx, last=c, limit=cap["limit"] if c == cap["capacity"]
                           else "--max-concurrency"))
         for (name, ctx, N), samp in samples.items():
-            if name == "baseline":
+            # Against the full-HBM run of the same schedule, else (a hybrid point past the baseline's
+            # capacity: resident and hisparse rows in one batch) against the all-hisparse run.
+            ref_name = "baseline" if ("baseline", ctx, N) in samples else name.replace("hybrid", "hisparse")
+            ref = samples.get((ref_name, ctx, N))
+            if name in ("baseline", ref_name) or ref is None:
                 continue
-            base = samples.get(("baseline", ctx, N))
-            if base is None:
-                continue
-            same = sum(bool(torch.equal(base[s], samp[s])) for s in base)
-            emit(dict(kind="exactness", mode=name, context=ctx, concurrency=N, records=fmt.name, sampled_steps=len(base),
-                      identical=same, exact=same == len(base)))
+            same = sum(bool(torch.equal(ref[s], samp[s])) for s in ref)
+            emit(dict(kind="exactness", mode=name, against=ref_name, context=ctx, concurrency=N, records=fmt.name,
+                      sampled_steps=len(ref), identical=same, exact=same == len(ref)))
     finally:
         if watch is not None:
             watch.terminate()
@@ -403,7 +456,7 @@ def report(lines):
         print(f"| {r['mode']} | {r['context']} | {r['concurrency']} | {r['tokens_per_s']:.0f} | {r['tpot_ms_p50']:.3f} | "
               f"{r['tpot_ms_p99']:.3f} | {r.get('hit_rate', '-')} | {r.get('misses_per_step', '-')} | "
               f"{r.get('fetched_gb_per_s', '-')} | {r['admit_ms_p50']} |")
-    for ctx in sorted({r["context"] for r in pts}):
+    for ctx in sorted({r["context"] for r in pts}, key=str):
         names = sorted({r["mode"] for r in pts if r["context"] == ctx})
         best = {m: max(r["tokens_per_s"] for r in pts if r["context"] == ctx and r["mode"] == m) for m in names}
         for m in names:
@@ -422,7 +475,7 @@ def plot(lines, path):
         return
     pts = [x for x in lines if x["kind"] == "point"]
     stops = {(x["mode"], x["context"]): x for x in lines if x["kind"] == "stop"}
-    ctxs = sorted({r["context"] for r in pts}, reverse=True)
+    ctxs = sorted({r["context"] for r in pts}, key=lambda c: 1 if isinstance(c, str) else -c)
     fig, axes = plt.subplots(2, len(ctxs), figsize=(6 * len(ctxs), 8), squeeze=False)
     for j, ctx in enumerate(ctxs):
         names = sorted({r["mode"] for r in pts if r["context"] == ctx})
@@ -436,7 +489,8 @@ def plot(lines, path):
             axes[0][j].plot(xs, [r["tokens_per_s"] for r in rs], "o-", color=color, label=f"{mode} (stops: {stop})")
             axes[1][j].plot(xs, [r["tpot_ms_p50"] for r in rs], "o-", color=color, label=f"{mode} p50")
             axes[1][j].plot(xs, [r["tpot_ms_p99"] for r in rs], "x--", color=color, label=f"{mode} p99")
-        axes[0][j].set_title(f"context {ctx // 1024}k: throughput")
+        title = f"length {ctx} (log-uniform)" if isinstance(ctx, str) else f"context {ctx // 1024}k"
+        axes[0][j].set_title(f"{title}: throughput")
         axes[0][j].set_ylabel("tokens/s (this GPU)")
         axes[1][j].set_ylabel("TPOT ms")
         for ax in axes[:, j]:

@@ -26,20 +26,40 @@ def test_smoke_run_on_the_cpu(capsys):
     lines = json_lines(capsys.readouterr().out)
     points = [x for x in lines if x["kind"] == "point"]
     modes = {x["mode"] for x in points}
-    assert modes == {"baseline", "hisparse_B24"}
+    assert modes == {"baseline", "hisparse_B24", "hybrid_B24"}
     cap = {x["mode"]: x["capacity"] for x in lines if x["kind"] == "capacity"}
     assert cap["hisparse_B24"] > cap["baseline"], "the slot arena must fit more requests"
     for p in points:
         assert p["steps"] == serve_bench.SMOKE["steps"] - 1
         assert p["tokens_per_s"] > 0
-        if p["mode"] != "baseline":
+        if p["mode"].startswith("hisparse"):
             assert 0 < p["hit_rate"] < 1, "the run must both hit and fetch"
     # Requests finished and were replaced inside the loop (outputs of 3-6 tokens, 5 timed steps).
     assert sum(p["finished"] for p in points) > 0
     ex = [x for x in lines if x["kind"] == "exactness"]
     assert ex and all(x["exact"] for x in ex)
+    # The hybrid mode: all rows resident while the budget allows (the full-HBM step), then resident
+    # and hisparse rows in one batch, exact against the all-hisparse run of the same schedule.
+    hybrid = {p["concurrency"]: p for p in points if p["mode"] == "hybrid_B24" and p["context"] == 96}
+    assert hybrid[1]["resident_rows"] == 1 and "hit_rate" not in hybrid[1]
+    mixed = [n for n, p in hybrid.items() if 0 < p["resident_rows"] < n]
+    assert mixed, "some point must mix resident and hisparse rows"
+    assert any(x["mode"] == "hybrid_B24" and x["against"] == "hisparse_B24" and x["concurrency"] in mixed
+               for x in ex)
     stops = {x["mode"]: x["limit"] for x in lines if x["kind"] == "stop"}
     assert stops["baseline"] == "HBM"
+    # The length mix: clients of different lengths, every mode, exact where both ran.
+    mix = [p for p in points if str(p["context"]).startswith("mix")]
+    assert {p["mode"] for p in mix} == modes
+    assert any(x["context"] == mix[0]["context"] for x in ex)
+    assert all(48 <= p["mean_context"] <= 160 for p in mix)
+
+
+def test_length_mix_is_log_uniform_and_fixed_per_client():
+    lens = serve_bench.slot_contexts("mix", 200)
+    assert lens[:10] == serve_bench.slot_contexts("mix", 10), "a client's length does not depend on N"
+    assert min(lens) >= 8192 and max(lens) <= 131072
+    assert sum(x < 32768 for x in lens) / 200 == pytest.approx(0.5, abs=0.05)  # log-uniform: half below 32k
 
 
 def test_capacity_counts_the_index_keys_in_both_modes():
@@ -96,8 +116,18 @@ def test_triton_index_scores_match_the_reference():
     bs = torch.tensor([2], dtype=torch.int32, device=dev)
     out_t = torch.full((M, T), 5.0, device=dev)
     out_r = torch.empty_like(out_t)
-    dsv32.Kernels(True).index_scores(q, w, keys, ks, seq, bs, out_t)
-    dsv32.Kernels(False).index_scores(q, w, keys, ks, seq, bs, out_r)
+    # The keys as a pool: row b's tokens from entry base[b] (rows in reverse order, a gap between).
+    pool_k = torch.zeros(M * T + 1000, D, dtype=keys.dtype, device=dev)
+    pool_s = torch.zeros(M * T + 1000, device=dev)
+    base = torch.tensor([(M - 1 - b) * T + 500 for b in range(M)], dtype=torch.int64, device=dev)
+    for b_ in range(M):
+        pool_k.view(torch.uint8)[base[b_]:base[b_] + T] = keys[b_].view(torch.uint8)
+        pool_s[base[b_]:base[b_] + T] = ks[b_]
+    dsv32.Kernels(True).index_scores(q, w, pool_k, pool_s, seq, bs, out_t, base)
+    dsv32.Kernels(False).index_scores(q, w, pool_k, pool_s, seq, bs, out_r, base)
+    # And the same scores as plain torch, from the unpooled keys.
+    direct = ((torch.einsum("bhd,btd->bht", q.float(), keys.float()).clamp(min=0) * w.unsqueeze(-1)).sum(1) * ks)
+    torch.testing.assert_close(out_t[0], direct[0], rtol=1e-3, atol=1e-3)
     assert torch.all(out_t[2] == 5.0), "a row past *batch_size was written"
     assert torch.all(torch.isinf(out_t[1, 1234:])) and not torch.isinf(out_t[1, :1234]).any()
     torch.testing.assert_close(out_t[:2], out_r[:2], rtol=1e-3, atol=1e-3)
@@ -105,3 +135,28 @@ def test_triton_index_scores_match_the_reference():
     a = set(out_t[0].topk(256).indices.tolist())
     b = set(out_r[0].topk(256).indices.tolist())
     assert len(a & b) >= 250
+
+
+def test_triton_sparse_mla_reads_two_allocations_through_one_base():
+    """The hybrid mode's rows: resident rows read the HBM cache, hisparse rows the slot arena, both as
+    offsets in 16-byte units from the arena (negative ones included); -1 stays padding."""
+    _gpu_or_skip()
+    dev = torch.device("cuda")
+    cfg = dsv32.V32Config(layers=1)
+    fmt = dsv32.record_format("fp8", cfg)
+    g = torch.Generator(device=dev).manual_seed(5)
+    R, k = fmt.record_bytes, 2048
+    cache = fmt.encode(torch.randn(6000, 576, generator=g, device=dev).to(torch.bfloat16)).contiguous()
+    arena = fmt.encode(torch.randn(5000, 576, generator=g, device=dev).to(torch.bfloat16)).contiguous()
+    ia = torch.randperm(6000, generator=g, device=dev)[:k].unsqueeze(0)
+    ib = torch.randperm(5000, generator=g, device=dev)[:k].unsqueeze(0)
+    ib[0, 7] = -1
+    shift = cache.data_ptr() - arena.data_ptr()  # 16-byte units, as HybridKV passes them
+    off = torch.cat([ia * (R // 16) + shift // 16, (ib * (R // 16)).masked_fill(ib == -1, -1)])
+    q = torch.randn(2, cfg.heads, 576, generator=g, device=dev).to(torch.bfloat16)
+    bs = torch.tensor([2], dtype=torch.int32, device=dev)
+    out_t = torch.empty(2, cfg.heads, 512, dtype=torch.bfloat16, device=dev)
+    out_r = torch.empty_like(out_t)
+    dsv32.Kernels(True).sparse_mla(q, arena, off, 16, fmt, bs, out_t, 0.05)
+    dsv32.Kernels(False).sparse_mla(q, [(cache, ia, R), (arena, ib, R)], off, 16, fmt, bs, out_r, 0.05)
+    torch.testing.assert_close(out_t.float(), out_r.float(), rtol=2e-2, atol=2e-2)
