@@ -4,7 +4,9 @@
 //   * Grid = min(max_batch, resident capacity) row blocks + helper blocks filling the rest of the
 //     capacity (one per SM at most). Row block b plans batch entries b, b + row_blocks, ... alone:
 //     it is the only block that reads or writes those rows' slot tables and LRU orders, so no
-//     other block can see them half-written. Blocks without rows (padding, helpers) only fetch.
+//     other block can see them half-written. Entries of row block b at and past the batch size
+//     (CUDA graph padding, rule 7) get kPadding outputs (and a padding MissPlan summary) from b
+//     after its planning; apart from that, blocks without rows (padding, helpers) only fetch.
 //   * Planning (per row, in shared memory; PlanRow, one __forceinline__ function per step) is a
 //     short chain of block-wide steps, one barrier each, because planning latency is the floor of
 //     every launch:
@@ -661,6 +663,27 @@ __device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx&
   }
 }
 
+// Rule 7: row block b's entries at and past the batch (b, b + planner_blocks, ... below
+// max_batch) publish kPadding outputs and a padding MissPlan summary; their rows, seq_lens and
+// positions are ignored. No barrier: nothing else of the block reads or writes these entries.
+__device__ __forceinline__ void PadEntries(const ResolveParams& p, int b, int batch) {
+  const ResolveDesc& d = p.d;
+  const int K = d.arena.geometry.k;
+  const int stride = p.planner_blocks;
+  int i = b;
+  if (i < batch) i += (batch - b + stride - 1) / stride * stride;  // this block's first padded entry
+  for (; i < d.max_batch; i += stride) {
+    int* out = d.out_slots + static_cast<size_t>(i) * K;
+    for (int j = threadIdx.x; j < K; j += kThreads) out[j] = kPadding;
+    if (threadIdx.x == 0 && d.plan.summary) {
+      int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+      sum[0] = kPadding;
+      sum[1] = -1;
+      sum[2] = 0;
+    }
+  }
+}
+
 // Step 6 (rule 2's copy, spread over the grid): publishes the row's nq queue chunks, those after
 // its ndirect own ones. One atomic reserves the queue entries and counts the row as published;
 // the entries are written after it (a consumer that takes one of them waits for it, and the END
@@ -834,6 +857,7 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
       }
       wrote_ends |= PlanRow<UPR>(p, i, batch, row, seq, i == b, smem);
     }
+    PadEntries(p, b, batch);
   }
   if (batch == 0 && b == 0 && threadIdx.x < 32) {
     WriteEnds(p, 0u);

@@ -190,6 +190,17 @@ uint32_t ResolveReference(const ResolveDesc& d) {
     }
     ResolveRow(d, i, d.rows[i], d.seq_lens[i], sel, out);
   }
+  // Rule 7: padded entries publish kPadding and read nothing else of the batch.
+  for (int32_t i = n; i < d.max_batch; ++i) {
+    int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
+    std::fill(out, out + k, kPadding);
+    if (d.plan.summary) {
+      int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+      sum[0] = kPadding;
+      sum[1] = -1;
+      sum[2] = 0;
+    }
+  }
   if (d.error_flags) *d.error_flags |= all_errors;
   return all_errors;
 }

@@ -61,7 +61,10 @@ std::string Name(const Config& c) {
 // device memory, one host pool in mapped pinned memory that both read.
 class World {
  public:
-  explicit World(const Config& c, int layers = 2, uint64_t seed = 1) : cfg_(c), layers_(layers), rng_(seed) {}
+  // with_plan: every launch (reference and GPU) records its MissPlan, and CompareStep holds the
+  // two plans equal, padded entries' summaries included.
+  explicit World(const Config& c, int layers = 2, uint64_t seed = 1, bool with_plan = false)
+      : cfg_(c), layers_(layers), rng_(seed), with_plan_(with_plan) {}
 
   ~World() {
     cudaFreeHost(pool_);
@@ -76,6 +79,7 @@ class World {
     cudaFree(d_out_);
     cudaFree(d_err_);
     cudaFree(d_bad_);
+    cudaFree(d_plan_);
     std::free(ref_arena_);
   }
 
@@ -130,6 +134,11 @@ class World {
     rows_.assign(cfg_.max_batch, 0);
     seqs_.assign(cfg_.max_batch, 0);
     pos_.assign(sel, 0);
+    if (with_plan_) {
+      plan_bytes_ = MissPlan::Bytes(g_, cfg_.max_batch);
+      CUDA_OK(cudaMalloc(&d_plan_, plan_bytes_));
+      ref_plan_.assign((plan_bytes_ + 3) / 4, kPoison);
+    }
   }
 
   // A valid random state of (row, layer): a random subset of [0, seq) resident in random slots
@@ -310,6 +319,7 @@ class World {
     d.out_slots = out;
     d.error_flags = err;
     d.flags = flags;
+    if (with_plan_) d.plan = MissPlan::Of(ref_plan_.data(), cfg_.max_batch);
     return d;
   }
   ResolveDesc GpuDesc(uint32_t flags) {
@@ -325,6 +335,7 @@ class World {
     d.out_slots = d_out_;
     d.error_flags = d_err_;
     d.flags = flags;
+    if (with_plan_) d.plan = MissPlan::Of(d_plan_, cfg_.max_batch);
     return d;
   }
 
@@ -335,6 +346,10 @@ class World {
     CUDA_OK(cudaMemcpy(d_pos_, pos_.data(), pos_.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_out_, 0x7f, pos_.size() * 4));
     CUDA_OK(cudaMemset(d_err_, 0, 4));
+    if (with_plan_) {
+      CUDA_OK(cudaMemset(d_plan_, 0x7f, plan_bytes_));
+      std::fill(ref_plan_.begin(), ref_plan_.end(), kPoison);
+    }
   }
 
   // Runs the reference for the current inputs and compares with what the GPU left.
@@ -353,6 +368,14 @@ class World {
       ASSERT_EQ(out[x], ref_out[x]) << what << ": out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
                                     << batch << ")";
     }
+    // Rule 7: every column of every entry past the batch is kPadding (the GPU's buffer was
+    // poisoned before the launch, so an entry left alone fails here).
+    const int active = std::max(0, std::min(batch, cfg_.max_batch));
+    for (size_t x = static_cast<size_t>(active) * cfg_.k; x < out.size(); ++x) {
+      ASSERT_EQ(out[x], kPadding) << what << ": padded out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
+                                  << batch << ")";
+    }
+    if (with_plan_) ASSERT_NO_FATAL_FAILURE(ComparePlans(active, what));
     CompareTables(what);
     if (!(flags & kResolveFlagNoFetch)) {
       CUDA_OK(cudaMemset(d_bad_, 0, 8));
@@ -362,6 +385,31 @@ class World {
       unsigned long long bad = 0;
       CUDA_OK(cudaMemcpy(&bad, d_bad_, 8, cudaMemcpyDeviceToHost));
       ASSERT_EQ(bad, 0ull) << what << ": output slots whose record differs from the host pool";
+    }
+  }
+
+  // The GPU's MissPlan against the reference's: *batch, every entry's summary (padded entries'
+  // (kPadding, -1, 0) included) and the miss records of every resolved entry.
+  void ComparePlans(int active, const std::string& what) {
+    std::vector<int32_t> gpu(ref_plan_.size());
+    CUDA_OK(cudaMemcpy(gpu.data(), d_plan_, plan_bytes_, cudaMemcpyDeviceToHost));
+    const MissPlan gp = MissPlan::Of(gpu.data(), cfg_.max_batch);
+    const MissPlan rp = MissPlan::Of(ref_plan_.data(), cfg_.max_batch);
+    ASSERT_EQ(*gp.batch, *rp.batch) << what;
+    ASSERT_EQ(*rp.batch, active) << what;
+    for (int i = 0; i < cfg_.max_batch; ++i) {
+      for (int f = 0; f < 3; ++f) {
+        ASSERT_EQ(gp.summary[3 * i + f], rp.summary[3 * i + f]) << what << ": plan summary " << i << "." << f;
+      }
+      if (i >= active) {
+        ASSERT_EQ(rp.summary[3 * i], kPadding) << what;
+        ASSERT_EQ(rp.summary[3 * i + 1], -1) << what;
+      }
+      const int m = rp.summary[3 * i + 1];
+      for (int x = 0; x < 2 * m; ++x) {
+        const size_t e = static_cast<size_t>(i) * cfg_.k * 2 + x;
+        ASSERT_EQ(gp.entries[e], rp.entries[e]) << what << ": plan entry " << i << " miss " << x / 2;
+      }
     }
   }
 
@@ -426,6 +474,10 @@ class World {
   std::vector<int32_t> seq_, rows_, seqs_, pos_;
   std::vector<std::vector<int32_t>> prev_;
   std::vector<char> mark_;
+  bool with_plan_ = false;
+  void* d_plan_ = nullptr;
+  size_t plan_bytes_ = 0;
+  std::vector<int32_t> ref_plan_;
   int layer_ = 0;
 };
 
@@ -531,6 +583,61 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   }
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("graph"));
   for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(s);
+}
+
+// Rule 7 under a CUDA graph captured for a max_batch larger than the grid's row blocks (k = 2048:
+// one or two blocks per SM, so a block plans several entries, real and padded): one graph and
+// eager launches over device batch sizes from 0 to max_batch (and out of range), garbage in the
+// padded entries' rows, seq_lens and positions. Outputs (every padded column kPadding), the miss
+// plan (padded summaries (kPadding, -1, 0)), tables and counters equal the reference's each step.
+TEST(ResolveGpu, PaddedEntriesPublishPaddingAtEveryBatchSize) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 64, 300, 24};
+  World w(c, 2, 7777, /*with_plan=*/true);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraphExec_t exec;
+  w.layer_ = 1;
+  {
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  // Around the grid's row-block count (one or two waves of 132 SMs on an H200), 0, all, beyond.
+  const int batches[] = {300, 0, 1, 131, 133, 150, 264, 299, 7, 265, 0, 300};
+  int step = 0;
+  for (int batch : batches) {
+    for (int way = 0; way < 2; ++way, ++step) {  // 0: the graph, 1: eager
+      w.layer_ = way == 0 ? 1 : step % 2;
+      w.MakeStep(batch, 0.03);
+      ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+      if (way == 0) {
+        CUDA_OK(cudaGraphLaunch(exec, s));
+      } else {
+        CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+      }
+      CUDA_OK(cudaStreamSynchronize(s));
+      ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0,
+                                            std::string(way == 0 ? "graph" : "eager") + " batch " +
+                                                std::to_string(batch) + " step " + std::to_string(step)));
+    }
+  }
+  // A device batch size outside [0, max_batch] is clamped: -4 pads every entry, 400 covers all.
+  for (int batch : {-4, 400}) {
+    w.layer_ = 1;
+    w.MakeStep(std::max(0, std::min(batch, c.max_batch)), 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "clamped batch " + std::to_string(batch)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("padding"));
+  cudaGraphExecDestroy(exec);
   cudaStreamDestroy(s);
 }
 

@@ -110,8 +110,12 @@ def test_batch_size_limits_the_rows_resolved(session):
     seq_lens = np.array([20, 20, 20], np.int32)
     positions = np.tile(np.arange(K, dtype=np.int32), (ROWS, 1))
     out = np.full((ROWS, K), 77, np.int32)
+    before = s.stats()
     s.resolve(0, rows, seq_lens, positions, out, batch_size=np.array([1], np.int32))
-    assert (out[0] >= 0).all() and (out[1:] == 77).all()
+    # Entries past batch_size are padding: -1 in every column, and they resolve nothing.
+    assert (out[0] >= 0).all() and (out[1:] == -1).all()
+    after = s.stats()
+    assert (after.hits - before.hits) + (after.misses - before.misses) == K
 
 
 def test_other_buffer_kinds(session):

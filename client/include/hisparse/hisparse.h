@@ -179,7 +179,10 @@ typedef struct hs_resolve_args {
   uint32_t layer;
   int32_t max_batch;         /* capacity of the arrays below */
   const int32_t* batch_size; /* rows in this step (<= max_batch), read by the kernel at run time so
-                                one CUDA graph serves every batch; NULL: all max_batch rows */
+                                one CUDA graph serves every batch; NULL: all max_batch rows. Entries
+                                at and past *batch_size are padding: their out_slots rows become -1
+                                in every column, their rows/seq_lens/positions are ignored and no
+                                state changes (resolve.h, rule 7) */
   const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row) */
   const int32_t* seq_lens;   /* [max_batch] */
   const int32_t* positions;  /* [max_batch][k], -1 = padding */

@@ -16,6 +16,14 @@
 //  5. B >= k. With seq_len <= B everything is resident after prefill (position = slot).
 //  6. Deterministic: the CUDA kernel and the CPU reference produce identical slot tables, LRU
 //     orders, outputs and counters for identical inputs.
+//  7. Padded batch entries: an entry i with n <= i < max_batch, n = *batch_size clamped to
+//     [0, max_batch] (the entries a CUDA graph captured for max_batch carries past the real batch),
+//     publishes kPadding in every output column it owns: out_slots[i][0..k) = kPadding and, when
+//     the miss plan is recorded, summary[i] = (kPadding, -1, 0) (no row; misses = -1, so a replay
+//     skips it as it skips a rejected entry; its plan entries are not written). Its rows,
+//     seq_lens and positions are ignored (they may hold garbage), it sets no error bit and touches
+//     no other state: no slot table, LRU order, record or counter. An attention kernel reading a
+//     whole captured [max_batch][k] table thus sees -1 (nothing to attend) in every padded row.
 //
 // Invalid input of a row (a position outside [-1, seq_len), a duplicate position, seq_len outside
 // [1, capacity of the row], a row outside [0, max_rows)) leaves that row's state untouched, sets its
@@ -50,7 +58,8 @@ enum ResolveError : uint32_t {
 struct MissPlan {
   int32_t* batch;    // [1] batch entries the launch covered (*batch_size clamped to [0, max_batch])
   int32_t* summary;  // [max_batch][3] (row, misses, hits) of batch entry i; misses = -1: the entry
-                     // was invalid (its state was left untouched; error_flags told)
+                     // was invalid (its state was left untouched; error_flags told) or padding
+                     // (row = kPadding, rule 7)
   int32_t* entries;  // [max_batch][k][2] (position, slot) of miss m of entry i, in miss order
   int32_t max_batch;
 
@@ -81,7 +90,7 @@ struct ResolveDesc {
   int32_t layer;              // which layer's state
   int32_t max_batch;          // capacity of the per-batch arrays; the grid is sized from it
   const int32_t* batch_size;  // device scalar: rows actually in this step (<= max_batch);
-                              // rows at index >= *batch_size do nothing (CUDA graph padding)
+                              // entries at index >= *batch_size publish kPadding (rule 7)
   const int32_t* rows;        // [max_batch] arena row of batch entry i
   const int32_t* seq_lens;    // [max_batch] sequence length of batch entry i at this step
   const int32_t* positions;   // [max_batch][k] selected positions, kPadding = -1 for padding
@@ -107,6 +116,10 @@ struct ResolveDesc {
 //
 // Ordering: after the anchor's RESOLVE (it reads the plan and the anchor's new tables) and before
 // the anchor's next RESOLVE; before `layer`'s append and attention of the step.
+//
+// Padding (rule 7): a replay has no outputs of its own (the anchor's out_slots, already kPadding
+// in padded entries, serve the layer); entries at and past *plan.batch, and entries whose summary
+// says misses = -1 (rejected or padding), touch nothing.
 struct ReplayDesc {
   ArenaView arena;
   HostRecordMap host;
@@ -147,7 +160,8 @@ struct AppendDesc {
   HostRecordMap host;
   int32_t layer;
   int32_t max_batch;
-  const int32_t* batch_size;  // device scalar, as in ResolveDesc
+  const int32_t* batch_size;  // device scalar, as in ResolveDesc; entries at index >= *batch_size
+                              // do nothing (append has no outputs to pad)
   const int32_t* rows;        // [max_batch]
   const int32_t* seq_lens;    // [max_batch] the newest token is at seq_len - 1
   const uint8_t* src;         // record of batch entry i at src + i * src_stride

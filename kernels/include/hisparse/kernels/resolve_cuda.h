@@ -65,8 +65,8 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
 
 // One RESOLVE step for one layer and the batch: hit detection, LRU eviction, miss fetch from the
 // host pool (GPU threads reading mapped host memory), slot table. The grid (at most one wave of
-// resident blocks) is sized from max_batch and the device; rows at index >= *d.batch_size do
-// nothing, and blocks without a row help fetch other rows' misses.
+// resident blocks) is sized from max_batch and the device; entries at index >= *d.batch_size
+// only get kPadding outputs (rule 7), and blocks without a row help fetch other rows' misses.
 // Supported: every geometry ValidateArenaGeometry accepts whose per-row plan fits in one thread
 // block's shared memory (e.g. k = 2048 with B up to about 18,500 on an H200; LastLaunchError says
 // otherwise). Rows of one launch must be distinct (two entries of one row would race).
