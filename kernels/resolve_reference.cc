@@ -1,4 +1,4 @@
-// The CPU reference of RESOLVE, store and append (resolve.h): the oracle the CUDA kernels are held
+// The CPU reference of RESOLVE, store (plain and indexed) and append (resolve.h): the oracle the CUDA kernels are held
 // equal to, and what the host-emulated backend runs. Written for obviousness, not speed: each
 // (row, layer) step builds its position -> slot lookup from scratch, so nothing but the arena
 // carries state between calls.
@@ -205,26 +205,46 @@ uint32_t ResolveReference(const ResolveDesc& d) {
   return all_errors;
 }
 
-// Store validity: start_pos >= 0, num_tokens >= 0 (else kResolveBadPosition) and
-// start_pos + num_tokens <= seq_len_after <= capacity, seq_len_after >= 1 (else kResolveBadSeqLen).
-// Source token t of the buffer is position start_pos + t.
-uint32_t StoreReference(const StoreDesc& d) {
-  const ArenaView& a = d.arena;
-  const int32_t B = a.geometry.slots;
-  const uint32_t rb = a.geometry.record_bytes;
-  if (d.row < 0 || d.row >= a.geometry.max_rows) return kResolveBadRow;
+namespace {
+
+// Store validity (resolve.h, IndexedStoreDesc), in this order: row, then layer range
+// (kResolveBadRow); start_pos >= 0, num_tokens >= 0 (kResolveBadPosition); start_pos + num_tokens
+// <= seq_len_after <= capacity, seq_len_after >= 1 (kResolveBadSeqLen); every source index in
+// [0, src_tokens) (kResolveBadIndex). Source token t is position start_pos + t.
+uint32_t CheckStore(const IndexedStoreDesc& d) {
+  const ArenaGeometry& g = d.arena.geometry;
+  if (d.row < 0 || d.row >= g.max_rows) return kResolveBadRow;
+  if (d.num_layers < 1 || d.first_layer < 0 || d.first_layer > g.num_layers - d.num_layers) return kResolveBadRow;
   if (d.start_pos < 0 || d.num_tokens < 0) return kResolveBadPosition;
   const int64_t end = static_cast<int64_t>(d.start_pos) + d.num_tokens;
   if (d.seq_len_after < 1 || end > d.seq_len_after || d.seq_len_after > d.host.capacity[d.row]) {
     return kResolveBadSeqLen;
   }
-  for (int32_t l = 0; l < a.geometry.num_layers; ++l) {
+  if (d.src_index != nullptr) {
+    for (int32_t t = 0; t < d.num_tokens; ++t) {
+      if (d.src_index[t] < 0 || d.src_index[t] >= d.src_tokens) return kResolveBadIndex;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+uint32_t IndexedStoreReference(const IndexedStoreDesc& d) {
+  if (const uint32_t err = CheckStore(d)) return err;
+  const ArenaView& a = d.arena;
+  const int32_t B = a.geometry.slots;
+  const uint32_t rb = a.geometry.record_bytes;
+  const int32_t end = d.start_pos + d.num_tokens;
+  for (int32_t i = 0; i < d.num_layers; ++i) {
+    const int32_t l = d.first_layer + i;
     // The host pool is written first: it is the authoritative copy every slot is filled from.
     for (int32_t t = 0; t < d.num_tokens; ++t) {
-      const uint8_t* src = d.src + l * d.src_layer_stride + t * d.src_token_stride;
+      const int64_t index = d.src_index ? d.src_index[t] : t;
+      const uint8_t* src = d.src_base + i * d.src_layer_stride + index * d.src_token_stride;
       std::memcpy(HostRecord(a, d.host, d.row, l, d.start_pos + t), src, rb);
     }
-    RefreshResidentSlots(a, d.host, d.row, l, d.start_pos, static_cast<int32_t>(end));
+    RefreshResidentSlots(a, d.host, d.row, l, d.start_pos, end);
     // The newest token's slot B is filled too, so that a RESOLVE at seq_len_after right after
     // the store is exact.
     if (d.seq_len_after - 1 >= d.start_pos && d.seq_len_after - 1 < end) {
@@ -243,9 +263,26 @@ uint32_t StoreReference(const StoreDesc& d) {
       }
     }
     // EMPTY slots are least recently used, then the filled slots in position order.
-    for (int32_t i = 0; i < B; ++i) lru[i] = i < B - filled ? filled + i : i - (B - filled);
+    for (int32_t x = 0; x < B; ++x) lru[x] = x < B - filled ? filled + x : x - (B - filled);
   }
   return 0;
+}
+
+uint32_t StoreReference(const StoreDesc& d) {
+  IndexedStoreDesc x{};
+  x.arena = d.arena;
+  x.host = d.host;
+  x.row = d.row;
+  x.first_layer = 0;
+  x.num_layers = d.arena.geometry.num_layers;
+  x.start_pos = d.start_pos;
+  x.num_tokens = d.num_tokens;
+  x.seq_len_after = d.seq_len_after;
+  x.src_base = d.src;
+  x.src_index = nullptr;
+  x.src_layer_stride = d.src_layer_stride;
+  x.src_token_stride = d.src_token_stride;
+  return IndexedStoreReference(x);
 }
 
 uint32_t AppendReference(const AppendDesc& d) {

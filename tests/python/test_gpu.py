@@ -138,6 +138,37 @@ def test_cuda_graph_replay_with_device_batch_size(cuda_session):
     s.check_errors()
 
 
+def test_store_indexed_from_a_paged_device_pool(cuda_session):
+    """hs_store_indexed from a torch pool [layers, pool tokens, record] on the GPU (scattered slots,
+    two chunks) equals the plain store of the same records; a bad index writes nothing and
+    surfaces at check_errors."""
+    s, gen = cuda_session, torch.Generator().manual_seed(9)
+    context, pool_tokens = 300, 1000
+    prompt = torch.randint(0, 256, (LAYERS, context, RECORD), dtype=torch.uint8, generator=gen)
+    slot = torch.randperm(pool_tokens, generator=gen)[:context].to(torch.int32)
+    pool = torch.zeros(LAYERS, pool_tokens, RECORD + 48, dtype=torch.uint8)
+    pool[:, slot.long(), :RECORD] = prompt
+    pool, slot = pool.to(DEV), slot.to(DEV)
+    a, b = s.admit(1, context, context + 4).row, s.admit(2, context, context + 4).row
+    s.store_indexed(1, pool[..., :RECORD], slot[:100], seq_len_after=100)
+    s.store_indexed(1, pool[..., :RECORD], slot[100:], start_pos=100)
+    s.store(2, prompt[:, :100].to(DEV), seq_len_after=100)  # the same chunks, the plain way
+    s.store(2, prompt[:, 100:].to(DEV), start_pos=100)
+    torch.cuda.synchronize()
+    s.check_errors()
+    for layer in range(LAYERS):
+        assert torch.equal(torch.from_numpy(np.array(s.record_view(1, layer, 0, context))), prompt[layer])
+    arena = s.slot_view()
+    assert torch.equal(arena[a], arena[b])
+    bad = slot.clone()
+    bad[-1] = pool_tokens
+    s.store_indexed(1, torch.zeros_like(pool)[..., :RECORD], bad)
+    with pytest.raises(hisparse.InvalidArgument, match="source index"):
+        s.check_errors()
+    for layer in range(LAYERS):
+        assert torch.equal(torch.from_numpy(np.array(s.record_view(1, layer, 0, context))), prompt[layer])
+
+
 def test_cuda_session_wants_device_memory(cuda_session):
     s = cuda_session
     row = s.admit(1, 100, 120).row

@@ -57,6 +57,39 @@ def test_store_reads_back_and_short_prompts_are_resident(session):
         np.testing.assert_array_equal(arena[info.row, l, :12, :RECORD], data[l])
 
 
+def test_store_indexed_gathers_a_paged_pool(session):
+    """hs_store_indexed from a paged pool (numpy [layers, pool tokens, record], scattered slots),
+    in a chunk and two layer ranges, reads back as the records it gathered; a bad index raises
+    and writes nothing."""
+    s = session
+    info = s.admit(1, 30, 40)
+    data = prompt(1, 30)
+    pool_tokens = 64
+    rng = np.random.default_rng(3)
+    slot = rng.permutation(pool_tokens).astype(np.int32)
+    pool = np.zeros((LAYERS, pool_tokens, RECORD), np.uint8)
+    pool[:, slot[:30]] = data
+    stride = pool_tokens * RECORD
+    s.store_indexed(1, pool, slot[:10], src_tokens=pool_tokens, layer_stride=stride)
+    s.store_indexed(1, pool, slot[10:30], start_pos=10, num_layers=1, src_tokens=pool_tokens)
+    s.store_indexed(1, pool[1:], slot[10:30], start_pos=10, first_layer=1, src_tokens=pool_tokens,
+                    layer_stride=stride)
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(s.record_view(1, l, 0, 30), data[l])
+    arena = s.slot_view()
+    for l in range(LAYERS):  # the first chunk (seq 10 <= B) is resident, position p in slot p
+        np.testing.assert_array_equal(arena[info.row, l, :10, :RECORD], data[l, :10])
+    bad = slot[:30].copy()
+    bad[-1] = pool_tokens
+    with pytest.raises(hisparse.InvalidArgument, match="source index"):
+        s.store_indexed(1, np.zeros_like(pool), bad, src_tokens=pool_tokens, layer_stride=stride)
+    with pytest.raises(hisparse.InvalidArgument, match="layers"):
+        s.store_indexed(1, pool, slot[:4], first_layer=LAYERS - 1, num_layers=2, src_tokens=pool_tokens,
+                        layer_stride=stride)
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(s.record_view(1, l, 0, 30), data[l])
+
+
 def test_record_view_writes_through_to_the_pool(session):
     s = session
     s.admit(1, 4, 8)

@@ -48,6 +48,7 @@ enum ResolveError : uint32_t {
   kResolveDuplicate = 1u << 1,    // a position selected twice in one row
   kResolveBadSeqLen = 1u << 2,    // seq_len < 1 or > the row's capacity
   kResolveBadRow = 1u << 3,       // row index outside [0, max_rows)
+  kResolveBadIndex = 1u << 4,     // an indexed store's source index outside [0, src_tokens)
 };
 
 // The miss plan of one RESOLVE launch: what it fetched, where to, and what it counted, per batch
@@ -153,6 +154,42 @@ struct StoreDesc {
   int64_t src_token_stride;  // bytes, >= record_bytes
 };
 
+// Indexed prefill store (hs_store_indexed): the store above for layers [first_layer, first_layer +
+// num_layers) only, gathering each token's record by index from an engine's paged KV pool. The
+// record of (layer first_layer + l, position start_pos + t) is at
+//   src_base + l * src_layer_stride + src_index[t] * src_token_stride,
+// so src_base points at the pool of layer first_layer and src_index[t] is the pool slot of token t
+// (SGLang's req_to_token row, vLLM's slot_mapping). Everything else is StoreDesc's, restricted to
+// the layer range: the host pool, slot B, the refresh of resident slots and, when seq_len_after <=
+// B, the layers' slot tables. A plain store is exactly the indexed store with every layer and
+// src_index[t] = t (StoreReference and LaunchStore run the same code with src_index null). To keep
+// layers that share an anchor equal (ReplayDesc), store every layer of a token range with the same
+// seq_len_after before the row's next RESOLVE.
+//
+// Validity, all checked before anything is written (an invalid store writes nothing): row in
+// [0, max_rows) and a layer range of >= 1 layers inside [0, num_layers) (else kResolveBadRow);
+// start_pos, num_tokens >= 0 (else kResolveBadPosition); seq_len_after as for StoreDesc (else
+// kResolveBadSeqLen); every src_index[t] in [0, src_tokens) (else kResolveBadIndex).
+struct IndexedStoreDesc {
+  ArenaView arena;
+  HostRecordMap host;
+  int32_t row;
+  int32_t first_layer;
+  int32_t num_layers;  // layers stored, >= 1
+  int32_t start_pos;
+  int32_t num_tokens;
+  int32_t seq_len_after;
+  const uint8_t* src_base;   // the pool of layer first_layer (16-byte aligned on the CUDA path)
+  const int32_t* src_index;  // [num_tokens] pool slot of position start_pos + t; null: t (plain store)
+  int64_t src_tokens;        // records in each layer's pool: every src_index[t] must be below it
+  int64_t src_layer_stride;  // bytes between layer l and l + 1 of the pool
+  int64_t src_token_stride;  // bytes between pool slots, >= record_bytes
+  uint32_t* check;           // CUDA only: a device word the index check writes and the copy reads
+                             // (launches that share it must be ordered); unused by the reference
+  uint32_t* error_flags;     // may be null; the CUDA path ORs kResolveBadIndex here (the host
+                             // checks everything else before launching)
+};
+
 // Decode append: the newest token (position seq_len - 1) of every row in the batch, one layer:
 // into the row's newest-token slot B and into the host pool.
 struct AppendDesc {
@@ -177,7 +214,8 @@ const char* ValidateArenaGeometry(const ArenaGeometry& g);
 // Each returns the OR of ResolveError bits it set (0 when every row was valid). Counters in the
 // arena are updated exactly as the CUDA kernel updates them.
 uint32_t ResolveReference(const ResolveDesc& d);
-uint32_t StoreReference(const StoreDesc& d);
+uint32_t StoreReference(const StoreDesc& d);  // IndexedStoreReference of every layer, index t
+uint32_t IndexedStoreReference(const IndexedStoreDesc& d);
 uint32_t AppendReference(const AppendDesc& d);
 // Returns kResolveBadRow (and does nothing) when a layer is outside [0, num_layers) or the two
 // layers are equal, else 0.

@@ -1,4 +1,4 @@
-// CUDA launchers of RESOLVE, prefill store, decode append and row reset (kernels/resolve.cu,
+// CUDA launchers of RESOLVE, prefill store (plain and indexed), decode append and row reset (kernels/resolve.cu,
 // kernels/store_append.cu). They meet the contract of resolve.h exactly: for identical inputs they
 // leave slot tables, LRU orders, outputs, counters and error flags identical to the CPU reference.
 //
@@ -87,6 +87,13 @@ cudaError_t LaunchReplay(const ReplayDesc& d, const ResolveLaunchConfig& config,
 
 // Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
 cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream);
+
+// Indexed prefill store (IndexedStoreDesc): one check kernel (one block) over src_index, then one
+// copy launch for every layer of the range and every token of the chunk. The host-visible fields
+// are checked here (cudaErrorInvalidValue, LastLaunchError says which); a source index outside
+// [0, src_tokens) is found on the device: the copy then writes nothing and kResolveBadIndex is ORed
+// into d.error_flags. d.check must be a device word (one per stream of stores).
+cudaError_t LaunchStoreIndexed(const IndexedStoreDesc& d, cudaStream_t stream);
 
 // Decode append (AppendDesc): the newest token of every batch row into slot B and the host pool.
 cudaError_t LaunchAppend(const AppendDesc& d, cudaStream_t stream);
