@@ -497,8 +497,15 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   if (a.layer >= geometry_.num_layers())
     return absl::InvalidArgumentError(absl::StrCat("layer ", a.layer, " out of range"));
   if (a.max_batch < 0 || a.rows == nullptr || a.seq_lens == nullptr || a.positions == nullptr ||
-      a.out_slots == nullptr) {
-    return absl::InvalidArgumentError("resolve needs max_batch >= 0 and rows, seq_lens, positions, out_slots");
+      (a.out_slots == nullptr && a.page_table == nullptr)) {
+    return absl::InvalidArgumentError(
+        "resolve needs max_batch >= 0 and rows, seq_lens, positions, and out_slots or page_table");
+  }
+  if (a.page_table != nullptr) {
+    if (const char* why = ValidatePageTable(arena_geometry_, a.page_records, a.page_offset)) {
+      return absl::InvalidArgumentError(absl::StrCat("resolve page table: ", why, " (page_records ", a.page_records,
+                                                     ", page_offset ", a.page_offset, ")"));
+    }
   }
   ResolveDesc d{};
   d.arena = arena_;
@@ -509,6 +516,9 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   d.seq_lens = a.seq_lens;
   d.positions = a.positions;
   d.out_slots = a.out_slots;
+  d.page_table = a.page_table;
+  d.page_records = a.page_records;
+  d.page_offset = a.page_offset;
   d.error_flags = backend_->error_flags();
   const MissPlan& plan = plans_[a.layer];
   if (plan.summary != nullptr) {

@@ -1,5 +1,6 @@
-// The CPU reference of RESOLVE, store (plain and indexed) and append (resolve.h): the oracle the CUDA kernels are held
-// equal to, and what the host-emulated backend runs. Written for obviousness, not speed: each
+// The CPU reference of RESOLVE, store (plain and indexed) and append (resolve.h): the oracle the
+// CUDA kernels are held equal to, and what the host-emulated backend runs. Written for
+// obviousness, not speed: each
 // (row, layer) step builds its position -> slot lookup from scratch, so nothing but the arena
 // carries state between calls.
 //
@@ -162,18 +163,29 @@ void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t ro
   }
 }
 
+// Rule 8: the page table of batch entry i from its outputs (-1 where they are kPadding).
+void WritePageTable(const ResolveDesc& d, int32_t i, const int32_t* out) {
+  const int32_t k = d.arena.geometry.k;
+  int32_t* pt = d.page_table + static_cast<size_t>(i) * k;
+  for (int32_t j = 0; j < k; ++j) pt[j] = out[j] < 0 ? kPadding : PageTableEntry(d, d.rows[i], out[j]);
+}
+
 }  // namespace
 
 uint32_t ResolveReference(const ResolveDesc& d) {
   const int32_t k = d.arena.geometry.k;
   const int32_t n = ActiveRows(d.batch_size, d.max_batch);
-  // An invalid geometry (B < k above all) could leave a miss without a slot: reject every row.
-  const bool layer_ok = LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr;
+  // An invalid geometry (B < k above all) could leave a miss without a slot, and invalid page-table
+  // parameters could not be written: reject every row.
+  const bool layer_ok =
+      LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr &&
+      (d.page_table == nullptr || ValidatePageTable(d.arena.geometry, d.page_records, d.page_offset) == nullptr);
   uint32_t all_errors = 0;
   if (d.plan.summary) *d.plan.batch = n;
+  std::vector<int32_t> scratch(d.out_slots ? 0 : k);  // the outputs when only the page table is asked for
   for (int32_t i = 0; i < n; ++i) {
     const int32_t* sel = d.positions + static_cast<size_t>(i) * k;
-    int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
+    int32_t* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * k : scratch.data();
     uint32_t err =
         layer_ok ? CheckRowAndSeqLen(d.arena, d.host, d.rows[i], d.seq_lens[i]) : static_cast<uint32_t>(kResolveBadRow);
     if (err == 0) err = CheckSelection(sel, k, d.seq_lens[i]);
@@ -185,15 +197,17 @@ uint32_t ResolveReference(const ResolveDesc& d) {
         sum[1] = -1;
         sum[2] = 0;
       }
+      if (d.page_table) WritePageTable(d, i, out);  // every entry -1: the row is not read
       all_errors |= err;
       continue;
     }
     ResolveRow(d, i, d.rows[i], d.seq_lens[i], sel, out);
+    if (d.page_table) WritePageTable(d, i, out);
   }
   // Rule 7: padded entries publish kPadding and read nothing else of the batch.
   for (int32_t i = n; i < d.max_batch; ++i) {
-    int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
-    std::fill(out, out + k, kPadding);
+    if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * k, k, kPadding);
+    if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * k, k, kPadding);
     if (d.plan.summary) {
       int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
       sum[0] = kPadding;

@@ -81,6 +81,7 @@ class World {
     cudaFree(d_err_);
     cudaFree(d_bad_);
     cudaFree(d_plan_);
+    cudaFree(d_pt_);
     std::free(ref_arena_);
   }
 
@@ -140,6 +141,18 @@ class World {
       CUDA_OK(cudaMalloc(&d_plan_, plan_bytes_));
       ref_plan_.assign((plan_bytes_ + 3) / 4, kPoison);
     }
+    if (pt_records_ > 0) {
+      CUDA_OK(cudaMalloc(&d_pt_, sel * 4));
+      ref_pt_.assign(sel, kPoison);
+    }
+  }
+
+  // Before Init: every launch also writes rule 8's page table (pages of `records` from page
+  // `offset`); no_out: and no out_slots at all (the page table alone).
+  void WithPageTable(int records, int offset, bool no_out) {
+    pt_records_ = records;
+    pt_offset_ = offset;
+    no_out_ = no_out;
   }
 
   // A valid random state of (row, layer): a random subset of [0, seq) resident in random slots
@@ -321,6 +334,12 @@ class World {
     d.error_flags = err;
     d.flags = flags;
     if (with_plan_) d.plan = MissPlan::Of(ref_plan_.data(), cfg_.max_batch);
+    if (no_out_) d.out_slots = nullptr;
+    if (pt_records_ > 0) {
+      d.page_table = ref_pt_.data();
+      d.page_records = pt_records_;
+      d.page_offset = pt_offset_;
+    }
     return d;
   }
   ResolveDesc GpuDesc(uint32_t flags) {
@@ -337,6 +356,12 @@ class World {
     d.error_flags = d_err_;
     d.flags = flags;
     if (with_plan_) d.plan = MissPlan::Of(d_plan_, cfg_.max_batch);
+    if (no_out_) d.out_slots = nullptr;
+    if (pt_records_ > 0) {
+      d.page_table = d_pt_;
+      d.page_records = pt_records_;
+      d.page_offset = pt_offset_;
+    }
     return d;
   }
 
@@ -350,6 +375,10 @@ class World {
     if (with_plan_) {
       CUDA_OK(cudaMemset(d_plan_, 0x7f, plan_bytes_));
       std::fill(ref_plan_.begin(), ref_plan_.end(), kPoison);
+    }
+    if (pt_records_ > 0) {
+      CUDA_OK(cudaMemset(d_pt_, 0x7f, pos_.size() * 4));
+      std::fill(ref_pt_.begin(), ref_pt_.end(), kPoison);
     }
   }
 
@@ -372,13 +401,14 @@ class World {
     // Rule 7: every column of every entry past the batch is kPadding (the GPU's buffer was
     // poisoned before the launch, so an entry left alone fails here).
     const int active = std::max(0, std::min(batch, cfg_.max_batch));
-    for (size_t x = static_cast<size_t>(active) * cfg_.k; x < out.size(); ++x) {
+    for (size_t x = static_cast<size_t>(active) * cfg_.k; x < out.size() && !no_out_; ++x) {
       ASSERT_EQ(out[x], kPadding) << what << ": padded out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
                                   << batch << ")";
     }
     if (with_plan_) ASSERT_NO_FATAL_FAILURE(ComparePlans(active, what));
+    if (pt_records_ > 0) ASSERT_NO_FATAL_FAILURE(ComparePageTables(active, ref_out, what));
     CompareTables(what);
-    if (!(flags & kResolveFlagNoFetch)) {
+    if (!(flags & kResolveFlagNoFetch) && !no_out_) {
       CUDA_OK(cudaMemset(d_bad_, 0, 8));
       CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, HostRecordMap{d_base_, d_cap_}, layer_, batch, d_rows_, d_pos_,
                                                   d_out_, d_bad_);
@@ -386,6 +416,22 @@ class World {
       unsigned long long bad = 0;
       CUDA_OK(cudaMemcpy(&bad, d_bad_, 8, cudaMemcpyDeviceToHost));
       ASSERT_EQ(bad, 0ull) << what << ": output slots whose record differs from the host pool";
+    }
+  }
+
+  // Rule 8: the GPU's page table equals the reference's entry for entry; every entry is -1 where
+  // the reference's output is padding (and in padded entries), else O * P + g of its slot.
+  void ComparePageTables(int active, const std::vector<int32_t>& ref_out, const std::string& what) {
+    std::vector<int32_t> gpu(ref_pt_.size());
+    CUDA_OK(cudaMemcpy(gpu.data(), d_pt_, gpu.size() * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < gpu.size(); ++x) {
+      ASSERT_EQ(gpu[x], ref_pt_[x]) << what << ": page_table[" << x / cfg_.k << "][" << x % cfg_.k << "]";
+      const int i = static_cast<int>(x / cfg_.k);
+      if (i >= active) ASSERT_EQ(gpu[x], kPadding) << what << ": padded page_table[" << i << "]";
+      if (!no_out_ && ref_out[x] >= 0) {
+        const int64_t g = (static_cast<int64_t>(rows_[i]) * layers_ + layer_) * (cfg_.B + 1) + ref_out[x];
+        ASSERT_EQ(gpu[x], static_cast<int64_t>(pt_offset_) * pt_records_ + g) << what;
+      }
     }
   }
 
@@ -479,6 +525,10 @@ class World {
   void* d_plan_ = nullptr;
   size_t plan_bytes_ = 0;
   std::vector<int32_t> ref_plan_;
+  int pt_records_ = 0, pt_offset_ = 0;  // page table: 0 records = not written
+  bool no_out_ = false;
+  int32_t* d_pt_ = nullptr;
+  std::vector<int32_t> ref_pt_;
   int layer_ = 0;
 };
 
@@ -496,6 +546,7 @@ TEST_P(ResolveRandom, MatchesReference) {
   REQUIRE_GPU();
   const Config c = GetParam();
   World w(c, 2, 1234 + c.k + c.B + c.rb + c.max_batch);
+  w.WithPageTable(64, 5, /*no_out=*/false);  // rule 8 besides the outputs, on every step
   ASSERT_NO_FATAL_FAILURE(w.Init());
   for (int step = 0; step < c.steps; ++step) {
     w.layer_ = w.UniI(0, 1);
@@ -596,6 +647,7 @@ TEST(ResolveGpu, PaddedEntriesPublishPaddingAtEveryBatchSize) {
   REQUIRE_GPU();
   const Config c{2048, 4096, 64, 300, 24};
   World w(c, 2, 7777, /*with_plan=*/true);
+  w.WithPageTable(16, 7, /*no_out=*/false);
   ASSERT_NO_FATAL_FAILURE(w.Init());
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -638,6 +690,54 @@ TEST(ResolveGpu, PaddedEntriesPublishPaddingAtEveryBatchSize) {
     ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "clamped batch " + std::to_string(batch)));
   }
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("padding"));
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+}
+
+// Rule 8 alone: no out_slots, the page table (plain record indices) of a graph and of eager
+// launches over varying batch sizes and invalid rows equals the reference's, and the whole
+// arena stays the reference's.
+TEST(ResolveGpu, PageTableWithoutOutSlotsMatchesReference) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 1152, 16, 30};
+  World w(c, 2, 2468);
+  w.WithPageTable(1, 0, /*no_out=*/true);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraphExec_t exec;
+  w.layer_ = 0;
+  {
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  for (int step = 0; step < c.steps; ++step) {
+    const bool graph = step % 2 == 0;
+    w.layer_ = graph ? 0 : 1;
+    const int batch = w.MakeStep(step % 5 == 4 ? 0 : RandomBatch(w), 0.05);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    if (graph) {
+      CUDA_OK(cudaGraphLaunch(exec, s));
+    } else {
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "page table only, step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("page table only"));
+  // Bad parameters are refused on the host.
+  ResolveDesc d = w.GpuDesc(0);
+  d.page_records = 0;
+  EXPECT_EQ(LaunchResolve(d, w.ws_, w.ws_bytes_, s), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("page_records"), std::string::npos) << LastLaunchError();
+  d.page_records = 1 << 20;
+  d.page_offset = 1 << 12;
+  EXPECT_EQ(LaunchResolve(d, w.ws_, w.ws_bytes_, s), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("overflow"), std::string::npos) << LastLaunchError();
   cudaGraphExecDestroy(exec);
   cudaStreamDestroy(s);
 }

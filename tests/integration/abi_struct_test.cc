@@ -137,7 +137,17 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   EXPECT_NE(out[0], -7);
   EXPECT_EQ(out[4], -1);
 
-  a.struct_size = sizeof(hs_resolve_args) - 8;
+  // ABI 1.0's struct ends before page_table: accepted, and no page table is written.
+  std::vector<int32_t> page_table(8, 55);
+  a.page_table = page_table.data();  // past that struct_size: not read
+  a.page_records = 0;
+  a.struct_size = offsetof(hs_resolve_args, page_table);
+  out.assign(8, -7);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_NE(out[0], -7);
+  EXPECT_EQ(page_table, std::vector<int32_t>(8, 55));
+
+  a.struct_size = offsetof(hs_resolve_args, page_table) - 8;
   EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
 }
 

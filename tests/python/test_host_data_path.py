@@ -151,6 +151,39 @@ def test_batch_size_limits_the_rows_resolved(session):
     assert (after.hits - before.hits) + (after.misses - before.misses) == K
 
 
+def test_page_table_names_each_selections_record(session):
+    """resolve(page_table=...): each entry indexes the arena viewed as [records, record_bytes]
+    (pages of 32 records from page 2 shift it by 64); without out_slots the same table."""
+    s = session
+    rows = np.array([s.admit(1, 40, 44).row, s.admit(2, 40, 44).row, 0], np.int32)
+    s.store(1, prompt(1, 40), num_tokens=40)
+    s.store(2, prompt(2, 40), num_tokens=40)
+    seq_lens = np.array([40, 40, 1], np.int32)
+    positions = np.full((ROWS, K), -1, np.int32)
+    positions[0, :7] = [39, 1, 20, 33, 5, 17, 28]
+    positions[1, :6] = [0, 39, 38, 12, 25, 6]
+    batch = np.array([2], np.int32)
+    out = np.zeros((ROWS, K), np.int32)
+    table = np.zeros((ROWS, K), np.int32)
+    s.resolve(1, rows, seq_lens, positions, out, batch_size=batch, page_table=table)
+    flat = s.slot_view().reshape(-1, s.slot_view().shape[-1])
+    for i, rid in enumerate((1, 2)):
+        for j in range(K):
+            p = int(positions[i, j])
+            if p < 0:
+                assert table[i, j] == -1
+                continue
+            assert table[i, j] == (rows[i] * LAYERS + 1) * (B + 1) + out[i, j]
+            np.testing.assert_array_equal(flat[table[i, j], :RECORD], record_bytes(rid, 1, p))
+    assert (table[2] == -1).all()
+    paged = np.zeros((ROWS, K), np.int32)
+    s.resolve(1, rows, seq_lens, positions, None, batch_size=batch, page_table=paged, page_records=32,
+              page_offset=2)
+    np.testing.assert_array_equal(paged, np.where(table < 0, -1, table + 64))
+    with pytest.raises(hisparse.InvalidArgument, match="page_records"):
+        s.resolve(1, rows, seq_lens, positions, out, page_table=paged, page_records=0)
+
+
 def test_other_buffer_kinds(session):
     s = session
     row = s.admit(1, 20, 24).row

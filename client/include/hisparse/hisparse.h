@@ -31,7 +31,7 @@ extern "C" {
  * functions), so a library of the same major and at least the caller's minor serves it; a new
  * major breaks callers. 1.0: the first ABI; 1.1: hs_session_options.layer_anchor, hs_prefetch,
  * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU; 1.3:
- * hs_store_indexed. */
+ * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset). */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 3
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
@@ -187,12 +187,26 @@ typedef struct hs_resolve_args {
   const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row) */
   const int32_t* seq_lens;   /* [max_batch] */
   const int32_t* positions;  /* [max_batch][k], -1 = padding */
-  int32_t* out_slots;        /* [max_batch][k] */
+  int32_t* out_slots;        /* [max_batch][k]; may be NULL when page_table is set (since ABI 1.3) */
   void* stream;
+  /* Since ABI 1.3 (callers built against 1.2 pass a smaller struct_size and get NULL here).
+   * page_table: [max_batch][k] or NULL; RESOLVE also writes, for every selection, the index of
+   * the record that holds it in the slot arena viewed as one array of records
+   * (slot_base + index * record_stride, see hs_session_info):
+   *   page_offset * page_records + (row * num_layers + layer) * (slots + 1) + out_slot,
+   * -1 where out_slots is -1 (resolve.h, rule 8). That is the record's index in a pool of pages of
+   * page_records records whose page page_offset begins at slot_base (FlashMLA's sparse indices,
+   * vLLM's slot_mapping); page_records 1 and page_offset 0 give the plain record index. A layer
+   * served by hs_prefetch reads its anchor's table against slot_base advanced by
+   * (layer - anchor) * (slots + 1) records. page_records >= 1, page_offset >= 0, and every entry
+   * must fit int32 (else HS_ERR_INVALID_ARGUMENT). */
+  int32_t* page_table;
+  int32_t page_records;
+  int32_t page_offset;
 } hs_resolve_args;
 
 #define HS_RESOLVE_ARGS_INIT \
-  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL }
+  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0 }
 
 /* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
  * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);

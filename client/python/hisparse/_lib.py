@@ -126,6 +126,9 @@ class ResolveArgs(ctypes.Structure):
         ("positions", ctypes.c_void_p),
         ("out_slots", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
+        ("page_table", ctypes.c_void_p),  # ABI 1.3
+        ("page_records", ctypes.c_int32),
+        ("page_offset", ctypes.c_int32),
     ]
 
 

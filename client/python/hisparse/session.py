@@ -293,13 +293,19 @@ class Session:
         return stream_handle(stream)
 
     def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
-                batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None) -> None:
+                batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
+                page_table: Any = None, page_records: int = 1, page_offset: int = 0) -> None:
         """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
 
         rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding).
         batch_size: None (all max_batch rows) or an int32 [1] array in the same memory read by
-        the kernel at run time, so one captured CUDA graph serves every batch size.
-        max_batch defaults to len(rows). On the CUDA backend invalid rows surface at check_errors().
+        the kernel at run time, so one captured CUDA graph serves every batch size; entries past
+        it get -1 in every column. max_batch defaults to len(rows). On the CUDA backend invalid
+        rows surface at check_errors().
+        page_table: None or int32 [max_batch, k]: also the index of each selection's record in the
+        slot arena viewed as [records, record_bytes] (slot_view() flattened over rows, layers and
+        slots), plus page_offset * page_records (resolve.h, rule 8); -1 where out_slots is -1.
+        out_slots may then be None.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -312,7 +318,12 @@ class Session:
         args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
         args.positions = self._data_ptr(positions, "positions", int32=True, min_items=max_batch * self.k)
         args.out_slots = self._data_ptr(out_slots, "out_slots", int32=True, writable=True,
-                                        min_items=max_batch * self.k)
+                                        min_items=max_batch * self.k) if out_slots is not None else None
+        if page_table is not None:
+            args.page_table = self._data_ptr(page_table, "page_table", int32=True, writable=True,
+                                             min_items=max_batch * self.k)
+        args.page_records = page_records
+        args.page_offset = page_offset
         args.stream = self._stream(stream) or None
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 

@@ -24,6 +24,20 @@
 //     seq_lens and positions are ignored (they may hold garbage), it sets no error bit and touches
 //     no other state: no slot table, LRU order, record or counter. An attention kernel reading a
 //     whole captured [max_batch][k] table thus sees -1 (nothing to attend) in every padded row.
+//  8. Page-table output (optional: ResolveDesc::page_table not null), besides out_slots or, with
+//     out_slots null, instead of them: page_table[i][j] = -1 wherever out_slots[i][j] is (or
+//     would be) kPadding (padding selections, rejected rows, padded entries), and otherwise
+//       page_offset * page_records + g,   g = (row * layers + layer) * (B + 1) + out_slots[i][j],
+//     where g is the index of the record that holds positions[i][j] in the arena's records
+//     section viewed as one array [max_rows * layers * (B + 1)][record_bytes] (ArenaView::Record).
+//     The sum is that record's index in a caller's pool of pages of page_records records whose
+//     page page_offset begins at the arena's first record: the page * page_size + offset_in_page
+//     convention of FlashMLA's sparse indices and vLLM's slot_mapping (page_records = 1 and
+//     page_offset = 0 give g). An attention kernel reads it directly over the arena's records.
+//     Every entry must fit in int32 (ValidatePageTable). Prefetched followers (ReplayDesc) take
+//     the anchor's table: layer f's records lie (f - anchor) * (B + 1) records after the
+//     anchor's, so the attention of f reads the anchor's table from the records base advanced by
+//     that many records.
 //
 // Invalid input of a row (a position outside [-1, seq_len), a duplicate position, seq_len outside
 // [1, capacity of the row], a row outside [0, max_rows)) leaves that row's state untouched, sets its
@@ -100,7 +114,24 @@ struct ResolveDesc {
   uint32_t flags;             // ResolveFlags; 0 for the real data path
   MissPlan plan;              // where to record the miss plan; summary == null: not recorded.
                               // plan.max_batch must be >= max_batch
+  int32_t* page_table;        // [max_batch][k] rule 8's record indices, or null (not written);
+                              // out_slots may then be null
+  int32_t page_records;       // P >= 1 when page_table is set
+  int32_t page_offset;        // O >= 0 when page_table is set
 };
+
+// Checks rule 8's parameters for a geometry: page_records >= 1, page_offset >= 0 and every entry
+// (up to page_offset * page_records + max_rows * layers * (B + 1) - 1) within int32. Returns null
+// when valid, else a static message naming what is wrong.
+const char* ValidatePageTable(const ArenaGeometry& g, int32_t page_records, int32_t page_offset);
+
+// Rule 8's entry for a slot of (row, d.layer), s in [0, B]: the CUDA kernel and the CPU reference
+// both compute it here.
+HISPARSE_HD inline int32_t PageTableEntry(const ResolveDesc& d, int32_t row, int32_t s) {
+  const ArenaView& a = d.arena;
+  const int64_t g = static_cast<int64_t>(a.RowLayer(row, d.layer)) * (a.geometry.slots + 1) + s;
+  return static_cast<int32_t>(static_cast<int64_t>(d.page_offset) * d.page_records + g);
+}
 
 // Exact layer-wise prefetch: replays the miss plan that `anchor_layer`'s RESOLVE recorded into
 // `layer`, a layer that shares the anchor's selection. For every batch entry the plan covers

@@ -1,6 +1,7 @@
-// CUDA launchers of RESOLVE, prefill store (plain and indexed), decode append and row reset (kernels/resolve.cu,
-// kernels/store_append.cu). They meet the contract of resolve.h exactly: for identical inputs they
-// leave slot tables, LRU orders, outputs, counters and error flags identical to the CPU reference.
+// CUDA launchers of RESOLVE, prefill store (plain and indexed), decode append and row reset
+// (kernels/resolve.cu, kernels/store_append.cu). They meet the contract of resolve.h exactly: for
+// identical inputs they leave slot tables, LRU orders, outputs (page tables included), counters and
+// error flags identical to the CPU reference.
 //
 // Every launcher enqueues work on the given stream and returns at once: no host synchronization,
 // no allocation, no host-side state that changes between launches. All of them can be captured in
