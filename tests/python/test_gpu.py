@@ -138,6 +138,31 @@ def test_cuda_graph_replay_with_device_batch_size(cuda_session):
     s.check_errors()
 
 
+def test_page_table_indexes_the_arena_on_the_gpu(cuda_session):
+    """resolve(page_table=...) on the CUDA backend: entry (i, j) indexes the arena viewed as
+    [records, record] at the record out_slots names; padding and padded rows are -1."""
+    s, gen = cuda_session, torch.Generator().manual_seed(12)
+    context = 500
+    rows, _ = admit_and_prefill(s, context, context + 2, gen)
+    seq_lens = torch.full((ROWS,), context, dtype=torch.int32, device=DEV)
+    batch = torch.tensor([ROWS - 1], dtype=torch.int32, device=DEV)
+    out = torch.full((ROWS, K), -7, dtype=torch.int32, device=DEV)
+    table = torch.full((ROWS, K), -7, dtype=torch.int32, device=DEV)
+    pos = random_selection(gen, seq_lens.cpu())
+    s.resolve(1, rows, seq_lens, pos, out, batch_size=batch, page_table=table, page_records=64, page_offset=2)
+    torch.cuda.synchronize()
+    s.check_errors()
+    arena = s.slot_view()
+    flat = arena.view(-1, arena.shape[-1])
+    live = out[: ROWS - 1] >= 0
+    want = (rows[: ROWS - 1].long().unsqueeze(1) * LAYERS + 1) * (B + 1) + out[: ROWS - 1].long() + 128
+    assert torch.equal(table[: ROWS - 1][live].long(), want[live])
+    assert (table[: ROWS - 1][~live] == -1).all() and (table[ROWS - 1] == -1).all() and (out[ROWS - 1] == -1).all()
+    got = flat[table[: ROWS - 1][live].long() - 128]
+    assert torch.equal(got, arena[rows[: ROWS - 1].long().unsqueeze(1).expand_as(out[: ROWS - 1])[live], 1,
+                                  out[: ROWS - 1][live].long()])
+
+
 def test_store_indexed_from_a_paged_device_pool(cuda_session):
     """hs_store_indexed from a torch pool [layers, pool tokens, record] on the GPU (scattered slots,
     two chunks) equals the plain store of the same records; a bad index writes nothing and
