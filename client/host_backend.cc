@@ -19,7 +19,8 @@ std::string DescribeResolveErrors(uint32_t bits) {
   if (bits & kResolveBadSeqLen) what.push_back("seq_len outside [1, the request's capacity]");
   if (bits & kResolveBadRow) what.push_back("a row outside [0, max_requests) or not admitted");
   if (bits & kResolveBadIndex) what.push_back("a source index outside [0, src_tokens) of the source pool");
-  return absl::StrCat("invalid data-path input (those rows were left untouched): ", absl::StrJoin(what, "; "));
+  return absl::StrCat("invalid data-path input (the state of those rows, or of that store's request, is unchanged): ",
+                      absl::StrJoin(what, "; "));
 }
 
 absl::Status PrivateGpuArenaAllowed(const char* request) {
