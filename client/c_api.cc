@@ -75,7 +75,8 @@ constexpr size_t kSessionOptionsV1 = offsetof(hs_session_options, layer_anchor);
 constexpr size_t kRequestInfoV1 = sizeof(hs_request_info);
 constexpr size_t kSessionInfoV1 = offsetof(hs_session_info, arena_kind);  // ABI 1.0
 constexpr size_t kStatsV1 = sizeof(hs_stats);
-constexpr size_t kResolveArgsV1 = sizeof(hs_resolve_args);
+constexpr size_t kResolveArgsV1 = offsetof(hs_resolve_args, page_table);  // ABI 1.0
+constexpr size_t kStoreIndexedArgsV1 = sizeof(hs_store_indexed_args);     // ABI 1.3
 
 bool SizeOk(uint32_t struct_size, size_t first_version) { return struct_size >= first_version; }
 
@@ -270,6 +271,17 @@ hs_result hs_store(hs_session* s, uint64_t request_id, int32_t start_pos, int32_
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
     return ToResult(s->impl->Store(request_id, start_pos, num_tokens, seq_len_after, src, src_layer_stride,
                                    src_token_stride, stream));
+  });
+}
+
+hs_result hs_store_indexed(hs_session* s, const hs_store_indexed_args* args) {
+  return Guard([&] {
+    if (s == nullptr || args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and args must not be NULL");
+    if (!SizeOk(args->struct_size, kStoreIndexedArgsV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT,
+                  "hs_store_indexed_args.struct_size is too small: use HS_STORE_INDEXED_ARGS_INIT");
+    }
+    return ToResult(s->impl->StoreIndexed(ReadSized(*args)));
   });
 }
 

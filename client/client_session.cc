@@ -497,8 +497,15 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   if (a.layer >= geometry_.num_layers())
     return absl::InvalidArgumentError(absl::StrCat("layer ", a.layer, " out of range"));
   if (a.max_batch < 0 || a.rows == nullptr || a.seq_lens == nullptr || a.positions == nullptr ||
-      a.out_slots == nullptr) {
-    return absl::InvalidArgumentError("resolve needs max_batch >= 0 and rows, seq_lens, positions, out_slots");
+      (a.out_slots == nullptr && a.page_table == nullptr)) {
+    return absl::InvalidArgumentError(
+        "resolve needs max_batch >= 0 and rows, seq_lens, positions, and out_slots or page_table");
+  }
+  if (a.page_table != nullptr) {
+    if (const char* why = ValidatePageTable(arena_geometry_, a.page_records, a.page_offset)) {
+      return absl::InvalidArgumentError(absl::StrCat("resolve page table: ", why, " (page_records ", a.page_records,
+                                                     ", page_offset ", a.page_offset, ")"));
+    }
   }
   ResolveDesc d{};
   d.arena = arena_;
@@ -509,6 +516,9 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   d.seq_lens = a.seq_lens;
   d.positions = a.positions;
   d.out_slots = a.out_slots;
+  d.page_table = a.page_table;
+  d.page_records = a.page_records;
+  d.page_offset = a.page_offset;
   d.error_flags = backend_->error_flags();
   const MissPlan& plan = plans_[a.layer];
   if (plan.summary != nullptr) {
@@ -580,6 +590,49 @@ absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_
   d.src_layer_stride = layer_stride;
   d.src_token_stride = token_stride;
   return backend_->Store(d, stream);
+}
+
+absl::Status ClientSession::StoreIndexed(const hs_store_indexed_args& a) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = requests_.find(a.request_id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("indexed store: request ", a.request_id, " is not admitted here"));
+  }
+  const uint64_t layers = geometry_.num_layers();
+  if (a.num_layers < 1 || static_cast<uint64_t>(a.first_layer) + a.num_layers > layers) {
+    return absl::InvalidArgumentError(absl::StrCat("indexed store: layers [", a.first_layer, ", ",
+                                                   static_cast<uint64_t>(a.first_layer) + a.num_layers,
+                                                   ") must be a non-empty range inside [0, ", layers, ")"));
+  }
+  const int64_t capacity = it->second.capacity;
+  const int64_t end = static_cast<int64_t>(a.start_pos) + a.num_tokens;
+  if (a.start_pos < 0 || a.num_tokens < 0 || end > capacity || a.seq_len_after < 1 || a.seq_len_after < end ||
+      a.seq_len_after > capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("indexed store: tokens [", a.start_pos, ", ", end, ") and seq_len_after ", a.seq_len_after,
+                     " must lie in the request's capacity ", capacity, " with the tokens at or before seq_len_after"));
+  }
+  if (a.num_tokens > 0 && (a.src_base == nullptr || a.src_index == nullptr || a.src_tokens < 1 ||
+                           a.src_token_stride < static_cast<int64_t>(geometry_.record_bytes()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "indexed store: src_base and src_index must be set, src_tokens >= 1 and src_token_stride >= record_bytes (",
+        geometry_.record_bytes(), "); got src_tokens ", a.src_tokens, ", src_token_stride ", a.src_token_stride));
+  }
+  IndexedStoreDesc d{};
+  d.arena = arena_;
+  d.host = backend_->host_map();
+  d.row = static_cast<int32_t>(it->second.row);
+  d.first_layer = static_cast<int32_t>(a.first_layer);
+  d.num_layers = static_cast<int32_t>(a.num_layers);
+  d.start_pos = a.start_pos;
+  d.num_tokens = a.num_tokens;
+  d.seq_len_after = a.seq_len_after;
+  d.src_base = static_cast<const uint8_t*>(a.src_base);
+  d.src_index = a.src_index;
+  d.src_tokens = a.src_tokens;
+  d.src_layer_stride = a.src_layer_stride;
+  d.src_token_stride = a.src_token_stride;
+  return backend_->StoreIndexed(d, a.stream);
 }
 
 absl::Status ClientSession::Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,

@@ -80,6 +80,8 @@ class ClientSession {
   absl::Status Prefetch(uint32_t layer, void* stream) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after, const void* src,
                      int64_t layer_stride, int64_t token_stride, void* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // hs_store_indexed: every argument the host can see is checked here (nothing written otherwise).
+  absl::Status StoreIndexed(const hs_store_indexed_args& args) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
                       const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -59,6 +59,8 @@ class CudaBackend final : public DeviceBackend {
     if (auto e = DeviceBuffer::Allocate(sizeof(uint32_t), &errors_); e != cudaSuccess)
       return CudaError(e, "error flags");
     cudaMemset(errors_.get(), 0, sizeof(uint32_t));
+    if (auto e = DeviceBuffer::Allocate(sizeof(uint32_t), &store_check_); e != cudaSuccess)
+      return CudaError(e, "indexed store check word");
     if (auto e = DeviceBuffer::Allocate(ResolveWorkspaceBytes(g_, g_.max_rows), &workspace_); e != cudaSuccess) {
       return CudaError(e, "RESOLVE workspace");
     }
@@ -152,6 +154,12 @@ class CudaBackend final : public DeviceBackend {
   absl::Status Store(const StoreDesc& d, void* stream) override {
     return CudaError(LaunchStore(d, static_cast<cudaStream_t>(stream)), "store launch");
   }
+  absl::Status StoreIndexed(const IndexedStoreDesc& desc, void* stream) override {
+    IndexedStoreDesc d = desc;
+    d.check = store_check_.as<uint32_t>();
+    d.error_flags = errors_.as<uint32_t>();
+    return CudaError(LaunchStoreIndexed(d, static_cast<cudaStream_t>(stream)), "indexed store launch");
+  }
   absl::Status Append(const AppendDesc& desc, void* stream) override {
     AppendDesc d = desc;
     if (d.batch_size == nullptr) {
@@ -236,6 +244,7 @@ class CudaBackend final : public DeviceBackend {
   DeviceBuffer dev_capacity_;        // int32_t[rows]
   DeviceBuffer counts_;              // int32_t[rows + 1], counts_[i] == i
   DeviceBuffer errors_;              // uint32_t: ResolveError bits
+  DeviceBuffer store_check_;         // uint32_t: the indexed store's index verdict (stores are ordered)
   DeviceBuffer workspace_;           // RESOLVE's
   ResolveLaunchConfig launch_;       // PrepareResolveLaunch's for gpu_ and g_, at Init
   std::vector<DeviceBuffer> plans_;  // miss plans of anchor layers

@@ -63,6 +63,10 @@ class DeviceBackend {
   // Returns InvalidArgument naming the error bits when the backend can tell at once (host).
   virtual absl::Status Resolve(const ResolveDesc& d, void* stream) = 0;
   virtual absl::Status Store(const StoreDesc& d, void* stream) = 0;
+  // Indexed store (hs_store_indexed). The backend supplies d.check (CUDA: a device word of its
+  // own) and d.error_flags; an index outside the pool is InvalidArgument at once on host, a flag
+  // for CheckErrors on CUDA.
+  virtual absl::Status StoreIndexed(const IndexedStoreDesc& d, void* stream) = 0;
   virtual absl::Status Append(const AppendDesc& d, void* stream) = 0;
   // Memory for one anchor layer's miss plan, for batches of up to the session's rows, where
   // kernels can write it; the backend owns it until it is destroyed.

@@ -18,7 +18,9 @@ std::string DescribeResolveErrors(uint32_t bits) {
   if (bits & kResolveDuplicate) what.push_back("a position selected twice in one row");
   if (bits & kResolveBadSeqLen) what.push_back("seq_len outside [1, the request's capacity]");
   if (bits & kResolveBadRow) what.push_back("a row outside [0, max_requests) or not admitted");
-  return absl::StrCat("invalid data-path input (those rows were left untouched): ", absl::StrJoin(what, "; "));
+  if (bits & kResolveBadIndex) what.push_back("a source index outside [0, src_tokens) of the source pool");
+  return absl::StrCat("invalid data-path input (the state of those rows, or of that store's request, is unchanged): ",
+                      absl::StrJoin(what, "; "));
 }
 
 absl::Status PrivateGpuArenaAllowed(const char* request) {
@@ -73,6 +75,7 @@ class HostBackend final : public DeviceBackend {
     return Check(ResolveReference(d));
   }
   absl::Status Store(const StoreDesc& d, void*) override { return Check(StoreReference(d)); }
+  absl::Status StoreIndexed(const IndexedStoreDesc& d, void*) override { return Check(IndexedStoreReference(d)); }
   absl::Status Append(const AppendDesc& desc, void*) override {
     AppendDesc d = desc;
     const int32_t all = d.max_batch;

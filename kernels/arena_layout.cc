@@ -1,4 +1,6 @@
 // Geometry validation for the slot arena (arena_layout.h, resolve.h).
+#include <cstdint>
+
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/kernels/resolve.h"
 
@@ -15,6 +17,16 @@ const char* ValidateArenaGeometry(const ArenaGeometry& g) {
   }
   // 16-byte records let a warp move a record with 16-byte loads and keep every slot aligned.
   if (g.record_bytes % kRecordAlign != 0) return "record_bytes must be a multiple of 16";
+  return nullptr;
+}
+
+const char* ValidatePageTable(const ArenaGeometry& g, int32_t page_records, int32_t page_offset) {
+  if (page_records < 1) return "page_records must be >= 1";
+  if (page_offset < 0) return "page_offset must be >= 0";
+  const int64_t records = static_cast<int64_t>(g.max_rows) * g.num_layers * (static_cast<int64_t>(g.slots) + 1);
+  if (static_cast<int64_t>(page_offset) * page_records + records - 1 > INT32_MAX) {
+    return "page table entries overflow int32: page_offset * page_records + the arena's records must be <= 2^31";
+  }
   return nullptr;
 }
 

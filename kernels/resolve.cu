@@ -4,7 +4,9 @@
 //   * Grid = min(max_batch, resident capacity) row blocks + helper blocks filling the rest of the
 //     capacity (one per SM at most). Row block b plans batch entries b, b + row_blocks, ... alone:
 //     it is the only block that reads or writes those rows' slot tables and LRU orders, so no
-//     other block can see them half-written. Blocks without rows (padding, helpers) only fetch.
+//     other block can see them half-written. Entries of row block b at and past the batch size
+//     (CUDA graph padding, rule 7) get kPadding outputs (and a padding MissPlan summary) from b
+//     after its planning; apart from that, blocks without rows (padding, helpers) only fetch.
 //   * Planning (per row, in shared memory; PlanRow, one __forceinline__ function per step) is a
 //     short chain of block-wide steps, one barrier each, because planning latency is the floor of
 //     every launch:
@@ -24,8 +26,9 @@
 //          written straight to global memory:
 //            non-hit slot with rank r: r >= M ? r - M : (B - H - M) + r;  hit slot: (B - H) + its
 //            rank among hit slots   (M misses, H hit slots = B - non-hit slots);
-//       5. WriteOutputs and CountRow: outputs, slot_pos of the victims, the fetch plan and the
-//          counters (RejectRow instead for an invalid row);
+//       5. WriteOutputs and CountRow: outputs (slots, and rule 8's page-table entries when asked
+//          for, computed by the same PageTableEntry as the reference), slot_pos of the victims,
+//          the fetch plan and the counters (RejectRow instead for an invalid row);
 //       6. PublishChunks and CopyOwnChunks: the fetch, below.
 //   * Fetching is spread over the whole GPU: the planner cuts its misses into chunks of a few
 //     records (~4 KB), keeps the first chunks for its own warps (no extra round trip) and publishes
@@ -600,11 +603,12 @@ __device__ __forceinline__ void PlaceVictims(const PlanCtx& c, const WarpSegment
   }
 }
 
-// Step 5, rules 4 and 2: every selection's output slot; each victim's slot_pos gets its miss's
-// position; the fetch plan of the misses that go through the queue (past the block's own kWarps
-// chunks) and, when asked for, the MissPlan entries that replays of this layer copy.
-__device__ __forceinline__ void WriteOutputs(const ResolveParams& p, const PlanCtx& c, int i, int* out, int* slot_pos,
-                                             int M) {
+// Step 5, rules 4, 8 and 2: every selection's output slot and (when asked for) page-table entry;
+// each victim's slot_pos gets its miss's position; the fetch plan of the misses that go through
+// the queue (past the block's own kWarps chunks) and, when asked for, the MissPlan entries that
+// replays of this layer copy. out or pt may be null (not asked for).
+__device__ __forceinline__ void WriteOutputs(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out,
+                                             int* pt, int* slot_pos, int M) {
   const ResolveDesc& d = p.d;
   const int K = c.K;
   const int rw = p.chunk_records;
@@ -622,7 +626,8 @@ __device__ __forceinline__ void WriteOutputs(const ResolveParams& p, const PlanC
       if (m >= plan_from) plan[m] = make_int2(pos, o);
       if (miss_plan) miss_plan[m] = make_int2(pos, o);
     }
-    out[j] = o;
+    if (out) out[j] = o;
+    if (pt) pt[j] = o < 0 ? kPadding : PageTableEntry(d, row, o);
   }
 }
 
@@ -645,19 +650,48 @@ __device__ __forceinline__ void CountRow(const ResolveParams& p, const PlanCtx& 
   atomicAdd(reinterpret_cast<unsigned long long*>(&ctr->steps), 1ull);
 }
 
-// Invalid input: the row's outputs become kPadding, its error bits are ORed into error_flags and
-// its state is left untouched; its MissPlan summary says misses = -1 (replays skip the row).
-__device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out,
+// Invalid input: the row's outputs (and page-table entries) become kPadding, its error bits are
+// ORed into error_flags and its state is left untouched; its MissPlan summary says misses = -1
+// (replays skip the row).
+__device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out, int* pt,
                                           uint32_t err) {
   const ResolveDesc& d = p.d;
   const int tid = c.tid;
-  for (int j = tid; j < c.K; j += kThreads) out[j] = kPadding;
+  for (int j = tid; j < c.K; j += kThreads) {
+    if (out) out[j] = kPadding;
+    if (pt) pt[j] = kPadding;
+  }
   if (tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
   if (tid == 0 && d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     sum[0] = row;
     sum[1] = -1;
     sum[2] = 0;
+  }
+}
+
+// Rule 7: row block b's entries at and past the batch (b, b + planner_blocks, ... below
+// max_batch) publish kPadding outputs (and page-table entries) and a padding MissPlan summary;
+// their rows, seq_lens and positions are ignored. No barrier: nothing else of the block reads or
+// writes these entries.
+__device__ __forceinline__ void PadEntries(const ResolveParams& p, int b, int batch) {
+  const ResolveDesc& d = p.d;
+  const int K = d.arena.geometry.k;
+  const int stride = p.planner_blocks;
+  int i = b;
+  if (i < batch) i += (batch - b + stride - 1) / stride * stride;  // this block's first padded entry
+  for (; i < d.max_batch; i += stride) {
+    const size_t at = static_cast<size_t>(i) * K;
+    for (int j = threadIdx.x; j < K; j += kThreads) {
+      if (d.out_slots) d.out_slots[at + j] = kPadding;
+      if (d.page_table) d.page_table[at + j] = kPadding;
+    }
+    if (threadIdx.x == 0 && d.plan.summary) {
+      int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+      sum[0] = kPadding;
+      sum[1] = -1;
+      sum[2] = 0;
+    }
   }
 }
 
@@ -734,7 +768,8 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   const ResolveDesc& d = p.d;
   const PlanCtx c = MakePlanCtx(p, smem);
   if (!first) __syncthreads();  // shared memory of the previous row of this block is free
-  int* out = d.out_slots + static_cast<size_t>(i) * c.K;
+  int* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * c.K : nullptr;
+  int* pt = d.page_table ? d.page_table + static_cast<size_t>(i) * c.K : nullptr;
   uint32_t err = StageRow(p, c, i, row, seq);
   const int newest = seq - 1;
   if (err == 0) err = InsertSelections(c, seq, newest);
@@ -750,10 +785,10 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     RankMisses(c, w, t.run_k);
     PlaceVictims(c, w, t, lru);
     __syncthreads();
-    WriteOutputs(p, c, i, out, slot_pos, M);
+    WriteOutputs(p, c, i, row, out, pt, slot_pos, M);
     if (c.tid == 0) CountRow(p, c, i, row, t);
   } else {
-    RejectRow(p, c, i, row, out, err);
+    RejectRow(p, c, i, row, out, pt, err);
   }
   const int rw = p.chunk_records;
   const int nch = (d.flags & kResolveFlagNoFetch) ? 0 : (M + rw - 1) / rw;
@@ -834,6 +869,7 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
       }
       wrote_ends |= PlanRow<UPR>(p, i, batch, row, seq, i == b, smem);
     }
+    PadEntries(p, b, batch);
   }
   if (batch == 0 && b == 0 && threadIdx.x < 32) {
     WriteEnds(p, 0u);
@@ -996,9 +1032,13 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   // A layer outside [0, num_layers) is not rejected here: as in the reference, every active row
   // of the launch then reports kResolveBadRow on the device.
   if (d.max_batch < 0) return internal::FailLaunch("max_batch < 0");
-  if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || !d.out_slots || !d.host.layer_base ||
-      !d.host.capacity || !d.arena.slot_pos || !d.arena.lru || !d.arena.records || !d.arena.counters) {
+  if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || (!d.out_slots && !d.page_table) ||
+      !d.host.layer_base || !d.host.capacity || !d.arena.slot_pos || !d.arena.lru || !d.arena.records ||
+      !d.arena.counters) {
     return internal::FailLaunch("a RESOLVE descriptor pointer is null");
+  }
+  if (d.page_table) {
+    if (const char* why = ValidatePageTable(g, d.page_records, d.page_offset)) return internal::FailLaunch(why);
   }
   if (d.plan.summary && (!d.plan.batch || !d.plan.entries || d.plan.max_batch < d.max_batch)) {
     return internal::FailLaunch("the miss plan is incomplete or smaller than max_batch");

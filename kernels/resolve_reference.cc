@@ -1,5 +1,6 @@
-// The CPU reference of RESOLVE, store and append (resolve.h): the oracle the CUDA kernels are held
-// equal to, and what the host-emulated backend runs. Written for obviousness, not speed: each
+// The CPU reference of RESOLVE, store (plain and indexed) and append (resolve.h): the oracle the
+// CUDA kernels are held equal to, and what the host-emulated backend runs. Written for
+// obviousness, not speed: each
 // (row, layer) step builds its position -> slot lookup from scratch, so nothing but the arena
 // carries state between calls.
 //
@@ -162,18 +163,29 @@ void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t ro
   }
 }
 
+// Rule 8: the page table of batch entry i from its outputs (-1 where they are kPadding).
+void WritePageTable(const ResolveDesc& d, int32_t i, const int32_t* out) {
+  const int32_t k = d.arena.geometry.k;
+  int32_t* pt = d.page_table + static_cast<size_t>(i) * k;
+  for (int32_t j = 0; j < k; ++j) pt[j] = out[j] < 0 ? kPadding : PageTableEntry(d, d.rows[i], out[j]);
+}
+
 }  // namespace
 
 uint32_t ResolveReference(const ResolveDesc& d) {
   const int32_t k = d.arena.geometry.k;
   const int32_t n = ActiveRows(d.batch_size, d.max_batch);
-  // An invalid geometry (B < k above all) could leave a miss without a slot: reject every row.
-  const bool layer_ok = LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr;
+  // An invalid geometry (B < k above all) could leave a miss without a slot, and invalid page-table
+  // parameters could not be written: reject every row.
+  const bool layer_ok =
+      LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr &&
+      (d.page_table == nullptr || ValidatePageTable(d.arena.geometry, d.page_records, d.page_offset) == nullptr);
   uint32_t all_errors = 0;
   if (d.plan.summary) *d.plan.batch = n;
+  std::vector<int32_t> scratch(d.out_slots ? 0 : k);  // the outputs when only the page table is asked for
   for (int32_t i = 0; i < n; ++i) {
     const int32_t* sel = d.positions + static_cast<size_t>(i) * k;
-    int32_t* out = d.out_slots + static_cast<size_t>(i) * k;
+    int32_t* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * k : scratch.data();
     uint32_t err =
         layer_ok ? CheckRowAndSeqLen(d.arena, d.host, d.rows[i], d.seq_lens[i]) : static_cast<uint32_t>(kResolveBadRow);
     if (err == 0) err = CheckSelection(sel, k, d.seq_lens[i]);
@@ -185,35 +197,68 @@ uint32_t ResolveReference(const ResolveDesc& d) {
         sum[1] = -1;
         sum[2] = 0;
       }
+      if (d.page_table) WritePageTable(d, i, out);  // every entry -1: the row is not read
       all_errors |= err;
       continue;
     }
     ResolveRow(d, i, d.rows[i], d.seq_lens[i], sel, out);
+    if (d.page_table) WritePageTable(d, i, out);
+  }
+  // Rule 7: padded entries publish kPadding and read nothing else of the batch.
+  for (int32_t i = n; i < d.max_batch; ++i) {
+    if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * k, k, kPadding);
+    if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * k, k, kPadding);
+    if (d.plan.summary) {
+      int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+      sum[0] = kPadding;
+      sum[1] = -1;
+      sum[2] = 0;
+    }
   }
   if (d.error_flags) *d.error_flags |= all_errors;
   return all_errors;
 }
 
-// Store validity: start_pos >= 0, num_tokens >= 0 (else kResolveBadPosition) and
-// start_pos + num_tokens <= seq_len_after <= capacity, seq_len_after >= 1 (else kResolveBadSeqLen).
-// Source token t of the buffer is position start_pos + t.
-uint32_t StoreReference(const StoreDesc& d) {
-  const ArenaView& a = d.arena;
-  const int32_t B = a.geometry.slots;
-  const uint32_t rb = a.geometry.record_bytes;
-  if (d.row < 0 || d.row >= a.geometry.max_rows) return kResolveBadRow;
+namespace {
+
+// Store validity (resolve.h, IndexedStoreDesc), in this order: row, then layer range
+// (kResolveBadRow); start_pos >= 0, num_tokens >= 0 (kResolveBadPosition); start_pos + num_tokens
+// <= seq_len_after <= capacity, seq_len_after >= 1 (kResolveBadSeqLen); every source index in
+// [0, src_tokens) (kResolveBadIndex). Source token t is position start_pos + t.
+uint32_t CheckStore(const IndexedStoreDesc& d) {
+  const ArenaGeometry& g = d.arena.geometry;
+  if (d.row < 0 || d.row >= g.max_rows) return kResolveBadRow;
+  if (d.num_layers < 1 || d.first_layer < 0 || d.first_layer > g.num_layers - d.num_layers) return kResolveBadRow;
   if (d.start_pos < 0 || d.num_tokens < 0) return kResolveBadPosition;
   const int64_t end = static_cast<int64_t>(d.start_pos) + d.num_tokens;
   if (d.seq_len_after < 1 || end > d.seq_len_after || d.seq_len_after > d.host.capacity[d.row]) {
     return kResolveBadSeqLen;
   }
-  for (int32_t l = 0; l < a.geometry.num_layers; ++l) {
+  if (d.src_index != nullptr) {
+    for (int32_t t = 0; t < d.num_tokens; ++t) {
+      if (d.src_index[t] < 0 || d.src_index[t] >= d.src_tokens) return kResolveBadIndex;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+uint32_t IndexedStoreReference(const IndexedStoreDesc& d) {
+  if (const uint32_t err = CheckStore(d)) return err;
+  const ArenaView& a = d.arena;
+  const int32_t B = a.geometry.slots;
+  const uint32_t rb = a.geometry.record_bytes;
+  const int32_t end = d.start_pos + d.num_tokens;
+  for (int32_t i = 0; i < d.num_layers; ++i) {
+    const int32_t l = d.first_layer + i;
     // The host pool is written first: it is the authoritative copy every slot is filled from.
     for (int32_t t = 0; t < d.num_tokens; ++t) {
-      const uint8_t* src = d.src + l * d.src_layer_stride + t * d.src_token_stride;
+      const int64_t index = d.src_index ? d.src_index[t] : t;
+      const uint8_t* src = d.src_base + i * d.src_layer_stride + index * d.src_token_stride;
       std::memcpy(HostRecord(a, d.host, d.row, l, d.start_pos + t), src, rb);
     }
-    RefreshResidentSlots(a, d.host, d.row, l, d.start_pos, static_cast<int32_t>(end));
+    RefreshResidentSlots(a, d.host, d.row, l, d.start_pos, end);
     // The newest token's slot B is filled too, so that a RESOLVE at seq_len_after right after
     // the store is exact.
     if (d.seq_len_after - 1 >= d.start_pos && d.seq_len_after - 1 < end) {
@@ -232,9 +277,26 @@ uint32_t StoreReference(const StoreDesc& d) {
       }
     }
     // EMPTY slots are least recently used, then the filled slots in position order.
-    for (int32_t i = 0; i < B; ++i) lru[i] = i < B - filled ? filled + i : i - (B - filled);
+    for (int32_t x = 0; x < B; ++x) lru[x] = x < B - filled ? filled + x : x - (B - filled);
   }
   return 0;
+}
+
+uint32_t StoreReference(const StoreDesc& d) {
+  IndexedStoreDesc x{};
+  x.arena = d.arena;
+  x.host = d.host;
+  x.row = d.row;
+  x.first_layer = 0;
+  x.num_layers = d.arena.geometry.num_layers;
+  x.start_pos = d.start_pos;
+  x.num_tokens = d.num_tokens;
+  x.seq_len_after = d.seq_len_after;
+  x.src_base = d.src;
+  x.src_index = nullptr;
+  x.src_layer_stride = d.src_layer_stride;
+  x.src_token_stride = d.src_token_stride;
+  return IndexedStoreReference(x);
 }
 
 uint32_t AppendReference(const AppendDesc& d) {

@@ -1,7 +1,13 @@
-// CUDA prefill store, decode append and row reset: plain copy kernels, a warp per record with
-// 16-byte accesses. Semantics are those of StoreReference / AppendReference / ResetRowReference
-// (kernels/resolve_reference.cc), including the refresh of a regular slot that already holds a
-// position being rewritten.
+// CUDA prefill store (plain and indexed), decode append and row reset: plain copy kernels, a warp
+// per record with 16-byte accesses. Semantics are those of IndexedStoreReference / StoreReference /
+// AppendReference / ResetRowReference (kernels/resolve_reference.cc), including the refresh of a
+// regular slot that already holds a position being rewritten. The plain store is the indexed store
+// of every layer with index t for token t (src_index null), as in the reference: one kernel.
+//
+// An indexed store's source indices live in device memory, so the host cannot check them: a
+// one-block check kernel writes the verdict to the descriptor's check word (and ORs
+// kResolveBadIndex into error_flags) and the copy kernel, next on the stream, reads it first and
+// writes nothing when it is set. Both are plain launches, so the pair is graph-capturable.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -35,18 +41,38 @@ __device__ __forceinline__ uint8_t* HostRec(const ArenaView& a, const HostRecord
   return h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(pos) * a.geometry.record_bytes;
 }
 
-// Store: blockIdx.y = layer; warp items [0, num_tokens) write the host pool, items
+// Indexed store's check: every source index in [0, src_tokens). One block; writes the verdict
+// (0 or kResolveBadIndex) to *check unconditionally, so a graph replay needs no reset.
+constexpr int kCheckThreads = 1024;
+__global__ void __launch_bounds__(kCheckThreads) StoreIndexCheckKernel(const IndexedStoreDesc d) {
+  bool bad = false;
+  for (int t = threadIdx.x; t < d.num_tokens; t += kCheckThreads) {
+    const int32_t x = d.src_index[t];
+    bad |= x < 0 || x >= d.src_tokens;
+  }
+  bad = __syncthreads_or(bad) != 0;
+  if (threadIdx.x == 0) {
+    *d.check = bad ? kResolveBadIndex : 0u;
+    if (bad && d.error_flags) atomicOr(d.error_flags, kResolveBadIndex);
+  }
+}
+
+// Store: blockIdx.y = layer - first_layer; warp items [0, num_tokens) write the host pool, items
 // [num_tokens, num_tokens + B) handle slot s = item - num_tokens, item num_tokens + B slot B.
-__global__ void __launch_bounds__(kThreads) StoreKernel(const StoreDesc d) {
+__global__ void __launch_bounds__(kThreads) StoreKernel(const IndexedStoreDesc d) {
   const ArenaView& a = d.arena;
   const int B = a.geometry.slots;
   const uint32_t rb = a.geometry.record_bytes;
+  if (d.check && *d.check) return;                       // a bad source index: nothing is written
   if (d.seq_len_after > d.host.capacity[d.row]) return;  // rejected: nothing is written
-  const int layer = blockIdx.y;
+  const int layer = d.first_layer + static_cast<int>(blockIdx.y);
   const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int start = d.start_pos, end = d.start_pos + d.num_tokens;
-  const uint8_t* src_layer = d.src + layer * d.src_layer_stride;
-  auto src_of = [&](int pos) { return src_layer + static_cast<int64_t>(pos - start) * d.src_token_stride; };
+  const uint8_t* src_layer = d.src_base + static_cast<int64_t>(blockIdx.y) * d.src_layer_stride;
+  auto src_of = [&](int pos) {
+    const int64_t index = d.src_index ? static_cast<int64_t>(d.src_index[pos - start]) : pos - start;
+    return src_layer + index * d.src_token_stride;
+  };
   if (item < d.num_tokens) {
     WarpCopy(HostRec(a, d.host, d.row, layer, start + item), src_of(start + item), rb);
     return;
@@ -128,7 +154,10 @@ __global__ void __launch_bounds__(kThreads) ResetRowKernel(const ArenaView a, in
 
 }  // namespace
 
-cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream) {
+namespace {
+
+// Host-side checks of a store (every field the host can read), then the check and copy launches.
+cudaError_t LaunchStoreKernels(const IndexedStoreDesc& d, cudaStream_t stream) {
   char buf[160];
   const ArenaGeometry& g = d.arena.geometry;
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
@@ -136,19 +165,57 @@ cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream) {
     std::snprintf(buf, sizeof buf, "store: row %d outside [0, %d)", d.row, g.max_rows);
     return internal::FailLaunch(buf);
   }
+  if (d.num_layers < 1 || d.first_layer < 0 || d.first_layer > g.num_layers - d.num_layers) {
+    std::snprintf(buf, sizeof buf, "store: layers [%d, %d + %d) outside [0, %d) or empty", d.first_layer, d.first_layer,
+                  d.num_layers, g.num_layers);
+    return internal::FailLaunch(buf);
+  }
   if (d.start_pos < 0 || d.num_tokens < 0) return internal::FailLaunch("store: negative start_pos or num_tokens");
   if (d.seq_len_after < 1 || static_cast<int64_t>(d.start_pos) + d.num_tokens > d.seq_len_after) {
     return internal::FailLaunch("store: seq_len_after < 1 or < start_pos + num_tokens");
   }
   if (d.num_tokens > 0 &&
-      (!d.src || d.src_token_stride < static_cast<int64_t>(g.record_bytes) || d.src_token_stride % 16 ||
-       d.src_layer_stride % 16 || reinterpret_cast<uintptr_t>(d.src) % 16)) {
+      (!d.src_base || d.src_token_stride < static_cast<int64_t>(g.record_bytes) || d.src_token_stride % 16 ||
+       d.src_layer_stride % 16 || reinterpret_cast<uintptr_t>(d.src_base) % 16)) {
     return internal::FailLaunch("store: src must be 16-byte aligned with 16-byte multiple strides >= record_bytes");
   }
+  const bool indexed = d.src_index != nullptr && d.num_tokens > 0;
+  if (indexed && (!d.check || d.src_tokens < 1)) {
+    return internal::FailLaunch("store: an indexed store needs a check word and src_tokens >= 1");
+  }
+  IndexedStoreDesc k = d;
+  if (!indexed) k.check = nullptr;
+  if (indexed) {
+    StoreIndexCheckKernel<<<1, kCheckThreads, 0, stream>>>(k);
+    if (const cudaError_t e = internal::CheckLaunched(); e != cudaSuccess) return e;
+  }
   const int items = d.num_tokens + g.slots + 1;
-  dim3 grid((items + kWarps - 1) / kWarps, g.num_layers);
-  StoreKernel<<<grid, kThreads, 0, stream>>>(d);
+  dim3 grid((items + kWarps - 1) / kWarps, d.num_layers);
+  StoreKernel<<<grid, kThreads, 0, stream>>>(k);
   return internal::CheckLaunched();
+}
+
+}  // namespace
+
+cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream) {
+  IndexedStoreDesc x{};
+  x.arena = d.arena;
+  x.host = d.host;
+  x.row = d.row;
+  x.first_layer = 0;
+  x.num_layers = d.arena.geometry.num_layers;
+  x.start_pos = d.start_pos;
+  x.num_tokens = d.num_tokens;
+  x.seq_len_after = d.seq_len_after;
+  x.src_base = d.src;
+  x.src_layer_stride = d.src_layer_stride;
+  x.src_token_stride = d.src_token_stride;
+  return LaunchStoreKernels(x, stream);
+}
+
+cudaError_t LaunchStoreIndexed(const IndexedStoreDesc& d, cudaStream_t stream) {
+  if (d.num_tokens > 0 && !d.src_index) return internal::FailLaunch("store: an indexed store needs src_index");
+  return LaunchStoreKernels(d, stream);
 }
 
 cudaError_t LaunchAppend(const AppendDesc& d, cudaStream_t stream) {

@@ -10,7 +10,7 @@ than in bench/main.cc). For each context length it
                             + layers x max_len x index_key_bytes + decode state
      where max_len = context + steps + 1 (what the engine allocates), index_key_bytes = 256 (the
      DSA-style indexer's 128 bf16 keys a token and layer, which the engine keeps in HBM in both
-     modes), and the decode state is the per-request positions/out_slots (2 x k x 4 B). hisparse is
+     modes), and the decode state is the per-request positions/page_table (2 x k x 4 B). hisparse is
      also limited by the host pool: batch x layers x max_len x record_bytes <= --host-pool-size.
      Not counted: the weights, the per-layer score workspace of the indexer (reused across layers),
      the benchmark's own logits history; the measured peak (torch + slot arena) is printed too;

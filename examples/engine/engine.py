@@ -18,7 +18,7 @@ KV records, the unit hisparse stores (RecordFormat):
 Two KV backends implement append (the newest token's record), store (prefill) and gather (the
 selected records): FullKV keeps [batch, max_len, record] per layer in HBM and gathers by
 position; HisparseKV keeps the records in the daemon's host pool (hs_store at prefill, hs_append
-per step), runs RESOLVE per layer and gathers from the slot arena by out_slots. Everything after
+per step), runs RESOLVE per layer and gathers from the slot arena by its page table. Everything after
 the gather is the same code on the same shapes, so the logits of the two must be bit-for-bit
 equal: that is the exactness check run_engine.py makes.
 
@@ -311,8 +311,14 @@ class HisparseKV:
 
     Hooks exercised (docs/INTEGRATION.md): admission (hs_admit, one request a row), prefill staging
     (hs_store), newest-token backup (hs_append), swap-in of the selected records (hs_resolve),
-    CUDA-graph buffers (rows / seq_lens / positions / out_slots / batch_size are static device
-    tensors; batch_size is read by the kernels at run time), release (hs_release)."""
+    CUDA-graph buffers (rows / seq_lens / positions / page_table / batch_size are static device
+    tensors; batch_size is read by the kernels at run time), release (hs_release).
+
+    Attention reads the arena through RESOLVE's page table (resolve.h, rule 8): each selection's
+    record index in the arena viewed as [records, record_stride], so the gather indexes that view
+    directly, as a FlashMLA-style sparse kernel would take `indices`; no out_slots. A prefetched
+    follower reads its anchor's table from the view advanced by (layer - anchor) * (B + 1)
+    records, where its own layer's records lie."""
 
     mode = "hisparse"
 
@@ -336,11 +342,12 @@ class HisparseKV:
         self.request_ids = [first_request_id + i for i in range(batch)]
         rows = [session.admit(rid, prompt_len, token_budget).row for rid in self.request_ids]
         self.rows = torch.tensor(rows, dtype=torch.int32, device=device)
-        self.rows_long = self.rows.long()
         self.batch_size = torch.tensor([batch], dtype=torch.int32, device=device)
-        self.out_slots = torch.full((batch, session.k), -1, dtype=torch.int32, device=device)
+        self.page_table = torch.full((batch, session.k), -1, dtype=torch.int32, device=device)
         arena = session.slot_view()
-        self.arena = arena if isinstance(arena, torch.Tensor) else torch.from_numpy(arena)
+        arena = arena if isinstance(arena, torch.Tensor) else torch.from_numpy(arena)
+        self.records = arena.view(-1, arena.shape[-1])  # [rows * layers * (B + 1), record_stride], no copy
+        self.slots_per_layer = arena.shape[2]  # B + 1
         self.resolve_events: Optional[List] = None  # [(start, end)] per layer, recorded around RESOLVE
 
     def kv_bytes(self) -> int:
@@ -364,9 +371,9 @@ class HisparseKV:
             ev[0].record()
         follower = self.cfg.anchor(layer) != layer
         if not (self.prefetch and follower):
-            # An anchor, or a follower without prefetch (same selection, so the same out_slots).
-            self.session.resolve(layer, self.rows, st.seq_lens, st.positions, self.out_slots,
-                                 batch_size=self.batch_size)
+            # An anchor, or a follower without prefetch (same selection, its own layer's table).
+            self.session.resolve(layer, self.rows, st.seq_lens, st.positions, None, batch_size=self.batch_size,
+                                 page_table=self.page_table)
         if self.prefetch and not follower and self.followers.get(layer):
             if self.prefetch_stream is None:
                 for f in self.followers[layer]:
@@ -381,14 +388,16 @@ class HisparseKV:
                         self.prefetch_done[f].record(self.prefetch_stream)
         if ev:
             ev[1].record()
-        slots = self.arena[:, layer]  # [rows, B + 1, record_stride]
-        return slots[self.rows_long.unsqueeze(1), self.out_slots.clamp(min=0).long()][..., :self.fmt.record_bytes]
+        # The table indexes the records of the layer that last ran RESOLVE: this one, or (a
+        # prefetched follower) its anchor, whose records lie (layer - anchor) * (B + 1) before.
+        shift = (layer - self.cfg.anchor(layer)) * self.slots_per_layer if self.prefetch and follower else 0
+        return self.records[shift:][self.page_table.clamp(min=0).long()][..., :self.fmt.record_bytes]
 
     def close(self) -> None:
         for rid in self.request_ids:
             self.session.release(rid)
         self.request_ids = []
-        self.arena = None
+        self.records = None
 
 
 def measure_link_gbps(device, tries: int = 3, nbytes: int = 1 << 30) -> float:

@@ -227,7 +227,11 @@ class PrefetchWorld {
     }
   }
 
+  // Outputs are poisoned before every step, so a padded entry that a launch left alone shows.
   void Upload() {
+    const size_t sel = static_cast<size_t>(c_.max_batch) * c_.k;
+    CUDA_OK(cudaMemset(d_out_plain_, 0x7f, L_ * sel * 4));
+    CUDA_OK(cudaMemset(d_out_pref_, 0x7f, L_ * sel * 4));
     CUDA_OK(cudaMemcpy(d_batch_, &batch_, 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_rows_, rows_.data(), rows_.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_seq_, seqs_.data(), seqs_.size() * 4, cudaMemcpyHostToDevice));
@@ -320,7 +324,7 @@ class PrefetchWorld {
   }
 
   // The two arenas byte for byte, the error flags, and every layer's outputs: the plain layer's
-  // own against its anchor's in the prefetch world.
+  // own against its anchor's in the prefetch world, padded entries (rule 7: kPadding) included.
   void Compare(const std::string& what) {
     std::vector<uint8_t> a(off_.total_bytes), b(off_.total_bytes);
     CUDA_OK(cudaMemcpy(a.data(), plain_, a.size(), cudaMemcpyDeviceToHost));
@@ -345,8 +349,11 @@ class PrefetchWorld {
     for (int l = 0; l < L_; ++l) {
       const int32_t* own = &oa[l * sel];
       const int32_t* anchor = &ob[kAnchor[l] * sel];
-      for (size_t x = 0; x < static_cast<size_t>(batch_) * c_.k; ++x) {
+      for (size_t x = 0; x < sel; ++x) {
         ASSERT_EQ(own[x], anchor[x]) << what << ": layer " << l << " out_slots[" << x / c_.k << "][" << x % c_.k << "]";
+        if (x >= static_cast<size_t>(batch_) * c_.k) {
+          ASSERT_EQ(own[x], kPadding) << what << ": layer " << l << " padded out_slots[" << x / c_.k << "]";
+        }
       }
     }
   }
@@ -382,8 +389,10 @@ class PrefetchWorld {
     CUDA_OK(cudaMemcpy(gpu.data(), plans_[0].batch, gpu.size() * 4, cudaMemcpyDeviceToHost));
     const MissPlan gp = MissPlan::Of(gpu.data(), c_.max_batch);
     ASSERT_EQ(*gp.batch, batch_) << what;
-    for (int i = 0; i < batch_; ++i) {
+    // Every entry's summary, the padded ones' (kPadding, -1, 0) included (rule 7).
+    for (int i = 0; i < c_.max_batch; ++i) {
       for (int f = 0; f < 3; ++f) ASSERT_EQ(gp.summary[3 * i + f], d.plan.summary[3 * i + f]) << what << " entry " << i;
+      if (i >= batch_) ASSERT_EQ(gp.summary[3 * i + 1], -1) << what << " padded entry " << i;
       const int m = d.plan.summary[3 * i + 1];
       for (int x = 0; x < 2 * m; ++x) {
         ASSERT_EQ(gp.entries[static_cast<size_t>(i) * c_.k * 2 + x],

@@ -1,6 +1,7 @@
-// GPU tests of the CUDA RESOLVE, store, append and reset kernels against the CPU reference: for
-// identical inputs both must leave identical slot tables, LRU orders, outputs, counters, error
-// flags and record bytes. Every test skips when no CUDA device is present (CI has none).
+// GPU tests of the CUDA RESOLVE kernel against the CPU reference: for identical inputs both must
+// leave identical slot tables, LRU orders, outputs, counters, error flags and record bytes (the
+// store, append and reset kernels: store_gpu_test.cu). Every test skips when no CUDA device is
+// present (CI has none).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -61,7 +62,10 @@ std::string Name(const Config& c) {
 // device memory, one host pool in mapped pinned memory that both read.
 class World {
  public:
-  explicit World(const Config& c, int layers = 2, uint64_t seed = 1) : cfg_(c), layers_(layers), rng_(seed) {}
+  // with_plan: every launch (reference and GPU) records its MissPlan, and CompareStep holds the
+  // two plans equal, padded entries' summaries included.
+  explicit World(const Config& c, int layers = 2, uint64_t seed = 1, bool with_plan = false)
+      : cfg_(c), layers_(layers), rng_(seed), with_plan_(with_plan) {}
 
   ~World() {
     cudaFreeHost(pool_);
@@ -76,6 +80,8 @@ class World {
     cudaFree(d_out_);
     cudaFree(d_err_);
     cudaFree(d_bad_);
+    cudaFree(d_plan_);
+    cudaFree(d_pt_);
     std::free(ref_arena_);
   }
 
@@ -130,6 +136,23 @@ class World {
     rows_.assign(cfg_.max_batch, 0);
     seqs_.assign(cfg_.max_batch, 0);
     pos_.assign(sel, 0);
+    if (with_plan_) {
+      plan_bytes_ = MissPlan::Bytes(g_, cfg_.max_batch);
+      CUDA_OK(cudaMalloc(&d_plan_, plan_bytes_));
+      ref_plan_.assign((plan_bytes_ + 3) / 4, kPoison);
+    }
+    if (pt_records_ > 0) {
+      CUDA_OK(cudaMalloc(&d_pt_, sel * 4));
+      ref_pt_.assign(sel, kPoison);
+    }
+  }
+
+  // Before Init: every launch also writes rule 8's page table (pages of `records` from page
+  // `offset`); no_out: and no out_slots at all (the page table alone).
+  void WithPageTable(int records, int offset, bool no_out) {
+    pt_records_ = records;
+    pt_offset_ = offset;
+    no_out_ = no_out;
   }
 
   // A valid random state of (row, layer): a random subset of [0, seq) resident in random slots
@@ -310,6 +333,13 @@ class World {
     d.out_slots = out;
     d.error_flags = err;
     d.flags = flags;
+    if (with_plan_) d.plan = MissPlan::Of(ref_plan_.data(), cfg_.max_batch);
+    if (no_out_) d.out_slots = nullptr;
+    if (pt_records_ > 0) {
+      d.page_table = ref_pt_.data();
+      d.page_records = pt_records_;
+      d.page_offset = pt_offset_;
+    }
     return d;
   }
   ResolveDesc GpuDesc(uint32_t flags) {
@@ -325,6 +355,13 @@ class World {
     d.out_slots = d_out_;
     d.error_flags = d_err_;
     d.flags = flags;
+    if (with_plan_) d.plan = MissPlan::Of(d_plan_, cfg_.max_batch);
+    if (no_out_) d.out_slots = nullptr;
+    if (pt_records_ > 0) {
+      d.page_table = d_pt_;
+      d.page_records = pt_records_;
+      d.page_offset = pt_offset_;
+    }
     return d;
   }
 
@@ -335,6 +372,14 @@ class World {
     CUDA_OK(cudaMemcpy(d_pos_, pos_.data(), pos_.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(d_out_, 0x7f, pos_.size() * 4));
     CUDA_OK(cudaMemset(d_err_, 0, 4));
+    if (with_plan_) {
+      CUDA_OK(cudaMemset(d_plan_, 0x7f, plan_bytes_));
+      std::fill(ref_plan_.begin(), ref_plan_.end(), kPoison);
+    }
+    if (pt_records_ > 0) {
+      CUDA_OK(cudaMemset(d_pt_, 0x7f, pos_.size() * 4));
+      std::fill(ref_pt_.begin(), ref_pt_.end(), kPoison);
+    }
   }
 
   // Runs the reference for the current inputs and compares with what the GPU left.
@@ -353,8 +398,17 @@ class World {
       ASSERT_EQ(out[x], ref_out[x]) << what << ": out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
                                     << batch << ")";
     }
+    // Rule 7: every column of every entry past the batch is kPadding (the GPU's buffer was
+    // poisoned before the launch, so an entry left alone fails here).
+    const int active = std::max(0, std::min(batch, cfg_.max_batch));
+    for (size_t x = static_cast<size_t>(active) * cfg_.k; x < out.size() && !no_out_; ++x) {
+      ASSERT_EQ(out[x], kPadding) << what << ": padded out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
+                                  << batch << ")";
+    }
+    if (with_plan_) ASSERT_NO_FATAL_FAILURE(ComparePlans(active, what));
+    if (pt_records_ > 0) ASSERT_NO_FATAL_FAILURE(ComparePageTables(active, ref_out, what));
     CompareTables(what);
-    if (!(flags & kResolveFlagNoFetch)) {
+    if (!(flags & kResolveFlagNoFetch) && !no_out_) {
       CUDA_OK(cudaMemset(d_bad_, 0, 8));
       CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, HostRecordMap{d_base_, d_cap_}, layer_, batch, d_rows_, d_pos_,
                                                   d_out_, d_bad_);
@@ -362,6 +416,47 @@ class World {
       unsigned long long bad = 0;
       CUDA_OK(cudaMemcpy(&bad, d_bad_, 8, cudaMemcpyDeviceToHost));
       ASSERT_EQ(bad, 0ull) << what << ": output slots whose record differs from the host pool";
+    }
+  }
+
+  // Rule 8: the GPU's page table equals the reference's entry for entry; every entry is -1 where
+  // the reference's output is padding (and in padded entries), else O * P + g of its slot.
+  void ComparePageTables(int active, const std::vector<int32_t>& ref_out, const std::string& what) {
+    std::vector<int32_t> gpu(ref_pt_.size());
+    CUDA_OK(cudaMemcpy(gpu.data(), d_pt_, gpu.size() * 4, cudaMemcpyDeviceToHost));
+    for (size_t x = 0; x < gpu.size(); ++x) {
+      ASSERT_EQ(gpu[x], ref_pt_[x]) << what << ": page_table[" << x / cfg_.k << "][" << x % cfg_.k << "]";
+      const int i = static_cast<int>(x / cfg_.k);
+      if (i >= active) ASSERT_EQ(gpu[x], kPadding) << what << ": padded page_table[" << i << "]";
+      if (!no_out_ && ref_out[x] >= 0) {
+        const int64_t g = (static_cast<int64_t>(rows_[i]) * layers_ + layer_) * (cfg_.B + 1) + ref_out[x];
+        ASSERT_EQ(gpu[x], static_cast<int64_t>(pt_offset_) * pt_records_ + g) << what;
+      }
+    }
+  }
+
+  // The GPU's MissPlan against the reference's: *batch, every entry's summary (padded entries'
+  // (kPadding, -1, 0) included) and the miss records of every resolved entry.
+  void ComparePlans(int active, const std::string& what) {
+    std::vector<int32_t> gpu(ref_plan_.size());
+    CUDA_OK(cudaMemcpy(gpu.data(), d_plan_, plan_bytes_, cudaMemcpyDeviceToHost));
+    const MissPlan gp = MissPlan::Of(gpu.data(), cfg_.max_batch);
+    const MissPlan rp = MissPlan::Of(ref_plan_.data(), cfg_.max_batch);
+    ASSERT_EQ(*gp.batch, *rp.batch) << what;
+    ASSERT_EQ(*rp.batch, active) << what;
+    for (int i = 0; i < cfg_.max_batch; ++i) {
+      for (int f = 0; f < 3; ++f) {
+        ASSERT_EQ(gp.summary[3 * i + f], rp.summary[3 * i + f]) << what << ": plan summary " << i << "." << f;
+      }
+      if (i >= active) {
+        ASSERT_EQ(rp.summary[3 * i], kPadding) << what;
+        ASSERT_EQ(rp.summary[3 * i + 1], -1) << what;
+      }
+      const int m = rp.summary[3 * i + 1];
+      for (int x = 0; x < 2 * m; ++x) {
+        const size_t e = static_cast<size_t>(i) * cfg_.k * 2 + x;
+        ASSERT_EQ(gp.entries[e], rp.entries[e]) << what << ": plan entry " << i << " miss " << x / 2;
+      }
     }
   }
 
@@ -426,6 +521,14 @@ class World {
   std::vector<int32_t> seq_, rows_, seqs_, pos_;
   std::vector<std::vector<int32_t>> prev_;
   std::vector<char> mark_;
+  bool with_plan_ = false;
+  void* d_plan_ = nullptr;
+  size_t plan_bytes_ = 0;
+  std::vector<int32_t> ref_plan_;
+  int pt_records_ = 0, pt_offset_ = 0;  // page table: 0 records = not written
+  bool no_out_ = false;
+  int32_t* d_pt_ = nullptr;
+  std::vector<int32_t> ref_pt_;
   int layer_ = 0;
 };
 
@@ -443,6 +546,7 @@ TEST_P(ResolveRandom, MatchesReference) {
   REQUIRE_GPU();
   const Config c = GetParam();
   World w(c, 2, 1234 + c.k + c.B + c.rb + c.max_batch);
+  w.WithPageTable(64, 5, /*no_out=*/false);  // rule 8 besides the outputs, on every step
   ASSERT_NO_FATAL_FAILURE(w.Init());
   for (int step = 0; step < c.steps; ++step) {
     w.layer_ = w.UniI(0, 1);
@@ -534,6 +638,110 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   cudaStreamDestroy(s);
 }
 
+// Rule 7 under a CUDA graph captured for a max_batch larger than the grid's row blocks (k = 2048:
+// one or two blocks per SM, so a block plans several entries, real and padded): one graph and
+// eager launches over device batch sizes from 0 to max_batch (and out of range), garbage in the
+// padded entries' rows, seq_lens and positions. Outputs (every padded column kPadding), the miss
+// plan (padded summaries (kPadding, -1, 0)), tables and counters equal the reference's each step.
+TEST(ResolveGpu, PaddedEntriesPublishPaddingAtEveryBatchSize) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 64, 300, 24};
+  World w(c, 2, 7777, /*with_plan=*/true);
+  w.WithPageTable(16, 7, /*no_out=*/false);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraphExec_t exec;
+  w.layer_ = 1;
+  {
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  // Around the grid's row-block count (one or two waves of 132 SMs on an H200), 0, all, beyond.
+  const int batches[] = {300, 0, 1, 131, 133, 150, 264, 299, 7, 265, 0, 300};
+  int step = 0;
+  for (int batch : batches) {
+    for (int way = 0; way < 2; ++way, ++step) {  // 0: the graph, 1: eager
+      w.layer_ = way == 0 ? 1 : step % 2;
+      w.MakeStep(batch, 0.03);
+      ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+      if (way == 0) {
+        CUDA_OK(cudaGraphLaunch(exec, s));
+      } else {
+        CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+      }
+      CUDA_OK(cudaStreamSynchronize(s));
+      ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0,
+                                            std::string(way == 0 ? "graph" : "eager") + " batch " +
+                                                std::to_string(batch) + " step " + std::to_string(step)));
+    }
+  }
+  // A device batch size outside [0, max_batch] is clamped: -4 pads every entry, 400 covers all.
+  for (int batch : {-4, 400}) {
+    w.layer_ = 1;
+    w.MakeStep(std::max(0, std::min(batch, c.max_batch)), 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "clamped batch " + std::to_string(batch)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("padding"));
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+}
+
+// Rule 8 alone: no out_slots, the page table (plain record indices) of a graph and of eager
+// launches over varying batch sizes and invalid rows equals the reference's, and the whole
+// arena stays the reference's.
+TEST(ResolveGpu, PageTableWithoutOutSlotsMatchesReference) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 1152, 16, 30};
+  World w(c, 2, 2468);
+  w.WithPageTable(1, 0, /*no_out=*/true);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraphExec_t exec;
+  w.layer_ = 0;
+  {
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  for (int step = 0; step < c.steps; ++step) {
+    const bool graph = step % 2 == 0;
+    w.layer_ = graph ? 0 : 1;
+    const int batch = w.MakeStep(step % 5 == 4 ? 0 : RandomBatch(w), 0.05);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    if (graph) {
+      CUDA_OK(cudaGraphLaunch(exec, s));
+    } else {
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "page table only, step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("page table only"));
+  // Bad parameters are refused on the host.
+  ResolveDesc d = w.GpuDesc(0);
+  d.page_records = 0;
+  EXPECT_EQ(LaunchResolve(d, w.ws_, w.ws_bytes_, s), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("page_records"), std::string::npos) << LastLaunchError();
+  d.page_records = 1 << 20;
+  d.page_offset = 1 << 12;
+  EXPECT_EQ(LaunchResolve(d, w.ws_, w.ws_bytes_, s), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("overflow"), std::string::npos) << LastLaunchError();
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+}
+
 // The device figures asked for once (PrepareResolveLaunch, as the CUDA backend does at session
 // open) give the launches of the figures asked for at every launch: every step matches the
 // reference, eager and graph-captured. A config prepared for another geometry is not used (the
@@ -615,184 +823,6 @@ TEST(ResolveGpu, RejectsUnsupportedInputOnHost) {
   sd.arena.geometry = ArenaGeometry{4, 1, 512, 256, 100};
   EXPECT_EQ(LaunchStore(sd, 0), cudaErrorInvalidValue);
   EXPECT_NE(std::string(LastLaunchError()).find("unsupported record_bytes: 100"), std::string::npos);
-}
-
-// ---- store / append / reset against their references. ----
-
-// Two copies of one arena and one host pool each (the kernels write the pool).
-class StoreWorld {
- public:
-  StoreWorld(int rows, int layers, int B, int k, uint32_t rb, int cap)
-      : g_{rows, layers, B, k, rb}, off_(ComputeArenaOffsets(g_)), cap_(cap), rng_(5) {}
-  ~StoreWorld() {
-    cudaFreeHost(gpool_);
-    cudaFree(garena_);
-    cudaFree(d_base_);
-    cudaFree(d_cap_);
-    std::free(rarena_);
-  }
-  void Init() {
-    const size_t run = static_cast<size_t>(cap_) * g_.record_bytes;
-    pool_bytes_ = run * g_.max_rows * g_.num_layers;
-    rpool_.resize(pool_bytes_);
-    for (size_t i = 0; i < pool_bytes_; ++i) rpool_[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
-    CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&gpool_), pool_bytes_, cudaHostAllocMapped));
-    std::memcpy(gpool_, rpool_.data(), pool_bytes_);
-    uint8_t* dev = nullptr;
-    CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), gpool_, 0));
-    const size_t n = static_cast<size_t>(g_.max_rows) * g_.num_layers;
-    rbase_.resize(n);
-    std::vector<uint8_t*> gb(n);
-    for (size_t i = 0; i < n; ++i) {
-      rbase_[i] = rpool_.data() + i * run;
-      gb[i] = dev + i * run;
-    }
-    caps_.assign(g_.max_rows, cap_);
-    CUDA_OK(cudaMalloc(&d_base_, n * sizeof(uint8_t*)));
-    CUDA_OK(cudaMemcpy(d_base_, gb.data(), n * sizeof(uint8_t*), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMalloc(&d_cap_, caps_.size() * 4));
-    CUDA_OK(cudaMemcpy(d_cap_, caps_.data(), caps_.size() * 4, cudaMemcpyHostToDevice));
-    rarena_ = static_cast<uint8_t*>(std::aligned_alloc(256, off_.total_bytes));
-    for (size_t i = 0; i < off_.total_bytes; ++i) rarena_[i] = static_cast<uint8_t>(i * 7);
-    ref_ = ArenaView::Of(rarena_, g_);
-    for (int r = 0; r < g_.max_rows; ++r) ResetRowReference(ref_, r);
-    CUDA_OK(cudaMalloc(&garena_, off_.total_bytes));
-    CUDA_OK(cudaMemcpy(garena_, rarena_, off_.total_bytes, cudaMemcpyHostToDevice));
-    gpu_ = ArenaView::Of(garena_, g_);
-  }
-  void Compare(const std::string& what) {
-    std::vector<uint8_t> t(off_.total_bytes);
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(t.data(), garena_, t.size(), cudaMemcpyDeviceToHost));
-    ASSERT_EQ(std::memcmp(t.data(), rarena_, off_.records), 0) << what << ": tables differ";
-    ASSERT_EQ(std::memcmp(t.data(), rarena_, t.size()), 0) << what << ": records differ";
-    ASSERT_EQ(std::memcmp(gpool_, rpool_.data(), pool_bytes_), 0) << what << ": host pools differ";
-  }
-  HostRecordMap RefHost() { return HostRecordMap{rbase_.data(), caps_.data()}; }
-  HostRecordMap GpuHost() { return HostRecordMap{d_base_, d_cap_}; }
-
-  ArenaGeometry g_;
-  ArenaOffsets off_;
-  int cap_;
-  std::mt19937 rng_;
-  size_t pool_bytes_ = 0;
-  std::vector<uint8_t> rpool_;
-  uint8_t* gpool_ = nullptr;
-  std::vector<uint8_t*> rbase_;
-  std::vector<int32_t> caps_;
-  uint8_t** d_base_ = nullptr;
-  int32_t* d_cap_ = nullptr;
-  uint8_t* rarena_ = nullptr;
-  void* garena_ = nullptr;
-  ArenaView ref_{}, gpu_{};
-};
-
-TEST(StoreGpu, MatchesReference) {
-  REQUIRE_GPU();
-  const int L = 3, B = 512, k = 256, cap = 2048;
-  const uint32_t rb = 656;
-  StoreWorld w(4, L, B, k, rb, cap);
-  ASSERT_NO_FATAL_FAILURE(w.Init());
-  const int max_tokens = 1200;
-  const int64_t tstride = rb + 32, lstride = tstride * max_tokens;
-  std::vector<uint8_t> src(static_cast<size_t>(lstride) * L);
-  uint8_t* d_src = nullptr;
-  CUDA_OK(cudaMalloc(&d_src, src.size()));
-  struct Case {
-    int row, start, n, after;
-  };
-  // Chunked prefill within B, a chunk that crosses B, a long prefill, a store that rewrites
-  // positions held by resident slots (refresh), an empty store, the newest token in range.
-  const Case cases[] = {{0, 0, 100, 300},  {0, 100, 200, 300}, {0, 300, 300, 700}, {1, 0, 1200, 1200}, {2, 0, 512, 512},
-                        {2, 100, 50, 512}, {3, 0, 0, 1},       {3, 0, 10, 10},     {1, 600, 400, 1300}};
-  int gen = 0;
-  for (const Case& c : cases) {
-    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(w.rng_() + gen);
-    ++gen;
-    CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
-    StoreDesc rd{w.ref_, w.RefHost(), c.row, c.start, c.n, c.after, src.data(), lstride, tstride};
-    StoreDesc gd{w.gpu_, w.GpuHost(), c.row, c.start, c.n, c.after, d_src, lstride, tstride};
-    ASSERT_EQ(StoreReference(rd), 0u);
-    CUDA_OK(LaunchStore(gd, 0));
-    ASSERT_NO_FATAL_FAILURE(w.Compare("store row " + std::to_string(c.row) + " start " + std::to_string(c.start)));
-  }
-  // Rejected on the host: the reference rejects it too and nothing changes.
-  StoreDesc bad{w.gpu_, w.GpuHost(), 0, -1, 5, 10, d_src, lstride, tstride};
-  EXPECT_EQ(LaunchStore(bad, 0), cudaErrorInvalidValue);
-  bad.arena = w.ref_;
-  bad.host = w.RefHost();
-  EXPECT_NE(StoreReference(bad), 0u);
-  ASSERT_NO_FATAL_FAILURE(w.Compare("rejected store"));
-  cudaFree(d_src);
-}
-
-TEST(AppendGpu, MatchesReference) {
-  REQUIRE_GPU();
-  const int L = 2, B = 256, k = 256, cap = 1024, rows = 12, max_batch = 8;
-  const uint32_t rb = 1152;
-  StoreWorld w(rows, L, B, k, rb, cap);
-  ASSERT_NO_FATAL_FAILURE(w.Init());
-  // Give every row a prefill of 200 tokens (slots hold 0..199) through both paths.
-  std::vector<uint8_t> src(static_cast<size_t>(rb) * 200 * L);
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(w.rng_());
-  uint8_t* d_src = nullptr;
-  CUDA_OK(cudaMalloc(&d_src, src.size()));
-  CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
-  for (int r = 0; r < rows; ++r) {
-    StoreDesc rd{w.ref_, w.RefHost(), r, 0, 200, 200, src.data(), int64_t{rb} * 200, rb};
-    StoreDesc gd{w.gpu_, w.GpuHost(), r, 0, 200, 200, d_src, int64_t{rb} * 200, rb};
-    ASSERT_EQ(StoreReference(rd), 0u);
-    CUDA_OK(LaunchStore(gd, 0));
-  }
-  ASSERT_NO_FATAL_FAILURE(w.Compare("prefill"));
-  int32_t *d_batch, *d_rows, *d_seq;
-  uint32_t* d_err;
-  uint8_t* d_tok;
-  const int64_t stride = rb + 16;
-  CUDA_OK(cudaMalloc(&d_batch, 4));
-  CUDA_OK(cudaMalloc(&d_rows, max_batch * 4));
-  CUDA_OK(cudaMalloc(&d_seq, max_batch * 4));
-  CUDA_OK(cudaMalloc(&d_err, 4));
-  CUDA_OK(cudaMalloc(&d_tok, stride * max_batch));
-  std::vector<uint8_t> tok(stride * max_batch);
-  for (int step = 0; step < 20; ++step) {
-    const int batch = step % 5 == 4 ? 0 : 1 + step % max_batch;
-    std::vector<int32_t> rws(max_batch), seq(max_batch);
-    for (int i = 0; i < max_batch; ++i) {
-      rws[i] = (step * 3 + i) % rows;
-      seq[i] = 150 + step + i;  // seq - 1 < 200: a regular slot holds it (refresh path)
-      if (step > 10) seq[i] = 300 + step * 7 + i;
-    }
-    if (step == 6) rws[1] = rows + 2;  // bad row
-    if (step == 7) seq[0] = cap + 1;   // bad seq_len
-    if (step == 8) seq[2] = 0;
-    for (auto& b : tok) b = static_cast<uint8_t>(w.rng_());
-    const int layer = step % L;
-    uint32_t rerr = 0, gerr = 0;
-    int32_t hb = batch;
-    AppendDesc rd{w.ref_, w.RefHost(), layer, max_batch, &hb, rws.data(), seq.data(), tok.data(), stride, &rerr};
-    CUDA_OK(cudaMemcpy(d_batch, &hb, 4, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(d_rows, rws.data(), max_batch * 4, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(d_seq, seq.data(), max_batch * 4, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(d_tok, tok.data(), tok.size(), cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(d_err, 0, 4));
-    AppendDesc gd{w.gpu_, w.GpuHost(), layer, max_batch, d_batch, d_rows, d_seq, d_tok, stride, d_err};
-    AppendReference(rd);
-    CUDA_OK(LaunchAppend(gd, 0));
-    CUDA_OK(cudaMemcpy(&gerr, d_err, 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(gerr, rerr) << "append step " << step;
-    ASSERT_NO_FATAL_FAILURE(w.Compare("append step " + std::to_string(step)));
-  }
-  // Reset of one row.
-  ResetRowReference(w.ref_, 3);
-  CUDA_OK(LaunchResetRow(w.gpu_, 3, 0));
-  ASSERT_NO_FATAL_FAILURE(w.Compare("reset row 3"));
-  cudaFree(d_batch);
-  cudaFree(d_rows);
-  cudaFree(d_seq);
-  cudaFree(d_err);
-  cudaFree(d_tok);
-  cudaFree(d_src);
 }
 
 }  // namespace

@@ -137,8 +137,48 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   EXPECT_NE(out[0], -7);
   EXPECT_EQ(out[4], -1);
 
-  a.struct_size = sizeof(hs_resolve_args) - 8;
+  // ABI 1.0's struct ends before page_table: accepted, and no page table is written.
+  std::vector<int32_t> page_table(8, 55);
+  a.page_table = page_table.data();  // past that struct_size: not read
+  a.page_records = 0;
+  a.struct_size = offsetof(hs_resolve_args, page_table);
+  out.assign(8, -7);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_NE(out[0], -7);
+  EXPECT_EQ(page_table, std::vector<int32_t>(8, 55));
+
+  a.struct_size = offsetof(hs_resolve_args, page_table) - 8;
   EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(AbiStructTest, StoreIndexedArgsFromTheFirstVersionUp) {  // ABI 1.3
+  hs_request_info ri = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_admit(session_.get(), 1, 4, 8, &ri), HS_OK) << hs_last_error();
+  std::vector<uint8_t> pool(4 * 8 * 64);
+  for (size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<uint8_t>(i * 7);
+  const std::vector<int32_t> index = {5, 0, 7, 2};
+  hs_store_indexed_args a = HS_STORE_INDEXED_ARGS_INIT;
+  a.request_id = 1;
+  a.num_layers = 4;
+  a.num_tokens = 4;
+  a.seq_len_after = 4;
+  a.src_base = pool.data();
+  a.src_index = index.data();
+  a.src_tokens = 8;
+  a.src_layer_stride = 8 * 64;
+  a.src_token_stride = 64;
+  // A newer caller's larger struct: the bytes past this library's fields are not read.
+  Grown<hs_store_indexed_args> grown;
+  const uint32_t size = grown.get()->struct_size;
+  *grown.get() = a;
+  grown.get()->struct_size = size;
+  ASSERT_EQ(hs_store_indexed(session_.get(), grown.get()), HS_OK) << hs_last_error();
+  void* rec = nullptr;
+  ASSERT_EQ(hs_record_ptr(session_.get(), 1, 3, 2, &rec), HS_OK) << hs_last_error();
+  EXPECT_EQ(std::memcmp(rec, &pool[(3 * 8 + 7) * 64], 64), 0) << "layer 3, position 2 is pool slot 7";
+
+  a.struct_size = sizeof(hs_store_indexed_args) - 8;
+  EXPECT_EQ(hs_store_indexed(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -107,12 +107,15 @@ TEST(ReplayReference, EqualsPerLayerResolveOverManySteps) {
       uint32_t ef = 0;
       full.Resolve(l, batch, rows, seq, positions, &out_full, 0, &ef);
       if (anchor[l] == l) {
-        out_anchor.assign(positions.size(), 12345);  // as out_full: padded entries stay so
+        out_anchor.assign(positions.size(), 12345);  // padded entries become kPadding in both
         uint32_t ea = 0;
         EXPECT_EQ(pref.Resolve(l, batch, rows, seq, positions, &out_anchor, 0, &ea, plans[l].plan), ef);
         EXPECT_EQ(ea, ef);
         EXPECT_EQ(*plans[l].plan.batch, batch);
         EXPECT_EQ(out_anchor, out_full) << "layer " << l << " step " << step;
+        EXPECT_EQ(out_anchor.back(), kPadding) << "entry 4 is padding";
+        EXPECT_EQ(plans[l].plan.summary[3 * batch], kPadding);
+        EXPECT_EQ(plans[l].plan.summary[3 * batch + 1], -1);
       } else {
         ReplayDesc r{};
         r.arena = pref.view();

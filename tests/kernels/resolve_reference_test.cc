@@ -267,23 +267,52 @@ TEST(ResolveTest, CountersAccumulateOverRowsAndLaunches) {
   EXPECT_EQ(f.counters().steps, 4u);
 }
 
-TEST(ResolveTest, RowsPastBatchSizeAreLeftAlone) {
+// Rule 7: entries past *batch_size publish kPadding in every output column and touch nothing
+// else: garbage in their rows, seq_lens and positions is not read and sets no error bit.
+TEST(ResolveTest, RowsPastBatchSizePublishPadding) {
   ArenaFixture f(kG4, kCap);
   f.FillHost(0, 30);
   f.FillHost(1, 30);
   std::vector<int32_t> out(4, 777);
-  // Entry 1 is invalid (duplicate) but past *batch_size: no error, no output, no state change.
+  // Entry 1 is invalid (duplicate) but past *batch_size: no error, padding out, no state change.
   EXPECT_EQ(0u, f.Resolve(0, 1, {0, 1}, {10, 10}, {1, 2, 5, 5}, &out));
-  EXPECT_THAT(out, ElementsAre(0, 1, 777, 777));
+  EXPECT_THAT(out, ElementsAre(0, 1, kPadding, kPadding));
   EXPECT_THAT(f.SlotPos(1, 0), ElementsAre(-1, -1, -1, -1));
   EXPECT_EQ(f.counters().steps, 1u);
-  // A batch size of 0 (or below) does nothing; above max_batch is clamped.
+  // Garbage rows and seq_lens past the batch: no kResolveBadRow, no kResolveBadSeqLen.
+  out.assign(4, 777);
+  uint32_t flags = 0;
+  EXPECT_EQ(0u, f.Resolve(0, 1, {0, -9}, {10, -4}, {1, 2, -70, 99}, &out, 0, &flags));
+  EXPECT_EQ(flags, 0u);
+  EXPECT_THAT(out, ElementsAre(0, 1, kPadding, kPadding));
+  // A batch size of 0 (or below) pads every entry and changes no state; above max_batch is clamped.
+  const auto before = f.Snapshot();
   out.assign(4, 777);
   EXPECT_EQ(0u, f.Resolve(0, 0, {0, 1}, {10, 10}, {1, 2, 5, 5}, &out));
+  EXPECT_THAT(out, ElementsAre(kPadding, kPadding, kPadding, kPadding));
+  out.assign(4, 777);
   EXPECT_EQ(0u, f.Resolve(0, -3, {0, 1}, {10, 10}, {1, 2, 5, 5}, &out));
-  EXPECT_THAT(out, ElementsAre(777, 777, 777, 777));
+  EXPECT_THAT(out, ElementsAre(kPadding, kPadding, kPadding, kPadding));
+  EXPECT_EQ(f.Snapshot(), before);
   EXPECT_EQ(0u, f.Resolve(0, 9, {0, 1}, {10, 10}, {1, 2, 5, 6}, &out));
-  EXPECT_EQ(f.counters().steps, 3u);
+  EXPECT_EQ(f.counters().steps, 4u);
+}
+
+// Rule 7 for the miss plan: a padded entry's summary is (kPadding, -1, 0), so a replay skips it;
+// its plan entries are not written. *batch is the clamped batch size.
+TEST(ResolveTest, PaddedEntriesRecordAnEmptyPlan) {
+  ArenaFixture f(kG4, kCap);
+  f.FillHost(0, 30);
+  std::vector<int32_t> words((MissPlan::Bytes(kG4, 3) + 3) / 4, 0x5a5a5a5a);
+  const MissPlan plan = MissPlan::Of(words.data(), 3);
+  std::vector<int32_t> out(6, 777);
+  EXPECT_EQ(0u, f.Resolve(0, 1, {0, 1, 5}, {10, 10, 10}, {1, 9, 2, 2, 3, 3}, &out, 0, nullptr, plan));
+  EXPECT_EQ(*plan.batch, 1);
+  EXPECT_THAT(std::vector<int32_t>(plan.summary, plan.summary + 9),
+              ElementsAre(0, 1, 1, kPadding, -1, 0, kPadding, -1, 0));
+  const int32_t* e1 = plan.entries + 2 * kG4.k;  // entry 1's miss records: not written
+  EXPECT_EQ(e1[0], 0x5a5a5a5a);
+  EXPECT_THAT(out, ElementsAre(0, kG4.slots, kPadding, kPadding, kPadding, kPadding));
 }
 
 TEST(ResolveTest, ResetRowEmptiesEveryLayer) {

@@ -126,16 +126,72 @@ def test_cuda_graph_replay_with_device_batch_size(cuda_session):
             positions[layer].copy_(random_selection(gen, seq_lens.cpu()))
         newest.random_(0, 256)
         if step_i == steps - 2:
-            batch.fill_(ROWS - 1)  # the same graph, one row fewer: the last row must stay untouched
+            batch.fill_(ROWS - 1)  # the same graph, one row fewer: the last row is padding (-1)
             out[:, ROWS - 1].fill_(-7)
         graph.replay()
         torch.cuda.synchronize()
         if step_i < steps - 2:
             for layer in range(LAYERS):
                 check_exact(s, rows, seq_lens.cpu(), positions[layer], out[layer], layer)
-    assert (out[:, ROWS - 1] == -7).all()
+    assert (out[:, ROWS - 1] == -1).all()
     assert (out[:, : ROWS - 1] >= -1).all()
     s.check_errors()
+
+
+def test_page_table_indexes_the_arena_on_the_gpu(cuda_session):
+    """resolve(page_table=...) on the CUDA backend: entry (i, j) indexes the arena viewed as
+    [records, record] at the record out_slots names; padding and padded rows are -1."""
+    s, gen = cuda_session, torch.Generator().manual_seed(12)
+    context = 500
+    rows, _ = admit_and_prefill(s, context, context + 2, gen)
+    seq_lens = torch.full((ROWS,), context, dtype=torch.int32, device=DEV)
+    batch = torch.tensor([ROWS - 1], dtype=torch.int32, device=DEV)
+    out = torch.full((ROWS, K), -7, dtype=torch.int32, device=DEV)
+    table = torch.full((ROWS, K), -7, dtype=torch.int32, device=DEV)
+    pos = random_selection(gen, seq_lens.cpu())
+    s.resolve(1, rows, seq_lens, pos, out, batch_size=batch, page_table=table, page_records=64, page_offset=2)
+    torch.cuda.synchronize()
+    s.check_errors()
+    arena = s.slot_view()
+    flat = arena.view(-1, arena.shape[-1])
+    live = out[: ROWS - 1] >= 0
+    want = (rows[: ROWS - 1].long().unsqueeze(1) * LAYERS + 1) * (B + 1) + out[: ROWS - 1].long() + 128
+    assert torch.equal(table[: ROWS - 1][live].long(), want[live])
+    assert (table[: ROWS - 1][~live] == -1).all() and (table[ROWS - 1] == -1).all() and (out[ROWS - 1] == -1).all()
+    got = flat[table[: ROWS - 1][live].long() - 128]
+    assert torch.equal(got, arena[rows[: ROWS - 1].long().unsqueeze(1).expand_as(out[: ROWS - 1])[live], 1,
+                                  out[: ROWS - 1][live].long()])
+
+
+def test_store_indexed_from_a_paged_device_pool(cuda_session):
+    """hs_store_indexed from a torch pool [layers, pool tokens, record] on the GPU (scattered slots,
+    two chunks) equals the plain store of the same records; a bad index writes nothing and
+    surfaces at check_errors."""
+    s, gen = cuda_session, torch.Generator().manual_seed(9)
+    context, pool_tokens = 300, 1000
+    prompt = torch.randint(0, 256, (LAYERS, context, RECORD), dtype=torch.uint8, generator=gen)
+    slot = torch.randperm(pool_tokens, generator=gen)[:context].to(torch.int32)
+    pool = torch.zeros(LAYERS, pool_tokens, RECORD + 48, dtype=torch.uint8)
+    pool[:, slot.long(), :RECORD] = prompt
+    pool, slot = pool.to(DEV), slot.to(DEV)
+    a, b = s.admit(1, context, context + 4).row, s.admit(2, context, context + 4).row
+    s.store_indexed(1, pool[..., :RECORD], slot[:100], seq_len_after=100)
+    s.store_indexed(1, pool[..., :RECORD], slot[100:], start_pos=100)
+    s.store(2, prompt[:, :100].to(DEV), seq_len_after=100)  # the same chunks, the plain way
+    s.store(2, prompt[:, 100:].to(DEV), start_pos=100)
+    torch.cuda.synchronize()
+    s.check_errors()
+    for layer in range(LAYERS):
+        assert torch.equal(torch.from_numpy(np.array(s.record_view(1, layer, 0, context))), prompt[layer])
+    arena = s.slot_view()
+    assert torch.equal(arena[a], arena[b])
+    bad = slot.clone()
+    bad[-1] = pool_tokens
+    s.store_indexed(1, torch.zeros_like(pool)[..., :RECORD], bad)
+    with pytest.raises(hisparse.InvalidArgument, match="source index"):
+        s.check_errors()
+    for layer in range(LAYERS):
+        assert torch.equal(torch.from_numpy(np.array(s.record_view(1, layer, 0, context))), prompt[layer])
 
 
 def test_cuda_session_wants_device_memory(cuda_session):

@@ -57,6 +57,39 @@ def test_store_reads_back_and_short_prompts_are_resident(session):
         np.testing.assert_array_equal(arena[info.row, l, :12, :RECORD], data[l])
 
 
+def test_store_indexed_gathers_a_paged_pool(session):
+    """hs_store_indexed from a paged pool (numpy [layers, pool tokens, record], scattered slots),
+    in a chunk and two layer ranges, reads back as the records it gathered; a bad index raises
+    and writes nothing."""
+    s = session
+    info = s.admit(1, 30, 40)
+    data = prompt(1, 30)
+    pool_tokens = 64
+    rng = np.random.default_rng(3)
+    slot = rng.permutation(pool_tokens).astype(np.int32)
+    pool = np.zeros((LAYERS, pool_tokens, RECORD), np.uint8)
+    pool[:, slot[:30]] = data
+    stride = pool_tokens * RECORD
+    s.store_indexed(1, pool, slot[:10], src_tokens=pool_tokens, layer_stride=stride)
+    s.store_indexed(1, pool, slot[10:30], start_pos=10, num_layers=1, src_tokens=pool_tokens)
+    s.store_indexed(1, pool[1:], slot[10:30], start_pos=10, first_layer=1, src_tokens=pool_tokens,
+                    layer_stride=stride)
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(s.record_view(1, l, 0, 30), data[l])
+    arena = s.slot_view()
+    for l in range(LAYERS):  # the first chunk (seq 10 <= B) is resident, position p in slot p
+        np.testing.assert_array_equal(arena[info.row, l, :10, :RECORD], data[l, :10])
+    bad = slot[:30].copy()
+    bad[-1] = pool_tokens
+    with pytest.raises(hisparse.InvalidArgument, match="source index"):
+        s.store_indexed(1, np.zeros_like(pool), bad, src_tokens=pool_tokens, layer_stride=stride)
+    with pytest.raises(hisparse.InvalidArgument, match="layers"):
+        s.store_indexed(1, pool, slot[:4], first_layer=LAYERS - 1, num_layers=2, src_tokens=pool_tokens,
+                        layer_stride=stride)
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(s.record_view(1, l, 0, 30), data[l])
+
+
 def test_record_view_writes_through_to_the_pool(session):
     s = session
     s.admit(1, 4, 8)
@@ -110,8 +143,45 @@ def test_batch_size_limits_the_rows_resolved(session):
     seq_lens = np.array([20, 20, 20], np.int32)
     positions = np.tile(np.arange(K, dtype=np.int32), (ROWS, 1))
     out = np.full((ROWS, K), 77, np.int32)
+    before = s.stats()
     s.resolve(0, rows, seq_lens, positions, out, batch_size=np.array([1], np.int32))
-    assert (out[0] >= 0).all() and (out[1:] == 77).all()
+    # Entries past batch_size are padding: -1 in every column, and they resolve nothing.
+    assert (out[0] >= 0).all() and (out[1:] == -1).all()
+    after = s.stats()
+    assert (after.hits - before.hits) + (after.misses - before.misses) == K
+
+
+def test_page_table_names_each_selections_record(session):
+    """resolve(page_table=...): each entry indexes the arena viewed as [records, record_bytes]
+    (pages of 32 records from page 2 shift it by 64); without out_slots the same table."""
+    s = session
+    rows = np.array([s.admit(1, 40, 44).row, s.admit(2, 40, 44).row, 0], np.int32)
+    s.store(1, prompt(1, 40), num_tokens=40)
+    s.store(2, prompt(2, 40), num_tokens=40)
+    seq_lens = np.array([40, 40, 1], np.int32)
+    positions = np.full((ROWS, K), -1, np.int32)
+    positions[0, :7] = [39, 1, 20, 33, 5, 17, 28]
+    positions[1, :6] = [0, 39, 38, 12, 25, 6]
+    batch = np.array([2], np.int32)
+    out = np.zeros((ROWS, K), np.int32)
+    table = np.zeros((ROWS, K), np.int32)
+    s.resolve(1, rows, seq_lens, positions, out, batch_size=batch, page_table=table)
+    flat = s.slot_view().reshape(-1, s.slot_view().shape[-1])
+    for i, rid in enumerate((1, 2)):
+        for j in range(K):
+            p = int(positions[i, j])
+            if p < 0:
+                assert table[i, j] == -1
+                continue
+            assert table[i, j] == (rows[i] * LAYERS + 1) * (B + 1) + out[i, j]
+            np.testing.assert_array_equal(flat[table[i, j], :RECORD], record_bytes(rid, 1, p))
+    assert (table[2] == -1).all()
+    paged = np.zeros((ROWS, K), np.int32)
+    s.resolve(1, rows, seq_lens, positions, None, batch_size=batch, page_table=paged, page_records=32,
+              page_offset=2)
+    np.testing.assert_array_equal(paged, np.where(table < 0, -1, table + 64))
+    with pytest.raises(hisparse.InvalidArgument, match="page_records"):
+        s.resolve(1, rows, seq_lens, positions, out, page_table=paged, page_records=0)
 
 
 def test_other_buffer_kinds(session):

@@ -30,9 +30,10 @@ extern "C" {
 /* ABI version major.minor. A minor release only adds (struct fields at the end, enum values,
  * functions), so a library of the same major and at least the caller's minor serves it; a new
  * major breaks callers. 1.0: the first ABI; 1.1: hs_session_options.layer_anchor, hs_prefetch,
- * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU. */
+ * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU; 1.3:
+ * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 2
+#define HS_ABI_VERSION_MINOR 3
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -179,16 +180,33 @@ typedef struct hs_resolve_args {
   uint32_t layer;
   int32_t max_batch;         /* capacity of the arrays below */
   const int32_t* batch_size; /* rows in this step (<= max_batch), read by the kernel at run time so
-                                one CUDA graph serves every batch; NULL: all max_batch rows */
+                                one CUDA graph serves every batch; NULL: all max_batch rows. Entries
+                                at and past *batch_size are padding: their out_slots rows become -1
+                                in every column, their rows/seq_lens/positions are ignored and no
+                                state changes (resolve.h, rule 7) */
   const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row) */
   const int32_t* seq_lens;   /* [max_batch] */
   const int32_t* positions;  /* [max_batch][k], -1 = padding */
-  int32_t* out_slots;        /* [max_batch][k] */
+  int32_t* out_slots;        /* [max_batch][k]; may be NULL when page_table is set (since ABI 1.3) */
   void* stream;
+  /* Since ABI 1.3 (callers built against 1.2 pass a smaller struct_size and get NULL here).
+   * page_table: [max_batch][k] or NULL; RESOLVE also writes, for every selection, the index of
+   * the record that holds it in the slot arena viewed as one array of records
+   * (slot_base + index * record_stride, see hs_session_info):
+   *   page_offset * page_records + (row * num_layers + layer) * (slots + 1) + out_slot,
+   * -1 where out_slots is -1 (resolve.h, rule 8). That is the record's index in a pool of pages of
+   * page_records records whose page page_offset begins at slot_base (FlashMLA's sparse indices,
+   * vLLM's slot_mapping); page_records 1 and page_offset 0 give the plain record index. A layer
+   * served by hs_prefetch reads its anchor's table against slot_base advanced by
+   * (layer - anchor) * (slots + 1) records. page_records >= 1, page_offset >= 0, and every entry
+   * must fit int32 (else HS_ERR_INVALID_ARGUMENT). */
+  int32_t* page_table;
+  int32_t page_records;
+  int32_t page_offset;
 } hs_resolve_args;
 
 #define HS_RESOLVE_ARGS_INIT \
-  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL }
+  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0 }
 
 /* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
  * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);
@@ -200,6 +218,41 @@ hs_result hs_resolve(hs_session* session, const hs_resolve_args* args);
 hs_result hs_store(hs_session* session, uint64_t request_id, int32_t start_pos, int32_t num_tokens,
                    int32_t seq_len_after, const void* src, int64_t src_layer_stride, int64_t src_token_stride,
                    void* stream);
+
+/* Since ABI 1.3. Indexed prefill store: tokens [start_pos, start_pos + num_tokens) of a request,
+ * layers [first_layer, first_layer + num_layers), gathered from the engine's paged KV pool (its
+ * token pool: SGLang's req_to_token row, vLLM's slot_mapping) in one launch for every layer of the
+ * chunk, on `stream`. The record of (layer first_layer + l, position start_pos + t) is read at
+ *   src_base + l * src_layer_stride + src_index[t] * src_token_stride
+ * (src_base: the pool of layer first_layer; src_index: int32 [num_tokens], device memory on the
+ * CUDA backend). Otherwise exactly hs_store restricted to those layers: the result equals hs_store
+ * of the same records (store every layer of a chunk, in one call or several, before the request's
+ * next hs_resolve). Pools allocated per layer apart: one call per layer (num_layers = 1).
+ * Bad input writes nothing: a request not admitted here (HS_ERR_NOT_FOUND), a layer range outside
+ * [0, num_layers) or empty, a token range outside the request's capacity or past seq_len_after,
+ * a stride below record_bytes (HS_ERR_INVALID_ARGUMENT at once), and a src_index entry outside
+ * [0, src_tokens): HS_ERR_INVALID_ARGUMENT at once on the host backend; on the CUDA backend the
+ * check runs on the device, the copy is skipped and the error surfaces at hs_check_errors. */
+typedef struct hs_store_indexed_args {
+  uint32_t struct_size; /* sizeof(hs_store_indexed_args) */
+  uint64_t request_id;
+  uint32_t first_layer;
+  uint32_t num_layers; /* >= 1 */
+  int32_t start_pos;
+  int32_t num_tokens;
+  int32_t seq_len_after;    /* the request's sequence length once these tokens are stored */
+  const void* src_base;     /* 16-byte aligned on the CUDA backend */
+  const int32_t* src_index; /* [num_tokens] pool slot of each token */
+  int64_t src_tokens;       /* records in each layer's pool: every src_index entry is below it */
+  int64_t src_layer_stride; /* bytes; a multiple of 16 on the CUDA backend */
+  int64_t src_token_stride; /* bytes, >= record_bytes; a multiple of 16 on the CUDA backend */
+  void* stream;
+} hs_store_indexed_args;
+
+#define HS_STORE_INDEXED_ARGS_INIT \
+  { sizeof(hs_store_indexed_args), 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, NULL }
+
+hs_result hs_store_indexed(hs_session* session, const hs_store_indexed_args* args);
 
 /* Decode append: the newest token (position seq_len-1) of every row of the batch, one layer; record
  * of batch entry i at src + i*src_stride. */

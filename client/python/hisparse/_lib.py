@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 2
+ABI_VERSION_MINOR = 3
 
 # hs_result
 HS_OK = 0
@@ -126,6 +126,29 @@ class ResolveArgs(ctypes.Structure):
         ("positions", ctypes.c_void_p),
         ("out_slots", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
+        ("page_table", ctypes.c_void_p),  # ABI 1.3
+        ("page_records", ctypes.c_int32),
+        ("page_offset", ctypes.c_int32),
+    ]
+
+
+class StoreIndexedArgs(ctypes.Structure):
+    """hs_store_indexed_args (ABI 1.3)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("request_id", ctypes.c_uint64),
+        ("first_layer", ctypes.c_uint32),
+        ("num_layers", ctypes.c_uint32),
+        ("start_pos", ctypes.c_int32),
+        ("num_tokens", ctypes.c_int32),
+        ("seq_len_after", ctypes.c_int32),
+        ("src_base", ctypes.c_void_p),
+        ("src_index", ctypes.c_void_p),
+        ("src_tokens", ctypes.c_int64),
+        ("src_layer_stride", ctypes.c_int64),
+        ("src_token_stride", ctypes.c_int64),
+        ("stream", ctypes.c_void_p),
     ]
 
 
@@ -159,6 +182,10 @@ def new_resolve_args() -> ResolveArgs:
     return _new(ResolveArgs)
 
 
+def new_store_indexed_args() -> StoreIndexedArgs:
+    return _new(StoreIndexedArgs)
+
+
 class _SessionHandle(ctypes.Structure):
     """The opaque hs_session (only pointers to it are used)."""
 
@@ -185,6 +212,7 @@ _SIGNATURES = {
     "hs_resolve": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ResolveArgs)]),
     "hs_store": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]),
+    "hs_store_indexed": (ctypes.c_int, [SessionPtr, ctypes.POINTER(StoreIndexedArgs)]),  # ABI 1.3
     "hs_append": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
     "hs_prefetch": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_void_p]),

@@ -293,13 +293,19 @@ class Session:
         return stream_handle(stream)
 
     def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
-                batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None) -> None:
+                batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
+                page_table: Any = None, page_records: int = 1, page_offset: int = 0) -> None:
         """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
 
         rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding).
         batch_size: None (all max_batch rows) or an int32 [1] array in the same memory read by
-        the kernel at run time, so one captured CUDA graph serves every batch size.
-        max_batch defaults to len(rows). On the CUDA backend invalid rows surface at check_errors().
+        the kernel at run time, so one captured CUDA graph serves every batch size; entries past
+        it get -1 in every column. max_batch defaults to len(rows). On the CUDA backend invalid
+        rows surface at check_errors().
+        page_table: None or int32 [max_batch, k]: also the index of each selection's record in the
+        slot arena viewed as [records, record_bytes] (slot_view() flattened over rows, layers and
+        slots), plus page_offset * page_records (resolve.h, rule 8); -1 where out_slots is -1.
+        out_slots may then be None.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -312,7 +318,12 @@ class Session:
         args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
         args.positions = self._data_ptr(positions, "positions", int32=True, min_items=max_batch * self.k)
         args.out_slots = self._data_ptr(out_slots, "out_slots", int32=True, writable=True,
-                                        min_items=max_batch * self.k)
+                                        min_items=max_batch * self.k) if out_slots is not None else None
+        if page_table is not None:
+            args.page_table = self._data_ptr(page_table, "page_table", int32=True, writable=True,
+                                             min_items=max_batch * self.k)
+        args.page_records = page_records
+        args.page_offset = page_offset
         args.stream = self._stream(stream) or None
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 
@@ -359,6 +370,63 @@ class Session:
         check(self._lib.hs_store(self._h(), request_id, start_pos, num_tokens, seq_len_after, ptr, layer_stride,
                                  token_stride, self._stream(stream) or None),
               f"store request {request_id}")
+
+    def store_indexed(self, request_id: int, src: Any, src_index: Any, *, start_pos: int = 0,
+                      num_tokens: Optional[int] = None, seq_len_after: Optional[int] = None,
+                      first_layer: int = 0, num_layers: Optional[int] = None,
+                      src_tokens: Optional[int] = None, layer_stride: Optional[int] = None,
+                      token_stride: Optional[int] = None, stream: Any = None) -> None:
+        """Indexed prefill store (hs_store_indexed): tokens [start_pos, start_pos + num_tokens) of
+        layers [first_layer, first_layer + num_layers), gathered from a paged KV pool in one launch.
+
+        Record of (layer first_layer + l, token t) is read at
+        src + l*layer_stride + src_index[t]*token_stride (bytes); src_index is int32 [num_tokens]
+        (the pool slot of each token, in the backend's memory). With a 3-D torch tensor src
+        [layers, pool_tokens, record] (the pool from layer first_layer on) src_tokens and the
+        strides default from its shape and strides; otherwise src_tokens, layer_stride (unless
+        num_layers is 1) are required and token_stride defaults to record_bytes. num_tokens
+        defaults to len(src_index), num_layers to every layer from first_layer, seq_len_after to
+        start_pos + num_tokens. On the CUDA backend a src_index entry outside [0, src_tokens)
+        surfaces at check_errors() (nothing is written); everything else raises at once.
+        """
+        if num_tokens is None:
+            num_tokens = len(src_index)
+        if num_layers is None:
+            num_layers = self.num_layers - first_layer
+        if _is_torch_tensor(src) and src.dim() == 3:
+            elem = src.element_size()
+            if src.shape[0] < num_layers or src.shape[2] * elem < self.record_bytes:
+                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [>= {num_layers}, pool tokens, "
+                                      f"record of >= {self.record_bytes} bytes]")
+            src_tokens = int(src.shape[1]) if src_tokens is None else src_tokens
+            token_stride = src.stride(1) * elem if token_stride is None else token_stride
+            layer_stride = src.stride(0) * elem if layer_stride is None else layer_stride
+            ptr = self._strided_ptr(src, "src")
+        else:
+            if src_tokens is None:
+                raise InvalidArgument("src_tokens is required unless src is a [layers, pool tokens, record] tensor")
+            if layer_stride is None and num_layers > 1:
+                raise InvalidArgument("layer_stride is required for more than one layer unless src is a 3-D tensor")
+            token_stride = self.record_bytes if token_stride is None else token_stride
+            layer_stride = 0 if layer_stride is None else layer_stride
+            need = 0 if num_tokens == 0 or src_tokens < 1 else \
+                max(0, num_layers - 1) * layer_stride + (src_tokens - 1) * token_stride + self.record_bytes
+            ptr = self._data_ptr(src, "src", int32=False, min_items=need)
+        args = _lib.new_store_indexed_args()
+        args.request_id = request_id
+        args.first_layer = first_layer
+        args.num_layers = num_layers
+        args.start_pos = start_pos
+        args.num_tokens = num_tokens
+        args.seq_len_after = start_pos + num_tokens if seq_len_after is None else seq_len_after
+        args.src_base = ptr
+        args.src_index = self._data_ptr(src_index, "src_index", int32=True, min_items=num_tokens) \
+            if num_tokens > 0 else None
+        args.src_tokens = src_tokens
+        args.src_layer_stride = layer_stride
+        args.src_token_stride = token_stride
+        args.stream = self._stream(stream) or None
+        check(self._lib.hs_store_indexed(self._h(), ctypes.byref(args)), f"indexed store request {request_id}")
 
     def _strided_ptr(self, t: Any, name: str) -> int:
         """Address of a (possibly non-contiguous) torch tensor, checked for device like _data_ptr."""

@@ -16,6 +16,28 @@
 //  5. B >= k. With seq_len <= B everything is resident after prefill (position = slot).
 //  6. Deterministic: the CUDA kernel and the CPU reference produce identical slot tables, LRU
 //     orders, outputs and counters for identical inputs.
+//  7. Padded batch entries: an entry i with n <= i < max_batch, n = *batch_size clamped to
+//     [0, max_batch] (the entries a CUDA graph captured for max_batch carries past the real batch),
+//     publishes kPadding in every output column it owns: out_slots[i][0..k) = kPadding and, when
+//     the miss plan is recorded, summary[i] = (kPadding, -1, 0) (no row; misses = -1, so a replay
+//     skips it as it skips a rejected entry; its plan entries are not written). Its rows,
+//     seq_lens and positions are ignored (they may hold garbage), it sets no error bit and touches
+//     no other state: no slot table, LRU order, record or counter. An attention kernel reading a
+//     whole captured [max_batch][k] table thus sees -1 (nothing to attend) in every padded row.
+//  8. Page-table output (optional: ResolveDesc::page_table not null), besides out_slots or, with
+//     out_slots null, instead of them: page_table[i][j] = -1 wherever out_slots[i][j] is (or
+//     would be) kPadding (padding selections, rejected rows, padded entries), and otherwise
+//       page_offset * page_records + g,   g = (row * layers + layer) * (B + 1) + out_slots[i][j],
+//     where g is the index of the record that holds positions[i][j] in the arena's records
+//     section viewed as one array [max_rows * layers * (B + 1)][record_bytes] (ArenaView::Record).
+//     The sum is that record's index in a caller's pool of pages of page_records records whose
+//     page page_offset begins at the arena's first record: the page * page_size + offset_in_page
+//     convention of FlashMLA's sparse indices and vLLM's slot_mapping (page_records = 1 and
+//     page_offset = 0 give g). An attention kernel reads it directly over the arena's records.
+//     Every entry must fit in int32 (ValidatePageTable). Prefetched followers (ReplayDesc) take
+//     the anchor's table: layer f's records lie (f - anchor) * (B + 1) records after the
+//     anchor's, so the attention of f reads the anchor's table from the records base advanced by
+//     that many records.
 //
 // Invalid input of a row (a position outside [-1, seq_len), a duplicate position, seq_len outside
 // [1, capacity of the row], a row outside [0, max_rows)) leaves that row's state untouched, sets its
@@ -40,6 +62,7 @@ enum ResolveError : uint32_t {
   kResolveDuplicate = 1u << 1,    // a position selected twice in one row
   kResolveBadSeqLen = 1u << 2,    // seq_len < 1 or > the row's capacity
   kResolveBadRow = 1u << 3,       // row index outside [0, max_rows)
+  kResolveBadIndex = 1u << 4,     // an indexed store's source index outside [0, src_tokens)
 };
 
 // The miss plan of one RESOLVE launch: what it fetched, where to, and what it counted, per batch
@@ -50,7 +73,8 @@ enum ResolveError : uint32_t {
 struct MissPlan {
   int32_t* batch;    // [1] batch entries the launch covered (*batch_size clamped to [0, max_batch])
   int32_t* summary;  // [max_batch][3] (row, misses, hits) of batch entry i; misses = -1: the entry
-                     // was invalid (its state was left untouched; error_flags told)
+                     // was invalid (its state was left untouched; error_flags told) or padding
+                     // (row = kPadding, rule 7)
   int32_t* entries;  // [max_batch][k][2] (position, slot) of miss m of entry i, in miss order
   int32_t max_batch;
 
@@ -81,7 +105,7 @@ struct ResolveDesc {
   int32_t layer;              // which layer's state
   int32_t max_batch;          // capacity of the per-batch arrays; the grid is sized from it
   const int32_t* batch_size;  // device scalar: rows actually in this step (<= max_batch);
-                              // rows at index >= *batch_size do nothing (CUDA graph padding)
+                              // entries at index >= *batch_size publish kPadding (rule 7)
   const int32_t* rows;        // [max_batch] arena row of batch entry i
   const int32_t* seq_lens;    // [max_batch] sequence length of batch entry i at this step
   const int32_t* positions;   // [max_batch][k] selected positions, kPadding = -1 for padding
@@ -90,7 +114,24 @@ struct ResolveDesc {
   uint32_t flags;             // ResolveFlags; 0 for the real data path
   MissPlan plan;              // where to record the miss plan; summary == null: not recorded.
                               // plan.max_batch must be >= max_batch
+  int32_t* page_table;        // [max_batch][k] rule 8's record indices, or null (not written);
+                              // out_slots may then be null
+  int32_t page_records;       // P >= 1 when page_table is set
+  int32_t page_offset;        // O >= 0 when page_table is set
 };
+
+// Checks rule 8's parameters for a geometry: page_records >= 1, page_offset >= 0 and every entry
+// (up to page_offset * page_records + max_rows * layers * (B + 1) - 1) within int32. Returns null
+// when valid, else a static message naming what is wrong.
+const char* ValidatePageTable(const ArenaGeometry& g, int32_t page_records, int32_t page_offset);
+
+// Rule 8's entry for a slot of (row, d.layer), s in [0, B]: the CUDA kernel and the CPU reference
+// both compute it here.
+HISPARSE_HD inline int32_t PageTableEntry(const ResolveDesc& d, int32_t row, int32_t s) {
+  const ArenaView& a = d.arena;
+  const int64_t g = static_cast<int64_t>(a.RowLayer(row, d.layer)) * (a.geometry.slots + 1) + s;
+  return static_cast<int32_t>(static_cast<int64_t>(d.page_offset) * d.page_records + g);
+}
 
 // Exact layer-wise prefetch: replays the miss plan that `anchor_layer`'s RESOLVE recorded into
 // `layer`, a layer that shares the anchor's selection. For every batch entry the plan covers
@@ -107,6 +148,10 @@ struct ResolveDesc {
 //
 // Ordering: after the anchor's RESOLVE (it reads the plan and the anchor's new tables) and before
 // the anchor's next RESOLVE; before `layer`'s append and attention of the step.
+//
+// Padding (rule 7): a replay has no outputs of its own (the anchor's out_slots, already kPadding
+// in padded entries, serve the layer); entries at and past *plan.batch, and entries whose summary
+// says misses = -1 (rejected or padding), touch nothing.
 struct ReplayDesc {
   ArenaView arena;
   HostRecordMap host;
@@ -140,6 +185,42 @@ struct StoreDesc {
   int64_t src_token_stride;  // bytes, >= record_bytes
 };
 
+// Indexed prefill store (hs_store_indexed): the store above for layers [first_layer, first_layer +
+// num_layers) only, gathering each token's record by index from an engine's paged KV pool. The
+// record of (layer first_layer + l, position start_pos + t) is at
+//   src_base + l * src_layer_stride + src_index[t] * src_token_stride,
+// so src_base points at the pool of layer first_layer and src_index[t] is the pool slot of token t
+// (SGLang's req_to_token row, vLLM's slot_mapping). Everything else is StoreDesc's, restricted to
+// the layer range: the host pool, slot B, the refresh of resident slots and, when seq_len_after <=
+// B, the layers' slot tables. A plain store is exactly the indexed store with every layer and
+// src_index[t] = t (StoreReference and LaunchStore run the same code with src_index null). To keep
+// layers that share an anchor equal (ReplayDesc), store every layer of a token range with the same
+// seq_len_after before the row's next RESOLVE.
+//
+// Validity, all checked before anything is written (an invalid store writes nothing): row in
+// [0, max_rows) and a layer range of >= 1 layers inside [0, num_layers) (else kResolveBadRow);
+// start_pos, num_tokens >= 0 (else kResolveBadPosition); seq_len_after as for StoreDesc (else
+// kResolveBadSeqLen); every src_index[t] in [0, src_tokens) (else kResolveBadIndex).
+struct IndexedStoreDesc {
+  ArenaView arena;
+  HostRecordMap host;
+  int32_t row;
+  int32_t first_layer;
+  int32_t num_layers;  // layers stored, >= 1
+  int32_t start_pos;
+  int32_t num_tokens;
+  int32_t seq_len_after;
+  const uint8_t* src_base;   // the pool of layer first_layer (16-byte aligned on the CUDA path)
+  const int32_t* src_index;  // [num_tokens] pool slot of position start_pos + t; null: t (plain store)
+  int64_t src_tokens;        // records in each layer's pool: every src_index[t] must be below it
+  int64_t src_layer_stride;  // bytes between layer l and l + 1 of the pool
+  int64_t src_token_stride;  // bytes between pool slots, >= record_bytes
+  uint32_t* check;           // CUDA only: a device word the index check writes and the copy reads
+                             // (launches that share it must be ordered); unused by the reference
+  uint32_t* error_flags;     // may be null; the CUDA path ORs kResolveBadIndex here (the host
+                             // checks everything else before launching)
+};
+
 // Decode append: the newest token (position seq_len - 1) of every row in the batch, one layer:
 // into the row's newest-token slot B and into the host pool.
 struct AppendDesc {
@@ -147,7 +228,8 @@ struct AppendDesc {
   HostRecordMap host;
   int32_t layer;
   int32_t max_batch;
-  const int32_t* batch_size;  // device scalar, as in ResolveDesc
+  const int32_t* batch_size;  // device scalar, as in ResolveDesc; entries at index >= *batch_size
+                              // do nothing (append has no outputs to pad)
   const int32_t* rows;        // [max_batch]
   const int32_t* seq_lens;    // [max_batch] the newest token is at seq_len - 1
   const uint8_t* src;         // record of batch entry i at src + i * src_stride
@@ -163,7 +245,8 @@ const char* ValidateArenaGeometry(const ArenaGeometry& g);
 // Each returns the OR of ResolveError bits it set (0 when every row was valid). Counters in the
 // arena are updated exactly as the CUDA kernel updates them.
 uint32_t ResolveReference(const ResolveDesc& d);
-uint32_t StoreReference(const StoreDesc& d);
+uint32_t StoreReference(const StoreDesc& d);  // IndexedStoreReference of every layer, index t
+uint32_t IndexedStoreReference(const IndexedStoreDesc& d);
 uint32_t AppendReference(const AppendDesc& d);
 // Returns kResolveBadRow (and does nothing) when a layer is outside [0, num_layers) or the two
 // layers are equal, else 0.

@@ -1,6 +1,7 @@
-// CUDA launchers of RESOLVE, prefill store, decode append and row reset (kernels/resolve.cu,
-// kernels/store_append.cu). They meet the contract of resolve.h exactly: for identical inputs they
-// leave slot tables, LRU orders, outputs, counters and error flags identical to the CPU reference.
+// CUDA launchers of RESOLVE, prefill store (plain and indexed), decode append and row reset
+// (kernels/resolve.cu, kernels/store_append.cu). They meet the contract of resolve.h exactly: for
+// identical inputs they leave slot tables, LRU orders, outputs (page tables included), counters and
+// error flags identical to the CPU reference.
 //
 // Every launcher enqueues work on the given stream and returns at once: no host synchronization,
 // no allocation, no host-side state that changes between launches. All of them can be captured in
@@ -65,8 +66,8 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
 
 // One RESOLVE step for one layer and the batch: hit detection, LRU eviction, miss fetch from the
 // host pool (GPU threads reading mapped host memory), slot table. The grid (at most one wave of
-// resident blocks) is sized from max_batch and the device; rows at index >= *d.batch_size do
-// nothing, and blocks without a row help fetch other rows' misses.
+// resident blocks) is sized from max_batch and the device; entries at index >= *d.batch_size
+// only get kPadding outputs (rule 7), and blocks without a row help fetch other rows' misses.
 // Supported: every geometry ValidateArenaGeometry accepts whose per-row plan fits in one thread
 // block's shared memory (e.g. k = 2048 with B up to about 18,500 on an H200; LastLaunchError says
 // otherwise). Rows of one launch must be distinct (two entries of one row would race).
@@ -87,6 +88,13 @@ cudaError_t LaunchReplay(const ReplayDesc& d, const ResolveLaunchConfig& config,
 
 // Prefill store (StoreDesc): host pool always, slots and tables when seq_len_after <= B.
 cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream);
+
+// Indexed prefill store (IndexedStoreDesc): one check kernel (one block) over src_index, then one
+// copy launch for every layer of the range and every token of the chunk. The host-visible fields
+// are checked here (cudaErrorInvalidValue, LastLaunchError says which); a source index outside
+// [0, src_tokens) is found on the device: the copy then writes nothing and kResolveBadIndex is ORed
+// into d.error_flags. d.check must be a device word (one per stream of stores).
+cudaError_t LaunchStoreIndexed(const IndexedStoreDesc& d, cudaStream_t stream);
 
 // Decode append (AppendDesc): the newest token of every batch row into slot B and the host pool.
 cudaError_t LaunchAppend(const AppendDesc& d, cudaStream_t stream);
