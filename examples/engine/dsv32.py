@@ -770,7 +770,8 @@ class FullKV:
 
 class HisparseKV:
     """hisparse: records in the daemon's host pool (hs_store at admission, hs_append per step), RESOLVE
-    per layer, attention reading the slot arena by global index (row * layers + layer) * (B + 1) + slot."""
+    per layer, attention reading the slot arena by the record index RESOLVE writes,
+    (row * layers + layer) * (B + 1) + slot (its page-table output)."""
 
     mode = "hisparse"
 
@@ -781,7 +782,7 @@ class HisparseKV:
         self.stride = session.info().record_stride
         self.rows = torch.zeros(M, dtype=torch.int32, device=device)
         self.out_slots = torch.full((M, cfg.topk), -1, dtype=torch.int32, device=device)
-        self.rec_idx = torch.zeros(M, cfg.topk, dtype=torch.int64, device=device)
+        self.page_table = torch.full((M, cfg.topk), -1, dtype=torch.int32, device=device)
         self.B1 = session.slots + 1
         self.rows_of: Dict[int, int] = {}
 
@@ -804,11 +805,11 @@ class HisparseKV:
         self.session.append(layer, self.rows, st.seq_lens, rec, batch_size=st.batch_size)
 
     def resolve(self, layer: int, st: DecodeState):
-        self.session.resolve(layer, self.rows, st.seq_lens, st.positions, self.out_slots, batch_size=st.batch_size)
-        base = (self.rows.long() * self.cfg.layers + layer) * self.B1
-        torch.add(base.unsqueeze(1), self.out_slots.long(), out=self.rec_idx)
-        self.rec_idx.masked_fill_(self.out_slots < 0, -1)
-        return self.arena, self.rec_idx, self.stride
+        # RESOLVE writes each selection's record index in the arena (resolve.h rule 8, the page-table
+        # output): attention reads it as is, with no index kernel in between.
+        self.session.resolve(layer, self.rows, st.seq_lens, st.positions, None, page_table=self.page_table,
+                             batch_size=st.batch_size)
+        return self.arena, self.page_table, self.stride
 
     def close(self) -> None:
         for rid in list(self.rows_of):

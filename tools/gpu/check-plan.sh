@@ -4,10 +4,12 @@
 #   tools/gpu/make-bundle.sh .bundle-gpu        # here: CUDA build, stripped, libhisparse beside
 #   tools/gpu/check-plan.sh .bundle-gpu         # there, from the repo root ($OUT collects logs)
 # Steps: link bandwidth (hisparse-bench resolve's own measurement, one small point), gpu_resolve_test,
-# gpu_prefetch_test, gpu_two_process_test, pytest tests/python (GPU cases included), hisparse-bench
-# decode at a short configuration (capacity, matched-batch exactness). About 5 minutes.
-# Writes under $OUT: gpu.txt, link.jsonl, resolve.log, prefetch.log, two_process.log, pytest.log,
-# decode.log, summary.txt.
+# gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_arena_session_test, pytest
+# tests/python (GPU cases included), hisparse-bench decode at a short configuration (capacity,
+# matched-batch exactness), hisparse-bench serve at a short configuration (128k, batch 1-4 and the
+# peak, every mode, exactness). About 7 minutes.
+# Writes under $OUT: gpu.txt, link.jsonl, gpu_tests.log, pytest.log, decode.log, serve.log,
+# serve.jsonl, summary.txt.
 set -uo pipefail
 B=$(cd "${1:?bundle dir}" && pwd)
 OUT=${OUT:-$PWD/out}
@@ -28,16 +30,22 @@ step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its 
 step 60 link "$B/bin/hisparse-bench" resolve --batch 1 --slots 4096 --k 2048 --record-bytes 1152 --miss 0.2 \
   --runs 20 > "$OUT/link.jsonl" 2>&1
 grep '"kind":"link"' "$OUT/link.jsonl" | tee -a "$S"
-step 150 gpu_resolve_test "$B/bin/gpu_resolve_test" > "$OUT/resolve.log" 2>&1
-step 150 gpu_prefetch_test "$B/bin/gpu_prefetch_test" > "$OUT/prefetch.log" 2>&1
-step 200 gpu_two_process_test "$B/bin/gpu_two_process_test" > "$OUT/two_process.log" 2>&1
-for f in resolve prefetch two_process; do
-  grep -E '^\[  (PASSED|FAILED) |tests? ran|SKIPPED' "$OUT/$f.log" | sed "s/^/$f: /" | tee -a "$S"
+G="$OUT/gpu_tests.log"
+: > "$G"
+for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_arena_session_test; do
+  echo "=== $t" >> "$G"
+  step 200 "$t" "$B/bin/$t" >> "$G" 2>&1
 done
+grep -E '^=== |^\[  (PASSED|FAILED) |tests? ran|SKIPPED' "$G" | tee -a "$S"
 step 240 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python > "$OUT/pytest.log" 2>&1
 tail -3 "$OUT/pytest.log" | tee -a "$S"
 step 200 decode "$PY" examples/engine/decode_bench.py --hbm-budget 8GiB --host-pool-size 12GiB \
   --host-pool-segment-size 1GiB --contexts 32768 --k 2048 --slots 4096 --matched-slots 4096 --layers 4 \
   --records bf16 --steps 12 --probe-steps 4 --time-budget-s 150 > "$OUT/decode.log" 2>&1
 grep -E 'link|EXACT|MISMATCH|ratio|tokens/s' "$OUT/decode.log" | tail -12 | tee -a "$S"
+export HISPARSE_CTL_BIN="$B/bin/hisparse-ctl"
+step 200 serve "$PY" examples/engine/serve_bench.py --layers 8 --contexts 131072 --levels 1,2,4 --slots 4096 \
+  --hybrid-slots 4096 --steps 32 --probe-steps 0 --host-pool-size 24GiB --json "$OUT/serve.jsonl" > "$OUT/serve.log" 2>&1
+grep -E '"kind": "link"|"exact": false|peak tokens|Error' "$OUT/serve.log" | tee -a "$S"
+echo "serve exactness: $(grep -c '"exact": true' "$OUT/serve.log") exact, $(grep -c '"exact": false' "$OUT/serve.log") not" | tee -a "$S"
 exit 0
