@@ -283,19 +283,7 @@ uint32_t IndexedStoreReference(const IndexedStoreDesc& d) {
 }
 
 uint32_t StoreReference(const StoreDesc& d) {
-  IndexedStoreDesc x{};
-  x.arena = d.arena;
-  x.host = d.host;
-  x.row = d.row;
-  x.first_layer = 0;
-  x.num_layers = d.arena.geometry.num_layers;
-  x.start_pos = d.start_pos;
-  x.num_tokens = d.num_tokens;
-  x.seq_len_after = d.seq_len_after;
-  x.src_base = d.src;
-  x.src_index = nullptr;
-  x.src_layer_stride = d.src_layer_stride;
-  x.src_token_stride = d.src_token_stride;
+  IndexedStoreDesc x = IndexedStoreOf(d);
   return IndexedStoreReference(x);
 }
 

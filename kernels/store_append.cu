@@ -198,18 +198,7 @@ cudaError_t LaunchStoreKernels(const IndexedStoreDesc& d, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchStore(const StoreDesc& d, cudaStream_t stream) {
-  IndexedStoreDesc x{};
-  x.arena = d.arena;
-  x.host = d.host;
-  x.row = d.row;
-  x.first_layer = 0;
-  x.num_layers = d.arena.geometry.num_layers;
-  x.start_pos = d.start_pos;
-  x.num_tokens = d.num_tokens;
-  x.seq_len_after = d.seq_len_after;
-  x.src_base = d.src;
-  x.src_layer_stride = d.src_layer_stride;
-  x.src_token_stride = d.src_token_stride;
+  IndexedStoreDesc x = IndexedStoreOf(d);
   return LaunchStoreKernels(x, stream);
 }
 

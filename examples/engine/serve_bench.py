@@ -52,6 +52,8 @@ sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 import torch  # noqa: E402
 
 import dsv32  # noqa: E402
+import kv_backends  # noqa: E402
+import sparse_kernels  # noqa: E402
 
 GIB = 1 << 30
 PARTS = ["proj", "append", "indexer", "topk", "resolve", "attention", "moe", "lm_head"]
@@ -161,13 +163,13 @@ class Point:
         self.max_out = int(args.out_len.split(":")[1])
         self.ctxs = slot_contexts(ctx, N)
         self.lens = [c + self.max_out + 2 + args.probe_steps for c in self.ctxs]  # probe replays run past the end
-        self.st = dsv32.DecodeState(cfg, N, self.lens, dev, model.idx_fp8)
+        self.st = kv_backends.DecodeState(cfg, N, self.lens, dev, model.idx_fp8)
         if mode == "baseline":
-            self.kv = dsv32.FullKV(cfg, fmt, self.lens, dev)
+            self.kv = kv_backends.FullKV(cfg, fmt, self.lens, dev)
         elif mode == "hybrid":
-            self.kv = dsv32.HybridKV(session, cfg, fmt, self.lens, n_res, dev)
+            self.kv = kv_backends.HybridKV(session, cfg, fmt, self.lens, n_res, dev)
         else:
-            self.kv = dsv32.HisparseKV(session, cfg, fmt, N, dev)
+            self.kv = kv_backends.HisparseKV(session, cfg, fmt, N, dev)
         self.n_res = n_res
         lo, hi = (int(x) for x in args.out_len.split(":"))
         self.sched = Schedule(args.seed, lo, hi)
@@ -348,7 +350,7 @@ def main(argv=None) -> int:
         from engine import measure_link_gbps
         emit(dict(kind="link", h2d_gbps=round(measure_link_gbps(dev, tries=3), 1), note="1 GiB pinned H2D, best of 3"))
     t = time.monotonic()
-    model = dsv32.Model(cfg, dev, fp8_weights=cuda, kernels=dsv32.Kernels(cuda))
+    model = dsv32.Model(cfg, dev, fp8_weights=cuda, kernels=sparse_kernels.Kernels(cuda))
     wb = model.weight_bytes()
     full_weights = sum(wb.values()) * cfg.full_layers / cfg.layers
     budget = int(max(0, parse_size(args.gpu_hbm) - full_weights - parse_size(args.reserve)) * cfg.layers / cfg.full_layers)

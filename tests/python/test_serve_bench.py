@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 serve_bench = pytest.importorskip("serve_bench")  # examples/engine, put on sys.path by conftest
 dsv32 = pytest.importorskip("dsv32")
+sparse_kernels = pytest.importorskip("sparse_kernels")
 
 
 def json_lines(text):
@@ -77,7 +78,7 @@ def test_capacity_counts_the_index_keys_in_both_modes():
 def _gpu_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    if dsv32.triton is None:
+    if sparse_kernels.triton is None:
         pytest.skip("no triton")
 
 
@@ -98,8 +99,8 @@ def test_triton_sparse_mla_matches_the_reference(records):
     out_t = torch.full((M, cfg.heads, 512), 7.0, dtype=torch.bfloat16, device=dev)
     out_r = torch.empty_like(out_t)
     scale = 1.0 / 24.0
-    dsv32.Kernels(True).sparse_mla(q, recs, idx, stride, fmt, bs, out_t, scale)
-    dsv32.Kernels(False).sparse_mla(q, recs, idx, stride, fmt, bs, out_r, scale)
+    sparse_kernels.Kernels(True).sparse_mla(q, recs, idx, stride, fmt, bs, out_t, scale)
+    sparse_kernels.Kernels(False).sparse_mla(q, recs, idx, stride, fmt, bs, out_r, scale)
     assert torch.all(out_t[4] == 7.0), "a row past *batch_size was written"
     torch.testing.assert_close(out_t[:4].float(), out_r[:4].float(), rtol=2e-2, atol=2e-2)
 
@@ -123,8 +124,8 @@ def test_triton_index_scores_match_the_reference():
     for b_ in range(M):
         pool_k.view(torch.uint8)[base[b_]:base[b_] + T] = keys[b_].view(torch.uint8)
         pool_s[base[b_]:base[b_] + T] = ks[b_]
-    dsv32.Kernels(True).index_scores(q, w, pool_k, pool_s, seq, bs, out_t, base)
-    dsv32.Kernels(False).index_scores(q, w, pool_k, pool_s, seq, bs, out_r, base)
+    sparse_kernels.Kernels(True).index_scores(q, w, pool_k, pool_s, seq, bs, out_t, base)
+    sparse_kernels.Kernels(False).index_scores(q, w, pool_k, pool_s, seq, bs, out_r, base)
     # And the same scores as plain torch, from the unpooled keys.
     direct = ((torch.einsum("bhd,btd->bht", q.float(), keys.float()).clamp(min=0) * w.unsqueeze(-1)).sum(1) * ks)
     torch.testing.assert_close(out_t[0], direct[0], rtol=1e-3, atol=1e-3)
@@ -157,6 +158,6 @@ def test_triton_sparse_mla_reads_two_allocations_through_one_base():
     bs = torch.tensor([2], dtype=torch.int32, device=dev)
     out_t = torch.empty(2, cfg.heads, 512, dtype=torch.bfloat16, device=dev)
     out_r = torch.empty_like(out_t)
-    dsv32.Kernels(True).sparse_mla(q, arena, off, 16, fmt, bs, out_t, 0.05)
-    dsv32.Kernels(False).sparse_mla(q, [(cache, ia, R), (arena, ib, R)], off, 16, fmt, bs, out_r, 0.05)
+    sparse_kernels.Kernels(True).sparse_mla(q, arena, off, 16, fmt, bs, out_t, 0.05)
+    sparse_kernels.Kernels(False).sparse_mla(q, [(cache, ia, R), (arena, ib, R)], off, 16, fmt, bs, out_r, 0.05)
     torch.testing.assert_close(out_t.float(), out_r.float(), rtol=2e-2, atol=2e-2)

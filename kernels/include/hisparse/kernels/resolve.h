@@ -221,6 +221,25 @@ struct IndexedStoreDesc {
                              // checks everything else before launching)
 };
 
+// The plain store as an indexed store: every layer, pool slot t for position start_pos + t. The
+// CPU reference and the CUDA launcher both run it through the indexed path, so they cannot drift.
+inline IndexedStoreDesc IndexedStoreOf(const StoreDesc& d) {
+  IndexedStoreDesc x{};
+  x.arena = d.arena;
+  x.host = d.host;
+  x.row = d.row;
+  x.first_layer = 0;
+  x.num_layers = d.arena.geometry.num_layers;
+  x.start_pos = d.start_pos;
+  x.num_tokens = d.num_tokens;
+  x.seq_len_after = d.seq_len_after;
+  x.src_base = d.src;
+  x.src_index = nullptr;
+  x.src_layer_stride = d.src_layer_stride;
+  x.src_token_stride = d.src_token_stride;
+  return x;
+}
+
 // Decode append: the newest token (position seq_len - 1) of every row in the batch, one layer:
 // into the row's newest-token slot B and into the host pool.
 struct AppendDesc {
