@@ -102,6 +102,10 @@ constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word =
 constexpr int kConsumeUnroll = 8;
 constexpr int kDirectUnroll = 4;
 
+// Multi-query RESOLVE (resolve.h rule 8) runs on the CPU reference only, for now.
+constexpr const char* kNoMultiQuery =
+    "RESOLVE with draft_tokens > 0 (multi-query, rule 8) has no CUDA kernel yet; use the host backend";
+
 // Slot-table encoding of a selection during planning.
 constexpr int kSelMiss = -2;  // miss before ranking; rank m is stored as -(m + 3)
 // Hash table entry: position in the low word, selection index in the high word; all ones = empty
@@ -927,7 +931,7 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
       dlru[x] = __ldg(slru + x);
     }
     const int nch = (misses + rw - 1) / rw;
-    const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + static_cast<size_t>(i) * g.k;
+    const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(g);
     const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
     uint8_t* dst = a.Record(row, d.layer, 0);
     for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
@@ -975,6 +979,7 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
   char buf[192];
   if (config == nullptr) return internal::FailLaunch("PrepareResolveLaunch: config is null");
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
+  if (g.draft_tokens != 0) return internal::FailLaunch(kNoMultiQuery);
   ResolveLaunchConfig c;
   c.k = g.k;
   c.slots = g.slots;
@@ -1017,6 +1022,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   char buf[192];
   const ArenaGeometry& g = d.arena.geometry;
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
+  if (g.draft_tokens != 0) return internal::FailLaunch(kNoMultiQuery);
   // A layer outside [0, num_layers) is not rejected here: as in the reference, every active row
   // of the launch then reports kResolveBadRow on the device.
   if (d.max_batch < 0) return internal::FailLaunch("max_batch < 0");
