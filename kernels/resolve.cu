@@ -52,6 +52,7 @@
 
 #include "hisparse/kernels/resolve_cuda.h"
 #include "record_dispatch.h"
+#include "resolve_multi.h"
 
 namespace hisparse {
 namespace internal {
@@ -101,10 +102,6 @@ constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word =
 // planner's own chunks 4 (its warps go on to the queue afterwards).
 constexpr int kConsumeUnroll = 8;
 constexpr int kDirectUnroll = 4;
-
-// Multi-query RESOLVE (resolve.h rule 8) runs on the CPU reference only, for now.
-constexpr const char* kNoMultiQuery =
-    "RESOLVE with draft_tokens > 0 (multi-query, rule 8) has no CUDA kernel yet; use the host backend";
 
 // Slot-table encoding of a selection during planning.
 constexpr int kSelMiss = -2;  // miss before ranking; rank m is stored as -(m + 3)
@@ -965,6 +962,7 @@ ReplayKernelFn ReplayKernelFor(uint32_t record_bytes) {
 
 size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch) {
   if (g.k < 1 || g.record_bytes < 16 || max_batch < 0) return 0;
+  if (g.draft_tokens != 0) return internal::MultiQueryWorkspaceBytes(g, max_batch);
   return ComputeWsLayout(g, max_batch).total;
 }
 
@@ -979,7 +977,6 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
   char buf[192];
   if (config == nullptr) return internal::FailLaunch("PrepareResolveLaunch: config is null");
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
-  if (g.draft_tokens != 0) return internal::FailLaunch(kNoMultiQuery);
   ResolveLaunchConfig c;
   c.k = g.k;
   c.slots = g.slots;
@@ -990,6 +987,13 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
+  }
+  if (g.draft_tokens != 0) {  // the multi-query kernel plans in global scratch: nothing to size
+    c.smem = 0;
+    c.blocks_per_sm = 1;
+    *config = c;
+    internal::SetLaunchError("");
+    return cudaSuccess;
   }
   const SmemLayout sm = ComputeSmem(g);
   if (sm.total > static_cast<unsigned>(c.smem_optin)) {
@@ -1022,7 +1026,6 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   char buf[192];
   const ArenaGeometry& g = d.arena.geometry;
   if (const char* why = internal::CheckGeometry(g, buf, sizeof buf)) return internal::FailLaunch(why);
-  if (g.draft_tokens != 0) return internal::FailLaunch(kNoMultiQuery);
   // A layer outside [0, num_layers) is not rejected here: as in the reference, every active row
   // of the launch then reports kResolveBadRow on the device.
   if (d.max_batch < 0) return internal::FailLaunch("max_batch < 0");
@@ -1037,6 +1040,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     internal::SetLaunchError("");
     return cudaSuccess;
   }
+  // Multi-query steps (rule 8) have their own kernel (resolve_multi.cu); this one stays n = 0's.
+  if (g.draft_tokens != 0) return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, stream);
   const WsLayout ws = ComputeWsLayout(g, d.max_batch);
   if (!workspace || workspace_bytes < ws.total) {
     std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);
