@@ -75,8 +75,8 @@ constexpr size_t kSessionOptionsV1 = offsetof(hs_session_options, layer_anchor);
 constexpr size_t kRequestInfoV1 = sizeof(hs_request_info);
 constexpr size_t kSessionInfoV1 = offsetof(hs_session_info, arena_kind);  // ABI 1.0
 constexpr size_t kStatsV1 = sizeof(hs_stats);
-constexpr size_t kResolveArgsV1 = sizeof(hs_resolve_args);
-constexpr size_t kStoreIndexedArgsV1 = sizeof(hs_store_indexed_args);  // ABI 1.3
+constexpr size_t kResolveArgsV1 = offsetof(hs_resolve_args, query_counts);  // ABI 1.0
+constexpr size_t kStoreIndexedArgsV1 = sizeof(hs_store_indexed_args);       // ABI 1.3
 
 bool SizeOk(uint32_t struct_size, size_t first_version) { return struct_size >= first_version; }
 
@@ -289,7 +289,17 @@ hs_result hs_append(hs_session* s, uint32_t layer, int32_t max_batch, const int3
                     const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, src, src_stride, stream));
+    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, nullptr, src, src_stride, stream));
+  });
+}
+
+hs_result hs_append_tokens(hs_session* s, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
+                           const int32_t* rows, const int32_t* seq_lens, const int32_t* token_counts, const void* src,
+                           int64_t src_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(
+        s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, token_counts, src, src_stride, stream));
   });
 }
 
