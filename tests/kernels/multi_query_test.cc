@@ -422,6 +422,53 @@ void RandomRun(int32_t n, uint32_t seed) {
   EXPECT_GT(refused, 0u);
 }
 
+// Exact prefetch with drafts: replaying the anchor's multi-query plan (EntriesPerRow = Q * k
+// entries per batch entry) into a follower layer leaves the arena byte-identical to resolving the
+// follower with the same lists, with more than k misses in one entry.
+TEST(MultiQueryTest, ReplayOfAMultiQueryPlanEqualsResolve) {
+  const ArenaGeometry g = Geometry(3, 2, 40, 6, 3);  // Q = 4: up to 24 misses > k
+  ArenaFixture full(g, 300), pref(g, 300);
+  std::vector<int32_t> words((MissPlan::Bytes(g, 3) + 3) / 4, 0x5a5a5a5a);
+  const MissPlan plan = MissPlan::Of(words.data(), 3);
+  std::mt19937 rng(9);
+  const std::vector<int32_t> rows = {2, 0, 1};
+  std::vector<int32_t> committed = {20, 50, 90};
+  for (int32_t r = 0; r < 3; ++r) {
+    full.FillHost(r, 300);
+    pref.FillHost(r, 300);
+  }
+  size_t most_misses = 0;
+  for (int step = 0; step < 40; ++step) {
+    std::vector<int32_t> q(3), seq(3), sel(3 * 4 * 6, kPadding);
+    for (int32_t i = 0; i < 3; ++i) {
+      q[i] = 1 + static_cast<int32_t>(rng() % 4);
+      seq[i] = committed[i] + q[i];
+      for (int32_t t = 0; t < q[i]; ++t) {
+        std::set<int32_t> list;
+        while (list.size() < 6) list.insert(static_cast<int32_t>(rng() % (seq[i] - q[i] + t + 1)));
+        std::copy(list.begin(), list.end(), sel.begin() + (i * 4 + t) * 6);
+      }
+    }
+    std::vector<int32_t> out_full, out_pref;
+    ASSERT_EQ(full.Resolve(0, 3, rows, seq, sel, &out_full, 0, nullptr, MissPlan{}, q.data()), 0u);
+    ASSERT_EQ(full.Resolve(1, 3, rows, seq, sel, &out_full, 0, nullptr, MissPlan{}, q.data()), 0u);
+    ASSERT_EQ(pref.Resolve(0, 3, rows, seq, sel, &out_pref, 0, nullptr, plan, q.data()), 0u);
+    for (int32_t i = 0; i < 3; ++i) most_misses = std::max(most_misses, static_cast<size_t>(plan.summary[3 * i + 1]));
+    ReplayDesc r{};
+    r.arena = pref.view();
+    r.host = pref.host();
+    r.anchor_layer = 0;
+    r.layer = 1;
+    r.max_batch = 3;
+    r.plan = plan;
+    ASSERT_EQ(ReplayReference(r), 0u);
+    ASSERT_EQ(out_pref, out_full);
+    ASSERT_EQ(pref.Snapshot(), full.Snapshot()) << "step " << step;
+    for (int32_t i = 0; i < 3; ++i) committed[i] += 1 + static_cast<int32_t>(rng() % q[i]);
+  }
+  EXPECT_GT(most_misses, static_cast<size_t>(g.k));  // the plan's larger stride was exercised
+}
+
 TEST(MultiQueryTest, RandomAcceptanceMatchesTheModel) {
   for (int32_t n = 0; n <= 4; ++n) {
     for (uint32_t seed = 1; seed <= 12; ++seed) {
