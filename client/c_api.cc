@@ -289,7 +289,17 @@ hs_result hs_append(hs_session* s, uint32_t layer, int32_t max_batch, const int3
                     const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, src, src_stride, stream));
+    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, nullptr, src, src_stride, stream));
+  });
+}
+
+hs_result hs_append_tokens(hs_session* s, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
+                           const int32_t* rows, const int32_t* seq_lens, const int32_t* token_counts, const void* src,
+                           int64_t src_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(
+        s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, token_counts, src, src_stride, stream));
   });
 }
 

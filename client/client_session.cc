@@ -104,8 +104,13 @@ void ClientSession::SetGeometry(const hs_session_options& o) {
   geometry_.set_k(o.k);
   geometry_.set_slots(o.slots);
   geometry_.set_max_requests(o.max_requests);
-  arena_geometry_ = ArenaGeometry{static_cast<int32_t>(o.max_requests), static_cast<int32_t>(o.num_layers),
-                                  static_cast<int32_t>(o.slots), static_cast<int32_t>(o.k), o.record_bytes};
+  geometry_.set_draft_tokens(o.draft_tokens);  // zero for callers built before ABI 1.4
+  arena_geometry_ = ArenaGeometry{static_cast<int32_t>(o.max_requests),
+                                  static_cast<int32_t>(o.num_layers),
+                                  static_cast<int32_t>(o.slots),
+                                  static_cast<int32_t>(o.k),
+                                  o.record_bytes,
+                                  static_cast<int32_t>(o.draft_tokens)};
   anchor_.resize(o.num_layers);
   for (uint32_t l = 0; l < o.num_layers; ++l) anchor_[l] = static_cast<int32_t>(l);
   if (o.layer_anchor != nullptr) {
@@ -485,6 +490,7 @@ hs_session_info ClientSession::Info() const {
   info.session_id = opened_.session_id();
   info.backend = backend_->kind();
   info.slot_base = arena_.records;
+  info.draft_tokens = geometry_.draft_tokens();
   info.record_stride = arena_.RecordStride();
   info.slots = geometry_.slots();
   info.max_tokens_per_request = opened_.max_tokens_per_request();
@@ -500,6 +506,10 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
       (a.out_slots == nullptr && a.page_table == nullptr)) {
     return absl::InvalidArgumentError(
         "resolve needs max_batch >= 0 and rows, seq_lens, positions, and out_slots or page_table");
+  }
+  if (a.page_table != nullptr && geometry_.draft_tokens() > 0) {
+    return absl::InvalidArgumentError(
+        "resolve page table: not yet with draft_tokens > 0 (multi-query steps); use out_slots");
   }
   if (a.page_table != nullptr) {
     if (const char* why = ValidatePageTable(arena_geometry_, a.page_records, a.page_offset)) {
@@ -519,6 +529,7 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   d.page_table = a.page_table;
   d.page_records = a.page_records;
   d.page_offset = a.page_offset;
+  d.query_counts = a.query_counts;  // zero (NULL) for callers built before ABI 1.4
   d.error_flags = backend_->error_flags();
   const MissPlan& plan = plans_[a.layer];
   if (plan.summary != nullptr) {
@@ -636,7 +647,8 @@ absl::Status ClientSession::StoreIndexed(const hs_store_indexed_args& a) {
 }
 
 absl::Status ClientSession::Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
-                                   const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
+                                   const int32_t* seq_lens, const int32_t* token_counts, const void* src,
+                                   int64_t src_stride, void* stream) {
   if (layer >= geometry_.num_layers() || max_batch < 0 || rows == nullptr || seq_lens == nullptr || src == nullptr ||
       src_stride < static_cast<int64_t>(geometry_.record_bytes())) {
     return absl::InvalidArgumentError(
@@ -651,6 +663,7 @@ absl::Status ClientSession::Append(uint32_t layer, int32_t max_batch, const int3
   d.seq_lens = seq_lens;
   d.src = static_cast<const uint8_t*>(src);
   d.src_stride = src_stride;
+  d.token_counts = token_counts;
   d.error_flags = backend_->error_flags();
   absl::ReaderMutexLock lock(&mu_);
   d.host = backend_->host_map();

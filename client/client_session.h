@@ -83,8 +83,8 @@ class ClientSession {
   // hs_store_indexed: every argument the host can see is checked here (nothing written otherwise).
   absl::Status StoreIndexed(const hs_store_indexed_args& args) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
-                      const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                      const int32_t* seq_lens, const int32_t* token_counts, const void* src, int64_t src_stride,
+                      void* stream) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckErrors();
   // Requests the daemon evicted since the last call (their memory is gone; re-prefill or fail them).
   std::vector<uint64_t> TakeEvicted() ABSL_LOCKS_EXCLUDED(mu_);

@@ -19,6 +19,8 @@ std::string DescribeResolveErrors(uint32_t bits) {
   if (bits & kResolveBadSeqLen) what.push_back("seq_len outside [1, the request's capacity]");
   if (bits & kResolveBadRow) what.push_back("a row outside [0, max_requests) or not admitted");
   if (bits & kResolveBadIndex) what.push_back("a source index outside [0, src_tokens) of the source pool");
+  if (bits & kResolveBadQueryCount) what.push_back("a query or token count outside [1, draft_tokens + 1]");
+  if (bits & kResolveUnionTooLarge) what.push_back("the union of a row's query lists larger than slots (B)");
   return absl::StrCat("invalid data-path input (the state of those rows, or of that store's request, is unchanged): ",
                       absl::StrJoin(what, "; "));
 }

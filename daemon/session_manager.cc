@@ -60,6 +60,9 @@ absl::Status ValidateGeometry(const v1::Geometry& g, uint32_t max_requests_limit
   if (g.k() < 1) return bad("k must be >= 1, got ", g.k());
   if (g.slots() < g.k()) return bad("slots (B) must be >= k: B = ", g.slots(), ", k = ", g.k());
   if (g.slots() > kMaxSlots) return bad("slots must be <= ", kMaxSlots, ", got ", g.slots());
+  if (g.draft_tokens() > static_cast<uint32_t>(kMaxDraftTokens)) {
+    return bad("draft_tokens must be 0..", kMaxDraftTokens, ", got ", g.draft_tokens());
+  }
   if (g.max_requests() < 1 || g.max_requests() > max_requests_limit) {
     return bad("max_requests must be 1..", max_requests_limit, ", got ", g.max_requests());
   }
@@ -126,8 +129,13 @@ absl::StatusOr<std::string> EngineName(absl::string_view name, size_t max) {
 }
 
 ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
-  return ArenaGeometry{static_cast<int32_t>(g.max_requests()), static_cast<int32_t>(g.num_layers()),
-                       static_cast<int32_t>(g.slots()), static_cast<int32_t>(g.k()), g.record_bytes()};
+  // The arena is sized from this: every (row, layer) holds B + 1 + draft_tokens records.
+  return ArenaGeometry{static_cast<int32_t>(g.max_requests()),
+                       static_cast<int32_t>(g.num_layers()),
+                       static_cast<int32_t>(g.slots()),
+                       static_cast<int32_t>(g.k()),
+                       g.record_bytes(),
+                       static_cast<int32_t>(g.draft_tokens())};
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ const char* ValidateArenaGeometry(const ArenaGeometry& g) {
   if (g.k < 1) return "k must be >= 1";
   // RESOLVE relies on B >= k: every miss of a step then finds a slot that holds no hit.
   if (g.slots < g.k) return "slots (B) must be >= k";
+  if (g.draft_tokens < 0 || g.draft_tokens > kMaxDraftTokens) return "draft_tokens must be in [0, 7]";
   if (g.record_bytes < kRecordAlign || g.record_bytes > kMaxRecordBytes) {
     return "record_bytes must be in [16, 16384]";
   }

@@ -26,7 +26,7 @@
 //          written straight to global memory:
 //            non-hit slot with rank r: r >= M ? r - M : (B - H - M) + r;  hit slot: (B - H) + its
 //            rank among hit slots   (M misses, H hit slots = B - non-hit slots);
-//       5. WriteOutputs and CountRow: outputs (slots, and rule 8's page-table entries when asked
+//       5. WriteOutputs and CountRow: outputs (slots, and rule 9's page-table entries when asked
 //          for, computed by the same PageTableEntry as the reference), slot_pos of the victims,
 //          the fetch plan and the counters (RejectRow instead for an invalid row);
 //       6. PublishChunks and CopyOwnChunks: the fetch, below.
@@ -53,6 +53,7 @@
 
 #include "hisparse/kernels/resolve_cuda.h"
 #include "record_dispatch.h"
+#include "resolve_multi.h"
 
 namespace hisparse {
 namespace internal {
@@ -939,7 +940,7 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
       dlru[x] = __ldg(slru + x);
     }
     const int nch = (misses + rw - 1) / rw;
-    const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + static_cast<size_t>(i) * g.k;
+    const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(g);
     const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
     uint8_t* dst = a.Record(row, d.layer, 0);
     for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
@@ -973,6 +974,7 @@ ReplayKernelFn ReplayKernelFor(uint32_t record_bytes) {
 
 size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch) {
   if (g.k < 1 || g.record_bytes < 16 || max_batch < 0) return 0;
+  if (g.draft_tokens != 0) return internal::MultiQueryWorkspaceBytes(g, max_batch);
   return ComputeWsLayout(g, max_batch).total;
 }
 
@@ -997,6 +999,13 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
+  }
+  if (g.draft_tokens != 0) {  // the multi-query kernel plans in global scratch: nothing to size
+    c.smem = 0;
+    c.blocks_per_sm = 1;
+    *config = c;
+    internal::SetLaunchError("");
+    return cudaSuccess;
   }
   const SmemLayout sm = ComputeSmem(g);
   if (sm.total > static_cast<unsigned>(c.smem_optin)) {
@@ -1046,6 +1055,12 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   if (d.max_batch == 0) {
     internal::SetLaunchError("");
     return cudaSuccess;
+  }
+  // Multi-query steps (rule 8) have their own kernel (resolve_multi.cu); this one stays n = 0's.
+  if (g.draft_tokens != 0) {
+    if (d.page_table || !d.out_slots)
+      return internal::FailLaunch("the page-table output (rule 9) needs draft_tokens 0");
+    return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, stream);
   }
   const WsLayout ws = ComputeWsLayout(g, d.max_batch);
   if (!workspace || workspace_bytes < ws.total) {

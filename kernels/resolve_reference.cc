@@ -11,6 +11,7 @@
 // layer outside [0, num_layers) names no (row, layer) state, so every active row of the launch is
 // rejected as kResolveBadRow (RESOLVE does the same for a geometry ValidateArenaGeometry rejects).
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -28,13 +29,6 @@ int32_t ActiveRows(const int32_t* batch_size, int32_t max_batch) {
 }
 
 bool LayerInRange(const ArenaView& a, int32_t layer) { return layer >= 0 && layer < a.geometry.num_layers; }
-
-// Row and seq_len checks shared by RESOLVE and append. Returns 0 when both are valid.
-uint32_t CheckRowAndSeqLen(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t seq_len) {
-  if (row < 0 || row >= a.geometry.max_rows) return kResolveBadRow;
-  if (seq_len < 1 || seq_len > h.capacity[row]) return kResolveBadSeqLen;
-  return 0;
-}
 
 // Host record of `pos` in (row, layer): the row's runs are contiguous, position 0 first.
 uint8_t* HostRecord(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer, int32_t pos) {
@@ -58,16 +52,27 @@ uint32_t CheckSelection(const int32_t* sel, int32_t k, int32_t seq_len) {
   return err;
 }
 
-// One valid (row, layer) step of RESOLVE; the numbered rules are those of resolve.h.
-// plan_index: the batch entry, for the miss plan (recorded when d.plan.summary is set).
-void ResolveRow(const ResolveDesc& d, int32_t plan_index, int32_t row, int32_t seq_len, const int32_t* sel,
-                int32_t* out) {
-  const bool plan = d.plan.summary != nullptr;
-  const ArenaView& a = d.arena;
+// The union of a step's lists (rule 8b), without touching state: for every selection its
+// outcome, and the misses in union order.
+struct StepPlan {
+  std::vector<int32_t> out;       // [Q * k] slot, or kPadding, or kSelMiss - m for miss m
+  std::vector<char> is_hit;       // [B] regular slots holding a hit
+  std::vector<int32_t> miss_pos;  // positions of the misses, in union order
+  uint64_t hits = 0;              // distinct positions needing no fetch (rule 8f)
+  int64_t union_size = 0;         // |U|: regular hits + misses
+};
+constexpr int32_t kSelMiss = -2;  // out value of miss m: kSelMiss - m
+
+// Rules 1 and 8a-8b: hits, tail positions and misses of q lists of k selections each.
+StepPlan PlanStep(const ArenaView& a, int32_t row, int32_t layer, int32_t seq_len, int32_t q, const int32_t* sel) {
   const int32_t B = a.geometry.slots;
   const int32_t k = a.geometry.k;
-  int32_t* slot_pos = a.SlotPos(row, d.layer);
-  int32_t* lru = a.Lru(row, d.layer);
+  const int32_t Q = a.geometry.TailSlots();
+  const int32_t tail_first = seq_len - q;  // query token t is position tail_first + t
+  const int32_t* slot_pos = a.SlotPos(row, layer);
+  StepPlan p;
+  p.out.assign(static_cast<size_t>(Q) * k, kPadding);
+  p.is_hit.assign(B, 0);
 
   // position -> slot over the filled slots, sorted by position for binary search.
   std::vector<std::pair<int32_t, int32_t>> resident;
@@ -77,46 +82,73 @@ void ResolveRow(const ResolveDesc& d, int32_t plan_index, int32_t row, int32_t s
   }
   std::sort(resident.begin(), resident.end());
 
-  // Rule 1: hits. The newest token goes to slot B and never touches a regular slot.
-  std::vector<char> is_hit(B, 0);
-  std::vector<int32_t> miss_index;  // selection indices of the misses, in selection order
-  uint64_t hits = 0;
-  for (int32_t j = 0; j < k; ++j) {
-    const int32_t p = sel[j];
-    if (p == kPadding) {
-      out[j] = kPadding;
-    } else if (p == seq_len - 1) {
-      out[j] = B;
-      ++hits;
-    } else {
-      auto it = std::lower_bound(resident.begin(), resident.end(), std::make_pair(p, -1));
-      if (it != resident.end() && it->first == p) {
-        out[j] = it->second;
-        is_hit[it->second] = 1;
-        ++hits;
-      } else {
-        miss_index.push_back(j);
+  // position -> its outcome in this step, for positions an earlier list already selected.
+  std::vector<std::pair<int32_t, int32_t>> seen;  // kept sorted by position
+  for (int32_t t = 0; t < q; ++t) {
+    for (int32_t j = 0; j < k; ++j) {
+      const int32_t pos = sel[static_cast<size_t>(t) * k + j];
+      int32_t& o = p.out[static_cast<size_t>(t) * k + j];
+      if (pos == kPadding) continue;
+      auto at = std::lower_bound(seen.begin(), seen.end(), std::make_pair(pos, INT32_MIN));
+      if (at != seen.end() && at->first == pos) {
+        o = at->second;  // selected by an earlier list: same slot, counted once
+        continue;
       }
+      if (pos >= tail_first) {
+        o = B + (pos - tail_first);  // rule 8a: the newest tokens' tail slots
+        ++p.hits;
+      } else {
+        auto it = std::lower_bound(resident.begin(), resident.end(), std::make_pair(pos, -1));
+        if (it != resident.end() && it->first == pos) {
+          o = it->second;
+          p.is_hit[it->second] = 1;
+          ++p.hits;
+        } else {
+          o = kSelMiss - static_cast<int32_t>(p.miss_pos.size());
+          p.miss_pos.push_back(pos);
+        }
+        ++p.union_size;
+      }
+      seen.insert(at, std::make_pair(pos, o));
     }
   }
+  return p;
+}
 
-  // Rule 2: the i-th miss takes the i-th least recently used slot holding no hit. B >= k
-  // guarantees enough of them: hit slots + misses <= k <= B.
+// One valid (row, layer) step of RESOLVE; the numbered rules are those of resolve.h.
+// plan_index: the batch entry, for the miss plan (recorded when d.plan.summary is set). q: query
+// tokens (rule 8; 1 when there is a single list). Returns kResolveUnionTooLarge (and changes
+// nothing) when the union does not fit in B (rule 8c), else 0.
+uint32_t ResolveRow(const ResolveDesc& d, int32_t plan_index, int32_t row, int32_t seq_len, int32_t q,
+                    const int32_t* sel, int32_t* out) {
+  const ArenaView& a = d.arena;
+  const int32_t B = a.geometry.slots;
+  const size_t outs = static_cast<size_t>(a.geometry.TailSlots()) * a.geometry.k;
+  StepPlan p = PlanStep(a, row, d.layer, seq_len, q, sel);
+  if (p.union_size > B) return kResolveUnionTooLarge;
+  int32_t* slot_pos = a.SlotPos(row, d.layer);
+  int32_t* lru = a.Lru(row, d.layer);
+  const size_t misses = p.miss_pos.size();
+
+  // Rule 2: the i-th miss takes the i-th least recently used slot holding no hit. |U| <= B
+  // guarantees enough of them: hit slots + misses = |U| <= B.
   std::vector<int32_t> victims;
-  victims.reserve(miss_index.size());
-  for (int32_t i = 0; i < B && victims.size() < miss_index.size(); ++i) {
-    if (!is_hit[lru[i]]) victims.push_back(lru[i]);
+  victims.reserve(misses);
+  for (int32_t i = 0; i < B && victims.size() < misses; ++i) {
+    if (!p.is_hit[lru[i]]) victims.push_back(lru[i]);
   }
   std::vector<char> is_victim(B, 0);
-  for (size_t i = 0; i < miss_index.size(); ++i) {
+  for (size_t i = 0; i < misses; ++i) {
     const int32_t s = victims[i];
-    const int32_t p = sel[miss_index[i]];
     is_victim[s] = 1;
-    slot_pos[s] = p;
-    out[miss_index[i]] = s;
+    slot_pos[s] = p.miss_pos[i];
     if (!(d.flags & kResolveFlagNoFetch)) {
-      std::memcpy(a.Record(row, d.layer, s), HostRecord(a, d.host, row, d.layer, p), a.geometry.record_bytes);
+      std::memcpy(a.Record(row, d.layer, s), HostRecord(a, d.host, row, d.layer, p.miss_pos[i]),
+                  a.geometry.record_bytes);
     }
+  }
+  for (size_t x = 0; x < outs; ++x) {
+    out[x] = p.out[x] <= kSelMiss ? victims[kSelMiss - p.out[x]] : p.out[x];
   }
 
   // Rule 3: untouched (old order), then filled by misses (miss order), then hits (old order).
@@ -124,31 +156,32 @@ void ResolveRow(const ResolveDesc& d, int32_t plan_index, int32_t row, int32_t s
   std::vector<int32_t> next;
   next.reserve(B);
   for (int32_t i = 0; i < B; ++i) {
-    if (!is_hit[lru[i]] && !is_victim[lru[i]]) next.push_back(lru[i]);
+    if (!p.is_hit[lru[i]] && !is_victim[lru[i]]) next.push_back(lru[i]);
   }
   next.insert(next.end(), victims.begin(), victims.end());
   for (int32_t i = 0; i < B; ++i) {
-    if (is_hit[lru[i]]) next.push_back(lru[i]);
+    if (p.is_hit[lru[i]]) next.push_back(lru[i]);
   }
   std::copy(next.begin(), next.end(), lru);
 
-  if (plan) {
+  if (d.plan.summary) {
     int32_t* sum = d.plan.summary + static_cast<size_t>(plan_index) * 3;
     sum[0] = row;
-    sum[1] = static_cast<int32_t>(miss_index.size());
-    sum[2] = static_cast<int32_t>(hits);
-    int32_t* e = d.plan.entries + static_cast<size_t>(plan_index) * k * 2;
-    for (size_t i = 0; i < miss_index.size(); ++i) {
-      e[2 * i] = sel[miss_index[i]];
+    sum[1] = static_cast<int32_t>(misses);
+    sum[2] = static_cast<int32_t>(p.hits);
+    int32_t* e = d.plan.entries + static_cast<size_t>(plan_index) * MissPlan::EntriesPerRow(a.geometry) * 2;
+    for (size_t i = 0; i < misses; ++i) {
+      e[2 * i] = p.miss_pos[i];
       e[2 * i + 1] = victims[i];
     }
   }
 
   ArenaCounters* c = a.counters;
-  c->hits += hits;
-  c->misses += miss_index.size();
-  c->bytes_fetched += static_cast<uint64_t>(miss_index.size()) * a.geometry.record_bytes;
+  c->hits += p.hits;
+  c->misses += misses;
+  c->bytes_fetched += static_cast<uint64_t>(misses) * a.geometry.record_bytes;
   c->steps += 1;
+  return 0;
 }
 
 // Keeps "every filled slot's record equals the host record" true when a store or append
@@ -163,34 +196,56 @@ void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t ro
   }
 }
 
-// Rule 8: the page table of batch entry i from its outputs (-1 where they are kPadding).
+// Rule 9: the page table of batch entry i from its outputs (-1 where they are kPadding).
 void WritePageTable(const ResolveDesc& d, int32_t i, const int32_t* out) {
   const int32_t k = d.arena.geometry.k;
   int32_t* pt = d.page_table + static_cast<size_t>(i) * k;
   for (int32_t j = 0; j < k; ++j) pt[j] = out[j] < 0 ? kPadding : PageTableEntry(d, d.rows[i], out[j]);
 }
 
+// Query tokens of batch entry i (rule 8): query_counts[i], or 1 without counts.
+int32_t QueryCount(const int32_t* counts, int32_t i) { return counts ? counts[i] : 1; }
+
+// Row, query count and seq_len checks shared by RESOLVE and append (resolve.h, in this order).
+uint32_t CheckEntry(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t q, int32_t seq_len) {
+  if (row < 0 || row >= a.geometry.max_rows) return kResolveBadRow;
+  if (q < 1 || q > a.geometry.TailSlots()) return kResolveBadQueryCount;
+  if (seq_len < q || seq_len > h.capacity[row]) return kResolveBadSeqLen;
+  return 0;
+}
+
+// Every list t < q against its query's length seq_len - q + t + 1 (rule 8).
+uint32_t CheckLists(const int32_t* sel, int32_t k, int32_t q, int32_t seq_len) {
+  uint32_t err = 0;
+  for (int32_t t = 0; t < q; ++t) err |= CheckSelection(sel + static_cast<size_t>(t) * k, k, seq_len - q + t + 1);
+  return err;
+}
+
 }  // namespace
 
 uint32_t ResolveReference(const ResolveDesc& d) {
+  const size_t outs = static_cast<size_t>(d.arena.geometry.TailSlots()) * d.arena.geometry.k;
   const int32_t k = d.arena.geometry.k;
   const int32_t n = ActiveRows(d.batch_size, d.max_batch);
   // An invalid geometry (B < k above all) could leave a miss without a slot, and invalid page-table
   // parameters could not be written: reject every row.
   const bool layer_ok =
       LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr &&
-      (d.page_table == nullptr || ValidatePageTable(d.arena.geometry, d.page_records, d.page_offset) == nullptr);
+      (d.page_table == nullptr || (d.arena.geometry.draft_tokens == 0 &&  // rule 9: single-query steps only
+                                   ValidatePageTable(d.arena.geometry, d.page_records, d.page_offset) == nullptr));
   uint32_t all_errors = 0;
   if (d.plan.summary) *d.plan.batch = n;
-  std::vector<int32_t> scratch(d.out_slots ? 0 : k);  // the outputs when only the page table is asked for
+  std::vector<int32_t> scratch(d.out_slots ? 0 : outs);  // the outputs when only the page table is asked for
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t* sel = d.positions + static_cast<size_t>(i) * k;
-    int32_t* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * k : scratch.data();
+    const int32_t* sel = d.positions + static_cast<size_t>(i) * outs;
+    int32_t* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * outs : scratch.data();
+    const int32_t q = QueryCount(d.query_counts, i);
     uint32_t err =
-        layer_ok ? CheckRowAndSeqLen(d.arena, d.host, d.rows[i], d.seq_lens[i]) : static_cast<uint32_t>(kResolveBadRow);
-    if (err == 0) err = CheckSelection(sel, k, d.seq_lens[i]);
+        layer_ok ? CheckEntry(d.arena, d.host, d.rows[i], q, d.seq_lens[i]) : static_cast<uint32_t>(kResolveBadRow);
+    if (err == 0) err = CheckLists(sel, k, q, d.seq_lens[i]);
+    if (err == 0) err = ResolveRow(d, i, d.rows[i], d.seq_lens[i], q, sel, out);
     if (err != 0) {
-      std::fill(out, out + k, kPadding);  // state untouched, counters untouched
+      std::fill(out, out + outs, kPadding);  // state untouched, counters untouched
       if (d.plan.summary) {
         int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
         sum[0] = d.rows[i];
@@ -199,14 +254,13 @@ uint32_t ResolveReference(const ResolveDesc& d) {
       }
       if (d.page_table) WritePageTable(d, i, out);  // every entry -1: the row is not read
       all_errors |= err;
-      continue;
+    } else if (d.page_table) {
+      WritePageTable(d, i, out);
     }
-    ResolveRow(d, i, d.rows[i], d.seq_lens[i], sel, out);
-    if (d.page_table) WritePageTable(d, i, out);
   }
   // Rule 7: padded entries publish kPadding and read nothing else of the batch.
   for (int32_t i = n; i < d.max_batch; ++i) {
-    if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * k, k, kPadding);
+    if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * outs, outs, kPadding);
     if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * k, k, kPadding);
     if (d.plan.summary) {
       int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
@@ -291,20 +345,25 @@ uint32_t AppendReference(const AppendDesc& d) {
   const ArenaView& a = d.arena;
   const int32_t n = ActiveRows(d.batch_size, d.max_batch);
   const bool layer_ok = LayerInRange(a, d.layer);
+  const int32_t Q = a.geometry.TailSlots();
+  const uint32_t rb = a.geometry.record_bytes;
   uint32_t all_errors = 0;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t row = d.rows[i];
     const int32_t seq_len = d.seq_lens[i];
-    const uint32_t err = layer_ok ? CheckRowAndSeqLen(a, d.host, row, seq_len) : static_cast<uint32_t>(kResolveBadRow);
+    const int32_t q = QueryCount(d.token_counts, i);
+    const uint32_t err = layer_ok ? CheckEntry(a, d.host, row, q, seq_len) : static_cast<uint32_t>(kResolveBadRow);
     if (err != 0) {
       all_errors |= err;
       continue;
     }
-    const uint8_t* src = d.src + i * d.src_stride;
-    const uint32_t rb = a.geometry.record_bytes;
-    std::memcpy(HostRecord(a, d.host, row, d.layer, seq_len - 1), src, rb);
-    std::memcpy(a.Record(row, d.layer, a.geometry.slots), src, rb);
-    RefreshResidentSlots(a, d.host, row, d.layer, seq_len - 1, seq_len);
+    // Token t is position seq_len - q + t, into tail slot B + t (rule 8a).
+    for (int32_t t = 0; t < q; ++t) {
+      const uint8_t* src = d.src + (static_cast<int64_t>(i) * Q + t) * d.src_stride;
+      std::memcpy(HostRecord(a, d.host, row, d.layer, seq_len - q + t), src, rb);
+      std::memcpy(a.Record(row, d.layer, a.geometry.slots + t), src, rb);
+    }
+    RefreshResidentSlots(a, d.host, row, d.layer, seq_len - q, seq_len);
   }
   if (d.error_flags) *d.error_flags |= all_errors;
   return all_errors;
@@ -322,7 +381,7 @@ uint32_t ReplayReference(const ReplayDesc& d) {
     const int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     const int32_t row = sum[0], misses = sum[1], hits = sum[2];
     if (misses < 0) continue;  // the anchor rejected the entry and left its state alone
-    const int32_t* e = d.plan.entries + static_cast<size_t>(i) * a.geometry.k * 2;
+    const int32_t* e = d.plan.entries + static_cast<size_t>(i) * MissPlan::EntriesPerRow(a.geometry) * 2;
     for (int32_t m = 0; m < misses; ++m) {
       std::memcpy(a.Record(row, d.layer, e[2 * m + 1]), HostRecord(a, d.host, row, d.layer, e[2 * m]), rb);
     }

@@ -100,8 +100,10 @@ __global__ void __launch_bounds__(kThreads) StoreKernel(const IndexedStoreDesc d
   if (from) WarpCopy(a.Record(d.row, layer, s), from, rb);
 }
 
-// Append: one block per batch entry; the block scans the row's slot table for a regular slot
-// holding the newest position (rare) and refreshes it, warp 0 writes the host pool and slot B.
+// Append: one block per batch entry, q = token_counts[i] tokens (1 without counts; resolve.h
+// AppendDesc). Warp t < q writes token t (position seq_len - q + t) to the host pool and tail slot
+// B + t; the block then scans the row's slot table for a regular slot holding one of the q
+// positions (rare) and refreshes it from the same source, as AppendReference does.
 __global__ void __launch_bounds__(kThreads) AppendKernel(const AppendDesc d) {
   const ArenaView& a = d.arena;
   int batch = *d.batch_size;
@@ -110,10 +112,14 @@ __global__ void __launch_bounds__(kThreads) AppendKernel(const AppendDesc d) {
   if (i >= batch) return;
   const int row = d.rows[i];
   const int seq = d.seq_lens[i];
+  const int Q = a.geometry.TailSlots();
   uint32_t err = 0;
+  int q = 1;
   if (d.layer < 0 || d.layer >= a.geometry.num_layers || row < 0 || row >= a.geometry.max_rows) {
     err = kResolveBadRow;
-  } else if (seq < 1 || seq > d.host.capacity[row]) {
+  } else if (d.token_counts && ((q = d.token_counts[i]) < 1 || q > Q)) {
+    err = kResolveBadQueryCount;
+  } else if (seq < q || seq > d.host.capacity[row]) {
     err = kResolveBadSeqLen;
   }
   if (err) {
@@ -121,23 +127,26 @@ __global__ void __launch_bounds__(kThreads) AppendKernel(const AppendDesc d) {
     return;
   }
   const uint32_t rb = a.geometry.record_bytes;
-  const uint8_t* src = d.src + i * d.src_stride;
+  const int first = seq - q;  // position of token 0
+  auto src_of = [&](int t) { return d.src + (static_cast<int64_t>(i) * Q + t) * d.src_stride; };
   const int warp = threadIdx.x >> 5;
-  if (warp == 0) {
-    WarpCopy(HostRec(a, d.host, row, d.layer, seq - 1), src, rb);
-    WarpCopy(a.Record(row, d.layer, a.geometry.slots), src, rb);
+  for (int t = warp; t < q; t += kWarps) {
+    WarpCopy(HostRec(a, d.host, row, d.layer, first + t), src_of(t), rb);
+    WarpCopy(a.Record(row, d.layer, a.geometry.slots + t), src_of(t), rb);
   }
   const int* slot_pos = a.SlotPos(row, d.layer);
   const int B = a.geometry.slots;
   // Warp w scans slots [w * 32, ...) in steps of the block; a match is copied by that warp.
   for (int base = warp * 32; base < B; base += kThreads) {
     const int s = base + (threadIdx.x & 31);
-    const bool match = s < B && slot_pos[s] == seq - 1;
+    const int held = s < B ? slot_pos[s] : -1;
+    const bool match = held >= first && held < seq;
     unsigned m = __ballot_sync(~0u, match);
     while (m) {
       const int l = __ffs(m) - 1;
       m &= m - 1;
-      WarpCopy(a.Record(row, d.layer, base + l), src, rb);
+      const int t = __shfl_sync(~0u, held, l) - first;
+      WarpCopy(a.Record(row, d.layer, base + l), src_of(t), rb);
     }
   }
 }

@@ -314,7 +314,7 @@ class HisparseKV:
     CUDA-graph buffers (rows / seq_lens / positions / page_table / batch_size are static device
     tensors; batch_size is read by the kernels at run time), release (hs_release).
 
-    Attention reads the arena through RESOLVE's page table (resolve.h, rule 8): each selection's
+    Attention reads the arena through RESOLVE's page table (resolve.h, rule 9): each selection's
     record index in the arena viewed as [records, record_stride], so the gather indexes that view
     directly, as a FlashMLA-style sparse kernel would take `indices`; no out_slots. A prefetched
     follower reads its anchor's table from the view advanced by (layer - anchor) * (B + 1)

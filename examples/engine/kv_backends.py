@@ -121,7 +121,7 @@ class HisparseKV:
         self.session.append(layer, self.rows, st.seq_lens, rec, batch_size=st.batch_size)
 
     def resolve(self, layer: int, st: DecodeState):
-        # RESOLVE writes each selection's record index in the arena (resolve.h rule 8, the page-table
+        # RESOLVE writes each selection's record index in the arena (resolve.h rule 9, the page-table
         # output): attention reads it as is, with no index kernel in between.
         self.session.resolve(layer, self.rows, st.seq_lens, st.positions, None, page_table=self.page_table,
                              batch_size=st.batch_size)

@@ -147,7 +147,7 @@ class World {
     }
   }
 
-  // Before Init: every launch also writes rule 8's page table (pages of `records` from page
+  // Before Init: every launch also writes rule 9's page table (pages of `records` from page
   // `offset`); no_out: and no out_slots at all (the page table alone).
   void WithPageTable(int records, int offset, bool no_out) {
     pt_records_ = records;
@@ -546,7 +546,7 @@ TEST_P(ResolveRandom, MatchesReference) {
   REQUIRE_GPU();
   const Config c = GetParam();
   World w(c, 2, 1234 + c.k + c.B + c.rb + c.max_batch);
-  w.WithPageTable(64, 5, /*no_out=*/false);  // rule 8 besides the outputs, on every step
+  w.WithPageTable(64, 5, /*no_out=*/false);  // rule 9 besides the outputs, on every step
   ASSERT_NO_FATAL_FAILURE(w.Init());
   for (int step = 0; step < c.steps; ++step) {
     w.layer_ = w.UniI(0, 1);

@@ -26,8 +26,8 @@ namespace {
 // Two copies of one arena and one host pool each (the kernels write the pool).
 class StoreWorld {
  public:
-  StoreWorld(int rows, int layers, int B, int k, uint32_t rb, int cap)
-      : g_{rows, layers, B, k, rb}, off_(ComputeArenaOffsets(g_)), cap_(cap), rng_(5) {}
+  StoreWorld(int rows, int layers, int B, int k, uint32_t rb, int cap, int draft_tokens = 0)
+      : g_{rows, layers, B, k, rb, draft_tokens}, off_(ComputeArenaOffsets(g_)), cap_(cap), rng_(5) {}
   ~StoreWorld() {
     cudaFreeHost(gpool_);
     cudaFree(garena_);
@@ -197,6 +197,98 @@ TEST(AppendGpu, MatchesReference) {
   cudaFree(d_err);
   cudaFree(d_tok);
   cudaFree(d_src);
+}
+
+// Multi-token append (speculative decoding, resolve.h rule 8) for draft_tokens 1..4: a prefill
+// through both store paths (the tail slots beside slot B exist now), then steps of random device
+// token counts (bad ones too), random device batch sizes (padded entries), positions both past B
+// and held by regular slots (refresh), all through one captured CUDA graph per geometry.
+TEST(AppendGpu, MultiTokenGraphMatchesReference) {
+  REQUIRE_GPU();
+  for (int n = 1; n <= 4; ++n) {
+    SCOPED_TRACE("draft_tokens " + std::to_string(n));
+    const int L = 2, B = 256, k = 64, cap = 1024, rows = 10, max_batch = 8, Q = n + 1;
+    const uint32_t rb = 656;
+    StoreWorld w(rows, L, B, k, rb, cap, n);
+    ASSERT_NO_FATAL_FAILURE(w.Init());
+    std::vector<uint8_t> src(static_cast<size_t>(rb) * 200 * L);
+    for (auto& b : src) b = static_cast<uint8_t>(w.rng_());
+    uint8_t* d_src = nullptr;
+    CUDA_OK(cudaMalloc(&d_src, src.size()));
+    CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
+    for (int r = 0; r < rows; ++r) {
+      StoreDesc rd{w.ref_, w.RefHost(), r, 0, 200, 200, src.data(), int64_t{rb} * 200, rb};
+      StoreDesc gd{w.gpu_, w.GpuHost(), r, 0, 200, 200, d_src, int64_t{rb} * 200, rb};
+      ASSERT_EQ(StoreReference(rd), 0u);
+      CUDA_OK(LaunchStore(gd, 0));
+    }
+    ASSERT_NO_FATAL_FAILURE(w.Compare("prefill"));
+    int32_t *d_batch, *d_rows, *d_seq, *d_counts;
+    uint32_t* d_err;
+    uint8_t* d_tok;
+    const int64_t stride = rb + 16;
+    const size_t tok_bytes = static_cast<size_t>(stride) * max_batch * Q;
+    CUDA_OK(cudaMalloc(&d_batch, 4));
+    CUDA_OK(cudaMalloc(&d_rows, max_batch * 4));
+    CUDA_OK(cudaMalloc(&d_seq, max_batch * 4));
+    CUDA_OK(cudaMalloc(&d_counts, max_batch * 4));
+    CUDA_OK(cudaMalloc(&d_err, 4));
+    CUDA_OK(cudaMalloc(&d_tok, tok_bytes));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    cudaGraphExec_t exec[2] = {nullptr, nullptr};  // one graph per layer
+    for (int layer = 0; layer < L; ++layer) {
+      AppendDesc gd{w.gpu_, w.GpuHost(), layer, max_batch, d_batch, d_rows, d_seq, d_tok, stride, d_err, d_counts};
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      CUDA_OK(LaunchAppend(gd, stream));
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      CUDA_OK(cudaGraphInstantiate(&exec[layer], graph, 0));
+      CUDA_OK(cudaGraphDestroy(graph));
+    }
+    std::vector<uint8_t> tok(tok_bytes);
+    for (int step = 0; step < 40; ++step) {
+      const int batch = static_cast<int>(w.rng_() % (max_batch + 2));  // past max_batch too
+      std::vector<int32_t> rws(max_batch), seq(max_batch), counts(max_batch);
+      for (int i = 0; i < max_batch; ++i) {
+        rws[i] = (step * 3 + i) % rows;
+        counts[i] = 1 + static_cast<int>(w.rng_() % Q);
+        // Below 200 a regular slot holds the positions (refresh); later ones lie past B.
+        seq[i] = (step < 15 ? 150 : 300) + step * 5 + i + counts[i];
+      }
+      if (step == 6) counts[1] = Q + 1;  // bad counts
+      if (step == 7) counts[0] = 0;
+      if (step == 8) seq[2] = counts[2] - 1;  // seq_len below the count
+      if (step == 9) rws[3] = rows + 1;
+      for (auto& b : tok) b = static_cast<uint8_t>(w.rng_());
+      const int layer = step % L;
+      uint32_t rerr = 0, gerr = 0;
+      int32_t hb = batch;
+      AppendDesc rd{w.ref_,     w.RefHost(), layer,  max_batch, &hb,          rws.data(),
+                    seq.data(), tok.data(),  stride, &rerr,     counts.data()};
+      CUDA_OK(cudaMemcpy(d_batch, &hb, 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_rows, rws.data(), max_batch * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_seq, seq.data(), max_batch * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_counts, counts.data(), max_batch * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_tok, tok.data(), tok.size(), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(d_err, 0, 4));
+      AppendReference(rd);
+      CUDA_OK(cudaGraphLaunch(exec[layer], stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      CUDA_OK(cudaMemcpy(&gerr, d_err, 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(gerr, rerr) << "append step " << step;
+      ASSERT_NO_FATAL_FAILURE(w.Compare("multi-token append step " + std::to_string(step)));
+    }
+    for (cudaGraphExec_t e : exec) cudaGraphExecDestroy(e);
+    cudaStreamDestroy(stream);
+    cudaFree(d_batch);
+    cudaFree(d_rows);
+    cudaFree(d_seq);
+    cudaFree(d_counts);
+    cudaFree(d_err);
+    cudaFree(d_tok);
+    cudaFree(d_src);
+  }
 }
 
 // ---- indexed store: a paged pool in device memory, gathered by index. ----

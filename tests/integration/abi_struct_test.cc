@@ -2,6 +2,7 @@
 // struct_size from its first version's up and refuses a smaller one with HS_ERR_INVALID_ARGUMENT;
 // an output struct gets only the bytes its struct_size covers, keeps the caller's struct_size, and
 // a newer caller's larger struct is never written past this library's sizeof.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -67,6 +68,15 @@ TEST_F(AbiStructTest, SessionOptionsFromTheFirstVersionUp) {
   *grown.get() = SmallGeometry(address_);
   grown.get()->struct_size = size;
   ASSERT_EQ(hs_session_open(grown.get(), &s), HS_OK) << hs_last_error();
+  hs_session_close(s);
+
+  // ABI 1.1 .. 1.3 end before draft_tokens (zero: one query token per step).
+  o.struct_size = offsetof(hs_session_options, draft_tokens);
+  o.draft_tokens = 99;  // past their struct: must not be read
+  ASSERT_EQ(hs_session_open(&o, &s), HS_OK) << hs_last_error();
+  hs_session_info info = HS_SESSION_INFO_INIT;
+  ASSERT_EQ(hs_session_get_info(s, &info), HS_OK);
+  EXPECT_EQ(info.draft_tokens, 0u);
   hs_session_close(s);
 
   o.struct_size = offsetof(hs_session_options, layer_anchor) - 4;
@@ -136,6 +146,14 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   ASSERT_EQ(hs_resolve(session_.get(), grown.get()), HS_OK) << hs_last_error();
   EXPECT_NE(out[0], -7);
   EXPECT_EQ(out[4], -1);
+
+  // ABI 1.3 callers end before query_counts: one list per row, as before.
+  a.struct_size = offsetof(hs_resolve_args, query_counts);
+  a.query_counts = reinterpret_cast<const int32_t*>(8);  // past their struct: must not be read
+  std::fill(out.begin(), out.end(), -7);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_NE(out[0], -7);
+  a.query_counts = nullptr;
 
   // ABI 1.0's struct ends before page_table: accepted, and no page table is written.
   std::vector<int32_t> page_table(8, 55);

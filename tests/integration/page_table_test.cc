@@ -1,4 +1,4 @@
-// hs_resolve's page-table output (resolve.h, rule 8) through the client library on the
+// hs_resolve's page-table output (resolve.h, rule 9) through the client library on the
 // host-emulated backend against the real daemon's memory: every entry names the record, in the
 // arena viewed as one array from slot_base, that holds its position (byte-equal to the host
 // record); pages and an offset shift it; out_slots may be left out; bad parameters are refused.

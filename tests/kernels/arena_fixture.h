@@ -74,12 +74,13 @@ class ArenaFixture {
   // The whole arena, bytes, for "state untouched" comparisons.
   std::vector<uint64_t> Snapshot() const { return storage_; }
 
-  // One RESOLVE launch. `positions` holds max_batch * k entries (pad with kPadding); `plan`, when
-  // given (summary set), receives the launch's miss plan.
+  // One RESOLVE launch. `positions` holds max_batch * (draft_tokens + 1) * k entries (pad with
+  // kPadding); `plan`, when given (summary set), receives the launch's miss plan; `query_counts`
+  // (max_batch entries, or null) are the multi-query counts of rule 8.
   uint32_t Resolve(int32_t layer, int32_t batch_size, const std::vector<int32_t>& rows,
                    const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& positions,
                    std::vector<int32_t>* out, uint32_t flags = 0, uint32_t* error_flags = nullptr,
-                   const MissPlan& plan = MissPlan{}) {
+                   const MissPlan& plan = MissPlan{}, const int32_t* query_counts = nullptr) {
     ResolveDesc d{};
     d.arena = view_;
     d.host = host();
@@ -94,6 +95,7 @@ class ArenaFixture {
     d.error_flags = error_flags;
     d.flags = flags;
     d.plan = plan;
+    d.query_counts = query_counts;
     return ResolveReference(d);
   }
 

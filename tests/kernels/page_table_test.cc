@@ -1,4 +1,4 @@
-// RESOLVE's page-table output (resolve.h, rule 8) on the CPU reference: the global record index of
+// RESOLVE's page-table output (resolve.h, rule 9) on the CPU reference: the global record index of
 // every output slot, in pages of P records from page O, -1 wherever the output is padding; the
 // same state and outputs with or without it, and with out_slots left out.
 #include <cstdint>

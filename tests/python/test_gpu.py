@@ -244,3 +244,51 @@ def test_private_gpu_arena_only_when_asked(monkeypatch):
         monkeypatch.setenv("HISPARSE_PRIVATE_GPU_ARENA", "1")
         with hisparse.Session(d, **geometry) as s:
             assert s.info().arena_kind == "private-gpu"
+
+
+def test_draft_tokens_multi_query_steps_on_the_gpu(open_session):
+    """Speculative decoding on the CUDA backend: q = 1..3 tokens appended and q lists resolved per
+    row and step (device token/query counts), random acceptance; every output slot holds the host
+    pool's record of its position, tail tokens their tail slot, lists past q all -1."""
+    n, q_max, slots = 2, 3, 3 * K
+    try:
+        s = open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=slots, max_requests=ROWS, gpu=0,
+                         backend="cuda", draft_tokens=n)
+    except hisparse.Unimplemented as e:
+        pytest.skip(f"libhisparse built without CUDA: {e}")
+    gen = torch.Generator().manual_seed(8)
+    context, steps = 500, 6
+    rows, _ = admit_and_prefill(s, context, context + steps * q_max + q_max, gen)
+    assert s.slot_view().shape == (ROWS, LAYERS, slots + 1 + n, RECORD)
+    committed = torch.full((ROWS,), context, dtype=torch.int32)
+    for _ in range(steps):
+        q = torch.randint(1, q_max + 1, (ROWS,), dtype=torch.int32, generator=gen)
+        seq_lens = committed + q
+        for layer in range(LAYERS):
+            src = torch.randint(0, 256, (ROWS * q_max, RECORD), dtype=torch.uint8, generator=gen).to(DEV)
+            s.append(layer, rows, seq_lens.to(DEV), src, token_counts=q.to(DEV))
+            pos = torch.full((ROWS, q_max, K), -1, dtype=torch.int32)
+            for i in range(ROWS):
+                for t in range(int(q[i])):
+                    length = int(committed[i]) + t + 1
+                    pos[i, t, : K - 1] = torch.randperm(length, generator=gen)[: K - 1].to(torch.int32)
+            out = torch.full((ROWS, q_max, K), -7, dtype=torch.int32, device=DEV)
+            s.resolve(layer, rows, seq_lens.to(DEV), pos.to(DEV), out, query_counts=q.to(DEV))
+            torch.cuda.synchronize()
+            arena, got = s.slot_view(), out.cpu()
+            for i in range(ROWS):
+                host = torch.from_numpy(np.array(s.record_view(i + 1, layer, 0, int(seq_lens[i]))))
+                for t in range(q_max):
+                    p, o = pos[i, t], got[i, t]
+                    if t >= int(q[i]):
+                        assert (o == -1).all()
+                        continue
+                    valid = p >= 0
+                    assert (o[~valid] == -1).all()
+                    tail = p >= int(committed[i])
+                    assert torch.equal(o[tail], slots + p[tail] - int(committed[i]))
+                    rec = arena[int(rows[i]), layer][o[valid].long().to(DEV)].cpu()
+                    assert torch.equal(rec, host[p[valid].long()])
+        committed += torch.tensor([int(torch.randint(1, int(q[i]) + 1, (1,), generator=gen)) for i in range(ROWS)],
+                                  dtype=torch.int32)
+    s.check_errors()

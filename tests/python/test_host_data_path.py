@@ -300,3 +300,57 @@ def test_bad_layer_anchor_is_invalid_argument(open_session):
         with pytest.raises(hisparse.InvalidArgument, match=why):
             open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=ROWS,
                          layer_anchor=anchors)
+
+
+def test_draft_tokens_resolve_every_query_and_rewrite_rejected_drafts(open_session):
+    """Speculative decoding (draft_tokens = 2): q = 1..3 tokens appended per row and step, q lists
+    resolved at once, a random number accepted; rejected positions get new bytes next step."""
+    n, q_max = 2, 3
+    b_slots = (n + 1) * K  # every union fits
+    s = open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=b_slots, max_requests=ROWS, draft_tokens=n)
+    assert s.info().draft_tokens == n and s.record_slots == b_slots + 1 + n
+    assert s.slot_view().shape[2] == b_slots + 1 + n
+    context, steps = 30, 10
+    ids = [1, 2, 3]
+    rows = np.array([s.admit(rid, context, context + steps * q_max + q_max).row for rid in ids], np.int32)
+    for rid in ids:
+        s.store(rid, prompt(rid, context), num_tokens=context)
+    committed = np.full(ROWS, context, np.int32)
+    written = {}  # (rid, layer, pos) -> bytes last appended (prompt records otherwise)
+    rng = np.random.default_rng(3)
+    for step in range(steps):
+        q = rng.integers(1, q_max + 1, ROWS).astype(np.int32)
+        seq_lens = committed + q
+        for l in range(LAYERS):
+            src = np.zeros((ROWS * q_max, RECORD), np.uint8)
+            for i, rid in enumerate(ids):
+                for t in range(q[i]):
+                    rec = rng.integers(0, 256, RECORD, dtype=np.uint8)
+                    written[(rid, l, int(committed[i]) + t)] = rec
+                    src[i * q_max + t] = rec
+            s.append(l, rows, seq_lens, src, token_counts=q)
+            positions = np.full((ROWS, q_max, K), -1, np.int32)
+            for i in range(ROWS):
+                for t in range(q[i]):
+                    length = int(committed[i]) + t + 1
+                    positions[i, t, :K - 1] = rng.choice(length, K - 1, replace=False)
+            out = np.zeros((ROWS, q_max, K), np.int32)
+            s.resolve(l, rows, seq_lens, positions, out, query_counts=q)
+            arena = s.slot_view()
+            for i, rid in enumerate(ids):
+                for t in range(q_max):
+                    for j in range(K):
+                        p, slot = int(positions[i, t, j]), int(out[i, t, j])
+                        if t >= q[i] or p < 0:
+                            assert slot == -1
+                            continue
+                        if p >= committed[i]:
+                            assert slot == b_slots + p - committed[i], "query token t lives in tail slot B + t"
+                        want = written.get((rid, l, p), record_bytes(rid, l, p))
+                        np.testing.assert_array_equal(arena[rows[i], l, slot, :RECORD], want)
+        committed += np.array([rng.integers(1, q[i] + 1) for i in range(ROWS)], np.int32)  # accepted
+    # More query tokens than draft_tokens + 1: the row is refused with its reason.
+    bad = np.full(ROWS, q_max + 1, np.int32)
+    with pytest.raises(hisparse.InvalidArgument, match="query or token count"):
+        s.resolve(0, rows, committed + 1, np.full((ROWS, q_max, K), -1, np.int32),
+                  np.zeros((ROWS, q_max, K), np.int32), query_counts=bad)

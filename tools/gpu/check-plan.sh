@@ -4,7 +4,7 @@
 #   tools/gpu/make-bundle.sh .bundle-gpu        # here: CUDA build, stripped, libhisparse beside
 #   tools/gpu/check-plan.sh .bundle-gpu         # there, from the repo root ($OUT collects logs)
 # Steps: link bandwidth (hisparse-bench resolve's own measurement, one small point), gpu_resolve_test,
-# gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_arena_session_test, pytest
+# gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test, gpu_arena_session_test, pytest
 # tests/python (GPU cases included), hisparse-bench decode at a short configuration (capacity,
 # matched-batch exactness), hisparse-bench serve at a short configuration (128k, batch 1-4 and the
 # peak, every mode, exactness). About 7 minutes.
@@ -32,7 +32,7 @@ step 60 link "$B/bin/hisparse-bench" resolve --batch 1 --slots 4096 --k 2048 --r
 grep '"kind":"link"' "$OUT/link.jsonl" | tee -a "$S"
 G="$OUT/gpu_tests.log"
 : > "$G"
-for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_arena_session_test; do
+for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test; do
   echo "=== $t" >> "$G"
   step 200 "$t" "$B/bin/$t" >> "$G" 2>&1
 done

@@ -33,7 +33,7 @@ extern "C" {
  * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU; 1.3:
  * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 3
+#define HS_ABI_VERSION_MINOR 4
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -86,10 +86,15 @@ typedef struct hs_session_options {
    * (0 <= layer_anchor[l] <= l, and an anchor is its own anchor); NULL: every layer selects on its
    * own. A layer that shares an anchor can be prefetched exactly with hs_prefetch. Copied at open. */
   const int32_t* layer_anchor;
+  /* Since ABI 1.4. Speculative decoding: n draft tokens per step (0..7; 0: one query token per
+   * step, as before). Each (row, layer) gets 1 + n tail slots B..B+n, hs_resolve takes up to n + 1
+   * selection lists per row (hs_resolve_args.query_counts) and hs_append_tokens appends up to
+   * n + 1 tokens per row (resolve.h rule 8). */
+  uint32_t draft_tokens;
 } hs_session_options;
 
 #define HS_SESSION_OPTIONS_INIT \
-  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL }
+  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL, 0 }
 
 /* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
  * memory. On success *out owns the session; close it with hs_session_close. On failure *out is NULL. */
@@ -131,18 +136,19 @@ typedef enum hs_arena_kind {
 typedef struct hs_session_info {
   uint32_t struct_size;
   uint64_t session_id;
-  hs_backend backend; /* the backend actually in use */
-  void* slot_base; /* record of (row, layer, slot s) at slot_base + ((row*layers + layer)*(slots+1) + s) * record_stride
-                    */
+  hs_backend backend;     /* the backend actually in use */
+  void* slot_base;        /* record of (row, layer, slot s) at
+                            slot_base + ((row*layers + layer)*(slots+1+draft_tokens) + s) * record_stride */
   uint64_t record_stride; /* bytes between consecutive slots */
   uint32_t slots;         /* B; slot B of each (row, layer) holds the newest token */
   uint32_t max_tokens_per_request;
   uint64_t arena_bytes;
   hs_arena_kind arena_kind; /* since ABI 1.1: how the arena reached this process */
+  uint32_t draft_tokens;    /* since ABI 1.4: the session's n; tail slots B..B+n */
 } hs_session_info;
 
 #define HS_SESSION_INFO_INIT \
-  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0, HS_ARENA_HOST }
+  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0, HS_ARENA_HOST, 0 }
 
 hs_result hs_session_get_info(hs_session* session, hs_session_info* out);
 
@@ -186,27 +192,32 @@ typedef struct hs_resolve_args {
                                 state changes (resolve.h, rule 7) */
   const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row) */
   const int32_t* seq_lens;   /* [max_batch] */
-  const int32_t* positions;  /* [max_batch][k], -1 = padding */
-  int32_t* out_slots;        /* [max_batch][k]; may be NULL when page_table is set (since ABI 1.3) */
+  const int32_t* positions;  /* [max_batch][n+1][k], -1 = padding (n = draft_tokens; [max_batch][k] for n = 0) */
+  int32_t* out_slots;        /* [max_batch][n+1][k]; may be NULL when page_table is set (since ABI 1.3) */
   void* stream;
   /* Since ABI 1.3 (callers built against 1.2 pass a smaller struct_size and get NULL here).
    * page_table: [max_batch][k] or NULL; RESOLVE also writes, for every selection, the index of
    * the record that holds it in the slot arena viewed as one array of records
    * (slot_base + index * record_stride, see hs_session_info):
    *   page_offset * page_records + (row * num_layers + layer) * (slots + 1) + out_slot,
-   * -1 where out_slots is -1 (resolve.h, rule 8). That is the record's index in a pool of pages of
+   * -1 where out_slots is -1 (resolve.h, rule 9). That is the record's index in a pool of pages of
    * page_records records whose page page_offset begins at slot_base (FlashMLA's sparse indices,
    * vLLM's slot_mapping); page_records 1 and page_offset 0 give the plain record index. A layer
    * served by hs_prefetch reads its anchor's table against slot_base advanced by
    * (layer - anchor) * (slots + 1) records. page_records >= 1, page_offset >= 0, and every entry
-   * must fit int32 (else HS_ERR_INVALID_ARGUMENT). */
+   * must fit int32 (else HS_ERR_INVALID_ARGUMENT). Not yet with draft_tokens > 0 (refused with
+   * HS_ERR_INVALID_ARGUMENT). */
   int32_t* page_table;
   int32_t page_records;
   int32_t page_offset;
+  /* Since ABI 1.4: [max_batch] query tokens of each row this step, 1..n+1, read at run time like
+   * batch_size; NULL: 1 each. Query token t of a row is position seq_len - q + t (seq_len counts the
+   * drafts), its list positions[i][t] selects over [0, seq_len - q + t + 1) (resolve.h rule 8). */
+  const int32_t* query_counts;
 } hs_resolve_args;
 
 #define HS_RESOLVE_ARGS_INIT \
-  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0 }
+  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL }
 
 /* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
  * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);
@@ -258,6 +269,13 @@ hs_result hs_store_indexed(hs_session* session, const hs_store_indexed_args* arg
  * of batch entry i at src + i*src_stride. */
 hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
                     const int32_t* rows, const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
+/* Since ABI 1.4. Speculative decoding append: row i appends its token_counts[i] = q newest tokens
+ * (1..draft_tokens+1, read at run time; NULL: 1 each), token t being position seq_len - q + t, into
+ * tail slot B + t and the host pool; record of (entry i, token t) at
+ * src + (i*(draft_tokens+1) + t)*src_stride. hs_append is this with token_counts NULL. */
+hs_result hs_append_tokens(hs_session* session, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
+                           const int32_t* rows, const int32_t* seq_lens, const int32_t* token_counts, const void* src,
+                           int64_t src_stride, void* stream);
 
 /* Exact layer-wise prefetch for a layer that shares an anchor's selection (layer_anchor at open).
  * The anchor's last hs_resolve recorded its miss plan (which records it fetched into which slots);

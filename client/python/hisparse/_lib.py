@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 3
+ABI_VERSION_MINOR = 4
 
 # hs_result
 HS_OK = 0
@@ -64,6 +64,7 @@ class SessionOptions(ctypes.Structure):
         ("backend", ctypes.c_int),  # enum hs_backend
         ("timeout_ms", ctypes.c_uint32),
         ("layer_anchor", ctypes.POINTER(ctypes.c_int32)),  # ABI 1.1
+        ("draft_tokens", ctypes.c_uint32),  # ABI 1.4
     ]
 
 
@@ -91,6 +92,7 @@ class SessionInfo(ctypes.Structure):
         ("max_tokens_per_request", ctypes.c_uint32),
         ("arena_bytes", ctypes.c_uint64),
         ("arena_kind", ctypes.c_int),
+        ("draft_tokens", ctypes.c_uint32),  # ABI 1.4
     ]
 
 
@@ -129,6 +131,7 @@ class ResolveArgs(ctypes.Structure):
         ("page_table", ctypes.c_void_p),  # ABI 1.3
         ("page_records", ctypes.c_int32),
         ("page_offset", ctypes.c_int32),
+        ("query_counts", ctypes.c_void_p),  # ABI 1.4
     ]
 
 
@@ -215,6 +218,9 @@ _SIGNATURES = {
     "hs_store_indexed": (ctypes.c_int, [SessionPtr, ctypes.POINTER(StoreIndexedArgs)]),  # ABI 1.3
     "hs_append": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]),
+    "hs_append_tokens": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_int32, ctypes.c_void_p,  # ABI 1.4
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int64, ctypes.c_void_p]),
     "hs_prefetch": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_void_p]),
     "hs_check_errors": (ctypes.c_int, [SessionPtr]),
 }

@@ -10,7 +10,7 @@ the session's GPU, or __cuda_array_interface__ objects) and the stream defaults 
 torch.cuda.current_stream(); on the host backend they are host memory (numpy arrays, CPU
 tensors, ctypes arrays, writable buffers) and the stream is ignored.
 
-Views without copies: slot_view() is the slot arena [max_requests, num_layers, slots + 1,
+Views without copies: slot_view() is the slot arena [max_requests, num_layers, record_slots,
 record_stride] uint8 (a torch CUDA tensor on the CUDA backend, a numpy array on the host
 backend); record_view() is a numpy view of a request's records in the host pool. Both stay valid
 until the session closes (record views also until the request is released or moved by extend).
@@ -55,6 +55,7 @@ class SessionInfo:
     max_tokens_per_request: int
     arena_bytes: int
     arena_kind: str  # "host", "cuda-vmm", "cuda-ipc" or "private-gpu" (hs_arena_kind)
+    draft_tokens: int = 0  # n: tail slots B..B+n of each (row, layer) (ABI 1.4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +104,15 @@ class Session:
       timeout_ms: deadline of each control call (0: the library's 10 s).
       layer_anchor: shared indexers, one entry per layer: layer l reuses the selection of layer
         layer_anchor[l] (<= l, itself an anchor). Followers can then be prefetched (prefetch()).
+      draft_tokens: speculative decoding, n = 0..7 draft tokens per step: every (row, layer) gets
+        1 + n tail slots B..B+n, resolve() takes up to n + 1 selection lists per row
+        (query_counts) and append() up to n + 1 tokens per row (token_counts).
     """
 
     def __init__(self, address: Any = None, *, num_layers: int, record_bytes: int, k: int, slots: int,
                  max_requests: int, gpu: int = -1, backend: Union[str, int] = "auto",
                  engine_name: str = "hisparse-python", timeout_ms: int = 0,
-                 layer_anchor: Optional[Sequence[int]] = None) -> None:
+                 layer_anchor: Optional[Sequence[int]] = None, draft_tokens: int = 0) -> None:
         self._lib = _lib.load()
         self._handle: Optional[Any] = None
         if address is not None and not isinstance(address, str):
@@ -119,6 +123,7 @@ class Session:
         self.slots = int(slots)
         self.max_requests = int(max_requests)
         self.gpu = int(gpu)
+        self.draft_tokens = int(draft_tokens)
         o = _lib.new_session_options()
         self._address_bytes = address.encode() if address else None
         self._engine_bytes = engine_name.encode() if engine_name else None
@@ -132,6 +137,7 @@ class Session:
         o.max_requests = self.max_requests
         o.backend = _backend_code(backend)
         o.timeout_ms = int(timeout_ms)
+        o.draft_tokens = self.draft_tokens
         self.layer_anchor = [int(a) for a in layer_anchor] if layer_anchor is not None else list(range(self.num_layers))
         if layer_anchor is not None:
             if len(self.layer_anchor) != self.num_layers:
@@ -200,7 +206,7 @@ class Session:
         check(self._lib.hs_session_get_info(self._h(), ctypes.byref(i)), "session info")
         return SessionInfo(i.session_id, _BACKEND_NAMES.get(i.backend, str(i.backend)), i.slot_base or 0,
                            i.record_stride, i.slots, i.max_tokens_per_request, i.arena_bytes,
-                           _ARENA_KIND_NAMES.get(i.arena_kind, str(i.arena_kind)))
+                           _ARENA_KIND_NAMES.get(i.arena_kind, str(i.arena_kind)), i.draft_tokens)
 
     def stats(self) -> Stats:
         s = _lib.new_stats()
@@ -240,10 +246,15 @@ class Session:
 
     def slot_offset(self, row: int, layer: int, slot: int) -> int:
         """Byte offset of slot `slot` of (row, layer) from slot_base (slot == slots: the newest token)."""
-        return ((row * self.num_layers + layer) * (self.slots + 1) + slot) * self._info.record_stride
+        return ((row * self.num_layers + layer) * self.record_slots + slot) * self._info.record_stride
+
+    @property
+    def record_slots(self) -> int:
+        """Record slots of every (row, layer): B regular slots, then 1 + draft_tokens tail slots."""
+        return self.slots + 1 + self.draft_tokens
 
     def _arena_shape(self) -> tuple:
-        return (self.max_requests, self.num_layers, self.slots + 1, self._info.record_stride)
+        return (self.max_requests, self.num_layers, self.record_slots, self._info.record_stride)
 
     def slot_array_interface(self) -> CudaArray:
         """The CUDA slot arena as a __cuda_array_interface__ object (CuPy, Numba, torch.as_tensor)."""
@@ -253,7 +264,7 @@ class Session:
         return CudaArray(self._info.slot_base, self._arena_shape(), "|u1", owner=self)
 
     def slot_view(self) -> Any:
-        """The slot arena, uint8 [max_requests, num_layers, slots + 1, record_stride], without a copy:
+        """The slot arena, uint8 [max_requests, num_layers, record_slots, record_stride], without a copy:
         a torch CUDA tensor on the CUDA backend, a numpy array (or memoryview) on the host backend."""
         self._h()
         if "slots" in self._views:
@@ -294,18 +305,22 @@ class Session:
 
     def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
                 batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
-                page_table: Any = None, page_records: int = 1, page_offset: int = 0) -> None:
+                page_table: Any = None, page_records: int = 1, page_offset: int = 0,
+                query_counts: Any = None) -> None:
         """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
 
-        rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding).
+        rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding),
+        [max_batch, draft_tokens + 1, k] with draft tokens: list t of row i belongs to query token
+        t, position seq_len - q + t, where q = query_counts[i] (int32 [max_batch] in the kernel's
+        memory, read at run time; None: 1 each); lists t >= q come back all -1.
         batch_size: None (all max_batch rows) or an int32 [1] array in the same memory read by
         the kernel at run time, so one captured CUDA graph serves every batch size; entries past
         it get -1 in every column. max_batch defaults to len(rows). On the CUDA backend invalid
         rows surface at check_errors().
         page_table: None or int32 [max_batch, k]: also the index of each selection's record in the
         slot arena viewed as [records, record_bytes] (slot_view() flattened over rows, layers and
-        slots), plus page_offset * page_records (resolve.h, rule 8); -1 where out_slots is -1.
-        out_slots may then be None.
+        slots), plus page_offset * page_records (resolve.h, rule 9); -1 where out_slots is -1.
+        out_slots may then be None. Not yet with draft tokens.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -316,15 +331,18 @@ class Session:
             if batch_size is not None else None
         args.rows = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
         args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
-        args.positions = self._data_ptr(positions, "positions", int32=True, min_items=max_batch * self.k)
+        lists = max_batch * (self.draft_tokens + 1) * self.k
+        args.positions = self._data_ptr(positions, "positions", int32=True, min_items=lists)
         args.out_slots = self._data_ptr(out_slots, "out_slots", int32=True, writable=True,
-                                        min_items=max_batch * self.k) if out_slots is not None else None
+                                        min_items=lists) if out_slots is not None else None
         if page_table is not None:
             args.page_table = self._data_ptr(page_table, "page_table", int32=True, writable=True,
                                              min_items=max_batch * self.k)
         args.page_records = page_records
         args.page_offset = page_offset
         args.stream = self._stream(stream) or None
+        args.query_counts = self._data_ptr(query_counts, "query_counts", int32=True, min_items=max_batch) \
+            if query_counts is not None else None
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 
     def prefetch(self, layer: int, *, stream: Any = None) -> None:
@@ -439,28 +457,38 @@ class Session:
         return t.data_ptr()
 
     def append(self, layer: int, rows: Any, seq_lens: Any, src: Any, *, batch_size: Any = None,
-               max_batch: Optional[int] = None, src_stride: Optional[int] = None, stream: Any = None) -> None:
+               max_batch: Optional[int] = None, src_stride: Optional[int] = None, stream: Any = None,
+               token_counts: Any = None) -> None:
         """Decode append of one layer: the newest token (position seq_len - 1) of every row, into the
         host pool and the row's newest-token slot. Record of batch entry i at src + i*src_stride;
-        src_stride defaults to the row stride of a 2-D torch tensor, else record_bytes."""
+        src_stride defaults to the row stride of a 2-D torch tensor, else record_bytes.
+
+        With draft tokens, token_counts (int32 [max_batch], read at run time) gives the q newest
+        tokens of each row (1..draft_tokens + 1): token t is position seq_len - q + t, goes to tail
+        slot B + t, and its record is record i * (draft_tokens + 1) + t of src."""
         if max_batch is None:
             max_batch = len(rows)
+        records = max_batch * (self.draft_tokens + 1) if token_counts is not None else max_batch
         if _is_torch_tensor(src) and src.dim() == 2:
-            if src.shape[0] < max_batch or src.shape[1] * src.element_size() < self.record_bytes:
-                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [>= {max_batch}, record of "
+            if src.shape[0] < records or src.shape[1] * src.element_size() < self.record_bytes:
+                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [>= {records}, record of "
                                       f">= {self.record_bytes} bytes]")
             src_stride = src.stride(0) * src.element_size() if src_stride is None else src_stride
             src_ptr = self._strided_ptr(src, "src")
         else:
             src_stride = self.record_bytes if src_stride is None else src_stride
-            need = 0 if max_batch == 0 else (max_batch - 1) * src_stride + self.record_bytes
+            need = 0 if records == 0 else (records - 1) * src_stride + self.record_bytes
             src_ptr = self._data_ptr(src, "src", int32=False, min_items=need)
         bs = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) if batch_size is not None else None
-        check(self._lib.hs_append(self._h(), layer, max_batch, bs,
-                                  self._data_ptr(rows, "rows", int32=True, min_items=max_batch),
-                                  self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch),
-                                  src_ptr, src_stride, self._stream(stream) or None),
-              f"append layer {layer}")
+        rows_ptr = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
+        seq_ptr = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
+        if token_counts is None:
+            check(self._lib.hs_append(self._h(), layer, max_batch, bs, rows_ptr, seq_ptr, src_ptr, src_stride,
+                                      self._stream(stream) or None), f"append layer {layer}")
+            return
+        counts = self._data_ptr(token_counts, "token_counts", int32=True, min_items=max_batch)
+        check(self._lib.hs_append_tokens(self._h(), layer, max_batch, bs, rows_ptr, seq_ptr, counts, src_ptr,
+                                         src_stride, self._stream(stream) or None), f"append layer {layer}")
 
     def check_errors(self) -> None:
         """Raises InvalidArgument for bad data-path input that kernels flagged since the last call.

@@ -1,8 +1,9 @@
 // The slot arena layout: one documented layout shared by the CUDA kernels, the CPU reference and
 // the daemon (which reads the counters for stats).
 //
-// A session's arena holds, for every (request row r, layer l), B record slots plus one extra slot
-// for the newest token, the slot -> position table and the LRU order over the B slots. Rows are
+// A session's arena holds, for every (request row r, layer l), B record slots plus 1 + n tail slots
+// for the newest tokens (n = draft_tokens, 0 without speculative decoding: one tail slot B), the
+// slot -> position table and the LRU order over the B regular slots. Rows are
 // the session's request rows (0 .. max_rows-1); the daemon assigns a row when it admits a request.
 //
 // One arena is one contiguous allocation (a memfd in the host-emulated backend, a CUDA VMM
@@ -11,7 +12,7 @@
 //   counters   ArenaCounters                                   (hits, misses, bytes fetched)
 //   slot_pos   int32 [max_rows][layers][B]                     position held by a slot, kEmpty = -1
 //   lru        int32 [max_rows][layers][B]                     slot ids, least -> most recently used
-//   records    uint8 [max_rows][layers][B + 1][record_bytes]   slot B is the newest-token slot
+//   records    uint8 [max_rows][layers][B + 1 + n][record_bytes]  slots B..B+n: the tail slots
 //
 // Invariants of every (row, layer): lru is a permutation of 0..B-1; EMPTY slots precede every
 // filled slot in lru; a position is held by at most one slot; every filled slot's record equals
@@ -37,6 +38,7 @@ inline constexpr int32_t kPadding = -1;       // a padding selection, and its ou
 inline constexpr uint32_t kRecordAlign = 16;  // record_bytes is a multiple of this
 inline constexpr uint32_t kMaxRecordBytes = 16384;
 inline constexpr size_t kArenaSectionAlign = 256;
+inline constexpr int32_t kMaxDraftTokens = 7;  // draft_tokens in [0, 7]: up to 8 query tokens a step
 
 // Counters that RESOLVE adds to (atomically on the GPU). Read by the daemon for stats.
 struct ArenaCounters {
@@ -49,11 +51,18 @@ struct ArenaCounters {
 
 // The arena's geometry; everything else about the layout follows from it.
 struct ArenaGeometry {
-  int32_t max_rows;       // request rows in the session
-  int32_t num_layers;     // sparse layers
-  int32_t slots;          // B, >= k
-  int32_t k;              // selections per (row, layer, step)
-  uint32_t record_bytes;  // bytes of one KV record, multiple of 16, <= 16 KiB
+  int32_t max_rows;          // request rows in the session
+  int32_t num_layers;        // sparse layers
+  int32_t slots;             // B, >= k
+  int32_t k;                 // selections per (row, layer, step)
+  uint32_t record_bytes;     // bytes of one KV record, multiple of 16, <= 16 KiB
+  int32_t draft_tokens = 0;  // n: speculative tokens per step, [0, kMaxDraftTokens]; 0 = one query
+                             // token per step. Rows hold 1 + n tail slots B..B+n (resolve.h rule 8)
+
+  // Tail slots of every (row, layer): the newest 1 + n tokens of a step.
+  HISPARSE_HD int32_t TailSlots() const { return 1 + draft_tokens; }
+  // Record slots of every (row, layer): B regular + tail slots.
+  HISPARSE_HD size_t RecordSlots() const { return static_cast<size_t>(slots) + 1 + draft_tokens; }
 };
 
 // Byte offsets of the sections inside the arena.
@@ -74,9 +83,8 @@ HISPARSE_HD inline ArenaOffsets ComputeArenaOffsets(const ArenaGeometry& g) {
   o.slot_pos = AlignUp(sizeof(ArenaCounters), kArenaSectionAlign);
   o.lru = AlignUp(o.slot_pos + tables, kArenaSectionAlign);
   o.records = AlignUp(o.lru + tables, kArenaSectionAlign);
-  o.total_bytes = AlignUp(
-      o.records + static_cast<size_t>(g.max_rows) * g.num_layers * (static_cast<size_t>(g.slots) + 1) * g.record_bytes,
-      kArenaSectionAlign);
+  o.total_bytes = AlignUp(o.records + static_cast<size_t>(g.max_rows) * g.num_layers * g.RecordSlots() * g.record_bytes,
+                          kArenaSectionAlign);
   return o;
 }
 
@@ -86,7 +94,7 @@ struct ArenaView {
   ArenaCounters* counters;
   int32_t* slot_pos;  // [max_rows][layers][B]
   int32_t* lru;       // [max_rows][layers][B]
-  uint8_t* records;   // [max_rows][layers][B+1][record_bytes]
+  uint8_t* records;   // [max_rows][layers][B+1+draft_tokens][record_bytes]
 
   HISPARSE_HD static ArenaView Of(void* base, const ArenaGeometry& g) {
     const ArenaOffsets o = ComputeArenaOffsets(g);
@@ -107,9 +115,9 @@ struct ArenaView {
     return slot_pos + RowLayer(row, layer) * geometry.slots;
   }
   HISPARSE_HD int32_t* Lru(int32_t row, int32_t layer) const { return lru + RowLayer(row, layer) * geometry.slots; }
-  // Slot s of (row, layer); s == B is the newest-token slot.
+  // Slot s of (row, layer); s in [B, B + 1 + draft_tokens) is a tail slot (B: the newest token).
   HISPARSE_HD uint8_t* Record(int32_t row, int32_t layer, int32_t s) const {
-    return records + (RowLayer(row, layer) * (static_cast<size_t>(geometry.slots) + 1) + s) * geometry.record_bytes;
+    return records + (RowLayer(row, layer) * geometry.RecordSlots() + s) * geometry.record_bytes;
   }
   // Stride between consecutive slots of one (row, layer): what the attention kernel needs.
   HISPARSE_HD size_t RecordStride() const { return geometry.record_bytes; }

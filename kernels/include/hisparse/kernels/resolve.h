@@ -24,7 +24,40 @@
 //     seq_lens and positions are ignored (they may hold garbage), it sets no error bit and touches
 //     no other state: no slot table, LRU order, record or counter. An attention kernel reading a
 //     whole captured [max_batch][k] table thus sees -1 (nothing to attend) in every padded row.
-//  8. Page-table output (optional: ResolveDesc::page_table not null), besides out_slots or, with
+//  8. Multi-query steps (speculative decoding; ArenaGeometry::draft_tokens = n > 0). With Q = n + 1,
+//     positions and out_slots are [max_batch][Q][k]: query row t of entry i at (i * Q + t) * k.
+//     Entry i has q_i = query_counts[i] in [1, Q] query tokens this step (query_counts null: 1
+//     each), the newest q_i positions of the row: query token t < q_i is position
+//     P_t = seq_len - q_i + t (seq_len counts every query token, the drafts too), and its list,
+//     query row t, selects over [0, P_t + 1) (duplicates within one list are invalid, across
+//     lists expected). With q = 1 (always, for n = 0) rules 1..4 are this rule word for word.
+//     a. Tail: position P_t lives in tail slot B + t (written by append, rule 8 of AppendDesc);
+//        selecting it gives B + t, a hit that touches no regular slot and no LRU entry.
+//     b. The union U: the distinct non-padding positions of the q_i lists that are not tail
+//        positions, ordered by first appearance, list 0 in selection order, then list 1, ....
+//        All of U becomes resident at once: positions of U resident in a regular slot are hits
+//        (their slots are "hit slots"); the others are the misses, in U's order, and the i-th miss
+//        takes the i-th least recently used slot holding no hit (rule 2 over U).
+//     c. |U| <= B is required (hit slots + misses = |U| must fit in B): a row with a larger union
+//        is refused at run time (kResolveUnionTooLarge; rows are checked one by one, so B may be
+//        smaller than Q * k when the lists overlap). B >= Q * k makes the refusal impossible; the
+//        issue's sizing (n + 2) * k leaves room for the LRU to keep slack.
+//     d. New LRU order: rule 3 over U (untouched, then misses in U's order, then hit slots in old
+//        relative order).
+//     e. Output: out_slots[i][t][j] = the slot that holds positions[i][t][j] after the step (a
+//        regular slot or B + t'), kPadding for padding, and kPadding in every column of the query
+//        rows t in [q_i, Q) (padded query rows: their positions are ignored).
+//     f. Counters: misses += misses of U (records fetched; bytes_fetched = misses * record_bytes);
+//        hits += |U| - misses + the distinct tail positions selected (every distinct position of
+//        the step that needed no fetch; a position selected by several lists counts once);
+//        steps += 1 per (row, layer). The miss plan records the same (row, misses, hits) and U's
+//        misses in order (MissPlan::EntriesPerRow = Q * k entries per batch entry).
+//     Rejected drafts: after verification the engine advances the row's length by the accepted
+//     count a (1 <= a <= q); the next step's query tokens start at the first rejected position, so
+//     its append rewrites their host records and tail slots. Regular slots only ever hold
+//     positions below a step's first query token, which acceptance never takes back, so no slot
+//     can keep a rejected record.
+//  9. Page-table output (optional: ResolveDesc::page_table not null), besides out_slots or, with
 //     out_slots null, instead of them: page_table[i][j] = -1 wherever out_slots[i][j] is (or
 //     would be) kPadding (padding selections, rejected rows, padded entries), and otherwise
 //       page_offset * page_records + g,   g = (row * layers + layer) * (B + 1) + out_slots[i][j],
@@ -37,11 +70,13 @@
 //     Every entry must fit in int32 (ValidatePageTable). Prefetched followers (ReplayDesc) take
 //     the anchor's table: layer f's records lie (f - anchor) * (B + 1) records after the
 //     anchor's, so the attention of f reads the anchor's table from the records base advanced by
-//     that many records.
+//     that many records. Not yet with draft tokens (n > 0): the client refuses the combination.
 //
-// Invalid input of a row (a position outside [-1, seq_len), a duplicate position, seq_len outside
-// [1, capacity of the row], a row outside [0, max_rows)) leaves that row's state untouched, sets its
-// outputs to kPadding and ORs the matching ResolveError bit into *error_flags. Other rows proceed.
+// Invalid input of a row leaves that row's state untouched, sets all its Q * k outputs to kPadding
+// and ORs the matching ResolveError bit into *error_flags. Other rows proceed. Invalid is: a row
+// outside [0, max_rows); a query count outside [1, Q]; seq_len outside [q, capacity of the row]
+// (q = 1 without query_counts); in some list t < q, a position outside [-1, P_t + 1) or a duplicate
+// position; a union larger than B (8c).
 //
 // Memory spaces: on the CUDA path every pointer in a descriptor is device-accessible (arena in
 // device memory, host records in device-mapped pinned host memory); on the host-emulated path all
@@ -58,11 +93,13 @@ namespace hisparse {
 
 enum ResolveError : uint32_t {
   kResolveOk = 0,
-  kResolveBadPosition = 1u << 0,  // a position < -1 or >= seq_len
-  kResolveDuplicate = 1u << 1,    // a position selected twice in one row
-  kResolveBadSeqLen = 1u << 2,    // seq_len < 1 or > the row's capacity
-  kResolveBadRow = 1u << 3,       // row index outside [0, max_rows)
-  kResolveBadIndex = 1u << 4,     // an indexed store's source index outside [0, src_tokens)
+  kResolveBadPosition = 1u << 0,    // a position < -1 or >= seq_len
+  kResolveDuplicate = 1u << 1,      // a position selected twice in one row
+  kResolveBadSeqLen = 1u << 2,      // seq_len < 1 or > the row's capacity
+  kResolveBadRow = 1u << 3,         // row index outside [0, max_rows)
+  kResolveBadIndex = 1u << 4,       // an indexed store's source index outside [0, src_tokens)
+  kResolveBadQueryCount = 1u << 5,  // query (or appended token) count outside [1, draft_tokens + 1]
+  kResolveUnionTooLarge = 1u << 6,  // a multi-query step's union of selections exceeds B (rule 8c)
 };
 
 // The miss plan of one RESOLVE launch: what it fetched, where to, and what it counted, per batch
@@ -75,8 +112,14 @@ struct MissPlan {
   int32_t* summary;  // [max_batch][3] (row, misses, hits) of batch entry i; misses = -1: the entry
                      // was invalid (its state was left untouched; error_flags told) or padding
                      // (row = kPadding, rule 7)
-  int32_t* entries;  // [max_batch][k][2] (position, slot) of miss m of entry i, in miss order
+  int32_t* entries;  // [max_batch][EntriesPerRow][2] (position, slot) of miss m of entry i, in miss
+                     // order
   int32_t max_batch;
+
+  // Miss entries of one batch entry: (draft_tokens + 1) * k (one list per query token; k for n = 0).
+  HISPARSE_HD static size_t EntriesPerRow(const ArenaGeometry& g) {
+    return static_cast<size_t>(g.TailSlots()) * static_cast<size_t>(g.k);
+  }
 
   // Layout: batch (16 bytes), summary, entries (16-byte aligned).
   static size_t SummaryBytes(int32_t max_batch) {
@@ -85,7 +128,7 @@ struct MissPlan {
   }
   static size_t Bytes(const ArenaGeometry& g, int32_t max_batch) {
     const size_t mb = max_batch > 0 ? static_cast<size_t>(max_batch) : 0;
-    return 16 + SummaryBytes(max_batch) + mb * static_cast<size_t>(g.k) * 2 * sizeof(int32_t);
+    return 16 + SummaryBytes(max_batch) + mb * EntriesPerRow(g) * 2 * sizeof(int32_t);
   }
   static MissPlan Of(void* base, int32_t max_batch) {
     uint8_t* b = static_cast<uint8_t*>(base);
@@ -100,32 +143,35 @@ struct MissPlan {
 
 // One RESOLVE launch: one layer, a batch of rows.
 struct ResolveDesc {
-  ArenaView arena;            // the session's arena (geometry gives B, k, record_bytes)
-  HostRecordMap host;         // where positions live in the host pool
-  int32_t layer;              // which layer's state
-  int32_t max_batch;          // capacity of the per-batch arrays; the grid is sized from it
-  const int32_t* batch_size;  // device scalar: rows actually in this step (<= max_batch);
-                              // entries at index >= *batch_size publish kPadding (rule 7)
-  const int32_t* rows;        // [max_batch] arena row of batch entry i
-  const int32_t* seq_lens;    // [max_batch] sequence length of batch entry i at this step
-  const int32_t* positions;   // [max_batch][k] selected positions, kPadding = -1 for padding
-  int32_t* out_slots;         // [max_batch][k] slot that holds positions[i][j] after the step
-  uint32_t* error_flags;      // OR of ResolveError bits; may be null
-  uint32_t flags;             // ResolveFlags; 0 for the real data path
-  MissPlan plan;              // where to record the miss plan; summary == null: not recorded.
-                              // plan.max_batch must be >= max_batch
-  int32_t* page_table;        // [max_batch][k] rule 8's record indices, or null (not written);
-                              // out_slots may then be null
-  int32_t page_records;       // P >= 1 when page_table is set
-  int32_t page_offset;        // O >= 0 when page_table is set
+  ArenaView arena;                        // the session's arena (geometry gives B, k, record_bytes)
+  HostRecordMap host;                     // where positions live in the host pool
+  int32_t layer;                          // which layer's state
+  int32_t max_batch;                      // capacity of the per-batch arrays; the grid is sized from it
+  const int32_t* batch_size;              // device scalar: rows actually in this step (<= max_batch);
+                                          // entries at index >= *batch_size publish kPadding (rule 7)
+  const int32_t* rows;                    // [max_batch] arena row of batch entry i
+  const int32_t* seq_lens;                // [max_batch] sequence length of batch entry i at this step
+  const int32_t* positions;               // [max_batch][Q][k] selected positions, kPadding = -1 for padding
+                                          // (Q = draft_tokens + 1; [max_batch][k] for draft_tokens = 0)
+  int32_t* out_slots;                     // [max_batch][Q][k] slot that holds positions[i][t][j] after the step
+  uint32_t* error_flags;                  // OR of ResolveError bits; may be null
+  uint32_t flags;                         // ResolveFlags; 0 for the real data path
+  MissPlan plan;                          // where to record the miss plan; summary == null: not recorded.
+                                          // plan.max_batch must be >= max_batch
+  int32_t* page_table;                    // [max_batch][k] rule 9's record indices, or null (not written);
+                                          // out_slots may then be null (n = 0 only)
+  int32_t page_records;                   // P >= 1 when page_table is set
+  int32_t page_offset;                    // O >= 0 when page_table is set
+  const int32_t* query_counts = nullptr;  // [max_batch] query tokens q of entry i (rule 8), device
+                                          // memory on the CUDA path; null: 1 for every entry
 };
 
-// Checks rule 8's parameters for a geometry: page_records >= 1, page_offset >= 0 and every entry
+// Checks rule 9's parameters for a geometry: page_records >= 1, page_offset >= 0 and every entry
 // (up to page_offset * page_records + max_rows * layers * (B + 1) - 1) within int32. Returns null
 // when valid, else a static message naming what is wrong.
 const char* ValidatePageTable(const ArenaGeometry& g, int32_t page_records, int32_t page_offset);
 
-// Rule 8's entry for a slot of (row, d.layer), s in [0, B]: the CUDA kernel and the CPU reference
+// Rule 9's entry for a slot of (row, d.layer), s in [0, B]: the CUDA kernel and the CPU reference
 // both compute it here.
 HISPARSE_HD inline int32_t PageTableEntry(const ResolveDesc& d, int32_t row, int32_t s) {
   const ArenaView& a = d.arena;
@@ -241,23 +287,29 @@ inline IndexedStoreDesc IndexedStoreOf(const StoreDesc& d) {
 }
 
 // Decode append: the newest token (position seq_len - 1) of every row in the batch, one layer:
-// into the row's newest-token slot B and into the host pool.
+// into the row's newest-token slot B and into the host pool. Multi-query (rule 8): entry i appends
+// its q = token_counts[i] newest tokens (null: 1), token t < q being position seq_len - q + t, into
+// tail slot B + t and the host pool (and a regular slot that holds the position, should one), read
+// from src + (i * (draft_tokens + 1) + t) * src_stride. An entry with q outside [1, draft_tokens +
+// 1] (kResolveBadQueryCount), a bad row or a seq_len outside [q, capacity] writes nothing.
 struct AppendDesc {
   ArenaView arena;
   HostRecordMap host;
   int32_t layer;
   int32_t max_batch;
-  const int32_t* batch_size;  // device scalar, as in ResolveDesc; entries at index >= *batch_size
-                              // do nothing (append has no outputs to pad)
-  const int32_t* rows;        // [max_batch]
-  const int32_t* seq_lens;    // [max_batch] the newest token is at seq_len - 1
-  const uint8_t* src;         // record of batch entry i at src + i * src_stride
-  int64_t src_stride;         // bytes, >= record_bytes
-  uint32_t* error_flags;      // may be null; kResolveBadSeqLen / kResolveBadRow
+  const int32_t* batch_size;              // device scalar, as in ResolveDesc; entries at index >= *batch_size
+                                          // do nothing (append has no outputs to pad)
+  const int32_t* rows;                    // [max_batch]
+  const int32_t* seq_lens;                // [max_batch] the newest token is at seq_len - 1
+  const uint8_t* src;                     // record of (batch entry i, token t) at src + (i * Q + t) * src_stride
+  int64_t src_stride;                     // bytes, >= record_bytes
+  uint32_t* error_flags;                  // may be null; kResolveBadSeqLen / kResolveBadRow / kResolveBadQueryCount
+  const int32_t* token_counts = nullptr;  // [max_batch] tokens appended by entry i; null: 1 each
 };
 
 // Checks a geometry: B >= k >= 1, record_bytes a multiple of 16 in [16, 16384], rows and
-// layers >= 1. Returns null when valid, else a static message naming what is wrong.
+// layers >= 1, draft_tokens in [0, kMaxDraftTokens]. Returns null when valid, else a static message naming what is
+// wrong.
 const char* ValidateArenaGeometry(const ArenaGeometry& g);
 
 // ---- CPU reference (kernels/resolve_reference.cc): the oracle, and the host-emulated backend. ----

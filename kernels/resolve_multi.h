@@ -1,0 +1,28 @@
+// Private to kernels/: the multi-query RESOLVE launcher (resolve_multi.cu) that LaunchResolve
+// dispatches to when the geometry has draft_tokens > 0 (resolve.h rule 8).
+#ifndef HISPARSE_KERNELS_RESOLVE_MULTI_H_
+#define HISPARSE_KERNELS_RESOLVE_MULTI_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "hisparse/kernels/resolve.h"
+
+namespace hisparse::internal {
+
+// Launch bookkeeping shared with resolve.cu (defined there).
+void SetLaunchError(const char* msg);
+cudaError_t FailLaunch(const std::string& msg);
+cudaError_t CheckLaunched();
+
+// Workspace of a multi-query launch: one scratch block per batch entry (hash tables over the
+// (draft_tokens + 1) * k selections and the B slots, ranks, victims).
+size_t MultiQueryWorkspaceBytes(const ArenaGeometry& g, int max_batch);
+// One block per batch entry; d is checked by LaunchResolve (pointers, geometry, max_batch > 0).
+cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace hisparse::internal
+
+#endif  // HISPARSE_KERNELS_RESOLVE_MULTI_H_

@@ -1,0 +1,283 @@
+// GPU test of the multi-query RESOLVE kernel (resolve.h rule 8, draft_tokens 1..4; kernels/
+// resolve_multi.cu) against the CPU reference: for identical inputs both leave byte-identical
+// arenas (slot tables, LRU orders, records, counters) and produce identical outputs, error flags
+// and miss plans. Random query counts and overlapping lists (random acceptance advances the rows),
+// padded entries (device batch sizes 0..max_batch + 1), invalid entries of every kind, a B small
+// enough for union refusals, and one captured CUDA graph per layer replayed with new contents
+// alternate with eager launches. draft_tokens = 0 geometries take the single-query kernel
+// (resolve_gpu_test.cu). Skips when no CUDA device is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "hisparse/kernels/resolve_cuda.h"
+
+namespace hisparse {
+namespace {
+
+struct MqConfig {
+  int n, k, B;
+  uint32_t rb;
+  int max_batch;
+};
+
+// Device buffer freed on scope exit.
+struct DevBuf {
+  void* p = nullptr;
+  ~DevBuf() { cudaFree(p); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+void RunMultiQuery(const MqConfig& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto U = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int layers = 2, rows = c.max_batch + 3, Q = c.n + 1, outs = Q * c.k;
+  ArenaGeometry g{rows, layers, c.B, c.k, c.rb};
+  g.draft_tokens = c.n;
+  ASSERT_EQ(ValidateArenaGeometry(g), nullptr);
+  const ArenaOffsets off = ComputeArenaOffsets(g);
+  const int cap = 4 * c.B + 400;
+  // One host pool (mapped, read by both), every position filled.
+  const size_t run = static_cast<size_t>(cap) * c.rb, pool_bytes = run * rows * layers;
+  uint8_t* pool = nullptr;
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped));
+  for (size_t i = 0; i < pool_bytes; ++i) pool[i] = static_cast<uint8_t>(i * 131 + (i >> 11));
+  uint8_t* pool_dev = nullptr;
+  CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
+  std::vector<uint8_t*> base_h(static_cast<size_t>(rows) * layers), base_d(base_h.size());
+  for (size_t i = 0; i < base_h.size(); ++i) base_h[i] = pool + i * run, base_d[i] = pool_dev + i * run;
+  std::vector<int32_t> caps(rows, cap);
+  DevBuf d_base, d_cap, d_arena, d_ws, d_batch, d_rows, d_seq, d_q, d_pos, d_out, d_err, d_plan;
+  CUDA_OK(cudaMalloc(&d_base.p, base_d.size() * sizeof(uint8_t*)));
+  CUDA_OK(cudaMemcpy(d_base.p, base_d.data(), base_d.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&d_cap.p, rows * 4));
+  CUDA_OK(cudaMemcpy(d_cap.p, caps.data(), rows * 4, cudaMemcpyHostToDevice));
+  // Reference arena: reset rows, then random prefill lengths (stores) so that slots hold state.
+  std::vector<uint8_t> ref(off.total_bytes, 0);
+  const ArenaView rv = ArenaView::Of(ref.data(), g);
+  const HostRecordMap rh{base_h.data(), caps.data()};
+  std::vector<int> committed(rows);
+  for (int r = 0; r < rows; ++r) {
+    ResetRowReference(rv, r);
+    committed[r] = U(1, 2 * c.B);
+    std::vector<uint8_t> src(static_cast<size_t>(committed[r]) * c.rb * layers);
+    for (int l = 0; l < layers; ++l) {
+      std::memcpy(&src[static_cast<size_t>(l) * committed[r] * c.rb], base_h[rv.RowLayer(r, l)],
+                  static_cast<size_t>(committed[r]) * c.rb);
+    }
+    StoreDesc sd{rv, rh, r, 0, committed[r], committed[r], src.data(), int64_t{committed[r]} * c.rb, c.rb};
+    ASSERT_EQ(StoreReference(sd), 0u);
+  }
+  CUDA_OK(cudaMalloc(&d_arena.p, off.total_bytes));
+  CUDA_OK(cudaMemcpy(d_arena.p, ref.data(), off.total_bytes, cudaMemcpyHostToDevice));
+  const ArenaView gv = ArenaView::Of(d_arena.p, g);
+  const HostRecordMap gh{d_base.as<uint8_t*>(), d_cap.as<int32_t>()};
+  const size_t ws_bytes = ResolveWorkspaceBytes(g, c.max_batch);
+  ASSERT_GT(ws_bytes, 0u);
+  CUDA_OK(cudaMalloc(&d_ws.p, ws_bytes));
+  CUDA_OK(InitResolveWorkspace(d_ws.p, ws_bytes, 0));
+  const size_t sel_n = static_cast<size_t>(c.max_batch) * outs;
+  CUDA_OK(cudaMalloc(&d_batch.p, 4));
+  CUDA_OK(cudaMalloc(&d_rows.p, c.max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_seq.p, c.max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_q.p, c.max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_pos.p, sel_n * 4));
+  CUDA_OK(cudaMalloc(&d_out.p, sel_n * 4));
+  CUDA_OK(cudaMalloc(&d_err.p, 4));
+  const size_t plan_bytes = MissPlan::Bytes(g, c.max_batch);
+  CUDA_OK(cudaMalloc(&d_plan.p, plan_bytes));
+  std::vector<uint8_t> ref_plan(plan_bytes, 0), got_plan(plan_bytes);
+  CUDA_OK(cudaMemset(d_plan.p, 0, plan_bytes));
+  ResolveLaunchConfig config;
+  CUDA_OK(PrepareResolveLaunch(g, &config));
+
+  auto desc = [&](bool gpu, int layer) {
+    ResolveDesc d{};
+    d.arena = gpu ? gv : rv;
+    d.host = gpu ? gh : rh;
+    d.layer = layer;
+    d.max_batch = c.max_batch;
+    d.plan = MissPlan::Of(gpu ? d_plan.p : ref_plan.data(), c.max_batch);
+    return d;
+  };
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  std::vector<cudaGraphExec_t> exec(layers, nullptr);
+  for (int l = 0; l < layers; ++l) {
+    ResolveDesc d = desc(true, l);
+    d.batch_size = d_batch.as<int32_t>();
+    d.rows = d_rows.as<int32_t>();
+    d.seq_lens = d_seq.as<int32_t>();
+    d.query_counts = d_q.as<int32_t>();
+    d.positions = d_pos.as<int32_t>();
+    d.out_slots = d_out.as<int32_t>();
+    d.error_flags = d_err.as<uint32_t>();
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(d, d_ws.p, ws_bytes, config, stream));
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec[l], graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+
+  std::vector<int32_t> prev(static_cast<size_t>(rows) * outs, kPadding);
+  uint64_t refused = 0, multi = 0;
+  std::vector<uint8_t> got(off.total_bytes);
+  for (int step = 0; step < 60; ++step) {
+    std::vector<int32_t> order(rows);
+    for (int r = 0; r < rows; ++r) order[r] = r;
+    std::shuffle(order.begin(), order.end(), rng);
+    order.resize(c.max_batch);
+    const int batch = U(0, c.max_batch + 1);  // past max_batch too: clamped
+    const int active = std::min(batch, c.max_batch);
+    std::vector<int32_t> qs(c.max_batch, 1), seqs(c.max_batch, 1);
+    for (int i = 0; i < c.max_batch; ++i) {
+      if (committed[order[i]] + Q >= cap) committed[order[i]] = U(1, c.B);  // readmitted, shorter
+      qs[i] = U(1, Q);
+      seqs[i] = committed[order[i]] + qs[i];
+    }
+    for (int l = 0; l < layers; ++l) {
+      std::vector<int32_t> sel(sel_n, 0x7777);  // garbage where unused
+      std::vector<int32_t> lq = qs, ls = seqs, lrows = order;
+      for (int i = 0; i < active; ++i) {
+        const int r = order[i];
+        for (int t = 0; t < qs[i]; ++t) {
+          const int len = seqs[i] - qs[i] + t + 1;
+          std::vector<int32_t> list;
+          auto has = [&](int p) { return std::find(list.begin(), list.end(), p) != list.end(); };
+          for (int j = 0; j < c.k; ++j) {
+            const int p = t == 0 ? prev[static_cast<size_t>(r) * outs + j] : sel[(i * Q + t - 1) * c.k + j];
+            if (p >= 0 && p < len && !has(p) && U(0, 9) < 8) list.push_back(p);
+          }
+          for (int tries = 0; static_cast<int>(list.size()) < c.k && tries < 3 * c.k; ++tries) {
+            const int p = U(0, len - 1);
+            if (!has(p)) list.push_back(p);
+          }
+          std::shuffle(list.begin(), list.end(), rng);
+          if (U(0, 3) == 0 && !list.empty()) list.pop_back();
+          list.resize(c.k, kPadding);
+          std::copy(list.begin(), list.end(), sel.begin() + (i * Q + t) * c.k);
+        }
+        if (U(0, 20) == 0) {  // an invalid entry
+          switch (U(0, 4)) {
+            case 0:
+              lq[i] = Q + 1;
+              break;
+            case 1:
+              lq[i] = 0;
+              break;
+            case 2:
+              sel[i * outs] = seqs[i] - qs[i] + 1;
+              break;  // beyond list 0's length
+            case 3:
+              sel[i * outs + 1] = sel[i * outs] >= 0 ? sel[i * outs] : 0;
+              break;  // duplicate (or range)
+            default:
+              lrows[i] = rows + 5;
+              break;
+          }
+        }
+        multi += qs[i] > 1;
+      }
+      ResolveDesc rd = desc(false, l);
+      int32_t hb = batch;
+      uint32_t rerr = 0;
+      std::vector<int32_t> rout(sel_n, 0x5555);
+      rd.batch_size = &hb;
+      rd.rows = lrows.data();
+      rd.seq_lens = ls.data();
+      rd.query_counts = lq.data();
+      rd.positions = sel.data();
+      rd.out_slots = rout.data();
+      rd.error_flags = &rerr;
+      ResolveReference(rd);
+      CUDA_OK(cudaMemcpy(d_batch.p, &hb, 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_rows.p, lrows.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_seq.p, ls.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_q.p, lq.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_pos.p, sel.data(), sel_n * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(d_out.p, 0x55, sel_n * 4));
+      CUDA_OK(cudaMemset(d_err.p, 0, 4));
+      if (step % 2 == 0) {
+        CUDA_OK(cudaGraphLaunch(exec[l], stream));
+      } else {
+        ResolveDesc gd = desc(true, l);
+        gd.batch_size = d_batch.as<int32_t>();
+        gd.rows = d_rows.as<int32_t>();
+        gd.seq_lens = d_seq.as<int32_t>();
+        gd.query_counts = d_q.as<int32_t>();
+        gd.positions = d_pos.as<int32_t>();
+        gd.out_slots = d_out.as<int32_t>();
+        gd.error_flags = d_err.as<uint32_t>();
+        CUDA_OK(LaunchResolve(gd, d_ws.p, ws_bytes, config, stream));
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<int32_t> gout(sel_n);
+      uint32_t gerr = 0;
+      CUDA_OK(cudaMemcpy(gout.data(), d_out.p, sel_n * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(&gerr, d_err.p, 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(got.data(), d_arena.p, off.total_bytes, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(got_plan.data(), d_plan.p, plan_bytes, cudaMemcpyDeviceToHost));
+      const std::string where = "step " + std::to_string(step) + " layer " + std::to_string(l);
+      ASSERT_EQ(gerr, rerr) << where;
+      ASSERT_EQ(gout, rout) << where << ": outputs differ";
+      ASSERT_EQ(std::memcmp(got.data(), ref.data(), off.records), 0) << where << ": counters or tables differ";
+      ASSERT_EQ(std::memcmp(got.data(), ref.data(), off.total_bytes), 0) << where << ": records differ";
+      // The plan: batch, summaries of every entry, and each valid entry's misses.
+      const MissPlan rp = MissPlan::Of(ref_plan.data(), c.max_batch), gp = MissPlan::Of(got_plan.data(), c.max_batch);
+      ASSERT_EQ(*gp.batch, *rp.batch) << where;
+      ASSERT_EQ(std::memcmp(gp.summary, rp.summary, c.max_batch * 12), 0) << where << ": plan summaries differ";
+      for (int i = 0; i < active; ++i) {
+        const int m = rp.summary[3 * i + 1];
+        if (m < 0) {
+          ++refused;
+          continue;
+        }
+        const size_t at = i * MissPlan::EntriesPerRow(g) * 2;
+        ASSERT_EQ(std::memcmp(gp.entries + at, rp.entries + at, m * 8), 0) << where << ": plan entries differ";
+        std::copy(sel.begin() + i * outs, sel.begin() + (i + 1) * outs, prev.begin() + order[i] * outs);
+      }
+    }
+    for (int i = 0; i < active; ++i) committed[order[i]] += U(1, qs[i]);  // accepted tokens
+  }
+  EXPECT_GT(multi, 10u);
+  EXPECT_GT(refused, 0u);
+  for (cudaGraphExec_t e : exec) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(stream);
+  cudaFreeHost(pool);
+}
+
+TEST(ResolveMultiQueryGpu, MatchesReferenceForDraftTokens1To4) {
+  REQUIRE_GPU();
+  // Small (refusals of unions larger than B happen), medium, and the issue's sizing B = (n+2)k.
+  for (int n = 1; n <= 4; ++n) {
+    for (const MqConfig& c : {MqConfig{n, 8, 12, 32, 5}, MqConfig{n, 64, 64 * (n + 1) - 40, 656, 9},
+                              MqConfig{n, 256, 256 * (n + 2), 1152, 6}}) {
+      SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " B " + std::to_string(c.B));
+      ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 1000u * n + c.k));
+    }
+  }
+}
+
+TEST(ResolveMultiQueryGpu, ZeroDraftTokensKeepTheSingleQueryWorkspace) {
+  ArenaGeometry g{4, 2, 512, 256, 656};
+  const size_t single = ResolveWorkspaceBytes(g, 8);
+  g.draft_tokens = 2;
+  EXPECT_GT(ResolveWorkspaceBytes(g, 8), 0u);
+  g.draft_tokens = 0;
+  EXPECT_EQ(ResolveWorkspaceBytes(g, 8), single);
+}
+
+}  // namespace
+}  // namespace hisparse
