@@ -96,22 +96,24 @@ def per_request(cfg, fmt, ctx, max_out, B):
 
 def capacity(cfg, fmt, spec, max_out, B, budget, pool, limit=1024):
     """Largest concurrency per mode whose clients' requests fit the HBM budget (hisparse: and the host
-    pool), what limits it, and the mean bytes a request."""
+    pool), what limits it, and the mean bytes a request. Client i's length does not depend on N
+    (slot_contexts), so the footprint of N clients is a prefix sum."""
+    reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, limit)]
     out = {}
     for mode in ("baseline", "hisparse"):
-        n, why = 0, "HBM"
+        n, why, hbm, host = 0, "HBM", 0, 0
         while n < limit:
-            reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, n + 1)]
-            if sum(r[mode] for r in reqs) > budget:
+            hbm, host = hbm + reqs[n][mode], host + reqs[n]["host"]
+            if hbm > budget:
                 break
-            if mode == "hisparse" and sum(r["host"] for r in reqs) > pool:
+            if mode == "hisparse" and host > pool:
                 why = "host pool"
                 break
             n += 1
-        reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, max(1, n))]
-        out[mode] = dict(per_request_hbm=sum(r[mode] for r in reqs) // len(reqs), capacity=n, limit=why)
+        first = reqs[:max(1, n)]
+        out[mode] = dict(per_request_hbm=sum(r[mode] for r in first) // len(first), capacity=n, limit=why)
         if mode == "hisparse":
-            out[mode]["host_per_request"] = sum(r["host"] for r in reqs) // len(reqs)
+            out[mode]["host_per_request"] = sum(r["host"] for r in first) // len(first)
     return out
 
 
@@ -119,8 +121,10 @@ def resident_rows(cfg, fmt, spec, N, max_out, B, budget):
     """Hybrid mode: how many of the N clients (the first r) keep their whole KV in HBM, the rest being
     served by hisparse: the most r with sum(full of the first r) + sum(sparse of the others) <= budget."""
     reqs = [per_request(cfg, fmt, c, max_out, B) for c in slot_contexts(spec, N)]
+    need = sum(x["hisparse"] for x in reqs)  # r = 0
     r = 0
-    while r < N and sum(x["baseline"] for x in reqs[:r + 1]) + sum(x["hisparse"] for x in reqs[r + 1:]) <= budget:
+    while r < N and need + reqs[r]["baseline"] - reqs[r]["hisparse"] <= budget:
+        need += reqs[r]["baseline"] - reqs[r]["hisparse"]
         r += 1
     return r
 

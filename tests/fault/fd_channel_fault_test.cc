@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "fault_geometry.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/daemon_process.h"
@@ -97,17 +98,7 @@ Probe ProbeFdChannel(const std::string& path) {
 }
 
 hs_session_options Geometry(const std::string& address, uint32_t timeout_ms) {
-  hs_session_options o = HS_SESSION_OPTIONS_INIT;
-  o.daemon_address = address.c_str();
-  o.engine_name = "fd-fault";
-  o.num_layers = 2;
-  o.record_bytes = 64;
-  o.k = 4;
-  o.slots = 8;
-  o.max_requests = 2;
-  o.backend = HS_BACKEND_HOST;
-  o.timeout_ms = timeout_ms;
-  return o;
+  return FaultGeometry(address, "fd-fault", timeout_ms);
 }
 
 struct OpenResult {

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "fault_geometry.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/daemon_process.h"
 #include "hisparse/hisparse.h"
@@ -99,15 +100,7 @@ Footprint Settled(pid_t pid) {
 }
 
 void OpenAndClose(const std::string& address, int cycle) {
-  hs_session_options o = HS_SESSION_OPTIONS_INIT;
-  o.daemon_address = address.c_str();
-  o.engine_name = "churn";
-  o.num_layers = 2;
-  o.record_bytes = 64;
-  o.k = 4;
-  o.slots = 8;
-  o.max_requests = 2;
-  o.backend = HS_BACKEND_HOST;
+  const hs_session_options o = FaultGeometry(address, "churn");
   hs_session* s = nullptr;
   ASSERT_EQ(hs_session_open(&o, &s), HS_OK) << "cycle " << cycle << ": " << hs_last_error();
   hs_session_close(s);

@@ -9,16 +9,10 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_check.h"
 #include "hisparse/daemon/config.h"
 
-namespace {
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "config_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
-
-}  // namespace
+using hisparse::fuzz::Fail;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

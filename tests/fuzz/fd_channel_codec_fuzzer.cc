@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "absl/status/status.h"
+#include "fuzz_check.h"
 #include "fuzz_input.h"
 #include "hisparse/common/fd_channel_codec.h"
 
@@ -16,12 +17,6 @@ namespace hisparse::fuzz {
 namespace {
 
 constexpr int kMaxSteps = 64;
-
-void Expect(bool ok, const std::string& what) {
-  if (ok) return;
-  std::fprintf(stderr, "fd_channel_codec_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
 
 FdVersion PickVersion(FuzzInput& in) { return (in.Read<uint8_t>() & 1) != 0 ? FdVersion::kV1 : FdVersion::kV2; }
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "fuzz_check.h"
 #include "fuzz_input.h"
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/log.h"
@@ -30,15 +31,6 @@ namespace hisparse::fuzz {
 namespace {
 
 constexpr int kMaxPackets = 64;
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "fd_channel_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
-
-void Expect(bool ok, const std::string& what) {
-  if (!ok) Fail(what);
-}
 
 std::pair<dev_t, ino_t> Identity(int fd) {
   struct stat st {};

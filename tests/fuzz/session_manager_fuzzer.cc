@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "fuzz_check.h"
 #include "fuzz_input.h"
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/host_pool.h"
@@ -27,15 +28,6 @@ namespace hisparse::fuzz {
 namespace {
 
 constexpr int kMaxOps = 256;
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "session_manager_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
-
-void Expect(bool ok, const std::string& what) {
-  if (!ok) Fail(what);
-}
 
 SessionManager& Manager() {
   // Leaked on purpose: no destructor ordering against libFuzzer's exit paths.

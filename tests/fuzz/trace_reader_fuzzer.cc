@@ -10,16 +10,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "fuzz_check.h"
 #include "hisparse/trace/trace.h"
 
 namespace {
 
-constexpr int kMaxRecords = 100000;  // a gzip bomb must end in bounded time
+using hisparse::fuzz::Fail;
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "trace_reader_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
+constexpr int kMaxRecords = 100000;  // a gzip bomb must end in bounded time
 
 // One scratch directory per process: parallel fuzzing jobs (-jobs=N) must not share files. In
 // /dev/shm when there is one: two files are written per input, and a disk-backed /tmp halves the

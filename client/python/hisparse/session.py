@@ -367,14 +367,10 @@ class Session:
         start_pos + num_tokens.
         """
         if _is_torch_tensor(src) and src.dim() == 3:
-            elem = src.element_size()
-            if src.shape[0] < self.num_layers or src.shape[2] * elem < self.record_bytes:
-                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [{self.num_layers}, tokens, "
-                                      f"record of >= {self.record_bytes} bytes]")
-            num_tokens = int(src.shape[1]) if num_tokens is None else num_tokens
-            token_stride = src.stride(1) * elem if token_stride is None else token_stride
-            layer_stride = src.stride(0) * elem if layer_stride is None else layer_stride
-            ptr = self._strided_ptr(src, "src")
+            tokens, ts, ls, ptr = self._layered(src, self.num_layers, f"[{self.num_layers}, tokens, ")
+            num_tokens = tokens if num_tokens is None else num_tokens
+            token_stride = ts if token_stride is None else token_stride
+            layer_stride = ls if layer_stride is None else layer_stride
         else:
             if num_tokens is None:
                 raise InvalidArgument("num_tokens is required unless src is a [num_layers, tokens, record] tensor")
@@ -412,14 +408,10 @@ class Session:
         if num_layers is None:
             num_layers = self.num_layers - first_layer
         if _is_torch_tensor(src) and src.dim() == 3:
-            elem = src.element_size()
-            if src.shape[0] < num_layers or src.shape[2] * elem < self.record_bytes:
-                raise InvalidArgument(f"src has shape {tuple(src.shape)}; need [>= {num_layers}, pool tokens, "
-                                      f"record of >= {self.record_bytes} bytes]")
-            src_tokens = int(src.shape[1]) if src_tokens is None else src_tokens
-            token_stride = src.stride(1) * elem if token_stride is None else token_stride
-            layer_stride = src.stride(0) * elem if layer_stride is None else layer_stride
-            ptr = self._strided_ptr(src, "src")
+            tokens, ts, ls, ptr = self._layered(src, num_layers, f"[>= {num_layers}, pool tokens, ")
+            src_tokens = tokens if src_tokens is None else src_tokens
+            token_stride = ts if token_stride is None else token_stride
+            layer_stride = ls if layer_stride is None else layer_stride
         else:
             if src_tokens is None:
                 raise InvalidArgument("src_tokens is required unless src is a [layers, pool tokens, record] tensor")
@@ -445,6 +437,14 @@ class Session:
         args.src_token_stride = token_stride
         args.stream = self._stream(stream) or None
         check(self._lib.hs_store_indexed(self._h(), ctypes.byref(args)), f"indexed store request {request_id}")
+
+    def _layered(self, src: Any, layers: int, need: str) -> tuple:
+        """A 3-D torch tensor [layers, tokens, record] as (tokens, token_stride, layer_stride, address);
+        `need` starts the error message's expected shape."""
+        elem = src.element_size()
+        if src.shape[0] < layers or src.shape[2] * elem < self.record_bytes:
+            raise InvalidArgument(f"src has shape {tuple(src.shape)}; need {need}record of >= {self.record_bytes} bytes]")
+        return int(src.shape[1]), src.stride(1) * elem, src.stride(0) * elem, self._strided_ptr(src, "src")
 
     def _strided_ptr(self, t: Any, name: str) -> int:
         """Address of a (possibly non-contiguous) torch tensor, checked for device like _data_ptr."""
