@@ -11,6 +11,8 @@ table (--markdown) and JSON (--json); exits 1 on any mismatch.
     python3 examples/engine/run_engine.py --configs 1x65536,8x16384,32x8192 --k 2048 --steps 300
     # anywhere (host backend, eager, tiny model):
     python3 examples/engine/run_engine.py --device cpu --model small --configs 2x600 --k 32 --steps 24
+    # speculative decoding (mtp.py): n drafts a step, B = (n + 2) k, random acceptance:
+    python3 examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 8x16384 --k 2048
 
 Needs libhisparse and hisparsed (HISPARSE_LIB / HISPARSE_DAEMON_BIN, or the source tree's build/).
 """
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 
 import hisparse  # noqa: E402
 from engine import SMALL, ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
+from mtp import run_mtp  # noqa: E402
 
 
 def parse_configs(text: str) -> List[Tuple[int, int]]:
@@ -62,7 +65,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="1x8192", help="comma-separated BATCHxCONTEXT points")
     ap.add_argument("--k", type=int, default=2048, help="positions selected per (request, layer, step)")
-    ap.add_argument("--slots-factor", default="1,2", help="B = factor x k, comma-separated")
+    ap.add_argument("--slots-factor", default="1,2",
+                    help="B = factor x k, comma-separated; 0: (n + 2) x k, the sizing for n draft tokens")
+    ap.add_argument("--draft-tokens", default="0",
+                    help="speculative decoding: n draft tokens a step (n + 1 queries a row), comma-separated")
     ap.add_argument("--steps", type=int, default=300, help="decode steps per run")
     ap.add_argument("--records", default="bf16", help="record formats: bf16 (1152 B), fp8 (656 B), or both")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -87,6 +93,7 @@ def main(argv=None) -> int:
         cfg.locality = args.locality
     configs = parse_configs(args.configs)
     factors = [float(f) for f in args.slots_factor.split(",")]
+    drafts = [int(n) for n in args.draft_tokens.split(",")]
     formats = [record_format(name, cfg) for name in args.records.split(",")]
     model = SparseDecoder(cfg, dev)
     gpu = dev.index if dev.index is not None else 0
@@ -100,12 +107,11 @@ def main(argv=None) -> int:
         # The link the misses cross, measured in this run (the machines are shared).
         print(f"link: H2D copy of 1 GiB pinned, best of 3: {measure_link_gbps(dev, tries=3):.1f} GB/s; "
               f"{torch.cuda.get_device_name(dev)}", flush=True)
-        del host, devbuf
 
     daemon = None
     address = args.daemon
     if address is None:
-        need = max(b * (ctx + args.steps + 1) * cfg.n_layers * max(f.record_bytes for f in formats)
+        need = max(b * (ctx + (args.steps + 1) * (max(drafts) + 1)) * cfg.n_layers * max(f.record_bytes for f in formats)
                    for b, ctx in configs)
         pool = args.host_pool_size or f"{max(1, math.ceil(need * 1.3 / 2**30))}GiB"
         daemon = hisparse.Daemon(host_pool_size=pool, host_pool_segment_size="256MiB").start()
@@ -117,22 +123,8 @@ def main(argv=None) -> int:
     try:
         for fmt in formats:
             for batch, ctx in configs:
-                base = run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps,
-                                seed=args.seed + 1, use_graph=not args.no_graph, probe_steps=args.probe_steps)
-                for factor in factors:
-                    slots = int(round(factor * args.k))
-                    with hisparse.Session(address, num_layers=cfg.n_layers, record_bytes=fmt.record_bytes, k=args.k,
-                                          slots=slots, max_requests=batch, gpu=gpu if backend == "cuda" else -1,
-                                          backend=backend, engine_name="examples/engine") as session:
-                        hs = run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps,
-                                      session=session, seed=args.seed + 1, use_graph=not args.no_graph,
-                                      probe_steps=args.probe_steps)
-                        if dev.type == "cuda":
-                            torch.cuda.synchronize(dev)
-                    row = report(fmt.name, batch, ctx, args.k, slots, cfg.n_layers, base, hs)
-                    failures += 0 if row["exact"] else 1
-                    rows.append(row)
-                del base
+                for n in drafts:
+                    failures += run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, rows)
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
     finally:
@@ -145,6 +137,40 @@ def main(argv=None) -> int:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"engine: {len(rows) - failures} of {len(rows)} hisparse runs bit-identical to the baseline")
     return 1 if failures else 0
+
+
+def run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, rows) -> int:
+    """The baseline once, then hisparse once per B; appends a report row each; returns the mismatches."""
+    cfg = model.cfg
+
+    def run(session=None):
+        if n == 0:
+            return run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps, session=session,
+                            seed=args.seed + 1, use_graph=not args.no_graph, probe_steps=args.probe_steps)
+        return run_mtp(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps, draft_tokens=n,
+                       session=session, seed=args.seed + 1, use_graph=not args.no_graph)
+
+    base = run()
+    failures = 0
+    for factor in factors:
+        slots = int(round((factor or n + 2) * args.k))
+        with hisparse.Session(address, num_layers=cfg.n_layers, record_bytes=fmt.record_bytes, k=args.k,
+                              slots=slots, max_requests=batch, gpu=gpu if backend == "cuda" else -1,
+                              backend=backend, engine_name="examples/engine", draft_tokens=n) as session:
+            hs = run(session)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+        row = report(fmt.name, batch, ctx, args.k, slots, cfg.n_layers, base, hs)
+        row["draft_tokens"] = n
+        if n:
+            same_accept = bool(torch.equal(base.accepted, hs.accepted))
+            row["exact"] = row["exact"] and same_accept
+            mean = base.accepted.float().mean().item()
+            print(f"speculative: {n} draft tokens, {n + 1} queries a row and step, mean accepted {mean:.2f}; "
+                  f"acceptance identical: {'yes' if same_accept else 'NO'}", flush=True)
+        failures += 0 if row["exact"] else 1
+        rows.append(row)
+    return failures
 
 
 def report(fmt_name, batch, ctx, k, slots, n_layers, base, hs) -> dict:

@@ -74,3 +74,53 @@ def test_shared_indexer_prefetch_exact(daemon, gpu, graph):
 def test_shared_indexer_prefetch_on_the_host_backend(daemon):
     run_both(daemon, torch.device("cpu"), "bf16", batch=2, context=300, k=16, slots=16, steps=5, share=2,
              prefetch=True, layers=4)
+
+
+def run_speculative(daemon, device, fmt_name, *, n, batch, context, k, steps, graph=True):
+    """MTP-style decoding (examples/engine/mtp.py): n drafts a step, random acceptance; hisparse's
+    logits of all n + 1 query tokens equal the baseline's at every step, and so do the tokens."""
+    mtp = pytest.importorskip("mtp")
+    cfg = engine.ModelConfig(seed=13, **engine.SMALL)
+    model = engine.SparseDecoder(cfg, device)
+    fmt = engine.record_format(fmt_name, cfg)
+    base = mtp.run_mtp(model, fmt, batch=batch, prompt_len=context, k=k, steps=steps, draft_tokens=n, seed=7,
+                       use_graph=graph)
+    cuda = device.type == "cuda"
+    with hisparse.Session(daemon, num_layers=cfg.n_layers, record_bytes=fmt.record_bytes, k=k, slots=(n + 2) * k,
+                          max_requests=batch, gpu=0 if cuda else -1, backend="cuda" if cuda else "host",
+                          draft_tokens=n) as s:
+        hs = mtp.run_mtp(model, fmt, batch=batch, prompt_len=context, k=k, steps=steps, draft_tokens=n, seed=7,
+                         session=s, use_graph=graph)
+        stats = s.stats()
+    assert base.logits.shape == (steps, batch, n + 1, cfg.vocab)
+    for i in range(steps):
+        assert torch.equal(base.logits[i], hs.logits[i]), f"logits differ at speculative step {i}"
+    assert torch.equal(base.tokens, hs.tokens) and torch.equal(base.accepted, hs.accepted)
+    # Random acceptance both keeps and rejects drafts, so rejected records get rewritten.
+    assert (base.accepted < n + 1).any() and (base.accepted > 1).any()
+    assert hs.misses > 0 and hs.hits > 0 and stats.session_requests == 0
+    return base, hs
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_speculative_decoding_exact_on_the_host_backend(daemon, n):
+    run_speculative(daemon, torch.device("cpu"), "bf16", n=n, batch=2, context=300, k=16, steps=8)
+
+
+@pytest.mark.parametrize("fmt_name,n", [("bf16", 1), ("bf16", 3), ("fp8", 3)])
+def test_speculative_decoding_exact_in_a_cuda_graph(daemon, gpu, fmt_name, n):
+    base, hs = run_speculative(daemon, gpu, fmt_name, n=n, batch=3, context=2500, k=64, steps=30)
+    assert hs.used_graph and base.used_graph
+
+
+def test_run_engine_smoke(daemon, tmp_path):
+    """examples/engine/run_engine.py end to end on the host backend (its GPU runs use the same code),
+    plain and speculative: every run exact, the JSON rows say so."""
+    run_engine = pytest.importorskip("run_engine")
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--device", "cpu", "--model", "small", "--configs", "2x200", "--k", "16", "--steps", "5",
+                          "--draft-tokens", "0,2", "--slots-factor", "0", "--daemon", daemon.address, "--json", str(out)])
+    import json
+    rows = json.loads(out.read_text())
+    assert rc == 0 and [r["draft_tokens"] for r in rows] == [0, 2] and all(r["exact"] for r in rows)
+    assert [r["slots"] for r in rows] == [32, 64]

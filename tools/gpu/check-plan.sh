@@ -7,9 +7,10 @@
 # gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test, gpu_arena_session_test, pytest
 # tests/python (GPU cases included), hisparse-bench decode at a short configuration (capacity,
 # matched-batch exactness), hisparse-bench serve at a short configuration (128k, batch 1-4 and the
-# peak, every mode, exactness). About 7 minutes.
-# Writes under $OUT: gpu.txt, link.jsonl, gpu_tests.log, pytest.log, decode.log, serve.log,
-# serve.jsonl, summary.txt.
+# peak, every mode, exactness), examples/engine/run_engine.py with speculative decoding (1 and 3
+# drafts, bf16 and fp8, exactness). About 8 minutes.
+# Writes under $OUT: summary.txt (the GPU first), link.jsonl, gpu_tests.log, pytest.log, decode.log,
+# serve.log, serve.jsonl, speculative.log.
 set -uo pipefail
 B=$(cd "${1:?bundle dir}" && pwd)
 OUT=${OUT:-$PWD/out}
@@ -18,8 +19,7 @@ export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export HISPARSE_DAEMON_BIN="$B/bin/hisparsed" HISPARSE_LIB="$B/bin/libhisparse.so" PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 S="$OUT/summary.txt"
-: > "$S"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$OUT/gpu.txt" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$S" 2>&1
 step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its exit status
   local limit=$1 name=$2 t=$SECONDS
   shift 2
@@ -48,4 +48,7 @@ step 200 serve "$PY" examples/engine/serve_bench.py --layers 8 --contexts 131072
   --hybrid-slots 4096 --steps 32 --probe-steps 0 --host-pool-size 24GiB --json "$OUT/serve.jsonl" > "$OUT/serve.log" 2>&1
 grep -E '"kind": "link"|"exact": false|peak tokens|Error' "$OUT/serve.log" | tee -a "$S"
 echo "serve exactness: $(grep -c '"exact": true' "$OUT/serve.log") exact, $(grep -c '"exact": false' "$OUT/serve.log") not" | tee -a "$S"
+step 200 speculative "$PY" examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 4x32768 \
+  --k 2048 --steps 40 --records bf16,fp8 > "$OUT/speculative.log" 2>&1
+grep -E '^link|^exactness|^speculative|^engine' "$OUT/speculative.log" | tee -a "$S"
 exit 0
