@@ -26,6 +26,7 @@ inline bool TakeFlag(int argc, char** argv, int* i, std::string* name, std::stri
 int TraceMain(int argc, char** argv);          // trace_cmd.cc: replay a selection trace through a policy
 int GenTraceMain(int argc, char** argv);       // gen_trace_cmd.cc: write a synthetic selection trace
 int ResolveMain(int argc, char** argv);        // resolve_cmd.cu: the RESOLVE kernel sweep (CUDA builds)
+int ResolveDraftMain(int argc, char** argv);   // resolve_draft_cmd.cc: resolve --draft-tokens (CUDA builds)
 int ControlMain(int argc, char** argv);        // control_cmd.cc: load on the daemon's control plane
 int SessionOpenMain(int argc, char** argv);    // session_open_cmd.cc: GPU session open phases (CUDA)
 int ResolveSharedMain(int argc, char** argv);  // resolve_shared_cmd.cc: daemon's arena vs own (CUDA)

@@ -1,5 +1,6 @@
 // hisparse-bench resolve: sweeps the CUDA RESOLVE kernel over batch, B, record size and miss rate
 // and prints one JSON object per line: first the link's bulk H2D bandwidth, then one per point.
+// With --draft-tokens it runs the multi-query benchmark instead (resolve_draft_cmd.cc).
 //
 // State of every point (as in the issue): each request's slots hold positions 0..B-1, LRU in slot
 // order, seq_len = B + k + 1; the selection is the first round((1 - miss) * k) resident positions
@@ -58,12 +59,16 @@ void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench resolve [--batch 1,10,64,100,128] [--slots 4096,8192]\n"
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
-               "       [--runs 200] [--warm-l2]\n");
+               "       [--runs 200] [--warm-l2]\n"
+               "   or: hisparse-bench resolve --draft-tokens 0,1,3 ... (multi-query steps; add --help)\n");
 }
 
 }  // namespace
 
 int ResolveMain(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {  // the multi-query mode has its own points and output
+    if (std::strncmp(argv[i], "--draft-tokens", 14) == 0) return ResolveDraftMain(argc, argv);
+  }
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
