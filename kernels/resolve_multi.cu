@@ -14,17 +14,22 @@
 //      LRU order: the i-th non-hit slot is the i-th miss's victim, and the new LRU order has the
 //      closed form of resolve.cu (untouched, then victims, then hit slots);
 //   4. outputs (a repeated position takes its first appearance's slot), slot_pos of the victims,
-//      the miss plan, the counters, and the fetch (one warp per missed record).
+//      the miss plan, the counters, and the entry's fetch list (its misses' (position, slot)).
+// The fetch is a second kernel over the whole GPU (MultiQueryFetchKernel). The first version
+// copied inside the planner, one record per warp with plain loads, and moved 0.4 GB/s for one
+// request on the H200 (bench/RESULTS.md, "Multi-query RESOLVE").
 // Invalid entries and padded entries (rule 7) publish kPadding everywhere and touch nothing else.
 // The scratch is cleared by its block at the start of every launch, so graph replays need nothing
 // in between. Speed is not tuned yet (no work queue, no shared-memory planning).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "record_dispatch.h"
 #include "resolve_multi.h"
 
 namespace hisparse {
@@ -46,7 +51,8 @@ int Pow2AtLeast(size_t n) {
 // Byte offsets of one entry's scratch (all 8-byte aligned).
 struct Scratch {
   int sel_bits, res_bits;
-  size_t first_key, first_val, pairs, res_key, res_val, kind, miss_rank, victim, is_hit, new_lru, bytes;
+  size_t first_key, first_val, pairs, res_key, res_val, kind, miss_rank, victim, is_hit, new_lru, fetch, fetch_count,
+      bytes;
 };
 
 Scratch ComputeScratch(const ArenaGeometry& g) {
@@ -71,6 +77,8 @@ Scratch ComputeScratch(const ArenaGeometry& g) {
   s.victim = take(b * 4);
   s.is_hit = take(b * 4);
   s.new_lru = take(b * 4);
+  s.fetch = take(qk * 8);
+  s.fetch_count = take(4);
   s.bytes = AlignUp(o, 256);
   return s;
 }
@@ -149,10 +157,12 @@ __device__ int RankAll(int n, BlockScan::TempStorage& tmp, Flag flag, Write writ
   return carry;
 }
 
-// kPadding in every output of entry i and its plan summary (rejected: row, padding: kPadding).
-__device__ void PublishPadding(const ResolveDesc& d, int i, int summary_row, int outs) {
+// kPadding in every output of entry i and its plan summary (rejected: row, padding: kPadding);
+// nothing for the fetch kernel to copy.
+__device__ void PublishPadding(const ResolveDesc& d, int i, int summary_row, int outs, int* fetch_count) {
   int* out = d.out_slots + static_cast<size_t>(i) * outs;
   for (int x = threadIdx.x; x < outs; x += kThreads) out[x] = kPadding;
+  if (threadIdx.x == 0) *fetch_count = 0;
   if (threadIdx.x == 0 && d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     sum[0] = summary_row;
@@ -170,11 +180,13 @@ __global__ void __launch_bounds__(kThreads)
   const int B = a.geometry.slots, K = a.geometry.k, Q = a.geometry.TailSlots();
   const int outs = Q * K;
   const int i = blockIdx.x;
+  uint8_t* base = scratch_base + static_cast<size_t>(i) * sc.bytes;
+  int* fetch_count = reinterpret_cast<int*>(base + sc.fetch_count);
   int batch = *d.batch_size;
   batch = batch < 0 ? 0 : (batch > d.max_batch ? d.max_batch : batch);
   if (i == 0 && threadIdx.x == 0 && d.plan.summary) *d.plan.batch = batch;
   if (i >= batch) {  // rule 7
-    PublishPadding(d, i, kPadding, outs);
+    PublishPadding(d, i, kPadding, outs, fetch_count);
     return;
   }
   const int row = d.rows[i], seq = d.seq_lens[i];
@@ -189,11 +201,10 @@ __global__ void __launch_bounds__(kThreads)
     err = kResolveBadSeqLen;
   }
   if (err) {
-    PublishPadding(d, i, row, outs);
+    PublishPadding(d, i, row, outs, fetch_count);
     if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
     return;
   }
-  uint8_t* base = scratch_base + static_cast<size_t>(i) * sc.bytes;
   Tables t;
   t.pairs = reinterpret_cast<unsigned long long*>(base + sc.pairs);
   t.first_key = reinterpret_cast<int*>(base + sc.first_key);
@@ -241,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (s_err) {
-    PublishPadding(d, i, row, outs);
+    PublishPadding(d, i, row, outs, fetch_count);
     if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, s_err);
     return;
   }
@@ -276,7 +287,7 @@ __global__ void __launch_bounds__(kThreads)
   atomicAdd(&s_hits, my_hits);
   __syncthreads();
   if (s_union > B) {  // rule 8c
-    PublishPadding(d, i, row, outs);
+    PublishPadding(d, i, row, outs, fetch_count);
     if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, static_cast<unsigned>(kResolveUnionTooLarge));
     return;
   }
@@ -302,7 +313,8 @@ __global__ void __launch_bounds__(kThreads)
       });
   __syncthreads();
 
-  // Phase 4: tables, outputs, plan, counters, fetch.
+  // Phase 4: tables, outputs, plan, counters, and the fetch list MultiQueryFetchKernel copies.
+  int2* fetch = reinterpret_cast<int2*>(base + sc.fetch);
   int* sp = a.SlotPos(row, d.layer);
   for (int x = threadIdx.x; x < B; x += kThreads) lru[x] = t.new_lru[x];
   int* out = d.out_slots + static_cast<size_t>(i) * outs;
@@ -320,12 +332,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (x < q * K && t.kind[x] == kMissFirst) {
         sp[o] = pos;
+        fetch[t.miss_rank[x]] = make_int2(pos, o);
         if (plan) plan[t.miss_rank[x]] = make_int2(pos, o);
       }
     }
     out[x] = o;
   }
   if (threadIdx.x == 0) {
+    *fetch_count = M;
     if (d.plan.summary) {
       int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
       sum[0] = row;
@@ -339,19 +353,72 @@ __global__ void __launch_bounds__(kThreads)
     atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes_fetched), static_cast<unsigned long long>(M) * rb);
     atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
   }
-  if (d.flags & kResolveFlagNoFetch) return;
-  // Fetch: warp w copies the records of first-miss selections x = w, w + kWarps, ... (16-byte units).
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int units = static_cast<int>(a.geometry.record_bytes / 16);
-  const uint8_t* host = d.host.layer_base[a.RowLayer(row, d.layer)];
-  for (int x = warp; x < q * K; x += kWarps) {
-    if (t.kind[x] != kMissFirst) continue;  // warp-uniform
-    const int pos = sel[x];
-    const int s = t.victim[t.miss_rank[x]];
-    const int4* src = reinterpret_cast<const int4*>(host + static_cast<size_t>(pos) * a.geometry.record_bytes);
-    int4* dst = reinterpret_cast<int4*>(a.Record(row, d.layer, s));
-    for (int u = lane; u < units; u += 32) dst[u] = src[u];
+}
+
+// 16 bytes of a host record, read once and never written during the launch: a non-coherent load
+// that skips L1, as the single-query kernel reads the host pool.
+__device__ __forceinline__ int4 LdHostRecord(const uint8_t* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+constexpr int kFetchThreads = 256;
+constexpr int kFetchWarps = kFetchThreads / 32;
+constexpr int kFetchRecords = 8;  // records of one warp's chunk
+constexpr int kFetchUnroll = 4;   // 16-byte loads a lane keeps in flight
+
+// The fetch of a multi-query launch, spread over the whole GPU: grid (gx, max_batch); the warps of
+// column i copy entry i's fetch list (its misses, written by the planner just before, in U's
+// order) in chunks of kFetchRecords records, each chunk's 16-byte units spread over the lanes
+// across record borders with kFetchUnroll loads in flight. Entries without misses (padding,
+// rejected, all hits) have count 0. UPR: the record's 16-byte units when compiled for its size.
+template <int UPR>
+__global__ void __launch_bounds__(kFetchThreads)
+    MultiQueryFetchKernel(const ResolveDesc d, const uint8_t* scratch_base, const Scratch sc) {
+  const uint8_t* base = scratch_base + static_cast<size_t>(blockIdx.y) * sc.bytes;
+  const int misses = *reinterpret_cast<const int*>(base + sc.fetch_count);
+  if (misses <= 0) return;
+  const int2* list = reinterpret_cast<const int2*>(base + sc.fetch);
+  const ArenaView& a = d.arena;
+  const int row = d.rows[blockIdx.y];
+  const uint32_t rb = a.geometry.record_bytes;
+  const int upr = UPR ? UPR : static_cast<int>(rb / 16);
+  const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
+  uint8_t* dst = a.Record(row, d.layer, 0);
+  const int lane = threadIdx.x & 31;
+  const int chunks = (misses + kFetchRecords - 1) / kFetchRecords;
+  for (int c = blockIdx.x * kFetchWarps + (threadIdx.x >> 5); c < chunks; c += gridDim.x * kFetchWarps) {
+    const int start = c * kFetchRecords;
+    const int count = misses - start < kFetchRecords ? misses - start : kFetchRecords;
+    const int2 e = lane < count ? list[start + lane] : make_int2(0, 0);
+    const int n = count * upr;
+    for (int at = 0; at < n; at += 32 * kFetchUnroll) {
+      int4 v[kFetchUnroll];
+#pragma unroll
+      for (int t = 0; t < kFetchUnroll; ++t) {
+        const int u = at + t * 32 + lane;
+        const int rec = u < n ? u / upr : 0;
+        const int pos = __shfl_sync(~0u, e.x, rec);
+        if (u < n) v[t] = LdHostRecord(src + static_cast<size_t>(pos) * rb + (u - rec * upr) * 16);
+      }
+#pragma unroll
+      for (int t = 0; t < kFetchUnroll; ++t) {
+        const int u = at + t * 32 + lane;
+        const int rec = u < n ? u / upr : 0;
+        const int slot = __shfl_sync(~0u, e.y, rec);
+        if (u < n) *reinterpret_cast<int4*>(dst + static_cast<size_t>(slot) * rb + (u - rec * upr) * 16) = v[t];
+      }
+    }
   }
+}
+
+using FetchKernelFn = void (*)(const ResolveDesc, const uint8_t*, const Scratch);
+FetchKernelFn FetchKernelFor(uint32_t record_bytes) {
+  return DispatchRecordBytes(record_bytes,
+                             [](auto upr) -> FetchKernelFn { return MultiQueryFetchKernel<decltype(upr)::value>; });
 }
 
 }  // namespace
@@ -367,8 +434,23 @@ cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_
     return FailLaunch("multi-query RESOLVE workspace too small: " + std::to_string(workspace_bytes) + " bytes, needs " +
                       std::to_string(need));
   }
-  MultiQueryResolveKernel<<<d.max_batch, kThreads, 0, stream>>>(d, static_cast<uint8_t*>(workspace),
-                                                                ComputeScratch(d.arena.geometry));
+  const Scratch sc = ComputeScratch(d.arena.geometry);
+  MultiQueryResolveKernel<<<d.max_batch, kThreads, 0, stream>>>(d, static_cast<uint8_t*>(workspace), sc);
+  if (d.flags & kResolveFlagNoFetch) return CheckLaunched();
+  // The fetch: about four blocks per SM over the batch, no more columns than an entry has chunks.
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) {
+    SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  const int max_chunks =
+      static_cast<int>((MissPlan::EntriesPerRow(d.arena.geometry) + kFetchRecords - 1) / kFetchRecords);
+  int gx = (4 * sms + d.max_batch - 1) / d.max_batch;
+  gx = std::max(1, std::min(gx, (max_chunks + kFetchWarps - 1) / kFetchWarps));
+  FetchKernelFor(d.arena.geometry.record_bytes)<<<dim3(gx, d.max_batch), kFetchThreads, 0, stream>>>(
+      d, static_cast<const uint8_t*>(workspace), sc);
   return CheckLaunched();
 }
 
