@@ -8,8 +8,10 @@
 # tests/python (GPU cases included), hisparse-bench decode at a short configuration (capacity,
 # matched-batch exactness), hisparse-bench serve at a short configuration (128k, batch 1-4 and the
 # peak, every mode, exactness), examples/engine/run_engine.py with speculative decoding (1 and 3
-# drafts, bf16 and fp8, exactness). About 8 minutes.
-# Writes under $OUT: summary.txt (the GPU first), link.jsonl, gpu_tests.log, pytest.log, decode.log,
+# drafts, bf16 and fp8, exactness), hisparse-bench resolve --draft-tokens (multi-query RESOLVE
+# against n+1 single-query launches, with fresh misses and planning alone). About 6 minutes.
+# Writes under $OUT (8 files, what the device tool returns): summary.txt (the GPU first),
+# bench.log (the link, then the RESOLVE benchmarks), gpu_tests.log, pytest.log, decode.log,
 # serve.log, serve.jsonl, speculative.log.
 set -uo pipefail
 B=$(cd "${1:?bundle dir}" && pwd)
@@ -27,9 +29,10 @@ step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its 
   local rc=$?
   echo "$name: rc=$rc in $((SECONDS - t)) s" | tee -a "$S"
 }
+BL="$OUT/bench.log"
 step 60 link "$B/bin/hisparse-bench" resolve --batch 1 --slots 4096 --k 2048 --record-bytes 1152 --miss 0.2 \
-  --runs 20 > "$OUT/link.jsonl" 2>&1
-grep '"kind":"link"' "$OUT/link.jsonl" | tee -a "$S"
+  --runs 20 > "$BL" 2>&1
+grep '"kind":"link"' "$BL" | tee -a "$S"
 G="$OUT/gpu_tests.log"
 : > "$G"
 for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test; do
@@ -51,4 +54,11 @@ echo "serve exactness: $(grep -c '"exact": true' "$OUT/serve.log") exact, $(grep
 step 200 speculative "$PY" examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 4x32768 \
   --k 2048 --steps 40 --records bf16,fp8 > "$OUT/speculative.log" 2>&1
 grep -E '^link|^exactness|^speculative|^engine' "$OUT/speculative.log" | tee -a "$S"
+# Multi-query RESOLVE: lists overlapping 80% (each list brings 20% never-seen positions), then
+# identical lists (overlap 1: no misses after warm-up, the planning alone), 656 and 1152 B.
+for args in "--record-bytes 656" "--record-bytes 1152" "--record-bytes 656 --overlap 1"; do
+  echo "=== resolve --draft-tokens 0,1,3 $args" >> "$BL"
+  step 120 "resolve-draft $args" "$B/bin/hisparse-bench" resolve --draft-tokens 0,1,3 --runs 100 $args >> "$BL" 2>&1
+done
+grep -E '^ +[0-9]+ +[0-9]+ ' "$BL" | tee -a "$S"
 exit 0
