@@ -37,9 +37,8 @@ namespace internal {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
-constexpr int kEmpty = -1;                        // empty key of the int hash tables (keys are >= 0)
-constexpr unsigned long long kEmptyPair = ~0ull;  // empty key of the (list, position) set
+constexpr int kEmpty = -1;            // empty key of the position table (keys are positions >= 0)
+constexpr int kNoIndex = 0x7fffffff;  // "none yet" of the first-appearance and slot columns
 constexpr int kNone = 0, kTailFirst = 1, kHitFirst = 2, kMissFirst = 3;
 
 int Pow2AtLeast(size_t n) {
@@ -48,30 +47,46 @@ int Pow2AtLeast(size_t n) {
   return bits;
 }
 
-// Byte offsets of one entry's scratch (all 8-byte aligned).
+// The position table of one entry: open addressing over 2^bits entries (at least twice the
+// selections, so it never fills), four columns. key: the position; first: the smallest flat
+// index x = t * k + j selecting it (rule 8b's first appearance); slot: the smallest regular slot
+// holding it (as the reference's sorted resident map finds it); lists: a byte per entry, bit t
+// set once list t selected it (a second time is a duplicate).
+struct TableLayout {
+  int bits;
+  size_t key, first, slot, lists, bytes;
+};
+
+TableLayout ComputeTable(const ArenaGeometry& g) {
+  TableLayout t{};
+  t.bits = Pow2AtLeast(2 * MissPlan::EntriesPerRow(g));
+  const size_t h = size_t{1} << t.bits;
+  t.key = 0;
+  t.first = h * 4;
+  t.slot = h * 8;
+  t.lists = h * 12;
+  t.bytes = h * 13;  // h >= 16: the lists column is whole 32-bit words
+  return t;
+}
+
+// Byte offsets of one entry's scratch in the workspace (16-byte aligned): the table (used when it
+// does not fit in shared memory), the per-selection and per-slot columns, the fetch list.
 struct Scratch {
-  int sel_bits, res_bits;
-  size_t first_key, first_val, pairs, res_key, res_val, kind, miss_rank, victim, is_hit, new_lru, fetch, fetch_count,
-      bytes;
+  TableLayout table;
+  size_t table_at, kind, miss_rank, victim, is_hit, new_lru, fetch, fetch_count, bytes;
 };
 
 Scratch ComputeScratch(const ArenaGeometry& g) {
   Scratch s{};
-  const size_t qk = MissPlan::EntriesPerRow(g);
-  s.sel_bits = Pow2AtLeast(2 * qk);
-  s.res_bits = Pow2AtLeast(2 * static_cast<size_t>(g.slots));
-  const size_t hs = size_t{1} << s.sel_bits, hr = size_t{1} << s.res_bits, b = g.slots;
+  s.table = ComputeTable(g);
+  const size_t qk = MissPlan::EntriesPerRow(g), b = g.slots;
   size_t o = 0;
   auto take = [&](size_t bytes) {
     const size_t at = o;
     o = AlignUp(o + bytes, 16);
     return at;
   };
-  s.pairs = take(hs * 8);
-  s.first_key = take(hs * 4);
-  s.first_val = take(hs * 4);
-  s.res_key = take(hr * 4);
-  s.res_val = take(hr * 4);
+  s.table_at = take(s.table.bytes);
   s.kind = take(qk * 4);
   s.miss_rank = take(qk * 4);
   s.victim = take(b * 4);
@@ -83,78 +98,46 @@ Scratch ComputeScratch(const ArenaGeometry& g) {
   return s;
 }
 
-__device__ __forceinline__ unsigned Hash(unsigned long long x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return static_cast<unsigned>(x);
+__device__ __forceinline__ unsigned Slot0(int pos, unsigned mask) {
+  return (static_cast<unsigned>(pos) * 2654435761u >> 7) & mask;
 }
 
-struct Tables {
-  unsigned long long* pairs;
-  int *first_key, *first_val, *res_key, *res_val, *kind, *miss_rank, *victim, *is_hit, *new_lru;
-  unsigned sel_mask, res_mask;
+// The position table in shared memory or in the entry's scratch (global memory); the same code
+// runs over both. Entries written with atomics are read after a block barrier.
+struct Table {
+  int *key, *first, *slot;
+  unsigned* lists;
+  unsigned mask;
+
+  // Inserts pos (selected at flat index x by list `list`); true when the list selected it before.
+  __device__ bool Insert(int pos, int x, int list) const {
+    for (unsigned h = Slot0(pos, mask);; h = (h + 1) & mask) {
+      const int prev = atomicCAS(&key[h], kEmpty, pos);
+      if (prev == kEmpty || prev == pos) {
+        atomicMin(&first[h], x);
+        const unsigned bit = 1u << ((h & 3) * 8 + list);
+        return (atomicOr(&lists[h >> 2], bit) & bit) != 0;
+      }
+    }
+  }
+  // The entry of pos, or -1.
+  __device__ int Find(int pos) const {
+    for (unsigned h = Slot0(pos, mask);; h = (h + 1) & mask) {
+      const int k = key[h];
+      if (k == pos) return static_cast<int>(h);
+      if (k == kEmpty) return -1;
+    }
+  }
 };
-
-// Inserts pos with index x, keeping the smallest index per position.
-__device__ void InsertFirst(const Tables& t, int pos, int x) {
-  for (unsigned h = Hash(static_cast<unsigned>(pos)) & t.sel_mask;; h = (h + 1) & t.sel_mask) {
-    const int prev = atomicCAS(&t.first_key[h], kEmpty, pos);
-    if (prev == kEmpty || prev == pos) {
-      atomicMin(&t.first_val[h], x);
-      return;
-    }
-  }
-}
-// Reads of entries other threads wrote with atomics: from L2, past this SM's L1.
-__device__ int FirstOf(const Tables& t, int pos) {
-  for (unsigned h = Hash(static_cast<unsigned>(pos)) & t.sel_mask;; h = (h + 1) & t.sel_mask) {
-    if (__ldcg(&t.first_key[h]) == pos) return __ldcg(&t.first_val[h]);
-  }
-}
-// True when (list, pos) was inserted before.
-__device__ bool InsertPair(const Tables& t, int list, int pos) {
-  const unsigned long long key = static_cast<unsigned long long>(list) << 32 | static_cast<unsigned>(pos);
-  for (unsigned h = Hash(key) & t.sel_mask;; h = (h + 1) & t.sel_mask) {
-    const unsigned long long prev = atomicCAS(&t.pairs[h], kEmptyPair, key);
-    if (prev == kEmptyPair) return false;
-    if (prev == key) return true;
-  }
-}
-__device__ void InsertResident(const Tables& t, int pos, int slot) {
-  for (unsigned h = Hash(static_cast<unsigned>(pos)) & t.res_mask;; h = (h + 1) & t.res_mask) {
-    if (atomicCAS(&t.res_key[h], kEmpty, pos) == kEmpty) {
-      t.res_val[h] = slot;
-      return;
-    }
-  }
-}
-// The regular slot holding pos, or -1.
-__device__ int ResidentSlot(const Tables& t, int pos) {
-  for (unsigned h = Hash(static_cast<unsigned>(pos)) & t.res_mask;; h = (h + 1) & t.res_mask) {
-    const int key = __ldcg(&t.res_key[h]);
-    if (key == pos) return __ldcg(&t.res_val[h]);
-    if (key == kEmpty) return -1;
-  }
-}
 
 using BlockScan = cub::BlockScan<int, kThreads>;
 
-// Exclusive ranks of flag(i) over i in [0, n), written by write(i, rank) for every i; returns the
-// total. Block-wide; every thread must call it.
-template <typename Flag, typename Write>
-__device__ int RankAll(int n, BlockScan::TempStorage& tmp, Flag flag, Write write) {
-  int carry = 0;
-  for (int base = 0; base < n; base += kThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const int f = i < n ? flag(i) : 0;
-    int rank = 0, total = 0;
-    BlockScan(tmp).ExclusiveSum(f, rank, total);
-    if (i < n) write(i, carry + rank, f);
-    carry += total;
-    __syncthreads();  // tmp is reused
-  }
-  return carry;
+// This thread's contiguous share [*lo, *hi) of n items: order-preserving ranks need one block
+// scan of per-thread counts instead of one per 512 items.
+__device__ __forceinline__ void ShareOf(int n, int* lo, int* hi) {
+  const int per = (n + kThreads - 1) / kThreads;
+  *lo = min(n, static_cast<int>(threadIdx.x) * per);
+  *hi = min(n, *lo + per);
 }
 
 // kPadding in every output of entry i and its plan summary (rejected: row, padding: kPadding);
@@ -171,8 +154,19 @@ __device__ void PublishPadding(const ResolveDesc& d, int i, int summary_row, int
   }
 }
 
+// Entry checks, in the reference's order (CheckEntry): 0 or the ResolveError bit.
+__device__ __forceinline__ unsigned CheckEntry(const ResolveDesc& d, int row, int seq, int q) {
+  const ArenaGeometry& g = d.arena.geometry;
+  if (d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) return kResolveBadRow;
+  if (q < 1 || q > g.TailSlots()) return kResolveBadQueryCount;
+  if (seq < q || seq > d.host.capacity[row]) return kResolveBadSeqLen;
+  return 0;
+}
+
+template <bool kShared>
 __global__ void __launch_bounds__(kThreads)
     MultiQueryResolveKernel(const ResolveDesc d, uint8_t* scratch_base, const Scratch sc) {
+  extern __shared__ __align__(16) uint8_t smem[];
   __shared__ BlockScan::TempStorage tmp;
   __shared__ unsigned s_err;
   __shared__ int s_union, s_misses, s_hits;
@@ -191,96 +185,96 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int row = d.rows[i], seq = d.seq_lens[i];
   const int q = d.query_counts ? d.query_counts[i] : 1;
-  // Entry checks, in the reference's order (CheckEntry).
-  unsigned err = 0;
-  if (d.layer < 0 || d.layer >= a.geometry.num_layers || row < 0 || row >= a.geometry.max_rows) {
-    err = kResolveBadRow;
-  } else if (q < 1 || q > Q) {
-    err = kResolveBadQueryCount;
-  } else if (seq < q || seq > d.host.capacity[row]) {
-    err = kResolveBadSeqLen;
-  }
-  if (err) {
+  if (const unsigned err = CheckEntry(d, row, seq, q)) {
     PublishPadding(d, i, row, outs, fetch_count);
     if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
     return;
   }
-  Tables t;
-  t.pairs = reinterpret_cast<unsigned long long*>(base + sc.pairs);
-  t.first_key = reinterpret_cast<int*>(base + sc.first_key);
-  t.first_val = reinterpret_cast<int*>(base + sc.first_val);
-  t.res_key = reinterpret_cast<int*>(base + sc.res_key);
-  t.res_val = reinterpret_cast<int*>(base + sc.res_val);
-  t.kind = reinterpret_cast<int*>(base + sc.kind);
-  t.miss_rank = reinterpret_cast<int*>(base + sc.miss_rank);
-  t.victim = reinterpret_cast<int*>(base + sc.victim);
-  t.is_hit = reinterpret_cast<int*>(base + sc.is_hit);
-  t.new_lru = reinterpret_cast<int*>(base + sc.new_lru);
-  t.sel_mask = (1u << sc.sel_bits) - 1;
-  t.res_mask = (1u << sc.res_bits) - 1;
-  const int hs = 1 << sc.sel_bits, hr = 1 << sc.res_bits;
+  uint8_t* tb = kShared ? smem : base + sc.table_at;
+  const Table t{reinterpret_cast<int*>(tb + sc.table.key), reinterpret_cast<int*>(tb + sc.table.first),
+                reinterpret_cast<int*>(tb + sc.table.slot), reinterpret_cast<unsigned*>(tb + sc.table.lists),
+                (1u << sc.table.bits) - 1};
+  int* kind = reinterpret_cast<int*>(base + sc.kind);
+  int* miss_rank = reinterpret_cast<int*>(base + sc.miss_rank);
+  int* victim = reinterpret_cast<int*>(base + sc.victim);
+  int* is_hit = reinterpret_cast<int*>(base + sc.is_hit);
+  int* new_lru = reinterpret_cast<int*>(base + sc.new_lru);
+  const int hs = 1 << sc.table.bits;
   for (int x = threadIdx.x; x < hs; x += kThreads) {
-    t.pairs[x] = kEmptyPair;
-    t.first_key[x] = kEmpty;
-    t.first_val[x] = 0x7fffffff;
+    t.key[x] = kEmpty;
+    t.first[x] = kNoIndex;
+    t.slot[x] = kNoIndex;
   }
-  for (int x = threadIdx.x; x < hr; x += kThreads) t.res_key[x] = kEmpty;
-  for (int s = threadIdx.x; s < B; s += kThreads) t.is_hit[s] = 0;
+  for (int x = threadIdx.x; x < hs / 4; x += kThreads) t.lists[x] = 0;
+  for (int s = threadIdx.x; s < B; s += kThreads) is_hit[s] = 0;
   if (threadIdx.x == 0) {
     s_err = 0;
     s_union = s_misses = s_hits = 0;
   }
   __syncthreads();
 
-  // Phase 1: lists against their lengths, duplicates, first appearances, resident map.
+  // Phase 1: every list against its query's length, duplicates, first appearances.
   const int* sel = d.positions + static_cast<size_t>(i) * outs;
-  const int* slot_pos = a.SlotPos(row, d.layer);
+  const int n = q * K;
   unsigned my_err = 0;
-  for (int x = threadIdx.x; x < q * K; x += kThreads) {
+  for (int x = threadIdx.x; x < n; x += kThreads) {
     const int list = x / K, pos = sel[x];
     if (pos < kPadding || pos >= seq - q + list + 1) {
       my_err |= kResolveBadPosition;
-    } else if (pos != kPadding) {
-      if (InsertPair(t, list, pos)) my_err |= kResolveDuplicate;
-      InsertFirst(t, pos, x);
+    } else if (pos != kPadding && t.Insert(pos, x, list)) {
+      my_err |= kResolveDuplicate;
     }
   }
   if (my_err) atomicOr(&s_err, my_err);
-  for (int s = threadIdx.x; s < B; s += kThreads) {
-    const int p = slot_pos[s];
-    if (p != kEmptySlot) InsertResident(t, p, s);
-  }
   __syncthreads();
   if (s_err) {
     PublishPadding(d, i, row, outs, fetch_count);
     if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, s_err);
     return;
   }
+  // Phase 2: the regular slots holding a selected position (the smallest slot per position).
+  const int* slot_pos = a.SlotPos(row, d.layer);
+  for (int s = threadIdx.x; s < B; s += kThreads) {
+    const int p = slot_pos[s];
+    if (p == kEmptySlot) continue;
+    const int h = t.Find(p);
+    if (h >= 0) atomicMin(&t.slot[h], s);
+  }
+  __syncthreads();
 
-  // Phase 2: classify first appearances.
+  // Phase 3: classify first appearances (tail, hit: marks its slot, miss) and rank the misses in
+  // flat-index order (U's order), over this thread's contiguous share.
   const int tail_first = seq - q;
+  int lo, hi;
+  ShareOf(n, &lo, &hi);
   int my_union = 0, my_misses = 0, my_hits = 0;
-  for (int x = threadIdx.x; x < q * K; x += kThreads) {
+  for (int x = lo; x < hi; ++x) {
     const int pos = sel[x];
-    int kind = kNone;
-    if (pos != kPadding && FirstOf(t, pos) == x) {
-      if (pos >= tail_first) {
-        kind = kTailFirst;
-        ++my_hits;
-      } else {
-        const int s = ResidentSlot(t, pos);
-        ++my_union;
-        if (s >= 0) {
-          kind = kHitFirst;
-          t.is_hit[s] = 1;
+    int k = kNone;
+    if (pos != kPadding) {
+      const int h = t.Find(pos);
+      if (t.first[h] == x) {
+        if (pos >= tail_first) {
+          k = kTailFirst;
           ++my_hits;
+        } else if (t.slot[h] != kNoIndex) {
+          k = kHitFirst;
+          is_hit[t.slot[h]] = 1;
+          ++my_hits;
+          ++my_union;
         } else {
-          kind = kMissFirst;
+          k = kMissFirst;
           ++my_misses;
+          ++my_union;
         }
       }
     }
-    t.kind[x] = kind;
+    kind[x] = k;
+  }
+  int rank = 0;
+  BlockScan(tmp).ExclusiveSum(my_misses, rank);
+  for (int x = lo; x < hi; ++x) {
+    if (kind[x] == kMissFirst) miss_rank[x] = rank++;
   }
   atomicAdd(&s_union, my_union);
   atomicAdd(&s_misses, my_misses);
@@ -293,47 +287,49 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int M = s_misses, H = s_union - s_misses;
 
-  // Phase 3: miss ranks in flat-index order; victims and the new LRU order from the LRU ranks.
-  RankAll(
-      q * K, tmp, [&](int x) { return t.kind[x] == kMissFirst ? 1 : 0; },
-      [&](int x, int r, int f) {
-        if (f) t.miss_rank[x] = r;
-      });
+  // Phase 4: non-hit slots ranked in LRU order (the i-th takes the i-th miss) and the new LRU
+  // order in closed form (untouched, then victims, then hit slots), over contiguous shares.
   int* lru = a.Lru(row, d.layer);
-  RankAll(
-      B, tmp, [&](int x) { return t.is_hit[lru[x]] ? 0 : 1; },
-      [&](int x, int r, int f) {
-        const int s = lru[x];
-        if (f) {
-          if (r < M) t.victim[r] = s;
-          t.new_lru[r >= M ? r - M : (B - H - M) + r] = s;
-        } else {
-          t.new_lru[(B - H) + (x - r)] = s;  // x - r: this hit slot's rank among hit slots
-        }
-      });
+  ShareOf(B, &lo, &hi);
+  int my_free = 0;
+  for (int y = lo; y < hi; ++y) my_free += is_hit[lru[y]] ? 0 : 1;
+  int r = 0;
+  __syncthreads();  // tmp is reused
+  BlockScan(tmp).ExclusiveSum(my_free, r);
+  for (int y = lo; y < hi; ++y) {
+    const int s = lru[y];
+    if (!is_hit[s]) {
+      if (r < M) victim[r] = s;
+      new_lru[r >= M ? r - M : (B - H - M) + r] = s;
+      ++r;
+    } else {
+      new_lru[(B - H) + (y - r)] = s;  // y - r: this hit slot's rank among hit slots
+    }
+  }
   __syncthreads();
 
-  // Phase 4: tables, outputs, plan, counters, and the fetch list MultiQueryFetchKernel copies.
+  // Phase 5: tables, outputs, plan, counters, and the fetch list MultiQueryFetchKernel copies.
   int2* fetch = reinterpret_cast<int2*>(base + sc.fetch);
   int* sp = a.SlotPos(row, d.layer);
-  for (int x = threadIdx.x; x < B; x += kThreads) lru[x] = t.new_lru[x];
+  for (int y = threadIdx.x; y < B; y += kThreads) lru[y] = new_lru[y];
   int* out = d.out_slots + static_cast<size_t>(i) * outs;
   int2* plan =
       d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(a.geometry) : nullptr;
   for (int x = threadIdx.x; x < outs; x += kThreads) {
-    const int pos = x < q * K ? sel[x] : kPadding;
+    const int pos = x < n ? sel[x] : kPadding;
     int o = kPadding;
     if (pos != kPadding) {
       if (pos >= tail_first) {
         o = B + (pos - tail_first);
       } else {
-        const int f = FirstOf(t, pos);
-        o = t.kind[f] == kHitFirst ? ResidentSlot(t, pos) : t.victim[t.miss_rank[f]];
+        const int h = t.Find(pos);
+        const int f = t.first[h];
+        o = kind[f] == kHitFirst ? t.slot[h] : victim[miss_rank[f]];
       }
-      if (x < q * K && t.kind[x] == kMissFirst) {
+      if (kind[x] == kMissFirst) {
         sp[o] = pos;
-        fetch[t.miss_rank[x]] = make_int2(pos, o);
-        if (plan) plan[t.miss_rank[x]] = make_int2(pos, o);
+        fetch[miss_rank[x]] = make_int2(pos, o);
+        if (plan) plan[miss_rank[x]] = make_int2(pos, o);
       }
     }
     out[x] = o;
@@ -435,16 +431,31 @@ cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_
                       std::to_string(need));
   }
   const Scratch sc = ComputeScratch(d.arena.geometry);
-  MultiQueryResolveKernel<<<d.max_batch, kThreads, 0, stream>>>(d, static_cast<uint8_t*>(workspace), sc);
-  if (d.flags & kResolveFlagNoFetch) return CheckLaunched();
-  // The fetch: about four blocks per SM over the batch, no more columns than an entry has chunks.
-  int dev = 0, sms = 0;
+  // The position table in shared memory when it fits the device's opt-in limit (next to the
+  // kernel's static shared memory), else in the entry's scratch.
+  int dev = 0, smem_optin = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) {
     SetLaunchError(cudaGetErrorName(e));
     return e;
   }
+  constexpr size_t kStaticSmem = 8 << 10;  // the block scan's storage and a few words, rounded up
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  if (sc.table.bytes + kStaticSmem <= static_cast<size_t>(smem_optin)) {
+    e = cudaFuncSetAttribute(MultiQueryResolveKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sc.table.bytes));
+    if (e != cudaSuccess) {
+      SetLaunchError(cudaGetErrorName(e));
+      return e;
+    }
+    MultiQueryResolveKernel<true><<<d.max_batch, kThreads, sc.table.bytes, stream>>>(d, ws, sc);
+  } else {
+    MultiQueryResolveKernel<false><<<d.max_batch, kThreads, 0, stream>>>(d, ws, sc);
+  }
+  if (d.flags & kResolveFlagNoFetch) return CheckLaunched();
+  // The fetch: about four blocks per SM over the batch, no more columns than an entry has chunks.
   const int max_chunks =
       static_cast<int>((MissPlan::EntriesPerRow(d.arena.geometry) + kFetchRecords - 1) / kFetchRecords);
   int gx = (4 * sms + d.max_batch - 1) / d.max_batch;
