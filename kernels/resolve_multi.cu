@@ -13,8 +13,9 @@
 //   3. two block scans rank the misses in flat-index order (U's order) and the non-hit slots in
 //      LRU order: the i-th non-hit slot is the i-th miss's victim, and the new LRU order has the
 //      closed form of resolve.cu (untouched, then victims, then hit slots);
-//   4. outputs (a repeated position takes its first appearance's slot), slot_pos of the victims,
-//      the miss plan, the counters, and the fetch (one warp per missed record).
+//   4. outputs (a repeated position takes its first appearance's slot) and rule 9's page table,
+//      slot_pos of the victims, the miss plan, the counters, and the fetch (one warp per missed
+//      record).
 // Invalid entries and padded entries (rule 7) publish kPadding everywhere and touch nothing else.
 // The scratch is cleared by its block at the start of every launch, so graph replays need nothing
 // in between. Speed is not tuned yet (no work queue, no shared-memory planning).
@@ -149,10 +150,15 @@ __device__ int RankAll(int n, BlockScan::TempStorage& tmp, Flag flag, Write writ
   return carry;
 }
 
-// kPadding in every output of entry i and its plan summary (rejected: row, padding: kPadding).
+// kPadding in every output of entry i (out_slots and the page table, whichever are asked for) and
+// its plan summary (rejected: row, padding: kPadding).
 __device__ void PublishPadding(const ResolveDesc& d, int i, int summary_row, int outs) {
-  int* out = d.out_slots + static_cast<size_t>(i) * outs;
-  for (int x = threadIdx.x; x < outs; x += kThreads) out[x] = kPadding;
+  int* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * outs : nullptr;
+  int* pt = d.page_table ? d.page_table + static_cast<size_t>(i) * outs : nullptr;
+  for (int x = threadIdx.x; x < outs; x += kThreads) {
+    if (out) out[x] = kPadding;
+    if (pt) pt[x] = kPadding;
+  }
   if (threadIdx.x == 0 && d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     sum[0] = summary_row;
@@ -305,7 +311,8 @@ __global__ void __launch_bounds__(kThreads)
   // Phase 4: tables, outputs, plan, counters, fetch.
   int* sp = a.SlotPos(row, d.layer);
   for (int x = threadIdx.x; x < B; x += kThreads) lru[x] = t.new_lru[x];
-  int* out = d.out_slots + static_cast<size_t>(i) * outs;
+  int* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * outs : nullptr;
+  int* pt = d.page_table ? d.page_table + static_cast<size_t>(i) * outs : nullptr;  // rule 9
   int2* plan =
       d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(a.geometry) : nullptr;
   for (int x = threadIdx.x; x < outs; x += kThreads) {
@@ -323,7 +330,8 @@ __global__ void __launch_bounds__(kThreads)
         if (plan) plan[t.miss_rank[x]] = make_int2(pos, o);
       }
     }
-    out[x] = o;
+    if (out) out[x] = o;
+    if (pt) pt[x] = o == kPadding ? kPadding : PageTableEntry(d, row, o);
   }
   if (threadIdx.x == 0) {
     if (d.plan.summary) {
