@@ -445,21 +445,23 @@ int ResolveDraftMain(int argc, char** argv) {
     const PointResult r = why.empty() ? RunPoint(*w, pool.dev, o, st, scrub) : PointResult{};
     if (why.empty()) why = r.check;
     if (!why.empty()) rc = 1;
-    const double vs_single = r.median[kMulti] / r.median[kSingle];
-    const double vs_separate = r.median[kMulti] / r.median[kSeparate];
+    // Ratios of the medians; 0 when nothing was timed (the workload failed its own check).
+    const double vs_single = r.median[kSingle] > 0 ? r.median[kMulti] / r.median[kSingle] : 0;
+    const double vs_separate = r.median[kSeparate] > 0 ? r.median[kMulti] / r.median[kSeparate] : 0;
     std::printf(
-        "%s,\"timed\":true,\"multi_median_us\":%.2f,\"multi_min_us\":%.2f,\"separate_median_us\":%.2f,"
+        "%s,\"timed\":%s,\"multi_median_us\":%.2f,\"multi_min_us\":%.2f,\"separate_median_us\":%.2f,"
         "\"separate_min_us\":%.2f,\"single_median_us\":%.2f,\"single_min_us\":%.2f,\"multi_over_single\":%.3f,"
         "\"multi_over_separate\":%.3f,\"goal_multi_le_1_3x_single\":%s,\"link_gbps\":%.2f,\"runs\":%d,"
         "\"l2\":\"%s\",\"check\":\"%s\"}\n",
-        PointJson("cuda", *w).c_str(), r.median[kMulti], r.min[kMulti], r.median[kSeparate], r.min[kSeparate],
-        r.median[kSingle], r.min[kSingle], vs_single, vs_separate, vs_single <= 1.3 ? "true" : "false", link, o.runs,
-        o.scrub_l2 ? "cold" : "warm", why.empty() ? "ok" : ("FAILED: " + why).c_str());
+        PointJson("cuda", *w).c_str(), r.median[kMulti] > 0 ? "true" : "false", r.median[kMulti], r.min[kMulti],
+        r.median[kSeparate], r.min[kSeparate], r.median[kSingle], r.min[kSingle], vs_single, vs_separate,
+        vs_single > 0 && vs_single <= 1.3 ? "true" : "false", link, o.runs, o.scrub_l2 ? "cold" : "warm",
+        why.empty() ? "ok" : ("FAILED: " + why).c_str());
     std::fflush(stdout);
     char line[256];
     std::snprintf(line, sizeof line, "%5d %5d %6d %10.1f %12.1f %10.1f %13.3f %15.3f %10s  %s", p.draft_tokens, p.batch,
                   p.Slots(), r.median[kMulti], r.median[kSeparate], r.median[kSingle], vs_single, vs_separate,
-                  vs_single <= 1.3 ? "yes" : "no", why.empty() ? "ok" : "FAILED");
+                  vs_single > 0 && vs_single <= 1.3 ? "yes" : "no", why.empty() ? "ok" : "FAILED");
     table.push_back(line);
   }
   std::fprintf(stderr,

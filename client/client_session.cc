@@ -507,10 +507,6 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
     return absl::InvalidArgumentError(
         "resolve needs max_batch >= 0 and rows, seq_lens, positions, and out_slots or page_table");
   }
-  if (a.page_table != nullptr && geometry_.draft_tokens() > 0) {
-    return absl::InvalidArgumentError(
-        "resolve page table: not yet with draft_tokens > 0 (multi-query steps); use out_slots");
-  }
   if (a.page_table != nullptr) {
     if (const char* why = ValidatePageTable(arena_geometry_, a.page_records, a.page_offset)) {
       return absl::InvalidArgumentError(absl::StrCat("resolve page table: ", why, " (page_records ", a.page_records,

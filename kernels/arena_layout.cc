@@ -24,7 +24,8 @@ const char* ValidateArenaGeometry(const ArenaGeometry& g) {
 const char* ValidatePageTable(const ArenaGeometry& g, int32_t page_records, int32_t page_offset) {
   if (page_records < 1) return "page_records must be >= 1";
   if (page_offset < 0) return "page_offset must be >= 0";
-  const int64_t records = static_cast<int64_t>(g.max_rows) * g.num_layers * (static_cast<int64_t>(g.slots) + 1);
+  // Every record slot of every (row, layer), the 1 + draft_tokens tail slots included (rule 9).
+  const int64_t records = static_cast<int64_t>(g.max_rows) * g.num_layers * static_cast<int64_t>(g.RecordSlots());
   if (static_cast<int64_t>(page_offset) * page_records + records - 1 > INT32_MAX) {
     return "page table entries overflow int32: page_offset * page_records + the arena's records must be <= 2^31";
   }

@@ -1057,11 +1057,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     return cudaSuccess;
   }
   // Multi-query steps (rule 8) have their own kernel (resolve_multi.cu); this one stays n = 0's.
-  if (g.draft_tokens != 0) {
-    if (d.page_table || !d.out_slots)
-      return internal::FailLaunch("the page-table output (rule 9) needs draft_tokens 0");
-    return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, stream);
-  }
+  if (g.draft_tokens != 0) return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, stream);
   const WsLayout ws = ComputeWsLayout(g, d.max_batch);
   if (!workspace || workspace_bytes < ws.total) {
     std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);

@@ -1,26 +1,33 @@
 // The CUDA multi-query RESOLVE (resolve.h rule 8, draft_tokens > 0): its own kernel, so the
 // single-query kernel of resolve.cu (draft_tokens = 0) keeps its code and speed.
 //
-// Design: correctness by construction first. One block per batch entry computes exactly what
-// ResolveReference's PlanStep / ResolveRow compute, phase by phase with a block barrier between
-// phases, in the entry's own scratch in the workspace (global memory, so any k, B and n fit):
-//   1. validation (row, query count, seq_len), then every list against its query's length and for
-//      duplicates (a hash set of (list, position)), while the first appearance of every position
-//      (the smallest flat index x = t * k + j, atomicMin in a position hash table) and the
-//      position -> slot map of the row's regular slots (a second hash table) are built;
-//   2. every selection that is its position's first appearance is classified: tail, hit (marks
-//      its slot) or miss; the counts give |U|, the misses M and the hits (rule 8f);
-//   3. two block scans rank the misses in flat-index order (U's order) and the non-hit slots in
-//      LRU order: the i-th non-hit slot is the i-th miss's victim, and the new LRU order has the
-//      closed form of resolve.cu (untouched, then victims, then hit slots);
-//   4. outputs (a repeated position takes its first appearance's slot), slot_pos of the victims,
-//      the miss plan, the counters, and the entry's fetch list (its misses' (position, slot)).
+// Design: one block per batch entry computes exactly what ResolveReference's PlanStep / ResolveRow
+// compute, phase by phase with a block barrier between phases, around one open-addressing table
+// of the entry's selected positions (first appearance, regular slot, list bits). The table lives
+// in shared memory when it fits the device's opt-in limit (up to (n + 1) * k = 8192 selections,
+// n = 3 at k = 2048), else in the entry's scratch in the workspace; the code is the same.
+//   1. validation (row, query count, seq_len), then every list against its query's length; each
+//      selection goes into the table: the smallest flat index x = t * k + j per position (its
+//      first appearance, rule 8b's order) by atomicMin, and a bit per list, whose second setting
+//      is a duplicate;
+//   2. hits, found as the single-query kernel finds them: every regular slot looks its position
+//      up in the table (atomicMin keeps the smallest slot, as the reference's resident map does);
+//   3. every first appearance is classified (tail, hit: marks its slot, miss) over contiguous
+//      per-thread shares, and one block scan ranks the misses in flat-index order (U's order);
+//      the counts give |U| (rule 8c), the misses M and the hits (rule 8f);
+//   4. one block scan ranks the non-hit slots in LRU order: the i-th is the i-th miss's victim,
+//      and the new LRU order has the closed form of resolve.cu (untouched, then victims, then hit
+//      slots);
+//   5. outputs (a repeated position takes its first appearance's slot) and rule 9's page table,
+//      slot_pos of the victims, the miss plan, the counters, and the entry's fetch list (its
+//      misses' (position, slot)).
 // The fetch is a second kernel over the whole GPU (MultiQueryFetchKernel). The first version
 // copied inside the planner, one record per warp with plain loads, and moved 0.4 GB/s for one
-// request on the H200 (bench/RESULTS.md, "Multi-query RESOLVE").
+// request on the H200 (bench/RESULTS.md, "Multi-query RESOLVE"); it also kept three hash tables
+// in global memory and ranked with one scan per 512 items.
 // Invalid entries and padded entries (rule 7) publish kPadding everywhere and touch nothing else.
-// The scratch is cleared by its block at the start of every launch, so graph replays need nothing
-// in between. Speed is not tuned yet (no work queue, no shared-memory planning).
+// The table and the columns are rebuilt by their block at the start of every launch, so graph
+// replays need nothing in between.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -140,11 +147,15 @@ __device__ __forceinline__ void ShareOf(int n, int* lo, int* hi) {
   *hi = min(n, *lo + per);
 }
 
-// kPadding in every output of entry i and its plan summary (rejected: row, padding: kPadding);
-// nothing for the fetch kernel to copy.
+// kPadding in every output of entry i (out_slots and the page table, whichever are asked for) and
+// its plan summary (rejected: row, padding: kPadding); nothing for the fetch kernel to copy.
 __device__ void PublishPadding(const ResolveDesc& d, int i, int summary_row, int outs, int* fetch_count) {
-  int* out = d.out_slots + static_cast<size_t>(i) * outs;
-  for (int x = threadIdx.x; x < outs; x += kThreads) out[x] = kPadding;
+  int* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * outs : nullptr;
+  int* pt = d.page_table ? d.page_table + static_cast<size_t>(i) * outs : nullptr;
+  for (int x = threadIdx.x; x < outs; x += kThreads) {
+    if (out) out[x] = kPadding;
+    if (pt) pt[x] = kPadding;
+  }
   if (threadIdx.x == 0) *fetch_count = 0;
   if (threadIdx.x == 0 && d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
@@ -312,7 +323,8 @@ __global__ void __launch_bounds__(kThreads)
   int2* fetch = reinterpret_cast<int2*>(base + sc.fetch);
   int* sp = a.SlotPos(row, d.layer);
   for (int y = threadIdx.x; y < B; y += kThreads) lru[y] = new_lru[y];
-  int* out = d.out_slots + static_cast<size_t>(i) * outs;
+  int* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * outs : nullptr;
+  int* pt = d.page_table ? d.page_table + static_cast<size_t>(i) * outs : nullptr;  // rule 9
   int2* plan =
       d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(a.geometry) : nullptr;
   for (int x = threadIdx.x; x < outs; x += kThreads) {
@@ -332,7 +344,8 @@ __global__ void __launch_bounds__(kThreads)
         if (plan) plan[miss_rank[x]] = make_int2(pos, o);
       }
     }
-    out[x] = o;
+    if (out) out[x] = o;
+    if (pt) pt[x] = o == kPadding ? kPadding : PageTableEntry(d, row, o);
   }
   if (threadIdx.x == 0) {
     *fetch_count = M;

@@ -196,11 +196,12 @@ void RefreshResidentSlots(const ArenaView& a, const HostRecordMap& h, int32_t ro
   }
 }
 
-// Rule 9: the page table of batch entry i from its outputs (-1 where they are kPadding).
+// Rule 9: the page table of batch entry i from its Q * k outputs (-1 where they are kPadding; a
+// tail slot B + t indexes its record like a regular slot).
 void WritePageTable(const ResolveDesc& d, int32_t i, const int32_t* out) {
-  const int32_t k = d.arena.geometry.k;
-  int32_t* pt = d.page_table + static_cast<size_t>(i) * k;
-  for (int32_t j = 0; j < k; ++j) pt[j] = out[j] < 0 ? kPadding : PageTableEntry(d, d.rows[i], out[j]);
+  const size_t outs = static_cast<size_t>(d.arena.geometry.TailSlots()) * d.arena.geometry.k;
+  int32_t* pt = d.page_table + i * outs;
+  for (size_t x = 0; x < outs; ++x) pt[x] = out[x] < 0 ? kPadding : PageTableEntry(d, d.rows[i], out[x]);
 }
 
 // Query tokens of batch entry i (rule 8): query_counts[i], or 1 without counts.
@@ -231,8 +232,7 @@ uint32_t ResolveReference(const ResolveDesc& d) {
   // parameters could not be written: reject every row.
   const bool layer_ok =
       LayerInRange(d.arena, d.layer) && ValidateArenaGeometry(d.arena.geometry) == nullptr &&
-      (d.page_table == nullptr || (d.arena.geometry.draft_tokens == 0 &&  // rule 9: single-query steps only
-                                   ValidatePageTable(d.arena.geometry, d.page_records, d.page_offset) == nullptr));
+      (d.page_table == nullptr || ValidatePageTable(d.arena.geometry, d.page_records, d.page_offset) == nullptr);
   uint32_t all_errors = 0;
   if (d.plan.summary) *d.plan.batch = n;
   std::vector<int32_t> scratch(d.out_slots ? 0 : outs);  // the outputs when only the page table is asked for
@@ -261,7 +261,7 @@ uint32_t ResolveReference(const ResolveDesc& d) {
   // Rule 7: padded entries publish kPadding and read nothing else of the batch.
   for (int32_t i = n; i < d.max_batch; ++i) {
     if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * outs, outs, kPadding);
-    if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * k, k, kPadding);
+    if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * outs, outs, kPadding);
     if (d.plan.summary) {
       int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
       sum[0] = kPadding;

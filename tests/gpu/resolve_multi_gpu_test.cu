@@ -4,8 +4,10 @@
 // and miss plans. Random query counts and overlapping lists (random acceptance advances the rows),
 // padded entries (device batch sizes 0..max_batch + 1), invalid entries of every kind, a B small
 // enough for union refusals, and one captured CUDA graph per layer replayed with new contents
-// alternate with eager launches. draft_tokens = 0 geometries take the single-query kernel
-// (resolve_gpu_test.cu). Skips when no CUDA device is present.
+// alternate with eager launches. With a page table (rule 9, [max_batch][Q][k] record indices over
+// B + 1 + n record slots per (row, layer)) both write it, bit-equal, besides or instead of
+// out_slots. draft_tokens = 0 geometries take the single-query kernel (resolve_gpu_test.cu).
+// Skips when no CUDA device is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +29,9 @@ struct MqConfig {
   int n, k, B;
   uint32_t rb;
   int max_batch;
+  int pt_records = 0;   // rule 9's page table in pages of this many records; 0: not written
+  int pt_offset = 0;    // its page offset
+  bool no_out = false;  // with a page table: out_slots null (the page table alone)
 };
 
 // Device buffer freed on scope exit.
@@ -38,6 +43,41 @@ struct DevBuf {
     return static_cast<T*>(p);
   }
 };
+
+// Rule 9 on its own terms, for the entries [0, active) of a step of `layer`: a rejected entry
+// (summary misses = -1) is -1 everywhere; in a valid one every selection's entry is page_offset *
+// page_records + (row * layers + layer) * (B + 1 + n) + slot, where the slot is a regular one
+// holding the position's host record (records: the GPU's records section after the step) or tail
+// slot B + t for query token t's own position; -1 for padding and padded query rows.
+void CheckPageTable(const MqConfig& c, const ArenaGeometry& g, int layer, const uint8_t* records,
+                    const std::vector<uint8_t*>& host, const std::vector<int32_t>& rows,
+                    const std::vector<int32_t>& seqs, const std::vector<int32_t>& qs, const std::vector<int32_t>& sel,
+                    const std::vector<int32_t>& pt, const int32_t* summary, int active) {
+  const int Q = g.TailSlots(), outs = Q * g.k;
+  const int64_t S = static_cast<int64_t>(g.RecordSlots());
+  const int64_t first = static_cast<int64_t>(c.pt_offset) * c.pt_records;
+  for (int i = 0; i < active; ++i) {
+    const bool rejected = summary[3 * i + 1] < 0;
+    for (int x = 0; x < outs; ++x) {
+      const size_t at = static_cast<size_t>(i) * outs + x;
+      const int32_t p = sel[at], e = pt[at];
+      if (rejected || x / g.k >= qs[i] || p == kPadding) {
+        ASSERT_EQ(e, kPadding) << "entry " << i << " x " << x;
+        continue;
+      }
+      const int64_t base = first + (static_cast<int64_t>(rows[i]) * g.num_layers + layer) * S;
+      const int64_t slot = e - base;
+      const int tail_first = seqs[i] - qs[i];
+      if (p >= tail_first) {
+        ASSERT_EQ(slot, g.slots + (p - tail_first)) << "entry " << i << ": query token's tail slot";
+      } else {
+        ASSERT_TRUE(slot >= 0 && slot < g.slots) << "entry " << i << ": index " << e << " outside its regular slots";
+        const uint8_t* want = host[static_cast<size_t>(rows[i]) * g.num_layers + layer] + static_cast<size_t>(p) * c.rb;
+        ASSERT_EQ(std::memcmp(records + (e - first) * c.rb, want, c.rb), 0) << "entry " << i << " position " << p;
+      }
+    }
+  }
+}
 
 void RunMultiQuery(const MqConfig& c, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -58,7 +98,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
   std::vector<uint8_t*> base_h(static_cast<size_t>(rows) * layers), base_d(base_h.size());
   for (size_t i = 0; i < base_h.size(); ++i) base_h[i] = pool + i * run, base_d[i] = pool_dev + i * run;
   std::vector<int32_t> caps(rows, cap);
-  DevBuf d_base, d_cap, d_arena, d_ws, d_batch, d_rows, d_seq, d_q, d_pos, d_out, d_err, d_plan;
+  DevBuf d_base, d_cap, d_arena, d_ws, d_batch, d_rows, d_seq, d_q, d_pos, d_out, d_err, d_plan, d_pt;
   CUDA_OK(cudaMalloc(&d_base.p, base_d.size() * sizeof(uint8_t*)));
   CUDA_OK(cudaMemcpy(d_base.p, base_d.data(), base_d.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMalloc(&d_cap.p, rows * 4));
@@ -94,6 +134,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
   CUDA_OK(cudaMalloc(&d_q.p, c.max_batch * 4));
   CUDA_OK(cudaMalloc(&d_pos.p, sel_n * 4));
   CUDA_OK(cudaMalloc(&d_out.p, sel_n * 4));
+  CUDA_OK(cudaMalloc(&d_pt.p, sel_n * 4));
   CUDA_OK(cudaMalloc(&d_err.p, 4));
   const size_t plan_bytes = MissPlan::Bytes(g, c.max_batch);
   CUDA_OK(cudaMalloc(&d_plan.p, plan_bytes));
@@ -109,8 +150,12 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
     d.layer = layer;
     d.max_batch = c.max_batch;
     d.plan = MissPlan::Of(gpu ? d_plan.p : ref_plan.data(), c.max_batch);
+    d.page_records = c.pt_records;
+    d.page_offset = c.pt_offset;
     return d;
   };
+  // The outputs a launch writes: out_slots unless no_out, the page table when asked for.
+  const bool with_pt = c.pt_records > 0, with_out = !(with_pt && c.no_out);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   std::vector<cudaGraphExec_t> exec(layers, nullptr);
@@ -121,7 +166,8 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
     d.seq_lens = d_seq.as<int32_t>();
     d.query_counts = d_q.as<int32_t>();
     d.positions = d_pos.as<int32_t>();
-    d.out_slots = d_out.as<int32_t>();
+    d.out_slots = with_out ? d_out.as<int32_t>() : nullptr;
+    d.page_table = with_pt ? d_pt.as<int32_t>() : nullptr;
     d.error_flags = d_err.as<uint32_t>();
     cudaGraph_t graph;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -193,13 +239,14 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
       ResolveDesc rd = desc(false, l);
       int32_t hb = batch;
       uint32_t rerr = 0;
-      std::vector<int32_t> rout(sel_n, 0x5555);
+      std::vector<int32_t> rout(sel_n, 0x5555), rpt(sel_n, 0x3333);
       rd.batch_size = &hb;
       rd.rows = lrows.data();
       rd.seq_lens = ls.data();
       rd.query_counts = lq.data();
       rd.positions = sel.data();
-      rd.out_slots = rout.data();
+      rd.out_slots = with_out ? rout.data() : nullptr;
+      rd.page_table = with_pt ? rpt.data() : nullptr;
       rd.error_flags = &rerr;
       ResolveReference(rd);
       CUDA_OK(cudaMemcpy(d_batch.p, &hb, 4, cudaMemcpyHostToDevice));
@@ -208,6 +255,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
       CUDA_OK(cudaMemcpy(d_q.p, lq.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(d_pos.p, sel.data(), sel_n * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(d_out.p, 0x55, sel_n * 4));
+      CUDA_OK(cudaMemset(d_pt.p, 0x33, sel_n * 4));
       CUDA_OK(cudaMemset(d_err.p, 0, 4));
       if (step % 2 == 0) {
         CUDA_OK(cudaGraphLaunch(exec[l], stream));
@@ -218,20 +266,33 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
         gd.seq_lens = d_seq.as<int32_t>();
         gd.query_counts = d_q.as<int32_t>();
         gd.positions = d_pos.as<int32_t>();
-        gd.out_slots = d_out.as<int32_t>();
+        gd.out_slots = with_out ? d_out.as<int32_t>() : nullptr;
+        gd.page_table = with_pt ? d_pt.as<int32_t>() : nullptr;
         gd.error_flags = d_err.as<uint32_t>();
         CUDA_OK(LaunchResolve(gd, d_ws.p, ws_bytes, config, stream));
       }
       CUDA_OK(cudaStreamSynchronize(stream));
-      std::vector<int32_t> gout(sel_n);
+      std::vector<int32_t> gout(sel_n), gpt(sel_n);
       uint32_t gerr = 0;
       CUDA_OK(cudaMemcpy(gout.data(), d_out.p, sel_n * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(gpt.data(), d_pt.p, sel_n * 4, cudaMemcpyDeviceToHost));
       CUDA_OK(cudaMemcpy(&gerr, d_err.p, 4, cudaMemcpyDeviceToHost));
       CUDA_OK(cudaMemcpy(got.data(), d_arena.p, off.total_bytes, cudaMemcpyDeviceToHost));
       CUDA_OK(cudaMemcpy(got_plan.data(), d_plan.p, plan_bytes, cudaMemcpyDeviceToHost));
       const std::string where = "step " + std::to_string(step) + " layer " + std::to_string(l);
       ASSERT_EQ(gerr, rerr) << where;
-      ASSERT_EQ(gout, rout) << where << ": outputs differ";
+      if (with_out) {
+        ASSERT_EQ(gout, rout) << where << ": outputs differ";
+      } else {
+        ASSERT_EQ(gout, std::vector<int32_t>(sel_n, 0x55555555)) << where << ": out_slots written though null";
+      }
+      if (with_pt) {
+        ASSERT_EQ(gpt, rpt) << where << ": page tables differ";
+        ASSERT_NO_FATAL_FAILURE(CheckPageTable(c, g, l, got.data() + off.records, base_h, lrows, ls, lq, sel, gpt,
+                                               MissPlan::Of(ref_plan.data(), c.max_batch).summary, active));
+      } else {
+        ASSERT_EQ(gpt, std::vector<int32_t>(sel_n, 0x33333333)) << where << ": page table written though null";
+      }
       ASSERT_EQ(std::memcmp(got.data(), ref.data(), off.records), 0) << where << ": counters or tables differ";
       ASSERT_EQ(std::memcmp(got.data(), ref.data(), off.total_bytes), 0) << where << ": records differ";
       // The plan: batch, summaries of every entry, and each valid entry's misses.
@@ -266,6 +327,21 @@ TEST(ResolveMultiQueryGpu, MatchesReferenceForDraftTokens1To4) {
                               MqConfig{n, 256, 256 * (n + 2), 1152, 6}}) {
       SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " B " + std::to_string(c.B));
       ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 1000u * n + c.k));
+    }
+  }
+}
+
+// Rule 9 with draft tokens: the page table, [max_batch][Q][k] over B + 1 + n record slots, bit-equal
+// to the reference besides out_slots and alone, plain indices and pages with an offset.
+TEST(ResolveMultiQueryGpu, PageTablesMatchReferenceForDraftTokens1To4) {
+  REQUIRE_GPU();
+  for (int n = 1; n <= 4; ++n) {
+    for (const MqConfig& c :
+         {MqConfig{n, 8, 12, 32, 5, 1, 0, false}, MqConfig{n, 64, 64 * (n + 2), 656, 9, 64, 3, false},
+          MqConfig{n, 256, 256 * (n + 2), 1152, 6, 1, 0, true}}) {
+      SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " B " + std::to_string(c.B) +
+                   (c.no_out ? " page table only" : ""));
+      ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 7000u * n + c.k));
     }
   }
 }

@@ -3,7 +3,8 @@
 // every step a row appends q = 1..3 tokens (hs_append_tokens), RESOLVEs q selection lists at once
 // (hs_resolve_args.query_counts) and then accepts a random number of them, so rejected drafts'
 // positions are rewritten (with new bytes) the next step. Every output slot must hold the bytes
-// last written for its position.
+// last written for its position, and so must the record that the page table (rule 9, over B + 1 + n
+// record slots per (row, layer)) names for it.
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -57,7 +58,7 @@ TEST(SpeculativeTest, DraftTokensSizeTheArenaAndRandomAcceptanceStaysExact) {
         << hs_last_error();
   }
   std::mt19937 rng(11);
-  std::vector<int32_t> pos(kReq * kQ * kK), out(kReq * kQ * kK), seq(kReq), q(kReq);
+  std::vector<int32_t> pos(kReq * kQ * kK), out(kReq * kQ * kK), table(kReq * kQ * kK), seq(kReq), q(kReq);
   std::vector<uint8_t> src(kReq * kQ * kRecord);
   int multi = 0;
   for (int step = 1; step <= kSteps; ++step) {
@@ -102,21 +103,28 @@ TEST(SpeculativeTest, DraftTokensSizeTheArenaAndRandomAcceptanceStaysExact) {
       a.positions = pos.data();
       a.out_slots = out.data();
       a.query_counts = q.data();
+      a.page_table = table.data();  // odd layers: pages of 4 records from page 3
+      a.page_records = l % 2 ? 4 : 1;
+      a.page_offset = l % 2 ? 3 : 0;
       ASSERT_TRUE(s.Resolve(a).ok()) << hs_last_error();
       for (int r = 0; r < kReq; ++r) {
         for (int x = 0; x < kQ * kK; ++x) {
           const int32_t p = pos[r * kQ * kK + x], slot = out[r * kQ * kK + x];
+          const int32_t entry = table[r * kQ * kK + x];
           if (p < 0) {
             ASSERT_EQ(slot, -1);
+            ASSERT_EQ(entry, -1);
             continue;
           }
+          const int64_t first = int64_t{a.page_offset} * a.page_records;
+          ASSERT_EQ(entry, first + (static_cast<int64_t>(rows[r]) * kLayers + l) * (kB + kQ) + slot)
+              << "page table: the record index over B + 1 + n slots per (row, layer)";
           ASSERT_GE(slot, 0);
           ASSERT_LT(slot, kB + kQ);
           if (p >= committed[r]) {
             ASSERT_EQ(slot, kB + p - committed[r]) << "query token t lives in tail slot B + t";
           }
-          const uint8_t* rec = static_cast<const uint8_t*>(info.slot_base) +
-                               ((static_cast<size_t>(rows[r]) * kLayers + l) * (kB + kQ) + slot) * info.record_stride;
+          const uint8_t* rec = static_cast<const uint8_t*>(info.slot_base) + (entry - first) * info.record_stride;
           for (uint32_t i = 0; i < kRecord; ++i)
             ASSERT_EQ(rec[i], Pattern(r + 1, l, p, gen[r][p], i)) << "step " << step << " position " << p;
         }
@@ -175,17 +183,30 @@ TEST(SpeculativeTest, BadDraftInputIsRefusedWithItsReason) {
   count = kQ;  // a valid append still works
   EXPECT_EQ(hs_append_tokens(s.get(), 0, 1, nullptr, &row, &seq, &count, src.data(), kRecord, nullptr), HS_OK)
       << hs_last_error();
-  // The page-table output (rule 9) is for single-query steps only: asked for here, it is refused
-  // with its reason and nothing is written.
+  // The page table (rule 9) of a multi-query step: shaped like out_slots, -1 in padded query rows,
+  // tail slot B + t of query token t included; a refused row's table is -1 throughout.
   std::vector<int32_t> table(kQ * kK, 77);
-  count = 1;
-  for (int x = 0; x < kQ * kK; ++x) pos[x] = x < kK ? x : -1;
+  count = 2;
+  seq = 42;
+  for (int x = 0; x < kQ * kK; ++x) pos[x] = x < kK ? x : (x < 2 * kK ? 41 - (x - kK) : 5);
+  a.out_slots = nullptr;  // the page table alone
   a.page_table = table.data();
   a.page_records = 1;
   e = s.Resolve(a);
+  ASSERT_EQ(e.code, HS_OK) << e.message;
+  const int32_t base = (ri.row * kLayers + 0) * (kB + kQ);
+  EXPECT_EQ(table[kK + 0], base + kB + 1) << "query token 1 (position 41) is in tail slot B + 1";
+  EXPECT_EQ(table[kK + 1], base + kB + 0) << "query token 0 (position 40) is in tail slot B";
+  for (int x = 0; x < 2 * kK; ++x) {
+    EXPECT_GE(table[x], base);
+    EXPECT_LT(table[x], base + kB + kQ);
+  }
+  EXPECT_EQ(std::vector<int32_t>(table.begin() + 2 * kK, table.end()), std::vector<int32_t>(kK, -1));
+  for (int x = 0; x < kQ * kK; ++x) pos[x] = x;  // the refused union of 24 again
+  count = kQ;
+  e = s.Resolve(a);
   EXPECT_EQ(e.code, HS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(e.message.find("draft_tokens"), std::string::npos) << e.message;
-  EXPECT_EQ(table, std::vector<int32_t>(kQ * kK, 77));
+  EXPECT_EQ(table, std::vector<int32_t>(kQ * kK, -1));
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // RESOLVE's page-table output (resolve.h, rule 9) on the CPU reference: the global record index of
 // every output slot, in pages of P records from page O, -1 wherever the output is padding; the
 // same state and outputs with or without it, and with out_slots left out.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "arena_fixture.h"
@@ -107,6 +109,155 @@ TEST(PageTableTest, ValidatesItsParameters) {
   EXPECT_THAT(out, ElementsAre(-1, -1, -1));
   EXPECT_THAT(pt, ElementsAre(-1, -1, -1));
   EXPECT_EQ(before, f.Snapshot());
+}
+
+// ---- Rule 9 with draft tokens (rule 8): page_table shaped like out_slots [max_batch][Q][k], over
+// S = B + 1 + n record slots per (row, layer), tail slots included. ----
+
+// 2 rows, 2 layers, B 6, k 3, n 2: Q = 3 query rows, S = 9 records per (row, layer).
+ArenaGeometry DraftG() {
+  ArenaGeometry g{/*max_rows=*/2, /*num_layers=*/2, /*slots=*/6, /*k=*/3, /*record_bytes=*/32};
+  g.draft_tokens = 2;
+  return g;
+}
+
+// One multi-query RESOLVE of `layer` with the given outputs (either may be null).
+uint32_t ResolveDraft(ArenaFixture& f, int32_t layer, const Launch& l, const std::vector<int32_t>& q, int32_t* out,
+                      int32_t* pt, int32_t page_records, int32_t page_offset) {
+  ResolveDesc d{};
+  d.arena = f.view();
+  d.host = f.host();
+  d.layer = layer;
+  d.max_batch = static_cast<int32_t>(l.rows.size());
+  d.batch_size = &l.batch;
+  d.rows = l.rows.data();
+  d.seq_lens = l.seqs.data();
+  d.positions = l.pos.data();
+  d.query_counts = q.data();
+  d.out_slots = out;
+  d.page_table = pt;
+  d.page_records = page_records;
+  d.page_offset = page_offset;
+  return ResolveReference(d);
+}
+
+// Appends q tokens (positions seq_len - q ..) of (row, layer): host pool and tail slots B + t.
+void AppendTail(ArenaFixture& f, int32_t layer, int32_t row, int32_t seq_len, int32_t q, uint32_t gen) {
+  const ArenaGeometry& g = f.geometry();
+  std::vector<uint8_t> src(static_cast<size_t>(g.TailSlots()) * g.record_bytes, 0);
+  for (int32_t t = 0; t < q; ++t) f.Pattern(&src[t * g.record_bytes], row, layer, seq_len - q + t, gen);
+  int32_t batch = 1;
+  AppendDesc a{};
+  a.arena = f.view();
+  a.host = f.host();
+  a.layer = layer;
+  a.max_batch = 1;
+  a.batch_size = &batch;
+  a.rows = &row;
+  a.seq_lens = &seq_len;
+  a.src = src.data();
+  a.src_stride = g.record_bytes;
+  a.token_counts = &q;
+  ASSERT_EQ(AppendReference(a), 0u);
+}
+
+TEST(PageTableTest, DraftTokensIndexRegularAndTailSlotsOverTheirStride) {
+  const ArenaGeometry g = DraftG();
+  ArenaFixture f(g, kCap);
+  for (int32_t r = 0; r < 2; ++r) f.FillHost(r, 30);
+  // (row 1, layer 1) holds 10, 11, 12 in slots 0..2, slots 3..5 EMPTY (least recently used).
+  f.SetState(1, 1, {10, 11, 12, -1, -1, -1}, {3, 4, 5, 0, 1, 2});
+  ASSERT_NO_FATAL_FAILURE(AppendTail(f, 1, 1, 22, 2, 9));  // query tokens 20, 21 -> tail slots 6, 7
+  // Entry 0: row 1, q = 2 of Q = 3. List 0 (over [0, 21)): 10 hit, 20 its own token, 5 a miss;
+  // list 1 (over [0, 22)): its own token 21, 10 again, padding; query row 2 is padded (garbage).
+  // Entry 1: row 0, three disjoint lists, union 9 > B = 6: refused. Entry 2: past the batch.
+  const Launch l{{1, 0, 1},
+                 {22, 25, 22},
+                 {10, 20, 5, 21, 10, -1, 99, 99, 99,  //
+                  0,  1,  2, 3,  4,  5,  6,  7,  8,   //
+                  1,  2,  3, 4,  5,  6,  7,  8,  9},
+                 2};
+  const std::vector<int32_t> q{2, 3, 3};
+  std::vector<int32_t> out(27, 77), pt(27, 77);
+  EXPECT_EQ(ResolveDraft(f, 1, l, q, out.data(), pt.data(), 1, 0), static_cast<uint32_t>(kResolveUnionTooLarge));
+  EXPECT_THAT(std::vector<int32_t>(out.begin(), out.begin() + 9), ElementsAre(0, 6, 3, 7, 0, -1, -1, -1, -1));
+  const int32_t b = (1 * 2 + 1) * 9;  // (row 1, layer 1)'s first record: stride B + 1 + n = 9
+  EXPECT_THAT(std::vector<int32_t>(pt.begin(), pt.begin() + 9), ElementsAre(b, b + 6, b + 3, b + 7, b, -1, -1, -1, -1));
+  EXPECT_EQ(std::vector<int32_t>(pt.begin() + 9, pt.end()), std::vector<int32_t>(18, -1));
+  // The record at each index is the selected position's: regular slots and the tail alike.
+  const int32_t positions[] = {10, 20, 5, 21};
+  for (int32_t x = 0; x < 4; ++x) {
+    EXPECT_EQ(0, std::memcmp(f.view().records + static_cast<size_t>(pt[x]) * g.record_bytes,
+                             f.HostRecord(1, 1, positions[x]), g.record_bytes))
+        << "selection " << x << " position " << positions[x];
+  }
+}
+
+// Random multi-query steps: the page table (pages of P from page O) is O * P + (row * layers +
+// layer) * S + out_slots wherever out_slots is a slot, -1 elsewhere; the state, counters and
+// outputs are the same with or without it, and with out_slots null the page table alone.
+TEST(PageTableTest, DraftTokensPagesAndOffsetAndWithoutOutSlots) {
+  const ArenaGeometry g = DraftG();
+  const int32_t Q = g.TailSlots(), S = static_cast<int32_t>(g.RecordSlots()), outs = Q * g.k;
+  constexpr int32_t kDraftCap = 200;  // 40 steps of up to 3 accepted tokens from 20
+  ArenaFixture plain(g, kDraftCap), paged(g, kDraftCap), only(g, kDraftCap);
+  for (ArenaFixture* f : {&plain, &paged, &only}) {
+    for (int32_t r = 0; r < 2; ++r) f->FillHost(r, kDraftCap);
+  }
+  const int32_t P = 16, O = 5;
+  std::mt19937 rng(5);
+  std::vector<int32_t> committed{12, 20};
+  int32_t tails = 0;
+  for (int step = 0; step < 40; ++step) {
+    const int32_t layer = step % 2;
+    Launch l{{1, 0}, {0, 0}, std::vector<int32_t>(2 * outs, 4444), 2};
+    std::vector<int32_t> q(2);
+    for (int32_t i = 0; i < 2; ++i) {
+      const int32_t r = l.rows[i];
+      q[i] = 1 + static_cast<int32_t>(rng() % Q);
+      l.seqs[i] = committed[r] + q[i];
+      for (ArenaFixture* f : {&plain, &paged, &only})
+        ASSERT_NO_FATAL_FAILURE(AppendTail(*f, layer, r, l.seqs[i], q[i], step))
+            << "step " << step << " seq " << l.seqs[i] << " q " << q[i] << " row " << r;
+      for (int32_t t = 0; t < q[i]; ++t) {
+        const int32_t len = l.seqs[i] - q[i] + t + 1;
+        std::vector<int32_t> list;
+        while (static_cast<int32_t>(list.size()) < g.k) {  // a hot set, the newest tokens, some padding
+          const int32_t p = rng() % 4 == 0 ? -1
+                                           : (rng() % 2 ? static_cast<int32_t>(rng() % 8)
+                                                        : len - 1 - static_cast<int32_t>(rng() % 3));
+          if (p >= len || (p >= 0 && std::find(list.begin(), list.end(), p) != list.end())) continue;
+          list.push_back(p);
+        }
+        std::copy(list.begin(), list.end(), l.pos.begin() + (i * Q + t) * g.k);
+      }
+    }
+    std::vector<int32_t> out_a(2 * outs), out_b(2 * outs), pt_b(2 * outs), pt_c(2 * outs, 55);
+    const uint32_t err = ResolveDraft(plain, layer, l, q, out_a.data(), nullptr, 0, 0);
+    ASSERT_EQ(err, ResolveDraft(paged, layer, l, q, out_b.data(), pt_b.data(), P, O));
+    ASSERT_EQ(err, ResolveDraft(only, layer, l, q, nullptr, pt_c.data(), P, O));
+    ASSERT_EQ(err & ~static_cast<uint32_t>(kResolveUnionTooLarge), 0u);
+    EXPECT_EQ(out_a, out_b);
+    EXPECT_EQ(pt_b, pt_c);
+    for (int32_t x = 0; x < 2 * outs; ++x) {
+      const int32_t s = out_a[x];
+      tails += s >= g.slots;
+      const int32_t want = s < 0 ? -1 : O * P + (l.rows[x / outs] * g.num_layers + layer) * S + s;
+      ASSERT_EQ(pt_b[x], want) << "step " << step << " output " << x;
+    }
+    ASSERT_EQ(plain.Snapshot(), paged.Snapshot());
+    ASSERT_EQ(plain.Snapshot(), only.Snapshot());
+    for (int32_t i = 0; i < 2; ++i) committed[l.rows[i]] += 1 + static_cast<int32_t>(rng() % q[i]);
+  }
+  EXPECT_GT(tails, 20);  // tail slots B + t were indexed, not only slot B
+}
+
+TEST(PageTableTest, DraftTokensWidenTheInt32Bound) {
+  ArenaGeometry g = kG;
+  g.draft_tokens = 2;  // 3 rows * 2 layers * (4 + 1 + 2) = 42 records
+  EXPECT_EQ(ValidatePageTable(g, 1, INT32_MAX - 41), nullptr);
+  EXPECT_NE(ValidatePageTable(g, 1, INT32_MAX - 40), nullptr);
+  EXPECT_NE(ValidatePageTable(g, 1, INT32_MAX - 29), nullptr);  // kG's bound without the tails
 }
 
 }  // namespace

@@ -249,7 +249,8 @@ def test_private_gpu_arena_only_when_asked(monkeypatch):
 def test_draft_tokens_multi_query_steps_on_the_gpu(open_session):
     """Speculative decoding on the CUDA backend: q = 1..3 tokens appended and q lists resolved per
     row and step (device token/query counts), random acceptance; every output slot holds the host
-    pool's record of its position, tail tokens their tail slot, lists past q all -1."""
+    pool's record of its position, tail tokens their tail slot, lists past q all -1; the page table
+    (rule 9) is the record index of each output slot over B + 1 + n record slots per (row, layer)."""
     n, q_max, slots = 2, 3, 3 * K
     try:
         s = open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=slots, max_requests=ROWS, gpu=0,
@@ -273,9 +274,13 @@ def test_draft_tokens_multi_query_steps_on_the_gpu(open_session):
                     length = int(committed[i]) + t + 1
                     pos[i, t, : K - 1] = torch.randperm(length, generator=gen)[: K - 1].to(torch.int32)
             out = torch.full((ROWS, q_max, K), -7, dtype=torch.int32, device=DEV)
-            s.resolve(layer, rows, seq_lens.to(DEV), pos.to(DEV), out, query_counts=q.to(DEV))
+            table = torch.full((ROWS, q_max, K), -7, dtype=torch.int32, device=DEV)
+            s.resolve(layer, rows, seq_lens.to(DEV), pos.to(DEV), out, query_counts=q.to(DEV), page_table=table,
+                      page_records=16, page_offset=2)
             torch.cuda.synchronize()
             arena, got = s.slot_view(), out.cpu()
+            base = (rows.cpu().to(torch.int64)[:, None, None] * LAYERS + layer) * (slots + 1 + n) + 32
+            assert torch.equal(table.cpu().to(torch.int64), torch.where(got < 0, -1, base + got))
             for i in range(ROWS):
                 host = torch.from_numpy(np.array(s.record_view(i + 1, layer, 0, int(seq_lens[i]))))
                 for t in range(q_max):

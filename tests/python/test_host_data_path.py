@@ -304,7 +304,9 @@ def test_bad_layer_anchor_is_invalid_argument(open_session):
 
 def test_draft_tokens_resolve_every_query_and_rewrite_rejected_drafts(open_session):
     """Speculative decoding (draft_tokens = 2): q = 1..3 tokens appended per row and step, q lists
-    resolved at once, a random number accepted; rejected positions get new bytes next step."""
+    resolved at once, a random number accepted; rejected positions get new bytes next step. The
+    page table (rule 9), shaped like out_slots, names each selection's record in the arena viewed
+    as [records, record_bytes] over B + 1 + n record slots per (row, layer), tail slots included."""
     n, q_max = 2, 3
     b_slots = (n + 1) * K  # every union fits
     s = open_session(num_layers=LAYERS, record_bytes=RECORD, k=K, slots=b_slots, max_requests=ROWS, draft_tokens=n)
@@ -335,8 +337,14 @@ def test_draft_tokens_resolve_every_query_and_rewrite_rejected_drafts(open_sessi
                     length = int(committed[i]) + t + 1
                     positions[i, t, :K - 1] = rng.choice(length, K - 1, replace=False)
             out = np.zeros((ROWS, q_max, K), np.int32)
-            s.resolve(l, rows, seq_lens, positions, out, query_counts=q)
+            table = np.zeros((ROWS, q_max, K), np.int32)
+            pages, first = (8, 1) if l % 2 else (1, 0)  # odd layers: pages of 8 records from page 1
+            s.resolve(l, rows, seq_lens, positions, out, query_counts=q, page_table=table, page_records=pages,
+                      page_offset=first)
             arena = s.slot_view()
+            flat = arena.reshape(-1, arena.shape[-1])
+            base = (rows[:, None, None] * LAYERS + l) * (b_slots + 1 + n) + pages * first
+            np.testing.assert_array_equal(table, np.where(out < 0, -1, base + out))
             for i, rid in enumerate(ids):
                 for t in range(q_max):
                     for j in range(K):
@@ -348,6 +356,7 @@ def test_draft_tokens_resolve_every_query_and_rewrite_rejected_drafts(open_sessi
                             assert slot == b_slots + p - committed[i], "query token t lives in tail slot B + t"
                         want = written.get((rid, l, p), record_bytes(rid, l, p))
                         np.testing.assert_array_equal(arena[rows[i], l, slot, :RECORD], want)
+                        np.testing.assert_array_equal(flat[table[i, t, j] - pages * first, :RECORD], want)
         committed += np.array([rng.integers(1, q[i] + 1) for i in range(ROWS)], np.int32)  # accepted
     # More query tokens than draft_tokens + 1: the row is refused with its reason.
     bad = np.full(ROWS, q_max + 1, np.int32)

@@ -196,17 +196,18 @@ typedef struct hs_resolve_args {
   int32_t* out_slots;        /* [max_batch][n+1][k]; may be NULL when page_table is set (since ABI 1.3) */
   void* stream;
   /* Since ABI 1.3 (callers built against 1.2 pass a smaller struct_size and get NULL here).
-   * page_table: [max_batch][k] or NULL; RESOLVE also writes, for every selection, the index of
-   * the record that holds it in the slot arena viewed as one array of records
-   * (slot_base + index * record_stride, see hs_session_info):
-   *   page_offset * page_records + (row * num_layers + layer) * (slots + 1) + out_slot,
-   * -1 where out_slots is -1 (resolve.h, rule 9). That is the record's index in a pool of pages of
-   * page_records records whose page page_offset begins at slot_base (FlashMLA's sparse indices,
-   * vLLM's slot_mapping); page_records 1 and page_offset 0 give the plain record index. A layer
-   * served by hs_prefetch reads its anchor's table against slot_base advanced by
-   * (layer - anchor) * (slots + 1) records. page_records >= 1, page_offset >= 0, and every entry
-   * must fit int32 (else HS_ERR_INVALID_ARGUMENT). Not yet with draft_tokens > 0 (refused with
-   * HS_ERR_INVALID_ARGUMENT). */
+   * page_table: shaped like out_slots ([max_batch][n+1][k]) or NULL; RESOLVE also writes, for
+   * every selection, the index of the record that holds it in the slot arena viewed as one array
+   * of records (slot_base + index * record_stride, see hs_session_info):
+   *   page_offset * page_records + (row * num_layers + layer) * (slots + 1 + n) + out_slot,
+   * -1 where out_slots is -1 (resolve.h, rule 9; n = draft_tokens, a tail slot B + t indexes its
+   * record like a regular slot). That is the record's index in a pool of pages of page_records
+   * records whose page page_offset begins at slot_base (FlashMLA's sparse indices, vLLM's
+   * slot_mapping); page_records 1 and page_offset 0 give the plain record index. A layer served
+   * by hs_prefetch reads its anchor's table against slot_base advanced by
+   * (layer - anchor) * (slots + 1 + n) records. page_records >= 1, page_offset >= 0, and every
+   * entry must fit int32 (else HS_ERR_INVALID_ARGUMENT). With draft tokens (n > 0) too; the first
+   * libraries of ABI 1.4 refused that combination with HS_ERR_INVALID_ARGUMENT. */
   int32_t* page_table;
   int32_t page_records;
   int32_t page_offset;

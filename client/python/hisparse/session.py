@@ -317,10 +317,11 @@ class Session:
         the kernel at run time, so one captured CUDA graph serves every batch size; entries past
         it get -1 in every column. max_batch defaults to len(rows). On the CUDA backend invalid
         rows surface at check_errors().
-        page_table: None or int32 [max_batch, k]: also the index of each selection's record in the
-        slot arena viewed as [records, record_bytes] (slot_view() flattened over rows, layers and
-        slots), plus page_offset * page_records (resolve.h, rule 9); -1 where out_slots is -1.
-        out_slots may then be None. Not yet with draft tokens.
+        page_table: None or int32 shaped like out_slots ([max_batch, k], or [max_batch,
+        draft_tokens + 1, k]): also the index of each selection's record in the slot arena viewed
+        as [records, record_bytes] (slot_view() flattened over rows, layers and record_slots, tail
+        slots included), plus page_offset * page_records (resolve.h, rule 9); -1 where out_slots
+        is -1. out_slots may then be None.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -337,7 +338,7 @@ class Session:
                                         min_items=lists) if out_slots is not None else None
         if page_table is not None:
             args.page_table = self._data_ptr(page_table, "page_table", int32=True, writable=True,
-                                             min_items=max_batch * self.k)
+                                             min_items=lists)
         args.page_records = page_records
         args.page_offset = page_offset
         args.stream = self._stream(stream) or None

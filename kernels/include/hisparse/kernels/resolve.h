@@ -58,19 +58,23 @@
 //     positions below a step's first query token, which acceptance never takes back, so no slot
 //     can keep a rejected record.
 //  9. Page-table output (optional: ResolveDesc::page_table not null), besides out_slots or, with
-//     out_slots null, instead of them: page_table[i][j] = -1 wherever out_slots[i][j] is (or
-//     would be) kPadding (padding selections, rejected rows, padded entries), and otherwise
-//       page_offset * page_records + g,   g = (row * layers + layer) * (B + 1) + out_slots[i][j],
-//     where g is the index of the record that holds positions[i][j] in the arena's records
-//     section viewed as one array [max_rows * layers * (B + 1)][record_bytes] (ArenaView::Record).
-//     The sum is that record's index in a caller's pool of pages of page_records records whose
-//     page page_offset begins at the arena's first record: the page * page_size + offset_in_page
-//     convention of FlashMLA's sparse indices and vLLM's slot_mapping (page_records = 1 and
-//     page_offset = 0 give g). An attention kernel reads it directly over the arena's records.
-//     Every entry must fit in int32 (ValidatePageTable). Prefetched followers (ReplayDesc) take
-//     the anchor's table: layer f's records lie (f - anchor) * (B + 1) records after the
-//     anchor's, so the attention of f reads the anchor's table from the records base advanced by
-//     that many records. Not yet with draft tokens (n > 0): the client refuses the combination.
+//     out_slots null, instead of them. page_table is shaped like out_slots ([max_batch][k], and
+//     [max_batch][Q][k] with draft tokens: query row t of entry i at (i * Q + t) * k); with S =
+//     ArenaGeometry::RecordSlots() = B + 1 + n record slots per (row, layer) (n = draft_tokens),
+//     page_table[x] = -1 wherever out_slots[x] is (or would be) kPadding (padding selections,
+//     padded query rows t >= q_i, rejected rows, padded entries), and otherwise
+//       page_offset * page_records + g,   g = (row * layers + layer) * S + out_slots[x],
+//     where g is the index of the record that holds the selected position in the arena's records
+//     section viewed as one array [max_rows * layers * S][record_bytes] (ArenaView::Record): a
+//     regular slot s < B, or a tail slot B + t (the newest token, and with draft tokens query
+//     token t; rule 8a), which lie in the same section. The sum is that record's index in a
+//     caller's pool of pages of page_records records whose page page_offset begins at the arena's
+//     first record: the page * page_size + offset_in_page convention of FlashMLA's sparse indices
+//     and vLLM's slot_mapping (page_records = 1 and page_offset = 0 give g). An attention kernel
+//     reads it directly over the arena's records. Every entry must fit in int32
+//     (ValidatePageTable). Prefetched followers (ReplayDesc) take the anchor's table: layer f's
+//     records lie (f - anchor) * S records after the anchor's, so the attention of f reads the
+//     anchor's table from the records base advanced by that many records.
 //
 // Invalid input of a row leaves that row's state untouched, sets all its Q * k outputs to kPadding
 // and ORs the matching ResolveError bit into *error_flags. Other rows proceed. Invalid is: a row
@@ -158,8 +162,8 @@ struct ResolveDesc {
   uint32_t flags;                         // ResolveFlags; 0 for the real data path
   MissPlan plan;                          // where to record the miss plan; summary == null: not recorded.
                                           // plan.max_batch must be >= max_batch
-  int32_t* page_table;                    // [max_batch][k] rule 9's record indices, or null (not written);
-                                          // out_slots may then be null (n = 0 only)
+  int32_t* page_table;                    // [max_batch][Q][k] rule 9's record indices (shaped like
+                                          // out_slots), or null (not written); out_slots may then be null
   int32_t page_records;                   // P >= 1 when page_table is set
   int32_t page_offset;                    // O >= 0 when page_table is set
   const int32_t* query_counts = nullptr;  // [max_batch] query tokens q of entry i (rule 8), device
@@ -167,15 +171,15 @@ struct ResolveDesc {
 };
 
 // Checks rule 9's parameters for a geometry: page_records >= 1, page_offset >= 0 and every entry
-// (up to page_offset * page_records + max_rows * layers * (B + 1) - 1) within int32. Returns null
-// when valid, else a static message naming what is wrong.
+// (up to page_offset * page_records + max_rows * layers * RecordSlots() - 1, tail slots included)
+// within int32. Returns null when valid, else a static message naming what is wrong.
 const char* ValidatePageTable(const ArenaGeometry& g, int32_t page_records, int32_t page_offset);
 
-// Rule 9's entry for a slot of (row, d.layer), s in [0, B]: the CUDA kernel and the CPU reference
-// both compute it here.
+// Rule 9's entry for a slot of (row, d.layer), s in [0, B + n] (tail slots included): the CUDA
+// kernels and the CPU reference all compute it here.
 HISPARSE_HD inline int32_t PageTableEntry(const ResolveDesc& d, int32_t row, int32_t s) {
   const ArenaView& a = d.arena;
-  const int64_t g = static_cast<int64_t>(a.RowLayer(row, d.layer)) * (a.geometry.slots + 1) + s;
+  const int64_t g = static_cast<int64_t>(a.RowLayer(row, d.layer)) * static_cast<int64_t>(a.geometry.RecordSlots()) + s;
   return static_cast<int32_t>(static_cast<int64_t>(d.page_offset) * d.page_records + g);
 }
 
