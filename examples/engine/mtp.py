@@ -14,7 +14,7 @@ The two KV backends of engine.py gain the multi-query data path:
   - FullKV: q records a row appended by position, [batch, q, k] selections gathered by position;
   - HisparseKV on a session with draft_tokens = n: hs_append_tokens (q tokens into tail slots
     B..B+n and the host pool), one multi-query RESOLVE per layer (resolve.h rule 8: the union of
-    the q lists made resident at once) and the gather through its output.
+    the q lists made resident at once) and the gather through its page table (rule 9).
 Everything after the gather is the same code, so the logits of all q query tokens must be bit-for-
 bit equal at every step: run_engine.py --draft-tokens checks that.
 """
@@ -87,28 +87,25 @@ class FullKVMulti:
 
 class HisparseKVMulti:
     """HisparseKV on a draft_tokens = n session: q appends into the tail slots, one multi-query
-    RESOLVE per layer, and the gather of each selection's record from the slot arena by the index
-    (row * layers + layer) * (B + 1 + n) + slot, the arena viewed as [records, record_stride]."""
+    RESOLVE per layer, and the gather of each selection's record from the slot arena by RESOLVE's
+    page table (rule 9: the record's index in the arena viewed as [records, record_stride], its
+    tail slots included), as a FlashMLA-style sparse kernel would take `indices`."""
 
     def __init__(self, kv: HisparseKV, st: MtpState) -> None:
         s = kv.session
         if s.draft_tokens != st.n:
             raise ValueError(f"the session has draft_tokens {s.draft_tokens}; the run drafts {st.n}")
         self.kv, self.fmt, self.mode, self.session = kv, kv.fmt, kv.mode, s
-        self.out_slots = torch.full_like(st.positions, -1)
-        # First arena record of each row's (row, layer 0): + layer * (B + 1 + n) + slot.
-        self.row_base = (kv.rows.long() * s.num_layers * s.record_slots).view(-1, 1, 1)
+        self.page_table = torch.full_like(st.positions, -1)
 
     def append(self, layer: int, recs: torch.Tensor, st: MtpState) -> None:
         self.session.append(layer, self.kv.rows, st.seq_lens, recs, batch_size=self.kv.batch_size,
                             token_counts=st.query_counts)
 
     def gather(self, layer: int, st: MtpState) -> torch.Tensor:
-        self.session.resolve(layer, self.kv.rows, st.seq_lens, st.positions, self.out_slots,
-                             batch_size=self.kv.batch_size, query_counts=st.query_counts)
-        index = self.row_base + layer * self.session.record_slots + self.out_slots.long()
-        index = torch.where(self.out_slots < 0, torch.zeros_like(index), index)
-        return self.kv.records[index][..., :self.fmt.record_bytes]
+        self.session.resolve(layer, self.kv.rows, st.seq_lens, st.positions, None, batch_size=self.kv.batch_size,
+                             query_counts=st.query_counts, page_table=self.page_table)
+        return self.kv.records[self.page_table.clamp(min=0).long()][..., :self.fmt.record_bytes]
 
 
 @torch.no_grad()
