@@ -14,7 +14,9 @@
 // restored from a pristine device copy, L2 is scrubbed (128 MiB memset; --warm-l2 skips it), a
 // GPU spin hides the host launch overhead as a CUDA graph would, and CUDA events bracket the
 // variant's launch (or its q launches). The three variants take turns in a rotating order, run by
-// run, so drift hits them alike. Median and min over --runs.
+// run, so drift hits them alike. Median and min over --runs. --no-fetch times the planning alone
+// (kResolveFlagNoFetch: outputs and tables as usual, no record moved): with fetches every list's
+// fresh positions cost link time, so a step of q lists moves about q times list 0's bytes.
 //
 // Output (stdout, one JSON object per line): the link's bulk H2D bandwidth, then one
 // "resolve_draft" object per point; a readable table of the same figures goes to stderr.
@@ -44,6 +46,7 @@ struct DraftOptions {
   DraftPoint base;  // k, slots, context, record_bytes, overlap, seed
   int runs = 200;
   bool scrub_l2 = true;
+  bool no_fetch = false;  // kResolveFlagNoFetch on every variant: the planning alone
   bool smoke = false;
 };
 
@@ -51,7 +54,8 @@ void DraftUsage() {
   std::fprintf(stderr,
                "usage: hisparse-bench resolve --draft-tokens 0,1,3 [--batch 1,32,128] [--k 2048]\n"
                "       [--slots B (default (n+2)*k)] [--context 16384] [--record-bytes 656]\n"
-               "       [--overlap 0.8] [--seed 1] [--runs 200] [--warm-l2] [--smoke]\n"
+               "       [--overlap 0.8] [--seed 1] [--runs 200] [--warm-l2] [--no-fetch] [--smoke]\n"
+               "  --no-fetch: every variant plans, publishes and updates its tables but moves no record\n"
                "  --smoke: CPU reference only, no GPU, no timing (tiny sizes unless given)\n");
 }
 
@@ -75,6 +79,10 @@ bool ParseDraftArgs(int argc, char** argv, DraftOptions* o) {
     }
     if (a == "--warm-l2") {
       o->scrub_l2 = false;
+      continue;
+    }
+    if (a == "--no-fetch") {
+      o->no_fetch = true;
       continue;
     }
     std::string name, v;
@@ -225,8 +233,9 @@ struct PointInputs {
 };
 
 ResolveDesc Desc(const DeviceArena& a, const PointInputs& in, const DeviceInts& seqs, const DeviceInts& pos,
-                 const DeviceInts& out, int variant, bool multi) {
+                 const DeviceInts& out, int variant, bool multi, bool no_fetch) {
   ResolveDesc d{};
+  d.flags = no_fetch ? static_cast<uint32_t>(kResolveFlagNoFetch) : 0u;
   d.arena = a.view;
   d.host = HostRecordMap{in.bases, in.caps->p};
   d.layer = 0;
@@ -265,12 +274,13 @@ PointResult RunPoint(const DraftWorkload& w, uint8_t* pool_dev, const DraftOptio
   DeviceArena multi(p.MultiGeometry(), w.multi_before), single(p.SingleGeometry(), w.single_before);
   PointInputs in(w, pool_dev);
   std::vector<ResolveDesc> launches[kVariants];
-  launches[kMulti].push_back(Desc(multi, in, *in.seq_multi, *in.pos_multi, *in.out_multi, kMulti, true));
+  launches[kMulti].push_back(Desc(multi, in, *in.seq_multi, *in.pos_multi, *in.out_multi, kMulti, true, o.no_fetch));
   for (int32_t t = 0; t < q; ++t) {
     launches[kSeparate].push_back(
-        Desc(single, in, *in.seq_list[t], *in.pos_list[t], *in.out_list[t], kSeparate, false));
+        Desc(single, in, *in.seq_list[t], *in.pos_list[t], *in.out_list[t], kSeparate, false, o.no_fetch));
   }
-  launches[kSingle].push_back(Desc(single, in, *in.seq_list[0], *in.pos_list[0], *in.out_single, kSingle, false));
+  launches[kSingle].push_back(
+      Desc(single, in, *in.seq_list[0], *in.pos_list[0], *in.out_single, kSingle, false, o.no_fetch));
   const DeviceArena* arena[kVariants] = {&multi, &single, &single};
   auto enqueue = [&](int v) {
     for (const ResolveDesc& d : launches[v])
@@ -452,11 +462,11 @@ int ResolveDraftMain(int argc, char** argv) {
         "%s,\"timed\":%s,\"multi_median_us\":%.2f,\"multi_min_us\":%.2f,\"separate_median_us\":%.2f,"
         "\"separate_min_us\":%.2f,\"single_median_us\":%.2f,\"single_min_us\":%.2f,\"multi_over_single\":%.3f,"
         "\"multi_over_separate\":%.3f,\"goal_multi_le_1_3x_single\":%s,\"link_gbps\":%.2f,\"runs\":%d,"
-        "\"l2\":\"%s\",\"check\":\"%s\"}\n",
+        "\"l2\":\"%s\",\"fetch\":%s,\"check\":\"%s\"}\n",
         PointJson("cuda", *w).c_str(), r.median[kMulti] > 0 ? "true" : "false", r.median[kMulti], r.min[kMulti],
         r.median[kSeparate], r.min[kSeparate], r.median[kSingle], r.min[kSingle], vs_single, vs_separate,
         vs_single > 0 && vs_single <= 1.3 ? "true" : "false", link, o.runs, o.scrub_l2 ? "cold" : "warm",
-        why.empty() ? "ok" : ("FAILED: " + why).c_str());
+        o.no_fetch ? "false" : "true", why.empty() ? "ok" : ("FAILED: " + why).c_str());
     std::fflush(stdout);
     char line[256];
     std::snprintf(line, sizeof line, "%5d %5d %6d %10.1f %12.1f %10.1f %13.3f %15.3f %10s  %s", p.draft_tokens, p.batch,
@@ -465,12 +475,13 @@ int ResolveDraftMain(int argc, char** argv) {
     table.push_back(line);
   }
   std::fprintf(stderr,
-               "\nRESOLVE, one steady-state decode step of n+1 query tokens (k=%d, lists overlap %g, L2 %s; "
+               "\nRESOLVE, one steady-state decode step of n+1 query tokens (k=%d, lists overlap %g, L2 %s%s; "
                "median us of %d runs)\n  multi: one multi-query launch; separate: n+1 single-query launches of the "
                "same lists; single: list 0 alone (goal: multi <= 1.3 x single)\n%5s %5s %6s %10s %12s %10s %13s "
                "%15s %10s  %s\n",
-               o.base.k, o.base.overlap, o.scrub_l2 ? "cold" : "warm", o.runs, "n", "batch", "B", "multi_us",
-               "separate_us", "single_us", "multi/single", "multi/separate", "<=1.3x", "check");
+               o.base.k, o.base.overlap, o.scrub_l2 ? "cold" : "warm", o.no_fetch ? ", planning only: no fetch" : "",
+               o.runs, "n", "batch", "B", "multi_us", "separate_us", "single_us", "multi/single", "multi/separate",
+               "<=1.3x", "check");
   for (const std::string& l : table) std::fprintf(stderr, "%s\n", l.c_str());
   cudaStreamDestroy(st);
   return rc;
