@@ -343,12 +343,12 @@ __global__ void __launch_bounds__(kThreads)
   // Fetch: warp w copies the records of first-miss selections x = w, w + kWarps, ... (16-byte units).
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int units = static_cast<int>(a.geometry.record_bytes / 16);
-  const uint8_t* host = d.host.layer_base[a.RowLayer(row, d.layer)];
+  uint8_t* const* table = d.host.Table(a.geometry, row, d.layer);
   for (int x = warp; x < q * K; x += kWarps) {
     if (t.kind[x] != kMissFirst) continue;  // warp-uniform
     const int pos = sel[x];
     const int s = t.victim[t.miss_rank[x]];
-    const int4* src = reinterpret_cast<const int4*>(host + static_cast<size_t>(pos) * a.geometry.record_bytes);
+    const int4* src = reinterpret_cast<const int4*>(d.host.RecordIn(table, pos, a.geometry.record_bytes));
     int4* dst = reinterpret_cast<int4*>(a.Record(row, d.layer, s));
     for (int u = lane; u < units; u += 32) dst[u] = src[u];
   }
