@@ -55,14 +55,25 @@ MappedPool::MappedPool(size_t n) : bytes(n) {
   BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), host, 0));
 }
 
-ResolveInputs::ResolveInputs(const ArenaGeometry& g, uint8_t* pool_dev, int batch, int seq, cudaStream_t stream) {
-  const uint32_t rb = g.record_bytes;
+namespace {
+std::vector<uint8_t*> ContiguousRuns(uint8_t* pool_dev, int batch, int seq, uint32_t rb) {
   std::vector<uint8_t*> base(batch);
   for (int r = 0; r < batch; ++r) base[r] = pool_dev + static_cast<size_t>(r) * seq * rb;
+  return base;
+}
+}  // namespace
+
+ResolveInputs::ResolveInputs(const ArenaGeometry& g, uint8_t* pool_dev, int batch, int seq, cudaStream_t stream)
+    : ResolveInputs(g, ContiguousRuns(pool_dev, batch, seq, g.record_bytes), kContiguousRecordsPerPage, 1, batch, seq,
+                    stream) {}
+
+ResolveInputs::ResolveInputs(const ArenaGeometry& g, const std::vector<uint8_t*>& table, uint32_t rpp, uint32_t ppe,
+                             int batch, int seq, cudaStream_t stream)
+    : records_per_page(rpp), pages_per_entry(ppe) {
   std::vector<int32_t> caps(batch, seq), rows(batch), seqs(batch, seq);
   for (int r = 0; r < batch; ++r) rows[r] = r;
-  BENCH_CUDA(cudaMalloc(&d_base, batch * sizeof(uint8_t*)));
-  BENCH_CUDA(cudaMemcpy(d_base, base.data(), batch * sizeof(uint8_t*), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&d_base, table.size() * sizeof(uint8_t*)));
+  BENCH_CUDA(cudaMemcpy(d_base, table.data(), table.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice));
   BENCH_CUDA(cudaMalloc(&d_cap, batch * 4));
   BENCH_CUDA(cudaMemcpy(d_cap, caps.data(), batch * 4, cudaMemcpyHostToDevice));
   BENCH_CUDA(cudaMalloc(&d_rows, batch * 4));

@@ -66,14 +66,22 @@ struct L2Scrubber {
   void* buf = nullptr;
 };
 
-// The device-side inputs of one RESOLVE launch over rows 0..batch-1, every row at seq_len `seq`
-// with its host run at pool_dev + r * seq * record_bytes: host record map, rows, seq_lens, batch
-// size, positions / out_slots / error flags, and a workspace zeroed on `stream`. Owns them all.
+// The device-side inputs of one RESOLVE launch over rows 0..batch-1, every row at seq_len `seq`:
+// host page tables (one layer), rows, seq_lens, batch size, positions / out_slots / error flags,
+// and a workspace zeroed on `stream`. Owns them all.
 struct ResolveInputs {
+  // Row r's host run at pool_dev + r * seq * record_bytes (one page per row).
   ResolveInputs(const ArenaGeometry& g, uint8_t* pool_dev, int batch, int seq, cudaStream_t stream);
+  // Row r's pages at table[r * pages_per_entry + i] (device addresses), records_per_page each.
+  ResolveInputs(const ArenaGeometry& g, const std::vector<uint8_t*>& table, uint32_t records_per_page,
+                uint32_t pages_per_entry, int batch, int seq, cudaStream_t stream);
   ~ResolveInputs();
   ResolveInputs(const ResolveInputs&) = delete;
   ResolveInputs& operator=(const ResolveInputs&) = delete;
+
+  HostRecordMap host() const { return HostRecordMap{d_base, d_cap, records_per_page, pages_per_entry}; }
+  uint32_t records_per_page = kContiguousRecordsPerPage;
+  uint32_t pages_per_entry = 1;
 
   uint8_t** d_base = nullptr;
   int32_t *d_cap = nullptr, *d_rows = nullptr, *d_seqs = nullptr, *d_batch = nullptr, *d_pos = nullptr,

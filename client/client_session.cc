@@ -381,12 +381,13 @@ void ClientSession::DropSegments(const std::vector<v1::Extent>& extents) {
 }
 
 absl::Status ClientSession::PublishRow(uint32_t row, const Request* r) {
-  if (r == nullptr) return backend_->SetHostMapRow(static_cast<int32_t>(row), nullptr, 0);
+  if (r == nullptr) return backend_->SetHostMapRow(static_cast<int32_t>(row), nullptr, 0, 0);
   std::vector<const uint8_t*> bases(r->extents.size());
   for (size_t l = 0; l < r->extents.size(); ++l) {
     bases[l] = segments_.at(r->extents[l].segment()).kernel_addr + r->extents[l].offset();
   }
-  return backend_->SetHostMapRow(static_cast<int32_t>(row), bases.data(), static_cast<int32_t>(r->capacity));
+  // One contiguous run per layer: one page per (row, layer) table (the backend's default R).
+  return backend_->SetHostMapRow(static_cast<int32_t>(row), bases.data(), 1, static_cast<int32_t>(r->capacity));
 }
 
 absl::StatusOr<ClientSession::Request> ClientSession::InstallRequest(

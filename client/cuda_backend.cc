@@ -34,11 +34,11 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend(int gpu, const ArenaGeometry& g) : gpu_(gpu), g_(g) {}
+  CudaBackend(int gpu, const ArenaGeometry& g, const HostPageGeometry& p) : gpu_(gpu), g_(g), pages_(p) {}
 
   absl::Status Init() {
     if (auto e = cudaSetDevice(gpu_); e != cudaSuccess) return CudaError(e, absl::StrCat("cudaSetDevice(", gpu_, ")"));
-    const size_t rows = g_.max_rows, entries = rows * g_.num_layers;
+    const size_t rows = g_.max_rows, entries = rows * g_.num_layers * pages_.pages_per_entry;
     host_base_.assign(entries, nullptr);
     if (auto e = DeviceBuffer::Allocate(entries * sizeof(uint8_t*), &dev_base_); e != cudaSuccess) {
       return CudaError(e, "host map");
@@ -60,7 +60,7 @@ class CudaBackend final : public DeviceBackend {
       return CudaError(e, "error flags");
     cudaMemset(errors_.get(), 0, sizeof(uint32_t));
     if (auto e = DeviceBuffer::Allocate(sizeof(uint32_t), &store_check_); e != cudaSuccess)
-      return CudaError(e, "indexed store check word");
+      return CudaError(e, "store check word");
     if (auto e = DeviceBuffer::Allocate(ResolveWorkspaceBytes(g_, g_.max_rows), &workspace_); e != cudaSuccess) {
       return CudaError(e, "RESOLVE workspace");
     }
@@ -118,17 +118,19 @@ class CudaBackend final : public DeviceBackend {
   }
 
   HostRecordMap host_map() const override {
-    return HostRecordMap{dev_base_.as<uint8_t*>(), dev_capacity_.as<int32_t>()};
+    return HostRecordMap{dev_base_.as<uint8_t*>(), dev_capacity_.as<int32_t>(), pages_.records_per_page,
+                         pages_.pages_per_entry};
   }
 
-  absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) override {
-    const size_t first = static_cast<size_t>(row) * g_.num_layers;
-    for (int32_t l = 0; l < g_.num_layers; ++l) {
-      host_base_[first + l] = layer_base ? const_cast<uint8_t*>(layer_base[l]) : nullptr;
-    }
+  absl::Status SetHostMapRow(int32_t row, const uint8_t* const* pages, uint32_t pages_given,
+                             int32_t capacity) override {
+    if (absl::Status st = CheckHostMapRow(g_, pages_, row, pages, pages_given, capacity); !st.ok()) return st;
+    FillHostMapRow(g_, pages_, row, pages, pages_given, capacity, host_base_.data());
+    const size_t per_row = static_cast<size_t>(g_.num_layers) * pages_.pages_per_entry;
+    const size_t first = static_cast<size_t>(row) * per_row;
     // Control path: synchronous copies, so the next data-path launch sees the row.
-    if (auto e = cudaMemcpy(dev_base_.as<uint8_t*>() + first, host_base_.data() + first,
-                            g_.num_layers * sizeof(uint8_t*), cudaMemcpyHostToDevice);
+    if (auto e = cudaMemcpy(dev_base_.as<uint8_t*>() + first, host_base_.data() + first, per_row * sizeof(uint8_t*),
+                            cudaMemcpyHostToDevice);
         e != cudaSuccess) {
       return CudaError(e, "publishing a row of the host map");
     }
@@ -151,7 +153,10 @@ class CudaBackend final : public DeviceBackend {
     return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), launch_, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");
   }
-  absl::Status Store(const StoreDesc& d, void* stream) override {
+  absl::Status Store(const StoreDesc& desc, void* stream) override {
+    StoreDesc d = desc;
+    d.check = store_check_.as<uint32_t>();
+    d.error_flags = errors_.as<uint32_t>();
     return CudaError(LaunchStore(d, static_cast<cudaStream_t>(stream)), "store launch");
   }
   absl::Status StoreIndexed(const IndexedStoreDesc& desc, void* stream) override {
@@ -234,17 +239,18 @@ class CudaBackend final : public DeviceBackend {
 
   const int gpu_;
   const ArenaGeometry g_;
+  const HostPageGeometry pages_;
   DeviceBuffer arena_;                               // the private arena (the engine asked for one), else empty
   std::unique_ptr<cuvmm::VmmMapping> shared_arena_;  // the daemon's GPU arena, mapped here (cuda-vmm)
   std::unique_ptr<cuvmm::IpcMapping> ipc_arena_;     // or opened here (cuda-ipc)
   cuvmm::ImportTimes import_times_;
   ArenaView view_{};
   std::vector<uint8_t*> host_base_;
-  DeviceBuffer dev_base_;            // uint8_t*[rows * layers]: the host record map's bases
+  DeviceBuffer dev_base_;            // uint8_t*[rows * layers * pages_per_entry]: the host page tables
   DeviceBuffer dev_capacity_;        // int32_t[rows]
   DeviceBuffer counts_;              // int32_t[rows + 1], counts_[i] == i
   DeviceBuffer errors_;              // uint32_t: ResolveError bits
-  DeviceBuffer store_check_;         // uint32_t: the indexed store's index verdict (stores are ordered)
+  DeviceBuffer store_check_;         // uint32_t: a store's check verdict (stores are ordered)
   DeviceBuffer workspace_;           // RESOLVE's
   ResolveLaunchConfig launch_;       // PrepareResolveLaunch's for gpu_ and g_, at Init
   std::vector<DeviceBuffer> plans_;  // miss plans of anchor layers
@@ -252,7 +258,8 @@ class CudaBackend final : public DeviceBackend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g) {
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,
+                                                               const HostPageGeometry& pages) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     return absl::UnavailableError("no CUDA device is present: use the host backend");
@@ -260,7 +267,7 @@ absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const Ar
   if (gpu < 0 || gpu >= count) {
     return absl::InvalidArgumentError(absl::StrCat("gpu ", gpu, " is not a CUDA device here (", count, " present)"));
   }
-  auto backend = std::make_unique<CudaBackend>(gpu, g);
+  auto backend = std::make_unique<CudaBackend>(gpu, g, pages);
   if (auto st = backend->Init(); !st.ok()) return st;
   return backend;
 }

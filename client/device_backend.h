@@ -54,10 +54,15 @@ class DeviceBackend {
   // Seconds the last Attach of a GPU form spent importing and mapping (benchmarks).
   virtual void LastImportTimes(double* import_s, double* map_s) const { *import_s = *map_s = 0; }
 
-  // The host record map that kernels read: (row, layer) -> kernel-visible address of position 0.
+  // The host page tables that kernels read (arena_layout.h), of the HostPageGeometry the backend
+  // was made with: (row, layer, page) -> kernel-visible page address.
   virtual HostRecordMap host_map() const = 0;
-  // Publishes one row's entry (layers pointers in kernel address space; null + 0 clears it).
-  virtual absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) = 0;
+  // Publishes row `row`'s tables, layer-major: pages[l * pages_given + i], i < pages_given <=
+  // pages_per_entry, in kernel address space, bit 0 set for a read-only (shared) page; the rest of
+  // the row's table becomes null. capacity 0 clears the row (pages may then be null). Bad input
+  // (CheckHostMapRow) is InvalidArgument and changes nothing.
+  virtual absl::Status SetHostMapRow(int32_t row, const uint8_t* const* pages, uint32_t pages_given,
+                                     int32_t capacity) = 0;
 
   virtual absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) = 0;
   // Returns InvalidArgument naming the error bits when the backend can tell at once (host).
@@ -82,9 +87,27 @@ class DeviceBackend {
   virtual absl::StatusOr<ArenaCounters> ReadCounters() = 0;
 };
 
-std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g);
+// The shape of a session's host page tables (arena_layout.h): R, records per page, and the table
+// stride of one (row, layer). The default is one contiguous run per (row, layer).
+struct HostPageGeometry {
+  uint32_t records_per_page = kContiguousRecordsPerPage;
+  uint32_t pages_per_entry = 1;
+};
+
+// SetHostMapRow's checks, shared by the backends: row in [0, max_rows); capacity >= 0; for
+// capacity > 0, pages_given in [1, pages_per_entry], capacity <= pages_given * R and, in every
+// layer, the ceil(capacity / R) pages that hold positions non-null; every non-null page 16-byte
+// aligned once bit 0 (read-only) is cleared.
+absl::Status CheckHostMapRow(const ArenaGeometry& g, const HostPageGeometry& p, int32_t row,
+                             const uint8_t* const* pages, uint32_t pages_given, int32_t capacity);
+// Writes row `row`'s tables (already checked) into `table` ([max_rows * layers * pages_per_entry]).
+void FillHostMapRow(const ArenaGeometry& g, const HostPageGeometry& p, int32_t row, const uint8_t* const* pages,
+                    uint32_t pages_given, int32_t capacity, uint8_t** table);
+
+std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g, const HostPageGeometry& pages = {});
 // Available in CUDA builds (HISPARSE_HAVE_CUDA); elsewhere returns Unimplemented.
-absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g);
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,
+                                                               const HostPageGeometry& pages = {});
 
 // The environment variable by which an engine asks for a private GPU arena (value "1").
 inline constexpr char kPrivateGpuArenaEnv[] = "HISPARSE_PRIVATE_GPU_ARENA";

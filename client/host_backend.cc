@@ -21,6 +21,7 @@ std::string DescribeResolveErrors(uint32_t bits) {
   if (bits & kResolveBadIndex) what.push_back("a source index outside [0, src_tokens) of the source pool");
   if (bits & kResolveBadQueryCount) what.push_back("a query or token count outside [1, draft_tokens + 1]");
   if (bits & kResolveUnionTooLarge) what.push_back("the union of a row's query lists larger than slots (B)");
+  if (bits & kResolveReadOnlyPage) what.push_back("a write into a read-only (shared) host page");
   return absl::StrCat("invalid data-path input (the state of those rows, or of that store's request, is unchanged): ",
                       absl::StrJoin(what, "; "));
 }
@@ -35,14 +36,58 @@ absl::Status PrivateGpuArenaAllowed(const char* request) {
       kPrivateGpuArenaEnv, "=1 to keep a private GPU arena anyway"));
 }
 
+absl::Status CheckHostMapRow(const ArenaGeometry& g, const HostPageGeometry& p, int32_t row,
+                             const uint8_t* const* pages, uint32_t pages_given, int32_t capacity) {
+  if (row < 0 || row >= g.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("host map: row ", row, " outside [0, ", g.max_rows, ")"));
+  }
+  if (capacity < 0) return absl::InvalidArgumentError(absl::StrCat("host map: capacity ", capacity, " < 0"));
+  if (capacity == 0) return absl::OkStatus();
+  if (pages == nullptr || pages_given < 1 || pages_given > p.pages_per_entry) {
+    return absl::InvalidArgumentError(absl::StrCat("host map: row ", row, " given ", pages_given,
+                                                   " pages per layer (null or outside [1, ", p.pages_per_entry, "])"));
+  }
+  const uint64_t needed = (static_cast<uint64_t>(capacity) + p.records_per_page - 1) / p.records_per_page;
+  if (needed > pages_given) {
+    return absl::InvalidArgumentError(absl::StrCat("host map: capacity ", capacity, " needs ", needed, " pages of ",
+                                                   p.records_per_page, " records per layer, ", pages_given, " given"));
+  }
+  for (int32_t l = 0; l < g.num_layers; ++l) {
+    for (uint32_t i = 0; i < pages_given; ++i) {
+      const uint8_t* page = pages[static_cast<size_t>(l) * pages_given + i];
+      if (page == nullptr && i < needed) {
+        return absl::InvalidArgumentError(absl::StrCat("host map: row ", row, " layer ", l, " page ", i,
+                                                       " is null but holds positions below the capacity"));
+      }
+      if (reinterpret_cast<uintptr_t>(HostRecordMap::PageAddress(page)) % kRecordAlign != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("host map: row ", row, " layer ", l, " page ", i, " is not 16-byte aligned"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillHostMapRow(const ArenaGeometry& g, const HostPageGeometry& p, int32_t row, const uint8_t* const* pages,
+                    uint32_t pages_given, int32_t capacity, uint8_t** table) {
+  const size_t ppe = p.pages_per_entry;
+  for (int32_t l = 0; l < g.num_layers; ++l) {
+    uint8_t** t = table + (static_cast<size_t>(row) * g.num_layers + l) * ppe;
+    for (size_t i = 0; i < ppe; ++i) {
+      const bool given = capacity > 0 && i < pages_given;
+      t[i] = given ? const_cast<uint8_t*>(pages[static_cast<size_t>(l) * pages_given + i]) : nullptr;
+    }
+  }
+}
+
 namespace {
 
 class HostBackend final : public DeviceBackend {
  public:
-  explicit HostBackend(const ArenaGeometry& g)
+  HostBackend(const ArenaGeometry& g, const HostPageGeometry& p)
       : geometry_(g),
-        layers_(g.num_layers),
-        layer_base_(static_cast<size_t>(g.max_rows) * g.num_layers, nullptr),
+        pages_(p),
+        page_base_(static_cast<size_t>(g.max_rows) * g.num_layers * p.pages_per_entry, nullptr),
         capacity_(g.max_rows, 0) {}
 
   hs_backend kind() const override { return HS_BACKEND_HOST; }
@@ -58,11 +103,13 @@ class HostBackend final : public DeviceBackend {
     counters_ = v.counters;
     return v;
   }
-  HostRecordMap host_map() const override { return HostRecordMap{layer_base_.data(), capacity_.data()}; }
-  absl::Status SetHostMapRow(int32_t row, const uint8_t* const* layer_base, int32_t capacity) override {
-    for (int32_t l = 0; l < layers_; ++l) {
-      layer_base_[static_cast<size_t>(row) * layers_ + l] = layer_base ? const_cast<uint8_t*>(layer_base[l]) : nullptr;
-    }
+  HostRecordMap host_map() const override {
+    return HostRecordMap{page_base_.data(), capacity_.data(), pages_.records_per_page, pages_.pages_per_entry};
+  }
+  absl::Status SetHostMapRow(int32_t row, const uint8_t* const* pages, uint32_t pages_given,
+                             int32_t capacity) override {
+    if (absl::Status st = CheckHostMapRow(geometry_, pages_, row, pages, pages_given, capacity); !st.ok()) return st;
+    FillHostMapRow(geometry_, pages_, row, pages, pages_given, capacity, page_base_.data());
     capacity_[row] = capacity;
     return absl::OkStatus();
   }
@@ -102,19 +149,21 @@ class HostBackend final : public DeviceBackend {
     return bits == 0 ? absl::OkStatus() : absl::InvalidArgumentError(DescribeResolveErrors(bits));
   }
   const ArenaGeometry geometry_;
-  const int32_t layers_;
+  const HostPageGeometry pages_;
   const ArenaCounters* counters_ = nullptr;
   std::vector<std::unique_ptr<int32_t[]>> plans_;  // miss plans of anchor layers
-  std::vector<uint8_t*> layer_base_;
+  std::vector<uint8_t*> page_base_;                // [max_rows * layers * pages_per_entry]
   std::vector<int32_t> capacity_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g) { return std::make_unique<HostBackend>(g); }
+std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g, const HostPageGeometry& pages) {
+  return std::make_unique<HostBackend>(g, pages);
+}
 
 #ifndef HISPARSE_HAVE_CUDA
-absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int, const ArenaGeometry&) {
+absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int, const ArenaGeometry&, const HostPageGeometry&) {
   return absl::UnimplementedError("this libhisparse was built without CUDA: use the host backend");
 }
 #endif

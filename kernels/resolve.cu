@@ -85,6 +85,14 @@ const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n) {
   return nullptr;
 }
 
+// The page-table shape every launcher needs (arena_layout.h): R >= 1 and a table of >= 1 page.
+const char* CheckHostMap(const HostRecordMap& h) {
+  if (h.records_per_page < 1 || h.pages_per_entry < 1) {
+    return "host map: records_per_page and pages_per_entry must be >= 1";
+  }
+  return nullptr;
+}
+
 }  // namespace internal
 
 const char* LastLaunchError() { return internal::g_last_error.c_str(); }
@@ -257,25 +265,26 @@ __device__ __forceinline__ int SegmentRounds(int n, int start, int seg) {
   return len > 0 ? (len + 31) / 32 : 0;
 }
 
-// One warp copies `count` (<= 32) records: lane r < count holds record r's source and
-// destination byte offsets. Units of 16 bytes are spread over the lanes across record borders.
-// When the chunk's records are consecutive in the host pool (a run of positions), the lanes are
+// One warp copies `count` (<= 32) records: lane r < count holds record r's source address (its
+// host page's address plus its offset in the page, SourceOf) and destination byte offset. Units of
+// 16 bytes are spread over the lanes across record borders.
+// When the chunk's records are consecutive in host memory (a run of positions in one page), the lanes are
 // shifted so that every warp-wide load covers a 512-byte window aligned to 128 bytes in host
 // memory: fewer, fuller PCIe read requests for record sizes that are not multiples of 128.
 // UPR: the record's 16-byte units when compiled for its size (DispatchRecordBytes), 0: upr_rt.
 template <int UPR, int U>
-__device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base, uint8_t* __restrict__ dst_base,
-                                          long long src_off, long long dst_off, int count, int upr_rt) {
+__device__ __forceinline__ void CopyChunk(uint8_t* __restrict__ dst_base, long long src_addr, long long dst_off,
+                                          int count, int upr_rt) {
   const int upr = UPR ? UPR : upr_rt;
   const int lane = threadIdx.x & 31;
   const int n = count * upr;
   int lead = 0;
   {
-    const long long next = __shfl_down_sync(~0u, src_off, 1);
-    const bool run = lane + 1 >= count || next == src_off + upr * 16;
+    const long long next = __shfl_down_sync(~0u, src_addr, 1);
+    const bool run = lane + 1 >= count || next == src_addr + upr * 16;
     if (__all_sync(~0u, run)) {
-      const long long s0 = __shfl_sync(~0u, src_off, 0);
-      lead = static_cast<int>((reinterpret_cast<uintptr_t>(src_base + s0) & 127) >> 4);
+      const long long s0 = __shfl_sync(~0u, src_addr, 0);
+      lead = static_cast<int>((s0 & 127) >> 4);
     }
   }
   for (int base = -lead; base < n; base += 32 * U) {
@@ -285,8 +294,8 @@ __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base, 
       const int u = base + t * 32 + lane;
       int rec = static_cast<int>(static_cast<unsigned>(u < 0 ? 0 : u) / static_cast<unsigned>(upr));
       if (rec >= count) rec = count - 1;
-      const long long so = __shfl_sync(~0u, src_off, rec);
-      if (u >= 0 && u < n) v[t] = LdHost(src_base + so + (u - rec * upr) * 16);
+      const long long so = __shfl_sync(~0u, src_addr, rec);
+      if (u >= 0 && u < n) v[t] = LdHost(reinterpret_cast<const uint8_t*>(so + (u - rec * upr) * 16));
     }
 #pragma unroll
     for (int t = 0; t < U; ++t) {
@@ -299,10 +308,10 @@ __device__ __forceinline__ void CopyChunk(const uint8_t* __restrict__ src_base, 
   }
 }
 
-__device__ __forceinline__ void RowBases(const ResolveDesc& d, int row, const uint8_t** src, uint8_t** dst) {
-  const ArenaView& a = d.arena;
-  *src = d.host.layer_base[a.RowLayer(row, d.layer)];
-  *dst = a.Record(row, d.layer, 0);
+// A chunk lane's source: the host address of position `pos` of a (row, layer) page table, as the
+// integer CopyChunk reads from (one division by R per record; the copy loops see only addresses).
+__device__ __forceinline__ long long SourceOf(const HostRecordMap& h, uint8_t* const* table, int pos, uint32_t rb) {
+  return static_cast<long long>(reinterpret_cast<uintptr_t>(h.RecordIn(table, pos, rb)));
 }
 
 // One warp: an END entry for every other warp of the grid after the last published entry. An
@@ -751,13 +760,10 @@ __device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const Plan
     const int cnt = M - start < rw ? M - start : rw;
     long long so = 0, dof = 0;
     if (lane < cnt) {
-      so = static_cast<long long>(c.miss_pos[start + lane]) * g.record_bytes;
+      so = SourceOf(d.host, d.host.Table(g, row, d.layer), c.miss_pos[start + lane], g.record_bytes);
       dof = static_cast<long long>(c.miss_slot[start + lane]) * g.record_bytes;
     }
-    const uint8_t* src;
-    uint8_t* dst;
-    RowBases(d, row, &src, &dst);
-    CopyChunk<UPR, kDirectUnroll>(src, dst, so, dof, cnt, static_cast<int>(g.record_bytes / 16));
+    CopyChunk<UPR, kDirectUnroll>(d.arena.Record(row, d.layer, 0), so, dof, cnt, static_cast<int>(g.record_bytes / 16));
   }
 }
 
@@ -835,13 +841,10 @@ __device__ void Consume(const ResolveParams& p) {
     long long so = 0, dof = 0;
     if (lane < cnt) {
       const int2 pe = __ldcg(p.plan + static_cast<size_t>(i) * K + start + lane);
-      so = static_cast<long long>(pe.x) * rb;
+      so = SourceOf(d.host, d.host.Table(d.arena.geometry, row, d.layer), pe.x, rb);
       dof = static_cast<long long>(pe.y) * rb;
     }
-    const uint8_t* src;
-    uint8_t* dst;
-    RowBases(d, row, &src, &dst);
-    CopyChunk<UPR, kConsumeUnroll>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
+    CopyChunk<UPR, kConsumeUnroll>(d.arena.Record(row, d.layer, 0), so, dof, cnt, static_cast<int>(rb / 16));
   }
 }
 
@@ -941,7 +944,7 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
     }
     const int nch = (misses + rw - 1) / rw;
     const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(g);
-    const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
+    uint8_t* const* table = d.host.Table(g, row, d.layer);
     uint8_t* dst = a.Record(row, d.layer, 0);
     for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
       const int start = c * rw;
@@ -949,10 +952,10 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
       long long so = 0, dof = 0;
       if (lane < cnt) {
         const int2 pe = __ldg(e + start + lane);
-        so = static_cast<long long>(pe.x) * rb;
+        so = SourceOf(d.host, table, pe.x, rb);
         dof = static_cast<long long>(pe.y) * rb;
       }
-      CopyChunk<UPR, kConsumeUnroll>(src, dst, so, dof, cnt, static_cast<int>(rb / 16));
+      CopyChunk<UPR, kConsumeUnroll>(dst, so, dof, cnt, static_cast<int>(rb / 16));
     }
     if (blockIdx.x == 0 && tid == 0) {
       ArenaCounters* c = a.counters;
@@ -1041,11 +1044,11 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   // A layer outside [0, num_layers) is not rejected here: as in the reference, every active row
   // of the launch then reports kResolveBadRow on the device.
   if (d.max_batch < 0) return internal::FailLaunch("max_batch < 0");
-  if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || (!d.out_slots && !d.page_table) ||
-      !d.host.layer_base || !d.host.capacity || !d.arena.slot_pos || !d.arena.lru || !d.arena.records ||
-      !d.arena.counters) {
+  if (!d.batch_size || !d.rows || !d.seq_lens || !d.positions || (!d.out_slots && !d.page_table) || !d.host.page_base ||
+      !d.host.capacity || !d.arena.slot_pos || !d.arena.lru || !d.arena.records || !d.arena.counters) {
     return internal::FailLaunch("a RESOLVE descriptor pointer is null");
   }
+  if (const char* why = internal::CheckHostMap(d.host)) return internal::FailLaunch(why);
   if (d.page_table) {
     if (const char* why = ValidatePageTable(g, d.page_records, d.page_offset)) return internal::FailLaunch(why);
   }
@@ -1119,10 +1122,11 @@ cudaError_t LaunchReplay(const ReplayDesc& d, const ResolveLaunchConfig& config,
   if (d.max_batch < 0 || d.max_batch > d.plan.max_batch) {
     return internal::FailLaunch("replay: max_batch outside [0, the plan's max_batch]");
   }
-  if (!d.plan.batch || !d.plan.summary || !d.plan.entries || !d.host.layer_base || !d.arena.slot_pos || !d.arena.lru ||
+  if (!d.plan.batch || !d.plan.summary || !d.plan.entries || !d.host.page_base || !d.arena.slot_pos || !d.arena.lru ||
       !d.arena.records || !d.arena.counters) {
     return internal::FailLaunch("a replay descriptor pointer is null");
   }
+  if (const char* why = internal::CheckHostMap(d.host)) return internal::FailLaunch(why);
   if (d.max_batch == 0) {
     internal::SetLaunchError("");
     return cudaSuccess;

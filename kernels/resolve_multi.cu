@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kFetchThreads)
   const int row = d.rows[blockIdx.y];
   const uint32_t rb = a.geometry.record_bytes;
   const int upr = UPR ? UPR : static_cast<int>(rb / 16);
-  const uint8_t* src = d.host.layer_base[a.RowLayer(row, d.layer)];
+  uint8_t* const* table = d.host.Table(a.geometry, row, d.layer);
   uint8_t* dst = a.Record(row, d.layer, 0);
   const int lane = threadIdx.x & 31;
   const int chunks = (misses + kFetchRecords - 1) / kFetchRecords;
@@ -403,6 +403,8 @@ __global__ void __launch_bounds__(kFetchThreads)
     const int start = c * kFetchRecords;
     const int count = misses - start < kFetchRecords ? misses - start : kFetchRecords;
     const int2 e = lane < count ? list[start + lane] : make_int2(0, 0);
+    // Lane r < count: record r's host address, looked up in the page table once.
+    const long long src = lane < count ? reinterpret_cast<long long>(d.host.RecordIn(table, e.x, rb)) : 0;
     const int n = count * upr;
     for (int at = 0; at < n; at += 32 * kFetchUnroll) {
       int4 v[kFetchUnroll];
@@ -410,8 +412,8 @@ __global__ void __launch_bounds__(kFetchThreads)
       for (int t = 0; t < kFetchUnroll; ++t) {
         const int u = at + t * 32 + lane;
         const int rec = u < n ? u / upr : 0;
-        const int pos = __shfl_sync(~0u, e.x, rec);
-        if (u < n) v[t] = LdHostRecord(src + static_cast<size_t>(pos) * rb + (u - rec * upr) * 16);
+        const long long from = __shfl_sync(~0u, src, rec);
+        if (u < n) v[t] = LdHostRecord(reinterpret_cast<const uint8_t*>(from) + (u - rec * upr) * 16);
       }
 #pragma unroll
       for (int t = 0; t < kFetchUnroll; ++t) {

@@ -30,9 +30,9 @@ int32_t ActiveRows(const int32_t* batch_size, int32_t max_batch) {
 
 bool LayerInRange(const ArenaView& a, int32_t layer) { return layer >= 0 && layer < a.geometry.num_layers; }
 
-// Host record of `pos` in (row, layer): the row's runs are contiguous, position 0 first.
+// Host record of `pos` in (row, layer), through the row's page table (arena_layout.h).
 uint8_t* HostRecord(const ArenaView& a, const HostRecordMap& h, int32_t row, int32_t layer, int32_t pos) {
-  return h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(pos) * a.geometry.record_bytes;
+  return h.Record(a.geometry, row, layer, pos);
 }
 
 // Positions in [-1, seq_len) and no non-padding position twice. Returns the error bits.
@@ -278,7 +278,8 @@ namespace {
 // Store validity (resolve.h, IndexedStoreDesc), in this order: row, then layer range
 // (kResolveBadRow); start_pos >= 0, num_tokens >= 0 (kResolveBadPosition); start_pos + num_tokens
 // <= seq_len_after <= capacity, seq_len_after >= 1 (kResolveBadSeqLen); every source index in
-// [0, src_tokens) (kResolveBadIndex). Source token t is position start_pos + t.
+// [0, src_tokens) (kResolveBadIndex); every page the store writes writable (kResolveReadOnlyPage).
+// Source token t is position start_pos + t.
 uint32_t CheckStore(const IndexedStoreDesc& d) {
   const ArenaGeometry& g = d.arena.geometry;
   if (d.row < 0 || d.row >= g.max_rows) return kResolveBadRow;
@@ -292,6 +293,9 @@ uint32_t CheckStore(const IndexedStoreDesc& d) {
     for (int32_t t = 0; t < d.num_tokens; ++t) {
       if (d.src_index[t] < 0 || d.src_index[t] >= d.src_tokens) return kResolveBadIndex;
     }
+  }
+  for (int32_t l = d.first_layer; l < d.first_layer + d.num_layers; ++l) {
+    if (!d.host.RangeWritable(g, d.row, l, d.start_pos, d.start_pos + d.num_tokens)) return kResolveReadOnlyPage;
   }
   return 0;
 }
@@ -352,7 +356,8 @@ uint32_t AppendReference(const AppendDesc& d) {
     const int32_t row = d.rows[i];
     const int32_t seq_len = d.seq_lens[i];
     const int32_t q = QueryCount(d.token_counts, i);
-    const uint32_t err = layer_ok ? CheckEntry(a, d.host, row, q, seq_len) : static_cast<uint32_t>(kResolveBadRow);
+    uint32_t err = layer_ok ? CheckEntry(a, d.host, row, q, seq_len) : static_cast<uint32_t>(kResolveBadRow);
+    if (err == 0 && !d.host.RangeWritable(a.geometry, row, d.layer, seq_len - q, seq_len)) err = kResolveReadOnlyPage;
     if (err != 0) {
       all_errors |= err;
       continue;

@@ -4,10 +4,11 @@
 // regular slot that already holds a position being rewritten. The plain store is the indexed store
 // of every layer with index t for token t (src_index null), as in the reference: one kernel.
 //
-// An indexed store's source indices live in device memory, so the host cannot check them: a
-// one-block check kernel writes the verdict to the descriptor's check word (and ORs
-// kResolveBadIndex into error_flags) and the copy kernel, next on the stream, reads it first and
-// writes nothing when it is set. Both are plain launches, so the pair is graph-capturable.
+// An indexed store's source indices and every store's host page table live in device memory, so
+// the host cannot check them: a one-block check kernel (every store) writes the verdict to the
+// descriptor's check word (and ORs kResolveBadIndex or kResolveReadOnlyPage into error_flags) and
+// the copy kernel, next on the stream, reads it first and writes nothing when it is set. Both are
+// plain launches, so the pair is graph-capturable. Append checks its entry's few pages itself.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -21,6 +22,7 @@ void SetLaunchError(const char* msg);
 cudaError_t FailLaunch(const std::string& msg);
 cudaError_t CheckLaunched();
 const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n);
+const char* CheckHostMap(const HostRecordMap& h);
 }  // namespace internal
 
 namespace {
@@ -38,22 +40,37 @@ __device__ __forceinline__ void WarpCopy(uint8_t* dst, const uint8_t* src, uint3
 }
 
 __device__ __forceinline__ uint8_t* HostRec(const ArenaView& a, const HostRecordMap& h, int row, int layer, int pos) {
-  return h.layer_base[a.RowLayer(row, layer)] + static_cast<size_t>(pos) * a.geometry.record_bytes;
+  return h.Record(a.geometry, row, layer, pos);
 }
 
-// Indexed store's check: every source index in [0, src_tokens). One block; writes the verdict
-// (0 or kResolveBadIndex) to *check unconditionally, so a graph replay needs no reset.
+// A store's check, before anything is written: every source index in [0, src_tokens) (indexed
+// stores), and every host page the store writes (the pages of positions [start_pos, start_pos +
+// num_tokens) in every layer of the range) writable. One block; writes the verdict (0,
+// kResolveBadIndex, else kResolveReadOnlyPage: the reference's order) to *check unconditionally,
+// so a graph replay needs no reset.
 constexpr int kCheckThreads = 1024;
-__global__ void __launch_bounds__(kCheckThreads) StoreIndexCheckKernel(const IndexedStoreDesc d) {
-  bool bad = false;
-  for (int t = threadIdx.x; t < d.num_tokens; t += kCheckThreads) {
+__global__ void __launch_bounds__(kCheckThreads) StoreCheckKernel(const IndexedStoreDesc d) {
+  bool bad_index = false, read_only = false;
+  for (int t = threadIdx.x; d.src_index && t < d.num_tokens; t += kCheckThreads) {
     const int32_t x = d.src_index[t];
-    bad |= x < 0 || x >= d.src_tokens;
+    bad_index |= x < 0 || x >= d.src_tokens;
   }
-  bad = __syncthreads_or(bad) != 0;
+  const HostRecordMap& h = d.host;
+  if (d.num_tokens > 0 && d.seq_len_after <= h.capacity[d.row]) {  // else the copy writes nothing anyway
+    const uint32_t first = static_cast<uint32_t>(d.start_pos) / h.records_per_page;
+    const uint32_t pages = static_cast<uint32_t>(d.start_pos + d.num_tokens - 1) / h.records_per_page - first + 1;
+    const long long n = static_cast<long long>(pages) * d.num_layers;
+    for (long long x = threadIdx.x; x < n; x += kCheckThreads) {
+      const int layer = d.first_layer + static_cast<int>(x / pages);
+      read_only |= !HostRecordMap::PageWritable(h.Table(d.arena.geometry, d.row, layer)[first + x % pages]);
+    }
+  }
+  bad_index = __syncthreads_or(bad_index) != 0;
+  read_only = __syncthreads_or(read_only) != 0;
   if (threadIdx.x == 0) {
-    *d.check = bad ? kResolveBadIndex : 0u;
-    if (bad && d.error_flags) atomicOr(d.error_flags, kResolveBadIndex);
+    const uint32_t v = bad_index ? kResolveBadIndex : (read_only ? kResolveReadOnlyPage : 0u);
+    *d.check = v;
+    if (v && d.error_flags) atomicOr(d.error_flags, v);
   }
 }
 
@@ -63,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) StoreKernel(const IndexedStoreDesc d
   const ArenaView& a = d.arena;
   const int B = a.geometry.slots;
   const uint32_t rb = a.geometry.record_bytes;
-  if (d.check && *d.check) return;                       // a bad source index: nothing is written
+  if (*d.check) return;                                  // a bad index or a read-only page: nothing is written
   if (d.seq_len_after > d.host.capacity[d.row]) return;  // rejected: nothing is written
   const int layer = d.first_layer + static_cast<int>(blockIdx.y);
   const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -121,6 +138,8 @@ __global__ void __launch_bounds__(kThreads) AppendKernel(const AppendDesc d) {
     err = kResolveBadQueryCount;
   } else if (seq < q || seq > d.host.capacity[row]) {
     err = kResolveBadSeqLen;
+  } else if (!d.host.RangeWritable(a.geometry, row, d.layer, seq - q, seq)) {
+    err = kResolveReadOnlyPage;  // every thread reads the same few table entries: the block agrees
   }
   if (err) {
     if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
@@ -188,16 +207,15 @@ cudaError_t LaunchStoreKernels(const IndexedStoreDesc& d, cudaStream_t stream) {
        d.src_layer_stride % 16 || reinterpret_cast<uintptr_t>(d.src_base) % 16)) {
     return internal::FailLaunch("store: src must be 16-byte aligned with 16-byte multiple strides >= record_bytes");
   }
+  if (!d.host.page_base || !d.host.capacity) return internal::FailLaunch("store: the host map is null");
+  if (const char* why = internal::CheckHostMap(d.host)) return internal::FailLaunch(why);
+  if (!d.check) return internal::FailLaunch("store: a store needs a check word (a device uint32)");
   const bool indexed = d.src_index != nullptr && d.num_tokens > 0;
-  if (indexed && (!d.check || d.src_tokens < 1)) {
-    return internal::FailLaunch("store: an indexed store needs a check word and src_tokens >= 1");
-  }
+  if (indexed && d.src_tokens < 1) return internal::FailLaunch("store: an indexed store needs src_tokens >= 1");
   IndexedStoreDesc k = d;
-  if (!indexed) k.check = nullptr;
-  if (indexed) {
-    StoreIndexCheckKernel<<<1, kCheckThreads, 0, stream>>>(k);
-    if (const cudaError_t e = internal::CheckLaunched(); e != cudaSuccess) return e;
-  }
+  if (!indexed) k.src_index = nullptr;
+  StoreCheckKernel<<<1, kCheckThreads, 0, stream>>>(k);
+  if (const cudaError_t e = internal::CheckLaunched(); e != cudaSuccess) return e;
   const int items = d.num_tokens + g.slots + 1;
   dim3 grid((items + kWarps - 1) / kWarps, d.num_layers);
   StoreKernel<<<grid, kThreads, 0, stream>>>(k);
@@ -223,6 +241,8 @@ cudaError_t LaunchAppend(const AppendDesc& d, cudaStream_t stream) {
   if (d.max_batch < 0 || !d.batch_size || !d.rows || !d.seq_lens) {
     return internal::FailLaunch("append: max_batch < 0 or a null per-batch pointer");
   }
+  if (!d.host.page_base || !d.host.capacity) return internal::FailLaunch("append: the host map is null");
+  if (const char* why = internal::CheckHostMap(d.host)) return internal::FailLaunch(why);
   if (d.max_batch == 0) {
     internal::SetLaunchError("");
     return cudaSuccess;

@@ -63,20 +63,45 @@ class PrefetchWorld {
     return static_cast<T*>(p);
   }
 
+  // Before Init: host records in pages of R records, the first `shared` of row 1 row 0's.
+  void Paged(uint32_t records_per_page, int shared) {
+    R_ = records_per_page;
+    shared_ = shared;
+  }
+  HostRecordMap GpuHost() const { return HostRecordMap{d_base_, d_cap_, R_, ppe_}; }
+  HostRecordMap RefHost(uint8_t* const* base) const { return HostRecordMap{base, ref_caps_.data(), R_, ppe_}; }
+
   void Init() {
     L_ = static_cast<int>(kAnchor.size());
     g_ = ArenaGeometry{c_.max_batch + 3, L_, c_.B, c_.k, c_.rb};
     off_ = ComputeArenaOffsets(g_);
     cap_ = c_.B + 2 * c_.k + c_.steps + 16;
-    const size_t run = static_cast<size_t>(cap_) * c_.rb;
-    const size_t runs = static_cast<size_t>(g_.max_rows) * L_;
+    // Contiguous runs, or (Paged) pages of R_ records dealt in random order over the pool, row 1's
+    // first shared_ pages of every layer mapping row 0's read-only (replay reads them freely).
+    ppe_ = R_ == kContiguousRecordsPerPage ? 1 : (static_cast<uint32_t>(cap_) + R_ - 1) / R_;
+    const size_t run = static_cast<size_t>(std::min<uint32_t>(R_, cap_)) * c_.rb;  // one page
+    const size_t runs = static_cast<size_t>(g_.max_rows) * L_ * ppe_;
     CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool_), run * runs, cudaHostAllocMapped | cudaHostAllocPortable));
     uint64_t* w = reinterpret_cast<uint64_t*>(pool_);
     for (size_t i = 0; i < run * runs / 8; ++i) w[i] = (i + 3) * 0x9E3779B97F4A7C15ull ^ (i >> 5);
     uint8_t* pool_dev = nullptr;
     CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool_, 0));
+    std::vector<size_t> order(runs);
+    std::iota(order.begin(), order.end(), 0);
+    if (ppe_ > 1) std::shuffle(order.begin(), order.end(), rng_);
     std::vector<uint8_t*> base(runs);
-    for (size_t i = 0; i < runs; ++i) base[i] = pool_dev + i * run;
+    host_base_.resize(runs);
+    for (size_t i = 0; i < runs; ++i) {
+      base[i] = pool_dev + order[i] * run;
+      host_base_[i] = pool_ + order[i] * run;
+    }
+    for (int l = 0; l < L_ && g_.max_rows >= 2; ++l) {
+      for (int pg = 0; pg < shared_; ++pg) {
+        const size_t from = static_cast<size_t>(l) * ppe_ + pg, to = (static_cast<size_t>(L_) + l) * ppe_ + pg;
+        base[to] = HostRecordMap::ReadOnlyEntry(base[from]);
+        host_base_[to] = HostRecordMap::ReadOnlyEntry(host_base_[from]);
+      }
+    }
     d_base_ = Alloc<uint8_t*>(runs * sizeof(uint8_t*));
     d_cap_ = Alloc<int32_t>(g_.max_rows * 4);
     ASSERT_NE(d_base_, nullptr);
@@ -84,8 +109,7 @@ class PrefetchWorld {
     CUDA_OK(cudaMemcpy(d_base_, base.data(), runs * sizeof(uint8_t*), cudaMemcpyHostToDevice));
     std::vector<int32_t> caps(g_.max_rows, cap_);
     CUDA_OK(cudaMemcpy(d_cap_, caps.data(), caps.size() * 4, cudaMemcpyHostToDevice));
-    host_base_.resize(runs);
-    for (size_t i = 0; i < runs; ++i) host_base_[i] = pool_ + i * run;
+    ref_caps_ = caps;
 
     // Initial state: per row and anchor a random resident set; followers start with the anchor's
     // tables and their own layer's records (the state store and reset leave).
@@ -122,7 +146,7 @@ class PrefetchWorld {
         for (int s = 0; s < c_.B; ++s) {
           const int p = v.SlotPos(r, l)[s];
           if (p != kEmptySlot) {
-            std::memcpy(v.Record(r, l, s), host_base_[v.RowLayer(r, l)] + static_cast<size_t>(p) * c_.rb, c_.rb);
+            std::memcpy(v.Record(r, l, s), RefHost(host_base_.data()).Record(g_, r, l, p), c_.rb);
           }
         }
       }
@@ -241,7 +265,7 @@ class PrefetchWorld {
   ResolveDesc Desc(uint8_t* arena, void* /*unused*/, int layer, int32_t* out, uint32_t* err) {
     ResolveDesc d{};
     d.arena = ArenaView::Of(arena, g_);
-    d.host = HostRecordMap{d_base_, d_cap_};
+    d.host = GpuHost();
     d.layer = layer;
     d.max_batch = c_.max_batch;
     d.batch_size = d_batch_;
@@ -279,7 +303,7 @@ class PrefetchWorld {
           if (kAnchor[f] != l) continue;
           ReplayDesc r{};
           r.arena = ArenaView::Of(pref_, g_);
-          r.host = HostRecordMap{d_base_, d_cap_};
+          r.host = GpuHost();
           r.anchor_layer = l;
           r.layer = f;
           r.max_batch = c_.max_batch;
@@ -369,7 +393,7 @@ class PrefetchWorld {
     std::vector<int32_t> caps(g_.max_rows, cap_);
     ResolveDesc d{};
     d.arena = ArenaView::Of(ref.data(), g_);
-    d.host = HostRecordMap{base.data(), caps.data()};
+    d.host = HostRecordMap{base.data(), caps.data(), R_, ppe_};
     d.layer = 0;
     d.max_batch = c_.max_batch;
     int32_t b = batch_;
@@ -410,7 +434,10 @@ class PrefetchWorld {
   int cap_ = 0;
   int batch_ = 0;
   uint8_t* pool_ = nullptr;
-  std::vector<uint8_t*> host_base_;
+  std::vector<uint8_t*> host_base_;  // the host page tables in host addresses
+  std::vector<int32_t> ref_caps_;
+  uint32_t R_ = kContiguousRecordsPerPage, ppe_ = 1;
+  int shared_ = 0;
   std::vector<void*> allocs_;
   uint8_t** d_base_ = nullptr;
   int32_t* d_cap_ = nullptr;
@@ -441,6 +468,22 @@ TEST_P(PrefetchExact, EqualsPlainResolveOnEveryLayer) {
   for (int s = 0; s < GetParam().steps; ++s) {
     ASSERT_NO_FATAL_FAILURE(w.Step());
     ASSERT_NO_FATAL_FAILURE(w.Compare("step " + std::to_string(s)));
+  }
+}
+
+// The same over paged host tables (pages of 5 records scattered over the pool, row 1's first 6
+// pages shared read-only with row 0): replays and plain RESOLVEs read through the tables alike.
+TEST_P(PrefetchExact, PagedTablesEqualPlainResolve) {
+  REQUIRE_GPU();
+  PrefetchWorld w(GetParam());
+  w.Paged(5, 6);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ASSERT_NO_FATAL_FAILURE(w.CheckPlanAgainstReference("paged: plan of the first step"));
+  ASSERT_NO_FATAL_FAILURE(w.Compare("paged: after the plan check"));
+  if (GetParam().graph) ASSERT_NO_FATAL_FAILURE(w.Capture());
+  for (int s = 0; s < GetParam().steps; ++s) {
+    ASSERT_NO_FATAL_FAILURE(w.Step());
+    ASSERT_NO_FATAL_FAILURE(w.Compare("paged step " + std::to_string(s)));
   }
 }
 

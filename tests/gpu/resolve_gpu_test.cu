@@ -35,8 +35,7 @@ __global__ void CheckOutputRecords(ArenaView a, HostRecordMap h, int layer, int 
     const int row = rows[i];
     const int p = positions[i * k + j];
     const uint4* rec = reinterpret_cast<const uint4*>(a.Record(row, layer, s));
-    const uint4* host = reinterpret_cast<const uint4*>(h.layer_base[a.RowLayer(row, layer)] +
-                                                       static_cast<size_t>(p) * a.geometry.record_bytes);
+    const uint4* host = reinterpret_cast<const uint4*>(h.Record(a.geometry, row, layer, p));
     bool diff = false;
     for (uint32_t u = lane; u < a.geometry.record_bytes / 16; u += 32) {
       const uint4 x = rec[u], y = host[u];
@@ -89,18 +88,36 @@ class World {
     g_ = ArenaGeometry{cfg_.max_batch + 6, layers_, cfg_.B, cfg_.k, cfg_.rb};
     off_ = ComputeArenaOffsets(g_);
     cap_ = std::max(2 * cfg_.B, cfg_.B + 2 * cfg_.k) + cfg_.steps + 64;
-    const size_t run = static_cast<size_t>(cap_) * cfg_.rb;
-    pool_bytes_ = run * g_.max_rows * layers_;
+    // Contiguous: one run of cap_ records per (row, layer). Paged: pages of R records dealt in
+    // random order over the pool; row 1's first pages are row 0's, read-only (shared).
+    if (records_per_page_ == kContiguousRecordsPerPage) {
+      ppe_ = 1;
+    } else {
+      ppe_ = (static_cast<uint32_t>(cap_) + records_per_page_ - 1) / records_per_page_;
+    }
+    const size_t page = static_cast<size_t>(std::min<uint32_t>(records_per_page_, cap_)) * cfg_.rb;
+    const size_t pages = static_cast<size_t>(g_.max_rows) * layers_ * ppe_;
+    pool_bytes_ = page * pages;
     CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool_), pool_bytes_, cudaHostAllocMapped | cudaHostAllocPortable));
     uint64_t* w = reinterpret_cast<uint64_t*>(pool_);
     for (size_t i = 0; i < pool_bytes_ / 8; ++i) w[i] = (i + 1) * 0x9E3779B97F4A7C15ull ^ (i >> 7);
     uint8_t* pool_dev = nullptr;
     CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool_, 0));
-    base_h_.resize(static_cast<size_t>(g_.max_rows) * layers_);
-    std::vector<uint8_t*> base_d(base_h_.size());
-    for (size_t i = 0; i < base_h_.size(); ++i) {
-      base_h_[i] = pool_ + i * run;
-      base_d[i] = pool_dev + i * run;
+    std::vector<size_t> order(pages);
+    std::iota(order.begin(), order.end(), 0);
+    if (ppe_ > 1) std::shuffle(order.begin(), order.end(), rng_);
+    base_h_.resize(pages);
+    std::vector<uint8_t*> base_d(pages);
+    for (size_t i = 0; i < pages; ++i) {
+      base_h_[i] = pool_ + order[i] * page;
+      base_d[i] = pool_dev + order[i] * page;
+    }
+    for (int l = 0; l < layers_ && g_.max_rows >= 2; ++l) {
+      for (int pg = 0; pg < shared_pages_; ++pg) {
+        const size_t from = static_cast<size_t>(l) * ppe_ + pg, to = (static_cast<size_t>(layers_) + l) * ppe_ + pg;
+        base_h_[to] = HostRecordMap::ReadOnlyEntry(base_h_[from]);
+        base_d[to] = HostRecordMap::ReadOnlyEntry(base_d[from]);
+      }
     }
     caps_.assign(g_.max_rows, cap_);
     CUDA_OK(cudaMalloc(&d_base_, base_d.size() * sizeof(uint8_t*)));
@@ -147,6 +164,15 @@ class World {
     }
   }
 
+  // Before Init: host records in pages of `records_per_page` scattered over the pool, the first
+  // `shared` pages of row 1 mapping row 0's read-only.
+  void WithPagedHost(uint32_t records_per_page, int shared) {
+    records_per_page_ = records_per_page;
+    shared_pages_ = shared;
+  }
+  HostRecordMap RefHost() const { return HostRecordMap{base_h_.data(), caps_.data(), records_per_page_, ppe_}; }
+  HostRecordMap GpuHost() const { return HostRecordMap{d_base_, d_cap_, records_per_page_, ppe_}; }
+
   // Before Init: every launch also writes rule 9's page table (pages of `records` from page
   // `offset`); no_out: and no out_slots at all (the page table alone).
   void WithPageTable(int records, int offset, bool no_out) {
@@ -190,7 +216,7 @@ class World {
     }
   }
 
-  uint8_t* HostRec(int r, int l, int p) { return base_h_[ref_.RowLayer(r, l)] + static_cast<size_t>(p) * cfg_.rb; }
+  uint8_t* HostRec(int r, int l, int p) { return RefHost().Record(g_, r, l, p); }
   bool Bern(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
   double Uni(double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng_); }
   int UniI(int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng_); }
@@ -323,7 +349,7 @@ class World {
   ResolveDesc RefDesc(int32_t* batch, int32_t* out, uint32_t* err, uint32_t flags) {
     ResolveDesc d{};
     d.arena = ref_;
-    d.host = HostRecordMap{base_h_.data(), caps_.data()};
+    d.host = RefHost();
     d.layer = layer_;
     d.max_batch = cfg_.max_batch;
     d.batch_size = batch;
@@ -345,7 +371,7 @@ class World {
   ResolveDesc GpuDesc(uint32_t flags) {
     ResolveDesc d{};
     d.arena = gpu_;
-    d.host = HostRecordMap{d_base_, d_cap_};
+    d.host = GpuHost();
     d.layer = layer_;
     d.max_batch = cfg_.max_batch;
     d.batch_size = d_batch_;
@@ -410,8 +436,7 @@ class World {
     CompareTables(what);
     if (!(flags & kResolveFlagNoFetch) && !no_out_) {
       CUDA_OK(cudaMemset(d_bad_, 0, 8));
-      CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, HostRecordMap{d_base_, d_cap_}, layer_, batch, d_rows_, d_pos_,
-                                                  d_out_, d_bad_);
+      CheckOutputRecords<<<cfg_.max_batch, 256>>>(gpu_, GpuHost(), layer_, batch, d_rows_, d_pos_, d_out_, d_bad_);
       CUDA_OK(cudaGetLastError());
       unsigned long long bad = 0;
       CUDA_OK(cudaMemcpy(&bad, d_bad_, 8, cudaMemcpyDeviceToHost));
@@ -506,8 +531,10 @@ class World {
   int cap_ = 0;
   uint8_t* pool_ = nullptr;
   size_t pool_bytes_ = 0;
-  std::vector<uint8_t*> base_h_;
+  std::vector<uint8_t*> base_h_;  // the host page tables, host addresses ([rows * layers * ppe_])
   std::vector<int32_t> caps_;
+  uint32_t records_per_page_ = kContiguousRecordsPerPage, ppe_ = 1;
+  int shared_pages_ = 0;
   uint8_t** d_base_ = nullptr;
   int32_t* d_cap_ = nullptr;
   uint8_t* ref_arena_ = nullptr;
@@ -541,6 +568,38 @@ int RandomBatch(World& w) {
 }
 
 class ResolveRandom : public ::testing::TestWithParam<Config> {};
+
+// The same random steps over paged host tables: pages of a few records in random order over the
+// pool, row 1's first pages shared read-only with row 0 (RESOLVE reads them freely). The kernel
+// must stay bit-equal with the reference, miss records included (CheckOutputRecords reads through
+// the same tables).
+class ResolvePaged : public ::testing::TestWithParam<Config> {};
+
+TEST_P(ResolvePaged, MatchesReference) {
+  REQUIRE_GPU();
+  const Config c = GetParam();
+  for (const uint32_t records_per_page : {1u, 3u, 16u}) {
+    World w(c, 2, 77 + c.k + c.B + c.rb + records_per_page);
+    w.WithPagedHost(records_per_page, /*shared=*/4);
+    w.WithPageTable(64, 5, /*no_out=*/false);
+    ASSERT_NO_FATAL_FAILURE(w.Init());
+    const std::string name = Name(c) + "_R" + std::to_string(records_per_page);
+    for (int step = 0; step < c.steps; ++step) {
+      w.layer_ = w.UniI(0, 1);
+      const int batch = w.MakeStep(RandomBatch(w), 0.03);
+      ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, 0));
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, name + " step " + std::to_string(step)));
+    }
+    ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(name));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paged, ResolvePaged,
+                         ::testing::Values(Config{8, 16, 48, 3, 40}, Config{64, 96, 656, 10, 30},
+                                           Config{256, 320, 1152, 64, 12}, Config{2048, 2304, 656, 4, 4}),
+                         [](const ::testing::TestParamInfo<Config>& i) { return Name(i.param); });
 
 TEST_P(ResolveRandom, MatchesReference) {
   REQUIRE_GPU();

@@ -50,9 +50,9 @@ struct DevBuf {
 // holding the position's host record (records: the GPU's records section after the step) or tail
 // slot B + t for query token t's own position; -1 for padding and padded query rows.
 void CheckPageTable(const MqConfig& c, const ArenaGeometry& g, int layer, const uint8_t* records,
-                    const std::vector<uint8_t*>& host, const std::vector<int32_t>& rows,
-                    const std::vector<int32_t>& seqs, const std::vector<int32_t>& qs, const std::vector<int32_t>& sel,
-                    const std::vector<int32_t>& pt, const int32_t* summary, int active) {
+                    const HostRecordMap& host, const std::vector<int32_t>& rows, const std::vector<int32_t>& seqs,
+                    const std::vector<int32_t>& qs, const std::vector<int32_t>& sel, const std::vector<int32_t>& pt,
+                    const int32_t* summary, int active) {
   const int Q = g.TailSlots(), outs = Q * g.k;
   const int64_t S = static_cast<int64_t>(g.RecordSlots());
   const int64_t first = static_cast<int64_t>(c.pt_offset) * c.pt_records;
@@ -72,14 +72,16 @@ void CheckPageTable(const MqConfig& c, const ArenaGeometry& g, int layer, const 
         ASSERT_EQ(slot, g.slots + (p - tail_first)) << "entry " << i << ": query token's tail slot";
       } else {
         ASSERT_TRUE(slot >= 0 && slot < g.slots) << "entry " << i << ": index " << e << " outside its regular slots";
-        const uint8_t* want = host[static_cast<size_t>(rows[i]) * g.num_layers + layer] + static_cast<size_t>(p) * c.rb;
+        const uint8_t* want = host.Record(g, rows[i], layer, p);
         ASSERT_EQ(std::memcmp(records + (e - first) * c.rb, want, c.rb), 0) << "entry " << i << " position " << p;
       }
     }
   }
 }
 
-void RunMultiQuery(const MqConfig& c, uint32_t seed) {
+// records_per_page R < kContiguousRecordsPerPage: the host records in pages of R records dealt in
+// random order over the pool, row 1's first `shared` pages of every layer row 0's, read-only.
+void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRecordsPerPage, int shared = 0) {
   std::mt19937 rng(seed);
   auto U = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   const int layers = 2, rows = c.max_batch + 3, Q = c.n + 1, outs = Q * c.k;
@@ -89,14 +91,26 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
   const ArenaOffsets off = ComputeArenaOffsets(g);
   const int cap = 4 * c.B + 400;
   // One host pool (mapped, read by both), every position filled.
-  const size_t run = static_cast<size_t>(cap) * c.rb, pool_bytes = run * rows * layers;
+  const uint32_t ppe = R == kContiguousRecordsPerPage ? 1 : (static_cast<uint32_t>(cap) + R - 1) / R;
+  const size_t npages = static_cast<size_t>(rows) * layers * ppe;
+  const size_t run = static_cast<size_t>(std::min<uint32_t>(R, cap)) * c.rb, pool_bytes = run * npages;
   uint8_t* pool = nullptr;
   CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pool), pool_bytes, cudaHostAllocMapped));
   for (size_t i = 0; i < pool_bytes; ++i) pool[i] = static_cast<uint8_t>(i * 131 + (i >> 11));
   uint8_t* pool_dev = nullptr;
   CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pool_dev), pool, 0));
-  std::vector<uint8_t*> base_h(static_cast<size_t>(rows) * layers), base_d(base_h.size());
-  for (size_t i = 0; i < base_h.size(); ++i) base_h[i] = pool + i * run, base_d[i] = pool_dev + i * run;
+  std::vector<size_t> order(npages);
+  for (size_t i = 0; i < npages; ++i) order[i] = i;
+  if (ppe > 1) std::shuffle(order.begin(), order.end(), rng);
+  std::vector<uint8_t*> base_h(npages), base_d(npages);
+  for (size_t i = 0; i < npages; ++i) base_h[i] = pool + order[i] * run, base_d[i] = pool_dev + order[i] * run;
+  for (int l = 0; l < layers; ++l) {
+    for (int pg = 0; pg < shared; ++pg) {
+      const size_t from = static_cast<size_t>(l) * ppe + pg, to = (static_cast<size_t>(layers) + l) * ppe + pg;
+      base_h[to] = HostRecordMap::ReadOnlyEntry(base_h[from]);
+      base_d[to] = HostRecordMap::ReadOnlyEntry(base_d[from]);
+    }
+  }
   std::vector<int32_t> caps(rows, cap);
   DevBuf d_base, d_cap, d_arena, d_ws, d_batch, d_rows, d_seq, d_q, d_pos, d_out, d_err, d_plan, d_pt;
   CUDA_OK(cudaMalloc(&d_base.p, base_d.size() * sizeof(uint8_t*)));
@@ -106,23 +120,34 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
   // Reference arena: reset rows, then random prefill lengths (stores) so that slots hold state.
   std::vector<uint8_t> ref(off.total_bytes, 0);
   const ArenaView rv = ArenaView::Of(ref.data(), g);
-  const HostRecordMap rh{base_h.data(), caps.data()};
+  const HostRecordMap rh{base_h.data(), caps.data(), R, ppe};
   std::vector<int> committed(rows);
   for (int r = 0; r < rows; ++r) {
     ResetRowReference(rv, r);
     committed[r] = U(1, 2 * c.B);
     std::vector<uint8_t> src(static_cast<size_t>(committed[r]) * c.rb * layers);
     for (int l = 0; l < layers; ++l) {
-      std::memcpy(&src[static_cast<size_t>(l) * committed[r] * c.rb], base_h[rv.RowLayer(r, l)],
-                  static_cast<size_t>(committed[r]) * c.rb);
+      for (int p = 0; p < committed[r]; ++p) {
+        std::memcpy(&src[(static_cast<size_t>(l) * committed[r] + p) * c.rb], rh.Record(g, r, l, p), c.rb);
+      }
     }
-    StoreDesc sd{rv, rh, r, 0, committed[r], committed[r], src.data(), int64_t{committed[r]} * c.rb, c.rb};
+    // Row 1's shared pages are not its to write: its store starts past them.
+    const int first = r == 1 ? std::min<int>(committed[r], shared * static_cast<int>(std::min<uint32_t>(R, cap))) : 0;
+    StoreDesc sd{rv,
+                 rh,
+                 r,
+                 first,
+                 committed[r] - first,
+                 committed[r],
+                 src.data() + static_cast<size_t>(first) * c.rb,
+                 int64_t{committed[r]} * c.rb,
+                 c.rb};
     ASSERT_EQ(StoreReference(sd), 0u);
   }
   CUDA_OK(cudaMalloc(&d_arena.p, off.total_bytes));
   CUDA_OK(cudaMemcpy(d_arena.p, ref.data(), off.total_bytes, cudaMemcpyHostToDevice));
   const ArenaView gv = ArenaView::Of(d_arena.p, g);
-  const HostRecordMap gh{d_base.as<uint8_t*>(), d_cap.as<int32_t>()};
+  const HostRecordMap gh{d_base.as<uint8_t*>(), d_cap.as<int32_t>(), R, ppe};
   const size_t ws_bytes = ResolveWorkspaceBytes(g, c.max_batch);
   ASSERT_GT(ws_bytes, 0u);
   CUDA_OK(cudaMalloc(&d_ws.p, ws_bytes));
@@ -288,7 +313,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed) {
       }
       if (with_pt) {
         ASSERT_EQ(gpt, rpt) << where << ": page tables differ";
-        ASSERT_NO_FATAL_FAILURE(CheckPageTable(c, g, l, got.data() + off.records, base_h, lrows, ls, lq, sel, gpt,
+        ASSERT_NO_FATAL_FAILURE(CheckPageTable(c, g, l, got.data() + off.records, rh, lrows, ls, lq, sel, gpt,
                                                MissPlan::Of(ref_plan.data(), c.max_batch).summary, active));
       } else {
         ASSERT_EQ(gpt, std::vector<int32_t>(sel_n, 0x33333333)) << where << ": page table written though null";
@@ -342,6 +367,19 @@ TEST(ResolveMultiQueryGpu, PageTablesMatchReferenceForDraftTokens1To4) {
       SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " B " + std::to_string(c.B) +
                    (c.no_out ? " page table only" : ""));
       ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 7000u * n + c.k));
+    }
+  }
+}
+
+// The same over paged host tables (pages of 1 and 5 records, row 1's first 4 pages shared
+// read-only with row 0): the multi-query kernel reads through the tables as the reference does.
+TEST(ResolveMultiQueryGpu, PagedTablesMatchReference) {
+  REQUIRE_GPU();
+  for (int n : {1, 3}) {
+    for (const uint32_t R : {1u, 5u}) {
+      const MqConfig c{n, 64, 64 * (n + 1) - 40, 656, 9};
+      SCOPED_TRACE("n " + std::to_string(n) + " R " + std::to_string(R));
+      ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 7000u * n + R, R, 4));
     }
   }
 }

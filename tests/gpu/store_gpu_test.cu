@@ -33,24 +33,43 @@ class StoreWorld {
     cudaFree(garena_);
     cudaFree(d_base_);
     cudaFree(d_cap_);
+    cudaFree(d_check_);
     std::free(rarena_);
   }
-  void Init() {
-    const size_t run = static_cast<size_t>(cap_) * g_.record_bytes;
-    pool_bytes_ = run * g_.max_rows * g_.num_layers;
+  // Contiguous runs by default; with records_per_page R, pages of R records dealt in random order
+  // over the pool (the same order in both pools), row 1's first `shared` pages of every layer
+  // mapping row 0's read-only.
+  void Init(uint32_t records_per_page = kContiguousRecordsPerPage, int shared = 0) {
+    R_ = records_per_page;
+    ppe_ = R_ == kContiguousRecordsPerPage ? 1 : (static_cast<uint32_t>(cap_) + R_ - 1) / R_;
+    const size_t run = static_cast<size_t>(std::min<uint32_t>(R_, cap_)) * g_.record_bytes;  // one page
+    const size_t n = static_cast<size_t>(g_.max_rows) * g_.num_layers * ppe_;
+    pool_bytes_ = run * n;
     rpool_.resize(pool_bytes_);
     for (size_t i = 0; i < pool_bytes_; ++i) rpool_[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
     CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&gpool_), pool_bytes_, cudaHostAllocMapped));
     std::memcpy(gpool_, rpool_.data(), pool_bytes_);
     uint8_t* dev = nullptr;
     CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), gpool_, 0));
-    const size_t n = static_cast<size_t>(g_.max_rows) * g_.num_layers;
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    if (ppe_ > 1) std::shuffle(order.begin(), order.end(), rng_);
     rbase_.resize(n);
     std::vector<uint8_t*> gb(n);
     for (size_t i = 0; i < n; ++i) {
-      rbase_[i] = rpool_.data() + i * run;
-      gb[i] = dev + i * run;
+      rbase_[i] = rpool_.data() + order[i] * run;
+      gb[i] = dev + order[i] * run;
     }
+    auto read_only = [](uint8_t* p) { return HostRecordMap::ReadOnlyEntry(p); };
+    for (int l = 0; l < g_.num_layers && g_.max_rows >= 2; ++l) {
+      for (int pg = 0; pg < shared; ++pg) {
+        const size_t from = static_cast<size_t>(l) * ppe_ + pg,
+                     to = (static_cast<size_t>(g_.num_layers) + l) * ppe_ + pg;
+        rbase_[to] = read_only(rbase_[from]);
+        gb[to] = read_only(gb[from]);
+      }
+    }
+    CUDA_OK(cudaMalloc(&d_check_, 4));
     caps_.assign(g_.max_rows, cap_);
     CUDA_OK(cudaMalloc(&d_base_, n * sizeof(uint8_t*)));
     CUDA_OK(cudaMemcpy(d_base_, gb.data(), n * sizeof(uint8_t*), cudaMemcpyHostToDevice));
@@ -72,8 +91,17 @@ class StoreWorld {
     ASSERT_EQ(std::memcmp(t.data(), rarena_, t.size()), 0) << what << ": records differ";
     ASSERT_EQ(std::memcmp(gpool_, rpool_.data(), pool_bytes_), 0) << what << ": host pools differ";
   }
-  HostRecordMap RefHost() { return HostRecordMap{rbase_.data(), caps_.data()}; }
-  HostRecordMap GpuHost() { return HostRecordMap{d_base_, d_cap_}; }
+  HostRecordMap RefHost() const { return HostRecordMap{rbase_.data(), caps_.data(), R_, ppe_}; }
+  HostRecordMap GpuHost() const { return HostRecordMap{d_base_, d_cap_, R_, ppe_}; }
+  // A plain store's GPU descriptor: the reference's with the GPU's arena, map and check word.
+  StoreDesc Gpu(StoreDesc d, const uint8_t* src, uint32_t* error_flags = nullptr) const {
+    d.arena = gpu_;
+    d.host = GpuHost();
+    d.src = src;
+    d.check = d_check_;
+    d.error_flags = error_flags;
+    return d;
+  }
 
   ArenaGeometry g_;
   ArenaOffsets off_;
@@ -86,6 +114,8 @@ class StoreWorld {
   std::vector<int32_t> caps_;
   uint8_t** d_base_ = nullptr;
   int32_t* d_cap_ = nullptr;
+  uint32_t* d_check_ = nullptr;  // the plain stores' check word
+  uint32_t R_ = kContiguousRecordsPerPage, ppe_ = 1;
   uint8_t* rarena_ = nullptr;
   void* garena_ = nullptr;
   ArenaView ref_{}, gpu_{};
@@ -115,7 +145,8 @@ TEST(StoreGpu, MatchesReference) {
     ++gen;
     CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
     StoreDesc rd{w.ref_, w.RefHost(), c.row, c.start, c.n, c.after, src.data(), lstride, tstride};
-    StoreDesc gd{w.gpu_, w.GpuHost(), c.row, c.start, c.n, c.after, d_src, lstride, tstride};
+    StoreDesc gd =
+        w.Gpu(StoreDesc{w.ref_, w.RefHost(), c.row, c.start, c.n, c.after, nullptr, lstride, tstride}, d_src);
     ASSERT_EQ(StoreReference(rd), 0u);
     CUDA_OK(LaunchStore(gd, 0));
     ASSERT_NO_FATAL_FAILURE(w.Compare("store row " + std::to_string(c.row) + " start " + std::to_string(c.start)));
@@ -144,7 +175,7 @@ TEST(AppendGpu, MatchesReference) {
   CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
   for (int r = 0; r < rows; ++r) {
     StoreDesc rd{w.ref_, w.RefHost(), r, 0, 200, 200, src.data(), int64_t{rb} * 200, rb};
-    StoreDesc gd{w.gpu_, w.GpuHost(), r, 0, 200, 200, d_src, int64_t{rb} * 200, rb};
+    StoreDesc gd = w.Gpu(StoreDesc{w.ref_, w.RefHost(), r, 0, 200, 200, nullptr, int64_t{rb} * 200, rb}, d_src);
     ASSERT_EQ(StoreReference(rd), 0u);
     CUDA_OK(LaunchStore(gd, 0));
   }
@@ -218,7 +249,7 @@ TEST(AppendGpu, MultiTokenGraphMatchesReference) {
     CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
     for (int r = 0; r < rows; ++r) {
       StoreDesc rd{w.ref_, w.RefHost(), r, 0, 200, 200, src.data(), int64_t{rb} * 200, rb};
-      StoreDesc gd{w.gpu_, w.GpuHost(), r, 0, 200, 200, d_src, int64_t{rb} * 200, rb};
+      StoreDesc gd = w.Gpu(StoreDesc{w.ref_, w.RefHost(), r, 0, 200, 200, nullptr, int64_t{rb} * 200, rb}, d_src);
       ASSERT_EQ(StoreReference(rd), 0u);
       CUDA_OK(LaunchStore(gd, 0));
     }
@@ -339,7 +370,7 @@ class PagedPool {
                         int after) const {
     IndexedStoreDesc d{};
     d.arena = w.gpu_;
-    d.host = HostRecordMap{w.d_base_, w.d_cap_};
+    d.host = w.GpuHost();
     d.row = row;
     d.first_layer = first_layer;
     d.num_layers = num_layers;
@@ -484,6 +515,102 @@ TEST(IndexedStoreGpu, RejectsBadRangesOnHost) {
   d.src_token_stride = 72;
   refused(d, "16-byte");
   ASSERT_NO_FATAL_FAILURE(w.Compare("refused stores"));
+}
+
+// Paged host tables (pages of 7 records scattered over the pool; row 1's first 3 pages of every
+// layer are row 0's, read-only): store, indexed store and append stay byte-equal with the
+// reference, records crossing page borders included, and a write that touches a shared page
+// anywhere in its range is refused by both, writes nothing (arena and both pools unchanged) and
+// sets kResolveReadOnlyPage, while the other rows of an append proceed.
+TEST(StoreGpu, PagedTablesAndReadOnlyPagesMatchReference) {
+  REQUIRE_GPU();
+  const int L = 3, B = 64, k = 32, cap = 600, pool_tokens = 800;
+  const uint32_t rb = 656;
+  StoreWorld w(4, L, B, k, rb, cap);
+  ASSERT_NO_FATAL_FAILURE(w.Init(/*records_per_page=*/7, /*shared=*/3));  // row 1: positions 0..20 shared
+  const int max_tokens = 500;
+  std::vector<uint8_t> src(static_cast<size_t>(rb) * max_tokens * L);
+  uint8_t *d_src = nullptr, *d_tok = nullptr;
+  uint32_t* d_err = nullptr;
+  CUDA_OK(cudaMalloc(&d_src, src.size()));
+  CUDA_OK(cudaMalloc(&d_err, 4));
+  auto take_err = [&] {
+    uint32_t e = 0;
+    EXPECT_EQ(cudaMemcpy(&e, d_err, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemset(d_err, 0, 4), cudaSuccess);
+    return e;
+  };
+  CUDA_OK(cudaMemset(d_err, 0, 4));
+  struct Case {
+    int row, start, n, after;
+    uint32_t want;
+  };
+  const uint32_t ro = kResolveReadOnlyPage;
+  const Case cases[] = {{0, 0, 300, 300, 0},   {1, 0, 300, 300, ro}, {1, 21, 279, 300, 0}, {2, 0, 40, 40, 0},
+                        {0, 300, 200, 500, 0}, {1, 20, 10, 300, ro}, {1, 14, 1, 300, ro},  {3, 3, 50, 53, 0}};
+  int gen = 0;
+  for (const Case& c : cases) {
+    for (auto& b : src) b = static_cast<uint8_t>(w.rng_() + gen);
+    ++gen;
+    CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
+    const int64_t lstride = static_cast<int64_t>(rb) * max_tokens;
+    StoreDesc rd{w.ref_, w.RefHost(), c.row, c.start, c.n, c.after, src.data(), lstride, rb};
+    const std::string what =
+        "store row " + std::to_string(c.row) + " [" + std::to_string(c.start) + ", +" + std::to_string(c.n) + ")";
+    ASSERT_EQ(StoreReference(rd), c.want) << what;
+    CUDA_OK(LaunchStore(w.Gpu(rd, d_src, d_err), 0));
+    ASSERT_NO_FATAL_FAILURE(w.Compare(what));
+    EXPECT_EQ(take_err(), c.want) << what;
+  }
+  // Append: row 1's entry lands in a shared page (refused), the others proceed.
+  const int max_batch = 4;
+  const int64_t stride = rb;
+  std::vector<uint8_t> tok(stride * max_batch);
+  int32_t *d_batch, *d_rows, *d_seq;
+  CUDA_OK(cudaMalloc(&d_batch, 4));
+  CUDA_OK(cudaMalloc(&d_rows, max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_seq, max_batch * 4));
+  CUDA_OK(cudaMalloc(&d_tok, tok.size()));
+  const std::vector<std::vector<int32_t>> seqs = {{301, 15, 41, 54}, {501, 301, 42, 55}, {502, 21, 43, 56}};
+  const uint32_t want[] = {ro, 0, ro};
+  for (size_t step = 0; step < seqs.size(); ++step) {
+    std::vector<int32_t> rws = {0, 1, 2, 3}, seq = seqs[step];
+    for (auto& b : tok) b = static_cast<uint8_t>(w.rng_());
+    int32_t hb = max_batch;
+    uint32_t rerr = 0;
+    const int layer = static_cast<int>(step) % L;
+    AppendDesc rd{w.ref_, w.RefHost(), layer, max_batch, &hb, rws.data(), seq.data(), tok.data(), stride, &rerr};
+    CUDA_OK(cudaMemcpy(d_batch, &hb, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_rows, rws.data(), max_batch * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_seq, seq.data(), max_batch * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_tok, tok.data(), tok.size(), cudaMemcpyHostToDevice));
+    AppendDesc gd{w.gpu_, w.GpuHost(), layer, max_batch, d_batch, d_rows, d_seq, d_tok, stride, d_err};
+    AppendReference(rd);
+    CUDA_OK(LaunchAppend(gd, 0));
+    EXPECT_EQ(rerr, want[step]) << "append step " << step;
+    EXPECT_EQ(take_err(), want[step]) << "append step " << step;
+    ASSERT_NO_FATAL_FAILURE(w.Compare("paged append step " + std::to_string(step)));
+  }
+  // Indexed store through the same tables: a chunk over row 1's shared pages is refused whole,
+  // one over row 3's pages equals the plain reference store of the same records.
+  PagedPool pool(L, pool_tokens, rb);
+  ASSERT_NO_FATAL_FAILURE(pool.Init());
+  for (const Case& c : {Case{1, 10, 40, 300, ro}, Case{3, 0, 120, 120, 0}, Case{2, 35, 200, 235, 0}}) {
+    std::vector<uint8_t> chunk(static_cast<size_t>(L) * c.n * rb);
+    for (auto& b : chunk) b = static_cast<uint8_t>(w.rng_());
+    pool.Scatter(chunk, c.n, rb, w.rng_);
+    StoreDesc rd{w.ref_, w.RefHost(), c.row, c.start, c.n, c.after, chunk.data(), static_cast<int64_t>(c.n) * rb, rb};
+    ASSERT_EQ(StoreReference(rd), c.want);
+    CUDA_OK(LaunchStoreIndexed(pool.Desc(w, c.row, 0, L, c.start, c.n, c.after), 0));
+    ASSERT_NO_FATAL_FAILURE(w.Compare("paged indexed store row " + std::to_string(c.row)));
+    EXPECT_EQ(pool.TakeErrors(), c.want);
+  }
+  cudaFree(d_batch);
+  cudaFree(d_rows);
+  cudaFree(d_seq);
+  cudaFree(d_tok);
+  cudaFree(d_src);
+  cudaFree(d_err);
 }
 
 }  // namespace

@@ -1,17 +1,30 @@
 // Test fixture: one slot arena and its host pool in plain host memory, as the host-emulated
 // backend lays them out. Owns both; not thread-safe. Host record bytes are a deterministic
 // function of (row, layer, position, generation) so a test can tell any two records apart.
+// The host pool is one contiguous run per (row, layer) by default, or (PagedLayout) pages of R
+// records scattered in random order over one pool, the first few pages of row 1's tables mapping
+// row 0's pages read-only (shared), as the host page tables of arena_layout.h allow.
 #ifndef HISPARSE_TESTS_KERNELS_ARENA_FIXTURE_H_
 #define HISPARSE_TESTS_KERNELS_ARENA_FIXTURE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse::testing {
+
+// A paged host pool: R records a page, the pages of every (row, layer) drawn in random order
+// (seed) from one pool; row 1's first shared_pages pages of every layer are row 0's, read-only.
+struct PagedLayout {
+  uint32_t records_per_page;
+  uint32_t seed;
+  int32_t shared_pages = 0;  // needs max_rows >= 2
+};
 
 class ArenaFixture {
  public:
@@ -21,22 +34,51 @@ class ArenaFixture {
         view_(ArenaView::Of(storage_.data(), g)),
         capacity_(g.max_rows, capacity),
         host_(static_cast<size_t>(g.max_rows) * g.num_layers),
-        layer_base_(host_.size()) {
+        page_base_(host_.size()) {
     for (size_t i = 0; i < host_.size(); ++i) {
       host_[i].assign(static_cast<size_t>(capacity) * g.record_bytes, 0);
-      layer_base_[i] = host_[i].data();
+      page_base_[i] = host_[i].data();
+    }
+    for (int32_t r = 0; r < g.max_rows; ++r) ResetRowReference(view_, r);
+  }
+
+  ArenaFixture(const ArenaGeometry& g, int32_t capacity, const PagedLayout& paged)
+      : geometry_(g),
+        storage_(ComputeArenaOffsets(g).total_bytes / sizeof(uint64_t) + 1, 0),
+        view_(ArenaView::Of(storage_.data(), g)),
+        capacity_(g.max_rows, capacity),
+        records_per_page_(paged.records_per_page),
+        pages_per_entry_((static_cast<uint32_t>(capacity) + paged.records_per_page - 1) / paged.records_per_page) {
+    const size_t entries = static_cast<size_t>(g.max_rows) * g.num_layers;
+    const size_t page_bytes = static_cast<size_t>(records_per_page_) * g.record_bytes;
+    std::vector<size_t> order(entries * pages_per_entry_);
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937(paged.seed));
+    host_.resize(1);
+    host_[0].assign(order.size() * page_bytes + 16, 0);
+    uint8_t* pool = host_[0].data() + (16 - reinterpret_cast<uintptr_t>(host_[0].data()) % 16) % 16;
+    page_base_.resize(order.size());
+    for (size_t i = 0; i < order.size(); ++i) page_base_[i] = pool + order[i] * page_bytes;
+    for (int32_t l = 0; l < g.num_layers && g.max_rows >= 2; ++l) {
+      for (int32_t pg = 0; pg < paged.shared_pages; ++pg) {
+        page_base_[Entry(1, l) + pg] = HostRecordMap::ReadOnlyEntry(page_base_[Entry(0, l) + pg]);
+      }
     }
     for (int32_t r = 0; r < g.max_rows; ++r) ResetRowReference(view_, r);
   }
 
   const ArenaGeometry& geometry() const { return geometry_; }
   const ArenaView& view() const { return view_; }
-  HostRecordMap host() const { return HostRecordMap{layer_base_.data(), capacity_.data()}; }
+  HostRecordMap host() const {
+    return HostRecordMap{page_base_.data(), capacity_.data(), records_per_page_, pages_per_entry_};
+  }
   const ArenaCounters& counters() const { return *view_.counters; }
   void set_capacity(int32_t row, int32_t c) { capacity_[row] = c; }
+  int32_t capacity(int32_t row) const { return capacity_[row]; }
 
-  uint8_t* HostRecord(int32_t row, int32_t layer, int32_t pos) {
-    return layer_base_[view_.RowLayer(row, layer)] + static_cast<size_t>(pos) * geometry_.record_bytes;
+  uint8_t* HostRecord(int32_t row, int32_t layer, int32_t pos) { return host().Record(geometry_, row, layer, pos); }
+  bool HostWritable(int32_t row, int32_t layer, int32_t pos) const {
+    return host().Writable(geometry_, row, layer, pos);
   }
   // Writes a pattern that differs for every (row, layer, pos, gen) into `dst`.
   void Pattern(uint8_t* dst, int32_t row, int32_t layer, int32_t pos, uint32_t gen) const {
@@ -46,12 +88,17 @@ class ArenaFixture {
       dst[b] = static_cast<uint8_t>(x >> 24);
     }
   }
-  // Fills host positions [0, n) of every layer of `row` directly (bypassing StoreReference).
+  // Fills host positions [0, n) of every layer of `row` directly (bypassing StoreReference),
+  // skipping positions on read-only pages (they are another row's).
   void FillHost(int32_t row, int32_t n, uint32_t gen = 0) {
     for (int32_t l = 0; l < geometry_.num_layers; ++l) {
-      for (int32_t p = 0; p < n; ++p) Pattern(HostRecord(row, l, p), row, l, p, gen);
+      for (int32_t p = 0; p < n; ++p) {
+        if (HostWritable(row, l, p)) Pattern(HostRecord(row, l, p), row, l, p, gen);
+      }
     }
   }
+  // Every host byte of the pool (both layouts), for "nothing written" comparisons.
+  std::vector<std::vector<uint8_t>> HostSnapshot() const { return host_; }
   // Sets (row, layer)'s slot table and LRU order directly and loads each filled slot's record
   // from the host pool, so the arena invariants hold.
   void SetState(int32_t row, int32_t layer, const std::vector<int32_t>& slot_pos, const std::vector<int32_t>& lru) {
@@ -104,8 +151,14 @@ class ArenaFixture {
   std::vector<uint64_t> storage_;  // 8-byte aligned for the counters
   ArenaView view_;
   std::vector<int32_t> capacity_;
-  std::vector<std::vector<uint8_t>> host_;
-  std::vector<uint8_t*> layer_base_;
+  uint32_t records_per_page_ = kContiguousRecordsPerPage;
+  uint32_t pages_per_entry_ = 1;
+  std::vector<std::vector<uint8_t>> host_;  // one run per (row, layer), or (paged) the one pool
+  std::vector<uint8_t*> page_base_;         // [max_rows * layers * pages_per_entry_]
+
+  size_t Entry(int32_t row, int32_t layer) const {
+    return (static_cast<size_t>(row) * geometry_.num_layers + layer) * pages_per_entry_;
+  }
 };
 
 }  // namespace hisparse::testing

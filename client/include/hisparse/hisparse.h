@@ -226,7 +226,9 @@ typedef struct hs_resolve_args {
 hs_result hs_resolve(hs_session* session, const hs_resolve_args* args);
 
 /* Prefill store: tokens [start_pos, start_pos+num_tokens) of a request, every layer; record of
- * (layer l, token t) at src + l*src_layer_stride + t*src_token_stride. */
+ * (layer l, token t) at src + l*src_layer_stride + t*src_token_stride. A store, indexed store or
+ * append that would write a host page the request maps read-only (a shared page) writes nothing of
+ * that request: HS_ERR_INVALID_ARGUMENT at once on the host backend, at hs_check_errors on CUDA. */
 hs_result hs_store(hs_session* session, uint64_t request_id, int32_t start_pos, int32_t num_tokens,
                    int32_t seq_len_after, const void* src, int64_t src_layer_stride, int64_t src_token_stride,
                    void* stream);

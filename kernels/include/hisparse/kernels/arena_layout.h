@@ -123,14 +123,65 @@ struct ArenaView {
   HISPARSE_HD size_t RecordStride() const { return geometry.record_bytes; }
 };
 
-// Where the host records of one session live, as the data path sees them: for every
-// (row, layer), a pointer to position 0 of that row's contiguous run in the host pool (record p
-// at base + p * record_bytes), and how many positions the run holds. The pointers must be
-// readable by whoever runs the kernel (device-mapped host memory on a GPU). Rows not admitted
-// have capacity 0.
+// Host page tables: where the host records of one session live, as the data path sees them.
+// Every (row, layer) has a table of pages_per_entry page addresses; a page holds R =
+// records_per_page consecutive positions, and the record of position p is at
+//     page_base[(row * layers + layer) * pages_per_entry + p / R] + (p % R) * record_bytes.
+// A record never straddles a page (R = page_bytes / record_bytes, floor). Only positions below the
+// row's capacity are valid (as before: a seq_len or position past capacity is the row's error); the
+// table entries past the row's pages are null, and capacity <= pages * R. Page addresses are
+// 16-byte aligned, so bit 0 is free: bit 0 set marks a read-only page (one shared with another
+// table): RESOLVE, prefetch replay and the reference read it like any other, and store, indexed
+// store and append refuse to write through it (kResolveReadOnlyPage, the whole request unwritten).
+// One contiguous run per (row, layer) is the table R = kContiguousRecordsPerPage, pages_per_entry =
+// 1 (every position on page 0), the defaults. The addresses must be readable (and, unless marked
+// read-only, writable) by whoever runs the kernel: device-mapped host memory on a GPU. A map
+// borrows its arrays (the device backend owns them); kernels only read them.
+inline constexpr uint32_t kContiguousRecordsPerPage = 0x7fffffffu;  // > every int32 position
+inline constexpr uintptr_t kReadOnlyPageBit = 1;
+
 struct HostRecordMap {
-  uint8_t* const* layer_base;  // [max_rows * layers], (row, layer) -> position 0 (written by store and append)
-  const int32_t* capacity;     // [max_rows] positions the row's runs hold
+  uint8_t* const* page_base;  // [max_rows * layers * pages_per_entry] page addresses (bit 0: read-only)
+  const int32_t* capacity;    // [max_rows] positions the row's pages hold (0: not admitted)
+  uint32_t records_per_page = kContiguousRecordsPerPage;  // R > 0
+  uint32_t pages_per_entry = 1;                           // table stride of one (row, layer)
+
+  // The table of (row, layer): pages_per_entry entries.
+  HISPARSE_HD uint8_t* const* Table(const ArenaGeometry& g, int32_t row, int32_t layer) const {
+    return page_base + (static_cast<size_t>(row) * g.num_layers + layer) * pages_per_entry;
+  }
+  // A table entry's page address (bit 0 cleared) and whether it may be written through.
+  HISPARSE_HD static uint8_t* PageAddress(const uint8_t* entry) {
+    return const_cast<uint8_t*>(entry) - (reinterpret_cast<uintptr_t>(entry) & kReadOnlyPageBit);
+  }
+  // The table entry that maps a (16-byte aligned) page read-only.
+  HISPARSE_HD static uint8_t* ReadOnlyEntry(const uint8_t* page) { return PageAddress(page) + kReadOnlyPageBit; }
+  HISPARSE_HD static bool PageWritable(const uint8_t* entry) {
+    return (reinterpret_cast<uintptr_t>(entry) & kReadOnlyPageBit) == 0;
+  }
+  // Record of position pos in [0, capacity of row) in a table (one division per record).
+  HISPARSE_HD uint8_t* RecordIn(uint8_t* const* table, int32_t pos, uint32_t record_bytes) const {
+    const uint32_t p = static_cast<uint32_t>(pos);
+    return PageAddress(table[p / records_per_page]) + static_cast<size_t>(p % records_per_page) * record_bytes;
+  }
+  // The host record of (row, layer, pos).
+  HISPARSE_HD uint8_t* Record(const ArenaGeometry& g, int32_t row, int32_t layer, int32_t pos) const {
+    return RecordIn(Table(g, row, layer), pos, g.record_bytes);
+  }
+  // Whether the record of (row, layer, pos) may be written (its page is not read-only).
+  HISPARSE_HD bool Writable(const ArenaGeometry& g, int32_t row, int32_t layer, int32_t pos) const {
+    return PageWritable(Table(g, row, layer)[static_cast<uint32_t>(pos) / records_per_page]);
+  }
+  // Whether positions [first, end) of (row, layer) all lie on writable pages: one test per page.
+  HISPARSE_HD bool RangeWritable(const ArenaGeometry& g, int32_t row, int32_t layer, int32_t first, int32_t end) const {
+    if (end <= first) return true;
+    uint8_t* const* t = Table(g, row, layer);
+    const uint32_t last_page = static_cast<uint32_t>(end - 1) / records_per_page;
+    for (uint32_t pg = static_cast<uint32_t>(first) / records_per_page; pg <= last_page; ++pg) {
+      if (!PageWritable(t[pg])) return false;
+    }
+    return true;
+  }
 };
 
 }  // namespace hisparse

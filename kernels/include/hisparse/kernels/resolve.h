@@ -82,6 +82,14 @@
 // (q = 1 without query_counts); in some list t < q, a position outside [-1, P_t + 1) or a duplicate
 // position; a union larger than B (8c).
 //
+// Host records (every descriptor's HostRecordMap) are read and written through the host page tables
+// of arena_layout.h ("Host page tables"): position p of (row, layer) at page p / R of the row's
+// table, offset (p % R) * record_bytes; a record never straddles a page; positions at or past the
+// row's capacity are invalid as above. RESOLVE, its multi-query form and prefetch replay read
+// read-only (shared) pages like any other; store, indexed store and append refuse to write through
+// one (kResolveReadOnlyPage): checked over the whole request before anything is written, so the
+// refused row (a store's request, an append's entry) is left untouched and other rows proceed.
+//
 // Memory spaces: on the CUDA path every pointer in a descriptor is device-accessible (arena in
 // device memory, host records in device-mapped pinned host memory); on the host-emulated path all
 // are plain host pointers and the CPU reference runs.
@@ -104,6 +112,7 @@ enum ResolveError : uint32_t {
   kResolveBadIndex = 1u << 4,       // an indexed store's source index outside [0, src_tokens)
   kResolveBadQueryCount = 1u << 5,  // query (or appended token) count outside [1, draft_tokens + 1]
   kResolveUnionTooLarge = 1u << 6,  // a multi-query step's union of selections exceeds B (rule 8c)
+  kResolveReadOnlyPage = 1u << 7,   // a store or append into a read-only (shared) host page
 };
 
 // The miss plan of one RESOLVE launch: what it fetched, where to, and what it counted, per batch
@@ -229,10 +238,12 @@ struct StoreDesc {
   int32_t row;
   int32_t start_pos;
   int32_t num_tokens;
-  int32_t seq_len_after;     // the row's sequence length once these tokens are stored
-  const uint8_t* src;        // record of (layer l, token t) at src + l*layer_stride + t*token_stride
-  int64_t src_layer_stride;  // bytes
-  int64_t src_token_stride;  // bytes, >= record_bytes
+  int32_t seq_len_after;            // the row's sequence length once these tokens are stored
+  const uint8_t* src;               // record of (layer l, token t) at src + l*layer_stride + t*token_stride
+  int64_t src_layer_stride;         // bytes
+  int64_t src_token_stride;         // bytes, >= record_bytes
+  uint32_t* check = nullptr;        // CUDA only (required there): IndexedStoreDesc::check
+  uint32_t* error_flags = nullptr;  // may be null; the CUDA path ORs kResolveReadOnlyPage here
 };
 
 // Indexed prefill store (hs_store_indexed): the store above for layers [first_layer, first_layer +
@@ -250,7 +261,9 @@ struct StoreDesc {
 // Validity, all checked before anything is written (an invalid store writes nothing): row in
 // [0, max_rows) and a layer range of >= 1 layers inside [0, num_layers) (else kResolveBadRow);
 // start_pos, num_tokens >= 0 (else kResolveBadPosition); seq_len_after as for StoreDesc (else
-// kResolveBadSeqLen); every src_index[t] in [0, src_tokens) (else kResolveBadIndex).
+// kResolveBadSeqLen); every src_index[t] in [0, src_tokens) (else kResolveBadIndex); every host
+// page of positions [start_pos, start_pos + num_tokens) in every layer of the range writable, not
+// marked read-only (else kResolveReadOnlyPage: a shared page is never written through a table).
 struct IndexedStoreDesc {
   ArenaView arena;
   HostRecordMap host;
@@ -265,10 +278,12 @@ struct IndexedStoreDesc {
   int64_t src_tokens;        // records in each layer's pool: every src_index[t] must be below it
   int64_t src_layer_stride;  // bytes between layer l and l + 1 of the pool
   int64_t src_token_stride;  // bytes between pool slots, >= record_bytes
-  uint32_t* check;           // CUDA only: a device word the index check writes and the copy reads
-                             // (launches that share it must be ordered); unused by the reference
-  uint32_t* error_flags;     // may be null; the CUDA path ORs kResolveBadIndex here (the host
-                             // checks everything else before launching)
+  uint32_t* check;           // CUDA only, required: a device word the store's check kernel writes
+                             // and the copy reads (launches that share it must be ordered); unused
+                             // by the reference
+  uint32_t* error_flags;     // may be null; the CUDA path ORs kResolveBadIndex or
+                             // kResolveReadOnlyPage here (the host checks everything else before
+                             // launching)
 };
 
 // The plain store as an indexed store: every layer, pool slot t for position start_pos + t. The
@@ -287,6 +302,8 @@ inline IndexedStoreDesc IndexedStoreOf(const StoreDesc& d) {
   x.src_index = nullptr;
   x.src_layer_stride = d.src_layer_stride;
   x.src_token_stride = d.src_token_stride;
+  x.check = d.check;
+  x.error_flags = d.error_flags;
   return x;
 }
 
@@ -295,7 +312,9 @@ inline IndexedStoreDesc IndexedStoreOf(const StoreDesc& d) {
 // its q = token_counts[i] newest tokens (null: 1), token t < q being position seq_len - q + t, into
 // tail slot B + t and the host pool (and a regular slot that holds the position, should one), read
 // from src + (i * (draft_tokens + 1) + t) * src_stride. An entry with q outside [1, draft_tokens +
-// 1] (kResolveBadQueryCount), a bad row or a seq_len outside [q, capacity] writes nothing.
+// 1] (kResolveBadQueryCount), a bad row, a seq_len outside [q, capacity] or a position of
+// [seq_len - q, seq_len) on a read-only host page (kResolveReadOnlyPage) writes nothing; the
+// other entries proceed.
 struct AppendDesc {
   ArenaView arena;
   HostRecordMap host;
@@ -307,7 +326,8 @@ struct AppendDesc {
   const int32_t* seq_lens;                // [max_batch] the newest token is at seq_len - 1
   const uint8_t* src;                     // record of (batch entry i, token t) at src + (i * Q + t) * src_stride
   int64_t src_stride;                     // bytes, >= record_bytes
-  uint32_t* error_flags;                  // may be null; kResolveBadSeqLen / kResolveBadRow / kResolveBadQueryCount
+  uint32_t* error_flags;                  // may be null; kResolveBadSeqLen / kResolveBadRow /
+                                          // kResolveBadQueryCount / kResolveReadOnlyPage
   const int32_t* token_counts = nullptr;  // [max_batch] tokens appended by entry i; null: 1 each
 };
 

@@ -1,0 +1,55 @@
+// Host page tables for the RESOLVE benches: where every row's host records lie in one mapped
+// pool, as kernels/include/hisparse/kernels/arena_layout.h ("Host page tables") reads them, in one
+// of two layouts over the same pool:
+//   contiguous  row r's run of seq records at pool offset r * seq * record_bytes (back to back);
+//   paged       pages of R = page_bytes / record_bytes records (a record never straddles a page),
+//               each page at a distinct page frame of the pool (frame f at f * page_bytes) drawn
+//               at random (seeded), so the pages of a row are scattered over the whole pool.
+// Plain C++ (no CUDA): the tables are offsets that the caller adds to the pool's device or host
+// address.
+#ifndef HISPARSE_BENCH_HOST_TABLES_H_
+#define HISPARSE_BENCH_HOST_TABLES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hisparse::bench {
+
+enum class HostLayout { kContiguous, kPaged };
+
+// Parses "contiguous" / "paged"; false on anything else.
+bool ParseHostLayout(const std::string& s, HostLayout* out);
+const char* HostLayoutName(HostLayout l);
+// Parses a byte size: digits with an optional K, M, G or T suffix (powers of 1024); 0 on error.
+size_t ParseBytes(const std::string& s);
+
+// One layer's tables of `rows` rows: offsets[r * pages_per_entry + i] is the pool offset of row
+// r's page i (for contiguous, of its run).
+struct HostTables {
+  std::vector<size_t> offsets;
+  uint32_t records_per_page = 0;
+  uint32_t pages_per_entry = 0;
+
+  // The pool offset of position p of row r.
+  size_t Offset(int r, int p, uint32_t record_bytes) const {
+    const uint32_t u = static_cast<uint32_t>(p);
+    return offsets[static_cast<size_t>(r) * pages_per_entry + u / records_per_page] +
+           static_cast<size_t>(u % records_per_page) * record_bytes;
+  }
+  // The table in an address space whose pool starts at `base`.
+  std::vector<uint8_t*> At(uint8_t* base) const;
+};
+
+// Lays out `rows` rows of `seq` records in a pool of pool_bytes. Returns false and says why in
+// *error when the pool is too small or page_bytes is not a multiple of 16 holding >= 1 record.
+bool BuildHostTables(HostLayout layout, size_t pool_bytes, size_t page_bytes, int rows, int seq, uint32_t record_bytes,
+                     uint32_t seed, HostTables* out, std::string* error);
+
+// The pool bytes `layout` needs for rows x seq records (paged: whole pages).
+size_t HostTablesBytes(HostLayout layout, size_t page_bytes, int rows, int seq, uint32_t record_bytes);
+
+}  // namespace hisparse::bench
+
+#endif  // HISPARSE_BENCH_HOST_TABLES_H_
