@@ -3,13 +3,16 @@
 # touched, in one device call. Built here, run there (the GPU host has no gRPC):
 #   tools/gpu/make-bundle.sh .bundle-gpu        # here: CUDA build, stripped, libhisparse beside
 #   tools/gpu/check-plan.sh .bundle-gpu         # there, from the repo root ($OUT collects logs)
-# Steps: link bandwidth (hisparse-bench resolve's own measurement, one small point), gpu_resolve_test,
-# gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test, gpu_arena_session_test, pytest
-# tests/python (GPU cases included), hisparse-bench decode at a short configuration (capacity,
-# matched-batch exactness), hisparse-bench serve at a short configuration (128k, batch 1-4 and the
-# peak, every mode, exactness), examples/engine/run_engine.py with speculative decoding (1 and 3
-# drafts, bf16 and fp8, exactness), hisparse-bench resolve --draft-tokens (multi-query RESOLVE
-# against n+1 single-query launches, with fresh misses and planning alone). About 6 minutes.
+# Steps, most important first (a run cut short by the device's time keeps what it did): link
+# bandwidth (hisparse-bench resolve's own measurement, one small point); gpu_resolve_test,
+# gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test,
+# gpu_arena_session_test; pytest tests/python (GPU cases included); examples/engine/run_engine.py
+# with speculative decoding (1 and 3 drafts, bf16 and fp8, exactness); hisparse-bench resolve
+# --draft-tokens (multi-query RESOLVE against n+1 single-query launches, with fresh misses and the
+# planning alone); hisparse-bench resolve over paged host memory against one contiguous run;
+# hisparse-bench decode at a short configuration (capacity, matched-batch exactness);
+# hisparse-bench serve at a short configuration (128k, batch 1-4 and the peak, every mode,
+# exactness). About 7 minutes.
 # Writes under $OUT (8 files, what the device tool returns): summary.txt (the GPU first),
 # bench.log (the link, then the RESOLVE benchmarks), gpu_tests.log, pytest.log, decode.log,
 # serve.log, serve.jsonl, speculative.log.
@@ -42,6 +45,22 @@ done
 grep -E '^=== |^\[  (PASSED|FAILED) |tests? ran|SKIPPED' "$G" | tee -a "$S"
 step 240 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python > "$OUT/pytest.log" 2>&1
 tail -3 "$OUT/pytest.log" | tee -a "$S"
+step 200 speculative "$PY" examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 4x32768 \
+  --k 2048 --steps 40 --records bf16,fp8 > "$OUT/speculative.log" 2>&1
+grep -E '^link|^exactness|^speculative|^engine' "$OUT/speculative.log" | tee -a "$S"
+# Multi-query RESOLVE: lists overlapping 80% (each list brings 20% never-seen positions), then
+# the same steps planned without moving records (--no-fetch: the planning alone), 656 and 1152 B.
+for args in "--record-bytes 656" "--record-bytes 656 --no-fetch"; do
+  echo "=== resolve --draft-tokens 0,1,3 $args" >> "$BL"
+  step 120 "resolve-draft $args" "$B/bin/hisparse-bench" resolve --draft-tokens 0,1,3 --runs 100 $args >> "$BL" 2>&1
+done
+grep -E '^ +[0-9]+ +[0-9]+ ' "$BL" | tee -a "$S"
+# Paged host memory against one contiguous run (issue 17): pages scattered at random over a
+# 64 GiB pinned pool, consecutive and scattered misses of a 128k context, 20% and 100%.
+echo "=== resolve paged vs contiguous" >> "$BL"
+step 200 "resolve-paged" "$B/bin/hisparse-bench" resolve --batch 1,10,64,128 --slots 4096 --record-bytes 656,1152 \
+  --miss 0.2,1 --pattern consecutive,scattered --host-layout contiguous,paged --page-size 2M,64M --pool 64G \
+  --runs 50 >> "$BL" 2>&1
 step 200 decode "$PY" examples/engine/decode_bench.py --hbm-budget 8GiB --host-pool-size 12GiB \
   --host-pool-segment-size 1GiB --contexts 32768 --k 2048 --slots 4096 --matched-slots 4096 --layers 4 \
   --records bf16 --steps 12 --probe-steps 4 --time-budget-s 150 > "$OUT/decode.log" 2>&1
@@ -51,14 +70,4 @@ step 200 serve "$PY" examples/engine/serve_bench.py --layers 8 --contexts 131072
   --hybrid-slots 4096 --steps 32 --probe-steps 0 --host-pool-size 24GiB --json "$OUT/serve.jsonl" > "$OUT/serve.log" 2>&1
 grep -E '"kind": "link"|"exact": false|peak tokens|Error' "$OUT/serve.log" | tee -a "$S"
 echo "serve exactness: $(grep -c '"exact": true' "$OUT/serve.log") exact, $(grep -c '"exact": false' "$OUT/serve.log") not" | tee -a "$S"
-step 200 speculative "$PY" examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 4x32768 \
-  --k 2048 --steps 40 --records bf16,fp8 > "$OUT/speculative.log" 2>&1
-grep -E '^link|^exactness|^speculative|^engine' "$OUT/speculative.log" | tee -a "$S"
-# Multi-query RESOLVE: lists overlapping 80% (each list brings 20% never-seen positions), then
-# the same steps planned without moving records (--no-fetch: the planning alone), 656 and 1152 B.
-for args in "--record-bytes 656" "--record-bytes 1152" "--record-bytes 656 --no-fetch"; do
-  echo "=== resolve --draft-tokens 0,1,3 $args" >> "$BL"
-  step 120 "resolve-draft $args" "$B/bin/hisparse-bench" resolve --draft-tokens 0,1,3 --runs 100 $args >> "$BL" 2>&1
-done
-grep -E '^ +[0-9]+ +[0-9]+ ' "$BL" | tee -a "$S"
 exit 0
