@@ -27,7 +27,8 @@ import tracefmt  # noqa: E402
 class Lint(unittest.TestCase):
     def test_scripts_compile(self):
         with tempfile.TemporaryDirectory() as tmp:
-            for name in ("build_corpus.py", "train_and_extract.py", "tracefmt.py", "test_tracefmt.py"):
+            for name in ("build_corpus.py", "train_and_extract.py", "tracefmt.py", "test_tracefmt.py",
+                         "hint_reach.py"):
                 py_compile.compile(os.path.join(HERE, name), cfile=os.path.join(tmp, name + "c"), doraise=True)
 
 
