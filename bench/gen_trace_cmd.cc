@@ -2,8 +2,8 @@
 // report the locality it achieved, so a preset's calibration is read off, not assumed.
 //
 //   hisparse-bench gen-trace --preset {dsv32,stress,local} [--seed S] [--requests R] [--layers L]
-//                            [--steps N] [--context C] [--k K] [--out FILE[.gz]] [--measure]
-//                            [--json]
+//                            [--steps N] [--context C] [--k K] [--hints H] [--out FILE[.gz]]
+//                            [--measure] [--json]
 //
 // Exit codes: 0 ok, 1 the file could not be written, 2 bad usage.
 #include <chrono>
@@ -25,10 +25,13 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: hisparse-bench gen-trace --preset {dsv32,stress,local} [--seed S] [--requests R]\n"
-    "         [--layers L] [--steps N] [--context C] [--k K] [--out FILE[.gz]] [--measure] [--json]\n"
+    "         [--layers L] [--steps N] [--context C] [--k K] [--hints H] [--out FILE[.gz]]\n"
+    "         [--measure] [--json]\n"
     "  Writes a synthetic selection trace (TRACE_FORMAT.md version 1; gzip when FILE ends in .gz):\n"
-    "  R requests x L layers, N decode steps from seq_len C, k positions a record.\n"
-    "  Defaults: --seed 1 --requests 4 --layers 4 --steps 256 --context 32768 --k 2048.\n"
+    "  R requests x L layers, N decode steps from seq_len C, k positions a record. --hints H > 0\n"
+    "  writes version 2 with up to H retention hints a record (the next-best positions by the\n"
+    "  same score, best first); the selections do not change.\n"
+    "  Defaults: --seed 1 --requests 4 --layers 4 --steps 256 --context 32768 --k 2048 --hints 0.\n"
     "  --measure prints the consecutive-step overlap per layer and the adjacent-layer overlap the\n"
     "  trace achieved (--json: as one JSON object). --out or --measure is required.\n";
 
@@ -49,7 +52,7 @@ std::string Means(const std::vector<trace::MeanStat>& v, bool json) {
 
 int GenTraceMain(int argc, char** argv) {
   std::string preset_name, out_path;
-  int64_t seed = 1, requests = 4, layers = 4, steps = 256, context = 32768, k = 2048;
+  int64_t seed = 1, requests = 4, layers = 4, steps = 256, context = 32768, k = 2048, hints = 0;
   bool measure = false, json = false;
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
@@ -69,6 +72,7 @@ int GenTraceMain(int argc, char** argv) {
                       : name == "--steps"    ? &steps
                       : name == "--context"  ? &context
                       : name == "--k"        ? &k
+                      : name == "--hints"    ? &hints
                                              : nullptr;
     if (name == "--preset") {
       preset_name = value;
@@ -76,9 +80,9 @@ int GenTraceMain(int argc, char** argv) {
       out_path = value;
     } else if (number == nullptr) {
       return UsageError(absl::StrCat("unknown argument '", arg, "'"));
-    } else if (!absl::SimpleAtoi(value, number) || *number < (name == "--seed" ? 0 : 1) ||
-               *number > (int64_t{1} << 30)) {
-      return UsageError(absl::StrCat(name, " needs a ", name == "--seed" ? "non-negative" : "positive",
+    } else if (const bool zero_ok = name == "--seed" || name == "--hints";
+               !absl::SimpleAtoi(value, number) || *number < (zero_ok ? 0 : 1) || *number > (int64_t{1} << 30)) {
+      return UsageError(absl::StrCat(name, " needs a ", zero_ok ? "non-negative" : "positive",
                                      " integer up to 2^30, got '", value, "'"));
     }
   }
@@ -95,6 +99,7 @@ int GenTraceMain(int argc, char** argv) {
   o.steps = static_cast<int32_t>(steps);
   o.context = static_cast<int32_t>(context);
   o.k = static_cast<int32_t>(k);
+  o.hints = static_cast<int32_t>(hints);
 
   std::unique_ptr<trace::TraceWriter> writer;
   if (!out_path.empty()) {

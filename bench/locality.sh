@@ -20,6 +20,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BENCH="${1:-${HISPARSE_BENCH:-$ROOT/build/bin/hisparse-bench}}"
 OUT="${OUT:-$(mktemp -d /tmp/hisparse-locality-XXXXXX)}"
 RATIOS=1,1.5,2,4
+HINTS=1,0.5  # hint depths h / k of the hint policy (issue 21): h = k and h = k/2
 PRESETS=(dsv32 stress local)
 [[ -x "$BENCH" ]] || { echo "locality.sh: no hisparse-bench at $BENCH" >&2; exit 2; }
 command -v gnuplot >/dev/null || { echo "locality.sh: needs gnuplot (apt-get install -y gnuplot-nox)" >&2; exit 2; }
@@ -39,12 +40,13 @@ for f in "$ROOT"/bench/traces/debian-*-small.trace.gz; do
   [[ -e $f ]] && small+=(--trace "$f")
 done
 
-# Large traces, generated on the fly: 8 layers x 4 requests x 256 steps, k = 2048, 32k context.
+# Large traces, generated on the fly: 8 layers x 4 requests x 256 steps, k = 2048, 32k context,
+# with 2048 retention hints a record (version 2; the selections are those of --hints 0).
 large=()
 for p in "${PRESETS[@]}"; do
   f="$OUT/$p-large.trace.gz"
   "$BENCH" gen-trace --preset "$p" --seed 1 --requests 4 --layers 8 --steps 256 \
-    --context 32768 --k 2048 --out "$f"
+    --context 32768 --k 2048 --hints 2048 --out "$f"
   large+=(--trace "$f")
 done
 if [[ -n ${REAL_TRACES:-} ]]; then
@@ -58,8 +60,8 @@ fi
 LAST_SMALL=$(( ${#small[@]} / 2 * 3 - 1 ))
 LAST_LARGE=$(( ${#large[@]} / 2 * 3 - 1 ))
 
-"$BENCH" trace "${small[@]}" --policy all --ratios $RATIOS --json > "$OUT/small.json"
-"$BENCH" trace "${large[@]}" --policy all --ratios $RATIOS --json > "$OUT/large.json"
+"$BENCH" trace "${small[@]}" --policy all --ratios $RATIOS --hints $HINTS --json > "$OUT/small.json"
+"$BENCH" trace "${large[@]}" --policy all --ratios $RATIOS --hints $HINTS --json > "$OUT/large.json"
 
 # Tables (Markdown) and the plot's data: one block per (trace, policy), lines "ratio hit_rate".
 python3 - "$OUT" <<'EOF'
@@ -90,16 +92,30 @@ for name in ("small", "large"):
     with open(os.path.join(out, name + ".dat"), "w") as dat:
         for t in doc["traces"]:
             trace = os.path.basename(t["trace"]).split(".")[0]
-            for policy in ("lru", "belady", "staging"):
-                dat.write(f"{trace.replace('-small', '').replace('-large', '')}/{policy} rate\n")
-                for r in (r for r in t["replays"] if r["policy"] == policy):
+            labels = list(dict.fromkeys(r.get("label", r["policy"]) for r in t["replays"]))
+            for policy in labels:
+                plotted = policy in ("lru", "belady", "staging")
+                if plotted:
+                    dat.write(f"{trace.replace('-small', '').replace('-large', '')}/{policy} rate\n")
+                for r in (r for r in t["replays"] if r.get("label", r["policy"]) == policy):
                     deep = r["per_layer"][2:] or r["per_layer"]
                     deep_rate = sum(c["hits"] for c in deep) / max(1, sum(c["selections"] for c in deep))
                     tot = r["total"]
                     md.append(f"| {trace} | {policy} | {r['ratio']:g} | {r['slots']} | {tot['hit_rate']:.3f}"
                               f" | {deep_rate:.3f} | {tot['misses_p50']} | {tot['misses_p99']} |")
-                    dat.write(f"{r['ratio']:g} {tot['hit_rate']:.5f}\n")
-                dat.write("\n\n")
+                    if plotted:
+                        dat.write(f"{r['ratio']:g} {tot['hit_rate']:.5f}\n")
+                if plotted:
+                    dat.write("\n\n")
+    md.append("")
+    # Issue 21: hit rate per layer, every policy, B/k in RATIOS.
+    md.append("| trace | policy | B/k | total | per layer |")
+    md.append("| --- | --- | --- | --- | --- |")
+    for t in doc["traces"]:
+        trace = os.path.basename(t["trace"]).split(".")[0]
+        for r in t["replays"]:
+            md.append(f"| {trace} | {r.get('label', r['policy'])} | {r['ratio']:g} | {r['total']['hit_rate']:.4f} | "
+                      + " ".join(f"{c['hit_rate']:.3f}" for c in r["per_layer"]) + " |")
     md.append("")
 open(os.path.join(out, "tables.md"), "w").write("\n".join(md))
 # Reference points: FACTS.md's small trained model (LRU) and the HiSparse paper's one LRU figure.

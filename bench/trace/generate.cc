@@ -111,8 +111,10 @@ class RequestState {
     Renew(&shared_, shared_.empty() ? 0 : o.context, 1.0, rng_.get());
   }
 
-  // Advances to `seq_len` (from step 1 on, one new token) and fills one record per layer.
-  void Step(int32_t step, int32_t seq_len, std::vector<std::vector<int32_t>>* out) {
+  // Advances to `seq_len` (from step 1 on, one new token) and fills one record per layer: its
+  // selection (*out) and its hints (*hints, when options.hints > 0).
+  void Step(int32_t step, int32_t seq_len, std::vector<std::vector<int32_t>>* out,
+            std::vector<std::vector<int32_t>>* hints) {
     if (step > 0) {
       AddPosition();
       for (int32_t& start : topics_) {
@@ -121,7 +123,7 @@ class RequestState {
       Renew(&shared_, shared_.empty() ? 0 : seq_len, p_.flicker_renew, rng_.get());
       for (auto& f : own_) Renew(&f, f.empty() ? 0 : seq_len, p_.flicker_renew, rng_.get());
     }
-    for (int32_t l = 0; l < layers_; ++l) Select(l, seq_len, &(*out)[l]);
+    for (int32_t l = 0; l < layers_; ++l) Select(l, seq_len, &(*out)[l], &(*hints)[l]);
   }
 
  private:
@@ -144,10 +146,13 @@ class RequestState {
     }
   }
 
-  void Select(int32_t l, int32_t seq_len, std::vector<int32_t>* sel) {
+  // The top `want` candidates by score join the forced positions; the next o_.hints candidates by
+  // the same score, best first, are the record's hints (none when every candidate is selected).
+  void Select(int32_t l, int32_t seq_len, std::vector<int32_t>* sel, std::vector<int32_t>* hints) {
     const LayerProfile& prof = Profile(l);
     const int32_t k = o_.k, newest = seq_len - 1;
     sel->clear();
+    hints->clear();
     if (seq_len <= k) {
       for (int32_t p = 0; p < seq_len; ++p) sel->push_back(p);
       return;
@@ -175,6 +180,14 @@ class RequestState {
       }
       std::nth_element(keys_.begin(), keys_.begin() + want, keys_.end(), std::greater<>());
       for (int32_t i = 0; i < want; ++i) sel->push_back(static_cast<int32_t>(keys_[i] & 0xffffffffu));
+      // The selection above is what it is without hints: nth_element leaves [0, want) alone here.
+      const int32_t h = std::min<int32_t>(o_.hints, hi - lo - want);
+      if (h > 0) {
+        auto first = keys_.begin() + want;
+        std::nth_element(first, first + h, keys_.end(), std::greater<>());
+        std::sort(first, first + h, std::greater<>());
+        for (auto it = first; it != first + h; ++it) hints->push_back(static_cast<int32_t>(*it & 0xffffffffu));
+      }
     }
     std::sort(sel->begin(), sel->end());
   }
@@ -216,6 +229,7 @@ class RequestState {
 };
 
 absl::Status CheckOptions(const GeneratorOptions& o) {
+  if (o.hints < 0) return absl::InvalidArgumentError(absl::StrCat("hints must be >= 0 (got ", o.hints, ")"));
   if (o.requests < 1 || o.layers < 1 || o.steps < 1 || o.context < 1 || o.k < 1) {
     return absl::InvalidArgumentError(absl::StrCat("requests, layers, steps, context and k must all be >= 1 (got ",
                                                    o.requests, ", ", o.layers, ", ", o.steps, ", ", o.context, ", ",
@@ -278,10 +292,12 @@ TraceHeader GeneratedHeader(const GeneratorOptions& o) {
   TraceHeader h;
   h.k = o.k;
   h.layers = o.layers;
+  h.hints = o.hints;
   h.extra.emplace_back("source", "synthetic");
-  h.extra.emplace_back("generator", absl::StrCat("hisparse-bench gen-trace --preset ", o.preset.name, " --seed ",
-                                                 o.seed, " --requests ", o.requests, " --layers ", o.layers,
-                                                 " --steps ", o.steps, " --context ", o.context, " --k ", o.k));
+  h.extra.emplace_back(
+      "generator", absl::StrCat("hisparse-bench gen-trace --preset ", o.preset.name, " --seed ", o.seed, " --requests ",
+                                o.requests, " --layers ", o.layers, " --steps ", o.steps, " --context ", o.context,
+                                " --k ", o.k, o.hints > 0 ? absl::StrCat(" --hints ", o.hints) : ""));
   return h;
 }
 
@@ -289,20 +305,22 @@ absl::Status GenerateTrace(const GeneratorOptions& o, const std::function<absl::
   HS_RETURN_IF_ERROR(CheckOptions(o));
   std::vector<std::unique_ptr<RequestState>> requests;
   for (int32_t r = 0; r < o.requests; ++r) requests.push_back(std::make_unique<RequestState>(o, r));
-  std::vector<std::vector<int32_t>> sel(o.layers);
+  std::vector<std::vector<int32_t>> sel(o.layers), hints(o.layers);
   TraceRecord rec;
   for (int32_t t = 0; t < o.steps; ++t) {
     const int32_t seq_len = o.context + t;
     for (int32_t r = 0; r < o.requests; ++r) {
-      requests[r]->Step(t, seq_len, &sel);
+      requests[r]->Step(t, seq_len, &sel, &hints);
       for (int32_t l = 0; l < o.layers; ++l) {
         rec.step = t;
         rec.layer = l;
         rec.request = r;
         rec.seq_len = seq_len;
         rec.positions.swap(sel[l]);
+        rec.hints.swap(hints[l]);
         HS_RETURN_IF_ERROR(emit(rec));
         rec.positions.swap(sel[l]);
+        rec.hints.swap(hints[l]);
       }
     }
   }

@@ -140,16 +140,29 @@ absl::StatusOr<LocalityStudy> RunStudy(const LoadedTrace& trace, LocalityStats l
     // The small margin keeps 1.5 * 2048 at 3072 despite rounding in the ratio's parsing.
     sizes.emplace_back(r, static_cast<int32_t>(std::ceil(r * study.k - 1e-6)));
   }
+  std::vector<double> hint_ratios = o.hint_ratios;
+  if (hint_ratios.empty()) hint_ratios.push_back(-1);
+  for (double h : o.hint_ratios) {
+    if (!(h >= 0) || h > 1e6) return absl::InvalidArgumentError(absl::StrCat("hint ratio must be >= 0, got ", h));
+  }
   for (Policy policy : o.policies) {
-    for (const auto& [ratio, b] : sizes) {
-      HS_ASSIGN_OR_RETURN(ReplayResult result, Replay(trace, ReplayOptions{b, policy, o.record_bytes}));
-      study.runs.push_back(LocalityStudy::Run{ratio, std::move(result)});
+    for (double h : policy == Policy::kHint ? hint_ratios : std::vector<double>{-1}) {
+      const int32_t depth = h < 0 ? -1 : static_cast<int32_t>(std::lround(h * study.k));
+      for (const auto& [ratio, b] : sizes) {
+        HS_ASSIGN_OR_RETURN(ReplayResult result, Replay(trace, ReplayOptions{b, policy, o.record_bytes, depth}));
+        study.runs.push_back(LocalityStudy::Run{ratio, h, std::move(result)});
+      }
     }
   }
   return study;
 }
 
 }  // namespace
+
+std::string RunLabel(const LocalityStudy::Run& run) {
+  if (run.result.policy != Policy::kHint || run.hint_ratio < 0) return PolicyName(run.result.policy);
+  return absl::StrCat("hint@", run.hint_ratio);
+}
 
 absl::StatusOr<LocalityStudy> StudyTrace(const std::string& path, const StudyOptions& options) {
   int32_t layers = 0;

@@ -52,6 +52,10 @@ std::string LocalityStudyJson(const LocalityStudy& s) {
     const ReplayResult& r = s.runs[i].result;
     absl::StrAppend(&out, i ? ",\n  " : "\n  ", "{\"policy\": \"", PolicyName(r.policy), "\"");
     if (s.runs[i].ratio > 0) absl::StrAppendFormat(&out, ", \"ratio\": %g", s.runs[i].ratio);
+    if (r.policy == Policy::kHint) {
+      absl::StrAppend(&out, ", \"label\": ", JsonString(RunLabel(s.runs[i])), ", \"hint_depth\": ", r.hint_depth);
+      if (s.runs[i].hint_ratio >= 0) absl::StrAppendFormat(&out, ", \"hint_ratio\": %g", s.runs[i].hint_ratio);
+    }
     absl::StrAppend(&out, ", \"slots\": ", r.slots, ", \"total\": {", CountsJson(r.total, r.record_bytes),
                     "}, \"per_layer\": [");
     for (size_t l = 0; l < r.per_layer.size(); ++l) {
@@ -86,14 +90,13 @@ std::string LocalityStudyTable(const LocalityStudy& s) {
   }
   absl::StrAppendFormat(&out, " %9.4f\n", total > 0 ? h.never / total : 0.0);
 
-  absl::StrAppendFormat(&out, "\n%-8s %6s %7s %8s %8s %8s", "policy", "B/k", "B", "hit_rate", "miss p50", "miss p99");
+  absl::StrAppendFormat(&out, "\n%-10s %6s %7s %8s %8s %8s", "policy", "B/k", "B", "hit_rate", "miss p50", "miss p99");
   for (int32_t l = 0; l < s.layers; ++l) absl::StrAppendFormat(&out, " %7s", absl::StrCat("L", l));
   out.push_back('\n');
   for (const LocalityStudy::Run& run : s.runs) {
     const ReplayResult& r = run.result;
-    absl::StrAppendFormat(&out, "%-8s %6.3g %7d %8.4f %8d %8d", PolicyName(r.policy),
-                          static_cast<double>(r.slots) / r.k, r.slots, r.total.hit_rate(), r.total.misses_p50,
-                          r.total.misses_p99);
+    absl::StrAppendFormat(&out, "%-10s %6.3g %7d %8.4f %8d %8d", RunLabel(run), static_cast<double>(r.slots) / r.k,
+                          r.slots, r.total.hit_rate(), r.total.misses_p50, r.total.misses_p99);
     for (const ReplayCounts& c : r.per_layer) absl::StrAppendFormat(&out, " %7.4f", c.hit_rate());
     out.push_back('\n');
   }

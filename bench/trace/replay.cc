@@ -1,4 +1,4 @@
-// Trace replay through lru / belady / staging (replay.h).
+// Trace replay through lru / belady / staging / hint / lru2 (replay.h).
 #include "hisparse/trace/replay.h"
 
 #include <algorithm>
@@ -14,24 +14,14 @@
 #include "absl/strings/str_format.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/kernels/resolve.h"
+#include "stream_internal.h"
 
 namespace hisparse::trace {
 namespace {
 
-// One (request, layer) stream: its records in step order, flattened as [seq_len, n, p1 .. pn].
-struct Stream {
-  int32_t layer = 0;
-  std::vector<int32_t> data;
-};
-
-// Calls f(record index, seq_len, positions, n) for each record of `s`, in order.
-template <typename F>
-void ForEachRecord(const Stream& s, F f) {
-  int32_t t = 0;
-  for (size_t i = 0; i < s.data.size(); i += 2 + s.data[i + 1], ++t) {
-    f(t, s.data[i], &s.data[i + 2], s.data[i + 1]);
-  }
-}
+using internal::ForEachRecord;
+using internal::RecordView;
+using internal::Stream;
 
 // LRU is the real RESOLVE on a one-row, one-layer arena reset per stream. NoFetch: the records
 // section is never touched, so no host pool exists; every seq_len is within the row's capacity.
@@ -53,7 +43,9 @@ class LruReplayer {
     const int32_t row = 0, one = 1;
     ReplayCounts c;
     absl::Status status;
-    ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
+    ForEachRecord(s, [&](const RecordView& r) {
+      int32_t seq_len = r.seq_len;
+      const int32_t *p = r.positions, n = r.n;
       std::fill(std::copy(p, p + n, positions_.begin()), positions_.end(), kPadding);
       c.selections += n;
       ResolveDesc d{};
@@ -90,17 +82,17 @@ ReplayCounts ReplayBelady(const Stream& s, int32_t slots, std::vector<uint32_t>*
   constexpr int32_t kNever = std::numeric_limits<int32_t>::max();
   // next[i]: the record index of the next non-newest selection of the position at data[i].
   std::vector<int32_t> next(s.data.size(), kNever);
-  std::vector<std::pair<size_t, int32_t>> records;  // (data offset, record index), for the reverse scan
-  ForEachRecord(s, [&](int32_t t, int32_t, const int32_t* p, int32_t) { records.emplace_back(p - s.data.data(), t); });
+  std::vector<RecordView> records;  // for the reverse scan
+  ForEachRecord(s, [&](const RecordView& r) { records.push_back(r); });
   std::unordered_map<int32_t, int32_t> next_seen;
   for (auto r = records.rbegin(); r != records.rend(); ++r) {
-    const int32_t seq_len = s.data[r->first - 2], n = s.data[r->first - 1];
-    for (int32_t j = 0; j < n; ++j) {
-      const int32_t p = s.data[r->first + j];
-      if (p == seq_len - 1) continue;  // a newest-token selection costs nothing: not a use
+    const size_t offset = static_cast<size_t>(r->positions - s.data.data());
+    for (int32_t j = 0; j < r->n; ++j) {
+      const int32_t p = r->positions[j];
+      if (p == r->seq_len - 1) continue;  // a newest-token selection costs nothing: not a use
       auto it = next_seen.find(p);
-      next[r->first + j] = it == next_seen.end() ? kNever : it->second;
-      next_seen[p] = r->second;
+      next[offset + j] = it == next_seen.end() ? kNever : it->second;
+      next_seen[p] = r->index;
     }
   }
 
@@ -108,7 +100,9 @@ ReplayCounts ReplayBelady(const Stream& s, int32_t slots, std::vector<uint32_t>*
   std::unordered_map<int32_t, int32_t> resident;  // position -> its next use
   std::set<std::pair<int32_t, int32_t>> by_next;  // (next use, position) of evictable residents
   std::vector<std::pair<int32_t, int32_t>> keep;  // (next use, position) selected this step
-  ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
+  ForEachRecord(s, [&](const RecordView& r) {
+    const int32_t seq_len = r.seq_len, n = r.n;
+    const int32_t* p = r.positions;
     c.selections += n;
     keep.clear();
     int32_t misses = 0;
@@ -147,7 +141,9 @@ ReplayCounts ReplayBelady(const Stream& s, int32_t slots, std::vector<uint32_t>*
 ReplayCounts ReplayStaging(const Stream& s, std::vector<uint32_t>* record_misses) {
   ReplayCounts c;
   std::vector<int32_t> prev, cur;  // sorted selections of the previous and current record
-  ForEachRecord(s, [&](int32_t, int32_t seq_len, const int32_t* p, int32_t n) {
+  ForEachRecord(s, [&](const RecordView& r) {
+    const int32_t seq_len = r.seq_len, n = r.n;
+    const int32_t* p = r.positions;
     c.selections += n;
     uint32_t misses = 0;
     for (int32_t j = 0; j < n; ++j) {
@@ -213,7 +209,9 @@ class TraceLoader {
     std::vector<int32_t>& d = impl_->streams[it->second].data;
     d.push_back(r.seq_len);
     d.push_back(static_cast<int32_t>(r.positions.size()));
+    d.push_back(static_cast<int32_t>(r.hints.size()));
     d.insert(d.end(), r.positions.begin(), r.positions.end());
+    d.insert(d.end(), r.hints.begin(), r.hints.end());
     ++impl_->records;
   }
   LoadedTrace Finish() { return LoadedTrace(std::move(impl_)); }
@@ -234,7 +232,10 @@ absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
   if (name == "lru") return Policy::kLru;
   if (name == "belady") return Policy::kBelady;
   if (name == "staging") return Policy::kStaging;
-  return absl::InvalidArgumentError(absl::StrCat("unknown policy '", name, "' (expected lru, belady or staging)"));
+  if (name == "hint") return Policy::kHint;
+  if (name == "lru2") return Policy::kLru2;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy '", name, "' (expected lru, belady, staging, hint or lru2)"));
 }
 
 const char* PolicyName(Policy policy) {
@@ -245,6 +246,10 @@ const char* PolicyName(Policy policy) {
       return "belady";
     case Policy::kStaging:
       return "staging";
+    case Policy::kHint:
+      return "hint";
+    case Policy::kLru2:
+      return "lru2";
   }
   return "?";
 }
@@ -287,6 +292,7 @@ absl::StatusOr<ReplayResult> Replay(const LoadedTrace& trace, const ReplayOption
   res.k = h.k;
   res.layers = h.layers;
   res.record_bytes = o.record_bytes;
+  res.hint_depth = o.policy == Policy::kHint ? o.hint_depth : -1;
   res.records = trace.records();
   res.streams = trace.streams();
   res.per_layer.resize(h.layers);
@@ -306,6 +312,12 @@ absl::StatusOr<ReplayResult> Replay(const LoadedTrace& trace, const ReplayOption
         break;
       case Policy::kStaging:
         c = ReplayStaging(s, misses);
+        break;
+      case Policy::kHint:
+        c = internal::ReplayOnline(s, o.slots, internal::OnlineVictims::kHint, o.hint_depth, misses);
+        break;
+      case Policy::kLru2:
+        c = internal::ReplayOnline(s, o.slots, internal::OnlineVictims::kLru2, 0, misses);
         break;
     }
     AddTo(&res.per_layer[s.layer], c);

@@ -42,6 +42,7 @@ std::string ReplayResultJson(const ReplayResult& r, absl::string_view trace_path
   std::string out = absl::StrCat("{\"trace\": ", JsonString(trace_path), ", \"policy\": \"", PolicyName(r.policy),
                                  "\", \"slots\": ", r.slots, ", \"k\": ", r.k, ", \"layers\": ", r.layers);
   if (r.record_bytes > 0) absl::StrAppend(&out, ", \"record_bytes\": ", r.record_bytes);
+  if (r.policy == Policy::kHint) absl::StrAppend(&out, ", \"hint_depth\": ", r.hint_depth);
   absl::StrAppend(&out, ", \"records\": ", r.records, ", \"streams\": ", r.streams, ",\n \"total\": {",
                   CountsJson(r.total, r.record_bytes), "},\n \"per_layer\": [");
   for (size_t l = 0; l < r.per_layer.size(); ++l) {

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "hisparse/common/status_macros.h"
 #include "hisparse/trace/trace.h"
 
 namespace hisparse::trace {
@@ -36,6 +37,7 @@ absl::Status TraceChecker::Check(const TraceRecord& r) {
   if (dup != scratch_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("position ", *dup, " selected twice"));
   }
+  HS_RETURN_IF_ERROR(CheckHints(r));
   if (r.step != step_) {
     step_ = r.step;
     seen_.clear();
@@ -43,6 +45,31 @@ absl::Status TraceChecker::Check(const TraceRecord& r) {
   if (!seen_.emplace(r.layer, r.request).second) {
     return absl::InvalidArgumentError(
         absl::StrCat("(layer ", r.layer, ", request ", r.request, ") appears twice in step ", r.step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceChecker::CheckHints(const TraceRecord& r) {
+  if (r.hints.empty()) return absl::OkStatus();
+  if (hints_ == 0) {
+    return absl::InvalidArgumentError("hints in a version-1 trace (version 2 with a 'hints' header key has them)");
+  }
+  if (r.hints.size() > static_cast<size_t>(hints_)) {
+    return absl::InvalidArgumentError(absl::StrCat(r.hints.size(), " hints, more than hints = ", hints_));
+  }
+  for (int32_t p : r.hints) {
+    if (p < 0 || p >= r.seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("hint ", p, " outside [0, seq_len = ", r.seq_len, ")"));
+    }
+  }
+  hint_scratch_.assign(r.hints.begin(), r.hints.end());
+  std::sort(hint_scratch_.begin(), hint_scratch_.end());
+  auto dup = std::adjacent_find(hint_scratch_.begin(), hint_scratch_.end());
+  if (dup != hint_scratch_.end()) return absl::InvalidArgumentError(absl::StrCat("hint ", *dup, " given twice"));
+  for (int32_t p : hint_scratch_) {
+    if (std::binary_search(scratch_.begin(), scratch_.end(), p)) {
+      return absl::InvalidArgumentError(absl::StrCat("hint ", p, " is also selected"));
+    }
   }
   return absl::OkStatus();
 }

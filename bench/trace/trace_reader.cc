@@ -1,4 +1,4 @@
-// TraceReader: streams a version-1 selection trace, plain or gzip (zlib's gzread passes plain
+// TraceReader: streams a version-1 or version-2 selection trace, plain or gzip (zlib's gzread passes plain
 // files through unchanged, so there is one code path), and never guesses at a malformed line.
 #include <zlib.h>
 
@@ -110,18 +110,20 @@ absl::StatusOr<bool> TraceReader::ReadLine() {
 
 absl::Status TraceReader::ReadHeader() {
   std::vector<absl::string_view> tok;
-  bool magic = false, have_k = false, have_layers = false;
+  bool magic = false, have_k = false, have_layers = false, have_hints = false;
+  int version = 1;
   while (true) {
     HS_ASSIGN_OR_RETURN(bool more, ReadLine());
     if (!more) break;
     Tokenize(line_text_, &tok);
     if (tok.empty() || tok[0][0] == '#') continue;  // blank lines and comments
     if (!magic) {
-      if (tok[0] != kMagic) return Error("bad header: the first line must be 'hisparse-trace 1'");
-      if (tok.size() != 2 || tok[1] != "1") {
+      if (tok[0] != kMagic) return Error("bad header: the first line must be 'hisparse-trace 1' or 'hisparse-trace 2'");
+      if (tok.size() != 2 || (tok[1] != "1" && tok[1] != "2")) {
         return Error(absl::StrCat("bad header: unsupported version line '", line_text_,
-                                  "' (this reader reads 'hisparse-trace 1')"));
+                                  "' (this reader reads 'hisparse-trace 1' and 'hisparse-trace 2')"));
       }
+      version = tok[1] == "2" ? 2 : 1;
       magic = true;
       continue;
     }
@@ -129,14 +131,17 @@ absl::Status TraceReader::ReadHeader() {
       pending_ = true;
       break;
     }
-    if (tok[0] == "k" || tok[0] == "layers") {
-      bool& have = tok[0] == "k" ? have_k : have_layers;
+    if (tok[0] == "H") return Error("H line before any S line");
+    if (version == 1 && tok[0] == "hints") return Error("bad header: 'hints' needs 'hisparse-trace 2'");
+    const bool hints_key = tok[0] == "hints";
+    if (tok[0] == "k" || tok[0] == "layers" || hints_key) {
+      bool& have = tok[0] == "k" ? have_k : hints_key ? have_hints : have_layers;
       int64_t v = 0;
       if (have) return Error(absl::StrCat("bad header: '", tok[0], "' given twice"));
       if (tok.size() != 2 || !ParseInt(tok[1], 1, kInt32Max, &v)) {
         return Error(absl::StrCat("bad header: '", tok[0], "' needs one positive integer, got '", line_text_, "'"));
       }
-      (tok[0] == "k" ? header_.k : header_.layers) = static_cast<int32_t>(v);
+      (tok[0] == "k" ? header_.k : hints_key ? header_.hints : header_.layers) = static_cast<int32_t>(v);
       have = true;
       continue;
     }
@@ -147,6 +152,7 @@ absl::Status TraceReader::ReadHeader() {
   if (!magic) return Error("bad header: missing 'hisparse-trace 1' (empty file?)");
   if (!have_k) return Error("bad header: 'k' missing before the first S line");
   if (!have_layers) return Error("bad header: 'layers' missing before the first S line");
+  if (version == 2 && !have_hints) return Error("bad header: version 2 needs 'hints' before the first S line");
   checker_ = std::make_unique<TraceChecker>(header_);
   return absl::OkStatus();
 }
@@ -163,6 +169,7 @@ absl::StatusOr<bool> TraceReader::Next(TraceRecord* record) {
     const size_t first = line_text_.find_first_not_of(" \t\r");
     if (first == std::string::npos || line_text_[first] == '#') continue;
     absl::Status s = ParseRecord(record);
+    if (s.ok() && header_.hints > 0) s = ReadHints(record);
     if (!s.ok()) {
       failed_ = true;
       return s;
@@ -171,9 +178,50 @@ absl::StatusOr<bool> TraceReader::Next(TraceRecord* record) {
   }
 }
 
+absl::Status TraceReader::ReadHints(TraceRecord* r) {
+  while (true) {
+    HS_ASSIGN_OR_RETURN(bool more, ReadLine());
+    if (!more) return absl::OkStatus();
+    const size_t first = line_text_.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line_text_[first] == '#') continue;
+    if (line_text_[first] != 'H' ||
+        (first + 1 < line_text_.size() && line_text_[first + 1] != ' ' && line_text_[first + 1] != '\t')) {
+      pending_ = true;  // the next record's line
+      return absl::OkStatus();
+    }
+    break;
+  }
+  std::vector<absl::string_view> tok;
+  Tokenize(line_text_, &tok);
+  if (tok.size() < 5) return Error("H line needs: H <step> <layer> <request> <q1> [... qm]");
+  int64_t step, layer, request;
+  if (!ParseInt(tok[1], 0, std::numeric_limits<int64_t>::max(), &step) || !ParseInt(tok[2], 0, kInt32Max, &layer) ||
+      !ParseInt(tok[3], 0, std::numeric_limits<int64_t>::max(), &request)) {
+    return Error("H line: step, layer and request must be non-negative integers");
+  }
+  if (step != r->step || layer != r->layer || request != r->request) {
+    return Error(absl::StrCat("H line for (step ", step, ", layer ", layer, ", request ", request,
+                              ") does not follow the S line of that record"));
+  }
+  for (size_t i = 4; i < tok.size(); ++i) {
+    int64_t p;
+    if (!ParseInt(tok[i], std::numeric_limits<int32_t>::min(), kInt32Max, &p)) {
+      return Error(absl::StrCat("hint '", tok[i], "' is not an integer"));
+    }
+    r->hints.push_back(static_cast<int32_t>(p));
+  }
+  absl::Status s = checker_->CheckHints(*r);
+  if (!s.ok()) return Error(std::string(s.message()));
+  return absl::OkStatus();
+}
+
 absl::Status TraceReader::ParseRecord(TraceRecord* r) {
   std::vector<absl::string_view> tok;
   Tokenize(line_text_, &tok);
+  if (tok[0] == "H") {
+    return Error(header_.hints > 0 ? "H line without the S line of its record just before it"
+                                   : "H line in a version-1 trace (hints need 'hisparse-trace 2')");
+  }
   if (tok[0] != "S") {
     return Error(
         absl::StrCat("expected an S line, got '", tok[0], "' (header keys must come before the first S line)"));
@@ -197,6 +245,7 @@ absl::Status TraceReader::ParseRecord(TraceRecord* r) {
   r->request = request;
   r->seq_len = static_cast<int32_t>(seq_len);
   r->positions.clear();
+  r->hints.clear();
   for (size_t i = 5; i < tok.size(); ++i) {
     int64_t p;
     if (!ParseInt(tok[i], std::numeric_limits<int32_t>::min(), kInt32Max, &p)) {

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Tests of examples/traces without torch or numpy (stdlib unittest; pytest collects them too):
 the scripts compile (py_compile: the lint), tracefmt's writer writes what TRACE_FORMAT.md says and
-refuses what it forbids, its size limit stops at a step boundary, the reference Quest scores and
-selection follow their definition. With $HISPARSE_BENCH (or the source tree's build/bin/
+refuses what it forbids (version 2's hints too), its size limit stops at a step boundary, the
+reference Quest scores and selection follow their definition. With $HISPARSE_BENCH (or the source tree's build/bin/
 hisparse-bench) a written trace is replayed by `hisparse-bench trace`; without it that case skips.
 
   python3 examples/traces/test_tracefmt.py        (ctest: trace_examples_python)
 """
 
+import gzip
 import math
 import os
 import py_compile
@@ -26,7 +27,8 @@ import tracefmt  # noqa: E402
 class Lint(unittest.TestCase):
     def test_scripts_compile(self):
         with tempfile.TemporaryDirectory() as tmp:
-            for name in ("build_corpus.py", "train_and_extract.py", "tracefmt.py", "test_tracefmt.py"):
+            for name in ("build_corpus.py", "train_and_extract.py", "tracefmt.py", "test_tracefmt.py",
+                         "hint_reach.py"):
                 py_compile.compile(os.path.join(HERE, name), cfile=os.path.join(tmp, name + "c"), doraise=True)
 
 
@@ -67,6 +69,32 @@ class Writer(unittest.TestCase):
             with self.assertRaises(ValueError):
                 w.write_step(2, [(0, 0, 5, [0])])  # steps must not decrease
 
+    def test_version2_hints(self):
+        with tracefmt.TraceWriter(self.path, 2, 1, {"model": "m"}, hints=3) as w:
+            self.assertTrue(w.write_step(0, [(0, 0, 9, [1, 8], [7, 2, 0])]))
+            self.assertTrue(w.write_step(1, [(0, 0, 10, [1], [])]))  # no hints: no H line
+        with gzip.open(self.path, "rt") as f:
+            text = f.read()
+        self.assertTrue(text.startswith("hisparse-trace 2\nk 2\nlayers 1\nhints 3\nmodel m\n"), text)
+        self.assertIn("S 0 0 0 9 1 8\nH 0 0 0 7 2 0\nS 1 0 0 10 1\n", text)
+        header, recs = tracefmt.read_trace(self.path, with_hints=True)
+        self.assertEqual(header["hints"], "3")
+        self.assertEqual(recs, [(0, 0, 0, 9, [1, 8], [7, 2, 0]), (1, 0, 0, 10, [1], [])])
+        self.assertEqual(tracefmt.read_trace(self.path)[1], [(0, 0, 0, 9, [1, 8]), (1, 0, 0, 10, [1])])
+        bad = [
+            [(0, 0, 9, [1], [1])],           # hint selected
+            [(0, 0, 9, [1], [2, 2])],        # duplicate hint
+            [(0, 0, 9, [1], [9])],           # hint >= seq_len
+            [(0, 0, 9, [1], [2, 3, 4, 5])],  # more than hints
+        ]
+        for recs in bad:
+            with tracefmt.TraceWriter(self.path, 2, 1, hints=3) as w:
+                with self.assertRaises(ValueError, msg=str(recs)):
+                    w.write_step(0, recs)
+        with tracefmt.TraceWriter(self.path, 2, 1) as w:  # a version-1 writer takes no hints
+            with self.assertRaises(ValueError):
+                w.write_step(0, [(0, 0, 9, [1], [2])])
+
     def test_size_limit_stops_at_a_step_boundary(self):
         rng = random.Random(1)
         with tracefmt.TraceWriter(self.path, 512, 2, max_bytes=100_000, check="sorted") as w:
@@ -90,6 +118,19 @@ class Writer(unittest.TestCase):
         out = subprocess.run([bench, "trace", "--trace", self.path, "--policy", "lru", "--slots", "32"],
                              capture_output=True, text=True)
         self.assertEqual(out.returncode, 0, out.stderr)
+        # Version 2: the hints reach the hint policy (a hinted position is never selected).
+        with tracefmt.TraceWriter(self.path, 32, 2, hints=16) as w:
+            for step in range(10):
+                recs = []
+                for r in range(2):
+                    for l in range(2):
+                        pos = rng.sample(range(100 + step), 48)
+                        recs.append((l, r, 100 + step, sorted(pos[:32]), pos[32:]))
+                w.write_step(step, recs)
+        out = subprocess.run([bench, "trace", "--trace", self.path, "--policy", "hint", "--slots", "48",
+                              "--hints", "0.5", "--json"], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn('"hint_depth": 16', out.stdout)
 
 
 class Quest(unittest.TestCase):

@@ -334,9 +334,11 @@ def quest_scores(qs, k, qpos, page):
     return ub.softmax(-1).sum(0).masked_fill(beyond, float("-inf"))
 
 
-def selections(model, idx, doc, ctx, steps, kmax, page, dev, cos, sin, icos, isin, amp, self_check=False):
-    """One request: returns dict method -> int64 [layers, S, kmax] (score order; -1 = none), the
-    oracle probabilities needed for recall/mass, seq_lens, per-position losses."""
+def selections(model, idx, doc, ctx, steps, kmax, page, dev, cos, sin, icos, isin, amp, self_check=False, hmax=0):
+    """One request: returns dict method -> int64 [layers, S, kmax + hmax] (score order, best first;
+    -1 = none): the first kmax columns are the selection, the next hmax the retention hints (the
+    positions ranked kmax+1 .. kmax+hmax by the same score; for quest the next-best pages'
+    positions), the oracle probabilities needed for recall/mass, seq_lens, per-position losses."""
     toks = doc_tokens(doc)[:ctx]
     L = toks.numel()
     x = toks[None].to(dev)
@@ -359,23 +361,23 @@ def selections(model, idx, doc, ctx, steps, kmax, page, dev, cos, sin, icos, isi
             ik = idx[l].keys(h.float(), icos[:L], isin[:L])
             iq, w = idx[l].queries(h[:, qpos].float(), icos[qpos], isin[qpos])
             sc = idx[l].scores(iq, w, ik)[0].masked_fill(mask, float("-inf"))  # [S, L]
-            kq = min(kmax, L)
+            kq = min(kmax + hmax, L)
             res = {}
             for name, score in (("oracle", p.masked_fill(mask, -1.0)), ("dsa", sc)):
                 v, i = score.topk(kq, dim=-1)  # sorted, best first
                 i = torch.where(i <= qpos[:, None], i, torch.full_like(i, -1))
                 res[name] = i
             ps = quest_scores(qs, kk, qpos, page)  # [S, P]
-            npg = min(kmax // page, ps.shape[1])
-            _, tp = ps.topk(npg, dim=-1)  # best first
+            npg = min((kmax + hmax) // page, ps.shape[1])
+            _, tp = ps.topk(npg, dim=-1)  # best first: the selected pages, then the hinted ones
             pos = (tp[:, :, None] * page + torch.arange(page, device=dev)).reshape(steps, npg * page)
             res["quest"] = torch.where(pos <= qpos[:, None], pos, torch.full_like(pos, -1))
             if self_check and l == 0:
                 check_quest(qs, kk, qpos, page, ps, n=3 if dev.type == "cpu" else 1)
             for name in ("dsa", "quest", "oracle"):
                 r = res[name]
-                if r.shape[1] < kmax:
-                    r = F.pad(r, (0, kmax - r.shape[1]), value=-1)
+                if r.shape[1] < kmax + hmax:
+                    r = F.pad(r, (0, kmax + hmax - r.shape[1]), value=-1)
                 out[name].append(r)
             out["probs"].append(p)
     return {"sel": {m: torch.stack(out[m]) for m in ("dsa", "quest", "oracle")},
@@ -443,28 +445,34 @@ def accumulate(stats, r, ks, page):
                               ((mk[l] & c).sum(-1).float() / mk[l].sum(-1).clamp_min(1).float()).mean())
 
 
-def write_traces(results, method, k, page, path, layers, header, max_bytes, check):
-    """results: list of (request id, result); one trace file of `method` at k."""
+def write_traces(results, method, k, page, path, layers, header, max_bytes, check, hints=0):
+    """results: list of (request id, result); one trace file of `method` at k. hints = h > 0 writes
+    a version-2 trace whose records carry the h positions ranked just below the selection (best
+    first; fewer where fewer exist, e.g. early in a short sequence); its first h / 2 are the h = k/2
+    hints. For quest both counts are whole pages: n = (k // page) * page, h rounded down likewise."""
     n = k if method != "quest" else (k // page) * page
+    h = hints if method != "quest" else (hints // page) * page
     per_req = []
     for rid, r in results:
-        sel = r["sel"][method][:, :, :n]
-        sel = sel.sort(dim=-1).values.to(torch.int32).cpu()  # -1 first, then increasing positions
-        per_req.append((rid, sel.tolist(), (r["qpos"] + 1).tolist()))
+        full = r["sel"][method]
+        sel = full[:, :, :n].sort(dim=-1).values.to(torch.int32).cpu()  # -1 first, then increasing positions
+        hint = full[:, :, n:n + h].to(torch.int32).cpu()  # rank order, -1 where none
+        per_req.append((rid, sel.tolist(), (r["qpos"] + 1).tolist(), hint.tolist()))
     S = min(len(x[2]) for x in per_req)
-    with tracefmt.TraceWriter(path, k, layers, header, compresslevel=6, max_bytes=max_bytes, check=check) as w:
+    with tracefmt.TraceWriter(path, k, layers, header, compresslevel=6, max_bytes=max_bytes, check=check,
+                              hints=h) as w:
         for i in range(S):
             recs = []
-            for rid, sel, seqlens in per_req:
+            for rid, sel, seqlens, hint in per_req:
                 for l in range(layers):
                     row = sel[l][i]
                     j = 0
                     while j < len(row) and row[j] < 0:
                         j += 1
-                    recs.append((l, rid, seqlens[i], row[j:]))
+                    recs.append((l, rid, seqlens[i], row[j:], [p for p in hint[l][i] if p >= 0]))
             if not w.write_step(i, recs):
                 break
-    info = {"path": path, "method": method, "k": k, "steps": w.steps_written, "requests": len(per_req),
+    info = {"path": path, "method": method, "k": k, "hints": h, "steps": w.steps_written, "requests": len(per_req),
             "records": w.records, "truncated": w.truncated, "bytes": os.path.getsize(path)}
     log("trace_written", **info)
     return info
@@ -503,6 +511,9 @@ def main():
     ap.add_argument("--eval-docs", type=int, default=24, help="held-out documents for bits per byte")
     ap.add_argument("--max-trace-mib", type=float, default=15.0, help="stop a full trace at a step boundary past this")
     ap.add_argument("--full-methods", default="dsa,quest,oracle")
+    ap.add_argument("--hints", type=float, default=1.0,
+                    help="retention hints per record as a multiple of k (h = k by default; the first h/2 of "
+                         "each record's hints, best first, are its h = k/2 hints); 0 writes version-1 traces")
     ap.add_argument("--ckpt", choices=("auto", "out", "none"), default="auto",
                     help="the checkpoint (bf16): 'out' $OUT/ckpt/model.pt; 'auto' there only when <= 15 MiB "
                          "(the device runner returns no larger file), else ./.ckpt-traces/model.pt; 'none'")
@@ -608,7 +619,8 @@ def main():
                 log("warning", what=f"deadline: {len(results)} of {len(docs)} requests extracted")
                 break
             r = selections(model, idx, d, ctx, steps, max(kk), args.page, dev, cos, sin, icos, isin, amp,
-                           self_check=rid == 0 and (args.smoke or name == "small"))
+                           self_check=rid == 0 and (args.smoke or name == "small"),
+                           hmax=int(args.hints * max(kk)))
             accumulate(stats, r, kk, args.page)
             log("request", config=name, request=rid, package=d["package"], doc_id=d["id"], seq_len_end=r["L"],
                 files=d["files"][:6], bpb=round(float(r["nll"].mean()) / math.log(2), 4),
@@ -640,11 +652,12 @@ def main():
                    "generator": "examples/traces/train_and_extract.py"}
             if name == "small":
                 path = os.path.join(out, "small", f"debian-{m}-small.trace.gz")
-                write_traces(results, m, kk[0], args.page, path, cfg.layers, hdr, None, "full")
+                write_traces(results, m, kk[0], args.page, path, cfg.layers, hdr, None, "full",
+                             hints=int(args.hints * kk[0]))
             else:
                 path = os.path.join(out, "traces", f"debian-{m}-k{kk[0]}.trace.gz")
                 write_traces(results, m, kk[0], args.page, path, cfg.layers, hdr,
-                             int(args.max_trace_mib * (1 << 20)), "sorted")
+                             int(args.max_trace_mib * (1 << 20)), "sorted", hints=int(args.hints * kk[0]))
         del results
     log("done", seconds=round(time.time() - T0, 1), out=out)
 

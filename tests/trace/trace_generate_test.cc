@@ -194,5 +194,41 @@ TEST(TraceGenerateTest, Command) {
                       &out));
 }
 
+// --hints H writes a version-2 trace whose records carry H hints and whose selections are those
+// of the same command without hints.
+TEST(TraceGenerateTest, CommandWritesHints) {
+  TempDir dir;
+  const std::string plain = dir.Path("plain.trace"), hinted = dir.Path("hinted.trace.gz");
+  const std::vector<std::string> base = {"--preset", "stress", "--requests", "1",   "--layers", "2",
+                                         "--steps",  "4",      "--context",  "256", "--k",      "16"};
+  std::string out;
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--out", plain});
+  ASSERT_EQ(0, RunGen(args, &out));
+  args = base;
+  args.insert(args.end(), {"--hints", "16", "--out", hinted});
+  ASSERT_EQ(0, RunGen(args, &out));
+  auto a = TraceReader::Open(plain);
+  auto b = TraceReader::Open(hinted);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->header().hints, 0);
+  EXPECT_EQ((*b)->header().hints, 16);
+  TraceRecord ra, rb;
+  int records = 0;
+  while (true) {
+    absl::StatusOr<bool> more = (*a)->Next(&ra);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    absl::StatusOr<bool> more_b = (*b)->Next(&rb);
+    ASSERT_TRUE(more_b.ok() && *more_b);
+    EXPECT_EQ(ra.positions, rb.positions);
+    EXPECT_TRUE(ra.hints.empty());
+    EXPECT_EQ(rb.hints.size(), 16u);
+    ++records;
+  }
+  EXPECT_EQ(records, 8);
+  EXPECT_EQ(2, RunGen({"--preset", "local", "--hints", "-1", "--measure"}, &out));
+}
+
 }  // namespace
 }  // namespace hisparse::trace

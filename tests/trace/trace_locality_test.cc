@@ -20,11 +20,11 @@ using ::testing::HasSubstr;
 
 // Request 7, k = 3. Layer 0 at steps 0, 1, 3 (the request skips step 2) and 7; layer 1 at steps
 // 0 and 1 only.
-const TraceHeader kHeader{3, 2, {}};
+const TraceHeader kHeader{3, 2, 0, {}};
 const std::vector<TraceRecord> kRecords = {
-    {0, 0, 7, 10, {1, 2, 3}}, {0, 1, 7, 10, {9, 2, 1}},   // 9 is layer 1's newest token
-    {1, 1, 7, 11, {4}},       {1, 0, 7, 11, {4, 1, 2}},   // layers in either order within a step
-    {3, 0, 7, 12, {1, 5, 4}}, {7, 0, 7, 13, {2, 1, 12}},  // 12 is the newest token
+    {0, 0, 7, 10, {1, 2, 3}, {}}, {0, 1, 7, 10, {9, 2, 1}, {}},   // 9 is layer 1's newest token
+    {1, 1, 7, 11, {4}, {}},       {1, 0, 7, 11, {4, 1, 2}, {}},   // layers in either order within a step
+    {3, 0, 7, 12, {1, 5, 4}, {}}, {7, 0, 7, 13, {2, 1, 12}, {}},  // 12 is the newest token
 };
 
 LocalityStats Measure(const TraceHeader& h, const std::vector<TraceRecord>& recs) {

@@ -103,7 +103,7 @@ TEST(TraceReaderTest, RejectsMalformedWithLineNumber) {
       {"only comments", "# x\n# y\n", 2, "missing 'hisparse-trace 1'"},
       {"wrong magic", "hisparse-trace\n", 1, "unsupported version"},
       {"not a trace", "S 0 0 0 1\n", 1, "bad header"},
-      {"version 2", "hisparse-trace 2\nk 2\n", 1, "unsupported version"},
+      {"version 3", "hisparse-trace 3\nk 2\n", 1, "unsupported version"},
       {"k missing", "hisparse-trace 1\nlayers 2\nS 0 0 0 5 1\n", 3, "'k' missing"},
       {"layers missing", "hisparse-trace 1\nk 2\n\nS 0 0 0 5 1\n", 4, "'layers' missing"},
       {"header only, k missing", "hisparse-trace 1\nlayers 2\n", 2, "'k' missing"},
@@ -184,15 +184,15 @@ TEST(TraceWriterTest, RoundTripsAndRefusesBadRecords) {
   for (const char* name : {"w.trace", "w.trace.gz"}) {
     auto w = TraceWriter::Create(dir.Path(name), h);
     ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_TRUE((*w)->Write({0, 0, 4, 10, {9, 2, 5}}).ok());
-    EXPECT_TRUE((*w)->Write({0, 1, 4, 10, {}}).ok());
-    EXPECT_FALSE((*w)->Write({0, 1, 4, 10, {1}}).ok());     // pair twice in step 0
-    EXPECT_FALSE((*w)->Write({1, 0, 4, 10, {1, 1}}).ok());  // duplicate
-    EXPECT_FALSE((*w)->Write({1, 2, 4, 10, {1}}).ok());     // layer
-    EXPECT_FALSE((*w)->Write({1, 0, 4, 10, {10}}).ok());    // position
-    EXPECT_FALSE((*w)->Write({1, 0, 4, 10, {1, 2, 3, 4}}).ok());
-    EXPECT_TRUE((*w)->Write({3, 0, 4, 11, {10}}).ok());
-    EXPECT_FALSE((*w)->Write({2, 0, 5, 11, {10}}).ok());  // step decreasing
+    EXPECT_TRUE((*w)->Write({0, 0, 4, 10, {9, 2, 5}, {}}).ok());
+    EXPECT_TRUE((*w)->Write({0, 1, 4, 10, {}, {}}).ok());
+    EXPECT_FALSE((*w)->Write({0, 1, 4, 10, {1}, {}}).ok());     // pair twice in step 0
+    EXPECT_FALSE((*w)->Write({1, 0, 4, 10, {1, 1}, {}}).ok());  // duplicate
+    EXPECT_FALSE((*w)->Write({1, 2, 4, 10, {1}, {}}).ok());     // layer
+    EXPECT_FALSE((*w)->Write({1, 0, 4, 10, {10}, {}}).ok());    // position
+    EXPECT_FALSE((*w)->Write({1, 0, 4, 10, {1, 2, 3, 4}, {}}).ok());
+    EXPECT_TRUE((*w)->Write({3, 0, 4, 11, {10}, {}}).ok());
+    EXPECT_FALSE((*w)->Write({2, 0, 5, 11, {10}, {}}).ok());  // step decreasing
     ASSERT_TRUE((*w)->Close().ok());
     TraceHeader got;
     auto recs = ReadAll(dir.Path(name), &got);

@@ -32,9 +32,9 @@ TEST(TraceReplayTest, LruAndBeladyHandWorked) {
   //   step 1: [2 3]  -> 2 hit, 3 miss evicts 1       {3, 2}
   //   step 2: [1 11] -> 11 newest hit, 1 miss evicts 3
   //   step 3: [3 2]  -> 2 hit, 3 miss evicts 1
-  const TraceHeader h{2, 1, {}};
+  const TraceHeader h{2, 1, 0, {}};
   const std::vector<TraceRecord> recs = {
-      {0, 0, 5, 10, {1, 2}}, {1, 0, 5, 11, {2, 3}}, {2, 0, 5, 12, {1, 11}}, {3, 0, 5, 13, {3, 2}}};
+      {0, 0, 5, 10, {1, 2}, {}}, {1, 0, 5, 11, {2, 3}, {}}, {2, 0, 5, 12, {1, 11}, {}}, {3, 0, 5, 13, {3, 2}, {}}};
   const ReplayResult lru = MustReplay(h, recs, 2, Policy::kLru);
   EXPECT_EQ(lru.total.selections, 8u);
   EXPECT_EQ(lru.total.hits, 3u);
@@ -47,12 +47,12 @@ TEST(TraceReplayTest, LruAndBeladyHandWorked) {
 TEST(TraceReplayTest, BeladyBeatsLruOnACycle) {
   // k = 1, B = 2 over the cycle 1 2 3 1 2 3 (two streams): LRU misses all; Belady evicts the
   // position used farthest ahead and hits at steps 3 and 5.
-  const TraceHeader h{1, 2, {}};
+  const TraceHeader h{1, 2, 0, {}};
   std::vector<TraceRecord> recs;
   const int cycle[] = {1, 2, 3, 1, 2, 3};
   for (int s = 0; s < 6; ++s) {
-    recs.push_back({s, 0, 1, 100, {cycle[s]}});
-    recs.push_back({s, 1, 2, 100, {cycle[s] + 10}});
+    recs.push_back({s, 0, 1, 100, {cycle[s]}, {}});
+    recs.push_back({s, 1, 2, 100, {cycle[s] + 10}, {}});
   }
   const ReplayResult lru = MustReplay(h, recs, 2, Policy::kLru);
   const ReplayResult bel = MustReplay(h, recs, 2, Policy::kBelady);
@@ -65,14 +65,14 @@ TEST(TraceReplayTest, BeladyBeatsLruOnACycle) {
 }
 
 TEST(TraceReplayTest, StagingHoldsThePreviousSelection) {
-  const TraceHeader h{3, 1, {}};
+  const TraceHeader h{3, 1, 0, {}};
   const std::vector<TraceRecord> recs = {
-      {0, 0, 1, 10, {1, 2, 3}},   // 0 hits
-      {1, 0, 1, 10, {1, 2, 3}},   // 3 hits: the selection repeats
-      {2, 0, 1, 10, {2, 3, 4}},   // 2 hits
-      {2, 0, 2, 10, {2, 3, 4}},   // another request: its own buffer, 0 hits
-      {5, 0, 1, 11, {10, 4, 1}},  // newest 10 + 4 hit, 1 miss (step 1's selection is gone)
-      {6, 0, 1, 12, {10, 11}},    // 10 was in the previous selection, 11 is the newest
+      {0, 0, 1, 10, {1, 2, 3}, {}},   // 0 hits
+      {1, 0, 1, 10, {1, 2, 3}, {}},   // 3 hits: the selection repeats
+      {2, 0, 1, 10, {2, 3, 4}, {}},   // 2 hits
+      {2, 0, 2, 10, {2, 3, 4}, {}},   // another request: its own buffer, 0 hits
+      {5, 0, 1, 11, {10, 4, 1}, {}},  // newest 10 + 4 hit, 1 miss (step 1's selection is gone)
+      {6, 0, 1, 12, {10, 11}, {}},    // 10 was in the previous selection, 11 is the newest
   };
   const ReplayResult st = MustReplay(h, recs, 3, Policy::kStaging);
   EXPECT_EQ(st.total.selections, 17u);
@@ -135,7 +135,7 @@ std::vector<TraceRecord> RandomTrace(std::mt19937& rng, int32_t k, int32_t layer
         std::vector<int32_t> v(sel.begin(), sel.end());
         std::shuffle(v.begin(), v.end(), rng);
         prev[{q, l}] = v;
-        recs.push_back({step, l, q * 1000 + 3, seq[q], v});
+        recs.push_back({step, l, q * 1000 + 3, seq[q], v, {}});
       }
     }
   }
@@ -149,7 +149,7 @@ TEST(TraceReplayTest, RandomTracesLruMatchesModelAndBeladyIsNoWorse) {
     const int32_t layers = std::uniform_int_distribution<int32_t>(1, 3)(rng);
     const int32_t slots = k + std::uniform_int_distribution<int32_t>(0, 2 * k)(rng);
     const std::vector<TraceRecord> recs = RandomTrace(rng, k, layers);
-    const TraceHeader h{k, layers, {}};
+    const TraceHeader h{k, layers, 0, {}};
     const ReplayResult lru = MustReplay(h, recs, slots, Policy::kLru);
     const ReplayResult bel = MustReplay(h, recs, slots, Policy::kBelady);
     const ReplayResult st = MustReplay(h, recs, slots, Policy::kStaging);

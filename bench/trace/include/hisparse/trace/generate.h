@@ -81,15 +81,20 @@ struct GeneratorOptions {
   int32_t steps = 1;
   int32_t context = 1;  // seq_len at step 0
   int32_t k = 1;
+  // Retention hints per record (a version-2 trace when > 0): the candidates ranked just below the
+  // selected ones by the same latent score, best first; 0 writes none (and version 1). The
+  // selections are the same with and without hints.
+  int32_t hints = 0;
 };
 
-// The header a generated trace carries: k, layers and `source`/`generator` keys naming the
-// options, so a trace file says how to make it again.
+// The header a generated trace carries: k, layers, hints and `source`/`generator` keys naming
+// the options, so a trace file says how to make it again.
 TraceHeader GeneratedHeader(const GeneratorOptions& options);
 
 // Generates the trace, calling `emit` with each record in file order (step, then request, then
-// layer; positions ascending). Stops at and returns the first error `emit` returns.
-// INVALID_ARGUMENT for options out of range (all counts >= 1, context + steps < 2^31).
+// layer; positions ascending, hints best first). Stops at and returns the first error `emit`
+// returns. INVALID_ARGUMENT for options out of range (all counts >= 1, hints >= 0, context +
+// steps < 2^31).
 absl::Status GenerateTrace(const GeneratorOptions& options,
                            const std::function<absl::Status(const TraceRecord&)>& emit);
 

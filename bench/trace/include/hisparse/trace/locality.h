@@ -89,10 +89,11 @@ struct LocalityStudy {
   uint64_t streams = 0;
   LocalityStats locality;
   struct Run {
-    double ratio = 0;  // B / k as asked for (0 when B was given directly)
+    double ratio = 0;        // B / k as asked for (0 when B was given directly)
+    double hint_ratio = -1;  // kHint: hint depth / k as asked for (-1: every hint of the trace)
     ReplayResult result;
   };
-  std::vector<Run> runs;  // policies outer, B inner, in the order asked for
+  std::vector<Run> runs;  // policies outer (kHint once per hint ratio), B inner, in the order asked for
 };
 
 struct StudyOptions {
@@ -100,10 +101,16 @@ struct StudyOptions {
   std::vector<int32_t> slots;  // B values replayed as given
   std::vector<double> ratios;  // B = ceil(ratio * k) each; every ratio >= 1
   uint32_t record_bytes = 0;   // as ReplayOptions
+  // kHint runs once per ratio r >= 0 with hint_depth = round(r * k) (0: no hints, which is lru);
+  // empty: once with every hint the trace has.
+  std::vector<double> hint_ratios;
 };
 
+// "hint@0.5" for a kHint run at hint ratio 0.5, "hint" at every hint; the policy name otherwise.
+std::string RunLabel(const LocalityStudy::Run& run);
+
 // Loads `path` once, measures its locality and replays it through every policy at every B.
-// Errors as LoadTrace and Replay; INVALID_ARGUMENT for a ratio below 1.
+// Errors as LoadTrace and Replay; INVALID_ARGUMENT for a ratio below 1 or a negative hint ratio.
 absl::StatusOr<LocalityStudy> StudyTrace(const std::string& path, const StudyOptions& options);
 
 // The same over records in memory (validated like a file: INVALID_ARGUMENT "record N: what").

@@ -10,6 +10,16 @@
 //  - kStaging: a staging buffer that holds exactly the previous step's selection of this stream
 //              (its newest token included); a hit is a position that stream selected in its
 //              previous record too. B only has to be >= k (the buffer holds k).
+//  - kHint:    hint-aware LRU: RESOLVE's mechanics (same hits, same LRU order updates), but the
+//              misses take their victims first among the slots holding neither a hit nor one of
+//              the record's hints (version-2 traces; the first hint_depth of them), in LRU order,
+//              then among the hinted ones, in LRU order. With no hints (hint_depth 0, or a
+//              version-1 trace) it is kLru exactly.
+//  - kLru2:    LRU-2 (O'Neil, O'Neil, Weikum, SIGMOD 1993) over per-step selections: the victim is
+//              the slot whose position's second most recent selection is oldest (selected once:
+//              first), ties in LRU order; same mechanics as kLru otherwise.
+// kHint and kLru2 run on a simulator of RESOLVE's rules 1-3 (online_policy.cc), not on RESOLVE
+// itself; kHint at depth 0 reproduces kLru's counts exactly (trace_replay_test holds them equal).
 //
 // Replay reads the whole trace into memory first (Belady needs the future; positions are kept as
 // int32, smaller than the text), then replays stream by stream. A LoadedTrace keeps that copy so
@@ -32,9 +42,9 @@
 
 namespace hisparse::trace {
 
-enum class Policy { kLru, kBelady, kStaging };
+enum class Policy { kLru, kBelady, kStaging, kHint, kLru2 };
 
-// "lru", "belady", "staging"; INVALID_ARGUMENT otherwise.
+// "lru", "belady", "staging", "hint", "lru2"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
 const char* PolicyName(Policy policy);
 
@@ -42,6 +52,7 @@ struct ReplayOptions {
   int32_t slots = 0;  // B per (request, layer); must be >= the trace's k
   Policy policy = Policy::kLru;
   uint32_t record_bytes = 0;  // bytes of one KV record; 0: bytes_fetched is not reported
+  int32_t hint_depth = -1;    // kHint: use the first hint_depth hints of each record; < 0: all
 };
 
 struct ReplayCounts {
@@ -62,8 +73,9 @@ struct ReplayResult {
   int32_t k = 0;
   int32_t layers = 0;
   uint32_t record_bytes = 0;
-  uint64_t records = 0;  // S lines
-  uint64_t streams = 0;  // distinct (request, layer) pairs
+  int32_t hint_depth = -1;  // as ReplayOptions (kHint only)
+  uint64_t records = 0;     // S lines
+  uint64_t streams = 0;     // distinct (request, layer) pairs
   std::vector<ReplayCounts> per_layer;
   ReplayCounts total;
 };
