@@ -132,8 +132,9 @@ absl::Status TraceReader::ReadHeader() {
       break;
     }
     if (tok[0] == "H") return Error("H line before any S line");
-    if (version == 1 && tok[0] == "hints") return Error("bad header: 'hints' needs 'hisparse-trace 2'");
-    const bool hints_key = tok[0] == "hints";
+    // `hints` is a key of version 2; in version 1 it is one more key this reader does not know
+    // (the format: readers ignore such keys), and the trace has no hints.
+    const bool hints_key = version == 2 && tok[0] == "hints";
     if (tok[0] == "k" || tok[0] == "layers" || hints_key) {
       bool& have = tok[0] == "k" ? have_k : hints_key ? have_hints : have_layers;
       int64_t v = 0;
@@ -152,7 +153,8 @@ absl::Status TraceReader::ReadHeader() {
   if (!magic) return Error("bad header: missing 'hisparse-trace 1' (empty file?)");
   if (!have_k) return Error("bad header: 'k' missing before the first S line");
   if (!have_layers) return Error("bad header: 'layers' missing before the first S line");
-  if (version == 2 && !have_hints) return Error("bad header: version 2 needs 'hints' before the first S line");
+  // Version 2 without the key: records may carry any number of hints (the format sets no bound).
+  if (version == 2 && !have_hints) header_.hints = kInt32Max;
   checker_ = std::make_unique<TraceChecker>(header_);
   return absl::OkStatus();
 }

@@ -89,8 +89,6 @@ TEST(TraceV2Test, RejectsMalformedHintsWithLineNumber) {
     std::string what;
   };
   const std::vector<Case> cases = {
-      {"v2 without hints key", "hisparse-trace 2\nk 2\nlayers 1\nS 0 0 0 5 1\n", 4, "needs 'hints'"},
-      {"hints key in v1", "hisparse-trace 1\nk 2\nhints 2\n", 3, "'hints' needs 'hisparse-trace 2'"},
       {"hints zero", "hisparse-trace 2\nk 2\nlayers 1\nhints 0\n", 4, "positive integer"},
       {"H line in v1", v1 + "S 0 0 0 5 1\nH 0 0 0 2\n", 5, "H line in a version-1 trace"},
       {"H before any S", v2 + "H 0 0 0 2\n", 5, "H line before any S line"},
@@ -111,6 +109,25 @@ TEST(TraceV2Test, RejectsMalformedHintsWithLineNumber) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(":" + std::to_string(c.line) + ": ")) << c.name << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.what)) << c.name << ": " << s;
   }
+}
+
+// The shared format (TRACE_FORMAT.md): readers ignore header keys they do not know, and version 2
+// sets no bound on a record's hints; `hints h` is this implementation's optional bound.
+TEST(TraceV2Test, HintsKeyIsOptionalInV2AndUnknownInV1) {
+  TempDir dir;
+  TraceHeader h;
+  std::vector<TraceRecord> recs =
+      ReadAll(dir.Write("nokey.trace", "hisparse-trace 2\nk 2\nlayers 1\nS 0 0 0 9 1\nH 0 0 0 2 3 4 5\n"), &h);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_THAT(recs[0].hints, ElementsAre(2, 3, 4, 5));
+  EXPECT_GE(h.hints, 4);
+  recs = ReadAll(dir.Write("v1key.trace", "hisparse-trace 1\nk 2\nlayers 1\nhints 2\nS 0 0 0 5 1\n"), &h);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(h.hints, 0);
+  ASSERT_EQ(h.extra.size(), 1u);
+  EXPECT_EQ(h.extra[0].first, "hints");
+  EXPECT_EQ(ReadStatus(dir, "hisparse-trace 1\nk 2\nlayers 1\nhints 2\nS 0 0 0 5 1\nH 0 0 0 2\n").code(),
+            absl::StatusCode::kInvalidArgument);  // still no H lines in version 1
 }
 
 TEST(TraceV2Test, WriterWritesVersion2OnlyWithHints) {

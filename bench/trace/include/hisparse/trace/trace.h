@@ -1,8 +1,9 @@
 // Selection traces, versions 1 and 2 (TRACE_FORMAT.md): a streaming reader and a writer.
 //
-// Version 2 adds optional retention hints: a header key `hints h` (h >= 1, required in version 2,
-// refused in version 1, like an H line before the first S line) bounds them per trace, and any S line may be followed
-// by one H line for the same record, `H <step> <layer> <request> <q1> ... <qm>` with 1 <= m <= h: the positions its
+// Version 2 adds optional retention hints: any S line may be followed by one H line for the same
+// record, `H <step> <layer> <request> <q1> ... <qm>` with m >= 1, bounded by the optional header key
+// `hints h` (this implementation's; m <= h; without it no bound, and in version 1 the key is one a
+// reader ignores, as every unknown key, while an H line is an error there): the positions its
 // indexer ranked k+1 .. k+m, best first (rank order is part of the data: the first h' of them are
 // the record's hints at depth h' < h). Hints are unique, in [0, seq_len) and none is selected by
 // the same record. A record without an H line has no hints. A version-2 reader reads version 1
@@ -35,7 +36,7 @@ namespace hisparse::trace {
 struct TraceHeader {
   int32_t k = 0;
   int32_t layers = 0;
-  int32_t hints = 0;  // h: at most this many hints a record; 0 = a version-1 trace (no hints)
+  int32_t hints = 0;  // h: at most this many hints a record; 0: none (version 1); INT32_MAX: v2 without the key
   std::vector<std::pair<std::string, std::string>> extra;  // (key, rest of the line)
 };
 
