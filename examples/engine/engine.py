@@ -442,6 +442,29 @@ def _timing_event(external: bool):
 
 
 @torch.no_grad()
+def prefill(model: SparseDecoder, fmt: RecordFormat, prompts: torch.Tensor, idx_cache: List, store,
+            chunk: int = 4096) -> float:
+    """Token-local prefill of prompts [batch, prompt_len] in chunks: the index keys into idx_cache
+    (per layer [batch, max_len, idx_dim], None where the layer runs no indexer) and the records
+    through store(row, start, records [layers, n, R]). Returns the seconds it took."""
+    import time
+
+    dev = model.device
+    t0 = time.perf_counter()
+    for i in range(prompts.shape[0]):
+        toks = prompts[i].to(dev)
+        for start in range(0, prompts.shape[1], chunk):
+            recs, keys = model.prefill_chunk(toks[start:start + chunk], start, fmt)
+            for l, cache in enumerate(idx_cache):
+                if cache is not None:
+                    cache[i, start:start + keys.shape[1]] = keys[l]
+            store(i, start, recs)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
 def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len: int, k: int, steps: int,
              session=None, seed: int = 1, chunk: int = 4096, use_graph: bool = True, probe_steps: int = 16,
              first_request_id: int = 1, prefetch: bool = False) -> RunResult:
@@ -462,18 +485,8 @@ def run_mode(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len:
     else:
         kv = HisparseKV(session, cfg, fmt, batch, prompt_len, max_len, dev, first_request_id, prefetch=prefetch)
 
-    t0 = time.perf_counter()
-    for i in range(batch):
-        toks = prompts[i].to(dev)
-        for start in range(0, prompt_len, chunk):
-            recs, keys = model.prefill_chunk(toks[start:start + chunk], start, fmt)
-            for l in range(cfg.n_layers):
-                if st.idx_cache[l] is not None:
-                    st.idx_cache[l][i, start:start + keys.shape[1]] = keys[l]
-            kv.store(i, start, recs)  # FullKV: into the cache; hisparse: hs_store into the host pool
-    if cuda:
-        torch.cuda.synchronize(dev)
-    prefill_s = time.perf_counter() - t0
+    # FullKV: into the cache; hisparse: hs_store into the host pool.
+    prefill_s = prefill(model, fmt, prompts, st.idx_cache, kv.store, chunk)
     before = session.stats() if session is not None else None
 
     out_logits = torch.zeros(batch, cfg.vocab, dtype=torch.float32, device=dev)

@@ -27,7 +27,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from engine import FullKV, HisparseKV, RecordFormat, RunResult, SparseDecoder, _rms, _rope
+from engine import FullKV, HisparseKV, RecordFormat, RunResult, SparseDecoder, _rms, _rope, prefill
 
 
 class MtpState:
@@ -164,18 +164,7 @@ def run_mtp(model: SparseDecoder, fmt: RecordFormat, *, batch: int, prompt_len: 
     else:
         kv = HisparseKVMulti(HisparseKV(session, cfg, fmt, batch, prompt_len, max_len, dev, first_request_id), st)
 
-    t0 = time.perf_counter()
-    for i in range(batch):
-        toks = prompts[i].to(dev)
-        for start in range(0, prompt_len, chunk):
-            recs, keys = model.prefill_chunk(toks[start:start + chunk], start, fmt)
-            for l in range(cfg.n_layers):
-                if st.idx_cache[l] is not None:
-                    st.idx_cache[l][i, start:start + keys.shape[1]] = keys[l]
-            kv.kv.store(i, start, recs)
-    if cuda:
-        torch.cuda.synchronize(dev)
-    prefill_s = time.perf_counter() - t0
+    prefill_s = prefill(model, fmt, prompts, st.idx_cache, kv.kv.store, chunk)
     before = session.stats() if session is not None else None
 
     out_logits = torch.zeros(batch, q, cfg.vocab, dtype=torch.float32, device=dev)
