@@ -12,6 +12,7 @@
 namespace hisparse::trace {
 namespace {
 
+using ::hisparse::trace::testing::ReadAll;
 using ::hisparse::trace::testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -29,22 +30,6 @@ constexpr char kValid[] =
     "S 0 0 9 3 2 1 0\n"
     "S 2 0 7 6\t5  1 \r\n"
     "S 2 1 9 4 0";  // no final newline
-
-std::vector<TraceRecord> ReadAll(const std::string& path, TraceHeader* header) {
-  auto reader = TraceReader::Open(path);
-  EXPECT_TRUE(reader.ok()) << reader.status();
-  if (!reader.ok()) return {};
-  *header = (*reader)->header();
-  std::vector<TraceRecord> out;
-  TraceRecord r;
-  while (true) {
-    auto more = (*reader)->Next(&r);
-    EXPECT_TRUE(more.ok()) << more.status();
-    if (!more.ok() || !*more) break;
-    out.push_back(r);
-  }
-  return out;
-}
 
 void ExpectValidContent(const std::string& path) {
   TraceHeader h;

@@ -1,4 +1,4 @@
-// Helpers for the trace tests: a per-test temporary directory and file writers. Owns its
+// Helpers for the trace tests: a per-test temporary directory, file writers, a whole-trace reader. Owns its
 // directory (removed on destruction); not thread-safe.
 #ifndef HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
 #define HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "hisparse/trace/trace.h"
 
 namespace hisparse::trace::testing {
 
@@ -40,6 +42,23 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Every record of the trace at `path` (and its header), with a test failure on any error.
+inline std::vector<TraceRecord> ReadAll(const std::string& path, TraceHeader* header) {
+  auto reader = TraceReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return {};
+  *header = (*reader)->header();
+  std::vector<TraceRecord> out;
+  TraceRecord r;
+  while (true) {
+    auto more = (*reader)->Next(&r);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) break;
+    out.push_back(r);
+  }
+  return out;
+}
 
 }  // namespace hisparse::trace::testing
 

@@ -12,6 +12,7 @@
 namespace hisparse::trace {
 namespace {
 
+using ::hisparse::trace::testing::ReadAll;
 using ::hisparse::trace::testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -31,22 +32,6 @@ constexpr char kValidV2[] =
     "S 1 0 7 6 5 2\n"  // no hints
     "S 1 1 9 2 0\n"
     "H 1 1 9 1";  // the last line, no final newline
-
-std::vector<TraceRecord> ReadAll(const std::string& path, TraceHeader* header) {
-  auto reader = TraceReader::Open(path);
-  EXPECT_TRUE(reader.ok()) << reader.status();
-  if (!reader.ok()) return {};
-  *header = (*reader)->header();
-  std::vector<TraceRecord> out;
-  TraceRecord r;
-  while (true) {
-    auto more = (*reader)->Next(&r);
-    EXPECT_TRUE(more.ok()) << more.status();
-    if (!more.ok() || !*more) break;
-    out.push_back(r);
-  }
-  return out;
-}
 
 // The status of reading `text` to its end or first error.
 absl::Status ReadStatus(const TempDir& dir, const std::string& text) {
