@@ -2,6 +2,7 @@
 // shape and validity of what it writes, determinism, and `hisparse-bench gen-trace`.
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cmd.h"
@@ -150,13 +151,7 @@ TEST(TraceGenerateTest, BadOptions) {
 }
 
 int RunGen(std::vector<std::string> args, std::string* out) {
-  args.insert(args.begin(), "gen-trace");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  const int rc = bench::GenTraceMain(static_cast<int>(argv.size()), argv.data());
-  *out = ::testing::internal::GetCapturedStdout();
-  return rc;
+  return testing::RunCommand(bench::GenTraceMain, "gen-trace", std::move(args), out);
 }
 
 TEST(TraceGenerateTest, Command) {

@@ -1,6 +1,7 @@
 // Locality statistics (overlaps, reuse distances), per-record miss percentiles and the study
 // mode of `hisparse-bench trace`, on hand-worked traces.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cmd.h"
@@ -115,13 +116,7 @@ TEST(TraceLocalityTest, StudyRunsEveryPolicyAtEveryB) {
 }
 
 int RunTrace(std::vector<std::string> args, std::string* out) {
-  args.insert(args.begin(), "trace");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  const int rc = bench::TraceMain(static_cast<int>(argv.size()), argv.data());
-  *out = ::testing::internal::GetCapturedStdout();
-  return rc;
+  return testing::RunCommand(bench::TraceMain, "trace", std::move(args), out);
 }
 
 TEST(TraceLocalityTest, StudyCommand) {

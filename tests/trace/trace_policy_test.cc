@@ -6,6 +6,7 @@
 // beat Belady by that one position a step), and is left out of the Belady bound.
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cmd.h"
@@ -184,13 +185,7 @@ TEST(TracePolicyTest, CommittedTracesReproduceLru) {
 }
 
 int RunTrace(std::vector<std::string> args, std::string* out) {
-  args.insert(args.begin(), "trace");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  const int rc = bench::TraceMain(static_cast<int>(argv.size()), argv.data());
-  *out = ::testing::internal::GetCapturedStdout();
-  return rc;
+  return testing::RunCommand(bench::TraceMain, "trace", std::move(args), out);
 }
 
 // The study with hints, on a tiny version-2 trace (seconds): what bench/RESULTS.md's hint study

@@ -1,4 +1,5 @@
-// Helpers for the trace tests: a per-test temporary directory, file writers, a whole-trace reader. Owns its
+// Helpers for the trace tests: a per-test temporary directory, file writers, a whole-trace reader,
+// and a runner of hisparse-bench's trace subcommands. Owns its
 // directory (removed on destruction); not thread-safe.
 #ifndef HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
 #define HISPARSE_TESTS_TRACE_TRACE_TEST_UTIL_H_
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cmd.h"
 #include "gtest/gtest.h"
 #include "hisparse/trace/trace.h"
 
@@ -58,6 +60,18 @@ inline std::vector<TraceRecord> ReadAll(const std::string& path, TraceHeader* he
     out.push_back(r);
   }
   return out;
+}
+
+// Runs a hisparse-bench subcommand's main (bench::TraceMain, bench::GenTraceMain) with `args`
+// after its name; *out gets what it printed on stdout. Returns its exit code.
+inline int RunCommand(int (*main_fn)(int, char**), const char* name, std::vector<std::string> args, std::string* out) {
+  args.insert(args.begin(), name);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  const int rc = main_fn(static_cast<int>(argv.size()), argv.data());
+  *out = ::testing::internal::GetCapturedStdout();
+  return rc;
 }
 
 }  // namespace hisparse::trace::testing
