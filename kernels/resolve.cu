@@ -308,10 +308,24 @@ __device__ __forceinline__ void CopyChunk(uint8_t* __restrict__ dst_base, long l
   }
 }
 
-// A chunk lane's source: the host address of position `pos` of a (row, layer) page table, as the
-// integer CopyChunk reads from (one division by R per record; the copy loops see only addresses).
-__device__ __forceinline__ long long SourceOf(const HostRecordMap& h, uint8_t* const* table, int pos, uint32_t rb) {
-  return static_cast<long long>(reinterpret_cast<uintptr_t>(h.RecordIn(table, pos, rb)));
+// Where a chunk of (row, layer) reads from: the row's page table and, for a one-page table (a
+// contiguous run: every valid position lies on page 0, capacity <= R), that page, loaded once up
+// front so that its source addresses need no further load (the chain the contiguous runs had).
+struct ChunkSource {
+  uint8_t* const* table;
+  const uint8_t* page0;  // null: several pages, looked up per record
+};
+__device__ __forceinline__ ChunkSource SourceTable(const HostRecordMap& h, const ArenaGeometry& g, int row, int layer) {
+  ChunkSource c;
+  c.table = h.Table(g, row, layer);
+  c.page0 = h.pages_per_entry == 1 ? HostRecordMap::PageAddress(c.table[0]) : nullptr;
+  return c;
+}
+// A chunk lane's source: the host address of position `pos`, as the integer CopyChunk reads from
+// (one division by R per record on paged tables; the copy loops see only addresses).
+__device__ __forceinline__ long long SourceOf(const HostRecordMap& h, const ChunkSource& c, int pos, uint32_t rb) {
+  const uint8_t* rec = c.page0 ? c.page0 + static_cast<size_t>(pos) * rb : h.RecordIn(c.table, pos, rb);
+  return static_cast<long long>(reinterpret_cast<uintptr_t>(rec));
 }
 
 // One warp: an END entry for every other warp of the grid after the last published entry. An
@@ -758,9 +772,10 @@ __device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const Plan
   if (warp < ndirect) {
     const int start = warp * rw;
     const int cnt = M - start < rw ? M - start : rw;
+    const ChunkSource src = SourceTable(d.host, g, row, d.layer);
     long long so = 0, dof = 0;
     if (lane < cnt) {
-      so = SourceOf(d.host, d.host.Table(g, row, d.layer), c.miss_pos[start + lane], g.record_bytes);
+      so = SourceOf(d.host, src, c.miss_pos[start + lane], g.record_bytes);
       dof = static_cast<long long>(c.miss_slot[start + lane]) * g.record_bytes;
     }
     CopyChunk<UPR, kDirectUnroll>(d.arena.Record(row, d.layer, 0), so, dof, cnt, static_cast<int>(g.record_bytes / 16));
@@ -838,10 +853,11 @@ __device__ void Consume(const ResolveParams& p) {
     const int start = static_cast<int>(hi >> 6);
     const int cnt = static_cast<int>(hi & 63);
     const int row = __ldg(d.rows + i);
+    const ChunkSource src = SourceTable(d.host, d.arena.geometry, row, d.layer);
     long long so = 0, dof = 0;
     if (lane < cnt) {
       const int2 pe = __ldcg(p.plan + static_cast<size_t>(i) * K + start + lane);
-      so = SourceOf(d.host, d.host.Table(d.arena.geometry, row, d.layer), pe.x, rb);
+      so = SourceOf(d.host, src, pe.x, rb);
       dof = static_cast<long long>(pe.y) * rb;
     }
     CopyChunk<UPR, kConsumeUnroll>(d.arena.Record(row, d.layer, 0), so, dof, cnt, static_cast<int>(rb / 16));
@@ -920,7 +936,9 @@ constexpr int kReplayThreads = 256;
 constexpr int kReplayWarps = kReplayThreads / 32;
 
 template <int UPR>
-__global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc d, int chunk_records) {
+// At most one block per SM runs (blocks <= SMs), so the bound lets ptxas use the registers it
+// needs (no spills).
+__global__ void __launch_bounds__(kReplayThreads, 1) ReplayKernel(const ReplayDesc d, int chunk_records) {
   int batch = *d.plan.batch;
   if (batch > d.max_batch) batch = d.max_batch;
   const ArenaView& a = d.arena;
@@ -944,7 +962,7 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
     }
     const int nch = (misses + rw - 1) / rw;
     const int2* e = reinterpret_cast<const int2*>(d.plan.entries) + i * MissPlan::EntriesPerRow(g);
-    uint8_t* const* table = d.host.Table(g, row, d.layer);
+    const ChunkSource src = SourceTable(d.host, g, row, d.layer);
     uint8_t* dst = a.Record(row, d.layer, 0);
     for (int c = blockIdx.x * kReplayWarps + warp; c < nch; c += gridDim.x * kReplayWarps) {  // warp-uniform
       const int start = c * rw;
@@ -952,7 +970,7 @@ __global__ void __launch_bounds__(kReplayThreads) ReplayKernel(const ReplayDesc 
       long long so = 0, dof = 0;
       if (lane < cnt) {
         const int2 pe = __ldg(e + start + lane);
-        so = SourceOf(d.host, table, pe.x, rb);
+        so = SourceOf(d.host, src, pe.x, rb);
         dof = static_cast<long long>(pe.y) * rb;
       }
       CopyChunk<UPR, kConsumeUnroll>(dst, so, dof, cnt, static_cast<int>(rb / 16));

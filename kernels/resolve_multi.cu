@@ -395,7 +395,10 @@ __global__ void __launch_bounds__(kFetchThreads)
   const int row = d.rows[blockIdx.y];
   const uint32_t rb = a.geometry.record_bytes;
   const int upr = UPR ? UPR : static_cast<int>(rb / 16);
+  // The row's host page table; a one-page table (a contiguous run: every valid position on page 0)
+  // is looked up once here, so its records' addresses need no further dependent load.
   uint8_t* const* table = d.host.Table(a.geometry, row, d.layer);
+  const uint8_t* page0 = d.host.pages_per_entry == 1 ? HostRecordMap::PageAddress(table[0]) : nullptr;
   uint8_t* dst = a.Record(row, d.layer, 0);
   const int lane = threadIdx.x & 31;
   const int chunks = (misses + kFetchRecords - 1) / kFetchRecords;
@@ -404,7 +407,8 @@ __global__ void __launch_bounds__(kFetchThreads)
     const int count = misses - start < kFetchRecords ? misses - start : kFetchRecords;
     const int2 e = lane < count ? list[start + lane] : make_int2(0, 0);
     // Lane r < count: record r's host address, looked up in the page table once.
-    const long long src = lane < count ? reinterpret_cast<long long>(d.host.RecordIn(table, e.x, rb)) : 0;
+    const uint8_t* rec = page0 ? page0 + static_cast<size_t>(e.x) * rb : d.host.RecordIn(table, e.x, rb);
+    const long long src = lane < count ? reinterpret_cast<long long>(rec) : 0;
     const int n = count * upr;
     for (int at = 0; at < n; at += 32 * kFetchUnroll) {
       int4 v[kFetchUnroll];
