@@ -52,6 +52,7 @@
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "host_load.cuh"
 #include "record_dispatch.h"
 #include "resolve_multi.h"
 
@@ -226,14 +227,7 @@ __device__ __forceinline__ void StRelaxed(unsigned long long* p, unsigned long l
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// 16 bytes of a host record: read once, never written during the kernel.
-__device__ __forceinline__ int4 LdHost(const uint8_t* p) {
-  int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+using internal::LdHost;  // 16 bytes of a host record (host_load.cuh)
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -36,6 +36,7 @@
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "host_load.cuh"
 #include "record_dispatch.h"
 #include "resolve_multi.h"
 
@@ -364,16 +365,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// 16 bytes of a host record, read once and never written during the launch: a non-coherent load
-// that skips L1, as the single-query kernel reads the host pool.
-__device__ __forceinline__ int4 LdHostRecord(const uint8_t* p) {
-  int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 constexpr int kFetchThreads = 256;
 constexpr int kFetchWarps = kFetchThreads / 32;
 constexpr int kFetchRecords = 8;  // records of one warp's chunk
@@ -417,7 +408,7 @@ __global__ void __launch_bounds__(kFetchThreads)
         const int u = at + t * 32 + lane;
         const int rec = u < n ? u / upr : 0;
         const long long from = __shfl_sync(~0u, src, rec);
-        if (u < n) v[t] = LdHostRecord(reinterpret_cast<const uint8_t*>(from) + (u - rec * upr) * 16);
+        if (u < n) v[t] = LdHost(reinterpret_cast<const uint8_t*>(from) + (u - rec * upr) * 16);
       }
 #pragma unroll
       for (int t = 0; t < kFetchUnroll; ++t) {
