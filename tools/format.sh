@@ -3,7 +3,7 @@
 # files that would change and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files '*.h' '*.hpp' '*.cc' '*.cu' '*.c' | grep -v '^tests/fuzz/corpus/')
+mapfile -t files < <(git ls-files '*.h' '*.hpp' '*.cc' '*.cu' '*.cuh' '*.c' | grep -v '^tests/fuzz/corpus/')
 if [[ ${1:-} == --check ]]; then
   bad=0
   for f in "${files[@]}"; do
