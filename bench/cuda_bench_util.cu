@@ -49,6 +49,16 @@ double MeasureLink() {
   return bytes / (best * 1e-3) / 1e9;
 }
 
+double PrintLinkLine() {
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double link = MeasureLink();
+  std::printf("{\"kind\":\"link\",\"device\":\"%s\",\"sms\":%d,\"h2d_gbps\":%.2f}\n", prop.name,
+              prop.multiProcessorCount, link);
+  std::fflush(stdout);
+  return link;
+}
+
 MappedPool::MappedPool(size_t n) : bytes(n) {
   BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&host), bytes, cudaHostAllocMapped | cudaHostAllocPortable));
   for (size_t i = 0; i < bytes; i += 4096) host[i] = static_cast<uint8_t>(i >> 12);

@@ -41,6 +41,9 @@ double Median(std::vector<T> v) {
 
 // GB/s of a 1 GiB pinned host-to-device copy: best of 5 after one warm-up.
 double MeasureLink();
+// Prints device 0's name, SM count and MeasureLink() as the benchmarks' first JSON line (stdout);
+// returns the link's GB/s.
+double PrintLinkLine();
 
 // A host pool for RESOLVE benches: one mapped, portable cudaHostAlloc block with every page
 // touched, and its device address. Owns it.

@@ -265,15 +265,10 @@ int ResolveMain(int argc, char** argv) {
     return 77;
   }
   BENCH_CUDA(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, dev));
   int clock_khz = 0;
   BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
 
-  const double link = MeasureLink();
-  std::printf("{\"kind\":\"link\",\"device\":\"%s\",\"sms\":%d,\"h2d_gbps\":%.2f}\n", prop.name,
-              prop.multiProcessorCount, link);
-  std::fflush(stdout);
+  const double link = PrintLinkLine();
 
   const int max_batch_all = *std::max_element(o.batch.begin(), o.batch.end());
   const int max_slots_all = *std::max_element(o.slots.begin(), o.slots.end());

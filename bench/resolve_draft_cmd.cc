@@ -427,12 +427,7 @@ int ResolveDraftMain(int argc, char** argv) {
     return 1;
   }
   BENCH_CUDA(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const double link = MeasureLink();
-  std::printf("{\"kind\":\"link\",\"device\":\"%s\",\"sms\":%d,\"h2d_gbps\":%.2f}\n", prop.name,
-              prop.multiProcessorCount, link);
-  std::fflush(stdout);
+  const double link = PrintLinkLine();
 
   const std::vector<DraftPoint> points = Points(o);
   size_t pool_bytes = 0;  // one pool for every point: each row's run of context + q records

@@ -117,12 +117,7 @@ int ResolveSharedMain(int argc, char** argv) {
     return 1;
   }
   BENCH_CUDA(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const double link = MeasureLink();
-  std::printf("{\"kind\":\"link\",\"device\":\"%s\",\"sms\":%d,\"h2d_gbps\":%.2f}\n", prop.name,
-              prop.multiProcessorCount, link);
-  std::fflush(stdout);
+  const double link = PrintLinkLine();
 
   auto daemon = DaemonProcess::Start(
       {"--device", "cuda", "--gpu-arena-export", o.mode, "--host-pool-size", "64MiB", "--log-level", "warning"},

@@ -88,6 +88,27 @@ class ArenaFixture {
       dst[b] = static_cast<uint8_t>(x >> 24);
     }
   }
+  // AppendReference of q tokens (positions seq_len - q .., the pattern of generation gen) of one
+  // (row, layer): host pool and tail slots B + t. Returns its error bits.
+  uint32_t AppendTokens(int32_t layer, int32_t row, int32_t seq_len, int32_t q, uint32_t gen) {
+    const int32_t Q = geometry_.TailSlots();
+    std::vector<uint8_t> src(static_cast<size_t>(Q) * geometry_.record_bytes, 0);
+    for (int32_t t = 0; t < q && t < Q; ++t)
+      Pattern(&src[t * geometry_.record_bytes], row, layer, seq_len - q + t, gen);
+    int32_t batch = 1;
+    AppendDesc a{};
+    a.arena = view();
+    a.host = host();
+    a.layer = layer;
+    a.max_batch = 1;
+    a.batch_size = &batch;
+    a.rows = &row;
+    a.seq_lens = &seq_len;
+    a.src = src.data();
+    a.src_stride = geometry_.record_bytes;
+    a.token_counts = &q;
+    return AppendReference(a);
+  }
   // Fills host positions [0, n) of every layer of `row` directly (bypassing StoreReference),
   // skipping positions on read-only pages (they are another row's).
   void FillHost(int32_t row, int32_t n, uint32_t gen = 0) {

@@ -27,23 +27,7 @@ ArenaGeometry Geometry(int32_t rows, int32_t layers, int32_t B, int32_t k, int32
 
 // Appends q tokens (positions seq_len - q ..) of one row and layer with pattern generation gen.
 uint32_t AppendTokens(ArenaFixture& f, int32_t layer, int32_t row, int32_t seq_len, int32_t q, uint32_t gen) {
-  const ArenaGeometry& g = f.geometry();
-  const int32_t Q = g.TailSlots();
-  std::vector<uint8_t> src(static_cast<size_t>(Q) * g.record_bytes, 0);
-  for (int32_t t = 0; t < q && t < Q; ++t) f.Pattern(&src[t * g.record_bytes], row, layer, seq_len - q + t, gen);
-  int32_t batch = 1;
-  AppendDesc a{};
-  a.arena = f.view();
-  a.host = f.host();
-  a.layer = layer;
-  a.max_batch = 1;
-  a.batch_size = &batch;
-  a.rows = &row;
-  a.seq_lens = &seq_len;
-  a.src = src.data();
-  a.src_stride = g.record_bytes;
-  a.token_counts = &q;
-  return AppendReference(a);
+  return f.AppendTokens(layer, row, seq_len, q, gen);
 }
 
 TEST(MultiQueryGeometryTest, DraftTokensSizeTheTailAndAreValidated) {

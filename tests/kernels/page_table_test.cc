@@ -143,22 +143,7 @@ uint32_t ResolveDraft(ArenaFixture& f, int32_t layer, const Launch& l, const std
 
 // Appends q tokens (positions seq_len - q ..) of (row, layer): host pool and tail slots B + t.
 void AppendTail(ArenaFixture& f, int32_t layer, int32_t row, int32_t seq_len, int32_t q, uint32_t gen) {
-  const ArenaGeometry& g = f.geometry();
-  std::vector<uint8_t> src(static_cast<size_t>(g.TailSlots()) * g.record_bytes, 0);
-  for (int32_t t = 0; t < q; ++t) f.Pattern(&src[t * g.record_bytes], row, layer, seq_len - q + t, gen);
-  int32_t batch = 1;
-  AppendDesc a{};
-  a.arena = f.view();
-  a.host = f.host();
-  a.layer = layer;
-  a.max_batch = 1;
-  a.batch_size = &batch;
-  a.rows = &row;
-  a.seq_lens = &seq_len;
-  a.src = src.data();
-  a.src_stride = g.record_bytes;
-  a.token_counts = &q;
-  ASSERT_EQ(AppendReference(a), 0u);
+  ASSERT_EQ(f.AppendTokens(layer, row, seq_len, q, gen), 0u);
 }
 
 TEST(PageTableTest, DraftTokensIndexRegularAndTailSlotsOverTheirStride) {
