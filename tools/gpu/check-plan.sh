@@ -59,7 +59,7 @@ grep -E '^ +[0-9]+ +[0-9]+ ' "$BL" | tee -a "$S"
 # 64 GiB pinned pool, consecutive and scattered misses of a 128k context, 20% and 100%.
 echo "=== resolve paged vs contiguous" >> "$BL"
 step 200 "resolve-paged" "$B/bin/hisparse-bench" resolve --batch 1,10,64,128 --slots 4096 --record-bytes 656,1152 \
-  --miss 0.2,1 --pattern consecutive,scattered --host-layout contiguous,paged --page-size 2M,64M --pool 64G \
+  --miss 0.2,1 --pattern consecutive,scattered --host-layout contiguous,paged --page-size 2M,16M,64M --pool 64G \
   --runs 50 >> "$BL" 2>&1
 step 200 decode "$PY" examples/engine/decode_bench.py --hbm-budget 8GiB --host-pool-size 12GiB \
   --host-pool-segment-size 1GiB --contexts 32768 --k 2048 --slots 4096 --matched-slots 4096 --layers 4 \
