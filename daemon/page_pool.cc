@@ -189,7 +189,22 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
   return plan;
 }
 
-void PagePool::AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages) {
+uint64_t PagePool::FreeAfterLocked(const Page& after) const {
+  const Slab& s = slabs_.at(after.slab);
+  uint64_t n = 0;
+  for (uint32_t i = after.index + 1; i < s.refs.size() && s.refs[i] == 0; ++i) ++n;
+  return n;
+}
+
+void PagePool::TakePagesFromLocked(const std::vector<uint64_t>& slab_ids, uint32_t count, std::vector<Page>* out) {
+  uint32_t left = count;
+  for (uint64_t id : slab_ids) {
+    Slab& s = slabs_.at(id);
+    for (; left > 0 && !s.free.empty(); --left) TakePageLocked(s, id, *s.free.begin(), out);
+  }
+}
+
+uint64_t PagePool::AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages) {
   const uint64_t id = next_slab_++;
   Slab& s = slabs_[id];
   s.owner = owner;
@@ -199,6 +214,7 @@ void PagePool::AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, ui
   slabs_by_owner_[owner].push_back(id);
   owned_bytes_ += uint64_t{pages} * options_.page_bytes;
   pages_free_ += pages;
+  return id;
 }
 
 void PagePool::TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out) {
@@ -230,6 +246,7 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, u
   std::vector<Page> out;
   out.reserve(count);
   std::vector<NewSlab> plan;
+  bool fresh = false;
   {
     absl::MutexLock lock(&mu_);
     if (after != nullptr && FindOwnedLocked(owner, *after) == nullptr) {
@@ -237,11 +254,19 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, u
           absl::StrCat("page ", after->index, " of slab ", after->slab, " is not a page of this owner"));
     }
     const uint64_t free = FreePagesOfLocked(owner);
-    if (free >= count) {
+    if (free >= count || (after != nullptr && FreeAfterLocked(*after) >= count)) {
       TakePagesLocked(owner, count, after, &out);
       return out;
     }
-    HS_ASSIGN_OR_RETURN(plan, PlanSlabsLocked(owner, count - free));
+    // New slabs for the whole allocation keep its pages consecutive (one run per slab); when the
+    // budget cannot, the owner's free pages make up the difference.
+    absl::StatusOr<std::vector<NewSlab>> whole = PlanSlabsLocked(owner, count);
+    fresh = whole.ok();
+    if (fresh) {
+      plan = *std::move(whole);
+    } else {
+      HS_ASSIGN_OR_RETURN(plan, PlanSlabsLocked(owner, count - free));
+    }
   }
   // New slabs are made outside the pool's lock: a few syscalls each, no page touched.
   uint64_t charged = 0;
@@ -270,13 +295,18 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, u
     }
     return made;
   }
+  std::vector<uint64_t> added;
   for (NewSlab& ns : plan) {
     hugepages_ = hugepages_ && ns.mem->hugetlb;
-    AddSlabLocked(owner, ns.mem, ns.pages);
+    added.push_back(AddSlabLocked(owner, ns.mem, ns.pages));
     if (!ns.from_reserve) {
       ++slabs_made_;
       populate_.push_back(std::move(ns.mem));  // the worker populates it (a ready slab is already)
     }
+  }
+  if (fresh) {
+    TakePagesFromLocked(added, count, &out);
+    return out;
   }
   if (FreePagesOfLocked(owner) < count) return absl::AbortedError("a concurrent allocation took this owner's pages");
   TakePagesLocked(owner, count, after, &out);
@@ -381,6 +411,11 @@ uint64_t PagePool::PagesOf(uint64_t owner) const {
     n += s.refs.size() - s.free.size();
   }
   return n;
+}
+
+uint64_t PagePool::FreePagesOf(uint64_t owner) const {
+  absl::MutexLock lock(&mu_);
+  return FreePagesOfLocked(owner);
 }
 
 std::map<uint64_t, uint32_t> PagePool::SlabsByOwner() const {

@@ -90,10 +90,11 @@ class PagePool {
   PagePool& operator=(const PagePool&) = delete;
 
   // `count` pages for `owner` (non-zero), one reference each, all or nothing. Free pages of the
-  // owner's slabs come first: those right after `after` (a page the owner holds, when given: an
-  // Extend continues a layer's pages in place), then the lowest free pages, slab by slab; then
-  // new slabs. InvalidArgument for owner 0 or count 0; ResourceExhausted when the budget cannot
-  // hold them (nothing changes then).
+  // owner's slabs when they suffice: those right after `after` (a page the owner holds, when
+  // given: an Extend continues a layer's pages in place), then the lowest free pages, slab by
+  // slab. Otherwise new slabs for all `count` (so that an admission's pages are consecutive), or,
+  // when the budget cannot, new slabs for what the owner's free pages lack. InvalidArgument for owner 0 or count 0;
+  // ResourceExhausted when the budget cannot hold them (nothing changes then).
   absl::StatusOr<std::vector<Page>> Allocate(uint64_t owner, uint32_t count, const Page* after = nullptr);
   // One more reference to a page `owner` holds. NotFound when it holds no such page.
   absl::Status AddRef(uint64_t owner, const Page& page);
@@ -116,6 +117,8 @@ class PagePool {
   // The slabs and the referenced pages of one owner now.
   uint32_t SlabsOf(uint64_t owner) const;
   uint64_t PagesOf(uint64_t owner) const;
+  // Unreferenced pages of the owner's slabs (what it can take without a new slab).
+  uint64_t FreePagesOf(uint64_t owner) const;
   // Slabs per owner, for the metrics.
   std::map<uint64_t, uint32_t> SlabsByOwner() const;
 
@@ -156,7 +159,13 @@ class PagePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t FreePagesOfLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t UnallocatedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages)
+  // A new slab of `owner`, all pages free; returns its id.
+  uint64_t AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free pages right after `after` in its slab.
+  uint64_t FreeAfterLocked(const Page& after) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `count` free pages from `slab_ids`, in order (the caller knows they hold them).
+  void TakePagesFromLocked(const std::vector<uint64_t>& slab_ids, uint32_t count, std::vector<Page>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a free page of `owner` (slab, index) and references it.
   void TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out)
