@@ -139,6 +139,8 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
   uint64_t budget_left = UnallocatedLocked();
   size_t ready_left = ready_.size(), drop = 0;
   bool cancel_refill = false;
+  std::vector<uint64_t> reclaim;  // other owners' idle slabs whose budget this plan takes
+  auto next_idle = idle_.begin();
   std::vector<NewSlab> plan;
   for (uint64_t remaining = need; remaining > 0;) {
     uint64_t pages =
@@ -157,6 +159,13 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
       if (pages * options_.page_bytes > budget_left && refill_bytes_ != 0 && !cancel_refill) {
         cancel_refill = true;
         budget_left += refill_bytes_;
+      }
+      // Then other owners' idle slabs, oldest first.
+      for (; pages * options_.page_bytes > budget_left && next_idle != idle_.end(); ++next_idle) {
+        const Slab& idle = slabs_.at(*next_idle);
+        if (idle.owner == owner) continue;
+        reclaim.push_back(*next_idle);
+        budget_left += idle.refs.size() * options_.page_bytes;
       }
       if (pages * options_.page_bytes > budget_left) {
         return absl::ResourceExhaustedError(
@@ -182,6 +191,7 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
     refill_bytes_ = 0;
     refill_cancelled_ = true;
   }
+  for (uint64_t id : reclaim) RetireSlabLocked(id);
   for (size_t i = 0; i < drop; ++i) {
     scrub_.push_back(std::move(ready_.back()));
     ready_.pop_back();
@@ -218,6 +228,7 @@ uint64_t PagePool::AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem
 }
 
 void PagePool::TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out) {
+  if (slab.free.size() == slab.refs.size()) idle_.erase(slab_id);
   slab.free.erase(index);
   slab.refs[index] = 1;
   --pages_free_;
@@ -344,8 +355,29 @@ absl::Status PagePool::Release(uint64_t owner, const Page& page) {
   s->free.insert(page.index);
   --pages_used_;
   ++pages_free_;
-  if (s->free.size() == s->refs.size()) RetireSlabLocked(page.slab);
+  if (s->free.size() == s->refs.size()) idle_.insert(page.slab);  // kept for the owner's next request
   return absl::OkStatus();
+}
+
+void PagePool::RetireIdleOf(uint64_t owner) {
+  absl::MutexLock lock(&mu_);
+  auto it = slabs_by_owner_.find(owner);
+  if (it == slabs_by_owner_.end()) return;
+  std::vector<uint64_t> idle;
+  for (uint64_t id : it->second) {
+    if (idle_.count(id) != 0) idle.push_back(id);
+  }
+  for (uint64_t id : idle) RetireSlabLocked(id);
+}
+
+uint64_t PagePool::ReclaimablePagesFor(uint64_t owner) const {
+  absl::MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (uint64_t id : idle_) {
+    const Slab& s = slabs_.at(id);
+    if (s.owner != owner) n += s.refs.size();
+  }
+  return n;
 }
 
 absl::Status PagePool::ReleaseAll(uint64_t owner, const std::vector<Page>& pages) {
@@ -362,6 +394,7 @@ void PagePool::RetireSlabLocked(uint64_t slab_id) {
   if (mine.empty()) slabs_by_owner_.erase(s.owner);
   owned_bytes_ -= s.refs.size() * options_.page_bytes;
   pages_free_ -= s.refs.size();
+  idle_.erase(slab_id);
   // Unlinked now; dropped by the worker, outside every lock.
   scrub_.push_back(std::move(s.mem));
   slabs_.erase(it);
@@ -442,6 +475,7 @@ PagePool::Stats PagePool::GetStats() const {
   st.slabs = static_cast<uint32_t>(slabs_.size());
   st.ready_slabs = static_cast<uint32_t>(ready_.size());
   st.owners = static_cast<uint32_t>(slabs_by_owner_.size());
+  st.idle_slabs = static_cast<uint32_t>(idle_.size());
   st.scrub_queue = static_cast<uint32_t>(scrub_.size());
   st.populate_queue = static_cast<uint32_t>(populate_.size());
   st.slabs_made = slabs_made_;
@@ -465,6 +499,9 @@ absl::Status PagePool::CheckInvariants() const {
     listed += ids.size();
   }
   if (listed != slabs_.size()) return bad(slabs_.size(), " slabs, ", listed, " listed by owners");
+  for (uint64_t id : idle_) {
+    if (slabs_.count(id) == 0) return bad("idle slab ", id, " is not a slab");
+  }
   for (const auto& [id, s] : slabs_) {
     if (s.owner == kNoOwner || s.mem == nullptr) return bad("slab ", id, " has no owner or memory");
     if (s.refs.size() * options_.page_bytes != s.mem->map.size()) return bad("slab ", id, ": pages != its size");
@@ -477,7 +514,7 @@ absl::Status PagePool::CheckInvariants() const {
       shared += s.refs[i] > 1 ? 1 : 0;
     }
     if (slab_free != s.free.size()) return bad("slab ", id, ": free set names pages past its end");
-    if (slab_free == s.refs.size()) return bad("slab ", id, " has no page in use but is still owned");
+    if ((slab_free == s.refs.size()) != (idle_.count(id) != 0)) return bad("slab ", id, ": idle set disagrees");
     free += slab_free;
     owned += s.mem->map.size();
   }

@@ -299,6 +299,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
       ++released;
     }
     dead->requests.clear();
+    pool_->RetireIdleOf(session_id);  // its slabs, idle now, leave it (dropped outside the lock)
     ledger_.RemoveSession(session_id);
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;

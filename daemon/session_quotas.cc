@@ -29,9 +29,10 @@ absl::StatusOr<std::vector<PagePool::Page>> SessionManager::AllocatePagesLocked(
 
 bool SessionManager::EvictionCouldAdmitLocked(const Session& s, uint64_t need_pages) const {
   const PagePool::Stats st = pool_->GetStats();
-  // What the pool could give this session now: its own slabs' free pages and every page of budget
-  // not in a slab of another session.
-  const uint64_t available = (st.ready_bytes + st.unallocated_bytes) / st.page_bytes + pool_->FreePagesOf(s.id);
+  // What the pool could give this session now: its own slabs' free pages, every page of budget not
+  // in a slab of another session, and other sessions' idle slabs.
+  const uint64_t available = (st.ready_bytes + st.unallocated_bytes) / st.page_bytes + pool_->FreePagesOf(s.id) +
+                             pool_->ReclaimablePagesFor(s.id);
   return ledger_.EvictionCouldAdmit(s.id, need_pages, available);
 }
 

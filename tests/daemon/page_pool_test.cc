@@ -122,8 +122,33 @@ TEST(PagePoolTest, OneTenantMayUseTheWholeBudget) {
   EXPECT_EQ(pool->GetStats().unallocated_bytes, 0u);
   EXPECT_EQ(pool->Allocate(4, 1).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(pool->ReleaseAll(3, all).ok());
+  EXPECT_EQ(pool->GetStats().idle_slabs, pool->SlabsOf(3));  // kept for owner 3, reclaimable
+  MustAllocate(*pool, 4, 100);                               // takes their budget
   EXPECT_EQ(pool->SlabsOf(3), 0u);
-  MustAllocate(*pool, 4, 100);
+}
+
+// An owner's empty slabs stay its own, so its next request reuses backed memory; its end, or
+// another owner short of budget, retires them.
+TEST(PagePoolTest, IdleSlabsAreReusedByTheirOwnerAndReclaimedByOthers) {
+  auto pool = MustCreate(SmallOptions(8, 8));
+  std::vector<Page> a = MustAllocate(*pool, 1, 4);
+  ASSERT_TRUE(pool->ReleaseAll(1, a).ok());
+  EXPECT_EQ(pool->SlabsOf(1), 1u);
+  EXPECT_EQ(pool->GetStats().idle_slabs, 1u);
+  std::vector<Page> again = MustAllocate(*pool, 1, 4);
+  EXPECT_EQ(again, a);  // the same pages: no new slab
+  EXPECT_EQ(pool->GetStats().idle_slabs, 0u);
+  ASSERT_TRUE(pool->ReleaseAll(1, again).ok());
+  EXPECT_EQ(pool->ReclaimablePagesFor(2), 4u);
+  EXPECT_EQ(pool->ReclaimablePagesFor(1), 0u);
+  std::vector<Page> b = MustAllocate(*pool, 2, 8);  // the whole budget: owner 1's idle slab goes
+  EXPECT_EQ(pool->SlabsOf(1), 0u);
+  ASSERT_TRUE(pool->ReleaseAll(2, b).ok());
+  pool->RetireIdleOf(2);
+  EXPECT_EQ(pool->SlabsOf(2), 0u);
+  EXPECT_EQ(pool->DupSlabFd(2, b[0].slab).status().code(), absl::StatusCode::kNotFound);
+  pool->WaitIdle();
+  EXPECT_EQ(pool->GetStats().unallocated_bytes, pool->GetStats().budget_bytes);
 }
 
 TEST(PagePoolTest, AFullSlabComesFromTheReserveWhichRefills) {
@@ -170,8 +195,10 @@ TEST(PagePoolTest, SharedPagesCountReferencesAndTheSlabRetiresAtTheLast) {
   ASSERT_TRUE(pool->Release(4, pages[0]).ok());
   EXPECT_EQ(pool->GetStats().pages_shared, 0u);
   ASSERT_TRUE(pool->Release(4, pages[0]).ok());
-  EXPECT_EQ(pool->SlabsOf(4), 0u);
   EXPECT_EQ(pool->Release(4, pages[0]).code(), absl::StatusCode::kNotFound);  // a double free
+  EXPECT_EQ(pool->SlabsOf(4), 1u);                                            // idle, still owner 4's
+  pool->RetireIdleOf(4);
+  EXPECT_EQ(pool->SlabsOf(4), 0u);
   EXPECT_EQ(pool->DupSlabFd(4, pages[0].slab).status().code(), absl::StatusCode::kNotFound);
   pool->WaitIdle();
   const PagePool::Stats st = pool->GetStats();
@@ -274,6 +301,7 @@ TEST(PagePoolTest, PropertyRandomOperationsMatchAShadowModel) {
       for (auto& [p, refs] : pages) {
         for (uint32_t i = 0; i < refs; ++i) ASSERT_TRUE(pool->Release(owner, p).ok());
       }
+      pool->RetireIdleOf(owner);
     }
     pool->WaitIdle();
     const PagePool::Stats st = pool->GetStats();
@@ -302,6 +330,7 @@ TEST(PagePoolTest, OwnersOnDifferentThreads) {
         }
       }
       EXPECT_TRUE(pool->ReleaseAll(owner, held).ok());
+      pool->RetireIdleOf(owner);
     });
   }
   for (auto& t : threads) t.join();

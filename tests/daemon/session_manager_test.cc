@@ -231,13 +231,15 @@ TEST(SessionManagerTest, SlabsAreTheSessionsOwn) {
   const v1::StatsResponse st = sm->Stats();
   EXPECT_EQ(st.host_pool().slabs_by_session().size(), 3u);
   EXPECT_EQ(st.host_pool().slabs_by_session().at(a.ref.session_id()), 1u);
-  // Releasing its only request gives the slab back; it is gone for good.
+  // Released, the slab stays the session's (idle, for its next request); its end retires it.
   v1::ReleaseRequest rel;
   *rel.mutable_session() = a.ref;
   rel.set_request_id(1);
   ASSERT_TRUE(sm->Release(rel).ok());
-  EXPECT_EQ(sm->DupFdFor(a.ref.session_id(), a.ref.token(), object, Owner(1000)).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(sm->DupFdFor(a.ref.session_id(), a.ref.token(), object, Owner(1000)).ok());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+  sm->CloseSession(a.ref.session_id());
+  EXPECT_EQ(sm->Stats().host_pool().slabs_by_session().count(a.ref.session_id()), 0u);
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 }
 

@@ -14,11 +14,13 @@
 // Pages carry a reference count. Allocate gives each page one reference; AddRef maps a page into
 // another table of the same owner (read-only there: the next issues share prefixes and parked
 // requests this way); Release drops one. A page with no reference is free for its owner's next
-// allocation (it keeps that owner's old bytes, which only that owner can read). When no page of a
-// slab is referenced, the slab leaves its owner: it is unlinked at once, its budget returns to the
-// pool, and the worker drops its memfd and mapping outside every lock (scrub by replacement: an
-// engine that still maps the old memfd sees only its own old bytes, and no later owner ever gets
-// that memory). Slab ids are never reused, so a client's cache of "slab N" cannot alias.
+// allocation (it keeps that owner's old bytes, which only that owner can read). A slab with no
+// referenced page stays its owner's, idle, so the owner's next request reuses memory that is
+// already backed; it leaves its owner when another allocation needs its budget or at RetireIdleOf
+// (a session's end). Leaving, it is unlinked at once, its budget returns to the pool, and the
+// worker drops its memfd and mapping outside every lock (scrub by replacement: an engine that
+// still maps the old memfd sees only its own old bytes, and no later owner ever gets that
+// memory). Slab ids are never reused, so a client's cache of "slab N" cannot alias.
 //
 // Accounting (exact, CheckInvariants): budget = owners' slabs + ready slabs + slabs being made +
 // unallocated. Slabs waiting for their scrub are no longer in the budget: they are what the
@@ -75,6 +77,7 @@ class PagePool {
     uint64_t pages_shared = 0;    // pages with more than one reference
     uint64_t owned_bytes = 0, ready_bytes = 0, making_bytes = 0, unallocated_bytes = 0;
     uint32_t slabs = 0, ready_slabs = 0, owners = 0;
+    uint32_t idle_slabs = 0;      // owned slabs with no referenced page (reclaimable)
     uint32_t scrub_queue = 0;     // slabs left by their owners, not yet dropped
     uint32_t populate_queue = 0;  // slabs made on demand, not yet populated
     uint64_t slabs_made = 0, slabs_scrubbed = 0;
@@ -100,6 +103,8 @@ class PagePool {
   absl::Status AddRef(uint64_t owner, const Page& page);
   // Drops one reference to a page `owner` holds. NotFound when it holds no such page.
   absl::Status Release(uint64_t owner, const Page& page);
+  // Retires every idle slab of `owner` (all of them once it holds no page: a session's end).
+  void RetireIdleOf(uint64_t owner);
   // Releases every page of `pages` (each once), reporting the first error.
   absl::Status ReleaseAll(uint64_t owner, const std::vector<Page>& pages);
   // The page's references (0: free, or not a page of a live slab).
@@ -119,6 +124,8 @@ class PagePool {
   uint64_t PagesOf(uint64_t owner) const;
   // Unreferenced pages of the owner's slabs (what it can take without a new slab).
   uint64_t FreePagesOf(uint64_t owner) const;
+  // Pages of other owners' idle slabs: budget an allocation of `owner` may reclaim.
+  uint64_t ReclaimablePagesFor(uint64_t owner) const;
   // Slabs per owner, for the metrics.
   std::map<uint64_t, uint32_t> SlabsByOwner() const;
 
@@ -186,6 +193,7 @@ class PagePool {
   const uint32_t slab_pages_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> idle_ ABSL_GUARDED_BY(mu_);  // owned slabs with no referenced page, oldest first
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> slabs_by_owner_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SlabMemory>> ready_ ABSL_GUARDED_BY(mu_);    // full-size, zeroed
   std::deque<std::shared_ptr<SlabMemory>> scrub_ ABSL_GUARDED_BY(mu_);     // to drop
