@@ -181,7 +181,7 @@ int PoolPart(const Options& o) {
       "{\"kind\":\"host_pool\",\"pool_bytes\":%llu,\"segment_bytes\":%llu,\"segments\":%u,\"admitted\":%u,"
       "\"mapped_segments\":%u,\"mapped_bytes\":%llu,\"daemon_start_s\":%.3f,\"fetch_s\":%.6f,\"mmap_s\":%.6f,"
       "\"register_s\":%.6f,\"register_s_per_gib\":%.6f,\"admit_total_s\":%.6f}\n",
-      static_cast<unsigned long long>(pool), static_cast<unsigned long long>(seg), segments, admitted, h.segments,
+      static_cast<unsigned long long>(pool), static_cast<unsigned long long>(seg), segments, admitted, h.slabs,
       static_cast<unsigned long long>(h.bytes), daemon_start_s, h.fetch_s, h.mmap_s, h.register_s,
       h.bytes ? h.register_s / (static_cast<double>(h.bytes) / (1 << 30)) : 0.0, admit_s);
   std::fflush(stdout);

@@ -162,14 +162,18 @@ absl::Status ClientSession::AwaitOpened(const std::string& engine_name) {
   return absl::OkStatus();
 }
 
+HostPageGeometry ClientSession::HostPages() const {
+  return HostPageGeometry{opened_.records_per_page(), opened_.pages_per_entry()};
+}
+
 absl::Status ClientSession::InitBackend(const hs_session_options& o) {
   const auto t = std::chrono::steady_clock::now();
   if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
-    auto cuda = MakeCudaBackend(o.gpu, arena_geometry_);
+    auto cuda = MakeCudaBackend(o.gpu, arena_geometry_, HostPages());
     if (!cuda.ok() && o.backend == HS_BACKEND_CUDA) return cuda.status();
     if (cuda.ok()) backend_ = std::move(*cuda);
   }
-  if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_);
+  if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_, HostPages());
   open_phases_.backend_init_s = SecondsSince(t);
   return absl::OkStatus();
 }
@@ -251,10 +255,10 @@ ClientSession::~ClientSession() {
     if (watcher_.joinable()) watcher_.join();
   }
   absl::MutexLock lock(&mu_);
-  for (auto& [id, seg] : segments_) {
-    if (backend_) backend_->UnregisterHostSegment(seg.map.data());
+  for (auto& [id, slab] : slabs_) {
+    if (backend_) backend_->UnregisterHostSegment(slab.map.data());
   }
-  segments_.clear();
+  slabs_.clear();
 }
 
 void ClientSession::WatchStream() {
@@ -268,7 +272,7 @@ void ClientSession::WatchStream() {
     auto it = requests_.find(id);
     if (it != requests_.end()) {
       (void)PublishRow(it->second.row, nullptr);
-      DropSegments(it->second.extents);
+      DropSlabs(it->second);
       requests_.erase(it);
     }
     evicted_.push_back(id);
@@ -342,65 +346,114 @@ absl::StatusOr<UniqueFd> ClientSession::FetchFd(const FdObject& object, uint64_t
   return std::move(f.fd);
 }
 
-absl::Status ClientSession::AcquireSegments(const std::vector<v1::Extent>& extents) {
-  for (const v1::Extent& e : extents) {
-    auto it = segments_.find(e.segment());
-    if (it == segments_.end()) {
-      uint64_t bytes = 0;
-      auto t = std::chrono::steady_clock::now();
-      HS_ASSIGN_OR_RETURN(UniqueFd fd, FetchFd(FdSegment{e.segment()}, &bytes));
-      host_map_phases_.fetch_s += SecondsSince(t);
-      t = std::chrono::steady_clock::now();
-      Segment seg;
-      HS_ASSIGN_OR_RETURN(seg.map, MappedRegion::MapShared(fd.get(), bytes));
-      host_map_phases_.mmap_s += SecondsSince(t);
-      t = std::chrono::steady_clock::now();
-      HS_ASSIGN_OR_RETURN(seg.kernel_addr, backend_->RegisterHostSegment(seg.map.data(), bytes));
-      host_map_phases_.register_s += SecondsSince(t);
-      ++host_map_phases_.segments;
-      host_map_phases_.bytes += bytes;
-      it = segments_.emplace(e.segment(), std::move(seg)).first;
+absl::Status ClientSession::AcquireSlabs(const Request& r) {
+  const uint64_t page_bytes = opened_.page_bytes();
+  std::vector<uint64_t> counted;  // one entry per page counted, to undo on failure
+  absl::Status status;
+  for (const auto& layer : r.layers) {
+    for (const v1::PageRef& p : layer) {
+      auto it = slabs_.find(p.slab());
+      if (it == slabs_.end()) {
+        uint64_t bytes = 0;
+        auto t = std::chrono::steady_clock::now();
+        absl::StatusOr<UniqueFd> fd = FetchFd(FdSlab{p.slab()}, &bytes);
+        host_map_phases_.fetch_s += SecondsSince(t);
+        Slab slab;
+        if (fd.ok()) {
+          t = std::chrono::steady_clock::now();
+          absl::StatusOr<MappedRegion> map = MappedRegion::MapShared(fd->get(), bytes);
+          host_map_phases_.mmap_s += SecondsSince(t);
+          status = map.status();
+          if (status.ok()) slab.map = *std::move(map);
+        } else {
+          status = fd.status();
+        }
+        if (status.ok()) {
+          t = std::chrono::steady_clock::now();
+          absl::StatusOr<uint8_t*> addr = backend_->RegisterHostSegment(slab.map.data(), bytes);
+          host_map_phases_.register_s += SecondsSince(t);
+          if (addr.ok()) slab.kernel_addr = *addr;
+          status = addr.status();
+        }
+        if (!status.ok()) break;
+        ++host_map_phases_.slabs;
+        host_map_phases_.bytes += bytes;
+        it = slabs_.emplace(p.slab(), std::move(slab)).first;
+      }
+      if (p.offset() % page_bytes != 0 || p.offset() + page_bytes > it->second.map.size()) {
+        status = absl::InternalError(absl::StrCat("the daemon named a page at offset ", p.offset(), " of slab ",
+                                                  p.slab(), ", which does not hold it"));
+      }
+      if (!status.ok()) break;
+      ++it->second.live_pages;
+      counted.push_back(p.slab());
     }
-    if (e.offset() + e.bytes() > it->second.map.size()) {
-      return absl::InternalError(absl::StrCat("extent beyond segment ", e.segment()));
-    }
-    ++it->second.live_runs;
+    if (!status.ok()) break;
   }
-  return absl::OkStatus();
+  if (status.ok()) return status;
+  for (uint64_t slab : counted) {
+    auto it = slabs_.find(slab);
+    if (--it->second.live_pages == 0) {
+      backend_->UnregisterHostSegment(it->second.map.data());
+      slabs_.erase(it);
+    }
+  }
+  return status;
 }
 
-void ClientSession::DropSegments(const std::vector<v1::Extent>& extents) {
-  for (const v1::Extent& e : extents) {
-    auto it = segments_.find(e.segment());
-    if (it == segments_.end()) continue;
-    if (--it->second.live_runs == 0) {
-      backend_->UnregisterHostSegment(it->second.map.data());
-      segments_.erase(it);
+void ClientSession::DropSlabs(const Request& r) {
+  for (const auto& layer : r.layers) {
+    for (const v1::PageRef& p : layer) {
+      auto it = slabs_.find(p.slab());
+      if (it == slabs_.end()) continue;
+      if (--it->second.live_pages == 0) {
+        backend_->UnregisterHostSegment(it->second.map.data());
+        slabs_.erase(it);
+      }
     }
   }
+}
+
+std::vector<const uint8_t*> ClientSession::PageTable(const Request& r) const {
+  std::vector<const uint8_t*> pages;
+  pages.reserve(r.layers.size() * (r.layers.empty() ? 0 : r.layers[0].size()));
+  for (const auto& layer : r.layers) {
+    for (const v1::PageRef& p : layer) {
+      const uint8_t* addr = slabs_.at(p.slab()).kernel_addr + p.offset();
+      pages.push_back(p.read_only() ? addr + 1 : addr);  // pages are aligned: + 1 sets bit 0
+    }
+  }
+  return pages;
 }
 
 absl::Status ClientSession::PublishRow(uint32_t row, const Request* r) {
   if (r == nullptr) return backend_->SetHostMapRow(static_cast<int32_t>(row), nullptr, 0, 0);
-  std::vector<const uint8_t*> bases(r->extents.size());
-  for (size_t l = 0; l < r->extents.size(); ++l) {
-    bases[l] = segments_.at(r->extents[l].segment()).kernel_addr + r->extents[l].offset();
-  }
-  // One contiguous run per layer: one page per (row, layer) table (the backend's default R).
-  return backend_->SetHostMapRow(static_cast<int32_t>(row), bases.data(), 1, static_cast<int32_t>(r->capacity));
+  // The request's page tables, layer-major (pages[l * n + i], bit 0 = read-only), as the kernels
+  // read them (arena_layout.h, "Host page tables").
+  const std::vector<const uint8_t*> pages = PageTable(*r);
+  const uint32_t n = r->layers.empty() ? 0 : static_cast<uint32_t>(r->layers[0].size());
+  return backend_->SetHostMapRow(static_cast<int32_t>(row), pages.data(), n, static_cast<int32_t>(r->capacity));
 }
 
 absl::StatusOr<ClientSession::Request> ClientSession::InstallRequest(
-    uint64_t id, uint32_t row, uint32_t capacity, const google::protobuf::RepeatedPtrField<v1::Extent>& extents) {
-  (void)id;
+    uint32_t row, uint32_t capacity, const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers) {
   Request r;
   r.row = row;
   r.capacity = capacity;
-  r.extents.assign(extents.begin(), extents.end());
-  if (r.extents.size() != geometry_.num_layers() || row >= geometry_.max_requests()) {
+  const uint64_t per_page = opened_.records_per_page();
+  const uint64_t want = per_page == 0 ? 0 : (uint64_t{capacity} + per_page - 1) / per_page;
+  if (static_cast<uint32_t>(layers.size()) != geometry_.num_layers() || row >= geometry_.max_requests() || want == 0 ||
+      want > opened_.pages_per_entry()) {
     return absl::InternalError("the daemon's answer does not match the session geometry");
   }
-  HS_RETURN_IF_ERROR(AcquireSegments(r.extents));
+  for (int l = 0; l < layers.size(); ++l) {
+    if (layers[l].layer() != static_cast<uint32_t>(l) || static_cast<uint64_t>(layers[l].pages_size()) != want) {
+      return absl::InternalError(absl::StrCat("the daemon's answer lists ", layers[l].pages_size(), " pages for layer ",
+                                              layers[l].layer(), "; ", capacity, " tokens need ", want));
+    }
+    r.layers.emplace_back(layers[l].pages().begin(), layers[l].pages().end());
+  }
+  HS_RETURN_IF_ERROR(AcquireSlabs(r));
   return r;
 }
 
@@ -415,9 +468,12 @@ absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32
   v1::AdmitResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Admit(CallContext().get(), req, &resp), "admit"));
   absl::MutexLock lock(&mu_);
-  auto r = InstallRequest(request_id, resp.row(), resp.capacity_tokens(), resp.extents());
+  auto r = InstallRequest(resp.row(), resp.capacity_tokens(), resp.layers());
   if (!r.ok()) return r.status();
-  HS_RETURN_IF_ERROR(PublishRow(r->row, &*r));
+  if (absl::Status published = PublishRow(r->row, &*r); !published.ok()) {
+    DropSlabs(*r);
+    return published;
+  }
   HS_RETURN_IF_ERROR(backend_->ResetRow(arena_, static_cast<int32_t>(r->row), nullptr));
   hs_request_info info = HS_REQUEST_INFO_INIT;
   info.row = r->row;
@@ -437,10 +493,11 @@ absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint3
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::InternalError("extended a request this client does not know");
-  // Map the new runs before dropping the old ones, so a segment holding both stays mapped.
-  auto r = InstallRequest(request_id, it->second.row, resp.capacity_tokens(), resp.extents());
+  // Count the pages again before dropping the old count, so a slab holding old and new pages stays
+  // mapped. Extend never moves a record: the old pages lead every layer's list unchanged.
+  auto r = InstallRequest(it->second.row, resp.capacity_tokens(), resp.layers());
   if (!r.ok()) return r.status();
-  DropSegments(it->second.extents);
+  DropSlabs(it->second);
   it->second = std::move(*r);
   HS_RETURN_IF_ERROR(PublishRow(it->second.row, &it->second));
   hs_request_info info = HS_REQUEST_INFO_INIT;
@@ -461,7 +518,7 @@ absl::Status ClientSession::Release(uint64_t request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::OkStatus();
   HS_RETURN_IF_ERROR(PublishRow(it->second.row, nullptr));
-  DropSegments(it->second.extents);
+  DropSlabs(it->second);
   requests_.erase(it);
   return absl::OkStatus();
 }
@@ -471,13 +528,15 @@ absl::StatusOr<uint8_t*> ClientSession::RecordPtr(uint64_t request_id, uint32_t 
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));
   const Request& r = it->second;
-  if (layer >= r.extents.size()) return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  if (layer >= r.layers.size()) return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   if (position >= r.capacity) {
     return absl::InvalidArgumentError(
         absl::StrCat("position ", position, " beyond the request's capacity ", r.capacity));
   }
-  const v1::Extent& e = r.extents[layer];
-  return segments_.at(e.segment()).map.data() + e.offset() + uint64_t{position} * geometry_.record_bytes();
+  // The record of position p: page p / R of the layer, at (p % R) * record_bytes.
+  const uint32_t per_page = opened_.records_per_page();
+  const v1::PageRef& page = r.layers[layer][position / per_page];
+  return slabs_.at(page.slab()).map.data() + page.offset() + uint64_t{position % per_page} * geometry_.record_bytes();
 }
 
 absl::StatusOr<v1::StatsResponse> ClientSession::NodeStats() {

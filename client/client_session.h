@@ -1,6 +1,6 @@
 // ClientSession: the engine side of one hisparse session — the C++ implementation behind the
 // C ABI (hisparse.h). It holds the gRPC session stream (whose life is the session's), the fd
-// channel, this process's mappings of the session's pool segments and arena, the table of
+// channel, this process's mappings of the session's pool slabs and arena, the table of
 // admitted requests, and the device backend that runs the data path.
 //
 // Thread-safe for control calls (Admit/Extend/Release/Stats may come from several threads; RPCs
@@ -42,9 +42,9 @@ class ClientSession {
     double attach_s = 0;         // the whole attach: import + map (+ host mmap for host arenas)
     double total_s = 0;          // Open, end to end
   };
-  // Host-pool segments this session mapped (mmap) and registered with its device (on Admit/Extend).
+  // Host-pool slabs this session mapped (mmap) and registered with its device (on Admit/Extend).
   struct HostMapPhases {
-    uint32_t segments = 0;
+    uint32_t slabs = 0;
     uint64_t bytes = 0;
     double fetch_s = 0;     // fd channel round trips
     double mmap_s = 0;      // mmap of the memfds
@@ -92,16 +92,18 @@ class ClientSession {
   void ReturnEvicted(std::vector<uint64_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Segment {
+  // One slab of the session's host pool, mapped and registered once, the first time a request of
+  // this session has a page in it.
+  struct Slab {
     MappedRegion map;
     uint8_t* kernel_addr = nullptr;  // where kernels see it (device-mapped on CUDA)
-    int live_runs = 0;               // runs of this session in it; unmapped at 0 (the daemon may
-                                     // hand the segment, with fresh memory, to another session)
+    uint64_t live_pages = 0;         // pages of this session's requests in it; unmapped at 0, which
+                                     // is when the daemon drops the slab too (its pages are all free)
   };
   struct Request {
     uint32_t row = 0;
     uint32_t capacity = 0;
-    std::vector<v1::Extent> extents;  // one per layer
+    std::vector<std::vector<v1::PageRef>> layers;  // per layer, in position order
   };
   // One fd-channel object: a descriptor, or (a "cuda-ipc" arena) a cudaIpc handle.
   struct Fetched {
@@ -123,6 +125,8 @@ class ClientSession {
   absl::Status AwaitOpened(const std::string& engine_name);
   // The device backend the options ask for (CUDA falls back to host under HS_BACKEND_AUTO).
   absl::Status InitBackend(const hs_session_options& options);
+  // The page-table geometry the daemon's SessionOpened announced (records per page, table stride).
+  HostPageGeometry HostPages() const;
   // The arena object from the fd channel, at least as large as the geometry needs.
   absl::StatusOr<Fetched> FetchArena();
   // One miss plan per anchor layer that has followers (plans_, plan_max_batch_).
@@ -136,12 +140,16 @@ class ClientSession {
   // One exchange on the fd channel (fd_channel_codec.h); an ERR reply keeps the daemon's code.
   absl::StatusOr<Fetched> Fetch(const FdObject& object) ABSL_LOCKS_EXCLUDED(fd_mu_);
   absl::StatusOr<UniqueFd> FetchFd(const FdObject& object, uint64_t* bytes) ABSL_LOCKS_EXCLUDED(fd_mu_);
-  // Maps the segments that `extents` name and are not mapped yet, and counts their runs.
-  absl::Status AcquireSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropSegments(const std::vector<v1::Extent>& extents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps the slabs that `r`'s pages name and are not mapped yet, and counts their pages; on
+  // failure nothing stays counted.
+  absl::Status AcquireSlabs(const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropSlabs(const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Row `row`'s page tables, layer-major: pages[l * n + i] is the kernel address of layer l's page
+  // i (bit 0 set: read-only), n the pages of each layer.
+  std::vector<const uint8_t*> PageTable(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PublishRow(uint32_t row, const Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Request> InstallRequest(uint64_t id, uint32_t row, uint32_t capacity,
-                                         const google::protobuf::RepeatedPtrField<v1::Extent>& extents)
+  absl::StatusOr<Request> InstallRequest(uint32_t row, uint32_t capacity,
+                                         const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   v1::Geometry geometry_;
@@ -162,7 +170,7 @@ class ClientSession {
   v1::SessionOpened opened_;
   v1::SessionRef ref_;
 
-  // Lock order: mu_, then fd_mu_ (Admit and Extend fetch the segments they map under mu_).
+  // Lock order: mu_, then fd_mu_ (Admit and Extend fetch the slabs they map under mu_).
   mutable absl::Mutex mu_;
   absl::Mutex fd_mu_ ABSL_ACQUIRED_AFTER(mu_);
   UniqueFd fd_channel_ ABSL_GUARDED_BY(fd_mu_);
@@ -172,7 +180,7 @@ class ClientSession {
   std::unique_ptr<DeviceBackend> backend_;  // set once in Open
   MappedRegion arena_map_;
   ArenaView arena_{};
-  absl::flat_hash_map<uint32_t, Segment> segments_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
   OpenPhases open_phases_;  // written once, in Open
   HostMapPhases host_map_phases_ ABSL_GUARDED_BY(mu_);

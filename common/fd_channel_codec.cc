@@ -39,15 +39,15 @@ bool StatusCodeFromName(absl::string_view name, absl::StatusCode* code) {
 
 absl::StatusOr<FdObject> DecodeFdObject(absl::string_view object) {
   if (object == "arena") return FdObject(FdArena{});
-  if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "segment ")) {
-    FdSegment segment;
-    if (!ParseDecimal(rest, &segment.n)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad segment number in \"", absl::CHexEscape(object), "\""));
+  if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "slab ")) {
+    FdSlab slab;
+    if (!ParseDecimal(rest, &slab.n)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad slab number in \"", absl::CHexEscape(object), "\""));
     }
-    return FdObject(segment);
+    return FdObject(slab);
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown fd object \"", absl::CHexEscape(object), "\" (want \"arena\" or \"segment N\")"));
+      absl::StrCat("unknown fd object \"", absl::CHexEscape(object), "\" (want \"arena\" or \"slab N\")"));
 }
 
 namespace {
@@ -78,7 +78,7 @@ absl::StatusOr<FdReply> DecodeOk(absl::string_view text, bool has_fd) {
 }  // namespace
 
 std::string FdObjectName(const FdObject& object) {
-  if (const auto* s = std::get_if<FdSegment>(&object)) return absl::StrCat("segment ", s->n);
+  if (const auto* s = std::get_if<FdSlab>(&object)) return absl::StrCat("slab ", s->n);
   return "arena";
 }
 

@@ -163,22 +163,41 @@ const std::vector<KeySpec>& Specs() {
          return absl::OkStatus();
        },
        [](const DaemonConfig& c) { return c.listen; }, [](const DaemonConfig& c) { return CheckListen(c.listen); }},
-      {"host_pool.size", "byte size", "Host KV pool size; rounded up to whole segments. At least 1MiB.", false,
+      {"host_pool.size", "byte size",
+       "Host KV pool budget: all sessions' pages, the reserve and slabs being made. At least 1MiB.", false,
        HS_SET_WITH(ParseByteSize, host_pool.size),
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.size); },
        [](const DaemonConfig& c) { return CheckPoolBytes(c.host_pool.size); }},
-      {"host_pool.segment_size", "byte size",
-       "Size of each memfd segment of the pool (a smaller pool is one segment). At least 1MiB, a "
-       "multiple of 4KiB.",
-       false, HS_SET_WITH(ParseByteSize, host_pool.segment_size),
-       [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.segment_size); },
-       [](const DaemonConfig& c) { return CheckPoolBytes(c.host_pool.segment_size); }},
+      {"host_pool.page_size", "byte size",
+       "Pages handed to requests; a record never straddles one. A multiple of 4KiB (2MiB with huge pages on).", false,
+       HS_SET_WITH(ParseByteSize, host_pool.page_size),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.page_size); },
+       [](const DaemonConfig& c) -> absl::Status {
+         if (c.host_pool.page_size >= kPageSize && c.host_pool.page_size % kPageSize == 0) return absl::OkStatus();
+         return absl::InvalidArgumentError(
+             absl::StrCat("must be a positive multiple of 4KiB, got ", c.host_pool.page_size));
+       }},
+      {"host_pool.slab_size", "byte size",
+       "The largest slab (one memfd, one session's pages only) and the reserve's slab size; whole pages.", false,
+       HS_SET_WITH(ParseByteSize, host_pool.slab_size),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.slab_size); },
+       [](const DaemonConfig& c) -> absl::Status {
+         const uint64_t page = c.host_pool.page_size, slab = c.host_pool.slab_size;
+         if (page != 0 && slab >= page && slab % page == 0 && slab / page <= UINT32_MAX) return absl::OkStatus();
+         return absl::InvalidArgumentError(absl::StrCat("must be a whole number of pages (host_pool.page_size ",
+                                                        FormatByteSizeExact(page), "), got ", slab));
+       }},
+      {"host_pool.reserve_slabs", "integer >= 0",
+       "Ready (pre-touched, zeroed) full slabs a background thread keeps while the budget allows.", false,
+       HS_SET_WITH(ParseInt, host_pool.reserve_slabs),
+       [](const DaemonConfig& c) { return absl::StrCat(c.host_pool.reserve_slabs); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.host_pool.reserve_slabs, 0); }},
       {"host_pool.hugepages", "auto | on | off",
        "MFD_HUGETLB pages: auto tries them and falls back quietly; on fails start-up without them.", true,
        HS_SET_WITH(ParseHugePages, host_pool.hugepages),
        [](const DaemonConfig& c) { return std::string(HugePagesModeName(c.host_pool.hugepages)); }, nullptr},
-      {"host_pool.pretouch_threads", "integer >= 0", "Threads that pre-fault the pool at start-up; 0 = one per CPU.",
-       false, HS_SET_WITH(ParseInt, host_pool.pretouch_threads),
+      {"host_pool.pretouch_threads", "integer >= 0", "Threads that pre-touch each ready slab; 0 = one per CPU.", false,
+       HS_SET_WITH(ParseInt, host_pool.pretouch_threads),
        [](const DaemonConfig& c) { return absl::StrCat(c.host_pool.pretouch_threads); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.host_pool.pretouch_threads, 0); }},
       {"host_pool.mlock", "bool", "mlock the pool so it never swaps (needs CAP_IPC_LOCK or RLIMIT_MEMLOCK).", false,
@@ -219,6 +238,11 @@ const std::vector<KeySpec>& Specs() {
        "Host slot-arena bytes all sessions together may hold; 0 = auto (memory left at start after the pool).", false,
        HS_SET_WITH(ParseByteSize, limits.host_arena_bytes),
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.limits.host_arena_bytes); }, nullptr},
+      {"limits.max_tokens_per_request", "integer >= 1",
+       "The longest context one request may hold (it sizes each session's page-table stride).", false,
+       HS_SET_WITH(ParseInt, limits.max_tokens_per_request),
+       [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_tokens_per_request); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_tokens_per_request, 1); }},
       {"access.socket_group", "group name, gid, or empty",
        "Group that owns the sockets (mode 0660): membership gates who can connect at all.", true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {
@@ -253,12 +277,10 @@ const std::vector<KeySpec>& Specs() {
       {"quotas.sessions", "integer >= 0", "Sessions one tenant may hold open; 0 = no limit.", false,
        HS_SET_WITH(ParseInt, quotas.sessions), [](const DaemonConfig& c) { return absl::StrCat(c.quotas.sessions); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.sessions, 0); }},
-      {"quotas.segments", "integer >= 0",
-       "Pool segments one tenant may hold (each is exclusive to one session); 0 = what host_bytes covers, "
-       "rounded up to whole segments (no limit without host_bytes).",
-       false, HS_SET_WITH(ParseInt, quotas.segments),
-       [](const DaemonConfig& c) { return absl::StrCat(c.quotas.segments); },
-       [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.segments, 0); }},
+      {"quotas.pages", "integer >= 0",
+       "Host pool pages one tenant may hold (quotas.host_bytes counts them in bytes too); 0 = no limit.", false,
+       HS_SET_WITH(ParseInt, quotas.pages), [](const DaemonConfig& c) { return absl::StrCat(c.quotas.pages); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.quotas.pages, 0); }},
       {"admission.on_pool_full", "reject | evict_lru_idle",
        "A full pool rejects an Admit, or evicts the tenant's least recently admitted request (notified first).", false,
        HS_SET_WITH(ParseOnPoolFull, admission.on_pool_full),
@@ -515,17 +537,9 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     if (!status.ok()) return KeyError(spec.key, status);
   }
   const HostPoolConfig& pool = config.host_pool;
-  if (pool.size > pool.segment_size) {
-    const uint64_t segments = (pool.size - 1) / pool.segment_size + 1;
-    uint64_t total = 0;
-    if (__builtin_mul_overflow(segments, pool.segment_size, &total)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host_pool.size: ", pool.size, " rounded up to whole segments overflows 64 bits"));
-    }
-  }
   if (pool.hugepages == HugePagesMode::kOn) {
-    for (const auto& [key, bytes] : {std::pair<const char*, uint64_t>{"host_pool.size", pool.size},
-                                     {"host_pool.segment_size", pool.segment_size}}) {
+    for (const auto& [key, bytes] :
+         {std::pair<const char*, uint64_t>{"host_pool.size", pool.size}, {"host_pool.page_size", pool.page_size}}) {
       if (bytes % kHugePageSize != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             key, ": must be a multiple of 2MiB when host_pool.hugepages is on, got ", FormatByteSizeExact(bytes)));
@@ -561,19 +575,6 @@ std::string_view ListenSocketPath(std::string_view listen) {
   if (StartsWith(listen, "unix://")) return listen.substr(7);
   if (StartsWith(listen, "unix:")) return listen.substr(5);
   return {};
-}
-
-PoolGeometry HostPoolGeometry(const HostPoolConfig& pool) {
-  PoolGeometry g;
-  if (pool.size <= pool.segment_size) {
-    g.segment_size = pool.size;
-    g.segment_count = pool.size == 0 ? 0 : 1;
-  } else {
-    g.segment_size = pool.segment_size;
-    g.segment_count = (pool.size - 1) / pool.segment_size + 1;
-  }
-  g.total_bytes = g.segment_size * g.segment_count;
-  return g;
 }
 
 }  // namespace hisparse

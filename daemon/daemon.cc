@@ -26,9 +26,9 @@
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/device_choice.h"
 #include "hisparse/daemon/fd_server.h"
-#include "hisparse/daemon/host_pool.h"
 #include "hisparse/daemon/memory_headroom.h"
 #include "hisparse/daemon/metrics.h"
+#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/service.h"
 #include "hisparse/daemon/session_manager.h"
 
@@ -37,9 +37,9 @@ namespace hisparse {
 inline constexpr char kVersion[] = HISPARSE_VERSION;
 
 SessionManager::QuotaOptions QuotasFrom(const DaemonConfig& c) {
-  return SessionManager::QuotaOptions{
-      c.quotas.host_bytes, c.quotas.arena_bytes, static_cast<uint32_t>(c.quotas.requests),
-      static_cast<uint32_t>(c.quotas.sessions), static_cast<uint32_t>(c.quotas.segments)};
+  return SessionManager::QuotaOptions{c.quotas.host_bytes, c.quotas.arena_bytes,
+                                      static_cast<uint32_t>(c.quotas.requests),
+                                      static_cast<uint32_t>(c.quotas.sessions), static_cast<uint64_t>(c.quotas.pages)};
 }
 // Engines and the daemon share these sockets; the group decides who may attach (issue: access).
 inline constexpr mode_t kSocketMode = 0660;
@@ -174,22 +174,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     LOG(INFO) << choice.why;
   }
 
-  const PoolGeometry geometry = HostPoolGeometry(config.host_pool);
-  HostPool::Options pool_options;
-  pool_options.size_bytes = geometry.total_bytes;
-  pool_options.segment_bytes = geometry.segment_size;
-  pool_options.hugepages = config.host_pool.hugepages == HugePagesMode::kOn    ? HostPool::Hugepages::kOn
-                           : config.host_pool.hugepages == HugePagesMode::kOff ? HostPool::Hugepages::kOff
-                                                                               : HostPool::Hugepages::kAuto;
+  PagePool::Options pool_options;
+  pool_options.budget_bytes = config.host_pool.size;
+  pool_options.page_bytes = config.host_pool.page_size;
+  pool_options.slab_bytes = config.host_pool.slab_size;
+  pool_options.reserve_slabs = static_cast<uint32_t>(config.host_pool.reserve_slabs);
+  pool_options.hugepages = config.host_pool.hugepages == HugePagesMode::kOn    ? PagePool::Hugepages::kOn
+                           : config.host_pool.hugepages == HugePagesMode::kOff ? PagePool::Hugepages::kOff
+                                                                               : PagePool::Hugepages::kAuto;
   pool_options.pretouch_threads = config.host_pool.pretouch_threads;
   pool_options.mlock = config.host_pool.mlock;
   HS_ASSIGN_OR_RETURN(impl->auto_host_arena_bytes,
-                      CheckMemoryAtStart(geometry.total_bytes, pool_options.hugepages != HostPool::Hugepages::kOff));
-  HS_ASSIGN_OR_RETURN(std::unique_ptr<HostPool> pool, HostPool::Create(pool_options));
+                      CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff));
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, PagePool::Create(pool_options));
 
   SessionManager::Options sm_options;
   sm_options.max_sessions = static_cast<uint32_t>(config.limits.max_sessions);
   sm_options.max_requests_per_session = static_cast<uint32_t>(config.limits.max_requests_per_session);
+  sm_options.max_tokens_per_request = static_cast<uint32_t>(config.limits.max_tokens_per_request);
   sm_options.fd_socket_path = impl->fd_socket_path;
   sm_options.arena_budget_bytes = config.gpu_memory_budget;
   sm_options.host_arena_budget_bytes =

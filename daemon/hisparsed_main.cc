@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, std::string>> flag_keys = {
       {"--listen", "listen"},
       {"--host-pool-size", "host_pool.size"},
-      {"--host-pool-segment-size", "host_pool.segment_size"},
+      {"--host-pool-page-size", "host_pool.page_size"},
+      {"--host-pool-slab-size", "host_pool.slab_size"},
+      {"--host-pool-segment-size", "host_pool.slab_size"},  // the segmented pool's flag, now the largest slab
       {"--hugepages", "host_pool.hugepages"},
       {"--pretouch-threads", "host_pool.pretouch_threads"},
       {"--device", "device"},

@@ -67,8 +67,12 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
       {"hisparse_host_pool_capacity_bytes", "gauge", "Host KV pool capacity in bytes."},
       {"hisparse_host_pool_fragmentation_ratio", "gauge",
-       "Share of free pool bytes outside their segment's largest free run."},
-      {"hisparse_host_pool_segments", "gauge", "Host pool segments by state (in_use, free)."},
+       "Share of free pool bytes that are free pages inside sessions' slabs (usable by that session alone)."},
+      {"hisparse_host_pool_pages", "gauge",
+       "Host pool pages by state (used: referenced; free: unreferenced in sessions' slabs; reserved: ready slabs)."},
+      {"hisparse_host_pool_shared_pages", "gauge", "Host pool pages with more than one reference."},
+      {"hisparse_host_pool_slabs", "gauge", "Host pool slabs held, per session."},
+      {"hisparse_host_pool_scrub_queue", "gauge", "Slabs their sessions left, waiting to be dropped."},
       {"hisparse_arena_bytes", "gauge", "Slot-arena bytes held by sessions, per device (gpu=-1: host-emulated)."},
       {"hisparse_sessions", "gauge", "Open sessions."},
       {"hisparse_requests", "gauge", "Admitted requests."},
@@ -105,8 +109,14 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.free_bytes()), {{"state", "free"}});
   fb.Add("hisparse_host_pool_capacity_bytes", static_cast<double>(p.capacity_bytes()));
   fb.Add("hisparse_host_pool_fragmentation_ratio", p.fragmentation());
-  fb.Add("hisparse_host_pool_segments", p.segments_in_use(), {{"state", "in_use"}});
-  fb.Add("hisparse_host_pool_segments", p.segments() - p.segments_in_use(), {{"state", "free"}});
+  fb.Add("hisparse_host_pool_pages", static_cast<double>(p.pages_used()), {{"state", "used"}});
+  fb.Add("hisparse_host_pool_pages", static_cast<double>(p.pages_free()), {{"state", "free"}});
+  fb.Add("hisparse_host_pool_pages", static_cast<double>(p.pages_reserved()), {{"state", "reserved"}});
+  fb.Add("hisparse_host_pool_shared_pages", static_cast<double>(p.pages_shared()));
+  for (const auto& [session, slabs] : p.slabs_by_session()) {
+    fb.Add("hisparse_host_pool_slabs", slabs, {{"session", absl::StrCat(session)}});
+  }
+  fb.Add("hisparse_host_pool_scrub_queue", p.scrub_queue());
   for (const auto& [gpu, bytes] : st.arena_bytes_by_device()) {
     fb.Add("hisparse_arena_bytes", static_cast<double>(bytes), {{"gpu", absl::StrCat(gpu)}});
   }

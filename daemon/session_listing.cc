@@ -78,9 +78,7 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_request_id(rid);
       info->set_row(r.row);
       info->set_capacity_tokens(r.capacity_tokens);
-      uint64_t bytes = 0;
-      for (const HostPool::Run& run : r.runs) bytes += run.bytes;
-      info->set_host_bytes(bytes);
+      info->set_host_bytes(r.PageCount() * pool_->page_bytes());
       info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
     }
   }

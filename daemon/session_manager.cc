@@ -150,18 +150,15 @@ absl::StatusOr<std::unique_ptr<Arena>> SessionManager::CreateArena(bool on_gpu, 
   return WrapGpuArena(std::move(*allocated), layout.counters);
 }
 
-SessionManager::SessionManager(const Options& options, std::unique_ptr<HostPool> pool)
+SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool> pool)
     : options_(options),
       pool_(std::move(pool)),
-      ledger_(options.quotas, pool_->segment_bytes(),
-              options.clock ? options.clock : AdmissionLedger::Clock(absl::Now)) {
-  uint32_t share, segments;
-  {
-    absl::MutexLock lock(&mu_);
-    share = ledger_.SegmentsPerTenant();
-    segments = pool_->segment_count();
-  }
-  LogQuotaCoverage(share, segments, options.quotas, options.max_sessions);
+      ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now)) {}
+
+uint64_t SessionManager::Request::PageCount() const {
+  uint64_t n = 0;
+  for (const auto& layer : pages) n += layer.size();
+  return n;
 }
 
 SessionManager::~SessionManager() = default;
@@ -169,11 +166,18 @@ SessionManager::~SessionManager() = default;
 absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSession& open,
                                                               const PeerCredentials& owner) {
   uint32_t max_requests_limit;
+  uint64_t page_bytes;
   {
     absl::MutexLock lock(&mu_);
     max_requests_limit = options_.max_requests_per_session;
+    page_bytes = ledger_.page_bytes();
   }
   HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), max_requests_limit));
+  if (open.geometry().record_bytes() > page_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("geometry.record_bytes (", open.geometry().record_bytes(),
+                                                   ") exceeds the host pool's page (host_pool.page_size, ", page_bytes,
+                                                   " bytes): a record never straddles a page"));
+  }
   HS_ASSIGN_OR_RETURN(std::string engine_name, EngineName(open.engine_name(), 128));
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
@@ -184,6 +188,10 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   session->token = NewToken();
   session->engine_name = std::move(engine_name);
   session->geometry = open.geometry();
+  session->records_per_page =
+      static_cast<uint32_t>(std::min<uint64_t>(page_bytes / open.geometry().record_bytes(), INT32_MAX));
+  session->pages_per_entry = static_cast<uint32_t>(
+      (uint64_t{options_.max_tokens_per_request} + session->records_per_page - 1) / session->records_per_page);
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
   // Set at construction only: readable without the lock.
@@ -258,9 +266,11 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   v1::SetArenaKind(session->arena->kind(), opened.mutable_arena());
   opened.mutable_arena()->set_bytes(session->arena_bytes);
   opened.mutable_arena()->set_create_seconds(create_seconds);
-  opened.set_segment_bytes(pool_->segment_bytes());
-  opened.set_max_tokens_per_request(
-      static_cast<uint32_t>(std::min<uint64_t>(pool_->segment_bytes() / open.geometry().record_bytes(), INT32_MAX)));
+  opened.set_page_bytes(page_bytes);
+  opened.set_records_per_page(session->records_per_page);
+  opened.set_pages_per_entry(session->pages_per_entry);
+  opened.set_max_tokens_per_request(static_cast<uint32_t>(
+      std::min<uint64_t>(uint64_t{session->records_per_page} * session->pages_per_entry, INT32_MAX)));
   opened.set_daemon_version(options_.version);
   LOG(INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
             << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
@@ -282,11 +292,6 @@ void SessionManager::CloseSession(uint64_t session_id) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return;
-    // A request that an Extend is moving keeps its runs until the copy ends: wait for it.
-    it->second->closing = true;
-    while (ledger_.MovesIn(session_id) != 0) moves_done_.Wait(&mu_);
-    it = sessions_.find(session_id);
-    if (it == sessions_.end()) return;
     dead = std::move(it->second);
     sessions_.erase(it);
     for (auto& [id, r] : dead->requests) {
@@ -294,6 +299,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
       ++released;
     }
     dead->requests.clear();
+    pool_->RetireIdleOf(session_id);  // its slabs, idle now, leave it (dropped outside the lock)
     ledger_.RemoveSession(session_id);
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
@@ -328,38 +334,43 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::Se
 }
 
 void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
-  for (const HostPool::Run& run : r.runs) {
-    absl::Status st = pool_->Free(s.id, run);
-    if (!st.ok()) LOG(ERROR) << "accounting error freeing a run of session " << s.id << ": " << st;
+  for (const std::vector<PagePool::Page>& layer : r.pages) {
+    absl::Status st = pool_->ReleaseAll(s.id, layer);
+    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
   }
-  r.runs.clear();
+  r.pages.clear();
   ledger_.Release(s.id, r.id);
 }
 
-void SessionManager::FillExtents(const Session& s, const Request& r,
-                                 google::protobuf::RepeatedPtrField<v1::Extent>* out) const {
-  (void)s;
-  for (size_t layer = 0; layer < r.runs.size(); ++layer) {
-    v1::Extent* e = out->Add();
-    e->set_layer(static_cast<uint32_t>(layer));
-    e->set_segment(r.runs[layer].segment);
-    e->set_offset(r.runs[layer].offset);
-    e->set_bytes(r.runs[layer].bytes);
+void SessionManager::FillLayers(const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const {
+  const uint64_t page_bytes = pool_->page_bytes();  // const in the pool
+  for (size_t layer = 0; layer < r.pages.size(); ++layer) {
+    v1::LayerPages* lp = out->Add();
+    lp->set_layer(static_cast<uint32_t>(layer));
+    for (const PagePool::Page& p : r.pages[layer]) {
+      v1::PageRef* ref = lp->add_pages();
+      ref->set_slab(p.slab);
+      ref->set_offset(uint64_t{p.index} * page_bytes);
+    }
   }
 }
 
+uint64_t SessionManager::PagesFor(const Session& s, uint64_t tokens) {
+  return (tokens + s.records_per_page - 1) / s.records_per_page;
+}
+
 absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget) const {
-  const uint64_t max_tokens = pool_->segment_bytes() / s.geometry.record_bytes();
-  if (token_budget == 0 || token_budget > max_tokens || token_budget > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token_budget must be 1..", std::min<uint64_t>(max_tokens, INT32_MAX), " (one layer's run must fit a ",
-        pool_->segment_bytes(), "-byte pool segment), got ", token_budget));
+  const uint64_t max_tokens = std::min<uint64_t>(uint64_t{s.records_per_page} * s.pages_per_entry, INT32_MAX);
+  if (token_budget == 0 || token_budget > max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget must be 1..", max_tokens,
+                                                   " (limits.max_tokens_per_request, in whole pages of ",
+                                                   s.records_per_page, " records), got ", token_budget));
   }
   return absl::OkStatus();
 }
 
-// Admission: a request gets a free row of the session's arena and, for every layer, one
-// contiguous run of token_budget records. All or nothing. Order of checks: the session, draining,
+// Admission: a request gets a free row of the session's arena and, for every layer, the pages
+// that hold token_budget records. All or nothing. Order of checks: the session, draining,
 // the request itself, the tenant's quotas, a free row, then the pool. With
 // admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
@@ -377,10 +388,8 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
       // Only when evicting can make this admission succeed: else it fails with nothing evicted.
       auto it = sessions_.find(req.session().session_id());
       if (evictions == 0 &&
-          (it == sessions_.end() ||
-           !EvictionCouldAdmitLocked(
-               *it->second, HostPool::HeldBytes(uint64_t{req.token_budget()} * it->second->geometry.record_bytes()),
-               it->second->geometry.num_layers()))) {
+          (it == sessions_.end() || !EvictionCouldAdmitLocked(*it->second, PagesFor(*it->second, req.token_budget()) *
+                                                                               it->second->geometry.num_layers()))) {
         return std::move(outcome.result);
       }
       auto found = PickVictimLocked(req.session().session_id());
@@ -408,34 +417,30 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     return {
         absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
   }
-  // Charged as held: each run is rounded up to the pool's alignment.
-  const uint64_t run_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s->id, run_bytes * s->geometry.num_layers(), 1)) {
-    return {Reject(*std::move(refusal))};
-  }
+  // Charged in whole pages.
+  const uint64_t per_layer = PagesFor(*s, req.token_budget());
+  const uint64_t total = per_layer * s->geometry.num_layers();
+  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s->id, total, 1)) return {Reject(*std::move(refusal))};
   uint32_t row = 0;
   if (std::optional<Refusal> refusal = ledger_.FreeRow(s->id, &row)) return {Reject(*std::move(refusal))};
+  absl::StatusOr<std::vector<PagePool::Page>> pages = AllocatePagesLocked(*s, total, nullptr);
+  if (!pages.ok()) return {pages.status(), absl::IsResourceExhausted(pages.status())};
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
   r.row = row;
   r.capacity_tokens = req.token_budget();
-  uint32_t tenant_segments = ledger_.SegmentsHeld(s->tenant_uid);
+  // One allocation for every layer, split in layer order: a fresh slab gives each layer
+  // consecutive pages.
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
-    auto run = AllocateRunLocked(*s, run_bytes, &tenant_segments);
-    if (!run.ok()) {
-      for (const HostPool::Run& done : r.runs) (void)pool_->Free(s->id, done);
-      const bool lacked_room = absl::IsResourceExhausted(run.status());
-      return {run.status(), lacked_room};
-    }
-    r.runs.push_back(*run);
+    r.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
   }
-  ledger_.Admit(s->id, r.id, row, HoldsOf(r.runs));
+  ledger_.Admit(s->id, r.id, row, total);
   ++admissions_;
   v1::AdmitResponse resp;
   resp.set_row(row);
   resp.set_capacity_tokens(r.capacity_tokens);
-  FillExtents(*s, r, resp.mutable_extents());
+  FillLayers(r, resp.mutable_layers());
   s->requests.emplace(r.id, std::move(r));
   return {std::move(resp)};
 }
@@ -462,14 +467,11 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
   absl::MutexLock lock(&mu_);
-  // A moving request is evicted once its copy ends (its session has been told already).
-  while (ledger_.IsMoving(v.session_id, v.request_id)) moves_done_.Wait(&mu_);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   auto rit = it->second->requests.find(v.request_id);
   if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
-  uint64_t freed = 0;
-  for (const HostPool::Run& run : rit->second.runs) freed += run.bytes;
+  const uint64_t freed = rit->second.PageCount() * pool_->page_bytes();
   ReleaseRequestLocked(*it->second, rit->second);
   it->second->requests.erase(rit);
   ++evictions_;
@@ -479,114 +481,44 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   return freed;
 }
 
-// Extend grows each layer's run in place where it can; a layer that cannot grow moves to a new
-// run. The new runs are reserved under the lock, the records (megabytes) are copied outside it
-// with the request marked as moving, and the runs are swapped in under the lock again.
+// Extend appends pages to every layer (after the layer's last page where that page's slab has the
+// next pages free) and never moves a record: the engine's tables keep every page they had. All or
+// nothing: a full pool leaves the request exactly as it was.
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
-  const uint64_t session_id = req.session().session_id();
-  std::vector<HostPool::CopyPlan> copies;
-  {
-    absl::MutexLock lock(&mu_);
-    HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-    auto it = s->requests.find(req.request_id());
-    if (it == s->requests.end())
-      return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-    Request& r = it->second;
-    if (r.move.has_value() || s->closing) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "request ", req.request_id(), s->closing ? ": its session is closing" : " is being moved by another Extend"));
-    }
-    HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
-    if (req.token_budget() <= r.capacity_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
-                                                     ") must exceed the current capacity (", r.capacity_tokens, ")"));
-    }
-    // Charged as held: what the rounded runs grow by.
-    const uint64_t new_bytes = HostPool::HeldBytes(uint64_t{req.token_budget()} * s->geometry.record_bytes());
-    const uint64_t held_bytes = HostPool::HeldBytes(uint64_t{r.capacity_tokens} * s->geometry.record_bytes());
-    if (std::optional<Refusal> refusal =
-            ledger_.CheckGrow(s->id, (new_bytes - held_bytes) * s->geometry.num_layers(), 0)) {
-      return Reject(*std::move(refusal));
-    }
-    ledger_.Touch(s->id, r.id);
-    // Grow what can grow in place; find new runs for the rest before touching anything, so that a
-    // full pool leaves the request exactly as it was.
-    std::vector<HostPool::Run> grown = r.runs;
-    std::vector<int> needs_move;
-    for (size_t layer = 0; layer < grown.size(); ++layer) {
-      if (!pool_->TryGrow(s->id, grown[layer], new_bytes)) needs_move.push_back(static_cast<int>(layer));
-    }
-    std::vector<HostPool::Run> moved_to;
-    uint32_t tenant_segments = ledger_.SegmentsHeld(s->tenant_uid);
-    const uint64_t old_bytes = uint64_t{r.capacity_tokens} * s->geometry.record_bytes();
-    for (size_t i = 0; i < needs_move.size(); ++i) {
-      auto run = AllocateRunLocked(*s, new_bytes, &tenant_segments);
-      absl::StatusOr<HostPool::CopyPlan> plan =
-          run.ok() ? pool_->PlanCopy(s->id, r.runs[needs_move[i]], *run, old_bytes) : run.status();
-      if (run.ok()) moved_to.push_back(*run);
-      if (!plan.ok()) {
-        UndoExtendLocked(*s, r, grown, moved_to);  // the request keeps exactly the runs it had
-        return plan.status();
-      }
-      copies.push_back(*plan);
-    }
-    if (needs_move.empty()) return CommitExtendLocked(*s, r, std::move(grown), {}, {}, req.token_budget());
-    std::vector<AdmissionLedger::Hold> holds = HoldsOf(grown);
-    for (const AdmissionLedger::Hold& h : HoldsOf(moved_to)) holds.push_back(h);
-    ledger_.SetHolds(s->id, r.id, std::move(holds));
-    ledger_.SetMoving(s->id, r.id, true);
-    r.move = Request::Move{std::move(grown), std::move(needs_move), std::move(moved_to)};
-  }
-  // The runs stay allocated meanwhile: nothing releases a moving request, and CloseSession waits.
-  if (options_.during_move_for_test) options_.during_move_for_test();
-  absl::Status copied;
-  for (const HostPool::CopyPlan& plan : copies) {
-    copied = HostPool::ExecuteCopy(plan);
-    if (!copied.ok()) break;
-  }
   absl::MutexLock lock(&mu_);
-  moves_done_.SignalAll();
-  auto sit = sessions_.find(session_id);
-  auto rit = sit == sessions_.end() ? nullptr : &sit->second->requests;
-  if (rit == nullptr || !rit->contains(req.request_id()) || !rit->at(req.request_id()).move.has_value()) {
-    return absl::InternalError("a moving request vanished during its copy");
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+  auto it = s->requests.find(req.request_id());
+  if (it == s->requests.end())
+    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  Request& r = it->second;
+  HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
+  if (req.token_budget() <= r.capacity_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                   ") must exceed the current capacity (", r.capacity_tokens, ")"));
   }
-  Session& s = *sit->second;
-  Request& r = rit->at(req.request_id());
-  Request::Move move = *std::move(r.move);
-  r.move.reset();
-  ledger_.SetMoving(s.id, r.id, false);
-  if (!copied.ok()) {
-    // The old runs are still intact and still the request's.
-    UndoExtendLocked(s, r, move.grown, move.to);
-    return copied;
+  const uint64_t extra = PagesFor(*s, req.token_budget()) - r.pages[0].size();
+  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s->id, extra * r.pages.size(), 0)) {
+    return Reject(*std::move(refusal));
   }
-  return CommitExtendLocked(s, r, std::move(move.grown), move.layers, move.to, req.token_budget());
-}
-
-void SessionManager::UndoExtendLocked(Session& s, Request& r, std::vector<HostPool::Run>& grown,
-                                      const std::vector<HostPool::Run>& to) {
-  for (const HostPool::Run& m : to) (void)pool_->Free(s.id, m);
-  for (size_t l = 0; l < grown.size(); ++l) {
-    if (grown[l].bytes != r.runs[l].bytes) (void)pool_->Shrink(s.id, grown[l], r.runs[l].bytes);
+  ledger_.Touch(s->id, r.id);
+  std::vector<std::vector<PagePool::Page>> added(r.pages.size());
+  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    absl::StatusOr<std::vector<PagePool::Page>> got = AllocatePagesLocked(*s, extra, &r.pages[layer].back());
+    if (!got.ok()) {
+      for (const auto& done : added) (void)pool_->ReleaseAll(s->id, done);
+      return got.status();
+    }
+    added[layer] = *std::move(got);
   }
-  ledger_.SetHolds(s.id, r.id, HoldsOf(r.runs));
-}
-
-v1::ExtendResponse SessionManager::CommitExtendLocked(Session& s, Request& r, std::vector<HostPool::Run> grown,
-                                                      const std::vector<int>& layers,
-                                                      const std::vector<HostPool::Run>& to, uint32_t token_budget) {
-  for (size_t i = 0; i < layers.size(); ++i) {
-    (void)pool_->Free(s.id, r.runs[layers[i]]);
-    grown[layers[i]] = to[i];
+  for (size_t layer = 0; layer < r.pages.size(); ++layer) {
+    r.pages[layer].insert(r.pages[layer].end(), added[layer].begin(), added[layer].end());
   }
-  r.runs = std::move(grown);
-  r.capacity_tokens = token_budget;
-  ledger_.SetHolds(s.id, r.id, HoldsOf(r.runs));
+  r.capacity_tokens = req.token_budget();
+  ledger_.SetPages(s->id, r.id, r.PageCount());
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
-  resp.set_moved(!layers.empty());
-  FillExtents(s, r, resp.mutable_extents());
+  resp.set_moved(false);
+  FillLayers(r, resp.mutable_layers());
   return resp;
 }
 
@@ -596,10 +528,6 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   auto it = s->requests.find(req.request_id());
   if (it == s->requests.end())
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  if (it->second.move.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("request ", req.request_id(), " is being moved by an Extend; release it once that answers"));
-  }
   ReleaseRequestLocked(*s, it->second);
   s->requests.erase(it);
   return absl::OkStatus();
@@ -615,18 +543,32 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     out.set_version(options_.version);
     out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
     out.set_device(std::string(DeviceKindName(options_.device)));
-    const HostPool::Stats ps = pool_->GetStats();
+    const PagePool::Stats ps = pool_->GetStats();
     v1::HostPoolStats* hp = out.mutable_host_pool();
-    hp->set_capacity_bytes(ps.capacity_bytes);
-    hp->set_used_bytes(ps.used_bytes);
-    hp->set_free_bytes(ps.free_bytes);
-    hp->set_fragmentation(ps.fragmentation());
-    hp->set_largest_free_run_bytes(ps.largest_free_run);
-    hp->set_segments(ps.segments);
-    hp->set_segments_in_use(ps.segments_in_use);
-    hp->set_segment_bytes(ps.segment_bytes);
+    const uint64_t used = ps.pages_used * ps.page_bytes;
+    hp->set_capacity_bytes(ps.budget_bytes);
+    hp->set_used_bytes(used);
+    hp->set_free_bytes(ps.budget_bytes - std::min(used, ps.budget_bytes));
+    hp->set_fragmentation(used >= ps.budget_bytes ? 0.0
+                                                  : static_cast<double>(ps.pages_free * ps.page_bytes) /
+                                                        static_cast<double>(ps.budget_bytes - used));
+    hp->set_largest_free_run_bytes(ps.ready_bytes + ps.unallocated_bytes);
     hp->set_hugepages(ps.hugepages);
     hp->set_locked(ps.locked);
+    hp->set_page_bytes(ps.page_bytes);
+    hp->set_slab_bytes(ps.slab_bytes);
+    hp->set_pages_used(ps.pages_used);
+    hp->set_pages_free(ps.pages_free);
+    hp->set_pages_reserved(ps.pages_reserved);
+    hp->set_pages_shared(ps.pages_shared);
+    hp->set_slabs(ps.slabs);
+    hp->set_ready_slabs(ps.ready_slabs);
+    hp->set_scrub_queue(ps.scrub_queue);
+    for (const auto& [owner, slabs] : pool_->SlabsByOwner()) {
+      if (!only_uid.has_value() || (sessions_.contains(owner) && sessions_.at(owner)->tenant_uid == *only_uid)) {
+        (*hp->mutable_slabs_by_session())[owner] = slabs;
+      }
+    }
     uint32_t sessions = 0;
     out.set_admissions(admissions_);
     out.set_rejections(rejections_);
@@ -650,11 +592,9 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       ss->set_engine_name(s->engine_name);
       *ss->mutable_geometry() = s->geometry;
       ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-      uint64_t host = 0;
-      for (const auto& [rid, r] : s->requests) {
-        for (const HostPool::Run& run : r.runs) host += run.bytes;
-      }
-      ss->set_host_bytes(host);
+      uint64_t pages = 0;
+      for (const auto& [rid, r] : s->requests) pages += r.PageCount();
+      ss->set_host_bytes(pages * ps.page_bytes);
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
       v1::SetArenaKind(s->arena->kind(), ss);
@@ -705,12 +645,9 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
       return absl::PermissionDeniedError(
           absl::StrCat("session ", s->id, " belongs to uid ", s->tenant_uid, ", not uid ", peer.uid));
     }
-    if (const auto* segment = std::get_if<FdSegment>(&object)) {
-      // The pool may close a segment's descriptor once its runs are released: dup it under the lock.
-      HS_ASSIGN_OR_RETURN(int fd, pool_->SegmentFdFor(session_id, segment->n));
-      UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-      if (!dup.valid()) return absl::InternalError("dup of a pool descriptor failed");
-      return dup;  // a memfd: fstat tells its size
+    if (const auto* slab = std::get_if<FdSlab>(&object)) {
+      // A slab is the session's for its whole life: the pool refuses any other's.
+      return pool_->DupSlabFd(session_id, slab->n, bytes);
     }
     arena = s->arena;
   }
@@ -748,17 +685,11 @@ void SessionManager::SetEventSink(uint64_t session_id, EventSink sink) {
 
 void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
                                bool evict_on_pool_full) {
-  uint32_t share, segments;
-  {
-    absl::MutexLock lock(&mu_);
-    options_.max_sessions = max_sessions;
-    options_.max_requests_per_session = max_requests_per_session;
-    ledger_.SetQuotas(quotas);
-    options_.evict_on_pool_full = evict_on_pool_full;
-    share = ledger_.SegmentsPerTenant();
-    segments = pool_->segment_count();
-  }
-  LogQuotaCoverage(share, segments, quotas, max_sessions);
+  absl::MutexLock lock(&mu_);
+  options_.max_sessions = max_sessions;
+  options_.max_requests_per_session = max_requests_per_session;
+  ledger_.SetQuotas(quotas);
+  options_.evict_on_pool_full = evict_on_pool_full;
 }
 
 void SessionManager::SetHostArenaBudget(uint64_t bytes) {
@@ -794,34 +725,59 @@ absl::Status SessionManager::CheckInvariants() const {
   uint64_t live = 0;
   for (const auto& [id, s] : sessions_) {
     if (!ledger_.HasSession(id)) return absl::InternalError(absl::StrCat("session ", id, " is not in the ledger"));
+    uint64_t pages = 0;
     for (const auto& [rid, r] : s->requests) {
       if (ledger_.RowOf(id, rid) != r.row) {
         return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": row disagrees with the ledger"));
       }
-      if (r.move.has_value()) {
-        for (const HostPool::Run& run : r.move->grown) live += run.bytes;
-        for (const HostPool::Run& run : r.move->to) live += run.bytes;
-      } else {
-        for (const HostPool::Run& run : r.runs) live += run.bytes;
+      if (r.pages.size() != s->geometry.num_layers()) {
+        return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": pages for ", r.pages.size(),
+                                                " layers, the geometry has ", s->geometry.num_layers()));
       }
+      for (const auto& layer : r.pages) {
+        if (layer.size() != PagesFor(*s, r.capacity_tokens)) {
+          return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": a layer of ", layer.size(),
+                                                  " pages for ", r.capacity_tokens, " tokens"));
+        }
+      }
+      pages += r.PageCount();
     }
-    if (ledger_.SegmentsOf(id) != pool_->SegmentsOf(id)) {
-      return absl::InternalError(absl::StrCat("session ", id, ": the pool counts ", pool_->SegmentsOf(id),
-                                              " segments, the ledger ", ledger_.SegmentsOf(id)));
+    // Distinct pages, each referenced once: the pool's count for the session equals the sum.
+    if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {
+      return absl::InternalError(absl::StrCat("session ", id, ": requests hold ", pages, " pages, the ledger counts ",
+                                              ledger_.PagesOf(id), ", the pool ", pool_->PagesOf(id)));
     }
+    live += pages;
   }
-  const HostPool::Stats ps = pool_->GetStats();
-  // Runs record the bytes they hold, so the three agree exactly.
-  if (ps.used_bytes != live || ledger_.used_bytes() != live) {
-    return absl::InternalError(
-        absl::StrCat("pool used ", ps.used_bytes, ", ledger used ", ledger_.used_bytes(), ", live runs ", live));
+  const PagePool::Stats ps = pool_->GetStats();
+  if (ps.pages_used != live || ledger_.used_pages() != live) {
+    return absl::InternalError(absl::StrCat("pool uses ", ps.pages_used, " pages, the ledger ", ledger_.used_pages(),
+                                            ", live requests ", live));
   }
   return absl::OkStatus();
 }
 
-uint8_t* SessionManager::SegmentDataForTest(uint32_t segment) const {
+void SessionManager::WaitPoolIdle() const {
+  const PagePool* pool;
+  {
+    absl::MutexLock lock(&mu_);
+    pool = pool_.get();  // set at construction, never replaced
+  }
+  pool->WaitIdle();
+}
+
+absl::StatusOr<uint8_t*> SessionManager::RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
+                                                       uint32_t position) const {
   absl::MutexLock lock(&mu_);
-  return pool_->SegmentData(segment);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return absl::NotFoundError("no such session");
+  const Session& s = *it->second;
+  auto rit = s.requests.find(request_id);
+  if (rit == s.requests.end() || layer >= rit->second.pages.size() || position >= rit->second.capacity_tokens) {
+    return absl::InvalidArgumentError("no such request, layer or position");
+  }
+  const PagePool::Page& page = rit->second.pages[layer][position / s.records_per_page];
+  return pool_->PageDataForTest(page) + uint64_t{position % s.records_per_page} * s.geometry.record_bytes();
 }
 
 }  // namespace hisparse

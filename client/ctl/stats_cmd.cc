@@ -17,9 +17,12 @@ void PrintJson(const v1::StatsResponse& s) {
               s.uptime_seconds(), JsonString(s.device()).c_str());
   std::printf(
       " \"host_pool\": {\"capacity_bytes\": %lu, \"used_bytes\": %lu, \"free_bytes\": %lu, \"fragmentation\": %.6f, "
-      "\"segments\": %u, \"segments_in_use\": %u, \"segment_bytes\": %lu, \"hugepages\": %s, \"locked\": %s},\n",
-      p.capacity_bytes(), p.used_bytes(), p.free_bytes(), p.fragmentation(), p.segments(), p.segments_in_use(),
-      p.segment_bytes(), p.hugepages() ? "true" : "false", p.locked() ? "true" : "false");
+      "\"page_bytes\": %lu, \"slab_bytes\": %lu, \"pages_used\": %lu, \"pages_free\": %lu, \"pages_reserved\": %lu, "
+      "\"pages_shared\": %lu, \"slabs\": %u, \"ready_slabs\": %u, \"scrub_queue\": %u, \"hugepages\": %s, "
+      "\"locked\": %s},\n",
+      p.capacity_bytes(), p.used_bytes(), p.free_bytes(), p.fragmentation(), p.page_bytes(), p.slab_bytes(),
+      p.pages_used(), p.pages_free(), p.pages_reserved(), p.pages_shared(), p.slabs(), p.ready_slabs(), p.scrub_queue(),
+      p.hugepages() ? "true" : "false", p.locked() ? "true" : "false");
   std::printf(" \"arena_bytes_by_gpu\": {");
   bool first = true;
   for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
@@ -48,10 +51,14 @@ void PrintJson(const v1::StatsResponse& s) {
 void PrintTable(const v1::StatsResponse& s) {
   const auto& p = s.host_pool();
   std::printf("hisparsed %s, up %.0f s, device %s\n\n", s.version().c_str(), s.uptime_seconds(), s.device().c_str());
-  std::printf("%-10s %12s %12s %12s %8s %14s\n", "POOL", "CAPACITY", "USED", "FREE", "FRAG", "SEGMENTS");
-  std::printf("%-10s %12s %12s %12s %7.1f%% %7u/%-6u\n\n", "host", FormatByteSize(p.capacity_bytes()).c_str(),
-              FormatByteSize(p.used_bytes()).c_str(), FormatByteSize(p.free_bytes()).c_str(), 100.0 * p.fragmentation(),
-              p.segments_in_use(), p.segments());
+  std::printf("%-10s %12s %12s %12s %8s %10s %10s %10s %7s %6s\n", "POOL", "CAPACITY", "USED", "FREE", "FRAG", "PAGES",
+              "FREE-PG", "RESERVED", "SLABS", "SCRUB");
+  std::printf("%-10s %12s %12s %12s %7.1f%% %10lu %10lu %10lu %7u %6u\n", "host",
+              FormatByteSize(p.capacity_bytes()).c_str(), FormatByteSize(p.used_bytes()).c_str(),
+              FormatByteSize(p.free_bytes()).c_str(), 100.0 * p.fragmentation(), p.pages_used(), p.pages_free(),
+              p.pages_reserved(), p.slabs(), p.scrub_queue());
+  std::printf("%-10s pages of %s, slabs up to %s\n\n", "", FormatByteSize(p.page_bytes()).c_str(),
+              FormatByteSize(p.slab_bytes()).c_str());
   for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
     std::printf("%-10s %12s %12s\n", gpu < 0 ? "arena host" : absl::StrFormat("arena gpu%d", gpu).c_str(),
                 s.arena_budget_bytes() ? FormatByteSize(s.arena_budget_bytes()).c_str() : "unlimited",

@@ -36,10 +36,11 @@ int StatusCommand(const GlobalOptions& g, const CommandOptions&) {
   } else {
     std::printf("health     %s\nversion    %s\nuptime     %.0f s\ndevice     %s\n", serving ? "SERVING" : "NOT_SERVING",
                 s.version().c_str(), s.uptime_seconds(), s.device().c_str());
-    std::printf("host pool  %s used of %s (%s), %u of %u segments in use%s\n", FormatByteSize(p.used_bytes()).c_str(),
-                FormatByteSize(p.capacity_bytes()).c_str(),
+    std::printf("host pool  %s used of %s (%s): %lu pages of %s in %u slabs, %u ready, %u to scrub%s\n",
+                FormatByteSize(p.used_bytes()).c_str(), FormatByteSize(p.capacity_bytes()).c_str(),
                 Percent(p.capacity_bytes() ? static_cast<double>(p.used_bytes()) / p.capacity_bytes() : 0).c_str(),
-                p.segments_in_use(), p.segments(), p.hugepages() ? ", huge pages" : "");
+                p.pages_used(), FormatByteSize(p.page_bytes()).c_str(), p.slabs(), p.ready_slabs(), p.scrub_queue(),
+                p.hugepages() ? ", huge pages" : "");
     std::printf("arenas     %s\nsessions   %u\nrequests   %u\n", FormatByteSize(arena).c_str(), s.sessions(),
                 s.requests());
     if (s.draining()) std::printf("draining: admitting nothing new\n");

@@ -41,7 +41,10 @@ TEST(ConfigTest, Defaults) {
   const DaemonConfig c;
   EXPECT_EQ(c.listen, "unix:/run/hisparse/hisparsed.sock");
   EXPECT_EQ(c.host_pool.size, kGiB);
-  EXPECT_EQ(c.host_pool.segment_size, 256 * kMiB);
+  EXPECT_EQ(c.host_pool.page_size, 2 * kMiB);
+  EXPECT_EQ(c.host_pool.slab_size, 64 * kMiB);
+  EXPECT_EQ(c.host_pool.reserve_slabs, 2);
+  EXPECT_EQ(c.limits.max_tokens_per_request, 1 << 20);
   EXPECT_EQ(c.host_pool.hugepages, HugePagesMode::kAuto);
   EXPECT_EQ(c.host_pool.pretouch_threads, 0);
   EXPECT_FALSE(c.host_pool.mlock);
@@ -65,7 +68,9 @@ TEST(ConfigTest, EveryKeyParsed) {
 listen: unix:///tmp/h.sock
 host_pool:
   size: 64GiB
-  segment_size: 512 MiB
+  page_size: 4MiB
+  slab_size: 512 MiB
+  reserve_slabs: 3
   hugepages: on
   pretouch_threads: 8
   mlock: true
@@ -78,7 +83,9 @@ log_level: debug
 )");
   EXPECT_EQ(c.listen, "unix:///tmp/h.sock");
   EXPECT_EQ(c.host_pool.size, 64 * kGiB);
-  EXPECT_EQ(c.host_pool.segment_size, 512 * kMiB);
+  EXPECT_EQ(c.host_pool.page_size, 4 * kMiB);
+  EXPECT_EQ(c.host_pool.slab_size, 512 * kMiB);
+  EXPECT_EQ(c.host_pool.reserve_slabs, 3);
   EXPECT_EQ(c.host_pool.hugepages, HugePagesMode::kOn);
   EXPECT_EQ(c.host_pool.pretouch_threads, 8);
   EXPECT_TRUE(c.host_pool.mlock);
@@ -119,8 +126,13 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
       {"host_pool: {size: 4096}", "host_pool.size", "at least 1MiB"},
       {"host_pool: {size: 1000KB}", "host_pool.size", "at least 1MiB"},
       {"host_pool: {size: 1.5MB}", "host_pool.size", "multiple of 4KiB"},
-      {"host_pool: {segment_size: 512}", "host_pool.segment_size", "at least 1MiB"},
-      {"host_pool: {segment_size: 2000001}", "host_pool.segment_size", "multiple of 4KiB"},
+      {"host_pool: {page_size: 512}", "host_pool.page_size", "multiple of 4KiB"},
+      {"host_pool: {page_size: 2000001}", "host_pool.page_size", "multiple of 4KiB"},
+      {"host_pool: {slab_size: 3MiB}", "host_pool.slab_size", "whole number of pages"},
+      {"host_pool: {page_size: 4MiB, slab_size: 2MiB}", "host_pool.slab_size", "whole number of pages"},
+      {"host_pool: {reserve_slabs: -1}", "host_pool.reserve_slabs", "must be >= 0"},
+      {"limits: {max_tokens_per_request: 0}", "limits.max_tokens_per_request", "must be >= 1"},
+      {"quotas: {pages: -1}", "quotas.pages", "must be >= 0"},
       {"host_pool: {hugepages: maybe}", "host_pool.hugepages", "\"maybe\" is not one of auto, on, off"},
       {"host_pool: {pretouch_threads: -1}", "host_pool.pretouch_threads", "must be >= 0, got -1"},
       {"host_pool: {pretouch_threads: four}", "host_pool.pretouch_threads", "as an integer"},
@@ -135,8 +147,7 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
       {"log_level: verbose", "log_level", "is not one of debug, info, warning, error"},
       // Cross-key constraints.
       {"host_pool: {hugepages: on, size: 1025MiB}", "host_pool.size", "multiple of 2MiB"},
-      {"host_pool: {hugepages: on, segment_size: 3MiB}", "host_pool.segment_size", "multiple of 2MiB"},
-      {"host_pool: {size: 18446744073709547520, segment_size: 3MiB}", "host_pool.size", "overflows"},
+      {"host_pool: {hugepages: on, page_size: 1MiB}", "host_pool.page_size", "multiple of 2MiB"},
   };
   for (const BadValue& bad : cases) {
     const std::string msg = ErrorOf(bad.yaml);
@@ -155,7 +166,7 @@ TEST(ConfigTest, WrongYamlTypes) {
   EXPECT_THAT(ErrorOf("host_pool:\n  size: {a: 1}\n"), StartsWith("host_pool.size: expected byte size, got a map"));
   EXPECT_THAT(ErrorOf("host_pool:\n  size: [1, 2]\n"), StartsWith("host_pool.size: expected byte size, got a list"));
   EXPECT_THAT(ErrorOf("log_level:\n"), StartsWith("log_level: expected debug | info | warning | error, got no value"));
-  EXPECT_THAT(ErrorOf("host_pool: 4GiB\n"), StartsWith("host_pool: expected a map of size, segment_size"));
+  EXPECT_THAT(ErrorOf("host_pool: 4GiB\n"), StartsWith("host_pool: expected a map of size, page_size, slab_size"));
   EXPECT_THAT(ErrorOf("limits: [1]\n"), StartsWith("limits: expected a map of max_sessions"));
   EXPECT_THAT(ErrorOf("- listen\n- device\n"), HasSubstr("must be a map of keys at the top level, got a list"));
   EXPECT_THAT(ErrorOf("just a string\n"), HasSubstr("got a value"));
@@ -165,8 +176,8 @@ TEST(ConfigTest, WrongYamlTypes) {
 TEST(ConfigTest, UnknownKeysAtEveryLevel) {
   EXPECT_THAT(ErrorOf("lisen: unix:/x\n"), StartsWith("lisen: unknown key (top-level keys: listen, host_pool,"));
   EXPECT_THAT(ErrorOf("host_pool:\n  sise: 1GiB\n"),
-              StartsWith("host_pool.sise: unknown key (host_pool: size, segment_size, hugepages, "
-                         "pretouch_threads, mlock)"));
+              StartsWith("host_pool.sise: unknown key (host_pool: size, page_size, slab_size, reserve_slabs, "
+                         "hugepages, pretouch_threads, mlock)"));
   EXPECT_THAT(ErrorOf("limits:\n  max_session: 3\n"), StartsWith("limits.max_session: unknown key"));
   EXPECT_THAT(ErrorOf("host_pool:\n  size:\n    extra: 1\n"), StartsWith("host_pool.size: expected"));
   // Dotted keys are the flag spelling, not YAML's.
@@ -237,11 +248,10 @@ TEST(ConfigTest, BadOverridesNameTheKeyAndChangeNothing) {
 
 TEST(ConfigTest, CrossKeyConstraintsWaitForValidate) {
   DaemonConfig c;
-  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.segment_size", "3MiB").ok());
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.page_size", "1MiB").ok());
   ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.hugepages", "on").ok());
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
-              StartsWith("host_pool.segment_size: must be a multiple of 2MiB"));
-  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.segment_size", "4MiB").ok());
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), StartsWith("host_pool.page_size: must be a multiple of 2MiB"));
+  ASSERT_TRUE(ApplyConfigOverride(c, "host_pool.page_size", "4MiB").ok());
   EXPECT_TRUE(ValidateConfig(c).ok());
 }
 
@@ -259,7 +269,8 @@ TEST(ConfigTest, RenderRoundTrips) {
   DaemonConfig c;
   c.listen = "unix:/tmp/we\"ird: \\ path #x";
   c.host_pool.size = 64 * kGiB + 4096;
-  c.host_pool.segment_size = 6 * kMiB;
+  c.host_pool.page_size = 3 * kMiB;
+  c.host_pool.slab_size = 6 * kMiB;
   c.host_pool.hugepages = HugePagesMode::kOff;
   c.host_pool.pretouch_threads = 12;
   c.host_pool.mlock = true;
@@ -272,7 +283,7 @@ TEST(ConfigTest, RenderRoundTrips) {
   const std::string yaml = RenderConfigYaml(c);
   EXPECT_EQ(MustParse(yaml), c) << yaml;
   EXPECT_THAT(yaml, HasSubstr("  hugepages: \"off\"\n"));
-  EXPECT_THAT(yaml, HasSubstr("  segment_size: 6MiB\n"));
+  EXPECT_THAT(yaml, HasSubstr("  slab_size: 6MiB\n"));
   // Every key's help is in the rendered file, as a comment.
   for (const ConfigKeyInfo& key : ConfigKeys()) EXPECT_THAT(yaml, HasSubstr("# " + key.help)) << key.key;
 }
@@ -281,7 +292,9 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
   // Each key, set away from its default, makes the configs unequal.
   const std::vector<std::pair<std::string, std::string>> changes = {{"listen", "unix:/x"},
                                                                     {"host_pool.size", "2GiB"},
-                                                                    {"host_pool.segment_size", "128MiB"},
+                                                                    {"host_pool.page_size", "4MiB"},
+                                                                    {"host_pool.slab_size", "128MiB"},
+                                                                    {"host_pool.reserve_slabs", "1"},
                                                                     {"host_pool.hugepages", "off"},
                                                                     {"host_pool.pretouch_threads", "3"},
                                                                     {"host_pool.mlock", "true"},
@@ -292,6 +305,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"limits.max_requests_per_session", "2"},
                                                                     {"limits.max_fd_connections_per_peer", "2"},
                                                                     {"limits.host_arena_bytes", "64GiB"},
+                                                                    {"limits.max_tokens_per_request", "4096"},
                                                                     {"access.socket_group", "hisparse"},
                                                                     {"access.allowed_uids", "1000,1001"},
                                                                     {"access.allowed_gids", "10001"},
@@ -301,7 +315,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"quotas.arena_bytes", "1GiB"},
                                                                     {"quotas.requests", "64"},
                                                                     {"quotas.sessions", "4"},
-                                                                    {"quotas.segments", "2"},
+                                                                    {"quotas.pages", "2"},
                                                                     {"admission.on_pool_full", "evict_lru_idle"},
                                                                     {"metrics.listen", ""},
                                                                     {"log_level", "debug"}};
@@ -365,36 +379,19 @@ TEST(ConfigTest, KeyTable) {
     EXPECT_TRUE(ApplyConfigOverride(c, k.key, k.default_value).ok()) << k.key;
     EXPECT_EQ(c, DaemonConfig{}) << k.key;
   }
-  EXPECT_THAT(
-      names, ::testing::ElementsAre(
-                 "listen", "host_pool.size", "host_pool.segment_size", "host_pool.hugepages",
-                 "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget", "gpu.arena_export",
-                 "limits.max_sessions", "limits.max_requests_per_session", "limits.max_fd_connections_per_peer",
-                 "limits.host_arena_bytes", "access.socket_group", "access.allowed_uids", "access.allowed_gids",
-                 "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
-                 "quotas.sessions", "quotas.segments", "admission.on_pool_full", "metrics.listen", "log_level"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre(
+                  "listen", "host_pool.size", "host_pool.page_size", "host_pool.slab_size", "host_pool.reserve_slabs",
+                  "host_pool.hugepages", "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
+                  "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
+                  "limits.max_fd_connections_per_peer", "limits.host_arena_bytes", "limits.max_tokens_per_request",
+                  "access.socket_group", "access.allowed_uids", "access.allowed_gids", "access.admin_uids",
+                  "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests", "quotas.sessions",
+                  "quotas.pages", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
-  EXPECT_EQ(keys[2].default_value, "256MiB");
+  EXPECT_EQ(keys[2].default_value, "2MiB");
+  EXPECT_EQ(keys[3].default_value, "64MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");
-}
-
-TEST(ConfigTest, PoolGeometry) {
-  HostPoolConfig p;
-  p.size = kGiB;
-  p.segment_size = 256 * kMiB;
-  PoolGeometry g = HostPoolGeometry(p);
-  EXPECT_EQ(g.segment_size, 256 * kMiB);
-  EXPECT_EQ(g.segment_count, 4u);
-  EXPECT_EQ(g.total_bytes, kGiB);
-  p.size = kGiB + 4096;  // rounds up to a fifth segment
-  g = HostPoolGeometry(p);
-  EXPECT_EQ(g.segment_count, 5u);
-  EXPECT_EQ(g.total_bytes, 5 * 256 * kMiB);
-  p.size = 64 * kMiB;  // smaller than a segment: one segment of the pool's size
-  g = HostPoolGeometry(p);
-  EXPECT_EQ(g.segment_size, 64 * kMiB);
-  EXPECT_EQ(g.segment_count, 1u);
-  EXPECT_EQ(g.total_bytes, 64 * kMiB);
 }
 
 TEST(ConfigTest, ListenSocketPath) {

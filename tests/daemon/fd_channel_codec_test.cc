@@ -20,15 +20,15 @@ std::string Handle() {
 
 TEST(FdChannelCodecTest, RequestsAreTodaysBytes) {
   EXPECT_EQ(EncodeFdRequest({FdVersion::kV2, 42, "ab12", FdArena{}}), "HSFD2 42 ab12 arena");
-  EXPECT_EQ(EncodeFdRequest({FdVersion::kV1, 7, "t", FdSegment{3}}), "HSFD1 7 t segment 3");
-  EXPECT_EQ(EncodeFdRequest({FdVersion::kV2, 18446744073709551615ull, "x", FdSegment{4294967295u}}),
-            "HSFD2 18446744073709551615 x segment 4294967295");
+  EXPECT_EQ(EncodeFdRequest({FdVersion::kV1, 7, "t", FdSlab{3}}), "HSFD1 7 t slab 3");
+  EXPECT_EQ(EncodeFdRequest({FdVersion::kV2, 18446744073709551615ull, "x", FdSlab{18446744073709551615ull}}),
+            "HSFD2 18446744073709551615 x slab 18446744073709551615");
 }
 
 TEST(FdChannelCodecTest, RequestsDecode) {
-  auto r = DecodeFdRequest("HSFD1 9 tok segment 12");
+  auto r = DecodeFdRequest("HSFD1 9 tok slab 12");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(*r, (FdRequest{FdVersion::kV1, 9, "tok", FdSegment{12}}));
+  EXPECT_EQ(*r, (FdRequest{FdVersion::kV1, 9, "tok", FdSlab{12}}));
   r = DecodeFdRequest("HSFD2 1 tok arena");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, (FdRequest{FdVersion::kV2, 1, "tok", FdArena{}}));
@@ -40,8 +40,8 @@ TEST(FdChannelCodecTest, RequestsDecode) {
 
 TEST(FdChannelCodecTest, RequestsRoundTrip) {
   const std::vector<FdRequest> all = {{FdVersion::kV1, 0, "", FdArena{}},
-                                      {FdVersion::kV2, 5, "deadbeef", FdSegment{0}},
-                                      {FdVersion::kV1, 123456789012345ull, "t-_/", FdSegment{99}},
+                                      {FdVersion::kV2, 5, "deadbeef", FdSlab{0}},
+                                      {FdVersion::kV1, 123456789012345ull, "t-_/", FdSlab{99}},
                                       {FdVersion::kV2, 18446744073709551615ull, "z", FdArena{}}};
   for (const FdRequest& r : all) {
     auto back = DecodeFdRequest(EncodeFdRequest(r));
@@ -67,13 +67,14 @@ TEST(FdChannelCodecTest, MalformedRequestsAreInvalidArgument) {
       "HSFD2 1 t arenas",
       "HSFD2 1 t Arena",
       "HSFD2 1 t arena ",
-      "HSFD2 1 t segment",
-      "HSFD2 1 t segment ",
-      "HSFD2 1 t segment -1",
-      "HSFD2 1 t segment 4294967296",  // one past uint32
-      "HSFD2 1 t segment 1 2",
-      "HSFD2 1 t segment  1",
-      "HSFD2 1 t segment 0x1",
+      "HSFD2 1 t slab",
+      "HSFD2 1 t slab ",
+      "HSFD2 1 t slab -1",
+      "HSFD2 1 t slab 18446744073709551616",  // one past uint64
+      "HSFD2 1 t segment 1",                  // the segmented pool's object is gone
+      "HSFD2 1 t slab 1 2",
+      "HSFD2 1 t slab  1",
+      "HSFD2 1 t slab 0x1",
   };
   for (const char* packet : bad) {
     auto r = DecodeFdRequest(packet);
@@ -85,8 +86,8 @@ TEST(FdChannelCodecTest, MalformedRequestsAreInvalidArgument) {
   EXPECT_EQ(DecodeFdRequest("HSFD9 1 t arena").status().message(),
             "malformed request: want \"HSFD2 <session_id> <token> <object>\"");
   EXPECT_EQ(DecodeFdRequest("HSFD2 1 t disk").status().message(),
-            "unknown fd object \"disk\" (want \"arena\" or \"segment N\")");
-  EXPECT_EQ(DecodeFdRequest("HSFD2 1 t segment x").status().message(), "bad segment number in \"segment x\"");
+            "unknown fd object \"disk\" (want \"arena\" or \"slab N\")");
+  EXPECT_EQ(DecodeFdRequest("HSFD2 1 t slab x").status().message(), "bad slab number in \"slab x\"");
 }
 
 TEST(FdChannelCodecTest, RepliesAreTodaysBytes) {

@@ -85,12 +85,14 @@ class FakeArena final : public GpuArena {
 class GpuArenaSessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    HostPool::Options pool;
-    pool.size_bytes = 16ull << 20;
-    pool.segment_bytes = 1ull << 20;
-    pool.hugepages = HostPool::Hugepages::kOff;
+    PagePool::Options pool;
+    pool.budget_bytes = 16ull << 20;
+    pool.page_bytes = 64ull << 10;
+    pool.slab_bytes = 1ull << 20;
+    pool.reserve_slabs = 0;
+    pool.hugepages = PagePool::Hugepages::kOff;
     pool.pretouch_threads = 1;
-    auto created = HostPool::Create(pool);
+    auto created = PagePool::Create(pool);
     ASSERT_TRUE(created.ok()) << created.status();
     SessionManager::Options options;
     options.fd_socket_path = "/nonexistent/test.sock.fd";

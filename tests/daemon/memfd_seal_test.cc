@@ -1,6 +1,5 @@
-// Every memfd the daemon hands out is sealed against resizing (a tenant's ftruncate of its segment
-// would otherwise turn the daemon's next copy into SIGBUS), on ordinary and on huge pages, and the
-// pool's run copy moves exactly the bytes it should.
+// Every memfd the daemon hands out is sealed against resizing (a tenant's ftruncate of its slab
+// would otherwise turn the daemon's touch of it into SIGBUS), on ordinary and on huge pages.
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "hisparse/common/unique_fd.h"
-#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/page_pool.h"
 
 namespace hisparse {
 namespace {
@@ -64,58 +63,36 @@ TEST(MemfdSealTest, HugetlbMemfdIsSizeSealed) {
   ExpectSizeSealed(fd->get(), "hugetlb");
 }
 
-// Pool segments, and the fresh memfd a segment gets when it passes to another owner.
-void ExpectPoolSealed(HostPool::Hugepages hugepages) {
-  HostPool::Options o;
-  o.size_bytes = 8 * kMiB;
-  o.segment_bytes = 4 * kMiB;
+// Pool slabs: ready ones from the reserve, ones made on demand, and the new memory that follows a
+// slab another owner left.
+void ExpectPoolSealed(PagePool::Hugepages hugepages) {
+  PagePool::Options o;
+  o.budget_bytes = 8 * kMiB;
+  o.page_bytes = 2 * kMiB;
+  o.slab_bytes = 4 * kMiB;
+  o.reserve_slabs = 1;
   o.hugepages = hugepages;
   o.pretouch_threads = 1;
-  auto pool = HostPool::Create(o);
+  auto pool = PagePool::Create(o);
   ASSERT_TRUE(pool.ok()) << pool.status();
-  for (uint32_t owner = 1; owner <= 3; ++owner) {  // owners 2 and 3 get replaced memory
-    auto a = (*pool)->Allocate(owner, 3 * kMiB);
-    auto b = (*pool)->Allocate(owner, 3 * kMiB);
-    ASSERT_TRUE(a.ok() && b.ok());
-    for (const HostPool::Run& run : {*a, *b}) {
-      auto fd = (*pool)->SegmentFdFor(owner, run.segment);
+  for (uint32_t owner = 1; owner <= 3; ++owner) {  // owners 2 and 3 get memory owner 1 left
+    (*pool)->WaitIdle();
+    auto pages = (*pool)->Allocate(owner, 3);  // a slab of 2 pages from the reserve, one made of 1
+    ASSERT_TRUE(pages.ok()) << pages.status();
+    for (const PagePool::Page& p : *pages) {
+      auto fd = (*pool)->DupSlabFd(owner, p.slab);
       ASSERT_TRUE(fd.ok()) << fd.status();
-      ExpectSizeSealed(*fd, "owner " + std::to_string(owner) + " segment " + std::to_string(run.segment));
+      ExpectSizeSealed(fd->get(), "owner " + std::to_string(owner) + " slab " + std::to_string(p.slab));
     }
-    ASSERT_TRUE((*pool)->Free(owner, *a).ok());
-    ASSERT_TRUE((*pool)->Free(owner, *b).ok());
+    ASSERT_TRUE((*pool)->ReleaseAll(owner, *pages).ok());
   }
 }
 
-TEST(MemfdSealTest, PoolSegmentsAndTheirReplacementsAreSizeSealed) { ExpectPoolSealed(HostPool::Hugepages::kOff); }
+TEST(MemfdSealTest, PoolSlabsAndTheirReplacementsAreSizeSealed) { ExpectPoolSealed(PagePool::Hugepages::kOff); }
 
-TEST(MemfdSealTest, HugetlbPoolSegmentsAndTheirReplacementsAreSizeSealed) {
+TEST(MemfdSealTest, HugetlbPoolSlabsAndTheirReplacementsAreSizeSealed) {
   if (FreeHugePages() < 8) GTEST_SKIP() << "fewer than 8 free huge pages (vm.nr_hugepages) on this host";
-  ExpectPoolSealed(HostPool::Hugepages::kOn);
-}
-
-TEST(HostPoolCopyTest, CopyRunMovesExactlyTheRunsBytes) {
-  HostPool::Options o;
-  o.size_bytes = 8 * kMiB;
-  o.segment_bytes = 4 * kMiB;
-  o.hugepages = HostPool::Hugepages::kOff;
-  o.pretouch_threads = 1;
-  auto pool = HostPool::Create(o);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  auto from = (*pool)->Allocate(1, 3 * kMiB);
-  auto to = (*pool)->Allocate(1, 3 * kMiB + 4096);
-  ASSERT_TRUE(from.ok() && to.ok());
-  ASSERT_NE(from->segment, to->segment);
-  uint8_t* src = (*pool)->SegmentData(from->segment) + from->offset;
-  uint8_t* dst = (*pool)->SegmentData(to->segment) + to->offset;
-  for (uint64_t i = 0; i < from->bytes; ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
-  std::memset(dst, 0xee, to->bytes);
-  ASSERT_TRUE((*pool)->CopyRun(1, *from, *to, from->bytes).ok());
-  EXPECT_EQ(std::memcmp(src, dst, from->bytes), 0);
-  EXPECT_EQ(dst[from->bytes], 0xee);  // nothing past the copy
-  // Another owner's runs, and more bytes than a run holds, are refused and copy nothing.
-  EXPECT_EQ((*pool)->CopyRun(2, *from, *to, 1).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ((*pool)->CopyRun(1, *to, *from, to->bytes).code(), absl::StatusCode::kInvalidArgument);
+  ExpectPoolSealed(PagePool::Hugepages::kOn);
 }
 
 }  // namespace

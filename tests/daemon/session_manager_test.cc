@@ -1,11 +1,13 @@
 // SessionManager's admission and accounting, with tenants as parameters (the uid a session is
-// bound to through DupFdFor): bytes charged as held, per-tenant caps that keep one tenant from
+// bound to through DupFdFor): whole pages charged, Extend that appends pages and never moves a
+// record, per-tenant caps that keep one tenant from
 // locking out another, evict_lru_idle evicting only when that can admit, ListRequests' pages,
 // rejection reasons in the metrics, and the codes of a refused session open.
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -13,24 +15,29 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/unix_socket.h"
-#include "hisparse/daemon/host_pool.h"
 #include "hisparse/daemon/metrics.h"
+#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
 
 std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {},
                                             bool evict = false) {
-  HostPool::Options po;
-  po.size_bytes = pool_bytes;
-  po.segment_bytes = kMiB;
+  PagePool::Options po;
+  po.budget_bytes = pool_bytes;
+  po.page_bytes = kPage;
+  po.slab_bytes = kMiB;
+  po.reserve_slabs = 0;  // every byte of the budget is the sessions' to take
+  po.hugepages = PagePool::Hugepages::kOff;
   po.pretouch_threads = 1;
-  auto pool = HostPool::Create(po);
+  auto pool = PagePool::Create(po);
   EXPECT_TRUE(pool.ok()) << pool.status();
   SessionManager::Options o;
   o.quotas = quotas;
@@ -88,24 +95,24 @@ uint64_t SumOfSessionHostBytes(const v1::StatsResponse& st) {
   return sum;
 }
 
-TEST(SessionManagerTest, TinyRunsAreChargedWhatTheyHold) {
+TEST(SessionManagerTest, TinyRequestsAreChargedWholePages) {
   SessionManager::QuotaOptions q;
-  q.host_bytes = 1024;  // four 256-byte runs
+  q.host_bytes = 4 * kPage;
   auto sm = MakeManager(4 * kMiB, q);
   const Opened s = Open(*sm, 1000);
   ASSERT_TRUE(s.bind.ok()) << s.bind;
   int admitted = 0;
   absl::Status last;
   for (uint64_t id = 1; id <= 100; ++id) {
-    last = Admit(*sm, s.ref, id, 1);  // 16 bytes asked, 256 held
+    last = Admit(*sm, s.ref, id, 1);  // 16 bytes asked, a page held
     if (!last.ok()) break;
     ++admitted;
   }
   EXPECT_EQ(admitted, 4);
   EXPECT_TRUE(absl::IsResourceExhausted(last)) << last;
   const v1::StatsResponse st = sm->Stats();
-  EXPECT_EQ(st.host_pool().used_bytes(), 4u * HostPool::kRunAlignment);
-  EXPECT_LE(st.host_pool().used_bytes(), q.host_bytes);
+  EXPECT_EQ(st.host_pool().used_bytes(), 4 * kPage);
+  EXPECT_EQ(st.host_pool().pages_used(), 4u);
   EXPECT_EQ(SumOfSessionHostBytes(st), st.host_pool().used_bytes());
   auto listed = sm->ListRequests(v1::ListRequestsRequest());
   ASSERT_TRUE(listed.ok());
@@ -114,30 +121,135 @@ TEST(SessionManagerTest, TinyRunsAreChargedWhatTheyHold) {
   EXPECT_EQ(listed_bytes, st.host_pool().used_bytes());
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 
-  // Extend charges the rounded growth too: 1 -> 17 records is 16 -> 272 bytes, held as 512.
+  // Growing within its page costs nothing; one record past it takes a second page.
   v1::ExtendRequest ext;
   *ext.mutable_session() = s.ref;
   ext.set_request_id(1);
-  ext.set_token_budget(17);
-  EXPECT_TRUE(absl::IsResourceExhausted(sm->Extend(ext).status()));  // 5 x 256 > 1024
+  ext.set_token_budget(256);
+  ASSERT_TRUE(sm->Extend(ext).ok());
+  ext.set_token_budget(257);
+  EXPECT_TRUE(absl::IsResourceExhausted(sm->Extend(ext).status()));  // 5 pages > the quota's 4
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
   v1::ReleaseRequest rel;
   *rel.mutable_session() = s.ref;
   rel.set_request_id(2);
   ASSERT_TRUE(sm->Release(rel).ok());
-  ASSERT_TRUE(sm->Extend(ext).ok());
+  absl::StatusOr<v1::ExtendResponse> grown = sm->Extend(ext);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_FALSE(grown->moved());
+  ASSERT_EQ(grown->layers_size(), 1);
+  EXPECT_EQ(grown->layers(0).pages_size(), 2);
   const v1::StatsResponse after = sm->Stats();
-  EXPECT_EQ(after.host_pool().used_bytes(), 4u * HostPool::kRunAlignment);
+  EXPECT_EQ(after.host_pool().used_bytes(), 4 * kPage);
   EXPECT_EQ(SumOfSessionHostBytes(after), after.host_pool().used_bytes());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+// Extend appends pages: every record stays where it was, byte for byte, and the old pages lead
+// the new list (the segmented pool copied a run that could not grow in place).
+TEST(SessionManagerTest, ExtendAppendsPagesAndNeverMovesARecord) {
+  auto sm = MakeManager(8 * kMiB);
+  const Opened s = Open(*sm, 1000, /*layers=*/3);
+  const Opened other = Open(*sm, 1000, /*layers=*/1);
+  ASSERT_TRUE(s.bind.ok() && other.bind.ok());
+  v1::AdmitRequest adm;
+  *adm.mutable_session() = s.ref;
+  adm.set_request_id(1);
+  adm.set_token_budget(300);  // two pages a layer
+  absl::StatusOr<v1::AdmitResponse> admitted = sm->Admit(adm);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  ASSERT_TRUE(Admit(*sm, s.ref, 2, 256).ok());  // takes the pages right after, where it can
+  ASSERT_TRUE(Admit(*sm, other.ref, 1, 1).ok());
+  std::vector<uint8_t*> before;
+  for (uint32_t layer = 0; layer < 3; ++layer) {
+    for (uint32_t p = 0; p < 300; ++p) {
+      absl::StatusOr<uint8_t*> rec = sm->RecordForTest(s.ref.session_id(), 1, layer, p);
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      std::memset(*rec, static_cast<int>((layer * 131 + p) & 0xff), 16);
+      before.push_back(*rec);
+    }
+  }
+  v1::ExtendRequest ext;
+  *ext.mutable_session() = s.ref;
+  ext.set_request_id(1);
+  ext.set_token_budget(5000);
+  absl::StatusOr<v1::ExtendResponse> grown = sm->Extend(ext);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_FALSE(grown->moved());
+  ASSERT_EQ(grown->layers_size(), 3);
+  for (int layer = 0; layer < 3; ++layer) {
+    ASSERT_EQ(grown->layers(layer).pages_size(), 20);  // ceil(5000 / 256)
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(grown->layers(layer).pages(i).slab(), admitted->layers(layer).pages(i).slab());
+      EXPECT_EQ(grown->layers(layer).pages(i).offset(), admitted->layers(layer).pages(i).offset());
+    }
+  }
+  size_t k = 0;
+  for (uint32_t layer = 0; layer < 3; ++layer) {
+    for (uint32_t p = 0; p < 300; ++p, ++k) {
+      absl::StatusOr<uint8_t*> rec = sm->RecordForTest(s.ref.session_id(), 1, layer, p);
+      ASSERT_TRUE(rec.ok());
+      EXPECT_EQ(*rec, before[k]);
+      EXPECT_EQ(**rec, static_cast<uint8_t>((layer * 131 + p) & 0xff));
+    }
+  }
+  // Past the capacity, and layers past the geometry, are refused.
+  EXPECT_FALSE(sm->RecordForTest(s.ref.session_id(), 1, 0, 5000).ok());
+  EXPECT_FALSE(sm->RecordForTest(s.ref.session_id(), 1, 3, 0).ok());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+// Pages come from slabs of one session only, fetched as "slab N" by that session alone.
+TEST(SessionManagerTest, SlabsAreTheSessionsOwn) {
+  auto sm = MakeManager(8 * kMiB);
+  const Opened a = Open(*sm, 1000);
+  const Opened a2 = Open(*sm, 1000);
+  const Opened b = Open(*sm, 2000);
+  ASSERT_TRUE(a.bind.ok() && a2.bind.ok() && b.bind.ok());
+  v1::AdmitRequest adm;
+  *adm.mutable_session() = a.ref;
+  adm.set_request_id(1);
+  adm.set_token_budget(1000);
+  absl::StatusOr<v1::AdmitResponse> got = sm->Admit(adm);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(Admit(*sm, a2.ref, 1, 1000).ok());
+  ASSERT_TRUE(Admit(*sm, b.ref, 1, 1000).ok());
+  const std::string object = absl::StrCat("slab ", got->layers(0).pages(0).slab());
+  uint64_t bytes = 0;
+  auto fd = sm->DupFdFor(a.ref.session_id(), a.ref.token(), object, Owner(1000), &bytes);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_GE(bytes, 4 * kPage);
+  // The same tenant's other session, and another tenant, are refused it.
+  EXPECT_EQ(sm->DupFdFor(a2.ref.session_id(), a2.ref.token(), object, Owner(1000)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sm->DupFdFor(b.ref.session_id(), b.ref.token(), object, Owner(2000)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sm->DupFdFor(a.ref.session_id(), a.ref.token(), "slab 999999", Owner(1000)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(sm->DupFdFor(a.ref.session_id(), a.ref.token(), "segment 0", Owner(1000)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const v1::StatsResponse st = sm->Stats();
+  EXPECT_EQ(st.host_pool().slabs_by_session().size(), 3u);
+  EXPECT_EQ(st.host_pool().slabs_by_session().at(a.ref.session_id()), 1u);
+  // Released, the slab stays the session's (idle, for its next request); its end retires it.
+  v1::ReleaseRequest rel;
+  *rel.mutable_session() = a.ref;
+  rel.set_request_id(1);
+  ASSERT_TRUE(sm->Release(rel).ok());
+  EXPECT_TRUE(sm->DupFdFor(a.ref.session_id(), a.ref.token(), object, Owner(1000)).ok());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+  sm->CloseSession(a.ref.session_id());
+  EXPECT_EQ(sm->Stats().host_pool().slabs_by_session().count(a.ref.session_id()), 0u);
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 }
 
 TEST(SessionManagerTest, OneTenantCannotLockAnotherOut) {
   SessionManager::QuotaOptions q;
-  q.host_bytes = 2 * kMiB;  // two 1 MiB segments' worth
+  q.host_bytes = 2 * kMiB;
   q.sessions = 4;
   auto sm = MakeManager(8 * kMiB, q);
-  EXPECT_EQ(sm->SegmentsPerTenant(), 2u);
-  // Tenant A opens as many sessions as it can and puts a 1-token request in each.
+  // Tenant A opens as many sessions as it can and puts a 1 MiB request in each.
+  const uint32_t one_mib = kMiB / 16;
   std::vector<Opened> a;
   int bound = 0, admitted = 0;
   for (int i = 0; i < 8; ++i) {
@@ -147,15 +259,15 @@ TEST(SessionManagerTest, OneTenantCannotLockAnotherOut) {
       continue;
     }
     ++bound;
-    if (Admit(*sm, a.back().ref, 1, 1).ok()) ++admitted;
+    if (Admit(*sm, a.back().ref, 1, one_mib).ok()) ++admitted;
   }
   EXPECT_EQ(bound, 4);     // quotas.sessions
-  EXPECT_EQ(admitted, 2);  // one segment per session, two segments per tenant
-  EXPECT_EQ(sm->Stats().host_pool().segments_in_use(), 2u);
-  // Tenant B, with its quota unused, is admitted all the same.
+  EXPECT_EQ(admitted, 2);  // quotas.host_bytes
+  EXPECT_EQ(sm->Stats().host_pool().used_bytes(), 2 * kMiB);
+  // Tenant B, with its quota unused, is admitted all the same, for all of its quota.
   const Opened b = Open(*sm, 2000);
   ASSERT_TRUE(b.bind.ok()) << b.bind;
-  EXPECT_TRUE(Admit(*sm, b.ref, 1, 1).ok());
+  EXPECT_TRUE(Admit(*sm, b.ref, 1, 2 * one_mib).ok());
   // A's refusals were its quota, not a full pool.
   const v1::StatsResponse st = sm->Stats();
   for (const auto& rc : st.rejections_by_reason()) {
@@ -166,33 +278,34 @@ TEST(SessionManagerTest, OneTenantCannotLockAnotherOut) {
       EXPECT_EQ(rc.count(), 4u + 2u);  // 4 sessions, 2 admissions
     }
   }
+  EXPECT_EQ(st.host_pool().used_bytes(), 4 * kMiB);
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 }
 
 TEST(SessionManagerTest, EvictsOnlyWhenThatCanAdmit) {
-  auto sm = MakeManager(2 * kMiB, {}, /*evict=*/true);
+  auto sm = MakeManager(2 * kMiB, {}, /*evict=*/true);  // 512 pages
   const Opened a1 = Open(*sm, 1000, 1);
   const Opened b = Open(*sm, 2000, 1);
-  const Opened a2 = Open(*sm, 1000, 2);  // two layers
+  const Opened a2 = Open(*sm, 1000, 1);
   ASSERT_TRUE(a1.bind.ok() && b.bind.ok() && a2.bind.ok());
-  ASSERT_TRUE(Admit(*sm, a1.ref, 1, 1).ok());  // segment 0, tenant A
-  ASSERT_TRUE(Admit(*sm, b.ref, 1, 1).ok());   // segment 1, tenant B
-  // Two 1 MiB runs need two segments: evicting A's request frees only one. Nothing is evicted.
-  const uint32_t whole_segment = kMiB / 16;
-  EXPECT_TRUE(absl::IsResourceExhausted(Admit(*sm, a2.ref, 1, whole_segment)));
+  ASSERT_TRUE(Admit(*sm, a1.ref, 1, 1).ok());  // a page, tenant A
+  ASSERT_TRUE(Admit(*sm, b.ref, 1, 1).ok());   // a page, tenant B
+  // The whole pool: evicting A's request frees one page of the two it lacks. Nothing is evicted.
+  EXPECT_TRUE(absl::IsResourceExhausted(Admit(*sm, a2.ref, 1, 512 * 256)));
   v1::StatsResponse st = sm->Stats();
   EXPECT_EQ(st.evictions(), 0u);
   EXPECT_EQ(st.requests(), 2u);
-  // Two half-segment runs fit one segment: evicting A's request admits this one.
-  EXPECT_TRUE(Admit(*sm, a2.ref, 2, whole_segment / 2).ok());
+  // One page less: evicting A's request admits this one.
+  EXPECT_TRUE(Admit(*sm, a2.ref, 2, 511 * 256).ok());
   st = sm->Stats();
   EXPECT_EQ(st.evictions(), 1u);
   EXPECT_EQ(st.requests(), 2u);
+  EXPECT_EQ(st.host_pool().pages_used(), 512u);
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 }
 
 TEST(SessionManagerTest, ListRequestsComesInPages) {
-  auto sm = MakeManager(16 * kMiB);
+  auto sm = MakeManager(48 * kMiB);  // 9003 requests of a page each
   std::vector<Opened> sessions;
   std::set<std::pair<uint64_t, uint64_t>> want;
   for (int i = 0; i < 3; ++i) {

@@ -39,8 +39,8 @@ using Clock = std::chrono::steady_clock;
 using grpc::health::v1::HealthCheckResponse;
 
 std::unique_ptr<DaemonProcess> Start(std::vector<std::string> args) {
-  for (const char* a : {"--host-pool-size", "16MiB", "--host-pool-segment-size", "1MiB", "--pretouch-threads", "1",
-                        "--log-level", "warning"}) {
+  for (const char* a : {"--host-pool-size", "16MiB", "--host-pool-page-size", "64KiB", "--host-pool-slab-size", "1MiB",
+                        "--pretouch-threads", "1", "--log-level", "warning"}) {
     args.emplace_back(a);
   }
   auto d = DaemonProcess::Start(args);

@@ -108,8 +108,9 @@ void OpenAndClose(const std::string& address, int cycle) {
 
 TEST(FdChurnTest, SessionOpenCloseLeavesTheDaemonAsItWas) {
   const int cycles = EnvInt("HISPARSE_CHURN_CYCLES", 500);
-  auto daemon = DaemonProcess::Start({"--host-pool-size", "16MiB", "--host-pool-segment-size", "1MiB",
-                                      "--pretouch-threads", "1", "--log-level", "warning"});
+  auto daemon =
+      DaemonProcess::Start({"--host-pool-size", "16MiB", "--host-pool-page-size", "64KiB", "--host-pool-slab-size",
+                            "1MiB", "--pretouch-threads", "1", "--log-level", "warning"});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   const std::string address = (*daemon)->address();
   const pid_t pid = (*daemon)->pid();

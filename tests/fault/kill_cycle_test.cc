@@ -2,7 +2,7 @@
 // at random points of their life: while opening, mid-churn of admits and releases, while holding
 // requests. Whatever the moment, the daemon must reclaim everything the dead session held, and
 // after the last cycle the node must be exactly empty: no sessions, no requests, no pool bytes,
-// no segments owned. The daemon must also still answer, i.e. not have crashed.
+// no pages or slabs held. The daemon must also still answer, i.e. not have crashed.
 //
 // HISPARSE_KILL_CYCLES sets the number of cycles (default 200, about 20 s here); the seed is
 // printed so that a failing sequence can be replayed with HISPARSE_KILL_SEED.
@@ -79,9 +79,10 @@ TEST(KillCycleTest, NodeIsEmptyAfterManyKilledClients) {
   std::printf("kill cycles: %d, seed %u (HISPARSE_KILL_SEED replays it)\n", cycles, seed);
   std::mt19937 rng(seed);
 
-  // Small segments so that a few hundred held requests spread over many of them.
-  auto daemon = DaemonProcess::Start({"--host-pool-size", "64MiB", "--host-pool-segment-size", "1MiB",
-                                      "--pretouch-threads", "1", "--log-level", "warning"});
+  // Small pages and slabs so that a few hundred held requests spread over many of them.
+  auto daemon =
+      DaemonProcess::Start({"--host-pool-size", "64MiB", "--host-pool-page-size", "64KiB", "--host-pool-slab-size",
+                            "1MiB", "--pretouch-threads", "1", "--log-level", "warning"});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   const std::string address = (*daemon)->address();
   const std::string client = ClientBinary();
@@ -135,7 +136,8 @@ TEST(KillCycleTest, NodeIsEmptyAfterManyKilledClients) {
   EXPECT_EQ(st.sessions(), 0u);
   EXPECT_EQ(st.requests(), 0u);
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);
-  EXPECT_EQ(st.host_pool().segments_in_use(), 0u);
+  EXPECT_EQ(st.host_pool().pages_used(), 0u);
+  EXPECT_EQ(st.host_pool().slabs(), 0u);
   EXPECT_EQ(st.host_pool().free_bytes(), st.host_pool().capacity_bytes());
   EXPECT_EQ(abnormal_exits, 0) << "clients failed on their own: the daemon refused a well-formed session";
   // The daemon is still the same process: it neither crashed nor restarted.

@@ -64,7 +64,7 @@ void TypedRequest(FuzzInput& in) {
   r.session_id = in.Read<uint64_t>();
   r.token = PickToken(in);
   if ((in.Read<uint8_t>() & 1) != 0) {
-    r.object = FdSegment{in.Read<uint32_t>()};
+    r.object = FdSlab{in.Read<uint64_t>()};
   }
   const std::string bytes = EncodeFdRequest(r);
   auto back = DecodeFdRequest(bytes);

@@ -1,10 +1,10 @@
 // Fuzz target: the fd channel's protocol (FdServer::HandleRequest, the whole of it but the
 // socket). The input is a program of request packets, raw bytes or shaped like the protocol
-// ("HSFD1|HSFD2 <id> <token> arena|segment <N>") with fuzzed versions, ids, tokens, objects and
+// ("HSFD1|HSFD2 <id> <token> arena|slab <N>") with fuzzed versions, ids, tokens, objects and
 // peer uids, answered against one in-process SessionManager holding one live session (bound to
 // this process's uid, with one admitted request). Every reply must decode (fd_channel_codec.h) as
 // an fd grant with a descriptor or an error without one, and a descriptor may only ever be handed out for the live
-// session's exact id and token, to its own uid, and only be its arena or a segment it holds (same
+// session's exact id and token, to its own uid, and only be its arena or a slab it holds (same
 // inode) of the size the reply says. Anything else aborts (a finding).
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,7 +24,7 @@
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/fd_server.h"
-#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse::fuzz {
@@ -42,8 +42,8 @@ struct World {
   SessionManager* manager = nullptr;
   uint64_t id = 0;
   std::string token;
-  std::set<uint32_t> segments;                // the segments the live request holds
-  std::set<std::pair<dev_t, ino_t>> allowed;  // the arena's and those segments' files
+  std::set<uint64_t> slabs;                   // the slabs the live request's pages are in
+  std::set<std::pair<dev_t, ino_t>> allowed;  // the arena's and those slabs' files
   PeerCredentials owner{::getpid(), ::getuid(), ::getgid()};
 };
 
@@ -51,13 +51,15 @@ World& TheWorld() {
   // Leaked on purpose: no destructor ordering against libFuzzer's exit paths.
   static World* const world = [] {
     SetLogThreshold(LogSeverity::kError);
-    HostPool::Options pool;
-    pool.size_bytes = 8ull << 20;
-    pool.segment_bytes = 1ull << 20;
-    pool.hugepages = HostPool::Hugepages::kOff;
+    PagePool::Options pool;
+    pool.budget_bytes = 8ull << 20;
+    pool.page_bytes = 4096;
+    pool.slab_bytes = 1ull << 20;
+    pool.reserve_slabs = 0;
+    pool.hugepages = PagePool::Hugepages::kOff;
     pool.pretouch_threads = 1;
-    auto created = HostPool::Create(pool);
-    if (!created.ok()) Fail("HostPool::Create: " + created.status().ToString());
+    auto created = PagePool::Create(pool);
+    if (!created.ok()) Fail("PagePool::Create: " + created.status().ToString());
     SessionManager::Options options;
     options.max_sessions = 4;
     options.max_requests_per_session = 8;
@@ -90,14 +92,17 @@ World& TheWorld() {
     admit.set_context_tokens(16);
     auto admitted = w->manager->Admit(admit);
     if (!admitted.ok()) Fail("Admit: " + admitted.status().ToString());
-    for (const v1::Extent& e : admitted->extents()) {
-      w->segments.insert(e.segment());
-      UniqueFd seg;
-      FdServer::HandleRequest(*w->manager, absl::StrCat("HSFD2 ", w->id, " ", w->token, " segment ", e.segment()),
-                              w->owner, &seg);
-      if (!seg.valid()) Fail("a held segment was refused");
-      w->allowed.insert(Identity(seg.get()));
+    for (const v1::LayerPages& layer : admitted->layers()) {
+      for (const v1::PageRef& p : layer.pages()) {
+        if (!w->slabs.insert(p.slab()).second) continue;
+        UniqueFd slab;
+        FdServer::HandleRequest(*w->manager, absl::StrCat("HSFD2 ", w->id, " ", w->token, " slab ", p.slab()), w->owner,
+                                &slab);
+        if (!slab.valid()) Fail("a held slab was refused");
+        w->allowed.insert(Identity(slab.get()));
+      }
     }
+    if (w->slabs.empty()) Fail("the admitted request names no slab");
     return w;
   }();
   return *world;
@@ -123,11 +128,11 @@ std::string PickObject(FuzzInput& in, const World& w) {
     case 0:
       return "arena";
     case 1:
-      return absl::StrCat("segment ", *std::next(w.segments.begin(), in.Read<uint8_t>() % w.segments.size()));
+      return absl::StrCat("slab ", *std::next(w.slabs.begin(), in.Read<uint8_t>() % w.slabs.size()));
     case 2:
-      return absl::StrCat("segment ", in.Read<uint32_t>() % 16);
+      return absl::StrCat(in.Read<uint8_t>() % 2 == 0 ? "slab " : "segment ", in.Read<uint32_t>() % 16);
     case 3:
-      return "segment " + in.String(16);
+      return "slab " + in.String(16);
     default:
       return in.String(64);
   }

@@ -1,7 +1,7 @@
 // Fuzz target: the daemon's request handlers. The input is a program of operations (open a
 // session with fuzzed geometry, admit / extend / release with fuzzed ids, budgets and tokens,
 // close, fd lookups with fuzzed object names, stats, drain) run against one in-process
-// SessionManager over a small HostPool. After every operation the accounting invariants must
+// SessionManager over a small PagePool. After every operation the accounting invariants must
 // hold and the outcome must agree with a shadow model of who holds what; after the program every
 // session is closed and the pool must be exactly empty. Anything else aborts (a finding).
 //
@@ -21,7 +21,7 @@
 #include "fuzz_check.h"
 #include "fuzz_input.h"
 #include "hisparse/common/log.h"
-#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse::fuzz {
@@ -33,13 +33,15 @@ SessionManager& Manager() {
   // Leaked on purpose: no destructor ordering against libFuzzer's exit paths.
   static SessionManager* const manager = [] {
     SetLogThreshold(LogSeverity::kError);  // one line per open/close would drown the fuzzer
-    HostPool::Options pool;
-    pool.size_bytes = 16ull << 20;
-    pool.segment_bytes = 1ull << 20;
-    pool.hugepages = HostPool::Hugepages::kOff;
+    PagePool::Options pool;
+    pool.budget_bytes = 16ull << 20;
+    pool.page_bytes = 64ull << 10;
+    pool.slab_bytes = 1ull << 20;
+    pool.reserve_slabs = 0;
+    pool.hugepages = PagePool::Hugepages::kOff;
     pool.pretouch_threads = 1;
-    auto created = HostPool::Create(pool);
-    if (!created.ok()) Fail("HostPool::Create: " + created.status().ToString());
+    auto created = PagePool::Create(pool);
+    if (!created.ok()) Fail("PagePool::Create: " + created.status().ToString());
     SessionManager::Options options;
     options.max_sessions = 8;
     options.max_requests_per_session = 64;
@@ -192,10 +194,10 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
           object = "arena";
           break;
         case 1:
-          object = "segment " + std::to_string(in.Small(0, 20));
+          object = "slab " + std::to_string(in.Small(0, 40));
           break;
         case 2:
-          object = "segment " + in.String(24);
+          object = (in.Read<uint8_t>() % 2 == 0 ? "slab " : "segment ") + in.String(24);
           break;
         default:
           object = in.String(64);
@@ -241,8 +243,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Expect(st.sessions() == 0 && st.requests() == 0, "sessions or requests left after closing every session");
   Expect(st.host_pool().used_bytes() == 0,
          "pool used bytes " + std::to_string(st.host_pool().used_bytes()) + " after closing every session");
-  Expect(st.host_pool().segments_in_use() == 0, "segments still owned after closing every session");
+  Expect(st.host_pool().pages_used() == 0 && st.host_pool().slabs() == 0,
+         "pages or slabs still held after closing every session");
   absl::Status inv = Manager().CheckInvariants();
   if (!inv.ok()) Fail("invariants broken after closing every session: " + inv.ToString());
+  Manager().WaitPoolIdle();  // released slabs' descriptors are closed by the pool's worker
   return 0;
 }

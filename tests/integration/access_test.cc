@@ -53,8 +53,8 @@ TEST_F(AccessTest, SocketModeKeepsOtherUsersOut) {
 
 TEST_F(AccessTest, PeerCredentialsDecideWhoIsAdmitted) {
   // Group nogroup (65534) may open the sockets; only uid 12345 is admitted by the policy.
-  auto refused = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                              "access.socket_group=65534", "--set", "access.allowed_uids=12345"});
+  auto refused = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                              "4MiB", "--set", "access.socket_group=65534", "--set", "access.allowed_uids=12345"});
   ASSERT_NE(refused, nullptr);
   OpenDir(*refused);
   EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-ctl --timeout-ms 500 --daemon " + refused->address() + " stats"), 2);
@@ -62,25 +62,24 @@ TEST_F(AccessTest, PeerCredentialsDecideWhoIsAdmitted) {
   // Root (the operator) always passes.
   EXPECT_EQ(Stats(refused->address()).sessions(), 0u);
 
-  auto admitted = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                               "access.socket_group=65534", "--set", "access.allowed_gids=65534"});
+  auto admitted = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                               "4MiB", "--set", "access.socket_group=65534", "--set", "access.allowed_gids=65534"});
   ASSERT_NE(admitted, nullptr);
   OpenDir(*admitted);
   EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-ctl --timeout-ms 2000 --daemon " + admitted->address() + " stats"), 0);
 }
 
 TEST(QuotaTest, TenantQuotasAreHard) {
-  // Two sessions hold two 4 MiB segments: more than 1 MiB covers (quotas.segments' default), so
-  // the segment share is given explicitly.
-  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                             "quotas.requests=2", "--set", "quotas.host_bytes=1MiB", "--set", "quotas.segments=2"});
+  // Host bytes are charged in whole 4 KiB pages (1000 tokens of 64 B: 16 pages a layer).
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--set", "quotas.requests=2", "--set", "quotas.host_bytes=1MiB"});
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
   Session s1, s2;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s1).ok());
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s2).ok());  // same uid: the same tenant
-  ASSERT_TRUE(s1.Admit(1, 10, 1000).ok());                 // 256000 B
-  Error big = s2.Admit(2, 10, 4000);                       // +1024000 B > 1 MiB
+  ASSERT_TRUE(s1.Admit(1, 10, 1000).ok());                 // 262,144 B
+  Error big = s2.Admit(2, 10, 4000);                       // +1,032,192 B > 1 MiB
   EXPECT_EQ(big.code, HS_ERR_RESOURCE_EXHAUSTED);
   EXPECT_NE(big.message.find("quotas.host_bytes"), std::string::npos) << big.message;
   ASSERT_TRUE(s2.Admit(2, 10, 1000).ok());
@@ -97,9 +96,10 @@ TEST(QuotaTest, TenantQuotasAreHard) {
 }
 
 TEST(AdmissionUnderPressureTest, FullPoolEvictsTheTenantsOldestRequestAfterNotice) {
-  // 16 segments x 4 MiB; each request takes four 1,024,000-byte runs: 16 requests fill the pool.
-  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                             "admission.on_pool_full=evict_lru_idle"});
+  // 16384 pages of 4 KiB; each request takes 4 layers x 250 pages in a slab of its own (1000 or
+  // 1024 pages): 16 requests fill the pool.
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--set", "admission.on_pool_full=evict_lru_idle"});
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
   hs_session_options o = SmallGeometry(a);
@@ -118,8 +118,8 @@ TEST(AdmissionUnderPressureTest, FullPoolEvictsTheTenantsOldestRequestAfterNotic
   v1::StatsResponse st = Stats(a);
   EXPECT_EQ(st.requests(), 16u);
   EXPECT_EQ(st.evictions(), 1u);
-  // Exactly the 16 live requests' runs are in use, each tenant charged for its own: request 1's
-  // runs went back to the pool before request 100 took them (4 layers x 16000 tokens x 64 B each).
+  // Exactly the 16 live requests' pages are in use, each tenant charged for its own: request 1's
+  // pages went back to the pool before request 100 took them (4 layers x 250 pages of 4 KiB).
   constexpr uint64_t kRequestBytes = 4ull * 16000 * 64;
   EXPECT_EQ(st.host_pool().used_bytes(), 16 * kRequestBytes);
   hs_session_info old_info = HS_SESSION_INFO_INIT, new_info = HS_SESSION_INFO_INIT;

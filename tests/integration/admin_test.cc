@@ -132,8 +132,8 @@ std::string HttpGet(int port, const std::string& path) {
 
 TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
   // Port 0: the kernel picks a free port as the daemon binds, and the test reads it back.
-  auto daemon =
-      StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--metrics-listen", "127.0.0.1:0"});
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--metrics-listen", "127.0.0.1:0"});
   ASSERT_NE(daemon, nullptr);
   const absl::StatusOr<int> port_or = daemon->ListeningTcpPort();
   ASSERT_TRUE(port_or.ok()) << port_or.status();
@@ -147,7 +147,7 @@ TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
   const std::string text = HttpGet(port, "/metrics");
   ASSERT_FALSE(text.empty());
   for (const char* want :
-       {"hisparse_host_pool_bytes{state=\"used\"} 256000", "hisparse_sessions 1", "hisparse_requests 1",
+       {"hisparse_host_pool_bytes{state=\"used\"} 262144", "hisparse_sessions 1", "hisparse_requests 1",
         "hisparse_admissions_total 1", "hisparse_rejections_total{reason=\"pool_full\"} 0",
         "hisparse_rpc_duration_seconds_bucket{method=\"Admit\"",
         "hisparse_resolve_hits_total{gpu=\"-1\",session=\"1\"} 0", "# TYPE hisparse_evictions_total counter"}) {
@@ -180,12 +180,14 @@ TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
   char dir[] = "/tmp/hisparse-cfg-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string path = std::string(dir) + "/hisparsed.yaml";
-  std::ofstream(path) << "host_pool:\n  size: 64MiB\n  segment_size: 4MiB\nlimits:\n  max_sessions: 8\n";
+  std::ofstream(path)
+      << "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nlimits:\n  max_sessions: 8\n";
   auto daemon = StartDaemon({"--config", path});
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
-  std::ofstream(path) << "host_pool:\n  size: 128MiB\n  segment_size: 4MiB\nlimits:\n  max_sessions: 1\n"
-                      << "log_level: debug\n";
+  std::ofstream(path)
+      << "host_pool:\n  size: 128MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nlimits:\n  max_sessions: 1\n"
+      << "log_level: debug\n";
   ::kill(daemon->pid(), SIGHUP);
   std::string cfg;
   WaitUntil([&] {

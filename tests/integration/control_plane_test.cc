@@ -54,7 +54,7 @@ TEST_F(ControlPlaneTest, AdmitWriteReadReleaseAndStatsMatch) {
   v1::StatsResponse st = Stats(address_);
   EXPECT_EQ(st.sessions(), 1u);
   EXPECT_EQ(st.requests(), 1u);
-  EXPECT_EQ(st.host_pool().used_bytes(), 4u * 1000 * 64);  // 64000 B runs are 256-aligned already
+  EXPECT_EQ(st.host_pool().used_bytes(), 4u * 16 * 4096);  // 64000 B a layer, in 16 pages of 4 KiB
   EXPECT_EQ(st.host_pool().capacity_bytes(), 64u << 20);
   EXPECT_EQ(st.host_pool().used_bytes() + st.host_pool().free_bytes(), st.host_pool().capacity_bytes());
   ASSERT_TRUE(s.Release(7).ok());
@@ -99,10 +99,12 @@ TEST_F(ControlPlaneTest, RecordsOfOneLayerAreContiguous) {
   EXPECT_EQ(static_cast<uint8_t*>(last) - static_cast<uint8_t*>(first), 499 * 64);
 }
 
+// Extend appends pages and never moves a record; the grown layers span several 4 KiB pages, which
+// the data path reads through the request's page tables.
 TEST_F(ControlPlaneTest, ExtendGrowsAndKeepsRecords) {
   Session s = Open(SmallGeometry(address_));
   ASSERT_TRUE(s.Admit(1, 10, 100).ok());
-  ASSERT_TRUE(s.Admit(2, 10, 100).ok());  // sits right after request 1's runs: 1 cannot grow in place
+  ASSERT_TRUE(s.Admit(2, 10, 100).ok());
   for (uint32_t l = 0; l < 4; ++l) {
     void* rec = nullptr;
     ASSERT_TRUE(s.RecordPtr(1, l, 99, &rec).ok());
@@ -128,7 +130,7 @@ TEST_F(ControlPlaneTest, FullPoolAnswersResourceExhaustedAndStaysConsistent) {
   hs_session_options o = SmallGeometry(address_);
   o.max_requests = 64;
   Session s = Open(o);
-  // Each request: 4 layers x 16000 x 64 B = 4 MiB = one segment's worth per layer... 1 MiB a run.
+  // Each request: 4 layers x 16000 x 64 B = 4 layers x 250 pages of 4 KiB.
   int admitted = 0;
   Error last;
   for (uint64_t id = 1; id <= 64; ++id) {

@@ -21,8 +21,8 @@ TEST(CtlTest, StatsJsonNamesThePoolPlainly) {
   CommandResult r = Ctl(address, "stats --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\"capacity_bytes\": 67108864"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"used_bytes\": 256000"), std::string::npos) << r.out;  // 4 layers x 1000 x 64 B
-  EXPECT_NE(r.out.find("\"free_bytes\": 66852864"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"used_bytes\": 262144"), std::string::npos) << r.out;  // 4 layers x 16 pages of 4 KiB
+  EXPECT_NE(r.out.find("\"free_bytes\": 66846720"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"sessions\": 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"requests\": 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"fragmentation\": "), std::string::npos) << r.out;

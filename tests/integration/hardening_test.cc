@@ -124,8 +124,8 @@ UniqueFd ConnectLoopback(int port) {
 
 TEST(HardeningTest, MetricsAnswerBesideManyIdleConnections) {
   const int port = FreeLoopbackPort();
-  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--metrics-listen",
-                             "127.0.0.1:" + std::to_string(port)});
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--metrics-listen", "127.0.0.1:" + std::to_string(port)});
   ASSERT_NE(daemon, nullptr);
   std::vector<UniqueFd> idle;
   for (int i = 0; i < 300; ++i) {
@@ -172,7 +172,7 @@ TEST(HardeningTest, SighupWithAnEmptyConfigKeepsTheQuotas) {
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string path = std::string(dir) + "/hisparsed.yaml";
   const std::string log = std::string(dir) + "/daemon.log";
-  std::ofstream(path) << "host_pool:\n  size: 64MiB\n  segment_size: 4MiB\nquotas:\n  requests: 1\n";
+  std::ofstream(path) << "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nquotas:\n  requests: 1\n";
   std::unique_ptr<DaemonProcess> daemon;
   WithStderrIn(log, [&] { daemon = StartDaemon({"--config", path}); });
   ASSERT_NE(daemon, nullptr);

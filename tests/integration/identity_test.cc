@@ -138,8 +138,9 @@ class IdentityTest : public ::testing::Test {
   }
   // A daemon whose sockets nobody (gid 65534) can open, plus `extra` settings.
   std::unique_ptr<DaemonProcess> Start(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"--host-pool-size",         "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                                     "access.socket_group=65534"};
+    std::vector<std::string> args = {
+        "--host-pool-size",         "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size", "4MiB", "--set",
+        "access.socket_group=65534"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto d = StartDaemon(args);
     if (d != nullptr) {
@@ -153,26 +154,25 @@ class IdentityTest : public ::testing::Test {
 // Item 5 of issue 14: the tenant was bound at the first fd fetch, so a session that admitted
 // before fetching anything was no tenant's and escaped its quotas.
 TEST(SessionQuotaTest, ASessionThatAdmitsBeforeAnyFdFetchHitsTheQuotasExactly) {
-  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB", "--set",
-                             "quotas.requests=4", "--set", "quotas.host_bytes=1MiB", "--set", "quotas.segments=2"});
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--set", "quotas.requests=4", "--set", "quotas.host_bytes=1MiB"});
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
-  // Two sessions of one tenant hold a segment each (segments are exclusive to a session), more
-  // than the 1 MiB quota's default share of one 4 MiB segment: quotas.segments=2 allows them.
+  // Host bytes are charged in whole 4 KiB pages: 1000 tokens of 64 B is 16 pages a layer.
   Session engine;  // the client library fetches its fds at open: bound on every version
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &engine).ok());
-  ASSERT_TRUE(engine.Admit(1, 10, 1000).ok());  // 4 layers x 1000 x 64 B = 256,000 B
-  ASSERT_TRUE(engine.Admit(2, 10, 1000).ok());  // 512,000 B held
+  ASSERT_TRUE(engine.Admit(1, 10, 1000).ok());  // 4 layers x 16 pages = 262,144 B
+  ASSERT_TRUE(engine.Admit(2, 10, 1000).ok());  // 524,288 B held
   RawSession raw;                               // same uid, never touches the fd channel
   ASSERT_TRUE(raw.Open(a));
-  ASSERT_TRUE(raw.Admit(3, 1000).ok());  // 768,000 B, 3 requests
-  // 1,048,576 - 768,000 = 280,576 B = 1096 tokens: one more is over the byte quota.
-  grpc::Status over = raw.Admit(4, 1100);
+  ASSERT_TRUE(raw.Admit(3, 1000).ok());  // 786,432 B, 3 requests
+  // 1,048,576 - 786,432 = 262,144 B = 16 pages a layer = 1024 tokens: one more is over the quota.
+  grpc::Status over = raw.Admit(4, 1025);
   EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
   EXPECT_NE(over.error_message().find("quotas.host_bytes"), std::string::npos) << over.error_message();
-  ASSERT_TRUE(raw.Admit(4, 1096).ok());  // exactly 1 MiB, 4 requests
-  EXPECT_TRUE(engine.Release(2).ok());   // 792,576 B, 3 requests
-  ASSERT_TRUE(raw.Admit(5, 4).ok());     // 4 requests again
+  ASSERT_TRUE(raw.Admit(4, 1024).ok());  // exactly 1 MiB, 4 requests
+  EXPECT_TRUE(engine.Release(2).ok());   // 786,432 B, 3 requests
+  ASSERT_TRUE(raw.Admit(5, 4).ok());     // a page a layer, 4 requests again
   grpc::Status fifth = raw.Admit(6, 4);
   EXPECT_EQ(fifth.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << fifth.error_message();
   EXPECT_NE(fifth.error_message().find("quotas.requests"), std::string::npos) << fifth.error_message();
@@ -183,7 +183,7 @@ TEST(SessionQuotaTest, ASessionThatAdmitsBeforeAnyFdFetchHitsTheQuotasExactly) {
     held += ss.host_bytes();
     EXPECT_EQ(ss.peer_pid(), ::getpid()) << "the Session stream's peer is the session's pid";
   }
-  EXPECT_EQ(held, 256000u + 256000u + 280576u + 1024u);  // requests 1, 3, 4 and 5
+  EXPECT_EQ(held, 262144u + 262144u + 262144u + 16384u);  // requests 1, 3, 4 and 5
 }
 
 // Item 8: a token is bound to its owner's uid over unary gRPC too.

@@ -68,7 +68,8 @@ TEST(PeerDeathTest, KilledClientsMemoryIsReclaimed) {
     EXPECT_EQ(st.sessions(), 0u);
     EXPECT_EQ(st.requests(), 0u);
     EXPECT_EQ(st.host_pool().used_bytes(), 0u);
-    EXPECT_EQ(st.host_pool().segments_in_use(), 0u);
+    EXPECT_EQ(st.host_pool().pages_used(), 0u);
+    EXPECT_EQ(st.host_pool().slabs(), 0u);
   }
 }
 

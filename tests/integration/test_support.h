@@ -69,7 +69,8 @@ bool WaitUntil(Done&& done, std::chrono::milliseconds timeout = std::chrono::sec
 }
 
 inline std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args = {}) {
-  if (args.empty()) args = {"--host-pool-size", "64MiB", "--host-pool-segment-size", "4MiB"};
+  if (args.empty())
+    args = {"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size", "4MiB"};
   args.push_back("--log-level");
   args.push_back("warning");
   auto d = DaemonProcess::Start(args);

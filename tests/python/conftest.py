@@ -44,7 +44,7 @@ def _daemon_or_skip() -> None:
 def daemon():
     _library_or_skip()
     _daemon_or_skip()
-    with hisparse.Daemon(host_pool_size="256MiB", host_pool_segment_size="16MiB") as d:
+    with hisparse.Daemon(host_pool_size="256MiB", host_pool_slab_size="16MiB") as d:
         yield d
 
 

@@ -176,7 +176,7 @@ def test_context_manager_returns_everything(daemon, open_session):
 
 
 def test_daemon_context_manager_stops_and_cleans_up():
-    d = hisparse.Daemon(host_pool_size="64MiB", host_pool_segment_size="16MiB")
+    d = hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="16MiB")
     with d:
         address = d.address
         path = address[len("unix:"):]
@@ -190,7 +190,7 @@ def test_daemon_context_manager_stops_and_cleans_up():
 
 
 def test_session_after_daemon_stop_is_unavailable():
-    d = hisparse.Daemon(host_pool_size="64MiB", host_pool_segment_size="16MiB").start()
+    d = hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="16MiB").start()
     s = hisparse.Session(d, num_layers=1, record_bytes=16, k=1, slots=1, max_requests=1, backend="host",
                          timeout_ms=500)
     d.stop()

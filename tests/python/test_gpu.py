@@ -234,7 +234,7 @@ def test_private_gpu_arena_only_when_asked(monkeypatch):
     """device: host serves host arenas; the CUDA backend keeps a private GPU arena only when the
     engine asks with HISPARSE_PRIVATE_GPU_ARENA=1, and says so in its session info."""
     geometry = dict(num_layers=1, record_bytes=64, k=4, slots=8, max_requests=1, gpu=0, backend="cuda")
-    with hisparse.Daemon(host_pool_size="64MiB", host_pool_segment_size="16MiB", extra_args=["--device", "host"]) as d:
+    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="16MiB", extra_args=["--device", "host"]) as d:
         monkeypatch.delenv("HISPARSE_PRIVATE_GPU_ARENA", raising=False)
         try:
             with pytest.raises(hisparse.FailedPrecondition, match="HISPARSE_PRIVATE_GPU_ARENA=1"):

@@ -31,9 +31,12 @@ extern "C" {
  * functions), so a library of the same major and at least the caller's minor serves it; a new
  * major breaks callers. 1.0: the first ABI; 1.1: hs_session_options.layer_anchor, hs_prefetch,
  * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU; 1.3:
- * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset). */
+ * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset); 1.4: draft_tokens;
+ * 1.5: the paged host pool: a request's records live in host pages (no longer one run per layer),
+ * so hs_record_ptr is the one way to a host record, valid for one record only, and
+ * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request. */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 4
+#define HS_ABI_VERSION_MINOR 5
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -117,7 +120,8 @@ hs_result hs_admit(hs_session* session, uint64_t request_id, uint32_t context_to
 hs_result hs_extend(hs_session* session, uint64_t request_id, uint32_t token_budget, hs_request_info* out);
 hs_result hs_release(hs_session* session, uint64_t request_id);
 
-/* Host address of the record of (request, layer, position) in this process's mapping of the pool. */
+/* Host address of the record of (request, layer, position) in this process's mapping of the pool.
+ * Since ABI 1.5 a layer's records lie in pages: the address holds that one record only. */
 hs_result hs_record_ptr(hs_session* session, uint64_t request_id, uint32_t layer, uint32_t position, void** out);
 
 /* How the daemon shares the session's slot arena with this process (SessionOpened.arena.kind). */

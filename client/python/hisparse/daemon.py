@@ -61,11 +61,13 @@ def _can_connect(path: str, kind: int) -> bool:
 class Daemon:
     """A hisparsed child process listening on ``unix:<tmpdir>/hisparsed.sock``."""
 
-    def __init__(self, host_pool_size: str = "1GiB", host_pool_segment_size: str = "256MiB",
+    def __init__(self, host_pool_size: str = "1GiB", host_pool_slab_size: str = "64MiB",
                  log_level: str = "warning", metrics_listen: Optional[str] = "", extra_args: Sequence[str] = (),
-                 binary: Optional[str] = None, start_timeout_s: float = 20.0) -> None:
+                 binary: Optional[str] = None, start_timeout_s: float = 20.0,
+                 host_pool_segment_size: Optional[str] = None) -> None:
         self.host_pool_size = host_pool_size
-        self.host_pool_segment_size = host_pool_segment_size
+        # host_pool_segment_size: the segmented pool's name for what is now the largest slab.
+        self.host_pool_slab_size = host_pool_segment_size or host_pool_slab_size
         self.log_level = log_level
         self.metrics_listen = metrics_listen
         self.extra_args: List[str] = list(extra_args)
@@ -98,7 +100,7 @@ class Daemon:
         self._dir = tempfile.mkdtemp(prefix="hisparse-py-")
         self._socket = os.path.join(self._dir, "hisparsed.sock")
         argv = [binary, "--listen", "unix:" + self._socket, "--host-pool-size", self.host_pool_size,
-                "--host-pool-segment-size", self.host_pool_segment_size, "--log-level", self.log_level]
+                "--host-pool-slab-size", self.host_pool_slab_size, "--log-level", self.log_level]
         if self.metrics_listen is not None:
             # "" turns the Prometheus endpoint off, so that several test daemons can share a node.
             argv.append(f"--set=metrics.listen={self.metrics_listen}")

@@ -4,9 +4,11 @@
 //
 // Requests (one packet each):
 //   "HSFD1 <session_id> <token> arena"        version 1: the reply is "OK <bytes>" + fd
-//   "HSFD2 <session_id> <token> segment <N>"  version 2: "OK fd <bytes>" + fd, or, for a GPU arena
+//   "HSFD2 <session_id> <token> slab <N>"     version 2: "OK fd <bytes>" + fd, or, for a GPU arena
 //                                             shared as a cudaIpc handle, "OK cuda-ipc <bytes>
 //                                             <128 lowercase hex digits>" without a descriptor
+//                                             (the object is "arena" or "slab <N>", a host-pool
+//                                             slab; the segmented pool's "segment <N>" is gone)
 // Errors, in either version: "ERR <CODE> <message>" (CODE as absl::StatusCodeToString spells it),
 // without a descriptor. Both versions stay accepted so old clients and old daemons interoperate.
 //
@@ -27,15 +29,15 @@ namespace hisparse {
 // The request's version prefix: HSFD1 or HSFD2.
 enum class FdVersion : int { kV1 = 1, kV2 = 2 };
 
-// What a request fetches: the session's slot arena, or one host-pool segment.
+// What a request fetches: the session's slot arena, or one host-pool slab (page_pool.h).
 struct FdArena {
   bool operator==(const FdArena&) const { return true; }
 };
-struct FdSegment {
-  uint32_t n = 0;
-  bool operator==(const FdSegment& o) const { return n == o.n; }
+struct FdSlab {
+  uint64_t n = 0;
+  bool operator==(const FdSlab& o) const { return n == o.n; }
 };
-using FdObject = std::variant<FdArena, FdSegment>;
+using FdObject = std::variant<FdArena, FdSlab>;
 
 struct FdRequest {
   FdVersion version = FdVersion::kV2;
@@ -70,9 +72,9 @@ using FdReply = std::variant<FdOk, FdErr>;
 std::string EncodeFdRequest(const FdRequest& r);
 // InvalidArgument naming what is wrong for anything that is not exactly a request above (an
 // unknown version, a session id that is not a decimal uint64, a missing token, an object other
-// than "arena" or "segment <uint32>").
+// than "arena" or "slab <uint64>").
 absl::StatusOr<FdRequest> DecodeFdRequest(absl::string_view packet);
-// "arena" or "segment N" (the request's last field), and back: InvalidArgument for anything else.
+// "arena" or "slab N" (the request's last field), and back: InvalidArgument for anything else.
 std::string FdObjectName(const FdObject& object);
 absl::StatusOr<FdObject> DecodeFdObject(absl::string_view object);
 

@@ -1,10 +1,10 @@
 // AdmissionLedger: the node's admission accounting as plain numbers, testable alone.
 //
 // It holds, per session, its tenant, its slot-arena bytes and its row table; per request, its row,
-// what its runs hold in which pool segment, and when it was last used; per tenant, the sums of
-// those. From them it decides the quota refusals (host bytes charged as held, requests, sessions,
-// arena bytes, the segment share), the free row, the victim of admission.on_pool_full =
-// evict_lru_idle and whether evicting could admit at all. It touches no pool, fd, arena, proto or
+// the host-pool pages it holds and when it was last used; per tenant, the sums of those. From them
+// it decides the quota refusals (host bytes and pages, charged in whole pages; requests, sessions,
+// arena bytes), the free row, the victim of admission.on_pool_full = evict_lru_idle and whether
+// evicting could admit at all. It touches no pool, fd, arena, proto or
 // socket: SessionManager (session_manager.h) makes the pool calls at the edges and records their
 // outcome here. Time comes from an injected clock, so the LRU order is deterministic in tests;
 // ties are broken by (last_used, session_id, request_id).
@@ -48,39 +48,27 @@ class AdmissionLedger {
     uint64_t arena_bytes = 0;
     uint32_t requests = 0;
     uint32_t sessions = 0;
-    // Pool segments one tenant may hold. 0 with host_bytes set: ceil(host_bytes / segment size).
-    uint32_t segments = 0;
-  };
-  // What one pool run holds, where: the ledger's copy of a HostPool::Run.
-  struct Hold {
-    uint32_t segment = 0;
-    uint64_t bytes = 0;
-  };
-  // One pool segment as eviction planning sees it (HostPool::SegmentState).
-  struct SegmentView {
-    uint64_t owner = 0;  // a session id, 0 = free
-    uint64_t capacity = 0, free_bytes = 0;
+    // Host-pool pages one tenant may hold (besides host_bytes, which counts them in bytes).
+    uint64_t pages = 0;
   };
   struct RequestKey {
     uint64_t session_id = 0, request_id = 0;
     bool operator==(const RequestKey& o) const { return session_id == o.session_id && request_id == o.request_id; }
   };
   struct TenantUsage {
-    uint64_t host_bytes = 0, arena_bytes = 0, requests = 0;
+    uint64_t pages = 0, arena_bytes = 0, requests = 0;
     uint32_t sessions = 0;
     bool operator==(const TenantUsage& o) const {
-      return host_bytes == o.host_bytes && arena_bytes == o.arena_bytes && requests == o.requests &&
-             sessions == o.sessions;
+      return pages == o.pages && arena_bytes == o.arena_bytes && requests == o.requests && sessions == o.sessions;
     }
   };
   using Clock = std::function<absl::Time()>;
 
-  AdmissionLedger(const Quotas& quotas, uint64_t segment_bytes, Clock clock);
+  AdmissionLedger(const Quotas& quotas, uint64_t page_bytes, Clock clock);
 
   void SetQuotas(const Quotas& quotas) { quotas_ = quotas; }
   const Quotas& quotas() const { return quotas_; }
-  // The segments one tenant may hold under the current quotas (UINT32_MAX: no limit).
-  uint32_t SegmentsPerTenant() const;
+  uint64_t page_bytes() const { return page_bytes_; }
 
   // Sessions. CheckOpenSession: whether `tenant` may hold one more session of `arena_bytes`.
   std::optional<Refusal> CheckOpenSession(uint32_t tenant, uint64_t arena_bytes) const;
@@ -90,49 +78,37 @@ class AdmissionLedger {
   void RemoveSession(uint64_t session_id);
   bool HasSession(uint64_t session_id) const { return sessions_.count(session_id) != 0; }
 
-  // Requests. CheckGrow: whether the session's tenant may hold `more_host_bytes` and
-  // `more_requests` more (quotas.host_bytes, quotas.requests).
-  std::optional<Refusal> CheckGrow(uint64_t session_id, uint64_t more_host_bytes, uint32_t more_requests) const;
+  // Requests. CheckGrow: whether the session's tenant may hold `more_pages` and `more_requests`
+  // more (quotas.pages; quotas.host_bytes, charged as more_pages * page_bytes; quotas.requests).
+  std::optional<Refusal> CheckGrow(uint64_t session_id, uint64_t more_pages, uint32_t more_requests) const;
   // The lowest free row of the session, or kRowsFull.
   std::optional<Refusal> FreeRow(uint64_t session_id, uint32_t* row) const;
-  // Records an admitted request in `row` (which FreeRow gave) holding `holds`; used now.
-  void Admit(uint64_t session_id, uint64_t request_id, uint32_t row, std::vector<Hold> holds);
-  // The request's runs are now `holds` (grown, moved, or old and new while moving).
-  void SetHolds(uint64_t session_id, uint64_t request_id, std::vector<Hold> holds);
+  // Records an admitted request in `row` (which FreeRow gave) holding `pages`; used now.
+  void Admit(uint64_t session_id, uint64_t request_id, uint32_t row, uint64_t pages);
+  // The request holds `pages` now (an Extend appended some).
+  void SetPages(uint64_t session_id, uint64_t request_id, uint64_t pages);
   // The request is used now (an Extend, even one that then fails for want of room).
   void Touch(uint64_t session_id, uint64_t request_id);
   // Forgets the request, freeing its row.
   void Release(uint64_t session_id, uint64_t request_id);
   bool HasRequest(uint64_t session_id, uint64_t request_id) const;
-  // A moving request (Extend copying its records outside the lock) is never a victim.
-  void SetMoving(uint64_t session_id, uint64_t request_id, bool moving);
-  bool IsMoving(uint64_t session_id, uint64_t request_id) const;
-  // Requests of the session that are moving now.
-  uint32_t MovesIn(uint64_t session_id) const;
 
-  // Pool segments: what the sessions of `tenant` hold (distinct segments of their requests).
-  uint32_t SegmentsHeld(uint32_t tenant) const;
-  // The refusal when a run of `bytes` found no room: kQuota when the tenant holds its share of
-  // `tenant_segments`, else kPoolFull with `pool_status`.
-  Refusal RoomRefusal(uint64_t session_id, uint64_t bytes, uint32_t tenant_segments, absl::Status pool_status) const;
-
-  // evict_lru_idle: the least recently used request of the session's tenant, not moving,
-  // smallest (last_used, session_id, request_id) first.
+  // evict_lru_idle: the least recently used request of the session's tenant, smallest
+  // (last_used, session_id, request_id) first.
   std::optional<RequestKey> PickVictim(uint64_t session_id) const;
-  // Whether `layers` runs of `run_bytes` could be placed for the session once every request of
-  // its tenant were gone (per segment, ignoring fragmentation inside one), given the pool's
-  // `segments`. When not, evicting cannot make the admission succeed.
-  bool EvictionCouldAdmit(uint64_t session_id, uint64_t run_bytes, uint32_t layers,
-                          const std::vector<SegmentView>& segments) const;
+  // Whether `need_pages` could be had for the session once every request of its tenant were gone,
+  // given the pages the pool could give it now (`available_pages`): their pages return to the
+  // budget as their slabs empty. When not, evicting cannot make the admission succeed.
+  bool EvictionCouldAdmit(uint64_t session_id, uint64_t need_pages, uint64_t available_pages) const;
 
   TenantUsage Usage(uint32_t tenant) const;
-  // Bytes held by every request: must equal the pool's used bytes.
-  uint64_t used_bytes() const { return used_bytes_; }
-  // Distinct segments the session's requests hold: must equal the pool's count for it.
-  uint32_t SegmentsOf(uint64_t session_id) const;
+  // Pages held by every request: must equal the pool's used pages.
+  uint64_t used_pages() const { return used_pages_; }
+  // Pages the session's requests hold: must equal the pool's count for it.
+  uint64_t PagesOf(uint64_t session_id) const;
   std::optional<uint32_t> RowOf(uint64_t session_id, uint64_t request_id) const;
 
-  // Exact and total: used bytes == sum of every request's holds; every tenant's kept sums ==
+  // Exact and total: used pages == sum of every request's pages; every tenant's kept sums ==
   // what its sessions hold; no tenant kept without a session; rows unique and the row tables
   // exactly the rows of live requests.
   absl::Status CheckInvariants() const;
@@ -141,9 +117,7 @@ class AdmissionLedger {
   struct Request {
     uint32_t row = 0;
     absl::Time last_used;
-    std::vector<Hold> holds;
-    bool moving = false;
-    uint64_t HeldBytes() const;
+    uint64_t pages = 0;
   };
   struct Session {
     uint32_t tenant = 0;
@@ -155,11 +129,11 @@ class AdmissionLedger {
   const Session* Find(uint64_t session_id) const;
 
   Quotas quotas_;
-  uint64_t segment_bytes_;
+  uint64_t page_bytes_;
   Clock clock_;
   std::map<uint64_t, Session> sessions_;
   std::map<uint32_t, TenantUsage> tenants_;  // kept sums; a tenant with no session is erased
-  uint64_t used_bytes_ = 0;
+  uint64_t used_pages_ = 0;
 };
 
 }  // namespace hisparse

@@ -44,13 +44,16 @@ std::string_view ArenaExportModeName(ArenaExportMode mode);
 std::string_view LogLevelName(LogLevel level);
 
 struct HostPoolConfig {
-  // Total host KV pool. The pool is made of memfd segments of `segment_size`; `size` is rounded
-  // up to whole segments, except that a pool smaller than one segment is one segment of `size`.
-  // See HostPoolGeometry().
+  // The host KV pool's budget: every session's pages, the reserve and slabs being made together.
   uint64_t size = uint64_t{1} << 30;
-  uint64_t segment_size = uint64_t{256} << 20;
+  // Pages handed to requests (a record never straddles one); sessions' slabs are whole pages.
+  uint64_t page_size = uint64_t{2} << 20;
+  // The largest slab (one memfd of one session), and the size of the reserve's ready slabs.
+  uint64_t slab_size = uint64_t{64} << 20;
+  // Ready (pre-touched, zeroed) slabs a background thread keeps, while the budget allows.
+  int reserve_slabs = 2;
   HugePagesMode hugepages = HugePagesMode::kAuto;
-  // Threads that pre-fault the pool at start-up; 0 = one per CPU.
+  // Threads that pre-touch each ready slab; 0 = one per CPU.
   int pretouch_threads = 0;
   // mlock the pool so it is never swapped out (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK).
   bool mlock = false;
@@ -66,6 +69,8 @@ struct LimitsConfig {
   // touches them. 0 = auto: what the machine (MemAvailable, capped by the cgroup limit) has left
   // at start once the host pool is taken.
   uint64_t host_arena_bytes = 0;
+  // The longest context one request may hold: sizes every session's page-table stride.
+  int max_tokens_per_request = 1 << 20;
 };
 
 // Who may attach. The sockets are created with mode 0660; with `socket_group` set they belong to
@@ -89,9 +94,7 @@ struct QuotaConfig {
   uint64_t arena_bytes = 0;  // slot-arena bytes one tenant may hold, summed over GPUs
   int requests = 0;          // admitted requests one tenant may hold
   int sessions = 0;          // sessions one tenant may hold open
-  // Pool segments one tenant may hold; a segment is exclusive to one session, so a held segment
-  // is held memory. 0: ceil(host_bytes / segment_size), or no limit without host_bytes.
-  int segments = 0;
+  int pages = 0;             // host pool pages one tenant may hold (host_bytes counts them too)
 };
 
 enum class OnPoolFull { kReject, kEvictLruIdle };
@@ -171,15 +174,6 @@ std::vector<std::string> DescribeConfigChanges(const DaemonConfig& a, const Daem
 // "unix:/run/x.sock" -> "/run/x.sock"; "unix:///run/x.sock" -> "/run/x.sock"; "unix:rel.sock" ->
 // "rel.sock". Empty when `listen` is not a unix: address.
 std::string_view ListenSocketPath(std::string_view listen);
-
-// How the host pool is cut into memfd segments.
-struct PoolGeometry {
-  uint64_t segment_size = 0;  // bytes in every segment
-  uint64_t segment_count = 0;
-  uint64_t total_bytes = 0;  // segment_size * segment_count >= HostPoolConfig::size
-};
-// Precondition: ValidateConfig accepted the config (so nothing overflows).
-PoolGeometry HostPoolGeometry(const HostPoolConfig& pool);
 
 }  // namespace hisparse
 

@@ -1,9 +1,9 @@
 // FdServer: the fd channel. gRPC cannot carry file descriptors, so the memory a session owns (its
-// host-pool segments and its slot arena) reaches the engine over this SOCK_SEQPACKET unix socket
+// host-pool slabs and its slot arena) reaches the engine over this SOCK_SEQPACKET unix socket
 // beside the gRPC one, with SCM_RIGHTS.
 //
 // Protocol, one request and one reply per packet. Version 2 (typed replies):
-//   request  "HSFD2 <session_id> <token> arena"  |  "HSFD2 <session_id> <token> segment <N>"
+//   request  "HSFD2 <session_id> <token> arena"  |  "HSFD2 <session_id> <token> slab <N>"
 //   reply    "OK fd <bytes>" with the descriptor attached
 //          | "OK cuda-ipc <bytes> <handle>": no descriptor; <handle> is the arena's 64-byte cudaIpc
 //            handle in lower-case hex (128 characters); only a "cuda-ipc" arena answers so

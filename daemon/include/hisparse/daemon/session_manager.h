@@ -1,11 +1,11 @@
 // SessionManager: sessions, admission and release — the daemon's accounting of the whole node.
 //
 // THE ADMISSION LOGIC LIVES HERE (session_manager.cc, Admit/Extend/Release). A session is the unit
-// of ownership: it holds requests, each request holds one host-pool run per layer and one row of
-// the session's slot arena. Ending a session — cleanly or because its engine died — releases all of
-// it at once (CloseSession). Requests are named per session: no session can see, extend or release
-// another's. A session belongs to the uid that opened it (its tenant): only that uid may use its
-// token, and a tenant's view (`only_uid` below) shows and touches its own sessions alone.
+// of ownership: it holds requests, each request holds host-pool pages per layer (page_pool.h; the
+// session's slabs are its own) and one row of the session's slot arena. Ending a session — cleanly or because its
+// engine died — releases all of it at once (CloseSession). Requests are named per session: no session can see, extend
+// or release another's. A session belongs to the uid that opened it (its tenant): only that uid may use its token, and
+// a tenant's view (`only_uid` below) shows and touches its own sessions alone.
 //
 // Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
 // onto these methods. The proto messages are used only as plain data types.
@@ -36,7 +36,7 @@
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/gpu_arena.h"
-#include "hisparse/daemon/host_pool.h"
+#include "hisparse/daemon/page_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
 
 namespace hisparse {
@@ -52,6 +52,9 @@ class SessionManager {
     bool evict_on_pool_full = false;  // admission.on_pool_full = evict_lru_idle
     uint32_t max_sessions = 256;
     uint32_t max_requests_per_session = 4096;
+    // limits.max_tokens_per_request: sizes every session's page-table stride (pages_per_entry),
+    // fixed for the daemon's life. The default holds a 1M-token context.
+    uint32_t max_tokens_per_request = 1u << 20;
     std::string fd_socket_path;       // handed to engines in SessionOpened
     uint64_t arena_budget_bytes = 0;  // per device (GPU index or host), 0 = unlimited
     // Node-wide bytes of host (memfd) slot arenas, all sessions together.
@@ -64,11 +67,9 @@ class SessionManager {
     std::string version = "0.1.0";
     // The time of the LRU order of evict_lru_idle (unset: absl::Now). Tests inject a fake one.
     AdmissionLedger::Clock clock;
-    // Tests only: runs in Extend while it copies a moving request's records, outside the lock.
-    std::function<void()> during_move_for_test;
   };
 
-  SessionManager(const Options& options, std::unique_ptr<HostPool> pool);
+  SessionManager(const Options& options, std::unique_ptr<PagePool> pool);
   ~SessionManager();
 
   // Opens a session for an engine that declared `open`. `owner` (the kernel's word on the peer of
@@ -89,7 +90,7 @@ class SessionManager {
   // and admission counters stay the node's.
   v1::StatsResponse Stats(std::optional<uint32_t> only_uid = std::nullopt) const;
 
-  // For the fd channel: a dup of the descriptor of `object` (the arena or a segment) when
+  // For the fd channel: a dup of the descriptor of `object` (the arena or a slab) when
   // session_id/token name a live session that owns it. The caller owns the returned fd.
   // `peer` must be the session's owner (uid), else PermissionDenied. `bytes` (may be
   // null) receives the object's size where fstat cannot tell it (a GPU arena); else 0.
@@ -98,7 +99,7 @@ class SessionManager {
   absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const FdObject& object,
                                     const PeerCredentials& peer, uint64_t* bytes = nullptr,
                                     std::string* ipc_handle = nullptr);
-  // The same for `object` spelled as on the wire ("arena" or "segment N"; fd_channel_codec.h).
+  // The same for `object` spelled as on the wire ("arena" or "slab N"; fd_channel_codec.h).
   absl::StatusOr<UniqueFd> DupFdFor(uint64_t session_id, const std::string& token, const std::string& object,
                                     const PeerCredentials& peer, uint64_t* bytes = nullptr,
                                     std::string* ipc_handle = nullptr);
@@ -130,14 +131,16 @@ class SessionManager {
   // The node-wide host slot-arena budget, live; sessions already open keep their arenas.
   void SetHostArenaBudget(uint64_t bytes);
 
-  // The segments one tenant may hold under the current quotas (UINT32_MAX: no limit).
-  uint32_t SegmentsPerTenant() const;
-  // Accounting invariants, exact: the ledger's own (admission_ledger.h); pool used bytes == the
-  // ledger's == the sum of every live request's runs; each request's runs are its ledger holds
-  // and its row the ledger's; each session's pool segments are the ledger's count.
+  // Accounting invariants, exact: the pool's and the ledger's own; pool used pages == the
+  // ledger's == the pages of every live request (each referenced once); each request's row is the
+  // ledger's; each session's pages in the pool are the ledger's count for it.
   absl::Status CheckInvariants() const;
-  // Read access to the pool's daemon-side mapping, for tests and Extend's copies.
-  uint8_t* SegmentDataForTest(uint32_t segment) const;
+  // Blocks until the pool's worker has dropped every slab left so far (and filled its reserve):
+  // for tests that count descriptors or memory.
+  void WaitPoolIdle() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The daemon's mapping of the record of (request, layer, position) of a session, for tests.
+  absl::StatusOr<uint8_t*> RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
+                                         uint32_t position) const;
 
  private:
   struct Request {
@@ -145,23 +148,18 @@ class SessionManager {
     absl::Time admitted_at;
     uint32_t row = 0;  // the ledger's, copied for listing
     uint32_t capacity_tokens = 0;
-    std::vector<HostPool::Run> runs;  // one per layer
-    // Set while Extend copies the request's records to new runs outside the lock. The request
-    // then holds `grown` (every layer: grown in place, or its old run where it moves) and `to`
-    // (the new runs of `layers`); `runs` and capacity_tokens are still the old ones. Release and
-    // Extend of it are refused, an eviction and CloseSession wait for it (moves_done_).
-    struct Move {
-      std::vector<HostPool::Run> grown;
-      std::vector<int> layers;
-      std::vector<HostPool::Run> to;
-    };
-    std::optional<Move> move;
+    // Per layer, in position order: page i holds positions [i * R, (i + 1) * R), R the session's
+    // records_per_page. Each holds one reference in the pool.
+    std::vector<std::vector<PagePool::Page>> pages;
+    uint64_t PageCount() const;
   };
   struct Session {
     uint64_t id = 0;
     std::string token;
     std::string engine_name;
     v1::Geometry geometry;
+    uint32_t records_per_page = 0;  // page_bytes / record_bytes
+    uint32_t pages_per_entry = 0;   // the most pages one layer of a request may have
     pid_t peer_pid = 0;
     uint32_t tenant_uid = 0;                          // the owner: the uid of the Session stream's peer
     absl::flat_hash_map<uint64_t, Request> requests;  // rows and LRU times are in ledger_
@@ -170,7 +168,6 @@ class SessionManager {
     // Shared with Stats and the fd channel, which use it outside the lock.
     std::shared_ptr<const Arena> arena;
     std::shared_ptr<EventSink> sink;
-    bool closing = false;  // CloseSession waits for its moves: no new one starts
   };
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
@@ -181,40 +178,29 @@ class SessionManager {
     uint64_t request_id = 0;
     std::shared_ptr<EventSink> sink;
   };
-  // AdmitLocked's answer, and whether it failed for want of room in the pool (or the tenant's
-  // segment share): the one refusal that evicting the tenant's own requests can cure.
+  // AdmitLocked's answer, and whether it failed for want of room in the pool: the one refusal that
+  // evicting the tenant's own requests can cure.
   struct AdmitOutcome {
     absl::StatusOr<v1::AdmitResponse> result;
     bool lacked_room = false;
   };
-  static std::vector<AdmissionLedger::Hold> HoldsOf(const std::vector<HostPool::Run>& runs);
-
   AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs how many tenants the pool's `segments` give their full `share` at once (a warning when
-  // one tenant could fill it). Called outside the lock.
-  static void LogQuotaCoverage(uint32_t share, uint32_t segments, const QuotaOptions& q, uint32_t max_sessions);
-  // One run of `bytes` for `s`, claiming a free segment only while its tenant holds fewer than its
-  // share (`*tenant_segments`, counted up on a claim). Counts and returns a refusal.
-  absl::StatusOr<HostPool::Run> AllocateRunLocked(const Session& s, uint64_t bytes, uint32_t* tenant_segments)
+  // `count` pages of `s` from the pool (continuing after `after` when given); a full pool is
+  // counted as a kPoolFull refusal.
+  absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(const Session& s, uint64_t count,
+                                                                  const PagePool::Page* after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // evict_lru_idle: whether evicting the tenant's requests could make room for `layers` runs of
-  // `run_bytes` for `s` (AdmissionLedger::EvictionCouldAdmit on the pool's segments).
-  bool EvictionCouldAdmitLocked(const Session& s, uint64_t run_bytes, uint32_t layers) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pages a request of `s` needs per layer to hold `tokens` positions.
+  static uint64_t PagesFor(const Session& s, uint64_t tokens);
+  // evict_lru_idle: whether evicting the tenant's requests could make room for `need_pages`.
+  bool EvictionCouldAdmitLocked(const Session& s, uint64_t need_pages) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the victim's session, then releases the request. Takes the lock itself.
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Extend's end: the request holds `grown` (with `to` in place of its moving `layers`), at
-  // `token_budget`; the runs it leaves are freed.
-  v1::ExtendResponse CommitExtendLocked(Session& s, Request& r, std::vector<HostPool::Run> grown,
-                                        const std::vector<int>& layers, const std::vector<HostPool::Run>& to,
-                                        uint32_t token_budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Extend's undo: frees `to`, shrinks `grown` back to the request's runs, which it keeps.
-  void UndoExtendLocked(Session& s, Request& r, std::vector<HostPool::Run>& grown, const std::vector<HostPool::Run>& to)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillExtents(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::Extent>* out) const
+  // The request's pages as the wire lists them (slab, offset), one LayerPages per layer.
+  void FillLayers(const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refused admission under `reason` and returns `status`.
@@ -226,7 +212,8 @@ class SessionManager {
   Options options_;
   const absl::Time start_time_ = absl::Now();
   mutable absl::Mutex mu_;
-  std::unique_ptr<HostPool> pool_ ABSL_GUARDED_BY(mu_);
+  // Thread-safe itself; guarded so that a request's pages and the ledger change together.
+  std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
   // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
   AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
@@ -240,7 +227,6 @@ class SessionManager {
   uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
-  absl::CondVar moves_done_;  // signalled (under mu_) whenever an Extend's move ends
 };
 
 }  // namespace hisparse

@@ -1,0 +1,223 @@
+// PagePool: the node's host KV memory as fixed-size pages carved from owner-private memfd slabs.
+//
+// The pool's size is a budget, not a partition. Memory is handed out in pages of page_bytes; a
+// page lives in a slab, one memfd that belongs to exactly one owner (a session) for its whole
+// life, so passing an owner the fds of its slabs exposes nothing of anyone else. Slabs are made on
+// demand from the budget and sized to the need: an owner short of pages gets a slab of
+// max(need, what it holds already) pages, at most slab_bytes, so a tenant needing two pages takes
+// two pages' worth of budget and a growing one reaches full slabs in a few doublings. Full-size
+// slabs come from a small reserve of ready slabs (pre-touched, and mlocked when configured) that a
+// background worker keeps filled; a smaller slab is made at once (memfd_create, ftruncate, mmap:
+// no page is touched) and the worker populates it afterwards (MADV_POPULATE_WRITE or mlock, which
+// keep its contents).
+//
+// Pages carry a reference count. Allocate gives each page one reference; AddRef maps a page into
+// another table of the same owner (read-only there: the next issues share prefixes and parked
+// requests this way); Release drops one. A page with no reference is free for its owner's next
+// allocation (it keeps that owner's old bytes, which only that owner can read). A slab with no
+// referenced page stays its owner's, idle, so the owner's next request reuses memory that is
+// already backed; it leaves its owner when another allocation needs its budget or at RetireIdleOf
+// (a session's end). Leaving, it is unlinked at once, its budget returns to the pool, and the
+// worker drops its memfd and mapping outside every lock (scrub by replacement: an engine that
+// still maps the old memfd sees only its own old bytes, and no later owner ever gets that
+// memory). Slab ids are never reused, so a client's cache of "slab N" cannot alias.
+//
+// Accounting (exact, CheckInvariants): budget = owners' slabs + ready slabs + slabs being made +
+// unallocated. Slabs waiting for their scrub are no longer in the budget: they are what the
+// kernel frees next (Stats::scrub_queue). So is a reserve slab whose budget an allocation took
+// while the worker was making it (the worker drops it): an allocation that fits the budget never
+// waits for the worker and never fails because of it.
+//
+// Thread-safe: one mutex guards the bookkeeping; memfd creation, pre-touching, populating and
+// scrubbing run outside it. Calls for one owner must not race each other (SessionManager
+// serializes them); calls for different owners may.
+#ifndef HISPARSE_DAEMON_PAGE_POOL_H_
+#define HISPARSE_DAEMON_PAGE_POOL_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "hisparse/common/unique_fd.h"
+
+namespace hisparse {
+
+class PagePool {
+ public:
+  enum class Hugepages { kAuto, kOn, kOff };
+  struct Options {
+    uint64_t budget_bytes = 1ull << 30;
+    uint64_t page_bytes = 2ull << 20;   // a multiple of 4 KiB (of 2 MiB with huge pages on)
+    uint64_t slab_bytes = 64ull << 20;  // the largest slab, and the reserve's; a multiple of page_bytes
+    uint32_t reserve_slabs = 2;         // ready slabs the worker keeps (while the budget allows)
+    Hugepages hugepages = Hugepages::kAuto;
+    int pretouch_threads = 0;  // 0: one per CPU
+    bool mlock = false;        // lock slabs in RAM (needs LimitMEMLOCK)
+  };
+  // A page: slab `slab`, bytes [index * page_bytes, (index + 1) * page_bytes) of its memfd.
+  struct Page {
+    uint64_t slab = 0;
+    uint32_t index = 0;
+    bool operator==(const Page& o) const { return slab == o.slab && index == o.index; }
+    bool operator<(const Page& o) const { return slab < o.slab || (slab == o.slab && index < o.index); }
+  };
+  struct Stats {
+    uint64_t budget_bytes = 0, page_bytes = 0, slab_bytes = 0;
+    uint64_t pages_used = 0;      // referenced pages of owners' slabs
+    uint64_t pages_free = 0;      // unreferenced pages of owners' slabs
+    uint64_t pages_reserved = 0;  // pages of ready slabs
+    uint64_t pages_shared = 0;    // pages with more than one reference
+    uint64_t owned_bytes = 0, ready_bytes = 0, making_bytes = 0, unallocated_bytes = 0;
+    uint32_t slabs = 0, ready_slabs = 0, owners = 0;
+    uint32_t idle_slabs = 0;      // owned slabs with no referenced page (reclaimable)
+    uint32_t scrub_queue = 0;     // slabs left by their owners, not yet dropped
+    uint32_t populate_queue = 0;  // slabs made on demand, not yet populated
+    uint64_t slabs_made = 0, slabs_scrubbed = 0;
+    bool hugepages = false, locked = false;
+  };
+  static constexpr uint64_t kNoOwner = 0;
+
+  // Validates the options and starts the worker, which fills the reserve in the background.
+  static absl::StatusOr<std::unique_ptr<PagePool>> Create(const Options& options);
+  // Stops the worker and drops every slab.
+  ~PagePool();
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  // `count` pages for `owner` (non-zero), one reference each, all or nothing. Free pages of the
+  // owner's slabs when they suffice: those right after `after` (a page the owner holds, when
+  // given: an Extend continues a layer's pages in place), then the lowest free pages, slab by
+  // slab. Otherwise new slabs for all `count` (so that an admission's pages are consecutive), or,
+  // when the budget cannot, new slabs for what the owner's free pages lack. InvalidArgument for owner 0 or count 0;
+  // ResourceExhausted when the budget cannot hold them (nothing changes then).
+  absl::StatusOr<std::vector<Page>> Allocate(uint64_t owner, uint32_t count, const Page* after = nullptr);
+  // One more reference to a page `owner` holds. NotFound when it holds no such page.
+  absl::Status AddRef(uint64_t owner, const Page& page);
+  // Drops one reference to a page `owner` holds. NotFound when it holds no such page.
+  absl::Status Release(uint64_t owner, const Page& page);
+  // Retires every idle slab of `owner` (all of them once it holds no page: a session's end).
+  void RetireIdleOf(uint64_t owner);
+  // Releases every page of `pages` (each once), reporting the first error.
+  absl::Status ReleaseAll(uint64_t owner, const std::vector<Page>& pages);
+  // The page's references (0: free, or not a page of a live slab).
+  uint32_t RefCount(const Page& page) const;
+
+  // A dup of the slab's memfd (the caller owns it) and its size, when `owner` owns the slab;
+  // PermissionDenied for another owner's, NotFound for a slab that is gone.
+  absl::StatusOr<UniqueFd> DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes = nullptr) const;
+  // The daemon's own mapping of a page (for tests; valid while the page's slab is owned).
+  uint8_t* PageDataForTest(const Page& page) const;
+
+  uint64_t page_bytes() const { return options_.page_bytes; }
+  uint64_t slab_bytes() const { return options_.slab_bytes; }
+  uint64_t budget_bytes() const { return options_.budget_bytes; }
+  // The slabs and the referenced pages of one owner now.
+  uint32_t SlabsOf(uint64_t owner) const;
+  uint64_t PagesOf(uint64_t owner) const;
+  // Unreferenced pages of the owner's slabs (what it can take without a new slab).
+  uint64_t FreePagesOf(uint64_t owner) const;
+  // Pages of other owners' idle slabs: budget an allocation of `owner` may reclaim.
+  uint64_t ReclaimablePagesFor(uint64_t owner) const;
+  // Slabs per owner, for the metrics.
+  std::map<uint64_t, uint32_t> SlabsByOwner() const;
+
+  Stats GetStats() const;
+  // Pages tile every slab exactly (free set and reference counts agree), the counters equal
+  // their sums, owners' slab lists equal the slabs' owners, and the budget adds up.
+  absl::Status CheckInvariants() const;
+  // Blocks until the worker has nothing left to do (scrub and populate queues empty, the reserve
+  // full or the budget short). For tests and orderly shutdown.
+  void WaitIdle() const;
+
+ private:
+  // A slab's memory: shared so the worker can populate or drop it outside the lock.
+  struct SlabMemory {
+    UniqueFd fd;
+    MappedRegion map;
+    bool hugetlb = false;
+  };
+  struct Slab {
+    uint64_t owner = kNoOwner;
+    std::shared_ptr<SlabMemory> mem;
+    std::vector<uint32_t> refs;  // per page
+    std::set<uint32_t> free;     // unreferenced pages, ascending
+  };
+  // One slab Allocate will add: a ready one taken from the reserve, or one to make of `pages`.
+  struct NewSlab {
+    uint32_t pages = 0;
+    bool from_reserve = false;
+    std::shared_ptr<SlabMemory> mem;  // set once taken from the reserve or made
+  };
+
+  explicit PagePool(const Options& options);
+  // memfd + mapping of `bytes`; touched by `threads` threads (0: not touched).
+  absl::StatusOr<std::shared_ptr<SlabMemory>> MakeMemory(uint64_t bytes, int threads) const;
+  // The slabs an allocation of `need` more pages for `owner` takes, budget charged (making_)
+  // and ready slabs taken; ResourceExhausted, with nothing changed, when the budget cannot.
+  absl::StatusOr<std::vector<NewSlab>> PlanSlabsLocked(uint64_t owner, uint64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t FreePagesOfLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t UnallocatedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new slab of `owner`, all pages free; returns its id.
+  uint64_t AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free pages right after `after` in its slab.
+  uint64_t FreeAfterLocked(const Page& after) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `count` free pages from `slab_ids`, in order (the caller knows they hold them).
+  void TakePagesFromLocked(const std::vector<uint64_t>& slab_ids, uint32_t count, std::vector<Page>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a free page of `owner` (slab, index) and references it.
+  void TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakePagesLocked(uint64_t owner, uint32_t count, const Page* after, std::vector<Page>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unlinks a slab whose pages are all free: its budget returns, its memory joins the scrub queue.
+  void RetireSlabLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Slab* FindOwnedLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WorkerLoop();
+  // Populates (and mlocks) memory the engine may already be writing: content-preserving only.
+  void Populate(SlabMemory& mem);
+
+  const Options options_;
+  const uint32_t slab_pages_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> idle_ ABSL_GUARDED_BY(mu_);  // owned slabs with no referenced page, oldest first
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> slabs_by_owner_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<SlabMemory>> ready_ ABSL_GUARDED_BY(mu_);    // full-size, zeroed
+  std::deque<std::shared_ptr<SlabMemory>> scrub_ ABSL_GUARDED_BY(mu_);     // to drop
+  std::deque<std::shared_ptr<SlabMemory>> populate_ ABSL_GUARDED_BY(mu_);  // to populate
+  uint64_t next_slab_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t owned_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // bytes of owners' slabs
+  uint64_t making_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // budget charged for Allocate's slabs being made
+  // The worker's reserve slab being made (0: none). An allocation short of budget may take it:
+  // refill_cancelled_ then tells the worker to drop that slab instead of keeping it.
+  uint64_t refill_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool refill_cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pages_free_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t slabs_made_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t slabs_scrubbed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool worker_busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool refill_failed_ ABSL_GUARDED_BY(mu_) = false;  // stops retrying a reserve the host cannot back
+  bool hugepages_ ABSL_GUARDED_BY(mu_) = true;       // every slab made so far is hugetlb
+  bool locked_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_PAGE_POOL_H_

@@ -1,0 +1,344 @@
+// PagePool: budget, owner-private slabs sized to the need, the reserve, reference counts, the scrub
+// outside the lock, and a property test against a shadow model (extent_allocator_test's model).
+#include "hisparse/daemon/page_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hisparse {
+namespace {
+
+using ::testing::HasSubstr;
+using Page = PagePool::Page;
+
+constexpr uint64_t kPage = 64 << 10;  // small pages keep the tests' memory small
+
+PagePool::Options SmallOptions(uint64_t budget_pages, uint32_t slab_pages, uint32_t reserve = 0) {
+  PagePool::Options o;
+  o.budget_bytes = budget_pages * kPage;
+  o.page_bytes = kPage;
+  o.slab_bytes = slab_pages * kPage;
+  o.reserve_slabs = reserve;
+  o.hugepages = PagePool::Hugepages::kOff;
+  o.pretouch_threads = 1;
+  return o;
+}
+
+std::unique_ptr<PagePool> MustCreate(const PagePool::Options& o) {
+  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(o);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *std::move(pool) : nullptr;
+}
+
+std::vector<Page> MustAllocate(PagePool& pool, uint64_t owner, uint32_t count, const Page* after = nullptr) {
+  absl::StatusOr<std::vector<Page>> pages = pool.Allocate(owner, count, after);
+  EXPECT_TRUE(pages.ok()) << pages.status();
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+  if (pages.ok()) {
+    EXPECT_EQ(pages->size(), count);
+  }
+  return pages.value_or(std::vector<Page>{});
+}
+
+TEST(PagePoolTest, CreateValidatesSizes) {
+  PagePool::Options o = SmallOptions(16, 4);
+  o.page_bytes = 1000;
+  EXPECT_EQ(PagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallOptions(16, 4);
+  o.slab_bytes = kPage * 3 / 2;
+  EXPECT_EQ(PagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallOptions(16, 4);
+  o.budget_bytes = kPage - 1;
+  EXPECT_EQ(PagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallOptions(16, 4);
+  o.hugepages = PagePool::Hugepages::kOn;  // 64 KiB pages cannot be huge pages
+  EXPECT_EQ(PagePool::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PagePoolTest, BadCallsChangeNothing) {
+  auto pool = MustCreate(SmallOptions(16, 4));
+  EXPECT_EQ(pool->Allocate(PagePool::kNoOwner, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Allocate(7, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<Page> mine = MustAllocate(*pool, 7, 2);
+  const Page theirs{mine[0].slab, mine[0].index};
+  EXPECT_EQ(pool->Allocate(8, 1, &theirs).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Release(8, mine[0]).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->AddRef(8, mine[0]).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Release(7, Page{mine[0].slab, 1000}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->Release(7, Page{999, 0}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->DupSlabFd(8, mine[0].slab).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(pool->DupSlabFd(7, 999).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->RefCount(mine[0]), 1u);
+  EXPECT_EQ(pool->PagesOf(7), 2u);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// 256 tenants sharing a budget of 512 pages, two pages each: every one fits, in slabs of two
+// pages, and the budget is exactly used up.
+TEST(PagePoolTest, ManySmallTenantsShareTheBudgetExactly) {
+  auto pool = MustCreate(SmallOptions(512, 32, /*reserve=*/2));
+  pool->WaitIdle();
+  for (uint64_t owner = 1; owner <= 256; ++owner) {
+    std::vector<Page> pages = MustAllocate(*pool, owner, 2);
+    ASSERT_EQ(pages.size(), 2u) << "owner " << owner;
+    EXPECT_EQ(pool->SlabsOf(owner), 1u);
+    EXPECT_EQ(pages[0].slab, pages[1].slab);
+  }
+  const PagePool::Stats st = pool->GetStats();
+  EXPECT_EQ(st.pages_used, 512u);
+  EXPECT_EQ(st.pages_free, 0u);
+  EXPECT_EQ(st.owned_bytes, 512 * kPage);
+  EXPECT_EQ(st.unallocated_bytes, 0u);
+  EXPECT_EQ(st.ready_slabs, 0u);  // the reserve gave its budget back to the small slabs
+  EXPECT_EQ(st.owners, 256u);
+  absl::StatusOr<std::vector<Page>> more = pool->Allocate(1, 1);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(more.status().message()), HasSubstr("host_pool.size"));
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST(PagePoolTest, AGrowingOwnerDoublesItsSlabsUpToFullSize) {
+  auto pool = MustCreate(SmallOptions(1024, 32));
+  for (int i = 0; i < 200; ++i) MustAllocate(*pool, 5, 1);
+  // 1 + 1 + 2 + 4 + 8 + 16 = 32 pages in six slabs, then full slabs of 32.
+  EXPECT_EQ(pool->SlabsOf(5), 6u + (200 - 32 + 31) / 32);
+  EXPECT_EQ(pool->PagesOf(5), 200u);
+  const PagePool::Stats st = pool->GetStats();
+  EXPECT_LT(st.pages_free, 32u);
+}
+
+TEST(PagePoolTest, OneTenantMayUseTheWholeBudget) {
+  auto pool = MustCreate(SmallOptions(100, 16, /*reserve=*/2));
+  pool->WaitIdle();
+  std::vector<Page> all = MustAllocate(*pool, 3, 100);
+  EXPECT_EQ(pool->GetStats().unallocated_bytes, 0u);
+  EXPECT_EQ(pool->Allocate(4, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(pool->ReleaseAll(3, all).ok());
+  EXPECT_EQ(pool->GetStats().idle_slabs, pool->SlabsOf(3));  // kept for owner 3, reclaimable
+  MustAllocate(*pool, 4, 100);                               // takes their budget
+  EXPECT_EQ(pool->SlabsOf(3), 0u);
+}
+
+// An owner's empty slabs stay its own, so its next request reuses backed memory; its end, or
+// another owner short of budget, retires them.
+TEST(PagePoolTest, IdleSlabsAreReusedByTheirOwnerAndReclaimedByOthers) {
+  auto pool = MustCreate(SmallOptions(8, 8));
+  std::vector<Page> a = MustAllocate(*pool, 1, 4);
+  ASSERT_TRUE(pool->ReleaseAll(1, a).ok());
+  EXPECT_EQ(pool->SlabsOf(1), 1u);
+  EXPECT_EQ(pool->GetStats().idle_slabs, 1u);
+  std::vector<Page> again = MustAllocate(*pool, 1, 4);
+  EXPECT_EQ(again, a);  // the same pages: no new slab
+  EXPECT_EQ(pool->GetStats().idle_slabs, 0u);
+  ASSERT_TRUE(pool->ReleaseAll(1, again).ok());
+  EXPECT_EQ(pool->ReclaimablePagesFor(2), 4u);
+  EXPECT_EQ(pool->ReclaimablePagesFor(1), 0u);
+  std::vector<Page> b = MustAllocate(*pool, 2, 8);  // the whole budget: owner 1's idle slab goes
+  EXPECT_EQ(pool->SlabsOf(1), 0u);
+  ASSERT_TRUE(pool->ReleaseAll(2, b).ok());
+  pool->RetireIdleOf(2);
+  EXPECT_EQ(pool->SlabsOf(2), 0u);
+  EXPECT_EQ(pool->DupSlabFd(2, b[0].slab).status().code(), absl::StatusCode::kNotFound);
+  pool->WaitIdle();
+  EXPECT_EQ(pool->GetStats().unallocated_bytes, pool->GetStats().budget_bytes);
+}
+
+TEST(PagePoolTest, AFullSlabComesFromTheReserveWhichRefills) {
+  auto pool = MustCreate(SmallOptions(64, 16, /*reserve=*/2));
+  pool->WaitIdle();
+  PagePool::Stats st = pool->GetStats();
+  EXPECT_EQ(st.ready_slabs, 2u);
+  EXPECT_EQ(st.pages_reserved, 32u);
+  EXPECT_EQ(st.slabs_made, 2u);
+  MustAllocate(*pool, 9, 16);
+  st = pool->GetStats();
+  EXPECT_EQ(st.slabs_made, 2u);  // taken, not made
+  EXPECT_EQ(st.ready_slabs, 1u);
+  pool->WaitIdle();
+  st = pool->GetStats();
+  EXPECT_EQ(st.ready_slabs, 2u);
+  EXPECT_EQ(st.slabs_made, 3u);
+  EXPECT_EQ(st.owned_bytes + st.ready_bytes + st.unallocated_bytes, st.budget_bytes);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+TEST(PagePoolTest, AfterContinuesALayerInPlace) {
+  auto pool = MustCreate(SmallOptions(64, 16));
+  std::vector<Page> a = MustAllocate(*pool, 2, 8);
+  std::vector<Page> b = MustAllocate(*pool, 2, 4);  // pages 8..11 of a doubled slab, or a new one
+  ASSERT_TRUE(pool->ReleaseAll(2, std::vector<Page>(a.begin() + 4, a.end())).ok());
+  const Page last = a[3];
+  std::vector<Page> more = MustAllocate(*pool, 2, 3, &last);
+  for (uint32_t i = 0; i < 3; ++i) EXPECT_EQ(more[i], (Page{last.slab, last.index + 1 + i}));
+  (void)b;
+}
+
+TEST(PagePoolTest, SharedPagesCountReferencesAndTheSlabRetiresAtTheLast) {
+  auto pool = MustCreate(SmallOptions(64, 16));
+  std::vector<Page> pages = MustAllocate(*pool, 4, 2);
+  ASSERT_TRUE(pool->AddRef(4, pages[0]).ok());
+  ASSERT_TRUE(pool->AddRef(4, pages[0]).ok());
+  EXPECT_EQ(pool->RefCount(pages[0]), 3u);
+  EXPECT_EQ(pool->GetStats().pages_shared, 1u);
+  ASSERT_TRUE(pool->ReleaseAll(4, pages).ok());
+  EXPECT_EQ(pool->RefCount(pages[0]), 2u);
+  EXPECT_EQ(pool->RefCount(pages[1]), 0u);
+  EXPECT_EQ(pool->SlabsOf(4), 1u);
+  ASSERT_TRUE(pool->Release(4, pages[0]).ok());
+  EXPECT_EQ(pool->GetStats().pages_shared, 0u);
+  ASSERT_TRUE(pool->Release(4, pages[0]).ok());
+  EXPECT_EQ(pool->Release(4, pages[0]).code(), absl::StatusCode::kNotFound);  // a double free
+  EXPECT_EQ(pool->SlabsOf(4), 1u);                                            // idle, still owner 4's
+  pool->RetireIdleOf(4);
+  EXPECT_EQ(pool->SlabsOf(4), 0u);
+  EXPECT_EQ(pool->DupSlabFd(4, pages[0].slab).status().code(), absl::StatusCode::kNotFound);
+  pool->WaitIdle();
+  const PagePool::Stats st = pool->GetStats();
+  EXPECT_EQ(st.scrub_queue, 0u);
+  EXPECT_EQ(st.slabs_scrubbed, 1u);
+  EXPECT_EQ(st.owned_bytes, 0u);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// A released slab's memory never reaches the next owner: the engine that mapped it keeps its old
+// bytes, and the next owner gets a different, zeroed memfd.
+TEST(PagePoolTest, MemoryPassingToAnotherOwnerIsScrubbed) {
+  auto pool = MustCreate(SmallOptions(2, 2));
+  std::vector<Page> a = MustAllocate(*pool, 1, 2);
+  uint64_t bytes = 0;
+  absl::StatusOr<UniqueFd> fd = pool->DupSlabFd(1, a[0].slab, &bytes);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(bytes, 2 * kPage);
+  void* engine = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+  ASSERT_NE(engine, MAP_FAILED);
+  std::memset(engine, 0xab, bytes);
+  ASSERT_TRUE(pool->ReleaseAll(1, a).ok());
+  pool->WaitIdle();
+  std::vector<Page> b = MustAllocate(*pool, 2, 2);  // the whole budget again
+  EXPECT_NE(b[0].slab, a[0].slab);                  // slab ids are never reused
+  for (const Page& p : b) {
+    const uint8_t* data = pool->PageDataForTest(p);
+    ASSERT_NE(data, nullptr);
+    for (uint64_t i = 0; i < kPage; i += 4096) ASSERT_EQ(data[i], 0) << "page " << p.index << " byte " << i;
+  }
+  std::memset(pool->PageDataForTest(b[0]), 0x11, kPage);
+  EXPECT_EQ(static_cast<uint8_t*>(engine)[0], 0xab);  // the old mapping sees only its own bytes
+  ::munmap(engine, bytes);
+}
+
+// Random allocations, shares and releases over many owners against a shadow model: after every
+// step the pool's invariants hold, every page is its owner's, references match, a refused
+// allocation changes nothing, and the budget adds up exactly.
+TEST(PagePoolTest, PropertyRandomOperationsMatchAShadowModel) {
+  std::mt19937_64 rng(17);
+  for (int round = 0; round < 4; ++round) {
+    const uint32_t slab_pages = 1u << (round + 2);
+    auto pool = MustCreate(SmallOptions(96 + round * 13, slab_pages, /*reserve=*/round % 3));
+    std::map<uint64_t, std::map<Page, uint32_t>> shadow;  // owner -> page -> references
+    uint64_t referenced = 0;
+    for (int step = 0; step < 1500; ++step) {
+      const uint64_t owner = 1 + rng() % 9;
+      std::map<Page, uint32_t>& mine = shadow[owner];
+      const int op = static_cast<int>(rng() % 10);
+      if (op < 4 || mine.empty()) {
+        const uint32_t count = 1 + static_cast<uint32_t>(rng() % (2 * slab_pages));
+        const Page* after = nullptr;
+        Page hint;
+        if (!mine.empty() && rng() % 2 == 0) {
+          hint = std::next(mine.begin(), static_cast<long>(rng() % mine.size()))->first;
+          after = &hint;
+        }
+        const PagePool::Stats before = pool->GetStats();
+        absl::StatusOr<std::vector<Page>> got = pool->Allocate(owner, count, after);
+        if (!got.ok()) {
+          ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+          const PagePool::Stats now = pool->GetStats();
+          ASSERT_EQ(now.pages_used, before.pages_used);
+          ASSERT_EQ(now.owned_bytes, before.owned_bytes);
+        } else {
+          ASSERT_EQ(got->size(), count);
+          for (const Page& p : *got) {
+            ASSERT_EQ(mine.count(p), 0u) << "a page handed out twice";
+            for (const auto& [other, theirs] : shadow) {
+              if (other == owner) continue;
+              for (const auto& [q, refs] : theirs) ASSERT_NE(q.slab, p.slab) << "a slab holds two owners' pages";
+            }
+            mine[p] = 1;
+            ++referenced;
+          }
+        }
+      } else if (op < 6) {
+        auto it = std::next(mine.begin(), static_cast<long>(rng() % mine.size()));
+        ASSERT_TRUE(pool->AddRef(owner, it->first).ok());
+        ++it->second;
+      } else {
+        auto it = std::next(mine.begin(), static_cast<long>(rng() % mine.size()));
+        ASSERT_TRUE(pool->Release(owner, it->first).ok());
+        if (--it->second == 0) {
+          mine.erase(it);
+          --referenced;
+        }
+      }
+      ASSERT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants() << " at step " << step;
+      const PagePool::Stats st = pool->GetStats();
+      ASSERT_EQ(st.pages_used, referenced);
+      ASSERT_EQ(st.owned_bytes + st.ready_bytes + st.making_bytes + st.unallocated_bytes, st.budget_bytes);
+      if (step % 97 == 0) {
+        for (const auto& [o, pages] : shadow) {
+          for (const auto& [p, refs] : pages) ASSERT_EQ(pool->RefCount(p), refs);
+        }
+      }
+    }
+    for (auto& [owner, pages] : shadow) {
+      for (auto& [p, refs] : pages) {
+        for (uint32_t i = 0; i < refs; ++i) ASSERT_TRUE(pool->Release(owner, p).ok());
+      }
+      pool->RetireIdleOf(owner);
+    }
+    pool->WaitIdle();
+    const PagePool::Stats st = pool->GetStats();
+    EXPECT_EQ(st.pages_used, 0u);
+    EXPECT_EQ(st.slabs, 0u);
+    EXPECT_EQ(st.scrub_queue, 0u);
+    EXPECT_EQ(st.ready_bytes + st.unallocated_bytes, st.budget_bytes);
+  }
+}
+
+// Owners on different threads: the bookkeeping stays exact (run under TSan by the lead's CI).
+TEST(PagePoolTest, OwnersOnDifferentThreads) {
+  auto pool = MustCreate(SmallOptions(256, 8, /*reserve=*/1));
+  std::vector<std::thread> threads;
+  for (uint64_t owner = 1; owner <= 4; ++owner) {
+    threads.emplace_back([&pool, owner] {
+      std::mt19937 rng(static_cast<uint32_t>(owner));
+      std::vector<Page> held;
+      for (int i = 0; i < 300; ++i) {
+        if (held.size() < 40 && rng() % 2 == 0) {
+          absl::StatusOr<std::vector<Page>> got = pool->Allocate(owner, 1 + rng() % 6);
+          if (got.ok()) held.insert(held.end(), got->begin(), got->end());
+        } else if (!held.empty()) {
+          EXPECT_TRUE(pool->Release(owner, held.back()).ok());
+          held.pop_back();
+        }
+      }
+      EXPECT_TRUE(pool->ReleaseAll(owner, held).ok());
+      pool->RetireIdleOf(owner);
+    });
+  }
+  for (auto& t : threads) t.join();
+  pool->WaitIdle();
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+  EXPECT_EQ(pool->GetStats().pages_used, 0u);
+  EXPECT_EQ(pool->GetStats().slabs, 0u);
+}
+
+}  // namespace
+}  // namespace hisparse
