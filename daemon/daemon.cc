@@ -316,6 +316,8 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   DaemonConfig live = cur;
   live.log_level = next.log_level;
   live.limits = next.limits;
+  // The page-table stride of every session derives from it at start-up: a restart applies it.
+  live.limits.max_tokens_per_request = cur.limits.max_tokens_per_request;
   live.quotas = next.quotas;
   live.admission = next.admission;
   for (const std::string& change : DescribeConfigChanges(cur, live)) LOG(INFO) << "reload: " << change;
@@ -324,7 +326,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
     SetLogThreshold(static_cast<LogSeverity>(static_cast<int>(next.log_level)));
   }
   // Limits, quotas and the admission policy change live: they are checked at each admission.
-  cur.limits = next.limits;
+  cur.limits = live.limits;
   cur.quotas = next.quotas;
   cur.admission = next.admission;
   impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);

@@ -187,7 +187,7 @@ TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
   const std::string a = daemon->address();
   std::ofstream(path)
       << "host_pool:\n  size: 128MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nlimits:\n  max_sessions: 1\n"
-      << "log_level: debug\n";
+      << "  max_tokens_per_request: 4096\nlog_level: debug\n";
   ::kill(daemon->pid(), SIGHUP);
   std::string cfg;
   WaitUntil([&] {
@@ -198,6 +198,8 @@ TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
   // StartDaemon passes --log-level warning: a flag keeps overriding the file across reloads.
   EXPECT_NE(cfg.find("log_level: warning"), std::string::npos) << cfg;
   EXPECT_NE(cfg.find("size: 64MiB"), std::string::npos) << "the pool cannot change live\n" << cfg;
+  // Sessions' page-table strides derive from it: it waits for a restart, and config says so.
+  EXPECT_EQ(cfg.find("max_tokens_per_request: 4096"), std::string::npos) << cfg;
   Session one, two;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &one).ok());
   EXPECT_EQ(Session::Open(SmallGeometry(a), &two).code, HS_ERR_RESOURCE_EXHAUSTED);
