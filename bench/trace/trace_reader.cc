@@ -132,9 +132,11 @@ absl::Status TraceReader::ReadHeader() {
       break;
     }
     if (tok[0] == "H") return Error("H line before any S line");
-    // `hints` is a key of version 2; in version 1 it is one more key this reader does not know
-    // (the format: readers ignore such keys), and the trace has no hints.
-    const bool hints_key = version == 2 && tok[0] == "hints";
+    // `hints` is a key of version 2; in version 1 it is a key this reader does not know, and the
+    // format says to ignore it: it is dropped (kept among the extras it would clash with the key a
+    // writer adds when hints exist), and the trace has no hints.
+    if (version == 1 && tok[0] == "hints") continue;
+    const bool hints_key = tok[0] == "hints";
     if (tok[0] == "k" || tok[0] == "layers" || hints_key) {
       bool& have = tok[0] == "k" ? have_k : hints_key ? have_hints : have_layers;
       int64_t v = 0;
