@@ -98,16 +98,31 @@ bool Mutex::ReaderTryLock() {
   if (locked) Acquire(this);
   return locked;
 }
+// A condition handed to LockWhen or Await is evaluated by Abseil while the mutex is held, but
+// inside the library: by the waiter after it re-takes the lock, or by whichever thread unlocks.
+// TSan sees neither lock, so the condition's reads of guarded fields raced with their writers.
+// The wrapper tells TSan about the acquire right before each evaluation.
+struct AnnotatedCondition {
+  const Condition* cond;
+  const Mutex* mu;
+};
+bool EvalAnnotated(AnnotatedCondition* a) {
+  Acquire(a->mu);
+  return a->cond->Eval();
+}
+
 void Mutex::LockWhen(const Condition& cond) {
   HS_REAL(void (*)(Mutex*, const Condition&), "5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  AnnotatedCondition a{&cond, this};
+  real(this, Condition(&EvalAnnotated, &a));
   Acquire(this);
 }
 // Await and CondVar::Wait release the mutex while they wait and hold it again on return.
 void Mutex::Await(const Condition& cond) {
   HS_REAL(void (*)(Mutex*, const Condition&), "5Mutex5AwaitERKNS0_9ConditionE");
+  AnnotatedCondition a{&cond, this};
   Release(this);
-  real(this, cond);
+  real(this, Condition(&EvalAnnotated, &a));
   Acquire(this);
 }
 void CondVar::Wait(Mutex* mu) {
