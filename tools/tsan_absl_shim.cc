@@ -99,16 +99,19 @@ bool Mutex::ReaderTryLock() {
   return locked;
 }
 // A condition handed to LockWhen or Await is evaluated by Abseil while the mutex is held, but
-// inside the library: by the waiter after it re-takes the lock, or by whichever thread unlocks.
-// TSan sees neither lock, so the condition's reads of guarded fields raced with their writers.
-// The wrapper tells TSan about the acquire right before each evaluation.
+// inside the library: by the waiter after it re-takes the lock, or by whichever thread unlocks,
+// and a false one is followed by an unlock TSan cannot see either. So the condition's reads of
+// guarded fields raced with the writes of the next thread to take the lock. The wrapper brackets
+// each evaluation with the acquire and the release of the lock it runs under.
 struct AnnotatedCondition {
   const Condition* cond;
   const Mutex* mu;
 };
 bool EvalAnnotated(AnnotatedCondition* a) {
   Acquire(a->mu);
-  return a->cond->Eval();
+  const bool holds = a->cond->Eval();
+  Release(a->mu);
+  return holds;
 }
 
 void Mutex::LockWhen(const Condition& cond) {
