@@ -139,6 +139,34 @@ def test_full_pool_is_resource_exhausted(open_session):
     assert s.stats().session_host_bytes == 0
 
 
+def test_poll_evicted_names_what_pool_pressure_took():
+    """evict_lru_idle: a full pool evicts the oldest idle request of the tenant; its session hears
+    the id through poll_evicted (once), the request is gone, and the newcomer is admitted."""
+    import time
+    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
+                         extra_args=["--host-pool-page-size", "4KiB",
+                                     "--set", "admission.on_pool_full=evict_lru_idle"]) as d:
+        with hisparse.Session(d, num_layers=4, record_bytes=64, k=4, slots=8, max_requests=32) as old, \
+                hisparse.Session(d, num_layers=4, record_bytes=64, k=4, slots=8, max_requests=32) as new:
+            assert old.poll_evicted() == []
+            with pytest.raises(hisparse.InvalidArgument):
+                old.poll_evicted(0)
+            for rid in range(1, 17):  # 16 x 4 layers x 250 pages of 4 KiB fill the 64 MiB pool
+                old.admit(rid, 10, 16000)
+            new.admit(100, 10, 16000)
+            evicted, deadline = [], time.monotonic() + 10
+            while not evicted and time.monotonic() < deadline:
+                evicted = old.poll_evicted()
+                time.sleep(0.01)
+            assert evicted == [1]
+            assert old.poll_evicted() == []  # told once
+            with pytest.raises(hisparse.NotFound):
+                old.release(1)
+            for rid in range(2, 17):
+                old.release(rid)
+            new.release(100)
+
+
 def test_unreachable_daemon_is_unavailable(tmp_path):
     with pytest.raises(hisparse.Unavailable, match="cannot reach"):
         hisparse.Session(f"unix:{tmp_path}/nobody.sock", num_layers=1, record_bytes=16, k=1, slots=1,

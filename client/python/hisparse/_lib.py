@@ -208,6 +208,8 @@ _SIGNATURES = {
                                 ctypes.POINTER(RequestInfo)]),
     "hs_extend": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
     "hs_release": (ctypes.c_int, [SessionPtr, ctypes.c_uint64]),
+    "hs_poll_evicted": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+                                       ctypes.POINTER(ctypes.c_size_t)]),
     "hs_record_ptr": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
                                      ctypes.POINTER(ctypes.c_void_p)]),
     "hs_session_get_info": (ctypes.c_int, [SessionPtr, ctypes.POINTER(SessionInfo)]),

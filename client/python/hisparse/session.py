@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _lib
 from ._buffers import CudaArray, _is_torch_tensor, buffer_pointer, host_array, stream_handle
@@ -184,22 +184,35 @@ class Session:
     # ---- control path ----
 
     def admit(self, request_id: int, context_tokens: int, token_budget: int) -> RequestInfo:
-        """Reserves host runs for token_budget tokens (every layer) and an arena row; resets the row."""
+        """Reserves host pages for token_budget tokens (every layer) and an arena row; resets the row."""
         ri = _lib.new_request_info()
         check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
               f"admit request {request_id}")
         return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
 
     def extend(self, request_id: int, token_budget: int) -> RequestInfo:
-        """Grows a request's runs to token_budget tokens; moved=True means record addresses changed."""
+        """Grows a request to token_budget tokens by appending pages: no record moves (moved stays
+        False on the paged pool; it is kept for the ABI's older daemons)."""
         ri = _lib.new_request_info()
         check(self._lib.hs_extend(self._h(), request_id, token_budget, ctypes.byref(ri)),
               f"extend request {request_id}")
         return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
 
     def release(self, request_id: int) -> None:
-        """Frees a request's host runs and arena row."""
+        """Frees a request's host pages and arena row."""
         check(self._lib.hs_release(self._h(), request_id), f"release request {request_id}")
+
+    def poll_evicted(self, max_ids: int = 1024) -> List[int]:
+        """The ids of this session's requests the daemon evicted under pool pressure (admission's
+        evict_lru_idle policy) since the last call, oldest notice first: their memory is gone and
+        the engine must re-prefill or fail them. Returns at most max_ids; the rest stay queued for
+        the next call. Never blocks."""
+        if max_ids < 1:
+            raise InvalidArgument(f"max_ids must be >= 1, got {max_ids}")
+        ids = (ctypes.c_uint64 * max_ids)()
+        count = ctypes.c_size_t(0)
+        check(self._lib.hs_poll_evicted(self._h(), ids, max_ids, ctypes.byref(count)), "poll evicted")
+        return [int(ids[i]) for i in range(count.value)]
 
     def info(self) -> SessionInfo:
         i = _lib.new_session_info()
