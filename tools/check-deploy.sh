@@ -232,9 +232,9 @@ smoke_config() {
   # Metrics on a loopback port, when this hisparsed serves them (--metrics-listen).
   local port=$((20000 + RANDOM % 20000))
   if "$BIN_DIR/hisparsed" --help 2>&1 | grep -q -- --metrics-listen; then metrics=(--metrics-listen "127.0.0.1:$port"); fi
-  # Flags override the file: a 64 MiB pool in 16 MiB segments, not mlocked, on host memory.
+  # Flags override the file: a 64 MiB pool in slabs of at most 16 MiB, not mlocked, on host memory.
   "$BIN_DIR/hisparsed" --config "$cfg" --listen "unix:$sock" --host-pool-size 64MiB \
-    --host-pool-segment-size 16MiB --set host_pool.mlock=false --set host_pool.hugepages=off \
+    --host-pool-slab-size 16MiB --set host_pool.mlock=false --set host_pool.hugepages=off \
     --set gpu_memory_budget=0 --device host "${metrics[@]}" >"$WORK/daemon.log" 2>&1 &
   DAEMON_PID=$!
   for i in $(seq 1 100); do
