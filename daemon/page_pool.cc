@@ -331,12 +331,17 @@ PagePool::Slab* PagePool::FindOwnedLocked(uint64_t owner, const Page& page) {
   return &it->second;
 }
 
-absl::Status PagePool::AddRef(uint64_t owner, const Page& page) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<PagePool::Slab*> PagePool::HeldSlabLocked(uint64_t owner, const Page& page) {
   Slab* s = FindOwnedLocked(owner, page);
   if (s == nullptr) {
     return absl::NotFoundError(absl::StrCat("page ", page.index, " of slab ", page.slab, " is not held by this owner"));
   }
+  return s;
+}
+
+absl::Status PagePool::AddRef(uint64_t owner, const Page& page) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Slab * s, HeldSlabLocked(owner, page));
   uint32_t& refs = s->refs[page.index];
   if (refs == UINT32_MAX) return absl::ResourceExhaustedError("page reference count at its limit");
   if (++refs == 2) ++pages_shared_;
@@ -345,10 +350,7 @@ absl::Status PagePool::AddRef(uint64_t owner, const Page& page) {
 
 absl::Status PagePool::Release(uint64_t owner, const Page& page) {
   absl::MutexLock lock(&mu_);
-  Slab* s = FindOwnedLocked(owner, page);
-  if (s == nullptr) {
-    return absl::NotFoundError(absl::StrCat("page ", page.index, " of slab ", page.slab, " is not held by this owner"));
-  }
+  HS_ASSIGN_OR_RETURN(Slab * s, HeldSlabLocked(owner, page));
   uint32_t& refs = s->refs[page.index];
   if (refs-- == 2) --pages_shared_;
   if (refs != 0) return absl::OkStatus();

@@ -134,13 +134,7 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   // A newer caller's larger struct: the bytes past this library's fields are not read.
   Grown<hs_resolve_args> grown;
   const uint32_t size = grown.get()->struct_size;
-  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-  a.layer = 0;
-  a.max_batch = 1;
-  a.rows = &row;
-  a.seq_lens = &seq;
-  a.positions = pos.data();
-  a.out_slots = out.data();
+  hs_resolve_args a = ResolveArgs(0, 1, &row, &seq, pos.data(), out.data());
   *grown.get() = a;
   grown.get()->struct_size = size;
   ASSERT_EQ(hs_resolve(session_.get(), grown.get()), HS_OK) << hs_last_error();

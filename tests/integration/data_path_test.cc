@@ -57,13 +57,7 @@ TEST(DataPathTest, StoreAppendResolveAreExactThroughTheDaemonsMemory) {
         sel.push_back(-1);
         std::copy(sel.begin(), sel.end(), pos.begin() + r * 8);
       }
-      hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-      a.layer = l;
-      a.max_batch = kReq;
-      a.rows = rows.data();
-      a.seq_lens = seq.data();
-      a.positions = pos.data();
-      a.out_slots = out.data();
+      hs_resolve_args a = ResolveArgs(l, kReq, rows.data(), seq.data(), pos.data(), out.data());
       ASSERT_TRUE(s.Resolve(a).ok()) << hs_last_error();
       for (int r = 0; r < kReq; ++r) {
         for (int j = 0; j < 8; ++j) {
@@ -86,13 +80,7 @@ TEST(DataPathTest, StoreAppendResolveAreExactThroughTheDaemonsMemory) {
   }
   // A bad selection is refused with a message and changes nothing.
   pos[0] = 100000;
-  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-  a.layer = 0;
-  a.max_batch = kReq;
-  a.rows = rows.data();
-  a.seq_lens = seq.data();
-  a.positions = pos.data();
-  a.out_slots = out.data();
+  hs_resolve_args a = ResolveArgs(0, kReq, rows.data(), seq.data(), pos.data(), out.data());
   Error e = s.Resolve(a);
   EXPECT_EQ(e.code, HS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(e.message.find("position"), std::string::npos) << e.message;
@@ -126,12 +114,7 @@ TEST(DataPathTest, ShortPromptIsResidentAfterPrefill) {
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7}, out(8);
   hs_stats before;
   ASSERT_TRUE(s.Stats(&before).ok());
-  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-  a.max_batch = 1;
-  a.rows = &row;
-  a.seq_lens = &seq;
-  a.positions = pos.data();
-  a.out_slots = out.data();
+  hs_resolve_args a = ResolveArgs(0, 1, &row, &seq, pos.data(), out.data());
   ASSERT_TRUE(s.Resolve(a).ok()) << hs_last_error();
   EXPECT_EQ(out, pos) << "with seq_len <= B, position p lives in slot p";
   hs_stats after;

@@ -106,13 +106,7 @@ TEST(LongContextTest, AMillionTokenRequestAdmitsStoresAndResolvesExactly) {
         } while (std::find(pos.begin(), pos.begin() + j, p) != pos.begin() + j);
         pos[j] = p;
       }
-      hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-      a.layer = l;
-      a.max_batch = 1;
-      a.rows = &row;
-      a.seq_lens = &seq;
-      a.positions = pos.data();
-      a.out_slots = out.data();
+      hs_resolve_args a = ResolveArgs(l, 1, &row, &seq, pos.data(), out.data());
       ASSERT_TRUE(s.Resolve(a).ok()) << hs_last_error();
       for (int j = 0; j < kK; ++j) {
         ASSERT_GE(out[j], 0);

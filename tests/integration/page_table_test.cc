@@ -39,13 +39,7 @@ class PageTableTest : public ::testing::Test {
     }
   }
   hs_resolve_args Args(uint32_t layer, int32_t* out, int32_t* pt, int32_t page_records, int32_t page_offset) {
-    hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-    a.layer = layer;
-    a.max_batch = 2;
-    a.rows = rows_.data();
-    a.seq_lens = seq_.data();
-    a.positions = pos_.data();
-    a.out_slots = out;
+    hs_resolve_args a = ResolveArgs(layer, 2, rows_.data(), seq_.data(), pos_.data(), out);
     a.page_table = pt;
     a.page_records = page_records;
     a.page_offset = page_offset;

@@ -95,13 +95,7 @@ TEST(SpeculativeTest, DraftTokensSizeTheArenaAndRandomAcceptanceStaysExact) {
           std::copy(sel.begin(), sel.end(), pos.begin() + (r * kQ + t) * kK);  // last entry: padding
         }
       }
-      hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-      a.layer = l;
-      a.max_batch = kReq;
-      a.rows = rows.data();
-      a.seq_lens = seq.data();
-      a.positions = pos.data();
-      a.out_slots = out.data();
+      hs_resolve_args a = ResolveArgs(l, kReq, rows.data(), seq.data(), pos.data(), out.data());
       a.query_counts = q.data();
       a.page_table = table.data();  // odd layers: pages of 4 records from page 3
       a.page_records = l % 2 ? 4 : 1;
@@ -154,12 +148,7 @@ TEST(SpeculativeTest, BadDraftInputIsRefusedWithItsReason) {
   ASSERT_EQ(hs_store(s.get(), 1, 0, 40, 40, prompt.data(), 40 * kRecord, kRecord, nullptr), HS_OK);
   std::vector<int32_t> pos(kQ * kK, -1), out(kQ * kK, 7);
   int32_t row = ri.row, seq = 42, count = kQ + 1;
-  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
-  a.max_batch = 1;
-  a.rows = &row;
-  a.seq_lens = &seq;
-  a.positions = pos.data();
-  a.out_slots = out.data();
+  hs_resolve_args a = ResolveArgs(0, 1, &row, &seq, pos.data(), out.data());
   a.query_counts = &count;
   e = s.Resolve(a);  // four queries for draft_tokens 2
   EXPECT_EQ(e.code, HS_ERR_INVALID_ARGUMENT);

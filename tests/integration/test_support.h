@@ -105,6 +105,20 @@ inline hs_session_options SmallGeometry(const std::string& address) {
   return o;
 }
 
+// A RESOLVE of `layer` for max_batch entries (rows, seq_lens, positions in; out_slots out), the
+// other fields at their defaults.
+inline hs_resolve_args ResolveArgs(uint32_t layer, int32_t max_batch, const int32_t* rows, const int32_t* seq_lens,
+                                   const int32_t* positions, int32_t* out_slots) {
+  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
+  a.layer = layer;
+  a.max_batch = max_batch;
+  a.rows = rows;
+  a.seq_lens = seq_lens;
+  a.positions = positions;
+  a.out_slots = out_slots;
+  return a;
+}
+
 }  // namespace hisparse::testing
 
 #endif  // HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_

@@ -182,6 +182,8 @@ class PagePool {
   // Unlinks a slab whose pages are all free: its budget returns, its memory joins the scrub queue.
   void RetireSlabLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Slab* FindOwnedLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FindOwnedLocked, or NotFound naming the page.
+  absl::StatusOr<Slab*> HeldSlabLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
