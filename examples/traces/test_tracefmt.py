@@ -32,6 +32,21 @@ class Lint(unittest.TestCase):
                 py_compile.compile(os.path.join(HERE, name), cfile=os.path.join(tmp, name + "c"), doraise=True)
 
 
+class HintReach(unittest.TestCase):
+    def test_runs_on_a_committed_hinted_trace(self):
+        """hint_reach.py (RESULTS.md's "why so little") on the small committed v2 trace: it prints
+        its three shares, each a fraction."""
+        import re
+        import subprocess
+        trace = os.path.join(ROOT, "bench", "traces", "debian-quest-hints-small.trace.gz")
+        out = subprocess.run([sys.executable, os.path.join(HERE, "hint_reach.py"), trace, "2"], check=True,
+                             capture_output=True, text=True).stdout
+        self.assertIn("k = 256, B = 512", out)
+        shares = [float(x) for x in re.findall(r"(?:before|next\)|step) (0\.\d+)", out)]
+        self.assertEqual(len(shares), 3, out)
+        self.assertTrue(all(0 < x < 1 for x in shares), out)
+
+
 class Writer(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
