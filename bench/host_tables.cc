@@ -15,13 +15,25 @@ bool ParseHostLayout(const std::string& s, HostLayout* out) {
     *out = HostLayout::kContiguous;
   } else if (s == "paged") {
     *out = HostLayout::kPaged;
+  } else if (s == "slabs") {
+    *out = HostLayout::kSlabs;
   } else {
     return false;
   }
   return true;
 }
 
-const char* HostLayoutName(HostLayout l) { return l == HostLayout::kContiguous ? "contiguous" : "paged"; }
+const char* HostLayoutName(HostLayout l) {
+  switch (l) {
+    case HostLayout::kContiguous:
+      return "contiguous";
+    case HostLayout::kPaged:
+      return "paged";
+    case HostLayout::kSlabs:
+      return "slabs";
+  }
+  return "?";
+}
 
 size_t ParseBytes(const std::string& s) {
   size_t i = 0, v = 0;
@@ -49,20 +61,48 @@ std::vector<uint8_t*> HostTables::At(uint8_t* base) const {
   return t;
 }
 
-size_t HostTablesBytes(HostLayout layout, size_t page_bytes, int rows, int seq, uint32_t record_bytes) {
-  if (layout == HostLayout::kContiguous) return static_cast<size_t>(rows) * seq * record_bytes;
-  const size_t r = page_bytes / record_bytes;
-  if (r == 0) return 0;
-  return static_cast<size_t>(rows) * ((seq + r - 1) / r) * page_bytes;
+namespace {
+
+size_t PagesPerRow(PageGeometry geo, int seq, uint32_t record_bytes) {
+  const size_t r = geo.page_bytes / record_bytes;
+  return r == 0 ? 0 : (seq + r - 1) / r;
 }
 
-bool BuildHostTables(HostLayout layout, size_t pool_bytes, size_t page_bytes, int rows, int seq, uint32_t record_bytes,
+// Distinct random frames of [0, frames): a partial Fisher-Yates shuffle, the first `count`.
+std::vector<uint32_t> PickFrames(size_t frames, size_t count, std::mt19937_64& rng) {
+  std::vector<uint32_t> f(frames);
+  for (size_t i = 0; i < frames; ++i) f[i] = static_cast<uint32_t>(i);
+  for (size_t i = 0; i < count; ++i) {
+    std::uniform_int_distribution<size_t> pick(i, frames - 1);
+    std::swap(f[i], f[pick(rng)]);
+  }
+  f.resize(count);
+  return f;
+}
+
+}  // namespace
+
+size_t HostTablesBytes(HostLayout layout, PageGeometry geo, int rows, int seq, uint32_t record_bytes) {
+  if (layout == HostLayout::kContiguous) return static_cast<size_t>(rows) * seq * record_bytes;
+  const size_t pages = PagesPerRow(geo, seq, record_bytes);
+  if (pages == 0) return 0;
+  if (layout == HostLayout::kPaged) return static_cast<size_t>(rows) * pages * geo.page_bytes;
+  const size_t slab_pages = geo.slab_bytes / geo.page_bytes;
+  if (slab_pages == 0) return 0;
+  return static_cast<size_t>(rows) * ((pages + slab_pages - 1) / slab_pages) * geo.slab_bytes;
+}
+
+bool BuildHostTables(HostLayout layout, size_t pool_bytes, PageGeometry geo, int rows, int seq, uint32_t record_bytes,
                      uint32_t seed, HostTables* out, std::string* error) {
-  const size_t need = HostTablesBytes(layout, page_bytes, rows, seq, record_bytes);
-  if (layout == HostLayout::kPaged && (page_bytes % 16 != 0 || page_bytes < record_bytes)) {
+  if (layout != HostLayout::kContiguous && (geo.page_bytes % 16 != 0 || geo.page_bytes < record_bytes)) {
     *error = "--page-size must be a multiple of 16 holding at least one record";
     return false;
   }
+  if (layout == HostLayout::kSlabs && (geo.slab_bytes < geo.page_bytes || geo.slab_bytes % geo.page_bytes != 0)) {
+    *error = "--slab-size must be a whole number of pages (--page-size)";
+    return false;
+  }
+  const size_t need = HostTablesBytes(layout, geo, rows, seq, record_bytes);
   if (need == 0 || need > pool_bytes) {
     *error = "the pool (" + std::to_string(pool_bytes) + " bytes) cannot hold " + std::to_string(rows) + " rows of " +
              std::to_string(seq) + " records in the " + HostLayoutName(layout) + " layout (" + std::to_string(need) +
@@ -70,22 +110,33 @@ bool BuildHostTables(HostLayout layout, size_t pool_bytes, size_t page_bytes, in
     return false;
   }
   HostTables t;
+  std::mt19937_64 rng(seed);
   if (layout == HostLayout::kContiguous) {
     t.records_per_page = kContiguousRecordsPerPage;
     t.pages_per_entry = 1;
     for (int r = 0; r < rows; ++r) t.offsets.push_back(static_cast<size_t>(r) * seq * record_bytes);
-  } else {
-    t.records_per_page = static_cast<uint32_t>(page_bytes / record_bytes);
-    t.pages_per_entry = static_cast<uint32_t>((seq + t.records_per_page - 1) / t.records_per_page);
+  } else if (layout == HostLayout::kPaged) {
+    t.records_per_page = static_cast<uint32_t>(geo.page_bytes / record_bytes);
+    t.pages_per_entry = static_cast<uint32_t>(PagesPerRow(geo, seq, record_bytes));
     const size_t pages = static_cast<size_t>(rows) * t.pages_per_entry;
-    // Distinct random frames: a partial Fisher-Yates shuffle over every frame of the pool.
-    std::vector<uint32_t> frames(pool_bytes / page_bytes);
-    for (size_t f = 0; f < frames.size(); ++f) frames[f] = static_cast<uint32_t>(f);
-    std::mt19937_64 rng(seed);
-    for (size_t i = 0; i < pages; ++i) {
-      std::uniform_int_distribution<size_t> pick(i, frames.size() - 1);
-      std::swap(frames[i], frames[pick(rng)]);
-      t.offsets.push_back(static_cast<size_t>(frames[i]) * page_bytes);
+    for (uint32_t f : PickFrames(pool_bytes / geo.page_bytes, pages, rng)) {
+      t.offsets.push_back(static_cast<size_t>(f) * geo.page_bytes);
+    }
+  } else {
+    t.records_per_page = static_cast<uint32_t>(geo.page_bytes / record_bytes);
+    t.pages_per_entry = static_cast<uint32_t>(PagesPerRow(geo, seq, record_bytes));
+    const size_t slab_pages = geo.slab_bytes / geo.page_bytes;
+    const size_t slabs_per_row = (t.pages_per_entry + slab_pages - 1) / slab_pages;
+    const std::vector<uint32_t> slabs = PickFrames(pool_bytes / geo.slab_bytes, rows * slabs_per_row, rng);
+    for (int r = 0; r < rows; ++r) {
+      // The row's page frames: its slabs' pages in random order, the first pages_per_entry used.
+      std::vector<size_t> frames;
+      for (size_t s = 0; s < slabs_per_row; ++s) {
+        const size_t base = static_cast<size_t>(slabs[r * slabs_per_row + s]) * geo.slab_bytes;
+        for (size_t i = 0; i < slab_pages; ++i) frames.push_back(base + i * geo.page_bytes);
+      }
+      std::shuffle(frames.begin(), frames.end(), rng);
+      t.offsets.insert(t.offsets.end(), frames.begin(), frames.begin() + t.pages_per_entry);
     }
   }
   *out = std::move(t);

@@ -1,10 +1,14 @@
 // Host page tables for the RESOLVE benches: where every row's host records lie in one mapped
 // pool, as kernels/include/hisparse/kernels/arena_layout.h ("Host page tables") reads them, in one
-// of two layouts over the same pool:
+// of three layouts over the same pool:
 //   contiguous  row r's run of seq records at pool offset r * seq * record_bytes (back to back);
 //   paged       pages of R = page_bytes / record_bytes records (a record never straddles a page),
 //               each page at a distinct page frame of the pool (frame f at f * page_bytes) drawn
-//               at random (seeded), so the pages of a row are scattered over the whole pool.
+//               at random (seeded), so the pages of a row are scattered over the whole pool;
+//   slabs       the same pages, but each row's pages fill the fewest slabs of slab_bytes it needs
+//               (distinct slab frames drawn at random over the pool), in random page order inside
+//               them: what the daemon's pool (daemon/page_pool.h) hands one request whose pages
+//               stay within its own slabs while those slabs are fragmented.
 // Plain C++ (no CUDA): the tables are offsets that the caller adds to the pool's device or host
 // address.
 #ifndef HISPARSE_BENCH_HOST_TABLES_H_
@@ -17,9 +21,9 @@
 
 namespace hisparse::bench {
 
-enum class HostLayout { kContiguous, kPaged };
+enum class HostLayout { kContiguous, kPaged, kSlabs };
 
-// Parses "contiguous" / "paged"; false on anything else.
+// Parses "contiguous" / "paged" / "slabs"; false on anything else.
 bool ParseHostLayout(const std::string& s, HostLayout* out);
 const char* HostLayoutName(HostLayout l);
 // Parses a byte size: digits with an optional K, M, G or T suffix (powers of 1024); 0 on error.
@@ -42,13 +46,20 @@ struct HostTables {
   std::vector<uint8_t*> At(uint8_t* base) const;
 };
 
+// Where pages go: the page size (paged, slabs) and the slab size (slabs: a multiple of it).
+struct PageGeometry {
+  size_t page_bytes = 0;
+  size_t slab_bytes = 0;
+};
+
 // Lays out `rows` rows of `seq` records in a pool of pool_bytes. Returns false and says why in
-// *error when the pool is too small or page_bytes is not a multiple of 16 holding >= 1 record.
-bool BuildHostTables(HostLayout layout, size_t pool_bytes, size_t page_bytes, int rows, int seq, uint32_t record_bytes,
+// *error when the pool is too small, page_bytes is not a multiple of 16 holding >= 1 record, or
+// (slabs) slab_bytes is not a whole number of pages.
+bool BuildHostTables(HostLayout layout, size_t pool_bytes, PageGeometry geo, int rows, int seq, uint32_t record_bytes,
                      uint32_t seed, HostTables* out, std::string* error);
 
-// The pool bytes `layout` needs for rows x seq records (paged: whole pages).
-size_t HostTablesBytes(HostLayout layout, size_t page_bytes, int rows, int seq, uint32_t record_bytes);
+// The pool bytes `layout` needs for rows x seq records (paged: whole pages; slabs: whole slabs).
+size_t HostTablesBytes(HostLayout layout, PageGeometry geo, int rows, int seq, uint32_t record_bytes);
 
 }  // namespace hisparse::bench
 

@@ -9,7 +9,8 @@
 // random positions of [B, seq_len - 1), seq_len = --context, 131072 by default; the same positions
 // for every layout). The host pool is one cudaHostAlloc(mapped) block (--pool, else twice what
 // the largest point needs); the rows' records lie in it contiguous (one run per row, back to back)
-// or paged (pages of --page-size scattered at random over the whole pool; host_tables.h), and
+// or paged (pages of --page-size scattered at random over the whole pool), or slabs (each row's
+// pages inside its own slabs of --slab-size, in random order; host_tables.h), and
 // every layout of a point reads the same pool in the same process: same link, same misses.
 // After the timed runs one more launch is checked: the output slot of every miss of a sample of
 // rows must hold the host record of its position, byte for byte ("check").
@@ -78,7 +79,8 @@ struct Options {
   std::vector<double> miss{0, 0.001, 0.05, 0.2, 1.0};
   std::vector<HostLayout> layouts{HostLayout::kContiguous};
   std::vector<Pattern> patterns{Pattern::kConsecutive};
-  std::vector<size_t> page_sizes{size_t{2} << 20};  // paged: one variant per page size
+  std::vector<size_t> page_sizes{size_t{2} << 20};  // paged, slabs: one variant per page size
+  size_t slab_bytes = size_t{64} << 20;             // slabs: the daemon's default host_pool.slab_size
   size_t pool_bytes = 0;                            // 0: twice what the largest point needs
   int context = 0;                                  // 0: B + k + 1 (consecutive), 131072 (scattered)
   int k = 2048;
@@ -91,8 +93,8 @@ void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench resolve [--batch 1,10,64,100,128] [--slots 4096,8192]\n"
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
-               "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged] [--page-size 2M,16M,64M]\n"
-               "       [--pool 64G] [--pattern consecutive,scattered] [--context 131072] [--smoke]\n"
+               "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
+               "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072] [--smoke]\n"
                "  --smoke: a few tiny points of every layout and pattern (what ctest runs); exits 77\n"
                "  without a CUDA device, 1 when a check fails\n");
 }
@@ -209,6 +211,8 @@ int ResolveMain(int argc, char** argv) {
         o.page_sizes.push_back(ParseBytes(w));
         ok = ok && o.page_sizes.back() > 0;
       }
+    } else if (a == "--slab-size") {
+      ok = (o.slab_bytes = ParseBytes(next())) > 0;
     } else if (a == "--pool") {
       ok = (o.pool_bytes = ParseBytes(next())) > 0;
     } else if (a == "--context") {
@@ -229,14 +233,15 @@ int ResolveMain(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.smoke) {  // every layout and pattern, tiny: pages of 5 records scattered over a 16 MiB pool
+  if (o.smoke) {  // every layout and pattern, tiny: pages of 5 or 64 records in a 16 MiB pool
     o.batch = {1, 3};
     o.slots = {64};
     o.record_bytes = {656};
     o.miss = {0.2, 1.0};
     o.k = 16;
     o.runs = 3;
-    o.layouts = {HostLayout::kContiguous, HostLayout::kPaged};
+    o.layouts = {HostLayout::kContiguous, HostLayout::kPaged, HostLayout::kSlabs};
+    o.slab_bytes = 2 * 320 * 656;  // a whole number of either page
     o.patterns = {Pattern::kConsecutive, Pattern::kScattered};
     o.page_sizes = {5 * 656, 64 * 656};
     o.pool_bytes = size_t{16} << 20;
@@ -256,7 +261,7 @@ int ResolveMain(int argc, char** argv) {
   for (HostLayout l : o.layouts) {
     if (l == HostLayout::kContiguous) variants.push_back({l, 0});
     for (size_t pb : o.page_sizes) {
-      if (l == HostLayout::kPaged) variants.push_back({l, pb});
+      if (l != HostLayout::kContiguous) variants.push_back({l, pb});
     }
   }
   int dev = 0, count = 0;
@@ -279,8 +284,8 @@ int ResolveMain(int argc, char** argv) {
   if (pool_bytes == 0) {
     for (Pattern p : o.patterns) {
       for (const HostVariant& v : variants) {
-        const size_t need =
-            HostTablesBytes(v.layout, v.page_bytes, max_batch_all, SeqLen(o, p, max_slots_all), max_rb_all);
+        const size_t need = HostTablesBytes(v.layout, {v.page_bytes, o.slab_bytes}, max_batch_all,
+                                            SeqLen(o, p, max_slots_all), max_rb_all);
         pool_bytes = std::max(pool_bytes, 2 * need);
       }
     }
@@ -329,8 +334,8 @@ int ResolveMain(int argc, char** argv) {
             const HostLayout layout = v.layout;
             HostTables t;
             std::string why;
-            if (!BuildHostTables(layout, pool.bytes, v.page_bytes, batch, seq, static_cast<uint32_t>(rb), 1234u + batch,
-                                 &t, &why)) {
+            if (!BuildHostTables(layout, pool.bytes, {v.page_bytes, o.slab_bytes}, batch, seq,
+                                 static_cast<uint32_t>(rb), 1234u + batch, &t, &why)) {
               std::fprintf(stderr, "hisparse-bench resolve: %s\n", why.c_str());
               return 2;
             }
@@ -389,13 +394,15 @@ int ResolveMain(int argc, char** argv) {
               std::printf(
                   "{\"kind\":\"resolve\",\"batch\":%d,\"k\":%d,\"slots\":%d,\"record_bytes\":%d,"
                   "\"miss_rate\":%g,\"misses\":%d,\"miss_bytes\":%.0f,\"pattern\":\"%s\",\"seq_len\":%d,"
-                  "\"host_layout\":\"%s\",\"page_bytes\":%zu,\"records_per_page\":%u,\"pool_bytes\":%zu,"
+                  "\"host_layout\":\"%s\",\"page_bytes\":%zu,\"slab_bytes\":%zu,\"records_per_page\":%u,\"pool_bytes\":"
+                  "%zu,"
                   "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
                   "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"link_gbps\":%.2f,\"bound_us\":%.2f,"
                   "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"check\":\"%s\"}\n",
                   batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                   pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
-                  v.page_bytes, layout == HostLayout::kPaged ? t.records_per_page : 0u, pool.bytes, med[0], mn[0],
+                  v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
+                  layout == HostLayout::kContiguous ? 0u : t.records_per_page, pool.bytes, med[0], mn[0],
                   miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], link, bound,
                   med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm", ok ? "ok" : "FAILED");
               std::fflush(stdout);
