@@ -244,7 +244,16 @@ void PagePool::TakePagesLocked(uint64_t owner, uint32_t count, const Page* after
       TakePageLocked(s, after->slab, i, out);
     }
   }
+  if (left == 0) return;
+  // The slabs with the most free pages first, so the pages land in the fewest slabs: a slab is
+  // the unit of host locality the GPU's fetch cares about (bench/RESULTS.md, "Pages in slabs").
+  std::vector<std::pair<size_t, uint64_t>> order;  // (free pages, slab), most free first
   for (uint64_t id : slabs_by_owner_[owner]) {
+    const size_t free = slabs_.at(id).free.size();
+    if (free > 0) order.emplace_back(free, id);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [free, id] : order) {
     Slab& s = slabs_.at(id);
     for (; left > 0 && !s.free.empty(); --left) TakePageLocked(s, id, *s.free.begin(), out);
     if (left == 0) break;

@@ -115,6 +115,26 @@ TEST(PagePoolTest, AGrowingOwnerDoublesItsSlabsUpToFullSize) {
   EXPECT_LT(st.pages_free, 32u);
 }
 
+// A fragmented owner's next allocation fills the slab with the most free pages first, so its
+// pages land in the fewest slabs (the GPU's fetch cares about slabs, not pages).
+TEST(PagePoolTest, AllocationsFillTheFewestSlabs) {
+  auto pool = MustCreate(SmallOptions(64, 8));
+  std::vector<Page> a = MustAllocate(*pool, 7, 8);  // slab A, full
+  std::vector<Page> b = MustAllocate(*pool, 7, 8);  // slab B, full
+  ASSERT_NE(a[0].slab, b[0].slab);
+  // Free 2 pages of A and 6 of B: the next 5 pages fit in B alone.
+  ASSERT_TRUE(pool->Release(7, a[1]).ok());
+  ASSERT_TRUE(pool->Release(7, a[5]).ok());
+  for (int i : {0, 2, 3, 4, 6, 7}) ASSERT_TRUE(pool->Release(7, b[i]).ok());
+  std::vector<Page> c = MustAllocate(*pool, 7, 5);
+  for (const Page& p : c) EXPECT_EQ(p.slab, b[0].slab);
+  // 3 more: A's two free pages (now the most), then B's last.
+  std::vector<Page> d = MustAllocate(*pool, 7, 3);
+  EXPECT_EQ(d[0].slab, a[0].slab);
+  EXPECT_EQ(d[1].slab, a[0].slab);
+  EXPECT_EQ(d[2].slab, b[0].slab);
+}
+
 TEST(PagePoolTest, OneTenantMayUseTheWholeBudget) {
   auto pool = MustCreate(SmallOptions(100, 16, /*reserve=*/2));
   pool->WaitIdle();

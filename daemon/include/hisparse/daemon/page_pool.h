@@ -94,10 +94,11 @@ class PagePool {
 
   // `count` pages for `owner` (non-zero), one reference each, all or nothing. Free pages of the
   // owner's slabs when they suffice: those right after `after` (a page the owner holds, when
-  // given: an Extend continues a layer's pages in place), then the lowest free pages, slab by
-  // slab. Otherwise new slabs for all `count` (so that an admission's pages are consecutive), or,
-  // when the budget cannot, new slabs for what the owner's free pages lack. InvalidArgument for owner 0 or count 0;
-  // ResourceExhausted when the budget cannot hold them (nothing changes then).
+  // given: an Extend continues a layer's pages in place), then the lowest free pages of the slab
+  // with the most free pages, and so on (the fewest slabs: host locality is per slab). Otherwise new slabs for all
+  // `count` (so that an admission's pages are consecutive), or, when the budget cannot, new slabs for what the owner's
+  // free pages lack. InvalidArgument for owner 0 or count 0; ResourceExhausted when the budget cannot hold them
+  // (nothing changes then).
   absl::StatusOr<std::vector<Page>> Allocate(uint64_t owner, uint32_t count, const Page* after = nullptr);
   // One more reference to a page `owner` holds. NotFound when it holds no such page.
   absl::Status AddRef(uint64_t owner, const Page& page);
