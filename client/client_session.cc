@@ -104,7 +104,8 @@ void ClientSession::SetGeometry(const hs_session_options& o) {
   geometry_.set_k(o.k);
   geometry_.set_slots(o.slots);
   geometry_.set_max_requests(o.max_requests);
-  geometry_.set_draft_tokens(o.draft_tokens);  // zero for callers built before ABI 1.4
+  geometry_.set_draft_tokens(o.draft_tokens);              // zero for callers built before ABI 1.4
+  geometry_.set_max_context_tokens(o.max_context_tokens);  // zero (the daemon's limit) before ABI 1.6
   arena_geometry_ = ArenaGeometry{static_cast<int32_t>(o.max_requests),
                                   static_cast<int32_t>(o.num_layers),
                                   static_cast<int32_t>(o.slots),

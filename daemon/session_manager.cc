@@ -178,6 +178,13 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                                                    ") exceeds the host pool's page (host_pool.page_size, ", page_bytes,
                                                    " bytes): a record never straddles a page"));
   }
+  const uint32_t max_context = open.geometry().max_context_tokens() == 0 ? options_.max_tokens_per_request
+                                                                         : open.geometry().max_context_tokens();
+  if (max_context > options_.max_tokens_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat("geometry.max_context_tokens (", max_context,
+                                                   ") exceeds the daemon's limits.max_tokens_per_request (",
+                                                   options_.max_tokens_per_request, ")"));
+  }
   HS_ASSIGN_OR_RETURN(std::string engine_name, EngineName(open.engine_name(), 128));
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
@@ -190,8 +197,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   session->geometry = open.geometry();
   session->records_per_page =
       static_cast<uint32_t>(std::min<uint64_t>(page_bytes / open.geometry().record_bytes(), INT32_MAX));
-  session->pages_per_entry = static_cast<uint32_t>(
-      (uint64_t{options_.max_tokens_per_request} + session->records_per_page - 1) / session->records_per_page);
+  session->pages_per_entry =
+      static_cast<uint32_t>((uint64_t{max_context} + session->records_per_page - 1) / session->records_per_page);
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
   // Set at construction only: readable without the lock.
@@ -362,9 +369,10 @@ uint64_t SessionManager::PagesFor(const Session& s, uint64_t tokens) {
 absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget) const {
   const uint64_t max_tokens = std::min<uint64_t>(uint64_t{s.records_per_page} * s.pages_per_entry, INT32_MAX);
   if (token_budget == 0 || token_budget > max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("token_budget must be 1..", max_tokens,
-                                                   " (limits.max_tokens_per_request, in whole pages of ",
-                                                   s.records_per_page, " records), got ", token_budget));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_budget must be 1..", max_tokens,
+                     " (geometry.max_context_tokens or limits.max_tokens_per_request, in whole pages of ",
+                     s.records_per_page, " records), got ", token_budget));
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/metrics.h"
@@ -24,6 +25,8 @@
 
 namespace hisparse {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
@@ -147,6 +150,43 @@ TEST(SessionManagerTest, TinyRequestsAreChargedWholePages) {
 
 // Extend appends pages: every record stays where it was, byte for byte, and the old pages lead
 // the new list (the segmented pool copied a run that could not grow in place).
+// geometry.max_context_tokens sizes the session's page tables (the GPU keeps them); admission then
+// holds requests to it, and a value above the daemon's limit is refused at open.
+TEST(SessionManagerTest, MaxContextTokensSizesThePageTables) {
+  auto sm = MakeManager(8 * kMiB);
+  auto open_with = [&](uint32_t max_context) {
+    v1::OpenSession open;
+    open.set_engine_name("max-context");
+    v1::Geometry* g = open.mutable_geometry();
+    g->set_gpu(-1);
+    g->set_num_layers(1);
+    g->set_record_bytes(16);  // 256 records a page
+    g->set_k(1);
+    g->set_slots(1);
+    g->set_max_requests(4);
+    g->set_max_context_tokens(max_context);
+    return sm->OpenSession(open, Owner(1000));
+  };
+  absl::StatusOr<v1::SessionOpened> dflt = open_with(0);
+  ASSERT_TRUE(dflt.ok()) << dflt.status();
+  EXPECT_EQ(dflt->pages_per_entry(), (1u << 20) / 256);  // limits.max_tokens_per_request
+  absl::StatusOr<v1::SessionOpened> small = open_with(1000);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->pages_per_entry(), 4u);  // ceil(1000 / 256)
+  EXPECT_EQ(small->max_tokens_per_request(), 1024u);
+  v1::SessionRef ref;
+  ref.set_session_id(small->session_id());
+  ref.set_token(small->token());
+  EXPECT_TRUE(Admit(*sm, ref, 1, 1024).ok());
+  const absl::Status over = Admit(*sm, ref, 2, 1025);
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument) << over;
+  EXPECT_THAT(std::string(over.message()), HasSubstr("max_context_tokens"));
+  absl::StatusOr<v1::SessionOpened> big = open_with((1u << 20) + 1);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("limits.max_tokens_per_request"));
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
 TEST(SessionManagerTest, ExtendAppendsPagesAndNeverMovesARecord) {
   auto sm = MakeManager(8 * kMiB);
   const Opened s = Open(*sm, 1000, /*layers=*/3);
@@ -444,6 +484,8 @@ TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
 
 namespace hisparse {
 namespace {
+
+using ::testing::HasSubstr;
 
 // Every entry of the one metric catalog is exported with a sample once the daemon has a session,
 // a request and a timed RPC: a catalog entry that nothing fills would be a dashboard panel that

@@ -34,9 +34,10 @@ extern "C" {
  * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset); 1.4: draft_tokens;
  * 1.5: the paged host pool: a request's records live in host pages (no longer one run per layer),
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
- * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request. */
+ * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
+ * hs_session_options.max_context_tokens. */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 5
+#define HS_ABI_VERSION_MINOR 6
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -94,10 +95,16 @@ typedef struct hs_session_options {
    * selection lists per row (hs_resolve_args.query_counts) and hs_append_tokens appends up to
    * n + 1 tokens per row (resolve.h rule 8). */
   uint32_t draft_tokens;
+  /* Since ABI 1.6. The longest context one request will hold, in tokens; 0: the daemon's
+   * limits.max_tokens_per_request. Sizes the session's host page tables, which live in GPU memory
+   * on the CUDA backend (layers x max_requests x ceil(tokens / records per page) x 8 bytes), so a
+   * value near the engine's real maximum (its max model length) saves that memory. Above the
+   * daemon's limit: HS_ERR_INVALID_ARGUMENT. hs_session_info.max_tokens_per_request is the bound. */
+  uint32_t max_context_tokens;
 } hs_session_options;
 
 #define HS_SESSION_OPTIONS_INIT \
-  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL, 0 }
+  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL, 0, 0 }
 
 /* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
  * memory. On success *out owns the session; close it with hs_session_close. On failure *out is NULL. */

@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 5
+ABI_VERSION_MINOR = 6
 
 # hs_result
 HS_OK = 0
@@ -65,6 +65,7 @@ class SessionOptions(ctypes.Structure):
         ("timeout_ms", ctypes.c_uint32),
         ("layer_anchor", ctypes.POINTER(ctypes.c_int32)),  # ABI 1.1
         ("draft_tokens", ctypes.c_uint32),  # ABI 1.4
+        ("max_context_tokens", ctypes.c_uint32),  # ABI 1.6
     ]
 
 

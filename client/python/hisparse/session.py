@@ -107,12 +107,15 @@ class Session:
       draft_tokens: speculative decoding, n = 0..7 draft tokens per step: every (row, layer) gets
         1 + n tail slots B..B+n, resolve() takes up to n + 1 selection lists per row
         (query_counts) and append() up to n + 1 tokens per row (token_counts).
+      max_context_tokens: the longest context one request will hold (0: the daemon's
+        limits.max_tokens_per_request); sizes the host page tables the GPU keeps (ABI 1.6).
     """
 
     def __init__(self, address: Any = None, *, num_layers: int, record_bytes: int, k: int, slots: int,
                  max_requests: int, gpu: int = -1, backend: Union[str, int] = "auto",
                  engine_name: str = "hisparse-python", timeout_ms: int = 0,
-                 layer_anchor: Optional[Sequence[int]] = None, draft_tokens: int = 0) -> None:
+                 layer_anchor: Optional[Sequence[int]] = None, draft_tokens: int = 0,
+                 max_context_tokens: int = 0) -> None:
         self._lib = _lib.load()
         self._handle: Optional[Any] = None
         if address is not None and not isinstance(address, str):
@@ -138,6 +141,7 @@ class Session:
         o.backend = _backend_code(backend)
         o.timeout_ms = int(timeout_ms)
         o.draft_tokens = self.draft_tokens
+        o.max_context_tokens = int(max_context_tokens)
         self.layer_anchor = [int(a) for a in layer_anchor] if layer_anchor is not None else list(range(self.num_layers))
         if layer_anchor is not None:
             if len(self.layer_anchor) != self.num_layers:
