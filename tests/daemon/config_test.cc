@@ -20,6 +20,7 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kKiB = uint64_t{1} << 10;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 DaemonConfig MustParse(const std::string& yaml) {
@@ -41,7 +42,7 @@ TEST(ConfigTest, Defaults) {
   const DaemonConfig c;
   EXPECT_EQ(c.listen, "unix:/run/hisparse/hisparsed.sock");
   EXPECT_EQ(c.host_pool.size, kGiB);
-  EXPECT_EQ(c.host_pool.page_size, 2 * kMiB);
+  EXPECT_EQ(c.host_pool.page_size, 256 * kKiB);
   EXPECT_EQ(c.host_pool.slab_size, 64 * kMiB);
   EXPECT_EQ(c.host_pool.reserve_slabs, 2);
   EXPECT_EQ(c.limits.max_tokens_per_request, 1 << 20);
@@ -128,7 +129,7 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
       {"host_pool: {size: 1.5MB}", "host_pool.size", "multiple of 4KiB"},
       {"host_pool: {page_size: 512}", "host_pool.page_size", "multiple of 4KiB"},
       {"host_pool: {page_size: 2000001}", "host_pool.page_size", "multiple of 4KiB"},
-      {"host_pool: {slab_size: 3MiB}", "host_pool.slab_size", "whole number of pages"},
+      {"host_pool: {slab_size: 3000KiB}", "host_pool.slab_size", "whole number of pages"},
       {"host_pool: {page_size: 4MiB, slab_size: 2MiB}", "host_pool.slab_size", "whole number of pages"},
       {"host_pool: {reserve_slabs: -1}", "host_pool.reserve_slabs", "must be >= 0"},
       {"limits: {max_tokens_per_request: 0}", "limits.max_tokens_per_request", "must be >= 1"},
@@ -389,7 +390,7 @@ TEST(ConfigTest, KeyTable) {
                   "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests", "quotas.sessions",
                   "quotas.pages", "admission.on_pool_full", "metrics.listen", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
-  EXPECT_EQ(keys[2].default_value, "2MiB");
+  EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");
   EXPECT_EQ(keys[0].default_value, "unix:/run/hisparse/hisparsed.sock");
 }

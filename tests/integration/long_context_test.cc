@@ -125,7 +125,7 @@ TEST(LongContextTest, AMillionTokenRequestAdmitsStoresAndResolvesExactly) {
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);
 }
 
-// The shipped default pool (1 GiB, 2 MiB pages) serves many tenants at once: the segmented pool
+// The shipped default pool (1 GiB, 256 KiB pages) serves many tenants at once: the segmented pool
 // (4 segments of 256 MiB) refused every session past the fourth with RESOURCE_EXHAUSTED.
 TEST(ManyTenantsTest, TheDefaultPoolServesManySessionsAtOnce) {
   constexpr int kSessions = 128;
@@ -143,9 +143,9 @@ TEST(ManyTenantsTest, TheDefaultPoolServesManySessionsAtOnce) {
   }
   v1::StatsResponse st = Stats(daemon->address());
   EXPECT_EQ(st.requests(), static_cast<uint32_t>(kSessions));
-  EXPECT_EQ(st.host_pool().pages_used(), static_cast<uint64_t>(kSessions));  // a 2 MiB page each
+  EXPECT_EQ(st.host_pool().pages_used(), static_cast<uint64_t>(kSessions));  // a 256 KiB page each
   EXPECT_EQ(st.host_pool().slabs(), static_cast<uint32_t>(kSessions));
-  EXPECT_EQ(st.host_pool().used_bytes(), uint64_t{kSessions} << 21);
+  EXPECT_EQ(st.host_pool().used_bytes(), uint64_t{kSessions} << 18);
   for (Session& s : sessions) ASSERT_TRUE(s.Release(1).ok());
   st = Stats(daemon->address());
   EXPECT_EQ(st.host_pool().pages_used(), 0u);

@@ -47,7 +47,7 @@ struct HostPoolConfig {
   // The host KV pool's budget: every session's pages, the reserve and slabs being made together.
   uint64_t size = uint64_t{1} << 30;
   // Pages handed to requests (a record never straddles one); sessions' slabs are whole pages.
-  uint64_t page_size = uint64_t{2} << 20;
+  uint64_t page_size = uint64_t{256} << 10;
   // The largest slab (one memfd of one session), and the size of the reserve's ready slabs.
   uint64_t slab_size = uint64_t{64} << 20;
   // Ready (pre-touched, zeroed) slabs a background thread keeps, while the budget allows.
