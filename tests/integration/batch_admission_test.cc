@@ -3,6 +3,10 @@
 // read back and RESOLVEd from the daemon's memory), one call releases them and the daemon's stats
 // return to zero; an all-or-nothing batch that fails leaves nothing admitted on either side; a
 // per-item batch reports each item's code.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -170,6 +174,45 @@ TEST(BatchAdmissionTest, FailedAllOrNothingLeavesNothingAndPerItemReportsEachIte
   EXPECT_EQ(hs_release_batch(s.get(), 2, ids, nullptr), HS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(results[0], static_cast<hs_result>(-1));
   EXPECT_EQ(Stats(address).requests(), 0u);
+}
+
+// All or nothing on the client's side: the daemon admits the batch, then this process cannot map
+// a slab (no descriptor number is left for the fd channel's reply). The client must release what
+// the daemon admitted, report the item, and keep nothing; with descriptors back, the batch admits.
+TEST(BatchAdmissionTest, MappingFailureAfterTheDaemonAdmittedReleasesTheBatch) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string address = daemon->address();
+  Session s;
+  ASSERT_TRUE(Session::Open(SmallGeometry(address), &s).ok()) << hs_last_error();  // no slab mapped yet
+  Batch b;
+  for (int r = 0; r < 4; ++r) b.Add(r + 1, 0, 100);
+
+  struct rlimit saved;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int lowest_free = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  struct rlimit tight = saved;
+  tight.rlim_cur = static_cast<rlim_t>(lowest_free);  // every number below it is taken: no new fd
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const hs_result r = b.Admit(s, HS_BATCH_ALL_OR_NOTHING);
+  const std::string message = hs_last_error();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+
+  EXPECT_NE(r, HS_OK);
+  EXPECT_NE(message.find("items[0]"), std::string::npos) << message;
+  EXPECT_EQ(b.results[0], r);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(b.results[i], HS_ERR_ABORTED) << i;
+  void* rec = nullptr;
+  EXPECT_EQ(s.RecordPtr(1, 0, 0, &rec).code, HS_ERR_NOT_FOUND) << "nothing kept here";
+  v1::StatsResponse st = Stats(address);
+  EXPECT_EQ(st.requests(), 0u) << "the daemon released what it had admitted";
+  EXPECT_EQ(st.host_pool().pages_used(), 0u);
+
+  ASSERT_EQ(b.Admit(s, HS_BATCH_ALL_OR_NOTHING), HS_OK) << hs_last_error();
+  EXPECT_TRUE(s.RecordPtr(4, 3, 99, &rec).ok());
+  EXPECT_EQ(Stats(address).requests(), 4u);
 }
 
 }  // namespace
