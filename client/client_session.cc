@@ -116,7 +116,11 @@ void ClientSession::SetGeometry(const hs_session_options& o) {
 }
 
 absl::Status ClientSession::OpenStream(const std::string& address) {
-  channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  // An AdmitBatch answer lists every page of up to 1024 requests, which on a large pool can pass
+  // gRPC's default 4 MiB limit on what a client receives; the daemon is the only peer.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_))) {
     return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address));
   }
