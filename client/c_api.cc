@@ -20,10 +20,11 @@ namespace {
 
 thread_local std::string g_last_error;
 
-hs_result ToResult(const absl::Status& s) {
-  if (s.ok()) return HS_OK;
-  g_last_error = std::string(s.message());
+// The hs_result of a status, without touching hs_last_error.
+hs_result CodeOf(const absl::Status& s) {
   switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return HS_OK;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
       return HS_ERR_INVALID_ARGUMENT;
@@ -48,6 +49,24 @@ hs_result ToResult(const absl::Status& s) {
     default:
       return HS_ERR_INTERNAL;
   }
+}
+
+hs_result ToResult(const absl::Status& s) {
+  if (s.ok()) return HS_OK;
+  g_last_error = std::string(s.message());
+  return CodeOf(s);
+}
+
+// A batch item's code: ABORTED (not done because another item failed the batch) has its own.
+hs_result ItemCode(const absl::Status& s) { return absl::IsAborted(s) ? HS_ERR_ABORTED : CodeOf(s); }
+
+// hs_admit_batch / hs_release_batch's checks of the whole call.
+const char* BatchArgsError(hs_session* s, size_t n, const uint64_t* ids, const hs_result* out_results) {
+  if (s == nullptr || ids == nullptr || out_results == nullptr) {
+    return "session, request_ids and out_results must not be NULL";
+  }
+  if (n == 0 || n > HS_BATCH_MAX_ITEMS) return "n must be 1..HS_BATCH_MAX_ITEMS (1024)";
+  return nullptr;
 }
 
 hs_result Fail(hs_result r, const char* msg) {
@@ -126,6 +145,8 @@ const char* hs_result_string(hs_result r) {
       return "unimplemented";
     case HS_ERR_INTERNAL:
       return "internal error";
+    case HS_ERR_ABORTED:
+      return "aborted (another item of the batch failed)";
   }
   return "unknown hs_result";
 }
@@ -328,6 +349,47 @@ hs_result hs_check_errors(hs_session* s) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
     return ToResult(s->impl->CheckErrors());
+  });
+}
+
+hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
+                         const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results, uint32_t* out_rows,
+                         uint32_t* out_capacity_tokens) {
+  return Guard([&] {
+    if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
+    if (token_budgets == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "token_budgets must not be NULL");
+    if (mode != HS_BATCH_ALL_OR_NOTHING && mode != HS_BATCH_PER_ITEM) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "mode must be HS_BATCH_ALL_OR_NOTHING or HS_BATCH_PER_ITEM");
+    }
+    std::vector<hisparse::ClientSession::BatchItem> items(n);
+    for (size_t i = 0; i < n; ++i) {
+      items[i].request_id = request_ids[i];
+      items[i].context_tokens = context_tokens == nullptr ? 0 : context_tokens[i];
+      items[i].token_budget = token_budgets[i];
+    }
+    auto batch = s->impl->AdmitBatch(items, mode == HS_BATCH_ALL_OR_NOTHING);
+    if (!batch.ok()) return ToResult(batch.status());
+    for (size_t i = 0; i < n; ++i) {
+      const absl::StatusOr<hs_request_info>& item = batch->items[i];
+      out_results[i] = item.ok() ? HS_OK : ItemCode(item.status());
+      if (!item.ok()) continue;
+      if (out_rows != nullptr) out_rows[i] = item->row;
+      if (out_capacity_tokens != nullptr) out_capacity_tokens[i] = item->capacity_tokens;
+    }
+    if (batch->failed_item < 0) return HS_OK;
+    const absl::Status& failed = batch->items[batch->failed_item].status();
+    return ToResult(absl::Status(failed.code(), "items[" + std::to_string(batch->failed_item) + "] failed the batch (" +
+                                                    std::string(failed.message()) + ")"));
+  });
+}
+
+hs_result hs_release_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs_result* out_results) {
+  return Guard([&] {
+    if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
+    auto released = s->impl->ReleaseBatch(std::vector<uint64_t>(request_ids, request_ids + n));
+    if (!released.ok()) return ToResult(released.status());
+    for (size_t i = 0; i < n; ++i) out_results[i] = ItemCode((*released)[i]);
+    return HS_OK;
   });
 }
 

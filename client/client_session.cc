@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "grpc_status.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/unix_socket.h"
 
@@ -19,15 +20,6 @@ namespace hisparse {
 namespace {
 
 constexpr char kDefaultAddress[] = "unix:/run/hisparse/hisparsed.sock";
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(s.error_code());
-  if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(absl::StrCat(what, ": the daemon did not answer (", s.error_message(), ")"));
-  }
-  return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
-}
 
 // The C ABI's arena kind, mapped from the wire's in this one place: a host arena served to the
 // CUDA backend means it keeps a private GPU arena (device_backend.h, PrivateGpuArenaAllowed).
@@ -125,7 +117,11 @@ void ClientSession::SetGeometry(const hs_session_options& o) {
 }
 
 absl::Status ClientSession::OpenStream(const std::string& address) {
-  channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  // An AdmitBatch answer lists every page of up to 1024 requests, which on a large pool can pass
+  // gRPC's default 4 MiB limit on what a client receives; the daemon is the only peer.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_))) {
     return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address));
   }
@@ -469,18 +465,7 @@ absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32
   v1::AdmitResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Admit(CallContext().get(), req, &resp), "admit"));
   absl::MutexLock lock(&mu_);
-  auto r = InstallRequest(resp.row(), resp.capacity_tokens(), resp.layers());
-  if (!r.ok()) return r.status();
-  if (absl::Status published = PublishRow(r->row, &*r); !published.ok()) {
-    DropSlabs(*r);
-    return published;
-  }
-  HS_RETURN_IF_ERROR(backend_->ResetRow(arena_, static_cast<int32_t>(r->row), nullptr));
-  hs_request_info info = HS_REQUEST_INFO_INIT;
-  info.row = r->row;
-  info.capacity_tokens = r->capacity;
-  requests_[request_id] = std::move(*r);
-  return info;
+  return InstallAdmitted(request_id, resp);
 }
 
 absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint32_t token_budget) {

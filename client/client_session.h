@@ -58,6 +58,27 @@ class ClientSession {
       ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<hs_request_info> Extend(uint64_t request_id, uint32_t token_budget) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::Status Release(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Batched admission (client_batch.cc): one AdmitBatch RPC for every item; each request the
+  // daemon admitted is mapped and its page-table row published as Admit does. The returned error
+  // is the batch's own (the session, the item count, the RPC); each item's is in `items`.
+  // all_or_nothing: any failure, the daemon's or this process's (mapping a slab after the daemon
+  // admitted), leaves nothing admitted, here or in the daemon (what it admitted is released
+  // again); the failing item carries its error and every other ABORTED.
+  struct BatchItem {
+    uint64_t request_id = 0;
+    uint32_t context_tokens = 0;
+    uint32_t token_budget = 0;
+  };
+  struct BatchAdmitted {
+    std::vector<absl::StatusOr<hs_request_info>> items;  // one per item, in order
+    int failed_item = -1;                                // all_or_nothing: the item that failed the batch
+  };
+  absl::StatusOr<BatchAdmitted> AdmitBatch(const std::vector<BatchItem>& items, bool all_or_nothing)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // One ReleaseBatch RPC: each id's status (NOT_FOUND, or INVALID_ARGUMENT for a repeated id); the
+  // others are released, here and in the daemon.
+  absl::StatusOr<std::vector<absl::Status>> ReleaseBatch(const std::vector<uint64_t>& request_ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
@@ -148,6 +169,15 @@ class ClientSession {
   // i (bit 0 set: read-only), n the pages of each layer.
   std::vector<const uint8_t*> PageTable(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PublishRow(uint32_t row, const Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps, publishes and resets the row of a request the daemon admitted, and records it; on
+  // failure nothing of it stays here (the daemon still holds it).
+  absl::StatusOr<hs_request_info> InstallAdmitted(uint64_t request_id, const v1::AdmitResponse& resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets an installed request here: its row unpublished, its slabs' pages uncounted (the
+  // error, if any, of clearing the row).
+  absl::Status UninstallLocked(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ReleaseBatch RPC alone (this process's table untouched).
+  absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatchRpc(const std::vector<uint64_t>& request_ids);
   absl::StatusOr<Request> InstallRequest(uint32_t row, uint32_t capacity,
                                          const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

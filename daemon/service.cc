@@ -268,4 +268,33 @@ grpc::Status HiSparseService::GetConfig(grpc::ServerContext* context, const v1::
   return grpc::Status::OK;
 }
 
+// Batched admission: the same owner check as Admit and Release, then one SessionManager call.
+grpc::Status HiSparseService::AdmitBatch(grpc::ServerContext* context, const v1::AdmitBatchRequest* req,
+                                         v1::AdmitBatchResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kAdmitBatch);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->AdmitBatch(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::ReleaseBatch(grpc::ServerContext* context, const v1::ReleaseBatchRequest* req,
+                                           v1::ReleaseBatchResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kReleaseBatch);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->ReleaseBatch(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
 }  // namespace hisparse

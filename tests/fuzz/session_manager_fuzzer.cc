@@ -1,9 +1,10 @@
 // Fuzz target: the daemon's request handlers. The input is a program of operations (open a
 // session with fuzzed geometry, admit / extend / release with fuzzed ids, budgets and tokens,
-// close, fd lookups with fuzzed object names, stats, drain) run against one in-process
-// SessionManager over a small PagePool. After every operation the accounting invariants must
-// hold and the outcome must agree with a shadow model of who holds what; after the program every
-// session is closed and the pool must be exactly empty. Anything else aborts (a finding).
+// batched admit / release (op bytes 248..255), close, fd lookups with fuzzed object names, stats,
+// drain) run against one in-process SessionManager over a small PagePool. After every operation
+// the accounting invariants must hold and the outcome must agree with a shadow model of who holds
+// what; after the program every session is closed and the pool must be exactly empty. Anything
+// else aborts (a finding).
 //
 // The manager and its pool live for the whole process (building a pool per input would spend the
 // fuzzer's time pre-touching memory); each input leaves them empty, which is what it checks.
@@ -110,9 +111,106 @@ void OpenOne(FuzzInput& in, std::vector<LiveSession>& live) {
   live.push_back({opened->session_id(), opened->token(), {}});
 }
 
+bool IsAdmitRefusal(const absl::Status& st) {
+  return absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st) || absl::IsResourceExhausted(st) ||
+         absl::IsAlreadyExists(st);
+}
+
+// AdmitBatch (either mode, sometimes an invalid one) of up to 12 fuzzed items, checked against the
+// model: what it says it admitted is new and held now; all or nothing admits every item or none.
+void AdmitBatchOne(FuzzInput& in, std::vector<LiveSession>& live) {
+  LiveSession* owner = nullptr;
+  v1::AdmitBatchRequest req;
+  *req.mutable_session() = PickRef(in, live, &owner);
+  const uint8_t mode = in.Read<uint8_t>() % 8;
+  req.set_mode(mode == 7 ? v1::BATCH_MODE_UNSPECIFIED
+                         : (mode % 2 == 0 ? v1::BATCH_MODE_ALL_OR_NOTHING : v1::BATCH_MODE_PER_ITEM));
+  const uint32_t n = in.Small(0, 12);
+  for (uint32_t i = 0; i < n; ++i) {
+    v1::AdmitItem* item = req.add_items();
+    item->set_request_id(PickRequestId(in));
+    item->set_token_budget(in.Read<uint8_t>() < 16 ? in.Read<uint32_t>() : in.Small(0, 255) * 64);
+    item->set_context_tokens(in.Read<uint8_t>() < 16 ? in.Read<uint32_t>() : item->token_budget() / 2);
+  }
+  auto r = Manager().AdmitBatch(req);
+  if (n == 0 || req.mode() == v1::BATCH_MODE_UNSPECIFIED) {
+    Expect(absl::IsInvalidArgument(r.status()), "AdmitBatch of no items or no mode: " + r.status().ToString());
+    return;
+  }
+  if (owner == nullptr) {
+    Expect(absl::IsPermissionDenied(r.status()), "AdmitBatch with a foreign or wrong ref: " + r.status().ToString());
+    return;
+  }
+  Expect(r.ok() && r->results_size() == static_cast<int>(n), "AdmitBatch of a live session: " + r.status().ToString());
+  if (!r.ok()) return;
+  uint32_t admitted = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const v1::AdmitResult& res = r->results(static_cast<int>(i));
+    Expect(res.request_id() == req.items(static_cast<int>(i)).request_id(), "AdmitBatch result out of order");
+    if (res.has_admitted()) {
+      ++admitted;
+      Expect(owner->requests.insert(res.request_id()).second, "AdmitBatch admitted an id already held");
+      Expect(res.admitted().capacity_tokens() == req.items(static_cast<int>(i)).token_budget(),
+             "AdmitBatch capacity differs from the budget");
+    } else {
+      const absl::Status st(static_cast<absl::StatusCode>(res.error().code()), res.error().message());
+      Expect(IsAdmitRefusal(st) || absl::IsAborted(st),
+             "AdmitBatch item failed with an undocumented code: " + st.ToString());
+    }
+  }
+  Expect(r->admitted() == admitted, "AdmitBatch's count disagrees with its results");
+  if (req.mode() == v1::BATCH_MODE_ALL_OR_NOTHING) {
+    Expect(r->failed_item() == 0 ? admitted == n : admitted == 0 && r->failed_item() <= n,
+           "an all-or-nothing batch admitted part of its items");
+  }
+}
+
+// ReleaseBatch of up to 12 fuzzed ids: each released id was held, each NOT_FOUND was not, each
+// INVALID_ARGUMENT repeats an earlier id of the batch.
+void ReleaseBatchOne(FuzzInput& in, std::vector<LiveSession>& live) {
+  LiveSession* owner = nullptr;
+  v1::ReleaseBatchRequest req;
+  *req.mutable_session() = PickRef(in, live, &owner);
+  const uint32_t n = in.Small(0, 12);
+  for (uint32_t i = 0; i < n; ++i) req.add_request_ids(PickRequestId(in));
+  auto r = Manager().ReleaseBatch(req);
+  if (n == 0) {
+    Expect(absl::IsInvalidArgument(r.status()), "ReleaseBatch of no ids: " + r.status().ToString());
+    return;
+  }
+  if (owner == nullptr) {
+    Expect(absl::IsPermissionDenied(r.status()), "ReleaseBatch with a foreign or wrong ref: " + r.status().ToString());
+    return;
+  }
+  Expect(r.ok() && r->results_size() == static_cast<int>(n),
+         "ReleaseBatch of a live session: " + r.status().ToString());
+  if (!r.ok()) return;
+  std::set<uint64_t> seen;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t id = req.request_ids(static_cast<int>(i));
+    const auto code = static_cast<absl::StatusCode>(r->results(static_cast<int>(i)).code());
+    if (!seen.insert(id).second) {
+      Expect(code == absl::StatusCode::kInvalidArgument, "ReleaseBatch of a repeated id was not refused");
+    } else if (owner->requests.erase(id) == 1) {
+      Expect(code == absl::StatusCode::kOk, "ReleaseBatch of a held id failed");
+    } else {
+      Expect(code == absl::StatusCode::kNotFound, "ReleaseBatch of an id not held was not NOT_FOUND");
+    }
+  }
+}
+
 void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
   LiveSession* owner = nullptr;
-  switch (in.Read<uint8_t>() % 8) {
+  const uint8_t op = in.Read<uint8_t>();
+  if (op >= 248) {  // the batched calls
+    if (op % 2 == 0) {
+      AdmitBatchOne(in, live);
+    } else {
+      ReleaseBatchOne(in, live);
+    }
+    return;
+  }
+  switch (op % 8) {
     case 0:
       OpenOne(in, live);
       break;

@@ -247,6 +247,26 @@ TEST(IdentityChild, DISABLED_StolenToken) {
     grpc::Status s = stub->Release(&ctx, req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << "Release: " << s.error_message();
   }
+  for (const v1::BatchMode mode : {v1::BATCH_MODE_PER_ITEM, v1::BATCH_MODE_ALL_OR_NOTHING}) {
+    grpc::ClientContext ctx;
+    v1::AdmitBatchRequest req;
+    *req.mutable_session() = ref;
+    req.set_mode(mode);
+    req.add_items()->set_request_id(3);
+    req.mutable_items(0)->set_token_budget(100);
+    v1::AdmitBatchResponse resp;
+    grpc::Status s = stub->AdmitBatch(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << "AdmitBatch: " << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReleaseBatchRequest req;
+    *req.mutable_session() = ref;
+    req.add_request_ids(1);
+    v1::ReleaseBatchResponse resp;
+    grpc::Status s = stub->ReleaseBatch(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << "ReleaseBatch: " << s.error_message();
+  }
 }
 
 // Item 7: tenants see and act on their own sessions; admins on all; drain is an admin's.

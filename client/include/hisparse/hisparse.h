@@ -35,7 +35,7 @@ extern "C" {
  * 1.5: the paged host pool: a request's records live in host pages (no longer one run per layer),
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
  * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
- * hs_session_options.max_context_tokens. */
+ * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED. */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 6
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
@@ -51,7 +51,8 @@ typedef enum hs_result {
   HS_ERR_FAILED_PRECONDITION = 6,
   HS_ERR_UNAVAILABLE = 7, /* the daemon cannot be reached, or the session ended */
   HS_ERR_UNIMPLEMENTED = 8,
-  HS_ERR_INTERNAL = 9
+  HS_ERR_INTERNAL = 9,
+  HS_ERR_ABORTED = 10 /* since ABI 1.6: a batch item not done because another item failed the batch */
 } hs_result;
 
 const char* hs_result_string(hs_result result);
@@ -310,6 +311,33 @@ hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
  * stream this process has on that GPU, not only the session's), so call it off the hot path; on
  * the host backend the data path ran synchronously and errors were returned at once. */
 hs_result hs_check_errors(hs_session* session);
+
+/* Since ABI 1.6. Batched admission: n requests of the session in one round trip to the daemon
+ * (an engine scheduling 64 new requests in a step makes one call, not 64). Item i is request
+ * request_ids[i] with context_tokens[i] (NULL: 0 for every item) and token_budgets[i], each with
+ * hs_admit's rules; an id named twice is HS_ERR_INVALID_ARGUMENT for the later item. Every
+ * admitted request is mapped and its row reset exactly as hs_admit does; out_rows[i] and
+ * out_capacity_tokens[i] (either may be NULL) are then set, and out_results[i] (required) holds
+ * each item's code.
+ *  - HS_BATCH_ALL_OR_NOTHING: HS_OK with every item admitted, or the code of the item that failed
+ *    the batch, with nothing admitted (what the daemon had admitted is released again): that item's
+ *    out_results entry is its code, every other item's HS_ERR_ABORTED, and hs_last_error() names
+ *    the item. The daemon never evicts for such a batch: a full pool fails it.
+ *  - HS_BATCH_PER_ITEM: each item on its own; HS_OK once the batch ran, whatever its items' codes.
+ *    Under the daemon's evict_lru_idle an item may evict as hs_admit would, never a request of its
+ *    own batch.
+ * Errors of the whole call (out_results then untouched): HS_ERR_INVALID_ARGUMENT (n 0 or above
+ * HS_BATCH_MAX_ITEMS, NULL arrays, an unknown mode), HS_ERR_PERMISSION_DENIED, HS_ERR_UNAVAILABLE. */
+#define HS_BATCH_MAX_ITEMS 1024
+typedef enum hs_batch_mode { HS_BATCH_ALL_OR_NOTHING = 1, HS_BATCH_PER_ITEM = 2 } hs_batch_mode;
+hs_result hs_admit_batch(hs_session* session, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
+                         const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results, uint32_t* out_rows,
+                         uint32_t* out_capacity_tokens);
+/* Since ABI 1.6. Releases n requests (1..HS_BATCH_MAX_ITEMS) in one round trip: out_results[i]
+ * (required) is HS_OK (released), HS_ERR_NOT_FOUND (not admitted in this session) or
+ * HS_ERR_INVALID_ARGUMENT (an id named twice); the others are released all the same. Returns HS_OK
+ * once the batch ran; errors of the whole call as hs_admit_batch's. */
+hs_result hs_release_batch(hs_session* session, size_t n, const uint64_t* request_ids, hs_result* out_results);
 
 #ifdef __cplusplus
 }

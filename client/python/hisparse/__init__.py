@@ -19,7 +19,7 @@ See docs/INTEGRATION.md for how an engine plugs in, and examples/engine for a ru
 
 from ._lib import ABI_VERSION, ABI_VERSION_MINOR, library_path
 from .daemon import Daemon, find_daemon_binary
-from .errors import (AlreadyExists, FailedPrecondition, HisparseError, Internal, InvalidArgument, NotFound,
+from .errors import (Aborted, AlreadyExists, FailedPrecondition, HisparseError, Internal, InvalidArgument, NotFound,
                      PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
 from .session import RequestInfo, Session, SessionInfo, Stats
 
@@ -52,8 +52,8 @@ def version() -> str:
 
 
 __all__ = [
-    "ABI_VERSION", "ABI_VERSION_MINOR", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError", "Internal", "InvalidArgument",
-    "NotFound", "PermissionDenied", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
+    "ABI_VERSION", "ABI_VERSION_MINOR", "Aborted", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError",
+    "Internal", "InvalidArgument", "NotFound", "PermissionDenied", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
     "Unavailable", "Unimplemented", "abi_version", "abi_version_full", "find_daemon_binary", "library_path",
     "version",
 ]

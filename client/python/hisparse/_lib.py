@@ -41,6 +41,12 @@ HS_ERR_FAILED_PRECONDITION = 6
 HS_ERR_UNAVAILABLE = 7
 HS_ERR_UNIMPLEMENTED = 8
 HS_ERR_INTERNAL = 9
+HS_ERR_ABORTED = 10  # ABI 1.6: a batch item not done because another item failed the batch
+
+# hs_batch_mode (ABI 1.6)
+HS_BATCH_ALL_OR_NOTHING = 1
+HS_BATCH_PER_ITEM = 2
+HS_BATCH_MAX_ITEMS = 1024
 
 # hs_backend
 HS_BACKEND_AUTO = 0
@@ -226,6 +232,12 @@ _SIGNATURES = {
                                         ctypes.c_int64, ctypes.c_void_p]),
     "hs_prefetch": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_void_p]),
     "hs_check_errors": (ctypes.c_int, [SessionPtr]),
+    "hs_admit_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.6
+                                      ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,
+                                      ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint32),
+                                      ctypes.POINTER(ctypes.c_uint32)]),
+    "hs_release_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.6
+                                        ctypes.POINTER(ctypes.c_int)]),
 }
 
 _lock = threading.Lock()

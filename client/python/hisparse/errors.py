@@ -66,10 +66,16 @@ class Internal(HisparseError):
     code = _lib.HS_ERR_INTERNAL
 
 
+class Aborted(HisparseError):
+    """A batch item not done because another item of its all-or-nothing batch failed (ABI 1.6)."""
+
+    code = _lib.HS_ERR_ABORTED
+
+
 _BY_CODE: Dict[int, Type[HisparseError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, AlreadyExists, ResourceExhausted, PermissionDenied,
-                FailedPrecondition, Unavailable, Unimplemented, Internal)
+                FailedPrecondition, Unavailable, Unimplemented, Internal, Aborted)
 }
 
 

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _lib
 from ._buffers import CudaArray, _is_torch_tensor, buffer_pointer, host_array, stream_handle
-from .errors import FailedPrecondition, InvalidArgument, Unavailable, check
+from .errors import FailedPrecondition, HisparseError, InvalidArgument, Unavailable, check, error_for
 
 _BACKENDS = {"auto": _lib.HS_BACKEND_AUTO, "host": _lib.HS_BACKEND_HOST, "cuda": _lib.HS_BACKEND_CUDA}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
@@ -205,6 +205,64 @@ class Session:
     def release(self, request_id: int) -> None:
         """Frees a request's host pages and arena row."""
         check(self._lib.hs_release(self._h(), request_id), f"release request {request_id}")
+
+    def admit_batch(self, items: Sequence[Sequence[int]],
+                    all_or_nothing: bool = True) -> List[Union[RequestInfo, HisparseError]]:
+        """Admits several requests in one round trip (ABI 1.6). ``items`` are (request_id,
+        context_tokens, token_budget) triples, 1..1024 of them, each with admit's rules (an id named
+        twice is InvalidArgument for the later item); every admitted request is mapped as admit maps it.
+
+        all_or_nothing=True: returns every item's RequestInfo, or raises the failing item's error
+        with nothing admitted; the error's ``item`` is that item's index and ``results`` every
+        item's error (Aborted for the others). A full pool fails the batch: the daemon evicts
+        nothing for it. all_or_nothing=False: each item on its own; the list holds each admitted
+        item's RequestInfo and each refused item's HisparseError (returned, not raised)."""
+        triples = [tuple(int(v) for v in it) for it in items]
+        if any(len(t) != 3 for t in triples):
+            raise InvalidArgument("admit_batch: each item is (request_id, context_tokens, token_budget)")
+        n = len(triples)
+        if not 1 <= n <= _lib.HS_BATCH_MAX_ITEMS:
+            raise InvalidArgument(f"admit_batch: 1..{_lib.HS_BATCH_MAX_ITEMS} items, got {n}")
+        ids = (ctypes.c_uint64 * n)(*[t[0] for t in triples])
+        contexts = (ctypes.c_uint32 * n)(*[t[1] for t in triples])
+        budgets = (ctypes.c_uint32 * n)(*[t[2] for t in triples])
+        codes = (ctypes.c_int * n)(*([-1] * n))  # -1: untouched (the call itself failed)
+        rows = (ctypes.c_uint32 * n)()
+        caps = (ctypes.c_uint32 * n)()
+        mode = _lib.HS_BATCH_ALL_OR_NOTHING if all_or_nothing else _lib.HS_BATCH_PER_ITEM
+        code = self._lib.hs_admit_batch(self._h(), n, ids, contexts, budgets, mode, codes, rows, caps)
+        out: List[Union[RequestInfo, HisparseError]] = []
+        for i in range(n):
+            if codes[i] == _lib.HS_OK:
+                out.append(RequestInfo(int(rows[i]), int(caps[i]), False))
+            elif codes[i] != -1:
+                out.append(self._item_error(codes[i], f"admit request {triples[i][0]}"))
+        try:
+            check(code, f"admit batch of {n}")
+        except HisparseError as e:
+            if len(out) == n:  # an item failed the batch: say which, with every item's error
+                e.item = next(i for i in range(n) if codes[i] not in (_lib.HS_OK, _lib.HS_ERR_ABORTED))
+                e.results = out
+            raise
+        return out
+
+    def release_batch(self, request_ids: Sequence[int]) -> List[Optional[HisparseError]]:
+        """Releases several requests in one round trip (ABI 1.6): one entry per id, None for a
+        released one, else its error (NotFound, or InvalidArgument for an id named twice); the
+        others are released all the same."""
+        ids_list = [int(i) for i in request_ids]
+        n = len(ids_list)
+        if not 1 <= n <= _lib.HS_BATCH_MAX_ITEMS:
+            raise InvalidArgument(f"release_batch: 1..{_lib.HS_BATCH_MAX_ITEMS} ids, got {n}")
+        ids = (ctypes.c_uint64 * n)(*ids_list)
+        codes = (ctypes.c_int * n)()
+        check(self._lib.hs_release_batch(self._h(), n, ids, codes), f"release batch of {n}")
+        return [None if codes[i] == _lib.HS_OK else self._item_error(codes[i], f"release request {ids_list[i]}")
+                for i in range(n)]
+
+    def _item_error(self, code: int, what: str) -> HisparseError:
+        name = self._lib.hs_result_string(code)
+        return error_for(code, f"{what}: {name.decode() if name else f'hs_result {code}'}")
 
     def poll_evicted(self, max_ids: int = 1024) -> List[int]:
         """The ids of this session's requests the daemon evicted under pool pressure (admission's

@@ -5,7 +5,8 @@
 // when the connection was accepted); a caller that cannot be told is refused (UNAUTHENTICATED),
 // never served as anyone. Then:
 //   Session                 opens a session owned by the caller's uid (its tenant).
-//   Admit, Extend, Release  only the session's owner uid, token or not (PERMISSION_DENIED).
+//   Admit, Extend, Release  only the session's owner uid, token or not (PERMISSION_DENIED);
+//   AdmitBatch, ReleaseBatch  likewise.
 //   Stats, ListRequests     an admin sees every session; a tenant only its own.
 //   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
 //   Drain                   admins only (PERMISSION_DENIED).
@@ -52,6 +53,10 @@ class HiSparseService final : public v1::HiSparse::Service {
   grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* req, v1::DrainResponse* resp) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest* req, v1::GetConfigResponse* resp) override;
+  grpc::Status AdmitBatch(grpc::ServerContext*, const v1::AdmitBatchRequest* req,
+                          v1::AdmitBatchResponse* resp) override;
+  grpc::Status ReleaseBatch(grpc::ServerContext*, const v1::ReleaseBatchRequest* req,
+                            v1::ReleaseBatchResponse* resp) override;
 
  private:
   struct Caller {

@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -85,6 +86,14 @@ class SessionManager {
   absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& req);
   absl::StatusOr<v1::ExtendResponse> Extend(const v1::ExtendRequest& req);
   absl::Status Release(const v1::ReleaseRequest& req);
+  // Batched admission (session_batch.cc): each item as Admit / Release would do it, the batch
+  // under one lock. The call's error concerns the whole batch (the session, the item count, the
+  // mode); an item's own is in its result. ALL_OR_NOTHING rolls back every item admitted before a
+  // failing one and never evicts; PER_ITEM may evict as Admit does, but never a request of its own
+  // batch. What each mode counts in Stats is written at the top of session_batch.cc.
+  static constexpr int kMaxBatchItems = 1024;
+  absl::StatusOr<v1::AdmitBatchResponse> AdmitBatch(const v1::AdmitBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatch(const v1::ReleaseBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   // Node figures, and every session (only_uid unset: an admin's view) or only the sessions of
   // tenant `only_uid`; then `sessions` and `requests` count those alone, while the pool, arena
   // and admission counters stay the node's.
@@ -185,6 +194,15 @@ class SessionManager {
     bool lacked_room = false;
   };
   AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdmitBatch's modes (session_batch.cc).
+  v1::AdmitBatchResponse AdmitAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::AdmitBatchResponse> AdmitEachItem(const v1::AdmitBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // PER_ITEM under evict_lru_idle: the victim whose eviction may admit `item` after `evictions`
+  // tries, or none (then the item fails as it is). Never a request in `batch` (admitted by it).
+  std::optional<Victim> BatchVictimLocked(const Session& s, const v1::AdmitItem& item, int evictions,
+                                          const absl::flat_hash_set<uint64_t>& batch) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `count` pages of `s` from the pool (continuing after `after` when given); a full pool is
   // counted as a kPoolFull refusal.
   absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(const Session& s, uint64_t count,

@@ -1,0 +1,156 @@
+// ClientSession's batched admission (client_session.h): AdmitBatch / ReleaseBatch, and the install
+// and uninstall steps that single Admit shares. One RPC per batch; the mapping of each admitted
+// request's slabs and its page-table row are exactly Admit's (InstallAdmitted).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client_session.h"
+#include "grpc_status.h"
+#include "hisparse/common/status_macros.h"
+
+namespace hisparse {
+namespace {
+
+absl::Status ItemError(const v1::ItemStatus& s, uint64_t request_id) {
+  return absl::Status(static_cast<absl::StatusCode>(s.code()),
+                      absl::StrCat("admit request ", request_id, ": ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<hs_request_info> ClientSession::InstallAdmitted(uint64_t request_id, const v1::AdmitResponse& resp) {
+  auto r = InstallRequest(resp.row(), resp.capacity_tokens(), resp.layers());
+  if (!r.ok()) return r.status();
+  absl::Status status = PublishRow(r->row, &*r);
+  if (status.ok()) {
+    status = backend_->ResetRow(arena_, static_cast<int32_t>(r->row), nullptr);
+    if (!status.ok()) (void)PublishRow(r->row, nullptr);
+  }
+  if (!status.ok()) {
+    DropSlabs(*r);
+    return status;
+  }
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  info.row = r->row;
+  info.capacity_tokens = r->capacity;
+  requests_[request_id] = std::move(*r);
+  return info;
+}
+
+absl::Status ClientSession::UninstallLocked(uint64_t request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return absl::OkStatus();
+  absl::Status cleared = PublishRow(it->second.row, nullptr);
+  DropSlabs(it->second);
+  requests_.erase(it);
+  return cleared;
+}
+
+absl::StatusOr<ClientSession::BatchAdmitted> ClientSession::AdmitBatch(const std::vector<BatchItem>& items,
+                                                                       bool all_or_nothing) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::AdmitBatchRequest req;
+  *req.mutable_session() = ref_;
+  req.set_mode(all_or_nothing ? v1::BATCH_MODE_ALL_OR_NOTHING : v1::BATCH_MODE_PER_ITEM);
+  for (const BatchItem& item : items) {
+    v1::AdmitItem* it = req.add_items();
+    it->set_request_id(item.request_id);
+    it->set_context_tokens(item.context_tokens);
+    it->set_token_budget(item.token_budget);
+  }
+  v1::AdmitBatchResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->AdmitBatch(CallContext().get(), req, &resp), "admit batch"));
+  if (static_cast<size_t>(resp.results_size()) != items.size()) {
+    return absl::InternalError(
+        absl::StrCat("the daemon answered ", resp.results_size(), " results for a batch of ", items.size(), " items"));
+  }
+  BatchAdmitted out;
+  out.items.assign(items.size(), absl::AbortedError("not admitted"));
+  out.failed_item = static_cast<int>(resp.failed_item()) - 1;
+  std::vector<uint64_t> to_release;  // the daemon admitted them; this process could not keep them
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<size_t> installed;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const v1::AdmitResult& result = resp.results(static_cast<int>(i));
+      const uint64_t id = items[i].request_id;
+      if (result.has_error()) {
+        out.items[i] = ItemError(result.error(), id);
+        continue;
+      }
+      if (all_or_nothing && out.failed_item >= 0) {
+        to_release.push_back(id);  // after an item that failed here: not tried
+        continue;
+      }
+      absl::StatusOr<hs_request_info> info = InstallAdmitted(id, result.admitted());
+      if (!info.ok()) {
+        to_release.push_back(id);
+        out.items[i] =
+            absl::Status(info.status().code(), absl::StrCat("admit request ", id, ": ", info.status().message()));
+        if (all_or_nothing) out.failed_item = static_cast<int>(i);
+        continue;
+      }
+      installed.push_back(i);
+      out.items[i] = *info;
+    }
+    if (all_or_nothing && out.failed_item >= 0) {
+      const std::string why = absl::StrCat("items[", out.failed_item, "] (request ", items[out.failed_item].request_id,
+                                           ") failed the batch");
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (static_cast<int>(i) != out.failed_item)
+          out.items[i] = absl::AbortedError(absl::StrCat("not admitted: ", why));
+      }
+      for (size_t i : installed) {
+        (void)UninstallLocked(items[i].request_id);  // its row is the daemon's to hand out again
+        to_release.push_back(items[i].request_id);
+      }
+    }
+  }
+  if (!to_release.empty()) {
+    // Outside the lock. Should this fail too (the daemon gone), the session's end releases them.
+    absl::StatusOr<v1::ReleaseBatchResponse> released = ReleaseBatchRpc(to_release);
+    if (!released.ok() && out.failed_item >= 0) {
+      absl::StatusOr<hs_request_info>& failed = out.items[out.failed_item];
+      failed = absl::Status(failed.status().code(),
+                            absl::StrCat(failed.status().message(), " (and releasing the ", to_release.size(),
+                                         " requests the daemon admitted failed: ", released.status().message(), ")"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::ReleaseBatchResponse> ClientSession::ReleaseBatchRpc(const std::vector<uint64_t>& request_ids) {
+  v1::ReleaseBatchRequest req;
+  *req.mutable_session() = ref_;
+  for (uint64_t id : request_ids) req.add_request_ids(id);
+  v1::ReleaseBatchResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->ReleaseBatch(CallContext().get(), req, &resp), "release batch"));
+  if (static_cast<size_t>(resp.results_size()) != request_ids.size()) {
+    return absl::InternalError(
+        absl::StrCat("the daemon answered ", resp.results_size(), " results for ", request_ids.size(), " ids"));
+  }
+  return resp;
+}
+
+absl::StatusOr<std::vector<absl::Status>> ClientSession::ReleaseBatch(const std::vector<uint64_t>& request_ids) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  HS_ASSIGN_OR_RETURN(v1::ReleaseBatchResponse resp, ReleaseBatchRpc(request_ids));
+  std::vector<absl::Status> out;
+  out.reserve(request_ids.size());
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < request_ids.size(); ++i) {
+    const v1::ItemStatus& s = resp.results(static_cast<int>(i));
+    if (s.code() != 0) {
+      out.push_back(absl::Status(static_cast<absl::StatusCode>(s.code()),
+                                 absl::StrCat("release request ", request_ids[i], ": ", s.message())));
+      continue;
+    }
+    out.push_back(UninstallLocked(request_ids[i]));
+  }
+  return out;
+}
+
+}  // namespace hisparse

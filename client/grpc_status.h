@@ -1,0 +1,26 @@
+// FromGrpc: the client's one conversion of a gRPC status into absl::Status (ClientSession's
+// control calls, client_session.cc and client_batch.cc). A daemon that does not answer reads as
+// UNAVAILABLE; every other code is kept, the message prefixed with what was being done.
+#ifndef HISPARSE_CLIENT_GRPC_STATUS_H_
+#define HISPARSE_CLIENT_GRPC_STATUS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace hisparse {
+
+inline absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(absl::StrCat(what, ": the daemon did not answer (", s.error_message(), ")"));
+  }
+  return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_CLIENT_GRPC_STATUS_H_

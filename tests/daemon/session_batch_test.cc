@@ -1,0 +1,296 @@
+// SessionManager::AdmitBatch / ReleaseBatch (daemon/session_batch.cc): an all-or-nothing batch that
+// fails leaves the pool, the ledger and every counter as they were; a per-item batch gives each
+// item what a single Admit would (duplicates and over-quota items refused, the rest admitted);
+// evict_lru_idle evicts for a per-item batch but never one of its own requests, and never for an
+// all-or-nothing one; ReleaseBatch reports unknown and repeated ids per id and releases the rest.
+#include <unistd.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/page_pool.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kPage = 4096;       // 256 records of 16 bytes
+constexpr uint32_t kPageTokens = 256;  // tokens of one page
+constexpr int kAborted = static_cast<int>(absl::StatusCode::kAborted);
+
+std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {},
+                                            bool evict = false) {
+  PagePool::Options po;
+  po.budget_bytes = pool_bytes;
+  po.page_bytes = kPage;
+  po.slab_bytes = kMiB;
+  po.reserve_slabs = 0;  // every byte of the budget is the sessions' to take
+  po.hugepages = PagePool::Hugepages::kOff;
+  po.pretouch_threads = 1;
+  auto pool = PagePool::Create(po);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  SessionManager::Options o;
+  o.quotas = quotas;
+  o.evict_on_pool_full = evict;
+  // A fake clock, one second a reading (under the manager's lock): the LRU order is the call order.
+  o.clock = [t = absl::UnixEpoch()]() mutable { return t += absl::Seconds(1); };
+  return std::make_unique<SessionManager>(o, std::move(*pool));
+}
+
+// A host session of one layer of 16-byte records, tenant `uid`.
+v1::SessionRef Open(SessionManager& sm, uint32_t uid = 1000, uint32_t max_requests = 128) {
+  v1::OpenSession open;
+  open.set_engine_name("session-batch-test");
+  v1::Geometry* g = open.mutable_geometry();
+  g->set_gpu(-1);
+  g->set_num_layers(1);
+  g->set_record_bytes(16);
+  g->set_k(1);
+  g->set_slots(1);
+  g->set_max_requests(max_requests);
+  PeerCredentials owner;
+  owner.uid = uid;
+  owner.pid = ::getpid();
+  auto opened = sm.OpenSession(open, owner);
+  EXPECT_TRUE(opened.ok()) << opened.status();
+  v1::SessionRef ref;
+  if (!opened.ok()) return ref;
+  ref.set_session_id(opened->session_id());
+  ref.set_token(opened->token());
+  return ref;
+}
+
+struct Item {
+  uint64_t id;
+  uint32_t tokens;
+};
+
+v1::AdmitBatchRequest Batch(const v1::SessionRef& ref, v1::BatchMode mode, const std::vector<Item>& items) {
+  v1::AdmitBatchRequest req;
+  *req.mutable_session() = ref;
+  req.set_mode(mode);
+  for (const Item& it : items) {
+    v1::AdmitItem* item = req.add_items();
+    item->set_request_id(it.id);
+    item->set_token_budget(it.tokens);
+  }
+  return req;
+}
+
+absl::Status Admit(SessionManager& sm, const v1::SessionRef& ref, uint64_t id, uint32_t tokens) {
+  v1::AdmitRequest req;
+  *req.mutable_session() = ref;
+  req.set_request_id(id);
+  req.set_token_budget(tokens);
+  return sm.Admit(req).status();
+}
+
+// The figures a batch must leave exact.
+struct Figures {
+  uint64_t pages_used, admissions, rejections, evictions;
+  uint32_t requests;
+  std::map<std::string, uint64_t> by_reason;
+};
+
+Figures Take(const SessionManager& sm) {
+  const v1::StatsResponse st = sm.Stats();
+  Figures f{st.host_pool().pages_used(), st.admissions(), st.rejections(), st.evictions(), st.requests(), {}};
+  for (const auto& rc : st.rejections_by_reason()) f.by_reason[rc.reason()] = rc.count();
+  return f;
+}
+
+std::vector<int> Codes(const v1::AdmitBatchResponse& resp) {
+  std::vector<int> codes;
+  for (const auto& r : resp.results()) codes.push_back(r.has_error() ? r.error().code() : 0);
+  return codes;
+}
+
+TEST(SessionBatchTest, AllOrNothingRollbackLeavesEverythingAsBefore) {
+  SessionManager::QuotaOptions q;
+  q.host_bytes = 4 * kPage;
+  auto sm = MakeManager(4 * kMiB, q);
+  const v1::SessionRef s = Open(*sm);
+  ASSERT_TRUE(Admit(*sm, s, 100, 1).ok());  // one page of the tenant's four
+  Figures before = Take(*sm);
+
+  // Three items fit the quota; the fourth does not: the three are rolled back.
+  absl::StatusOr<v1::AdmitBatchResponse> resp =
+      sm->AdmitBatch(Batch(s, v1::BATCH_MODE_ALL_OR_NOTHING, {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}}));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->failed_item(), 4u);
+  EXPECT_EQ(resp->admitted(), 0u);
+  EXPECT_EQ(Codes(*resp), (std::vector<int>{kAborted, kAborted, kAborted,
+                                            static_cast<int>(absl::StatusCode::kResourceExhausted), kAborted}));
+  for (int i = 0; i < resp->results_size(); ++i) EXPECT_EQ(resp->results(i).request_id(), uint64_t(i) + 1);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+  Figures after = Take(*sm);
+  EXPECT_EQ(after.pages_used, before.pages_used);
+  EXPECT_EQ(after.requests, before.requests);
+  EXPECT_EQ(after.admissions, before.admissions);      // rolled back: no admission
+  EXPECT_EQ(after.rejections, before.rejections + 1);  // the failing item's refusal, once
+  EXPECT_EQ(after.by_reason["quota"], before.by_reason["quota"] + 1);
+  auto listed = sm->ListRequests(v1::ListRequestsRequest());
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->requests_size(), 1);
+  EXPECT_EQ(listed->requests(0).request_id(), 100u);
+
+  // Rows and pages came back: the same three ids now fit, in the rows the rollback freed.
+  resp = sm->AdmitBatch(Batch(s, v1::BATCH_MODE_ALL_OR_NOTHING, {{1, 1}, {2, 1}, {3, 1}}));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->failed_item(), 0u);
+  EXPECT_EQ(resp->admitted(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(resp->results(i).has_admitted());
+    EXPECT_EQ(resp->results(i).admitted().row(), uint32_t(i) + 1);  // row 0 is request 100's
+    EXPECT_EQ(resp->results(i).admitted().layers_size(), 1);
+  }
+  EXPECT_EQ(Take(*sm).admissions, before.admissions + 3);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionBatchTest, AllOrNothingDuplicateFailsTheWholeBatch) {
+  auto sm = MakeManager(4 * kMiB);
+  const v1::SessionRef s = Open(*sm);
+  Figures before = Take(*sm);
+  absl::StatusOr<v1::AdmitBatchResponse> resp =
+      sm->AdmitBatch(Batch(s, v1::BATCH_MODE_ALL_OR_NOTHING, {{7, 10}, {8, 10}, {7, 10}}));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->failed_item(), 3u);
+  EXPECT_EQ(Codes(*resp), (std::vector<int>{kAborted, kAborted, static_cast<int>(absl::StatusCode::kInvalidArgument)}));
+  EXPECT_NE(resp->results(2).error().message().find("named twice"), std::string::npos);
+  Figures after = Take(*sm);
+  EXPECT_EQ(after.pages_used, 0u);
+  EXPECT_EQ(after.requests, 0u);
+  EXPECT_EQ(after.admissions, before.admissions);
+  EXPECT_EQ(after.rejections, before.rejections);  // bad input is no refusal
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionBatchTest, PerItemGivesEachItemItsOwnResult) {
+  SessionManager::QuotaOptions q;
+  q.host_bytes = 4 * kPage;
+  auto sm = MakeManager(4 * kMiB, q);
+  const v1::SessionRef s = Open(*sm);
+  ASSERT_TRUE(Admit(*sm, s, 50, 1).ok());
+  Figures before = Take(*sm);
+  // good, duplicate, already admitted, id 0, over the quota (3 pages: 1 + 1 + 3 > 4), good.
+  absl::StatusOr<v1::AdmitBatchResponse> resp = sm->AdmitBatch(
+      Batch(s, v1::BATCH_MODE_PER_ITEM, {{1, 1}, {1, 1}, {50, 1}, {0, 1}, {2, 3 * kPageTokens}, {3, 1}}));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->failed_item(), 0u);
+  EXPECT_EQ(resp->admitted(), 2u);
+  EXPECT_EQ(Codes(*resp), (std::vector<int>{0, static_cast<int>(absl::StatusCode::kInvalidArgument),
+                                            static_cast<int>(absl::StatusCode::kAlreadyExists),
+                                            static_cast<int>(absl::StatusCode::kInvalidArgument),
+                                            static_cast<int>(absl::StatusCode::kResourceExhausted), 0}));
+  Figures after = Take(*sm);
+  EXPECT_EQ(after.requests, before.requests + 2);
+  EXPECT_EQ(after.pages_used, before.pages_used + 2);
+  EXPECT_EQ(after.admissions, before.admissions + 2);
+  EXPECT_EQ(after.rejections, before.rejections + 1);
+  EXPECT_EQ(after.by_reason["quota"], before.by_reason["quota"] + 1);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionBatchTest, BadBatchesChangeNothing) {
+  auto sm = MakeManager(4 * kMiB);
+  const v1::SessionRef s = Open(*sm);
+  std::vector<Item> too_many;
+  for (int i = 0; i <= SessionManager::kMaxBatchItems; ++i) too_many.push_back({uint64_t(i) + 1, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(sm->AdmitBatch(Batch(s, v1::BATCH_MODE_PER_ITEM, too_many)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(sm->AdmitBatch(Batch(s, v1::BATCH_MODE_PER_ITEM, {})).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(sm->AdmitBatch(Batch(s, v1::BATCH_MODE_UNSPECIFIED, {{1, 1}})).status()));
+  v1::SessionRef forged = s;
+  forged.set_token("not-the-token");
+  for (const v1::BatchMode mode : {v1::BATCH_MODE_PER_ITEM, v1::BATCH_MODE_ALL_OR_NOTHING}) {
+    EXPECT_TRUE(absl::IsPermissionDenied(sm->AdmitBatch(Batch(forged, mode, {{1, 1}})).status()));
+  }
+  too_many.pop_back();  // exactly the cap is fine
+  absl::StatusOr<v1::AdmitBatchResponse> at_cap = sm->AdmitBatch(Batch(s, v1::BATCH_MODE_PER_ITEM, too_many));
+  ASSERT_TRUE(at_cap.ok()) << at_cap.status();
+  EXPECT_EQ(at_cap->results_size(), SessionManager::kMaxBatchItems);
+  EXPECT_EQ(at_cap->admitted(), 128u);  // the session's rows
+  EXPECT_EQ(at_cap->results(128).error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+
+  v1::ReleaseBatchRequest rel;
+  *rel.mutable_session() = forged;
+  rel.add_request_ids(1);
+  EXPECT_TRUE(absl::IsPermissionDenied(sm->ReleaseBatch(rel).status()));
+  *rel.mutable_session() = s;
+  rel.clear_request_ids();
+  EXPECT_TRUE(absl::IsInvalidArgument(sm->ReleaseBatch(rel).status()));
+  for (int i = 0; i <= SessionManager::kMaxBatchItems; ++i) rel.add_request_ids(uint64_t(i) + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(sm->ReleaseBatch(rel).status()));
+  EXPECT_EQ(sm->Stats().requests(), 128u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+TEST(SessionBatchTest, ReleaseBatchReportsEachIdAndReleasesTheRest) {
+  auto sm = MakeManager(4 * kMiB);
+  const v1::SessionRef s = Open(*sm);
+  const v1::SessionRef other = Open(*sm);
+  ASSERT_TRUE(sm->AdmitBatch(Batch(s, v1::BATCH_MODE_ALL_OR_NOTHING, {{1, 1}, {2, 300}, {3, 1}})).ok());
+  ASSERT_TRUE(Admit(*sm, other, 9, 1).ok());
+  v1::ReleaseBatchRequest rel;
+  *rel.mutable_session() = s;
+  for (uint64_t id : {1, 9, 2, 1, 3}) rel.add_request_ids(id);  // 9 is the other session's
+  absl::StatusOr<v1::ReleaseBatchResponse> resp = sm->ReleaseBatch(rel);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->released(), 3u);
+  std::vector<int> codes;
+  for (const auto& r : resp->results()) codes.push_back(r.code());
+  EXPECT_EQ(codes, (std::vector<int>{0, static_cast<int>(absl::StatusCode::kNotFound), 0,
+                                     static_cast<int>(absl::StatusCode::kInvalidArgument), 0}));
+  const v1::StatsResponse st = sm->Stats();
+  EXPECT_EQ(st.requests(), 1u);  // the other session's, untouched
+  EXPECT_EQ(st.host_pool().pages_used(), 1u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+// evict_lru_idle: an all-or-nothing batch that does not fit evicts nothing; a per-item one evicts
+// the tenant's older requests, never one this batch admitted.
+TEST(SessionBatchTest, EvictionIsPerItemOnlyAndSparesTheBatch) {
+  auto sm = MakeManager(kMiB, {}, /*evict=*/true);  // 256 pages
+  const v1::SessionRef s = Open(*sm);
+  ASSERT_TRUE(Admit(*sm, s, 100, 128 * kPageTokens).ok());
+  ASSERT_TRUE(Admit(*sm, s, 101, 128 * kPageTokens).ok());  // the pool is full
+  Figures before = Take(*sm);
+  absl::StatusOr<v1::AdmitBatchResponse> resp = sm->AdmitBatch(Batch(s, v1::BATCH_MODE_ALL_OR_NOTHING, {{1, 1}}));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->failed_item(), 1u);
+  EXPECT_EQ(resp->results(0).error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  Figures after = Take(*sm);
+  EXPECT_EQ(after.evictions, before.evictions);
+  EXPECT_EQ(after.requests, 2u);
+  EXPECT_EQ(after.by_reason["pool_full"], before.by_reason["pool_full"] + 1);
+
+  // Item 1 evicts 100 (the least recently used), item 2 then 101; item 3 could only be admitted
+  // by evicting item 1 or 2 of this batch, so it fails.
+  resp = sm->AdmitBatch(
+      Batch(s, v1::BATCH_MODE_PER_ITEM, {{1, 128 * kPageTokens}, {2, 128 * kPageTokens}, {3, kPageTokens}}));
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(Codes(*resp), (std::vector<int>{0, 0, static_cast<int>(absl::StatusCode::kResourceExhausted)}));
+  EXPECT_EQ(resp->admitted(), 2u);
+  after = Take(*sm);
+  EXPECT_EQ(after.evictions, before.evictions + 2);
+  EXPECT_EQ(after.requests, 2u);
+  EXPECT_EQ(after.pages_used, 256u);
+  auto listed = sm->ListRequests(v1::ListRequestsRequest());
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->requests_size(), 2);
+  EXPECT_EQ(listed->requests(0).request_id(), 1u);
+  EXPECT_EQ(listed->requests(1).request_id(), 2u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+}  // namespace
+}  // namespace hisparse
