@@ -35,7 +35,20 @@ const std::vector<MetricInfo>& MetricCatalog();
 class Metrics final : public prometheus::Collectable {
  public:
   // The RPC methods timed, in a fixed order (index = method id).
-  enum Method { kSession, kAdmit, kExtend, kRelease, kStats, kListRequests, kEvict, kDrain, kGetConfig, kMethodCount };
+  enum Method {
+    kSession,
+    kAdmit,
+    kExtend,
+    kRelease,
+    kStats,
+    kListRequests,
+    kEvict,
+    kDrain,
+    kGetConfig,
+    kPark,
+    kResume,
+    kMethodCount
+  };
 
   explicit Metrics(const SessionManager* sessions) : sessions_(sessions) {}
   void ObserveRpc(Method method, double seconds);
