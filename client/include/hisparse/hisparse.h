@@ -34,9 +34,10 @@ extern "C" {
  * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset); 1.4: draft_tokens;
  * 1.5: the paged host pool: a request's records live in host pages (no longer one run per layer),
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
- * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request. */
+ * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6: hs_park,
+ * hs_resume, hs_admit_shared. */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 5
+#define HS_ABI_VERSION_MINOR 6
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -303,6 +304,30 @@ hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
  * stream this process has on that GPU, not only the session's), so call it off the hot path; on
  * the host backend the data path ran synchronously and errors were returned at once. */
 hs_result hs_check_errors(hs_session* session);
+
+/* Since ABI 1.6 */
+
+/* Parks a request (preemption without re-prefill): its row of the slot arena is given back (the
+ * daemon may hand it to another request at once) and every host page stays. Parked, it counts
+ * against the tenant's quotas (host bytes, pages, requests), is listed as parked, and is the first
+ * to be evicted under admission.on_pool_full = evict_lru_idle. No data-path call may name its old
+ * row; hs_store refuses it (HS_ERR_FAILED_PRECONDITION); hs_record_ptr still reads its records.
+ * HS_ERR_NOT_FOUND: not admitted in this session. HS_ERR_FAILED_PRECONDITION: parked already. */
+hs_result hs_park(hs_session* session, uint64_t request_id);
+/* Gives a parked request a row again (out->row; possibly another than before), whose slot state
+ * is reset as after hs_admit (every slot EMPTY): the first hs_resolve fetches what it selects.
+ * HS_ERR_RESOURCE_EXHAUSTED: every row is in use (it stays parked). HS_ERR_NOT_FOUND: not admitted.
+ * HS_ERR_FAILED_PRECONDITION: not parked. `out` may be NULL. */
+hs_result hs_resume(hs_session* session, uint64_t request_id, hs_request_info* out);
+/* hs_admit whose first prefix_tokens positions start as those of request parent_request_id (of
+ * this session, live or parked): the parent's full pages below prefix_tokens are shared, read-only
+ * in both tables from now on (a store or append into them fails), and a page the prefix ends inside
+ * is the new request's own copy. The tenant is charged each shared page once; releasing either
+ * request leaves the other exact. HS_ERR_NOT_FOUND: no such parent here. HS_ERR_INVALID_ARGUMENT:
+ * prefix_tokens 0, above the parent's capacity or above token_budget, or the parent is the request
+ * itself. Otherwise as hs_admit. */
+hs_result hs_admit_shared(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                          uint64_t parent_request_id, uint32_t prefix_tokens, hs_request_info* out);
 
 #ifdef __cplusplus
 }

@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 5
+ABI_VERSION_MINOR = 6
 
 # hs_result
 HS_OK = 0
@@ -225,6 +225,10 @@ _SIGNATURES = {
                                         ctypes.c_int64, ctypes.c_void_p]),
     "hs_prefetch": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_void_p]),
     "hs_check_errors": (ctypes.c_int, [SessionPtr]),
+    "hs_park": (ctypes.c_int, [SessionPtr, ctypes.c_uint64]),  # ABI 1.6
+    "hs_resume": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(RequestInfo)]),  # ABI 1.6
+    "hs_admit_shared": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.6
+                                       ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
 }
 
 _lock = threading.Lock()
