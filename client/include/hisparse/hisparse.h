@@ -315,7 +315,9 @@ hs_result hs_check_errors(hs_session* session);
  * HS_ERR_NOT_FOUND: not admitted in this session. HS_ERR_FAILED_PRECONDITION: parked already. */
 hs_result hs_park(hs_session* session, uint64_t request_id);
 /* Gives a parked request a row again (out->row; possibly another than before), whose slot state
- * is reset as after hs_admit (every slot EMPTY): the first hs_resolve fetches what it selects.
+ * is reset as after hs_admit (every slot EMPTY): the first hs_resolve fetches what it selects. As
+ * after hs_admit, the newest token's slot (B) is written by the next hs_append or hs_store: a decode
+ * step appends before it resolves, so resume, then append the step's token, then resolve.
  * HS_ERR_RESOURCE_EXHAUSTED: every row is in use (it stays parked). HS_ERR_NOT_FOUND: not admitted.
  * HS_ERR_FAILED_PRECONDITION: not parked. `out` may be NULL. */
 hs_result hs_resume(hs_session* session, uint64_t request_id, hs_request_info* out);

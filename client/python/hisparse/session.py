@@ -209,8 +209,9 @@ class Session:
 
     def resume(self, request_id: int) -> RequestInfo:
         """Gives a parked request a row again (possibly another), every slot EMPTY: the next resolve
-        fetches what it selects. ResourceExhausted when no row is free (it stays parked),
-        FailedPrecondition when not parked."""
+        fetches what it selects. As after admit, the newest token's slot is the next append's (or
+        store's): append the step's token, then resolve. ResourceExhausted when no row is free (it
+        stays parked), FailedPrecondition when not parked."""
         ri = _lib.new_request_info()
         check(self._lib.hs_resume(self._h(), request_id, ctypes.byref(ri)), f"resume request {request_id}")
         return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
