@@ -397,6 +397,11 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
       }
       auto found = PickVictimLocked(req.session().session_id());
       if (!found.has_value()) return std::move(outcome.result);
+      // A shared prefix's parent is never evicted for its child: the admission fails instead.
+      if (req.parent_request_id() != 0 && found->session_id == req.session().session_id() &&
+          found->request_id == req.parent_request_id()) {
+        return std::move(outcome.result);
+      }
       victim = *found;
     }
     (void)EvictVictim(victim, "evicted to admit another request of the same tenant (host pool full)");

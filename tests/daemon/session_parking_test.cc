@@ -289,6 +289,22 @@ TEST(SessionParkingTest, EvictionTakesParkedRequestsFirst) {
   EXPECT_INVARIANTS(*sm);
 }
 
+// evict_lru_idle never evicts a child's parent to admit the child: the admission is refused and
+// the parent stays whole.
+TEST(SessionSharingTest, AParentIsNotEvictedForItsChild) {
+  FakeClock clock;
+  auto sm = MakeManager(1 * kMiB, {}, /*evict=*/true, &clock);  // 256 pages
+  const v1::SessionRef s = Open(*sm, 1000, 1, 8);
+  ASSERT_TRUE(Admit(*sm, s, 1, 128 * kPerPage).ok());
+  ASSERT_TRUE(Admit(*sm, s, 2, 64 * kPerPage).ok());
+  ASSERT_TRUE(Park(*sm, s, 1).ok());  // the first victim
+  absl::StatusOr<v1::AdmitResponse> child = Admit(*sm, s, 3, 192 * kPerPage + 1, 1, 64 * kPerPage);
+  EXPECT_TRUE(absl::IsResourceExhausted(child.status())) << child.status();
+  EXPECT_EQ(sm->Stats().evictions(), 0u);
+  EXPECT_EQ(sm->Stats().requests(), 2u);
+  EXPECT_INVARIANTS(*sm);
+}
+
 // A prefix that ends inside a page: the full pages below it are the parent's (read_only, one more
 // reference, charged once), the partial one a copy; either may go first.
 TEST(SessionSharingTest, PrefixInsideAPageSharesFullPagesAndCopiesThePartialOne) {
