@@ -114,6 +114,7 @@ TEST_F(ParkShareTest, ParkedRequestResumesIntoAnotherRowAndResolvesItsOwnRecords
   const CommandResult listed = Ctl(address_, "requests");
   ASSERT_EQ(listed.exit_code, 0);
   EXPECT_NE(listed.out.find("parked"), std::string::npos) << listed.out;
+  EXPECT_NE(Ctl(address_, "stats").out.find("(parked 1)"), std::string::npos);
 
   // Request 2 leaves; request 1 resumes into its row, whose slots hold request 2's records of the
   // same positions: the reset makes the first RESOLVE fetch request 1's own.
@@ -155,6 +156,9 @@ TEST_F(ParkShareTest, ChildOfASharedPrefixIsExactAndCannotWriteTheSharedPages) {
   const CommandResult listed = Ctl(address_, "requests");
   ASSERT_EQ(listed.exit_code, 0);
   EXPECT_NE(listed.out.find("16.0 KiB"), std::string::npos) << listed.out;  // each one's shared bytes
+  const CommandResult stats = Ctl(address_, "stats --json");
+  ASSERT_EQ(stats.exit_code, 0);
+  EXPECT_NE(stats.out.find("\"shared_bytes\": 16384"), std::string::npos) << stats.out;
 
   // The parent goes: the child resolves the same records from the pages it kept.
   ASSERT_TRUE(s_.Release(1).ok());
