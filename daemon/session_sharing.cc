@@ -185,7 +185,7 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
     ++pays[it->second.front()];
   }
   for (const auto& [p, listed] : s.sharers) {
-    if (!holders.count(p) != 0) {
+    if (holders.count(p) == 0) {
       return absl::InternalError(absl::StrCat("session ", s.id, ": sharers lists page ", p.index, " of slab ", p.slab,
                                               ", which no request holds"));
     }
