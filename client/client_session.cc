@@ -272,7 +272,7 @@ void ClientSession::WatchStream() {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(id);
     if (it != requests_.end()) {
-      (void)PublishRow(it->second.row, nullptr);
+      if (!it->second.parked) (void)PublishRow(it->second.row, nullptr);  // a parked one's row is another's
       DropSlabs(it->second);
       requests_.erase(it);
     }

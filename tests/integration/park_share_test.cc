@@ -131,6 +131,33 @@ TEST_F(ParkShareTest, ParkedRequestResumesIntoAnotherRowAndResolvesItsOwnRecords
   EXPECT_EQ(Stats(address_).parked_requests(), 0u);
 }
 
+// Evicting a parked request (here by an operator) leaves alone the row it once held, which another
+// request holds now.
+TEST_F(ParkShareTest, EvictingAParkedRequestLeavesItsOldRowToItsNewHolder) {
+  hs_request_info r1 = HS_REQUEST_INFO_INIT, r2 = HS_REQUEST_INFO_INIT;
+  ASSERT_TRUE(s_.Admit(1, 40, 64, &r1).ok());
+  ASSERT_EQ(Store(1, 0, 40, 1), HS_OK) << hs_last_error();
+  ASSERT_TRUE(s_.Park(1).ok());
+  ASSERT_TRUE(s_.Admit(2, 40, 64, &r2).ok());
+  ASSERT_EQ(r2.row, r1.row);
+  ASSERT_EQ(Store(2, 0, 40, 2), HS_OK) << hs_last_error();
+  hs_session_info info = HS_SESSION_INFO_INIT;
+  ASSERT_EQ(hs_session_get_info(s_.get(), &info), HS_OK);
+  auto stub = RawStub(address_);
+  grpc::ClientContext ctx;
+  v1::EvictRequest req;
+  req.set_session_id(info.session_id);
+  req.set_request_id(1);
+  v1::EvictResponse resp;
+  ASSERT_TRUE(stub->Evict(&ctx, req, &resp).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    uint64_t id = 0;
+    size_t n = 0;
+    return hs_poll_evicted(s_.get(), &id, 1, &n) == HS_OK && n == 1 && id == 1;
+  }));
+  ResolveAndCheck(r2.row, 40, {3, 20, 33, 12, 0, 1, 2, 30}, [](uint32_t) { return 2; });
+}
+
 TEST_F(ParkShareTest, ChildOfASharedPrefixIsExactAndCannotWriteTheSharedPages) {
   constexpr int32_t kCtx = 200;
   ASSERT_TRUE(s_.Admit(1, kCtx, 256, nullptr).ok());  // 4 pages a layer
