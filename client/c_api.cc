@@ -216,6 +216,40 @@ hs_result hs_release(hs_session* s, uint64_t request_id) {
   });
 }
 
+hs_result hs_admit_shared(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                          uint64_t parent_request_id, uint32_t prefix_tokens, hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->AdmitShared(request_id, context_tokens, token_budget, parent_request_id, prefix_tokens);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) WriteSized(*r, out);
+    return HS_OK;
+  });
+}
+
+hs_result hs_park(hs_session* s, uint64_t request_id) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->Park(request_id));
+  });
+}
+
+hs_result hs_resume(hs_session* s, uint64_t request_id, hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->Resume(request_id);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) WriteSized(*r, out);
+    return HS_OK;
+  });
+}
+
 hs_result hs_record_ptr(hs_session* s, uint64_t request_id, uint32_t layer, uint32_t position, void** out) {
   return Guard([&] {
     if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");

@@ -43,7 +43,8 @@ absl::StatusOr<hs_request_info> ClientSession::InstallAdmitted(uint64_t request_
 absl::Status ClientSession::UninstallLocked(uint64_t request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::OkStatus();
-  absl::Status cleared = PublishRow(it->second.row, nullptr);
+  // A parked request's old row may be another request's now: leave it alone.
+  absl::Status cleared = it->second.parked ? absl::OkStatus() : PublishRow(it->second.row, nullptr);
   DropSlabs(it->second);
   requests_.erase(it);
   return cleared;

@@ -17,6 +17,7 @@
 #include "hisparse/common/unix_socket.h"
 
 namespace hisparse {
+
 namespace {
 
 constexpr char kDefaultAddress[] = "unix:/run/hisparse/hisparsed.sock";
@@ -268,7 +269,7 @@ void ClientSession::WatchStream() {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(id);
     if (it != requests_.end()) {
-      (void)PublishRow(it->second.row, nullptr);
+      if (!it->second.parked) (void)PublishRow(it->second.row, nullptr);  // a parked one's row is another's
       DropSlabs(it->second);
       requests_.erase(it);
     }
@@ -462,6 +463,11 @@ absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32
   req.set_request_id(request_id);
   req.set_context_tokens(context_tokens);
   req.set_token_budget(token_budget);
+  return AdmitWith(req);
+}
+
+absl::StatusOr<hs_request_info> ClientSession::AdmitWith(const v1::AdmitRequest& req) {
+  const uint64_t request_id = req.request_id();
   v1::AdmitResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Admit(CallContext().get(), req, &resp), "admit"));
   absl::MutexLock lock(&mu_);
@@ -484,8 +490,9 @@ absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint3
   auto r = InstallRequest(it->second.row, resp.capacity_tokens(), resp.layers());
   if (!r.ok()) return r.status();
   DropSlabs(it->second);
+  r->parked = it->second.parked;
   it->second = std::move(*r);
-  HS_RETURN_IF_ERROR(PublishRow(it->second.row, &it->second));
+  if (!it->second.parked) HS_RETURN_IF_ERROR(PublishRow(it->second.row, &it->second));
   hs_request_info info = HS_REQUEST_INFO_INIT;
   info.row = it->second.row;
   info.capacity_tokens = it->second.capacity;
@@ -503,7 +510,8 @@ absl::Status ClientSession::Release(uint64_t request_id) {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::OkStatus();
-  HS_RETURN_IF_ERROR(PublishRow(it->second.row, nullptr));
+  // A parked request's row may be another's now.
+  if (!it->second.parked) HS_RETURN_IF_ERROR(PublishRow(it->second.row, nullptr));
   DropSlabs(it->second);
   requests_.erase(it);
   return absl::OkStatus();
@@ -623,6 +631,9 @@ absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_
   absl::ReaderMutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));
+  if (it->second.parked) {
+    return absl::FailedPreconditionError(absl::StrCat("store: request ", request_id, " is parked (resume it first)"));
+  }
   if (src == nullptr || num_tokens < 0 || start_pos < 0 ||
       token_stride < static_cast<int64_t>(geometry_.record_bytes()) ||
       static_cast<int64_t>(start_pos) + num_tokens > it->second.capacity || seq_len_after < start_pos + num_tokens ||
@@ -650,6 +661,10 @@ absl::Status ClientSession::StoreIndexed(const hs_store_indexed_args& a) {
   auto it = requests_.find(a.request_id);
   if (it == requests_.end()) {
     return absl::NotFoundError(absl::StrCat("indexed store: request ", a.request_id, " is not admitted here"));
+  }
+  if (it->second.parked) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("indexed store: request ", a.request_id, " is parked (resume it first)"));
   }
   const uint64_t layers = geometry_.num_layers();
   if (a.num_layers < 1 || static_cast<uint64_t>(a.first_layer) + a.num_layers > layers) {

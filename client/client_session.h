@@ -79,6 +79,17 @@ class ClientSession {
   // others are released, here and in the daemon.
   absl::StatusOr<std::vector<absl::Status>> ReleaseBatch(const std::vector<uint64_t>& request_ids)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Park and resume, and Admit with a shared prefix (client_parking.cc). Park unpublishes the
+  // request's row (the daemon may give it to another request) and keeps its pages mapped; Resume
+  // publishes its pages in the row the daemon gives and resets that row's slot state (every slot
+  // EMPTY, as Admit does). A parked request refuses store (FAILED_PRECONDITION); its records stay
+  // readable through RecordPtr. AdmitShared's prefix pages are read-only in the child's table
+  // and, from then on, in the parent's too (a prefix is immutable once shared).
+  absl::Status Park(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<hs_request_info> Resume(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<hs_request_info> AdmitShared(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                                              uint64_t parent_request_id, uint32_t prefix_tokens)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
@@ -122,7 +133,8 @@ class ClientSession {
                                      // is when the daemon drops the slab too (its pages are all free)
   };
   struct Request {
-    uint32_t row = 0;
+    uint32_t row = 0;  // meaningless while parked
+    bool parked = false;
     uint32_t capacity = 0;
     std::vector<std::vector<v1::PageRef>> layers;  // per layer, in position order
   };
@@ -178,6 +190,10 @@ class ClientSession {
   absl::Status UninstallLocked(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ReleaseBatch RPC alone (this process's table untouched).
   absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatchRpc(const std::vector<uint64_t>& request_ids);
+  // Admit's RPC and installation, for Admit and AdmitShared.
+  absl::StatusOr<hs_request_info> AdmitWith(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // Whether a live request of this client other than `except` holds `row`.
+  bool RowTakenLocked(uint32_t row, uint64_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Request> InstallRequest(uint32_t row, uint32_t capacity,
                                          const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

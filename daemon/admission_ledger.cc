@@ -163,8 +163,35 @@ void AdmissionLedger::Release(uint64_t session_id, uint64_t request_id) {
   --u.requests;
   u.pages -= it->second.pages;
   used_pages_ -= it->second.pages;
-  s->row_used[it->second.row] = false;
+  if (!it->second.parked) s->row_used[it->second.row] = false;
   s->requests.erase(it);
+}
+
+void AdmissionLedger::Park(uint64_t session_id, uint64_t request_id) {
+  Session* s = Find(session_id);
+  if (s == nullptr) return;
+  auto it = s->requests.find(request_id);
+  if (it == s->requests.end() || it->second.parked) return;
+  s->row_used[it->second.row] = false;
+  it->second.parked = true;
+}
+
+void AdmissionLedger::Resume(uint64_t session_id, uint64_t request_id, uint32_t row) {
+  Session* s = Find(session_id);
+  if (s == nullptr || row >= s->row_used.size() || s->row_used[row]) return;
+  auto it = s->requests.find(request_id);
+  if (it == s->requests.end() || !it->second.parked) return;
+  s->row_used[row] = true;
+  it->second.row = row;
+  it->second.parked = false;
+  it->second.last_used = clock_();
+}
+
+bool AdmissionLedger::IsParked(uint64_t session_id, uint64_t request_id) const {
+  const Session* s = Find(session_id);
+  if (s == nullptr) return false;
+  auto it = s->requests.find(request_id);
+  return it != s->requests.end() && it->second.parked;
 }
 
 bool AdmissionLedger::HasRequest(uint64_t session_id, uint64_t request_id) const {
@@ -185,23 +212,24 @@ std::optional<uint32_t> AdmissionLedger::RowOf(uint64_t session_id, uint64_t req
   const Session* s = Find(session_id);
   if (s == nullptr) return std::nullopt;
   auto it = s->requests.find(request_id);
-  if (it == s->requests.end()) return std::nullopt;
+  if (it == s->requests.end() || it->second.parked) return std::nullopt;
   return it->second.row;
 }
 
 std::optional<AdmissionLedger::RequestKey> AdmissionLedger::PickVictim(uint64_t session_id) const {
   const Session* me = Find(session_id);
   if (me == nullptr) return std::nullopt;
-  std::optional<std::tuple<absl::Time, uint64_t, uint64_t>> best;
+  // Live requests rank after every parked one: !parked is false (first) for a parked request.
+  std::optional<std::tuple<bool, absl::Time, uint64_t, uint64_t>> best;
   for (const auto& [sid, s] : sessions_) {
     if (s.tenant != me->tenant) continue;
     for (const auto& [rid, r] : s.requests) {
-      const auto key = std::make_tuple(r.last_used, sid, rid);
+      const auto key = std::make_tuple(!r.parked, r.last_used, sid, rid);
       if (!best.has_value() || key < *best) best = key;
     }
   }
   if (!best.has_value()) return std::nullopt;
-  return RequestKey{std::get<1>(*best), std::get<2>(*best)};
+  return RequestKey{std::get<2>(*best), std::get<3>(*best)};
 }
 
 bool AdmissionLedger::EvictionCouldAdmit(uint64_t session_id, uint64_t need_pages, uint64_t available_pages) const {
@@ -219,13 +247,14 @@ absl::Status AdmissionLedger::CheckInvariants() const {
     u.arena_bytes += s.arena_bytes;
     std::vector<bool> rows(s.row_used.size(), false);
     for (const auto& [rid, r] : s.requests) {
+      ++u.requests;
+      u.pages += r.pages;
+      used += r.pages;
+      if (r.parked) continue;
       if (r.row >= rows.size())
         return absl::InternalError(absl::StrCat("session ", sid, ": row ", r.row, " out of range"));
       if (rows[r.row]) return absl::InternalError(absl::StrCat("session ", sid, ": row ", r.row, " held twice"));
       rows[r.row] = true;
-      ++u.requests;
-      u.pages += r.pages;
-      used += r.pages;
     }
     if (rows != s.row_used)
       return absl::InternalError(absl::StrCat("session ", sid, ": row table disagrees with requests"));

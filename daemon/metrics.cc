@@ -16,8 +16,9 @@ namespace {
 constexpr int kMetricsThreads = 16;
 constexpr int kMetricsRequestTimeoutMs = 250;
 
-constexpr const char* kMethodNames[] = {"Session", "Admit", "Extend",    "Release",    "Stats",       "ListRequests",
-                                        "Evict",   "Drain", "GetConfig", "AdmitBatch", "ReleaseBatch"};
+constexpr const char* kMethodNames[] = {"Session",      "Admit", "Extend", "Release",   "Stats",
+                                        "ListRequests", "Evict", "Drain",  "GetConfig", "AdmitBatch",
+                                        "ReleaseBatch", "Park",  "Resume"};
 static_assert(sizeof(kMethodNames) / sizeof(kMethodNames[0]) == Metrics::kMethodCount, "one name per method");
 
 prometheus::MetricType TypeOf(const char* type) {
@@ -77,6 +78,9 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_arena_bytes", "gauge", "Slot-arena bytes held by sessions, per device (gpu=-1: host-emulated)."},
       {"hisparse_sessions", "gauge", "Open sessions."},
       {"hisparse_requests", "gauge", "Admitted requests."},
+      {"hisparse_parked_requests", "gauge",
+       "Parked requests (host pages kept, no arena row); counted in hisparse_requests too."},
+      {"hisparse_host_pool_shared_bytes", "gauge", "Host pool bytes serving more than one request (shared prefixes)."},
       {"hisparse_admissions_total", "counter", "Requests admitted since start."},
       {"hisparse_rejections_total", "counter", "Admissions and session opens refused, by reason."},
       {"hisparse_evictions_total", "counter", "Requests evicted (their sessions were notified first)."},
@@ -123,6 +127,8 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   }
   fb.Add("hisparse_sessions", st.sessions());
   fb.Add("hisparse_requests", st.requests());
+  fb.Add("hisparse_parked_requests", st.parked_requests());
+  fb.Add("hisparse_host_pool_shared_bytes", static_cast<double>(p.shared_bytes()));
   fb.Add("hisparse_admissions_total", static_cast<double>(st.admissions()));
   for (const RejectReason r : kRejectReasons) {
     const char* reason = RejectReasonName(r);

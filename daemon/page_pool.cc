@@ -432,6 +432,16 @@ absl::StatusOr<UniqueFd> PagePool::DupSlabFd(uint64_t owner, uint64_t slab, uint
   return dup;
 }
 
+absl::StatusOr<uint8_t*> PagePool::PageData(uint64_t owner, const Page& page) const {
+  absl::MutexLock lock(&mu_);
+  auto it = slabs_.find(page.slab);
+  if (owner == kNoOwner || it == slabs_.end() || it->second.owner != owner || page.index >= it->second.refs.size() ||
+      it->second.refs[page.index] == 0) {
+    return absl::NotFoundError(absl::StrCat("page ", page.index, " of slab ", page.slab, " is not held by this owner"));
+  }
+  return it->second.mem->map.data() + uint64_t{page.index} * options_.page_bytes;
+}
+
 uint8_t* PagePool::PageDataForTest(const Page& page) const {
   absl::MutexLock lock(&mu_);
   auto it = slabs_.find(page.slab);

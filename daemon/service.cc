@@ -212,6 +212,33 @@ grpc::Status HiSparseService::Release(grpc::ServerContext* context, const v1::Re
   return ToGrpcStatus(sessions_->Release(*req));
 }
 
+grpc::Status HiSparseService::Park(grpc::ServerContext* context, const v1::ParkRequest* req, v1::ParkResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kPark);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->Park(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::Resume(grpc::ServerContext* context, const v1::ResumeRequest* req,
+                                     v1::ResumeResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kResume);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->Resume(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status HiSparseService::Stats(grpc::ServerContext* context, const v1::StatsRequest*, v1::StatsResponse* resp) {
   RpcTimer t(metrics_, Metrics::kStats);
   auto caller = Identify(context);

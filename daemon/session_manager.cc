@@ -341,6 +341,7 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::Se
 }
 
 void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
+  UnshareLocked(s, r);
   for (const std::vector<PagePool::Page>& layer : r.pages) {
     absl::Status st = pool_->ReleaseAll(s.id, layer);
     if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
@@ -349,7 +350,8 @@ void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
   ledger_.Release(s.id, r.id);
 }
 
-void SessionManager::FillLayers(const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const {
+void SessionManager::FillLayers(const Session& s, const Request& r,
+                                google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const {
   const uint64_t page_bytes = pool_->page_bytes();  // const in the pool
   for (size_t layer = 0; layer < r.pages.size(); ++layer) {
     v1::LayerPages* lp = out->Add();
@@ -358,6 +360,7 @@ void SessionManager::FillLayers(const Request& r, google::protobuf::RepeatedPtrF
       v1::PageRef* ref = lp->add_pages();
       ref->set_slab(p.slab);
       ref->set_offset(uint64_t{p.index} * page_bytes);
+      if (s.sharers.count(p) != 0) ref->set_read_only(true);
     }
   }
 }
@@ -402,6 +405,11 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
       }
       auto found = PickVictimLocked(req.session().session_id());
       if (!found.has_value()) return std::move(outcome.result);
+      // A shared prefix's parent is never evicted for its child: the admission fails instead.
+      if (req.parent_request_id() != 0 && found->session_id == req.session().session_id() &&
+          found->request_id == req.parent_request_id()) {
+        return std::move(outcome.result);
+      }
       victim = *found;
     }
     (void)EvictVictim(victim, "evicted to admit another request of the same tenant (host pool full)");
@@ -425,6 +433,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     return {
         absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
   }
+  if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return AdmitSharedLocked(*s, req);
   // Charged in whole pages.
   const uint64_t per_layer = PagesFor(*s, req.token_budget());
   const uint64_t total = per_layer * s->geometry.num_layers();
@@ -438,6 +447,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   r.admitted_at = absl::Now();
   r.row = row;
   r.capacity_tokens = req.token_budget();
+  r.charged_pages = total;
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
@@ -448,7 +458,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   v1::AdmitResponse resp;
   resp.set_row(row);
   resp.set_capacity_tokens(r.capacity_tokens);
-  FillLayers(r, resp.mutable_layers());
+  FillLayers(*s, r, resp.mutable_layers());
   s->requests.emplace(r.id, std::move(r));
   return {std::move(resp)};
 }
@@ -479,7 +489,7 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   auto rit = it->second->requests.find(v.request_id);
   if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
-  const uint64_t freed = rit->second.PageCount() * pool_->page_bytes();
+  const uint64_t freed = (rit->second.PageCount() - SharedPagesOf(*it->second, rit->second)) * pool_->page_bytes();
   ReleaseRequestLocked(*it->second, rit->second);
   it->second->requests.erase(rit);
   ++evictions_;
@@ -522,11 +532,12 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
     r.pages[layer].insert(r.pages[layer].end(), added[layer].begin(), added[layer].end());
   }
   r.capacity_tokens = req.token_budget();
-  ledger_.SetPages(s->id, r.id, r.PageCount());
+  r.charged_pages += extra * r.pages.size();
+  ledger_.SetPages(s->id, r.id, r.charged_pages);
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
   resp.set_moved(false);
-  FillLayers(r, resp.mutable_layers());
+  FillLayers(*s, r, resp.mutable_layers());
   return resp;
 }
 
@@ -569,6 +580,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     hp->set_pages_free(ps.pages_free);
     hp->set_pages_reserved(ps.pages_reserved);
     hp->set_pages_shared(ps.pages_shared);
+    hp->set_shared_bytes(ps.pages_shared * ps.page_bytes);
     hp->set_slabs(ps.slabs);
     hp->set_ready_slabs(ps.ready_slabs);
     hp->set_scrub_queue(ps.scrub_queue);
@@ -591,6 +603,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     for (const auto& [device, bytes] : arena_bytes_by_device_) (*out.mutable_arena_bytes_by_device())[device] = bytes;
     out.set_arena_budget_bytes(options_.arena_budget_bytes);
     uint32_t requests = 0;
+    uint32_t parked = 0;
     for (const auto& [id, s] : sessions_) {
       if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
       ++sessions;
@@ -600,9 +613,8 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       ss->set_engine_name(s->engine_name);
       *ss->mutable_geometry() = s->geometry;
       ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-      uint64_t pages = 0;
-      for (const auto& [rid, r] : s->requests) pages += r.PageCount();
-      ss->set_host_bytes(pages * ps.page_bytes);
+      for (const auto& [rid, r] : s->requests) parked += r.parked ? 1 : 0;
+      ss->set_host_bytes(ledger_.PagesOf(id) * ps.page_bytes);  // distinct pages: shared ones once
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
       v1::SetArenaKind(s->arena->kind(), ss);
@@ -610,6 +622,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     }
     out.set_sessions(sessions);
     out.set_requests(requests);
+    out.set_parked_requests(parked);
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
   // sees them as of some recent point, which is all stats need.
@@ -733,9 +746,9 @@ absl::Status SessionManager::CheckInvariants() const {
   uint64_t live = 0;
   for (const auto& [id, s] : sessions_) {
     if (!ledger_.HasSession(id)) return absl::InternalError(absl::StrCat("session ", id, " is not in the ledger"));
-    uint64_t pages = 0;
     for (const auto& [rid, r] : s->requests) {
-      if (ledger_.RowOf(id, rid) != r.row) {
+      if (ledger_.RowOf(id, rid) != (r.parked ? std::nullopt : std::optional<uint32_t>(r.row)) ||
+          ledger_.IsParked(id, rid) != r.parked) {
         return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": row disagrees with the ledger"));
       }
       if (r.pages.size() != s->geometry.num_layers()) {
@@ -748,9 +761,10 @@ absl::Status SessionManager::CheckInvariants() const {
                                                   " pages for ", r.capacity_tokens, " tokens"));
         }
       }
-      pages += r.PageCount();
     }
-    // Distinct pages, each referenced once: the pool's count for the session equals the sum.
+    // Distinct pages (a shared one once): the pool's count for the session and the ledger's.
+    uint64_t pages = 0;
+    HS_RETURN_IF_ERROR(CheckSharingLocked(*s, &pages));
     if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {
       return absl::InternalError(absl::StrCat("session ", id, ": requests hold ", pages, " pages, the ledger counts ",
                                               ledger_.PagesOf(id), ", the pool ", pool_->PagesOf(id)));

@@ -1,6 +1,8 @@
-// hisparse-ctl requests [--session ID]: every admitted request, or one session's, following the
+// hisparse-ctl requests [--session ID]: every admitted request (live or parked, and the bytes it
+// shares with another request), or one session's, following the
 // daemon's pages to the end.
 #include <cstdio>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
@@ -8,6 +10,12 @@
 #include "hisparse/common/size_parse.h"
 
 namespace hisparse::ctl {
+namespace {
+
+// The state column: live (holds an arena row) or parked (host pages only).
+const char* StateName(v1::RequestState state) { return state == v1::REQUEST_STATE_PARKED ? "parked" : "live"; }
+
+}  // namespace
 
 int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
   auto stub = Connect(g);
@@ -29,16 +37,20 @@ int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
       const auto& r = resp.requests(i);
       std::printf(
           "%s\n {\"session_id\": %lu, \"request_id\": %lu, \"row\": %u, \"capacity_tokens\": %u, \"host_bytes\": %lu, "
-          "\"age_seconds\": %.3f}",
-          i ? "," : "", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(), r.host_bytes(), r.age_seconds());
+          "\"age_seconds\": %.3f, \"state\": \"%s\", \"shared_bytes\": %lu}",
+          i ? "," : "", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(), r.host_bytes(), r.age_seconds(),
+          StateName(r.state()), r.shared_bytes());
     }
     std::printf("%s]\n", resp.requests_size() ? "\n" : "");
     return kExitOk;
   }
-  std::printf("%-8s %-20s %5s %10s %11s %9s\n", "SESSION", "REQUEST", "ROW", "TOKENS", "HOST", "AGE");
+  std::printf("%-8s %-20s %-6s %5s %10s %11s %11s %9s\n", "SESSION", "REQUEST", "STATE", "ROW", "TOKENS", "HOST",
+              "SHARED", "AGE");
   for (const auto& r : resp.requests()) {
-    std::printf("%-8lu %-20lu %5u %10u %11s %8.0fs\n", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(),
-                FormatByteSize(r.host_bytes()).c_str(), r.age_seconds());
+    const bool parked = r.state() == v1::REQUEST_STATE_PARKED;
+    std::printf("%-8lu %-20lu %-6s %5s %10u %11s %11s %8.0fs\n", r.session_id(), r.request_id(), StateName(r.state()),
+                parked ? "-" : std::to_string(r.row()).c_str(), r.capacity_tokens(),
+                FormatByteSize(r.host_bytes()).c_str(), FormatByteSize(r.shared_bytes()).c_str(), r.age_seconds());
   }
   if (resp.requests_size() == 0) std::printf("(no requests)\n");
   return kExitOk;

@@ -18,11 +18,12 @@ void PrintJson(const v1::StatsResponse& s) {
   std::printf(
       " \"host_pool\": {\"capacity_bytes\": %lu, \"used_bytes\": %lu, \"free_bytes\": %lu, \"fragmentation\": %.6f, "
       "\"page_bytes\": %lu, \"slab_bytes\": %lu, \"pages_used\": %lu, \"pages_free\": %lu, \"pages_reserved\": %lu, "
-      "\"pages_shared\": %lu, \"slabs\": %u, \"ready_slabs\": %u, \"scrub_queue\": %u, \"hugepages\": %s, "
+      "\"pages_shared\": %lu, \"shared_bytes\": %lu, \"slabs\": %u, \"ready_slabs\": %u, \"scrub_queue\": %u, "
+      "\"hugepages\": %s, "
       "\"locked\": %s},\n",
       p.capacity_bytes(), p.used_bytes(), p.free_bytes(), p.fragmentation(), p.page_bytes(), p.slab_bytes(),
-      p.pages_used(), p.pages_free(), p.pages_reserved(), p.pages_shared(), p.slabs(), p.ready_slabs(), p.scrub_queue(),
-      p.hugepages() ? "true" : "false", p.locked() ? "true" : "false");
+      p.pages_used(), p.pages_free(), p.pages_reserved(), p.pages_shared(), p.shared_bytes(), p.slabs(),
+      p.ready_slabs(), p.scrub_queue(), p.hugepages() ? "true" : "false", p.locked() ? "true" : "false");
   std::printf(" \"arena_bytes_by_gpu\": {");
   bool first = true;
   for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
@@ -32,9 +33,9 @@ void PrintJson(const v1::StatsResponse& s) {
   std::printf("}, \"arena_budget_bytes\": %lu, \"draining\": %s,\n", s.arena_budget_bytes(),
               s.draining() ? "true" : "false");
   std::printf(
-      " \"sessions\": %u, \"requests\": %u, \"admissions\": %lu, \"rejections\": %lu, \"evictions\": %lu,\n "
-      "\"session_stats\": [",
-      s.sessions(), s.requests(), s.admissions(), s.rejections(), s.evictions());
+      " \"sessions\": %u, \"requests\": %u, \"parked_requests\": %u, \"admissions\": %lu, \"rejections\": %lu, "
+      "\"evictions\": %lu,\n \"session_stats\": [",
+      s.sessions(), s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions());
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();
@@ -57,15 +58,16 @@ void PrintTable(const v1::StatsResponse& s) {
               FormatByteSize(p.capacity_bytes()).c_str(), FormatByteSize(p.used_bytes()).c_str(),
               FormatByteSize(p.free_bytes()).c_str(), 100.0 * p.fragmentation(), p.pages_used(), p.pages_free(),
               p.pages_reserved(), p.slabs(), p.scrub_queue());
-  std::printf("%-10s pages of %s, slabs up to %s\n\n", "", FormatByteSize(p.page_bytes()).c_str(),
-              FormatByteSize(p.slab_bytes()).c_str());
+  std::printf("%-10s pages of %s, slabs up to %s, shared %s\n\n", "", FormatByteSize(p.page_bytes()).c_str(),
+              FormatByteSize(p.slab_bytes()).c_str(), FormatByteSize(p.shared_bytes()).c_str());
   for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
     std::printf("%-10s %12s %12s\n", gpu < 0 ? "arena host" : absl::StrFormat("arena gpu%d", gpu).c_str(),
                 s.arena_budget_bytes() ? FormatByteSize(s.arena_budget_bytes()).c_str() : "unlimited",
                 FormatByteSize(bytes).c_str());
   }
-  std::printf("\nsessions %u, requests %u, admissions %lu, rejections %lu, evictions %lu%s\n", s.sessions(),
-              s.requests(), s.admissions(), s.rejections(), s.evictions(), s.draining() ? " (draining)" : "");
+  std::printf("\nsessions %u, requests %u (parked %u), admissions %lu, rejections %lu, evictions %lu%s\n", s.sessions(),
+              s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions(),
+              s.draining() ? " (draining)" : "");
   if (s.session_stats_size() == 0) return;
   std::printf("\n%-8s %-20s %4s %9s %11s %11s %12s %12s %9s %11s\n", "SESSION", "ENGINE", "GPU", "REQUESTS", "HOST",
               "ARENA", "HITS", "MISSES", "HIT RATE", "FETCHED");

@@ -485,8 +485,6 @@ TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
 namespace hisparse {
 namespace {
 
-using ::testing::HasSubstr;
-
 // Every entry of the one metric catalog is exported with a sample once the daemon has a session,
 // a request and a timed RPC: a catalog entry that nothing fills would be a dashboard panel that
 // always reads empty. And the families are exactly the catalog's, with its types, in its order.

@@ -1,10 +1,10 @@
 // Fuzz target: the daemon's request handlers. The input is a program of operations (open a
-// session with fuzzed geometry, admit / extend / release with fuzzed ids, budgets and tokens,
-// batched admit / release (op bytes 248..255), close, fd lookups with fuzzed object names, stats,
-// drain) run against one in-process SessionManager over a small PagePool. After every operation
-// the accounting invariants must hold and the outcome must agree with a shadow model of who holds
-// what; after the program every session is closed and the pool must be exactly empty. Anything
-// else aborts (a finding).
+// session with fuzzed geometry, admit / extend / release / park / resume with fuzzed ids, budgets
+// and tokens, admit on a parent's prefix, batched admit / release (op bytes 248..255), close, fd
+// lookups with fuzzed object names, stats, drain) run against one in-process SessionManager over a
+// small PagePool. After every operation the accounting invariants must hold and the outcome must
+// agree with a shadow model of who holds what; after the program every session is closed and the
+// pool must be exactly empty. Anything else aborts (a finding).
 //
 // The manager and its pool live for the whole process (building a pool per input would spend the
 // fuzzer's time pre-touching memory); each input leaves them empty, which is what it checks.
@@ -56,6 +56,7 @@ struct LiveSession {
   uint64_t id = 0;
   std::string token;
   std::set<uint64_t> requests;  // the shadow model: what this session holds
+  std::set<uint64_t> parked;    // of those, the parked ones
 };
 
 // Picks a session reference: usually a live one with its own token, sometimes a wrong token or
@@ -108,7 +109,7 @@ void OpenOne(FuzzInput& in, std::vector<LiveSession>& live) {
     return;
   }
   for (const LiveSession& s : live) Expect(s.id != opened->session_id(), "a session id was handed out twice");
-  live.push_back({opened->session_id(), opened->token(), {}});
+  live.push_back({opened->session_id(), opened->token(), {}, {}});
 }
 
 bool IsAdmitRefusal(const absl::Status& st) {
@@ -192,6 +193,7 @@ void ReleaseBatchOne(FuzzInput& in, std::vector<LiveSession>& live) {
     if (!seen.insert(id).second) {
       Expect(code == absl::StatusCode::kInvalidArgument, "ReleaseBatch of a repeated id was not refused");
     } else if (owner->requests.erase(id) == 1) {
+      owner->parked.erase(id);
       Expect(code == absl::StatusCode::kOk, "ReleaseBatch of a held id failed");
     } else {
       Expect(code == absl::StatusCode::kNotFound, "ReleaseBatch of an id not held was not NOT_FOUND");
@@ -210,7 +212,7 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
     }
     return;
   }
-  switch (op % 8) {
+  switch (op % 10) {
     case 0:
       OpenOne(in, live);
       break;
@@ -265,6 +267,7 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
       if (owner == nullptr) {
         Expect(absl::IsPermissionDenied(st), "Release with a foreign or wrong ref: " + st.ToString());
       } else if (owner->requests.erase(req.request_id()) == 1) {
+        owner->parked.erase(req.request_id());
         Expect(st.ok(), "Release of a held id failed: " + st.ToString());
       } else {
         Expect(absl::IsNotFound(st), "Release of an id not held: " + st.ToString());
@@ -313,6 +316,67 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
       for (const LiveSession& s : live) requests += static_cast<uint32_t>(s.requests.size());
       Expect(st.sessions() == live.size(), "Stats.sessions disagrees with the model");
       Expect(st.requests() == requests, "Stats.requests disagrees with the model");
+      uint32_t parked = 0;
+      for (const LiveSession& s : live) parked += static_cast<uint32_t>(s.parked.size());
+      Expect(st.parked_requests() == parked, "Stats.parked_requests disagrees with the model");
+      break;
+    }
+    case 8: {  // Park or Resume
+      const v1::SessionRef ref = PickRef(in, live, &owner);
+      const uint64_t id = PickRequestId(in);
+      const bool park = in.Read<uint8_t>() % 2 == 0;
+      absl::Status st;
+      if (park) {
+        v1::ParkRequest req;
+        *req.mutable_session() = ref;
+        req.set_request_id(id);
+        st = Manager().Park(req).status();
+      } else {
+        v1::ResumeRequest req;
+        *req.mutable_session() = ref;
+        req.set_request_id(id);
+        st = Manager().Resume(req).status();
+      }
+      if (owner == nullptr) {
+        Expect(absl::IsPermissionDenied(st), "Park/Resume with a foreign or wrong ref: " + st.ToString());
+      } else if (owner->requests.count(id) == 0) {
+        Expect(absl::IsNotFound(st), "Park/Resume of an id not held: " + st.ToString());
+      } else if (park == (owner->parked.count(id) != 0)) {
+        Expect(absl::IsFailedPrecondition(st), "Park of a parked / Resume of a live request: " + st.ToString());
+      } else if (park) {
+        Expect(st.ok(), "Park of a live request failed: " + st.ToString());
+        owner->parked.insert(id);
+      } else if (st.ok()) {
+        owner->parked.erase(id);
+      } else {
+        Expect(absl::IsResourceExhausted(st), "Resume failed with an undocumented code: " + st.ToString());
+      }
+      break;
+    }
+    case 9: {  // Admit on a parent's prefix
+      v1::AdmitRequest req;
+      *req.mutable_session() = PickRef(in, live, &owner);
+      req.set_request_id(PickRequestId(in));
+      req.set_parent_request_id(PickRequestId(in));
+      req.set_token_budget(in.Small(0, 255) * 64);
+      req.set_prefix_tokens(in.Read<uint8_t>() < 16 ? in.Read<uint32_t>() : in.Small(0, 255) * 16);
+      auto r = Manager().Admit(req);
+      if (owner == nullptr) {
+        Expect(absl::IsPermissionDenied(r.status()), "Admit with a foreign or wrong ref: " + r.status().ToString());
+      } else if (r.ok()) {
+        if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) {
+          Expect(owner->requests.count(req.parent_request_id()) != 0, "a shared Admit succeeded without its parent");
+        }
+        Expect(owner->requests.insert(req.request_id()).second, "Admit succeeded for an id already held");
+      } else {
+        Expect(absl::IsInvalidArgument(r.status()) || absl::IsFailedPrecondition(r.status()) ||
+                   absl::IsResourceExhausted(r.status()) || absl::IsAlreadyExists(r.status()) ||
+                   absl::IsNotFound(r.status()),
+               "a shared Admit failed with an undocumented code: " + r.status().ToString());
+        if (absl::IsNotFound(r.status())) {
+          Expect(owner->requests.count(req.parent_request_id()) == 0, "NotFound for a parent that is held");
+        }
+      }
       break;
     }
     default:  // Drain on / off: admissions and opens must fail cleanly while draining

@@ -35,7 +35,8 @@ extern "C" {
  * 1.5: the paged host pool: a request's records live in host pages (no longer one run per layer),
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
  * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
- * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED. */
+ * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED, hs_park,
+ * hs_resume, hs_admit_shared. */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 6
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
@@ -338,6 +339,31 @@ hs_result hs_admit_batch(hs_session* session, size_t n, const uint64_t* request_
  * HS_ERR_INVALID_ARGUMENT (an id named twice); the others are released all the same. Returns HS_OK
  * once the batch ran; errors of the whole call as hs_admit_batch's. */
 hs_result hs_release_batch(hs_session* session, size_t n, const uint64_t* request_ids, hs_result* out_results);
+/* Since ABI 1.6 */
+
+/* Parks a request (preemption without re-prefill): its row of the slot arena is given back (the
+ * daemon may hand it to another request at once) and every host page stays. Parked, it counts
+ * against the tenant's quotas (host bytes, pages, requests), is listed as parked, and is the first
+ * to be evicted under admission.on_pool_full = evict_lru_idle. No data-path call may name its old
+ * row; hs_store refuses it (HS_ERR_FAILED_PRECONDITION); hs_record_ptr still reads its records.
+ * HS_ERR_NOT_FOUND: not admitted in this session. HS_ERR_FAILED_PRECONDITION: parked already. */
+hs_result hs_park(hs_session* session, uint64_t request_id);
+/* Gives a parked request a row again (out->row; possibly another than before), whose slot state
+ * is reset as after hs_admit (every slot EMPTY): the first hs_resolve fetches what it selects. As
+ * after hs_admit, the newest token's slot (B) is written by the next hs_append or hs_store: a decode
+ * step appends before it resolves, so resume, then append the step's token, then resolve.
+ * HS_ERR_RESOURCE_EXHAUSTED: every row is in use (it stays parked). HS_ERR_NOT_FOUND: not admitted.
+ * HS_ERR_FAILED_PRECONDITION: not parked. `out` may be NULL. */
+hs_result hs_resume(hs_session* session, uint64_t request_id, hs_request_info* out);
+/* hs_admit whose first prefix_tokens positions start as those of request parent_request_id (of
+ * this session, live or parked): the parent's full pages below prefix_tokens are shared, read-only
+ * in both tables from now on (a store or append into them fails), and a page the prefix ends inside
+ * is the new request's own copy. The tenant is charged each shared page once; releasing either
+ * request leaves the other exact. HS_ERR_NOT_FOUND: no such parent here. HS_ERR_INVALID_ARGUMENT:
+ * prefix_tokens 0, above the parent's capacity or above token_budget, or the parent is the request
+ * itself. Otherwise as hs_admit. */
+hs_result hs_admit_shared(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                          uint64_t parent_request_id, uint32_t prefix_tokens, hs_request_info* out);
 
 #ifdef __cplusplus
 }

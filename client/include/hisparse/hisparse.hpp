@@ -59,6 +59,18 @@ class Session {
     return Error::From(hs_extend(s_, id, token_budget, info ? info : &local));
   }
   Error Release(uint64_t id) { return Error::From(hs_release(s_, id)); }
+  // Since ABI 1.6.
+  Error AdmitShared(uint64_t id, uint32_t context_tokens, uint32_t token_budget, uint64_t parent,
+                    uint32_t prefix_tokens, hs_request_info* info = nullptr) {
+    hs_request_info local = HS_REQUEST_INFO_INIT;
+    return Error::From(
+        hs_admit_shared(s_, id, context_tokens, token_budget, parent, prefix_tokens, info ? info : &local));
+  }
+  Error Park(uint64_t id) { return Error::From(hs_park(s_, id)); }
+  Error Resume(uint64_t id, hs_request_info* info = nullptr) {
+    hs_request_info local = HS_REQUEST_INFO_INIT;
+    return Error::From(hs_resume(s_, id, info ? info : &local));
+  }
   Error RecordPtr(uint64_t id, uint32_t layer, uint32_t position, void** out) {
     return Error::From(hs_record_ptr(s_, id, layer, position, out));
   }

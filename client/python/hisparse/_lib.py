@@ -238,6 +238,10 @@ _SIGNATURES = {
                                       ctypes.POINTER(ctypes.c_uint32)]),
     "hs_release_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.6
                                         ctypes.POINTER(ctypes.c_int)]),
+    "hs_park": (ctypes.c_int, [SessionPtr, ctypes.c_uint64]),  # ABI 1.6
+    "hs_resume": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(RequestInfo)]),  # ABI 1.6
+    "hs_admit_shared": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.6
+                                       ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
 }
 
 _lock = threading.Lock()

@@ -187,11 +187,37 @@ class Session:
 
     # ---- control path ----
 
-    def admit(self, request_id: int, context_tokens: int, token_budget: int) -> RequestInfo:
-        """Reserves host pages for token_budget tokens (every layer) and an arena row; resets the row."""
+    def admit(self, request_id: int, context_tokens: int, token_budget: int, *, parent: Optional[int] = None,
+              prefix_tokens: int = 0) -> RequestInfo:
+        """Reserves host pages for token_budget tokens (every layer) and an arena row; resets the row.
+
+        With parent (a request of this session, live or parked) and prefix_tokens >= 1, the new
+        request's first prefix_tokens positions start as the parent's: its full pages below the
+        prefix are shared (read-only in both requests from now on, charged once) and a page the
+        prefix ends inside is copied (hs_admit_shared). NotFound for an unknown parent,
+        InvalidArgument for a prefix longer than the parent's capacity or token_budget."""
         ri = _lib.new_request_info()
-        check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
-              f"admit request {request_id}")
+        if parent is None and prefix_tokens == 0:
+            check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
+                  f"admit request {request_id}")
+        else:
+            check(self._lib.hs_admit_shared(self._h(), request_id, context_tokens, token_budget,
+                                            0 if parent is None else parent, prefix_tokens, ctypes.byref(ri)),
+                  f"admit request {request_id} with a prefix of {prefix_tokens} tokens of request {parent}")
+        return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
+
+    def park(self, request_id: int) -> None:
+        """Gives the request's arena row back and keeps its host pages (preemption without
+        re-prefill). FailedPrecondition when parked already, NotFound when not admitted."""
+        check(self._lib.hs_park(self._h(), request_id), f"park request {request_id}")
+
+    def resume(self, request_id: int) -> RequestInfo:
+        """Gives a parked request a row again (possibly another), every slot EMPTY: the next resolve
+        fetches what it selects. As after admit, the newest token's slot is the next append's (or
+        store's): append the step's token, then resolve. ResourceExhausted when no row is free (it
+        stays parked), FailedPrecondition when not parked."""
+        ri = _lib.new_request_info()
+        check(self._lib.hs_resume(self._h(), request_id, ctypes.byref(ri)), f"resume request {request_id}")
         return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
 
     def extend(self, request_id: int, token_budget: int) -> RequestInfo:

@@ -89,12 +89,18 @@ class AdmissionLedger {
   void SetPages(uint64_t session_id, uint64_t request_id, uint64_t pages);
   // The request is used now (an Extend, even one that then fails for want of room).
   void Touch(uint64_t session_id, uint64_t request_id);
-  // Forgets the request, freeing its row.
+  // Forgets the request, freeing its row (a parked request holds none).
   void Release(uint64_t session_id, uint64_t request_id);
   bool HasRequest(uint64_t session_id, uint64_t request_id) const;
+  // Park: the request frees its row and keeps its pages; it still counts as one of its tenant's
+  // requests (quotas.requests) and its pages as the tenant's. Resume: it takes `row` (which
+  // FreeRow gave) again; used now. No-ops for an unknown request, or one already in that state.
+  void Park(uint64_t session_id, uint64_t request_id);
+  void Resume(uint64_t session_id, uint64_t request_id, uint32_t row);
+  bool IsParked(uint64_t session_id, uint64_t request_id) const;
 
-  // evict_lru_idle: the least recently used request of the session's tenant, smallest
-  // (last_used, session_id, request_id) first.
+  // evict_lru_idle: a parked request of the session's tenant before any live one; among those,
+  // the least recently used, smallest (last_used, session_id, request_id) first.
   std::optional<RequestKey> PickVictim(uint64_t session_id) const;
   // Whether `need_pages` could be had for the session once every request of its tenant were gone,
   // given the pages the pool could give it now (`available_pages`): their pages return to the
@@ -106,18 +112,20 @@ class AdmissionLedger {
   uint64_t used_pages() const { return used_pages_; }
   // Pages the session's requests hold: must equal the pool's count for it.
   uint64_t PagesOf(uint64_t session_id) const;
+  // The request's row; nullopt for an unknown or a parked request.
   std::optional<uint32_t> RowOf(uint64_t session_id, uint64_t request_id) const;
 
   // Exact and total: used pages == sum of every request's pages; every tenant's kept sums ==
   // what its sessions hold; no tenant kept without a session; rows unique and the row tables
-  // exactly the rows of live requests.
+  // exactly the rows of live (not parked) requests.
   absl::Status CheckInvariants() const;
 
  private:
   struct Request {
-    uint32_t row = 0;
+    uint32_t row = 0;  // meaningless while parked
     absl::Time last_used;
     uint64_t pages = 0;
+    bool parked = false;
   };
   struct Session {
     uint32_t tenant = 0;

@@ -47,6 +47,8 @@ class Metrics final : public prometheus::Collectable {
     kGetConfig,
     kAdmitBatch,
     kReleaseBatch,
+    kPark,
+    kResume,
     kMethodCount
   };
 

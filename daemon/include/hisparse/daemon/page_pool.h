@@ -114,6 +114,10 @@ class PagePool {
   // A dup of the slab's memfd (the caller owns it) and its size, when `owner` owns the slab;
   // PermissionDenied for another owner's, NotFound for a slab that is gone.
   absl::StatusOr<UniqueFd> DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes = nullptr) const;
+  // The daemon's own mapping of a page `owner` holds (page_bytes bytes; valid while the owner
+  // holds a reference to it): the daemon's copies (a shared prefix's partial page) go through
+  // it. NotFound when the owner holds no such page.
+  absl::StatusOr<uint8_t*> PageData(uint64_t owner, const Page& page) const;
   // The daemon's own mapping of a page (for tests; valid while the page's slab is owned).
   uint8_t* PageDataForTest(const Page& page) const;
 

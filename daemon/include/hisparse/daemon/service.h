@@ -5,8 +5,8 @@
 // when the connection was accepted); a caller that cannot be told is refused (UNAUTHENTICATED),
 // never served as anyone. Then:
 //   Session                 opens a session owned by the caller's uid (its tenant).
-//   Admit, Extend, Release  only the session's owner uid, token or not (PERMISSION_DENIED);
-//   AdmitBatch, ReleaseBatch  likewise.
+//   Admit, Extend, Release, Park, Resume, AdmitBatch, ReleaseBatch
+//                           only the session's owner uid, token or not (PERMISSION_DENIED).
 //   Stats, ListRequests     an admin sees every session; a tenant only its own.
 //   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
 //   Drain                   admins only (PERMISSION_DENIED).
@@ -47,6 +47,8 @@ class HiSparseService final : public v1::HiSparse::Service {
   grpc::Status Admit(grpc::ServerContext*, const v1::AdmitRequest* req, v1::AdmitResponse* resp) override;
   grpc::Status Extend(grpc::ServerContext*, const v1::ExtendRequest* req, v1::ExtendResponse* resp) override;
   grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) override;
+  grpc::Status Park(grpc::ServerContext*, const v1::ParkRequest* req, v1::ParkResponse* resp) override;
+  grpc::Status Resume(grpc::ServerContext*, const v1::ResumeRequest* req, v1::ResumeResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest* req, v1::StatsResponse* resp) override;
   grpc::Status ListRequests(grpc::ServerContext*, const v1::ListRequestsRequest* req,
                             v1::ListRequestsResponse* resp) override;

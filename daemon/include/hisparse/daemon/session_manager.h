@@ -94,6 +94,11 @@ class SessionManager {
   static constexpr int kMaxBatchItems = 1024;
   absl::StatusOr<v1::AdmitBatchResponse> AdmitBatch(const v1::AdmitBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatch(const v1::ReleaseBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // Park and resume (session_parking.cc): a parked request has no row of the session's arena but
+  // keeps every host page (and its place in the tenant's quotas); Resume gives it a free row,
+  // possibly another. See the Park and Resume RPCs in hisparse.proto for the codes.
+  absl::StatusOr<v1::ParkResponse> Park(const v1::ParkRequest& req);
+  absl::StatusOr<v1::ResumeResponse> Resume(const v1::ResumeRequest& req);
   // Node figures, and every session (only_uid unset: an admin's view) or only the sessions of
   // tenant `only_uid`; then `sessions` and `requests` count those alone, while the pool, arena
   // and admission counters stay the node's.
@@ -141,8 +146,10 @@ class SessionManager {
   void SetHostArenaBudget(uint64_t bytes);
 
   // Accounting invariants, exact: the pool's and the ledger's own; pool used pages == the
-  // ledger's == the pages of every live request (each referenced once); each request's row is the
-  // ledger's; each session's pages in the pool are the ledger's count for it.
+  // ledger's == the distinct pages of every request; each page's reference count == the requests
+  // of its session that hold it; a shared page's holders are the session's sharers list, the
+  // first of which is charged for it; each request's row (none when parked) is the ledger's;
+  // each session's pages in the pool are the ledger's count for it.
   absl::Status CheckInvariants() const;
   // Blocks until the pool's worker has dropped every slab left so far (and filled its reserve):
   // for tests that count descriptors or memory.
@@ -155,11 +162,15 @@ class SessionManager {
   struct Request {
     uint64_t id = 0;
     absl::Time admitted_at;
-    uint32_t row = 0;  // the ledger's, copied for listing
+    uint32_t row = 0;  // the ledger's, copied for listing; meaningless while parked
+    bool parked = false;
     uint32_t capacity_tokens = 0;
     // Per layer, in position order: page i holds positions [i * R, (i + 1) * R), R the session's
-    // records_per_page. Each holds one reference in the pool.
+    // records_per_page. Each holds one reference in the pool; a page another request of the
+    // session holds too is in Session::sharers.
     std::vector<std::vector<PagePool::Page>> pages;
+    // The pages the ledger charges this request: its own, and the shared ones it is first of.
+    uint64_t charged_pages = 0;
     uint64_t PageCount() const;
   };
   struct Session {
@@ -177,6 +188,9 @@ class SessionManager {
     // Shared with Stats and the fd channel, which use it outside the lock.
     std::shared_ptr<const Arena> arena;
     std::shared_ptr<EventSink> sink;
+    // Pages held by more than one request of the session (shared prefixes): their holders in the
+    // order they took the page; the first is charged for it (Request::charged_pages).
+    std::map<PagePool::Page, std::vector<uint64_t>> sharers;
   };
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
@@ -216,9 +230,24 @@ class SessionManager {
   // Tells the victim's session, then releases the request. Takes the lock itself.
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request `request_id` of the session `ref` names, or PermissionDenied / NotFound.
+  absl::StatusOr<Request*> FindRequestLocked(const v1::SessionRef& ref, uint64_t request_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shared prefixes (session_sharing.cc). Admit of a request naming a parent: the checks after
+  // AdmitLocked's own, the parent's full prefix pages referenced, the rest fresh, the partial
+  // page's prefix records copied (a memcpy of at most one page per layer, under the lock).
+  AdmitOutcome AdmitSharedLocked(Session& s, const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `r` out of its session's sharers before its pages are released: a page whose charged
+  // holder it was is charged to the next holder.
+  void UnshareLocked(Session& s, const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pages of `r` that another request holds too.
+  static uint64_t SharedPagesOf(const Session& s, const Request& r);
+  // The sharing half of CheckInvariants for one session; `distinct` receives its distinct pages.
+  absl::Status CheckSharingLocked(const Session& s, uint64_t* distinct) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request's pages as the wire lists them (slab, offset), one LayerPages per layer.
-  void FillLayers(const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const
+  // A page shared with another request now is read_only there.
+  void FillLayers(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refused admission under `reason` and returns `status`.

@@ -1,0 +1,66 @@
+// SessionManager::Park and Resume: preemption without re-prefill. Part of SessionManager
+// (session_manager.h).
+//
+// A parked request gives its row of the session's slot arena back to the ledger (another request
+// may take it) and keeps every host page, so resuming costs no prefill: the engine resets the new
+// row's slot state (every slot EMPTY, as after Admit) and the first RESOLVE fetches what it
+// selects from the pages the request kept. While parked it counts against its tenant's host
+// bytes, pages and requests quotas (it is still a request the tenant holds, and a request that
+// will later outlive its session must stay bounded by them), but not against the rows, which are
+// bounded by the arena alone. Under admission.on_pool_full = evict_lru_idle a parked request is
+// evicted before any live one (AdmissionLedger::PickVictim).
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+
+absl::StatusOr<SessionManager::Request*> SessionManager::FindRequestLocked(const v1::SessionRef& ref,
+                                                                           uint64_t request_id) {
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
+  auto it = s->requests.find(request_id);
+  if (it == s->requests.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted in this session"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<v1::ParkResponse> SessionManager::Park(const v1::ParkRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
+  if (r->parked) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", r->id, " is parked already"));
+  }
+  ledger_.Park(req.session().session_id(), r->id);
+  r->parked = true;
+  v1::ParkResponse resp;
+  resp.set_row(r->row);
+  return resp;
+}
+
+absl::StatusOr<v1::ResumeResponse> SessionManager::Resume(const v1::ResumeRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
+  if (!r->parked) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", r->id, " is not parked (it holds row ", r->row, ")"));
+  }
+  const uint64_t session_id = req.session().session_id();
+  uint32_t row = 0;
+  if (std::optional<Refusal> refusal = ledger_.FreeRow(session_id, &row)) {
+    return Reject(Refusal{refusal->reason,
+                          absl::ResourceExhaustedError(absl::StrCat("cannot resume request ", r->id, ": ",
+                                                                    refusal->status.message(), "; it stays parked"))});
+  }
+  ledger_.Resume(session_id, r->id, row);
+  r->parked = false;
+  r->row = row;
+  v1::ResumeResponse resp;
+  resp.set_row(row);
+  resp.set_capacity_tokens(r->capacity_tokens);
+  return resp;
+}
+
+}  // namespace hisparse
