@@ -423,7 +423,7 @@ absl::StatusOr<UniqueFd> PagePool::DupSlabFd(uint64_t owner, uint64_t slab, uint
   return dup;
 }
 
-uint8_t* PagePool::PageDataForTest(const Page& page) const {
+uint8_t* PagePool::PageData(const Page& page) const {
   absl::MutexLock lock(&mu_);
   auto it = slabs_.find(page.slab);
   if (it == slabs_.end() || page.index >= it->second.refs.size()) return nullptr;

@@ -268,4 +268,19 @@ grpc::Status HiSparseService::GetConfig(grpc::ServerContext* context, const v1::
   return grpc::Status::OK;
 }
 
+// The transfer agent's calls: the grant is the capability, the caller's uid must be its tenant's.
+grpc::Status HiSparseService::CommitImport(grpc::ServerContext* context, const v1::CommitImportRequest* req,
+                                           v1::CommitImportResponse*) {
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return ToGrpcStatus(sessions_->CommitImport(*req, caller->peer.uid));
+}
+
+grpc::Status HiSparseService::AbortImport(grpc::ServerContext* context, const v1::AbortImportRequest* req,
+                                          v1::AbortImportResponse*) {
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return ToGrpcStatus(sessions_->AbortImport(*req, caller->peer.uid));
+}
+
 }  // namespace hisparse

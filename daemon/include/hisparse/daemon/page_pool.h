@@ -113,8 +113,10 @@ class PagePool {
   // A dup of the slab's memfd (the caller owns it) and its size, when `owner` owns the slab;
   // PermissionDenied for another owner's, NotFound for a slab that is gone.
   absl::StatusOr<UniqueFd> DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes = nullptr) const;
-  // The daemon's own mapping of a page (for tests; valid while the page's slab is owned).
-  uint8_t* PageDataForTest(const Page& page) const;
+  // The daemon's own mapping of a page (valid while the page's slab is owned; null for a page of
+  // no live slab). Imports register it for remote writes.
+  uint8_t* PageData(const Page& page) const;
+  uint8_t* PageDataForTest(const Page& page) const { return PageData(page); }
 
   uint64_t page_bytes() const { return options_.page_bytes; }
   uint64_t slab_bytes() const { return options_.slab_bytes; }

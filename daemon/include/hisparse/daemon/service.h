@@ -9,6 +9,8 @@
 //   Stats, ListRequests     an admin sees every session; a tenant only its own.
 //   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
 //   Drain                   admins only (PERMISSION_DENIED).
+//   CommitImport, AbortImport  whoever holds the grant (the capability), from the session's uid
+//                           (PERMISSION_DENIED otherwise); no session token.
 //   GetConfig               any admitted caller: limits and quotas are what an engine sizes itself
 //                           by, and the file holds no secret.
 #ifndef HISPARSE_DAEMON_SERVICE_H_
@@ -52,6 +54,10 @@ class HiSparseService final : public v1::HiSparse::Service {
   grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* req, v1::DrainResponse* resp) override;
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest* req, v1::GetConfigResponse* resp) override;
+  grpc::Status CommitImport(grpc::ServerContext*, const v1::CommitImportRequest* req,
+                            v1::CommitImportResponse* resp) override;
+  grpc::Status AbortImport(grpc::ServerContext*, const v1::AbortImportRequest* req,
+                           v1::AbortImportResponse* resp) override;
 
  private:
   struct Caller {
