@@ -201,11 +201,13 @@ TEST_F(SessionImportTest, ReleaseAndSessionEndAbortAfterRevoking) {
   auto a = AdmitImport(1, 100);
   auto b = AdmitImport(2, 100);
   ASSERT_TRUE(a.ok() && b.ok());
+  const uint64_t both = Used();
   v1::ReleaseRequest rel;
   *rel.mutable_session() = ref_;
   rel.set_request_id(1);
   ASSERT_TRUE(sm_->Release(rel).ok());
-  EXPECT_EQ(target_.unregistered.size(), 1u);
+  ASSERT_EQ(target_.unregistered.size(), 1u);
+  EXPECT_EQ(target_.held_at_unregister[0], both);  // revoked while still held
   EXPECT_EQ(sm_->CommitImport(CommitOf(a->grant()), kUid).code(), absl::StatusCode::kFailedPrecondition);
   const uint64_t held = Used();
   EXPECT_GT(held, 0u);
