@@ -4,7 +4,8 @@
 
 namespace hisparse {
 
-absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const std::string&, std::function<void()>) {
+absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const std::string& /*ucx_tls*/,
+                                                                const std::function<void()>& /*on_tick*/) {
   return absl::UnimplementedError("this daemon was built without UCX (libucx-dev): imports are off");
 }
 

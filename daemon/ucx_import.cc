@@ -152,10 +152,10 @@ void UcxImport::Unregister(const std::string& grant_id) {
 namespace hisparse {
 
 absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const std::string& ucx_tls,
-                                                                std::function<void()> on_tick) {
+                                                                const std::function<void()>& on_tick) {
   UcxImport::Options options;
   options.tls = ucx_tls;
-  options.on_tick = std::move(on_tick);
+  options.on_tick = on_tick;
   absl::StatusOr<std::unique_ptr<UcxImport>> started = UcxImport::Start(std::move(options));
   if (!started.ok()) return started.status();
   return std::unique_ptr<ImportTarget>(std::move(*started));

@@ -63,7 +63,7 @@ class ImportTest : public ::testing::Test {
     std::string grant(n, '\0');
     EXPECT_EQ(hs_import_grant(session_, id, grant.data(), n, &n), HS_OK) << hs_last_error();
     grants_[id] = grant;
-    const std::string path = absl::StrCat(dir_, "/grant-", id);
+    std::string path = absl::StrCat(dir_, "/grant-", id);
     std::ofstream(path, std::ios::binary) << grant;
     return path;
   }

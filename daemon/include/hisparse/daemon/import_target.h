@@ -47,7 +47,7 @@ class ImportTarget {
 // The daemon's import transport: a UCX worker on `ucx_tls` (ucx_import.h) whose progress thread
 // also calls `on_tick` (grant expiry) at least every 100 ms. Built without UCX: Unimplemented.
 absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const std::string& ucx_tls,
-                                                                std::function<void()> on_tick);
+                                                                const std::function<void()>& on_tick);
 
 }  // namespace hisparse
 
