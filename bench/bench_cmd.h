@@ -30,6 +30,7 @@ int ResolveDraftMain(int argc, char** argv);   // resolve_draft_cmd.cc: resolve 
 int ControlMain(int argc, char** argv);        // control_cmd.cc: load on the daemon's control plane
 int SessionOpenMain(int argc, char** argv);    // session_open_cmd.cc: GPU session open phases (CUDA)
 int ResolveSharedMain(int argc, char** argv);  // resolve_shared_cmd.cc: daemon's arena vs own (CUDA)
+int ImportMain(int argc, char** argv);         // import_cmd.cc: write a grant's records over UCX (UCX builds)
 
 }  // namespace hisparse::bench
 

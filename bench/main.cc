@@ -12,6 +12,14 @@ struct Command {
   const char* help;
 };
 
+#ifndef HISPARSE_HAVE_UCX
+int NeedsUcx(int, char**) {
+  std::fprintf(stderr,
+               "hisparse-bench: this subcommand needs a UCX build (libucx-dev was not found at configure time)\n");
+  return 77;
+}
+#endif
+
 #ifndef HISPARSE_HAVE_CUDA
 int NeedsCuda(int, char**) {
   std::fprintf(stderr, "hisparse-bench: this subcommand needs a CUDA build (nvcc was not found at configure time)\n");
@@ -23,6 +31,11 @@ const Command kCommands[] = {
     {"trace", hisparse::bench::TraceMain, "replay a selection trace through lru / belady / staging"},
     {"gen-trace", hisparse::bench::GenTraceMain, "write a synthetic selection trace (presets dsv32, stress, local)"},
     {"control", hisparse::bench::ControlMain, "load the daemon's control plane: concurrent sessions, call latency"},
+#ifdef HISPARSE_HAVE_UCX
+    {"import", hisparse::bench::ImportMain, "the prefill side of an import: put a grant's records over UCX, commit"},
+#else
+    {"import", NeedsUcx, "the prefill side of an import over UCX (needs a UCX build)"},
+#endif
 #ifdef HISPARSE_HAVE_CUDA
     {"resolve", hisparse::bench::ResolveMain, "sweep the CUDA RESOLVE kernel (GPU)"},
     {"resolve-shared", hisparse::bench::ResolveSharedMain, "RESOLVE on the daemon's GPU arena vs an own one (GPU)"},

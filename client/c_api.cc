@@ -427,4 +427,41 @@ hs_result hs_release_batch(hs_session* s, size_t n, const uint64_t* request_ids,
   });
 }
 
+// Since ABI 1.6: imports.
+hs_result hs_admit_import(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->AdmitImport(request_id, context_tokens, token_budget));
+  });
+}
+
+hs_result hs_import_grant(hs_session* s, uint64_t request_id, void* buf, size_t capacity, size_t* grant_bytes) {
+  return Guard([&] {
+    if (s == nullptr || grant_bytes == nullptr || (buf == nullptr && capacity > 0)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "session and grant_bytes must not be NULL, nor buf when capacity > 0");
+    }
+    auto grant = s->impl->ImportGrant(request_id);
+    if (!grant.ok()) return ToResult(grant.status());
+    *grant_bytes = grant->size();
+    if (capacity < grant->size()) {
+      return Fail(HS_ERR_RESOURCE_EXHAUSTED, "the grant does not fit: capacity is smaller than *grant_bytes");
+    }
+    std::memcpy(buf, grant->data(), grant->size());
+    return HS_OK;
+  });
+}
+
+hs_result hs_await_import(hs_session* s, uint64_t request_id, uint32_t timeout_ms, hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->AwaitImport(request_id, timeout_ms);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) WriteSized(*r, out);
+    return HS_OK;
+  });
+}
+
 }  // extern "C"

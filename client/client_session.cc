@@ -262,6 +262,7 @@ ClientSession::~ClientSession() {
 void ClientSession::WatchStream() {
   v1::SessionEvent event;
   while (stream_->Read(&event)) {
+    if (event.kind_case() == v1::SessionEvent::kImportFinished) OnImportFinished(event.import_finished());
     if (event.kind_case() != v1::SessionEvent::kEvicted) continue;
     // The daemon releases the request's memory right after this notice: forget its rows and
     // mappings now, and let the engine learn of it (hs_poll_evicted).
@@ -276,6 +277,7 @@ void ClientSession::WatchStream() {
     evicted_.push_back(id);
   }
   alive_ = false;
+  absl::MutexLock wake(&mu_);  // AwaitImport waits on mu_ for alive_ too
 }
 
 void ClientSession::ReturnEvicted(std::vector<uint64_t> ids) {
@@ -508,6 +510,7 @@ absl::Status ClientSession::Release(uint64_t request_id) {
   v1::ReleaseResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Release(CallContext().get(), req, &resp), "release"));
   absl::MutexLock lock(&mu_);
+  imports_.erase(request_id);  // releasing an importing request aborts the import
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::OkStatus();
   // A parked request's row may be another's now.

@@ -123,6 +123,19 @@ class ClientSession {
   // Puts back ids the caller had no room for (they come first next time).
   void ReturnEvicted(std::vector<uint64_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Imports from a prefill node (client_import.cc; docs/DESIGN.md, "Import"). AdmitImport admits
+  // the request as importing: the daemon reserves its pages and row and answers a grant, which
+  // ImportGrant returns serialized (v1::ImportGrant) for the transfer agent. The request is not
+  // published to the data path (no page table, no row) until AwaitImport sees the daemon's
+  // ImportFinished: committed, it is installed as Admit would and returned; aborted or expired,
+  // FailedPrecondition with the daemon's reason (the daemon freed it already). A timeout leaves
+  // it pending (DeadlineExceeded).
+  absl::Status AdmitImport(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::string> ImportGrant(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<hs_request_info> AwaitImport(uint64_t request_id, uint32_t timeout_ms)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+
  private:
   // One slab of the session's host pool, mapped and registered once, the first time a request of
   // this session has a page in it.
@@ -138,6 +151,16 @@ class ClientSession {
     uint32_t capacity = 0;
     std::vector<std::vector<v1::PageRef>> layers;  // per layer, in position order
   };
+  // An import between AdmitImport and AwaitImport. The daemon's ImportFinished may come first.
+  struct PendingImport {
+    bool admitted = false;
+    v1::AdmitResponse admit;  // its row, capacity, pages and grant
+    bool finished = false;
+    bool committed = false;
+    std::string reason;
+  };
+  // The stream's ImportFinished: records the outcome for AwaitImport.
+  void OnImportFinished(const v1::ImportFinished& finished) ABSL_LOCKS_EXCLUDED(mu_);
   // One fd-channel object: a descriptor, or (a "cuda-ipc" arena) a cudaIpc handle.
   struct Fetched {
     UniqueFd fd;
@@ -231,6 +254,7 @@ class ClientSession {
   OpenPhases open_phases_;  // written once, in Open
   HostMapPhases host_map_phases_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> evicted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, PendingImport> imports_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hisparse

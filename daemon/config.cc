@@ -306,6 +306,24 @@ const std::vector<KeySpec>& Specs() {
          return absl::InvalidArgumentError(
              absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
        }},
+      {"import.enabled", "bool",
+       "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import). Off by default: UCX's software RMA "
+       "(shm, tcp) checks no remote key (docs/DESIGN.md, \"Import\"); always off when built without UCX.",
+       false, HS_SET_WITH(ParseBool, import.enabled),
+       [](const DaemonConfig& c) { return std::string(c.import.enabled ? "true" : "false"); }, nullptr},
+      {"import.grant_ttl", "seconds (integer >= 1)",
+       "How long an import grant stays open; an expired grant frees its request's pages and row.", false,
+       HS_SET_WITH(ParseInt, import.grant_ttl), [](const DaemonConfig& c) { return absl::StrCat(c.import.grant_ttl); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.import.grant_ttl, 1); }},
+      {"import.ucx_tls", "UCX_TLS value or empty",
+       "Transports of the daemon's UCX context: shm (this node only), or e.g. \"rc,shm\" for RDMA from prefill "
+       "nodes; empty keeps UCX's choice or the environment's UCX_TLS.",
+       true,
+       [](DaemonConfig& c, std::string_view v) -> absl::Status {
+         c.import.ucx_tls = std::string(v);
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return c.import.ucx_tls; }, nullptr},
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},

@@ -87,6 +87,7 @@ struct Daemon::Impl {
   std::string grpc_address;
   std::string fd_socket_path;
   std::unique_ptr<SessionManager> sessions;
+  std::unique_ptr<ImportTarget> import_target;  // null: imports off; goes before `sessions`
   std::shared_ptr<Metrics> metrics;
   std::unique_ptr<MetricsServer> metrics_server;
   PeerRegistry peers;  // who is at the other end of each control connection
@@ -201,7 +202,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.device = choice.gpu_arenas ? DeviceKind::kCuda : DeviceKind::kHost;
   sm_options.gpu_arena_allocator = std::move(gpu_arena_allocator);
   sm_options.version = kVersion;
+  sm_options.import_grant_ttl = absl::Seconds(config.import.grant_ttl);
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
+  if (config.import.enabled) {
+    SessionManager* sessions = impl->sessions.get();
+    auto target = StartImportTarget(config.import.ucx_tls, [sessions] { sessions->ExpireImports(); });
+    if (target.ok()) {
+      impl->import_target = std::move(*target);
+      sessions->SetImportTarget(impl->import_target.get());
+    } else {
+      LOG(WARNING) << "imports are off: " << target.status();
+    }
+  }
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
   const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids, config.access.admin_uids,

@@ -16,9 +16,9 @@ namespace {
 constexpr int kMetricsThreads = 16;
 constexpr int kMetricsRequestTimeoutMs = 250;
 
-constexpr const char* kMethodNames[] = {"Session",      "Admit", "Extend", "Release",   "Stats",
-                                        "ListRequests", "Evict", "Drain",  "GetConfig", "AdmitBatch",
-                                        "ReleaseBatch", "Park",  "Resume"};
+constexpr const char* kMethodNames[] = {"Session",      "Admit", "Extend", "Release",      "Stats",
+                                        "ListRequests", "Evict", "Drain",  "GetConfig",    "AdmitBatch",
+                                        "ReleaseBatch", "Park",  "Resume", "CommitImport", "AbortImport"};
 static_assert(sizeof(kMethodNames) / sizeof(kMethodNames[0]) == Metrics::kMethodCount, "one name per method");
 
 prometheus::MetricType TypeOf(const char* type) {

@@ -324,4 +324,21 @@ grpc::Status HiSparseService::ReleaseBatch(grpc::ServerContext* context, const v
   return grpc::Status::OK;
 }
 
+// The transfer agent's calls: the grant is the capability, the caller's uid must be its tenant's.
+grpc::Status HiSparseService::CommitImport(grpc::ServerContext* context, const v1::CommitImportRequest* req,
+                                           v1::CommitImportResponse*) {
+  RpcTimer t(metrics_, Metrics::kCommitImport);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return ToGrpcStatus(sessions_->CommitImport(*req, caller->peer.uid));
+}
+
+grpc::Status HiSparseService::AbortImport(grpc::ServerContext* context, const v1::AbortImportRequest* req,
+                                          v1::AbortImportResponse*) {
+  RpcTimer t(metrics_, Metrics::kAbortImport);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  return ToGrpcStatus(sessions_->AbortImport(*req, caller->peer.uid));
+}
+
 }  // namespace hisparse

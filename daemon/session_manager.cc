@@ -292,6 +292,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
 }
 
 void SessionManager::CloseSession(uint64_t session_id) {
+  RevokeImportsOf(session_id);  // before its pages are freed (session_import.cc)
   std::unique_ptr<Session> dead;
   size_t released = 0;
   std::function<void()> on_idle;
@@ -386,6 +387,7 @@ absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget
 // admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
 absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
+  if (req.begin_import()) return AdmitImport(req);  // session_import.cc
   constexpr int kMaxEvictionsPerAdmit = 64;
   for (int evictions = 0;; ++evictions) {
     Victim victim;
@@ -509,6 +511,10 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   if (it == s->requests.end())
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
   Request& r = it->second;
+  if (!r.import_grant.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
+  }
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.token_budget() <= r.capacity_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
@@ -542,6 +548,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
 }
 
 absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
+  if (std::optional<absl::Status> aborted = ReleaseIfImporting(req)) return *aborted;  // session_import.cc
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   auto it = s->requests.find(req.request_id());
@@ -730,6 +737,10 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
     }
     if (it == sessions_.end() || !it->second->requests.contains(req.request_id())) {
       return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
+    }
+    if (!it->second->requests.at(req.request_id()).import_grant.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("request ", req.request_id(), " is importing: abort its import (AbortImport) instead"));
     }
     v = Victim{req.session_id(), req.request_id(), it->second->sink};
   }

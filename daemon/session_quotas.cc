@@ -41,6 +41,8 @@ std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t 
   if (!key.has_value()) return std::nullopt;
   auto it = sessions_.find(key->session_id);
   if (it == sessions_.end()) return std::nullopt;
+  auto rit = it->second->requests.find(key->request_id);
+  if (rit != it->second->requests.end() && !rit->second.import_grant.empty()) return std::nullopt;  // importing
   return Victim{key->session_id, key->request_id, it->second->sink};
 }
 

@@ -7,6 +7,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libcli11-dev zlib1g-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev
+  libucx-dev  # imports from a prefill node over UCX (daemon/ucx_import.cc); the build works without it
   clang clang-format clang-tidy
   python3 python3-pytest python3-numpy python3-pyflakes
   python3-torch  # CPU torch: the engine benchmarks' smoke runs (decode_bench, serve_bench) in ctest

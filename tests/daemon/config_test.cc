@@ -319,6 +319,9 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"quotas.pages", "2"},
                                                                     {"admission.on_pool_full", "evict_lru_idle"},
                                                                     {"metrics.listen", ""},
+                                                                    {"import.enabled", "true"},
+                                                                    {"import.grant_ttl", "5"},
+                                                                    {"import.ucx_tls", "tcp"},
                                                                     {"log_level", "debug"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
@@ -388,7 +391,8 @@ TEST(ConfigTest, KeyTable) {
                   "limits.max_fd_connections_per_peer", "limits.host_arena_bytes", "limits.max_tokens_per_request",
                   "access.socket_group", "access.allowed_uids", "access.allowed_gids", "access.admin_uids",
                   "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests", "quotas.sessions",
-                  "quotas.pages", "admission.on_pool_full", "metrics.listen", "log_level"));
+                  "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled", "import.grant_ttl",
+                  "import.ucx_tls", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");

@@ -44,7 +44,9 @@ def _daemon_or_skip() -> None:
 def daemon():
     _library_or_skip()
     _daemon_or_skip()
-    with hisparse.Daemon(host_pool_size="256MiB", host_pool_slab_size="16MiB") as d:
+    # Imports on (off by default, docs/DESIGN.md "Import"): test_import.py drives them.
+    with hisparse.Daemon(host_pool_size="256MiB", host_pool_slab_size="16MiB",
+                         extra_args=["--set", "import.enabled=true"]) as d:
         yield d
 
 

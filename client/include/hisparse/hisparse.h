@@ -36,7 +36,7 @@ extern "C" {
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
  * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
  * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED, hs_park,
- * hs_resume, hs_admit_shared. */
+ * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import. */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 6
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
@@ -364,6 +364,24 @@ hs_result hs_resume(hs_session* session, uint64_t request_id, hs_request_info* o
  * itself. Otherwise as hs_admit. */
 hs_result hs_admit_shared(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                           uint64_t parent_request_id, uint32_t prefix_tokens, hs_request_info* out);
+// Since ABI 1.6
+/* Import from a prefill node (docs/DESIGN.md, "Import"). hs_admit_import admits the request as
+ * importing: the daemon reserves its pages and row and issues a transfer grant for them, which
+ * hs_import_grant copies out (a serialized hisparse.v1.ImportGrant) for the transfer agent (e.g.
+ * `hisparse-bench import`): it writes the records over UCX and commits with the grant. Until then
+ * the request is not usable here: no page table is published, hs_record_ptr and hs_resolve do not
+ * know it. hs_await_import waits up to timeout_ms for the outcome: committed, the request is
+ * installed as hs_admit would (out as hs_admit's); aborted or expired (import.grant_ttl),
+ * HS_ERR_FAILED_PRECONDITION (the daemon freed it already); still pending, HS_ERR_UNAVAILABLE.
+ * hs_release of an importing request aborts the import. hs_admit_import: hs_admit's errors, and
+ * HS_ERR_FAILED_PRECONDITION when the daemon serves no imports (built without UCX, or
+ * import.enabled false). */
+hs_result hs_admit_import(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget);
+/* Copies the grant into buf when capacity suffices; *grant_bytes gets its size either way (buf may
+ * be NULL with capacity 0 to ask the size). HS_ERR_RESOURCE_EXHAUSTED when capacity is too small;
+ * HS_ERR_NOT_FOUND when no import of request_id is pending. */
+hs_result hs_import_grant(hs_session* session, uint64_t request_id, void* buf, size_t capacity, size_t* grant_bytes);
+hs_result hs_await_import(hs_session* session, uint64_t request_id, uint32_t timeout_ms, hs_request_info* out);
 
 #ifdef __cplusplus
 }

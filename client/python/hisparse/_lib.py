@@ -219,6 +219,11 @@ _SIGNATURES = {
                                        ctypes.POINTER(ctypes.c_size_t)]),
     "hs_record_ptr": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
                                      ctypes.POINTER(ctypes.c_void_p)]),
+    "hs_admit_import": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]),  # ABI 1.6
+    "hs_import_grant": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,  # ABI 1.6
+                                       ctypes.POINTER(ctypes.c_size_t)]),
+    "hs_await_import": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32,  # ABI 1.6
+                                       ctypes.POINTER(RequestInfo)]),
     "hs_session_get_info": (ctypes.c_int, [SessionPtr, ctypes.POINTER(SessionInfo)]),
     "hs_stats_get": (ctypes.c_int, [SessionPtr, ctypes.POINTER(Stats)]),
     "hs_resolve": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ResolveArgs)]),

@@ -289,6 +289,28 @@ class Session:
     def _item_error(self, code: int, what: str) -> HisparseError:
         name = self._lib.hs_result_string(code)
         return error_for(code, f"{what}: {name.decode() if name else f'hs_result {code}'}")
+    def admit_import(self, request_id: int, context_tokens: int, token_budget: int) -> bytes:
+        """Admits a request whose records a prefill node will write (docs/DESIGN.md, "Import"):
+        the daemon reserves its pages and row and issues a transfer grant, returned serialized
+        (hisparse.v1.ImportGrant) for the transfer agent. The request is unusable here until
+        await_import sees the agent's commit."""
+        check(self._lib.hs_admit_import(self._h(), request_id, context_tokens, token_budget),
+              f"admit import of request {request_id}")
+        size = ctypes.c_size_t(0)
+        self._lib.hs_import_grant(self._h(), request_id, None, 0, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        check(self._lib.hs_import_grant(self._h(), request_id, buf, size.value, ctypes.byref(size)),
+              f"import grant of request {request_id}")
+        return buf.raw[:size.value]
+
+    def await_import(self, request_id: int, timeout_ms: int = 10000) -> RequestInfo:
+        """Waits for the import's outcome: committed, the request is installed as admit would and
+        its info returned; aborted or expired, FailedPrecondition (the daemon freed it); still
+        pending after timeout_ms, Unavailable."""
+        ri = _lib.new_request_info()
+        check(self._lib.hs_await_import(self._h(), request_id, timeout_ms, ctypes.byref(ri)),
+              f"await import of request {request_id}")
+        return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
 
     def poll_evicted(self, max_ids: int = 1024) -> List[int]:
         """The ids of this session's requests the daemon evicted under pool pressure (admission's

@@ -106,6 +106,20 @@ struct AdmissionConfig {
   OnPoolFull on_pool_full = OnPoolFull::kReject;
 };
 
+// Imports from a prefill node over UCX (AdmitRequest.begin_import; docs/DESIGN.md, "Import").
+struct ImportConfig {
+  // Serve imports (when the daemon was built with UCX; without it imports are always off). Off by
+  // default: UCX's software RMA (what runs over shm and tcp) checks no remote key, so any process
+  // that reaches the daemon's UCX worker could write anywhere in the daemon (docs/DESIGN.md,
+  // "Import"); turn it on where the transport enforces keys or every peer is trusted.
+  bool enabled = false;
+  // Seconds an import grant stays open; an expired grant frees its request.
+  int grant_ttl = 30;
+  // UCX_TLS for the daemon's UCX context; "" keeps UCX's choice (or the environment's UCX_TLS).
+  // shm by default: on one node UCX's puts are software RMA, which checks no key (DESIGN.md).
+  std::string ucx_tls = "shm";
+};
+
 struct MetricsConfig {
   // Prometheus exposition (HTTP, /metrics): "HOST:PORT", loopback by default; "" turns it off.
   std::string listen = "127.0.0.1:9464";
@@ -126,6 +140,7 @@ struct DaemonConfig {
   QuotaConfig quotas;
   AdmissionConfig admission;
   MetricsConfig metrics;
+  ImportConfig import;
   LogLevel log_level = LogLevel::kInfo;
 };
 

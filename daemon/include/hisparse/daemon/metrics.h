@@ -49,6 +49,8 @@ class Metrics final : public prometheus::Collectable {
     kReleaseBatch,
     kPark,
     kResume,
+    kCommitImport,
+    kAbortImport,
     kMethodCount
   };
 

@@ -118,7 +118,8 @@ class PagePool {
   // holds a reference to it): the daemon's copies (a shared prefix's partial page) go through
   // it. NotFound when the owner holds no such page.
   absl::StatusOr<uint8_t*> PageData(uint64_t owner, const Page& page) const;
-  // The daemon's own mapping of a page (for tests; valid while the page's slab is owned).
+  // The daemon's own mapping of a page (for tests; valid while the page's slab is owned; null for
+  // a page of no live slab).
   uint8_t* PageDataForTest(const Page& page) const;
 
   uint64_t page_bytes() const { return options_.page_bytes; }

@@ -10,6 +10,8 @@
 //   Stats, ListRequests     an admin sees every session; a tenant only its own.
 //   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
 //   Drain                   admins only (PERMISSION_DENIED).
+//   CommitImport, AbortImport  whoever holds the grant (the capability), from the session's uid
+//                           (PERMISSION_DENIED otherwise); no session token.
 //   GetConfig               any admitted caller: limits and quotas are what an engine sizes itself
 //                           by, and the file holds no secret.
 #ifndef HISPARSE_DAEMON_SERVICE_H_
@@ -59,6 +61,10 @@ class HiSparseService final : public v1::HiSparse::Service {
                           v1::AdmitBatchResponse* resp) override;
   grpc::Status ReleaseBatch(grpc::ServerContext*, const v1::ReleaseBatchRequest* req,
                             v1::ReleaseBatchResponse* resp) override;
+  grpc::Status CommitImport(grpc::ServerContext*, const v1::CommitImportRequest* req,
+                            v1::CommitImportResponse* resp) override;
+  grpc::Status AbortImport(grpc::ServerContext*, const v1::AbortImportRequest* req,
+                           v1::AbortImportResponse* resp) override;
 
  private:
   struct Caller {

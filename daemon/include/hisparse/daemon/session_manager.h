@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,6 +38,7 @@
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/gpu_arena.h"
+#include "hisparse/daemon/import_target.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/v1/hisparse.pb.h"
 
@@ -68,6 +70,8 @@ class SessionManager {
     std::string version = "0.1.0";
     // The time of the LRU order of evict_lru_idle (unset: absl::Now). Tests inject a fake one.
     AdmissionLedger::Clock clock;
+    // import.grant_ttl: how long an import grant stays open before the daemon expires it.
+    absl::Duration import_grant_ttl = absl::Seconds(30);
   };
 
   SessionManager(const Options& options, std::unique_ptr<PagePool> pool);
@@ -154,6 +158,20 @@ class SessionManager {
   // Blocks until the pool's worker has dropped every slab left so far (and filled its reserve):
   // for tests that count descriptors or memory.
   void WaitPoolIdle() const ABSL_LOCKS_EXCLUDED(mu_);
+  // ---- Import from a prefill node (session_import.cc; docs/DESIGN.md, "Import"). ----
+  // Where granted memory is registered for remote writes; null (the default): imports are
+  // refused with FailedPrecondition. Not owned; must outlive every call that can reach it.
+  void SetImportTarget(ImportTarget* target) ABSL_LOCKS_EXCLUDED(mu_);
+  // Admit with begin_import (Admit forwards here): admits as Admit does (without evicting), marks
+  // the request importing, registers its pages with the target and answers the grant.
+  absl::StatusOr<v1::AdmitResponse> AdmitImport(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // The transfer agent's calls, by grant; `caller_uid` must be the session's tenant. Codes: see
+  // CommitImport in hisparse.proto.
+  absl::Status CommitImport(const v1::CommitImportRequest& req, uint32_t caller_uid) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AbortImport(const v1::AbortImportRequest& req, uint32_t caller_uid) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts every open grant whose expiry (options.clock) has passed; returns how many.
+  size_t ExpireImports() ABSL_LOCKS_EXCLUDED(mu_);
+
   // The daemon's mapping of the record of (request, layer, position) of a session, for tests.
   absl::StatusOr<uint8_t*> RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
                                          uint32_t position) const;
@@ -171,6 +189,9 @@ class SessionManager {
     std::vector<std::vector<PagePool::Page>> pages;
     // The pages the ledger charges this request: its own, and the shared ones it is first of.
     uint64_t charged_pages = 0;
+    // Non-empty while importing (AdmitImport until commit): the grant's id. Such a request cannot
+    // be extended or evicted; releasing it aborts the import.
+    std::string import_grant;
     uint64_t PageCount() const;
   };
   struct Session {
@@ -191,6 +212,7 @@ class SessionManager {
     // Pages held by more than one request of the session (shared prefixes): their holders in the
     // order they took the page; the first is charged for it (Request::charged_pages).
     std::map<PagePool::Page, std::vector<uint64_t>> sharers;
+    bool imports_closed = false;  // set as the session closes: no new import grant
   };
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
@@ -253,6 +275,40 @@ class SessionManager {
   // Counts a refused admission under `reason` and returns `status`.
   absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Reject(Refusal refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Imports (session_import.cc). An open grant, by id. kBusy while its memory is being
+  // registered or revoked (outside the lock): nothing else may finish it then.
+  struct Grant {
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    uint32_t tenant_uid = 0;
+    absl::Time expires;
+    bool busy = true;
+  };
+  // How a grant ended, kept (the last kSpentGrants) so a second use gets its specific refusal.
+  enum class GrantEnd { kCommitted, kAborted, kExpired };
+  struct SpentGrant {
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    GrantEnd end = GrantEnd::kAborted;
+  };
+  static constexpr size_t kSpentGrants = 4096;
+  enum class ImportOutcome { kCommit, kAbort, kExpire };
+  // Commit, abort or expire one grant: checks it (session, request, tenant) and marks it busy
+  // under the lock, revokes its memory outside it, then makes the request live or frees it and
+  // tells the session. `caller_uid` unset: the daemon itself (expiry).
+  absl::Status FinishImport(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
+                            std::optional<uint32_t> caller_uid, ImportOutcome outcome, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckGrantLocked(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
+                                std::optional<uint32_t> caller_uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberSpentLocked(const std::string& grant_id, const Grant& g, GrantEnd end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Release of an importing request: an abort. Unset when the request is not importing.
+  std::optional<absl::Status> ReleaseIfImporting(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before a session closes: waits out its busy grants and revokes the rest (their requests are
+  // released with the session).
+  void RevokeImportsOf(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -274,6 +330,10 @@ class SessionManager {
   uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
+  ImportTarget* import_target_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::flat_hash_map<std::string, Grant> grants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, SpentGrant> spent_grants_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 };
 
 }  // namespace hisparse

@@ -1,0 +1,334 @@
+// Imports from a prefill node: SessionManager's grants (see session_manager.h and docs/DESIGN.md,
+// "Import"). A request admitted with begin_import holds its pages and row like any other but is
+// "importing": its pages are registered with the import target (UCX) under a grant, which the
+// transfer agent presents to commit or abort. Until then the request cannot be extended or
+// evicted; the engine's client publishes its page table only once it hears the commit.
+//
+// Lock discipline: the grant is checked and marked busy under mu_; registration and revocation
+// (transport calls) run outside it; the request is then made live or freed under mu_ again, and
+// the session is told outside it. A busy grant cannot be finished twice, and a session waits out
+// its busy grants before it closes, so no page is freed while still registered.
+#include <sys/random.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+namespace {
+
+// 128 random bits as hex: the grant is a capability.
+std::string NewGrantId() {
+  uint8_t raw[16];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    const ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  for (uint8_t b : raw) absl::StrAppendFormat(&hex, "%02x", b);
+  return hex;
+}
+
+// Enough of a grant id to tell grants apart in messages and logs, never enough to use it.
+std::string Short(const std::string& grant_id) { return grant_id.substr(0, 6) + "..."; }
+
+// The pages of a request, merged into maximal runs of adjacent memory.
+std::vector<ImportTarget::Span> MergeSpans(std::vector<uint8_t*> pages, uint64_t page_bytes) {
+  std::sort(pages.begin(), pages.end());
+  std::vector<ImportTarget::Span> spans;
+  for (uint8_t* p : pages) {
+    if (!spans.empty() && spans.back().addr + spans.back().bytes == p) {
+      spans.back().bytes += page_bytes;
+    } else {
+      spans.push_back({p, page_bytes});
+    }
+  }
+  return spans;
+}
+
+// The span (index) that holds `addr`; spans are sorted and disjoint.
+uint32_t SpanOf(const std::vector<ImportTarget::Span>& spans, const uint8_t* addr) {
+  auto it = std::upper_bound(spans.begin(), spans.end(), addr,
+                             [](const uint8_t* a, const ImportTarget::Span& s) { return a < s.addr; });
+  return static_cast<uint32_t>(it - spans.begin()) - 1;
+}
+
+}  // namespace
+
+void SessionManager::SetImportTarget(ImportTarget* target) {
+  absl::MutexLock lock(&mu_);
+  import_target_ = target;
+}
+
+absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitImport(const v1::AdmitRequest& req) {
+  const std::string grant_id = NewGrantId();
+  ImportTarget* target;
+  v1::AdmitResponse resp;
+  std::vector<std::vector<uint8_t*>> page_addrs;  // per layer, in position order
+  uint64_t page_bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    target = import_target_;
+    if (target == nullptr) {
+      return absl::FailedPreconditionError(
+          "imports are off here: the daemon was built without UCX or import.enabled is false");
+    }
+    auto sit = sessions_.find(req.session().session_id());
+    if (sit != sessions_.end() && sit->second->imports_closed) {
+      return absl::FailedPreconditionError("the session is closing");
+    }
+    AdmitOutcome outcome = AdmitLocked(req);  // an import never evicts to make room
+    if (!outcome.result.ok()) return outcome.result.status();
+    resp = *std::move(outcome.result);
+    Session& s = *sessions_.at(req.session().session_id());
+    Request& r = s.requests.at(req.request_id());
+    for (const auto& layer : r.pages) {
+      page_addrs.emplace_back();
+      for (const PagePool::Page& p : layer) {
+        absl::StatusOr<uint8_t*> addr = pool_->PageData(s.id, p);
+        if (!addr.ok()) {  // pages AdmitLocked just gave this session: an accounting error
+          ReleaseRequestLocked(s, r);
+          s.requests.erase(req.request_id());
+          return absl::InternalError(
+              absl::StrCat("a page of the new import is not the session's: ", addr.status().ToString()));
+        }
+        page_addrs.back().push_back(*addr);
+      }
+    }
+    r.import_grant = grant_id;
+    const absl::Time now = options_.clock ? options_.clock() : absl::Now();
+    grants_.emplace(grant_id, Grant{s.id, r.id, s.tenant_uid, now + options_.import_grant_ttl, /*busy=*/true});
+    page_bytes = pool_->page_bytes();
+    v1::ImportGrant* g = resp.mutable_grant();
+    g->set_grant_id(grant_id);
+    g->set_session_id(s.id);
+    g->set_request_id(r.id);
+    g->set_num_layers(s.geometry.num_layers());
+    g->set_capacity_tokens(r.capacity_tokens);
+    g->set_records_per_page(s.records_per_page);
+    g->set_record_bytes(s.geometry.record_bytes());
+    g->set_expires_in_seconds(absl::ToDoubleSeconds(options_.import_grant_ttl));
+  }
+  std::vector<uint8_t*> all;
+  for (const auto& layer : page_addrs) all.insert(all.end(), layer.begin(), layer.end());
+  const std::vector<ImportTarget::Span> spans = MergeSpans(std::move(all), page_bytes);
+  absl::StatusOr<std::vector<ImportTarget::Region>> regions = target->Register(grant_id, spans);
+
+  // The grant is busy: nobody else removes it, and its session waits for it before closing.
+  absl::MutexLock lock(&mu_);
+  auto git = grants_.find(grant_id);
+  if (!regions.ok()) {
+    grants_.erase(git);
+    auto sit = sessions_.find(req.session().session_id());
+    auto rit = sit->second->requests.find(req.request_id());
+    ReleaseRequestLocked(*sit->second, rit->second);
+    sit->second->requests.erase(rit);
+    return regions.status();
+  }
+  git->second.busy = false;
+  v1::ImportGrant* g = resp.mutable_grant();
+  g->set_worker_address(target->WorkerAddress());
+  for (const ImportTarget::Region& region : *regions) {
+    v1::ImportRegion* out = g->add_regions();
+    out->set_remote_addr(region.remote_addr);
+    out->set_bytes(region.bytes);
+    out->set_rkey(region.rkey);
+  }
+  for (size_t layer = 0; layer < page_addrs.size(); ++layer) {
+    v1::ImportLayer* out = g->add_layers();
+    out->set_layer(static_cast<uint32_t>(layer));
+    for (uint8_t* p : page_addrs[layer]) {
+      out->add_page_addr(reinterpret_cast<uint64_t>(p));
+      out->add_page_region(SpanOf(spans, p));
+    }
+  }
+  LOG(INFO) << "import grant " << Short(grant_id) << " for request " << req.request_id() << " of session "
+            << req.session().session_id() << ": " << spans.size() << " regions, expires in "
+            << absl::FormatDuration(options_.import_grant_ttl);
+  return resp;
+}
+
+absl::Status SessionManager::CheckGrantLocked(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
+                                              std::optional<uint32_t> caller_uid) const {
+  if (grant_id.empty()) return absl::InvalidArgumentError("grant_id is empty");
+  auto it = grants_.find(grant_id);
+  if (it == grants_.end()) {
+    auto spent = spent_grants_.find(grant_id);
+    if (spent == spent_grants_.end()) {
+      return absl::NotFoundError(absl::StrCat("no import grant ", Short(grant_id), " (never issued, or long gone)"));
+    }
+    switch (spent->second.end) {
+      case GrantEnd::kCommitted:
+        return absl::AlreadyExistsError(
+            absl::StrCat("import grant ", Short(grant_id), " was committed already: a grant is used once"));
+      case GrantEnd::kExpired:
+        return absl::FailedPreconditionError(
+            absl::StrCat("import grant ", Short(grant_id), " expired (import.grant_ttl); its pages are free again"));
+      case GrantEnd::kAborted:
+        return absl::FailedPreconditionError(
+            absl::StrCat("import grant ", Short(grant_id), " was aborted; its pages are free again"));
+    }
+  }
+  const Grant& g = it->second;
+  if (g.session_id != session_id || g.request_id != request_id) {
+    return absl::PermissionDeniedError(absl::StrCat("import grant ", Short(grant_id), " covers request ", g.request_id,
+                                                    " of session ", g.session_id, ", not request ", request_id,
+                                                    " of session ", session_id));
+  }
+  if (caller_uid.has_value() && *caller_uid != g.tenant_uid) {
+    return absl::PermissionDeniedError(absl::StrCat("import grant ", Short(grant_id), " belongs to uid ", g.tenant_uid,
+                                                    ", not to the caller's uid ", *caller_uid));
+  }
+  if (g.busy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("import grant ", Short(grant_id), " is being registered or finished right now"));
+  }
+  return absl::OkStatus();
+}
+
+void SessionManager::RememberSpentLocked(const std::string& grant_id, const Grant& g, GrantEnd end) {
+  if (spent_order_.size() >= kSpentGrants) {
+    spent_grants_.erase(spent_order_.front());
+    spent_order_.pop_front();
+  }
+  spent_grants_[grant_id] = SpentGrant{g.session_id, g.request_id, end};
+  spent_order_.push_back(grant_id);
+}
+
+absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
+                                          std::optional<uint32_t> caller_uid, ImportOutcome outcome,
+                                          const std::string& reason) {
+  ImportTarget* target;
+  {
+    absl::MutexLock lock(&mu_);
+    HS_RETURN_IF_ERROR(CheckGrantLocked(grant_id, session_id, request_id, caller_uid));
+    grants_.at(grant_id).busy = true;
+    target = import_target_;
+  }
+  // Revoked before anything else: from here on no remote key of the grant writes these pages.
+  target->Unregister(grant_id);
+  std::shared_ptr<EventSink> sink;
+  v1::SessionEvent event;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = grants_.find(grant_id);
+    const Grant g = git->second;
+    grants_.erase(git);
+    const bool commit = outcome == ImportOutcome::kCommit;
+    RememberSpentLocked(grant_id, g,
+                        commit                              ? GrantEnd::kCommitted
+                        : outcome == ImportOutcome::kExpire ? GrantEnd::kExpired
+                                                            : GrantEnd::kAborted);
+    // A session waits out its busy grants before closing: the session and request are here.
+    Session& s = *sessions_.at(g.session_id);
+    auto rit = s.requests.find(g.request_id);
+    if (commit) {
+      rit->second.import_grant.clear();
+      ledger_.Touch(s.id, g.request_id);
+    } else {
+      ReleaseRequestLocked(s, rit->second);
+      s.requests.erase(rit);
+    }
+    sink = s.sink;
+    v1::ImportFinished* f = event.mutable_import_finished();
+    f->set_request_id(g.request_id);
+    f->set_committed(commit);
+    f->set_reason(reason);
+  }
+  LOG(INFO) << "import grant " << Short(grant_id) << " of request " << request_id << " of session " << session_id
+            << ": " << reason;
+  if (sink != nullptr && !(*sink)(event)) {
+    absl::MutexLock lock(&mu_);
+    ++undelivered_notices_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::CommitImport(const v1::CommitImportRequest& req, uint32_t caller_uid) {
+  return FinishImport(req.grant_id(), req.session_id(), req.request_id(), caller_uid, ImportOutcome::kCommit,
+                      "committed");
+}
+
+absl::Status SessionManager::AbortImport(const v1::AbortImportRequest& req, uint32_t caller_uid) {
+  return FinishImport(req.grant_id(), req.session_id(), req.request_id(), caller_uid, ImportOutcome::kAbort,
+                      absl::StrCat("aborted: ", req.reason().empty() ? "by the transfer agent" : req.reason()));
+}
+
+size_t SessionManager::ExpireImports() {
+  struct Due {
+    std::string id;
+    uint64_t session_id, request_id;
+  };
+  std::vector<Due> due;
+  {
+    absl::MutexLock lock(&mu_);
+    if (grants_.empty()) return 0;
+    const absl::Time now = options_.clock ? options_.clock() : absl::Now();
+    for (const auto& [id, g] : grants_) {
+      if (!g.busy && g.expires <= now) due.push_back({id, g.session_id, g.request_id});
+    }
+  }
+  size_t expired = 0;
+  for (const Due& d : due) {
+    // A grant committed or aborted meanwhile is refused here, and stays as it ended.
+    if (FinishImport(d.id, d.session_id, d.request_id, std::nullopt, ImportOutcome::kExpire, "expired").ok()) {
+      ++expired;
+    }
+  }
+  return expired;
+}
+
+std::optional<absl::Status> SessionManager::ReleaseIfImporting(const v1::ReleaseRequest& req) {
+  std::string grant_id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto sit = sessions_.find(req.session().session_id());
+    if (sit == sessions_.end()) return std::nullopt;  // Release answers that
+    auto rit = sit->second->requests.find(req.request_id());
+    if (rit == sit->second->requests.end() || rit->second.import_grant.empty()) return std::nullopt;
+    grant_id = rit->second.import_grant;
+  }
+  // The caller is the session's owner (the service checked): no uid check here.
+  return FinishImport(grant_id, req.session().session_id(), req.request_id(), std::nullopt, ImportOutcome::kAbort,
+                      "aborted: released by the session");
+}
+
+void SessionManager::RevokeImportsOf(uint64_t session_id) {
+  std::vector<std::string> revoked;
+  ImportTarget* target;
+  {
+    absl::MutexLock lock(&mu_);
+    auto sit = sessions_.find(session_id);
+    if (sit == sessions_.end()) return;
+    sit->second->imports_closed = true;  // no new grant from here on (AdmitImport refuses)
+    const auto none_busy = [this, session_id]() {
+      mu_.AssertHeld();
+      for (const auto& [id, g] : grants_) {
+        if (g.session_id == session_id && g.busy) return false;
+      }
+      return true;
+    };
+    mu_.Await(absl::Condition(&none_busy));
+    for (auto it = grants_.begin(); it != grants_.end();) {
+      if (it->second.session_id != session_id) {
+        ++it;
+        continue;
+      }
+      RememberSpentLocked(it->first, it->second, GrantEnd::kAborted);
+      revoked.push_back(it->first);
+      grants_.erase(it++);
+    }
+    target = import_target_;
+  }
+  // The requests go with the session (CloseSession), after this.
+  for (const std::string& id : revoked) target->Unregister(id);
+}
+
+}  // namespace hisparse

@@ -1,0 +1,249 @@
+// Issue 19, part 1: imports from a prefill node over UCX, end to end. A real hisparsed; the
+// engine is this process (the C ABI); the transfer agent is a second process, `hisparse-bench
+// import`, which holds only the grants. Without UCX the feature is compiled out: the tests skip.
+//
+// HISPARSE_IMPORT_TOKENS sets the tokens per request of the exactness test (default 32768, the
+// issue's size: 8 requests x 4 layers x 32k tokens of 64-byte records).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "hisparse/common/import_pattern.h"
+#include "test_support.h"
+
+namespace hisparse::testing {
+namespace {
+
+constexpr uint64_t kSeed = 0x5eed;
+
+std::vector<std::string> DaemonArgs(int grant_ttl_s) {
+  return {"--host-pool-size",
+          "384MiB",
+          "--host-pool-page-size",
+          "64KiB",
+          "--host-pool-slab-size",
+          "16MiB",
+          "--set",
+          "import.enabled=true",
+          "--set",
+          absl::StrCat("import.grant_ttl=", grant_ttl_s)};
+}
+
+class ImportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef HISPARSE_HAVE_UCX
+    GTEST_SKIP() << "built without UCX (libucx-dev): imports are compiled out";
+#endif
+    dir_ = ::testing::TempDir() + "/import_test_" + std::to_string(::getpid());
+    ::mkdir(dir_.c_str(), 0700);
+  }
+  void TearDown() override {
+    if (session_ != nullptr) hs_session_close(session_);
+  }
+
+  void Start(int grant_ttl_s, uint32_t max_requests = 8) {
+    daemon_ = StartDaemon(DaemonArgs(grant_ttl_s));
+    ASSERT_NE(daemon_, nullptr);
+    hs_session_options o = SmallGeometry(daemon_->address());
+    o.max_requests = max_requests;
+    ASSERT_EQ(hs_session_open(&o, &session_), HS_OK) << hs_last_error();
+  }
+
+  // Admits `id` as an import of `tokens` positions and writes its grant to a file; returns the path.
+  std::string AdmitImport(uint64_t id, uint32_t tokens) {
+    EXPECT_EQ(hs_admit_import(session_, id, tokens, tokens), HS_OK) << hs_last_error();
+    size_t n = 0;
+    EXPECT_EQ(hs_import_grant(session_, id, nullptr, 0, &n), HS_ERR_RESOURCE_EXHAUSTED);
+    std::string grant(n, '\0');
+    EXPECT_EQ(hs_import_grant(session_, id, grant.data(), n, &n), HS_OK) << hs_last_error();
+    grants_[id] = grant;
+    std::string path = absl::StrCat(dir_, "/grant-", id);
+    std::ofstream(path, std::ios::binary) << grant;
+    return path;
+  }
+
+  v1::ImportGrant Grant(uint64_t id) {
+    v1::ImportGrant g;
+    EXPECT_TRUE(g.ParseFromString(grants_[id]));
+    return g;
+  }
+
+  // The agent, another process: hisparse-bench import ARGS; its exit code and output.
+  CommandResult Importer(const std::string& args) {
+    CommandResult r;
+    const std::string cmd = absl::StrCat(BinDir(), "/hisparse-bench import --daemon ", daemon_->address(), " --seed ",
+                                         kSeed, " ", args, " 2>&1");
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return r;
+    char buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
+    const int status = ::pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+
+  grpc::Status Commit(const v1::ImportGrant& g, uint64_t session_id, uint64_t request_id) {
+    auto stub = RawStub(daemon_->address());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::CommitImportRequest req;
+    req.set_grant_id(g.grant_id());
+    req.set_session_id(session_id);
+    req.set_request_id(request_id);
+    v1::CommitImportResponse resp;
+    return stub->CommitImport(&ctx, req, &resp);
+  }
+
+  // Every record of request `id` as the engine sees it equals the pattern.
+  void ExpectPattern(uint64_t id, uint32_t tokens) {
+    std::vector<uint8_t> want(64);
+    uint64_t wrong = 0;
+    for (uint32_t l = 0; l < 4; ++l) {
+      for (uint32_t p = 0; p < tokens; ++p) {
+        void* rec = nullptr;
+        ASSERT_EQ(hs_record_ptr(session_, id, l, p, &rec), HS_OK) << hs_last_error();
+        FillImportRecord(want.data(), 64, kSeed, id, l, p);
+        if (std::memcmp(rec, want.data(), 64) != 0 && wrong++ < 5) {
+          ADD_FAILURE() << "request " << id << " layer " << l << " position " << p << " differs";
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0u);
+  }
+
+  void ExpectNothingHeld() {
+    EXPECT_TRUE(WaitUntil([&] {
+      const v1::StatsResponse st = Stats(daemon_->address());
+      return st.requests() == 0 && st.host_pool().pages_used() == 0;
+    })) << Stats(daemon_->address()).DebugString();
+  }
+
+  std::string dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  hs_session* session_ = nullptr;
+  std::map<uint64_t, std::string> grants_;
+};
+
+uint32_t ImportTokens() {
+  const char* env = std::getenv("HISPARSE_IMPORT_TOKENS");
+  return env != nullptr && std::atoi(env) > 0 ? static_cast<uint32_t>(std::atoi(env)) : 32768;
+}
+
+TEST_F(ImportTest, EightRequestsArriveByteExactAfterCommit) {
+  Start(/*grant_ttl_s=*/300);
+  const uint32_t tokens = ImportTokens();
+  std::string args;
+  for (uint64_t id = 1; id <= 8; ++id) absl::StrAppend(&args, " --grant ", AdmitImport(id, tokens));
+  // Until the commit the request is not the engine's to use, and cannot grow.
+  void* rec = nullptr;
+  EXPECT_EQ(hs_record_ptr(session_, 1, 0, 0, &rec), HS_ERR_NOT_FOUND);
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_extend(session_, 1, tokens + 1, &info), HS_ERR_FAILED_PRECONDITION) << hs_last_error();
+  EXPECT_EQ(hs_await_import(session_, 1, 0, &info), HS_ERR_UNAVAILABLE);  // pending
+  EXPECT_EQ(Stats(daemon_->address()).requests(), 8u);
+
+  const CommandResult r = Importer(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"put_gbps\""), std::string::npos) << r.out;
+  for (uint64_t id = 1; id <= 8; ++id) {
+    ASSERT_EQ(hs_await_import(session_, id, 30000, &info), HS_OK) << hs_last_error();
+    EXPECT_EQ(info.capacity_tokens, tokens);
+    ExpectPattern(id, tokens);
+  }
+  for (uint64_t id = 1; id <= 8; ++id) EXPECT_EQ(hs_release(session_, id), HS_OK);
+  ExpectNothingHeld();
+}
+
+TEST_F(ImportTest, KilledImporterLeavesNothingHeldAfterExpiry) {
+  Start(/*grant_ttl_s=*/2);
+  const std::string grant = AdmitImport(7, 4096);
+  int out[2], in[2];
+  ASSERT_EQ(::pipe(out), 0);
+  ASSERT_EQ(::pipe(in), 0);
+  const std::string bench = BinDir() + "/hisparse-bench";
+  const std::string seed = std::to_string(kSeed);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::close(in[1]);
+    ::close(out[0]);
+    ::execl(bench.c_str(), bench.c_str(), "import", "--daemon", daemon_->address().c_str(), "--grant", grant.c_str(),
+            "--seed", seed.c_str(), "--hold", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  // It has put every record and waits to commit: kill it there.
+  std::string line;
+  char c;
+  while (line.find('\n') == std::string::npos && ::read(out[0], &c, 1) == 1) line += c;
+  EXPECT_NE(line.find("\"written\""), std::string::npos) << line;
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  ::close(out[0]);
+  ::close(in[1]);
+  // The grant expires; the session is told and the request is gone.
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_await_import(session_, 7, 60000, &info), HS_ERR_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(hs_last_error()).find("expired"), std::string::npos) << hs_last_error();
+  ExpectNothingHeld();
+  // The expired grant stays refused, and the daemon serves on.
+  EXPECT_EQ(Commit(Grant(7), Grant(7).session_id(), 7).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(hs_admit(session_, 8, 16, 16, &info), HS_OK) << hs_last_error();
+}
+
+TEST_F(ImportTest, MisusedGrantsAreRefusedAndChangeNothing) {
+  Start(/*grant_ttl_s=*/300);
+  AdmitImport(1, 1000);
+  AdmitImport(2, 1000);
+  const v1::ImportGrant g1 = Grant(1);
+  const uint64_t sid = g1.session_id();
+  // Grant 1 presented for request 2's pages, or for another session.
+  EXPECT_EQ(Commit(g1, sid, 2).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Commit(g1, sid + 1, 1).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // A grant never issued.
+  v1::ImportGrant forged = g1;
+  forged.set_grant_id(std::string(32, '0'));
+  EXPECT_EQ(Commit(forged, sid, 1).error_code(), grpc::StatusCode::NOT_FOUND);
+  forged.set_grant_id("");
+  EXPECT_EQ(Commit(forged, sid, 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Nothing changed: both still import.
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_await_import(session_, 1, 0, &info), HS_ERR_UNAVAILABLE);
+  EXPECT_EQ(hs_await_import(session_, 2, 0, &info), HS_ERR_UNAVAILABLE);
+  // Used once, then refused.
+  ASSERT_TRUE(Commit(g1, sid, 1).ok());
+  EXPECT_EQ(Commit(g1, sid, 1).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  ASSERT_EQ(hs_await_import(session_, 1, 30000, &info), HS_OK) << hs_last_error();
+  // The engine aborts request 2 by releasing it; its grant is refused from then on.
+  EXPECT_EQ(hs_release(session_, 2), HS_OK) << hs_last_error();
+  EXPECT_EQ(Commit(Grant(2), sid, 2).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Stats(daemon_->address()).requests(), 1u);
+  EXPECT_EQ(hs_release(session_, 1), HS_OK);
+  ExpectNothingHeld();
+}
+
+TEST_F(ImportTest, AnUnusedGrantExpiresAndFreesItsRequest) {
+  Start(/*grant_ttl_s=*/1);
+  AdmitImport(3, 2000);
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_await_import(session_, 3, 60000, &info), HS_ERR_FAILED_PRECONDITION);
+  ExpectNothingHeld();
+  EXPECT_EQ(Commit(Grant(3), Grant(3).session_id(), 3).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace hisparse::testing
