@@ -50,6 +50,11 @@ def random_selection(gen, seq_lens):
     return pos.to(DEV)
 
 
+def host_records(s, rid, layer, n):
+    """Records [0, n) of (rid, layer) from the host pool, one at a time: they span host pages."""
+    return torch.from_numpy(np.concatenate([np.array(s.record_view(rid, layer, p, 1)) for p in range(n)]))
+
+
 def check_exact(s, rows, seq_lens, positions, out_slots, layer):
     """Every output slot holds the host record of its position, byte for byte."""
     torch.cuda.synchronize()
@@ -57,7 +62,7 @@ def check_exact(s, rows, seq_lens, positions, out_slots, layer):
     assert arena.is_cuda and arena.dtype == torch.uint8 and arena.shape == (ROWS, LAYERS, B + 1, RECORD)
     for i in range(ROWS):
         rid, n = i + 1, int(seq_lens[i])
-        host = torch.from_numpy(np.array(s.record_view(rid, layer, 0, n)))
+        host = host_records(s, rid, layer, n)
         pos, out = positions[i].cpu(), out_slots[i].cpu()
         valid = pos >= 0
         assert (out[~valid] == -1).all()
@@ -182,7 +187,7 @@ def test_store_indexed_from_a_paged_device_pool(cuda_session):
     torch.cuda.synchronize()
     s.check_errors()
     for layer in range(LAYERS):
-        assert torch.equal(torch.from_numpy(np.array(s.record_view(1, layer, 0, context))), prompt[layer])
+        assert torch.equal(host_records(s, 1, layer, context), prompt[layer])
     arena = s.slot_view()
     assert torch.equal(arena[a], arena[b])
     bad = slot.clone()
@@ -191,7 +196,7 @@ def test_store_indexed_from_a_paged_device_pool(cuda_session):
     with pytest.raises(hisparse.InvalidArgument, match="source index"):
         s.check_errors()
     for layer in range(LAYERS):
-        assert torch.equal(torch.from_numpy(np.array(s.record_view(1, layer, 0, context))), prompt[layer])
+        assert torch.equal(host_records(s, 1, layer, context), prompt[layer])
 
 
 def test_cuda_session_wants_device_memory(cuda_session):
@@ -282,7 +287,7 @@ def test_draft_tokens_multi_query_steps_on_the_gpu(open_session):
             base = (rows.cpu().to(torch.int64)[:, None, None] * LAYERS + layer) * (slots + 1 + n) + 32
             assert torch.equal(table.cpu().to(torch.int64), torch.where(got < 0, -1, base + got))
             for i in range(ROWS):
-                host = torch.from_numpy(np.array(s.record_view(i + 1, layer, 0, int(seq_lens[i]))))
+                host = host_records(s, i + 1, layer, int(seq_lens[i]))
                 for t in range(q_max):
                     p, o = pos[i, t], got[i, t]
                     if t >= int(q[i]):

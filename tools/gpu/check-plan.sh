@@ -6,7 +6,7 @@
 # Steps, most important first (a run cut short by the device's time keeps what it did): link
 # bandwidth (hisparse-bench resolve's own measurement, one small point); gpu_resolve_test,
 # gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test,
-# gpu_arena_session_test; pytest tests/python (GPU cases included); examples/engine/run_engine.py
+# gpu_arena_session_test, gpu_park_share_test; pytest tests/python (GPU cases included); examples/engine/run_engine.py
 # with speculative decoding (1 and 3 drafts, bf16 and fp8, exactness); hisparse-bench resolve
 # --draft-tokens (multi-query RESOLVE against n+1 single-query launches, with fresh misses and the
 # planning alone); hisparse-bench resolve over paged host memory against one contiguous run;
@@ -38,7 +38,8 @@ step 60 link "$B/bin/hisparse-bench" resolve --batch 1 --slots 4096 --k 2048 --r
 grep '"kind":"link"' "$BL" | tee -a "$S"
 G="$OUT/gpu_tests.log"
 : > "$G"
-for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test; do
+for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test \
+  gpu_park_share_test; do
   echo "=== $t" >> "$G"
   step 200 "$t" "$B/bin/$t" >> "$G" 2>&1
 done
@@ -48,19 +49,27 @@ tail -3 "$OUT/pytest.log" | tee -a "$S"
 step 200 speculative "$PY" examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 4x32768 \
   --k 2048 --steps 40 --records bf16,fp8 > "$OUT/speculative.log" 2>&1
 grep -E '^link|^exactness|^speculative|^engine' "$OUT/speculative.log" | tee -a "$S"
-# Multi-query RESOLVE: lists overlapping 80% (each list brings 20% never-seen positions), then
-# the same steps planned without moving records (--no-fetch: the planning alone), 656 and 1152 B.
-for args in "--record-bytes 656" "--record-bytes 656 --no-fetch"; do
-  echo "=== resolve --draft-tokens 0,1,3 $args" >> "$BL"
-  step 120 "resolve-draft $args" "$B/bin/hisparse-bench" resolve --draft-tokens 0,1,3 --runs 100 $args >> "$BL" 2>&1
-done
-grep -E '^ +[0-9]+ +[0-9]+ ' "$BL" | tee -a "$S"
-# Paged host memory against one contiguous run (issue 17): pages scattered at random over a
-# 64 GiB pinned pool, consecutive and scattered misses of a 128k context, 20% and 100%.
-echo "=== resolve paged vs contiguous" >> "$BL"
-step 200 "resolve-paged" "$B/bin/hisparse-bench" resolve --batch 1,10,64,128 --slots 4096 --record-bytes 656,1152 \
-  --miss 0.2,1 --pattern consecutive,scattered --host-layout contiguous,paged --page-size 2M,16M,64M --pool 64G \
-  --runs 50 >> "$BL" 2>&1
+# The RESOLVE sweeps (multi-query and paged host memory) when the kernels changed: PLAN_SWEEPS=1.
+# Otherwise the resolve bench's smoke (every host layout and pattern, checked).
+if [[ ${PLAN_SWEEPS:-0} == 1 ]]; then
+  # Multi-query RESOLVE: lists overlapping 80% (each list brings 20% never-seen positions), then
+  # the same steps planned without moving records (--no-fetch: the planning alone), 656 and 1152 B.
+  for args in "--record-bytes 656" "--record-bytes 656 --no-fetch"; do
+    echo "=== resolve --draft-tokens 0,1,3 $args" >> "$BL"
+    step 120 "resolve-draft $args" "$B/bin/hisparse-bench" resolve --draft-tokens 0,1,3 --runs 100 $args >> "$BL" 2>&1
+  done
+  grep -E '^ +[0-9]+ +[0-9]+ ' "$BL" | tee -a "$S"
+  # Paged host memory against one contiguous run (issue 17): pages scattered at random over a
+  # 64 GiB pinned pool, consecutive and scattered misses of a 128k context, 20% and 100%.
+  echo "=== resolve paged vs contiguous" >> "$BL"
+  step 200 "resolve-paged" "$B/bin/hisparse-bench" resolve --batch 1,10,64,128 --slots 4096 --record-bytes 656,1152 \
+    --miss 0.2,1 --pattern consecutive,scattered --host-layout contiguous,paged --page-size 2M,16M,64M --pool 64G \
+    --runs 50 >> "$BL" 2>&1
+else
+  echo "=== resolve --smoke" >> "$BL"
+  step 60 resolve-smoke "$B/bin/hisparse-bench" resolve --smoke >> "$BL" 2>&1
+  grep -c '"check":"ok"' "$BL" | sed 's/^/resolve smoke points ok: /' | tee -a "$S"
+fi
 step 200 decode "$PY" examples/engine/decode_bench.py --hbm-budget 8GiB --host-pool-size 12GiB \
   --host-pool-segment-size 1GiB --contexts 32768 --k 2048 --slots 4096 --matched-slots 4096 --layers 4 \
   --records bf16 --steps 12 --probe-steps 4 --time-budget-s 150 > "$OUT/decode.log" 2>&1
