@@ -109,3 +109,18 @@ def test_child_shares_the_parents_prefix(session):
         s.admit(3, 1, 8, parent=1, prefix_tokens=1)  # released
     with pytest.raises(hisparse.InvalidArgument):
         s.admit(3, 1, 8, parent=2, prefix_tokens=129)  # longer than the parent
+
+
+def test_batch_release_of_a_parked_request_leaves_its_old_row_alone(session):
+    # A parked request's old row may be another request's now: releasing the parked one in a batch
+    # must not unpublish that row (client_batch.cc, UninstallLocked), as release() does not.
+    s = session
+    a = s.admit(1, 40, 64)
+    s.store(1, records(1, 0, 40), num_tokens=40)
+    s.park(1)
+    c = s.admit(3, 40, 64)
+    assert c.row == a.row
+    s.store(3, records(3, 0, 40), num_tokens=40)
+    assert s.release_batch([1]) == [None]
+    check_resolved(s, c.row, 3, 40, [0, 17, 30, 39])
+    s.release_batch([3])
