@@ -900,7 +900,8 @@ ResolveKernelFn ResolveKernelFor(uint32_t record_bytes) {
 }
 
 bool PreparedFor(const ResolveLaunchConfig& c, int device, const ArenaGeometry& g) {
-  return c.device >= 0 && c.device == device && c.k == g.k && c.slots == g.slots && c.record_bytes == g.record_bytes;
+  return c.device >= 0 && c.device == device && c.k == g.k && c.slots == g.slots && c.record_bytes == g.record_bytes &&
+         c.draft_tokens == g.draft_tokens;
 }
 
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
@@ -1008,6 +1009,7 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
   c.k = g.k;
   c.slots = g.slots;
   c.record_bytes = g.record_bytes;
+  c.draft_tokens = g.draft_tokens;
   cudaError_t e = cudaGetDevice(&c.device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, c.device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device);
@@ -1015,9 +1017,8 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
   }
-  if (g.draft_tokens != 0) {  // the multi-query kernel plans in global scratch: nothing to size
-    c.smem = 0;
-    c.blocks_per_sm = 1;
+  if (g.draft_tokens != 0) {  // the multi-query kernels (resolve_multi.cu)
+    if ((e = internal::PrepareMultiQueryLaunch(g, &c)) != cudaSuccess) return e;
     *config = c;
     internal::SetLaunchError("");
     return cudaSuccess;
@@ -1071,13 +1072,6 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     internal::SetLaunchError("");
     return cudaSuccess;
   }
-  // Multi-query steps (rule 8) have their own kernel (resolve_multi.cu); this one stays n = 0's.
-  if (g.draft_tokens != 0) return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, stream);
-  const WsLayout ws = ComputeWsLayout(g, d.max_batch);
-  if (!workspace || workspace_bytes < ws.total) {
-    std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);
-    return internal::FailLaunch(buf);
-  }
   // The device's figures: the session's, or asked for now (no config, another device or geometry).
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -1090,6 +1084,13 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   if (!PreparedFor(config, dev, g)) {
     if ((e = PrepareResolveLaunch(g, &asked)) != cudaSuccess) return e;
     c = &asked;
+  }
+  // Multi-query steps (rule 8) have their own kernels (resolve_multi.cu); this one stays n = 0's.
+  if (g.draft_tokens != 0) return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, *c, stream);
+  const WsLayout ws = ComputeWsLayout(g, d.max_batch);
+  if (!workspace || workspace_bytes < ws.total) {
+    std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);
+    return internal::FailLaunch(buf);
   }
   const SmemLayout sm = ComputeSmem(g);
   ResolveParams p{};

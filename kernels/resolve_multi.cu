@@ -433,34 +433,37 @@ size_t MultiQueryWorkspaceBytes(const ArenaGeometry& g, int max_batch) {
   return static_cast<size_t>(max_batch > 0 ? max_batch : 0) * ComputeScratch(g).bytes;
 }
 
+// The block scan's storage and a few words, rounded up: the planner's static shared memory.
+constexpr size_t kStaticSmem = 8 << 10;
+
+cudaError_t PrepareMultiQueryLaunch(const ArenaGeometry& g, ResolveLaunchConfig* c) {
+  // The position table in shared memory when it fits the device's opt-in limit (next to the
+  // kernel's static shared memory), else in the entry's scratch.
+  const Scratch sc = ComputeScratch(g);
+  c->blocks_per_sm = 1;
+  c->smem = 0;
+  if (sc.table.bytes + kStaticSmem > static_cast<size_t>(c->smem_optin)) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(MultiQueryResolveKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(sc.table.bytes));
+  if (e != cudaSuccess) {
+    SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  c->smem = static_cast<unsigned>(sc.table.bytes);
+  return cudaSuccess;
+}
+
 cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
-                                    cudaStream_t stream) {
+                                    const ResolveLaunchConfig& c, cudaStream_t stream) {
   const size_t need = MultiQueryWorkspaceBytes(d.arena.geometry, d.max_batch);
   if (!workspace || workspace_bytes < need) {
     return FailLaunch("multi-query RESOLVE workspace too small: " + std::to_string(workspace_bytes) + " bytes, needs " +
                       std::to_string(need));
   }
   const Scratch sc = ComputeScratch(d.arena.geometry);
-  // The position table in shared memory when it fits the device's opt-in limit (next to the
-  // kernel's static shared memory), else in the entry's scratch.
-  int dev = 0, smem_optin = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) {
-    SetLaunchError(cudaGetErrorName(e));
-    return e;
-  }
-  constexpr size_t kStaticSmem = 8 << 10;  // the block scan's storage and a few words, rounded up
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  if (sc.table.bytes + kStaticSmem <= static_cast<size_t>(smem_optin)) {
-    e = cudaFuncSetAttribute(MultiQueryResolveKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(sc.table.bytes));
-    if (e != cudaSuccess) {
-      SetLaunchError(cudaGetErrorName(e));
-      return e;
-    }
-    MultiQueryResolveKernel<true><<<d.max_batch, kThreads, sc.table.bytes, stream>>>(d, ws, sc);
+  if (c.smem != 0) {
+    MultiQueryResolveKernel<true><<<d.max_batch, kThreads, c.smem, stream>>>(d, ws, sc);
   } else {
     MultiQueryResolveKernel<false><<<d.max_batch, kThreads, 0, stream>>>(d, ws, sc);
   }
@@ -468,7 +471,7 @@ cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_
   // The fetch: about four blocks per SM over the batch, no more columns than an entry has chunks.
   const int max_chunks =
       static_cast<int>((MissPlan::EntriesPerRow(d.arena.geometry) + kFetchRecords - 1) / kFetchRecords);
-  int gx = (4 * sms + d.max_batch - 1) / d.max_batch;
+  int gx = (4 * c.sms + d.max_batch - 1) / d.max_batch;
   gx = std::max(1, std::min(gx, (max_chunks + kFetchWarps - 1) / kFetchWarps));
   FetchKernelFor(d.arena.geometry.record_bytes)<<<dim3(gx, d.max_batch), kFetchThreads, 0, stream>>>(
       d, static_cast<const uint8_t*>(workspace), sc);

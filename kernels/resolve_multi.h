@@ -9,6 +9,7 @@
 #include <string>
 
 #include "hisparse/kernels/resolve.h"
+#include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse::internal {
 
@@ -20,8 +21,14 @@ cudaError_t CheckLaunched();
 // Workspace of a multi-query launch: one scratch block per batch entry (hash tables over the
 // (draft_tokens + 1) * k selections and the B slots, ranks, victims).
 size_t MultiQueryWorkspaceBytes(const ArenaGeometry& g, int max_batch);
-// One block per batch entry; d is checked by LaunchResolve (pointers, geometry, max_batch > 0).
-cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// PrepareResolveLaunch's part for a multi-query geometry: given c's device figures (sms,
+// smem_optin), sets c->smem (the planner's shared-memory table, 0 when it does not fit) and that
+// kernel's shared-memory attribute on the current device.
+cudaError_t PrepareMultiQueryLaunch(const ArenaGeometry& g, ResolveLaunchConfig* c);
+// One block per batch entry; d is checked by LaunchResolve (pointers, geometry, max_batch > 0),
+// and c was prepared for the current device and d's geometry (PrepareMultiQueryLaunch).
+cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
+                                    const ResolveLaunchConfig& c, cudaStream_t stream);
 
 }  // namespace hisparse::internal
 

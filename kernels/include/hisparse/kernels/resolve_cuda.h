@@ -46,13 +46,16 @@ cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t str
 // the driver for these at every step costs host time on the decode path, and none of them changes
 // during a session: PrepareResolveLaunch asks once (at session open, with the session's device
 // current) and a launcher given the config uses it. A launcher uses a config only when it was
-// prepared for the current device and the launch's k, slots and record size; otherwise it asks the
-// driver as the launchers without a config do, so the kernels' behaviour never depends on it.
+// prepared for the current device and the launch's k, slots, record size and draft tokens;
+// otherwise it asks the driver as the launchers without a config do, so the kernels' behaviour
+// never depends on it. For a multi-query geometry (draft_tokens > 0) smem is the planner's
+// shared-memory position table (0: it does not fit, the table lives in the workspace).
 struct ResolveLaunchConfig {
   int device = -1;  // -1: not prepared
   int32_t k = 0;
   int32_t slots = 0;
   uint32_t record_bytes = 0;
+  int32_t draft_tokens = 0;
   int sms = 0;            // cudaDevAttrMultiProcessorCount
   int smem_optin = 0;     // cudaDevAttrMaxSharedMemoryPerBlockOptin
   unsigned smem = 0;      // dynamic shared memory of one RESOLVE block for this geometry
