@@ -8,33 +8,19 @@
 // (transport calls) run outside it; the request is then made live or freed under mu_ again, and
 // the session is told outside it. A busy grant cannot be finished twice, and a session waits out
 // its busy grants before it closes, so no page is freed while still registered.
-#include <sys/random.h>
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "hisparse/common/log.h"
+#include "hisparse/common/secret.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
 namespace {
-
-// 128 random bits as hex: the grant is a capability.
-std::string NewGrantId() {
-  uint8_t raw[16];
-  size_t got = 0;
-  while (got < sizeof(raw)) {
-    const ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  std::string hex;
-  for (uint8_t b : raw) absl::StrAppendFormat(&hex, "%02x", b);
-  return hex;
-}
 
 // Enough of a grant id to tell grants apart in messages and logs, never enough to use it.
 std::string Short(const std::string& grant_id) { return grant_id.substr(0, 6) + "..."; }
@@ -68,7 +54,7 @@ void SessionManager::SetImportTarget(ImportTarget* target) {
 }
 
 absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitImport(const v1::AdmitRequest& req) {
-  const std::string grant_id = NewGrantId();
+  const std::string grant_id = NewSecret128();
   ImportTarget* target;
   v1::AdmitResponse resp;
   std::vector<std::vector<uint8_t*>> page_addrs;  // per layer, in position order

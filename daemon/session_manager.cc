@@ -2,7 +2,6 @@
 #include "hisparse/daemon/session_manager.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,9 +12,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "hisparse/common/log.h"
+#include "hisparse/common/secret.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/v1/arena_kind.h"
@@ -27,18 +26,6 @@ constexpr uint32_t kMaxLayers = 1024;
 constexpr int32_t kMaxGpus = 64;
 constexpr uint32_t kMaxSlots = 65536;
 constexpr uint64_t kMaxArenaBytes = 1ull << 40;
-
-std::string NewToken() {
-  uint8_t raw[16];
-  size_t got = 0;
-  while (got < sizeof(raw)) {
-    const ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  std::string hex;
-  for (uint8_t b : raw) absl::StrAppendFormat(&hex, "%02x", b);
-  return hex;
-}
 
 // Constant-time comparison: the token is a capability.
 bool TokenEquals(const std::string& a, const std::string& b) {
@@ -192,7 +179,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
         absl::StrCat("geometry asks for a ", layout.total_bytes, "-byte slot arena; the limit is ", kMaxArenaBytes));
   }
   auto session = std::make_unique<Session>();
-  session->token = NewToken();
+  session->token = NewSecret128();
   session->engine_name = std::move(engine_name);
   session->geometry = open.geometry();
   session->records_per_page =
