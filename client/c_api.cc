@@ -392,7 +392,11 @@ hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, c
   return Guard([&] {
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
     if (token_budgets == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "token_budgets must not be NULL");
-    if (mode != HS_BATCH_ALL_OR_NOTHING && mode != HS_BATCH_PER_ITEM) {
+    // A C caller may pass any int: read it as one (a load of an out-of-range enum is undefined).
+    int mode_value = 0;
+    static_assert(sizeof mode_value == sizeof mode, "hs_batch_mode is an int");
+    std::memcpy(&mode_value, &mode, sizeof mode_value);
+    if (mode_value != HS_BATCH_ALL_OR_NOTHING && mode_value != HS_BATCH_PER_ITEM) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "mode must be HS_BATCH_ALL_OR_NOTHING or HS_BATCH_PER_ITEM");
     }
     std::vector<hisparse::ClientSession::BatchItem> items(n);
@@ -401,7 +405,7 @@ hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, c
       items[i].context_tokens = context_tokens == nullptr ? 0 : context_tokens[i];
       items[i].token_budget = token_budgets[i];
     }
-    auto batch = s->impl->AdmitBatch(items, mode == HS_BATCH_ALL_OR_NOTHING);
+    auto batch = s->impl->AdmitBatch(items, mode_value == HS_BATCH_ALL_OR_NOTHING);
     if (!batch.ok()) return ToResult(batch.status());
     for (size_t i = 0; i < n; ++i) {
       const absl::StatusOr<hs_request_info>& item = batch->items[i];

@@ -19,6 +19,10 @@ namespace hisparse::testing {
 namespace {
 
 constexpr uint32_t kLayers = 4, kRecord = 64, kSlots = 16, kK = 8;
+// What out_results hold before a call, to see which entries it wrote: an hs_result no batch item
+// ever gets (and a valid one: a value outside the enum's range is undefined behaviour, which
+// UBSan reports).
+constexpr hs_result kUntouched = HS_ERR_UNIMPLEMENTED;
 
 uint8_t Pattern(uint64_t req, uint32_t layer, uint32_t pos, uint32_t i) {
   return static_cast<uint8_t>(req * 11 + layer * 13 + pos * 29 + i);
@@ -35,7 +39,7 @@ struct Batch {
     budgets.push_back(budget);
   }
   hs_result Admit(const Session& s, hs_batch_mode mode) {
-    results.assign(ids.size(), static_cast<hs_result>(-1));
+    results.assign(ids.size(), kUntouched);
     rows.assign(ids.size(), UINT32_MAX);
     capacities.assign(ids.size(), 0);
     return hs_admit_batch(s.get(), ids.size(), ids.data(), contexts.data(), budgets.data(), mode, results.data(),
@@ -112,7 +116,7 @@ TEST(BatchAdmissionTest, SixtyFourInOneCallAreMappedLikeSingleAdmits) {
   // One call releases them all; an unknown id is reported and does not stop the others.
   std::vector<uint64_t> ids = b.ids;
   ids.push_back(999);
-  std::vector<hs_result> released(ids.size(), static_cast<hs_result>(-1));
+  std::vector<hs_result> released(ids.size(), kUntouched);
   ASSERT_EQ(hs_release_batch(s.get(), ids.size(), ids.data(), released.data()), HS_OK) << hs_last_error();
   for (int r = 0; r < kReq; ++r) EXPECT_EQ(released[r], HS_OK);
   EXPECT_EQ(released.back(), HS_ERR_NOT_FOUND);
@@ -160,7 +164,7 @@ TEST(BatchAdmissionTest, FailedAllOrNothingLeavesNothingAndPerItemReportsEachIte
   EXPECT_EQ(Stats(address).requests(), 0u);
 
   // Bad calls: nothing sent, nothing written.
-  std::vector<hs_result> results(2, static_cast<hs_result>(-1));
+  std::vector<hs_result> results(2, kUntouched);
   uint64_t ids[2] = {1, 2};
   uint32_t budgets[2] = {10, 10};
   EXPECT_EQ(hs_admit_batch(s.get(), 0, ids, nullptr, budgets, HS_BATCH_PER_ITEM, results.data(), nullptr, nullptr),
@@ -172,7 +176,7 @@ TEST(BatchAdmissionTest, FailedAllOrNothingLeavesNothingAndPerItemReportsEachIte
                            nullptr),
             HS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(hs_release_batch(s.get(), 2, ids, nullptr), HS_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(results[0], static_cast<hs_result>(-1));
+  EXPECT_EQ(results[0], kUntouched);
   EXPECT_EQ(Stats(address).requests(), 0u);
 }
 
