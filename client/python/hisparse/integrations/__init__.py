@@ -1,0 +1,9 @@
+"""Drop-in adapters that let an LLM engine's own sparse-attention hooks drive a hisparse Session.
+
+- ``hisparse.integrations.sglang.HisparsedCoordinator``: SGLang's ``HiSparseCoordinator`` (method
+  names and call contracts of ``python/sglang/srt/managers/hisparse_coordinator.py``), backed by
+  hisparsed. docs/INTEGRATION.md ("SGLang adapter") lists the edits an SGLang checkout needs.
+
+The adapters import no engine code: they touch only the engine objects they are handed (requests,
+pools), through the attributes named in each adapter's docstring.
+"""
