@@ -2,7 +2,7 @@
 
 It answers the calls SGLang's scheduler, batch-result processor, ``ScheduleBatch`` and DSA attention
 backend make on ``python/sglang/srt/managers/hisparse_coordinator.py``'s ``HiSparseCoordinator``
-(main-line ``009e640a``; /work/notes/upstream22.md section 1.3), with one hisparse ``Session``
+(main-line ``009e640a``; docs/INTEGRATION.md, "SGLang adapter"), with one hisparse ``Session``
 in place of SGLang's host pool, device buffers, LRU tables and copy streams:
 
 - a request is a hisparse request (ids assigned here, 1, 2, ...); its ``req_pool_idx`` maps to the
