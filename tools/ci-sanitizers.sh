@@ -6,9 +6,9 @@
 #               stage reuses this build: one ASan build, not two)
 #   build-tsan  TSan: the daemon's concurrency tests (integration and fault: a TSan-built hisparsed
 #               serving several client threads and processes) and the daemon unit tests
-# TSan builds at -O1 (what its docs advise: usable stacks, a faster compile), ASan at -O0 (its
-# tests are short, so the compile is what counts), both with line tables only
-# (-gline-tables-only): reports keep file:line and inlined frames.
+# Both build at -O1 (what the sanitizers' own docs advise: usable stacks, a faster compile) with
+# line tables only (-gline-tables-only): reports keep file:line and inlined frames, and the
+# builds take about a third less time than -O2 with full debug info.
 # Being clang builds, all three also enforce the thread-safety annotations (HISPARSE_THREAD_SAFETY,
 # on with clang: -Wthread-safety -Werror=thread-safety), and ctest's ThreadSafetyAnalysisEnforced
 # checks that the flags refuse a violation.
@@ -40,8 +40,7 @@ COMMON=(-G Ninja -DHISPARSE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPIL
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG")
 # The ASan build: ASan + UBSan, and the fuzz targets beside the tests (coverage instrumentation
 # everywhere, which the tests do not notice).
-ASAN_ARGS=(-DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O0 -gline-tables-only -DNDEBUG"
-           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -gline-tables-only -DNDEBUG")
+ASAN_ARGS=(-DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON)
 FUZZ_TARGETS=(session_manager fd_channel fd_channel_codec config trace_reader)
 SUMMARY=()
 FAILED=0
