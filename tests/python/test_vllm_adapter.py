@@ -188,6 +188,7 @@ class Engine:
         self.preempted: set = set()
         self.finished: set = set()
         self.metas: List[object] = []
+        self.truth: Dict[tuple, torch.Tensor] = {}
         self.base_pool = self.session.stats().pool_used_bytes
 
     # -- scheduler --
@@ -210,10 +211,14 @@ class Engine:
     def slot(self, req: Request, pos: int) -> int:
         return req.blocks[pos // BLOCK] * BLOCK + pos % BLOCK
 
-    def write(self, req: Request, pos: int, layers=None) -> None:
+    def write(self, req: Request, pos: int, layers=None, seed: Optional[int] = None) -> None:
+        """The forward writes the KV of (req, pos) into the paged cache; self.truth, the plain
+        full-KV reference, keeps the latest record of every position."""
         for layer, name in enumerate(LAYER_NAMES):
             if layers is None or layer in layers:
-                self.caches[name].view(-1, RECORD)[self.slot(req, pos)] = kv_bytes(req.seed, layer, pos)
+                rec = kv_bytes(req.seed if seed is None else seed, layer, pos)
+                self.caches[name].view(-1, RECORD)[self.slot(req, pos)] = rec
+                self.truth[(req.request_id, layer, pos)] = rec
 
     def preempt(self, req: Request) -> None:
         """Scheduler._preempt_request: blocks freed, recompute from scratch later."""
@@ -229,11 +234,12 @@ class Engine:
         req.blocks = []
         self.finished.add(req.request_id)
 
-    def schedule(self, chunk: int = 1 << 30) -> SchedulerOutput:
+    def schedule(self, chunk: int = 1 << 30, spec: Optional[Dict[str, int]] = None) -> SchedulerOutput:
+        """spec: draft tokens scheduled with a request's decode token (scheduled_spec_decode_tokens)."""
         n_tokens = {}
         new = [NewRequestData(r.request_id, r.num_computed_tokens, (list(r.blocks),)) for r in self.new]
         for r in self.new + list(self.running.values()):
-            n_tokens[r.request_id] = min(chunk, r.num_tokens - r.num_computed_tokens)
+            n_tokens[r.request_id] = min(chunk, r.num_tokens - r.num_computed_tokens) + (spec or {}).get(r.request_id, 0)
         cached = [r for r in self.running.values()]
         so = SchedulerOutput(new, CachedRequestData([r.request_id for r in cached],
                                                     [r.num_computed_tokens for r in cached]),
@@ -245,13 +251,16 @@ class Engine:
 
     # -- one engine step --
 
-    def step(self, selections: Optional[Dict[str, List[int]]] = None, pads: Sequence = (), chunk: int = 1 << 30,
-             queries: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, List[torch.Tensor]]:
+    def step(self, selections: Optional[Dict[str, list]] = None, pads: Sequence = (), chunk: int = 1 << 30,
+             spec: Optional[Dict[str, int]] = None, accept: Sequence = ()) -> Dict[str, List[torch.Tensor]]:
         """schedule -> build_connector_meta (pickled) -> start_load_kv -> per layer: the forward
         writes its KV, finish_kv_update, swap_in (for a batch with decode tokens) -> wait_for_save
         -> get_finished / worker meta -> update_connector_output. pads: batch positions where a
-        padding entry (state index -1) sits. Returns each request's swap_in rows per layer."""
-        so = self.schedule(chunk)
+        padding entry (state index -1) sits. selections[rid]: the request's top-k, or one list per
+        query token with drafts. spec: drafts per request; their KV is a wrong token's unless the
+        request is in accept (then all its drafts are accepted). Returns each request's swap_in
+        rows per layer (one per query token)."""
+        so = self.schedule(chunk, spec)
         meta = pickle.loads(pickle.dumps(self.sched.build_connector_meta(so)))
         self.metas.append(meta)
         decode = {w.req_id for w in meta.windows if w.decode}
@@ -283,6 +292,8 @@ class Engine:
                 topk[t] = torch.arange(K, dtype=torch.int32)  # garbage a padding row must ignore
             elif selections and r.request_id in selections and r.request_id in decode:
                 sel = selections[r.request_id]
+                if sel and isinstance(sel[0], (list, tuple)):
+                    sel = sel[pos - r.num_computed_tokens]
                 topk[t, :len(sel)] = torch.tensor(sel, dtype=torch.int32)
         out: Dict[str, List[torch.Tensor]] = {}
         entry_of = {id(r): i for i, r in enumerate(order) if r is not None}
@@ -290,12 +301,13 @@ class Engine:
         for layer, name in enumerate(LAYER_NAMES):
             for r, pos in tokens:
                 if r is not None:
-                    self.write(r, pos, layers=[layer])
+                    wrong = pos >= r.num_tokens and r.request_id not in accept  # a rejected draft's KV
+                    self.write(r, pos, layers=[layer], seed=r.seed + 100 if wrong else None)
             handle = self.worker.cache_handle(name)
             if decode:
                 handle.finish_kv_update()
                 phys, valid = handle.swap_in(req_id_per_token, None, topk, block_size=BLOCK, return_valid_counts=True)
-                self.check(layer, tokens[:n_dec], topk, phys, valid, decode, queries)
+                self.check(layer, tokens[:n_dec], topk, phys, valid, decode)
                 for t, (r, _) in enumerate(tokens[:n_dec]):
                     if r is not None:
                         out.setdefault(r.request_id, []).append(phys[t].clone())
@@ -305,13 +317,14 @@ class Engine:
         self.sched.update_connector_output(KVConnectorOutput(None, recving, wmeta))
         self.conn.clear_connector_metadata()
         for rid, n in so.num_scheduled_tokens.items():
-            r = self.running[rid]
-            r.num_computed_tokens += n
-            if r.num_computed_tokens == r.num_tokens:
-                r.output_token_ids.append(1000 + len(r.output_token_ids))  # sampled
+            r, drafts = self.running[rid], (spec or {}).get(rid, 0)
+            accepted = drafts if rid in accept else 0
+            r.num_computed_tokens += n - drafts + accepted
+            if r.num_computed_tokens == r.num_tokens + accepted:
+                r.output_token_ids += [1000 + len(r.output_token_ids) + i for i in range(1 + accepted)]  # sampled
         return out
 
-    def check(self, layer, tokens, topk, phys, valid, decode, queries) -> None:
+    def check(self, layer, tokens, topk, phys, valid, decode) -> None:
         arena = self.worker.cache_handle(LAYER_NAMES[layer]).physical_kv_cache().reshape(-1, RECORD)
         for t, (r, pos) in enumerate(tokens):
             if r is None or r.request_id not in decode or r.request_id not in self.worker._live:
@@ -322,13 +335,13 @@ class Engine:
             assert int(valid[t]) == int(want.sum())
             sel = topk[t][want].long()
             got = arena[phys[t][want].long()]
-            ref = full_kv(r.seed, layer, pos + 1)
-            assert torch.equal(got, ref[sel]), (r.request_id, layer, pos)
-            q = (queries or {}).get(r.request_id, torch.linspace(-1, 1, RECORD))
             if len(sel):
-                assert torch.equal(attend(q, got), attend(q, ref[sel]))
+                ref = torch.stack([self.truth[(r.request_id, layer, int(p))] for p in sel])
+                assert torch.equal(got, ref), (r.request_id, layer, pos)
+                q = torch.linspace(-1, 1, RECORD)
+                assert torch.equal(attend(q, got), attend(q, ref))
             host = self.session.record_view(self.hid(r), layer, pos)[0]
-            assert bytes(host) == bytes(kv_bytes(r.seed, layer, pos).numpy()), "newest row mirrored to host"
+            assert bytes(host) == bytes(self.truth[(r.request_id, layer, pos)].numpy()), "written row mirrored to host"
 
     def hid(self, req: Request) -> int:
         return self.worker._live[req.request_id].hid
@@ -503,6 +516,32 @@ def test_full_graph_decode_mirrors_written_rows_to_host(engine):
             r.num_computed_tokens += 1
             r.output_token_ids.append(7)
     finish_all(e, *reqs)
+
+
+def test_speculative_rows_resolve_as_a_union_and_rejected_drafts_are_rewritten(vllm_daemon):
+    """One draft token per step (a draft_tokens=1 session): both query rows of a request resolve in
+    one RESOLVE (the union resident at once, as vLLM's resolver does); a rejected draft's KV is
+    rewritten by the next step's append, in the host pool too."""
+    e = Engine(vllm_daemon, draft_tokens=1)
+    try:
+        r = Request("mtp", seed=71, prompt_len=30)
+        prefill(e, r)
+        s0 = e.session.stats()
+        # Positions 30 (the sampled token) and 31 (a draft, rejected): query row 1 sees its own draft.
+        out = e.step({"mtp": [[0, 10, 29, 30], [0, 10, 29, 31]]}, spec={"mtp": 1})
+        w = e.metas[-1].windows[0]
+        assert (w.decode, w.start, w.num_tokens) == (True, 30, 2)
+        assert e.session.stats().misses - s0.misses == 3 * LAYERS  # the union {0, 10, 29}, fetched once
+        for layer in range(LAYERS):
+            assert out["mtp"][2 * layer][:3].tolist() == out["mtp"][2 * layer + 1][:3].tolist()
+        # Position 31 is now the real token's (rewritten); its draft 32 is accepted.
+        e.step({"mtp": [[31, 5, 30, 12], [31, 32, 30, 6]]}, spec={"mtp": 1}, accept={"mtp"})
+        e.step({"mtp": [[31, 32, 33, 0], [31, 32, 33, 34]]}, spec={"mtp": 1})
+        for layer in range(LAYERS):
+            assert bytes(e.session.record_view(e.hid(r), layer, 31)[0]) == bytes(kv_bytes(71, layer, 31).numpy())
+        finish_all(e, r)
+    finally:
+        e.conn.shutdown()
 
 
 # ---- the connector's lifecycle ----

@@ -112,7 +112,8 @@ class HisparsedRuntime:
         """The step's batch entries in vLLM's order: Session row (-1: not decoding through
         hisparse this step), sequence length (counting this step's tokens) and token count (a
         decoding entry's 1 + drafts, a prefill chunk's length, a padding entry's share of the
-        padded batch; None: 1 each), which places every later entry's tokens. Compacts the real entries to the front and maps every token, on the device."""
+        padded batch; None: 1 each), which places every later entry's tokens. Compacts the real
+        entries to the front and maps every token, on the device."""
         n = len(rows)
         if n > self.max_num_seqs or len(seq_lens) != n or (query_counts is not None and len(query_counts) != n):
             raise InvalidArgument(f"prepare_step: {n} rows, {len(seq_lens)} seq_lens, "
