@@ -172,15 +172,20 @@ class Engine:
     model runner (paged caches, slot_mapping, idx_mapping) and the sparse MLA layers do around
     the connector, for these tests. Block 0 is the null block (padding slots write there)."""
 
-    def __init__(self, daemon, max_tokens_per_step: int = 1024, **extra):
+    def __init__(self, daemon, max_tokens_per_step: int = 1024, device: str = "cpu", **extra):
+        self.dev = torch.device(device)
+        if self.dev.type == "cuda":
+            extra.setdefault("backend", "cuda")
+            extra.setdefault("gpu", self.dev.index or 0)
         cfg = VllmConfig(daemon, **extra)
         self.sched = HisparsedConnector(cfg, Role.SCHEDULER)
         self.conn = HisparsedConnector(cfg, Role.WORKER)
-        self.caches = {n: torch.zeros((NUM_BLOCKS, BLOCK, RECORD), dtype=torch.uint8) for n in LAYER_NAMES}
+        self.caches = {n: torch.zeros((NUM_BLOCKS, BLOCK, RECORD), dtype=torch.uint8, device=self.dev)
+                       for n in LAYER_NAMES}
         self.conn.register_kv_caches(self.caches)
         self.worker = self.conn.connector_worker
         self.session = self.worker.session
-        self.slot_mapping = torch.full((max_tokens_per_step,), -1, dtype=torch.int64)  # persistent
+        self.slot_mapping = torch.full((max_tokens_per_step,), -1, dtype=torch.int64, device=self.dev)  # persistent
         self.worker.bind_slot_mapping(self.slot_mapping)
         self.free_blocks = list(range(1, NUM_BLOCKS))
         self.running: Dict[str, Request] = {}
@@ -217,7 +222,7 @@ class Engine:
         for layer, name in enumerate(LAYER_NAMES):
             if layers is None or layer in layers:
                 rec = kv_bytes(req.seed if seed is None else seed, layer, pos)
-                self.caches[name].view(-1, RECORD)[self.slot(req, pos)] = rec
+                self.caches[name].view(-1, RECORD)[self.slot(req, pos)] = rec.to(self.dev)
                 self.truth[(req.request_id, layer, pos)] = rec
 
     def preempt(self, req: Request) -> None:
@@ -284,7 +289,7 @@ class Engine:
                 self.grow(r, pos + 1)
                 self.slot_mapping[t] = self.slot(r, pos)
         self.conn.bind_connector_metadata(meta)
-        self.conn.start_load_kv(None, request_state_indices=torch.tensor(states, dtype=torch.int32),
+        self.conn.start_load_kv(None, request_state_indices=torch.tensor(states, dtype=torch.int32, device=self.dev),
                                 request_ids=ids)
         topk = torch.full((n_dec, K), -1, dtype=torch.int32)
         for t, (r, pos) in enumerate(tokens[:n_dec]):
@@ -306,7 +311,9 @@ class Engine:
             handle = self.worker.cache_handle(name)
             if decode:
                 handle.finish_kv_update()
-                phys, valid = handle.swap_in(req_id_per_token, None, topk, block_size=BLOCK, return_valid_counts=True)
+                phys, valid = handle.swap_in(req_id_per_token.to(self.dev), None, topk.to(self.dev), block_size=BLOCK,
+                                             return_valid_counts=True)
+                phys, valid = self.sync(phys), self.sync(valid)
                 self.check(layer, tokens[:n_dec], topk, phys, valid, decode)
                 for t, (r, _) in enumerate(tokens[:n_dec]):
                     if r is not None:
@@ -325,7 +332,7 @@ class Engine:
         return out
 
     def check(self, layer, tokens, topk, phys, valid, decode) -> None:
-        arena = self.worker.cache_handle(LAYER_NAMES[layer]).physical_kv_cache().reshape(-1, RECORD)
+        arena = self.sync(self.worker.cache_handle(LAYER_NAMES[layer]).physical_kv_cache().reshape(-1, RECORD))
         for t, (r, pos) in enumerate(tokens):
             if r is None or r.request_id not in decode or r.request_id not in self.worker._live:
                 assert (phys[t] == -1).all() and int(valid[t]) == 0, (t, "a padding or refused entry's token")
@@ -342,6 +349,12 @@ class Engine:
                 assert torch.equal(attend(q, got), attend(q, ref))
             host = self.session.record_view(self.hid(r), layer, pos)[0]
             assert bytes(host) == bytes(self.truth[(r.request_id, layer, pos)].numpy()), "written row mirrored to host"
+
+    def sync(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU copy, once the device finished what it queued (no-op on the host backend)."""
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return t.cpu()
 
     def hid(self, req: Request) -> int:
         return self.worker._live[req.request_id].hid
@@ -697,3 +710,91 @@ def test_pd_import_through_the_connector(engine, vllm_daemon, tmp_path):
             assert got == want, (layer, pos)
     e.conn.wait_for_save()
     finish_all(e, r)
+
+
+# ---- the CUDA backend (skipped without a GPU; the lead's device runs it) ----
+
+def test_cuda_graph_captured_decode_step(vllm_daemon):
+    """The FULL-graph scenario on the CUDA backend with a real torch.cuda.graph: a warm-up step,
+    capture, then replays whose inputs change only outside the graph (start_load_kv), with a
+    padding entry inside the batch. Every replay is byte-exact and mirrors its rows to the host."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    try:
+        e = Engine(vllm_daemon, device="cuda:0")
+    except hisparse.Unimplemented as err:
+        pytest.skip(f"libhisparse built without CUDA: {err}")
+    try:
+        reqs = [Request("c0", 81, 70), Request("c1", 82, 25), Request("c2", 83, 40)]
+        prefill(e, *reqs)
+        dev, m = e.dev, len(reqs) + 1  # entry 1 is padding (state index -1)
+        new_kv = {n: torch.zeros((m, RECORD), dtype=torch.uint8, device=dev) for n in LAYER_NAMES}
+        topk = torch.full((m, K), -1, dtype=torch.int32, device=dev)
+        req_ids = torch.arange(m, dtype=torch.int32, device=dev)
+        outs = {n: torch.full((m, K), -7, dtype=torch.int32, device=dev) for n in LAYER_NAMES}
+        entries = [reqs[0], PAD, reqs[1], reqs[2]]
+
+        def forward():
+            for name in LAYER_NAMES:
+                sm = e.slot_mapping[:m]
+                e.caches[name].view(-1, RECORD).index_copy_(0, torch.where(sm >= 0, sm, torch.zeros_like(sm)),
+                                                            new_kv[name])
+                h = e.worker.cache_handle(name)
+                h.finish_kv_update()
+                h.swap_in(req_ids, None, topk, attention_indices_out=outs[name])
+
+        side, graph = torch.cuda.Stream(dev), None
+        for step in range(4):
+            so = e.schedule()
+            meta = e.sched.build_connector_meta(so)
+            e.conn.bind_connector_metadata(meta)
+            slots = torch.full((m,), -1, dtype=torch.int64)
+            sel = torch.arange(K, dtype=torch.int32).repeat(m, 1)  # the padding entry's garbage
+            rows = {n: torch.zeros((m, RECORD), dtype=torch.uint8) for n in LAYER_NAMES}
+            for i, r in enumerate(entries):
+                if r is None:
+                    continue
+                pos = r.num_computed_tokens
+                e.grow(r, pos + 1)
+                slots[i] = e.slot(r, pos)
+                for layer, name in enumerate(LAYER_NAMES):
+                    rows[name][i] = kv_bytes(r.seed, layer, pos)
+                    e.truth[(r.request_id, layer, pos)] = rows[name][i].clone()
+                sel[i] = torch.tensor([(pos - 1 - 5 * step - j) % pos for j in range(K)], dtype=torch.int32)
+            e.slot_mapping[:m].copy_(slots.to(dev))
+            topk.copy_(sel.to(dev))
+            for name in LAYER_NAMES:
+                new_kv[name].copy_(rows[name].to(dev))
+            e.conn.start_load_kv(None, request_state_indices=torch.tensor([0, -1, 2, 3], dtype=torch.int32, device=dev),
+                                 request_ids=[r.request_id if r else "" for r in entries])
+            if graph is None:  # warm-up (a real step) and capture on a side stream
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):
+                    forward()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=side):
+                        forward()
+                torch.cuda.current_stream(dev).wait_stream(side)
+            else:
+                graph.replay()
+            e.conn.wait_for_save()
+            torch.cuda.synchronize(dev)
+            e.session.check_errors()
+            for layer, name in enumerate(LAYER_NAMES):
+                arena = e.sync(e.worker.cache_handle(name).physical_kv_cache().reshape(-1, RECORD))
+                got = outs[name].cpu()
+                assert (got[1] == -1).all(), "the padding entry publishes -1"
+                for i, r in enumerate(entries):
+                    if r is None:
+                        continue
+                    pos = r.num_computed_tokens
+                    ref = full_kv(r.seed, layer, pos + 1)
+                    assert torch.equal(arena[got[i].long()], ref[sel[i].long()]), (step, r.request_id, layer)
+                    host = e.session.record_view(e.hid(r), layer, pos)[0]
+                    assert bytes(host) == bytes(kv_bytes(r.seed, layer, pos).numpy()), (step, r.request_id, layer)
+            for r in reqs:
+                r.num_computed_tokens += 1
+                r.output_token_ids.append(7)
+        finish_all(e, *reqs)
+    finally:
+        e.conn.shutdown()
