@@ -70,11 +70,12 @@ class KVTransferConfig:
 
 class VllmConfig:
     """Stand-in for vllm.config.VllmConfig (@ 023979d6): kv_transfer_config, scheduler_config
-    (max_num_seqs) and speculative_config (num_speculative_tokens)."""
+    (max_num_seqs, max_num_batched_tokens) and speculative_config (num_speculative_tokens)."""
 
     class SchedulerConfig:
         def __init__(self, max_num_seqs):
             self.max_num_seqs = max_num_seqs
+            self.max_num_batched_tokens = 1024
 
     def __init__(self, daemon, **extra):
         opts = {"daemon": daemon.address, "backend": "host", "top_k": K, "device_buffer_size": B}

@@ -258,6 +258,8 @@ class HisparsedConnectorWorker:
         self.extra = _extra(vllm_config)
         sched = getattr(vllm_config, "scheduler_config", None)
         self.max_num_seqs = int(self.extra.get("max_num_seqs", getattr(sched, "max_num_seqs", 0) or 0))
+        # Tokens a step may hand swap_in (the decode ones first): vLLM's batch token budget.
+        self.max_num_tokens = self.extra.get("max_num_tokens", getattr(sched, "max_num_batched_tokens", None))
         self.draft_tokens = _draft_tokens(vllm_config, self.extra)
         self.session: Optional[Session] = None
         self.runtime: Optional[HisparsedRuntime] = None
@@ -286,7 +288,7 @@ class HisparsedConnectorWorker:
                                k=int(x["top_k"]), slots=int(x["device_buffer_size"]), max_requests=self.max_num_seqs,
                                gpu=gpu, backend=backend, engine_name="vllm", draft_tokens=self.draft_tokens,
                                max_context_tokens=int(x.get("max_model_len", 0)))
-        self.runtime = HisparsedRuntime(self.session, self.max_num_seqs, x.get("max_num_tokens"))
+        self.runtime = HisparsedRuntime(self.session, self.max_num_seqs, self.max_num_tokens)
         for layer, name in enumerate(names):
             self.handles[name] = HisparsedCacheHandle(self.runtime, layer)
             self.handles[name].bind_cache(kv_caches[name])
