@@ -21,6 +21,7 @@ import pathlib
 import pickle
 import subprocess
 import struct
+import sys
 from typing import Dict, List, Optional, Sequence
 
 import pytest
@@ -799,3 +800,66 @@ def test_cuda_graph_captured_decode_step(vllm_daemon):
         finish_all(e, *reqs)
     finally:
         e.conn.shutdown()
+
+
+FAKE_VLLM_BASE = '''
+"""Stand-in for vllm/distributed/kv_transfer/kv_connector/v1/base.py (vllm-project/vllm @ 003df296):
+the three base classes and the abstract methods a connector must implement."""
+import abc
+
+
+class KVConnectorMetadata(abc.ABC):
+    pass
+
+
+class KVConnectorWorkerMetadata(abc.ABC):
+    @abc.abstractmethod
+    def aggregate(self, other): ...
+
+
+class KVConnectorBase_V1(abc.ABC):
+    def __init__(self, vllm_config, role, kv_cache_config):
+        if vllm_config.kv_transfer_config is None:
+            raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
+        self._connector_metadata = None
+        self._vllm_config = vllm_config
+        self._kv_cache_config = kv_cache_config
+        self._role = role
+
+    for _name in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                  "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta"):
+        locals()[_name] = abc.abstractmethod(lambda self, *a, **k: None)
+'''
+
+PROBE = '''
+import pickle, sys, types
+sys.path.insert(0, sys.argv[1])
+from vllm.distributed.kv_transfer.kv_connector.v1 import base
+from hisparse.integrations.vllm import HisparsedConnector, HisparsedConnectorMetadata, HisparsedWorkerMetadata
+assert issubclass(HisparsedConnector, base.KVConnectorBase_V1)
+assert issubclass(HisparsedConnectorMetadata, base.KVConnectorMetadata)
+assert issubclass(HisparsedWorkerMetadata, base.KVConnectorWorkerMetadata)
+cfg = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={}),
+                            scheduler_config=types.SimpleNamespace(max_num_seqs=4), speculative_config=None)
+role = types.SimpleNamespace(name="SCHEDULER")
+c = HisparsedConnector(cfg, role, None)  # instantiable: every abstract method is implemented
+meta = pickle.loads(pickle.dumps(c.build_connector_meta(types.SimpleNamespace(num_scheduled_tokens={}))))
+assert isinstance(meta, base.KVConnectorMetadata) and c._vllm_config is cfg
+w = HisparsedConnector(cfg, types.SimpleNamespace(name="WORKER"), None)
+assert isinstance(w.build_connector_worker_meta.__self__, HisparsedConnector)
+print("ok")
+'''
+
+
+def test_subclasses_vllms_base_when_vllm_is_importable(tmp_path):
+    """With vLLM importable (here a stand-in of its base module, in a fresh interpreter), the
+    connector and its metadata are vLLM's subclasses and the connector is instantiable."""
+    pkg = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1"
+    pkg.mkdir(parents=True)
+    for d in [tmp_path / "vllm", *list(pkg.parents)[:4][::-1], pkg]:
+        (d / "__init__.py").touch()
+    (pkg / "base.py").write_text(FAKE_VLLM_BASE)
+    client = pathlib.Path(__file__).resolve().parents[2] / "client" / "python"
+    probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(client)!r})\n" + PROBE,
+                            str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr

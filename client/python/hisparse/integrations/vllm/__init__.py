@@ -4,14 +4,17 @@
   MLA layers make on ``layer.hisparse_cache`` (swap-in, newest-row write, state indices, the
   real-request count), over one hisparse Session per worker;
 - ``connector``: ``HisparsedConnector`` (``KVConnectorBase_V1``: scheduler and worker roles), whose
-  metadata carries admission, release, import and park/resume to the worker that owns the Session.
+  metadata (``metadata``) carries admission, release, import and park/resume from the scheduler
+  role (``scheduler``) to the worker role that owns the Session (``worker``).
 
 docs/INTEGRATION.md ("vLLM adapter") lists the edits a vLLM checkout needs to construct them.
-vLLM is imported only by ``connector`` for its base classes, and only when installed.
+vLLM is imported only by ``metadata`` for its base classes, and only when installed.
 """
 
-from .connector import (AdmitOp, HisparsedConnector, HisparsedConnectorMetadata, HisparsedConnectorScheduler,
-                        HisparsedConnectorWorker, HisparsedWorkerMetadata, Window)
+from .connector import HisparsedConnector
+from .metadata import AdmitOp, HisparsedConnectorMetadata, HisparsedWorkerMetadata, Window
+from .scheduler import HisparsedConnectorScheduler
+from .worker import HisparsedConnectorWorker
 from .runtime import HisparsedCacheHandle, HisparsedRuntime, paged_rows
 
 __all__ = [

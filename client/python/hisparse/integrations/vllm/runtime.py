@@ -55,8 +55,10 @@ class HisparsedRuntime:
         slots = vLLM's device_buffer_size, max_requests >= max_num_seqs, draft_tokens = the
         speculative tokens per step).
       max_num_seqs: batch entries of a step (vLLM's scheduler_config.max_num_seqs).
-      max_num_tokens: tokens of a step through the sparse layers (max_num_seqs * (draft_tokens + 1)
-        for decode-only graphs; vLLM's max_num_batched_tokens when prefill tokens share the batch).
+      max_num_tokens: tokens swap_in may be handed in a step (default max_num_seqs * (draft_tokens
+        + 1), a decode-only batch; vLLM's max_num_batched_tokens when prefill tokens come along,
+        which get -1). The decoding entries' tokens must lie in the first max_num_seqs *
+        (draft_tokens + 1) (vLLM puts decode entries first).
     """
 
     def __init__(self, session: Session, max_num_seqs: int, max_num_tokens: Optional[int] = None) -> None:
@@ -67,7 +69,8 @@ class HisparsedRuntime:
         if not 1 <= self.max_num_seqs <= session.max_requests:
             raise InvalidArgument(f"max_num_seqs {max_num_seqs} must be in [1, the session's max_requests "
                                   f"{session.max_requests}]")
-        self.max_num_tokens = int(max_num_tokens or self.max_num_seqs * self.queries)
+        self.decode_tokens = self.max_num_seqs * self.queries  # where decoding entries' tokens lie
+        self.max_num_tokens = max(int(max_num_tokens or 0), self.decode_tokens)
         if session.backend == "cuda":
             self.device = torch.device("cuda", session.gpu)
         else:
@@ -123,9 +126,9 @@ class HisparsedRuntime:
         end = 0
         for i, c in enumerate(counts):
             end += c
-            if c < 0 or (rows[i] >= 0 and (c < 1 or c > self.queries or end > self.max_num_tokens)):
+            if c < 0 or (rows[i] >= 0 and (c < 1 or c > self.queries or end > self.decode_tokens)):
                 raise InvalidArgument(f"batch entry {i}: {c} query tokens ending at token {end}; a decoding entry "
-                                      f"has 1..{self.queries} within the first {self.max_num_tokens} tokens")
+                                      f"has 1..{self.queries} within the first {self.decode_tokens} tokens")
         h = self._host
         h.zero_()
         h[0].fill_(-1)
@@ -162,7 +165,7 @@ class HisparsedRuntime:
         flat = paged_rows(kv_cache)
         if flat.shape[1] < self.session.record_bytes:
             raise InvalidArgument(f"kv_cache rows are {flat.shape[1]} bytes; records are {self.session.record_bytes}")
-        t = min(int(slot_mapping.shape[0]), self.max_num_tokens)
+        t = min(int(slot_mapping.shape[0]), self.decode_tokens)  # decode rows only: no prefill gather
         slots = slot_mapping[:t].to(torch.int64).clamp(min=0)
         rec = flat.index_select(0, slots)[:, :self.session.record_bytes]
         self._newest.index_copy_(0, self._token_list[:t], rec)
