@@ -583,7 +583,7 @@ def test_metadata_round_trip_and_batched_admission(engine):
         [(r.request_id, 0, min(16, r.num_prompt_tokens), False) for r in reqs]
     assert (calls["admit_batch"], calls["admit"]) == (1, 0)  # one round trip for the step's admissions
     assert e.session.stats().session_requests == 8
-    e.step(chunk=16)  # the rest of the prompts
+    e.step(chunk=16, pads=(1,))  # the rest of the prompts, after decode entries and a padding entry
     e.step({r.request_id: [0, 1, 2, r.num_prompt_tokens - 1] for r in reqs})
     # Every prompt position came through the indexed stores, byte for byte.
     for r in reqs:

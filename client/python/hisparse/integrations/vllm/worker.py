@@ -47,8 +47,7 @@ class HisparsedConnectorWorker:
         self._live: Dict[str, _Live] = {}
         self._refused: Dict[str, str] = {}
         self._grants: Dict[str, bytes] = {}
-        self._meta: Optional[HisparsedConnectorMetadata] = None
-        self._order: List[Window] = []  # this step's windows in batch order
+        self._order: List[Tuple[Window, int]] = []  # this step's windows and first token, in batch order
 
     # ---- setup ----
 
@@ -95,24 +94,29 @@ class HisparsedConnectorWorker:
         self._apply_lifecycle(s, meta)
         by_id = {w.req_id: w for w in meta.windows}
         ids = list(request_ids) if request_ids is not None else [w.req_id for w in meta.windows]
-        self._order = [by_id[rid] for rid in ids if rid in by_id]
-        for w in self._order:
-            if w.pre_store[1] > w.pre_store[0] and w.req_id in self._live:
-                self._store_from_blocks(w)
         rows, seqs, counts = [], [], []
+        self._order, first = [], 0
         for rid in ids:
             w, live = by_id.get(rid), self._live.get(rid)
             real = w is not None and w.decode and live is not None and live.state == "active"
             rows.append(live.row if real else -1)
             seqs.append(w.start + w.num_tokens if real else 1)
             counts.append(w.num_tokens if w is not None else self.runtime.queries)  # a padding entry
+            if w is not None:
+                self._order.append((w, first))
+                if w.pre_store[1] > w.pre_store[0] and live is not None:
+                    self._store_from_blocks(w)
+            first += counts[-1]
         self.runtime.set_request_state_indices(request_state_indices if request_state_indices is not None
                                                else list(range(len(ids))))
         self.runtime.prepare_step(rows, seqs, counts)
-        self._meta = meta
 
     def _apply_lifecycle(self, s: Session, meta: HisparsedConnectorMetadata) -> None:
         gone = [rid for rid in meta.releases if rid in self._live]
+        if (gone or meta.parks) and s.backend == "cuda":
+            # A row or pages go back: the last forward that read them (asynchronous scheduling may
+            # still run it) must be done. A host sync, outside any captured graph.
+            torch.cuda.current_stream(self.runtime.device).synchronize()
         for i in range(0, len(gone), _lib.HS_BATCH_MAX_ITEMS):
             chunk = gone[i:i + _lib.HS_BATCH_MAX_ITEMS]
             results = s.release_batch([self._live[rid].hid for rid in chunk])  # every id is tried
@@ -168,8 +172,7 @@ class HisparsedConnectorWorker:
 
     def wait_for_save(self) -> None:
         """After the forward: stores each prefill window's new positions from the paged caches."""
-        offset = 0
-        for w in self._order:
+        for w, offset in self._order:
             live = self._live.get(w.req_id)
             end = w.start + w.num_tokens
             if not w.decode and live is not None and live.state == "active" and end > w.store_from:
@@ -181,7 +184,6 @@ class HisparsedConnectorWorker:
                     self._s().store_indexed(w.hid, paged_rows(h.kv_cache).unsqueeze(0), index,
                                             start_pos=w.store_from, first_layer=h.layer, num_layers=1,
                                             seq_len_after=end)
-            offset += w.num_tokens
         self._order = []
 
     def get_finished(self, finished_req_ids: Any = ()) -> Tuple[Optional[set], Optional[set]]:
