@@ -863,3 +863,36 @@ def test_subclasses_vllms_base_when_vllm_is_importable(tmp_path):
     probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(client)!r})\n" + PROBE,
                             str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr
+
+
+def test_bad_calls_are_refused_and_lose_nothing(engine, vllm_daemon):
+    e = engine
+    r = Request("bad", seed=91, prompt_len=20)
+    prefill(e, r)
+    rt, h = e.worker.runtime, e.worker.cache_handle(LAYER_NAMES[0])
+    with pytest.raises(hisparse.InvalidArgument):
+        rt.prepare_step([0, 1], [5], [1, 1])  # lengths differ
+    with pytest.raises(hisparse.InvalidArgument):
+        rt.prepare_step([e.row(r)], [21], [2])  # two query tokens on a session without drafts
+    with pytest.raises(hisparse.InvalidArgument):
+        rt.set_request_state_indices(list(range(MAX_SEQS + 1)))
+    with pytest.raises(hisparse.InvalidArgument):
+        h.swap_in(None, None, torch.zeros((1, K + 1), dtype=torch.int32))  # wider than top_k
+    with pytest.raises(hisparse.InvalidArgument):
+        h.physical_kv_cache(block_size=7)  # the arena's records do not split into pages of 7
+    with pytest.raises(hisparse.FailedPrecondition):
+        e.conn.start_load_kv(None)  # no metadata bound
+    with pytest.raises(hisparse.FailedPrecondition):
+        e.conn.build_connector_meta(None)  # a scheduler call on the worker role
+    with pytest.raises(hisparse.FailedPrecondition):
+        e.sched.wait_for_save()  # a worker call on the scheduler role
+    with pytest.raises(hisparse.InvalidArgument):
+        HisparsedConnector(VllmConfig(vllm_daemon), "producer")
+    bare = HisparsedConnector(VllmConfig(vllm_daemon), Role.WORKER)
+    del bare.connector_worker.extra["top_k"]
+    with pytest.raises(hisparse.InvalidArgument):
+        bare.register_kv_caches(e.caches)  # no top_k: no session is opened
+    assert bare.connector_worker.session is None
+    # Nothing was lost: the request still decodes byte-exactly, then frees everything.
+    e.step({"bad": [0, 5, 19, 20]})
+    finish_all(e, r)
