@@ -804,12 +804,17 @@ def test_cuda_graph_captured_decode_step(vllm_daemon):
 
 FAKE_VLLM_BASE = '''
 """Stand-in for vllm/distributed/kv_transfer/kv_connector/v1/base.py (vllm-project/vllm @ 003df296):
-the three base classes and the abstract methods a connector must implement."""
+the base classes and the abstract methods a connector must implement."""
 import abc
 
 
 class KVConnectorMetadata(abc.ABC):
     pass
+
+
+class SupportsHMA(abc.ABC):
+    @abc.abstractmethod
+    def request_finished_all_groups(self, request, block_ids): ...
 
 
 class KVConnectorWorkerMetadata(abc.ABC):
@@ -836,7 +841,7 @@ import pickle, sys, types
 sys.path.insert(0, sys.argv[1])
 from vllm.distributed.kv_transfer.kv_connector.v1 import base
 from hisparse.integrations.vllm import HisparsedConnector, HisparsedConnectorMetadata, HisparsedWorkerMetadata
-assert issubclass(HisparsedConnector, base.KVConnectorBase_V1)
+assert issubclass(HisparsedConnector, base.KVConnectorBase_V1) and issubclass(HisparsedConnector, base.SupportsHMA)
 assert issubclass(HisparsedConnectorMetadata, base.KVConnectorMetadata)
 assert issubclass(HisparsedWorkerMetadata, base.KVConnectorWorkerMetadata)
 cfg = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={}),
@@ -844,7 +849,7 @@ cfg = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(kv_connecto
 role = types.SimpleNamespace(name="SCHEDULER")
 c = HisparsedConnector(cfg, role, None)  # instantiable: every abstract method is implemented
 meta = pickle.loads(pickle.dumps(c.build_connector_meta(types.SimpleNamespace(num_scheduled_tokens={}))))
-assert isinstance(meta, base.KVConnectorMetadata) and c._vllm_config is cfg
+assert isinstance(meta, base.KVConnectorMetadata) and c._vllm_config is cfg and not c.requires_kv_delivery
 w = HisparsedConnector(cfg, types.SimpleNamespace(name="WORKER"), None)
 assert isinstance(w.build_connector_worker_meta.__self__, HisparsedConnector)
 print("ok")

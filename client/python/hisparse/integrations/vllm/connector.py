@@ -34,12 +34,12 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ...errors import FailedPrecondition, InvalidArgument
-from .metadata import _Base, HisparsedConnectorMetadata, HisparsedWorkerMetadata, _role_name
+from .metadata import CONNECTOR_BASES, HisparsedConnectorMetadata, HisparsedWorkerMetadata, _Base, _role_name
 from .scheduler import HisparsedConnectorScheduler
 from .worker import HisparsedConnectorWorker
 
 
-class HisparsedConnector(_Base):
+class HisparsedConnector(*CONNECTOR_BASES):
     """vLLM's KVConnectorBase_V1 over hisparse: one role object per process (module docstring).
 
     Select it with --kv-transfer-config '{"kv_connector": "HisparsedConnector",
@@ -58,6 +58,10 @@ class HisparsedConnector(_Base):
             raise InvalidArgument(f"role must be SCHEDULER or WORKER, got {role!r}")
         self.connector_scheduler = HisparsedConnectorScheduler(vllm_config) if name == "SCHEDULER" else None
         self.connector_worker = HisparsedConnectorWorker(vllm_config) if name == "WORKER" else None
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # nothing is handed off when a request completes (as upstream's HiSparseConnector)
 
     # ---- worker role ----
 

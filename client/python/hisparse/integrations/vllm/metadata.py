@@ -19,6 +19,11 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata as _WorkerMetaBase
 except ImportError:
     _WorkerMetaBase = object
+try:  # the hybrid KV-cache manager (which DSA models' indexer groups need) takes only SupportsHMA connectors
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA as _HMA
+except ImportError:
+    _HMA = object
+CONNECTOR_BASES = tuple(b for b in (_Base, _HMA) if b is not object) or (object,)
 
 
 @dataclasses.dataclass(frozen=True)
