@@ -59,8 +59,8 @@ def attend(query: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
 # ---- stand-ins for the vLLM objects the connector touches ----
 
 class KVTransferConfig:
-    """Stand-in for vllm.config.KVTransferConfig (@ 023979d6): kv_connector, kv_role and
-    kv_connector_extra_config (the dict HiSparseConnector reads its options from)."""
+    """Stand-in for vllm.config.KVTransferConfig: kv_connector, kv_role and
+    kv_connector_extra_config, the fields vLLM's connectors read (not pinned to a commit read here)."""
 
     def __init__(self, extra):
         self.kv_connector = "HisparsedConnector"
@@ -70,8 +70,9 @@ class KVTransferConfig:
 
 
 class VllmConfig:
-    """Stand-in for vllm.config.VllmConfig (@ 023979d6): kv_transfer_config, scheduler_config
-    (max_num_seqs, max_num_batched_tokens) and speculative_config (num_speculative_tokens)."""
+    """Stand-in for vllm.config.VllmConfig: kv_transfer_config, scheduler_config (max_num_seqs,
+    max_num_batched_tokens) and speculative_config (num_speculative_tokens): the fields the
+    connector reads (not pinned to a commit read here)."""
 
     class SchedulerConfig:
         def __init__(self, max_num_seqs):
@@ -87,7 +88,7 @@ class VllmConfig:
 
 
 class Role:
-    """Stand-in for vllm.distributed.kv_transfer.kv_connector.v1.base.KVConnectorRole (@ 023979d6)."""
+    """Stand-in for vllm.distributed.kv_transfer.kv_connector.v1.base.KVConnectorRole (@ 003df296)."""
 
     class _R:
         def __init__(self, name):
@@ -98,8 +99,9 @@ class Role:
 
 
 class Request:
-    """Stand-in for vllm.v1.request.Request (@ 023979d6): request_id, num_prompt_tokens,
-    num_tokens (prompt + outputs), num_computed_tokens, max_tokens, kv_transfer_params."""
+    """Stand-in for vllm.v1.request.Request (@ 000a0d5f): request_id, num_prompt_tokens,
+    num_tokens (prompt + outputs), num_computed_tokens, max_tokens, kv_transfer_params, status
+    (a RequestStatus name)."""
 
     def __init__(self, rid: str, seed: int, prompt_len: int, max_tokens: int = 32, kv_transfer_params=None):
         self.request_id = rid
@@ -110,6 +112,7 @@ class Request:
         self.max_tokens = max_tokens
         self.kv_transfer_params = kv_transfer_params
         self.blocks: List[int] = []
+        self.status = Status("WAITING")
 
     @property
     def num_tokens(self) -> int:
@@ -117,8 +120,8 @@ class Request:
 
 
 class KVCacheBlocks:
-    """Stand-in for vllm.v1.core.kv_cache_manager.KVCacheBlocks (@ 023979d6): get_block_ids(),
-    one list of block ids per KV-cache group."""
+    """Stand-in for vllm.v1.core.kv_cache_manager.KVCacheBlocks: get_block_ids(), one list of
+    block ids per KV-cache group (as NewRequestData.block_ids @ 00e8f1fd carries them)."""
 
     def __init__(self, ids):
         self.ids = ids
@@ -129,7 +132,7 @@ class KVCacheBlocks:
 
 @dataclasses.dataclass
 class NewRequestData:
-    """Stand-in for vllm.v1.core.sched.output.NewRequestData (@ 023979d6): the fields read here."""
+    """Stand-in for vllm.v1.core.sched.output.NewRequestData (@ 00e8f1fd): the fields read here."""
 
     req_id: str
     num_computed_tokens: int
@@ -138,7 +141,7 @@ class NewRequestData:
 
 @dataclasses.dataclass
 class CachedRequestData:
-    """Stand-in for vllm.v1.core.sched.output.CachedRequestData (@ 023979d6)."""
+    """Stand-in for vllm.v1.core.sched.output.CachedRequestData (@ 00e8f1fd): req_ids, num_computed_tokens."""
 
     req_ids: List[str]
     num_computed_tokens: List[int]
@@ -146,8 +149,9 @@ class CachedRequestData:
 
 @dataclasses.dataclass
 class SchedulerOutput:
-    """Stand-in for vllm.v1.core.sched.output.SchedulerOutput (@ 023979d6): scheduled_new_reqs,
-    scheduled_cached_reqs, num_scheduled_tokens, preempted_req_ids, finished_req_ids."""
+    """Stand-in for vllm.v1.core.sched.output.SchedulerOutput (@ 00e8f1fd): scheduled_new_reqs,
+    scheduled_cached_reqs, num_scheduled_tokens, preempted_req_ids (V2 model runner only),
+    finished_req_ids."""
 
     scheduled_new_reqs: List[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -158,12 +162,19 @@ class SchedulerOutput:
 
 @dataclasses.dataclass
 class KVConnectorOutput:
-    """Stand-in for vllm.v1.outputs.KVConnectorOutput (@ 023979d6): finished_recving and the
-    aggregated kv_connector_worker_meta."""
+    """Stand-in for vllm.v1.outputs.KVConnectorOutput: finished_recving and the aggregated
+    kv_connector_worker_meta (what upstream's HiSparseConnector.update_connector_output reads @ 023979d6)."""
 
     finished_sending: Optional[set]
     finished_recving: Optional[set]
     kv_connector_worker_meta: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """Stand-in for a vllm.v1.request.RequestStatus member (@ 000a0d5f): its name."""
+
+    name: str
 
 
 PAD = None  # a padding entry of a padded decode batch (request state index -1)
@@ -227,12 +238,14 @@ class Engine:
                 self.caches[name].view(-1, RECORD)[self.slot(req, pos)] = rec.to(self.dev)
                 self.truth[(req.request_id, layer, pos)] = rec
 
-    def preempt(self, req: Request) -> None:
-        """Scheduler._preempt_request: blocks freed, recompute from scratch later."""
+    def preempt(self, req: Request, v2_runner: bool = True) -> None:
+        """Scheduler._preempt_request: blocks freed, status PREEMPTED, recompute from scratch
+        later; preempted_req_ids names it only for the V2 model runner."""
         del self.running[req.request_id]
         self.free_blocks += req.blocks
-        req.blocks, req.num_computed_tokens = [], 0
-        self.preempted.add(req.request_id)
+        req.blocks, req.num_computed_tokens, req.status = [], 0, Status("PREEMPTED")
+        if v2_runner:
+            self.preempted.add(req.request_id)
 
     def finish(self, req: Request) -> None:
         self.running.pop(req.request_id, None)
@@ -253,6 +266,7 @@ class Engine:
                              n_tokens, set(self.preempted), set(self.finished))
         for r in self.new:
             self.running[r.request_id] = r
+            r.status = Status("RUNNING")
         self.new, self.preempted, self.finished = [], set(), set()
         return so
 
@@ -598,14 +612,15 @@ def test_metadata_round_trip_and_batched_admission(engine):
     e.assert_empty()
 
 
-def test_preemption_parks_and_resume_keeps_the_host_copy(engine):
+@pytest.mark.parametrize("v2_runner", [True, False], ids=["preempted_req_ids", "request_status"])
+def test_preemption_parks_and_resume_keeps_the_host_copy(engine, v2_runner):
     e = engine
     a, b = Request("pa", seed=41, prompt_len=36), Request("pb", seed=42, prompt_len=20)
     prefill(e, a, b)
     e.step({"pa": [0, 35, 20, 5], "pb": [19, 1, 2, 3]})
     host = e.session.stats().session_host_bytes
     hid = e.hid(a)
-    e.preempt(a)
+    e.preempt(a, v2_runner)
     e.step({"pb": [20, 4, 5, 6]})
     assert e.metas[-1].parks == ("pa",)
     assert e.worker._live["pa"].state == "parked" and e.worker._live["pa"].row == -1

@@ -11,7 +11,7 @@ other in ``metadata.py``.
 
 Scheduler role (no Session: vLLM's scheduler may run in another process). It names each request
 with a hisparse id and, per step, ``build_connector_meta`` emits ``HisparsedConnectorMetadata``:
-releases (``request_finished``), parks (``scheduler_output.preempted_req_ids``), resumes (a parked
+releases (``request_finished``), parks (``preempted_req_ids``, or a ``PREEMPTED`` status), resumes (a parked
 request allocated again), admits and imports (``update_state_after_alloc``), and each scheduled
 request's token window with what the worker does with it: ``decode`` (the forward appends the
 window's rows and resolves; only the request's last sampled token and its drafts lack KV) or

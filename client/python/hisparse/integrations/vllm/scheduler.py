@@ -77,7 +77,12 @@ class HisparsedConnectorScheduler:
 
     def build_connector_meta(self, scheduler_output: Any) -> HisparsedConnectorMetadata:
         parks = []
-        for rid in sorted(getattr(scheduler_output, "preempted_req_ids", None) or ()):
+        # SchedulerOutput.preempted_req_ids is filled for vLLM's V2 model runner only; a preempted
+        # Request's status says it with either (RequestStatus.PREEMPTED).
+        preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        preempted |= {rid for rid, r in self._reqs.items()
+                      if getattr(getattr(r, "status", None), "name", None) == "PREEMPTED"}
+        for rid in sorted(preempted):
             if self._state.get(rid) in ("admitting", "active"):
                 parks.append(rid)
                 self._state[rid] = "parked"
