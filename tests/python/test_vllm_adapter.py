@@ -259,7 +259,8 @@ class Engine:
         n_tokens = {}
         new = [NewRequestData(r.request_id, r.num_computed_tokens, (list(r.blocks),)) for r in self.new]
         for r in self.new + list(self.running.values()):
-            n_tokens[r.request_id] = min(chunk, r.num_tokens - r.num_computed_tokens) + (spec or {}).get(r.request_id, 0)
+            drafts = (spec or {}).get(r.request_id, 0)
+            n_tokens[r.request_id] = min(chunk, r.num_tokens - r.num_computed_tokens) + drafts
         cached = [r for r in self.running.values()]
         so = SchedulerOutput(new, CachedRequestData([r.request_id for r in cached],
                                                     [r.num_computed_tokens for r in cached]),
