@@ -3,6 +3,9 @@
 - ``hisparse.integrations.sglang.HisparsedCoordinator``: SGLang's ``HiSparseCoordinator`` (method
   names and call contracts of ``python/sglang/srt/managers/hisparse_coordinator.py``), backed by
   hisparsed. docs/INTEGRATION.md ("SGLang adapter") lists the edits an SGLang checkout needs.
+- ``hisparse.integrations.vllm``: vLLM's HiSparse per-step runtime (``HisparsedRuntime``,
+  ``HisparsedCacheHandle``) and a ``KVConnectorBase_V1`` connector (``HisparsedConnector``)
+  carrying the request lifecycle. docs/INTEGRATION.md ("vLLM adapter") lists the edits.
 
 The adapters import no engine code: they touch only the engine objects they are handed (requests,
 pools), through the attributes named in each adapter's docstring.

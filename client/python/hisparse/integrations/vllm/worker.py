@@ -1,0 +1,222 @@
+"""``HisparsedConnectorWorker``: the worker role of ``HisparsedConnector`` (upstream
+``HiSparseConnectorWorker``, ``kv_connector/v1/hisparse/worker.py @ 023979d6``).
+
+It owns the worker's Session (opened by ``register_kv_caches`` over the hisparse layers' paged
+caches, closed by ``shutdown``) and the ``HisparsedRuntime`` every layer's handle shares; it
+applies the scheduler's metadata each step (lifecycle RPCs before the forward, prefill stores
+after it) and reports back what the daemon refused, import grants and evictions. Thread-safety:
+none; vLLM's worker calls it from its forward thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ... import _lib
+from ...errors import FailedPrecondition, HisparseError, InvalidArgument, NotFound, Unavailable
+from ...session import Session
+from .metadata import HisparsedConnectorMetadata, HisparsedWorkerMetadata, Window, _draft_tokens, _extra
+from .runtime import HisparsedCacheHandle, HisparsedRuntime, paged_rows
+
+
+@dataclasses.dataclass
+class _Live:
+    """A request the worker's Session holds."""
+
+    hid: int
+    row: int  # -1 while parked or importing
+    state: str  # active | parked | importing
+
+
+class HisparsedConnectorWorker:
+    """The worker role: owns the Session, applies each step's metadata (module docstring)."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.extra = _extra(vllm_config)
+        sched = getattr(vllm_config, "scheduler_config", None)
+        self.max_num_seqs = int(self.extra.get("max_num_seqs", getattr(sched, "max_num_seqs", 0) or 0))
+        # Tokens a step may hand swap_in (the decode ones first): vLLM's batch token budget.
+        self.max_num_tokens = self.extra.get("max_num_tokens", getattr(sched, "max_num_batched_tokens", None))
+        self.draft_tokens = _draft_tokens(vllm_config, self.extra)
+        self.session: Optional[Session] = None
+        self.runtime: Optional[HisparsedRuntime] = None
+        self.handles: Dict[str, HisparsedCacheHandle] = {}
+        self._live: Dict[str, _Live] = {}
+        self._refused: Dict[str, str] = {}
+        self._grants: Dict[str, bytes] = {}
+        self._order: List[Tuple[Window, int]] = []  # this step's windows and first token, in batch order
+
+    # ---- setup ----
+
+    def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
+        """Opens the Session over the hisparse layers' paged caches ([num_blocks, block_size, row])."""
+        names = [n for n in kv_caches if n in set(self.extra.get("layers", kv_caches))]
+        if not names:
+            raise InvalidArgument("no KV cache of a hisparse layer was registered")
+        record = paged_rows(kv_caches[names[0]]).shape[1]
+        x = self.extra
+        if "top_k" not in x or "device_buffer_size" not in x or self.max_num_seqs < 1:
+            raise InvalidArgument("kv_connector_extra_config needs top_k and device_buffer_size, and max_num_seqs "
+                                  "(or scheduler_config.max_num_seqs)")
+        backend = x.get("backend", "auto")
+        gpu = int(x.get("gpu", torch.cuda.current_device() if backend != "host" and torch.cuda.is_available() else -1))
+        self.session = Session(x.get("daemon"), num_layers=len(names), record_bytes=int(x.get("record_bytes", record)),
+                               k=int(x["top_k"]), slots=int(x["device_buffer_size"]), max_requests=self.max_num_seqs,
+                               gpu=gpu, backend=backend, engine_name="vllm", draft_tokens=self.draft_tokens,
+                               max_context_tokens=int(x.get("max_model_len", 0)))
+        self.runtime = HisparsedRuntime(self.session, self.max_num_seqs, self.max_num_tokens)
+        for layer, name in enumerate(names):
+            self.handles[name] = HisparsedCacheHandle(self.runtime, layer)
+            self.handles[name].bind_cache(kv_caches[name])
+
+    def cache_handle(self, layer_name: str) -> HisparsedCacheHandle:
+        return self.handles[layer_name]
+
+    def bind_slot_mapping(self, slot_mapping: torch.Tensor) -> None:
+        """The model runner's persistent slot_mapping (int64 [max tokens], -1 padding), shared by every layer."""
+        for h in self.handles.values():
+            h.slot_mapping = slot_mapping
+
+    def _s(self) -> Session:
+        if self.session is None:
+            raise FailedPrecondition("register_kv_caches has not run: no hisparse session")
+        return self.session
+
+    # ---- per step ----
+
+    def start_load_kv(self, meta: HisparsedConnectorMetadata, request_state_indices: Any = None,
+                      request_ids: Optional[Sequence[str]] = None) -> None:
+        """Applies the step's lifecycle ops, then prepares the runtime for the forward."""
+        s = self._s()
+        self._apply_lifecycle(s, meta)
+        by_id = {w.req_id: w for w in meta.windows}
+        ids = list(request_ids) if request_ids is not None else [w.req_id for w in meta.windows]
+        rows, seqs, counts = [], [], []
+        self._order, first = [], 0
+        for rid in ids:
+            w, live = by_id.get(rid), self._live.get(rid)
+            real = w is not None and w.decode and live is not None and live.state == "active"
+            rows.append(live.row if real else -1)
+            seqs.append(w.start + w.num_tokens if real else 1)
+            counts.append(w.num_tokens if w is not None else self.runtime.queries)  # a padding entry
+            if w is not None:
+                self._order.append((w, first))
+                if w.pre_store[1] > w.pre_store[0] and live is not None:
+                    self._store_from_blocks(w)
+            first += counts[-1]
+        self.runtime.set_request_state_indices(request_state_indices if request_state_indices is not None
+                                               else list(range(len(ids))))
+        self.runtime.prepare_step(rows, seqs, counts)
+
+    def _apply_lifecycle(self, s: Session, meta: HisparsedConnectorMetadata) -> None:
+        gone = [rid for rid in meta.releases if rid in self._live]
+        if (gone or meta.parks) and s.backend == "cuda":
+            # A row or pages go back: the last forward that read them (asynchronous scheduling may
+            # still run it) must be done. A host sync, outside any captured graph.
+            torch.cuda.current_stream(self.runtime.device).synchronize()
+        for i in range(0, len(gone), _lib.HS_BATCH_MAX_ITEMS):
+            chunk = gone[i:i + _lib.HS_BATCH_MAX_ITEMS]
+            results = s.release_batch([self._live[rid].hid for rid in chunk])  # every id is tried
+            for rid in chunk:
+                del self._live[rid]
+            failed = [e for e in results if e is not None and not isinstance(e, NotFound)]
+            if failed:  # NotFound: the daemon dropped it already (evicted); anything else is a bug
+                raise failed[0]
+        for rid in meta.parks:
+            if rid in self._live and self._live[rid].state == "active":
+                s.park(self._live[rid].hid)
+                self._live[rid].row, self._live[rid].state = -1, "parked"
+        for rid in meta.resumes:
+            live = self._live.get(rid)
+            if live is None or live.state != "parked":
+                continue
+            try:
+                live.row, live.state = s.resume(live.hid).row, "active"
+            except HisparseError as e:
+                self._refuse(rid, e)
+        plain = [a for a in meta.admits if not a.import_]
+        for i in range(0, len(plain), _lib.HS_BATCH_MAX_ITEMS):
+            chunk = plain[i:i + _lib.HS_BATCH_MAX_ITEMS]
+            results = s.admit_batch([(a.hid, a.context_tokens, a.token_budget) for a in chunk], all_or_nothing=False)
+            for a, r in zip(chunk, results):
+                if isinstance(r, HisparseError):
+                    self._refuse(a.req_id, r)
+                else:
+                    self._live[a.req_id] = _Live(a.hid, r.row, "active")
+        for a in meta.admits:
+            if a.import_:
+                try:
+                    self._grants[a.req_id] = s.admit_import(a.hid, a.context_tokens, a.token_budget)
+                    self._live[a.req_id] = _Live(a.hid, -1, "importing")
+                except HisparseError as e:
+                    self._refuse(a.req_id, e)
+
+    def _refuse(self, rid: str, err: HisparseError) -> None:
+        self._refused[rid] = f"{type(err).__name__}: {err}"
+        live = self._live.pop(rid, None)
+        if live is not None and live.state == "parked":  # a parked request that cannot resume is freed
+            self._s().release(live.hid)
+
+    def _store_from_blocks(self, w: Window) -> None:
+        lo, hi = w.pre_store
+        for h in self.handles.values():
+            block = h.kv_cache.shape[1]
+            pos = torch.arange(lo, hi, dtype=torch.int64)
+            table = torch.tensor(w.block_ids, dtype=torch.int64)
+            index = (table[pos // block] * block + pos % block).to(torch.int32).to(self.runtime.device)
+            self._s().store_indexed(w.hid, paged_rows(h.kv_cache).unsqueeze(0), index, start_pos=lo,
+                                    first_layer=h.layer, num_layers=1, seq_len_after=hi)
+
+    def wait_for_save(self) -> None:
+        """After the forward: stores each prefill window's new positions from the paged caches."""
+        for w, offset in self._order:
+            live = self._live.get(w.req_id)
+            end = w.start + w.num_tokens
+            if not w.decode and live is not None and live.state == "active" and end > w.store_from:
+                for h in self.handles.values():
+                    if h.slot_mapping is None:
+                        raise FailedPrecondition("bind_slot_mapping has not run: prefill rows cannot be stored")
+                    first = offset + (w.store_from - w.start)
+                    index = h.slot_mapping[first:offset + w.num_tokens].to(torch.int32).contiguous()
+                    self._s().store_indexed(w.hid, paged_rows(h.kv_cache).unsqueeze(0), index,
+                                            start_pos=w.store_from, first_layer=h.layer, num_layers=1,
+                                            seq_len_after=end)
+        self._order = []
+
+    def get_finished(self, finished_req_ids: Any = ()) -> Tuple[Optional[set], Optional[set]]:
+        """(None, the imports whose transfer committed since the last call)."""
+        done = set()
+        for rid, live in list(self._live.items()):
+            if live.state != "importing":
+                continue
+            try:
+                live.row, live.state = self._s().await_import(live.hid, 0).row, "active"
+                done.add(rid)
+            except Unavailable:
+                pass  # the transfer is still running
+            except HisparseError as e:  # aborted or expired: the daemon freed it
+                del self._live[rid]
+                self._refused[rid] = f"{type(e).__name__}: {e}"
+        return None, (done or None)
+
+    def build_connector_worker_meta(self) -> HisparsedWorkerMetadata:
+        evicted = set(self._s().poll_evicted())
+        gone = tuple(rid for rid, live in self._live.items() if live.hid in evicted)
+        for rid in gone:
+            del self._live[rid]
+        meta = HisparsedWorkerMetadata(self._refused, self._grants, gone)
+        self._refused, self._grants = {}, {}
+        return meta
+
+    def shutdown(self) -> None:
+        """Releases every request the session still holds and closes it."""
+        if self.session is None or self.session.closed:
+            return
+        ids = [live.hid for live in self._live.values()]
+        self._live.clear()
+        for i in range(0, len(ids), _lib.HS_BATCH_MAX_ITEMS):
+            self.session.release_batch(ids[i:i + _lib.HS_BATCH_MAX_ITEMS])
+        self.session.close()
