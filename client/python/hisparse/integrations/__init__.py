@@ -3,6 +3,9 @@
 - ``hisparse.integrations.sglang.HisparsedCoordinator``: SGLang's ``HiSparseCoordinator`` (method
   names and call contracts of ``python/sglang/srt/managers/hisparse_coordinator.py``), backed by
   hisparsed. docs/INTEGRATION.md ("SGLang adapter") lists the edits an SGLang checkout needs.
+- ``hisparse.integrations.sglang_mtp.HisparsedMTPCoordinator``: its speculative-decoding form,
+  the calls of SGLang's ``HiSparseMTPCoordinator`` (``swap_in_verify_pages`` etc.) on a Session
+  with draft tokens.
 
 The adapters import no engine code: they touch only the engine objects they are handed (requests,
 pools), through the attributes named in each adapter's docstring.
