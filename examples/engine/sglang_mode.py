@@ -28,7 +28,8 @@ request gets are filled with a poison pattern, so a coordinator that stored them
 SGLang's pool instead of its own would change the logits.
 
 On a GPU the decode forward is one CUDA graph per padded batch size (SGLang's CudaGraphRunner),
-with the coordinator's swap-in inside it; --no-graph runs it eagerly, as on a CPU.
+with the coordinator's swap-in inside it; --no-graph runs it eagerly, as on a CPU. With
+--draft-tokens, sglang_mtp_mode.py replaces the decode step by an EAGLE/MTP verify round.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def padded_bs(n: int, max_bs: int) -> int:
 @dataclasses.dataclass
 class SGLangRun:
     mode: str
-    logits: Dict[str, List[torch.Tensor]]  # rid -> float32 [vocab] per decode step it took part in
+    logits: Dict[str, List[torch.Tensor]]  # rid -> float32 [vocab] ([q, vocab] with drafts) per decode step
     tokens: Dict[str, List[int]]  # rid -> output_ids at the end
     steps: int
     step_ms: List[float]
@@ -278,8 +279,9 @@ class Scheduler:
         self.reqs = work.fresh()
         dev = model.device
         self.max_bs = padded_bs(len(self.reqs), 1 << 30)
-        max_ctx = max(len(r.origin_input_ids) + r.sampling_params.max_new_tokens for r in self.reqs) + 2
-        tokens = sum(len(r.origin_input_ids) + r.sampling_params.max_new_tokens + 1 for r in self.reqs) + 8
+        q = 1 + getattr(self, "draft_tokens", 0)  # a verify round may run q - 1 tokens past max_new_tokens
+        max_ctx = max(len(r.origin_input_ids) + r.sampling_params.max_new_tokens for r in self.reqs) + q + 2
+        tokens = sum(len(r.origin_input_ids) + r.sampling_params.max_new_tokens + q + 1 for r in self.reqs) + 8
         self.req_to_token_pool = ReqToTokenPool(self.max_bs, max_ctx, dev)
         self.pool = TokenToKVPool(model, fmt, tokens, dev, keep_kv=make_coordinator is None)
         self.coord = make_coordinator(self.req_to_token_pool, self.pool) if make_coordinator else None
@@ -379,20 +381,29 @@ class Scheduler:
         self._forward(bs)
         return b.logits[:n].to("cpu", copy=True)
 
+    def commit(self, batch: List[Req], out: torch.Tensor, logits: Dict[str, List[torch.Tensor]], step: int) -> None:
+        """The batch-result processor: each request's logits row kept, its greedy token appended."""
+        for i, r in enumerate(batch):
+            logits[r.rid].append(out[i])
+            r.output_ids.append(int(out[i].argmax()))
+
+    def forward(self, bs: int) -> None:
+        forward_decode(self.model, self.fmt, self.pool, self.req_to_token_pool.req_to_token, self.buf, bs,
+                       self.attend)
+
     def _forward(self, bs: int) -> None:
-        req_to_token = self.req_to_token_pool.req_to_token
         if not self.use_graph:
-            forward_decode(self.model, self.fmt, self.pool, req_to_token, self.buf, bs, self.attend)
+            self.forward(bs)
             return
         dev = self.model.device
         if bs not in self.graphs:  # capture on first use: warm up, then record
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
-                forward_decode(self.model, self.fmt, self.pool, req_to_token, self.buf, bs, self.attend)
+                self.forward(bs)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, stream=side):
-                    forward_decode(self.model, self.fmt, self.pool, req_to_token, self.buf, bs, self.attend)
+                    self.forward(bs)
             torch.cuda.current_stream(dev).wait_stream(side)
             self.graphs[bs] = graph
         self.graphs[bs].replay()
@@ -400,11 +411,12 @@ class Scheduler:
 
 @torch.no_grad()
 def run_sglang(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, steps: int,
-               make_coordinator=None, use_graph: bool = True) -> SGLangRun:
+               make_coordinator=None, use_graph: bool = True, scheduler=Scheduler) -> SGLangRun:
     """Runs the workload for `steps` decode steps with (make_coordinator(req_to_token_pool, pool) ->
     HisparsedCoordinator) or without hisparse; every request left at the end is finished. Checks
-    that every size is restored: KV locations, request slots and, with hisparse, the session."""
-    s = Scheduler(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph)
+    that every size is restored: KV locations, request slots and, with hisparse, the session.
+    scheduler: Scheduler, or sglang_mtp_mode.MtpScheduler for speculative decoding."""
+    s = scheduler(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph)
     mode = "hisparse" if s.coord is not None else "baseline"
     before = s.coord.session.stats() if s.coord is not None else None
     logits: Dict[str, List[torch.Tensor]] = {r.rid: [] for r in s.reqs}
@@ -428,9 +440,7 @@ def run_sglang(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: in
         t = time.perf_counter()
         out = s.decode(running)
         step_ms.append(1e3 * (time.perf_counter() - t))
-        for i, r in enumerate(running):
-            logits[r.rid].append(out[i])
-            r.output_ids.append(int(out[i].argmax()))
+        s.commit(running, out, logits, step)
         for r in [r for r in running if r.finished()]:
             s.finish(r)
             running.remove(r)

@@ -156,3 +156,20 @@ def test_sglang_adapter_mode_exact_on_a_gpu(daemon, gpu, tmp_path, graph):
                                               "--slots-factor", "1,2", "--records", "bf16,fp8"]
                            + ([] if graph else ["--no-graph"]))
     assert all(r["graph"] == graph for r in rows)
+
+
+def test_sglang_adapter_mode_speculative_exact_on_the_host_backend(daemon, tmp_path):
+    """--adapter sglang --draft-tokens: EAGLE rounds of n + 1 verify tokens through
+    HisparsedMTPCoordinator.swap_in_verify_pages (examples/engine/sglang_mtp_mode.py), random
+    acceptance, the same retraction; every (request, round) row of n + 1 logits bit-identical."""
+    rows = run_sglang_mode(daemon, tmp_path, ["--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "12",
+                                              "--slots-factor", "0", "--draft-tokens", "1,3"])
+    assert [(r["draft_tokens"], r["slots"]) for r in rows] == [(1, 48), (3, 80)]
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_sglang_adapter_mode_speculative_exact_on_a_gpu(daemon, gpu, tmp_path, graph):
+    rows = run_sglang_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "30",
+                                              "--slots-factor", "0", "--draft-tokens", "1,3", "--records", "bf16,fp8"]
+                           + ([] if graph else ["--no-graph"]))
+    assert all(r["graph"] == graph for r in rows)

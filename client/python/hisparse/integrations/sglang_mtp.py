@@ -111,6 +111,11 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
 
     # ---- lifecycle: the plain coordinator's, plus the position map ----
 
+    def _budget(self, req: Any, kv_len: int) -> int:
+        """A verify round may reach N tokens past max_new_tokens (SGLang reserves as much)."""
+        cap = self.req_to_token_pool.req_to_token.shape[1]
+        return min(cap, super()._budget(req, kv_len) + self.num_draft_tokens)
+
     def admit_request_into_staging(self, req: Any) -> None:
         super().admit_request_into_staging(req)
         self.register_token_positions(req, 0, self._kv_len(req))
