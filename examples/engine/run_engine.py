@@ -214,16 +214,17 @@ def run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, bac
                             use_graph=use_graph, scheduler=scheduler)
             same, total, tokens_same, first = compare(base, hs)
             exact = same == total and tokens_same and first is None
-            where = (f"SGLang adapter{f', {n} draft tokens (EAGLE verify)' if n else ''}, {batch} requests (long {ctx}, "
-                     f"short {short} tokens, {len(work.retract)} retracted and re-admitted), k {args.k}, B {slots}, "
-                     f"{fmt.name} records")
+            spec = f", {n} draft tokens (EAGLE verify)" if n else ""
+            where = (f"SGLang adapter{spec}, {batch} requests (long {ctx}, short {short} tokens, "
+                     f"{len(work.retract)} retracted and re-admitted), k {args.k}, B {slots}, {fmt.name} records")
             print(f"exactness: {where}: logits bit-identical in {same}/{total} (request, decode step) rows "
                   f"(torch.equal){'' if first is None else f', first difference at {first}'}; generated tokens "
                   f"identical: {'yes' if tokens_same else 'NO'} -> {'EXACT' if exact else 'MISMATCH'}", flush=True)
             sel = hs.hits + hs.misses
+            timing = f"p50, host-timed, {'CUDA graph' if hs.used_graph else 'eager'}"
             print(f"latency: {where}: baseline {pct(base.step_ms, 0.5):.3f} ms/step, hisparse "
-                  f"{pct(hs.step_ms, 0.5):.3f} ms/step (p50, host-timed, {'CUDA graph' if hs.used_graph else 'eager'}); "
-                  f"hit rate {100 * hs.hits / sel if sel else 0:.1f}%, {hs.misses} misses", flush=True)
+                  f"{pct(hs.step_ms, 0.5):.3f} ms/step ({timing}); hit rate {100 * hs.hits / sel if sel else 0:.1f}%, "
+                  f"{hs.misses} misses", flush=True)
             failures += 0 if exact else 1
             rows.append(dict(adapter="sglang", draft_tokens=n, records=fmt.name, batch=batch, context=ctx, short=short,
                              k=args.k, slots=slots, steps=args.steps, exact=exact, identical_rows=same, rows=total,

@@ -361,7 +361,8 @@ class HisparsedCoordinator:
         if bs > self.num_reqs:
             raise InvalidArgument(f"batch of {bs} rows; the request pool has {self.num_reqs}")
         if top_k_result.dim() != 2 or top_k_result.shape[0] != lists or top_k_result.shape[1] > self.top_k:
-            raise InvalidArgument(f"top_k_result has shape {tuple(top_k_result.shape)}; need [{lists}, <= {self.top_k}]")
+            raise InvalidArgument(f"top_k_result has shape {tuple(top_k_result.shape)}; "
+                                  f"need [{lists}, <= {self.top_k}]")
 
     def _append_newest(self, layer_id: int, bs: int) -> None:
         """Appends the step's newest records of layer_id (host pool + newest slot) for the entries
