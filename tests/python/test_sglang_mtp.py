@@ -188,6 +188,12 @@ def test_bad_verify_calls_are_refused(mtp):
         e.coord.swap_in_verify_pages(idx, seq, torch.full((N, K + 1), -1, dtype=torch.int32), 0, N)
     with pytest.raises(hisparse.InvalidArgument):
         HisparsedMTPCoordinator(e.req_pool, e.alloc, K, B, "cpu", None, num_draft_tokens=9, backend="host")
+    ghost = sa.Req("ghost", 5, 10)  # a stale Req naming x's slot: refused, x's position map intact
+    ghost.req_pool_idx = r.req_pool_idx
+    before = e.coord.token_position.clone()
+    with pytest.raises(hisparse.NotFound):
+        e.coord.retract_req(ghost)
+    assert torch.equal(e.coord.token_position, before)
     e.coord.request_finished(r)
     e.free_req(r)
     assert e.coord.session.stats().session_requests == 0

@@ -125,6 +125,7 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
         self.register_token_positions(req, 0, self._kv_len(req))
 
     def retract_req(self, req: Any) -> None:
+        self._entry(req)  # NotFound before anything changes
         self._clear_positions(req)
         super().retract_req(req)
 
