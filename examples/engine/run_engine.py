@@ -13,6 +13,9 @@ table (--markdown) and JSON (--json); exits 1 on any mismatch.
     python3 examples/engine/run_engine.py --device cpu --model small --configs 2x600 --k 32 --steps 24
     # speculative decoding (mtp.py): n drafts a step, B = (n + 2) k, random acceptance:
     python3 examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 8x16384 --k 2048
+    # served as SGLang serves it (sglang_mode.py: HisparsedCoordinator, continuous batching,
+    # mixed lengths, retraction); BATCH requests, the long ones CONTEXT tokens:
+    python3 examples/engine/run_engine.py --adapter sglang --configs 8x16384 --k 2048 --steps 100
 
 Needs libhisparse and hisparsed (HISPARSE_LIB / HISPARSE_DAEMON_BIN, or the source tree's build/).
 """
@@ -36,6 +39,8 @@ import torch  # noqa: E402
 import hisparse  # noqa: E402
 from engine import SMALL, ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
 from mtp import run_mtp  # noqa: E402
+from sglang_mode import Scheduler, compare, make_workload, run_sglang  # noqa: E402
+from sglang_mtp_mode import make_mtp_scheduler  # noqa: E402
 
 
 def parse_configs(text: str) -> List[Tuple[int, int]]:
@@ -83,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--host-pool-size", default=None, help="pool of the daemon started here (default: sized to fit)")
     ap.add_argument("--markdown", default=None, help="append a results table to this file")
     ap.add_argument("--json", default=None, help="write every run's figures to this file")
+    ap.add_argument("--adapter", choices=["none", "sglang"], default="none",
+                    help="sglang: drive hisparse.integrations.sglang.HisparsedCoordinator as SGLang's scheduler "
+                         "and model runner would (sglang_mode.py), against SGLang's full-pool decode")
     args = ap.parse_args(argv)
 
     dev = torch.device(args.device)
@@ -123,6 +131,9 @@ def main(argv=None) -> int:
     try:
         for fmt in formats:
             for batch, ctx in configs:
+                if args.adapter == "sglang":
+                    failures += run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, backend, rows)
+                    continue
                 for n in drafts:
                     failures += run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, rows)
                 if dev.type == "cuda":
@@ -170,6 +181,56 @@ def run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, r
                   f"acceptance identical: {'yes' if same_accept else 'NO'}", flush=True)
         failures += 0 if row["exact"] else 1
         rows.append(row)
+    return failures
+
+
+def run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, backend, rows) -> int:
+    """The SGLang-adapter mode at one point: per draft count (0: plain decode; n: EAGLE rounds of
+    n + 1 verify tokens through HisparsedMTPCoordinator) the full-pool baseline once, then the
+    coordinator once per B; appends a report row each; returns the mismatches."""
+    from hisparse.integrations.sglang import HisparsedCoordinator
+    from hisparse.integrations.sglang_mtp import HisparsedMTPCoordinator
+
+    failures = 0
+    use_graph = not args.no_graph
+    device = str(model.device) if model.device.type == "cpu" else f"cuda:{model.device.index or 0}"
+    for n in drafts:
+        scheduler = make_mtp_scheduler(n) if n else Scheduler
+        for factor in factors:
+            slots = int(round((factor or n + 2) * args.k))
+            short = max(2, min(slots // 2, slots - args.steps * (n + 1) - 1))
+            work = make_workload(model.cfg.vocab, batch=batch, context=ctx, short=short, steps=args.steps,
+                                 seed=args.seed + 1)
+            base = run_sglang(model, fmt, work, k=args.k, steps=args.steps, use_graph=use_graph, scheduler=scheduler)
+
+            def coordinator(req_to_token_pool, pool, slots=slots, n=n):
+                if n:
+                    return HisparsedMTPCoordinator(req_to_token_pool, pool, args.k, slots, device, None,
+                                                   num_draft_tokens=n + 1, daemon=address, backend=backend)
+                return HisparsedCoordinator(req_to_token_pool, pool, args.k, slots, device, None, daemon=address,
+                                            backend=backend)
+
+            hs = run_sglang(model, fmt, work, k=args.k, steps=args.steps, make_coordinator=coordinator,
+                            use_graph=use_graph, scheduler=scheduler)
+            same, total, tokens_same, first = compare(base, hs)
+            exact = same == total and tokens_same and first is None
+            spec = f", {n} draft tokens (EAGLE verify)" if n else ""
+            where = (f"SGLang adapter{spec}, {batch} requests (long {ctx}, short {short} tokens, "
+                     f"{len(work.retract)} retracted and re-admitted), k {args.k}, B {slots}, {fmt.name} records")
+            print(f"exactness: {where}: logits bit-identical in {same}/{total} (request, decode step) rows "
+                  f"(torch.equal){'' if first is None else f', first difference at {first}'}; generated tokens "
+                  f"identical: {'yes' if tokens_same else 'NO'} -> {'EXACT' if exact else 'MISMATCH'}", flush=True)
+            sel = hs.hits + hs.misses
+            timing = f"p50, host-timed, {'CUDA graph' if hs.used_graph else 'eager'}"
+            print(f"latency: {where}: baseline {pct(base.step_ms, 0.5):.3f} ms/step, hisparse "
+                  f"{pct(hs.step_ms, 0.5):.3f} ms/step ({timing}); hit rate {100 * hs.hits / sel if sel else 0:.1f}%, "
+                  f"{hs.misses} misses", flush=True)
+            failures += 0 if exact else 1
+            rows.append(dict(adapter="sglang", draft_tokens=n, records=fmt.name, batch=batch, context=ctx, short=short,
+                             k=args.k, slots=slots, steps=args.steps, exact=exact, identical_rows=same, rows=total,
+                             tokens_identical=tokens_same, retracted=hs.retracted, hits=hs.hits, misses=hs.misses,
+                             graph=hs.used_graph, baseline_ms_p50=pct(base.step_ms, 0.5),
+                             hisparse_ms_p50=pct(hs.step_ms, 0.5)))
     return failures
 
 

@@ -124,3 +124,52 @@ def test_run_engine_smoke(daemon, tmp_path):
     rows = json.loads(out.read_text())
     assert rc == 0 and [r["draft_tokens"] for r in rows] == [0, 2] and all(r["exact"] for r in rows)
     assert [r["slots"] for r in rows] == [32, 64]
+
+
+def run_sglang_mode(daemon, tmp_path, extra):
+    """run_engine.py --adapter sglang: HisparsedCoordinator driven as SGLang's scheduler and model
+    runner drive HiSparseCoordinator (examples/engine/sglang_mode.py) over a mix of long and short
+    requests with staggered arrivals, early finishes and a retraction + re-admission; every
+    (request, decode step) row's logits equal SGLang's full-pool decode bit for bit."""
+    run_engine = pytest.importorskip("run_engine")
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--adapter", "sglang", "--model", "small", "--daemon", daemon.address, "--json", str(out)]
+                         + extra)
+    import json
+    rows = json.loads(out.read_text())
+    assert rows and all(r["adapter"] == "sglang" and r["exact"] for r in rows), rows
+    assert rc == 0
+    for r in rows:
+        assert r["rows"] > r["steps"] and r["retracted"] >= 1 and r["hits"] > 0 and r["misses"] > 0, r
+    return rows
+
+
+def test_sglang_adapter_mode_exact_on_the_host_backend(daemon, tmp_path):
+    rows = run_sglang_mode(daemon, tmp_path, ["--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "14",
+                                              "--slots-factor", "1,2"])
+    assert [r["slots"] for r in rows] == [16, 32]
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_sglang_adapter_mode_exact_on_a_gpu(daemon, gpu, tmp_path, graph):
+    rows = run_sglang_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "40",
+                                              "--slots-factor", "1,2", "--records", "bf16,fp8"]
+                           + ([] if graph else ["--no-graph"]))
+    assert all(r["graph"] == graph for r in rows)
+
+
+def test_sglang_adapter_mode_speculative_exact_on_the_host_backend(daemon, tmp_path):
+    """--adapter sglang --draft-tokens: EAGLE rounds of n + 1 verify tokens through
+    HisparsedMTPCoordinator.swap_in_verify_pages (examples/engine/sglang_mtp_mode.py), random
+    acceptance, the same retraction; every (request, round) row of n + 1 logits bit-identical."""
+    rows = run_sglang_mode(daemon, tmp_path, ["--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "12",
+                                              "--slots-factor", "0", "--draft-tokens", "1,3"])
+    assert [(r["draft_tokens"], r["slots"]) for r in rows] == [(1, 48), (3, 80)]
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_sglang_adapter_mode_speculative_exact_on_a_gpu(daemon, gpu, tmp_path, graph):
+    rows = run_sglang_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "30",
+                                              "--slots-factor", "0", "--draft-tokens", "1,3", "--records", "bf16,fp8"]
+                           + ([] if graph else ["--no-graph"]))
+    assert all(r["graph"] == graph for r in rows)

@@ -6,6 +6,9 @@
 - ``hisparse.integrations.vllm``: vLLM's HiSparse per-step runtime (``HisparsedRuntime``,
   ``HisparsedCacheHandle``) and a ``KVConnectorBase_V1`` connector (``HisparsedConnector``)
   carrying the request lifecycle. docs/INTEGRATION.md ("vLLM adapter") lists the edits.
+- ``hisparse.integrations.sglang_mtp.HisparsedMTPCoordinator``: its speculative-decoding form,
+  the calls of SGLang's ``HiSparseMTPCoordinator`` (``swap_in_verify_pages`` etc.) on a Session
+  with draft tokens.
 
 The adapters import no engine code: they touch only the engine objects they are handed (requests,
 pools), through the attributes named in each adapter's docstring.

@@ -28,7 +28,7 @@ forward of the same rank, never concurrently. The coordinator owns its Session (
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple
 
 import torch
 
@@ -66,7 +66,8 @@ class HisparsedCoordinator:
 
     def __init__(self, req_to_token_pool: Any, token_to_kv_pool_allocator: Any, top_k: int,
                  device_buffer_size: int, device: str, tp_group: Any = None, host_to_device_ratio: int = 2,
-                 swap_in_block_size: int = 960, *, daemon: Any = None, backend: str = "auto") -> None:
+                 swap_in_block_size: int = 960, *, daemon: Any = None, backend: str = "auto",
+                 draft_tokens: int = 0) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.allocator = token_to_kv_pool_allocator
         self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
@@ -82,7 +83,7 @@ class HisparsedCoordinator:
             gpu = torch.cuda.current_device()
         self.session = Session(daemon, num_layers=self.mem_pool_device.layer_num, record_bytes=self.item_size_bytes,
                                k=top_k, slots=device_buffer_size, max_requests=self.num_reqs, gpu=gpu,
-                               backend=backend, engine_name="sglang")
+                               backend=backend, engine_name="sglang", draft_tokens=draft_tokens)
         self.device_buffer_size = device_buffer_size
         data_dev = torch.device("cuda", gpu) if self.session.backend == "cuda" else torch.device("cpu")
         self._data_dev = data_dev
@@ -92,8 +93,28 @@ class HisparsedCoordinator:
         self._entries: Dict[Any, _Entry] = {}  # by req.rid
         self._next_id = 1
         self._staging: List[Any] = []  # (req, event) FIFO
-        self._step: Optional[tuple] = None  # (rows, seq_lens, newest device locs) of this decode step
         self.decode_producer_stream = None
+        self._init_step_buffers()
+
+    def _init_step_buffers(self) -> None:
+        """The decode path's static buffers (graph-safe: every call reuses them, so a captured
+        swap_in_selected_pages reads what the next map_last_loc_to_buffer writes).
+
+        map_last_loc_to_buffer fills _step_rows / _step_seqs / _step_locs for its batch and sets
+        _append_count to its size; lifecycle changes set it to 0, so no append of a stale step
+        can run. swap_in_selected_pages gathers the newest records into _newest and builds its
+        RESOLVE input in _rows / _seqs / _positions / _past_end."""
+        R, k, dev = self.num_reqs, self.top_k, self._data_dev
+        self._step_rows = torch.zeros(R, dtype=torch.int32, device=dev)
+        self._step_seqs = torch.ones(R, dtype=torch.int32, device=dev)
+        self._step_locs = torch.zeros(R, dtype=torch.int64, device=self._kv[0].device)
+        self._append_count = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._newest = torch.zeros(R, self.item_size_bytes, dtype=torch.uint8, device=dev)
+        self._rows = torch.zeros(R, dtype=torch.int32, device=dev)
+        self._seqs = torch.ones(R, dtype=torch.int32, device=dev)
+        self._positions = torch.full((R, k), -1, dtype=torch.int32, device=dev)
+        self._past_end = torch.zeros(R, k, dtype=torch.bool, device=dev)
+        self._cols = torch.arange(k, dtype=torch.int32, device=dev)
 
     @staticmethod
     def _records(buf: torch.Tensor) -> torch.Tensor:
@@ -197,7 +218,7 @@ class HisparsedCoordinator:
                 self.session.extend(e.request_id, self._budget(req, kv_len))
             start = min(e.kv_len, kv_len)
         e.state = "staging"
-        self._step = None
+        self._append_count.zero_()  # lifecycle changes happen between decode steps
         self._bind(req, e, info.row)
         self._store(req, e, start, kv_len)
         event = None
@@ -273,8 +294,11 @@ class HisparsedCoordinator:
             raise FailedPrecondition(f"request {req.rid!r} cannot be retracted ({e.state})")
         self._quiesce()
         self.session.park(e.request_id)
-        self._step = None
+        self._append_count.zero_()
         self._unbind(e)
+        # The host pool holds every position with KV in SGLang's pool: the last decode step
+        # appended position seq_len - 1 = _kv_len(req) - 1 (its output was recorded since).
+        e.kv_len = max(e.kv_len, self._kv_len(req))
         e.state = "parked"
 
     def request_finished(self, req: Any) -> None:
@@ -288,35 +312,41 @@ class HisparsedCoordinator:
         self._forget(req, e)
 
     def _forget(self, req: Any, e: _Entry) -> None:
-        self._step = None  # lifecycle changes happen between decode steps
+        self._append_count.zero_()  # lifecycle changes happen between decode steps
         self._quiesce()
         self._unbind(e)
         del self._entries[req.rid]
         self.session.release(e.request_id)
 
-    # ---- decode data path ----
+    # ---- decode data path (graph-safe: fixed shapes, static buffers, no host sync on CUDA) ----
 
     def map_last_loc_to_buffer(self, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor,
                                req_pool_indices: torch.Tensor, seq_lens_cpu: Any = None,
                                req_pool_indices_cpu: Any = None) -> None:
-        """Before the decode forward (after seq_lens += 1): the newest token of each row is
-        written at out_cache_loc of SGLang's pool; swap_in_selected_pages appends it per layer."""
-        locs = out_cache_loc.to(torch.int64)
+        """Before the decode forward (after seq_lens += 1), outside the captured graph as upstream
+        (ScheduleBatch.prepare_for_decode): the newest token of each row is written at
+        out_cache_loc of SGLang's pool; every swap_in_selected_pages of the step appends it. Fills
+        the static step buffers in place (device copies; no host sync on CUDA). The CPU arguments
+        are accepted for upstream's signature and not needed."""
+        n = int(req_pool_indices.shape[0])
+        if n > self.num_reqs or out_cache_loc.shape[0] != n or seq_lens.shape[0] != n:
+            raise InvalidArgument(f"map_last_loc_to_buffer: {n} requests, {out_cache_loc.shape[0]} locations and "
+                                  f"{seq_lens.shape[0]} lengths; the request pool has {self.num_reqs} slots")
+        locs = out_cache_loc
         mapping = getattr(self.allocator, "full_to_hisparse_device_index_mapping", None)
         if mapping is not None:
-            locs = mapping[locs]
-        rows = self.row_of_pool_idx[req_pool_indices.to(self._data_dev, torch.int64)]
-        seqs = seq_lens.to(self._data_dev, torch.int32).contiguous()
-        self._check_rows(rows, len(rows))
-        by_idx = {e.pool_idx: e for e in self._entries.values() if e.pool_idx >= 0}
-        idx_cpu = req_pool_indices_cpu if req_pool_indices_cpu is not None else req_pool_indices.cpu()
-        seq_cpu = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.cpu()
-        for idx, seq in zip(torch.as_tensor(idx_cpu).tolist(), torch.as_tensor(seq_cpu).tolist()):
-            if idx in by_idx:  # the host pool holds [0, seq) once this step's appends ran
-                by_idx[idx].kv_len = int(seq)
-        self._step = (rows.contiguous(), seqs, locs.to(self._kv[0].device))
+            locs = mapping[locs.to(mapping.device, torch.int64)]
+        rows = self._step_rows[:n]
+        torch.index_select(self.row_of_pool_idx, 0, req_pool_indices.to(self._data_dev, torch.int64), out=rows)
+        self._check_rows(rows, n)
+        self._step_seqs[:n].copy_(seq_lens)
+        self._step_locs[:n].copy_(locs)
+        self._append_count.fill_(n)
 
     def _check_rows(self, rows: torch.Tensor, real: int) -> None:
+        """Host backend: a real entry whose req_pool_idx holds no request is refused at once. On
+        CUDA it is not checked here (that would sync): RESOLVE and append flag its row -1 as a bad
+        row (check_errors()), write -1 for it, and touch no other row."""
         if rows.device.type == "cpu" and bool((rows[:real] < 0).any()):
             bad = int(torch.nonzero(rows[:real] < 0)[0, 0])
             raise FailedPrecondition(f"batch entry {bad}: its req_pool_idx holds no admitted request")
@@ -327,31 +357,51 @@ class HisparsedCoordinator:
         arena = self.session.slot_view()
         return arena.reshape(-1, arena.shape[-1])
 
+    def _check_batch(self, bs: int, top_k_result: torch.Tensor, lists: int) -> None:
+        if bs > self.num_reqs:
+            raise InvalidArgument(f"batch of {bs} rows; the request pool has {self.num_reqs}")
+        if top_k_result.dim() != 2 or top_k_result.shape[0] != lists or top_k_result.shape[1] > self.top_k:
+            raise InvalidArgument(f"top_k_result has shape {tuple(top_k_result.shape)}; "
+                                  f"need [{lists}, <= {self.top_k}]")
+
+    def _append_newest(self, layer_id: int, bs: int) -> None:
+        """Appends the step's newest records of layer_id (host pool + newest slot) for the entries
+        map_last_loc_to_buffer covered (_append_count; 0 after a lifecycle change)."""
+        kv, newest, locs = self._kv[layer_id], self._newest[:bs], self._step_locs[:bs]
+        if kv.device == newest.device:
+            torch.index_select(kv, 0, locs, out=newest)
+        else:  # a CUDA pool under the host backend (tests only): a copy, not graph-safe
+            newest.copy_(kv.index_select(0, locs))
+        self.session.append(layer_id, self._step_rows[:bs], self._step_seqs[:bs], newest,
+                            batch_size=self._append_count, max_batch=bs)
+
     def swap_in_selected_pages(self, req_pool_indices: torch.Tensor, compressed_seq_lens: torch.Tensor,
                                top_k_result: torch.Tensor, layer_id: int) -> torch.Tensor:
         """One layer: append this step's newest token (after map_last_loc_to_buffer), then RESOLVE
         the selection. Returns int32 [bs, top_k]: the record index of each selected position in
-        attention_kv_buffer(), -1 for padding, for columns >= seq_len and for rows >= num_real_reqs."""
+        attention_kv_buffer(), -1 for padding, for columns >= seq_len and for rows >= num_real_reqs.
+
+        Graph-safe: every tensor it hands the kernels is a slice of a buffer built at construction,
+        filled by fixed-shape device ops (index_select, copy_, ge, masked_fill_); nothing reads a
+        device value on the host and nothing depends on the batch's contents, so the call can sit
+        in a captured CUDA graph replayed for any num_real_reqs <= bs. On the host backend it also
+        refuses real entries without a request (that check reads num_real_reqs)."""
         bs = int(req_pool_indices.shape[0])
-        if bs > self.num_reqs:
-            raise InvalidArgument(f"batch of {bs} rows; the request pool has {self.num_reqs}")
-        if top_k_result.dim() != 2 or top_k_result.shape[0] != bs or top_k_result.shape[1] > self.top_k:
-            raise InvalidArgument(f"top_k_result has shape {tuple(top_k_result.shape)}; need [{bs}, <= {self.top_k}]")
-        rows = self.row_of_pool_idx[req_pool_indices.to(self._data_dev, torch.int64)].contiguous()
-        seqs = compressed_seq_lens.to(self._data_dev, torch.int32).contiguous()
-        real = int(self.num_real_reqs[0]) if self._data_dev.type == "cpu" else bs
-        self._check_rows(rows, min(real, bs))
-        rows = torch.where(rows < 0, torch.zeros_like(rows), rows)  # padding rows: never read past num_real_reqs
-        positions = torch.full((bs, self.top_k), -1, dtype=torch.int32, device=self._data_dev)
-        positions[:, :top_k_result.shape[1]] = top_k_result.to(self._data_dev, torch.int32)
-        cols = torch.arange(self.top_k, device=self._data_dev, dtype=torch.int32)
-        positions = torch.where(cols.unsqueeze(0) < seqs.unsqueeze(1), positions, torch.full_like(positions, -1))
-        if self._step is not None:
-            step_rows, step_seqs, locs = self._step
-            step_rows = torch.where(step_rows < 0, torch.zeros_like(step_rows), step_rows)
-            newest = self._kv[layer_id].index_select(0, locs).to(self._data_dev).contiguous()
-            self.session.append(layer_id, step_rows, step_seqs, newest, batch_size=self.num_real_reqs)
+        self._check_batch(bs, top_k_result, bs)
+        rows, seqs, positions = self._rows[:bs], self._seqs[:bs], self._positions[:bs]
+        torch.index_select(self.row_of_pool_idx, 0, req_pool_indices.to(self._data_dev, torch.int64), out=rows)
+        seqs.copy_(compressed_seq_lens)
+        width = int(top_k_result.shape[1])
+        positions[:, :width].copy_(top_k_result)
+        positions[:, width:].fill_(-1)
+        # Only the first min(seq_len, top_k) columns are meaningful (upstream's contract).
+        past_end = self._past_end[:bs]
+        torch.ge(self._cols.unsqueeze(0), seqs.unsqueeze(1), out=past_end)
+        positions.masked_fill_(past_end, -1)
+        if self._data_dev.type == "cpu":
+            self._check_rows(rows, min(int(self.num_real_reqs[0]), bs))
+        self._append_newest(layer_id, bs)
         out = self.top_k_device_locs_buffer[:bs]
-        self.session.resolve(layer_id, rows, seqs, positions.contiguous(), None, batch_size=self.num_real_reqs,
+        self.session.resolve(layer_id, rows, seqs, positions, None, batch_size=self.num_real_reqs,
                              max_batch=bs, page_table=out)
         return out
