@@ -241,7 +241,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
           std::copy(list.begin(), list.end(), sel.begin() + (i * Q + t) * c.k);
         }
         if (U(0, 20) == 0) {  // an invalid entry
-          switch (U(0, 4)) {
+          switch (U(0, 6)) {
             case 0:
               lq[i] = Q + 1;
               break;
@@ -254,6 +254,16 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
             case 3:
               sel[i * outs + 1] = sel[i * outs] >= 0 ? sel[i * outs] : 0;
               break;  // duplicate (or range)
+            case 4:   // a later list selects twice a position an earlier list selected (or range)
+              if (Q > 1) {
+                sel[(i * Q + 1) * c.k] = sel[i * outs] >= 0 ? sel[i * outs] : 0;
+                sel[(i * Q + 1) * c.k + 1] = sel[(i * Q + 1) * c.k];
+              }
+              break;
+            case 5:  // a later list selects one position twice (or range)
+              if (Q > 1)
+                sel[(i * Q + Q - 1) * c.k + 1] = sel[(i * Q + Q - 1) * c.k] >= 0 ? sel[(i * Q + Q - 1) * c.k] : 0;
+              break;
             default:
               lrows[i] = rows + 5;
               break;
