@@ -7,15 +7,16 @@
 # bandwidth (hisparse-bench resolve's own measurement, one small point); gpu_resolve_test,
 # gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test,
 # gpu_arena_session_test, gpu_park_share_test; pytest tests/python (GPU cases included); examples/engine/run_engine.py
-# with speculative decoding (1 and 3 drafts, bf16 and fp8, exactness); hisparse-bench resolve
+# with speculative decoding (1 and 3 drafts, bf16 and fp8, exactness) and through the SGLang adapter
+# (--adapter sglang, plain and MTP); hisparse-bench resolve
 # --draft-tokens (multi-query RESOLVE against n+1 single-query launches, with fresh misses and the
 # planning alone); hisparse-bench resolve over paged host memory against one contiguous run;
 # hisparse-bench decode at a short configuration (capacity, matched-batch exactness);
 # hisparse-bench serve at a short configuration (128k, batch 1-4 and the peak, every mode,
 # exactness). About 7 minutes.
-# Writes under $OUT (8 files, what the device tool returns): summary.txt (the GPU first),
+# Writes under $OUT (9 files, what the device tool returns): summary.txt (the GPU first),
 # bench.log (the link, then the RESOLVE benchmarks), gpu_tests.log, pytest.log, decode.log,
-# serve.log, serve.jsonl, speculative.log.
+# serve.log, serve.jsonl, speculative.log, adapter.log.
 set -uo pipefail
 B=$(cd "${1:?bundle dir}" && pwd)
 OUT=${OUT:-$PWD/out}
@@ -49,6 +50,13 @@ tail -3 "$OUT/pytest.log" | tee -a "$S"
 step 200 speculative "$PY" examples/engine/run_engine.py --draft-tokens 1,3 --slots-factor 0 --configs 4x32768 \
   --k 2048 --steps 40 --records bf16,fp8 > "$OUT/speculative.log" 2>&1
 grep -E '^link|^exactness|^speculative|^engine' "$OUT/speculative.log" | tee -a "$S"
+# The SGLang adapter driven as SGLang's scheduler and model runner drive it (plain, then MTP verify
+# rounds), bit-exact against the full pool.
+for args in "--slots-factor 1 --records bf16,fp8" "--draft-tokens 1,3 --slots-factor 0 --records bf16"; do
+  step 200 "adapter $args" "$PY" examples/engine/run_engine.py --adapter sglang --configs 4x32768 --k 2048 \
+    --steps 40 $args >> "$OUT/adapter.log" 2>&1
+done
+grep -E '^exactness|^engine|MISMATCH' "$OUT/adapter.log" | tee -a "$S"
 # The RESOLVE sweeps (multi-query and paged host memory) when the kernels changed: PLAN_SWEEPS=1.
 # Otherwise the resolve bench's smoke (every host layout and pattern, checked).
 if [[ ${PLAN_SWEEPS:-0} == 1 ]]; then
