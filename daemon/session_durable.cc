@@ -281,8 +281,8 @@ absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::Ev
   o.requests.erase(rit);
   ++evictions_;
   pool_->RetireIdleOf(o.id);
-  LOG(INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id << " ("
-            << freed << " bytes; " << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
+  LOG(INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id << " (" << freed
+            << " bytes; " << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
   if (o.requests.empty()) {
     ledger_.RemoveSession(o.id);
     orphans_.erase(oit);
