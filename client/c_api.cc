@@ -468,4 +468,59 @@ hs_result hs_await_import(hs_session* s, uint64_t request_id, uint32_t timeout_m
   });
 }
 
+// ---- Durable requests (ABI 1.7) ----
+
+hs_result hs_admit_durable(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                           uint32_t lease_seconds, hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->AdmitDurable(request_id, context_tokens, token_budget, lease_seconds);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) WriteSized(*r, out);
+    return HS_OK;
+  });
+}
+
+hs_result hs_set_lease(hs_session* s, uint64_t request_id, uint32_t lease_seconds) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->SetLease(request_id, lease_seconds).status());
+  });
+}
+
+hs_result hs_list_adoptable(hs_session* s, uint64_t* dead_session_ids, uint64_t* request_ids,
+                            double* lease_seconds_left, size_t capacity, size_t* count) {
+  return Guard([&] {
+    if (s == nullptr || count == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL");
+    auto listed = s->impl->ListAdoptable();
+    if (!listed.ok()) return ToResult(listed.status());
+    *count = listed->size();
+    for (size_t i = 0; i < listed->size() && i < capacity; ++i) {
+      if (dead_session_ids != nullptr) dead_session_ids[i] = (*listed)[i].dead_session_id();
+      if (request_ids != nullptr) request_ids[i] = (*listed)[i].request_id();
+      if (lease_seconds_left != nullptr) lease_seconds_left[i] = (*listed)[i].lease_seconds_left();
+    }
+    if (capacity < listed->size()) {
+      return Fail(HS_ERR_RESOURCE_EXHAUSTED, "more adoptable requests than capacity: see *count");
+    }
+    return HS_OK;
+  });
+}
+
+hs_result hs_adopt(hs_session* s, uint64_t dead_session_id, uint64_t* out_request_ids, size_t capacity, size_t* count) {
+  return Guard([&] {
+    if (s == nullptr || count == nullptr || (out_request_ids == nullptr && capacity > 0)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor out_request_ids when capacity > 0");
+    }
+    auto ids = s->impl->Adopt(dead_session_id);
+    if (!ids.ok()) return ToResult(ids.status());
+    *count = ids->size();
+    for (size_t i = 0; i < ids->size() && i < capacity; ++i) out_request_ids[i] = (*ids)[i];
+    return HS_OK;
+  });
+}
+
 }  // extern "C"

@@ -21,15 +21,19 @@ absl::Status ItemError(const v1::ItemStatus& s, uint64_t request_id) {
 
 }  // namespace
 
+absl::Status ClientSession::PublishFreshRowLocked(uint32_t row, const Request& r) {
+  absl::Status status = PublishRow(row, &r);
+  if (status.ok()) status = backend_->ResetRow(arena_, static_cast<int32_t>(row), nullptr);
+  // A row left published with slots the request never filled would let a RESOLVE read another
+  // request's slots as its own: unpublish it again.
+  if (!status.ok()) (void)PublishRow(row, nullptr);
+  return status;
+}
+
 absl::StatusOr<hs_request_info> ClientSession::InstallAdmitted(uint64_t request_id, const v1::AdmitResponse& resp) {
   auto r = InstallRequest(resp.row(), resp.capacity_tokens(), resp.layers());
   if (!r.ok()) return r.status();
-  absl::Status status = PublishRow(r->row, &*r);
-  if (status.ok()) {
-    status = backend_->ResetRow(arena_, static_cast<int32_t>(r->row), nullptr);
-    if (!status.ok()) (void)PublishRow(r->row, nullptr);
-  }
-  if (!status.ok()) {
+  if (absl::Status status = PublishFreshRowLocked(r->row, *r); !status.ok()) {
     DropSlabs(*r);
     return status;
   }

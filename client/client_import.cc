@@ -77,18 +77,8 @@ absl::StatusOr<hs_request_info> ClientSession::AwaitImport(uint64_t request_id, 
   }
   const v1::AdmitResponse admit = std::move(p.admit);
   imports_.erase(request_id);
-  // Now as Admit: map the pages' slabs, publish the page table, reset the row.
-  HS_ASSIGN_OR_RETURN(Request r, InstallRequest(admit.row(), admit.capacity_tokens(), admit.layers()));
-  if (absl::Status published = PublishRow(r.row, &r); !published.ok()) {
-    DropSlabs(r);
-    return published;
-  }
-  HS_RETURN_IF_ERROR(backend_->ResetRow(arena_, static_cast<int32_t>(r.row), nullptr));
-  hs_request_info info = HS_REQUEST_INFO_INIT;
-  info.row = r.row;
-  info.capacity_tokens = r.capacity;
-  requests_[request_id] = std::move(r);
-  return info;
+  // Now as Admit: map the pages' slabs, publish the page table, reset the row (undone on failure).
+  return InstallAdmitted(request_id, admit);
 }
 
 }  // namespace hisparse

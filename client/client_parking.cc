@@ -40,24 +40,39 @@ absl::StatusOr<hs_request_info> ClientSession::Resume(uint64_t request_id) {
   req.set_request_id(request_id);
   v1::ResumeResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Resume(CallContext().get(), req, &resp), "resume"));
-  absl::MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return absl::InternalError("resumed a request this client does not know");
-  if (resp.row() >= geometry_.max_requests()) {
-    return absl::InternalError(
-        absl::StrCat("the daemon resumed into row ", resp.row(), ", beyond the geometry's ", geometry_.max_requests()));
+  absl::Status failed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return absl::InternalError("resumed a request this client does not know");
+    if (resp.row() >= geometry_.max_requests()) {
+      return absl::InternalError(absl::StrCat("the daemon resumed into row ", resp.row(), ", beyond the geometry's ",
+                                              geometry_.max_requests()));
+    }
+    Request& r = it->second;
+    // The row's slots hold whatever its last request left: they are EMPTIED, as for a fresh Admit,
+    // so the first RESOLVE fetches what it selects from the pages the request kept.
+    failed = PublishFreshRowLocked(resp.row(), r);
+    if (failed.ok()) {
+      r.row = resp.row();
+      r.parked = false;
+      hs_request_info info = HS_REQUEST_INFO_INIT;
+      info.row = r.row;
+      info.capacity_tokens = r.capacity;
+      return info;
+    }
   }
-  Request& r = it->second;
-  r.row = resp.row();
-  r.parked = false;
-  HS_RETURN_IF_ERROR(PublishRow(r.row, &r));
-  // The row's slots hold whatever its last request left: EMPTY them all, as for a fresh Admit, so
-  // the first RESOLVE fetches what it selects from the pages the request kept.
-  HS_RETURN_IF_ERROR(backend_->ResetRow(arena_, static_cast<int32_t>(r.row), nullptr));
-  hs_request_info info = HS_REQUEST_INFO_INIT;
-  info.row = r.row;
-  info.capacity_tokens = r.capacity;
-  return info;
+  // This process could not take the row: park the request again in the daemon too, so that both
+  // sides hold it parked and a later Resume may retry.
+  v1::ParkRequest park;
+  *park.mutable_session() = ref_;
+  park.set_request_id(request_id);
+  v1::ParkResponse parked;
+  absl::Status reparked = FromGrpc(stub_->Park(CallContext().get(), park, &parked), "park again");
+  return absl::Status(failed.code(), absl::StrCat("resume request ", request_id, ": ", failed.message(),
+                                                  reparked.ok() ? " (it stays parked)"
+                                                                : absl::StrCat(" (and parking it again failed: ",
+                                                                               reparked.message(), "; release it)")));
 }
 
 absl::StatusOr<hs_request_info> ClientSession::AdmitShared(uint64_t request_id, uint32_t context_tokens,

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 #include <variant>
 
 #include "absl/status/status.h"
@@ -46,9 +47,10 @@ absl::Status FdChannelError(const absl::Status& s, absl::string_view object) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_session_options& o) {
+absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_session_options& o,
+                                                                   const BackendWrap& wrap) {
   std::unique_ptr<ClientSession> s(new ClientSession());
-  HS_RETURN_IF_ERROR(s->Connect(o));
+  HS_RETURN_IF_ERROR(s->Connect(o, wrap));
   return s;
 }
 
@@ -74,7 +76,7 @@ std::string DaemonAddress(const hs_session_options& o) {
 // backend, the arena over the fd channel, the miss plans, the arena's attachment. A failed step
 // returns its error; what the earlier steps set up is released by the destructor (Open drops
 // the half-open session).
-absl::Status ClientSession::Connect(const hs_session_options& o) {
+absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWrap& wrap) {
   const auto t_start = std::chrono::steady_clock::now();
   const std::string address = DaemonAddress(o);
   HS_RETURN_IF_ERROR(UnixPathFromAddress(address).status());
@@ -82,7 +84,7 @@ absl::Status ClientSession::Connect(const hs_session_options& o) {
   SetGeometry(o);
   HS_RETURN_IF_ERROR(OpenStream(address));
   HS_RETURN_IF_ERROR(AwaitOpened(o.engine_name ? o.engine_name : ""));
-  HS_RETURN_IF_ERROR(InitBackend(o));
+  HS_RETURN_IF_ERROR(InitBackend(o, wrap));
   HS_ASSIGN_OR_RETURN(Fetched arena, FetchArena());
   HS_RETURN_IF_ERROR(AllocMissPlans());
   HS_RETURN_IF_ERROR(AttachArena(arena));
@@ -164,7 +166,7 @@ HostPageGeometry ClientSession::HostPages() const {
   return HostPageGeometry{opened_.records_per_page(), opened_.pages_per_entry()};
 }
 
-absl::Status ClientSession::InitBackend(const hs_session_options& o) {
+absl::Status ClientSession::InitBackend(const hs_session_options& o, const BackendWrap& wrap) {
   const auto t = std::chrono::steady_clock::now();
   if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
     auto cuda = MakeCudaBackend(o.gpu, arena_geometry_, HostPages());
@@ -172,6 +174,7 @@ absl::Status ClientSession::InitBackend(const hs_session_options& o) {
     if (cuda.ok()) backend_ = std::move(*cuda);
   }
   if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_, HostPages());
+  if (wrap) backend_ = wrap(std::move(backend_));
   open_phases_.backend_init_s = SecondsSince(t);
   return absl::OkStatus();
 }

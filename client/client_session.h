@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -51,7 +52,11 @@ class ClientSession {
     double register_s = 0;  // cudaHostRegister (mapped, portable) + device pointer; ~0 on host
   };
 
-  static absl::StatusOr<std::unique_ptr<ClientSession>> Open(const hs_session_options& options);
+  // Wraps the device backend Open made (the options' choice) before the session uses it: the seam
+  // by which tests inject device failures. Unset: the backend as made.
+  using BackendWrap = std::function<std::unique_ptr<DeviceBackend>(std::unique_ptr<DeviceBackend>)>;
+  static absl::StatusOr<std::unique_ptr<ClientSession>> Open(const hs_session_options& options,
+                                                             const BackendWrap& wrap = nullptr);
   ~ClientSession();
 
   absl::StatusOr<hs_request_info> Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
@@ -90,6 +95,15 @@ class ClientSession {
   absl::StatusOr<hs_request_info> AdmitShared(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                                               uint64_t parent_request_id, uint32_t prefix_tokens)
       ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // Durable requests (client_durable.cc; docs/DESIGN.md, "Durable requests"). AdmitDurable is Admit
+  // with a lease; SetLease sets, renews or clears one (0) and returns the seconds left. Adopt takes
+  // every durable request the ended session `dead_session_id` left (same uid and engine name) and
+  // installs each here parked, its slabs mapped; Resume gives each a row. Returns their ids.
+  absl::StatusOr<hs_request_info> AdmitDurable(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                                               uint32_t lease_seconds) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  absl::StatusOr<double> SetLease(uint64_t request_id, uint32_t lease_seconds);
+  absl::StatusOr<std::vector<v1::AdoptableRequest>> ListAdoptable();
+  absl::StatusOr<std::vector<uint64_t>> Adopt(uint64_t dead_session_id) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
@@ -170,7 +184,7 @@ class ClientSession {
 
   ClientSession() = default;
   // Open: runs the steps below in their order and returns the first failure.
-  absl::Status Connect(const hs_session_options& options);
+  absl::Status Connect(const hs_session_options& options, const BackendWrap& wrap);
   // The geometry as the daemon gets it (geometry_), as kernels see it, and the layer anchors.
   void SetGeometry(const hs_session_options& options);
   // The gRPC channel, connected within timeout_ms: UNAVAILABLE when the daemon is not reached.
@@ -180,7 +194,7 @@ class ClientSession {
   // returned with its code.
   absl::Status AwaitOpened(const std::string& engine_name);
   // The device backend the options ask for (CUDA falls back to host under HS_BACKEND_AUTO).
-  absl::Status InitBackend(const hs_session_options& options);
+  absl::Status InitBackend(const hs_session_options& options, const BackendWrap& wrap);
   // The page-table geometry the daemon's SessionOpened announced (records per page, table stride).
   HostPageGeometry HostPages() const;
   // The arena object from the fd channel, at least as large as the geometry needs.
@@ -204,8 +218,13 @@ class ClientSession {
   // i (bit 0 set: read-only), n the pages of each layer.
   std::vector<const uint8_t*> PageTable(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PublishRow(uint32_t row, const Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Maps, publishes and resets the row of a request the daemon admitted, and records it; on
-  // failure nothing of it stays here (the daemon still holds it).
+  // Gives `r` the row `row` the daemon just handed it (Admit, a committed import, Resume): publishes
+  // its page table there and resets the row's slot state (every slot EMPTY). All or nothing: when
+  // either step fails the row is unpublished again and the error returned; `r` is not changed.
+  absl::Status PublishFreshRowLocked(uint32_t row, const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps, publishes and resets the row of a request the daemon admitted (Admit, AdmitBatch, a
+  // committed import), and records it; on failure nothing of it stays here (the daemon still
+  // holds it).
   absl::StatusOr<hs_request_info> InstallAdmitted(uint64_t request_id, const v1::AdmitResponse& resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets an installed request here: its row unpublished, its slabs' pages uncounted (the

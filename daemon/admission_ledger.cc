@@ -77,10 +77,38 @@ void AdmissionLedger::RemoveSession(uint64_t session_id) {
   if (s == nullptr) return;
   while (!s->requests.empty()) Release(session_id, s->requests.begin()->first);
   TenantUsage& u = tenants_[s->tenant];
+  if (!s->orphan) --u.sessions;
+  u.arena_bytes -= s->arena_bytes;
+  if (u == TenantUsage{}) tenants_.erase(s->tenant);
+  sessions_.erase(session_id);
+}
+
+void AdmissionLedger::OrphanSession(uint64_t session_id) {
+  Session* s = Find(session_id);
+  if (s == nullptr || s->orphan) return;
+  for (const auto& [rid, r] : s->requests) Park(session_id, rid);
+  TenantUsage& u = tenants_[s->tenant];
   --u.sessions;
   u.arena_bytes -= s->arena_bytes;
-  if (u.sessions == 0) tenants_.erase(s->tenant);
-  sessions_.erase(session_id);
+  s->arena_bytes = 0;
+  s->row_used.clear();
+  s->orphan = true;
+}
+
+void AdmissionLedger::AdoptOrphan(uint64_t orphan_id, uint64_t session_id) {
+  Session* from = Find(orphan_id);
+  Session* to = Find(session_id);
+  if (from == nullptr || to == nullptr || !from->orphan || to->orphan || from->tenant != to->tenant) return;
+  for (auto& [rid, r] : from->requests) {
+    if (to->requests.count(rid) == 0) to->requests.emplace(rid, r);
+  }
+  // The tenant's sums do not change: the same requests and pages, one tenant.
+  sessions_.erase(orphan_id);
+}
+
+bool AdmissionLedger::IsOrphan(uint64_t session_id) const {
+  const Session* s = Find(session_id);
+  return s != nullptr && s->orphan;
 }
 
 std::optional<Refusal> AdmissionLedger::CheckGrow(uint64_t session_id, uint64_t more_pages,
@@ -222,7 +250,7 @@ std::optional<AdmissionLedger::RequestKey> AdmissionLedger::PickVictim(uint64_t 
   // Live requests rank after every parked one: !parked is false (first) for a parked request.
   std::optional<std::tuple<bool, absl::Time, uint64_t, uint64_t>> best;
   for (const auto& [sid, s] : sessions_) {
-    if (s.tenant != me->tenant) continue;
+    if (s.tenant != me->tenant || s.orphan) continue;  // an orphan's requests live out their lease
     for (const auto& [rid, r] : s.requests) {
       const auto key = std::make_tuple(!r.parked, r.last_used, sid, rid);
       if (!best.has_value() || key < *best) best = key;
@@ -235,7 +263,12 @@ std::optional<AdmissionLedger::RequestKey> AdmissionLedger::PickVictim(uint64_t 
 bool AdmissionLedger::EvictionCouldAdmit(uint64_t session_id, uint64_t need_pages, uint64_t available_pages) const {
   const Session* me = Find(session_id);
   if (me == nullptr || need_pages == 0) return false;
-  return available_pages + Usage(me->tenant).pages >= need_pages;
+  uint64_t evictable = Usage(me->tenant).pages;
+  for (const auto& [sid, s] : sessions_) {
+    if (s.tenant != me->tenant || !s.orphan) continue;
+    for (const auto& [rid, r] : s.requests) evictable -= r.pages;  // never victims
+  }
+  return available_pages + evictable >= need_pages;
 }
 
 absl::Status AdmissionLedger::CheckInvariants() const {
@@ -243,8 +276,11 @@ absl::Status AdmissionLedger::CheckInvariants() const {
   uint64_t used = 0;
   for (const auto& [sid, s] : sessions_) {
     TenantUsage& u = sums[s.tenant];
-    ++u.sessions;
+    if (!s.orphan) ++u.sessions;
     u.arena_bytes += s.arena_bytes;
+    if (s.orphan && (s.arena_bytes != 0 || !s.row_used.empty())) {
+      return absl::InternalError(absl::StrCat("orphan ", sid, " keeps an arena or rows"));
+    }
     std::vector<bool> rows(s.row_used.size(), false);
     for (const auto& [rid, r] : s.requests) {
       ++u.requests;

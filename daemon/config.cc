@@ -324,6 +324,12 @@ const std::vector<KeySpec>& Specs() {
          return absl::OkStatus();
        },
        [](const DaemonConfig& c) { return c.import.ucx_tls; }, nullptr},
+      {"durability.max_lease_seconds", "seconds (integer >= 0)",
+       "The longest lease of a durable request (SetLease): how long its pages may outlive a dead engine; 0 turns "
+       "durable requests off.",
+       false, HS_SET_WITH(ParseInt, durability.max_lease_seconds),
+       [](const DaemonConfig& c) { return absl::StrCat(c.durability.max_lease_seconds); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.durability.max_lease_seconds, 0); }},
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},

@@ -80,6 +80,26 @@ absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hu
 
 }  // namespace
 
+// Ends the leases of orphaned durable requests (SessionManager::ExpireLeases) once a second, on a
+// thread of its own, until destroyed. A lease therefore ends at most a second late.
+class LeaseSweeper {
+ public:
+  explicit LeaseSweeper(SessionManager* sessions)
+      : thread_([this, sessions] {
+          while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) sessions->ExpireLeases();
+        }) {}
+  ~LeaseSweeper() {
+    stop_.Notify();
+    thread_.join();
+  }
+  LeaseSweeper(const LeaseSweeper&) = delete;
+  LeaseSweeper& operator=(const LeaseSweeper&) = delete;
+
+ private:
+  absl::Notification stop_;  // before thread_: it exists before the thread reads it
+  std::thread thread_;
+};
+
 struct Daemon::Impl {
   PathLock socket_lock;  // first member: released last, after the sockets are gone
   mutable absl::Mutex config_mu;
@@ -88,6 +108,7 @@ struct Daemon::Impl {
   std::string fd_socket_path;
   std::unique_ptr<SessionManager> sessions;
   std::unique_ptr<ImportTarget> import_target;  // null: imports off; goes before `sessions`
+  std::unique_ptr<LeaseSweeper> lease_sweeper;  // goes before `sessions` too
   std::shared_ptr<Metrics> metrics;
   std::unique_ptr<MetricsServer> metrics_server;
   PeerRegistry peers;  // who is at the other end of each control connection
@@ -203,7 +224,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.gpu_arena_allocator = std::move(gpu_arena_allocator);
   sm_options.version = kVersion;
   sm_options.import_grant_ttl = absl::Seconds(config.import.grant_ttl);
+  sm_options.max_lease_seconds = static_cast<uint32_t>(config.durability.max_lease_seconds);
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
+  impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   if (config.import.enabled) {
     SessionManager* sessions = impl->sessions.get();
     auto target = StartImportTarget(config.import.ucx_tls, [sessions] { sessions->ExpireImports(); });

@@ -16,9 +16,10 @@ namespace {
 constexpr int kMetricsThreads = 16;
 constexpr int kMetricsRequestTimeoutMs = 250;
 
-constexpr const char* kMethodNames[] = {"Session",      "Admit", "Extend", "Release",      "Stats",
-                                        "ListRequests", "Evict", "Drain",  "GetConfig",    "AdmitBatch",
-                                        "ReleaseBatch", "Park",  "Resume", "CommitImport", "AbortImport"};
+constexpr const char* kMethodNames[] = {"Session",      "Admit",         "Extend", "Release",      "Stats",
+                                        "ListRequests", "Evict",         "Drain",  "GetConfig",    "AdmitBatch",
+                                        "ReleaseBatch", "Park",          "Resume", "CommitImport", "AbortImport",
+                                        "SetLease",     "ListAdoptable", "Adopt"};
 static_assert(sizeof(kMethodNames) / sizeof(kMethodNames[0]) == Metrics::kMethodCount, "one name per method");
 
 prometheus::MetricType TypeOf(const char* type) {
@@ -92,6 +93,12 @@ const std::vector<MetricInfo>& MetricCatalog() {
        "RESOLVE selections fetched from the host pool, per session and GPU."},
       {"hisparse_resolve_fetched_bytes_total", "counter",
        "Bytes RESOLVE fetched from the host pool, per session and GPU."},
+      {"hisparse_durable_requests", "gauge",
+       "Requests of open sessions whose lease runs (they survive their session's end)."},
+      {"hisparse_orphaned_requests", "gauge",
+       "Durable requests of ended sessions, parked until adopted or their lease ends; not in hisparse_requests."},
+      {"hisparse_orphaned_bytes", "gauge", "Host pool bytes the orphaned durable requests hold."},
+      {"hisparse_lease_expiries_total", "counter", "Orphaned durable requests released because their lease ended."},
   };
   return catalog;
 }
@@ -128,6 +135,10 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_sessions", st.sessions());
   fb.Add("hisparse_requests", st.requests());
   fb.Add("hisparse_parked_requests", st.parked_requests());
+  fb.Add("hisparse_durable_requests", st.durable_requests());
+  fb.Add("hisparse_orphaned_requests", st.orphaned_requests());
+  fb.Add("hisparse_orphaned_bytes", static_cast<double>(st.orphaned_bytes()));
+  fb.Add("hisparse_lease_expiries_total", static_cast<double>(st.lease_expiries()));
   fb.Add("hisparse_host_pool_shared_bytes", static_cast<double>(p.shared_bytes()));
   fb.Add("hisparse_admissions_total", static_cast<double>(st.admissions()));
   for (const RejectReason r : kRejectReasons) {

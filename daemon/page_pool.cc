@@ -381,6 +381,23 @@ void PagePool::RetireIdleOf(uint64_t owner) {
   for (uint64_t id : idle) RetireSlabLocked(id);
 }
 
+absl::StatusOr<uint32_t> PagePool::HandOverSlabs(uint64_t from, uint64_t to) {
+  if (from == kNoOwner || to == kNoOwner || from == to) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot hand slabs from owner ", from, " to owner ", to));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = slabs_by_owner_.find(from);
+  if (it == slabs_by_owner_.end()) return 0;
+  const std::vector<uint64_t> moved = std::move(it->second);
+  slabs_by_owner_.erase(it);
+  std::vector<uint64_t>& mine = slabs_by_owner_[to];
+  for (uint64_t id : moved) {
+    slabs_.at(id).owner = to;
+    mine.push_back(id);
+  }
+  return static_cast<uint32_t>(moved.size());
+}
+
 uint64_t PagePool::ReclaimablePagesFor(uint64_t owner) const {
   absl::MutexLock lock(&mu_);
   uint64_t n = 0;

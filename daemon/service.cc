@@ -341,4 +341,47 @@ grpc::Status HiSparseService::AbortImport(grpc::ServerContext* context, const v1
   return ToGrpcStatus(sessions_->AbortImport(*req, caller->peer.uid));
 }
 
+// Durable requests: the session's own tenant calls them, as Park (CheckOwner binds the token to the uid).
+grpc::Status HiSparseService::SetLease(grpc::ServerContext* context, const v1::SetLeaseRequest* req,
+                                       v1::SetLeaseResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kSetLease);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->SetLease(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::ListAdoptable(grpc::ServerContext* context, const v1::ListAdoptableRequest* req,
+                                            v1::ListAdoptableResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kListAdoptable);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->ListAdoptable(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::Adopt(grpc::ServerContext* context, const v1::AdoptRequest* req,
+                                    v1::AdoptResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kAdopt);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->Adopt(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
 }  // namespace hisparse

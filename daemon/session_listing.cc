@@ -1,4 +1,5 @@
-// SessionManager::ListRequests: every admitted request (or one session's), in pages. Part of
+// SessionManager::ListRequests: every admitted request (or one session's), orphaned durable ones too,
+// in pages. Part of
 // SessionManager (session_manager.h).
 #include <algorithm>
 #include <optional>
@@ -41,10 +42,19 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       req.page_size() == 0 ? kDefaultPageSize : std::min<uint32_t>(req.page_size(), kMaxPageSize);
   const uint64_t session_id = req.session_id();
   absl::MutexLock lock(&mu_);
+  // Orphans (ended sessions' durable requests, session_durable.cc) are listed under their ended
+  // session's id, which no live session has.
+  const auto find = [this](uint64_t sid) -> const Session* {
+    mu_.AssertHeld();
+    auto it = sessions_.find(sid);
+    if (it != sessions_.end()) return it->second.get();
+    auto oit = orphans_.find(sid);
+    return oit == orphans_.end() ? nullptr : oit->second.get();
+  };
   if (session_id != 0) {
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id));
-    if (only_uid.has_value() && it->second->tenant_uid != *only_uid) {
+    const Session* named = find(session_id);
+    if (named == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id));
+    if (only_uid.has_value() && named->tenant_uid != *only_uid) {
       return absl::PermissionDeniedError(
           absl::StrCat("session ", session_id, " belongs to another tenant; only an admin may list it"));
     }
@@ -52,15 +62,19 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
   // Sessions (a tenant's own only, with `only_uid`) and their requests in id order, from just after
   // the token, until the page is full.
   std::vector<uint64_t> sids;
-  for (const auto& [sid, s] : sessions_) {
-    if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
-    if ((session_id == 0 || sid == session_id) && sid >= after.first) sids.push_back(sid);
+  for (const auto* map : {&sessions_, &orphans_}) {
+    for (const auto& [sid, s] : *map) {
+      if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
+      if ((session_id == 0 || sid == session_id) && sid >= after.first) sids.push_back(sid);
+    }
   }
   std::sort(sids.begin(), sids.end());
   v1::ListRequestsResponse out;
   const absl::Time now = absl::Now();
   for (uint64_t sid : sids) {
-    const Session& s = *sessions_.at(sid);
+    const Session& s = *find(sid);
+    const bool orphaned = !sessions_.contains(sid);
+    const absl::Time lease_now = Now();
     std::vector<uint64_t> rids;
     for (const auto& [rid, r] : s.requests) {
       if (sid > after.first || rid > after.second) rids.push_back(rid);
@@ -80,8 +94,12 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_capacity_tokens(r.capacity_tokens);
       info->set_host_bytes(r.PageCount() * pool_->page_bytes());
       info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
-      info->set_state(r.parked ? v1::REQUEST_STATE_PARKED : v1::REQUEST_STATE_LIVE);
+      info->set_state(orphaned   ? v1::REQUEST_STATE_ORPHANED
+                      : r.parked ? v1::REQUEST_STATE_PARKED
+                                 : v1::REQUEST_STATE_LIVE);
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
+      info->set_durable(r.lease_end > lease_now);
+      info->set_lease_seconds_left(LeaseLeft(r, lease_now));
     }
   }
   return out;

@@ -289,13 +289,9 @@ void SessionManager::CloseSession(uint64_t session_id) {
     if (it == sessions_.end()) return;
     dead = std::move(it->second);
     sessions_.erase(it);
-    for (auto& [id, r] : dead->requests) {
-      ReleaseRequestLocked(*dead, r);
-      ++released;
-    }
-    dead->requests.clear();
-    pool_->RetireIdleOf(session_id);  // its slabs, idle now, leave it (dropped outside the lock)
-    ledger_.RemoveSession(session_id);
+    // Its requests released, but for durable ones, which stay as an orphan (session_durable.cc);
+    // its idle slabs leave it (dropped outside the lock).
+    released = EndSessionLocked(*dead);
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
@@ -374,7 +370,13 @@ absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget
 // admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
 absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
-  if (req.begin_import()) return AdmitImport(req);  // session_import.cc
+  if (req.begin_import()) {
+    if (req.lease_seconds() != 0) {  // before any import check: bad input, whatever the target
+      absl::MutexLock lock(&mu_);
+      return CheckLeaseLocked(req.lease_seconds(), /*importing=*/true);  // session_durable.cc
+    }
+    return AdmitImport(req);  // session_import.cc
+  }
   constexpr int kMaxEvictionsPerAdmit = 64;
   for (int evictions = 0;; ++evictions) {
     Victim victim;
@@ -422,6 +424,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     return {
         absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
   }
+  if (absl::Status lease = CheckLeaseLocked(req.lease_seconds(), req.begin_import()); !lease.ok()) return {lease};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return AdmitSharedLocked(*s, req);
   // Charged in whole pages.
   const uint64_t per_layer = PagesFor(*s, req.token_budget());
@@ -437,6 +440,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   r.row = row;
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
+  r.lease_end = LeaseEnd(Now(), req.lease_seconds());
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
@@ -617,6 +621,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     out.set_sessions(sessions);
     out.set_requests(requests);
     out.set_parked_requests(parked);
+    OrphanStatsLocked(only_uid, &out);  // session_durable.cc
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
   // sees them as of some recent point, which is all stats need.
@@ -717,6 +722,7 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
   Victim v;
   {
     absl::MutexLock lock(&mu_);
+    if (orphans_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid);  // session_durable.cc
     auto it = sessions_.find(req.session_id());
     if (it != sessions_.end() && only_uid.has_value() && it->second->tenant_uid != *only_uid) {
       return absl::PermissionDeniedError(
@@ -769,6 +775,8 @@ absl::Status SessionManager::CheckInvariants() const {
     }
     live += pages;
   }
+  HS_ASSIGN_OR_RETURN(const uint64_t orphaned, CheckOrphansLocked());  // session_durable.cc
+  live += orphaned;
   const PagePool::Stats ps = pool_->GetStats();
   if (ps.pages_used != live || ledger_.used_pages() != live) {
     return absl::InternalError(absl::StrCat("pool uses ", ps.pages_used, " pages, the ledger ", ledger_.used_pages(),

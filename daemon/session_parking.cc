@@ -34,6 +34,10 @@ absl::StatusOr<v1::ParkResponse> SessionManager::Park(const v1::ParkRequest& req
   if (r->parked) {
     return absl::FailedPreconditionError(absl::StrCat("request ", r->id, " is parked already"));
   }
+  if (!r->import_grant.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", r->id, " is importing: its records are not there yet; park it after CommitImport"));
+  }
   ledger_.Park(req.session().session_id(), r->id);
   r->parked = true;
   v1::ParkResponse resp;

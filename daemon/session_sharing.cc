@@ -15,7 +15,8 @@
 //
 // Decisions: the bound on P is the parent's capacity_tokens (what the daemon knows; the engine
 // knows what it wrote, and a prefix of positions it never stored shares its unwritten bytes); a
-// parked parent may be shared from (its host pages are whole); a parent of another session is
+// parked parent may be shared from (its host pages are whole), an importing one may not (its records
+// are not there until commit: FAILED_PRECONDITION); a parent of another session is
 // NOT_FOUND, as for any request id of another session.
 #include <algorithm>
 #include <cstring>
@@ -48,6 +49,11 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
         absl::StrCat("parent request ", req.parent_request_id(), " is not admitted in this session"))};
   }
   const Request& parent = pit->second;
+  if (!parent.import_grant.empty()) {
+    return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
+                                                       " is importing: its records are not there yet; share "
+                                                       "from it after CommitImport"))};
+  }
   if (prefix > parent.capacity_tokens) {
     return {absl::InvalidArgumentError(absl::StrCat("prefix_tokens (", prefix, ") exceeds the parent's capacity (",
                                                     parent.capacity_tokens, " tokens)"))};
@@ -87,6 +93,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   r.row = row;
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
+  r.lease_end = LeaseEnd(Now(), req.lease_seconds());
   for (uint32_t layer = 0; layer < layers; ++layer) {
     std::vector<PagePool::Page> pages(parent.pages[layer].begin(), parent.pages[layer].begin() + shared);
     pages.insert(pages.end(), got.begin() + layer * fresh, got.begin() + (layer + 1) * fresh);

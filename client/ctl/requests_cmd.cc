@@ -1,6 +1,6 @@
-// hisparse-ctl requests [--session ID]: every admitted request (live or parked, and the bytes it
-// shares with another request), or one session's, following the
-// daemon's pages to the end.
+// hisparse-ctl requests [--session ID]: every admitted request (live or parked, durable with the
+// lease left, and the bytes it shares with another request), orphaned durable requests of ended
+// sessions, or one session's, following the daemon's pages to the end.
 #include <cstdio>
 #include <string>
 
@@ -12,8 +12,29 @@
 namespace hisparse::ctl {
 namespace {
 
-// The state column: live (holds an arena row) or parked (host pages only).
-const char* StateName(v1::RequestState state) { return state == v1::REQUEST_STATE_PARKED ? "parked" : "live"; }
+// The state: live (holds an arena row), parked (host pages only), or orphaned (durable, its
+// session ended: parked until adopted or its lease ends).
+const char* StateName(v1::RequestState state) {
+  switch (state) {
+    case v1::REQUEST_STATE_PARKED:
+      return "parked";
+    case v1::REQUEST_STATE_ORPHANED:
+      return "orphaned";
+    default:
+      return "live";
+  }
+}
+
+// The table's state column: the state, and for a durable request the lease left ("live,durable
+// 53s", "orphaned 53s": an orphan is always durable).
+std::string StateColumn(const v1::RequestInfo& r) {
+  std::string out = StateName(r.state());
+  if (!r.durable()) return out;
+  if (r.state() != v1::REQUEST_STATE_ORPHANED) out += ",durable";
+  char left[32];
+  std::snprintf(left, sizeof(left), " %.0fs", r.lease_seconds_left());
+  return out + left;
+}
 
 }  // namespace
 
@@ -37,19 +58,20 @@ int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
       const auto& r = resp.requests(i);
       std::printf(
           "%s\n {\"session_id\": %lu, \"request_id\": %lu, \"row\": %u, \"capacity_tokens\": %u, \"host_bytes\": %lu, "
-          "\"age_seconds\": %.3f, \"state\": \"%s\", \"shared_bytes\": %lu}",
+          "\"age_seconds\": %.3f, \"state\": \"%s\", \"shared_bytes\": %lu, \"durable\": %s, "
+          "\"lease_seconds_left\": %.3f}",
           i ? "," : "", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(), r.host_bytes(), r.age_seconds(),
-          StateName(r.state()), r.shared_bytes());
+          StateName(r.state()), r.shared_bytes(), r.durable() ? "true" : "false", r.lease_seconds_left());
     }
     std::printf("%s]\n", resp.requests_size() ? "\n" : "");
     return kExitOk;
   }
-  std::printf("%-8s %-20s %-6s %5s %10s %11s %11s %9s\n", "SESSION", "REQUEST", "STATE", "ROW", "TOKENS", "HOST",
+  std::printf("%-8s %-20s %-19s %5s %10s %11s %11s %9s\n", "SESSION", "REQUEST", "STATE", "ROW", "TOKENS", "HOST",
               "SHARED", "AGE");
   for (const auto& r : resp.requests()) {
-    const bool parked = r.state() == v1::REQUEST_STATE_PARKED;
-    std::printf("%-8lu %-20lu %-6s %5s %10u %11s %11s %8.0fs\n", r.session_id(), r.request_id(), StateName(r.state()),
-                parked ? "-" : std::to_string(r.row()).c_str(), r.capacity_tokens(),
+    const bool parked = r.state() != v1::REQUEST_STATE_LIVE;
+    std::printf("%-8lu %-20lu %-19s %5s %10u %11s %11s %8.0fs\n", r.session_id(), r.request_id(),
+                StateColumn(r).c_str(), parked ? "-" : std::to_string(r.row()).c_str(), r.capacity_tokens(),
                 FormatByteSize(r.host_bytes()).c_str(), FormatByteSize(r.shared_bytes()).c_str(), r.age_seconds());
   }
   if (resp.requests_size() == 0) std::printf("(no requests)\n");

@@ -34,8 +34,10 @@ void PrintJson(const v1::StatsResponse& s) {
               s.draining() ? "true" : "false");
   std::printf(
       " \"sessions\": %u, \"requests\": %u, \"parked_requests\": %u, \"admissions\": %lu, \"rejections\": %lu, "
-      "\"evictions\": %lu,\n \"session_stats\": [",
-      s.sessions(), s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions());
+      "\"evictions\": %lu,\n \"durable_requests\": %u, \"orphaned_requests\": %u, \"orphaned_bytes\": %lu, "
+      "\"lease_expiries\": %lu,\n \"session_stats\": [",
+      s.sessions(), s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions(),
+      s.durable_requests(), s.orphaned_requests(), s.orphaned_bytes(), s.lease_expiries());
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();
@@ -68,6 +70,10 @@ void PrintTable(const v1::StatsResponse& s) {
   std::printf("\nsessions %u, requests %u (parked %u), admissions %lu, rejections %lu, evictions %lu%s\n", s.sessions(),
               s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions(),
               s.draining() ? " (draining)" : "");
+  if (s.durable_requests() != 0 || s.orphaned_requests() != 0 || s.lease_expiries() != 0) {
+    std::printf("durable %u, orphaned %u (%s, waiting for adoption), lease expiries %lu\n", s.durable_requests(),
+                s.orphaned_requests(), FormatByteSize(s.orphaned_bytes()).c_str(), s.lease_expiries());
+  }
   if (s.session_stats_size() == 0) return;
   std::printf("\n%-8s %-20s %4s %9s %11s %11s %12s %12s %9s %11s\n", "SESSION", "ENGINE", "GPU", "REQUESTS", "HOST",
               "ARENA", "HITS", "MISSES", "HIT RATE", "FETCHED");

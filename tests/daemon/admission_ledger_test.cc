@@ -180,5 +180,42 @@ TEST_F(AdmissionLedgerTest, InvariantCheckIsClean) {
   EXPECT_EQ(ledger_.used_pages(), 1u);
 }
 
+// Durable requests: an ended session kept as an orphan still holds its tenant's requests and
+// pages, but no session, arena bytes or rows; its requests are never victims; adoption moves them,
+// parked, into a session of the tenant; the tenant is forgotten only once it holds nothing.
+TEST_F(AdmissionLedgerTest, OrphansKeepRequestsAndPagesButNoSessionNorVictim) {
+  ledger_.AddSession(1, 100, 2, 64);
+  AdmitIn(1, 10, 3);
+  AdmitIn(1, 11, 2);
+  ledger_.Park(1, 11);
+  Check();
+  ledger_.OrphanSession(1);
+  Check();
+  EXPECT_TRUE(ledger_.IsOrphan(1));
+  EXPECT_TRUE(ledger_.IsParked(1, 10));
+  EXPECT_EQ(ledger_.Usage(100), (AdmissionLedger::TenantUsage{5, 0, 2, 0}));
+  ledger_.AddSession(2, 100, 2, 32);
+  Check();
+  EXPECT_EQ(ledger_.PickVictim(2), std::nullopt);  // only the orphan's requests: none is a victim
+  EXPECT_FALSE(ledger_.EvictionCouldAdmit(2, 1, 0));
+  AdmitIn(2, 20, 1);
+  EXPECT_EQ(ledger_.PickVictim(2), (Key{2, 20}));
+  ledger_.AdoptOrphan(1, 2);
+  Check();
+  EXPECT_FALSE(ledger_.HasSession(1));
+  EXPECT_TRUE(ledger_.IsParked(2, 10));
+  EXPECT_TRUE(ledger_.IsParked(2, 11));
+  EXPECT_EQ(ledger_.PagesOf(2), 6u);
+  EXPECT_EQ(ledger_.Usage(100), (AdmissionLedger::TenantUsage{6, 32, 3, 1}));
+  EXPECT_EQ(ledger_.PickVictim(2), (Key{2, 10}));  // parked before live, adopted ones included
+  // An orphan emptied by its requests' release leaves the tenant when it held nothing else.
+  ledger_.OrphanSession(2);
+  Check();
+  for (uint64_t rid : {10, 11, 20}) ledger_.Release(2, rid);
+  ledger_.RemoveSession(2);
+  Check();
+  EXPECT_EQ(ledger_.Usage(100), AdmissionLedger::TenantUsage{});
+}
+
 }  // namespace
 }  // namespace hisparse

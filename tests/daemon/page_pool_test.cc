@@ -360,5 +360,42 @@ TEST(PagePoolTest, OwnersOnDifferentThreads) {
   EXPECT_EQ(pool->GetStats().slabs, 0u);
 }
 
+// Durable requests: the slabs of a session that ended move to the session that adopts its
+// requests, pages, references and free pages as they were; the old owner holds nothing after.
+TEST(PagePoolTest, HandOverSlabsMovesEveryPageAsItIs) {
+  std::unique_ptr<PagePool> pool = MustCreate(SmallOptions(32, 4));
+  const std::vector<Page> dead = MustAllocate(*pool, 1, 6);  // two slabs of owner 1
+  const std::vector<Page> adopter = MustAllocate(*pool, 2, 1);
+  ASSERT_TRUE(pool->AddRef(1, dead[0]).ok());
+  ASSERT_TRUE(pool->Release(1, dead[5]).ok());  // a free page of owner 1's stays free
+  const uint32_t slabs = pool->SlabsOf(1);
+  EXPECT_EQ(pool->HandOverSlabs(1, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->HandOverSlabs(0, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->HandOverSlabs(1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<uint32_t> moved = pool->HandOverSlabs(1, 2);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, slabs);
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+  EXPECT_EQ(pool->SlabsOf(1), 0u);
+  EXPECT_EQ(pool->PagesOf(1), 0u);
+  EXPECT_EQ(pool->SlabsOf(2), slabs + 1);
+  EXPECT_EQ(pool->PagesOf(2), 6u);
+  EXPECT_EQ(pool->RefCount(dead[0]), 2u);
+  // The new owner reads, maps and releases them; the old one no longer can.
+  EXPECT_TRUE(pool->PageData(2, dead[1]).ok());
+  EXPECT_EQ(pool->PageData(1, dead[1]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(pool->DupSlabFd(2, dead[1].slab).ok());
+  EXPECT_EQ(pool->DupSlabFd(1, dead[1].slab).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(pool->Release(1, dead[1]).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool->HandOverSlabs(1, 3).value_or(99), 0u);  // nothing left to hand
+  ASSERT_TRUE(pool->Release(2, dead[0]).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(pool->Release(2, dead[i]).ok());
+  ASSERT_TRUE(pool->Release(2, adopter[0]).ok());
+  pool->RetireIdleOf(2);
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+  EXPECT_EQ(pool->GetStats().slabs, 0u);
+  EXPECT_EQ(pool->GetStats().pages_used, 0u);
+}
+
 }  // namespace
 }  // namespace hisparse

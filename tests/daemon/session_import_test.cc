@@ -234,5 +234,40 @@ TEST_F(SessionImportTest, NoTargetOrAFailedRegistrationHoldsNothing) {
   EXPECT_TRUE(AdmitImport(1, 100).ok());
 }
 
+// Review fix: an importing request's records are not there until commit, so it can be neither
+// parked nor named as a shared prefix's parent; both are FAILED_PRECONDITION and change nothing.
+TEST_F(SessionImportTest, AnImportingRequestCannotBeParkedOrAParent) {
+  absl::StatusOr<v1::AdmitResponse> importing = AdmitImport(1, 100);
+  ASSERT_TRUE(importing.ok()) << importing.status();
+  const v1::StatsResponse before = sm_->Stats();
+  v1::ParkRequest park;
+  *park.mutable_session() = ref_;
+  park.set_request_id(1);
+  absl::StatusOr<v1::ParkResponse> parked = sm_->Park(park);
+  EXPECT_EQ(parked.status().code(), absl::StatusCode::kFailedPrecondition) << parked.status();
+  EXPECT_NE(parked.status().message().find("importing"), absl::string_view::npos) << parked.status();
+  v1::AdmitRequest child;
+  *child.mutable_session() = ref_;
+  child.set_request_id(2);
+  child.set_context_tokens(100);
+  child.set_token_budget(200);
+  child.set_parent_request_id(1);
+  child.set_prefix_tokens(64);
+  absl::StatusOr<v1::AdmitResponse> shared = sm_->Admit(child);
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition) << shared.status();
+  EXPECT_NE(shared.status().message().find("importing"), absl::string_view::npos) << shared.status();
+  const v1::StatsResponse after = sm_->Stats();
+  EXPECT_EQ(after.requests(), before.requests());
+  EXPECT_EQ(after.parked_requests(), 0u);
+  EXPECT_EQ(after.host_pool().pages_used(), before.host_pool().pages_used());
+  EXPECT_EQ(after.host_pool().pages_shared(), 0u);
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+  // Once committed it is an ordinary request: both work.
+  ASSERT_TRUE(sm_->CommitImport(CommitOf(importing->grant()), kUid).ok());
+  EXPECT_TRUE(sm_->Admit(child).ok());
+  EXPECT_TRUE(sm_->Park(park).ok());
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace hisparse

@@ -36,9 +36,10 @@ extern "C" {
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
  * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
  * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED, hs_park,
- * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import. */
+ * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import; 1.7: durable requests:
+ * hs_admit_durable, hs_set_lease, hs_list_adoptable, hs_adopt. */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 6
+#define HS_ABI_VERSION_MINOR 7
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -382,6 +383,36 @@ hs_result hs_admit_import(hs_session* session, uint64_t request_id, uint32_t con
  * HS_ERR_NOT_FOUND when no import of request_id is pending. */
 hs_result hs_import_grant(hs_session* session, uint64_t request_id, void* buf, size_t capacity, size_t* grant_bytes);
 hs_result hs_await_import(hs_session* session, uint64_t request_id, uint32_t timeout_ms, hs_request_info* out);
+
+/* Since ABI 1.7 */
+/* Durable requests (docs/DESIGN.md, "Durable requests"): survive the engine. A request with a
+ * running lease is not released when its session ends (hs_session_close, or the process's death):
+ * it stays in the daemon, parked, with its host pages (counting against the tenant's quotas), until
+ * a new session of the same uid and engine_name adopts it or the lease ends. hs_admit_durable is
+ * hs_admit with a lease of lease_seconds from now (0: not durable); hs_set_lease sets, renews or
+ * clears (0) one. Errors besides hs_admit's: HS_ERR_INVALID_ARGUMENT (above the daemon's
+ * durability.max_lease_seconds), HS_ERR_FAILED_PRECONDITION (durability off, or the request is
+ * importing: set its lease after hs_await_import). */
+hs_result hs_admit_durable(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                           uint32_t lease_seconds, hs_request_info* out);
+hs_result hs_set_lease(hs_session* session, uint64_t request_id, uint32_t lease_seconds);
+/* What ended sessions of this uid and engine_name left, whose lease runs, in (dead session,
+ * request) order: entry i is request request_ids[i] of ended session dead_session_ids[i], with
+ * lease_seconds_left[i] (each array may be NULL). Up to capacity entries are written; *count (not
+ * NULL) gets how many there are: HS_ERR_RESOURCE_EXHAUSTED when capacity is smaller. */
+hs_result hs_list_adoptable(hs_session* session, uint64_t* dead_session_ids, uint64_t* request_ids,
+                            double* lease_seconds_left, size_t capacity, size_t* count);
+/* Adopts every durable request of the ended session dead_session_id (all at once: they share its
+ * slabs): each becomes this session's under its own id, parked, with its pages, shared prefixes and
+ * lease; hs_resume each to get a row (reset: the old row's slot state died with the old arena), then
+ * append and resolve as usual: the records are where the dead engine left them. Their ids go to
+ * out_request_ids (up to capacity; may be NULL with capacity 0) and their number to *count (not
+ * NULL); the adoption is done whatever the capacity. HS_ERR_NOT_FOUND: no such ended session, or
+ * every lease ended. HS_ERR_PERMISSION_DENIED: another uid or engine_name.
+ * HS_ERR_FAILED_PRECONDITION: another geometry (num_layers, record_bytes, records per page) or page
+ * tables too small (max_context_tokens). HS_ERR_ALREADY_EXISTS: this session uses one of the ids. */
+hs_result hs_adopt(hs_session* session, uint64_t dead_session_id, uint64_t* out_request_ids, size_t capacity,
+                   size_t* count);
 
 #ifdef __cplusplus
 }

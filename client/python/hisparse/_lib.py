@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 6
+ABI_VERSION_MINOR = 7
 
 # hs_result
 HS_OK = 0
@@ -247,6 +247,14 @@ _SIGNATURES = {
     "hs_resume": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(RequestInfo)]),  # ABI 1.6
     "hs_admit_shared": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.6
                                        ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
+    "hs_admit_durable": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.7
+                                        ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
+    "hs_set_lease": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32]),  # ABI 1.7
+    "hs_list_adoptable": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.7
+                                         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_double),
+                                         ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "hs_adopt": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,  # 1.7
+                                ctypes.POINTER(ctypes.c_size_t)]),
 }
 
 _lock = threading.Lock()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._buffers import CudaArray, _is_torch_tensor, buffer_pointer, host_array, stream_handle
@@ -188,16 +188,25 @@ class Session:
     # ---- control path ----
 
     def admit(self, request_id: int, context_tokens: int, token_budget: int, *, parent: Optional[int] = None,
-              prefix_tokens: int = 0) -> RequestInfo:
+              prefix_tokens: int = 0, lease_seconds: int = 0) -> RequestInfo:
         """Reserves host pages for token_budget tokens (every layer) and an arena row; resets the row.
 
         With parent (a request of this session, live or parked) and prefix_tokens >= 1, the new
         request's first prefix_tokens positions start as the parent's: its full pages below the
         prefix are shared (read-only in both requests from now on, charged once) and a page the
         prefix ends inside is copied (hs_admit_shared). NotFound for an unknown parent,
-        InvalidArgument for a prefix longer than the parent's capacity or token_budget."""
+        InvalidArgument for a prefix longer than the parent's capacity or token_budget.
+
+        With lease_seconds >= 1 the request is durable from admission (hs_admit_durable; see
+        set_lease); not together with a parent."""
         ri = _lib.new_request_info()
-        if parent is None and prefix_tokens == 0:
+        if lease_seconds:
+            if parent is not None or prefix_tokens:
+                raise ValueError("admit: lease_seconds with a parent: admit, then set_lease")
+            check(self._lib.hs_admit_durable(self._h(), request_id, context_tokens, token_budget, lease_seconds,
+                                             ctypes.byref(ri)),
+                  f"admit durable request {request_id}")
+        elif parent is None and prefix_tokens == 0:
             check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
                   f"admit request {request_id}")
         else:
@@ -219,6 +228,45 @@ class Session:
         ri = _lib.new_request_info()
         check(self._lib.hs_resume(self._h(), request_id, ctypes.byref(ri)), f"resume request {request_id}")
         return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
+
+    def set_lease(self, request_id: int, lease_seconds: int) -> None:
+        """Makes the request durable for lease_seconds from now (0 clears it; ABI 1.7): when this
+        session ends, even by the process's death, the request stays in the daemon, parked with its
+        host pages, until a session of the same uid and engine_name adopts it or the lease ends.
+        InvalidArgument above the daemon's durability.max_lease_seconds; FailedPrecondition when
+        durability is off or the request is importing."""
+        check(self._lib.hs_set_lease(self._h(), request_id, lease_seconds), f"set the lease of request {request_id}")
+
+    def list_adoptable(self) -> List[Tuple[int, int, float]]:
+        """(dead_session_id, request_id, lease_seconds_left) of every durable request that ended
+        sessions of this uid and engine_name left and whose lease runs (ABI 1.7)."""
+        count = ctypes.c_size_t(0)
+        while True:
+            n = count.value
+            dead = (ctypes.c_uint64 * max(n, 1))()
+            ids = (ctypes.c_uint64 * max(n, 1))()
+            left = (ctypes.c_double * max(n, 1))()
+            rc = self._lib.hs_list_adoptable(self._h(), dead, ids, left, n, ctypes.byref(count))
+            if rc == _lib.HS_ERR_RESOURCE_EXHAUSTED:
+                continue  # more appeared meanwhile: ask again with room for them
+            check(rc, "list adoptable requests")
+            return [(dead[i], ids[i], left[i]) for i in range(count.value)]
+
+    def adopt(self, dead_session_id: int) -> List[int]:
+        """Adopts every durable request of the ended session (all at once; ABI 1.7) and returns
+        their ids: each is this session's now, parked; resume() each for a row (its slots start
+        EMPTY), then append and resolve as usual. NotFound (no such session, or every lease ended),
+        PermissionDenied (another uid or engine_name), FailedPrecondition (another geometry),
+        AlreadyExists (this session uses one of the ids)."""
+        # Room for what is listed now and then some (the adoption happens whatever the room).
+        cap = max(4096, 2 * len(self.list_adoptable()))
+        ids = (ctypes.c_uint64 * cap)()
+        count = ctypes.c_size_t(0)
+        check(self._lib.hs_adopt(self._h(), dead_session_id, ids, cap, ctypes.byref(count)),
+              f"adopt the requests of ended session {dead_session_id}")
+        if count.value > cap:
+            raise RuntimeError(f"adopted {count.value} requests, more ids than the {cap} asked for")
+        return [ids[i] for i in range(count.value)]
 
     def extend(self, request_id: int, token_budget: int) -> RequestInfo:
         """Grows a request to token_budget tokens by appending pages: no record moves (moved stays

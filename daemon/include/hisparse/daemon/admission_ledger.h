@@ -77,6 +77,15 @@ class AdmissionLedger {
   // Forgets the session and every request it held. No-op for an unknown id.
   void RemoveSession(uint64_t session_id);
   bool HasSession(uint64_t session_id) const { return sessions_.count(session_id) != 0; }
+  // Durable requests (SessionManager, session_durable.cc). OrphanSession: the session has ended
+  // but keeps its requests, every one parked (a live one is parked here): it stops counting as
+  // one of its tenant's sessions and its arena bytes are returned; its requests and pages still
+  // count against the tenant's quotas. An orphan is never a victim (PickVictim) nor a row holder.
+  // AdoptOrphan: every request of orphan `orphan_id` moves, parked, into session `session_id`
+  // (same tenant; the caller has checked the ids are free there) and the orphan is forgotten.
+  void OrphanSession(uint64_t session_id);
+  void AdoptOrphan(uint64_t orphan_id, uint64_t session_id);
+  bool IsOrphan(uint64_t session_id) const;
 
   // Requests. CheckGrow: whether the session's tenant may hold `more_pages` and `more_requests`
   // more (quotas.pages; quotas.host_bytes, charged as more_pages * page_bytes; quotas.requests).
@@ -116,7 +125,7 @@ class AdmissionLedger {
   std::optional<uint32_t> RowOf(uint64_t session_id, uint64_t request_id) const;
 
   // Exact and total: used pages == sum of every request's pages; every tenant's kept sums ==
-  // what its sessions hold; no tenant kept without a session; rows unique and the row tables
+  // what its sessions (orphans too) hold; no tenant kept that holds nothing; rows unique and the row tables
   // exactly the rows of live (not parked) requests.
   absl::Status CheckInvariants() const;
 
@@ -129,6 +138,7 @@ class AdmissionLedger {
   };
   struct Session {
     uint32_t tenant = 0;
+    bool orphan = false;  // ended, keeping its durable (parked) requests
     uint64_t arena_bytes = 0;
     std::vector<bool> row_used;
     std::map<uint64_t, Request> requests;
@@ -140,7 +150,7 @@ class AdmissionLedger {
   uint64_t page_bytes_;
   Clock clock_;
   std::map<uint64_t, Session> sessions_;
-  std::map<uint32_t, TenantUsage> tenants_;  // kept sums; a tenant with no session is erased
+  std::map<uint32_t, TenantUsage> tenants_;  // kept sums; a tenant that holds nothing is erased
   uint64_t used_pages_ = 0;
 };
 

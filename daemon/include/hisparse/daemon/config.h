@@ -120,6 +120,13 @@ struct ImportConfig {
   std::string ucx_tls = "shm";
 };
 
+// Durable requests (SetLease, AdmitRequest.lease_seconds; docs/DESIGN.md, "Durable requests").
+struct DurabilityConfig {
+  // The longest lease a request may hold, in seconds: what a tenant can keep pinned after its
+  // engine died. 0 turns durable requests off.
+  int max_lease_seconds = 3600;
+};
+
 struct MetricsConfig {
   // Prometheus exposition (HTTP, /metrics): "HOST:PORT", loopback by default; "" turns it off.
   std::string listen = "127.0.0.1:9464";
@@ -141,6 +148,7 @@ struct DaemonConfig {
   AdmissionConfig admission;
   MetricsConfig metrics;
   ImportConfig import;
+  DurabilityConfig durability;
   LogLevel log_level = LogLevel::kInfo;
 };
 

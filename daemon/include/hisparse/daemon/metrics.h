@@ -51,6 +51,9 @@ class Metrics final : public prometheus::Collectable {
     kResume,
     kCommitImport,
     kAbortImport,
+    kSetLease,
+    kListAdoptable,
+    kAdopt,
     kMethodCount
   };
 

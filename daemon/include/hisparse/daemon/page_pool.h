@@ -106,6 +106,11 @@ class PagePool {
   absl::Status Release(uint64_t owner, const Page& page);
   // Retires every idle slab of `owner` (all of them once it holds no page: a session's end).
   void RetireIdleOf(uint64_t owner);
+  // Durable requests adopted by a new session (session_durable.cc): every slab of `from`, with
+  // its pages, references and free pages as they are, becomes `to`'s (which may own slabs
+  // already). The caller vouches that both owners are one tenant, so no byte changes hands
+  // between tenants. Returns the slabs moved; InvalidArgument for owner 0 or from == to.
+  absl::StatusOr<uint32_t> HandOverSlabs(uint64_t from, uint64_t to);
   // Releases every page of `pages` (each once), reporting the first error.
   absl::Status ReleaseAll(uint64_t owner, const std::vector<Page>& pages);
   // The page's references (0: free, or not a page of a live slab).

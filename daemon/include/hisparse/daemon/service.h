@@ -5,7 +5,7 @@
 // when the connection was accepted); a caller that cannot be told is refused (UNAUTHENTICATED),
 // never served as anyone. Then:
 //   Session                 opens a session owned by the caller's uid (its tenant).
-//   Admit, Extend, Release, Park, Resume, AdmitBatch, ReleaseBatch
+//   Admit, Extend, Release, Park, Resume, AdmitBatch, ReleaseBatch, SetLease, ListAdoptable, Adopt
 //                           only the session's owner uid, token or not (PERMISSION_DENIED).
 //   Stats, ListRequests     an admin sees every session; a tenant only its own.
 //   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
@@ -65,6 +65,11 @@ class HiSparseService final : public v1::HiSparse::Service {
                             v1::CommitImportResponse* resp) override;
   grpc::Status AbortImport(grpc::ServerContext*, const v1::AbortImportRequest* req,
                            v1::AbortImportResponse* resp) override;
+  // Durable requests: the session's own tenant, as for Park.
+  grpc::Status SetLease(grpc::ServerContext*, const v1::SetLeaseRequest* req, v1::SetLeaseResponse* resp) override;
+  grpc::Status ListAdoptable(grpc::ServerContext*, const v1::ListAdoptableRequest* req,
+                             v1::ListAdoptableResponse* resp) override;
+  grpc::Status Adopt(grpc::ServerContext*, const v1::AdoptRequest* req, v1::AdoptResponse* resp) override;
 
  private:
   struct Caller {

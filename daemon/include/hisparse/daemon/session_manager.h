@@ -3,9 +3,11 @@
 // THE ADMISSION LOGIC LIVES HERE (session_manager.cc, Admit/Extend/Release). A session is the unit
 // of ownership: it holds requests, each request holds host-pool pages per layer (page_pool.h; the
 // session's slabs are its own) and one row of the session's slot arena. Ending a session — cleanly or because its
-// engine died — releases all of it at once (CloseSession). Requests are named per session: no session can see, extend
-// or release another's. A session belongs to the uid that opened it (its tenant): only that uid may use its token, and
-// a tenant's view (`only_uid` below) shows and touches its own sessions alone.
+// engine died — releases all of it at once (CloseSession), but for durable requests whose lease runs: those stay,
+// parked, until a session of the same tenant and engine name adopts them or the lease ends (session_durable.cc).
+// Requests are named per session: no session can see, extend or release another's. A session belongs to the uid that
+// opened it (its tenant): only that uid may use its token, and a tenant's view (`only_uid` below) shows and touches its
+// own sessions alone.
 //
 // Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
 // onto these methods. The proto messages are used only as plain data types.
@@ -72,6 +74,8 @@ class SessionManager {
     AdmissionLedger::Clock clock;
     // import.grant_ttl: how long an import grant stays open before the daemon expires it.
     absl::Duration import_grant_ttl = absl::Seconds(30);
+    // durability.max_lease_seconds: the longest lease a request may hold (0: no durable requests).
+    uint32_t max_lease_seconds = 3600;
   };
 
   SessionManager(const Options& options, std::unique_ptr<PagePool> pool);
@@ -81,7 +85,8 @@ class SessionManager {
   // the Session stream) binds it: its uid is the session's tenant, its pid shows in stats. The
   // tenant's arena quota is charged here.
   absl::StatusOr<v1::SessionOpened> OpenSession(const v1::OpenSession& open, const PeerCredentials& owner);
-  // Ends a session and releases every request, run and arena it held. Idempotent.
+  // Ends a session and releases every request, run and arena it held, but for its durable requests,
+  // which it leaves parked as an orphan (session_durable.cc). Idempotent.
   void CloseSession(uint64_t session_id);
 
   // PermissionDenied unless `ref` names a live session that `uid` owns. Session ids are never
@@ -172,6 +177,18 @@ class SessionManager {
   // Aborts every open grant whose expiry (options.clock) has passed; returns how many.
   size_t ExpireImports() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Durable requests (session_durable.cc; docs/DESIGN.md, "Durable requests"). ----
+  // A request whose lease runs when its session ends stays, parked, in an orphan (the ended
+  // session's requests, pages and slabs, without arena, token or rows) until a session of the
+  // same tenant and engine name adopts the orphan or the lease ends. Codes: see SetLease,
+  // ListAdoptable and Adopt in hisparse.proto.
+  absl::StatusOr<v1::SetLeaseResponse> SetLease(const v1::SetLeaseRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::ListAdoptableResponse> ListAdoptable(const v1::ListAdoptableRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::AdoptResponse> Adopt(const v1::AdoptRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // Releases every orphaned request whose lease has ended (options.clock) and retires the slabs
+  // that leaves idle; returns how many. The daemon runs it periodically; tests call it.
+  size_t ExpireLeases() ABSL_LOCKS_EXCLUDED(mu_);
+
   // The daemon's mapping of the record of (request, layer, position) of a session, for tests.
   absl::StatusOr<uint8_t*> RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
                                          uint32_t position) const;
@@ -192,6 +209,9 @@ class SessionManager {
     // Non-empty while importing (AdmitImport until commit): the grant's id. Such a request cannot
     // be extended or evicted; releasing it aborts the import.
     std::string import_grant;
+    // Durable while the clock is before it (SetLease, AdmitRequest.lease_seconds): the request
+    // then outlives its session's end as an orphan. Never set on an importing request.
+    absl::Time lease_end = absl::InfinitePast();
     uint64_t PageCount() const;
   };
   struct Session {
@@ -309,6 +329,32 @@ class SessionManager {
   // released with the session).
   void RevokeImportsOf(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Durable requests (session_durable.cc). The clock (options.clock, else absl::Now).
+  absl::Time Now() const;
+  // Admit's lease_seconds: OK for 0, else the checks SetLease makes (the request is not importing).
+  absl::Status CheckLeaseLocked(uint32_t lease_seconds, bool importing) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Time LeaseEnd(absl::Time now, uint32_t lease_seconds);
+  static double LeaseLeft(const Request& r, absl::Time now);
+  // CloseSession's step for a session that has ended (out of sessions_, its imports revoked):
+  // releases every request that is not durable now, then, when durable ones are left, parks them
+  // and moves them (with their sharers) into a new orphan of the same id; else the session leaves
+  // the ledger. `dead` keeps its arena and sink, for the caller to drop outside the lock.
+  // Returns the requests released.
+  size_t EndSessionLocked(Session& dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the orphan's requests whose lease ended by `now` (counted as lease expiries) and
+  // forgets the orphan once empty. Returns how many were released.
+  size_t ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopt's checks after the tenant's (geometry, draining, page tables, ids): OK, or the refusal.
+  absl::Status CheckAdoptLocked(const Session& adopter, const Session& orphan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckInvariants' part for orphans: ledger, pool and requests agree; returns their pages.
+  absl::StatusOr<uint64_t> CheckOrphansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evict of an orphaned request (an operator's, or its tenant's): released at once, nobody to tell.
+  absl::StatusOr<v1::EvictResponse> EvictOrphanLocked(const v1::EvictRequest& req, std::optional<uint32_t> only_uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stats' durable and orphan figures (of `only_uid`'s sessions alone, when set).
+  void OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -334,6 +380,11 @@ class SessionManager {
   absl::flat_hash_map<std::string, Grant> grants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SpentGrant> spent_grants_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  // Ended sessions that keep durable requests, by the ended session's id (session_durable.cc):
+  // no arena (null), no token, no sink; every request parked. Their slabs stay under that id in
+  // the pool until adopted (HandOverSlabs) or emptied.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> orphans_ ABSL_GUARDED_BY(mu_);
+  uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hisparse

@@ -1,0 +1,74 @@
+// ClientSession's durable requests (client_session.h; docs/DESIGN.md, "Durable requests"): a
+// lease at admission or later, the list of what ended sessions of this tenant and engine name
+// left, and their adoption. An adopted request is installed here parked (its slabs fetched over
+// the fd channel, which now serves them to this session); Resume gives it a row.
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client_session.h"
+#include "grpc_status.h"
+#include "hisparse/common/status_macros.h"
+
+namespace hisparse {
+
+absl::StatusOr<hs_request_info> ClientSession::AdmitDurable(uint64_t request_id, uint32_t context_tokens,
+                                                            uint32_t token_budget, uint32_t lease_seconds) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::AdmitRequest req;
+  *req.mutable_session() = ref_;
+  req.set_request_id(request_id);
+  req.set_context_tokens(context_tokens);
+  req.set_token_budget(token_budget);
+  req.set_lease_seconds(lease_seconds);
+  return AdmitWith(req);
+}
+
+absl::StatusOr<double> ClientSession::SetLease(uint64_t request_id, uint32_t lease_seconds) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::SetLeaseRequest req;
+  *req.mutable_session() = ref_;
+  req.set_request_id(request_id);
+  req.set_lease_seconds(lease_seconds);
+  v1::SetLeaseResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->SetLease(CallContext().get(), req, &resp), "set lease"));
+  return resp.lease_seconds_left();
+}
+
+absl::StatusOr<std::vector<v1::AdoptableRequest>> ClientSession::ListAdoptable() {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::ListAdoptableRequest req;
+  *req.mutable_session() = ref_;
+  v1::ListAdoptableResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->ListAdoptable(CallContext().get(), req, &resp), "list adoptable"));
+  return std::vector<v1::AdoptableRequest>(resp.requests().begin(), resp.requests().end());
+}
+
+absl::StatusOr<std::vector<uint64_t>> ClientSession::Adopt(uint64_t dead_session_id) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::AdoptRequest req;
+  *req.mutable_session() = ref_;
+  req.set_dead_session_id(dead_session_id);
+  v1::AdoptResponse resp;
+  HS_RETURN_IF_ERROR(FromGrpc(stub_->Adopt(CallContext().get(), req, &resp), "adopt"));
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const v1::AdoptedRequest& a : resp.requests()) {
+    // Row 0 stands in: a parked request has none, and Resume publishes the one the daemon gives.
+    absl::StatusOr<Request> r = InstallRequest(0, a.capacity_tokens(), a.layers());
+    if (!r.ok()) {
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat("adopt: request ", a.request_id(), " (", ids.size(), " of ", resp.requests_size(),
+                       " installed before it): ", r.status().message(),
+                       "; the daemon holds it and those after it parked in this session: release them"));
+    }
+    r->parked = true;
+    requests_[a.request_id()] = *std::move(r);
+    ids.push_back(a.request_id());
+  }
+  return ids;
+}
+
+}  // namespace hisparse

@@ -1,0 +1,337 @@
+// SessionManager's durable requests: leases, orphans, adoption. Part of SessionManager
+// (session_manager.h); docs/DESIGN.md, "Durable requests".
+//
+// A lease is a time: SetLease (or AdmitRequest.lease_seconds) makes the request durable until now
+// + lease_seconds, at most durability.max_lease_seconds; the engine renews it as it likes, and 0
+// clears it. When a session ends, cleanly or by its engine's death, every request that is not
+// durable then is released at once, as before; the durable ones are parked and move into an
+// orphan: the ended session's requests, sharers, geometry, tenant and engine name under the same
+// id, without arena, token, sink or rows. The orphan's slabs stay in the pool under that id
+// (session ids are never reused, and no live session has it, so nobody can map them meanwhile),
+// their idle ones retired as for any ended session. An orphan counts against its tenant's quotas
+// in requests, pages and host bytes, but not in sessions, arena bytes or rows, and its requests
+// are never eviction victims (their lease is a promise; the max lease and the quotas bound it).
+//
+// Adoption is per orphan, all of its requests at once: they share the orphan's slabs, so moving
+// them together moves whole slabs (PagePool::HandOverSlabs) and no slab is ever split between two
+// owners. The adopter must be of the same tenant (uid) and engine name, and of a geometry whose
+// host layout is the same (num_layers, record_bytes, records per page) and whose page tables can
+// hold every request; each request keeps its id (ALREADY_EXISTS when the adopter uses one) and
+// its lease, and arrives parked: the engine Resumes it, which resets the new row (its old row's
+// slot state died with the old arena, possibly mid-step), and the first RESOLVE fetches what it
+// selects. The records themselves never moved, so decoding continues exactly.
+//
+// An importing request is never durable: a lease at Admit with begin_import is INVALID_ARGUMENT,
+// SetLease on one FAILED_PRECONDITION (set it after CommitImport), so at the session's end an
+// import is always aborted with it, as before.
+//
+// Leases end by the clock (Options::clock): ExpireLeases, which the daemon runs periodically,
+// releases what ran out; Adopt and ListAdoptable also skip (and Adopt first releases) requests
+// whose lease has ended though the sweep has not run yet. The daemon's own end ends everything:
+// durability is across engine restarts, not daemon restarts.
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+
+absl::Time SessionManager::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+
+absl::Time SessionManager::LeaseEnd(absl::Time now, uint32_t lease_seconds) {
+  return lease_seconds == 0 ? absl::InfinitePast() : now + absl::Seconds(lease_seconds);
+}
+
+double SessionManager::LeaseLeft(const Request& r, absl::Time now) {
+  return r.lease_end > now ? absl::ToDoubleSeconds(r.lease_end - now) : 0.0;
+}
+
+absl::Status SessionManager::CheckLeaseLocked(uint32_t lease_seconds, bool importing) const {
+  if (lease_seconds == 0) return absl::OkStatus();
+  if (importing) {
+    return absl::InvalidArgumentError(
+        "lease_seconds with begin_import: an importing request is never durable (SetLease after CommitImport)");
+  }
+  if (options_.max_lease_seconds == 0) {
+    return absl::FailedPreconditionError("durable requests are off (durability.max_lease_seconds is 0)");
+  }
+  if (lease_seconds > options_.max_lease_seconds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease_seconds (", lease_seconds, ") exceeds durability.max_lease_seconds (", options_.max_lease_seconds, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
+  if (!r->import_grant.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", r->id,
+                     " is importing: an importing request is never durable; set its lease after "
+                     "CommitImport"));
+  }
+  HS_RETURN_IF_ERROR(CheckLeaseLocked(req.lease_seconds(), /*importing=*/false));
+  const absl::Time now = Now();
+  r->lease_end = LeaseEnd(now, req.lease_seconds());
+  v1::SetLeaseResponse resp;
+  resp.set_lease_seconds_left(LeaseLeft(*r, now));
+  return resp;
+}
+
+size_t SessionManager::EndSessionLocked(Session& dead) {
+  const absl::Time now = Now();
+  size_t released = 0;
+  for (auto it = dead.requests.begin(); it != dead.requests.end();) {
+    Request& r = it->second;
+    if (r.import_grant.empty() && r.lease_end > now) {
+      ++it;
+      continue;
+    }
+    ReleaseRequestLocked(dead, r);  // a page it shared passes its charge on to the next holder
+    dead.requests.erase(it++);
+    ++released;
+  }
+  pool_->RetireIdleOf(dead.id);
+  if (dead.requests.empty()) {
+    ledger_.RemoveSession(dead.id);
+    return released;
+  }
+  auto orphan = std::make_unique<Session>();
+  orphan->id = dead.id;
+  orphan->engine_name = dead.engine_name;
+  orphan->geometry = dead.geometry;
+  orphan->records_per_page = dead.records_per_page;
+  orphan->pages_per_entry = dead.pages_per_entry;
+  orphan->peer_pid = dead.peer_pid;
+  orphan->tenant_uid = dead.tenant_uid;
+  orphan->imports_closed = true;
+  orphan->requests = std::move(dead.requests);
+  orphan->sharers = std::move(dead.sharers);
+  dead.requests.clear();
+  dead.sharers.clear();
+  for (auto& [rid, r] : orphan->requests) r.parked = true;
+  ledger_.OrphanSession(dead.id);  // parks them there too; arena and session count returned
+  LOG(INFO) << "session " << dead.id << " ended with " << orphan->requests.size()
+            << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " (" << dead.engine_name
+            << ") to adopt";
+  orphans_.emplace(dead.id, std::move(orphan));
+  return released;
+}
+
+size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
+  auto oit = orphans_.find(orphan_id);
+  if (oit == orphans_.end()) return 0;
+  Session& o = *oit->second;
+  size_t released = 0;
+  for (auto it = o.requests.begin(); it != o.requests.end();) {
+    if (it->second.lease_end > now) {
+      ++it;
+      continue;
+    }
+    ReleaseRequestLocked(o, it->second);
+    o.requests.erase(it++);
+    ++released;
+  }
+  lease_expiries_ += released;
+  pool_->RetireIdleOf(orphan_id);  // slabs it emptied leave it (dropped outside the lock)
+  if (o.requests.empty()) {
+    ledger_.RemoveSession(orphan_id);
+    orphans_.erase(oit);
+  }
+  return released;
+}
+
+size_t SessionManager::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, o] : orphans_) ids.push_back(id);
+  size_t released = 0;
+  for (uint64_t id : ids) released += ExpireOrphanLocked(id, now);
+  if (released != 0) LOG(INFO) << "leases ended: released " << released << " orphaned durable requests";
+  return released;
+}
+
+absl::StatusOr<v1::ListAdoptableResponse> SessionManager::ListAdoptable(const v1::ListAdoptableRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(const Session* found, FindLocked(req.session()));
+  const Session& me = *found;
+  const absl::Time now = Now();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, o] : orphans_) {
+    if (o->tenant_uid == me.tenant_uid && o->engine_name == me.engine_name) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  v1::ListAdoptableResponse out;
+  for (uint64_t id : ids) {
+    const Session& o = *orphans_.at(id);
+    std::vector<uint64_t> rids;
+    for (const auto& [rid, r] : o.requests) {
+      if (r.lease_end > now) rids.push_back(rid);
+    }
+    std::sort(rids.begin(), rids.end());
+    for (uint64_t rid : rids) {
+      const Request& r = o.requests.at(rid);
+      v1::AdoptableRequest* a = out.add_requests();
+      a->set_dead_session_id(id);
+      a->set_request_id(rid);
+      a->set_lease_seconds_left(LeaseLeft(r, now));
+      a->set_capacity_tokens(r.capacity_tokens);
+      a->set_host_bytes(r.PageCount() * pool_->page_bytes());
+    }
+  }
+  return out;
+}
+
+absl::Status SessionManager::CheckAdoptLocked(const Session& adopter, const Session& orphan) const {
+  const v1::Geometry& a = adopter.geometry;
+  const v1::Geometry& o = orphan.geometry;
+  if (a.num_layers() != o.num_layers() || a.record_bytes() != o.record_bytes() ||
+      adopter.records_per_page != orphan.records_per_page) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("geometry differs from ended session ", orphan.id, "'s: num_layers ", a.num_layers(), " vs ",
+                     o.num_layers(), ", record_bytes ", a.record_bytes(), " vs ", o.record_bytes(),
+                     ", records per page ", adopter.records_per_page, " vs ", orphan.records_per_page));
+  }
+  if (draining_) return absl::FailedPreconditionError("the daemon is draining: no adoption");
+  for (const auto& [rid, r] : orphan.requests) {
+    if (!r.pages.empty() && r.pages[0].size() > adopter.pages_per_entry) {
+      return absl::FailedPreconditionError(absl::StrCat("request ", rid, " holds ", r.pages[0].size(),
+                                                        " pages a layer; this session's page tables hold ",
+                                                        adopter.pages_per_entry, " (geometry.max_context_tokens)"));
+    }
+    if (adopter.requests.contains(rid)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request ", rid, " of ended session ", orphan.id, " is already admitted in this session"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& req) {
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Session * me, FindLocked(req.session()));
+  const uint64_t orphan_id = req.dead_session_id();
+  auto oit = orphans_.find(orphan_id);
+  if (oit == orphans_.end()) {
+    return absl::NotFoundError(absl::StrCat("no ended session ", orphan_id, " holds a durable request"));
+  }
+  const Session& o = *oit->second;
+  if (o.tenant_uid != me->tenant_uid) {
+    return absl::PermissionDeniedError(absl::StrCat("ended session ", orphan_id, " belongs to another tenant"));
+  }
+  if (o.engine_name != me->engine_name) {
+    return absl::PermissionDeniedError(absl::StrCat("ended session ", orphan_id, " was engine \"", o.engine_name,
+                                                    "\", not \"", me->engine_name, "\""));
+  }
+  // What has run out by now is released first (the sweep may not have come yet): it is not the
+  // adopter's to have, and a refusal below must not count it.
+  const absl::Time now = Now();
+  ExpireOrphanLocked(orphan_id, now);
+  oit = orphans_.find(orphan_id);
+  if (oit == orphans_.end()) {
+    return absl::NotFoundError(absl::StrCat("every lease of ended session ", orphan_id, " has ended"));
+  }
+  HS_RETURN_IF_ERROR(CheckAdoptLocked(*me, *oit->second));
+  std::unique_ptr<Session> orphan = std::move(oit->second);
+  orphans_.erase(oit);
+  absl::StatusOr<uint32_t> slabs = pool_->HandOverSlabs(orphan_id, me->id);
+  if (!slabs.ok()) LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
+  ledger_.AdoptOrphan(orphan_id, me->id);
+  // Pages of different slabs: the sharers maps never collide.
+  me->sharers.insert(orphan->sharers.begin(), orphan->sharers.end());
+  std::vector<uint64_t> rids;
+  for (auto& [rid, r] : orphan->requests) rids.push_back(rid);
+  std::sort(rids.begin(), rids.end());
+  v1::AdoptResponse resp;
+  for (uint64_t rid : rids) {
+    Request& r = me->requests.emplace(rid, std::move(orphan->requests.at(rid))).first->second;
+    v1::AdoptedRequest* a = resp.add_requests();
+    a->set_request_id(rid);
+    a->set_capacity_tokens(r.capacity_tokens);
+    a->set_lease_seconds_left(LeaseLeft(r, now));
+    FillLayers(*me, r, a->mutable_layers());
+  }
+  LOG(INFO) << "session " << me->id << " adopted " << rids.size() << " durable requests of ended session " << orphan_id
+            << " (" << slabs.value_or(0) << " slabs)";
+  return resp;
+}
+
+absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::EvictRequest& req,
+                                                                    std::optional<uint32_t> only_uid) {
+  auto oit = orphans_.find(req.session_id());
+  Session& o = *oit->second;
+  if (only_uid.has_value() && o.tenant_uid != *only_uid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", req.session_id(), " belongs to another tenant; only an admin may evict from it"));
+  }
+  auto rit = o.requests.find(req.request_id());
+  if (rit == o.requests.end()) {
+    return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
+  }
+  const uint64_t freed = (rit->second.PageCount() - SharedPagesOf(o, rit->second)) * pool_->page_bytes();
+  ReleaseRequestLocked(o, rit->second);
+  o.requests.erase(rit);
+  ++evictions_;
+  pool_->RetireIdleOf(o.id);
+  LOG(INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id << " (" << freed
+            << " bytes; " << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
+  if (o.requests.empty()) {
+    ledger_.RemoveSession(o.id);
+    orphans_.erase(oit);
+  }
+  v1::EvictResponse resp;
+  resp.set_freed_bytes(freed);
+  return resp;
+}
+
+absl::StatusOr<uint64_t> SessionManager::CheckOrphansLocked() const {
+  uint64_t total = 0;
+  for (const auto& [id, o] : orphans_) {
+    if (sessions_.contains(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is also a live session"));
+    if (!ledger_.IsOrphan(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is not one in the ledger"));
+    if (o->requests.empty()) return absl::InternalError(absl::StrCat("orphan ", id, " holds no request"));
+    for (const auto& [rid, r] : o->requests) {
+      if (!r.parked || !ledger_.IsParked(id, rid) || !r.import_grant.empty()) {
+        return absl::InternalError(absl::StrCat("orphan ", id, " request ", rid, " is not parked or is importing"));
+      }
+    }
+    uint64_t pages = 0;
+    HS_RETURN_IF_ERROR(CheckSharingLocked(*o, &pages));
+    if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {
+      return absl::InternalError(absl::StrCat("orphan ", id, ": requests hold ", pages, " pages, the ledger counts ",
+                                              ledger_.PagesOf(id), ", the pool ", pool_->PagesOf(id)));
+    }
+    total += pages;
+  }
+  return total;
+}
+
+void SessionManager::OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
+  const absl::Time now = Now();
+  uint32_t durable = 0;
+  for (const auto& [id, s] : sessions_) {
+    if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
+    for (const auto& [rid, r] : s->requests) durable += r.lease_end > now ? 1 : 0;
+  }
+  uint32_t orphaned = 0;
+  uint64_t bytes = 0;
+  for (const auto& [id, o] : orphans_) {
+    if (only_uid.has_value() && o->tenant_uid != *only_uid) continue;
+    orphaned += static_cast<uint32_t>(o->requests.size());
+    bytes += ledger_.PagesOf(id) * pool_->page_bytes();  // distinct pages: a shared one once
+  }
+  out->set_durable_requests(durable);
+  out->set_orphaned_requests(orphaned);
+  out->set_orphaned_bytes(bytes);
+  out->set_lease_expiries(lease_expiries_);
+}
+
+}  // namespace hisparse

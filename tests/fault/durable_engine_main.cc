@@ -1,0 +1,165 @@
+// hisparse-durable-engine: the engine process of the durable-request test (durable_restart_test),
+// C ABI only, host backend. It decodes request 7 step by step (append the step's token to every
+// layer, then RESOLVE every layer) and writes one line per (step, layer):
+//   STEP LAYER SLOT... HASH EXACT
+// the RESOLVE output (a slot per selected position), an FNV-1a hash of the records gathered from
+// those slots, and 1 when each equals the record the engine stored at its position.
+//   hisparse-durable-engine ADDRESS OUT run STEPS [--die-at K] [--park-at K] [--lease S]
+//       admits request 7 durable (lease S, default 60), stores the prompt, decodes STEPS steps;
+//       --die-at K: SIGKILLs itself in step K after its appends, before its RESOLVEs (mid-decode);
+//       --park-at K: parks and resumes the request before step K (what an adoption does to its row).
+//   hisparse-durable-engine ADDRESS OUT adopt STEPS FROM
+//       adopts the request from the ended session of the same engine name, resumes it, decodes
+//       steps FROM..STEPS-1, releases it.
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "hisparse/hisparse.h"
+
+namespace {
+
+constexpr uint64_t kRequest = 7;
+constexpr uint32_t kLayers = 2;
+constexpr uint32_t kRecordBytes = 64;
+constexpr uint32_t kK = 4;
+constexpr uint32_t kSlots = 8;
+constexpr int32_t kPrompt = 40;
+
+void Record(uint32_t layer, int32_t position, uint8_t* out) {
+  for (uint32_t i = 0; i < kRecordBytes; ++i) {
+    out[i] = static_cast<uint8_t>((position * 131 + layer * 17 + i * 7 + 3) ^ (position >> 8));
+  }
+}
+
+// The step's selection: the newest position and kK - 1 others from [0, seq_len - 1), unique.
+std::vector<int32_t> Select(int step, uint32_t layer, int32_t seq_len) {
+  std::vector<int32_t> picked = {seq_len - 1};
+  uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(step * 31 + layer + 1);
+  while (picked.size() < kK) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const int32_t p = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(seq_len - 1));
+    bool seen = false;
+    for (int32_t q : picked) seen = seen || q == p;
+    if (!seen) picked.push_back(p);
+  }
+  return picked;
+}
+
+int Fail(const char* what) {
+  fprintf(stderr, "%s: %s\n", what, hs_last_error());
+  return 1;
+}
+
+// One decode step: append to every layer, then RESOLVE every layer and write its line.
+int Step(hs_session* s, const hs_session_info& info, int32_t row, int step, int die_at, FILE* out) {
+  const int32_t seq_len = kPrompt + step + 1;
+  std::vector<uint8_t> rec(kRecordBytes);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    Record(l, seq_len - 1, rec.data());
+    if (hs_append(s, l, 1, nullptr, &row, &seq_len, rec.data(), kRecordBytes, nullptr) != HS_OK) return Fail("append");
+  }
+  if (step == die_at) raise(SIGKILL);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    const std::vector<int32_t> positions = Select(step, l, seq_len);
+    std::vector<int32_t> slots(kK, -1);
+    hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
+    a.layer = l;
+    a.max_batch = 1;
+    a.rows = &row;
+    a.seq_lens = &seq_len;
+    a.positions = positions.data();
+    a.out_slots = slots.data();
+    if (hs_resolve(s, &a) != HS_OK) return Fail("resolve");
+    uint64_t hash = 0xcbf29ce484222325ull;
+    int exact = 1;
+    fprintf(out, "%d %u", step, l);
+    for (uint32_t j = 0; j < kK; ++j) {
+      const uint8_t* got = static_cast<const uint8_t*>(info.slot_base) +
+                           ((static_cast<uint64_t>(row) * kLayers + l) * (kSlots + 1) + slots[j]) * info.record_stride;
+      Record(l, positions[j], rec.data());
+      exact = exact && memcmp(got, rec.data(), kRecordBytes) == 0;
+      for (uint32_t i = 0; i < kRecordBytes; ++i) hash = (hash ^ got[i]) * 0x100000001b3ull;
+      fprintf(out, " %d", slots[j]);
+    }
+    fprintf(out, " %016llx %d\n", static_cast<unsigned long long>(hash), exact);
+  }
+  fflush(out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    fprintf(stderr, "usage: hisparse-durable-engine ADDRESS OUT run|adopt STEPS [...]\n");
+    return 2;
+  }
+  const std::string mode = argv[3];
+  const int steps = atoi(argv[4]);
+  int die_at = -1, park_at = -1, from = 0;
+  uint32_t lease = 60;
+  for (int i = 5; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--die-at" && i + 1 < argc) die_at = atoi(argv[++i]);
+    if (arg == "--park-at" && i + 1 < argc) park_at = atoi(argv[++i]);
+    if (arg == "--lease" && i + 1 < argc) lease = static_cast<uint32_t>(atoi(argv[++i]));
+    if (mode == "adopt" && i == 5) from = atoi(argv[i]);
+  }
+  FILE* out = fopen(argv[2], "w");
+  if (out == nullptr) return 1;
+  hs_session_options o = HS_SESSION_OPTIONS_INIT;
+  o.daemon_address = argv[1];
+  o.engine_name = "durable-engine";
+  o.num_layers = kLayers;
+  o.record_bytes = kRecordBytes;
+  o.k = kK;
+  o.slots = kSlots;
+  o.max_requests = 2;
+  o.backend = HS_BACKEND_HOST;
+  hs_session* s = nullptr;
+  if (hs_session_open(&o, &s) != HS_OK) return Fail("open");
+  hs_session_info info = HS_SESSION_INFO_INIT;
+  if (hs_session_get_info(s, &info) != HS_OK) return Fail("info");
+  hs_request_info ri = HS_REQUEST_INFO_INIT;
+  if (mode == "run") {
+    if (hs_admit_durable(s, kRequest, kPrompt, kPrompt + steps, lease, &ri) != HS_OK) return Fail("admit");
+    std::vector<uint8_t> prompt(static_cast<size_t>(kLayers) * kPrompt * kRecordBytes);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      for (int32_t p = 0; p < kPrompt; ++p) Record(l, p, &prompt[(l * kPrompt + p) * kRecordBytes]);
+    }
+    if (hs_store(s, kRequest, 0, kPrompt, kPrompt, prompt.data(), int64_t{kPrompt} * kRecordBytes, kRecordBytes,
+                 nullptr) != HS_OK) {
+      return Fail("store");
+    }
+  } else if (mode == "adopt") {
+    uint64_t dead = 0, id = 0;
+    size_t n = 0;
+    if (hs_list_adoptable(s, &dead, &id, nullptr, 1, &n) != HS_OK || n != 1 || id != kRequest) {
+      return Fail("list adoptable (want exactly request 7)");
+    }
+    uint64_t adopted = 0;
+    if (hs_adopt(s, dead, &adopted, 1, &n) != HS_OK || n != 1 || adopted != kRequest) return Fail("adopt");
+    if (hs_resume(s, kRequest, &ri) != HS_OK) return Fail("resume");
+  } else {
+    fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  }
+  int32_t row = static_cast<int32_t>(ri.row);
+  for (int step = from; step < steps; ++step) {
+    if (step == park_at) {
+      if (hs_park(s, kRequest) != HS_OK || hs_resume(s, kRequest, &ri) != HS_OK) return Fail("park and resume");
+      row = static_cast<int32_t>(ri.row);
+    }
+    if (Step(s, info, row, step, die_at, out) != 0) return 1;
+  }
+  if (hs_release(s, kRequest) != HS_OK) return Fail("release");
+  hs_session_close(s);
+  fclose(out);
+  return 0;
+}
