@@ -194,8 +194,27 @@ absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitEachItem(const v1::A
   return resp;
 }
 
+absl::StatusOr<std::vector<std::optional<absl::Status>>> SessionManager::AbortImportingItems(
+    const v1::ReleaseBatchRequest& req) {
+  {
+    absl::MutexLock lock(&mu_);
+    HS_RETURN_IF_ERROR(FindLocked(req.session()).status());
+  }
+  std::vector<std::optional<absl::Status>> aborted(req.request_ids_size());
+  v1::ReleaseRequest one;
+  *one.mutable_session() = req.session();
+  for (int i = 0; i < req.request_ids_size(); ++i) {
+    one.set_request_id(req.request_ids(i));
+    aborted[i] = ReleaseIfImporting(one);  // nullopt: not importing (or gone: a repeat)
+  }
+  return aborted;
+}
+
 absl::StatusOr<v1::ReleaseBatchResponse> SessionManager::ReleaseBatch(const v1::ReleaseBatchRequest& req) {
   HS_RETURN_IF_ERROR(CheckBatchSize(req.request_ids_size(), "request_ids"));
+  // An importing item is an abort, as for Release: its grant's memory is revoked outside the lock
+  // before its pages go (session_import.cc), so those items go first, one by one.
+  HS_ASSIGN_OR_RETURN(std::vector<std::optional<absl::Status>> aborted, AbortImportingItems(req));
   v1::ReleaseBatchResponse resp;
   SeenIds seen;
   uint32_t released = 0;
@@ -205,6 +224,12 @@ absl::StatusOr<v1::ReleaseBatchResponse> SessionManager::ReleaseBatch(const v1::
     const uint64_t id = req.request_ids(i);
     v1::ItemStatus* result = resp.add_results();
     absl::Status status = seen.Add(id, i);
+    if (status.ok() && aborted[i].has_value()) {
+      status = *aborted[i];
+      released += status.ok() ? 1 : 0;
+      SetItemStatus(status, result);
+      continue;
+    }
     auto it = s->requests.find(id);
     if (status.ok() && it == s->requests.end()) {
       status = absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));

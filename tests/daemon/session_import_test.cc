@@ -220,6 +220,42 @@ TEST_F(SessionImportTest, ReleaseAndSessionEndAbortAfterRevoking) {
   EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
 }
 
+// A batched release aborts an importing request as a single Release does: its memory is revoked
+// while still held, its grant is spent (a later commit is refused), the session hears the abort,
+// and the accounting stays exact; the batch's other items are released as usual.
+TEST_F(SessionImportTest, ReleaseBatchAbortsAnImportingRequest) {
+  auto a = AdmitImport(1, 100);
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::AdmitRequest plain;
+  *plain.mutable_session() = ref_;
+  plain.set_request_id(2);
+  plain.set_context_tokens(10);
+  plain.set_token_budget(100);
+  ASSERT_TRUE(sm_->Admit(plain).ok());
+  const uint64_t both = Used();
+  v1::ReleaseBatchRequest rel;
+  *rel.mutable_session() = ref_;
+  rel.add_request_ids(1);
+  rel.add_request_ids(2);
+  rel.add_request_ids(1);  // named twice: the second is refused, as for any item
+  auto r = sm_->ReleaseBatch(rel);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->results_size(), 3);
+  EXPECT_EQ(r->results(0).code(), 0) << r->results(0).message();
+  EXPECT_EQ(r->results(1).code(), 0) << r->results(1).message();
+  EXPECT_EQ(r->results(2).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(r->released(), 2u);
+  ASSERT_EQ(target_.unregistered.size(), 1u) << "the grant's memory must be revoked";
+  EXPECT_EQ(target_.unregistered[0], a->grant().grant_id());
+  EXPECT_EQ(target_.held_at_unregister[0], both);  // revoked while still held
+  EXPECT_EQ(sm_->CommitImport(CommitOf(a->grant()), kUid).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Used(), 0u);
+  bool told = false;
+  for (const v1::SessionEvent& e : Events()) told |= e.has_import_finished() && !e.import_finished().committed();
+  EXPECT_TRUE(told) << "the session hears ImportFinished{committed: false}";
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
 TEST_F(SessionImportTest, NoTargetOrAFailedRegistrationHoldsNothing) {
   target_.fail_next = true;
   EXPECT_EQ(AdmitImport(1, 100).status().code(), absl::StatusCode::kInternal);
