@@ -82,6 +82,7 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
       info->set_state(r.parked ? v1::REQUEST_STATE_PARKED : v1::REQUEST_STATE_LIVE);
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
+      if (r.in_group) FillGroupInfoLocked(s, r, info);  // session_groups.cc
     }
   }
   return out;
