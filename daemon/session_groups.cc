@@ -27,7 +27,8 @@
 // rank's append writing its newest record to the host page writes what the others write: each
 // rank's RESOLVE reads exactly what it would read from pages of its own, and the data path is
 // unchanged. A prefill may be stored by one rank only once the engine orders that store before
-// the other ranks' first RESOLVE (TP engines do: a collective follows the prefill on every rank).
+// the other ranks' first RESOLVE (TP engines do: a collective follows the prefill on every rank)
+// and each rank appends the step's token before it (the newest token's slot is in its own arena).
 #include <algorithm>
 #include <optional>
 #include <string>

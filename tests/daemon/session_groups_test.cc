@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
 
@@ -410,6 +411,24 @@ TEST(SessionGroups, FdChannelHandsGroupSlabsToMembersAlone) {
   }
   auto wrong_uid = sm->DupFdFor(refs[1].session_id(), refs[1].token(), FdObject{FdSlab{slab}}, Owner(2000));
   EXPECT_EQ(wrong_uid.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// The metrics count a TP-4 group's request once: its bytes, one request, four shares.
+TEST(SessionGroups, MetricsCountTheGroupsPagesOnce) {
+  auto sm = MakeManager(16 * kMiB);
+  const auto refs = OpenGroup(*sm, "g", 4);
+  for (const auto& ref : refs) ASSERT_TRUE(Admit(*sm, ref, 1, 256).ok());
+  Metrics metrics(sm.get());
+  auto value = [&](const std::string& name) {
+    for (const prometheus::MetricFamily& f : metrics.Collect()) {
+      if (f.name == name && f.metric.size() == 1) return f.metric[0].gauge.value;
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(value("hisparse_tp_groups"), 1);
+  EXPECT_EQ(value("hisparse_host_pool_group_bytes"), kLayers * kPage);
+  EXPECT_EQ(value("hisparse_tp_group_requests"), 1);
+  EXPECT_EQ(value("hisparse_tp_group_shares"), 4);
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 6
+ABI_VERSION_MINOR = 7
 
 # hs_result
 HS_OK = 0
@@ -72,6 +72,9 @@ class SessionOptions(ctypes.Structure):
         ("layer_anchor", ctypes.POINTER(ctypes.c_int32)),  # ABI 1.1
         ("draft_tokens", ctypes.c_uint32),  # ABI 1.4
         ("max_context_tokens", ctypes.c_uint32),  # ABI 1.6
+        ("group", ctypes.c_char_p),  # ABI 1.7
+        ("group_rank", ctypes.c_uint32),  # ABI 1.7
+        ("group_size", ctypes.c_uint32),  # ABI 1.7
     ]
 
 
@@ -247,6 +250,8 @@ _SIGNATURES = {
     "hs_resume": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(RequestInfo)]),  # ABI 1.6
     "hs_admit_shared": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.6
                                        ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(RequestInfo)]),
+    "hs_admit_group": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.7
+                                      ctypes.POINTER(RequestInfo)]),
 }
 
 _lock = threading.Lock()
