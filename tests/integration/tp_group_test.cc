@@ -5,6 +5,12 @@
 // the node's stats count the pages once (1x, not 4x); the ranks admitting at once from their own
 // threads each get a row over one set of pages; a rank's death keeps the others exact; a rank
 // twice and a call before the group is complete keep their codes.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -225,6 +231,95 @@ TEST_F(TpGroupTest, ARankTwiceAndAnIncompleteGroupAreRefused) {
   EXPECT_EQ(hs_admit_group(ranks_[0].get(), 7, 10, 64, &info), HS_ERR_ALREADY_EXISTS);
   EXPECT_EQ(hs_extend(ranks_[0].get(), 7, 128, &info), HS_ERR_FAILED_PRECONDITION);
   EXPECT_EQ(Stats(address_).host_pool().used_bytes(), uint64_t{kLayers} * 4096);
+}
+
+// A caller built before ABI 1.7 passes a struct_size that ends before `group`: whatever lies past
+// it is not read, and its session joins no group.
+TEST_F(TpGroupTest, AnOlderCallersOptionsJoinNoGroup) {
+  hs_session_options o = SmallGeometry(address_);
+  o.struct_size = offsetof(hs_session_options, group);
+  o.group = "tp-test";  // past the caller's struct: must not be read
+  o.group_rank = 1;     // (a live rank: joining would be ALREADY_EXISTS)
+  o.group_size = kRanks;
+  Session old;
+  ASSERT_TRUE(Session::Open(o, &old).ok()) << hs_last_error();
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_admit_group(old.get(), 1, 10, 64, &info), HS_ERR_FAILED_PRECONDITION);
+  EXPECT_TRUE(old.Admit(1, 10, 64).ok());
+}
+
+// Starts hisparse-test-client (beside this test binary) and waits for its READY line.
+pid_t StartClient(const std::vector<std::string>& args) {
+  std::string bin = BinDir() + "/hisparse-test-client";
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pipefd[1], STDOUT_FILENO);
+    ::close(pipefd[0]);
+    std::vector<char*> argv = {bin.data()};
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(pipefd[1]);
+  FILE* f = ::fdopen(pipefd[0], "r");
+  char line[128] = {};
+  const bool ready = std::fgets(line, sizeof(line), f) != nullptr && std::strncmp(line, "READY", 5) == 0;
+  std::fclose(f);
+  if (!ready) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
+// Rank 1 is another process (hisparse-test-client, 4 layers of 128-byte records): it reserves N
+// group requests, which this process's rank 0 attaches to and reads through the same pages. Killed
+// with SIGKILL, it drops its shares; rank 0 keeps its rows over the pages, byte for byte.
+TEST(TpGroupProcessTest, AKilledRankDropsItsSharesTheOthersKeepThePages) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string address = daemon->address();
+  hs_session_options o = SmallGeometry(address);
+  o.record_bytes = 128;  // the test client's layout
+  o.group = "tp-kill";
+  o.group_rank = 0;
+  o.group_size = 2;
+  Session rank0;
+  ASSERT_TRUE(Session::Open(o, &rank0).ok()) << hs_last_error();
+  constexpr int kRequests = 6;
+  const pid_t pid = StartClient({address, "group", "tp-kill", "1", "2", std::to_string(kRequests)});
+  ASSERT_GT(pid, 0) << "test client did not start";
+  const uint64_t one_copy = Stats(address).host_pool().used_bytes();
+  EXPECT_EQ(one_copy, uint64_t{kRequests} * 4 * ((1000 * 128 + 4095) / 4096) * 4096);
+  for (uint64_t id = 1; id <= kRequests; ++id) {
+    ASSERT_TRUE(rank0.AdmitGroup(id, 100, 1000).ok()) << hs_last_error();
+    void* rec = nullptr;
+    ASSERT_TRUE(rank0.RecordPtr(id, 0, 0, &rec).ok());
+    EXPECT_EQ(static_cast<uint8_t*>(rec)[127], 0xAB);  // written by the other process's rank
+  }
+  EXPECT_EQ(Stats(address).host_pool().used_bytes(), one_copy);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(WaitUntil([&] { return Stats(address).sessions() == 1; }));
+  const v1::StatsResponse st = Stats(address);
+  EXPECT_EQ(st.host_pool().used_bytes(), one_copy);  // rank 0 holds every request still
+  ASSERT_EQ(st.groups_size(), 1);
+  EXPECT_EQ(st.groups(0).shares(), static_cast<uint32_t>(kRequests));
+  EXPECT_EQ(st.groups(0).rank_sessions(1), 0u);
+  for (uint64_t id = 1; id <= kRequests; ++id) {
+    void* rec = nullptr;
+    ASSERT_TRUE(rank0.RecordPtr(id, 0, 0, &rec).ok());
+    EXPECT_EQ(static_cast<uint8_t*>(rec)[0], 0xAB);
+  }
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_admit_group(rank0.get(), 99, 10, 64, &info), HS_ERR_FAILED_PRECONDITION);  // rank 1 is gone
+  for (uint64_t id = 1; id <= kRequests; ++id) ASSERT_TRUE(rank0.Release(id).ok());
+  EXPECT_EQ(Stats(address).host_pool().used_bytes(), 0u);
 }
 
 }  // namespace
