@@ -11,7 +11,8 @@
 // free row, the tenant's quota, the pool); each member gets a Request (its share) at once, marked
 // not attached for the ranks that did not ask yet. Their own Admit of that id attaches: it answers
 // the reserved row and the same pages. A call before every rank joined is FAILED_PRECONDITION.
-// A group admission never evicts.
+// A group admission never evicts. Extend follows the same pattern: the first rank's grows the
+// group's pages for every share, another rank's Extend to that capacity answers them.
 //
 // References and charges: each share holds one pool reference to each page, so a page's count is
 // its holders and the pool's pages_shared counts group pages that serve several ranks. The tenant
@@ -240,6 +241,64 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   resp.set_capacity_tokens(mine.capacity_tokens);
   FillLayers(s, mine, resp.mutable_layers());
   return {std::move(resp)};
+}
+
+absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s, Request& r,
+                                                                     const v1::ExtendRequest& req) {
+  HS_RETURN_IF_ERROR(CheckBudget(s, req.token_budget()));
+  Group& group = groups_.at(s.group);
+  Group::Held& held = group.requests.at(r.id);
+  auto answer = [&] {
+    v1::ExtendResponse resp;
+    resp.set_capacity_tokens(r.capacity_tokens);
+    resp.set_moved(false);
+    FillLayers(s, r, resp.mutable_layers());
+    return resp;
+  };
+  if (req.token_budget() == r.capacity_tokens) {
+    ledger_.Touch(s.id, r.id);
+    return answer();  // another rank extended it: this rank's half
+  }
+  if (req.token_budget() < r.capacity_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                   ") is below the group request's capacity (", r.capacity_tokens,
+                                                   "): extend to it, or beyond"));
+  }
+  const uint64_t extra = PagesFor(s, req.token_budget()) - r.pages[0].size();
+  const uint64_t payer = held.holders.front();
+  if (std::optional<Refusal> refusal = ledger_.CheckGrow(payer, extra * r.pages.size(), 0)) {
+    return Reject(*std::move(refusal));
+  }
+  ledger_.Touch(s.id, r.id);
+  std::vector<std::vector<PagePool::Page>> added(r.pages.size());
+  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    absl::StatusOr<std::vector<PagePool::Page>> got =
+        extra > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any host pool")
+                           : pool_->Allocate(group.owner, static_cast<uint32_t>(extra), &held.pages[layer].back());
+    if (!got.ok()) {
+      for (const auto& done : added) (void)pool_->ReleaseAll(group.owner, done);
+      return absl::IsResourceExhausted(got.status()) ? Reject(RejectReason::kPoolFull, got.status()) : got.status();
+    }
+    added[layer] = *std::move(got);
+  }
+  for (size_t layer = 0; layer < added.size(); ++layer) {
+    for (const PagePool::Page& p : added[layer]) {
+      for (size_t extra_holder = 1; extra_holder < held.holders.size(); ++extra_holder) {
+        if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+      }
+    }
+    held.pages[layer].insert(held.pages[layer].end(), added[layer].begin(), added[layer].end());
+  }
+  for (uint64_t member : held.holders) {
+    Request& share = sessions_.at(member)->requests.at(r.id);
+    share.pages = held.pages;
+    share.capacity_tokens = req.token_budget();
+    if (member == payer) {
+      share.charged_pages += extra * share.pages.size();
+      ledger_.SetPages(member, r.id, share.charged_pages);
+    }
+  }
+  return answer();
 }
 
 void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {

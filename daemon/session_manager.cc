@@ -515,10 +515,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
     return absl::FailedPreconditionError(
         absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
   }
-  if (r.in_group) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "request ", req.request_id(), " is a TP-group request: its budget is fixed at admission (admit it anew)"));
-  }
+  if (r.in_group) return ExtendGroupLocked(*s, r, req);  // session_groups.cc
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.token_budget() <= r.capacity_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),

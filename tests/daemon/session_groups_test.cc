@@ -233,7 +233,7 @@ TEST(SessionGroups, AdmissionNeedsEveryRank) {
   auto r1 = Open(*sm, {"g", 1, 3});
   ASSERT_TRUE(r1.ok());
   ASSERT_TRUE(Admit(*sm, *r0, 1, 100).ok());
-  // Groups take no shared prefix, no import and no Extend.
+  // Groups take no shared prefix and no import.
   v1::AdmitRequest child;
   *child.mutable_session() = *r0;
   child.set_request_id(2);
@@ -242,11 +242,6 @@ TEST(SessionGroups, AdmissionNeedsEveryRank) {
   child.set_parent_request_id(1);
   child.set_prefix_tokens(10);
   EXPECT_EQ(sm->Admit(child).status().code(), absl::StatusCode::kInvalidArgument);
-  v1::ExtendRequest ext;
-  *ext.mutable_session() = *r0;
-  ext.set_request_id(1);
-  ext.set_token_budget(2000);
-  EXPECT_EQ(sm->Extend(ext).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Admit(*sm, *r1, 1, 200).status().code(), absl::StatusCode::kInvalidArgument);  // another budget
   EXPECT_INVARIANTS(*sm);
 }
@@ -411,6 +406,48 @@ TEST(SessionGroups, FdChannelHandsGroupSlabsToMembersAlone) {
   }
   auto wrong_uid = sm->DupFdFor(refs[1].session_id(), refs[1].token(), FdObject{FdSlab{slab}}, Owner(2000));
   EXPECT_EQ(wrong_uid.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+absl::StatusOr<v1::ExtendResponse> Extend(SessionManager& sm, const v1::SessionRef& ref, uint64_t id, uint32_t tokens) {
+  v1::ExtendRequest req;
+  *req.mutable_session() = ref;
+  req.set_request_id(id);
+  req.set_token_budget(tokens);
+  return sm.Extend(req);
+}
+
+TEST(SessionGroups, ExtendGrowsEveryRanksShareOnce) {
+  auto sm = MakeManager(16 * kPage);  // 16 pages
+  const auto refs = OpenGroup(*sm, "g", 3);
+  ASSERT_TRUE(Admit(*sm, refs[0], 1, 256).ok());  // 1 page a layer
+  ASSERT_TRUE(Admit(*sm, refs[1], 1, 256).ok());
+  auto grown = Extend(*sm, refs[1], 1, 768);  // 3 pages a layer, for every rank
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(grown->capacity_tokens(), 768u);
+  EXPECT_EQ(PagesUsed(*sm), 3 * kLayers);
+  EXPECT_INVARIANTS(*sm);
+  // The other ranks' half: an Extend to the capacity it has now answers the same pages.
+  for (size_t rank : {0, 2}) {
+    auto mine = Extend(*sm, refs[rank], 1, 768);
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    ASSERT_EQ(mine->layers_size(), grown->layers_size());
+    for (int l = 0; l < mine->layers_size(); ++l) {
+      ASSERT_EQ(mine->layers(l).pages_size(), 3);
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(mine->layers(l).pages(i).slab(), grown->layers(l).pages(i).slab());
+    }
+  }
+  EXPECT_EQ(PagesUsed(*sm), 3 * kLayers);
+  EXPECT_EQ(Extend(*sm, refs[2], 1, 512).status().code(), absl::StatusCode::kInvalidArgument);  // below it
+  // A full pool leaves every share as it was.
+  EXPECT_EQ(Extend(*sm, refs[0], 1, 256 * 9).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(PagesUsed(*sm), 3 * kLayers);
+  EXPECT_INVARIANTS(*sm);
+  // The payer leaves: the next holder carries the grown charge; the last share frees it all.
+  for (const auto& ref : refs) {
+    ASSERT_TRUE(Release(*sm, ref, 1).ok());
+    EXPECT_INVARIANTS(*sm);
+  }
+  EXPECT_EQ(PagesUsed(*sm), 0u);
 }
 
 // The metrics count a TP-4 group's request once: its bytes, one request, four shares.

@@ -229,8 +229,24 @@ TEST_F(TpGroupTest, ARankTwiceAndAnIncompleteGroupAreRefused) {
   ASSERT_TRUE(ranks_[0].AdmitGroup(7, 10, 64).ok()) << hs_last_error();
   EXPECT_EQ(hs_admit_group(ranks_[1].get(), 7, 10, 128, &info), HS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(hs_admit_group(ranks_[0].get(), 7, 10, 64, &info), HS_ERR_ALREADY_EXISTS);
-  EXPECT_EQ(hs_extend(ranks_[0].get(), 7, 128, &info), HS_ERR_FAILED_PRECONDITION);
   EXPECT_EQ(Stats(address_).host_pool().used_bytes(), uint64_t{kLayers} * 4096);
+  // An extension by one rank grows every share; each other rank's hs_extend to it maps the pages.
+  for (uint32_t rank = 1; rank < kRanks; ++rank) {
+    ASSERT_EQ(hs_admit_group(ranks_[rank].get(), 7, 10, 64, &info), HS_OK) << hs_last_error();
+  }
+  ASSERT_EQ(hs_extend(ranks_[0].get(), 7, 128, &info), HS_OK) << hs_last_error();
+  EXPECT_EQ(Stats(address_).host_pool().used_bytes(), uint64_t{kLayers} * 2 * 4096);
+  for (uint32_t rank = 1; rank < kRanks; ++rank) {
+    ASSERT_EQ(hs_extend(ranks_[rank].get(), 7, 128, &info), HS_OK) << hs_last_error();
+    EXPECT_EQ(info.capacity_tokens, 128u);
+  }
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_TRUE(ranks_[0].RecordPtr(7, 3, 127, &a).ok());
+  ASSERT_TRUE(ranks_[2].RecordPtr(7, 3, 127, &b).ok());
+  static_cast<uint8_t*>(a)[5] = 0x77;
+  EXPECT_EQ(static_cast<uint8_t*>(b)[5], 0x77);
+  EXPECT_EQ(Stats(address_).host_pool().used_bytes(), uint64_t{kLayers} * 2 * 4096);
 }
 
 // A caller built before ABI 1.7 passes a struct_size that ends before `group`: whatever lies past

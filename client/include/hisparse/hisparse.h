@@ -402,7 +402,8 @@ hs_result hs_await_import(hs_session* session, uint64_t request_id, uint32_t tim
  * the same bytes, and one rank may store the prefill for all once the engine orders that store
  * before the others' first hs_resolve, which each rank precedes with its own hs_append of the step's
  * token (the newest token's slot B is in each rank's arena). Each rank releases its own share with hs_release (or by
- * closing); the pages go with the last. hs_extend of a group request: HS_ERR_FAILED_PRECONDITION.
+ * closing); the pages go with the last. hs_extend of a group request grows its pages for every rank
+ * (all or nothing); each other rank then calls hs_extend with the same budget, which maps them.
  * Errors besides hs_admit's: HS_ERR_FAILED_PRECONDITION (the session is in no group, a rank has no
  * session yet, or the group holds request_id without a row of this rank), HS_ERR_INVALID_ARGUMENT
  * (token_budget differs from the first rank's), HS_ERR_RESOURCE_EXHAUSTED (the pool, the quota or

@@ -2,7 +2,8 @@
 //
 // THE ADMISSION LOGIC LIVES HERE (session_manager.cc, Admit/Extend/Release). A session is the unit
 // of ownership: it holds requests, each request holds host-pool pages per layer (page_pool.h; the
-// session's slabs are its own) and one row of the session's slot arena. Ending a session — cleanly or because its
+// session's slabs are its own, but a TP-group request's pages are its group's: session_groups.cc)
+// and one row of the session's slot arena. Ending a session — cleanly or because its
 // engine died — releases all of it at once (CloseSession). Requests are named per session: no session can see, extend
 // or release another's. A session belongs to the uid that opened it (its tenant): only that uid may use its token, and
 // a tenant's view (`only_uid` below) shows and touches its own sessions alone.
@@ -347,6 +348,10 @@ class SessionManager {
   void LeaveGroupLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admit with AdmitRequest.group: reserve for every rank, or attach this rank's share.
   AdmitOutcome AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend of a group request: the first rank's grows the group's pages for every share (all or
+  // nothing); a rank's Extend to the capacity the request has already answers its pages.
+  absl::StatusOr<v1::ExtendResponse> ExtendGroupLocked(Session& s, Request& r, const v1::ExtendRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases `s`'s share of a group request: its row, one reference to each page, the charge
   // passed to the next holder; the pages go with the last share.
   void ReleaseGroupShareLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
