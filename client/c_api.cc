@@ -230,6 +230,20 @@ hs_result hs_admit_shared(hs_session* s, uint64_t request_id, uint32_t context_t
   });
 }
 
+hs_result hs_admit_group(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                         hs_request_info* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
+    }
+    auto r = s->impl->AdmitGroup(request_id, context_tokens, token_budget);
+    if (!r.ok()) return ToResult(r.status());
+    if (out != nullptr) WriteSized(*r, out);
+    return HS_OK;
+  });
+}
+
 hs_result hs_park(hs_session* s, uint64_t request_id) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");

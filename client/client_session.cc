@@ -82,6 +82,7 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
   HS_RETURN_IF_ERROR(UnixPathFromAddress(address).status());
   timeout_ms_ = o.timeout_ms ? o.timeout_ms : 10000;
   SetGeometry(o);
+  SetGroup(o);  // client_groups.cc
   HS_RETURN_IF_ERROR(OpenStream(address));
   HS_RETURN_IF_ERROR(AwaitOpened(o.engine_name ? o.engine_name : ""));
   HS_RETURN_IF_ERROR(InitBackend(o, wrap));
@@ -138,6 +139,7 @@ absl::Status ClientSession::AwaitOpened(const std::string& engine_name) {
   v1::SessionRequest open;
   *open.mutable_open()->mutable_geometry() = geometry_;
   open.mutable_open()->set_engine_name(engine_name);
+  if (group_.has_value()) *open.mutable_open()->mutable_group() = *group_;
   v1::SessionEvent first;
   // The stream has no deadline (it lives as long as the session), so the open handshake gets a
   // watchdog: a daemon that accepts but never answers cancels the stream instead of hanging us.

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,11 @@ class ClientSession {
   absl::StatusOr<double> SetLease(uint64_t request_id, uint32_t lease_seconds);
   absl::StatusOr<std::vector<v1::AdoptableRequest>> ListAdoptable();
   absl::StatusOr<std::vector<uint64_t>> Adopt(uint64_t dead_session_id) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // TP groups (client_groups.cc): Admit for the session's group (OpenSession.group, from
+  // hs_session_options.group): the first rank reserves for all, later ranks attach; each gets its
+  // own row over the group's pages, installed as Admit installs a request.
+  absl::StatusOr<hs_request_info> AdmitGroup(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
@@ -187,6 +193,8 @@ class ClientSession {
   absl::Status Connect(const hs_session_options& options, const BackendWrap& wrap);
   // The geometry as the daemon gets it (geometry_), as kernels see it, and the layer anchors.
   void SetGeometry(const hs_session_options& options);
+  // The TP group the options name (group_), if any (client_groups.cc).
+  void SetGroup(const hs_session_options& options);
   // The gRPC channel, connected within timeout_ms: UNAVAILABLE when the daemon is not reached.
   absl::Status OpenStream(const std::string& address);
   // Opens the session stream, sends OpenSession and waits at most timeout_ms for SessionOpened
@@ -241,6 +249,7 @@ class ClientSession {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   v1::Geometry geometry_;
+  std::optional<v1::TpGroup> group_;  // sent with OpenSession; set once in Open
   ArenaGeometry arena_geometry_{};
   // Shared indexers: anchor_[l] is the layer whose selection l reuses (l itself for most layers).
   // An anchor with followers records its miss plan at every RESOLVE into plans_[l]; the data path

@@ -99,6 +99,12 @@ const std::vector<MetricInfo>& MetricCatalog() {
        "Durable requests of ended sessions, parked until adopted or their lease ends; not in hisparse_requests."},
       {"hisparse_orphaned_bytes", "gauge", "Host pool bytes the orphaned durable requests hold."},
       {"hisparse_lease_expiries_total", "counter", "Orphaned durable requests released because their lease ended."},
+      {"hisparse_tp_groups", "gauge", "TP groups (OpenSession.group) on the node."},
+      {"hisparse_host_pool_group_bytes", "gauge",
+       "Host pool bytes of TP groups' requests, counted once however many ranks read them."},
+      {"hisparse_tp_group_requests", "gauge", "TP-group requests (each counted once)."},
+      {"hisparse_tp_group_shares", "gauge",
+       "Rows the ranks of TP groups hold over their groups' requests (requests x ranks when all hold all)."},
   };
   return catalog;
 }
@@ -172,6 +178,15 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     fb.Add("hisparse_resolve_misses_total", static_cast<double>(ss.misses()), labels);
     fb.Add("hisparse_resolve_fetched_bytes_total", static_cast<double>(ss.bytes_fetched()), labels);
   }
+  uint64_t group_requests = 0, group_shares = 0;
+  for (const auto& g : st.groups()) {
+    group_requests += g.requests();
+    group_shares += g.shares();
+  }
+  fb.Add("hisparse_tp_groups", st.groups_size());
+  fb.Add("hisparse_host_pool_group_bytes", static_cast<double>(p.group_bytes()));
+  fb.Add("hisparse_tp_group_requests", static_cast<double>(group_requests));
+  fb.Add("hisparse_tp_group_shares", static_cast<double>(group_shares));
   return fb.Take();
 }
 

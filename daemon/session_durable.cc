@@ -23,7 +23,9 @@
 //
 // An importing request is never durable: a lease at Admit with begin_import is INVALID_ARGUMENT,
 // SetLease on one FAILED_PRECONDITION (set it after CommitImport), so at the session's end an
-// import is always aborted with it, as before.
+// import is always aborted with it, as before. Nor is a TP-group request (its pages are the
+// group's, owned by no session, so no adopter could take them over): a lease at Admit with group
+// is INVALID_ARGUMENT, SetLease on one FAILED_PRECONDITION; a rank's end drops its share.
 //
 // Leases end by the clock (Options::clock): ExpireLeases, which the daemon runs periodically,
 // releases what ran out; Adopt and ListAdoptable also skip (and Adopt first releases) requests
@@ -76,6 +78,10 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
         absl::StrCat("request ", r->id,
                      " is importing: an importing request is never durable; set its lease after "
                      "CommitImport"));
+  }
+  if (r->in_group && req.lease_seconds() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", r->id, " is a TP-group request: a group request is never durable"));
   }
   HS_RETURN_IF_ERROR(CheckLeaseLocked(req.lease_seconds(), /*importing=*/false));
   const absl::Time now = Now();

@@ -100,6 +100,7 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
       info->set_durable(r.lease_end > lease_now);
       info->set_lease_seconds_left(LeaseLeft(r, lease_now));
+      if (r.in_group) FillGroupInfoLocked(s, r, info);  // session_groups.cc
     }
   }
   return out;

@@ -173,6 +173,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                                                    options_.max_tokens_per_request, ")"));
   }
   HS_ASSIGN_OR_RETURN(std::string engine_name, EngineName(open.engine_name(), 128));
+  if (open.has_group()) HS_RETURN_IF_ERROR(ValidateGroup(open.group()));  // session_groups.cc
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
     return absl::InvalidArgumentError(
@@ -199,6 +200,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                     absl::ResourceExhaustedError(
                         absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions")));
     }
+    if (open.has_group()) HS_RETURN_IF_ERROR(CheckJoinLocked(*session, open.group(), max_context));
     if (std::optional<Refusal> refusal = ledger_.CheckOpenSession(owner.uid, layout.total_bytes)) {
       return Reject(*std::move(refusal));
     }
@@ -250,6 +252,13 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return Reject(*std::move(refusal));
   }
+  // Checked again, atomically with the insertion: two sessions racing for one rank.
+  if (absl::Status joined = open.has_group() ? JoinGroupLocked(*session, open.group(), max_context) : absl::OkStatus();
+      !joined.ok()) {
+    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
+    return joined;
+  }
   // The budget was checked against the geometry's bytes; account what the allocator really took
   // (a GPU arena is rounded up to the VMM granularity, 2 MiB on current GPUs).
   arena_bytes_by_device_[open.geometry().gpu()] += session->arena_bytes - layout.total_bytes;
@@ -290,8 +299,10 @@ void SessionManager::CloseSession(uint64_t session_id) {
     dead = std::move(it->second);
     sessions_.erase(it);
     // Its requests released, but for durable ones, which stay as an orphan (session_durable.cc);
-    // its idle slabs leave it (dropped outside the lock).
+    // its idle slabs leave it (dropped outside the lock). Then its rank of a TP group is freed
+    // (session_groups.cc; a group request is never durable, so none went to the orphan).
     released = EndSessionLocked(*dead);
+    LeaveGroupLocked(*dead);
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
@@ -325,6 +336,7 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::Se
 }
 
 void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
+  if (r.in_group) return ReleaseGroupShareLocked(s, r);  // session_groups.cc
   UnshareLocked(s, r);
   for (const std::vector<PagePool::Page>& layer : r.pages) {
     absl::Status st = pool_->ReleaseAll(s.id, layer);
@@ -420,6 +432,14 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     return {absl::InvalidArgumentError(
         absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"))};
   }
+  if (req.group()) {
+    if (req.lease_seconds() != 0) {
+      return {absl::InvalidArgumentError(
+          "lease_seconds with group: a TP-group request is never durable (its pages are the group's, which no "
+          "adopter could take over)")};
+    }
+    return AdmitGroupLocked(*s, req);  // session_groups.cc
+  }
   if (s->requests.contains(req.request_id())) {
     return {
         absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
@@ -482,7 +502,8 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   auto rit = it->second->requests.find(v.request_id);
   if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
-  const uint64_t freed = (rit->second.PageCount() - SharedPagesOf(*it->second, rit->second)) * pool_->page_bytes();
+  const uint64_t freed =
+      (rit->second.PageCount() - UnfreedPagesOfLocked(*it->second, rit->second)) * pool_->page_bytes();
   ReleaseRequestLocked(*it->second, rit->second);
   it->second->requests.erase(rit);
   ++evictions_;
@@ -506,6 +527,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
     return absl::FailedPreconditionError(
         absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
   }
+  if (r.in_group) return ExtendGroupLocked(*s, r, req);  // session_groups.cc
   HS_RETURN_IF_ERROR(CheckBudget(*s, req.token_budget()));
   if (req.token_budget() <= r.capacity_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
@@ -583,6 +605,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     hp->set_ready_slabs(ps.ready_slabs);
     hp->set_scrub_queue(ps.scrub_queue);
     for (const auto& [owner, slabs] : pool_->SlabsByOwner()) {
+      if (IsGroupOwnerLocked(owner)) continue;  // in GroupStats.slabs
       if (!only_uid.has_value() || (sessions_.contains(owner) && sessions_.at(owner)->tenant_uid == *only_uid)) {
         (*hp->mutable_slabs_by_session())[owner] = slabs;
       }
@@ -622,6 +645,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     out.set_requests(requests);
     out.set_parked_requests(parked);
     OrphanStatsLocked(only_uid, &out);  // session_durable.cc
+    FillGroupStatsLocked(only_uid, &out);  // session_groups.cc
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
   // sees them as of some recent point, which is all stats need.
@@ -666,8 +690,11 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
           absl::StrCat("session ", s->id, " belongs to uid ", s->tenant_uid, ", not uid ", peer.uid));
     }
     if (const auto* slab = std::get_if<FdSlab>(&object)) {
-      // A slab is the session's for its whole life: the pool refuses any other's.
-      return pool_->DupSlabFd(session_id, slab->n, bytes);
+      // A slab is the session's for its whole life: the pool refuses any other's. A member of a TP
+      // group may also map its group's slabs.
+      absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(session_id, slab->n, bytes);
+      if (absl::IsPermissionDenied(fd.status()) && !s->group.empty()) return DupGroupSlabLocked(*s, slab->n, bytes);
+      return fd;
     }
     arena = s->arena;
   }
@@ -747,7 +774,9 @@ absl::Status SessionManager::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   HS_RETURN_IF_ERROR(pool_->CheckInvariants());
   HS_RETURN_IF_ERROR(ledger_.CheckInvariants());
+  absl::flat_hash_map<uint64_t, uint64_t> group_paid;  // session -> group pages it is charged for
   uint64_t live = 0;
+  HS_RETURN_IF_ERROR(CheckGroupsLocked(&group_paid, &live));
   for (const auto& [id, s] : sessions_) {
     if (!ledger_.HasSession(id)) return absl::InternalError(absl::StrCat("session ", id, " is not in the ledger"));
     for (const auto& [rid, r] : s->requests) {
@@ -766,12 +795,15 @@ absl::Status SessionManager::CheckInvariants() const {
         }
       }
     }
-    // Distinct pages (a shared one once): the pool's count for the session and the ledger's.
+    // Distinct pages (a shared one once): the pool's count for the session and the ledger's, which
+    // also charges the session the group pages it pays for.
     uint64_t pages = 0;
     HS_RETURN_IF_ERROR(CheckSharingLocked(*s, &pages));
-    if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {
-      return absl::InternalError(absl::StrCat("session ", id, ": requests hold ", pages, " pages, the ledger counts ",
-                                              ledger_.PagesOf(id), ", the pool ", pool_->PagesOf(id)));
+    const uint64_t paid = group_paid.contains(id) ? group_paid.at(id) : 0;
+    if (ledger_.PagesOf(id) != pages + paid || pool_->PagesOf(id) != pages) {
+      return absl::InternalError(absl::StrCat("session ", id, ": requests hold ", pages, " pages (and ", paid,
+                                              " group pages charged), the ledger counts ", ledger_.PagesOf(id),
+                                              ", the pool ", pool_->PagesOf(id)));
     }
     live += pages;
   }

@@ -156,6 +156,7 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
   std::map<PagePool::Page, std::vector<uint64_t>> holders;
   uint64_t charged = 0;
   for (const auto& [rid, r] : s.requests) {
+    if (r.in_group) continue;  // the group's pages: CheckGroupsLocked (session_groups.cc)
     for (const auto& layer : r.pages) {
       for (const PagePool::Page& p : layer) holders[p].push_back(rid);
     }
@@ -198,6 +199,7 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
     }
   }
   for (const auto& [rid, r] : s.requests) {
+    if (r.in_group) continue;
     const uint64_t want = pays.contains(rid) ? pays.at(rid) : 0;
     if (r.charged_pages != want) {
       return absl::InternalError(absl::StrCat("session ", s.id, " request ", rid, ": charged ", r.charged_pages,

@@ -54,6 +54,7 @@ int EvictCommand(const GlobalOptions& g, const CommandOptions& o);
 int DrainCommand(const GlobalOptions& g, const CommandOptions& o);
 int WatchCommand(const GlobalOptions& g, const CommandOptions& o);
 int ConfigCommand(const GlobalOptions& g, const CommandOptions& o);
+int GroupsCommand(const GlobalOptions& g, const CommandOptions& o);
 // Prints stats (table or JSON); shared by `stats` and `watch`.
 void PrintStats(const v1::StatsResponse& s, bool json);
 

@@ -117,6 +117,8 @@ const std::vector<Command>& Commands() {
        },
        WatchCommand},
       {"config", "", "the daemon's effective configuration (YAML)", NoOptions, ConfigCommand},
+      {"groups", "", "TP groups: ranks and their sessions, requests, shares, host bytes counted once", NoOptions,
+       GroupsCommand},
   };
   return commands;
 }

@@ -1,6 +1,7 @@
 // hisparse-ctl requests [--session ID]: every admitted request (live or parked, durable with the
-// lease left, and the bytes it shares with another request), orphaned durable requests of ended
-// sessions, or one session's, following the daemon's pages to the end.
+// lease left, the bytes it shares with another request, and its TP group with the ranks holding
+// it), orphaned durable requests of ended sessions, or one session's, following the daemon's pages
+// to the end.
 #include <cstdio>
 #include <string>
 
@@ -59,20 +60,25 @@ int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
       std::printf(
           "%s\n {\"session_id\": %lu, \"request_id\": %lu, \"row\": %u, \"capacity_tokens\": %u, \"host_bytes\": %lu, "
           "\"age_seconds\": %.3f, \"state\": \"%s\", \"shared_bytes\": %lu, \"durable\": %s, "
-          "\"lease_seconds_left\": %.3f}",
+          "\"lease_seconds_left\": %.3f, \"group\": %s, \"group_holders\": %u}",
           i ? "," : "", r.session_id(), r.request_id(), r.row(), r.capacity_tokens(), r.host_bytes(), r.age_seconds(),
-          StateName(r.state()), r.shared_bytes(), r.durable() ? "true" : "false", r.lease_seconds_left());
+          StateName(r.state()), r.shared_bytes(), r.durable() ? "true" : "false", r.lease_seconds_left(),
+          JsonString(r.group()).c_str(), r.group_holders());
     }
     std::printf("%s]\n", resp.requests_size() ? "\n" : "");
     return kExitOk;
   }
-  std::printf("%-8s %-20s %-19s %5s %10s %11s %11s %9s\n", "SESSION", "REQUEST", "STATE", "ROW", "TOKENS", "HOST",
-              "SHARED", "AGE");
+  std::printf("%-8s %-20s %-19s %5s %10s %11s %11s %9s  %s\n", "SESSION", "REQUEST", "STATE", "ROW", "TOKENS", "HOST",
+              "SHARED", "AGE", "GROUP");
   for (const auto& r : resp.requests()) {
     const bool parked = r.state() != v1::REQUEST_STATE_LIVE;
-    std::printf("%-8lu %-20lu %-19s %5s %10u %11s %11s %8.0fs\n", r.session_id(), r.request_id(),
+    // A group request: "NAME (N ranks)", the ranks whose sessions hold a row over its one set of pages.
+    const std::string group =
+        r.group().empty() ? "-" : r.group() + " (" + std::to_string(r.group_holders()) + " ranks)";
+    std::printf("%-8lu %-20lu %-19s %5s %10u %11s %11s %8.0fs  %s\n", r.session_id(), r.request_id(),
                 StateColumn(r).c_str(), parked ? "-" : std::to_string(r.row()).c_str(), r.capacity_tokens(),
-                FormatByteSize(r.host_bytes()).c_str(), FormatByteSize(r.shared_bytes()).c_str(), r.age_seconds());
+                FormatByteSize(r.host_bytes()).c_str(), FormatByteSize(r.shared_bytes()).c_str(), r.age_seconds(),
+                group.c_str());
   }
   if (resp.requests_size() == 0) std::printf("(no requests)\n");
   return kExitOk;

@@ -20,10 +20,11 @@ void PrintJson(const v1::StatsResponse& s) {
       "\"page_bytes\": %lu, \"slab_bytes\": %lu, \"pages_used\": %lu, \"pages_free\": %lu, \"pages_reserved\": %lu, "
       "\"pages_shared\": %lu, \"shared_bytes\": %lu, \"slabs\": %u, \"ready_slabs\": %u, \"scrub_queue\": %u, "
       "\"hugepages\": %s, "
-      "\"locked\": %s},\n",
+      "\"locked\": %s, \"group_bytes\": %lu},\n",
       p.capacity_bytes(), p.used_bytes(), p.free_bytes(), p.fragmentation(), p.page_bytes(), p.slab_bytes(),
       p.pages_used(), p.pages_free(), p.pages_reserved(), p.pages_shared(), p.shared_bytes(), p.slabs(),
-      p.ready_slabs(), p.scrub_queue(), p.hugepages() ? "true" : "false", p.locked() ? "true" : "false");
+      p.ready_slabs(), p.scrub_queue(), p.hugepages() ? "true" : "false", p.locked() ? "true" : "false",
+      p.group_bytes());
   std::printf(" \"arena_bytes_by_gpu\": {");
   bool first = true;
   for (const auto& [gpu, bytes] : s.arena_bytes_by_device()) {
@@ -73,6 +74,10 @@ void PrintTable(const v1::StatsResponse& s) {
   if (s.durable_requests() != 0 || s.orphaned_requests() != 0 || s.lease_expiries() != 0) {
     std::printf("durable %u, orphaned %u (%s, waiting for adoption), lease expiries %lu\n", s.durable_requests(),
                 s.orphaned_requests(), FormatByteSize(s.orphaned_bytes()).c_str(), s.lease_expiries());
+  }
+  if (s.groups_size() != 0) {
+    std::printf("TP groups %d, their host bytes %s (counted once, whatever the ranks)\n", s.groups_size(),
+                FormatByteSize(p.group_bytes()).c_str());
   }
   if (s.session_stats_size() == 0) return;
   std::printf("\n%-8s %-20s %4s %9s %11s %11s %12s %12s %9s %11s\n", "SESSION", "ENGINE", "GPU", "REQUESTS", "HOST",

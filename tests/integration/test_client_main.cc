@@ -3,6 +3,9 @@
 //   hisparse-test-client ADDRESS hold N        open a session, admit N requests, write a record in
 //                                              each, print "READY <session_id>", wait to be killed
 //   hisparse-test-client ADDRESS churn         admit/release in a loop forever (killed at random)
+//   hisparse-test-client ADDRESS group NAME RANK SIZE N
+//                                              as hold, the session rank RANK of TP group NAME of
+//                                              SIZE ranks and the requests group admissions
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,16 @@ int main(int argc, char** argv) {
   o.slots = 32;
   o.max_requests = 64;
   o.backend = HS_BACKEND_HOST;
+  const int group = strcmp(argv[2], "group") == 0;
+  if (group) {
+    if (argc < 7) {
+      fprintf(stderr, "usage: hisparse-test-client ADDRESS group NAME RANK SIZE N\n");
+      return 2;
+    }
+    o.group = argv[3];
+    o.group_rank = (uint32_t)atoi(argv[4]);
+    o.group_size = (uint32_t)atoi(argv[5]);
+  }
   hs_session* s = nullptr;
   if (hs_session_open(&o, &s) != HS_OK) {
     fprintf(stderr, "open: %s\n", hs_last_error());
@@ -31,11 +44,13 @@ int main(int argc, char** argv) {
   }
   hs_session_info info = HS_SESSION_INFO_INIT;
   hs_session_get_info(s, &info);
-  if (strcmp(argv[2], "hold") == 0) {
-    const int n = argc > 3 ? atoi(argv[3]) : 1;
+  if (strcmp(argv[2], "hold") == 0 || group) {
+    const int n = group ? atoi(argv[6]) : argc > 3 ? atoi(argv[3]) : 1;
     for (int i = 1; i <= n; ++i) {
       hs_request_info ri = HS_REQUEST_INFO_INIT;
-      if (hs_admit(s, (uint64_t)i, 100, 1000, &ri) != HS_OK) {
+      const hs_result r =
+          group ? hs_admit_group(s, (uint64_t)i, 100, 1000, &ri) : hs_admit(s, (uint64_t)i, 100, 1000, &ri);
+      if (r != HS_OK) {
         fprintf(stderr, "admit: %s\n", hs_last_error());
         return 1;
       }

@@ -104,10 +104,21 @@ typedef struct hs_session_options {
    * value near the engine's real maximum (its max model length) saves that memory. Above the
    * daemon's limit: HS_ERR_INVALID_ARGUMENT. hs_session_info.max_tokens_per_request is the bound. */
   uint32_t max_context_tokens;
+  /* Since ABI 1.7. Tensor-parallel group (docs/DESIGN.md, "TP groups"; NULL: none): the sessions of
+   * one engine's TP ranks join the group `group` (1..128 bytes of UTF-8, unique on the node) as rank
+   * group_rank of group_size (1..64), one session per rank, all of one uid, with equal num_layers,
+   * record_bytes and max_context_tokens. A request admitted with hs_admit_group then holds ONE set
+   * of host pages for every rank. hs_session_open fails with HS_ERR_ALREADY_EXISTS (the rank is
+   * held by a live session), HS_ERR_PERMISSION_DENIED (the group is another uid's),
+   * HS_ERR_FAILED_PRECONDITION (another group_size or geometry than the members') or
+   * HS_ERR_INVALID_ARGUMENT (a bad name, size, or rank >= size). */
+  const char* group;
+  uint32_t group_rank;
+  uint32_t group_size;
 } hs_session_options;
 
 #define HS_SESSION_OPTIONS_INIT \
-  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL, 0, 0 }
+  { sizeof(hs_session_options), NULL, NULL, -1, 0, 0, 0, 0, 0, HS_BACKEND_AUTO, 0, NULL, 0, 0, NULL, 0, 0 }
 
 /* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
  * memory. On success *out owns the session; close it with hs_session_close. On failure *out is NULL. */
@@ -383,6 +394,23 @@ hs_result hs_admit_import(hs_session* session, uint64_t request_id, uint32_t con
  * HS_ERR_NOT_FOUND when no import of request_id is pending. */
 hs_result hs_import_grant(hs_session* session, uint64_t request_id, void* buf, size_t capacity, size_t* grant_bytes);
 hs_result hs_await_import(hs_session* session, uint64_t request_id, uint32_t timeout_ms, hs_request_info* out);
+/* Since ABI 1.7 */
+/* hs_admit for the session's TP group (hs_session_options.group): every rank calls it for the same
+ * request_id and token_budget, as TP ranks running one scheduler do. The first call reserves the
+ * request for the whole group or for none of it: one set of host pages, owned by the group, and a
+ * free row in every rank's session; each later rank's call attaches, getting its own row (out->row)
+ * and the same pages. Pages are writable from every rank: ranks of a replicated (MLA) layout append
+ * the same bytes, and one rank may store the prefill for all once the engine orders that store
+ * before the others' first hs_resolve, which each rank precedes with its own hs_append of the step's
+ * token (the newest token's slot B is in each rank's arena). Each rank releases its own share with hs_release (or by
+ * closing); the pages go with the last. hs_extend of a group request grows its pages for every rank
+ * (all or nothing); each other rank then calls hs_extend with the same budget, which maps them.
+ * Errors besides hs_admit's: HS_ERR_FAILED_PRECONDITION (the session is in no group, a rank has no
+ * session yet, or the group holds request_id without a row of this rank), HS_ERR_INVALID_ARGUMENT
+ * (token_budget differs from the first rank's), HS_ERR_RESOURCE_EXHAUSTED (the pool, the quota or
+ * any rank's rows: nothing is reserved), HS_ERR_ALREADY_EXISTS (this rank attached it already). */
+hs_result hs_admit_group(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
+                         hs_request_info* out);
 
 /* Since ABI 1.7 */
 /* Durable requests (docs/DESIGN.md, "Durable requests"): survive the engine. A request with a

@@ -66,6 +66,11 @@ class Session {
     return Error::From(
         hs_admit_shared(s_, id, context_tokens, token_budget, parent, prefix_tokens, info ? info : &local));
   }
+  // Since ABI 1.7: hs_admit for the session's TP group.
+  Error AdmitGroup(uint64_t id, uint32_t context_tokens, uint32_t token_budget, hs_request_info* info = nullptr) {
+    hs_request_info local = HS_REQUEST_INFO_INIT;
+    return Error::From(hs_admit_group(s_, id, context_tokens, token_budget, info ? info : &local));
+  }
   Error Park(uint64_t id) { return Error::From(hs_park(s_, id)); }
   Error Resume(uint64_t id, hs_request_info* info = nullptr) {
     hs_request_info local = HS_REQUEST_INFO_INIT;

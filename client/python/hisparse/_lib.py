@@ -72,6 +72,9 @@ class SessionOptions(ctypes.Structure):
         ("layer_anchor", ctypes.POINTER(ctypes.c_int32)),  # ABI 1.1
         ("draft_tokens", ctypes.c_uint32),  # ABI 1.4
         ("max_context_tokens", ctypes.c_uint32),  # ABI 1.6
+        ("group", ctypes.c_char_p),  # ABI 1.7
+        ("group_rank", ctypes.c_uint32),  # ABI 1.7
+        ("group_size", ctypes.c_uint32),  # ABI 1.7
     ]
 
 
@@ -255,6 +258,8 @@ _SIGNATURES = {
                                          ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "hs_adopt": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,  # 1.7
                                 ctypes.POINTER(ctypes.c_size_t)]),
+    "hs_admit_group": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.7
+                                      ctypes.POINTER(RequestInfo)]),
 }
 
 _lock = threading.Lock()

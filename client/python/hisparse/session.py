@@ -109,13 +109,20 @@ class Session:
         (query_counts) and append() up to n + 1 tokens per row (token_counts).
       max_context_tokens: the longest context one request will hold (0: the daemon's
         limits.max_tokens_per_request); sizes the host page tables the GPU keeps (ABI 1.6).
+      group, rank, group_size: join the tensor-parallel group `group` as rank `rank` of
+        `group_size` (ABI 1.7; docs/DESIGN.md, "TP groups"): one session per TP rank, all of one
+        uid and layout; admit(..., group=True) then holds one set of host pages for every rank.
+        AlreadyExists for a rank held by a live session, PermissionDenied for another uid's group,
+        FailedPrecondition for another size or layout than the members', InvalidArgument for a
+        bad name, size, or rank >= group_size.
     """
 
     def __init__(self, address: Any = None, *, num_layers: int, record_bytes: int, k: int, slots: int,
                  max_requests: int, gpu: int = -1, backend: Union[str, int] = "auto",
                  engine_name: str = "hisparse-python", timeout_ms: int = 0,
                  layer_anchor: Optional[Sequence[int]] = None, draft_tokens: int = 0,
-                 max_context_tokens: int = 0) -> None:
+                 max_context_tokens: int = 0, group: Optional[str] = None, rank: int = 0,
+                 group_size: int = 0) -> None:
         self._lib = _lib.load()
         self._handle: Optional[Any] = None
         if address is not None and not isinstance(address, str):
@@ -142,6 +149,13 @@ class Session:
         o.timeout_ms = int(timeout_ms)
         o.draft_tokens = self.draft_tokens
         o.max_context_tokens = int(max_context_tokens)
+        self.group = group
+        self.rank = int(rank)
+        self.group_size = int(group_size)
+        self._group_bytes = group.encode() if group is not None else None
+        o.group = self._group_bytes
+        o.group_rank = self.rank
+        o.group_size = self.group_size
         self.layer_anchor = [int(a) for a in layer_anchor] if layer_anchor is not None else list(range(self.num_layers))
         if layer_anchor is not None:
             if len(self.layer_anchor) != self.num_layers:
@@ -188,7 +202,7 @@ class Session:
     # ---- control path ----
 
     def admit(self, request_id: int, context_tokens: int, token_budget: int, *, parent: Optional[int] = None,
-              prefix_tokens: int = 0, lease_seconds: int = 0) -> RequestInfo:
+              prefix_tokens: int = 0, lease_seconds: int = 0, group: bool = False) -> RequestInfo:
         """Reserves host pages for token_budget tokens (every layer) and an arena row; resets the row.
 
         With parent (a request of this session, live or parked) and prefix_tokens >= 1, the new
@@ -198,14 +212,27 @@ class Session:
         InvalidArgument for a prefix longer than the parent's capacity or token_budget.
 
         With lease_seconds >= 1 the request is durable from admission (hs_admit_durable; see
-        set_lease); not together with a parent."""
+        set_lease); not together with a parent, nor with group (a group request is never durable).
+
+        With group=True (a session opened with group=), for the session's TP group
+        (hs_admit_group): every rank admits the same id and token_budget; the first reserves one
+        set of pages and a row in every rank's session, or nothing (ResourceExhausted), and later
+        ranks attach to it. FailedPrecondition before every rank has joined; each rank releases
+        its own share."""
         ri = _lib.new_request_info()
+        if lease_seconds and group:
+            raise InvalidArgument("admit: a group request is never durable (no lease_seconds with group)")
         if lease_seconds:
             if parent is not None or prefix_tokens:
                 raise ValueError("admit: lease_seconds with a parent: admit, then set_lease")
             check(self._lib.hs_admit_durable(self._h(), request_id, context_tokens, token_budget, lease_seconds,
                                              ctypes.byref(ri)),
                   f"admit durable request {request_id}")
+        elif group:
+            if parent is not None or prefix_tokens != 0:
+                raise InvalidArgument("a group admission takes no parent or prefix_tokens")
+            check(self._lib.hs_admit_group(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
+                  f"admit request {request_id} for group {self.group!r}")
         elif parent is None and prefix_tokens == 0:
             check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
                   f"admit request {request_id}")

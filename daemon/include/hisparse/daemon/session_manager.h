@@ -2,12 +2,12 @@
 //
 // THE ADMISSION LOGIC LIVES HERE (session_manager.cc, Admit/Extend/Release). A session is the unit
 // of ownership: it holds requests, each request holds host-pool pages per layer (page_pool.h; the
-// session's slabs are its own) and one row of the session's slot arena. Ending a session — cleanly or because its
-// engine died — releases all of it at once (CloseSession), but for durable requests whose lease runs: those stay,
-// parked, until a session of the same tenant and engine name adopts them or the lease ends (session_durable.cc).
-// Requests are named per session: no session can see, extend or release another's. A session belongs to the uid that
-// opened it (its tenant): only that uid may use its token, and a tenant's view (`only_uid` below) shows and touches its
-// own sessions alone.
+// session's slabs are its own, but a TP-group request's pages are its group's: session_groups.cc)
+// and one row of the session's slot arena. Ending a session — cleanly or because its engine died — releases all of it
+// at once (CloseSession), but for durable requests whose lease runs: those stay, parked, until a session of the same
+// tenant and engine name adopts them or the lease ends (session_durable.cc). Requests are named per session: no
+// session can see, extend or release another's. A session belongs to the uid that opened it (its tenant): only that
+// uid may use its token, and a tenant's view (`only_uid` below) shows and touches its own sessions alone.
 //
 // Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
 // onto these methods. The proto messages are used only as plain data types.
@@ -212,6 +212,11 @@ class SessionManager {
     // Durable while the clock is before it (SetLease, AdmitRequest.lease_seconds): the request
     // then outlives its session's end as an orphan. Never set on an importing request.
     absl::Time lease_end = absl::InfinitePast();
+    // A TP-group request (session_groups.cc): its pages are the group's (one set for every rank,
+    // owned in the pool by Group::owner) and this is the session's share, its row. `attached`:
+    // this rank's engine admitted it (false: reserved for it by another rank's admission).
+    bool in_group = false;
+    bool attached = true;
     uint64_t PageCount() const;
   };
   struct Session {
@@ -233,6 +238,26 @@ class SessionManager {
     // order they took the page; the first is charged for it (Request::charged_pages).
     std::map<PagePool::Page, std::vector<uint64_t>> sharers;
     bool imports_closed = false;  // set as the session closes: no new import grant
+    std::string group;            // its TP group's name (OpenSession.group), empty: none
+    uint32_t group_rank = 0;
+  };
+  // A tensor-parallel group (session_groups.cc; docs/DESIGN.md, "TP groups"): sessions of one
+  // tenant, one per rank, whose group requests share one set of host pages. It lives while a
+  // member does.
+  struct Group {
+    // The pool owner of the group's pages: an id of the session counter, so never a session's.
+    uint64_t owner = 0;
+    uint32_t tenant_uid = 0;
+    // What every member's geometry must match: the pages' layout and page-table stride.
+    uint32_t num_layers = 0, record_bytes = 0, max_context_tokens = 0;
+    std::vector<uint64_t> ranks;  // rank -> session id, 0: no live session holds it
+    struct Held {
+      // Member sessions holding a share (a row), in the order they took it; the first is charged
+      // for the pages (its Request::charged_pages, the ledger's count), the others 0.
+      std::vector<uint64_t> holders;
+      std::vector<std::vector<PagePool::Page>> pages;  // per layer; one reference per holder
+    };
+    std::map<uint64_t, Held> requests;  // by request id
   };
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
@@ -358,6 +383,41 @@ class SessionManager {
   // Stats' durable and orphan figures (of `only_uid`'s sessions alone, when set).
   void OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- TP groups (session_groups.cc). ----
+  // INVALID_ARGUMENT for a malformed OpenSession.group (no lock needed).
+  static absl::Status ValidateGroup(const v1::TpGroup& g);
+  // Whether `s` (geometry and tenant set, max context `max_context`) may take its rank of group
+  // `g`: the codes of OpenSession.group. JoinGroupLocked checks it again and joins (creating the
+  // group for its first member); LeaveGroupLocked frees the rank, and the group with its last.
+  absl::Status CheckJoinLocked(const Session& s, const v1::TpGroup& g, uint32_t max_context) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status JoinGroupLocked(Session& s, const v1::TpGroup& g, uint32_t max_context)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LeaveGroupLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admit with AdmitRequest.group: reserve for every rank, or attach this rank's share.
+  AdmitOutcome AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend of a group request: the first rank's grows the group's pages for every share (all or
+  // nothing); a rank's Extend to the capacity the request has already answers its pages.
+  absl::StatusOr<v1::ExtendResponse> ExtendGroupLocked(Session& s, Request& r, const v1::ExtendRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `s`'s share of a group request: its row, one reference to each page, the charge
+  // passed to the next holder; the pages go with the last share.
+  void ReleaseGroupShareLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pages of `r` that releasing it leaves held (shared with another request, or another rank).
+  uint64_t UnfreedPagesOfLocked(const Session& s, const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A dup of slab `slab` of the group of `s` (a member), as DupSlabFd.
+  absl::StatusOr<UniqueFd> DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsGroupOwnerLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stats' group figures: GroupStats, HostPoolStats.group_bytes, each member's SessionStats.group.
+  void FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillGroupInfoLocked(const Session& s, const Request& r, v1::RequestInfo* info) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The group half of CheckInvariants: members, shares, references and charges; `paid` receives
+  // the group pages each session is charged for, `pages` the groups' distinct pages.
+  absl::Status CheckGroupsLocked(absl::flat_hash_map<uint64_t, uint64_t>* paid, uint64_t* pages) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -389,6 +449,7 @@ class SessionManager {
   // the pool until adopted (HandOverSlabs) or emptied.
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> orphans_ ABSL_GUARDED_BY(mu_);
   uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // by name
 };
 
 }  // namespace hisparse

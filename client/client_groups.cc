@@ -1,0 +1,31 @@
+// ClientSession's TP groups: see client_session.h and docs/DESIGN.md, "TP groups". The group's
+// pages reach this process as any request's: the daemon's answer names their slabs, which the fd
+// channel hands to a member of the group (the slabs are the group's, not this session's).
+#include "absl/status/status.h"
+#include "client_session.h"
+#include "hisparse/common/status_macros.h"
+
+namespace hisparse {
+
+void ClientSession::SetGroup(const hs_session_options& o) {
+  if (o.group == nullptr) return;  // NULL before ABI 1.7
+  v1::TpGroup g;
+  g.set_name(o.group);
+  g.set_rank(o.group_rank);
+  g.set_size(o.group_size);
+  group_ = std::move(g);  // the daemon validates it (OpenSession.group)
+}
+
+absl::StatusOr<hs_request_info> ClientSession::AdmitGroup(uint64_t request_id, uint32_t context_tokens,
+                                                          uint32_t token_budget) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  v1::AdmitRequest req;
+  *req.mutable_session() = ref_;
+  req.set_request_id(request_id);
+  req.set_context_tokens(context_tokens);
+  req.set_token_budget(token_budget);
+  req.set_group(true);
+  return AdmitWith(req);
+}
+
+}  // namespace hisparse

@@ -1,0 +1,454 @@
+// SessionManager's tensor-parallel groups: one host copy of a request for every rank. Part of
+// SessionManager (session_manager.h); docs/DESIGN.md, "TP groups".
+//
+// The models hisparse serves (MLA: DeepSeek DSA, GLM-5) replicate the latent KV record on every
+// TP rank, so plain TP keeps world_size identical host copies. A group removes them: sessions of
+// one tenant join a group at OpenSession (name, rank, size), and a request admitted with
+// AdmitRequest.group has ONE set of pages, owned in the pool by the group (Group::owner, an id of
+// the session counter, so never a session's), and a row in EVERY member's session.
+//
+// Admission: the first rank to admit an id reserves it for all, all or nothing (every member's
+// free row, the tenant's quota, the pool); each member gets a Request (its share) at once, marked
+// not attached for the ranks that did not ask yet. Their own Admit of that id attaches: it answers
+// the reserved row and the same pages. A call before every rank joined is FAILED_PRECONDITION.
+// A group admission never evicts. Extend follows the same pattern: the first rank's grows the
+// group's pages for every share, another rank's Extend to that capacity answers them.
+//
+// References and charges: each share holds one pool reference to each page, so a page's count is
+// its holders and the pool's pages_shared counts group pages that serve several ranks. The tenant
+// is charged the pages once: the first holder's share carries them (Request::charged_pages, the
+// ledger's count), the others 0; a departing payer passes the charge to the next holder, as shared
+// prefixes do. quotas.requests counts shares (a row each): a TP-8 group request counts 8.
+//
+// Release: each rank releases its own share (Release, eviction of that share, or its session's
+// end); the pages go with the last share. The group ends with its last member; a rank freed by a
+// dead session may be joined again, and the new session holds shares of later requests only.
+//
+// Writes: pages are writable from every rank. MLA ranks compute the same latent bytes, so every
+// rank's append writing its newest record to the host page writes what the others write: each
+// rank's RESOLVE reads exactly what it would read from pages of its own, and the data path is
+// unchanged. A prefill may be stored by one rank only once the engine orders that store before
+// the other ranks' first RESOLVE (TP engines do: a collective follows the prefill on every rank)
+// and each rank appends the step's token before it (the newest token's slot is in its own arena).
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+namespace {
+
+constexpr uint32_t kMaxGroupSize = 64;
+constexpr size_t kMaxGroupName = 128;
+
+bool IsUtf8(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<uint8_t>(text[i]);
+    const size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    for (size_t j = 1; j < n; ++j) {
+      if ((static_cast<uint8_t>(text[i + j]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status SessionManager::ValidateGroup(const v1::TpGroup& g) {
+  if (g.name().empty() || g.name().size() > kMaxGroupName || !IsUtf8(g.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.name must be 1..", kMaxGroupName, " bytes of UTF-8, got ", g.name().size(), " bytes"));
+  }
+  if (g.size() < 1 || g.size() > kMaxGroupSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.size must be 1..", kMaxGroupSize, ", got ", g.size(), " (group \"", g.name(), "\")"));
+  }
+  if (g.rank() >= g.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("group.rank must be below group.size (", g.size(), "), got ",
+                                                   g.rank(), " (group \"", g.name(), "\")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::CheckJoinLocked(const Session& s, const v1::TpGroup& g, uint32_t max_context) const {
+  auto it = groups_.find(g.name());
+  if (it == groups_.end()) return absl::OkStatus();
+  const Group& group = it->second;
+  const std::string name = absl::StrCat("group \"", g.name(), "\"");
+  if (group.tenant_uid != s.tenant_uid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(name, " belongs to uid ", group.tenant_uid, ", not uid ", s.tenant_uid));
+  }
+  if (group.ranks.size() != g.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " has size ", group.ranks.size(), "; this session says group.size ", g.size()));
+  }
+  auto differs = [&](const char* field, uint32_t theirs, uint32_t mine) {
+    return absl::FailedPreconditionError(absl::StrCat(name, "'s members have geometry.", field, " ", theirs,
+                                                      "; this session has ", mine, ": a group's pages are one layout"));
+  };
+  if (group.num_layers != s.geometry.num_layers())
+    return differs("num_layers", group.num_layers, s.geometry.num_layers());
+  if (group.record_bytes != s.geometry.record_bytes())
+    return differs("record_bytes", group.record_bytes, s.geometry.record_bytes());
+  if (group.max_context_tokens != max_context)
+    return differs("max_context_tokens", group.max_context_tokens, max_context);
+  if (group.ranks[g.rank()] != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(name, " rank ", g.rank(), " is held by live session ", group.ranks[g.rank()]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::JoinGroupLocked(Session& s, const v1::TpGroup& g, uint32_t max_context) {
+  HS_RETURN_IF_ERROR(CheckJoinLocked(s, g, max_context));
+  auto [it, created] = groups_.try_emplace(g.name());
+  Group& group = it->second;
+  if (created) {
+    group.owner = next_session_id_++;
+    group.tenant_uid = s.tenant_uid;
+    group.num_layers = s.geometry.num_layers();
+    group.record_bytes = s.geometry.record_bytes();
+    group.max_context_tokens = max_context;
+    group.ranks.assign(g.size(), 0);
+  }
+  group.ranks[g.rank()] = s.id;
+  s.group = g.name();
+  s.group_rank = g.rank();
+  LOG(INFO) << "session " << s.id << " joined group \"" << g.name() << "\" as rank " << g.rank() << " of " << g.size();
+  return absl::OkStatus();
+}
+
+void SessionManager::LeaveGroupLocked(const Session& s) {
+  if (s.group.empty()) return;
+  auto it = groups_.find(s.group);
+  if (it == groups_.end()) return;
+  Group& group = it->second;
+  if (s.group_rank < group.ranks.size() && group.ranks[s.group_rank] == s.id) group.ranks[s.group_rank] = 0;
+  if (std::any_of(group.ranks.begin(), group.ranks.end(), [](uint64_t id) { return id != 0; })) return;
+  // The last member: its shares were released first, so the group holds no page now.
+  if (!group.requests.empty()) LOG(ERROR) << "group \"" << s.group << "\" ends holding requests";
+  pool_->RetireIdleOf(group.owner);
+  groups_.erase(it);
+}
+
+SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) {
+  const uint64_t id = req.request_id();
+  if (s.group.empty()) {
+    return {absl::FailedPreconditionError(absl::StrCat(
+        "session ", s.id, " is in no TP group (OpenSession.group): admit request ", id, " without group"))};
+  }
+  if (req.parent_request_id() != 0 || req.prefix_tokens() != 0 || req.begin_import()) {
+    return {absl::InvalidArgumentError("a group admission takes no parent_request_id, prefix_tokens or begin_import")};
+  }
+  Group& group = groups_.at(s.group);
+  const std::string name = absl::StrCat("group \"", s.group, "\"");
+  if (auto it = s.requests.find(id); it != s.requests.end()) {
+    Request& r = it->second;
+    if (!r.in_group || r.attached) {
+      return {absl::AlreadyExistsError(absl::StrCat("request ", id, " is already admitted in this session"))};
+    }
+    if (req.token_budget() != r.capacity_tokens) {
+      return {absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(), ") differs from ", name,
+                                                      "'s reservation of request ", id, " (", r.capacity_tokens,
+                                                      " tokens)"))};
+    }
+    r.attached = true;
+    ledger_.Touch(s.id, id);
+    v1::AdmitResponse resp;
+    resp.set_row(r.row);
+    resp.set_capacity_tokens(r.capacity_tokens);
+    FillLayers(s, r, resp.mutable_layers());
+    return {std::move(resp)};
+  }
+  if (group.requests.count(id) != 0) {
+    return {absl::FailedPreconditionError(absl::StrCat(name, " holds request ", id, " without a row of rank ",
+                                                       s.group_rank, " (released, or admitted before it joined)"))};
+  }
+  std::vector<std::string> missing;
+  for (size_t rank = 0; rank < group.ranks.size(); ++rank) {
+    if (group.ranks[rank] == 0) missing.push_back(absl::StrCat(rank));
+  }
+  if (!missing.empty()) {
+    return {absl::FailedPreconditionError(absl::StrCat(name, " lacks rank(s) ", absl::StrJoin(missing, ", "), " of ",
+                                                       group.ranks.size(),
+                                                       ": every rank's session must be open to admit for the group"))};
+  }
+  const uint32_t size = static_cast<uint32_t>(group.ranks.size());
+  const uint64_t per_layer = PagesFor(s, req.token_budget());
+  const uint64_t total = per_layer * s.geometry.num_layers();
+  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s.id, total, size)) return {Reject(*std::move(refusal))};
+  std::vector<uint32_t> rows(size);
+  for (uint32_t rank = 0; rank < size; ++rank) {
+    if (std::optional<Refusal> refusal = ledger_.FreeRow(group.ranks[rank], &rows[rank])) {
+      return {Reject(Refusal{refusal->reason, absl::ResourceExhaustedError(absl::StrCat(
+                                                  name, " rank ", rank, " (session ", group.ranks[rank],
+                                                  "): ", refusal->status.message(), "; nothing was reserved"))})};
+    }
+  }
+  if (total > UINT32_MAX) {
+    return {Reject(RejectReason::kPoolFull,
+                   absl::ResourceExhaustedError(absl::StrCat("a request of ", total, " pages exceeds any host pool")))};
+  }
+  absl::StatusOr<std::vector<PagePool::Page>> pages = pool_->Allocate(group.owner, static_cast<uint32_t>(total));
+  if (!pages.ok()) {
+    return {absl::IsResourceExhausted(pages.status()) ? Reject(RejectReason::kPoolFull, pages.status())
+                                                      : pages.status()};
+  }
+  for (const PagePool::Page& p : *pages) {
+    for (uint32_t extra = 1; extra < size; ++extra) {
+      // The group holds the page: AddRef fails only at the reference limit.
+      if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+    }
+  }
+  Group::Held& held = group.requests[id];
+  for (uint32_t layer = 0; layer < s.geometry.num_layers(); ++layer) {
+    held.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
+  }
+  held.holders.push_back(s.id);  // the caller pays; then the others in rank order
+  for (uint64_t member : group.ranks) {
+    if (member != s.id) held.holders.push_back(member);
+  }
+  const absl::Time now = absl::Now();
+  for (uint32_t rank = 0; rank < size; ++rank) {
+    const uint64_t member = group.ranks[rank];
+    Request r;
+    r.id = id;
+    r.admitted_at = now;
+    r.row = rows[rank];
+    r.capacity_tokens = req.token_budget();
+    r.pages = held.pages;
+    r.in_group = true;
+    r.attached = member == s.id;
+    r.charged_pages = member == s.id ? total : 0;
+    ledger_.Admit(member, id, r.row, r.charged_pages);
+    sessions_.at(member)->requests.emplace(id, std::move(r));
+  }
+  ++admissions_;
+  const Request& mine = s.requests.at(id);
+  v1::AdmitResponse resp;
+  resp.set_row(mine.row);
+  resp.set_capacity_tokens(mine.capacity_tokens);
+  FillLayers(s, mine, resp.mutable_layers());
+  return {std::move(resp)};
+}
+
+absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s, Request& r,
+                                                                     const v1::ExtendRequest& req) {
+  HS_RETURN_IF_ERROR(CheckBudget(s, req.token_budget()));
+  Group& group = groups_.at(s.group);
+  Group::Held& held = group.requests.at(r.id);
+  auto answer = [&] {
+    v1::ExtendResponse resp;
+    resp.set_capacity_tokens(r.capacity_tokens);
+    resp.set_moved(false);
+    FillLayers(s, r, resp.mutable_layers());
+    return resp;
+  };
+  if (req.token_budget() == r.capacity_tokens) {
+    ledger_.Touch(s.id, r.id);
+    return answer();  // another rank extended it: this rank's half
+  }
+  if (req.token_budget() < r.capacity_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                   ") is below the group request's capacity (", r.capacity_tokens,
+                                                   "): extend to it, or beyond"));
+  }
+  const uint64_t extra = PagesFor(s, req.token_budget()) - r.pages[0].size();
+  const uint64_t payer = held.holders.front();
+  if (std::optional<Refusal> refusal = ledger_.CheckGrow(payer, extra * r.pages.size(), 0)) {
+    return Reject(*std::move(refusal));
+  }
+  ledger_.Touch(s.id, r.id);
+  std::vector<std::vector<PagePool::Page>> added(r.pages.size());
+  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    absl::StatusOr<std::vector<PagePool::Page>> got =
+        extra > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any host pool")
+                           : pool_->Allocate(group.owner, static_cast<uint32_t>(extra), &held.pages[layer].back());
+    if (!got.ok()) {
+      for (const auto& done : added) (void)pool_->ReleaseAll(group.owner, done);
+      return absl::IsResourceExhausted(got.status()) ? Reject(RejectReason::kPoolFull, got.status()) : got.status();
+    }
+    added[layer] = *std::move(got);
+  }
+  for (size_t layer = 0; layer < added.size(); ++layer) {
+    for (const PagePool::Page& p : added[layer]) {
+      for (size_t extra_holder = 1; extra_holder < held.holders.size(); ++extra_holder) {
+        if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+      }
+    }
+    held.pages[layer].insert(held.pages[layer].end(), added[layer].begin(), added[layer].end());
+  }
+  for (uint64_t member : held.holders) {
+    Request& share = sessions_.at(member)->requests.at(r.id);
+    share.pages = held.pages;
+    share.capacity_tokens = req.token_budget();
+    if (member == payer) {
+      share.charged_pages += extra * share.pages.size();
+      ledger_.SetPages(member, r.id, share.charged_pages);
+    }
+  }
+  return answer();
+}
+
+void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
+  auto git = groups_.find(s.group);
+  if (git == groups_.end()) {
+    LOG(ERROR) << "accounting error: session " << s.id << " holds a share of request " << r.id << " of no group";
+    return;
+  }
+  Group& group = git->second;
+  for (const std::vector<PagePool::Page>& layer : r.pages) {
+    absl::Status st = pool_->ReleaseAll(group.owner, layer);
+    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of group \"" << s.group << "\": " << st;
+  }
+  r.pages.clear();
+  ledger_.Release(s.id, r.id);
+  auto hit = group.requests.find(r.id);
+  if (hit == group.requests.end()) return;
+  std::vector<uint64_t>& holders = hit->second.holders;
+  const bool was_payer = !holders.empty() && holders.front() == s.id;
+  holders.erase(std::remove(holders.begin(), holders.end(), s.id), holders.end());
+  if (holders.empty()) {
+    group.requests.erase(hit);
+    return;
+  }
+  if (was_payer) {
+    Request& next = sessions_.at(holders.front())->requests.at(r.id);
+    next.charged_pages = r.charged_pages;
+    ledger_.SetPages(holders.front(), r.id, next.charged_pages);
+  }
+}
+
+uint64_t SessionManager::UnfreedPagesOfLocked(const Session& s, const Request& r) const {
+  if (!r.in_group) return SharedPagesOf(s, r);
+  auto git = groups_.find(s.group);
+  if (git == groups_.end()) return 0;
+  auto hit = git->second.requests.find(r.id);
+  return hit != git->second.requests.end() && hit->second.holders.size() > 1 ? r.PageCount() : 0;
+}
+
+absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const {
+  auto it = groups_.find(s.group);
+  if (it == groups_.end()) return absl::PermissionDeniedError(absl::StrCat("slab ", slab, " is not this session's"));
+  absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(it->second.owner, slab, bytes);
+  if (absl::IsPermissionDenied(fd.status())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("slab ", slab, " belongs neither to this session nor to its group \"", s.group, "\""));
+  }
+  return fd;
+}
+
+bool SessionManager::IsGroupOwnerLocked(uint64_t owner) const {
+  for (const auto& [name, group] : groups_) {
+    if (group.owner == owner) return true;
+  }
+  return false;
+}
+
+void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
+  const uint64_t page_bytes = pool_->page_bytes();
+  uint64_t group_pages = 0;
+  for (const auto& [name, group] : groups_) {
+    const uint64_t pages = pool_->PagesOf(group.owner);
+    group_pages += pages;
+    if (only_uid.has_value() && group.tenant_uid != *only_uid) continue;
+    v1::GroupStats* gs = out->add_groups();
+    gs->set_name(name);
+    gs->set_size(static_cast<uint32_t>(group.ranks.size()));
+    for (uint64_t member : group.ranks) gs->add_rank_sessions(member);
+    gs->set_requests(static_cast<uint32_t>(group.requests.size()));
+    gs->set_host_bytes(pages * page_bytes);
+    uint32_t shares = 0;
+    for (const auto& [id, held] : group.requests) shares += static_cast<uint32_t>(held.holders.size());
+    gs->set_shares(shares);
+    gs->set_slabs(pool_->SlabsOf(group.owner));
+  }
+  out->mutable_host_pool()->set_group_bytes(group_pages * page_bytes);
+  for (v1::SessionStats& ss : *out->mutable_session_stats()) {
+    const Session& s = *sessions_.at(ss.session_id());
+    if (s.group.empty()) continue;
+    ss.mutable_group()->set_name(s.group);
+    ss.mutable_group()->set_rank(s.group_rank);
+    ss.mutable_group()->set_size(static_cast<uint32_t>(groups_.at(s.group).ranks.size()));
+  }
+}
+
+void SessionManager::FillGroupInfoLocked(const Session& s, const Request& r, v1::RequestInfo* info) const {
+  info->set_group(s.group);
+  auto git = groups_.find(s.group);
+  if (git == groups_.end()) return;
+  auto hit = git->second.requests.find(r.id);
+  if (hit == git->second.requests.end()) return;
+  const auto holders = static_cast<uint32_t>(hit->second.holders.size());
+  info->set_group_holders(holders);
+  info->set_shared_bytes(holders > 1 ? info->host_bytes() : 0);
+}
+
+absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uint64_t>* paid, uint64_t* pages) const {
+  auto bad = [](auto... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  *pages = 0;
+  for (const auto& [name, group] : groups_) {
+    uint64_t distinct = 0;
+    for (uint32_t rank = 0; rank < group.ranks.size(); ++rank) {
+      const uint64_t member = group.ranks[rank];
+      if (member == 0) continue;
+      auto it = sessions_.find(member);
+      if (it == sessions_.end() || it->second->group != name || it->second->group_rank != rank) {
+        return bad("group \"", name, "\" rank ", rank, " names session ", member, ", which is not that member");
+      }
+      for (const auto& [rid, r] : it->second->requests) {
+        if (r.in_group && group.requests.count(rid) == 0) {
+          return bad("session ", member, " holds a share of request ", rid, ", which group \"", name, "\" lacks");
+        }
+      }
+    }
+    for (const auto& [rid, held] : group.requests) {
+      if (held.holders.empty()) return bad("group \"", name, "\" request ", rid, " has no holder");
+      for (size_t i = 0; i < held.holders.size(); ++i) {
+        const uint64_t member = held.holders[i];
+        auto it = sessions_.find(member);
+        const Request* r = nullptr;
+        if (it != sessions_.end() && it->second->group == name) {
+          auto rit = it->second->requests.find(rid);
+          if (rit != it->second->requests.end() && rit->second.in_group) r = &rit->second;
+        }
+        if (r == nullptr) return bad("group \"", name, "\" request ", rid, ": holder ", member, " holds no share");
+        if (r->pages != held.pages) return bad("group \"", name, "\" request ", rid, ": session ", member, "'s pages");
+        const uint64_t want = i == 0 ? r->PageCount() : 0;
+        if (r->charged_pages != want) {
+          return bad("group \"", name, "\" request ", rid, ": session ", member, " charged ", r->charged_pages,
+                     " pages, want ", want);
+        }
+        (*paid)[member] += want;
+      }
+      for (const auto& layer : held.pages) {
+        for (const PagePool::Page& p : layer) {
+          if (pool_->RefCount(p) != held.holders.size()) {
+            return bad("group \"", name, "\" request ", rid, ": page ", p.index, " of slab ", p.slab, " has ",
+                       pool_->RefCount(p), " references, ", held.holders.size(), " holders");
+          }
+          ++distinct;
+        }
+      }
+    }
+    if (pool_->PagesOf(group.owner) != distinct) {
+      return bad("group \"", name, "\" requests hold ", distinct, " pages, the pool counts ",
+                 pool_->PagesOf(group.owner));
+    }
+    *pages += distinct;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hisparse
