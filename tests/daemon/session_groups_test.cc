@@ -246,6 +246,35 @@ TEST(SessionGroups, AdmissionNeedsEveryRank) {
   EXPECT_INVARIANTS(*sm);
 }
 
+// A group request is never durable: its pages are the group's, which no adopter could take over.
+// A lease at admission is INVALID_ARGUMENT and reserves nothing; SetLease on a share is
+// FAILED_PRECONDITION and leaves it as it was.
+TEST(SessionGroups, AGroupRequestIsNeverDurable) {
+  auto sm = MakeManager(16 * kMiB);
+  const std::vector<v1::SessionRef> refs = OpenGroup(*sm, "g", 2);
+  v1::AdmitRequest req;
+  *req.mutable_session() = refs[0];
+  req.set_request_id(1);
+  req.set_token_budget(100);
+  req.set_group(true);
+  req.set_lease_seconds(60);
+  const absl::Status leased = sm->Admit(req).status();
+  EXPECT_EQ(leased.code(), absl::StatusCode::kInvalidArgument) << leased;
+  EXPECT_EQ(PagesUsed(*sm), 0u);
+  EXPECT_INVARIANTS(*sm);
+  ASSERT_TRUE(Admit(*sm, refs[0], 1, 100).ok());
+  v1::SetLeaseRequest lease;
+  *lease.mutable_session() = refs[0];
+  lease.set_request_id(1);
+  lease.set_lease_seconds(60);
+  const absl::Status set = sm->SetLease(lease).status();
+  EXPECT_EQ(set.code(), absl::StatusCode::kFailedPrecondition) << set;
+  sm->CloseSession(refs[0].session_id());  // its share goes with it: nothing becomes an orphan
+  EXPECT_EQ(sm->Stats().orphaned_requests(), 0u);
+  EXPECT_GT(PagesUsed(*sm), 0u);  // rank 1's share (reserved for it) still holds the pages
+  EXPECT_INVARIANTS(*sm);
+}
+
 TEST(SessionGroups, FullPoolReservesNothingForAnyRank) {
   auto sm = MakeManager(16 * kPage);  // 16 pages in all
   const auto refs = OpenGroup(*sm, "g", 2);
