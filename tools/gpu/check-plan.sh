@@ -6,7 +6,7 @@
 # Steps, most important first (a run cut short by the device's time keeps what it did): link
 # bandwidth (hisparse-bench resolve's own measurement, one small point); gpu_resolve_test,
 # gpu_prefetch_test, gpu_two_process_test, gpu_store_test, gpu_resolve_multi_test,
-# gpu_arena_session_test, gpu_park_share_test; pytest tests/python (GPU cases included); examples/engine/run_engine.py
+# gpu_arena_session_test, gpu_park_share_test, gpu_tp_group_test; pytest tests/python (GPU cases included); examples/engine/run_engine.py
 # with speculative decoding (1 and 3 drafts, bf16 and fp8, exactness) and through the SGLang adapter
 # (--adapter sglang, plain and MTP); hisparse-bench resolve
 # --draft-tokens (multi-query RESOLVE against n+1 single-query launches, with fresh misses and the
@@ -40,7 +40,7 @@ grep '"kind":"link"' "$BL" | tee -a "$S"
 G="$OUT/gpu_tests.log"
 : > "$G"
 for t in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test \
-  gpu_park_share_test; do
+  gpu_park_share_test gpu_tp_group_test; do
   echo "=== $t" >> "$G"
   step 200 "$t" "$B/bin/$t" >> "$G" 2>&1
 done
