@@ -80,3 +80,23 @@ def test_group_admission_before_every_rank_joined(small_page_daemon):
     with open_rank(small_page_daemon, "py-half", 0) as s:
         with pytest.raises(hisparse.FailedPrecondition):
             s.admit(1, 10, 64, group=True)
+
+
+def test_tp_group_memory_bench_smoke():
+    """bench/tp_group_memory.py --smoke: the benchmark behind bench/RESULTS.md's TP-group figures
+    runs, and its own check (a group holds one copy, ungrouped ranks one each) holds."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    _library_or_skip()
+    _daemon_or_skip()
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "tp_group_memory.py"
+    done = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["mode"] for r in rows] == ["ungrouped", "tp_group"]
+    assert rows[0]["pool_used_bytes"] == 2 * rows[1]["pool_used_bytes"] > 0
