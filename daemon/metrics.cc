@@ -81,6 +81,9 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_requests", "gauge", "Admitted requests."},
       {"hisparse_parked_requests", "gauge",
        "Parked requests (host pages kept, no arena row); counted in hisparse_requests too."},
+      {"hisparse_importing_requests", "gauge",
+       "Requests importing from a remote writer (open grants); counted in hisparse_requests too."},
+      {"hisparse_imports_total", "counter", "Import grants ended since start, by how (committed, aborted, expired)."},
       {"hisparse_host_pool_shared_bytes", "gauge", "Host pool bytes serving more than one request (shared prefixes)."},
       {"hisparse_admissions_total", "counter", "Requests admitted since start."},
       {"hisparse_rejections_total", "counter", "Admissions and session opens refused, by reason."},
@@ -141,6 +144,10 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_sessions", st.sessions());
   fb.Add("hisparse_requests", st.requests());
   fb.Add("hisparse_parked_requests", st.parked_requests());
+  fb.Add("hisparse_importing_requests", st.importing_requests());
+  fb.Add("hisparse_imports_total", static_cast<double>(st.imports_committed()), {{"end", "committed"}});
+  fb.Add("hisparse_imports_total", static_cast<double>(st.imports_aborted()), {{"end", "aborted"}});
+  fb.Add("hisparse_imports_total", static_cast<double>(st.imports_expired()), {{"end", "expired"}});
   fb.Add("hisparse_durable_requests", st.durable_requests());
   fb.Add("hisparse_orphaned_requests", st.orphaned_requests());
   fb.Add("hisparse_orphaned_bytes", static_cast<double>(st.orphaned_bytes()));

@@ -180,6 +180,7 @@ absl::Status SessionManager::CheckGrantLocked(const std::string& grant_id, uint6
 }
 
 void SessionManager::RememberSpentLocked(const std::string& grant_id, const Grant& g, GrantEnd end) {
+  ++imports_ended_[static_cast<int>(end)];
   if (spent_order_.size() >= kSpentGrants) {
     spent_grants_.erase(spent_order_.front());
     spent_order_.pop_front();

@@ -94,9 +94,10 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_capacity_tokens(r.capacity_tokens);
       info->set_host_bytes(r.PageCount() * pool_->page_bytes());
       info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
-      info->set_state(orphaned   ? v1::REQUEST_STATE_ORPHANED
-                      : r.parked ? v1::REQUEST_STATE_PARKED
-                                 : v1::REQUEST_STATE_LIVE);
+      info->set_state(orphaned                  ? v1::REQUEST_STATE_ORPHANED
+                      : r.parked                ? v1::REQUEST_STATE_PARKED
+                      : !r.import_grant.empty() ? v1::REQUEST_STATE_IMPORTING
+                                                : v1::REQUEST_STATE_LIVE);
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
       info->set_durable(r.lease_end > lease_now);
       info->set_lease_seconds_left(LeaseLeft(r, lease_now));

@@ -624,7 +624,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     for (const auto& [device, bytes] : arena_bytes_by_device_) (*out.mutable_arena_bytes_by_device())[device] = bytes;
     out.set_arena_budget_bytes(options_.arena_budget_bytes);
     uint32_t requests = 0;
-    uint32_t parked = 0;
+    uint32_t parked = 0, importing = 0;
     for (const auto& [id, s] : sessions_) {
       if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
       ++sessions;
@@ -634,7 +634,10 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       ss->set_engine_name(s->engine_name);
       *ss->mutable_geometry() = s->geometry;
       ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-      for (const auto& [rid, r] : s->requests) parked += r.parked ? 1 : 0;
+      for (const auto& [rid, r] : s->requests) {
+        parked += r.parked ? 1 : 0;
+        importing += r.import_grant.empty() ? 0 : 1;
+      }
       ss->set_host_bytes(ledger_.PagesOf(id) * ps.page_bytes);  // distinct pages: shared ones once
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
@@ -644,7 +647,11 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     out.set_sessions(sessions);
     out.set_requests(requests);
     out.set_parked_requests(parked);
-    OrphanStatsLocked(only_uid, &out);  // session_durable.cc
+    out.set_importing_requests(importing);
+    out.set_imports_committed(imports_ended_[static_cast<int>(GrantEnd::kCommitted)]);
+    out.set_imports_aborted(imports_ended_[static_cast<int>(GrantEnd::kAborted)]);
+    out.set_imports_expired(imports_ended_[static_cast<int>(GrantEnd::kExpired)]);
+    OrphanStatsLocked(only_uid, &out);     // session_durable.cc
     FillGroupStatsLocked(only_uid, &out);  // session_groups.cc
   }
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it

@@ -21,6 +21,8 @@ const char* StateName(v1::RequestState state) {
       return "parked";
     case v1::REQUEST_STATE_ORPHANED:
       return "orphaned";
+    case v1::REQUEST_STATE_IMPORTING:
+      return "importing";
     default:
       return "live";
   }
@@ -71,7 +73,7 @@ int RequestsCommand(const GlobalOptions& g, const CommandOptions& o) {
   std::printf("%-8s %-20s %-19s %5s %10s %11s %11s %9s  %s\n", "SESSION", "REQUEST", "STATE", "ROW", "TOKENS", "HOST",
               "SHARED", "AGE", "GROUP");
   for (const auto& r : resp.requests()) {
-    const bool parked = r.state() != v1::REQUEST_STATE_LIVE;
+    const bool parked = r.state() == v1::REQUEST_STATE_PARKED || r.state() == v1::REQUEST_STATE_ORPHANED;
     // A group request: "NAME (N ranks)", the ranks whose sessions hold a row over its one set of pages.
     const std::string group =
         r.group().empty() ? "-" : r.group() + " (" + std::to_string(r.group_holders()) + " ranks)";

@@ -36,9 +36,11 @@ void PrintJson(const v1::StatsResponse& s) {
   std::printf(
       " \"sessions\": %u, \"requests\": %u, \"parked_requests\": %u, \"admissions\": %lu, \"rejections\": %lu, "
       "\"evictions\": %lu,\n \"durable_requests\": %u, \"orphaned_requests\": %u, \"orphaned_bytes\": %lu, "
-      "\"lease_expiries\": %lu,\n \"session_stats\": [",
+      "\"lease_expiries\": %lu,\n \"importing_requests\": %u, \"imports_committed\": %lu, \"imports_aborted\": %lu, "
+      "\"imports_expired\": %lu,\n \"session_stats\": [",
       s.sessions(), s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions(),
-      s.durable_requests(), s.orphaned_requests(), s.orphaned_bytes(), s.lease_expiries());
+      s.durable_requests(), s.orphaned_requests(), s.orphaned_bytes(), s.lease_expiries(), s.importing_requests(),
+      s.imports_committed(), s.imports_aborted(), s.imports_expired());
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();
@@ -74,6 +76,10 @@ void PrintTable(const v1::StatsResponse& s) {
   if (s.durable_requests() != 0 || s.orphaned_requests() != 0 || s.lease_expiries() != 0) {
     std::printf("durable %u, orphaned %u (%s, waiting for adoption), lease expiries %lu\n", s.durable_requests(),
                 s.orphaned_requests(), FormatByteSize(s.orphaned_bytes()).c_str(), s.lease_expiries());
+  }
+  if (s.importing_requests() != 0 || s.imports_committed() + s.imports_aborted() + s.imports_expired() != 0) {
+    std::printf("importing %u; imports committed %lu, aborted %lu, expired %lu\n", s.importing_requests(),
+                s.imports_committed(), s.imports_aborted(), s.imports_expired());
   }
   if (s.groups_size() != 0) {
     std::printf("TP groups %d, their host bytes %s (counted once, whatever the ranks)\n", s.groups_size(),

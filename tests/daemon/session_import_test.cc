@@ -256,6 +256,40 @@ TEST_F(SessionImportTest, ReleaseBatchAbortsAnImportingRequest) {
   EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
 }
 
+// An importing request lists as IMPORTING (it holds a row but is not live yet) and counts in
+// Stats.importing_requests; how grants end is counted: committed, aborted, expired.
+TEST_F(SessionImportTest, ListingAndStatsShowImports) {
+  auto a = AdmitImport(1, 100);
+  auto b = AdmitImport(2, 100);
+  auto c = AdmitImport(3, 100);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  auto state_of = [this](uint64_t id) {
+    auto listed = sm_->ListRequests(v1::ListRequestsRequest());
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    for (const v1::RequestInfo& r : listed->requests()) {
+      if (r.request_id() == id) return r.state();
+    }
+    return v1::REQUEST_STATE_UNSPECIFIED;
+  };
+  EXPECT_EQ(state_of(1), v1::REQUEST_STATE_IMPORTING);
+  EXPECT_EQ(sm_->Stats().importing_requests(), 3u);
+  ASSERT_TRUE(sm_->CommitImport(CommitOf(a->grant()), kUid).ok());
+  EXPECT_EQ(state_of(1), v1::REQUEST_STATE_LIVE);
+  v1::AbortImportRequest abort;
+  abort.set_grant_id(b->grant().grant_id());
+  abort.set_session_id(b->grant().session_id());
+  abort.set_request_id(b->grant().request_id());
+  ASSERT_TRUE(sm_->AbortImport(abort, kUid).ok());
+  Advance(absl::Seconds(11));  // past the 10 s grant ttl
+  EXPECT_EQ(sm_->ExpireImports(), 1u);
+  const v1::StatsResponse st = sm_->Stats();
+  EXPECT_EQ(st.importing_requests(), 0u);
+  EXPECT_EQ(st.imports_committed(), 1u);
+  EXPECT_EQ(st.imports_aborted(), 1u);
+  EXPECT_EQ(st.imports_expired(), 1u);
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
 TEST_F(SessionImportTest, NoTargetOrAFailedRegistrationHoldsNothing) {
   target_.fail_next = true;
   EXPECT_EQ(AdmitImport(1, 100).status().code(), absl::StatusCode::kInternal);

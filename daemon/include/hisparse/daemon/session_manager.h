@@ -443,7 +443,8 @@ class SessionManager {
   ImportTarget* import_target_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::flat_hash_map<std::string, Grant> grants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SpentGrant> spent_grants_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);    // oldest first
+  uint64_t imports_ended_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // by GrantEnd, since start
   // Ended sessions that keep durable requests, by the ended session's id (session_durable.cc):
   // no arena (null), no token, no sink; every request parked. Their slabs stay under that id in
   // the pool until adopted (HandOverSlabs) or emptied.
