@@ -249,6 +249,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
   Group& group = groups_.at(s.group);
   Group::Held& held = group.requests.at(r.id);
   auto answer = [&] {
+    mu_.AssertHeld();  // called below, under the lock ExtendGroupLocked holds
     v1::ExtendResponse resp;
     resp.set_capacity_tokens(r.capacity_tokens);
     resp.set_moved(false);
