@@ -196,16 +196,24 @@ absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitEachItem(const v1::A
 
 absl::StatusOr<std::vector<std::optional<absl::Status>>> SessionManager::AbortImportingItems(
     const v1::ReleaseBatchRequest& req) {
+  std::vector<std::optional<absl::Status>> aborted(req.request_ids_size());
+  std::vector<std::pair<int, std::string>> importing;  // (item, grant id): first naming only
   {
     absl::MutexLock lock(&mu_);
-    HS_RETURN_IF_ERROR(FindLocked(req.session()).status());
+    HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+    absl::flat_hash_set<uint64_t> named;
+    for (int i = 0; i < req.request_ids_size(); ++i) {
+      const uint64_t id = req.request_ids(i);
+      if (!named.insert(id).second) continue;  // a repeat: refused as such by the caller
+      auto it = s->requests.find(id);
+      if (it != s->requests.end() && !it->second.import_grant.empty())
+        importing.emplace_back(i, it->second.import_grant);
+    }
   }
-  std::vector<std::optional<absl::Status>> aborted(req.request_ids_size());
-  v1::ReleaseRequest one;
-  *one.mutable_session() = req.session();
-  for (int i = 0; i < req.request_ids_size(); ++i) {
-    one.set_request_id(req.request_ids(i));
-    aborted[i] = ReleaseIfImporting(one);  // nullopt: not importing (or gone: a repeat)
+  // Outside the lock, as Release's abort (FinishImport revokes the grant's memory first).
+  for (const auto& [i, grant_id] : importing) {
+    aborted[i] = FinishImport(grant_id, req.session().session_id(), req.request_ids(i), std::nullopt,
+                              ImportOutcome::kAbort, "aborted: released by the session");
   }
   return aborted;
 }

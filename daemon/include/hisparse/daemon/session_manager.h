@@ -351,7 +351,8 @@ class SessionManager {
   // Release of an importing request: an abort. Unset when the request is not importing.
   std::optional<absl::Status> ReleaseIfImporting(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   // ReleaseBatch's importing items, each aborted as Release aborts it (session_batch.cc): per item
-  // the abort's result, or nullopt for an item that is not importing. Checks the session first.
+  // the abort's result, or nullopt for an item that is not importing. One lock finds them (and
+  // checks the session); only they pay a FinishImport.
   absl::StatusOr<std::vector<std::optional<absl::Status>>> AbortImportingItems(const v1::ReleaseBatchRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Before a session closes: waits out its busy grants and revokes the rest (their requests are
