@@ -48,6 +48,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -168,6 +169,27 @@ WsLayout ComputeWsLayout(const ArenaGeometry& g, int max_batch) {
   w.queue_entries = mb * chunks_per_row + (mb + kMaxHelperBlocks) * kWarps;
   w.total = AlignUp(w.queue + w.queue_entries * sizeof(unsigned long long), 256);
   return w;
+}
+
+// The max_batch a workspace of `bytes` was sized for (the largest whose layout fits; -1: none).
+// A launch lays the workspace out for this, not for its own max_batch: the queue must sit at the
+// same offset in every launch that shares the workspace, since only the queue is left zeroed. A
+// layout per launch put a smaller launch's queue over a larger one's stale plan entries, which
+// consumers then took as chunks of garbage batch entries (SGLang's padded batch sizes, 2 then 1).
+int WsCapacity(const ArenaGeometry& g, size_t bytes) {
+  if (ComputeWsLayout(g, 0).total > bytes) return -1;
+  int lo = 0;  // fits
+  size_t hi = bytes / (static_cast<size_t>(g.k) * sizeof(int2)) + 1;  // its plan alone does not fit
+  if (hi > static_cast<size_t>(INT32_MAX)) hi = INT32_MAX;
+  while (static_cast<size_t>(lo) + 1 < hi) {
+    const int mid = static_cast<int>((lo + hi) / 2);
+    if (ComputeWsLayout(g, mid).total <= bytes) {
+      lo = mid;
+    } else {
+      hi = static_cast<size_t>(mid);
+    }
+  }
+  return lo;
 }
 
 int HashBits(int k) {
@@ -1087,11 +1109,13 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   }
   // Multi-query steps (rule 8) have their own kernels (resolve_multi.cu); this one stays n = 0's.
   if (g.draft_tokens != 0) return internal::LaunchMultiQueryResolve(d, workspace, workspace_bytes, *c, stream);
-  const WsLayout ws = ComputeWsLayout(g, d.max_batch);
-  if (!workspace || workspace_bytes < ws.total) {
-    std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes, ws.total);
+  const int capacity = WsCapacity(g, workspace_bytes);
+  if (!workspace || capacity < d.max_batch) {
+    std::snprintf(buf, sizeof buf, "RESOLVE workspace too small: %zu bytes, needs %zu", workspace_bytes,
+                  ComputeWsLayout(g, d.max_batch).total);
     return internal::FailLaunch(buf);
   }
+  const WsLayout ws = ComputeWsLayout(g, capacity);
   const SmemLayout sm = ComputeSmem(g);
   ResolveParams p{};
   p.d = d;

@@ -351,7 +351,7 @@ class World {
     d.arena = ref_;
     d.host = RefHost();
     d.layer = layer_;
-    d.max_batch = cfg_.max_batch;
+    d.max_batch = LaunchMaxBatch();
     d.batch_size = batch;
     d.rows = rows_.data();
     d.seq_lens = seqs_.data();
@@ -373,7 +373,7 @@ class World {
     d.arena = gpu_;
     d.host = GpuHost();
     d.layer = layer_;
-    d.max_batch = cfg_.max_batch;
+    d.max_batch = LaunchMaxBatch();
     d.batch_size = d_batch_;
     d.rows = d_rows_;
     d.seq_lens = d_seq_;
@@ -426,8 +426,9 @@ class World {
     }
     // Rule 7: every column of every entry past the batch is kPadding (the GPU's buffer was
     // poisoned before the launch, so an entry left alone fails here).
-    const int active = std::max(0, std::min(batch, cfg_.max_batch));
-    for (size_t x = static_cast<size_t>(active) * cfg_.k; x < out.size() && !no_out_; ++x) {
+    const int active = std::max(0, std::min(batch, LaunchMaxBatch()));
+    const size_t launched = static_cast<size_t>(LaunchMaxBatch()) * cfg_.k;  // entries past it stay poisoned
+    for (size_t x = static_cast<size_t>(active) * cfg_.k; x < launched && !no_out_; ++x) {
       ASSERT_EQ(out[x], kPadding) << what << ": padded out_slots[" << x / cfg_.k << "][" << x % cfg_.k << "] (batch "
                                   << batch << ")";
     }
@@ -552,6 +553,10 @@ class World {
   void* d_plan_ = nullptr;
   size_t plan_bytes_ = 0;
   std::vector<int32_t> ref_plan_;
+  // The descriptors' max_batch (0: cfg_.max_batch; a smaller one launches over the same
+  // workspace and buffers, sized for cfg_.max_batch; not with a plan or a page table).
+  int launch_max_batch_ = 0;
+  int LaunchMaxBatch() const { return launch_max_batch_ > 0 ? launch_max_batch_ : cfg_.max_batch; }
   int pt_records_ = 0, pt_offset_ = 0;  // page table: 0 records = not written
   bool no_out_ = false;
   int32_t* d_pt_ = nullptr;
@@ -695,6 +700,31 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("graph"));
   for (auto e : execs) cudaGraphExecDestroy(e);
   cudaStreamDestroy(s);
+}
+
+// One workspace under launches of different max_batch in turn, as an engine's graphs per padded
+// batch size run (SGLang: 2, then 1 when a request finishes), every entry all or mostly misses
+// so that each row queues chunks past its own warps': each step equals the reference. The queue
+// once moved with max_batch, onto a larger launch's stale plan entries, and consumers took those
+// as chunks of garbage batch entries (an illegal address in the SGLang adapter on the H200).
+TEST(ResolveGpu, LaunchesOfDifferentMaxBatchShareOneWorkspace) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 656, 8, 0};
+  World w(c, 2, 4242);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  const int max_batches[] = {8, 1, 4, 2, 8, 1, 3, 1, 2, 1, 8, 5};
+  int step = 0;
+  for (const int mb : max_batches) {
+    w.launch_max_batch_ = mb;
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(mb, 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(
+        w.CompareStep(batch, 0, "max_batch " + std::to_string(mb) + " step " + std::to_string(step++)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("max_batch varies"));
 }
 
 // Rule 7 under a CUDA graph captured for a max_batch larger than the grid's row blocks (k = 2048:

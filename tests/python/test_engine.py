@@ -150,16 +150,6 @@ def test_sglang_adapter_mode_exact_on_the_host_backend(daemon, tmp_path):
     assert [r["slots"] for r in rows] == [16, 32]
 
 
-# The plain coordinator's CUDA path (swap_in_selected_pages with its per-step append) hit an
-# illegal memory access on the H200 in the device run of 2026-12-01, in this test and in
-# run_engine.py --adapter sglang (the MTP coordinator's CUDA path was bit-exact in the same run).
-# An illegal access poisons the process's CUDA context, and every later GPU test of the pytest
-# run failed with it; skipped until it is found (issue 22).
-PLAIN_ADAPTER_ON_CUDA = ("HisparsedCoordinator on the CUDA backend: illegal memory access on the H200 "
-                         "(2026-12-01), not yet found; skipped so that later GPU tests keep a clean context")
-
-
-@pytest.mark.skip(reason=PLAIN_ADAPTER_ON_CUDA)
 @pytest.mark.parametrize("graph", [True, False])
 def test_sglang_adapter_mode_exact_on_a_gpu(daemon, gpu, tmp_path, graph):
     rows = run_sglang_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "40",

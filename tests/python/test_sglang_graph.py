@@ -165,9 +165,6 @@ class _Pool:
 def test_swap_in_replays_in_a_cuda_graph(small_page_daemon, where):
     """Every layer's swap-in captured once (bs 4) and replayed over 6 steps, the batch shrinking
     from 3 requests to 2: the bytes at every returned index are the selected position's."""
-    if where == "cuda":
-        from test_engine import PLAIN_ADAPTER_ON_CUDA
-        pytest.skip(PLAIN_ADAPTER_ON_CUDA)
     from hisparse.integrations.sglang import HisparsedCoordinator
 
     pool = _Pool(1024, 4, sa.MAX_CTX, where)

@@ -11,7 +11,9 @@
 // RESOLVE needs a caller-provided workspace in device memory (ResolveWorkspaceBytes): it holds
 // the per-launch work queue that spreads one step's miss fetches over the whole GPU. The workspace
 // must be zeroed once after allocation (InitResolveWorkspace); every launch leaves it zeroed
-// again, so graph replays need nothing in between. One workspace serves one stream at a time:
+// again, so graph replays need nothing in between. Its layout depends only on the geometry and its
+// size, so launches of any max_batch up to the one it was sized for may share it, in any order
+// (a graph per padded batch size, as engines capture them). One workspace serves one stream at a time:
 // launches that share it must be ordered (same stream, or a dependency). After a launch that
 // failed mid-kernel (a sticky CUDA error) re-initialize it.
 //
