@@ -19,7 +19,9 @@
 // L2 is scrubbed with a 128 MiB memset (so tables come from HBM, as in serving), a ~20 us GPU
 // spin kernel runs so that the host launch overhead is hidden as in a CUDA graph, then CUDA events
 // bracket the one RESOLVE launch. Median and min over --runs; the no-IO variant (flag NoFetch:
-// same planning, no bytes moved) is timed the same way.
+// same planning, no bytes moved) is timed the same way. --fetch-order runs every point once per
+// order of the miss copies (ResolveLaunchConfig::address_order; address, the default, or
+// selection), each launch with the figures PrepareResolveLaunch asked for once per point.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -87,6 +89,7 @@ struct Options {
   int runs = 200;
   bool scrub_l2 = true;
   bool smoke = false;
+  std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
 };
 
 void Usage() {
@@ -94,7 +97,8 @@ void Usage() {
                "usage: hisparse-bench resolve [--batch 1,10,64,100,128] [--slots 4096,8192]\n"
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
                "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
-               "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072] [--smoke]\n"
+               "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
+               "       [--fetch-order address,selection] [--smoke]\n"
                "  --smoke: a few tiny points of every layout and pattern (what ctest runs); exits 77\n"
                "  without a CUDA device, 1 when a check fails\n");
 }
@@ -130,16 +134,16 @@ std::vector<int32_t> Selections(Pattern p, int batch, int k, int hits, int B, in
 // checked: the bench sets up the slot tables alone, so a resident slot's bytes are whatever the
 // arena held (RESOLVE never moves a hit's record; the GPU tests hold hits to the reference).
 // Returns the mismatching selections.
-int CheckRecords(const ResolveDesc& d, void* ws, size_t ws_bytes, void* saved, size_t table_span,
-                 const std::vector<int32_t>& pos, int hits, const HostTables& t, const uint8_t* pool_host,
-                 cudaStream_t st) {
+int CheckRecords(const ResolveDesc& d, const ResolveLaunchConfig& config, void* ws, size_t ws_bytes, void* saved,
+                 size_t table_span, const std::vector<int32_t>& pos, int hits, const HostTables& t,
+                 const uint8_t* pool_host, cudaStream_t st) {
   const ArenaView& a = d.arena;
   const int k = a.geometry.k, B = a.geometry.slots, batch = d.max_batch;
   const uint32_t rb = a.geometry.record_bytes;
   ResolveDesc x = d;
   x.flags = 0;
   BENCH_CUDA(cudaMemcpyAsync(a.slot_pos, saved, table_span, cudaMemcpyDeviceToDevice, st));
-  BENCH_CUDA(LaunchResolve(x, ws, ws_bytes, st));
+  BENCH_CUDA(LaunchResolve(x, ws, ws_bytes, config, st));
   BENCH_CUDA(cudaStreamSynchronize(st));
   std::vector<int32_t> out(static_cast<size_t>(batch) * k);
   BENCH_CUDA(cudaMemcpy(out.data(), d.out_slots, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -205,6 +209,12 @@ int ResolveMain(int argc, char** argv) {
         ok = ok && (w == "consecutive" || w == "scattered");
         o.patterns.push_back(w == "scattered" ? Pattern::kScattered : Pattern::kConsecutive);
       }
+    } else if (a == "--fetch-order") {
+      o.address_order.clear();
+      for (const std::string& w : ParseWords(next())) {
+        ok = ok && (w == "address" || w == "selection");
+        o.address_order.push_back(w == "address");
+      }
     } else if (a == "--page-size") {
       o.page_sizes.clear();
       for (const std::string& w : ParseWords(next())) {
@@ -248,7 +258,7 @@ int ResolveMain(int argc, char** argv) {
     o.context = 4096;
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
-      o.patterns.empty() || o.page_sizes.empty() || o.k < 1 || o.runs < 1) {
+      o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.k < 1 || o.runs < 1) {
     Usage();
     return 2;
   }
@@ -345,67 +355,76 @@ int ResolveMain(int argc, char** argv) {
               const int misses_row = k - hits;
               const std::vector<int32_t> pos = Selections(pattern, batch, k, hits, B, seq, 99u + batch + hits);
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-              ResolveDesc d{};
-              d.arena = view;
-              d.host = in.host();
-              d.layer = 0;
-              d.max_batch = batch;
-              d.batch_size = in.d_batch;
-              d.rows = in.d_rows;
-              d.seq_lens = in.d_seqs;
-              d.positions = in.d_pos;
-              d.out_slots = in.d_out;
-              d.error_flags = in.d_err;
+              for (const bool ordered : o.address_order) {
+                ResolveLaunchConfig config;
+                BENCH_CUDA(PrepareResolveLaunch(g, &config));
+                config.address_order = ordered;
+                ResolveDesc d{};
+                d.arena = view;
+                d.host = in.host();
+                d.layer = 0;
+                d.max_batch = batch;
+                d.batch_size = in.d_batch;
+                d.rows = in.d_rows;
+                d.seq_lens = in.d_seqs;
+                d.positions = in.d_pos;
+                d.out_slots = in.d_out;
+                d.error_flags = in.d_err;
 
-              double med[2] = {0, 0}, mn[2] = {0, 0};
-              for (int variant = 0; variant < 2; ++variant) {
-                d.flags = variant == 0 ? 0u : static_cast<uint32_t>(kResolveFlagNoFetch);
-                std::vector<float> times;
-                times.reserve(o.runs);
-                for (int run = 0; run < o.runs + 5; ++run) {
-                  BENCH_CUDA(cudaMemcpyAsync(view.slot_pos, saved, table_span, cudaMemcpyDeviceToDevice, st));
-                  if (o.scrub_l2) scrub.Scrub(run, st);
-                  LaunchSpin(st, spin);
-                  BENCH_CUDA(cudaEventRecord(ev0, st));
-                  BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, st));
-                  BENCH_CUDA(cudaEventRecord(ev1, st));
-                  BENCH_CUDA(cudaEventSynchronize(ev1));
-                  float ms = 0;
-                  BENCH_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
-                  if (run >= 5) times.push_back(ms * 1000.0f);
+                double med[2] = {0, 0}, mn[2] = {0, 0};
+                for (int variant = 0; variant < 2; ++variant) {
+                  d.flags = variant == 0 ? 0u : static_cast<uint32_t>(kResolveFlagNoFetch);
+                  std::vector<float> times;
+                  times.reserve(o.runs);
+                  for (int run = 0; run < o.runs + 5; ++run) {
+                    BENCH_CUDA(cudaMemcpyAsync(view.slot_pos, saved, table_span, cudaMemcpyDeviceToDevice, st));
+                    if (o.scrub_l2) scrub.Scrub(run, st);
+                    LaunchSpin(st, spin);
+                    BENCH_CUDA(cudaEventRecord(ev0, st));
+                    BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
+                    BENCH_CUDA(cudaEventRecord(ev1, st));
+                    BENCH_CUDA(cudaEventSynchronize(ev1));
+                    float ms = 0;
+                    BENCH_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
+                    if (run >= 5) times.push_back(ms * 1000.0f);
+                  }
+                  med[variant] = Median(times);
+                  mn[variant] = *std::min_element(times.begin(), times.end());
                 }
-                med[variant] = Median(times);
-                mn[variant] = *std::min_element(times.begin(), times.end());
-              }
-              // Sanity: no error flags, misses counted as planned, records exact.
-              const int bad = CheckRecords(d, in.ws, in.ws_bytes, saved, table_span, pos, hits, t, pool.host, st);
-              uint32_t err = 0;
-              BENCH_CUDA(cudaMemcpy(&err, in.d_err, 4, cudaMemcpyDeviceToHost));
-              ArenaCounters c{};
-              BENCH_CUDA(cudaMemcpy(&c, view.counters, sizeof c, cudaMemcpyDeviceToHost));
-              const uint64_t launches = 2ull * (o.runs + 5) + 1;
-              const bool ok = err == 0 && bad == 0 && c.misses == launches * misses_row * batch;
-              failed += ok ? 0 : 1;
-              BENCH_CUDA(cudaMemset(view.counters, 0, sizeof c));
+                // Sanity: no error flags, misses counted as planned, records exact.
+                const int bad =
+                    CheckRecords(d, config, in.ws, in.ws_bytes, saved, table_span, pos, hits, t, pool.host, st);
+                uint32_t err = 0;
+                BENCH_CUDA(cudaMemcpy(&err, in.d_err, 4, cudaMemcpyDeviceToHost));
+                ArenaCounters c{};
+                BENCH_CUDA(cudaMemcpy(&c, view.counters, sizeof c, cudaMemcpyDeviceToHost));
+                const uint64_t launches = 2ull * (o.runs + 5) + 1;
+                const bool ok = err == 0 && bad == 0 && c.misses == launches * misses_row * batch;
+                failed += ok ? 0 : 1;
+                BENCH_CUDA(cudaMemset(view.counters, 0, sizeof c));
 
-              const double miss_bytes = static_cast<double>(misses_row) * batch * rb;
-              const double link_us = miss_bytes / (link * 1e3);
-              const double bound = std::max(med[1], link_us);
-              std::printf(
-                  "{\"kind\":\"resolve\",\"batch\":%d,\"k\":%d,\"slots\":%d,\"record_bytes\":%d,"
-                  "\"miss_rate\":%g,\"misses\":%d,\"miss_bytes\":%.0f,\"pattern\":\"%s\",\"seq_len\":%d,"
-                  "\"host_layout\":\"%s\",\"page_bytes\":%zu,\"slab_bytes\":%zu,\"records_per_page\":%u,\"pool_bytes\":"
-                  "%zu,"
-                  "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
-                  "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"link_gbps\":%.2f,\"bound_us\":%.2f,"
-                  "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"check\":\"%s\"}\n",
-                  batch, k, B, rb, miss, misses_row * batch, miss_bytes,
-                  pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
-                  v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
-                  layout == HostLayout::kContiguous ? 0u : t.records_per_page, pool.bytes, med[0], mn[0],
-                  miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], link, bound,
-                  med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm", ok ? "ok" : "FAILED");
-              std::fflush(stdout);
+                const double miss_bytes = static_cast<double>(misses_row) * batch * rb;
+                const double link_us = miss_bytes / (link * 1e3);
+                const double bound = std::max(med[1], link_us);
+                std::printf(
+                    "{\"kind\":\"resolve\",\"batch\":%d,\"k\":%d,\"slots\":%d,\"record_bytes\":%d,"
+                    "\"miss_rate\":%g,\"misses\":%d,\"miss_bytes\":%.0f,\"pattern\":\"%s\",\"seq_len\":%d,"
+                    "\"host_layout\":\"%s\",\"page_bytes\":%zu,\"slab_bytes\":%zu,\"records_per_page\":%u,\"pool_"
+                    "bytes\":"
+                    "%zu,"
+                    "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
+                    "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"link_gbps\":%.2f,\"bound_us\":%.2f,"
+                    "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"check\":\"%s\"}\n",
+                    batch, k, B, rb, miss, misses_row * batch, miss_bytes,
+                    pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
+                    v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
+                    layout == HostLayout::kContiguous ? 0u : t.records_per_page, pool.bytes, med[0], mn[0],
+                    miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], link, bound,
+                    med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
+                    ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
+                    ok ? "ok" : "FAILED");
+                std::fflush(stdout);
+              }
             }
           }
         }

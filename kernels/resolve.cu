@@ -29,6 +29,9 @@
 //       5. WriteOutputs and CountRow: outputs (slots, and rule 9's page-table entries when asked
 //          for, computed by the same PageTableEntry as the reference), slot_pos of the victims,
 //          the fetch plan and the counters (RejectRow instead for an invalid row);
+//       5a. OrderMisses (ResolveLaunchConfig::address_order, rows that queue chunks): the fetch
+//          takes the misses in position order, i.e. host-address order, instead of selection
+//          order (a counting sort into buckets of positions; every miss keeps its victim);
 //       6. PublishChunks and CopyOwnChunks: the fetch, below.
 //   * Fetching is spread over the whole GPU: the planner cuts its misses into chunks of a few
 //     records (~4 KB), keeps the first chunks for its own warps (no extra round trip) and publishes
@@ -109,6 +112,9 @@ constexpr int kMaxHelperBlocks = 1024;     // workspace is sized for up to this 
 constexpr int kChunkUnits = 32 * 8;        // 16-byte units one warp moves per round (4 KiB)
 constexpr int kMaxChunkRecords = 32;       // a chunk's records are held one per lane
 constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word = final tail
+// Step 5a's buckets of positions (two per thread: one scan pass); its counts and the own chunks'
+// order live in the hash table, free by then (H >= 2k entries, k >= kAddressOrderMinK).
+constexpr int kOrderBuckets = 2 * kThreads;
 // 16-byte loads one lane keeps in flight: consumers hold 8 (64 KiB per SM in flight), a
 // planner's own chunks 4 (its warps go on to the queue afterwards).
 constexpr int kConsumeUnroll = 8;
@@ -141,6 +147,7 @@ struct ResolveParams {
   int end_count;       // END entries a launch writes: one per warp of the grid but one
   int planner_blocks;  // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
   int seg_k, seg_b;    // selections / LRU entries per warp segment (multiples of 32)
+  bool address_order;  // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
   // Shared-memory carve-up of a row block (byte offsets, 16-byte aligned).
   unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot, off_miss_pos, off_masks, off_tot,
       off_misc;
@@ -178,7 +185,7 @@ WsLayout ComputeWsLayout(const ArenaGeometry& g, int max_batch) {
 // consumers then took as chunks of garbage batch entries (SGLang's padded batch sizes, 2 then 1).
 int WsCapacity(const ArenaGeometry& g, size_t bytes) {
   if (ComputeWsLayout(g, 0).total > bytes) return -1;
-  int lo = 0;  // fits
+  int lo = 0;                                                         // fits
   size_t hi = bytes / (static_cast<size_t>(g.k) * sizeof(int2)) + 1;  // its plan alone does not fit
   if (hi > static_cast<size_t>(INT32_MAX)) hi = INT32_MAX;
   while (static_cast<size_t>(lo) + 1 < hi) {
@@ -643,17 +650,66 @@ __device__ __forceinline__ void PlaceVictims(const PlanCtx& c, const WarpSegment
   }
 }
 
+// Step 5a (ResolveParams::address_order, rows whose misses go through the queue): the fetch takes
+// the row's misses in position order, which is host-address order within every page run, instead
+// of selection order (a top-k list is in score order: random addresses). Each miss keeps its
+// victim, so outputs and tables are unchanged; only the order of the copies changes. The order is
+// a counting sort into kOrderBuckets buckets of consecutive positions (exact for contexts up to
+// kOrderBuckets positions, within a bucket in arrival order beyond). The own chunks' share
+// (ranks < own) goes to own_pos / own_slot in shared memory, the rest into the queue's plan.
+// Uses the hash table (counts, own order), tab_sp (each miss's place in its bucket) and tot (the
+// scan's warp totals), all free after step 4. Five barriers.
+__device__ __forceinline__ void OrderMisses(const PlanCtx& c, int M, int seq, int2* plan, int own, int* own_pos,
+                                            int* own_slot) {
+  int* cnt = reinterpret_cast<int*>(c.table);
+  int* place = c.tab_sp;
+  const int span = seq > 1 ? seq - 1 : 1;
+  int shift = 32 - __clz(span) - 10;  // kOrderBuckets = 1024 buckets: 10 bits
+  if (shift < 0) shift = 0;
+  for (int x = c.tid; x < kOrderBuckets; x += kThreads) cnt[x] = 0;
+  __syncthreads();
+  for (int m = c.tid; m < M; m += kThreads) place[m] = atomicAdd(&cnt[c.miss_pos[m] >> shift], 1);
+  __syncthreads();
+  // Exclusive scan of the counts: two per thread, a warp scan, the warp totals summed per warp.
+  const int a = cnt[2 * c.tid], b = cnt[2 * c.tid + 1];
+  int incl = a + b;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(~0u, incl, o);
+    if (c.lane >= o) incl += v;
+  }
+  if (c.lane == 31) c.tot[c.warp] = incl;
+  __syncthreads();
+  const int wt = c.lane < kWarps ? c.tot[c.lane] : 0;
+  const int excl = __reduce_add_sync(~0u, c.lane < c.warp ? wt : 0) + incl - (a + b);
+  cnt[2 * c.tid] = excl;
+  cnt[2 * c.tid + 1] = excl + a;
+  __syncthreads();
+  for (int m = c.tid; m < M; m += kThreads) {
+    const int pos = c.miss_pos[m], slot = c.miss_slot[m];
+    const int r = cnt[pos >> shift] + place[m];
+    if (r < own) {
+      own_pos[r] = pos;
+      own_slot[r] = slot;
+    } else {
+      plan[r] = make_int2(pos, slot);
+    }
+  }
+  __syncthreads();
+}
+
 // Step 5, rules 4, 8 and 2: every selection's output slot and (when asked for) page-table entry;
 // each victim's slot_pos gets its miss's position; the fetch plan of the misses that go through
 // the queue (past the block's own kWarps chunks) and, when asked for, the MissPlan entries that
 // replays of this layer copy. out or pt may be null (not asked for).
 __device__ __forceinline__ void WriteOutputs(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out,
-                                             int* pt, int* slot_pos, int M) {
+                                             int* pt, int* slot_pos, int M, bool ordered) {
   const ResolveDesc& d = p.d;
   const int K = c.K;
   const int rw = p.chunk_records;
   const bool fetch = !(d.flags & kResolveFlagNoFetch);
-  const int plan_from = fetch && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
+  // An ordered fetch plan was written by step 5a.
+  const int plan_from = fetch && !ordered && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
   int2* plan = p.plan + static_cast<size_t>(i) * K;
   int2* miss_plan = d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + static_cast<size_t>(i) * K : nullptr;
   for (int j = c.tid; j < K; j += kThreads) {
@@ -780,7 +836,8 @@ __device__ __forceinline__ bool PublishChunks(const ResolveParams& p, const Plan
 // Step 6, the block's own share (rule 2's copy): warp w < ndirect copies the row's chunk w, whose
 // records shared memory names (written before the last barrier).
 template <int UPR>
-__device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const PlanCtx& c, int row, int M, int ndirect) {
+__device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const PlanCtx& c, int row, int M, int ndirect,
+                                              const int* fetch_pos, const int* fetch_slot) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
   const int rw = p.chunk_records;
@@ -791,8 +848,8 @@ __device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const Plan
     const ChunkSource src = SourceTable(d.host, g, row, d.layer);
     long long so = 0, dof = 0;
     if (lane < cnt) {
-      so = SourceOf(d.host, src, c.miss_pos[start + lane], g.record_bytes);
-      dof = static_cast<long long>(c.miss_slot[start + lane]) * g.record_bytes;
+      so = SourceOf(d.host, src, fetch_pos[start + lane], g.record_bytes);
+      dof = static_cast<long long>(fetch_slot[start + lane]) * g.record_bytes;
     }
     CopyChunk<UPR, kDirectUnroll>(d.arena.Record(row, d.layer, 0), so, dof, cnt, static_cast<int>(g.record_bytes / 16));
   }
@@ -811,28 +868,39 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   uint32_t err = StageRow(p, c, i, row, seq);
   const int newest = seq - 1;
   if (err == 0) err = InsertSelections(c, seq, newest);
-  int M = 0;
+  RowTotals t{};
+  const size_t rl = d.arena.RowLayer(row, d.layer);
   if (err == 0) {
-    const size_t rl = d.arena.RowLayer(row, d.layer);
-    int* slot_pos = d.arena.slot_pos + rl * c.B;
-    int* lru = d.arena.lru + rl * c.B;
     FindHits(c, newest);
     const WarpSegments w = BallotSegments(p, c);
-    const RowTotals t = SumTotals(c);
-    M = t.M;
+    t = SumTotals(c);
     RankMisses(c, w, t.run_k);
-    PlaceVictims(c, w, t, lru);
+    PlaceVictims(c, w, t, d.arena.lru + rl * c.B);
     __syncthreads();
-    WriteOutputs(p, c, i, row, out, pt, slot_pos, M);
-    if (c.tid == 0) CountRow(p, c, i, row, t);
   } else {
     RejectRow(p, c, i, row, out, pt, err);
   }
+  const int M = t.M;
   const int rw = p.chunk_records;
   const int nch = (d.flags & kResolveFlagNoFetch) ? 0 : (M + rw - 1) / rw;
   const int ndirect = nch < kWarps ? nch : kWarps;
+  // Step 5a when the row queues chunks (M is the block's: the branch is uniform).
+  const bool ordered = p.address_order && nch > kWarps && c.K >= kAddressOrderMinK;
+  const int* fetch_pos = c.miss_pos;
+  const int* fetch_slot = c.miss_slot;
+  if (ordered) {
+    int* own_pos = reinterpret_cast<int*>(c.table) + kOrderBuckets;
+    int* own_slot = own_pos + kWarps * kMaxChunkRecords;
+    OrderMisses(c, M, seq, p.plan + static_cast<size_t>(i) * c.K, ndirect * rw, own_pos, own_slot);
+    fetch_pos = own_pos;
+    fetch_slot = own_slot;
+  }
+  if (err == 0) {
+    WriteOutputs(p, c, i, row, out, pt, d.arena.slot_pos + rl * c.B, M, ordered);
+    if (c.tid == 0) CountRow(p, c, i, row, t);
+  }
   const bool wrote_ends = PublishChunks(p, c, i, batch, M, ndirect, nch - ndirect);
-  CopyOwnChunks<UPR>(p, c, row, M, ndirect);
+  CopyOwnChunks<UPR>(p, c, row, M, ndirect, fetch_pos, fetch_slot);
   return wrote_ends;
 }
 
@@ -1137,6 +1205,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.off_misc = sm.off_misc;
   p.seg_k = SegmentItems(g.k);
   p.seg_b = SegmentItems(g.slots);
+  p.address_order = config.address_order && d.max_batch >= kAddressOrderMinBatch;
 
   LaunchResolveGrid(p, *c, stream);
   return internal::CheckLaunched();

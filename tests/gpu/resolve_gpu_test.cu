@@ -628,7 +628,9 @@ INSTANTIATE_TEST_SUITE_P(Sweep, ResolveRandom,
                                            Config{256, 1024, 656, 64, 250}, Config{256, 512, 16, 32, 200},
                                            Config{256, 512, 4112, 32, 100}, Config{2048, 2048, 1152, 8, 200},
                                            Config{2048, 4096, 656, 16, 120}, Config{2048, 8192, 1152, 8, 80},
-                                           Config{2048, 4096, 512, 4, 60}),
+                                           Config{2048, 4096, 512, 4, 60},
+                                           // max_batch >= 64: the fetch in address order (step 5a)
+                                           Config{2048, 4096, 656, 64, 30}),
                          [](const ::testing::TestParamInfo<Config>& i) { return Name(i.param); });
 
 // A layer outside [0, num_layers) rejects every active row as kResolveBadRow, like the reference.

@@ -62,7 +62,18 @@ struct ResolveLaunchConfig {
   int smem_optin = 0;     // cudaDevAttrMaxSharedMemoryPerBlockOptin
   unsigned smem = 0;      // dynamic shared memory of one RESOLVE block for this geometry
   int blocks_per_sm = 0;  // RESOLVE blocks resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor)
+  // Launch tuning, not contract (outputs and tables are the same either way): a row whose misses
+  // go through the work queue fetches them in position order, i.e. host-address order, instead
+  // of selection order, in launches of the single-query kernel with k >= kAddressOrderMinK and
+  // max_batch >= kAddressOrderMinBatch. bench/RESULTS.md, "Address-ordered fetch", has what it
+  // buys and costs.
+  bool address_order = true;
 };
+// On the H200 the address order bought 0.01-0.12 of the link at batch 64 and 128 with scattered
+// misses and cost 1.5-3 us (5-10%) of a batch-1 launch, whose fetch it cannot speed up; below
+// k 1024 its counts do not fit in the planner's free shared memory.
+inline constexpr int kAddressOrderMinK = 1024;
+inline constexpr int kAddressOrderMinBatch = 64;
 
 // Fills `config` for the current device and `g`, and sets the RESOLVE kernel's shared-memory
 // attribute on that device. cudaErrorInvalidValue (LastLaunchError says why) for a geometry that
