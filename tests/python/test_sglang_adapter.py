@@ -108,10 +108,11 @@ class Allocator:
 class Engine:
     """What SGLang's scheduler and model runner do around the coordinator, for these tests."""
 
-    def __init__(self, daemon, max_reqs: int = 6):
+    def __init__(self, daemon, max_reqs: int = 6, tp_group=None):
         self.req_pool = ReqToTokenPool(max_reqs, MAX_CTX)
         self.alloc = Allocator()
-        self.coord = HisparsedCoordinator(self.req_pool, self.alloc, K, B, "cpu", None, daemon=daemon, backend="host")
+        self.coord = HisparsedCoordinator(self.req_pool, self.alloc, K, B, "cpu", tp_group, daemon=daemon,
+                                          backend="host")
         self.sizes = (self.alloc.available_size(), len(self.req_pool.free_slots))
 
     def write_kv(self, req: Req, start: int, end: int) -> None:

@@ -28,7 +28,8 @@ forward of the same rank, never concurrently. The coordinator owns its Session (
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, NamedTuple
+import uuid
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
 
@@ -62,12 +63,19 @@ class HisparsedCoordinator:
     swap_in_block_size are accepted and unused (the daemon sizes the host pool; RESOLVE picks its
     own launch). daemon: the hisparsed address or Daemon (None: $HISPARSE_DAEMON, else the node's
     socket); backend: the Session's ("auto", "host", "cuda").
+
+    With a tp_group of more than one rank the ranks' sessions join one daemon TP group (docs/
+    DESIGN.md, "TP groups"), named tp_group_name or by rank 0 (a broadcast over tp_group at
+    construction): every request is admitted for the whole group at once, all or nothing, and
+    its host pages are held once for the group, not once per rank. SGLang's ranks make the same
+    calls in the same order, so the request ids agree. PD direct admission is refused then (the
+    daemon imports no group request).
     """
 
     def __init__(self, req_to_token_pool: Any, token_to_kv_pool_allocator: Any, top_k: int,
                  device_buffer_size: int, device: str, tp_group: Any = None, host_to_device_ratio: int = 2,
                  swap_in_block_size: int = 960, *, daemon: Any = None, backend: str = "auto",
-                 draft_tokens: int = 0) -> None:
+                 draft_tokens: int = 0, tp_group_name: Optional[str] = None) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.allocator = token_to_kv_pool_allocator
         self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
@@ -75,6 +83,12 @@ class HisparsedCoordinator:
         self.top_k = top_k
         self.tp_group = tp_group
         self.tp_world_size = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
+        self.tp_rank = torch.distributed.get_rank(tp_group) if tp_group is not None else 0
+        group: Dict[str, Any] = {}
+        if self.tp_world_size > 1:
+            group = dict(group=tp_group_name or self._agree_on_group_name(tp_group), rank=self.tp_rank,
+                         group_size=self.tp_world_size)
+        self._grouped = bool(group)
         self._kv = [self._records(buf) for buf in self.mem_pool_device.kv_buffer]
         self.item_size_bytes = self._kv[0].shape[1]
         self.num_reqs = req_to_token_pool.req_to_token.shape[0]
@@ -83,7 +97,7 @@ class HisparsedCoordinator:
             gpu = torch.cuda.current_device()
         self.session = Session(daemon, num_layers=self.mem_pool_device.layer_num, record_bytes=self.item_size_bytes,
                                k=top_k, slots=device_buffer_size, max_requests=self.num_reqs, gpu=gpu,
-                               backend=backend, engine_name="sglang", draft_tokens=draft_tokens)
+                               backend=backend, engine_name="sglang", draft_tokens=draft_tokens, **group)
         self.device_buffer_size = device_buffer_size
         data_dev = torch.device("cuda", gpu) if self.session.backend == "cuda" else torch.device("cpu")
         self._data_dev = data_dev
@@ -115,6 +129,13 @@ class HisparsedCoordinator:
         self._positions = torch.full((R, k), -1, dtype=torch.int32, device=dev)
         self._past_end = torch.zeros(R, k, dtype=torch.bool, device=dev)
         self._cols = torch.arange(k, dtype=torch.int32, device=dev)
+
+    @staticmethod
+    def _agree_on_group_name(tp_group: Any) -> str:
+        """The daemon group's name for this TP group: rank 0 draws one and broadcasts it."""
+        name = [f"sglang-{uuid.uuid4().hex}" if torch.distributed.get_rank(tp_group) == 0 else None]
+        torch.distributed.broadcast_object_list(name, src=torch.distributed.get_global_rank(tp_group, 0), group=tp_group)
+        return name[0]
 
     @staticmethod
     def _records(buf: torch.Tensor) -> torch.Tensor:
@@ -208,7 +229,7 @@ class HisparsedCoordinator:
             raise FailedPrecondition(f"request {req.rid!r} is already admitted ({e.state})")
         if e is None:
             e = _Entry(self._next_id, -1)
-            info = self.session.admit(e.request_id, kv_len, self._budget(req, kv_len))
+            info = self.session.admit(e.request_id, kv_len, self._budget(req, kv_len), group=self._grouped)
             self._next_id += 1
             self._entries[req.rid] = e
             start = 0
@@ -253,6 +274,8 @@ class HisparsedCoordinator:
         FailedPrecondition when the daemon serves no imports."""
         if req.rid in self._entries:
             raise FailedPrecondition(f"request {req.rid!r} is already admitted")
+        if self._grouped:
+            raise FailedPrecondition("PD direct admission under a TP group: the daemon imports no group request")
         kv_len = self._kv_len(req)
         e = _Entry(self._next_id, -1, kv_len, "import")
         try:

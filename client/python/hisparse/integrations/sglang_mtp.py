@@ -51,12 +51,12 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
     def __init__(self, req_to_token_pool: Any, token_to_kv_pool_allocator: Any, top_k: int,
                  device_buffer_size: int, device: str, tp_group: Any = None, host_to_device_ratio: int = 2,
                  swap_in_block_size: int = 960, num_draft_tokens: int = 1, spec_ring_capacity: int = 0, *,
-                 daemon: Any = None, backend: str = "auto") -> None:
+                 daemon: Any = None, backend: str = "auto", tp_group_name: Any = None) -> None:
         if not 1 <= num_draft_tokens <= MAX_VERIFY_TOKENS:
             raise InvalidArgument(f"num_draft_tokens is {num_draft_tokens}; hisparse verifies 1..{MAX_VERIFY_TOKENS}")
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, top_k, device_buffer_size, device, tp_group,
                          host_to_device_ratio, swap_in_block_size, daemon=daemon, backend=backend,
-                         draft_tokens=num_draft_tokens - 1)
+                         draft_tokens=num_draft_tokens - 1, tp_group_name=tp_group_name)
         self.num_draft_tokens = num_draft_tokens
         self.spec_ring_capacity = spec_ring_capacity
         R, Q, k, dev = self.num_reqs, num_draft_tokens, top_k, self._data_dev

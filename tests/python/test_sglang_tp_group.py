@@ -1,0 +1,80 @@
+"""HisparsedCoordinator under a TP group of two ranks: two processes joined by torch.distributed
+(gloo), each with its own coordinator over the same hisparsed, as SGLang's TP ranks are. The
+coordinators agree on a daemon group name over the tp_group, admit every request for the group
+(one set of host pages, not one per rank), collect in lockstep (collect_ready_reqs' MIN
+all-reduce) and each rank's swap-ins return its own rows' records byte for byte (the stand-ins
+and checks of test_sglang_adapter.py). Every size is restored at the end."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from test_sglang_adapter import Engine, Req  # noqa: E402
+
+SELECTIONS = [[0, 1, 2, 3], [5, 6, 7, 8]]
+
+
+def _requests():
+    return [Req("a", 3, 40), Req("b", 5, 20)]
+
+
+def _rank_main(rank: int, world: int, init_file: str, address: str, out) -> None:
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        eng = Engine(address, tp_group=dist.group.WORLD)
+        reqs = _requests()
+        for r in reqs:
+            eng.prefill(r)
+        assert eng.coord.collect_ready_reqs() == reqs
+        dist.barrier()  # every rank has admitted and stored
+        admitted = eng.coord.session.stats().pool_used_bytes
+        dist.barrier()
+        for _ in range(3):
+            eng.decode(reqs, SELECTIONS)
+        for r in reqs:
+            eng.finish(r)
+        dist.barrier()  # every rank has released its share
+        st = eng.coord.session.stats()
+        eng.coord.destroy()
+        out.put((rank, "ok", admitted, st.pool_used_bytes, eng.coord.session.group))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.put((rank, traceback.format_exc(), 0, 0, None))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_tp_group_holds_one_copy_and_every_rank_reads_its_records(daemon, tmp_path):
+    # One rank alone first: the pool bytes of these two requests, held once.
+    solo = Engine(daemon)
+    reqs = _requests()
+    for r in reqs:
+        solo.prefill(r)
+    assert solo.coord.collect_ready_reqs() == reqs
+    one_copy = solo.coord.session.stats().pool_used_bytes
+    assert one_copy > 0
+    for r in reqs:
+        solo.finish(r)
+    solo.assert_sizes_restored()
+    solo.coord.destroy()
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init_file = str(tmp_path / "dist_init")
+    procs = [ctx.Process(target=_rank_main, args=(rank, 2, init_file, daemon.address, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for rank, status, admitted, after, group in results:
+        assert status == "ok", f"rank {rank}:\n{status}"
+        assert admitted == one_copy, f"rank {rank}: {admitted} bytes in the pool for two ranks, one copy is {one_copy}"
+        assert after == 0, f"rank {rank}: {after} bytes left in the pool"
+    assert results[0][4] == results[1][4] and results[0][4].startswith("sglang-")
