@@ -66,8 +66,9 @@ class HisparsedCoordinator:
 
     With a tp_group of more than one rank the ranks' sessions join one daemon TP group (docs/
     DESIGN.md, "TP groups"), named tp_group_name or by rank 0 (a broadcast over tp_group at
-    construction): every request is admitted for the whole group at once, all or nothing, and
-    its host pages are held once for the group, not once per rank. SGLang's ranks make the same
+    construction, which returns once every rank's session is open: a group admits nothing
+    before). Every request is then admitted for the whole group at once, all or nothing, and its
+    host pages are held once for the group, not once per rank. SGLang's ranks make the same
     calls in the same order, so the request ids agree. PD direct admission is refused then (the
     daemon imports no group request).
     """
@@ -98,6 +99,8 @@ class HisparsedCoordinator:
         self.session = Session(daemon, num_layers=self.mem_pool_device.layer_num, record_bytes=self.item_size_bytes,
                                k=top_k, slots=device_buffer_size, max_requests=self.num_reqs, gpu=gpu,
                                backend=backend, engine_name="sglang", draft_tokens=draft_tokens, **group)
+        if self._grouped:  # a group admits only once every rank's session is open
+            torch.distributed.barrier(group=tp_group)
         self.device_buffer_size = device_buffer_size
         data_dev = torch.device("cuda", gpu) if self.session.backend == "cuda" else torch.device("cpu")
         self._data_dev = data_dev
