@@ -279,12 +279,22 @@ __device__ __forceinline__ void ClearState(const Entry& e, const StateLayout& L,
 __device__ __forceinline__ unsigned InsertLists(const Entry& e) {
   const Table& t = e.t;
   unsigned err = 0;
+  constexpr int kStep = kThreads * kLoadBatch;
+  // The selections are read one batch ahead, across the barrier between lists: their latency
+  // (cold L2: HBM) then overlaps the previous batch's atomics instead of following the barrier.
+  int v[kLoadBatch], ahead[kLoadBatch];
+  LoadBatch(ahead, e.sel, e.tid, kThreads, e.K, kPadding);
   for (int list = 0; list < e.q; ++list) {
     const int limit = e.seq - e.q + list + 1;  // list `list` selects over [0, P_t + 1)
     const unsigned first_x = static_cast<unsigned>(list * e.K);
-    for (int at = 0; at < e.K; at += kThreads * kLoadBatch) {
-      int v[kLoadBatch];
-      LoadBatch(v, e.sel + first_x, at + e.tid, kThreads, e.K, kPadding);
+    for (int at = 0; at < e.K; at += kStep) {
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) v[j] = ahead[j];
+      const bool next_list = at + kStep >= e.K;
+      if (!next_list || list + 1 < e.q) {
+        LoadBatch(ahead, e.sel + (next_list ? first_x + e.K : first_x), (next_list ? 0 : at + kStep) + e.tid, kThreads,
+                  e.K, kPadding);
+      }
       unsigned long long mine[kLoadBatch], prev[kLoadBatch];
       unsigned home[kLoadBatch];
 #pragma unroll
