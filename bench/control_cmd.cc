@@ -18,6 +18,12 @@
 // command starts for --batch gets pages of 64KiB unless --host-pool-page-size says otherwise (with
 // the daemon's 2MiB pages, 8 sessions of 64 requests of 4 layers would need 4GiB of pool).
 //
+// With --batch N the admitted requests are also preempted and brought back twice before their
+// release: N single Parks and N single Resumes ("park", "resume": per call; "park_resume": one
+// request's share, (N parks + N resumes) / N), then one ParkBatch and one ResumeBatch (all or
+// nothing; "park_batch", "resume_batch": per call; "park_resume_batch": (ParkBatch + ResumeBatch) /
+// N). These calls do not count against --calls M, which counts admissions and releases as before.
+//
 // --pool-pressure: workers hold up to max_requests requests each, with a budget sized so that all
 // of them together ask for twice the pool; the pool fills and RESOURCE_EXHAUSTED must appear. A
 // worker that is refused releases its oldest request and goes on. Every held request carries a
@@ -63,10 +69,26 @@ constexpr char kUsage[] =
     "  N concurrent sessions (default 8) admit / extend / release for T seconds (default 5) or\n"
     "  M calls per session; prints calls, errors and latency percentiles as JSON, then checks\n"
     "  that the daemon's pool is empty. Without --daemon, starts hisparsed with a pool of SIZE\n"
-    "  (default 256MiB, segments of 16MiB). --batch N: N requests per AdmitBatch / ReleaseBatch.\n";
+    "  (default 256MiB, segments of 16MiB). --batch N: N requests per AdmitBatch / ReleaseBatch,\n"
+    "  parked and resumed N single calls at a time, then in one ParkBatch and one ResumeBatch.\n";
 
-enum Kind { kAdmit, kExtend, kRelease, kAdmitRelease, kKinds };
-constexpr const char* kKindNames[kKinds] = {"admit", "extend", "release", "admit_release"};
+// Calls (one latency each), then per-request shares (kAdmitRelease and after).
+enum Kind {
+  kAdmit,
+  kExtend,
+  kRelease,
+  kPark,
+  kResume,
+  kParkBatch,
+  kResumeBatch,
+  kAdmitRelease,
+  kParkResume,
+  kParkResumeBatch,
+  kKinds
+};
+constexpr const char* kKindNames[kKinds] = {"admit",       "extend",           "release",      "park",
+                                            "resume",      "park_batch",       "resume_batch", "admit_release",
+                                            "park_resume", "park_resume_batch"};
 constexpr uint32_t kRows = 64;
 constexpr uint64_t kMagic = 0x6869737061727365;  // "hisparse"
 
@@ -149,14 +171,14 @@ class Worker {
 
   // One timed call; the latency goes to `kind` when `keep`.
   template <typename F>
-  Error Timed(Kind kind, F&& call, uint32_t* ns_out = nullptr) {
+  Error Timed(Kind kind, F&& call, uint32_t* ns_out = nullptr, bool counted = true) {
     const auto t0 = Clock::now();
     Error e = call();
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     const uint32_t clamped = static_cast<uint32_t>(std::min<int64_t>(ns, UINT32_MAX));
     result_.ns[kind].push_back(clamped);
     if (ns_out != nullptr) *ns_out = clamped;
-    ++calls_;
+    if (counted) ++calls_;
     if (e) ++result_.errors[absl::StrCat(kKindNames[kind], ": ", hs_result_string(e.code))];
     return e;
   }
@@ -182,13 +204,7 @@ class Worker {
     const std::vector<uint32_t> contexts(n, budget_ / 2), budgets(n, budget_);
     std::vector<hs_result> results(n);
     uint32_t admit_ns = 0, release_ns = 0;
-    auto every_item = [&](hs_result call) {
-      Error e = Error::From(call);
-      for (uint32_t i = 0; !e && i < n; ++i) {
-        if (results[i] != HS_OK) e = Error{results[i], absl::StrCat("request ", ids[i], " of the batch")};
-      }
-      return e;
-    };
+    auto every_item = [&](hs_result call) { return EveryItem(call, ids, results); };
     if (Timed(
             kAdmit,
             [&] {
@@ -197,12 +213,53 @@ class Worker {
             },
             &admit_ns))
       return;
+    ParkResumeStep(ids, results);
     if (Timed(
             kRelease, [&] { return every_item(hs_release_batch(session_.get(), n, ids.data(), results.data())); },
             &release_ns))
       return;
     result_.ns[kAdmitRelease].push_back((admit_ns + release_ns) / n);
     result_.requests += n;
+  }
+
+  // The call's error, else the first item's that failed.
+  static Error EveryItem(hs_result call, const std::vector<uint64_t>& ids, const std::vector<hs_result>& results) {
+    Error e = Error::From(call);
+    for (size_t i = 0; !e && i < ids.size(); ++i) {
+      if (results[i] != HS_OK) e = Error{results[i], absl::StrCat("request ", ids[i], " of the batch")};
+    }
+    return e;
+  }
+
+  // The batch's requests parked and resumed one call at a time, then in one call each way.
+  void ParkResumeStep(const std::vector<uint64_t>& ids, std::vector<hs_result>& results) {
+    const uint32_t n = static_cast<uint32_t>(ids.size());
+    uint64_t single_ns = 0;
+    for (Kind kind : {kPark, kResume}) {
+      for (uint64_t id : ids) {
+        uint32_t ns = 0;
+        hs_request_info info = HS_REQUEST_INFO_INIT;
+        const auto call = [&] {
+          return Error::From(kind == kPark ? hs_park(session_.get(), id) : hs_resume(session_.get(), id, &info));
+        };
+        if (Timed(kind, call, &ns, /*counted=*/false)) return;
+        single_ns += ns;
+      }
+    }
+    result_.ns[kParkResume].push_back(static_cast<uint32_t>(single_ns / n));
+    uint32_t park_ns = 0, resume_ns = 0;
+    const auto park = [&] {
+      return EveryItem(hs_park_batch(session_.get(), n, ids.data(), HS_BATCH_ALL_OR_NOTHING, results.data()), ids,
+                       results);
+    };
+    if (Timed(kParkBatch, park, &park_ns, /*counted=*/false)) return;
+    const auto resume = [&] {
+      return EveryItem(
+          hs_resume_batch(session_.get(), n, ids.data(), HS_BATCH_ALL_OR_NOTHING, results.data(), nullptr, nullptr),
+          ids, results);
+    };
+    if (Timed(kResumeBatch, resume, &resume_ns, /*counted=*/false)) return;
+    result_.ns[kParkResumeBatch].push_back((park_ns + resume_ns) / n);
   }
 
   void PressureStep(uint64_t id) {
@@ -460,8 +517,11 @@ int ControlMain(int argc, char** argv) {
                         calls / elapsed);
   absl::StrAppendFormat(&out, "  \"requests\": %u,\n  \"requests_per_s\": %.0f,\n", all.requests,
                         all.requests / elapsed);
-  absl::StrAppendFormat(&out, "  \"calls_by_kind\": {\"admit\": %u, \"extend\": %u, \"release\": %u},\n",
-                        all.ns[kAdmit].size(), all.ns[kExtend].size(), all.ns[kRelease].size());
+  absl::StrAppendFormat(&out,
+                        "  \"calls_by_kind\": {\"admit\": %u, \"extend\": %u, \"release\": %u, \"park\": %u, "
+                        "\"resume\": %u, \"park_batch\": %u, \"resume_batch\": %u},\n",
+                        all.ns[kAdmit].size(), all.ns[kExtend].size(), all.ns[kRelease].size(), all.ns[kPark].size(),
+                        all.ns[kResume].size(), all.ns[kParkBatch].size(), all.ns[kResumeBatch].size());
   absl::StrAppendFormat(&out, "  \"errors\": {%s},\n  \"unexpected_errors\": %u,\n", errors_json, errors);
   if (config.pool_pressure) {
     absl::StrAppendFormat(&out, "  \"pool_full_rejections\": %u,\n  \"corrupted_records\": %u,\n", all.pool_full,

@@ -69,6 +69,18 @@ const char* BatchArgsError(hs_session* s, size_t n, const uint64_t* ids, const h
   return nullptr;
 }
 
+// A C caller may pass any int as a mode: read it as one (a load of an out-of-range enum is
+// undefined). False for neither mode.
+bool ReadMode(hs_batch_mode mode, bool* all_or_nothing) {
+  int value = 0;
+  static_assert(sizeof value == sizeof mode, "hs_batch_mode is an int");
+  std::memcpy(&value, &mode, sizeof value);
+  *all_or_nothing = value == HS_BATCH_ALL_OR_NOTHING;
+  return value == HS_BATCH_ALL_OR_NOTHING || value == HS_BATCH_PER_ITEM;
+}
+
+constexpr const char* kBadMode = "mode must be HS_BATCH_ALL_OR_NOTHING or HS_BATCH_PER_ITEM";
+
 hs_result Fail(hs_result r, const char* msg) {
   g_last_error = msg;
   return r;
@@ -400,26 +412,27 @@ hs_result hs_check_errors(hs_session* s) {
   });
 }
 
-hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
-                         const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results, uint32_t* out_rows,
-                         uint32_t* out_capacity_tokens) {
+}  // extern "C"
+
+namespace {
+
+// hs_admit_batch and hs_admit_import_batch.
+hs_result AdmitBatchItems(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
+                          const uint32_t* token_budgets, hs_batch_mode mode, bool begin_import, hs_result* out_results,
+                          uint32_t* out_rows, uint32_t* out_capacity_tokens) {
   return Guard([&] {
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
     if (token_budgets == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "token_budgets must not be NULL");
-    // A C caller may pass any int: read it as one (a load of an out-of-range enum is undefined).
-    int mode_value = 0;
-    static_assert(sizeof mode_value == sizeof mode, "hs_batch_mode is an int");
-    std::memcpy(&mode_value, &mode, sizeof mode_value);
-    if (mode_value != HS_BATCH_ALL_OR_NOTHING && mode_value != HS_BATCH_PER_ITEM) {
-      return Fail(HS_ERR_INVALID_ARGUMENT, "mode must be HS_BATCH_ALL_OR_NOTHING or HS_BATCH_PER_ITEM");
-    }
+    bool all_or_nothing = false;
+    if (!ReadMode(mode, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
     std::vector<hisparse::ClientSession::BatchItem> items(n);
     for (size_t i = 0; i < n; ++i) {
       items[i].request_id = request_ids[i];
       items[i].context_tokens = context_tokens == nullptr ? 0 : context_tokens[i];
       items[i].token_budget = token_budgets[i];
+      items[i].begin_import = begin_import;
     }
-    auto batch = s->impl->AdmitBatch(items, mode_value == HS_BATCH_ALL_OR_NOTHING);
+    auto batch = s->impl->AdmitBatch(items, all_or_nothing);
     if (!batch.ok()) return ToResult(batch.status());
     for (size_t i = 0; i < n; ++i) {
       const absl::StatusOr<hs_request_info>& item = batch->items[i];
@@ -432,6 +445,70 @@ hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, c
     const absl::Status& failed = batch->items[batch->failed_item].status();
     return ToResult(absl::Status(failed.code(), "items[" + std::to_string(batch->failed_item) + "] failed the batch (" +
                                                     std::string(failed.message()) + ")"));
+  });
+}
+
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+// A batch's answer: out_results from `items`, and for ALL_OR_NOTHING that failed, the failing
+// item's code with hs_last_error naming it.
+template <typename Item>
+hs_result BatchOutcome(const std::vector<Item>& items, int failed_item, hs_result* out_results) {
+  for (size_t i = 0; i < items.size(); ++i) out_results[i] = items[i].ok() ? HS_OK : ItemCode(StatusOf(items[i]));
+  if (failed_item < 0) return HS_OK;
+  const absl::Status& failed = StatusOf(items[failed_item]);
+  return ToResult(absl::Status(failed.code(), "items[" + std::to_string(failed_item) + "] failed the batch (" +
+                                                  std::string(failed.message()) + ")"));
+}
+
+}  // namespace
+
+extern "C" {
+
+hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
+                         const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results, uint32_t* out_rows,
+                         uint32_t* out_capacity_tokens) {
+  return AdmitBatchItems(s, n, request_ids, context_tokens, token_budgets, mode, /*begin_import=*/false, out_results,
+                         out_rows, out_capacity_tokens);
+}
+
+// Since ABI 1.8: batched park, resume and import.
+hs_result hs_admit_import_batch(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
+                                const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results) {
+  return AdmitBatchItems(s, n, request_ids, context_tokens, token_budgets, mode, /*begin_import=*/true, out_results,
+                         nullptr, nullptr);
+}
+
+hs_result hs_park_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs_batch_mode mode,
+                        hs_result* out_results) {
+  return Guard([&] {
+    if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
+    bool all_or_nothing = false;
+    if (!ReadMode(mode, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
+    auto parked = s->impl->ParkBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
+    if (!parked.ok()) return ToResult(parked.status());
+    return BatchOutcome(parked->items, parked->failed_item, out_results);
+  });
+}
+
+hs_result hs_resume_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs_batch_mode mode,
+                          hs_result* out_results, uint32_t* out_rows, uint32_t* out_capacity_tokens) {
+  return Guard([&] {
+    if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
+    bool all_or_nothing = false;
+    if (!ReadMode(mode, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
+    auto resumed = s->impl->ResumeBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
+    if (!resumed.ok()) return ToResult(resumed.status());
+    for (size_t i = 0; i < n; ++i) {
+      if (!resumed->items[i].ok()) continue;
+      if (out_rows != nullptr) out_rows[i] = resumed->items[i]->row;
+      if (out_capacity_tokens != nullptr) out_capacity_tokens[i] = resumed->items[i]->capacity_tokens;
+    }
+    return BatchOutcome(resumed->items, resumed->failed_item, out_results);
   });
 }
 

@@ -65,6 +65,7 @@ absl::StatusOr<ClientSession::BatchAdmitted> ClientSession::AdmitBatch(const std
     it->set_request_id(item.request_id);
     it->set_context_tokens(item.context_tokens);
     it->set_token_budget(item.token_budget);
+    it->set_begin_import(item.begin_import);
   }
   v1::AdmitBatchResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->AdmitBatch(CallContext().get(), req, &resp), "admit batch"));
@@ -90,7 +91,8 @@ absl::StatusOr<ClientSession::BatchAdmitted> ClientSession::AdmitBatch(const std
         to_release.push_back(id);  // after an item that failed here: not tried
         continue;
       }
-      absl::StatusOr<hs_request_info> info = InstallAdmitted(id, result.admitted());
+      absl::StatusOr<hs_request_info> info =
+          items[i].begin_import ? PendImportLocked(id, result.admitted()) : InstallAdmitted(id, result.admitted());
       if (!info.ok()) {
         to_release.push_back(id);
         out.items[i] =
@@ -109,6 +111,7 @@ absl::StatusOr<ClientSession::BatchAdmitted> ClientSession::AdmitBatch(const std
           out.items[i] = absl::AbortedError(absl::StrCat("not admitted: ", why));
       }
       for (size_t i : installed) {
+        imports_.erase(items[i].request_id);
         (void)UninstallLocked(items[i].request_id);  // its row is the daemon's to hand out again
         to_release.push_back(items[i].request_id);
       }

@@ -23,14 +23,21 @@ absl::Status ClientSession::AdmitImport(uint64_t request_id, uint32_t context_to
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                         absl::StrCat("admit import: ", s.error_message()));
   }
+  absl::MutexLock lock(&mu_);
+  return PendImportLocked(request_id, std::move(resp)).status();
+}
+
+absl::StatusOr<hs_request_info> ClientSession::PendImportLocked(uint64_t request_id, v1::AdmitResponse resp) {
   if (!resp.has_grant() || resp.grant().request_id() != request_id) {
     return absl::InternalError("the daemon's import answer carries no grant for this request");
   }
-  absl::MutexLock lock(&mu_);
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  info.row = resp.row();
+  info.capacity_tokens = resp.capacity_tokens();
   PendingImport& p = imports_[request_id];  // ImportFinished may have come first
   p.admitted = true;
   p.admit = std::move(resp);
-  return absl::OkStatus();
+  return info;
 }
 
 absl::StatusOr<std::string> ClientSession::ImportGrant(uint64_t request_id) const {

@@ -70,10 +70,13 @@ class ClientSession {
   // all_or_nothing: any failure, the daemon's or this process's (mapping a slab after the daemon
   // admitted), leaves nothing admitted, here or in the daemon (what it admitted is released
   // again); the failing item carries its error and every other ABORTED.
+  // begin_import: admitted as AdmitImport does (not installed: ImportGrant and AwaitImport as
+  // for a single AdmitImport; its result's row and capacity are the daemon's reservation).
   struct BatchItem {
     uint64_t request_id = 0;
     uint32_t context_tokens = 0;
     uint32_t token_budget = 0;
+    bool begin_import = false;
   };
   struct BatchAdmitted {
     std::vector<absl::StatusOr<hs_request_info>> items;  // one per item, in order
@@ -84,6 +87,23 @@ class ClientSession {
   // One ReleaseBatch RPC: each id's status (NOT_FOUND, or INVALID_ARGUMENT for a repeated id); the
   // others are released, here and in the daemon.
   absl::StatusOr<std::vector<absl::Status>> ReleaseBatch(const std::vector<uint64_t>& request_ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Batched park and resume (client_batch_parking.cc): one ParkBatch / ResumeBatch RPC, then each
+  // item as Park / Resume does here. all_or_nothing: any failure, the daemon's or this process's
+  // (installing a resumed row), leaves every item as it was, here and in the daemon (what the
+  // daemon resumed is parked again); the failing item carries its error, every other ABORTED.
+  // PER_ITEM: a resumed item this process cannot install is parked again, as Resume does.
+  struct BatchParked {
+    std::vector<absl::Status> items;  // one per id, in order
+    int failed_item = -1;
+  };
+  absl::StatusOr<BatchParked> ParkBatch(const std::vector<uint64_t>& request_ids, bool all_or_nothing)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  struct BatchResumed {
+    std::vector<absl::StatusOr<hs_request_info>> items;  // one per id, in order
+    int failed_item = -1;
+  };
+  absl::StatusOr<BatchResumed> ResumeBatch(const std::vector<uint64_t>& request_ids, bool all_or_nothing)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Park and resume, and Admit with a shared prefix (client_parking.cc). Park unpublishes the
   // request's row (the daemon may give it to another request) and keeps its pages mapped; Resume
@@ -179,6 +199,10 @@ class ClientSession {
     bool committed = false;
     std::string reason;
   };
+  // An import the daemon admitted (AdmitImport, an AdmitBatch import item): kept pending for
+  // ImportGrant and AwaitImport, not installed. InternalError when the answer has no grant for it.
+  absl::StatusOr<hs_request_info> PendImportLocked(uint64_t request_id, v1::AdmitResponse resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stream's ImportFinished: records the outcome for AwaitImport.
   void OnImportFinished(const v1::ImportFinished& finished) ABSL_LOCKS_EXCLUDED(mu_);
   // One fd-channel object: a descriptor, or (a "cuda-ipc" arena) a cudaIpc handle.
@@ -238,6 +262,13 @@ class ClientSession {
   // Forgets an installed request here: its row unpublished, its slabs' pages uncounted (the
   // error, if any, of clearing the row).
   absl::Status UninstallLocked(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ParkBatch / ResumeBatch RPCs alone, their answers' sizes checked (client_batch_parking.cc).
+  absl::StatusOr<v1::ParkBatchResponse> ParkBatchRpc(const std::vector<uint64_t>& request_ids, bool all_or_nothing);
+  absl::StatusOr<v1::ResumeBatchResponse> ResumeBatchRpc(const v1::ResumeBatchRequest& req);
+  // Takes the row the daemon resumed `request_id` into: published and reset, or an error with
+  // nothing changed here.
+  absl::Status InstallResumedLocked(uint64_t request_id, const v1::ResumeResponse& resumed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ReleaseBatch RPC alone (this process's table untouched).
   absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatchRpc(const std::vector<uint64_t>& request_ids);
   // Admit's RPC and installation, for Admit and AdmitShared.

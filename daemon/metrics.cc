@@ -19,7 +19,7 @@ constexpr int kMetricsRequestTimeoutMs = 250;
 constexpr const char* kMethodNames[] = {"Session",      "Admit",         "Extend", "Release",      "Stats",
                                         "ListRequests", "Evict",         "Drain",  "GetConfig",    "AdmitBatch",
                                         "ReleaseBatch", "Park",          "Resume", "CommitImport", "AbortImport",
-                                        "SetLease",     "ListAdoptable", "Adopt"};
+                                        "SetLease",     "ListAdoptable", "Adopt",  "ParkBatch",    "ResumeBatch"};
 static_assert(sizeof(kMethodNames) / sizeof(kMethodNames[0]) == Metrics::kMethodCount, "one name per method");
 
 prometheus::MetricType TypeOf(const char* type) {

@@ -324,6 +324,34 @@ grpc::Status HiSparseService::ReleaseBatch(grpc::ServerContext* context, const v
   return grpc::Status::OK;
 }
 
+grpc::Status HiSparseService::ParkBatch(grpc::ServerContext* context, const v1::ParkBatchRequest* req,
+                                        v1::ParkBatchResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kParkBatch);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->ParkBatch(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status HiSparseService::ResumeBatch(grpc::ServerContext* context, const v1::ResumeBatchRequest* req,
+                                          v1::ResumeBatchResponse* resp) {
+  RpcTimer t(metrics_, Metrics::kResumeBatch);
+  auto caller = Identify(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
+    return ToGrpcStatus(owner);
+  }
+  auto r = sessions_->ResumeBatch(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
 // The transfer agent's calls: the grant is the capability, the caller's uid must be its tenant's.
 grpc::Status HiSparseService::CommitImport(grpc::ServerContext* context, const v1::CommitImportRequest* req,
                                            v1::CommitImportResponse*) {

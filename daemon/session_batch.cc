@@ -21,6 +21,15 @@
 // release its own first. PER_ITEM evicts for an item as Admit would (the tenant's least recently
 // used request, its session told first, outside the lock), except a request this same batch
 // admitted: an item that only that could make room for fails with RESOURCE_EXHAUSTED.
+//
+// Import items (AdmitItem.begin_import) are admitted and their grants opened (busy) under the
+// batch's lock, as AdmitImport's first step; their pages are registered with the import target
+// after it, outside the lock, one grant after another, and the grants are published under the
+// lock once more (FinishBatchImports). An import item never evicts. ALL_OR_NOTHING whose
+// registration fails for one item revokes every grant the batch registered (Unregister, before
+// any page goes) and then rolls the whole batch back as above; until then the batch's other items
+// are admitted in the daemon (listed, counted), as between two single Admits. PER_ITEM: an item
+// whose registration fails is freed and carries the error.
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,38 +39,15 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "batch_items.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
 namespace {
 
-absl::Status CheckBatchSize(int size, const char* field) {
-  if (size < 1 || size > SessionManager::kMaxBatchItems) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " must hold 1..", SessionManager::kMaxBatchItems, " entries, got ", size));
-  }
-  return absl::OkStatus();
-}
-
-void SetItemStatus(const absl::Status& status, v1::ItemStatus* out) {
-  out->set_code(static_cast<int32_t>(status.code()));
-  out->set_message(std::string(status.message()));
-}
-
-// The first index at which each request id appears; InvalidArgument for a later one.
-class SeenIds {
- public:
-  absl::Status Add(uint64_t request_id, int index) {
-    auto [it, inserted] = first_.emplace(request_id, index);
-    if (inserted) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("request_id ", request_id, " is named twice in this batch (items ",
-                                                   it->second, " and ", index, ")"));
-  }
-
- private:
-  absl::flat_hash_map<uint64_t, int> first_;
-};
+using batch::SeenIds;
+using batch::SetItemStatus;
 
 v1::AdmitRequest SingleAdmit(const v1::SessionRef& session, const v1::AdmitItem& item) {
   v1::AdmitRequest one;
@@ -69,71 +55,132 @@ v1::AdmitRequest SingleAdmit(const v1::SessionRef& session, const v1::AdmitItem&
   one.set_request_id(item.request_id());
   one.set_context_tokens(item.context_tokens());
   one.set_token_budget(item.token_budget());
+  one.set_begin_import(item.begin_import());
+  one.set_lease_seconds(item.lease_seconds());
   return one;
 }
 
 }  // namespace
 
 absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitBatch(const v1::AdmitBatchRequest& req) {
-  HS_RETURN_IF_ERROR(CheckBatchSize(req.items_size(), "items"));
-  if (req.mode() == v1::BATCH_MODE_PER_ITEM) return AdmitEachItem(req);
-  if (req.mode() != v1::BATCH_MODE_ALL_OR_NOTHING) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mode must be BATCH_MODE_ALL_OR_NOTHING or BATCH_MODE_PER_ITEM, got ", req.mode()));
+  HS_RETURN_IF_ERROR(batch::CheckSize(req.items_size(), kMaxBatchItems, "items"));
+  HS_RETURN_IF_ERROR(batch::CheckMode(req.mode()));
+  BatchImports opened;
+  v1::AdmitBatchResponse resp;
+  if (req.mode() == v1::BATCH_MODE_PER_ITEM) {
+    HS_ASSIGN_OR_RETURN(resp, AdmitEachItem(req, &opened));
+  } else {
+    absl::MutexLock lock(&mu_);
+    HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
+    resp = AdmitAllOrNothingLocked(*s, req, &opened);
   }
-  absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  return AdmitAllOrNothingLocked(*s, req);
+  if (!opened.empty()) FinishBatchImports(req, opened, &resp);
+  return resp;
 }
 
-v1::AdmitBatchResponse SessionManager::AdmitAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req) {
+SessionManager::AdmitOutcome SessionManager::AdmitItemLocked(const v1::AdmitRequest& one, int index,
+                                                             BatchImports* opened) {
+  if (!one.begin_import()) return AdmitLocked(one);
+  // As Admit: a lease with begin_import is bad input, whatever the import target.
+  if (one.lease_seconds() != 0) return {CheckLeaseLocked(one.lease_seconds(), /*importing=*/true)};
+  v1::AdmitResponse resp;
+  absl::StatusOr<OpenedImport> o = OpenImportLocked(one, &resp);
+  if (!o.ok()) return {o.status()};  // no lacked_room: an import never evicts
+  opened->emplace_back(index, *std::move(o));
+  return {std::move(resp)};
+}
+
+void SessionManager::UndoBatchItemLocked(Session& s, uint64_t request_id) {
+  auto it = s.requests.find(request_id);
+  if (it == s.requests.end()) return;  // released meanwhile (FinishBatchImports runs in two locks)
+  if (!it->second.import_grant.empty()) grants_.erase(it->second.import_grant);  // not registered (now)
+  ReleaseRequestLocked(s, it->second);
+  s.requests.erase(it);
+  --admissions_;
+}
+
+void SessionManager::FailAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req, int failed,
+                                            const absl::Status& why, v1::AdmitBatchResponse* resp) {
+  // Roll back, in reverse: every page to the pool, every row to the ledger, no admission counted.
+  for (int j = resp->results_size() - 1; j >= 0; --j) {
+    if (resp->results(j).has_admitted()) UndoBatchItemLocked(s, req.items(j).request_id());
+  }
+  for (int j = 0; j < req.items_size(); ++j) {
+    v1::AdmitResult* result = j < resp->results_size() ? resp->mutable_results(j) : resp->add_results();
+    result->set_request_id(req.items(j).request_id());
+    SetItemStatus(j == failed ? why : batch::Aborted(j, failed, req.items(failed).request_id(), "rolled back"),
+                  result->mutable_error());
+  }
+  resp->set_admitted(0);
+  resp->set_failed_item(static_cast<uint32_t>(failed) + 1);
+}
+
+v1::AdmitBatchResponse SessionManager::AdmitAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req,
+                                                               BatchImports* opened) {
   v1::AdmitBatchResponse resp;
   SeenIds seen;
-  int i = 0;
-  absl::Status failed;
-  for (; i < req.items_size(); ++i) {
+  for (int i = 0; i < req.items_size(); ++i) {
     const v1::AdmitItem& item = req.items(i);
     v1::AdmitResult* result = resp.add_results();
     result->set_request_id(item.request_id());
-    failed = seen.Add(item.request_id(), i);
-    if (!failed.ok()) break;
-    AdmitOutcome outcome = AdmitLocked(SingleAdmit(req.session(), item));
-    if (!outcome.result.ok()) {
+    absl::Status failed = seen.Add(item.request_id(), i);
+    if (failed.ok()) {
+      AdmitOutcome outcome = AdmitItemLocked(SingleAdmit(req.session(), item), i, opened);
+      if (outcome.result.ok()) {
+        *result->mutable_admitted() = *std::move(outcome.result);
+        continue;
+      }
       failed = outcome.result.status();
-      break;
     }
-    *result->mutable_admitted() = *std::move(outcome.result);
-  }
-  if (failed.ok()) {
-    resp.set_admitted(static_cast<uint32_t>(req.items_size()));
+    FailAllOrNothingLocked(s, req, i, failed, &resp);  // frees the opened grants too: none registered
+    opened->clear();
     return resp;
   }
-  // Roll back, in reverse: every page to the pool, every row to the ledger, no admission counted.
-  for (int j = i - 1; j >= 0; --j) {
-    auto it = s.requests.find(req.items(j).request_id());
-    ReleaseRequestLocked(s, it->second);
-    s.requests.erase(it);
-    --admissions_;
+  resp.set_admitted(static_cast<uint32_t>(req.items_size()));
+  return resp;
+}
+
+void SessionManager::FinishBatchImports(const v1::AdmitBatchRequest& req, const BatchImports& opened,
+                                        v1::AdmitBatchResponse* resp) {
+  // Outside the lock: each grant is busy (nobody finishes it, the session waits for it).
+  std::vector<std::vector<ImportTarget::Span>> spans(opened.size());
+  std::vector<absl::StatusOr<std::vector<ImportTarget::Region>>> regions;
+  int failed = -1;  // the first import whose registration failed
+  for (size_t k = 0; k < opened.size(); ++k) {
+    regions.push_back(RegisterImport(opened[k].second, &spans[k]));
+    if (!regions.back().ok() && failed < 0) failed = static_cast<int>(k);
   }
-  const std::string why = absl::StrCat("items[", i, "] (request ", req.items(i).request_id(), ") failed the batch");
-  for (int j = 0; j < req.items_size(); ++j) {
-    v1::AdmitResult* result = j < resp.results_size() ? resp.mutable_results(j) : resp.add_results();
-    result->set_request_id(req.items(j).request_id());
-    if (j == i) {
-      SetItemStatus(failed, result->mutable_error());
-    } else {
-      SetItemStatus(absl::AbortedError(absl::StrCat(j < i ? "rolled back: " : "not tried: ", why)),
-                    result->mutable_error());
+  const bool all_or_nothing = req.mode() == v1::BATCH_MODE_ALL_OR_NOTHING;
+  if (all_or_nothing && failed >= 0) {
+    // Revoked before any page goes: no remote key of the batch outlives it.
+    for (size_t k = 0; k < opened.size(); ++k) {
+      if (regions[k].ok()) opened[k].second.target->Unregister(opened[k].second.grant_id);
     }
   }
-  resp.set_failed_item(static_cast<uint32_t>(i) + 1);
-  return resp;
+  absl::MutexLock lock(&mu_);
+  Session& s = *sessions_.at(req.session().session_id());  // it waits for the busy grants
+  if (all_or_nothing && failed >= 0) {
+    FailAllOrNothingLocked(s, req, opened[failed].first, regions[failed].status(), resp);
+    return;
+  }
+  uint32_t admitted = resp->admitted();
+  for (size_t k = 0; k < opened.size(); ++k) {
+    v1::AdmitResult* result = resp->mutable_results(opened[k].first);
+    if (regions[k].ok()) {
+      PublishImportLocked(opened[k].second, spans[k], *regions[k], result->mutable_admitted());
+      continue;
+    }
+    DropImportLocked(opened[k].second);
+    SetItemStatus(regions[k].status(), result->mutable_error());
+    --admitted;
+  }
+  resp->set_admitted(admitted);
 }
 
 std::optional<SessionManager::Victim> SessionManager::BatchVictimLocked(
     const Session& s, const v1::AdmitItem& item, int evictions, const absl::flat_hash_set<uint64_t>& batch) const {
   constexpr int kMaxEvictionsPerItem = 64;  // as Admit's
-  if (!options_.evict_on_pool_full || evictions == kMaxEvictionsPerItem) return std::nullopt;
+  if (!options_.evict_on_pool_full || evictions == kMaxEvictionsPerItem || item.begin_import()) return std::nullopt;
   // As Admit: only when evicting can make this admission succeed.
   if (evictions == 0 && !EvictionCouldAdmitLocked(s, PagesFor(s, item.token_budget()) * s.geometry.num_layers())) {
     return std::nullopt;
@@ -143,7 +190,8 @@ std::optional<SessionManager::Victim> SessionManager::BatchVictimLocked(
   return victim;
 }
 
-absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitEachItem(const v1::AdmitBatchRequest& req) {
+absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitEachItem(const v1::AdmitBatchRequest& req,
+                                                                     BatchImports* opened) {
   v1::AdmitBatchResponse resp;
   SeenIds seen;
   absl::flat_hash_set<uint64_t> admitted;  // by this batch: never a victim for it
@@ -177,7 +225,7 @@ absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitEachItem(const v1::A
           record(item, dup);
           continue;
         }
-        AdmitOutcome tried = AdmitLocked(SingleAdmit(req.session(), item));
+        AdmitOutcome tried = AdmitItemLocked(SingleAdmit(req.session(), item), i, opened);
         if (!tried.result.ok() && tried.lacked_room) {
           victim = BatchVictimLocked(**found, item, evictions, admitted);
           if (victim.has_value()) break;  // evict outside the lock, then try item i again
@@ -219,7 +267,7 @@ absl::StatusOr<std::vector<std::optional<absl::Status>>> SessionManager::AbortIm
 }
 
 absl::StatusOr<v1::ReleaseBatchResponse> SessionManager::ReleaseBatch(const v1::ReleaseBatchRequest& req) {
-  HS_RETURN_IF_ERROR(CheckBatchSize(req.request_ids_size(), "request_ids"));
+  HS_RETURN_IF_ERROR(batch::CheckSize(req.request_ids_size(), kMaxBatchItems, "request_ids"));
   // An importing item is an abort, as for Release: its grant's memory is revoked outside the lock
   // before its pages go (session_import.cc), so those items go first, one by one.
   HS_ASSIGN_OR_RETURN(std::vector<std::optional<absl::Status>> aborted, AbortImportingItems(req));

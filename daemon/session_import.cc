@@ -54,91 +54,111 @@ void SessionManager::SetImportTarget(ImportTarget* target) {
 }
 
 absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitImport(const v1::AdmitRequest& req) {
-  const std::string grant_id = NewSecret128();
-  ImportTarget* target;
   v1::AdmitResponse resp;
-  std::vector<std::vector<uint8_t*>> page_addrs;  // per layer, in position order
-  uint64_t page_bytes;
+  absl::StatusOr<OpenedImport> opened;
   {
     absl::MutexLock lock(&mu_);
-    target = import_target_;
-    if (target == nullptr) {
-      return absl::FailedPreconditionError(
-          "imports are off here: the daemon was built without UCX or import.enabled is false");
-    }
-    auto sit = sessions_.find(req.session().session_id());
-    if (sit != sessions_.end() && sit->second->imports_closed) {
-      return absl::FailedPreconditionError("the session is closing");
-    }
-    AdmitOutcome outcome = AdmitLocked(req);  // an import never evicts to make room
-    if (!outcome.result.ok()) return outcome.result.status();
-    resp = *std::move(outcome.result);
-    Session& s = *sessions_.at(req.session().session_id());
-    Request& r = s.requests.at(req.request_id());
-    for (const auto& layer : r.pages) {
-      page_addrs.emplace_back();
-      for (const PagePool::Page& p : layer) {
-        absl::StatusOr<uint8_t*> addr = pool_->PageData(s.id, p);
-        if (!addr.ok()) {  // pages AdmitLocked just gave this session: an accounting error
-          ReleaseRequestLocked(s, r);
-          s.requests.erase(req.request_id());
-          return absl::InternalError(
-              absl::StrCat("a page of the new import is not the session's: ", addr.status().ToString()));
-        }
-        page_addrs.back().push_back(*addr);
-      }
-    }
-    r.import_grant = grant_id;
-    const absl::Time now = options_.clock ? options_.clock() : absl::Now();
-    grants_.emplace(grant_id, Grant{s.id, r.id, s.tenant_uid, now + options_.import_grant_ttl, /*busy=*/true});
-    page_bytes = pool_->page_bytes();
-    v1::ImportGrant* g = resp.mutable_grant();
-    g->set_grant_id(grant_id);
-    g->set_session_id(s.id);
-    g->set_request_id(r.id);
-    g->set_num_layers(s.geometry.num_layers());
-    g->set_capacity_tokens(r.capacity_tokens);
-    g->set_records_per_page(s.records_per_page);
-    g->set_record_bytes(s.geometry.record_bytes());
-    g->set_expires_in_seconds(absl::ToDoubleSeconds(options_.import_grant_ttl));
+    opened = OpenImportLocked(req, &resp);
   }
-  std::vector<uint8_t*> all;
-  for (const auto& layer : page_addrs) all.insert(all.end(), layer.begin(), layer.end());
-  const std::vector<ImportTarget::Span> spans = MergeSpans(std::move(all), page_bytes);
-  absl::StatusOr<std::vector<ImportTarget::Region>> regions = target->Register(grant_id, spans);
-
+  if (!opened.ok()) return opened.status();
+  std::vector<ImportTarget::Span> spans;
+  absl::StatusOr<std::vector<ImportTarget::Region>> regions = RegisterImport(*opened, &spans);
   // The grant is busy: nobody else removes it, and its session waits for it before closing.
   absl::MutexLock lock(&mu_);
-  auto git = grants_.find(grant_id);
   if (!regions.ok()) {
-    grants_.erase(git);
-    auto sit = sessions_.find(req.session().session_id());
-    auto rit = sit->second->requests.find(req.request_id());
-    ReleaseRequestLocked(*sit->second, rit->second);
-    sit->second->requests.erase(rit);
+    DropImportLocked(*opened);
     return regions.status();
   }
-  git->second.busy = false;
-  v1::ImportGrant* g = resp.mutable_grant();
-  g->set_worker_address(target->WorkerAddress());
-  for (const ImportTarget::Region& region : *regions) {
+  PublishImportLocked(*opened, spans, *regions, &resp);
+  return resp;
+}
+
+absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(const v1::AdmitRequest& req,
+                                                                              v1::AdmitResponse* resp) {
+  OpenedImport o;
+  o.target = import_target_;
+  if (o.target == nullptr) {
+    return absl::FailedPreconditionError(
+        "imports are off here: the daemon was built without UCX or import.enabled is false");
+  }
+  auto sit = sessions_.find(req.session().session_id());
+  if (sit != sessions_.end() && sit->second->imports_closed) {
+    return absl::FailedPreconditionError("the session is closing");
+  }
+  AdmitOutcome outcome = AdmitLocked(req);  // an import never evicts to make room
+  if (!outcome.result.ok()) return outcome.result.status();
+  *resp = *std::move(outcome.result);
+  Session& s = *sessions_.at(req.session().session_id());
+  Request& r = s.requests.at(req.request_id());
+  for (const auto& layer : r.pages) {
+    o.page_addrs.emplace_back();
+    for (const PagePool::Page& p : layer) {
+      absl::StatusOr<uint8_t*> addr = pool_->PageData(s.id, p);
+      if (!addr.ok()) {  // pages AdmitLocked just gave this session: an accounting error
+        ReleaseRequestLocked(s, r);
+        s.requests.erase(req.request_id());
+        return absl::InternalError(
+            absl::StrCat("a page of the new import is not the session's: ", addr.status().ToString()));
+      }
+      o.page_addrs.back().push_back(*addr);
+    }
+  }
+  o.grant_id = NewSecret128();
+  o.session_id = s.id;
+  o.request_id = r.id;
+  o.page_bytes = pool_->page_bytes();
+  r.import_grant = o.grant_id;
+  const absl::Time now = options_.clock ? options_.clock() : absl::Now();
+  grants_.emplace(o.grant_id, Grant{s.id, r.id, s.tenant_uid, now + options_.import_grant_ttl, /*busy=*/true});
+  v1::ImportGrant* g = resp->mutable_grant();
+  g->set_grant_id(o.grant_id);
+  g->set_session_id(s.id);
+  g->set_request_id(r.id);
+  g->set_num_layers(s.geometry.num_layers());
+  g->set_capacity_tokens(r.capacity_tokens);
+  g->set_records_per_page(s.records_per_page);
+  g->set_record_bytes(s.geometry.record_bytes());
+  g->set_expires_in_seconds(absl::ToDoubleSeconds(options_.import_grant_ttl));
+  return o;
+}
+
+absl::StatusOr<std::vector<ImportTarget::Region>> SessionManager::RegisterImport(
+    const OpenedImport& o, std::vector<ImportTarget::Span>* spans) {
+  std::vector<uint8_t*> all;
+  for (const auto& layer : o.page_addrs) all.insert(all.end(), layer.begin(), layer.end());
+  *spans = MergeSpans(std::move(all), o.page_bytes);
+  return o.target->Register(o.grant_id, *spans);
+}
+
+void SessionManager::DropImportLocked(const OpenedImport& o) {
+  grants_.erase(o.grant_id);
+  auto sit = sessions_.find(o.session_id);
+  auto rit = sit->second->requests.find(o.request_id);
+  ReleaseRequestLocked(*sit->second, rit->second);
+  sit->second->requests.erase(rit);
+}
+
+void SessionManager::PublishImportLocked(const OpenedImport& o, const std::vector<ImportTarget::Span>& spans,
+                                         const std::vector<ImportTarget::Region>& regions, v1::AdmitResponse* resp) {
+  grants_.at(o.grant_id).busy = false;
+  v1::ImportGrant* g = resp->mutable_grant();
+  g->set_worker_address(o.target->WorkerAddress());
+  for (const ImportTarget::Region& region : regions) {
     v1::ImportRegion* out = g->add_regions();
     out->set_remote_addr(region.remote_addr);
     out->set_bytes(region.bytes);
     out->set_rkey(region.rkey);
   }
-  for (size_t layer = 0; layer < page_addrs.size(); ++layer) {
+  for (size_t layer = 0; layer < o.page_addrs.size(); ++layer) {
     v1::ImportLayer* out = g->add_layers();
     out->set_layer(static_cast<uint32_t>(layer));
-    for (uint8_t* p : page_addrs[layer]) {
+    for (uint8_t* p : o.page_addrs[layer]) {
       out->add_page_addr(reinterpret_cast<uint64_t>(p));
       out->add_page_region(SpanOf(spans, p));
     }
   }
-  LOG(INFO) << "import grant " << Short(grant_id) << " for request " << req.request_id() << " of session "
-            << req.session().session_id() << ": " << spans.size() << " regions, expires in "
-            << absl::FormatDuration(options_.import_grant_ttl);
-  return resp;
+  LOG(INFO) << "import grant " << Short(o.grant_id) << " for request " << o.request_id << " of session " << o.session_id
+            << ": " << spans.size() << " regions, expires in " << absl::FormatDuration(options_.import_grant_ttl);
 }
 
 absl::Status SessionManager::CheckGrantLocked(const std::string& grant_id, uint64_t session_id, uint64_t request_id,

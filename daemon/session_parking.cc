@@ -31,39 +31,46 @@ absl::StatusOr<SessionManager::Request*> SessionManager::FindRequestLocked(const
 absl::StatusOr<v1::ParkResponse> SessionManager::Park(const v1::ParkRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  if (r->parked) {
-    return absl::FailedPreconditionError(absl::StrCat("request ", r->id, " is parked already"));
+  return ParkLocked(req.session().session_id(), *r);
+}
+
+absl::StatusOr<v1::ParkResponse> SessionManager::ParkLocked(uint64_t session_id, Request& r) {
+  if (r.parked) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is parked already"));
   }
-  if (!r->import_grant.empty()) {
+  if (!r.import_grant.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("request ", r->id, " is importing: its records are not there yet; park it after CommitImport"));
+        absl::StrCat("request ", r.id, " is importing: its records are not there yet; park it after CommitImport"));
   }
-  ledger_.Park(req.session().session_id(), r->id);
-  r->parked = true;
+  ledger_.Park(session_id, r.id);
+  r.parked = true;
   v1::ParkResponse resp;
-  resp.set_row(r->row);
+  resp.set_row(r.row);
   return resp;
 }
 
 absl::StatusOr<v1::ResumeResponse> SessionManager::Resume(const v1::ResumeRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  if (!r->parked) {
-    return absl::FailedPreconditionError(absl::StrCat("request ", r->id, " is not parked (it holds row ", r->row, ")"));
+  return ResumeLocked(req.session().session_id(), *r);
+}
+
+absl::StatusOr<v1::ResumeResponse> SessionManager::ResumeLocked(uint64_t session_id, Request& r) {
+  if (!r.parked) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is not parked (it holds row ", r.row, ")"));
   }
-  const uint64_t session_id = req.session().session_id();
   uint32_t row = 0;
   if (std::optional<Refusal> refusal = ledger_.FreeRow(session_id, &row)) {
     return Reject(Refusal{refusal->reason,
-                          absl::ResourceExhaustedError(absl::StrCat("cannot resume request ", r->id, ": ",
+                          absl::ResourceExhaustedError(absl::StrCat("cannot resume request ", r.id, ": ",
                                                                     refusal->status.message(), "; it stays parked"))});
   }
-  ledger_.Resume(session_id, r->id, row);
-  r->parked = false;
-  r->row = row;
+  ledger_.Resume(session_id, r.id, row);
+  r.parked = false;
+  r.row = row;
   v1::ResumeResponse resp;
   resp.set_row(row);
-  resp.set_capacity_tokens(r->capacity_tokens);
+  resp.set_capacity_tokens(r.capacity_tokens);
   return resp;
 }
 

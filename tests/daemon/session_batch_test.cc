@@ -292,5 +292,44 @@ TEST(SessionBatchTest, EvictionIsPerItemOnlyAndSparesTheBatch) {
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 }
 
+// AdmitItem.lease_seconds (and begin_import with it) are checked as Admit checks them: a lease
+// above durability.max_lease_seconds or on an import is INVALID_ARGUMENT, any lease with
+// durability off FAILED_PRECONDITION; an item within bounds is durable from admission.
+TEST(SessionBatchTest, LeaseItemsAreCheckedAsAdmitChecksThem) {
+  auto sm = MakeManager(4 * kMiB);  // durability.max_lease_seconds 3600 (the default)
+  const v1::SessionRef s = Open(*sm);
+  v1::AdmitBatchRequest req = Batch(s, v1::BATCH_MODE_PER_ITEM, {{1, 16}, {2, 16}, {3, 16}, {4, 16}});
+  req.mutable_items(0)->set_lease_seconds(30);
+  req.mutable_items(1)->set_lease_seconds(3601);
+  req.mutable_items(2)->set_lease_seconds(30);
+  req.mutable_items(2)->set_begin_import(true);
+  absl::StatusOr<v1::AdmitBatchResponse> r = sm->AdmitBatch(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const int invalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Codes(*r), (std::vector<int>{0, invalid, invalid, 0}));
+  EXPECT_EQ(sm->Stats().durable_requests(), 1u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+
+  SessionManager::Options off;
+  off.max_lease_seconds = 0;
+  PagePool::Options po;
+  po.budget_bytes = 4 * kMiB;
+  po.page_bytes = kPage;
+  po.slab_bytes = kMiB;
+  po.reserve_slabs = 0;
+  po.hugepages = PagePool::Hugepages::kOff;
+  po.pretouch_threads = 1;
+  auto pool = PagePool::Create(po);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  SessionManager no_leases(off, std::move(*pool));
+  const v1::SessionRef t = Open(no_leases);
+  v1::AdmitBatchRequest one = Batch(t, v1::BATCH_MODE_ALL_OR_NOTHING, {{1, 16}, {2, 16}});
+  one.mutable_items(1)->set_lease_seconds(30);
+  absl::StatusOr<v1::AdmitBatchResponse> refused = no_leases.AdmitBatch(one);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(Codes(*refused), (std::vector<int>{kAborted, static_cast<int>(absl::StatusCode::kFailedPrecondition)}));
+  EXPECT_EQ(no_leases.Stats().requests(), 0u);
+}
+
 }  // namespace
 }  // namespace hisparse

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,7 +29,7 @@ class FakeTarget : public ImportTarget {
  public:
   std::string WorkerAddress() const override { return "fake-worker"; }
   absl::StatusOr<std::vector<Region>> Register(const std::string& grant_id, const std::vector<Span>& spans) override {
-    if (fail_next) {
+    if (fail_next || (succeed_before_failing >= 0 && succeed_before_failing-- == 0)) {
       fail_next = false;
       return absl::InternalError("fake registration failure");
     }
@@ -44,6 +45,7 @@ class FakeTarget : public ImportTarget {
   }
   SessionManager* sm = nullptr;
   bool fail_next = false;
+  int succeed_before_failing = -1;  // >= 0: that many Registers succeed, the next fails
   std::vector<std::string> registered, unregistered;
   std::vector<uint64_t> held_at_unregister;
   size_t spans_registered = 0;
@@ -92,6 +94,21 @@ class SessionImportTest : public ::testing::Test {
     });
   }
 
+  // An AdmitBatch of (id, begin_import) items of 100 tokens.
+  absl::StatusOr<v1::AdmitBatchResponse> Batch(v1::BatchMode mode,
+                                               const std::vector<std::pair<uint64_t, bool>>& items) {
+    v1::AdmitBatchRequest req;
+    *req.mutable_session() = ref_;
+    req.set_mode(mode);
+    for (const auto& [id, import] : items) {
+      v1::AdmitItem* item = req.add_items();
+      item->set_request_id(id);
+      item->set_context_tokens(100);
+      item->set_token_budget(100);
+      item->set_begin_import(import);
+    }
+    return sm_->AdmitBatch(req);
+  }
   absl::StatusOr<v1::AdmitResponse> AdmitImport(uint64_t id, uint32_t tokens) {
     v1::AdmitRequest req;
     *req.mutable_session() = ref_;
@@ -336,6 +353,106 @@ TEST_F(SessionImportTest, AnImportingRequestCannotBeParkedOrAParent) {
   ASSERT_TRUE(sm_->CommitImport(CommitOf(importing->grant()), kUid).ok());
   EXPECT_TRUE(sm_->Admit(child).ok());
   EXPECT_TRUE(sm_->Park(park).ok());
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
+// Batched import (AdmitItem.begin_import): each admitted import item carries its own registered
+// grant; a PER_ITEM item whose registration fails is freed alone; an ALL_OR_NOTHING batch whose
+// registration fails for one item revokes every grant it registered while the pages are still
+// held, then frees everything (the pool as before, no grant left to commit).
+TEST_F(SessionImportTest, BatchedImportsCarryTheirGrantsPerItem) {
+  auto r = Batch(v1::BATCH_MODE_PER_ITEM, {{1, true}, {2, false}, {3, true}, {1, true}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->results_size(), 4);
+  EXPECT_EQ(r->admitted(), 3u);
+  ASSERT_TRUE(r->results(0).has_admitted()) << r->results(0).error().message();
+  ASSERT_TRUE(r->results(2).has_admitted()) << r->results(2).error().message();
+  EXPECT_FALSE(r->results(1).admitted().has_grant());  // a plain item
+  EXPECT_EQ(r->results(3).error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  const v1::ImportGrant g1 = r->results(0).admitted().grant();
+  const v1::ImportGrant g3 = r->results(2).admitted().grant();
+  EXPECT_NE(g1.grant_id(), g3.grant_id());
+  EXPECT_EQ(g1.request_id(), 1u);
+  EXPECT_EQ(g1.worker_address(), "fake-worker");
+  EXPECT_GT(g1.regions_size(), 0);
+  EXPECT_EQ(g1.layers_size(), 2);
+  EXPECT_EQ(target_.registered, (std::vector<std::string>{g1.grant_id(), g3.grant_id()}));
+  EXPECT_EQ(sm_->Stats().importing_requests(), 2u);
+  EXPECT_TRUE(sm_->CommitImport(CommitOf(g1), kUid).ok());
+  EXPECT_TRUE(sm_->CommitImport(CommitOf(g3), kUid).ok());
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+
+  // PER_ITEM: the second registration fails; that item alone is freed.
+  const uint64_t before = Used();
+  target_.succeed_before_failing = 1;
+  auto partly = Batch(v1::BATCH_MODE_PER_ITEM, {{10, true}, {11, true}, {12, false}});
+  ASSERT_TRUE(partly.ok()) << partly.status();
+  EXPECT_TRUE(partly->results(0).has_admitted());
+  EXPECT_EQ(partly->results(1).error().code(), static_cast<int>(absl::StatusCode::kInternal));
+  EXPECT_TRUE(partly->results(2).has_admitted());
+  EXPECT_EQ(partly->admitted(), 2u);
+  EXPECT_EQ(sm_->Stats().requests(), 5u);
+  EXPECT_GT(Used(), before);
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
+TEST_F(SessionImportTest, AllOrNothingBatchRevokesEveryRegisteredGrantOnFailure) {
+  const uint64_t admissions = sm_->Stats().admissions();
+  target_.succeed_before_failing = 2;  // items 0 and 2 register, item 3 fails
+  auto r = Batch(v1::BATCH_MODE_ALL_OR_NOTHING, {{1, true}, {2, false}, {3, true}, {4, true}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->failed_item(), 4u);
+  EXPECT_EQ(r->admitted(), 0u);
+  ASSERT_EQ(r->results_size(), 4);
+  EXPECT_EQ(r->results(3).error().code(), static_cast<int>(absl::StatusCode::kInternal));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r->results(i).error().code(), static_cast<int>(absl::StatusCode::kAborted)) << i;
+  }
+  ASSERT_EQ(target_.registered.size(), 2u);
+  // Both registered grants revoked, each while the batch's pages were still held.
+  EXPECT_EQ(std::set<std::string>(target_.unregistered.begin(), target_.unregistered.end()),
+            std::set<std::string>(target_.registered.begin(), target_.registered.end()));
+  for (uint64_t held : target_.held_at_unregister) EXPECT_GT(held, 0u);
+  EXPECT_EQ(Used(), 0u);
+  EXPECT_EQ(sm_->Stats().requests(), 0u);
+  EXPECT_EQ(sm_->Stats().importing_requests(), 0u);
+  EXPECT_EQ(sm_->Stats().admissions(), admissions);
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+
+  // A failure under the lock (a duplicate) registers nothing at all.
+  target_.registered.clear();
+  auto dup = Batch(v1::BATCH_MODE_ALL_OR_NOTHING, {{1, true}, {1, false}});
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  EXPECT_EQ(dup->failed_item(), 2u);
+  EXPECT_TRUE(target_.registered.empty());
+  EXPECT_EQ(Used(), 0u);
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+
+  // Where no imports are served an import item is FAILED_PRECONDITION, as Admit's.
+  sm_->SetImportTarget(nullptr);
+  auto off = Batch(v1::BATCH_MODE_PER_ITEM, {{5, true}, {6, false}});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->results(0).error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(off->results(1).has_admitted());
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
+// An importing request refuses ParkBatch as Park does (FAILED_PRECONDITION), and an
+// all-or-nothing batch naming it parks nothing.
+TEST_F(SessionImportTest, ParkBatchRefusesAnImportingRequest) {
+  ASSERT_TRUE(AdmitImport(1, 100).ok());
+  auto r = Batch(v1::BATCH_MODE_PER_ITEM, {{2, false}});
+  ASSERT_TRUE(r.ok() && r->admitted() == 1u);
+  v1::ParkBatchRequest park;
+  *park.mutable_session() = ref_;
+  park.set_mode(v1::BATCH_MODE_ALL_OR_NOTHING);
+  park.add_request_ids(2);
+  park.add_request_ids(1);
+  auto parked = sm_->ParkBatch(park);
+  ASSERT_TRUE(parked.ok()) << parked.status();
+  EXPECT_EQ(parked->results(0).error().code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(parked->results(1).error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(sm_->Stats().parked_requests(), 0u);
   EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
 }
 

@@ -1,10 +1,10 @@
 // Fuzz target: the daemon's request handlers. The input is a program of operations (open a
 // session with fuzzed geometry, admit / extend / release / park / resume with fuzzed ids, budgets
-// and tokens, admit on a parent's prefix, batched admit / release (op bytes 248..255), close, fd
-// lookups with fuzzed object names, stats, drain) run against one in-process SessionManager over a
-// small PagePool. After every operation the accounting invariants must hold and the outcome must
-// agree with a shadow model of who holds what; after the program every session is closed and the
-// pool must be exactly empty. Anything else aborts (a finding).
+// and tokens, admit on a parent's prefix, batched admit / release (op bytes 248..255) and park /
+// resume (244..247), close, fd lookups with fuzzed object names, stats, drain) run against one
+// in-process SessionManager over a small PagePool. After every operation the accounting invariants must hold and the
+// outcome must agree with a shadow model of who holds what; after the program every session is closed and the pool must
+// be exactly empty. Anything else aborts (a finding).
 //
 // The manager and its pool live for the whole process (building a pool per input would spend the
 // fuzzer's time pre-touching memory); each input leaves them empty, which is what it checks.
@@ -201,9 +201,91 @@ void ReleaseBatchOne(FuzzInput& in, std::vector<LiveSession>& live) {
   }
 }
 
+// ParkBatch or ResumeBatch (either mode, sometimes an invalid one) of up to 12 fuzzed ids, checked
+// item by item against the model: a repeated id INVALID_ARGUMENT, one not held NOT_FOUND, a parked
+// one parked again (or a live one resumed) FAILED_PRECONDITION, a resume OK or RESOURCE_EXHAUSTED;
+// all or nothing changes the model only when every item succeeded, else the failing item is the
+// first that could not and every other reads ABORTED.
+void ParkResumeBatchOne(FuzzInput& in, std::vector<LiveSession>& live, bool park) {
+  LiveSession* owner = nullptr;
+  const v1::SessionRef ref = PickRef(in, live, &owner);
+  const uint32_t n = in.Small(0, 12);
+  const auto mode = static_cast<v1::BatchMode>(in.Small(0, 2));
+  std::vector<uint64_t> ids;
+  for (uint32_t i = 0; i < n; ++i) ids.push_back(PickRequestId(in));
+  std::vector<int> codes;
+  absl::Status call;
+  uint32_t failed_item = 0;
+  const auto collect = [&](const auto& r) {
+    call = r.status();
+    if (!r.ok()) return;
+    failed_item = r->failed_item();
+    for (const auto& res : r->results()) codes.push_back(res.has_error() ? res.error().code() : 0);
+  };
+  if (park) {
+    v1::ParkBatchRequest req;
+    *req.mutable_session() = ref;
+    req.set_mode(mode);
+    for (uint64_t id : ids) req.add_request_ids(id);
+    collect(Manager().ParkBatch(req));
+  } else {
+    v1::ResumeBatchRequest req;
+    *req.mutable_session() = ref;
+    req.set_mode(mode);
+    for (uint64_t id : ids) req.add_request_ids(id);
+    collect(Manager().ResumeBatch(req));
+  }
+  if (n == 0 || mode == v1::BATCH_MODE_UNSPECIFIED) {
+    Expect(absl::IsInvalidArgument(call), "Park/ResumeBatch of no ids or no mode: " + call.ToString());
+    return;
+  }
+  if (owner == nullptr) {
+    Expect(absl::IsPermissionDenied(call), "Park/ResumeBatch with a foreign or wrong ref: " + call.ToString());
+    return;
+  }
+  Expect(call.ok() && codes.size() == n, "Park/ResumeBatch of a live session: " + call.ToString());
+  if (!call.ok()) return;
+  const bool all_or_nothing = mode == v1::BATCH_MODE_ALL_OR_NOTHING;
+  const int kAborted = static_cast<int>(absl::StatusCode::kAborted);
+  std::set<uint64_t> seen, changed;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t id = ids[i];
+    int want = 0;
+    if (!seen.insert(id).second) {
+      want = static_cast<int>(absl::StatusCode::kInvalidArgument);
+    } else if (owner->requests.count(id) == 0) {
+      want = static_cast<int>(absl::StatusCode::kNotFound);
+    } else if (park == (owner->parked.count(id) != 0)) {
+      want = static_cast<int>(absl::StatusCode::kFailedPrecondition);
+    } else if (!park && codes[i] == static_cast<int>(absl::StatusCode::kResourceExhausted)) {
+      want = codes[i];  // no free row: the model does not count rows
+    }
+    if (all_or_nothing && failed_item != 0 && i + 1 != failed_item) {
+      Expect(codes[i] == kAborted, "an item of a failed all-or-nothing batch is not ABORTED");
+      if (i + 1 < failed_item) Expect(want == 0, "an all-or-nothing batch failed at a later item than it should");
+      continue;
+    }
+    Expect(codes[i] == want, "Park/ResumeBatch item's code disagrees with the model");
+    if (all_or_nothing && failed_item != 0) continue;  // the failing item: it changed nothing
+    if (want == 0) changed.insert(id);
+  }
+  if (all_or_nothing && failed_item != 0) return;  // nothing changed
+  for (uint64_t id : changed) {
+    if (park) {
+      owner->parked.insert(id);
+    } else {
+      owner->parked.erase(id);
+    }
+  }
+}
+
 void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
   LiveSession* owner = nullptr;
   const uint8_t op = in.Read<uint8_t>();
+  if (op >= 244 && op < 248) {  // batched park / resume
+    ParkResumeBatchOne(in, live, op % 2 == 0);
+    return;
+  }
   if (op >= 248) {  // the batched calls
     if (op % 2 == 0) {
       AdmitBatchOne(in, live);

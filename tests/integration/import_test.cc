@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,57 @@ TEST_F(ImportTest, EightRequestsArriveByteExactAfterCommit) {
     ExpectPattern(id, tokens);
   }
   for (uint64_t id = 1; id <= 8; ++id) EXPECT_EQ(hs_release(session_, id), HS_OK);
+  ExpectNothingHeld();
+}
+
+// ABI 1.8: one hs_admit_import_batch admits eight imports, each with its own grant, which one
+// agent run commits; each arrives byte-exact. An all-or-nothing import batch that fails (an id
+// named twice) leaves no grant and no request behind.
+TEST_F(ImportTest, OneImportBatchGrantsEachItemAndAFailedOneLeavesNone) {
+  Start(/*grant_ttl_s=*/300);
+  const uint32_t tokens = 4096;
+  std::vector<uint64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<uint32_t> budgets(ids.size(), tokens);
+  std::vector<hs_result> results(ids.size(), HS_ERR_UNIMPLEMENTED);
+  ASSERT_EQ(hs_admit_import_batch(session_, ids.size(), ids.data(), budgets.data(), budgets.data(),
+                                  HS_BATCH_ALL_OR_NOTHING, results.data()),
+            HS_OK)
+      << hs_last_error();
+  std::string args;
+  std::set<std::string> grant_ids;
+  for (uint64_t id : ids) {
+    size_t n = 0;
+    ASSERT_EQ(hs_import_grant(session_, id, nullptr, 0, &n), HS_ERR_RESOURCE_EXHAUSTED);
+    std::string grant(n, '\0');
+    ASSERT_EQ(hs_import_grant(session_, id, grant.data(), n, &n), HS_OK) << hs_last_error();
+    grants_[id] = grant;
+    grant_ids.insert(Grant(id).grant_id());
+    const std::string path = absl::StrCat(dir_, "/batch-grant-", id);
+    std::ofstream(path, std::ios::binary) << grant;
+    absl::StrAppend(&args, " --grant ", path);
+  }
+  EXPECT_EQ(grant_ids.size(), ids.size()) << "one grant per item";
+  const CommandResult r = Importer(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  for (uint64_t id : ids) {
+    ASSERT_EQ(hs_await_import(session_, id, 30000, &info), HS_OK) << hs_last_error();
+    ExpectPattern(id, tokens);
+  }
+  std::vector<hs_result> released(ids.size(), HS_ERR_UNIMPLEMENTED);
+  ASSERT_EQ(hs_release_batch(session_, ids.size(), ids.data(), released.data()), HS_OK);
+  ExpectNothingHeld();
+
+  std::vector<uint64_t> twice = {11, 12, 11};
+  std::vector<uint32_t> small(twice.size(), 64);
+  results.assign(twice.size(), HS_ERR_UNIMPLEMENTED);
+  EXPECT_EQ(hs_admit_import_batch(session_, twice.size(), twice.data(), nullptr, small.data(), HS_BATCH_ALL_OR_NOTHING,
+                                  results.data()),
+            HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(results, (std::vector<hs_result>{HS_ERR_ABORTED, HS_ERR_ABORTED, HS_ERR_INVALID_ARGUMENT}));
+  size_t n = 0;
+  EXPECT_EQ(hs_import_grant(session_, 11, nullptr, 0, &n), HS_ERR_NOT_FOUND);
+  EXPECT_EQ(Stats(daemon_->address()).importing_requests(), 0u);
   ExpectNothingHeld();
 }
 

@@ -61,3 +61,30 @@ def test_per_item_returns_each_outcome(open_session):
         s.admit_batch([])
     with pytest.raises(hisparse.InvalidArgument):
         s.release_batch([0] * 1025)
+
+
+def test_park_batch_and_resume_batch_in_one_call_each(open_session):
+    """ABI 1.8: park_batch / resume_batch, per item and all or nothing."""
+    s = open_session(num_layers=2, record_bytes=64, max_requests=4)
+    s.admit_batch([(rid, 0, 100) for rid in range(1, 5)])
+    for rid in range(1, 5):
+        ctypes.memset(s.record_ptr(rid, 1, 7), rid, 64)
+    assert s.park_batch([1, 2, 3]) == [None, None, None]
+    out = s.park_batch([4, 9, 4, 1], all_or_nothing=False)
+    assert out[0] is None
+    assert [type(r) for r in out[1:]] == [hisparse.NotFound, hisparse.InvalidArgument, hisparse.FailedPrecondition]
+    s.admit(10, 0, 16)  # three rows free for four parked requests
+    with pytest.raises(hisparse.ResourceExhausted) as e:
+        s.resume_batch([1, 2, 3, 4])
+    assert e.value.item == 3
+    assert [type(r) for r in e.value.results[:3]] == [hisparse.Aborted] * 3
+    per_item = s.resume_batch([1, 2, 3, 4], all_or_nothing=False)
+    assert sorted(r.row for r in per_item[:3]) == sorted({r.row for r in per_item[:3]})
+    assert all(r.capacity_tokens == 100 for r in per_item[:3])
+    assert isinstance(per_item[3], hisparse.ResourceExhausted)  # the batch above resumed nothing
+    for rid in (1, 2, 3):
+        assert ctypes.string_at(s.record_ptr(rid, 1, 7), 64) == bytes([rid]) * 64  # the pages stayed
+    with pytest.raises(hisparse.InvalidArgument):
+        s.park_batch([])
+    with pytest.raises(hisparse.InvalidArgument):
+        s.resume_batch(list(range(1, 1026)))

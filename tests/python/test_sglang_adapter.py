@@ -288,6 +288,43 @@ def test_retraction_parks_and_readmission_resumes(engine):
     e.assert_sizes_restored()
 
 
+def test_batched_retraction_parks_every_request_in_one_call(engine):
+    """retract_reqs: a staging request is aborted, every ready one parked with one park_batch; each
+    then resumes on re-admission and decodes exactly; an all-or-nothing refusal parks none."""
+    e = engine
+    reqs = [Req("r1", 21, 30), Req("r2", 22, 25), Req("r3", 23, 12)]
+    for r in reqs:
+        e.prefill(r)
+    e.coord.collect_ready_reqs()
+    e.decode(reqs, [[0, 29, 30, 5], [24, 25, 1, 2], [11, 12, 3, 4]])
+    staging = Req("s", 24, 10)
+    e.prefill(staging)  # still staging: retraction aborts it
+    host_bytes = e.coord.session.stats().session_host_bytes
+    parks = e.coord.session.park_batch
+    calls = []
+    e.coord.session.park_batch = lambda ids, **kw: calls.append(list(ids)) or parks(ids, **kw)
+    try:
+        e.coord.retract_reqs(reqs[:2] + [staging])
+    finally:
+        del e.coord.session.park_batch
+    assert len(calls) == 1 and len(calls[0]) == 2  # one round trip for both ready requests
+    for r in reqs[:2] + [staging]:
+        e.free_req(r)
+    assert e.coord.session.stats().session_host_bytes < host_bytes  # the staging one's pages went
+    ids = [e.coord._entries[r.rid].request_id for r in reqs[:2]]
+    assert [type(x) for x in e.coord.session.park_batch(ids, all_or_nothing=False)] == \
+        [hisparse.FailedPrecondition] * 2  # both parked in the daemon
+    with pytest.raises(hisparse.FailedPrecondition):
+        e.coord.retract_reqs([reqs[2], reqs[0]])  # r1 is parked already: nothing is parked
+    for r in reqs[:2]:
+        e.prefill(r)  # re-admission resumes each
+    assert e.coord.collect_ready_reqs() == reqs[:2]
+    e.decode(reqs, [[0, 30, 31, 7], [25, 26, 1, 3], [13, 12, 5, 6]])
+    for r in reqs:
+        e.finish(r)
+    e.assert_sizes_restored()
+
+
 def _import_word(request: int, layer: int, position: int, word: int) -> int:
     """hisparse/common/import_pattern.h's ImportPatternWord (as tests/python/test_import.py)."""
     m = (1 << 64) - 1

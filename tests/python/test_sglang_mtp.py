@@ -141,7 +141,8 @@ def mtp(small_page_daemon):
     e.coord.destroy()
 
 
-def test_verify_rounds_with_rejections_retraction_and_short_requests(mtp):
+@pytest.mark.parametrize("batched", [False, True], ids=["retract_req", "retract_reqs"])
+def test_verify_rounds_with_rejections_retraction_and_short_requests(mtp, batched):
     e = mtp
     a, b, c = sa.Req("a", 1, 30), sa.Req("b", 2, 3), sa.Req("c", 3, 14)
     for r in (a, b, c):
@@ -151,7 +152,13 @@ def test_verify_rounds_with_rejections_retraction_and_short_requests(mtp):
     accepted = []
     for rnd in range(3):
         accepted += e.verify_round([a, b, c], rnd)
-    e.coord.retract_req(b)  # parked; SGLang frees its slot and KV and re-queues it
+    if batched:
+        locs = e.req_pool.req_to_token[b.req_pool_idx, :b.kv_len()].long()
+        assert (e.coord.token_position[locs] >= 0).all()
+        e.coord.retract_reqs([b])  # the batched form: one park_batch, the position map cleared too
+        assert (e.coord.token_position[locs] == -1).all()
+    else:
+        e.coord.retract_req(b)  # parked; SGLang frees its slot and KV and re-queues it
     e.free_req(b)
     for rnd in range(3, 5):
         accepted += e.verify_round([a, c], rnd, pad_rows=2)
@@ -193,6 +200,9 @@ def test_bad_verify_calls_are_refused(mtp):
     before = e.coord.token_position.clone()
     with pytest.raises(hisparse.NotFound):
         e.coord.retract_req(ghost)
+    assert torch.equal(e.coord.token_position, before)
+    with pytest.raises(hisparse.NotFound):
+        e.coord.retract_reqs([r, ghost])  # nothing retracted, x's position map intact
     assert torch.equal(e.coord.token_position, before)
     e.coord.request_finished(r)
     e.free_req(r)

@@ -648,6 +648,44 @@ def test_preemption_parks_and_resume_keeps_the_host_copy(engine, v2_runner):
     finish_all(e, a, b)
 
 
+def test_preempting_several_in_one_step_parks_and_resumes_in_one_call_each(engine):
+    """Three preemptions in one step: one park_batch, no single park; their rescheduling in one
+    step: one resume_batch, no single resume; each resumed row reads its host copy again."""
+    e = engine
+    calls = {"park": 0, "park_batch": 0, "resume": 0, "resume_batch": 0}
+    for name in calls:
+        orig = getattr(e.session, name)
+
+        def spy(*a, _orig=orig, _name=name, **kw):
+            calls[_name] += 1
+            return _orig(*a, **kw)
+        setattr(e.session, name, spy)
+    reqs = [Request(f"m{i}", seed=70 + i, prompt_len=12 + 4 * i) for i in range(4)]
+    prefill(e, *reqs)
+    e.step({r.request_id: [0, 1, 2, r.num_prompt_tokens - 1] for r in reqs})
+    for r in reqs[:3]:
+        e.preempt(r)
+    e.step({"m3": [0, 3, 4, 5]})
+    assert sorted(e.metas[-1].parks) == ["m0", "m1", "m2"]
+    assert (calls["park_batch"], calls["park"]) == (1, 0)
+    assert all(e.worker._live[r.request_id].state == "parked" for r in reqs[:3])
+    for r in reqs[:3]:
+        e.add(r)
+    e.step()
+    assert sorted(e.metas[-1].resumes) == ["m0", "m1", "m2"]
+    assert (calls["resume_batch"], calls["resume"]) == (1, 0)
+    rows = [e.row(r) for r in reqs]
+    assert min(rows) >= 0 and len(set(rows)) == 4
+    s0 = e.session.stats()
+    e.step({r.request_id: [0, 1, 2, 3] for r in reqs})  # the resumed rows start empty: they miss
+    assert e.session.stats().misses - s0.misses >= 3 * 3 * LAYERS
+    for r in reqs[:3]:
+        for layer in range(LAYERS):
+            got = e.session.record_view(e.hid(r), layer, 0, r.num_prompt_tokens)
+            assert bytes(got) == bytes(full_kv(r.seed, layer, r.num_prompt_tokens).numpy().tobytes())
+    finish_all(e, *reqs)
+
+
 def test_prefix_cache_hit_is_stored_from_its_blocks(engine):
     e = engine
     r = Request("hit", seed=51, prompt_len=40)

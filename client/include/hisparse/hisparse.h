@@ -37,9 +37,10 @@ extern "C" {
  * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
  * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED, hs_park,
  * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import; 1.7: durable requests:
- * hs_admit_durable, hs_set_lease, hs_list_adoptable, hs_adopt. */
+ * hs_admit_durable, hs_set_lease, hs_list_adoptable, hs_adopt; 1.8: batched lifecycle calls:
+ * hs_park_batch, hs_resume_batch, hs_admit_import_batch. */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 7
+#define HS_ABI_VERSION_MINOR 8
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -441,6 +442,31 @@ hs_result hs_list_adoptable(hs_session* session, uint64_t* dead_session_ids, uin
  * tables too small (max_context_tokens). HS_ERR_ALREADY_EXISTS: this session uses one of the ids. */
 hs_result hs_adopt(hs_session* session, uint64_t dead_session_id, uint64_t* out_request_ids, size_t capacity,
                    size_t* count);
+
+/* Since ABI 1.8 */
+/* Batched park and resume: n requests (1..HS_BATCH_MAX_ITEMS) of the session in one round trip
+ * (an engine preempting 64 requests in a step makes one call, not 64). Item i is request_ids[i],
+ * parked as hs_park or resumed as hs_resume would; out_results[i] (required) holds its code: those
+ * of hs_park / hs_resume, and HS_ERR_INVALID_ARGUMENT for an id an earlier item names. A resumed
+ * item's row and capacity go to out_rows[i] and out_capacity_tokens[i] (either may be NULL), its
+ * row reset as after hs_resume; one this process cannot install is parked again, as hs_resume does.
+ *  - HS_BATCH_ALL_OR_NOTHING: HS_OK with every item done, or the failing item's code with nothing
+ *    changed (parked items unparked again in their rows; resumed ones parked again): that item's
+ *    out_results entry is its code, every other item's HS_ERR_ABORTED, and hs_last_error() names it.
+ *  - HS_BATCH_PER_ITEM: each item on its own; HS_OK once the batch ran, whatever its items' codes.
+ * Errors of the whole call (out_results then untouched): as hs_admit_batch's. */
+hs_result hs_park_batch(hs_session* session, size_t n, const uint64_t* request_ids, hs_batch_mode mode,
+                        hs_result* out_results);
+hs_result hs_resume_batch(hs_session* session, size_t n, const uint64_t* request_ids, hs_batch_mode mode,
+                          hs_result* out_results, uint32_t* out_rows, uint32_t* out_capacity_tokens);
+/* hs_admit_batch whose every item is admitted as hs_admit_import admits it (importing: each with
+ * its own grant, which hs_import_grant copies out; hs_await_import installs each once committed).
+ * An import never evicts. HS_ERR_FAILED_PRECONDITION for each item where the daemon serves no
+ * imports. HS_BATCH_ALL_OR_NOTHING that fails leaves no import open: every grant the batch had
+ * registered is revoked before its pages are freed. Modes, codes and errors as hs_admit_batch's. */
+hs_result hs_admit_import_batch(hs_session* session, size_t n, const uint64_t* request_ids,
+                                const uint32_t* context_tokens, const uint32_t* token_budgets, hs_batch_mode mode,
+                                hs_result* out_results);
 
 #ifdef __cplusplus
 }

@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 7
+ABI_VERSION_MINOR = 8
 
 # hs_result
 HS_OK = 0
@@ -246,6 +246,15 @@ _SIGNATURES = {
                                       ctypes.POINTER(ctypes.c_uint32)]),
     "hs_release_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.6
                                         ctypes.POINTER(ctypes.c_int)]),
+    "hs_park_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.8
+                                     ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
+    "hs_resume_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.8
+                                       ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint32),
+                                       ctypes.POINTER(ctypes.c_uint32)]),
+    "hs_admit_import_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t,  # ABI 1.8
+                                             ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32),
+                                             ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,
+                                             ctypes.POINTER(ctypes.c_int)]),
     "hs_park": (ctypes.c_int, [SessionPtr, ctypes.c_uint64]),  # ABI 1.6
     "hs_resume": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.POINTER(RequestInfo)]),  # ABI 1.6
     "hs_admit_shared": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.6

@@ -307,8 +307,8 @@ class Session:
         """Frees a request's host pages and arena row."""
         check(self._lib.hs_release(self._h(), request_id), f"release request {request_id}")
 
-    def admit_batch(self, items: Sequence[Sequence[int]],
-                    all_or_nothing: bool = True) -> List[Union[RequestInfo, HisparseError]]:
+    def admit_batch(self, items: Sequence[Sequence[int]], all_or_nothing: bool = True, *,
+                    begin_import: bool = False) -> List[Union[RequestInfo, bytes, HisparseError]]:
         """Admits several requests in one round trip (ABI 1.6). ``items`` are (request_id,
         context_tokens, token_budget) triples, 1..1024 of them, each with admit's rules (an id named
         twice is InvalidArgument for the later item); every admitted request is mapped as admit maps it.
@@ -317,13 +317,15 @@ class Session:
         with nothing admitted; the error's ``item`` is that item's index and ``results`` every
         item's error (Aborted for the others). A full pool fails the batch: the daemon evicts
         nothing for it. all_or_nothing=False: each item on its own; the list holds each admitted
-        item's RequestInfo and each refused item's HisparseError (returned, not raised)."""
+        item's RequestInfo and each refused item's HisparseError (returned, not raised).
+
+        begin_import=True (ABI 1.8): every item is admitted as admit_import admits it, and an
+        admitted item's entry is its serialized grant (bytes) instead; await_import each. An
+        all-or-nothing batch that fails leaves no grant open."""
         triples = [tuple(int(v) for v in it) for it in items]
         if any(len(t) != 3 for t in triples):
             raise InvalidArgument("admit_batch: each item is (request_id, context_tokens, token_budget)")
-        n = len(triples)
-        if not 1 <= n <= _lib.HS_BATCH_MAX_ITEMS:
-            raise InvalidArgument(f"admit_batch: 1..{_lib.HS_BATCH_MAX_ITEMS} items, got {n}")
+        n = self._batch_size(len(triples), "admit_batch", "items")
         ids = (ctypes.c_uint64 * n)(*[t[0] for t in triples])
         contexts = (ctypes.c_uint32 * n)(*[t[1] for t in triples])
         budgets = (ctypes.c_uint32 * n)(*[t[2] for t in triples])
@@ -331,15 +333,62 @@ class Session:
         rows = (ctypes.c_uint32 * n)()
         caps = (ctypes.c_uint32 * n)()
         mode = _lib.HS_BATCH_ALL_OR_NOTHING if all_or_nothing else _lib.HS_BATCH_PER_ITEM
-        code = self._lib.hs_admit_batch(self._h(), n, ids, contexts, budgets, mode, codes, rows, caps)
-        out: List[Union[RequestInfo, HisparseError]] = []
+        if begin_import:
+            code = self._lib.hs_admit_import_batch(self._h(), n, ids, contexts, budgets, mode, codes)
+            ok = lambda i: self._grant(triples[i][0])  # noqa: E731
+        else:
+            code = self._lib.hs_admit_batch(self._h(), n, ids, contexts, budgets, mode, codes, rows, caps)
+            ok = lambda i: RequestInfo(int(rows[i]), int(caps[i]), False)  # noqa: E731
+        return self._batch_outcome(code, codes, ok, lambda i: f"admit request {triples[i][0]}", f"admit batch of {n}")
+
+    def park_batch(self, request_ids: Sequence[int], all_or_nothing: bool = True) -> List[Optional[HisparseError]]:
+        """Parks several requests in one round trip (ABI 1.8), each as park would: one entry per
+        id, None for a parked one. all_or_nothing=True raises the failing item's error with nothing
+        parked (``item``, ``results`` as admit_batch's); False returns each item's error."""
+        ids_list = [int(i) for i in request_ids]
+        n = self._batch_size(len(ids_list), "park_batch", "ids")
+        ids = (ctypes.c_uint64 * n)(*ids_list)
+        codes = (ctypes.c_int * n)(*([-1] * n))
+        mode = _lib.HS_BATCH_ALL_OR_NOTHING if all_or_nothing else _lib.HS_BATCH_PER_ITEM
+        code = self._lib.hs_park_batch(self._h(), n, ids, mode, codes)
+        return self._batch_outcome(code, codes, lambda i: None, lambda i: f"park request {ids_list[i]}",
+                                   f"park batch of {n}")
+
+    def resume_batch(self, request_ids: Sequence[int],
+                     all_or_nothing: bool = True) -> List[Union[RequestInfo, HisparseError]]:
+        """Resumes several parked requests in one round trip (ABI 1.8), each as resume would (its
+        new row, every slot EMPTY): one entry per id, its RequestInfo or its error. all_or_nothing=
+        True raises the failing item's error with every item still parked; False returns each
+        item's error (ResourceExhausted: no free row, it stays parked)."""
+        ids_list = [int(i) for i in request_ids]
+        n = self._batch_size(len(ids_list), "resume_batch", "ids")
+        ids = (ctypes.c_uint64 * n)(*ids_list)
+        codes = (ctypes.c_int * n)(*([-1] * n))
+        rows = (ctypes.c_uint32 * n)()
+        caps = (ctypes.c_uint32 * n)()
+        mode = _lib.HS_BATCH_ALL_OR_NOTHING if all_or_nothing else _lib.HS_BATCH_PER_ITEM
+        code = self._lib.hs_resume_batch(self._h(), n, ids, mode, codes, rows, caps)
+        return self._batch_outcome(code, codes, lambda i: RequestInfo(int(rows[i]), int(caps[i]), False),
+                                   lambda i: f"resume request {ids_list[i]}", f"resume batch of {n}")
+
+    @staticmethod
+    def _batch_size(n: int, name: str, what: str) -> int:
+        if not 1 <= n <= _lib.HS_BATCH_MAX_ITEMS:
+            raise InvalidArgument(f"{name}: 1..{_lib.HS_BATCH_MAX_ITEMS} {what}, got {n}")
+        return n
+
+    def _batch_outcome(self, code: int, codes: Any, ok: Any, what: Any, batch: str) -> list:
+        """Each item's entry (ok(i), or its error), or raises: the call's error, or an
+        all-or-nothing batch's failing item's (with ``item`` and ``results``)."""
+        n = len(codes)
+        out: list = []
         for i in range(n):
             if codes[i] == _lib.HS_OK:
-                out.append(RequestInfo(int(rows[i]), int(caps[i]), False))
+                out.append(ok(i))
             elif codes[i] != -1:
-                out.append(self._item_error(codes[i], f"admit request {triples[i][0]}"))
+                out.append(self._item_error(codes[i], what(i)))
         try:
-            check(code, f"admit batch of {n}")
+            check(code, batch)
         except HisparseError as e:
             if len(out) == n:  # an item failed the batch: say which, with every item's error
                 e.item = next(i for i in range(n) if codes[i] not in (_lib.HS_OK, _lib.HS_ERR_ABORTED))
@@ -371,6 +420,9 @@ class Session:
         await_import sees the agent's commit."""
         check(self._lib.hs_admit_import(self._h(), request_id, context_tokens, token_budget),
               f"admit import of request {request_id}")
+        return self._grant(request_id)
+
+    def _grant(self, request_id: int) -> bytes:
         size = ctypes.c_size_t(0)
         self._lib.hs_import_grant(self._h(), request_id, None, 0, ctypes.byref(size))
         buf = ctypes.create_string_buffer(size.value)

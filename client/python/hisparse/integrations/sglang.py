@@ -13,6 +13,7 @@ in place of SGLang's host pool, device buffers, LRU tables and copy streams:
   SGLang's pool; ``swap_in_selected_pages`` appends that record (host pool + newest slot) and
   RESOLVEs, returning indices into the slot arena (``attention_kv_buffer``), -1 for padding;
 - ``retract_req`` parks (the host copy stays; re-admission resumes and stores only what is new);
+  ``retract_reqs`` (hisparse's batched form) parks a whole retraction in one round trip;
 - ``admit_request_direct`` (PD) completes an import granted by ``prealloc_direct``.
 
 Engine objects touched: ``req.rid``, ``req.origin_input_ids``, ``req.output_ids``,
@@ -326,6 +327,33 @@ class HisparsedCoordinator:
         # appended position seq_len - 1 = _kv_len(req) - 1 (its output was recorded since).
         e.kv_len = max(e.kv_len, self._kv_len(req))
         e.state = "parked"
+
+    def retract_reqs(self, reqs: Any) -> None:
+        """retract_req for every request SGLang's retract path retracts in one step (upstream calls
+        retract_req in a loop): staging ones are aborted, and every ready one is parked with ONE
+        park_batch round trip per 1024 (all or nothing: any refusal parks none and raises it)."""
+        reqs = list(reqs)
+        entries = [(req, self._entry(req)) for req in reqs]
+        for req, e in entries:
+            if e.state not in ("staging", "ready"):
+                raise FailedPrecondition(f"request {req.rid!r} cannot be retracted ({e.state})")
+        if len({req.rid for req in reqs}) != len(reqs):
+            raise InvalidArgument("retract_reqs: a request is named twice")
+        for req, e in entries:
+            if e.state == "staging":
+                self.abort_staging_request(req)
+        ready = [(req, e) for req, e in entries if e.state == "ready"]
+        if not ready:
+            return
+        self._quiesce()
+        for i in range(0, len(ready), 1024):  # hs_park_batch's most items
+            chunk = ready[i:i + 1024]
+            self.session.park_batch([e.request_id for _, e in chunk], all_or_nothing=True)
+            for req, e in chunk:
+                self._unbind(e)
+                e.kv_len = max(e.kv_len, self._kv_len(req))  # as retract_req
+                e.state = "parked"
+        self._append_count.zero_()
 
     def request_finished(self, req: Any) -> None:
         """Frees the request's host pages and row. A request this coordinator never saw is

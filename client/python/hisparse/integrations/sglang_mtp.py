@@ -129,6 +129,14 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
         self._clear_positions(req)
         super().retract_req(req)
 
+    def retract_reqs(self, reqs: Any) -> None:
+        reqs = list(reqs)
+        for req in reqs:
+            self._entry(req)  # NotFound before anything changes
+        for req in reqs:
+            self._clear_positions(req)
+        super().retract_reqs(reqs)
+
     def request_finished(self, req: Any) -> None:
         if req.rid in self._entries:
             self._clear_positions(req)

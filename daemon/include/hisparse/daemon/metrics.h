@@ -54,6 +54,8 @@ class Metrics final : public prometheus::Collectable {
     kSetLease,
     kListAdoptable,
     kAdopt,
+    kParkBatch,
+    kResumeBatch,
     kMethodCount
   };
 

@@ -5,7 +5,8 @@
 // when the connection was accepted); a caller that cannot be told is refused (UNAUTHENTICATED),
 // never served as anyone. Then:
 //   Session                 opens a session owned by the caller's uid (its tenant).
-//   Admit, Extend, Release, Park, Resume, AdmitBatch, ReleaseBatch, SetLease, ListAdoptable, Adopt
+//   Admit, Extend, Release, Park, Resume, AdmitBatch, ReleaseBatch, ParkBatch, ResumeBatch, SetLease, ListAdoptable,
+//   Adopt
 //                           only the session's owner uid, token or not (PERMISSION_DENIED).
 //   Stats, ListRequests     an admin sees every session; a tenant only its own.
 //   Evict                   an admin any request; a tenant only its own (PERMISSION_DENIED).
@@ -61,6 +62,9 @@ class HiSparseService final : public v1::HiSparse::Service {
                           v1::AdmitBatchResponse* resp) override;
   grpc::Status ReleaseBatch(grpc::ServerContext*, const v1::ReleaseBatchRequest* req,
                             v1::ReleaseBatchResponse* resp) override;
+  grpc::Status ParkBatch(grpc::ServerContext*, const v1::ParkBatchRequest* req, v1::ParkBatchResponse* resp) override;
+  grpc::Status ResumeBatch(grpc::ServerContext*, const v1::ResumeBatchRequest* req,
+                           v1::ResumeBatchResponse* resp) override;
   grpc::Status CommitImport(grpc::ServerContext*, const v1::CommitImportRequest* req,
                             v1::CommitImportResponse* resp) override;
   grpc::Status AbortImport(grpc::ServerContext*, const v1::AbortImportRequest* req,

@@ -108,6 +108,12 @@ class SessionManager {
   // possibly another. See the Park and Resume RPCs in hisparse.proto for the codes.
   absl::StatusOr<v1::ParkResponse> Park(const v1::ParkRequest& req);
   absl::StatusOr<v1::ResumeResponse> Resume(const v1::ResumeRequest& req);
+  // Batched park and resume (session_batch_parking.cc): each item as Park / Resume would do it,
+  // the batch under one lock. ALL_OR_NOTHING undoes every item done before a failing one (a
+  // parked item takes its old row again, a resumed one is parked again); PER_ITEM leaves each as
+  // it came out. Codes: see ParkBatch and ResumeBatch in hisparse.proto.
+  absl::StatusOr<v1::ParkBatchResponse> ParkBatch(const v1::ParkBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::ResumeBatchResponse> ResumeBatch(const v1::ResumeBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   // Node figures, and every session (only_uid unset: an admin's view) or only the sessions of
   // tenant `only_uid`; then `sessions` and `requests` count those alone, while the pool, arena
   // and admission counters stay the node's.
@@ -275,10 +281,38 @@ class SessionManager {
     bool lacked_room = false;
   };
   AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // AdmitBatch's modes (session_batch.cc).
-  v1::AdmitBatchResponse AdmitAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req)
+  // An import admitted under mu_ whose pages are not registered yet (AdmitImport's first step,
+  // and an AdmitBatch import item's): its grant is busy, so nothing else finishes it and its
+  // session waits for it before closing.
+  struct OpenedImport {
+    std::string grant_id;
+    uint64_t session_id = 0;
+    uint64_t request_id = 0;
+    ImportTarget* target = nullptr;                 // not owned (SetImportTarget's)
+    std::vector<std::vector<uint8_t*>> page_addrs;  // per layer, in position order
+    uint64_t page_bytes = 0;
+  };
+  // AdmitBatch's modes (session_batch.cc). Both collect the import items they admitted (item index, opened grant) for
+  // FinishBatchImports.
+  using BatchImports = std::vector<std::pair<int, OpenedImport>>;
+  v1::AdmitBatchResponse AdmitAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req, BatchImports* opened)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::AdmitBatchResponse> AdmitEachItem(const v1::AdmitBatchRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::AdmitBatchResponse> AdmitEachItem(const v1::AdmitBatchRequest& req, BatchImports* opened)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // One item: AdmitLocked, or for an import item (begin_import) OpenImportLocked, recorded in
+  // `opened` under `index`.
+  AdmitOutcome AdmitItemLocked(const v1::AdmitRequest& one, int index, BatchImports* opened)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ALL_OR_NOTHING failed at item `failed` (with `why`): every other item the batch admitted is
+  // released again (an import's grant forgotten: the caller revoked any registration first) and
+  // every result rewritten, the others ABORTED.
+  void FailAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req, int failed, const absl::Status& why,
+                              v1::AdmitBatchResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UndoBatchItemLocked(Session& s, uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers the batch's opened imports outside the lock, then publishes them (PER_ITEM: a failed
+  // one is freed; ALL_OR_NOTHING: any failure revokes them all and rolls the batch back).
+  void FinishBatchImports(const v1::AdmitBatchRequest& req, const BatchImports& opened, v1::AdmitBatchResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // PER_ITEM under evict_lru_idle: the victim whose eviction may admit `item` after `evictions`
   // tries, or none (then the item fails as it is). Never a request in `batch` (admitted by it).
   std::optional<Victim> BatchVictimLocked(const Session& s, const v1::AdmitItem& item, int evictions,
@@ -300,6 +334,9 @@ class SessionManager {
   // The request `request_id` of the session `ref` names, or PermissionDenied / NotFound.
   absl::StatusOr<Request*> FindRequestLocked(const v1::SessionRef& ref, uint64_t request_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Park and Resume of one found request of session `session_id` (session_parking.cc).
+  absl::StatusOr<v1::ParkResponse> ParkLocked(uint64_t session_id, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ResumeResponse> ResumeLocked(uint64_t session_id, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shared prefixes (session_sharing.cc). Admit of a request naming a parent: the checks after
   // AdmitLocked's own, the parent's full prefix pages referenced, the rest fresh, the partial
   // page's prefix records copied (a memcpy of at most one page per layer, under the lock).
@@ -348,6 +385,20 @@ class SessionManager {
                                 std::optional<uint32_t> caller_uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberSpentLocked(const std::string& grant_id, const Grant& g, GrantEnd end)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses where imports are off or the session closes, admits as AdmitLocked (never evicting),
+  // marks the request importing under a new busy grant and fills resp (the grant's header).
+  absl::StatusOr<OpenedImport> OpenImportLocked(const v1::AdmitRequest& req, v1::AdmitResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers the import's pages with its target (outside the lock), merged into `spans`.
+  static absl::StatusOr<std::vector<ImportTarget::Region>> RegisterImport(const OpenedImport& o,
+                                                                          std::vector<ImportTarget::Span>* spans);
+  // After RegisterImport, under the lock again: Publish makes the grant usable (not busy) and
+  // adds its regions and page map to resp; Drop forgets the grant and frees the request (its
+  // memory no longer registered: never registered, or Unregister'ed by the caller first).
+  void PublishImportLocked(const OpenedImport& o, const std::vector<ImportTarget::Span>& spans,
+                           const std::vector<ImportTarget::Region>& regions, v1::AdmitResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropImportLocked(const OpenedImport& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Release of an importing request: an abort. Unset when the request is not importing.
   std::optional<absl::Status> ReleaseIfImporting(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   // ReleaseBatch's importing items, each aborted as Release aborts it (session_batch.cc): per item

@@ -22,6 +22,11 @@ from .metadata import HisparsedConnectorMetadata, HisparsedWorkerMetadata, Windo
 from .runtime import HisparsedCacheHandle, HisparsedRuntime, paged_rows
 
 
+def _chunks(items: list) -> list:
+    """items in runs of at most HS_BATCH_MAX_ITEMS (one batched call each)."""
+    return [items[i:i + _lib.HS_BATCH_MAX_ITEMS] for i in range(0, len(items), _lib.HS_BATCH_MAX_ITEMS)]
+
+
 @dataclasses.dataclass
 class _Live:
     """A request the worker's Session holds."""
@@ -125,34 +130,33 @@ class HisparsedConnectorWorker:
             failed = [e for e in results if e is not None and not isinstance(e, NotFound)]
             if failed:  # NotFound: the daemon dropped it already (evicted); anything else is a bug
                 raise failed[0]
-        for rid in meta.parks:
-            if rid in self._live and self._live[rid].state == "active":
-                s.park(self._live[rid].hid)
+        # One ParkBatch and one ResumeBatch per step (per 1024), each item on its own: a step that
+        # preempts or brings back 64 requests makes one round trip, not 64.
+        parks = [rid for rid in meta.parks if rid in self._live and self._live[rid].state == "active"]
+        for chunk in _chunks(parks):
+            for rid, err in zip(chunk, s.park_batch([self._live[rid].hid for rid in chunk], all_or_nothing=False)):
+                if err is not None:
+                    raise err  # the scheduler parks only what it admitted: anything else is a bug
                 self._live[rid].row, self._live[rid].state = -1, "parked"
-        for rid in meta.resumes:
-            live = self._live.get(rid)
-            if live is None or live.state != "parked":
-                continue
-            try:
-                live.row, live.state = s.resume(live.hid).row, "active"
-            except HisparseError as e:
-                self._refuse(rid, e)
-        plain = [a for a in meta.admits if not a.import_]
-        for i in range(0, len(plain), _lib.HS_BATCH_MAX_ITEMS):
-            chunk = plain[i:i + _lib.HS_BATCH_MAX_ITEMS]
-            results = s.admit_batch([(a.hid, a.context_tokens, a.token_budget) for a in chunk], all_or_nothing=False)
-            for a, r in zip(chunk, results):
+        resumes = [rid for rid in meta.resumes if rid in self._live and self._live[rid].state == "parked"]
+        for chunk in _chunks(resumes):
+            for rid, r in zip(chunk, s.resume_batch([self._live[rid].hid for rid in chunk], all_or_nothing=False)):
                 if isinstance(r, HisparseError):
-                    self._refuse(a.req_id, r)
+                    self._refuse(rid, r)
                 else:
-                    self._live[a.req_id] = _Live(a.hid, r.row, "active")
-        for a in meta.admits:
-            if a.import_:
-                try:
-                    self._grants[a.req_id] = s.admit_import(a.hid, a.context_tokens, a.token_budget)
-                    self._live[a.req_id] = _Live(a.hid, -1, "importing")
-                except HisparseError as e:
-                    self._refuse(a.req_id, e)
+                    self._live[rid].row, self._live[rid].state = r.row, "active"
+        for import_ in (False, True):  # plain admissions, then the P/D imports: one batch each
+            for chunk in _chunks([a for a in meta.admits if a.import_ == import_]):
+                results = s.admit_batch([(a.hid, a.context_tokens, a.token_budget) for a in chunk],
+                                        all_or_nothing=False, begin_import=import_)
+                for a, r in zip(chunk, results):
+                    if isinstance(r, HisparseError):
+                        self._refuse(a.req_id, r)
+                    elif import_:
+                        self._grants[a.req_id] = r
+                        self._live[a.req_id] = _Live(a.hid, -1, "importing")
+                    else:
+                        self._live[a.req_id] = _Live(a.hid, r.row, "active")
 
     def _refuse(self, rid: str, err: HisparseError) -> None:
         self._refused[rid] = f"{type(err).__name__}: {err}"
