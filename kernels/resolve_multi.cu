@@ -229,6 +229,17 @@ __device__ __forceinline__ void LoadBatch(int (&v)[kLoadBatch], const int* src, 
   }
 }
 
+// A loop's loads one batch ahead: v takes the batch loaded last, and the next one (when `more`)
+// is issued at once, so its latency passes while v is worked on. Every phase's loop reads its
+// global inputs this way (at cold L2 each batch is an HBM round trip; B = 10240 at n = 3 is three
+// batches per phase).
+__device__ __forceinline__ void Advance(int (&v)[kLoadBatch], int (&ahead)[kLoadBatch], bool more, const int* src,
+                                        int base, int stride, int n, int fill) {
+#pragma unroll
+  for (int j = 0; j < kLoadBatch; ++j) v[j] = ahead[j];
+  if (more) LoadBatch(ahead, src, base, stride, n, fill);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Planning one entry: the phases of the design above, one __forceinline__ function each (the
 // compiler still sees one body). "Rule n" is rule n of resolve.h.
@@ -337,14 +348,12 @@ __device__ __forceinline__ unsigned InsertLists(const Entry& e) {
 // Phase 2: the regular slots holding a selected position (the smallest slot per position);
 // `first` is the slot table's first batch, loaded before phase 1.
 __device__ __forceinline__ void FindHits(const Entry& e, const int (&first)[kLoadBatch]) {
-  for (int at = 0; at < e.B; at += kThreads * kLoadBatch) {
-    int v[kLoadBatch];
-    if (at == 0) {
+  constexpr int kStep = kThreads * kLoadBatch;
+  int v[kLoadBatch], ahead[kLoadBatch];
 #pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) v[j] = first[j];
-    } else {
-      LoadBatch(v, e.sp, at + e.tid, kThreads, e.B, kEmptySlot);
-    }
+  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
+  for (int at = 0; at < e.B; at += kStep) {
+    Advance(v, ahead, at + kStep < e.B, e.sp, at + kStep + e.tid, kThreads, e.B, kEmptySlot);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       if (v[j] == kEmptySlot) continue;
@@ -363,9 +372,11 @@ __device__ __forceinline__ unsigned CountFirsts(const Entry& e, int seg, Words& 
   const int x0 = e.warp * seg, x_end = min(e.n, x0 + seg);
   unsigned miss_bits = 0;
   int misses = 0, uni = 0, hits = 0;
+  int v[kLoadBatch], ahead[kLoadBatch];
+  LoadBatch(ahead, e.sel, x0 + e.lane, 32, x_end, kPadding);
   for (int r0 = 0; r0 * 32 < seg; r0 += kLoadBatch) {
-    int v[kLoadBatch];
-    LoadBatch(v, e.sel, x0 + r0 * 32 + e.lane, 32, x_end, kPadding);
+    const int next = (r0 + kLoadBatch) * 32;
+    Advance(v, ahead, next < seg, e.sel, x0 + next + e.lane, 32, x_end, kPadding);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       const int r = r0 + j;
@@ -395,9 +406,11 @@ __device__ __forceinline__ unsigned CountFirsts(const Entry& e, int seg, Words& 
 __device__ __forceinline__ void RankMisses(const Entry& e, int seg, const Words& w, unsigned miss_bits) {
   const int x0 = e.warp * seg, x_end = min(e.n, x0 + seg);
   int rank = WarpsBefore(w.warp_misses, e.warp, e.lane);
+  int v[kLoadBatch], ahead[kLoadBatch];
+  LoadBatch(ahead, e.sel, x0 + e.lane, 32, x_end, kPadding);
   for (int r0 = 0; r0 * 32 < seg; r0 += kLoadBatch) {
-    int v[kLoadBatch];
-    LoadBatch(v, e.sel, x0 + r0 * 32 + e.lane, 32, x_end, kPadding);
+    const int next = (r0 + kLoadBatch) * 32;
+    Advance(v, ahead, next < seg, e.sel, x0 + next + e.lane, 32, x_end, kPadding);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       const int r = r0 + j;
@@ -425,24 +438,23 @@ struct Placement {
 __device__ __forceinline__ void PlaceVictims(const Entry& e, Words& w, const int (&first)[kLoadBatch], int M, int H,
                                              const Placement& out) {
   const Table& t = e.t;
+  constexpr int kStep = 32 * kLoadBatch;
   int free_slots = 0;
-  for (int at = 0; at < e.segb; at += 32 * kLoadBatch) {
-    int v[kLoadBatch];
-    if (at == 0) {
+  int v[kLoadBatch], ahead[kLoadBatch];
 #pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) v[j] = first[j];
-    } else {
-      LoadBatch(v, e.lru, e.y0 + at + e.lane, 32, e.y_end, -1);
-    }
+  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
+  for (int at = 0; at < e.segb; at += kStep) {
+    Advance(v, ahead, at + kStep < e.segb, e.lru, e.y0 + at + kStep + e.lane, 32, e.y_end, -1);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) free_slots += __popc(__ballot_sync(~0u, v[j] >= 0 && !t.is_hit[v[j]]));
   }
   if (e.lane == 0) w.warp_free[e.warp] = free_slots;
   __syncthreads();
   int r = WarpsBefore(w.warp_free, e.warp, e.lane);  // non-hit slots before this lane's entry
-  for (int at = 0; at < e.segb; at += 32 * kLoadBatch) {
-    int v[kLoadBatch];
-    LoadBatch(v, e.lru, e.y0 + at + e.lane, 32, e.y_end, -1);
+#pragma unroll
+  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
+  for (int at = 0; at < e.segb; at += kStep) {
+    Advance(v, ahead, at + kStep < e.segb, e.lru, e.y0 + at + kStep + e.lane, 32, e.y_end, -1);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       const int y = e.y0 + at + j * 32 + e.lane, s = v[j];
@@ -472,9 +484,11 @@ __device__ __forceinline__ void PlaceVictims(const Entry& e, Words& w, const int
 // appearance's slot) and rule 9's page table.
 __device__ __forceinline__ void WriteOutputs(const Entry& e, const int* new_lru) {
   const ResolveDesc& d = *e.d;
-  for (int at = 0; at < e.B; at += kThreads * kLoadBatch) {
-    int v[kLoadBatch];
-    LoadBatch(v, new_lru, at + e.tid, kThreads, e.B, -1);
+  constexpr int kStep = kThreads * kLoadBatch;
+  int v[kLoadBatch], ahead[kLoadBatch];
+  LoadBatch(ahead, new_lru, e.tid, kThreads, e.B, -1);
+  for (int at = 0; at < e.B; at += kStep) {
+    Advance(v, ahead, at + kStep < e.B, new_lru, at + kStep + e.tid, kThreads, e.B, -1);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       if (v[j] >= 0) e.lru[at + j * kThreads + e.tid] = v[j];
@@ -482,9 +496,9 @@ __device__ __forceinline__ void WriteOutputs(const Entry& e, const int* new_lru)
   }
   int* out = d.out_slots ? d.out_slots + static_cast<size_t>(e.i) * e.outs : nullptr;
   int* pt = d.page_table ? d.page_table + static_cast<size_t>(e.i) * e.outs : nullptr;  // rule 9
-  for (int at = 0; at < e.outs; at += kThreads * kLoadBatch) {
-    int v[kLoadBatch];
-    LoadBatch(v, e.sel, at + e.tid, kThreads, e.n, kPadding);
+  LoadBatch(ahead, e.sel, e.tid, kThreads, e.n, kPadding);
+  for (int at = 0; at < e.outs; at += kStep) {
+    Advance(v, ahead, at + kStep < e.outs, e.sel, at + kStep + e.tid, kThreads, e.n, kPadding);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       const int x = at + j * kThreads + e.tid, pos = v[j];
