@@ -27,6 +27,8 @@ namespace {
 // What the wrapped backend saw, shared with the test after the session owns the backend.
 struct Probe {
   std::atomic<bool> fail_reset{false};
+  std::atomic<int> fail_nth{0};  // > 0: the fail_nth ResetRow from now fails (once)
+  std::atomic<int> resets{0};
   std::atomic<int> registered{0};           // host segments registered now
   std::map<int32_t, int32_t> row_capacity;  // the last SetHostMapRow capacity per row (0: cleared)
 };
@@ -57,6 +59,9 @@ class ProbeBackend : public DeviceBackend {
   }
   absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) override {
     if (probe_->fail_reset) return absl::InternalError("injected ResetRow failure");
+    if (probe_->fail_nth > 0 && ++probe_->resets == probe_->fail_nth) {
+      return absl::InternalError("injected ResetRow failure");
+    }
     return inner_->ResetRow(arena, row, stream);
   }
   absl::Status Resolve(const ResolveDesc& d, void* stream) override { return inner_->Resolve(d, stream); }
@@ -127,6 +132,54 @@ TEST_F(ClientInstallTest, AFailedResumeLeavesTheRequestParkedOnBothSides) {
   EXPECT_EQ(probe_->row_capacity[static_cast<int32_t>(resumed->row)], 200);
   EXPECT_TRUE(session_->Store(1, 0, 1, 1, rec.data(), 64, 64, nullptr).ok());
   EXPECT_TRUE(session_->Release(1).ok());
+}
+
+// A ResumeBatch whose second item cannot be installed here: all or nothing, the daemon resumed
+// all three, so every item goes back to parked on both sides (no row published, one ParkBatch);
+// per item, the others keep their rows and the failed one stays parked. A later resume works.
+TEST_F(ClientInstallTest, ABatchResumeThatFailsToInstallAnItemLeavesItParkedOnBothSides) {
+  Start();
+  const std::vector<uint64_t> ids = {1, 2, 3};
+  for (uint64_t id : ids) ASSERT_TRUE(session_->Admit(id, 10, 20).ok());
+  std::vector<uint8_t> rec(2 * 64, 1);
+  for (const bool all_or_nothing : {true, false}) {
+    SCOPED_TRACE(all_or_nothing ? "all or nothing" : "per item");
+    auto parked = session_->ParkBatch(ids, /*all_or_nothing=*/true);
+    ASSERT_TRUE(parked.ok()) << parked.status();
+    probe_->row_capacity.clear();
+    probe_->resets = 0;
+    probe_->fail_nth = 2;
+    auto resumed = session_->ResumeBatch(ids, all_or_nothing);
+    probe_->fail_nth = 0;
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    ASSERT_EQ(resumed->items.size(), 3u);
+    EXPECT_EQ(resumed->items[1].status().code(), absl::StatusCode::kInternal) << resumed->items[1].status();
+    EXPECT_EQ(session_->Store(2, 0, 1, 1, rec.data(), 64, 64, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+    if (all_or_nothing) {
+      EXPECT_EQ(resumed->failed_item, 1);
+      for (size_t i : {size_t{0}, size_t{2}}) {
+        EXPECT_EQ(resumed->items[i].status().code(), absl::StatusCode::kAborted) << resumed->items[i].status();
+        EXPECT_EQ(session_->Store(ids[i], 0, 1, 1, rec.data(), 64, 64, nullptr).code(),
+                  absl::StatusCode::kFailedPrecondition);
+      }
+      for (const auto& [row, capacity] : probe_->row_capacity) EXPECT_EQ(capacity, 0) << "row " << row;
+    } else {
+      EXPECT_EQ(resumed->failed_item, -1);
+      for (size_t i : {size_t{0}, size_t{2}}) {
+        ASSERT_TRUE(resumed->items[i].ok()) << resumed->items[i].status();
+        EXPECT_TRUE(session_->Store(ids[i], 0, 1, 1, rec.data(), 64, 64, nullptr).ok());
+      }
+    }
+    // Parked in the daemon too: resuming them again works, and they store.
+    const std::vector<uint64_t> again = all_or_nothing ? ids : std::vector<uint64_t>{2};
+    auto retried = session_->ResumeBatch(again, /*all_or_nothing=*/true);
+    ASSERT_TRUE(retried.ok()) << retried.status();
+    for (size_t i = 0; i < again.size(); ++i) {
+      ASSERT_TRUE(retried->items[i].ok()) << retried->items[i].status();
+      EXPECT_TRUE(session_->Store(again[i], 0, 1, 1, rec.data(), 64, 64, nullptr).ok());
+    }
+  }
+  for (uint64_t id : ids) EXPECT_TRUE(session_->Release(id).ok());
 }
 
 TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
