@@ -3,23 +3,22 @@
 // INVALID_ARGUMENT for a repeated id; an all-or-nothing batch that fails leaves every request in
 // the state and row it had (parks undone into their old rows, resumes parked again) and the
 // ledger exact; bad batches (no ids, over 1024, no mode, a forged session) change nothing.
-#include <unistd.h>
-
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "hisparse/common/unix_socket.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
+
+using session_test::AdmitOf;
+using session_test::Codes;
+using session_test::kMiB;
 
 constexpr int kOk = 0;
 constexpr int kAborted = static_cast<int>(absl::StatusCode::kAborted);
@@ -31,45 +30,21 @@ constexpr int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
 class SessionBatchParkingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PagePool::Options po;
-    po.budget_bytes = 8 << 20;
-    po.page_bytes = 4096;
-    po.slab_bytes = 1 << 20;
-    po.reserve_slabs = 0;
-    po.hugepages = PagePool::Hugepages::kOff;
-    po.pretouch_threads = 1;
-    auto pool = PagePool::Create(po);
-    ASSERT_TRUE(pool.ok()) << pool.status();
     SessionManager::Options o;
-    o.clock = [t = absl::UnixEpoch()]() mutable { return t += absl::Seconds(1); };
-    sm_ = std::make_unique<SessionManager>(o, std::move(*pool));
-    v1::OpenSession open;
-    open.set_engine_name("session-batch-parking-test");
-    v1::Geometry* g = open.mutable_geometry();
-    g->set_gpu(-1);
-    g->set_num_layers(1);
-    g->set_record_bytes(16);
-    g->set_k(1);
-    g->set_slots(1);
-    g->set_max_requests(kRows);
-    PeerCredentials owner;
-    owner.uid = 1000;
-    owner.pid = ::getpid();
-    auto opened = sm_->OpenSession(open, owner);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    ref_.set_session_id(opened->session_id());
-    ref_.set_token(opened->token());
+    o.clock = session_test::TickingClock();
+    sm_ = session_test::MakeManager(8 * kMiB, o);
+    ASSERT_NE(sm_, nullptr);
+    auto ref =
+        session_test::OpenRef(*sm_, session_test::OpenMessage({"session-batch-parking-test", 1, 16, kRows}), 1000);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    ref_ = *ref;
   }
 
   // Admits ids 1..n; returns each one's row.
   std::map<uint64_t, uint32_t> AdmitN(uint64_t n) {
     std::map<uint64_t, uint32_t> rows;
     for (uint64_t id = 1; id <= n; ++id) {
-      v1::AdmitRequest req;
-      *req.mutable_session() = ref_;
-      req.set_request_id(id);
-      req.set_token_budget(16);
-      auto a = sm_->Admit(req);
+      auto a = sm_->Admit(AdmitOf(ref_, id, 16));
       EXPECT_TRUE(a.ok()) << a.status();
       if (a.ok()) rows[id] = a->row();
     }
@@ -100,13 +75,6 @@ class SessionBatchParkingTest : public ::testing::Test {
     }
     return out;
   }
-  template <typename Response>
-  static std::vector<int> Codes(const Response& resp) {
-    std::vector<int> codes;
-    for (const auto& r : resp.results()) codes.push_back(r.has_error() ? r.error().code() : kOk);
-    return codes;
-  }
-
   static constexpr uint32_t kRows = 4;
   std::unique_ptr<SessionManager> sm_;
   v1::SessionRef ref_;

@@ -3,70 +3,44 @@
 // item what a single Admit would (duplicates and over-quota items refused, the rest admitted);
 // evict_lru_idle evicts for a per-item batch but never one of its own requests, and never for an
 // all-or-nothing one; ReleaseBatch reports unknown and repeated ids per id and releases the rest.
-#include <unistd.h>
-
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "hisparse/common/unix_socket.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kPage = 4096;       // 256 records of 16 bytes
+using session_test::AdmitOf;
+using session_test::Codes;
+using session_test::kMiB;
+using session_test::kPage;
+
 constexpr uint32_t kPageTokens = 256;  // tokens of one page
 constexpr int kAborted = static_cast<int>(absl::StatusCode::kAborted);
 
+// A manager whose clock ticks a second a reading: the LRU order is the call order.
 std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {},
                                             bool evict = false) {
-  PagePool::Options po;
-  po.budget_bytes = pool_bytes;
-  po.page_bytes = kPage;
-  po.slab_bytes = kMiB;
-  po.reserve_slabs = 0;  // every byte of the budget is the sessions' to take
-  po.hugepages = PagePool::Hugepages::kOff;
-  po.pretouch_threads = 1;
-  auto pool = PagePool::Create(po);
-  EXPECT_TRUE(pool.ok()) << pool.status();
   SessionManager::Options o;
   o.quotas = quotas;
   o.evict_on_pool_full = evict;
-  // A fake clock, one second a reading (under the manager's lock): the LRU order is the call order.
-  o.clock = [t = absl::UnixEpoch()]() mutable { return t += absl::Seconds(1); };
-  return std::make_unique<SessionManager>(o, std::move(*pool));
+  o.clock = session_test::TickingClock();
+  return session_test::MakeManager(pool_bytes, o);
 }
 
 // A host session of one layer of 16-byte records, tenant `uid`.
 v1::SessionRef Open(SessionManager& sm, uint32_t uid = 1000, uint32_t max_requests = 128) {
-  v1::OpenSession open;
-  open.set_engine_name("session-batch-test");
-  v1::Geometry* g = open.mutable_geometry();
-  g->set_gpu(-1);
-  g->set_num_layers(1);
-  g->set_record_bytes(16);
-  g->set_k(1);
-  g->set_slots(1);
-  g->set_max_requests(max_requests);
-  PeerCredentials owner;
-  owner.uid = uid;
-  owner.pid = ::getpid();
-  auto opened = sm.OpenSession(open, owner);
-  EXPECT_TRUE(opened.ok()) << opened.status();
-  v1::SessionRef ref;
-  if (!opened.ok()) return ref;
-  ref.set_session_id(opened->session_id());
-  ref.set_token(opened->token());
-  return ref;
+  session_test::HostSession host;
+  host.engine_name = "session-batch-test";
+  host.max_requests = max_requests;
+  return session_test::OpenHost(sm, host, uid);
 }
 
 struct Item {
@@ -87,11 +61,7 @@ v1::AdmitBatchRequest Batch(const v1::SessionRef& ref, v1::BatchMode mode, const
 }
 
 absl::Status Admit(SessionManager& sm, const v1::SessionRef& ref, uint64_t id, uint32_t tokens) {
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  req.set_token_budget(tokens);
-  return sm.Admit(req).status();
+  return sm.Admit(AdmitOf(ref, id, tokens)).status();
 }
 
 // The figures a batch must leave exact.
@@ -106,12 +76,6 @@ Figures Take(const SessionManager& sm) {
   Figures f{st.host_pool().pages_used(), st.admissions(), st.rejections(), st.evictions(), st.requests(), {}};
   for (const auto& rc : st.rejections_by_reason()) f.by_reason[rc.reason()] = rc.count();
   return f;
-}
-
-std::vector<int> Codes(const v1::AdmitBatchResponse& resp) {
-  std::vector<int> codes;
-  for (const auto& r : resp.results()) codes.push_back(r.has_error() ? r.error().code() : 0);
-  return codes;
 }
 
 TEST(SessionBatchTest, AllOrNothingRollbackLeavesEverythingAsBefore) {
@@ -312,23 +276,15 @@ TEST(SessionBatchTest, LeaseItemsAreCheckedAsAdmitChecksThem) {
 
   SessionManager::Options off;
   off.max_lease_seconds = 0;
-  PagePool::Options po;
-  po.budget_bytes = 4 * kMiB;
-  po.page_bytes = kPage;
-  po.slab_bytes = kMiB;
-  po.reserve_slabs = 0;
-  po.hugepages = PagePool::Hugepages::kOff;
-  po.pretouch_threads = 1;
-  auto pool = PagePool::Create(po);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  SessionManager no_leases(off, std::move(*pool));
-  const v1::SessionRef t = Open(no_leases);
+  const std::unique_ptr<SessionManager> no_leases = session_test::MakeManager(4 * kMiB, off);
+  ASSERT_NE(no_leases, nullptr);
+  const v1::SessionRef t = Open(*no_leases);
   v1::AdmitBatchRequest one = Batch(t, v1::BATCH_MODE_ALL_OR_NOTHING, {{1, 16}, {2, 16}});
   one.mutable_items(1)->set_lease_seconds(30);
-  absl::StatusOr<v1::AdmitBatchResponse> refused = no_leases.AdmitBatch(one);
+  absl::StatusOr<v1::AdmitBatchResponse> refused = no_leases->AdmitBatch(one);
   ASSERT_TRUE(refused.ok()) << refused.status();
   EXPECT_EQ(Codes(*refused), (std::vector<int>{kAborted, static_cast<int>(absl::StatusCode::kFailedPrecondition)}));
-  EXPECT_EQ(no_leases.Stats().requests(), 0u);
+  EXPECT_EQ(no_leases->Stats().requests(), 0u);
 }
 
 }  // namespace

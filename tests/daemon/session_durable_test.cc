@@ -3,8 +3,6 @@
 // the same tenant and engine name lists and adopts it (slabs handed over, fd channel follows),
 // every refusal's code changes nothing, leases end by the injected clock and leave the pool empty,
 // and shared prefixes stay exact across the move. CheckInvariants runs after every step.
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
 #include <set>
@@ -16,14 +14,16 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/unix_socket.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
+using session_test::AdmitOf;
+using session_test::kMiB;
+using session_test::kPage;
+
 constexpr uint32_t kUid = 1000;
 
 // A clock only the test moves.
@@ -39,15 +39,6 @@ struct ManualClock {
 class SessionDurableTest : public ::testing::Test {
  protected:
   void Make(const SessionManager::QuotaOptions& quotas = {}, uint32_t max_lease = 600) {
-    PagePool::Options po;
-    po.budget_bytes = 16 * kMiB;
-    po.page_bytes = kPage;
-    po.slab_bytes = kMiB;
-    po.reserve_slabs = 0;
-    po.hugepages = PagePool::Hugepages::kOff;
-    po.pretouch_threads = 1;
-    auto pool = PagePool::Create(po);
-    ASSERT_TRUE(pool.ok()) << pool.status();
     SessionManager::Options o;
     o.quotas = quotas;
     o.max_sessions = 16;
@@ -56,40 +47,19 @@ class SessionDurableTest : public ::testing::Test {
       absl::MutexLock lock(&clock_.mu);
       return clock_.now;
     };
-    sm_ = std::make_unique<SessionManager>(o, std::move(*pool));
+    sm_ = session_test::MakeManager(16 * kMiB, o);
+    ASSERT_NE(sm_, nullptr);
   }
   void SetUp() override { Make(); }
 
   v1::SessionRef Open(uint32_t uid = kUid, const std::string& engine = "engine-a", uint32_t layers = 2,
                       uint32_t record_bytes = 16, uint32_t max_context = 0) {
-    v1::OpenSession open;
-    open.set_engine_name(engine);
-    v1::Geometry* g = open.mutable_geometry();
-    g->set_gpu(-1);
-    g->set_num_layers(layers);
-    g->set_record_bytes(record_bytes);
-    g->set_k(1);
-    g->set_slots(1);
-    g->set_max_requests(4);
-    g->set_max_context_tokens(max_context);
-    PeerCredentials peer;
-    peer.uid = uid;
-    peer.pid = ::getpid();
-    auto opened = sm_->OpenSession(open, peer);
-    EXPECT_TRUE(opened.ok()) << opened.status();
-    v1::SessionRef ref;
-    if (!opened.ok()) return ref;
-    ref.set_session_id(opened->session_id());
-    ref.set_token(opened->token());
-    return ref;
+    return session_test::OpenHost(*sm_, {engine, layers, record_bytes, /*max_requests=*/4, max_context}, uid);
   }
   absl::StatusOr<v1::AdmitResponse> Admit(const v1::SessionRef& ref, uint64_t id, uint32_t tokens, uint32_t lease = 0,
                                           uint64_t parent = 0, uint32_t prefix = 0) {
-    v1::AdmitRequest req;
-    *req.mutable_session() = ref;
-    req.set_request_id(id);
+    v1::AdmitRequest req = AdmitOf(ref, id, tokens);
     req.set_context_tokens(tokens);
-    req.set_token_budget(tokens);
     req.set_lease_seconds(lease);
     req.set_parent_request_id(parent);
     req.set_prefix_tokens(prefix);
@@ -119,18 +89,8 @@ class SessionDurableTest : public ::testing::Test {
     }
     return ids;
   }
-  absl::Status Resume(const v1::SessionRef& ref, uint64_t id) {
-    v1::ResumeRequest req;
-    *req.mutable_session() = ref;
-    req.set_request_id(id);
-    return sm_->Resume(req).status();
-  }
-  absl::Status Release(const v1::SessionRef& ref, uint64_t id) {
-    v1::ReleaseRequest req;
-    *req.mutable_session() = ref;
-    req.set_request_id(id);
-    return sm_->Release(req);
-  }
+  absl::Status Resume(const v1::SessionRef& ref, uint64_t id) { return session_test::Resume(*sm_, ref, id).status(); }
+  absl::Status Release(const v1::SessionRef& ref, uint64_t id) { return session_test::Release(*sm_, ref, id); }
   // Writes a pattern of `id` into every record of (session, request) and checks it back later.
   void Fill(uint64_t session, uint64_t id, uint32_t tokens, uint32_t layers = 2) {
     for (uint32_t l = 0; l < layers; ++l) {
@@ -153,7 +113,7 @@ class SessionDurableTest : public ::testing::Test {
     }
     return true;
   }
-  void ExpectInvariants() { EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants(); }
+  void ExpectInvariants() { EXPECT_INVARIANTS(*sm_); }
 
   ManualClock clock_;
   std::unique_ptr<SessionManager> sm_;

@@ -2,8 +2,6 @@
 // pages for every rank, admission all or nothing across the group (a full pool, one rank's full
 // arena, a missing rank), attaching, releasing share by share, a member's death, the fd channel's
 // group slabs, and stats counting the pages once. CheckInvariants runs after every step.
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,39 +9,27 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/metrics.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
+using session_test::AdmitOf;
+using session_test::kMiB;
+using session_test::kPage;
+using session_test::Owner;
+using session_test::PagesUsed;
+using session_test::Release;
+
 constexpr uint32_t kLayers = 2;
 
 std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {}) {
-  PagePool::Options po;
-  po.budget_bytes = pool_bytes;
-  po.page_bytes = kPage;
-  po.slab_bytes = kMiB;
-  po.reserve_slabs = 0;
-  po.hugepages = PagePool::Hugepages::kOff;
-  po.pretouch_threads = 1;
-  auto pool = PagePool::Create(po);
-  EXPECT_TRUE(pool.ok()) << pool.status();
   SessionManager::Options o;
   o.quotas = quotas;
   o.max_sessions = 32;
-  return std::make_unique<SessionManager>(o, std::move(*pool));
-}
-
-PeerCredentials Owner(uint32_t uid) {
-  PeerCredentials peer;
-  peer.uid = uid;
-  peer.pid = ::getpid();
-  return peer;
+  return session_test::MakeManager(pool_bytes, o);
 }
 
 struct Member {
@@ -53,26 +39,13 @@ struct Member {
 };
 
 absl::StatusOr<v1::SessionRef> Open(SessionManager& sm, const Member& m) {
-  v1::OpenSession open;
-  open.set_engine_name("session-groups-test");
-  v1::Geometry* g = open.mutable_geometry();
-  g->set_gpu(-1);
-  g->set_num_layers(m.layers);
-  g->set_record_bytes(m.record_bytes);
-  g->set_k(1);
-  g->set_slots(1);
-  g->set_max_requests(m.rows);
+  v1::OpenSession open = session_test::OpenMessage({"session-groups-test", m.layers, m.record_bytes, m.rows});
   if (!m.group.empty() || m.size != 0) {
     open.mutable_group()->set_name(m.group);
     open.mutable_group()->set_rank(m.rank);
     open.mutable_group()->set_size(m.size);
   }
-  auto opened = sm.OpenSession(open, Owner(m.uid));
-  if (!opened.ok()) return opened.status();
-  v1::SessionRef ref;
-  ref.set_session_id(opened->session_id());
-  ref.set_token(opened->token());
-  return ref;
+  return session_test::OpenRef(sm, open, m.uid);
 }
 
 // The ranks 0..size-1 of group `name`, each of `rows` rows.
@@ -90,28 +63,10 @@ std::vector<v1::SessionRef> OpenGroup(SessionManager& sm, const std::string& nam
 
 absl::StatusOr<v1::AdmitResponse> Admit(SessionManager& sm, const v1::SessionRef& ref, uint64_t id, uint32_t tokens,
                                         bool group = true) {
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  req.set_token_budget(tokens);
+  v1::AdmitRequest req = AdmitOf(ref, id, tokens);
   req.set_group(group);
   return sm.Admit(req);
 }
-
-absl::Status Release(SessionManager& sm, const v1::SessionRef& ref, uint64_t id) {
-  v1::ReleaseRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  return sm.Release(req);
-}
-
-uint64_t PagesUsed(SessionManager& sm) { return sm.Stats().host_pool().pages_used(); }
-
-#define EXPECT_INVARIANTS(sm)                  \
-  do {                                         \
-    absl::Status st_ = (sm).CheckInvariants(); \
-    EXPECT_TRUE(st_.ok()) << st_;              \
-  } while (0)
 
 TEST(SessionGroups, JoinRefusalsNameWhatIsWrong) {
   auto sm = MakeManager(16 * kMiB);

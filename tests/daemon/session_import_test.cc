@@ -3,8 +3,6 @@
 // expiry by the injected clock, session end), every call to the target is made outside the
 // session manager's lock (the fake calls back into it), refusals change nothing, and the
 // accounting invariants hold after every step.
-#include <unistd.h>
-
 #include <memory>
 #include <set>
 #include <string>
@@ -15,13 +13,14 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "hisparse/daemon/import_target.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
 
-constexpr uint64_t kPage = 4096;
+using session_test::kMiB;
+using session_test::kPage;
 
 // Records registrations; on every Unregister it asks the manager (so a call made under its lock
 // would deadlock) how many host bytes are held then.
@@ -54,39 +53,19 @@ class FakeTarget : public ImportTarget {
 class SessionImportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PagePool::Options po;
-    po.budget_bytes = 8 << 20;
-    po.page_bytes = kPage;
-    po.slab_bytes = 1 << 20;
-    po.reserve_slabs = 0;
-    po.hugepages = PagePool::Hugepages::kOff;
-    po.pretouch_threads = 1;
-    auto pool = PagePool::Create(po);
-    ASSERT_TRUE(pool.ok()) << pool.status();
     SessionManager::Options o;
     o.import_grant_ttl = absl::Seconds(10);
     o.clock = [this] {
       absl::MutexLock lock(&clock_mu_);
       return now_;
     };
-    sm_ = std::make_unique<SessionManager>(o, std::move(*pool));
+    sm_ = session_test::MakeManager(8 * kMiB, o);
+    ASSERT_NE(sm_, nullptr);
     target_.sm = sm_.get();
     sm_->SetImportTarget(&target_);
-    v1::OpenSession open;
-    v1::Geometry* g = open.mutable_geometry();
-    g->set_gpu(-1);
-    g->set_num_layers(2);
-    g->set_record_bytes(64);
-    g->set_k(1);
-    g->set_slots(1);
-    g->set_max_requests(8);
-    PeerCredentials owner;
-    owner.uid = kUid;
-    owner.pid = ::getpid();
-    auto opened = sm_->OpenSession(open, owner);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    ref_.set_session_id(opened->session_id());
-    ref_.set_token(opened->token());
+    auto ref = session_test::OpenRef(*sm_, session_test::OpenMessage({"", 2, 64, 8}), kUid);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    ref_ = *ref;
     sm_->SetEventSink(ref_.session_id(), [this](const v1::SessionEvent& e) {
       absl::MutexLock lock(&events_mu_);
       events_.push_back(e);
@@ -110,11 +89,8 @@ class SessionImportTest : public ::testing::Test {
     return sm_->AdmitBatch(req);
   }
   absl::StatusOr<v1::AdmitResponse> AdmitImport(uint64_t id, uint32_t tokens) {
-    v1::AdmitRequest req;
-    *req.mutable_session() = ref_;
-    req.set_request_id(id);
+    v1::AdmitRequest req = session_test::AdmitOf(ref_, id, tokens);
     req.set_context_tokens(tokens);
-    req.set_token_budget(tokens);
     req.set_begin_import(true);
     return sm_->Admit(req);
   }

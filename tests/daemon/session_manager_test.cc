@@ -11,7 +11,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,33 +19,28 @@
 #include "gtest/gtest.h"
 #include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/metrics.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
+using session_test::AdmitOf;
+using session_test::HostSession;
+using session_test::kMiB;
+using session_test::kPage;
+using session_test::OpenMessage;
+using session_test::Owner;
 
 std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {},
                                             bool evict = false) {
-  PagePool::Options po;
-  po.budget_bytes = pool_bytes;
-  po.page_bytes = kPage;
-  po.slab_bytes = kMiB;
-  po.reserve_slabs = 0;  // every byte of the budget is the sessions' to take
-  po.hugepages = PagePool::Hugepages::kOff;
-  po.pretouch_threads = 1;
-  auto pool = PagePool::Create(po);
-  EXPECT_TRUE(pool.ok()) << pool.status();
   SessionManager::Options o;
   o.quotas = quotas;
   o.evict_on_pool_full = evict;
   o.max_sessions = 64;
-  return std::make_unique<SessionManager>(o, std::move(*pool));
+  return session_test::MakeManager(pool_bytes, o);
 }
 
 struct Opened {
@@ -54,42 +48,21 @@ struct Opened {
   absl::Status bind;  // of the OpenSession that made `uid` its tenant, then of its arena fetch
 };
 
-PeerCredentials Owner(uint32_t uid) {
-  PeerCredentials peer;
-  peer.uid = uid;
-  peer.pid = ::getpid();
-  return peer;
-}
-
 // Opens a host session as `uid` (its tenant, as the Session stream's peer would be) and fetches
 // its arena as the engine would.
 Opened Open(SessionManager& sm, uint32_t uid, uint32_t layers = 1, uint32_t record_bytes = 16,
             uint32_t max_requests = 128) {
-  v1::OpenSession open;
-  open.set_engine_name("session-manager-test");
-  v1::Geometry* g = open.mutable_geometry();
-  g->set_gpu(-1);
-  g->set_num_layers(layers);
-  g->set_record_bytes(record_bytes);
-  g->set_k(1);
-  g->set_slots(1);
-  g->set_max_requests(max_requests);
-  auto opened = sm.OpenSession(open, Owner(uid));
+  auto ref = session_test::OpenRef(sm, OpenMessage({"session-manager-test", layers, record_bytes, max_requests}), uid);
   Opened out;
-  out.bind = opened.status();
-  if (!opened.ok()) return out;
-  out.ref.set_session_id(opened->session_id());
-  out.ref.set_token(opened->token());
-  out.bind = sm.DupFdFor(opened->session_id(), opened->token(), "arena", Owner(uid)).status();
+  out.bind = ref.status();
+  if (!ref.ok()) return out;
+  out.ref = *ref;
+  out.bind = sm.DupFdFor(ref->session_id(), ref->token(), "arena", Owner(uid)).status();
   return out;
 }
 
 absl::Status Admit(SessionManager& sm, const v1::SessionRef& ref, uint64_t request_id, uint32_t tokens) {
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(request_id);
-  req.set_token_budget(tokens);
-  return sm.Admit(req).status();
+  return sm.Admit(AdmitOf(ref, request_id, tokens)).status();
 }
 
 uint64_t SumOfSessionHostBytes(const v1::StatsResponse& st) {
@@ -155,17 +128,8 @@ TEST(SessionManagerTest, TinyRequestsAreChargedWholePages) {
 TEST(SessionManagerTest, MaxContextTokensSizesThePageTables) {
   auto sm = MakeManager(8 * kMiB);
   auto open_with = [&](uint32_t max_context) {
-    v1::OpenSession open;
-    open.set_engine_name("max-context");
-    v1::Geometry* g = open.mutable_geometry();
-    g->set_gpu(-1);
-    g->set_num_layers(1);
-    g->set_record_bytes(16);  // 256 records a page
-    g->set_k(1);
-    g->set_slots(1);
-    g->set_max_requests(4);
-    g->set_max_context_tokens(max_context);
-    return sm->OpenSession(open, Owner(1000));
+    // 16-byte records: 256 a page.
+    return sm->OpenSession(OpenMessage({"max-context", 1, 16, 4, max_context}), Owner(1000));
   };
   absl::StatusOr<v1::SessionOpened> dflt = open_with(0);
   ASSERT_TRUE(dflt.ok()) << dflt.status();
@@ -425,14 +389,9 @@ TEST(SessionManagerTest, MetricsExportEveryRejectionReason) {
 
 TEST(SessionManagerTest, EngineNameMustBeUtf8AndIsCutAtACharacter) {
   auto sm = MakeManager(2 * kMiB);
-  v1::OpenSession open;
-  v1::Geometry* g = open.mutable_geometry();
-  g->set_gpu(-1);
-  g->set_num_layers(1);
-  g->set_record_bytes(16);
-  g->set_k(1);
-  g->set_slots(1);
-  g->set_max_requests(1);
+  HostSession host;
+  host.max_requests = 1;
+  v1::OpenSession open = OpenMessage(host);
   for (const char* bad : {"\xff", "ok\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) {
     open.set_engine_name(bad);
     const absl::Status st = sm->OpenSession(open, Owner(0)).status();
@@ -454,14 +413,9 @@ TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
   GTEST_SKIP() << "descriptor exhaustion makes UBSan's vptr check report false errors; runs in the plain build";
 #endif
   auto sm = MakeManager(2 * kMiB);
-  v1::OpenSession open;
-  v1::Geometry* g = open.mutable_geometry();
-  g->set_gpu(-1);
-  g->set_num_layers(1);
-  g->set_record_bytes(16);
-  g->set_k(1);
-  g->set_slots(1);
-  g->set_max_requests(1);
+  HostSession host;
+  host.max_requests = 1;
+  v1::OpenSession open = OpenMessage(host);
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
   // Take every descriptor below a lowered limit, so that the arena's memfd_create gets EMFILE.

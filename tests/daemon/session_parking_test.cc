@@ -2,8 +2,6 @@
 // rows freed and retaken, pages kept byte for byte, quotas, parked requests evicted first, shared
 // pages referenced and charged once, the charge passing on as holders leave, and every refusal's
 // code. CheckInvariants runs after every step.
-#include <unistd.h>
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,15 +11,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "hisparse/common/unix_socket.h"
-#include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_test_util.h"
 
 namespace hisparse {
 namespace {
 
-constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
+using session_test::AdmitOf;
+using session_test::kMiB;
+using session_test::kPage;
+using session_test::Park;
+using session_test::Release;
+using session_test::Resume;
+
 constexpr uint32_t kPerPage = 256;
 
 // A clock the test advances: the LRU order of evict_lru_idle is the admission order below.
@@ -34,79 +36,28 @@ struct FakeClock {
 
 std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::QuotaOptions& quotas = {},
                                             bool evict = false, FakeClock* clock = nullptr) {
-  PagePool::Options po;
-  po.budget_bytes = pool_bytes;
-  po.page_bytes = kPage;
-  po.slab_bytes = kMiB;
-  po.reserve_slabs = 0;
-  po.hugepages = PagePool::Hugepages::kOff;
-  po.pretouch_threads = 1;
-  auto pool = PagePool::Create(po);
-  EXPECT_TRUE(pool.ok()) << pool.status();
   SessionManager::Options o;
   o.quotas = quotas;
   o.evict_on_pool_full = evict;
   o.max_sessions = 16;
   if (clock != nullptr) o.clock = clock->Fn();
-  return std::make_unique<SessionManager>(o, std::move(*pool));
-}
-
-PeerCredentials Owner(uint32_t uid) {
-  PeerCredentials peer;
-  peer.uid = uid;
-  peer.pid = ::getpid();
-  return peer;
+  return session_test::MakeManager(pool_bytes, o);
 }
 
 v1::SessionRef Open(SessionManager& sm, uint32_t uid, uint32_t layers, uint32_t rows) {
-  v1::OpenSession open;
-  open.set_engine_name("session-parking-test");
-  v1::Geometry* g = open.mutable_geometry();
-  g->set_gpu(-1);
-  g->set_num_layers(layers);
-  g->set_record_bytes(16);
-  g->set_k(1);
-  g->set_slots(1);
-  g->set_max_requests(rows);
-  auto opened = sm.OpenSession(open, Owner(uid));
-  EXPECT_TRUE(opened.ok()) << opened.status();
-  v1::SessionRef ref;
-  if (!opened.ok()) return ref;
-  ref.set_session_id(opened->session_id());
-  ref.set_token(opened->token());
-  return ref;
+  session_test::HostSession host;
+  host.engine_name = "session-parking-test";
+  host.layers = layers;
+  host.max_requests = rows;
+  return session_test::OpenHost(sm, host, uid);
 }
 
 absl::StatusOr<v1::AdmitResponse> Admit(SessionManager& sm, const v1::SessionRef& ref, uint64_t id, uint32_t tokens,
                                         uint64_t parent = 0, uint32_t prefix = 0) {
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  req.set_token_budget(tokens);
+  v1::AdmitRequest req = AdmitOf(ref, id, tokens);
   req.set_parent_request_id(parent);
   req.set_prefix_tokens(prefix);
   return sm.Admit(req);
-}
-
-absl::StatusOr<v1::ParkResponse> Park(SessionManager& sm, const v1::SessionRef& ref, uint64_t id) {
-  v1::ParkRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  return sm.Park(req);
-}
-
-absl::StatusOr<v1::ResumeResponse> Resume(SessionManager& sm, const v1::SessionRef& ref, uint64_t id) {
-  v1::ResumeRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  return sm.Resume(req);
-}
-
-absl::Status Release(SessionManager& sm, const v1::SessionRef& ref, uint64_t id) {
-  v1::ReleaseRequest req;
-  *req.mutable_session() = ref;
-  req.set_request_id(id);
-  return sm.Release(req);
 }
 
 // Fills every record of (request, layer) below `tokens` with a pattern of (seed, layer, position).
@@ -156,8 +107,6 @@ v1::RequestInfo Listed(SessionManager& sm, uint64_t sid, uint64_t rid) {
   ADD_FAILURE() << "request " << rid << " of session " << sid << " is not listed";
   return {};
 }
-
-#define EXPECT_INVARIANTS(sm) EXPECT_TRUE((sm).CheckInvariants().ok()) << (sm).CheckInvariants()
 
 TEST(SessionParkingTest, ParkFreesTheRowAndKeepsEveryPage) {
   auto sm = MakeManager(4 * kMiB);

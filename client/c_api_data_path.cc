@@ -1,0 +1,93 @@
+// The C ABI's data-path calls (hisparse.h): RESOLVE, the prefill stores, the decode appends,
+// prefetch, a record's address, and the device's deferred errors (hs_check_errors). Each checks
+// its arguments and hands them to ClientSession, whose device backend does the work (on the
+// caller's stream where the call takes one); none of them makes an RPC.
+#include <cstdint>
+
+#include "c_api_internal.h"
+#include "client_session.h"
+#include "hisparse/hisparse.h"
+
+using hisparse::c_api::Fail;
+using hisparse::c_api::Guard;
+using hisparse::c_api::kResolveArgsV1;
+using hisparse::c_api::kStoreIndexedArgsV1;
+using hisparse::c_api::ReadSized;
+using hisparse::c_api::SizeOk;
+using hisparse::c_api::ToResult;
+
+extern "C" {
+
+hs_result hs_record_ptr(hs_session* s, uint64_t request_id, uint32_t layer, uint32_t position, void** out) {
+  return Guard([&] {
+    if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
+    auto p = s->impl->RecordPtr(request_id, layer, position);
+    if (!p.ok()) return ToResult(p.status());
+    *out = *p;
+    return HS_OK;
+  });
+}
+
+hs_result hs_resolve(hs_session* s, const hs_resolve_args* args) {
+  return Guard([&] {
+    if (s == nullptr || args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and args must not be NULL");
+    if (!SizeOk(args->struct_size, kResolveArgsV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_resolve_args.struct_size is too small: use HS_RESOLVE_ARGS_INIT");
+    }
+    return ToResult(s->impl->Resolve(ReadSized(*args)));
+  });
+}
+
+hs_result hs_store(hs_session* s, uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
+                   const void* src, int64_t src_layer_stride, int64_t src_token_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->Store(request_id, start_pos, num_tokens, seq_len_after, src, src_layer_stride,
+                                   src_token_stride, stream));
+  });
+}
+
+hs_result hs_store_indexed(hs_session* s, const hs_store_indexed_args* args) {
+  return Guard([&] {
+    if (s == nullptr || args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and args must not be NULL");
+    if (!SizeOk(args->struct_size, kStoreIndexedArgsV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT,
+                  "hs_store_indexed_args.struct_size is too small: use HS_STORE_INDEXED_ARGS_INIT");
+    }
+    return ToResult(s->impl->StoreIndexed(ReadSized(*args)));
+  });
+}
+
+hs_result hs_append(hs_session* s, uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
+                    const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, nullptr, src, src_stride, stream));
+  });
+}
+
+hs_result hs_append_tokens(hs_session* s, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
+                           const int32_t* rows, const int32_t* seq_lens, const int32_t* token_counts, const void* src,
+                           int64_t src_stride, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(
+        s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, token_counts, src, src_stride, stream));
+  });
+}
+
+hs_result hs_prefetch(hs_session* s, uint32_t layer, void* stream) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session must not be NULL");
+    return ToResult(s->impl->Prefetch(layer, stream));
+  });
+}
+
+hs_result hs_check_errors(hs_session* s) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
+    return ToResult(s->impl->CheckErrors());
+  });
+}
+
+}  // extern "C"
