@@ -326,7 +326,8 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) { return c.import.ucx_tls; }, nullptr},
       {"durability.max_lease_seconds", "seconds (integer >= 0)",
        "The longest lease of a durable request (SetLease): how long its pages may outlive a dead engine; 0 turns "
-       "durable requests off.",
+       "durable requests off. Changes on reload (SIGHUP): later leases are bounded by it, granted ones keep their "
+       "deadline.",
        false, HS_SET_WITH(ParseInt, durability.max_lease_seconds),
        [](const DaemonConfig& c) { return absl::StrCat(c.durability.max_lease_seconds); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.durability.max_lease_seconds, 0); }},

@@ -355,6 +355,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   live.limits.max_tokens_per_request = cur.limits.max_tokens_per_request;
   live.quotas = next.quotas;
   live.admission = next.admission;
+  live.durability.max_lease_seconds = next.durability.max_lease_seconds;
   for (const std::string& change : DescribeConfigChanges(cur, live)) LOG(INFO) << "reload: " << change;
   if (next.log_level != cur.log_level) {
     cur.log_level = next.log_level;
@@ -364,6 +365,9 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   cur.limits = live.limits;
   cur.quotas = next.quotas;
   cur.admission = next.admission;
+  // The lease bound is checked at each SetLease and admission; granted leases keep their deadline.
+  cur.durability.max_lease_seconds = next.durability.max_lease_seconds;
+  impl_->sessions->SetMaxLeaseSeconds(static_cast<uint32_t>(next.durability.max_lease_seconds));
   impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);
   impl_->grpc_threads.SetMaxThreads(GrpcThreadLimit(next.limits.max_sessions));
   impl_->sessions->SetHostArenaBudget(next.limits.host_arena_bytes != 0 ? next.limits.host_arena_bytes

@@ -70,6 +70,11 @@ absl::Status SessionManager::CheckLeaseLocked(uint32_t lease_seconds, bool impor
   return absl::OkStatus();
 }
 
+void SessionManager::SetMaxLeaseSeconds(uint32_t seconds) {
+  absl::MutexLock lock(&mu_);
+  options_.max_lease_seconds = seconds;
+}
+
 absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));

@@ -184,6 +184,15 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
                                                        group.ranks.size(),
                                                        ": every rank's session must be open to admit for the group"))};
   }
+  // Every rank gets a share under this id: a rank whose session already uses it for a request of
+  // its own (admitted without group) would be given a second request of that name.
+  for (size_t rank = 0; rank < group.ranks.size(); ++rank) {
+    if (sessions_.at(group.ranks[rank])->requests.contains(id)) {
+      return {absl::AlreadyExistsError(absl::StrCat("request ", id, " is already admitted in rank ", rank,
+                                                    "'s session ", group.ranks[rank], " (without group): ", name,
+                                                    " cannot reserve it for every rank; nothing was reserved"))};
+    }
+  }
   const uint32_t size = static_cast<uint32_t>(group.ranks.size());
   const uint64_t per_layer = PagesFor(s, req.token_budget());
   const uint64_t total = per_layer * s.geometry.num_layers();

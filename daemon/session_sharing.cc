@@ -16,7 +16,8 @@
 // Decisions: the bound on P is the parent's capacity_tokens (what the daemon knows; the engine
 // knows what it wrote, and a prefix of positions it never stored shares its unwritten bytes); a
 // parked parent may be shared from (its host pages are whole), an importing one may not (its records
-// are not there until commit: FAILED_PRECONDITION); a parent of another session is
+// are not there until commit: FAILED_PRECONDITION), nor a TP-group share (its pages are the
+// group's, in the pool under the group's owner: FAILED_PRECONDITION); a parent of another session is
 // NOT_FOUND, as for any request id of another session.
 #include <algorithm>
 #include <cstring>
@@ -49,6 +50,11 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
         absl::StrCat("parent request ", req.parent_request_id(), " is not admitted in this session"))};
   }
   const Request& parent = pit->second;
+  if (parent.in_group) {
+    return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
+                                                       " is a TP-group request: its pages are the group's, not "
+                                                       "this session's, so no request may share a prefix of them"))};
+  }
   if (!parent.import_grant.empty()) {
     return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
                                                        " is importing: its records are not there yet; share "

@@ -230,6 +230,50 @@ TEST(SessionGroups, AGroupRequestIsNeverDurable) {
   EXPECT_INVARIANTS(*sm);
 }
 
+// Found by the session-manager fuzzer: a reservation gives every rank a request of that id, so a
+// rank whose session already holds the id (admitted without group) is ALREADY_EXISTS, and nothing
+// is reserved for any rank: its own request stays as it was.
+TEST(SessionGroups, AnIdAnotherRankHoldsReservesNothing) {
+  auto sm = MakeManager(16 * kMiB);
+  const std::vector<v1::SessionRef> refs = OpenGroup(*sm, "g", 2);
+  ASSERT_TRUE(Admit(*sm, refs[1], 5, 100, /*group=*/false).ok());
+  const uint64_t pages = PagesUsed(*sm);
+  const absl::Status taken = Admit(*sm, refs[0], 5, 100).status();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kAlreadyExists) << taken;
+  EXPECT_NE(taken.message().find("rank 1"), std::string::npos) << taken;
+  EXPECT_EQ(PagesUsed(*sm), pages);
+  EXPECT_EQ(sm->Stats().requests(), 1u);
+  EXPECT_INVARIANTS(*sm);
+  ASSERT_TRUE(Release(*sm, refs[1], 5).ok());  // rank 1's own request, released as any other
+  EXPECT_EQ(PagesUsed(*sm), 0u);
+  ASSERT_TRUE(Admit(*sm, refs[0], 5, 100).ok());  // the id is free now: reserved for both
+  EXPECT_EQ(sm->Stats().requests(), 2u);
+  EXPECT_INVARIANTS(*sm);
+}
+
+// Found by the session-manager fuzzer: a group share's pages are the group's (owned in the pool by
+// the group), so a request of the session cannot share a prefix of them: FAILED_PRECONDITION,
+// nothing taken.
+TEST(SessionGroups, AGroupShareIsNoParentOfASharedPrefix) {
+  auto sm = MakeManager(16 * kMiB);
+  const std::vector<v1::SessionRef> refs = OpenGroup(*sm, "g", 1);
+  ASSERT_TRUE(Admit(*sm, refs[0], 3, 512).ok());
+  const uint64_t pages = PagesUsed(*sm);
+  for (uint32_t prefix : {256u, 300u}) {  // whole pages only, and a partial page to copy
+    v1::AdmitRequest child;
+    *child.mutable_session() = refs[0];
+    child.set_request_id(6);
+    child.set_token_budget(1024);
+    child.set_parent_request_id(3);
+    child.set_prefix_tokens(prefix);
+    const absl::Status shared = sm->Admit(child).status();
+    EXPECT_EQ(shared.code(), absl::StatusCode::kFailedPrecondition) << shared;
+    EXPECT_EQ(PagesUsed(*sm), pages);
+    EXPECT_EQ(sm->Stats().requests(), 1u);
+    EXPECT_INVARIANTS(*sm);
+  }
+}
+
 TEST(SessionGroups, FullPoolReservesNothingForAnyRank) {
   auto sm = MakeManager(16 * kPage);  // 16 pages in all
   const auto refs = OpenGroup(*sm, "g", 2);

@@ -20,6 +20,9 @@ class FuzzInput {
 
   bool empty() const { return pos_ >= size_; }
 
+  // The next byte, not consumed (0 once the bytes run out).
+  uint8_t Peek() const { return pos_ < size_ ? data_[pos_] : 0; }
+
   template <typename T>
   T Read() {
     T value{};

@@ -1,10 +1,13 @@
 // Fuzz target: the daemon's request handlers. The input is a program of operations (open a
 // session with fuzzed geometry, admit / extend / release / park / resume with fuzzed ids, budgets
 // and tokens, admit on a parent's prefix, batched admit / release (op bytes 248..255) and park /
-// resume (244..247), close, fd lookups with fuzzed object names, stats, drain) run against one
-// in-process SessionManager over a small PagePool. After every operation the accounting invariants must hold and the
-// outcome must agree with a shadow model of who holds what; after the program every session is closed and the pool must
-// be exactly empty. Anything else aborts (a finding).
+// resume (244..247), close, fd lookups with fuzzed object names, stats, drain; durable requests:
+// SetLease, Admit with a lease, ListAdoptable, Adopt and the live lease bound (240), the clock and
+// the lease sweep (241); TP groups: OpenSession with a group (242) and group admission (243)) run
+// against one in-process SessionManager over a small PagePool. After every operation the
+// accounting invariants must hold and the outcome must agree with a shadow model of who holds
+// what (session_manager_fuzz_model.h); after the program every session is closed, the clock runs
+// past every lease, and the pool must be exactly empty. Anything else aborts (a finding).
 //
 // The manager and its pool live for the whole process (building a pool per input would spend the
 // fuzzer's time pre-touching memory); each input leaves them empty, which is what it checks.
@@ -24,11 +27,17 @@
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
+#include "session_manager_fuzz_model.h"
 
 namespace hisparse::fuzz {
-namespace {
 
 constexpr int kMaxOps = 256;
+constexpr int64_t kEpoch = 1000000000;  // the clock at each input's start, in seconds
+
+int64_t& FakeNow() {
+  static int64_t now = kEpoch;
+  return now;
+}
 
 SessionManager& Manager() {
   // Leaked on purpose: no destructor ordering against libFuzzer's exit paths.
@@ -47,17 +56,33 @@ SessionManager& Manager() {
     options.max_sessions = 8;
     options.max_requests_per_session = 64;
     options.fd_socket_path = "/nonexistent/fuzz.sock.fd";
+    options.max_lease_seconds = kMaxLease;
+    options.clock = [] { return absl::FromUnixSeconds(FakeNow()); };
     return new SessionManager(options, std::move(*created));
   }();
   return *manager;
 }
 
-struct LiveSession {
-  uint64_t id = 0;
-  std::string token;
-  std::set<uint64_t> requests;  // the shadow model: what this session holds
-  std::set<uint64_t> parked;    // of those, the parked ones
-};
+namespace {
+
+// HISPARSE_FUZZ_TRACE=1: each op's byte and the node's figures after it, on stderr (a corpus
+// file's transcript: two builds replay a file the same when their transcripts are equal).
+bool Tracing() {
+  static const bool on = [] {
+    const char* v = std::getenv("HISPARSE_FUZZ_TRACE");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+void Trace(const v1::StatsResponse& st) {
+  std::fprintf(stderr, "  sessions %u requests %u parked %u pages %llu admissions %llu rejections %llu\n",
+               st.sessions(), st.requests(), st.parked_requests(),
+               static_cast<unsigned long long>(st.host_pool().pages_used()),
+               static_cast<unsigned long long>(st.admissions()), static_cast<unsigned long long>(st.rejections()));
+}
+
+}  // namespace
 
 // Picks a session reference: usually a live one with its own token, sometimes a wrong token or
 // an id no one holds. `owner` is set when the reference names a live session correctly.
@@ -90,6 +115,8 @@ uint64_t PickRequestId(FuzzInput& in) {
   return how < 240 ? how % 8 : in.Read<uint64_t>();  // mostly a few ids, so they collide
 }
 
+namespace {
+
 void OpenOne(FuzzInput& in, std::vector<LiveSession>& live) {
   v1::OpenSession open;
   v1::Geometry* g = open.mutable_geometry();
@@ -109,7 +136,12 @@ void OpenOne(FuzzInput& in, std::vector<LiveSession>& live) {
     return;
   }
   for (const LiveSession& s : live) Expect(s.id != opened->session_id(), "a session id was handed out twice");
-  live.push_back({opened->session_id(), opened->token(), {}, {}});
+  LiveSession s;
+  s.id = opened->session_id();
+  s.token = opened->token();
+  s.engine = open.engine_name();
+  s.uid = ::getuid();
+  live.push_back(std::move(s));
 }
 
 bool IsAdmitRefusal(const absl::Status& st) {
@@ -192,8 +224,8 @@ void ReleaseBatchOne(FuzzInput& in, std::vector<LiveSession>& live) {
     const auto code = static_cast<absl::StatusCode>(r->results(static_cast<int>(i)).code());
     if (!seen.insert(id).second) {
       Expect(code == absl::StatusCode::kInvalidArgument, "ReleaseBatch of a repeated id was not refused");
-    } else if (owner->requests.erase(id) == 1) {
-      owner->parked.erase(id);
+    } else if (owner->requests.count(id) == 1) {
+      owner->Forget(id);
       Expect(code == absl::StatusCode::kOk, "ReleaseBatch of a held id failed");
     } else {
       Expect(code == absl::StatusCode::kNotFound, "ReleaseBatch of an id not held was not NOT_FOUND");
@@ -279,9 +311,22 @@ void ParkResumeBatchOne(FuzzInput& in, std::vector<LiveSession>& live, bool park
   }
 }
 
-void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
+void RunOne(FuzzInput& in, Model& m) {
+  std::vector<LiveSession>& live = m.live;
   LiveSession* owner = nullptr;
   const uint8_t op = in.Read<uint8_t>();
+  switch (op) {  // the durable and group ops, appended (240..243 were unused aliases of 0..3)
+    case 240:
+      return DurableOne(in, m);
+    case 241:
+      return ClockOne(in, m);
+    case 242:
+      return GroupOpenOne(in, m);
+    case 243:
+      return GroupAdmitOne(in, m);
+    default:
+      break;
+  }
   if (op >= 244 && op < 248) {  // batched park / resume
     ParkResumeBatchOne(in, live, op % 2 == 0);
     return;
@@ -348,8 +393,8 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
       absl::Status st = Manager().Release(req);
       if (owner == nullptr) {
         Expect(absl::IsPermissionDenied(st), "Release with a foreign or wrong ref: " + st.ToString());
-      } else if (owner->requests.erase(req.request_id()) == 1) {
-        owner->parked.erase(req.request_id());
+      } else if (owner->requests.count(req.request_id()) == 1) {
+        owner->Forget(req.request_id());
         Expect(st.ok(), "Release of a held id failed: " + st.ToString());
       } else {
         Expect(absl::IsNotFound(st), "Release of an id not held: " + st.ToString());
@@ -358,9 +403,7 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
     }
     case 4: {  // Close (sometimes an id no one holds: a no-op)
       if (!live.empty() && in.Read<uint8_t>() % 8 != 0) {
-        const size_t i = in.Read<uint8_t>() % live.size();
-        Manager().CloseSession(live[i].id);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+        CloseInModel(m, in.Read<uint8_t>() % live.size());
       } else {
         const uint64_t id = in.Read<uint64_t>();
         bool held = false;
@@ -401,6 +444,7 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
       uint32_t parked = 0;
       for (const LiveSession& s : live) parked += static_cast<uint32_t>(s.parked.size());
       Expect(st.parked_requests() == parked, "Stats.parked_requests disagrees with the model");
+      CheckDurableStats(m);
       break;
     }
     case 8: {  // Park or Resume
@@ -462,7 +506,8 @@ void RunOne(FuzzInput& in, std::vector<LiveSession>& live) {
       break;
     }
     default:  // Drain on / off: admissions and opens must fail cleanly while draining
-      Manager().SetDraining(in.Read<uint8_t>() % 2 == 1);
+      m.draining = in.Read<uint8_t>() % 2 == 1;
+      Manager().SetDraining(m.draining);
       break;
   }
 }
@@ -474,17 +519,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hisparse;
   using namespace hisparse::fuzz;
   FuzzInput in(data, size);
-  std::vector<LiveSession> live;
+  Model m;
+  FakeNow() = kEpoch;
   Manager().SetDraining(false);
+  Manager().SetMaxLeaseSeconds(kMaxLease);
+  m.expiries_before = Manager().Stats().lease_expiries();
   for (int op = 0; op < kMaxOps && !in.empty(); ++op) {
-    RunOne(in, live);
+    if (Tracing()) std::fprintf(stderr, "op %d: byte %u\n", op, static_cast<unsigned>(in.Peek()));
+    RunOne(in, m);
     absl::Status st = Manager().CheckInvariants();
     if (!st.ok()) Fail("invariants broken after op " + std::to_string(op) + ": " + st.ToString());
+    if (Tracing()) Trace(Manager().Stats());
   }
-  for (const LiveSession& s : live) Manager().CloseSession(s.id);
+  while (!m.live.empty()) CloseInModel(m, m.live.size() - 1);
+  Expect(m.groups.empty(), "a group outlived its last member in the model");
+  // Every orphan's lease ends (leases last at most kMaxLeaseBound seconds): the sweep releases them all.
+  const size_t orphaned = m.OrphanedRequests();
+  FakeNow() += kMaxLeaseBound + 1;
+  const size_t expired = Manager().ExpireLeases();
+  Expect(expired == orphaned, "the final sweep released " + std::to_string(expired) + " orphaned requests, the model " +
+                                  std::to_string(orphaned));
   Manager().SetDraining(false);
   const v1::StatsResponse st = Manager().Stats();
   Expect(st.sessions() == 0 && st.requests() == 0, "sessions or requests left after closing every session");
+  Expect(st.orphaned_requests() == 0 && st.groups_size() == 0, "orphans or groups left after every lease ended");
   Expect(st.host_pool().used_bytes() == 0,
          "pool used bytes " + std::to_string(st.host_pool().used_bytes()) + " after closing every session");
   Expect(st.host_pool().pages_used() == 0 && st.host_pool().slabs() == 0,

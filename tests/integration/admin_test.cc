@@ -176,6 +176,52 @@ TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
   }
 }
 
+// durability.max_lease_seconds changes on SIGHUP: a lowered bound refuses later leases (SetLease and
+// admission) above it, while a lease granted before keeps its deadline (its orphan stays adoptable
+// with more time left than the new bound).
+TEST(AdminTest, SighupLowersTheLeaseBoundForLaterLeasesOnly) {
+  char dir[] = "/tmp/hisparse-cfg-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/hisparsed.yaml";
+  const std::string pool = "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\n";
+  std::ofstream(path) << pool << "durability:\n  max_lease_seconds: 600\n";
+  auto daemon = StartDaemon({"--config", path});
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  Session s;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_admit_durable(s.get(), 1, 16, 64, 500, &info), HS_OK) << hs_last_error();
+  std::ofstream(path) << pool << "durability:\n  max_lease_seconds: 100\n";
+  ::kill(daemon->pid(), SIGHUP);
+  std::string cfg;
+  EXPECT_TRUE(WaitUntil([&] {
+    cfg = Ctl(a, "config").out;
+    return cfg.find("max_lease_seconds: 100\n") != std::string::npos;
+  })) << cfg;
+  EXPECT_EQ(hs_set_lease(s.get(), 1, 500), HS_ERR_INVALID_ARGUMENT) << "a renewal above the new bound";
+  EXPECT_EQ(hs_admit_durable(s.get(), 2, 16, 64, 101, &info), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(hs_admit_durable(s.get(), 3, 16, 64, 100, &info), HS_OK) << hs_last_error();
+  // Request 1's lease of 500 s still runs past the new bound: its orphan keeps that deadline.
+  s.Close();
+  Session next;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &next).ok());
+  uint64_t dead[4] = {}, ids[4] = {};
+  double left[4] = {};
+  size_t count = 0;
+  // The daemon ends the old session as its stream closes: poll until its orphan is there.
+  EXPECT_TRUE(
+      WaitUntil([&] { return hs_list_adoptable(next.get(), dead, ids, left, 4, &count) == HS_OK && count == 2; }));
+  ASSERT_EQ(count, 2u);
+  EXPECT_EQ(ids[0], 1u);
+  EXPECT_GT(left[0], 100.0);
+  EXPECT_LE(left[0], 500.0);
+  EXPECT_EQ(ids[1], 3u);
+  EXPECT_LE(left[1], 100.0);
+  ::unlink(path.c_str());
+  ::rmdir(dir);
+}
+
 TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
   char dir[] = "/tmp/hisparse-cfg-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);

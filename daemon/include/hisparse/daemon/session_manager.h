@@ -159,6 +159,9 @@ class SessionManager {
                  bool evict_on_pool_full);
   // The node-wide host slot-arena budget, live; sessions already open keep their arenas.
   void SetHostArenaBudget(uint64_t bytes);
+  // durability.max_lease_seconds, live (SIGHUP): bounds later SetLease and admissions; leases
+  // already granted keep their deadline. 0 turns durable requests off for what comes next.
+  void SetMaxLeaseSeconds(uint32_t seconds) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Accounting invariants, exact: the pool's and the ledger's own; pool used pages == the
   // ledger's == the distinct pages of every request; each page's reference count == the requests
