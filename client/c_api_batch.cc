@@ -32,12 +32,18 @@ const char* BatchArgsError(hs_session* s, size_t n, const uint64_t* ids, const h
   return nullptr;
 }
 
-// A C caller may pass any int as a mode: read it as one (a load of an out-of-range enum is
-// undefined). False for neither mode.
-bool ReadMode(hs_batch_mode mode, bool* all_or_nothing) {
+// A C caller may pass any int as a mode, and a load of an out-of-range enum is undefined (UBSan
+// stops there): each entry point copies the parameter's bytes into an int first (ModeOf(&mode))
+// and never reads `mode` itself again, not even to pass it on.
+int ModeOf(const hs_batch_mode* mode) {
   int value = 0;
-  static_assert(sizeof value == sizeof mode, "hs_batch_mode is an int");
-  std::memcpy(&value, &mode, sizeof value);
+  static_assert(sizeof value == sizeof *mode, "hs_batch_mode is an int");
+  std::memcpy(&value, mode, sizeof value);
+  return value;
+}
+
+// False for neither mode.
+bool ReadMode(int value, bool* all_or_nothing) {
   *all_or_nothing = value == HS_BATCH_ALL_OR_NOTHING;
   return value == HS_BATCH_ALL_OR_NOTHING || value == HS_BATCH_PER_ITEM;
 }
@@ -53,7 +59,7 @@ hs_result FailedBatch(int failed_item, const absl::Status& failed) {
 
 // hs_admit_batch and hs_admit_import_batch.
 hs_result AdmitBatchItems(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
-                          const uint32_t* token_budgets, hs_batch_mode mode, bool begin_import, hs_result* out_results,
+                          const uint32_t* token_budgets, int mode, bool begin_import, hs_result* out_results,
                           uint32_t* out_rows, uint32_t* out_capacity_tokens) {
   return Guard([&] {
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
@@ -103,23 +109,24 @@ extern "C" {
 hs_result hs_admit_batch(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
                          const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results, uint32_t* out_rows,
                          uint32_t* out_capacity_tokens) {
-  return AdmitBatchItems(s, n, request_ids, context_tokens, token_budgets, mode, /*begin_import=*/false, out_results,
-                         out_rows, out_capacity_tokens);
+  return AdmitBatchItems(s, n, request_ids, context_tokens, token_budgets, ModeOf(&mode), /*begin_import=*/false,
+                         out_results, out_rows, out_capacity_tokens);
 }
 
 // Since ABI 1.8: batched park, resume and import.
 hs_result hs_admit_import_batch(hs_session* s, size_t n, const uint64_t* request_ids, const uint32_t* context_tokens,
                                 const uint32_t* token_budgets, hs_batch_mode mode, hs_result* out_results) {
-  return AdmitBatchItems(s, n, request_ids, context_tokens, token_budgets, mode, /*begin_import=*/true, out_results,
-                         nullptr, nullptr);
+  return AdmitBatchItems(s, n, request_ids, context_tokens, token_budgets, ModeOf(&mode), /*begin_import=*/true,
+                         out_results, nullptr, nullptr);
 }
 
 hs_result hs_park_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs_batch_mode mode,
                         hs_result* out_results) {
+  const int mode_value = ModeOf(&mode);
   return Guard([&] {
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
     bool all_or_nothing = false;
-    if (!ReadMode(mode, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
+    if (!ReadMode(mode_value, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
     auto parked = s->impl->ParkBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
     if (!parked.ok()) return ToResult(parked.status());
     return BatchOutcome(parked->items, parked->failed_item, out_results);
@@ -128,10 +135,11 @@ hs_result hs_park_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs
 
 hs_result hs_resume_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs_batch_mode mode,
                           hs_result* out_results, uint32_t* out_rows, uint32_t* out_capacity_tokens) {
+  const int mode_value = ModeOf(&mode);
   return Guard([&] {
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
     bool all_or_nothing = false;
-    if (!ReadMode(mode, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
+    if (!ReadMode(mode_value, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
     auto resumed = s->impl->ResumeBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
     if (!resumed.ok()) return ToResult(resumed.status());
     for (size_t i = 0; i < n; ++i) {
