@@ -576,16 +576,22 @@ def test_speculative_rows_resolve_as_a_union_and_rejected_drafts_are_rewritten(v
 
 # ---- the connector's lifecycle ----
 
-def test_metadata_round_trip_and_batched_admission(engine):
-    e = engine
-    calls = {"admit": 0, "admit_batch": 0, "release": 0, "release_batch": 0}
-    for name in calls:
-        orig = getattr(e.session, name)
+def count_calls(session, *names):
+    """Wraps the session's methods `names` so that each call is counted: {name: calls so far}."""
+    calls = {name: 0 for name in names}
+    for name in names:
+        orig = getattr(session, name)
 
         def spy(*a, _orig=orig, _name=name, **kw):
             calls[_name] += 1
             return _orig(*a, **kw)
-        setattr(e.session, name, spy)
+        setattr(session, name, spy)
+    return calls
+
+
+def test_metadata_round_trip_and_batched_admission(engine):
+    e = engine
+    calls = count_calls(e.session, "admit", "admit_batch", "release", "release_batch")
     reqs = [Request(f"b{i}", seed=30 + i, prompt_len=10 + 3 * i) for i in range(8)]
     for r in reqs:
         e.add(r)
@@ -652,14 +658,7 @@ def test_preempting_several_in_one_step_parks_and_resumes_in_one_call_each(engin
     """Three preemptions in one step: one park_batch, no single park; their rescheduling in one
     step: one resume_batch, no single resume; each resumed row reads its host copy again."""
     e = engine
-    calls = {"park": 0, "park_batch": 0, "resume": 0, "resume_batch": 0}
-    for name in calls:
-        orig = getattr(e.session, name)
-
-        def spy(*a, _orig=orig, _name=name, **kw):
-            calls[_name] += 1
-            return _orig(*a, **kw)
-        setattr(e.session, name, spy)
+    calls = count_calls(e.session, "park", "park_batch", "resume", "resume_batch")
     reqs = [Request(f"m{i}", seed=70 + i, prompt_len=12 + 4 * i) for i in range(4)]
     prefill(e, *reqs)
     e.step({r.request_id: [0, 1, 2, r.num_prompt_tokens - 1] for r in reqs})
