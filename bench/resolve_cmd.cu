@@ -19,7 +19,9 @@
 // L2 is scrubbed with a 128 MiB memset (so tables come from HBM, as in serving), a ~20 us GPU
 // spin kernel runs so that the host launch overhead is hidden as in a CUDA graph, then CUDA events
 // bracket the one RESOLVE launch. Median and min over --runs; the no-IO variant (flag NoFetch:
-// same planning, no bytes moved) is timed the same way. --fetch-order runs every point once per
+// same planning, no bytes moved) is timed the same way, and so is an empty kernel of RESOLVE's
+// launch shape (LaunchResolveShapeOnly: same grid, block and shared memory), the launch floor
+// that no planning goes below ("launch_floor_us"). --fetch-order runs every point once per
 // order of the miss copies (ResolveLaunchConfig::address_order; address, the default, or
 // selection), each launch with the figures PrepareResolveLaunch asked for once per point.
 #include <cuda_runtime.h>
@@ -371,9 +373,10 @@ int ResolveMain(int argc, char** argv) {
                 d.out_slots = in.d_out;
                 d.error_flags = in.d_err;
 
-                double med[2] = {0, 0}, mn[2] = {0, 0};
-                for (int variant = 0; variant < 2; ++variant) {
-                  d.flags = variant == 0 ? 0u : static_cast<uint32_t>(kResolveFlagNoFetch);
+                // Variants: 0 RESOLVE, 1 no-IO, 2 the launch shape alone.
+                double med[3] = {0, 0, 0}, mn[3] = {0, 0, 0};
+                for (int variant = 0; variant < 3; ++variant) {
+                  d.flags = variant == 1 ? static_cast<uint32_t>(kResolveFlagNoFetch) : 0u;
                   std::vector<float> times;
                   times.reserve(o.runs);
                   for (int run = 0; run < o.runs + 5; ++run) {
@@ -381,7 +384,11 @@ int ResolveMain(int argc, char** argv) {
                     if (o.scrub_l2) scrub.Scrub(run, st);
                     LaunchSpin(st, spin);
                     BENCH_CUDA(cudaEventRecord(ev0, st));
-                    BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
+                    if (variant < 2) {
+                      BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
+                    } else {
+                      BENCH_CUDA(LaunchResolveShapeOnly(config, batch, st));
+                    }
                     BENCH_CUDA(cudaEventRecord(ev1, st));
                     BENCH_CUDA(cudaEventSynchronize(ev1));
                     float ms = 0;
@@ -413,13 +420,14 @@ int ResolveMain(int argc, char** argv) {
                     "bytes\":"
                     "%zu,"
                     "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
-                    "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"link_gbps\":%.2f,\"bound_us\":%.2f,"
+                    "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"link_gbps\":%.2f,"
+                    "\"bound_us\":%.2f,"
                     "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"check\":\"%s\"}\n",
                     batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                     pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
                     v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
                     layout == HostLayout::kContiguous ? 0u : t.records_per_page, pool.bytes, med[0], mn[0],
-                    miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], link, bound,
+                    miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], link, bound,
                     med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
                     ok ? "ok" : "FAILED");

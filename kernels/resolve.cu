@@ -996,19 +996,25 @@ bool PreparedFor(const ResolveLaunchConfig& c, int device, const ArenaGeometry& 
 
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
 // so planners are capped at the device's capacity for this kernel and loop over rows; helpers
-// fill what capacity is left, one per SM at most.
-void LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
+// fill what capacity is left, one per SM at most. Returns the grid; *planners gets the row blocks.
+int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
   const int sms = c.sms;
   const int capacity = c.blocks_per_sm * sms;
-  const int planners = p.d.max_batch < capacity ? p.d.max_batch : capacity;
-  int helpers = capacity - planners;
+  *planners = max_batch < capacity ? max_batch : capacity;
+  int helpers = capacity - *planners;
   if (helpers > sms) helpers = sms;
   if (helpers > kMaxHelperBlocks) helpers = kMaxHelperBlocks;
-  const int grid = planners + helpers;
-  p.planner_blocks = planners;
+  return *planners + helpers;
+}
+
+void LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
+  const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks);
   p.end_count = grid * kWarps - 1;
   ResolveKernelFor(p.d.arena.geometry.record_bytes)<<<grid, kThreads, c.smem, stream>>>(p);
 }
+
+// LaunchResolveShapeOnly's kernel: nothing but the launch.
+__global__ void __launch_bounds__(kThreads, 1) ShapeOnlyKernel() {}
 
 // ---------------------------------------------------------------------------------------------
 // Replay of a miss plan into a layer that shares the anchor's selection (ReplayDesc). No planning.
@@ -1208,6 +1214,20 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.address_order = config.address_order && d.max_batch >= kAddressOrderMinBatch;
 
   LaunchResolveGrid(p, *c, stream);
+  return internal::CheckLaunched();
+}
+
+cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_batch, cudaStream_t stream) {
+  if (config.device < 0 || config.draft_tokens != 0 || config.blocks_per_sm < 1 || max_batch < 1) {
+    return internal::FailLaunch("LaunchResolveShapeOnly: a prepared single-query config and max_batch >= 1");
+  }
+  cudaError_t e = cudaFuncSetAttribute(ShapeOnlyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, config.smem_optin);
+  if (e != cudaSuccess) {
+    internal::SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  int planners = 0;
+  ShapeOnlyKernel<<<GridBlocks(config, max_batch, &planners), kThreads, config.smem, stream>>>();
   return internal::CheckLaunched();
 }
 

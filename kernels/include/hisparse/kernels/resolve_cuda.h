@@ -93,6 +93,12 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
                           const ResolveLaunchConfig& config, cudaStream_t stream);
 
+// For benchmarks: an empty kernel with the launch shape of a single-query RESOLVE of max_batch
+// entries (the same grid, block size and dynamic shared memory; `config` prepared for the current
+// device by PrepareResolveLaunch). Timed like RESOLVE, it is the floor no planning can go below:
+// what the launch itself costs.
+cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_batch, cudaStream_t stream);
+
 // Exact layer-wise prefetch (ReplayDesc): copies the anchor's recorded misses into `layer`'s
 // slots and makes its tables the anchor's. Meant for a side stream that waits on an event recorded
 // after the anchor's RESOLVE, so the copies overlap the anchor's and the next layers' compute.
