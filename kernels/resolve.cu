@@ -11,7 +11,8 @@
 //     short chain of block-wide steps, one barrier each, because planning latency is the floor of
 //     every launch:
 //       0. StageRow: the selections, the row's slot table and LRU order are staged into shared
-//          memory with every load in flight at once;
+//          memory with every load in flight at once, in three cp.async groups: step 1 waits
+//          only for the selections, step 2 for the slot table, step 3 for the LRU order;
 //       1. InsertSelections: the k selected positions go into an open-addressing hash table of
 //          64-bit entries (position | selection index << 32, one atomicCAS), which also finds
 //          duplicates;
@@ -38,9 +39,11 @@
 //     the rest into a work queue in the workspace (one atomic reserves the entries and counts the
 //     row as published); every warp of the grid pulls chunks from the queue and copies them with
 //     16-byte non-coherent loads from mapped host memory and 16-byte stores. The warp that
-//     publishes the last row writes one END entry for every other warp of the grid and takes
-//     none itself, so every other warp waits only on its own queue entry and the queue drains
-//     exactly.
+//     publishes the last row writes one END entry for every warp of the grid, so every warp
+//     waits only on its own queue entry and the queue drains exactly. A warp's first entry is
+//     fixed (warp w of W takes entry W - 1 - w: the helpers, which start idle, take the first
+//     chunks); only its later ones come from the take counter (entries W, W + 1, ...), so the
+//     ~2,000 warps that end planning together do not all queue on one atomic.
 //   * The workspace resets itself: consumers clear the entries they take, the last planner zeroes
 //     the publish counter and the warp that takes the very last entry the take counter. Graph
 //     replays need nothing in between.
@@ -144,7 +147,7 @@ struct ResolveParams {
   unsigned long long* queue;  // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
   int chunk_records;
-  int end_count;       // END entries a launch writes: one per warp of the grid but one
+  int end_count;       // END entries a launch writes: one per warp of the grid (W)
   int planner_blocks;  // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
   int seg_k, seg_b;    // selections / LRU entries per warp segment (multiples of 32)
   bool address_order;  // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
@@ -267,6 +270,12 @@ __device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's most recently committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWaitGroup() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 // Block-wide asynchronous copy of n ints from global to shared memory (all loads in flight at
 // once; completes at CpAsyncWaitAll).
@@ -431,23 +440,31 @@ struct RowTotals {
 };
 
 // Step 0, staging. Everything the plan reads goes into shared memory with all loads in flight
-// at once: the selections first (they need no row), then the row's slot table and LRU order;
-// the hash table, hit flags and misc are cleared. Invalid input: a layer or row outside its
-// range, or seq_len outside [1, the row's capacity], is the row's error.
+// at once, in three cp.async groups that later steps wait for one by one: the selections (they
+// need no row; step 1 reads them), the row's slot table (step 2, so it lands while step 1
+// inserts) and its LRU order (step 3, so it lands while steps 1 and 2 run); the hash table, hit
+// flags and misc are cleared. Returns after the selections have landed. Every thread commits
+// the three groups, empty ones for a bad row, so that the waits count alike. Invalid input: a
+// layer or row outside its range, or seq_len outside [1, the row's capacity], is the row's error.
 __device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int seq) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
   const int B = c.B, K = c.K, tid = c.tid;
   StageInts(c.sel_pos, d.positions + static_cast<size_t>(i) * K, K);
+  CpAsyncCommit();
   uint32_t err = 0;
   int cap = 0;
   if (d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) {
     err = kResolveBadRow;
+    CpAsyncCommit();
+    CpAsyncCommit();
   } else {
     cap = d.host.capacity[row];
     const size_t rl = d.arena.RowLayer(row, d.layer);
     StageInts(c.tab_sp, d.arena.slot_pos + rl * B, B);
+    CpAsyncCommit();
     StageInts(c.tab_lru, d.arena.lru + rl * B, B);
+    CpAsyncCommit();
   }
   {
     uint4* t4 = reinterpret_cast<uint4*>(c.table);
@@ -458,7 +475,7 @@ __device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanC
   }
   if (tid < 16) c.misc[tid] = 0;
   if (err == 0 && (seq < 1 || seq > cap)) err = kResolveBadSeqLen;
-  CpAsyncWaitAll();
+  CpAsyncWaitGroup<2>();  // the selections
   __syncthreads();
   return err;
 }
@@ -517,6 +534,7 @@ __device__ __forceinline__ uint32_t InsertSelections(const PlanCtx& c, int seq, 
       }
     }
   }
+  CpAsyncWaitGroup<1>();  // the slot table, for step 2 (visible after the barrier)
   __syncthreads();
   return static_cast<uint32_t>(c.misc[0]);
 }
@@ -555,6 +573,7 @@ __device__ __forceinline__ void FindHits(const PlanCtx& c, int newest) {
       }
     }
   }
+  CpAsyncWaitGroup<0>();  // the LRU order, for step 3 (visible after the barrier)
   __syncthreads();
 }
 
@@ -794,14 +813,13 @@ __device__ __forceinline__ void PadEntries(const ResolveParams& p, int b, int ba
 // Step 6 (rule 2's copy, spread over the grid): publishes the row's nq queue chunks, those after
 // its ndirect own ones. One atomic reserves the queue entries and counts the row as published;
 // the entries are written after it (a consumer that takes one of them waits for it, and the END
-// entries lie past every reservation, so the order does not matter). Returns true in warp 0 of
-// the block that published the launch's last row: that warp also wrote the END entries.
-__device__ __forceinline__ bool PublishChunks(const ResolveParams& p, const PlanCtx& c, int i, int batch, int M,
+// entries lie past every reservation, so the order does not matter). Warp 0 of the block that
+// publishes the launch's last row also writes the END entries.
+__device__ __forceinline__ void PublishChunks(const ResolveParams& p, const PlanCtx& c, int i, int batch, int M,
                                               int ndirect, int nq) {
   const int rw = p.chunk_records;
   const int lane = c.lane;
   if (nq > 0) __syncthreads();  // every thread's plan entries are written
-  bool wrote_ends = false;
   if (c.warp == 0) {
     unsigned long long old = 0;
     if (lane == 0) {
@@ -815,7 +833,7 @@ __device__ __forceinline__ bool PublishChunks(const ResolveParams& p, const Plan
     }
     old = __shfl_sync(~0u, old, 0);
     const unsigned qbase = static_cast<unsigned>(old);
-    wrote_ends = static_cast<unsigned>(old >> 32) == static_cast<unsigned>(batch - 1);
+    const bool last = static_cast<unsigned>(old >> 32) == static_cast<unsigned>(batch - 1);
     if (nq > 0) {
       // Orders the block's plan writes (through the barrier above) before the entries:
       // consumers read them with ld.acquire.
@@ -828,9 +846,8 @@ __device__ __forceinline__ bool PublishChunks(const ResolveParams& p, const Plan
         StRelaxed(&p.queue[qbase + ch], e);
       }
     }
-    if (wrote_ends) WriteEnds(p, qbase + static_cast<unsigned>(nq));
+    if (last) WriteEnds(p, qbase + static_cast<unsigned>(nq));
   }
-  return wrote_ends;
 }
 
 // Step 6, the block's own share (rule 2's copy): warp w < ndirect copies the row's chunk w, whose
@@ -856,10 +873,8 @@ __device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const Plan
 }
 
 // Plans batch entry i (a row block), publishes its fetch work and copies its first chunks.
-// Returns true in warp 0 of the block that published the launch's last row: that warp wrote the
-// END entries and must not take one.
 template <int UPR>
-__device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first, unsigned char* smem) {
+__device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int seq, bool first, unsigned char* smem) {
   const ResolveDesc& d = p.d;
   const PlanCtx c = MakePlanCtx(p, smem);
   if (!first) __syncthreads();  // shared memory of the previous row of this block is free
@@ -878,6 +893,7 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     PlaceVictims(c, w, t, d.arena.lru + rl * c.B);
     __syncthreads();
   } else {
+    CpAsyncWaitAll();  // tables still in flight must land before shared memory is reused
     RejectRow(p, c, i, row, out, pt, err);
   }
   const int M = t.M;
@@ -899,22 +915,25 @@ __device__ bool PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     WriteOutputs(p, c, i, row, out, pt, d.arena.slot_pos + rl * c.B, M, ordered);
     if (c.tid == 0) CountRow(p, c, i, row, t);
   }
-  const bool wrote_ends = PublishChunks(p, c, i, batch, M, ndirect, nch - ndirect);
+  PublishChunks(p, c, i, batch, M, ndirect, nch - ndirect);
   CopyOwnChunks<UPR>(p, c, row, M, ndirect, fetch_pos, fetch_slot);
-  return wrote_ends;
 }
 
-// Every warp but the one that wrote the ENDs: take queue entries until its END.
+// Every warp: take queue entries until its END. The first entry is this warp's fixed one (W - 1 -
+// its index in the grid); the later ones are W + the take counter.
 template <int UPR>
 __device__ void Consume(const ResolveParams& p) {
   const ResolveDesc& d = p.d;
   const int lane = threadIdx.x & 31;
   const int K = d.arena.geometry.k;
   const uint32_t rb = d.arena.geometry.record_bytes;
+  const unsigned warps = static_cast<unsigned>(p.end_count);
+  bool first = true;
   for (;;) {
     unsigned long long e = 0;
     if (lane == 0) {
-      const unsigned h = atomicAdd(&p.hdr->qhead, 1u);
+      const unsigned h =
+          first ? warps - 1u - (blockIdx.x * kWarps + (threadIdx.x >> 5)) : warps + atomicAdd(&p.hdr->qhead, 1u);
       unsigned long long* q = &p.queue[h];
       unsigned ns = 32;
       while ((e = LdAcquire(q)) == 0) {
@@ -922,13 +941,14 @@ __device__ void Consume(const ResolveParams& p) {
         if (ns < 256) ns <<= 1;
       }
       *reinterpret_cast<volatile unsigned long long*>(q) = 0;
-      if (static_cast<unsigned>(e) == kEndTag &&
-          h == static_cast<unsigned>(e >> 32) + static_cast<unsigned>(p.end_count) - 1u) {
-        // The last index of this launch: every other take is done (it returned a smaller
-        // index). Reset the take counter (the last planner reset pub).
+      if (!first && static_cast<unsigned>(e) == kEndTag && h == static_cast<unsigned>(e >> 32) + warps - 1u) {
+        // The last index of this launch, taken from the counter: every other take from it is
+        // done (it returned a smaller index). Reset the take counter (the last planner reset
+        // pub). Without chunks the last index is a fixed one and the counter was never taken.
         *reinterpret_cast<volatile unsigned*>(&p.hdr->qhead) = 0;
       }
     }
+    first = false;
     __syncwarp();
     e = __shfl_sync(~0u, e, 0);
     if (static_cast<unsigned>(e) == kEndTag) break;
@@ -963,7 +983,6 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
   int batch = *p.d.batch_size;
   if (batch < 0) batch = 0;
   if (batch > p.d.max_batch) batch = p.d.max_batch;
-  bool wrote_ends = false;  // warp-uniform
   if (b == 0 && threadIdx.x == 0 && p.d.plan.summary) *p.d.plan.batch = batch;
   if (b < p.planner_blocks) {
     for (int i = b; i < batch; i += p.planner_blocks) {
@@ -971,15 +990,12 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
         row = p.d.rows[i];
         seq = p.d.seq_lens[i];
       }
-      wrote_ends |= PlanRow<UPR>(p, i, batch, row, seq, i == b, smem);
+      PlanRow<UPR>(p, i, batch, row, seq, i == b, smem);
     }
     PadEntries(p, b, batch);
   }
-  if (batch == 0 && b == 0 && threadIdx.x < 32) {
-    WriteEnds(p, 0u);
-    wrote_ends = true;
-  }
-  if (!wrote_ends) Consume<UPR>(p);
+  if (batch == 0 && b == 0 && threadIdx.x < 32) WriteEnds(p, 0u);
+  Consume<UPR>(p);
 }
 
 // The RESOLVE kernel for a record size (its 16-byte units per record, 0: any size).
@@ -1009,7 +1025,7 @@ int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
 
 void LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
   const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks);
-  p.end_count = grid * kWarps - 1;
+  p.end_count = grid * kWarps;
   ResolveKernelFor(p.d.arena.geometry.record_bytes)<<<grid, kThreads, c.smem, stream>>>(p);
 }
 
