@@ -110,7 +110,8 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps <= 32, "segment totals are summed by one warp reduction");
-constexpr int kIlp = 4;                    // hash inserts / lookups one thread keeps in flight
+constexpr int kIlp = 4;                    // hash inserts one thread keeps in flight
+constexpr int kIlpLookup = 8;              // hash lookups one thread keeps in flight
 constexpr int kMaxHelperBlocks = 1024;     // workspace is sized for up to this many helpers
 constexpr int kChunkUnits = 32 * 8;        // 16-byte units one warp moves per round (4 KiB)
 constexpr int kMaxChunkRecords = 32;       // a chunk's records are held one per lane
@@ -202,9 +203,16 @@ int WsCapacity(const ArenaGeometry& g, size_t bytes) {
   return lo;
 }
 
-int HashBits(int k) {
+// The hash table's size: at least 2k entries (load factor <= 1/2), or at least 4k (<= 1/4) where
+// that still fits the device's shared memory (HashBitsFor, below). Selected positions are
+// scattered over the context in serving, and linear probing's chains grow fast with the load: at
+// 1/2 a warp's slowest lane walks ~12 entries in the slot-table lookups, at 1/4 ~5 (a model of
+// random positions; consecutive ones, the default sweep's, hash without collisions at either
+// load). Measured on the H200 with the draft benchmark's scattered positions, the 1/4 table and
+// the interleaved probes below took planning at B 4096 from 20.6 to 13.9 us (bench/RESULTS.md).
+int HashBits(int k, bool roomy) {
   int bits = 6;
-  while ((1 << bits) < 2 * k) ++bits;
+  while ((1 << bits) < (roomy ? 4 : 2) * k) ++bits;
   return bits;
 }
 
@@ -221,9 +229,9 @@ struct SmemLayout {
 
 // [hash table] [hit flags] [slot_pos copy] [LRU copy] [selections] [outputs] [victim slots]
 // [miss positions] [ballot masks] [segment totals] [misc]
-SmemLayout ComputeSmem(const ArenaGeometry& g) {
+SmemLayout ComputeSmem(const ArenaGeometry& g, int hash_bits) {
   SmemLayout s{};
-  size_t o = (size_t{1} << HashBits(g.k)) * 8;
+  size_t o = (size_t{1} << hash_bits) * 8;
   auto take = [&](size_t bytes) {
     const size_t at = o;
     o = AlignUp(o + bytes, 16);
@@ -242,6 +250,12 @@ SmemLayout ComputeSmem(const ArenaGeometry& g) {
   s.off_misc = take(16 * 4);
   s.total = static_cast<unsigned>(o);
   return s;
+}
+
+// The roomy table where the row block's shared memory then fits `smem_optin`, else the plain one.
+int HashBitsFor(const ArenaGeometry& g, int smem_optin) {
+  const int roomy = HashBits(g.k, true);
+  return ComputeSmem(g, roomy).total <= static_cast<unsigned>(smem_optin) ? roomy : HashBits(g.k, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -520,17 +534,25 @@ __device__ __forceinline__ uint32_t InsertSelections(const PlanCtx& c, int seq, 
         c.sel_out[j] = o;
       }
     }
+    // Collisions: every insert still pending probes one entry further per round, the rounds'
+    // CASes all in flight together (the warp waits for its longest chain, not for the sum of
+    // its items' chains).
+    bool pending = true;
+    while (pending) {
+      pending = false;
 #pragma unroll
-    for (int t = 0; t < kIlp; ++t) {
-      while (old[t] != kEmptyEntry) {
+      for (int t = 0; t < kIlp; ++t) {
+        if (old[t] == kEmptyEntry) continue;
         if (static_cast<int>(static_cast<unsigned>(old[t])) == pj[t]) {
           atomicOr(reinterpret_cast<unsigned*>(&c.misc[0]), kResolveDuplicate);
-          break;
+          old[t] = kEmptyEntry;
+          continue;
         }
         h[t] = (h[t] + 1) & c.hmask;
         const int j = base + t * kThreads + tid;
         old[t] = atomicCAS(&c.table[h[t]], kEmptyEntry,
                            static_cast<unsigned>(pj[t]) | (static_cast<unsigned long long>(j) << 32));
+        pending = true;
       }
     }
   }
@@ -540,36 +562,43 @@ __device__ __forceinline__ uint32_t InsertSelections(const PlanCtx& c, int seq, 
 }
 
 // Step 2, rule 1: a selected position resident in a slot is a hit. Every resident position is
-// looked up once (kIlp lookups in flight per thread); a hit sets its selection's output to the
+// looked up once (kIlpLookup lookups in flight per thread); a hit sets its selection's output to the
 // slot and flags the slot. A regular slot that holds the newest token is left alone.
 __device__ __forceinline__ void FindHits(const PlanCtx& c, int newest) {
   const int B = c.B, tid = c.tid;
-  for (int base = 0; base < B; base += kIlp * kThreads) {
-    int ps[kIlp];
-    unsigned h[kIlp];
-    unsigned long long e[kIlp];
+  for (int base = 0; base < B; base += kIlpLookup * kThreads) {
+    int ps[kIlpLookup];
+    unsigned h[kIlpLookup];
+    unsigned long long e[kIlpLookup];
 #pragma unroll
-    for (int t = 0; t < kIlp; ++t) {
+    for (int t = 0; t < kIlpLookup; ++t) {
       const int s = base + t * kThreads + tid;
       ps[t] = s < B ? c.tab_sp[s] : kEmptySlot;
       if (ps[t] == newest) ps[t] = kEmptySlot;
     }
 #pragma unroll
-    for (int t = 0; t < kIlp; ++t) {
+    for (int t = 0; t < kIlpLookup; ++t) {
       h[t] = HashOf(ps[t], c.bits);
       e[t] = ps[t] >= 0 ? c.table[h[t]] : kEmptyEntry;
     }
+    // Probe chains advance one entry per round for every pending lookup together, as in
+    // InsertSelections.
+    bool pending = true;
+    while (pending) {
+      pending = false;
 #pragma unroll
-    for (int t = 0; t < kIlp; ++t) {
-      while (e[t] != kEmptyEntry) {
+      for (int t = 0; t < kIlpLookup; ++t) {
+        if (e[t] == kEmptyEntry) continue;
         if (static_cast<int>(static_cast<unsigned>(e[t])) == ps[t]) {
           const int s = base + t * kThreads + tid;
           c.sel_out[static_cast<int>(e[t] >> 32)] = s;
           c.hit[s] = 1;
-          break;
+          e[t] = kEmptyEntry;
+          continue;
         }
         h[t] = (h[t] + 1) & c.hmask;
         e[t] = c.table[h[t]];
+        pending = true;
       }
     }
   }
@@ -1135,7 +1164,7 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
     internal::SetLaunchError("");
     return cudaSuccess;
   }
-  const SmemLayout sm = ComputeSmem(g);
+  const SmemLayout sm = ComputeSmem(g, HashBitsFor(g, c.smem_optin));
   if (sm.total > static_cast<unsigned>(c.smem_optin)) {
     std::snprintf(buf, sizeof buf,
                   "unsupported geometry: k=%d, B=%d needs %u bytes of shared memory per row "
@@ -1206,14 +1235,15 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     return internal::FailLaunch(buf);
   }
   const WsLayout ws = ComputeWsLayout(g, capacity);
-  const SmemLayout sm = ComputeSmem(g);
+  const int hash_bits = HashBitsFor(g, c->smem_optin);
+  const SmemLayout sm = ComputeSmem(g, hash_bits);
   ResolveParams p{};
   p.d = d;
   uint8_t* base = static_cast<uint8_t*>(workspace);
   p.hdr = reinterpret_cast<WsHeader*>(base);
   p.plan = reinterpret_cast<int2*>(base + ws.plan);
   p.queue = reinterpret_cast<unsigned long long*>(base + ws.queue);
-  p.hash_bits = HashBits(g.k);
+  p.hash_bits = hash_bits;
   p.chunk_records = ChunkRecords(g.record_bytes);
   p.off_hit = sm.off_hit;
   p.off_tab_sp = sm.off_tab_sp;

@@ -630,7 +630,10 @@ INSTANTIATE_TEST_SUITE_P(Sweep, ResolveRandom,
                                            Config{2048, 4096, 656, 16, 120}, Config{2048, 8192, 1152, 8, 80},
                                            Config{2048, 4096, 512, 4, 60},
                                            // max_batch >= 64: the fetch in address order (step 5a)
-                                           Config{2048, 4096, 656, 64, 30}),
+                                           Config{2048, 4096, 656, 64, 30},
+                                           // B 16384: the hash table of 4k entries does not fit beside
+                                           // the tables, so the planner falls back to 2k (HashBitsFor)
+                                           Config{2048, 16384, 656, 2, 12}),
                          [](const ::testing::TestParamInfo<Config>& i) { return Name(i.param); });
 
 // A layer outside [0, num_layers) rejects every active row as kResolveBadRow, like the reference.
