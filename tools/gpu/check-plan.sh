@@ -26,13 +26,8 @@ export HISPARSE_DAEMON_BIN="$B/bin/hisparsed" HISPARSE_LIB="$B/bin/libhisparse.s
 PY=${PY:-python3}
 S="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$S" 2>&1
-step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its exit status
-  local limit=$1 name=$2 t=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@"
-  local rc=$?
-  echo "$name: rc=$rc in $((SECONDS - t)) s" | tee -a "$S"
-}
+# shellcheck source=tools/gpu/plan-lib.sh
+source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
 BL="$OUT/bench.log"
 step 60 link "$B/bin/hisparse-bench" resolve --batch 1 --slots 4096 --k 2048 --record-bytes 1152 --miss 0.2 \
   --runs 20 > "$BL" 2>&1

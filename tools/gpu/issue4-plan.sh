@@ -16,13 +16,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 free -g >> "$OUT/gpu.txt"
 S="$OUT/summary.txt"
 : > "$S"
-step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its exit status
-  local limit=$1 name=$2 t=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@"
-  local rc=$?
-  echo "$name: rc=$rc in $((SECONDS - t)) s" | tee -a "$S"
-}
+# shellcheck source=tools/gpu/plan-lib.sh
+source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
 
 # 1. The two-process test: every case under gpu.arena_export auto (VMM) and forced cuda_ipc,
 #    RESOLVE vs the reference, kill -9 x20 with GPU memory back to baseline, two engines, isolation.

@@ -22,12 +22,8 @@ R=$(mktemp -d)
 export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 S="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$S" 2>&1
-step() {  # step LIMIT_S NAME CMD...: runs CMD under a time limit and notes its exit status
-  local limit=$1 name=$2 t=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@"
-  echo "$name: rc=$? in $((SECONDS - t)) s" | tee -a "$S"
-}
+# shellcheck source=tools/gpu/plan-lib.sh
+source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
 T="$OUT/tests.log"
 : > "$T"
 for t in ${TESTS:-gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_resolve_multi_test}; do

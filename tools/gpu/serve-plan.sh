@@ -16,12 +16,8 @@ PY=${PY:-python3}
 S="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u
   $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$S" 2>&1
-step() {  # step LIMIT_S NAME CMD...
-  local limit=$1 name=$2 t=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@"
-  echo "$name: rc=$? in $((SECONDS - t)) s" | tee -a "$S"
-}
+# shellcheck source=tools/gpu/plan-lib.sh
+source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
 step 120 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py > "$OUT/pytest.log" 2>&1
 tail -3 "$OUT/pytest.log" >> "$S"
 step "${SERVE_LIMIT:-380}" serve "$PY" examples/engine/serve_bench.py --layers "${LAYERS:-8}" \
