@@ -3,15 +3,18 @@
 //
 // Design: one block per batch entry computes exactly what ResolveReference's PlanStep / ResolveRow
 // compute, phase by phase with a block barrier between phases, around one open-addressing table
-// of the entry's selected positions (64-bit entries: first appearance and position; the regular
-// slot). The table, the slots' hit bytes and the misses' entries live in shared memory when they
-// fit the device's opt-in limit (up to (n + 1) * k = 8192 selections at B = (n + 2) k, n = 3 at
-// k = 2048), else in the entry's scratch in the workspace; the code is the same.
-//   1. validation (row, query count, seq_len), then every list against its query's length; the
-//      lists go into the table one after another (a barrier between them), so the one CAS that
-//      places a position records its first appearance x = t * k + j (rule 8b's order); a
-//      position found placed with an x of the same list is a duplicate, and one placed by an
-//      earlier list sets the list's bit in the entry's byte, whose second setting is one;
+// of the entry's selected positions (32-bit keys; per entry the regular slot and a byte of list
+// bits). The state lives in shared memory when it fits the device's opt-in limit (n = 3 at
+// k = 2048, B = (n + 2) k fits the H200's), else in the entry's scratch in the workspace; the code
+// is the same. The selections are read from global memory once: every later phase works from the
+// table entry each selection was given.
+//   1. validation (row, query count, seq_len), then every selection of every list: checked
+//      against its query's length, placed by one atomicCAS of its position (or found placed),
+//      and its list's bit set in the entry's byte by one atomicOr, whose second setting is a
+//      duplicate. The entry goes to sel_entry[x] (x = t * k + j, the flat index). A position's
+//      first appearance (rule 8b's order) is the flat index in the lowest list whose bit is set;
+//      the lists still go in one after another, a barrier between them, because that measured
+//      faster than one pass over all of them;
 //   2. hits, found as the single-query kernel finds them: every regular slot looks its position
 //      up in the table (atomicMin keeps the smallest slot, as the reference's resident map does);
 //   3. every first appearance is classified (tail, hit: marks its slot, miss) by warps that own
@@ -19,17 +22,19 @@
 //      a second pass ranks the misses in flat-index order (U's order) from the same ballots; the
 //      counts give |U| (rule 8c), the misses M and the hits (rule 8f);
 //   4. the non-hit slots are ranked in LRU order the same way (warp segments of the LRU order,
-//      counted, summed, ranked): the i-th takes the i-th miss (its slot, slot_pos, the fetch list
-//      and the plan are written there), and the new LRU order has the closed form of resolve.cu
-//      (untouched, then victims, then hit slots), written to the scratch;
-//   5. the new LRU order copied back, outputs (a repeated position takes its first appearance's
+//      counted while the order is copied into the state, summed, ranked from the copy): the i-th
+//      takes the i-th miss (its slot, slot_pos, the fetch list and the plan are written there),
+//      and the new LRU order has the closed form of resolve.cu (untouched, then victims, then hit
+//      slots), written straight over the old one, which only the copy is read from;
+//   5. outputs from sel_entry (a repeated position shares its first appearance's entry, so its
 //      slot) and rule 9's page table, the counters.
 // The fetch is a second kernel over the whole GPU (MultiQueryFetchKernel). The first version
 // copied inside the planner, one record per warp with plain loads, and moved 0.4 GB/s for one
 // request on the H200 (bench/RESULTS.md, "Multi-query RESOLVE"); the second kept its per-
-// selection columns in global memory and ranked with per-thread serial shares and block scans,
-// planning at 2.0-3.2x a single list (the same section); this one plans with the single-query
-// kernel's warp-ballot ranks.
+// selection columns in global memory and ranked with per-thread serial shares and block scans;
+// the third ranked with warp ballots but looked every selection up again in three later phases,
+// read the LRU order from global memory twice and copied the new one back through the scratch
+// (bench/RESULTS.md, "Multi-query planner: one table lookup per selection").
 // Invalid entries and padded entries (rule 7) publish kPadding everywhere and touch nothing else.
 // The state is rebuilt by its block at the start of every launch, so graph replays need nothing
 // in between.
@@ -51,33 +56,35 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps <= 32, "warp totals are summed by one warp");
+static_assert(kMaxDraftTokens + 1 <= 8, "a table entry's list bits are one byte");
 constexpr int kNoIndex = 0x7fffffff;  // "no regular slot holds it" of the slot column
 constexpr int kNone = 0, kTailFirst = 1, kHitFirst = 2, kMissFirst = 3;
 constexpr int kLoadBatch = 8;  // global loads one thread keeps in flight in phases 1, 2 and 4
-// A table entry: the first appearance x (rule 8b) in the high word, the position in the low one;
-// all ones = empty (no valid entry has a negative position). Inserting is one atomicCAS, and for a
-// position an earlier list placed, one atomicOr of the list's bit (phase 1).
-constexpr unsigned long long kEmptyEntry = ~0ull;
+// An empty key. Only positions >= 0 are placed (padding and invalid positions never are).
+constexpr int kEmptyKey = -1;
 
-// The planner's state of one entry: in shared memory when it fits the device's opt-in limit
-// (up to n = 3 at k = 2048, B = (n + 2) k), else in the entry's scratch; the code is the same.
-//   ent        [h] the position table (open addressing, h = 2 Q k or 1.5 Q k, linear probing), entries
-//              as above;
+// The planner's state of one entry: in shared memory when it fits the device's opt-in limit, else
+// in the entry's scratch; the code is the same.
+//   key        [h] the position table (open addressing, linear probing), kEmptyKey when empty;
 //   slot       [h] the smallest regular slot holding the entry's position (as the reference's
 //              sorted resident map finds it), kNoIndex for none; after phase 4 the slot that holds
 //              it (a miss's victim);
+//   lists      [h] a byte per entry: bit t set once list t selected its position;
+//   sel_entry  [Q k] the table entry of selection x (flat index) of the q lists, -1 for padding;
 //   is_hit     [B] a byte per slot: it holds a hit of this step;
-//   lists      [h] a byte per entry, bit t set once list t > first list found it (a second time
-//              is a duplicate);
-//   rank_entry [min(Q k, B)] the table entry of miss m (U's order).
+//   rank_entry [min(Q k, B)] the table entry of miss m (U's order);
+//   lru        [B] the row's LRU order before the step (phase 4 reads it while overwriting the row's).
 struct StateLayout {
   unsigned h;
-  size_t ent, slot, lists, is_hit, rank_entry, bytes;
+  size_t key, slot, lists, sel_entry, is_hit, rank_entry, lru, bytes;
 };
 
-// The table has 2 Q k entries where the whole state then stays within kRoomyStateBytes (shared
-// memory on every device this runs on), else 1.5 Q k: a lower load factor shortens the probes.
-constexpr size_t kRoomyStateBytes = 192 << 10;
+// The table has 2 Q k entries where the whole state then stays within kRoomyStateBytes (the
+// 227 KiB H100 and H200 blocks can opt into, less 1 KiB for the static words), else 1.5 Q k,
+// else 1.25 Q k; if none fits, 1.5 Q k in the scratch. A lower load factor shortens the probes;
+// |U| of overlapping lists is well below Q k, so even 1.25 Q k runs at a low load. n = 3 at
+// k = 2048, B = (n + 2) k takes 1.5 Q k in shared memory (222 KiB).
+constexpr size_t kRoomyStateBytes = 226 << 10;
 
 StateLayout ComputeStateWith(const ArenaGeometry& g, size_t entries) {
   const size_t qk = MissPlan::EntriesPerRow(g);
@@ -89,32 +96,37 @@ StateLayout ComputeStateWith(const ArenaGeometry& g, size_t entries) {
     o = AlignUp(o + bytes, 16);
     return at;
   };
-  s.ent = take(size_t{s.h} * 8);
+  s.key = take(size_t{s.h} * 4);
   s.slot = take(size_t{s.h} * 4);
-  s.lists = take(s.h);  // h is a multiple of 64: whole 32-bit words
-  s.is_hit = take(g.slots);
+  s.lists = take(s.h);  // h is a multiple of 64: whole 32-bit words, whole 16-byte rows
+  s.sel_entry = take(qk * 4);
+  s.is_hit = take(g.slots);  // cleared in 16-byte rows: take() pads it to them
   s.rank_entry = take(std::min<size_t>(qk, g.slots) * 4);
+  s.lru = take(size_t{static_cast<uint32_t>(g.slots)} * 4);
   s.bytes = o;
   return s;
 }
 
 StateLayout ComputeState(const ArenaGeometry& g) {
   const size_t qk = MissPlan::EntriesPerRow(g);
-  const StateLayout roomy = ComputeStateWith(g, 2 * qk);
-  return roomy.bytes <= kRoomyStateBytes ? roomy : ComputeStateWith(g, qk * 3 / 2);
+  for (const size_t entries : {2 * qk, qk * 3 / 2, qk * 5 / 4}) {
+    const StateLayout s = ComputeStateWith(g, entries);
+    if (s.bytes <= kRoomyStateBytes) return s;
+  }
+  return ComputeStateWith(g, qk * 3 / 2);
 }
 
 // Byte offsets of one entry's scratch in the workspace (16-byte aligned): the state (used when
-// it does not fit in shared memory), the new LRU order, the fetch list.
+// it does not fit in shared memory), the fetch list.
 struct Scratch {
   StateLayout state;
-  size_t state_at, new_lru, fetch, fetch_count, bytes;
+  size_t state_at, fetch, fetch_count, bytes;
 };
 
 Scratch ComputeScratch(const ArenaGeometry& g) {
   Scratch s{};
   s.state = ComputeState(g);
-  const size_t qk = MissPlan::EntriesPerRow(g), b = g.slots;
+  const size_t qk = MissPlan::EntriesPerRow(g);
   size_t o = 0;
   auto take = [&](size_t bytes) {
     const size_t at = o;
@@ -122,7 +134,6 @@ Scratch ComputeScratch(const ArenaGeometry& g) {
     return at;
   };
   s.state_at = take(s.state.bytes);
-  s.new_lru = take(b * 4);
   s.fetch = take(qk * 8);
   s.fetch_count = take(4);
   s.bytes = AlignUp(o, 256);
@@ -132,44 +143,40 @@ Scratch ComputeScratch(const ArenaGeometry& g) {
 // The state over shared memory or the entry's scratch. Entries written with atomics are read
 // after a block barrier.
 struct Table {
-  unsigned long long* ent;
+  int* key;
   int* slot;
   unsigned* lists;
+  int* sel_entry;
   uint8_t* is_hit;
   int* rank_entry;
+  int* lru;
   unsigned h;
 
   __device__ __forceinline__ unsigned Home(int pos) const {
     return __umulhi(static_cast<unsigned>(pos) * 2654435761u, h);
   }
   __device__ __forceinline__ unsigned Next(unsigned e) const { return e + 1 == h ? 0 : e + 1; }
-  static __device__ __forceinline__ unsigned long long Pack(int pos, unsigned hi) {
-    return static_cast<unsigned long long>(hi) << 32 | static_cast<unsigned>(pos);
-  }
-  // Finishes the insert of `mine` (position pos) whose CAS into entry *e of an empty entry
-  // returned `cur`: probes on past other positions until it places `mine` (returns kEmptyEntry)
-  // or finds pos placed already (returns that entry's value); *e ends at its entry.
-  __device__ __forceinline__ unsigned long long FinishInsert(int pos, unsigned long long mine, unsigned* e,
-                                                             unsigned long long cur) const {
+  // Finishes the insert of pos whose CAS into entry *e returned `cur`: probes on past other
+  // positions until pos is placed or found placed; *e ends at its entry.
+  __device__ __forceinline__ void FinishInsert(int pos, unsigned* e, int cur) const {
     // Past the home entry, plain loads probe (an atomic is a round trip) and a CAS claims the
     // first empty entry; one that lost the race looks again at what the winner put there.
-    while (cur != kEmptyEntry && static_cast<int>(cur & 0xffffffffu) != pos) {
+    while (cur != kEmptyKey && cur != pos) {
       *e = Next(*e);
-      cur = ent[*e];
-      if (cur == kEmptyEntry) cur = atomicCAS(&ent[*e], kEmptyEntry, mine);
+      cur = key[*e];
+      if (cur == kEmptyKey) cur = atomicCAS(&key[*e], kEmptyKey, pos);
     }
-    return cur;
   }
   // The entry of pos, or -1.
   __device__ __forceinline__ int Find(int pos) const {
     for (unsigned e = Home(pos);; e = Next(e)) {
-      const unsigned long long v = ent[e];
-      if (static_cast<int>(v & 0xffffffffu) == pos) return static_cast<int>(e);
-      if (v == kEmptyEntry) return -1;
+      const int v = key[e];
+      if (v == pos) return static_cast<int>(e);
+      if (v == kEmptyKey) return -1;
     }
   }
-  __device__ __forceinline__ int FirstOf(int e) const { return static_cast<int>(ent[e] >> 32); }
-  __device__ __forceinline__ int PositionOf(int e) const { return static_cast<int>(ent[e] & 0xffffffffu); }
+  // The list bits of entry e.
+  __device__ __forceinline__ unsigned ListsOf(int e) const { return (lists[e >> 2] >> ((e & 3) * 8)) & 0xffu; }
 };
 
 // kPadding in every output of entry i (out_slots and the page table, whichever are asked for) and
@@ -207,18 +214,6 @@ __device__ __forceinline__ int WarpsBefore(const int* v, int warp, int lane) {
   return s;
 }
 
-// Phase 3's classification of selection pos at flat index x (kPadding past the lists): whether
-// it is its position's first appearance, and then a tail position, a hit or a miss; *e_out
-// receives its table entry (when not kNone).
-__device__ __forceinline__ int KindOf(const Table& t, int pos, int x, int tail_first, int* e_out) {
-  if (pos == kPadding) return kNone;
-  const int e = t.Find(pos);
-  *e_out = e;
-  if (t.FirstOf(e) != x) return kNone;
-  if (pos >= tail_first) return kTailFirst;
-  return t.slot[e] != kNoIndex ? kHitFirst : kMissFirst;
-}
-
 // Loads v[j] = src[base + j * stride] for j < kLoadBatch, `fill` where the index is at or past
 // `n`: every load in flight before any is used.
 __device__ __forceinline__ void LoadBatch(int (&v)[kLoadBatch], const int* src, int base, int stride, int n, int fill) {
@@ -230,9 +225,8 @@ __device__ __forceinline__ void LoadBatch(int (&v)[kLoadBatch], const int* src, 
 }
 
 // A loop's loads one batch ahead: v takes the batch loaded last, and the next one (when `more`)
-// is issued at once, so its latency passes while v is worked on. Every phase's loop reads its
-// global inputs this way (at cold L2 each batch is an HBM round trip; B = 10240 at n = 3 is three
-// batches per phase).
+// is issued at once, so its latency passes while v is worked on. Every phase that reads global
+// inputs reads them this way (at cold L2 each batch is an HBM round trip).
 __device__ __forceinline__ void Advance(int (&v)[kLoadBatch], int (&ahead)[kLoadBatch], bool more, const int* src,
                                         int base, int stride, int n, int fill) {
 #pragma unroll
@@ -265,13 +259,21 @@ struct Words {
   int warp_misses[kWarps], warp_free[kWarps];
 };
 
+// Empties the table and the hit bytes, in 16-byte rows (every column is a whole number of them).
 __device__ __forceinline__ void ClearState(const Entry& e, const StateLayout& L, Words& w) {
-  for (unsigned x = e.tid; x < L.h; x += kThreads) {
-    e.t.ent[x] = kEmptyEntry;
-    e.t.slot[x] = kNoIndex;
+  const int4 empty = make_int4(kEmptyKey, kEmptyKey, kEmptyKey, kEmptyKey);
+  const int4 none = make_int4(kNoIndex, kNoIndex, kNoIndex, kNoIndex);
+  const int4 zero = make_int4(0, 0, 0, 0);
+  int4* key = reinterpret_cast<int4*>(e.t.key);
+  int4* slot = reinterpret_cast<int4*>(e.t.slot);
+  for (unsigned x = e.tid; x < L.h / 4; x += kThreads) {
+    key[x] = empty;
+    slot[x] = none;
   }
-  for (unsigned x = e.tid; x < L.h / 4; x += kThreads) e.t.lists[x] = 0;
-  for (int s = e.tid; s < e.B; s += kThreads) e.t.is_hit[s] = 0;
+  int4* lists = reinterpret_cast<int4*>(e.t.lists);
+  for (unsigned x = e.tid; x < L.h / 16; x += kThreads) lists[x] = zero;
+  int4* is_hit = reinterpret_cast<int4*>(e.t.is_hit);
+  for (int x = e.tid; x < (e.B + 15) / 16; x += kThreads) is_hit[x] = zero;
   if (e.tid == 0) {
     w.err = 0;
     w.uni = w.hits = 0;
@@ -279,68 +281,75 @@ __device__ __forceinline__ void ClearState(const Entry& e, const StateLayout& L,
   __syncthreads();
 }
 
-// Phase 1: every list against its query's length, duplicates, first appearances. The lists go
-// in one after another, a barrier between them, so the CAS that places a position is its first
-// appearance's (x never needs a second atomic); finding the position placed already with an x of
-// the same list is a duplicate, and one placed by an earlier list is marked with the list's bit
-// (its second marking is a duplicate). Per list and thread, kLoadBatch selections are loaded,
-// then all their CASes issued, then all their bits, before any result is looked at (shared-memory
-// atomics are slow one at a time); collisions are resolved in between. Returns this thread's
-// error bits.
-__device__ __forceinline__ unsigned InsertLists(const Entry& e) {
+// Phase 1, one batch of one list: kLoadBatch selections (position v[j], index x0 + j * kThreads in
+// list `list`, valid below k) checked against the list's length (list t selects over
+// [0, P_t + 1)), placed or found in the table, the list's bit set in the entry's byte (a bit set
+// already is a duplicate in that list), the entry recorded in sel_entry[x] (-1 for padding and
+// invalid positions). All CASes are issued, then all bits, before any result is looked at
+// (shared-memory atomics are slow one at a time); collisions are resolved in between. Returns the
+// batch's error bits.
+__device__ __forceinline__ unsigned InsertBatch(const Entry& e, const int (&v)[kLoadBatch], int list, int x0) {
   const Table& t = e.t;
   unsigned err = 0;
+  const int first_x = list * e.K;
+  unsigned entry[kLoadBatch], bit[kLoadBatch];
+  int prev[kLoadBatch];
+#pragma unroll
+  for (int j = 0; j < kLoadBatch; ++j) {
+    const int jj = x0 + j * kThreads, pos = v[j];
+    bit[j] = 0;
+    if (jj >= e.K) continue;
+    if (pos < kPadding || pos >= e.tail_first + list + 1) err |= kResolveBadPosition;
+    if (pos < 0 || pos > e.tail_first + list) {
+      t.sel_entry[first_x + jj] = -1;
+      continue;
+    }
+    entry[j] = t.Home(pos);
+    bit[j] = 1u << ((entry[j] & 3) * 8 + list);  // its byte is fixed once the entry is
+    prev[j] = atomicCAS(&t.key[entry[j]], kEmptyKey, pos);
+  }
+  unsigned seen[kLoadBatch];
+#pragma unroll
+  for (int j = 0; j < kLoadBatch; ++j) {
+    if (bit[j] == 0) continue;
+    const unsigned home = entry[j];
+    t.FinishInsert(v[j], &entry[j], prev[j]);
+    if (entry[j] != home) bit[j] = 1u << ((entry[j] & 3) * 8 + list);
+    seen[j] = atomicOr(&t.lists[entry[j] >> 2], bit[j]);
+    t.sel_entry[first_x + x0 + j * kThreads] = static_cast<int>(entry[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kLoadBatch; ++j) {
+    if (bit[j] != 0 && (seen[j] & bit[j])) err |= kResolveDuplicate;
+  }
+  return err;
+}
+
+// Phase 1: every selection of the q lists, list after list with a barrier between them. The
+// order of first appearances does not need the barriers (the list bits give it), but they pay: on
+// the H200 the same order without them planned n = 3 at batch 128 in 46.7 µs against
+// 38.8 with them (bench/RESULTS.md, "Multi-query planner: one table lookup per selection").
+// The selections are read one batch ahead, across the barrier between lists, so their latency
+// overlaps the previous batch's atomics; `first` is list 0's first batch, loaded before the table
+// was cleared. Returns this thread's error bits.
+__device__ __forceinline__ unsigned InsertLists(const Entry& e, const int (&first)[kLoadBatch]) {
+  unsigned err = 0;
   constexpr int kStep = kThreads * kLoadBatch;
-  // The selections are read one batch ahead, across the barrier between lists: their latency
-  // (cold L2: HBM) then overlaps the previous batch's atomics instead of following the barrier.
   int v[kLoadBatch], ahead[kLoadBatch];
-  LoadBatch(ahead, e.sel, e.tid, kThreads, e.K, kPadding);
+#pragma unroll
+  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
   for (int list = 0; list < e.q; ++list) {
-    const int limit = e.seq - e.q + list + 1;  // list `list` selects over [0, P_t + 1)
-    const unsigned first_x = static_cast<unsigned>(list * e.K);
     for (int at = 0; at < e.K; at += kStep) {
 #pragma unroll
       for (int j = 0; j < kLoadBatch; ++j) v[j] = ahead[j];
       const bool next_list = at + kStep >= e.K;
       if (!next_list || list + 1 < e.q) {
-        LoadBatch(ahead, e.sel + (next_list ? first_x + e.K : first_x), (next_list ? 0 : at + kStep) + e.tid, kThreads,
-                  e.K, kPadding);
+        LoadBatch(ahead, e.sel + (next_list ? (list + 1) * e.K : list * e.K), (next_list ? 0 : at + kStep) + e.tid,
+                  kThreads, e.K, kPadding);
       }
-      unsigned long long mine[kLoadBatch], prev[kLoadBatch];
-      unsigned home[kLoadBatch];
-#pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
-        const int jj = at + j * kThreads + e.tid, pos = v[j];
-        mine[j] = kEmptyEntry;
-        if (jj >= e.K) continue;
-        if (pos < kPadding || pos >= limit) {
-          err |= kResolveBadPosition;
-        } else if (pos != kPadding) {
-          mine[j] = Table::Pack(pos, first_x + static_cast<unsigned>(jj));
-          home[j] = t.Home(pos);
-          prev[j] = atomicCAS(&t.ent[home[j]], kEmptyEntry, mine[j]);
-        }
-      }
-      unsigned seen[kLoadBatch], bit[kLoadBatch];
-#pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
-        seen[j] = bit[j] = 0;
-        if (mine[j] == kEmptyEntry) continue;
-        const unsigned long long found = t.FinishInsert(v[j], mine[j], &home[j], prev[j]);
-        if (found == kEmptyEntry) continue;  // placed: the first appearance
-        if (static_cast<unsigned>(found >> 32) >= first_x) {
-          err |= kResolveDuplicate;  // this list placed it
-        } else {
-          bit[j] = 1u << ((home[j] & 3) * 8 + list);
-          seen[j] = atomicOr(&t.lists[home[j] >> 2], bit[j]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
-        if (seen[j] & bit[j]) err |= kResolveDuplicate;
-      }
+      err |= InsertBatch(e, v, list, at + e.tid);
     }
-    __syncthreads();  // this list's entries are in before the next list looks
+    if (list + 1 < e.q) __syncthreads();  // this list's entries are in before the next list looks
   }
   return err;
 }
@@ -364,33 +373,36 @@ __device__ __forceinline__ void FindHits(const Entry& e, const int (&first)[kLoa
   __syncthreads();
 }
 
+// Phase 3's classification of flat index x (kNone at or past the lists, for padding and for
+// every appearance but the first); *e_out receives its table entry.
+__device__ __forceinline__ int KindOf(const Entry& e, int x, int* e_out) {
+  const Table& t = e.t;
+  const int te = x < e.n ? t.sel_entry[x] : -1;
+  *e_out = te;
+  if (te < 0 || __ffs(t.ListsOf(te)) - 1 != x / e.K) return kNone;
+  if (t.key[te] >= e.tail_first) return kTailFirst;
+  return t.slot[te] != kNoIndex ? kHitFirst : kMissFirst;
+}
+
 // Phase 3, first pass: classify first appearances (tail, hit: marks its slot, miss) over this
 // warp's contiguous flat indices [warp * seg, (warp + 1) * seg) by ballots, and add the warp's
 // totals to w. Returns the first 32 rounds' miss bits of this lane (RankMisses classifies later
 // rounds again).
 __device__ __forceinline__ unsigned CountFirsts(const Entry& e, int seg, Words& w) {
-  const int x0 = e.warp * seg, x_end = min(e.n, x0 + seg);
+  const int x0 = e.warp * seg;
   unsigned miss_bits = 0;
   int misses = 0, uni = 0, hits = 0;
-  int v[kLoadBatch], ahead[kLoadBatch];
-  LoadBatch(ahead, e.sel, x0 + e.lane, 32, x_end, kPadding);
-  for (int r0 = 0; r0 * 32 < seg; r0 += kLoadBatch) {
-    const int next = (r0 + kLoadBatch) * 32;
-    Advance(v, ahead, next < seg, e.sel, x0 + next + e.lane, 32, x_end, kPadding);
-#pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int r = r0 + j;
-      int x = 0;
-      const int kind = KindOf(e.t, v[j], x0 + r * 32 + e.lane, e.tail_first, &x);
-      if (kind == kHitFirst) e.t.is_hit[e.t.slot[x]] = 1;
-      const unsigned mb = __ballot_sync(~0u, kind == kMissFirst);
-      const unsigned hb = __ballot_sync(~0u, kind == kHitFirst);
-      const unsigned tb = __ballot_sync(~0u, kind == kTailFirst);
-      if (r < 32 && kind == kMissFirst) miss_bits |= 1u << r;
-      misses += __popc(mb);
-      uni += __popc(mb) + __popc(hb);
-      hits += __popc(hb) + __popc(tb);
-    }
+  for (int r = 0; r * 32 < seg; ++r) {
+    int te = 0;
+    const int kind = KindOf(e, x0 + r * 32 + e.lane, &te);
+    if (kind == kHitFirst) e.t.is_hit[e.t.slot[te]] = 1;
+    const unsigned mb = __ballot_sync(~0u, kind == kMissFirst);
+    const unsigned hb = __ballot_sync(~0u, kind == kHitFirst);
+    const unsigned tb = __ballot_sync(~0u, kind == kTailFirst);
+    if (r < 32 && kind == kMissFirst) miss_bits |= 1u << r;
+    misses += __popc(mb);
+    uni += __popc(mb) + __popc(hb);
+    hits += __popc(hb) + __popc(tb);
   }
   if (e.lane == 0) {
     w.warp_misses[e.warp] = misses;
@@ -404,37 +416,30 @@ __device__ __forceinline__ unsigned CountFirsts(const Entry& e, int seg, Words& 
 // Phase 3, second pass: the misses ranked in flat-index order (U's order) from the warps' totals
 // and the same ballots; miss m's table entry goes to rank_entry[m].
 __device__ __forceinline__ void RankMisses(const Entry& e, int seg, const Words& w, unsigned miss_bits) {
-  const int x0 = e.warp * seg, x_end = min(e.n, x0 + seg);
+  const int x0 = e.warp * seg;
   int rank = WarpsBefore(w.warp_misses, e.warp, e.lane);
-  int v[kLoadBatch], ahead[kLoadBatch];
-  LoadBatch(ahead, e.sel, x0 + e.lane, 32, x_end, kPadding);
-  for (int r0 = 0; r0 * 32 < seg; r0 += kLoadBatch) {
-    const int next = (r0 + kLoadBatch) * 32;
-    Advance(v, ahead, next < seg, e.sel, x0 + next + e.lane, 32, x_end, kPadding);
-#pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int r = r0 + j;
-      int x = 0;
-      const bool miss = r < 32 ? ((miss_bits >> r) & 1u) != 0
-                               : KindOf(e.t, v[j], x0 + r * 32 + e.lane, e.tail_first, &x) == kMissFirst;
-      const unsigned mb = __ballot_sync(~0u, miss);
-      if (miss) e.t.rank_entry[rank + __popc(mb & e.lt)] = r < 32 ? e.t.Find(v[j]) : x;
-      rank += __popc(mb);
-    }
+  for (int r = 0; r * 32 < seg; ++r) {
+    const int x = x0 + r * 32 + e.lane;
+    int te = 0;
+    const bool miss = r < 32 ? ((miss_bits >> r) & 1u) != 0 : KindOf(e, x, &te) == kMissFirst;
+    const unsigned mb = __ballot_sync(~0u, miss);
+    if (miss) e.t.rank_entry[rank + __popc(mb & e.lt)] = e.t.sel_entry[x];
+    rank += __popc(mb);
   }
 }
 
-// Where phase 4 writes: the new LRU order (scratch), the fetch list (scratch), the miss plan.
+// Where phase 4 writes besides the row's tables: the fetch list (scratch), the miss plan.
 struct Placement {
-  int* new_lru;
   int2* fetch;
   int2* plan;  // null unless the plan is recorded
 };
 
-// Phase 4: non-hit slots ranked in LRU order over warp segments of it, as in phase 3 (counted,
-// summed, ranked): the i-th takes the i-th miss (its slot, slot_pos, the fetch list and the
-// plan), and the new LRU order has the closed form of resolve.cu (untouched, then victims, then
-// hit slots). M misses, H hit slots; `first` is this lane's first batch of the LRU order.
+// Phase 4: non-hit slots ranked in LRU order over warp segments of it, as in phase 3 (counted
+// while the order is copied into the state, summed, ranked from the copy): the i-th takes the
+// i-th miss (its slot, slot_pos, the fetch list and the plan), and the new LRU order has the
+// closed form of resolve.cu (untouched, then victims, then hit slots), written over the row's old
+// one (every warp reads the copy only, after the barrier). M misses, H hit slots; `first` is this
+// lane's first batch of the LRU order.
 __device__ __forceinline__ void PlaceVictims(const Entry& e, Words& w, const int (&first)[kLoadBatch], int M, int H,
                                              const Placement& out) {
   const Table& t = e.t;
@@ -446,68 +451,54 @@ __device__ __forceinline__ void PlaceVictims(const Entry& e, Words& w, const int
   for (int at = 0; at < e.segb; at += kStep) {
     Advance(v, ahead, at + kStep < e.segb, e.lru, e.y0 + at + kStep + e.lane, 32, e.y_end, -1);
 #pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) free_slots += __popc(__ballot_sync(~0u, v[j] >= 0 && !t.is_hit[v[j]]));
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int y = e.y0 + at + j * 32 + e.lane;
+      if (y < e.y_end) t.lru[y] = v[j];
+      free_slots += __popc(__ballot_sync(~0u, v[j] >= 0 && !t.is_hit[v[j]]));
+    }
   }
   if (e.lane == 0) w.warp_free[e.warp] = free_slots;
   __syncthreads();
   int r = WarpsBefore(w.warp_free, e.warp, e.lane);  // non-hit slots before this lane's entry
-#pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
-  for (int at = 0; at < e.segb; at += kStep) {
-    Advance(v, ahead, at + kStep < e.segb, e.lru, e.y0 + at + kStep + e.lane, 32, e.y_end, -1);
-#pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int y = e.y0 + at + j * 32 + e.lane, s = v[j];
-      const bool free_slot = s >= 0 && !t.is_hit[s];
-      const unsigned fb = __ballot_sync(~0u, free_slot);
-      const int rank = r + __popc(fb & e.lt);
-      if (free_slot) {
-        if (rank < M) {
-          const int x = t.rank_entry[rank];
-          const int pos = t.PositionOf(x);
-          t.slot[x] = s;
-          e.sp[s] = pos;
-          out.fetch[rank] = make_int2(pos, s);
-          if (out.plan) out.plan[rank] = make_int2(pos, s);
-        }
-        out.new_lru[rank >= M ? rank - M : (e.B - H - M) + rank] = s;
-      } else if (s >= 0) {
-        out.new_lru[(e.B - H) + (y - rank)] = s;  // y - rank: this hit slot's rank among hit slots
+  for (int at = 0; at < e.segb; at += 32) {
+    const int y = e.y0 + at + e.lane, s = y < e.y_end ? t.lru[y] : -1;
+    const bool free_slot = s >= 0 && !t.is_hit[s];
+    const unsigned fb = __ballot_sync(~0u, free_slot);
+    const int rank = r + __popc(fb & e.lt);
+    if (free_slot) {
+      if (rank < M) {
+        const int x = t.rank_entry[rank];
+        const int pos = t.key[x];
+        t.slot[x] = s;
+        e.sp[s] = pos;
+        out.fetch[rank] = make_int2(pos, s);
+        if (out.plan) out.plan[rank] = make_int2(pos, s);
       }
-      r += __popc(fb);
+      e.lru[rank >= M ? rank - M : (e.B - H - M) + rank] = s;
+    } else if (s >= 0) {
+      e.lru[(e.B - H) + (y - rank)] = s;  // y - rank: this hit slot's rank among hit slots
     }
+    r += __popc(fb);
   }
   __syncthreads();
 }
 
-// Phase 5: the new LRU order copied back, the outputs (a repeated position takes its first
-// appearance's slot) and rule 9's page table.
-__device__ __forceinline__ void WriteOutputs(const Entry& e, const int* new_lru) {
+// Phase 5: the outputs (a repeated position shares its first appearance's entry, so its slot)
+// and rule 9's page table.
+__device__ __forceinline__ void WriteOutputs(const Entry& e) {
   const ResolveDesc& d = *e.d;
-  constexpr int kStep = kThreads * kLoadBatch;
-  int v[kLoadBatch], ahead[kLoadBatch];
-  LoadBatch(ahead, new_lru, e.tid, kThreads, e.B, -1);
-  for (int at = 0; at < e.B; at += kStep) {
-    Advance(v, ahead, at + kStep < e.B, new_lru, at + kStep + e.tid, kThreads, e.B, -1);
-#pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      if (v[j] >= 0) e.lru[at + j * kThreads + e.tid] = v[j];
-    }
-  }
+  const Table& t = e.t;
   int* out = d.out_slots ? d.out_slots + static_cast<size_t>(e.i) * e.outs : nullptr;
   int* pt = d.page_table ? d.page_table + static_cast<size_t>(e.i) * e.outs : nullptr;  // rule 9
-  LoadBatch(ahead, e.sel, e.tid, kThreads, e.n, kPadding);
-  for (int at = 0; at < e.outs; at += kStep) {
-    Advance(v, ahead, at + kStep < e.outs, e.sel, at + kStep + e.tid, kThreads, e.n, kPadding);
-#pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int x = at + j * kThreads + e.tid, pos = v[j];
-      if (x >= e.outs) break;
-      int o = kPadding;
-      if (pos != kPadding) o = pos >= e.tail_first ? e.B + (pos - e.tail_first) : e.t.slot[e.t.Find(pos)];
-      if (out) out[x] = o;
-      if (pt) pt[x] = o == kPadding ? kPadding : PageTableEntry(d, e.row, o);
+  for (int x = e.tid; x < e.outs; x += kThreads) {
+    const int te = x < e.n ? t.sel_entry[x] : -1;
+    int o = kPadding;
+    if (te >= 0) {
+      const int pos = t.key[te];
+      o = pos >= e.tail_first ? e.B + (pos - e.tail_first) : t.slot[te];
     }
+    if (out) out[x] = o;
+    if (pt) pt[x] = o == kPadding ? kPadding : PageTableEntry(d, e.row, o);
   }
 }
 
@@ -569,19 +560,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   e.segb = (e.B + kThreads - 1) / kThreads * 32;
   e.y0 = e.warp * e.segb;
   e.y_end = min(e.B, e.y0 + e.segb);
-  // The first batch of phase 2's slot table and of phase 4's LRU order, loaded now: their HBM
-  // latency passes while the table is cleared and filled.
-  int sp_first[kLoadBatch], lru_first[kLoadBatch];
+  // The first batch of every global input, loaded now: their HBM latency passes while the table
+  // is cleared (and, for the slot table and the LRU order, filled).
+  int sel_first[kLoadBatch], sp_first[kLoadBatch], lru_first[kLoadBatch];
+  LoadBatch(sel_first, e.sel, e.tid, kThreads, e.K, kPadding);
   LoadBatch(sp_first, e.sp, e.tid, kThreads, e.B, kEmptySlot);
   LoadBatch(lru_first, e.lru, e.y0 + e.lane, 32, e.y_end, -1);
   uint8_t* st = kShared ? smem : base + sc.state_at;
   const StateLayout& L = sc.state;
-  e.t = Table{reinterpret_cast<unsigned long long*>(st + L.ent), reinterpret_cast<int*>(st + L.slot),
-              reinterpret_cast<unsigned*>(st + L.lists),         st + L.is_hit,
-              reinterpret_cast<int*>(st + L.rank_entry),         L.h};
+  e.t = Table{reinterpret_cast<int*>(st + L.key),
+              reinterpret_cast<int*>(st + L.slot),
+              reinterpret_cast<unsigned*>(st + L.lists),
+              reinterpret_cast<int*>(st + L.sel_entry),
+              st + L.is_hit,
+              reinterpret_cast<int*>(st + L.rank_entry),
+              reinterpret_cast<int*>(st + L.lru),
+              L.h};
   ClearState(e, L, w);
 
-  if (const unsigned err = InsertLists(e)) atomicOr(&w.err, err);
+  if (const unsigned err = InsertLists(e, sel_first)) atomicOr(&w.err, err);
   __syncthreads();
   if (w.err) {
     PublishPadding(d, e.i, e.row, e.outs, fetch_count);
@@ -601,10 +598,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int x = 0; x < kWarps; ++x) M += w.warp_misses[x];
   RankMisses(e, seg, w, miss_bits);
   const Placement place{
-      reinterpret_cast<int*>(base + sc.new_lru), reinterpret_cast<int2*>(base + sc.fetch),
+      reinterpret_cast<int2*>(base + sc.fetch),
       d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + e.i * MissPlan::EntriesPerRow(a.geometry) : nullptr};
   PlaceVictims(e, w, lru_first, M, w.uni - M, place);
-  WriteOutputs(e, place.new_lru);
+  WriteOutputs(e);
   if (e.tid == 0) {
     *fetch_count = M;
     CountEntry(e, M, w.hits);

@@ -397,6 +397,19 @@ TEST(ResolveMultiQueryGpu, PagedTablesMatchReference) {
   }
 }
 
+// A state too large for shared memory (a large B) lives in each entry's scratch in the workspace:
+// the same code over global memory, bit-equal to the reference too.
+TEST(ResolveMultiQueryGpu, StateInTheWorkspaceMatchesReference) {
+  REQUIRE_GPU();
+  const MqConfig c{4, 1024, 32768, 32, 2};
+  ArenaGeometry g{c.max_batch + 3, 2, c.B, c.k, c.rb};
+  g.draft_tokens = c.n;
+  ResolveLaunchConfig config;
+  CUDA_OK(PrepareResolveLaunch(g, &config));
+  ASSERT_EQ(config.smem, 0u) << "the state fits in shared memory: this case would not test the workspace path";
+  ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 424242u));
+}
+
 TEST(ResolveMultiQueryGpu, ZeroDraftTokensKeepTheSingleQueryWorkspace) {
   ArenaGeometry g{4, 2, 512, 256, 656};
   const size_t single = ResolveWorkspaceBytes(g, 8);
