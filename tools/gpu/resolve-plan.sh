@@ -19,6 +19,7 @@ B=$(cd "${1:?bundle dir}" && pwd)
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 R=$(mktemp -d)
+trap 'rm -rf "$R"' EXIT
 export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 S="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; } > "$S" 2>&1
@@ -33,11 +34,12 @@ done
 grep -E '^\[  (PASSED|FAILED) |tests? ran' "$T" | tee -a "$S"
 bins=(after)
 [[ -x $B/bin/hisparse-bench-before ]] && bins=(before after)
+scattered="--batch 64,128 --slots 4096 --record-bytes 656,1152 --miss 0.2,1 --pattern scattered --host-layout contiguous,slabs --runs 30"
 declare -A args=(
   [default]="--runs 100"
   [warm]="--warm-l2 --batch 1,128 --slots 4096,8192 --record-bytes 1152 --miss 0,0.001,0.2 --runs 100"
-  [scatter]="--batch 64,128 --slots 4096 --record-bytes 656,1152 --miss 0.2,1 --pattern scattered --context 131072 --host-layout contiguous,slabs --runs 30"
-  [scatter32k]="--batch 64,128 --slots 4096 --record-bytes 656,1152 --miss 0.2,1 --pattern scattered --context 32768 --host-layout contiguous,slabs --runs 30"
+  [scatter]="$scattered --context 131072"
+  [scatter32k]="$scattered --context 32768"
   [draft]="--draft-tokens 0,1,3 --runs 100 --record-bytes 656 --no-fetch"
 )
 for round in $(seq 1 "${ROUNDS:-2}"); do
