@@ -58,6 +58,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cp_async.cuh"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "host_load.cuh"
 #include "record_dispatch.h"
@@ -275,30 +276,12 @@ __device__ __forceinline__ void StRelaxed(unsigned long long* p, unsigned long l
 
 using internal::LdHost;  // 16 bytes of a host record (host_load.cuh)
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's most recently committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void CpAsyncWaitGroup() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Block-wide asynchronous copy of n ints from global to shared memory (all loads in flight at
-// once; completes at CpAsyncWaitAll).
+using internal::CpAsyncCommit;  // cp_async.cuh
+using internal::CpAsyncWaitAll;
+using internal::CpAsyncWaitGroup;
+// Block-wide asynchronous copy of n ints from global to shared memory (cp_async.cuh).
 __device__ __forceinline__ void StageInts(int* dst, const int* src, int n) {
-  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0 && (n & 3) == 0) {
-    for (int v = threadIdx.x; v < n / 4; v += kThreads) CpAsync16(dst + 4 * v, src + 4 * v);
-  } else {
-    for (int e = threadIdx.x; e < n; e += kThreads) CpAsync4(dst + e, src + e);
-  }
+  internal::StageInts<kThreads>(dst, src, n);
 }
 
 __device__ __forceinline__ unsigned HashOf(int p, int bits) {
