@@ -8,6 +8,10 @@
 // k = 2048, B = (n + 2) k fits the H200's), else in the entry's scratch in the workspace; the code
 // is the same. The selections are read from global memory once: every later phase works from the
 // table entry each selection was given.
+//   0. the entry's row, length, query count and first selections are loaded together with the
+//      batch size; once the row is known, its LRU order is staged into shared memory with every
+//      load in flight (cp.async, as the single-query kernel stages its tables) and the slot
+//      table's first batch is loaded, so both land while the table is cleared and filled;
 //   1. validation (row, query count, seq_len), then every selection of every list: checked
 //      against its query's length, placed by one atomicCAS of its position (or found placed),
 //      and its list's bit set in the entry's byte by one atomicOr, whose second setting is a
@@ -16,16 +20,16 @@
 //      the lists still go in one after another, a barrier between them, because that measured
 //      faster than one pass over all of them;
 //   2. hits, found as the single-query kernel finds them: every regular slot looks its position
-//      up in the table (atomicMin keeps the smallest slot, as the reference's resident map does);
+//      up (atomicMin keeps the smallest slot, as the reference's resident map does);
 //   3. every first appearance is classified (tail, hit: marks its slot, miss) by warps that own
 //      contiguous segments of the flat indices: ballots count, one barrier sums the warps' totals,
 //      a second pass ranks the misses in flat-index order (U's order) from the same ballots; the
 //      counts give |U| (rule 8c), the misses M and the hits (rule 8f);
-//   4. the non-hit slots are ranked in LRU order the same way (warp segments of the LRU order,
-//      counted while the order is copied into the state, summed, ranked from the copy): the i-th
-//      takes the i-th miss (its slot, slot_pos, the fetch list and the plan are written there),
-//      and the new LRU order has the closed form of resolve.cu (untouched, then victims, then hit
-//      slots), written straight over the old one, which only the copy is read from;
+//   4. the non-hit slots are ranked in LRU order the same way (warp segments of the staged LRU
+//      order, counted, summed, ranked): the i-th takes the i-th miss (its slot, slot_pos, the
+//      fetch list and the plan are written there), and the new LRU order has the closed form of
+//      resolve.cu (untouched, then victims, then hit slots), written straight over the row's old
+//      one, which only the staged copy is read from;
 //   5. outputs from sel_entry (a repeated position shares its first appearance's entry, so its
 //      slot) and rule 9's page table, the counters.
 // The fetch is a second kernel over the whole GPU (MultiQueryFetchKernel). The first version
@@ -34,7 +38,10 @@
 // selection columns in global memory and ranked with per-thread serial shares and block scans;
 // the third ranked with warp ballots but looked every selection up again in three later phases,
 // read the LRU order from global memory twice and copied the new one back through the scratch
-// (bench/RESULTS.md, "Multi-query planner: one table lookup per selection").
+// (bench/RESULTS.md, "Multi-query planner: one table lookup per selection"); the fourth read the
+// LRU order from global memory in rounds of dependent loads during phase 4, the entry's row only
+// after the batch size, and had a denser table (bench/RESULTS.md, "Multi-query planner: staged
+// LRU order, a sparser table").
 // Invalid entries and padded entries (rule 7) publish kPadding everywhere and touch nothing else.
 // The state is rebuilt by its block at the start of every launch, so graph replays need nothing
 // in between.
@@ -43,7 +50,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "cp_async.cuh"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "host_load.cuh"
 #include "record_dispatch.h"
@@ -59,35 +68,44 @@ static_assert(kWarps <= 32, "warp totals are summed by one warp");
 static_assert(kMaxDraftTokens + 1 <= 8, "a table entry's list bits are one byte");
 constexpr int kNoIndex = 0x7fffffff;  // "no regular slot holds it" of the slot column
 constexpr int kNone = 0, kTailFirst = 1, kHitFirst = 2, kMissFirst = 3;
-constexpr int kLoadBatch = 8;  // global loads one thread keeps in flight in phases 1, 2 and 4
+constexpr int kLoadBatch = 8;  // loads one thread keeps in flight in phases 1 and 2
 // An empty key. Only positions >= 0 are placed (padding and invalid positions never are).
 constexpr int kEmptyKey = -1;
 
 // The planner's state of one entry: in shared memory when it fits the device's opt-in limit, else
-// in the entry's scratch; the code is the same.
+// in the entry's scratch; the code is the same, over these columns:
 //   key        [h] the position table (open addressing, linear probing), kEmptyKey when empty;
 //   slot       [h] the smallest regular slot holding the entry's position (as the reference's
 //              sorted resident map finds it), kNoIndex for none; after phase 4 the slot that holds
-//              it (a miss's victim);
+//              it (a miss's victim). Set by the thread that places the position, so it needs no
+//              clearing;
 //   lists      [h] a byte per entry: bit t set once list t selected its position;
-//   sel_entry  [Q k] the table entry of selection x (flat index) of the q lists, -1 for padding;
+//   sel_entry  [Q k] the table entry of selection x (flat index) of the q lists, "none" (all ones)
+//              for padding;
 //   is_hit     [B] a byte per slot: it holds a hit of this step;
 //   rank_entry [min(Q k, B)] the table entry of miss m (U's order);
-//   lru        [B] the row's LRU order before the step (phase 4 reads it while overwriting the row's).
+//   lru        [B] the row's LRU order before the step, staged (phase 4 ranks from it while it
+//              overwrites the row's).
+// In shared memory a table entry's index is 16 bits (h < 2^16 there: the state is under 227 KiB),
+// which leaves room for a larger table; in the workspace it is an int.
 struct StateLayout {
   unsigned h;
   size_t key, slot, lists, sel_entry, is_hit, rank_entry, lru, bytes;
 };
 
-// The table has 2 Q k entries where the whole state then stays within kRoomyStateBytes (the
-// 227 KiB H100 and H200 blocks can opt into, less 1 KiB for the static words), else 1.5 Q k,
-// else 1.25 Q k; if none fits, 1.5 Q k in the scratch. A lower load factor shortens the probes;
-// |U| of overlapping lists is well below Q k, so even 1.25 Q k runs at a low load. n = 3 at
-// k = 2048, B = (n + 2) k takes 1.5 Q k in shared memory (222 KiB).
+// The table has the most of 4, 3, 2, 1.5 and 1.25 Q k entries with which the whole shared state
+// stays within kRoomyStateBytes (the 227 KiB H100 and H200 blocks can opt into, less 1 KiB for
+// the static words). A sparser table plans much faster than its probe counts suggest: on the
+// H200, n = 1 (k 2048, B 6144) planned in 23.3 / 20.2 / 19.4 us at batch 1 with 2 / 3 / 4 Q k
+// entries, and 1.25 Q k took 29.1 (bench/RESULTS.md, "Multi-query planner: staged LRU order, a
+// sparser table"). n = 1 at k = 2048, B = (n + 2) k takes 4 Q k (193 KiB), n = 3 2 Q k (226 KiB).
+// The workspace state has 1.5 Q k.
 constexpr size_t kRoomyStateBytes = 226 << 10;
 
-StateLayout ComputeStateWith(const ArenaGeometry& g, size_t entries) {
+StateLayout ComputeStateWith(const ArenaGeometry& g, size_t entries, bool shared) {
   const size_t qk = MissPlan::EntriesPerRow(g);
+  const size_t idx = shared ? 2 : 4;  // bytes of a table entry's index
+  const size_t slots = static_cast<uint32_t>(g.slots);
   StateLayout s{};
   s.h = static_cast<unsigned>(AlignUp(std::max<size_t>(64, entries), 64));
   size_t o = 0;
@@ -99,33 +117,36 @@ StateLayout ComputeStateWith(const ArenaGeometry& g, size_t entries) {
   s.key = take(size_t{s.h} * 4);
   s.slot = take(size_t{s.h} * 4);
   s.lists = take(s.h);  // h is a multiple of 64: whole 32-bit words, whole 16-byte rows
-  s.sel_entry = take(qk * 4);
-  s.is_hit = take(g.slots);  // cleared in 16-byte rows: take() pads it to them
-  s.rank_entry = take(std::min<size_t>(qk, g.slots) * 4);
-  s.lru = take(size_t{static_cast<uint32_t>(g.slots)} * 4);
+  s.sel_entry = take(qk * idx);
+  s.is_hit = take(slots);  // cleared in 16-byte rows: take() pads it to them
+  s.rank_entry = take(std::min(qk, slots) * idx);
+  s.lru = take(slots * 4);
   s.bytes = o;
   return s;
 }
 
-StateLayout ComputeState(const ArenaGeometry& g) {
+// The state in shared memory (its bytes may exceed what a block can have: then the workspace's).
+StateLayout SharedState(const ArenaGeometry& g) {
   const size_t qk = MissPlan::EntriesPerRow(g);
-  for (const size_t entries : {2 * qk, qk * 3 / 2, qk * 5 / 4}) {
-    const StateLayout s = ComputeStateWith(g, entries);
+  for (const size_t entries : {4 * qk, 3 * qk, 2 * qk, qk * 3 / 2, qk * 5 / 4}) {
+    const StateLayout s = ComputeStateWith(g, entries, true);
     if (s.bytes <= kRoomyStateBytes) return s;
   }
-  return ComputeStateWith(g, qk * 3 / 2);
+  return ComputeStateWith(g, qk * 5 / 4, true);
+}
+
+StateLayout WorkspaceState(const ArenaGeometry& g) {
+  return ComputeStateWith(g, MissPlan::EntriesPerRow(g) * 3 / 2, false);
 }
 
 // Byte offsets of one entry's scratch in the workspace (16-byte aligned): the state (used when
 // it does not fit in shared memory), the fetch list.
 struct Scratch {
-  StateLayout state;
   size_t state_at, fetch, fetch_count, bytes;
 };
 
 Scratch ComputeScratch(const ArenaGeometry& g) {
   Scratch s{};
-  s.state = ComputeState(g);
   const size_t qk = MissPlan::EntriesPerRow(g);
   size_t o = 0;
   auto take = [&](size_t bytes) {
@@ -133,22 +154,30 @@ Scratch ComputeScratch(const ArenaGeometry& g) {
     o = AlignUp(o + bytes, 16);
     return at;
   };
-  s.state_at = take(s.state.bytes);
+  s.state_at = take(WorkspaceState(g).bytes);
   s.fetch = take(qk * 8);
   s.fetch_count = take(4);
   s.bytes = AlignUp(o, 256);
   return s;
 }
 
+// A table entry's index as the state stores it (Idx: uint16_t in shared memory, int in the
+// workspace); all ones is "none".
+template <typename Idx>
+__device__ __forceinline__ int EntryOf(Idx v) {
+  return v == static_cast<Idx>(-1) ? -1 : static_cast<int>(v);
+}
+
 // The state over shared memory or the entry's scratch. Entries written with atomics are read
 // after a block barrier.
+template <typename Idx>
 struct Table {
   int* key;
   int* slot;
   unsigned* lists;
-  int* sel_entry;
+  Idx* sel_entry;
   uint8_t* is_hit;
-  int* rank_entry;
+  Idx* rank_entry;
   int* lru;
   unsigned h;
 
@@ -157,8 +186,9 @@ struct Table {
   }
   __device__ __forceinline__ unsigned Next(unsigned e) const { return e + 1 == h ? 0 : e + 1; }
   // Finishes the insert of pos whose CAS into entry *e returned `cur`: probes on past other
-  // positions until pos is placed or found placed; *e ends at its entry.
-  __device__ __forceinline__ void FinishInsert(int pos, unsigned* e, int cur) const {
+  // positions until pos is placed or found placed; *e ends at its entry. True when this thread
+  // placed it.
+  __device__ __forceinline__ bool FinishInsert(int pos, unsigned* e, int cur) const {
     // Past the home entry, plain loads probe (an atomic is a round trip) and a CAS claims the
     // first empty entry; one that lost the race looks again at what the winner put there.
     while (cur != kEmptyKey && cur != pos) {
@@ -166,6 +196,7 @@ struct Table {
       cur = key[*e];
       if (cur == kEmptyKey) cur = atomicCAS(&key[*e], kEmptyKey, pos);
     }
+    return cur == kEmptyKey;
   }
   // The entry of pos, or -1.
   __device__ __forceinline__ int Find(int pos) const {
@@ -215,7 +246,8 @@ __device__ __forceinline__ int WarpsBefore(const int* v, int warp, int lane) {
 }
 
 // Loads v[j] = src[base + j * stride] for j < kLoadBatch, `fill` where the index is at or past
-// `n`: every load in flight before any is used.
+// `n`: every load in flight before any is used. Phase 1 reads the selections this way, one batch
+// ahead (at cold L2 each batch is an HBM round trip).
 __device__ __forceinline__ void LoadBatch(int (&v)[kLoadBatch], const int* src, int base, int stride, int n, int fill) {
 #pragma unroll
   for (int j = 0; j < kLoadBatch; ++j) {
@@ -224,32 +256,22 @@ __device__ __forceinline__ void LoadBatch(int (&v)[kLoadBatch], const int* src, 
   }
 }
 
-// A loop's loads one batch ahead: v takes the batch loaded last, and the next one (when `more`)
-// is issued at once, so its latency passes while v is worked on. Every phase that reads global
-// inputs reads them this way (at cold L2 each batch is an HBM round trip).
-__device__ __forceinline__ void Advance(int (&v)[kLoadBatch], int (&ahead)[kLoadBatch], bool more, const int* src,
-                                        int base, int stride, int n, int fill) {
-#pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) v[j] = ahead[j];
-  if (more) LoadBatch(ahead, src, base, stride, n, fill);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Planning one entry: the phases of the design above, one __forceinline__ function each (the
 // compiler still sees one body). "Rule n" is rule n of resolve.h.
 
 // What every phase reads: the geometry, the entry, this thread's place in the block, the state.
+template <typename Idx>
 struct Entry {
   const ResolveDesc* d;
-  Table t;
+  Table<Idx> t;
   int B, K, q, n, outs;  // slots, selections per list, query tokens, selections, output columns
   int i, row, seq, tail_first;
   int tid, lane, warp;
   unsigned lt;  // mask of the lanes below this one
   const int* sel;
-  int* sp;              // the row's slot table
-  int* lru;             // the row's LRU order
-  int segb, y0, y_end;  // phase 4: LRU entries per warp; this warp's first and end
+  int* sp;   // the row's slot table
+  int* lru;  // the row's LRU order
 };
 
 // The block's words shared between phases (static shared memory).
@@ -259,17 +281,33 @@ struct Words {
   int warp_misses[kWarps], warp_free[kWarps];
 };
 
-// Empties the table and the hit bytes, in 16-byte rows (every column is a whole number of them).
-__device__ __forceinline__ void ClearState(const Entry& e, const StateLayout& L, Words& w) {
+// Puts the row's LRU order where phase 4 reads it (phase 4 overwrites the row's): in shared memory
+// staged with every load in flight (one cp.async group, which lands while the table is cleared
+// and filled), in the workspace copied; seen after a later barrier (WaitStaged first for cp.async).
+template <bool kShared, typename Idx>
+__device__ __forceinline__ void StageLru(const Entry<Idx>& e) {
+  if constexpr (kShared) {
+    StageInts<kThreads>(e.t.lru, e.lru, e.B);
+    CpAsyncCommit();
+  } else {
+    for (int y = e.tid; y < e.B; y += kThreads) e.t.lru[y] = e.lru[y];
+  }
+}
+
+// Waits for the staged LRU order (seen after the next barrier).
+template <bool kShared>
+__device__ __forceinline__ void WaitStaged() {
+  if constexpr (kShared) CpAsyncWaitAll();
+}
+
+// Empties the table's keys and list bytes and the hit bytes, in 16-byte rows (every column is a
+// whole number of them).
+template <typename Idx>
+__device__ __forceinline__ void ClearState(const Entry<Idx>& e, const StateLayout& L, Words& w) {
   const int4 empty = make_int4(kEmptyKey, kEmptyKey, kEmptyKey, kEmptyKey);
-  const int4 none = make_int4(kNoIndex, kNoIndex, kNoIndex, kNoIndex);
   const int4 zero = make_int4(0, 0, 0, 0);
   int4* key = reinterpret_cast<int4*>(e.t.key);
-  int4* slot = reinterpret_cast<int4*>(e.t.slot);
-  for (unsigned x = e.tid; x < L.h / 4; x += kThreads) {
-    key[x] = empty;
-    slot[x] = none;
-  }
+  for (unsigned x = e.tid; x < L.h / 4; x += kThreads) key[x] = empty;
   int4* lists = reinterpret_cast<int4*>(e.t.lists);
   for (unsigned x = e.tid; x < L.h / 16; x += kThreads) lists[x] = zero;
   int4* is_hit = reinterpret_cast<int4*>(e.t.is_hit);
@@ -283,13 +321,14 @@ __device__ __forceinline__ void ClearState(const Entry& e, const StateLayout& L,
 
 // Phase 1, one batch of one list: kLoadBatch selections (position v[j], index x0 + j * kThreads in
 // list `list`, valid below k) checked against the list's length (list t selects over
-// [0, P_t + 1)), placed or found in the table, the list's bit set in the entry's byte (a bit set
-// already is a duplicate in that list), the entry recorded in sel_entry[x] (-1 for padding and
-// invalid positions). All CASes are issued, then all bits, before any result is looked at
-// (shared-memory atomics are slow one at a time); collisions are resolved in between. Returns the
-// batch's error bits.
-__device__ __forceinline__ unsigned InsertBatch(const Entry& e, const int (&v)[kLoadBatch], int list, int x0) {
-  const Table& t = e.t;
+// [0, P_t + 1)), placed or found in the table (the thread that places a position also sets its
+// slot to kNoIndex), the list's bit set in the entry's byte (a bit set already is a duplicate in
+// that list), the entry recorded in sel_entry[x] (none for padding and invalid positions). All
+// CASes are issued, then all bits, before any result is looked at (shared-memory atomics are slow
+// one at a time); collisions are resolved in between. Returns the batch's error bits.
+template <typename Idx>
+__device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (&v)[kLoadBatch], int list, int x0) {
+  const Table<Idx>& t = e.t;
   unsigned err = 0;
   const int first_x = list * e.K;
   unsigned entry[kLoadBatch], bit[kLoadBatch];
@@ -301,7 +340,7 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry& e, const int (&v)[k
     if (jj >= e.K) continue;
     if (pos < kPadding || pos >= e.tail_first + list + 1) err |= kResolveBadPosition;
     if (pos < 0 || pos > e.tail_first + list) {
-      t.sel_entry[first_x + jj] = -1;
+      t.sel_entry[first_x + jj] = static_cast<Idx>(-1);
       continue;
     }
     entry[j] = t.Home(pos);
@@ -313,10 +352,10 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry& e, const int (&v)[k
   for (int j = 0; j < kLoadBatch; ++j) {
     if (bit[j] == 0) continue;
     const unsigned home = entry[j];
-    t.FinishInsert(v[j], &entry[j], prev[j]);
+    if (t.FinishInsert(v[j], &entry[j], prev[j])) t.slot[entry[j]] = kNoIndex;
     if (entry[j] != home) bit[j] = 1u << ((entry[j] & 3) * 8 + list);
     seen[j] = atomicOr(&t.lists[entry[j] >> 2], bit[j]);
-    t.sel_entry[first_x + x0 + j * kThreads] = static_cast<int>(entry[j]);
+    t.sel_entry[first_x + x0 + j * kThreads] = static_cast<Idx>(entry[j]);
   }
 #pragma unroll
   for (int j = 0; j < kLoadBatch; ++j) {
@@ -330,9 +369,10 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry& e, const int (&v)[k
 // the H200 the same order without them planned n = 3 at batch 128 in 46.7 µs against
 // 38.8 with them (bench/RESULTS.md, "Multi-query planner: one table lookup per selection").
 // The selections are read one batch ahead, across the barrier between lists, so their latency
-// overlaps the previous batch's atomics; `first` is list 0's first batch, loaded before the table
-// was cleared. Returns this thread's error bits.
-__device__ __forceinline__ unsigned InsertLists(const Entry& e, const int (&first)[kLoadBatch]) {
+// overlaps the previous batch's atomics; `first` is list 0's first batch, loaded with the batch
+// size. Returns this thread's error bits.
+template <typename Idx>
+__device__ __forceinline__ unsigned InsertLists(const Entry<Idx>& e, const int (&first)[kLoadBatch]) {
   unsigned err = 0;
   constexpr int kStep = kThreads * kLoadBatch;
   int v[kLoadBatch], ahead[kLoadBatch];
@@ -354,15 +394,20 @@ __device__ __forceinline__ unsigned InsertLists(const Entry& e, const int (&firs
   return err;
 }
 
-// Phase 2: the regular slots holding a selected position (the smallest slot per position);
-// `first` is the slot table's first batch, loaded before phase 1.
-__device__ __forceinline__ void FindHits(const Entry& e, const int (&first)[kLoadBatch]) {
+// Phase 2: the regular slots holding a selected position (the smallest slot per position), read
+// from the row's slot table one batch ahead; `first` is its first batch, loaded before phase 1.
+// (Staging the slot table into shared memory as well measured slower: its 40 KiB at n = 3 came
+// out of the table, bench/RESULTS.md, "Multi-query planner: staged LRU order, a sparser table".)
+template <typename Idx>
+__device__ __forceinline__ void FindHits(const Entry<Idx>& e, const int (&first)[kLoadBatch]) {
   constexpr int kStep = kThreads * kLoadBatch;
   int v[kLoadBatch], ahead[kLoadBatch];
 #pragma unroll
   for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
   for (int at = 0; at < e.B; at += kStep) {
-    Advance(v, ahead, at + kStep < e.B, e.sp, at + kStep + e.tid, kThreads, e.B, kEmptySlot);
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) v[j] = ahead[j];
+    if (at + kStep < e.B) LoadBatch(ahead, e.sp, at + kStep + e.tid, kThreads, e.B, kEmptySlot);
 #pragma unroll
     for (int j = 0; j < kLoadBatch; ++j) {
       if (v[j] == kEmptySlot) continue;
@@ -370,14 +415,14 @@ __device__ __forceinline__ void FindHits(const Entry& e, const int (&first)[kLoa
       if (x >= 0) atomicMin(&e.t.slot[x], at + j * kThreads + e.tid);
     }
   }
-  __syncthreads();
 }
 
 // Phase 3's classification of flat index x (kNone at or past the lists, for padding and for
 // every appearance but the first); *e_out receives its table entry.
-__device__ __forceinline__ int KindOf(const Entry& e, int x, int* e_out) {
-  const Table& t = e.t;
-  const int te = x < e.n ? t.sel_entry[x] : -1;
+template <typename Idx>
+__device__ __forceinline__ int KindOf(const Entry<Idx>& e, int x, int* e_out) {
+  const Table<Idx>& t = e.t;
+  const int te = x < e.n ? EntryOf(t.sel_entry[x]) : -1;
   *e_out = te;
   if (te < 0 || __ffs(t.ListsOf(te)) - 1 != x / e.K) return kNone;
   if (t.key[te] >= e.tail_first) return kTailFirst;
@@ -388,7 +433,8 @@ __device__ __forceinline__ int KindOf(const Entry& e, int x, int* e_out) {
 // warp's contiguous flat indices [warp * seg, (warp + 1) * seg) by ballots, and add the warp's
 // totals to w. Returns the first 32 rounds' miss bits of this lane (RankMisses classifies later
 // rounds again).
-__device__ __forceinline__ unsigned CountFirsts(const Entry& e, int seg, Words& w) {
+template <typename Idx>
+__device__ __forceinline__ unsigned CountFirsts(const Entry<Idx>& e, int seg, Words& w) {
   const int x0 = e.warp * seg;
   unsigned miss_bits = 0;
   int misses = 0, uni = 0, hits = 0;
@@ -415,7 +461,8 @@ __device__ __forceinline__ unsigned CountFirsts(const Entry& e, int seg, Words& 
 
 // Phase 3, second pass: the misses ranked in flat-index order (U's order) from the warps' totals
 // and the same ballots; miss m's table entry goes to rank_entry[m].
-__device__ __forceinline__ void RankMisses(const Entry& e, int seg, const Words& w, unsigned miss_bits) {
+template <typename Idx>
+__device__ __forceinline__ void RankMisses(const Entry<Idx>& e, int seg, const Words& w, unsigned miss_bits) {
   const int x0 = e.warp * seg;
   int rank = WarpsBefore(w.warp_misses, e.warp, e.lane);
   for (int r = 0; r * 32 < seg; ++r) {
@@ -434,34 +481,26 @@ struct Placement {
   int2* plan;  // null unless the plan is recorded
 };
 
-// Phase 4: non-hit slots ranked in LRU order over warp segments of it, as in phase 3 (counted
-// while the order is copied into the state, summed, ranked from the copy): the i-th takes the
-// i-th miss (its slot, slot_pos, the fetch list and the plan), and the new LRU order has the
-// closed form of resolve.cu (untouched, then victims, then hit slots), written over the row's old
-// one (every warp reads the copy only, after the barrier). M misses, H hit slots; `first` is this
-// lane's first batch of the LRU order.
-__device__ __forceinline__ void PlaceVictims(const Entry& e, Words& w, const int (&first)[kLoadBatch], int M, int H,
-                                             const Placement& out) {
-  const Table& t = e.t;
-  constexpr int kStep = 32 * kLoadBatch;
+// Phase 4: non-hit slots ranked in LRU order over warp segments of the staged order, as in phase
+// 3 (counted, summed, ranked): the i-th takes the i-th miss (its slot, slot_pos, the fetch list
+// and the plan), and the new LRU order has the closed form of resolve.cu (untouched, then
+// victims, then hit slots), written over the row's old one (only the staged order is read). M
+// misses, H hit slots.
+template <typename Idx>
+__device__ __forceinline__ void PlaceVictims(const Entry<Idx>& e, Words& w, int M, int H, const Placement& out) {
+  const Table<Idx>& t = e.t;
+  const int segb = (e.B + kThreads - 1) / kThreads * 32;  // LRU entries per warp
+  const int y0 = e.warp * segb, y_end = min(e.B, y0 + segb);
   int free_slots = 0;
-  int v[kLoadBatch], ahead[kLoadBatch];
-#pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
-  for (int at = 0; at < e.segb; at += kStep) {
-    Advance(v, ahead, at + kStep < e.segb, e.lru, e.y0 + at + kStep + e.lane, 32, e.y_end, -1);
-#pragma unroll
-    for (int j = 0; j < kLoadBatch; ++j) {
-      const int y = e.y0 + at + j * 32 + e.lane;
-      if (y < e.y_end) t.lru[y] = v[j];
-      free_slots += __popc(__ballot_sync(~0u, v[j] >= 0 && !t.is_hit[v[j]]));
-    }
+  for (int y = y0 + e.lane; y - e.lane < y_end; y += 32) {
+    const int s = y < y_end ? t.lru[y] : -1;
+    free_slots += __popc(__ballot_sync(~0u, s >= 0 && !t.is_hit[s]));
   }
   if (e.lane == 0) w.warp_free[e.warp] = free_slots;
   __syncthreads();
   int r = WarpsBefore(w.warp_free, e.warp, e.lane);  // non-hit slots before this lane's entry
-  for (int at = 0; at < e.segb; at += 32) {
-    const int y = e.y0 + at + e.lane, s = y < e.y_end ? t.lru[y] : -1;
+  for (int y = y0 + e.lane; y - e.lane < y_end; y += 32) {
+    const int s = y < y_end ? t.lru[y] : -1;
     const bool free_slot = s >= 0 && !t.is_hit[s];
     const unsigned fb = __ballot_sync(~0u, free_slot);
     const int rank = r + __popc(fb & e.lt);
@@ -485,13 +524,14 @@ __device__ __forceinline__ void PlaceVictims(const Entry& e, Words& w, const int
 
 // Phase 5: the outputs (a repeated position shares its first appearance's entry, so its slot)
 // and rule 9's page table.
-__device__ __forceinline__ void WriteOutputs(const Entry& e) {
+template <typename Idx>
+__device__ __forceinline__ void WriteOutputs(const Entry<Idx>& e) {
   const ResolveDesc& d = *e.d;
-  const Table& t = e.t;
+  const Table<Idx>& t = e.t;
   int* out = d.out_slots ? d.out_slots + static_cast<size_t>(e.i) * e.outs : nullptr;
   int* pt = d.page_table ? d.page_table + static_cast<size_t>(e.i) * e.outs : nullptr;  // rule 9
   for (int x = e.tid; x < e.outs; x += kThreads) {
-    const int te = x < e.n ? t.sel_entry[x] : -1;
+    const int te = x < e.n ? EntryOf(t.sel_entry[x]) : -1;
     int o = kPadding;
     if (te >= 0) {
       const int pos = t.key[te];
@@ -503,7 +543,8 @@ __device__ __forceinline__ void WriteOutputs(const Entry& e) {
 }
 
 // The entry's plan summary and the arena's counters (rule 8f), by one thread.
-__device__ __forceinline__ void CountEntry(const Entry& e, int M, int hits) {
+template <typename Idx>
+__device__ __forceinline__ void CountEntry(const Entry<Idx>& e, int M, int hits) {
   const ResolveDesc& d = *e.d;
   if (d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(e.i) * 3;
@@ -519,13 +560,28 @@ __device__ __forceinline__ void CountEntry(const Entry& e, int M, int hits) {
   atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
 }
 
+// Rejects entry i after its LRU order was staged (a row error found in phase 1 or rule 8c): kPadding
+// everywhere, the error bit, nothing else; the staged loads land before the block ends.
+template <bool kShared>
+__device__ __forceinline__ void RejectStaged(const ResolveDesc& d, int i, int row, int outs, int* fetch_count,
+                                             unsigned err) {
+  WaitStaged<kShared>();
+  PublishPadding(d, i, row, outs, fetch_count);
+  if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
+}
+
+// The table entry's index type of each state: 16 bits in shared memory, an int in the workspace.
+template <bool kShared>
+using IndexOf = std::conditional_t<kShared, uint16_t, int>;
+
 template <bool kShared>
 __global__ void __launch_bounds__(kThreads, 1)
-    MultiQueryResolveKernel(const ResolveDesc d, uint8_t* scratch_base, const Scratch sc) {
+    MultiQueryResolveKernel(const ResolveDesc d, uint8_t* scratch_base, const Scratch sc, const StateLayout L) {
+  using Idx = IndexOf<kShared>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ Words w;
   const ArenaView& a = d.arena;
-  Entry e;
+  Entry<Idx> e;
   e.d = &d;
   e.B = a.geometry.slots;
   e.K = a.geometry.k;
@@ -537,6 +593,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   e.lt = (1u << e.lane) - 1u;
   uint8_t* base = scratch_base + static_cast<size_t>(e.i) * sc.bytes;
   int* fetch_count = reinterpret_cast<int*>(base + sc.fetch_count);
+  // Everything that needs only the entry's index is loaded together with the batch size (i <
+  // max_batch: in bounds whatever the batch): its row, length, query count and the first batch
+  // of its selections.
+  const int row = d.rows[e.i], seq = d.seq_lens[e.i], q = d.query_counts ? d.query_counts[e.i] : 1;
+  e.sel = d.positions + static_cast<size_t>(e.i) * e.outs;
+  int sel_first[kLoadBatch];
+  LoadBatch(sel_first, e.sel, e.tid, kThreads, e.K, kPadding);
   int batch = *d.batch_size;
   batch = batch < 0 ? 0 : (batch > d.max_batch ? d.max_batch : batch);
   if (e.i == 0 && e.tid == 0 && d.plan.summary) *d.plan.batch = batch;
@@ -544,9 +607,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     PublishPadding(d, e.i, kPadding, e.outs, fetch_count);
     return;
   }
-  e.row = d.rows[e.i];
-  e.seq = d.seq_lens[e.i];
-  e.q = d.query_counts ? d.query_counts[e.i] : 1;
+  e.row = row;
+  e.seq = seq;
+  e.q = q;
   if (const unsigned err = CheckEntry(d, e.row, e.seq, e.q)) {
     PublishPadding(d, e.i, e.row, e.outs, fetch_count);
     if (e.tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
@@ -554,43 +617,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   e.n = e.q * e.K;
   e.tail_first = e.seq - e.q;
-  e.sel = d.positions + static_cast<size_t>(e.i) * e.outs;
   e.sp = a.SlotPos(e.row, d.layer);
   e.lru = a.Lru(e.row, d.layer);
-  e.segb = (e.B + kThreads - 1) / kThreads * 32;
-  e.y0 = e.warp * e.segb;
-  e.y_end = min(e.B, e.y0 + e.segb);
-  // The first batch of every global input, loaded now: their HBM latency passes while the table
-  // is cleared (and, for the slot table and the LRU order, filled).
-  int sel_first[kLoadBatch], sp_first[kLoadBatch], lru_first[kLoadBatch];
-  LoadBatch(sel_first, e.sel, e.tid, kThreads, e.K, kPadding);
-  LoadBatch(sp_first, e.sp, e.tid, kThreads, e.B, kEmptySlot);
-  LoadBatch(lru_first, e.lru, e.y0 + e.lane, 32, e.y_end, -1);
   uint8_t* st = kShared ? smem : base + sc.state_at;
-  const StateLayout& L = sc.state;
-  e.t = Table{reinterpret_cast<int*>(st + L.key),
-              reinterpret_cast<int*>(st + L.slot),
-              reinterpret_cast<unsigned*>(st + L.lists),
-              reinterpret_cast<int*>(st + L.sel_entry),
-              st + L.is_hit,
-              reinterpret_cast<int*>(st + L.rank_entry),
-              reinterpret_cast<int*>(st + L.lru),
-              L.h};
+  e.t = Table<Idx>{reinterpret_cast<int*>(st + L.key),
+                   reinterpret_cast<int*>(st + L.slot),
+                   reinterpret_cast<unsigned*>(st + L.lists),
+                   reinterpret_cast<Idx*>(st + L.sel_entry),
+                   st + L.is_hit,
+                   reinterpret_cast<Idx*>(st + L.rank_entry),
+                   reinterpret_cast<int*>(st + L.lru),
+                   L.h};
+  int sp_first[kLoadBatch];  // lands while the table is cleared and filled
+  LoadBatch(sp_first, e.sp, e.tid, kThreads, e.B, kEmptySlot);
+  StageLru<kShared>(e);
   ClearState(e, L, w);
 
   if (const unsigned err = InsertLists(e, sel_first)) atomicOr(&w.err, err);
   __syncthreads();
   if (w.err) {
-    PublishPadding(d, e.i, e.row, e.outs, fetch_count);
-    if (e.tid == 0 && d.error_flags) atomicOr(d.error_flags, w.err);
+    RejectStaged<kShared>(d, e.i, e.row, e.outs, fetch_count, w.err);
     return;
   }
   FindHits(e, sp_first);
+  WaitStaged<kShared>();  // the LRU order, for phase 4
+  __syncthreads();
   const int seg = (e.n + kThreads - 1) / kThreads * 32;  // phase 3: flat indices per warp
   const unsigned miss_bits = CountFirsts(e, seg, w);
   if (w.uni > e.B) {  // rule 8c
-    PublishPadding(d, e.i, e.row, e.outs, fetch_count);
-    if (e.tid == 0 && d.error_flags) atomicOr(d.error_flags, static_cast<unsigned>(kResolveUnionTooLarge));
+    RejectStaged<kShared>(d, e.i, e.row, e.outs, fetch_count, static_cast<unsigned>(kResolveUnionTooLarge));
     return;
   }
   int M = 0;
@@ -600,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Placement place{
       reinterpret_cast<int2*>(base + sc.fetch),
       d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + e.i * MissPlan::EntriesPerRow(a.geometry) : nullptr};
-  PlaceVictims(e, w, lru_first, M, w.uni - M, place);
+  PlaceVictims(e, w, M, w.uni - M, place);
   WriteOutputs(e);
   if (e.tid == 0) {
     *fetch_count = M;
@@ -679,36 +734,42 @@ size_t MultiQueryWorkspaceBytes(const ArenaGeometry& g, int max_batch) {
 // A few words, rounded up: the planner's static shared memory.
 constexpr size_t kStaticSmem = 1 << 10;
 
+// The shared state fits next to the kernel's static shared memory (its 16-bit entry indices then
+// always suffice: h is far below 2^16 in 227 KiB).
+bool StateFitsShared(const StateLayout& L, int smem_optin) {
+  return L.bytes + kStaticSmem <= static_cast<size_t>(smem_optin) && L.h < 0xffffu;
+}
+
 cudaError_t PrepareMultiQueryLaunch(const ArenaGeometry& g, ResolveLaunchConfig* c) {
-  // The position table in shared memory when it fits the device's opt-in limit (next to the
-  // kernel's static shared memory), else in the entry's scratch.
-  const Scratch sc = ComputeScratch(g);
+  // The state in shared memory when it fits the device's opt-in limit, else in the entry's scratch.
+  const StateLayout L = SharedState(g);
   c->blocks_per_sm = 1;
   c->smem = 0;
-  if (sc.state.bytes + kStaticSmem > static_cast<size_t>(c->smem_optin)) return cudaSuccess;
+  if (!StateFitsShared(L, c->smem_optin)) return cudaSuccess;
   const cudaError_t e = cudaFuncSetAttribute(MultiQueryResolveKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(sc.state.bytes));
+                                             static_cast<int>(L.bytes));
   if (e != cudaSuccess) {
     SetLaunchError(cudaGetErrorName(e));
     return e;
   }
-  c->smem = static_cast<unsigned>(sc.state.bytes);
+  c->smem = static_cast<unsigned>(L.bytes);
   return cudaSuccess;
 }
 
 cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
                                     const ResolveLaunchConfig& c, cudaStream_t stream) {
-  const size_t need = MultiQueryWorkspaceBytes(d.arena.geometry, d.max_batch);
+  const ArenaGeometry& g = d.arena.geometry;
+  const Scratch sc = ComputeScratch(g);
+  const size_t need = static_cast<size_t>(d.max_batch) * sc.bytes;
   if (!workspace || workspace_bytes < need) {
     return FailLaunch("multi-query RESOLVE workspace too small: " + std::to_string(workspace_bytes) + " bytes, needs " +
                       std::to_string(need));
   }
-  const Scratch sc = ComputeScratch(d.arena.geometry);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   if (c.smem != 0) {
-    MultiQueryResolveKernel<true><<<d.max_batch, kThreads, c.smem, stream>>>(d, ws, sc);
+    MultiQueryResolveKernel<true><<<d.max_batch, kThreads, c.smem, stream>>>(d, ws, sc, SharedState(g));
   } else {
-    MultiQueryResolveKernel<false><<<d.max_batch, kThreads, 0, stream>>>(d, ws, sc);
+    MultiQueryResolveKernel<false><<<d.max_batch, kThreads, 0, stream>>>(d, ws, sc, WorkspaceState(g));
   }
   if (d.flags & kResolveFlagNoFetch) return CheckLaunched();
   // The fetch: about four blocks per SM over the batch, no more columns than an entry has chunks.
