@@ -2,7 +2,8 @@
 # RESOLVE before/after plan (issue 20): the kernel's correctness tests, then the same sweeps with a
 # previous binary and the new one in alternation, in one device call, so both see the same link.
 #   tools/gpu/make-bundle.sh .bundle-gpu                         # here
-#   cp OLD_BUILD/bin/hisparse-bench .bundle-gpu/bin/hisparse-bench-before   # optional: the baseline
+#   tools/gpu/kernel-variant.sh resolve_multi.cu REV:kernels/resolve_multi.cu \
+#     .bundle-gpu/bin/hisparse-bench-before                      # optional: the baseline, here
 #   tools/gpu/resolve-plan.sh .bundle-gpu                        # there, from the repo root
 # Sweeps (each binary, in the order before, after, before, after; each measures the link first):
 #   default  hisparse-bench resolve --runs 100 (150 points: batch 1..128, B 4096/8192, 512/656/1152
