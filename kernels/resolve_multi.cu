@@ -88,6 +88,9 @@ constexpr int kEmptyKey = -1;
 //              overwrites the row's).
 // In shared memory a table entry's index is 16 bits (h < 2^16 there: the state is under 227 KiB),
 // which leaves room for a larger table; in the workspace it is an int.
+template <bool kShared>
+using IndexOf = std::conditional_t<kShared, uint16_t, int>;
+
 struct StateLayout {
   unsigned h;
   size_t key, slot, lists, sel_entry, is_hit, rank_entry, lru, bytes;
@@ -104,7 +107,7 @@ constexpr size_t kRoomyStateBytes = 226 << 10;
 
 StateLayout ComputeStateWith(const ArenaGeometry& g, size_t entries, bool shared) {
   const size_t qk = MissPlan::EntriesPerRow(g);
-  const size_t idx = shared ? 2 : 4;  // bytes of a table entry's index
+  const size_t idx = shared ? sizeof(IndexOf<true>) : sizeof(IndexOf<false>);  // a table entry's index
   const size_t slots = static_cast<uint32_t>(g.slots);
   StateLayout s{};
   s.h = static_cast<unsigned>(AlignUp(std::max<size_t>(64, entries), 64));
@@ -569,10 +572,6 @@ __device__ __forceinline__ void RejectStaged(const ResolveDesc& d, int i, int ro
   PublishPadding(d, i, row, outs, fetch_count);
   if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
 }
-
-// The table entry's index type of each state: 16 bits in shared memory, an int in the workspace.
-template <bool kShared>
-using IndexOf = std::conditional_t<kShared, uint16_t, int>;
 
 template <bool kShared>
 __global__ void __launch_bounds__(kThreads, 1)
