@@ -15,10 +15,10 @@
 //   1. validation (row, query count, seq_len), then every selection of every list: checked
 //      against its query's length, placed by one atomicCAS of its position (or found placed),
 //      and its list's bit set in the entry's byte by one atomicOr, whose second setting is a
-//      duplicate. The entry goes to sel_entry[x] (x = t * k + j, the flat index). A position's
-//      first appearance (rule 8b's order) is the flat index in the lowest list whose bit is set;
-//      the lists still go in one after another, a barrier between them, because that measured
-//      faster than one pass over all of them;
+//      duplicate. The entry goes to sel_entry[x] (x = t * k + j, the flat index). The lists go
+//      in one after another, a barrier between them, so the atomicOr also tells whether a lower
+//      list selected the position: where none did, x is its first appearance (rule 8b's order),
+//      flagged in sel_entry[x];
 //   2. hits, found as the single-query kernel finds them: every regular slot looks its position
 //      up (atomicMin keeps the smallest slot, as the reference's resident map does);
 //   3. every first appearance is classified (tail, hit: marks its slot, miss) by warps that own
@@ -41,7 +41,10 @@
 // (bench/RESULTS.md, "Multi-query planner: one table lookup per selection"); the fourth read the
 // LRU order from global memory in rounds of dependent loads during phase 4, the entry's row only
 // after the batch size, and had a denser table (bench/RESULTS.md, "Multi-query planner: staged
-// LRU order, a sparser table").
+// LRU order, a sparser table"); the fifth ran 512 threads, 0.76 warps of its 16 ready to issue on
+// average (ncu), and told first appearances in phase 3 from the list bits and an integer
+// division a lane (bench/RESULTS.md, "Multi-query planner: first appearances flagged at insert,
+// 1024 threads").
 // Invalid entries and padded entries (rule 7) publish kPadding everywhere and touch nothing else.
 // The state is rebuilt by its block at the start of every launch, so graph replays need nothing
 // in between.
@@ -62,13 +65,22 @@ namespace hisparse {
 namespace internal {
 namespace {
 
-constexpr int kThreads = 512;
+// A whole SM's worth of threads: one block per SM (the state takes its shared memory), and the
+// planner is latency-bound (dependent shared-memory loads and atomics), so more warps in flight is
+// what pays. On the H200 (ncu, n = 3, batch 1) 512 threads issued an instruction every 8.4 cycles
+// per warp with 0.75 warps eligible per scheduler; 1024 threads (48-56 registers, within the 64
+// that allows) had 2.0 eligible and planned n = 3 in 24.4 us against 28.3 (bench/RESULTS.md,
+// "Multi-query planner: first appearances flagged at insert, 1024 threads").
+constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps <= 32, "warp totals are summed by one warp");
 static_assert(kMaxDraftTokens + 1 <= 8, "a table entry's list bits are one byte");
 constexpr int kNoIndex = 0x7fffffff;  // "no regular slot holds it" of the slot column
 constexpr int kNone = 0, kTailFirst = 1, kHitFirst = 2, kMissFirst = 3;
-constexpr int kLoadBatch = 8;  // loads one thread keeps in flight in phases 1 and 2
+constexpr int kLoadBatch = 8;  // slot-table loads one thread keeps in flight in phase 2
+// Selections of one list a thread inserts per batch in phase 1: k = 2048 (DSA's, GLM-5's) in one
+// batch.
+constexpr int kInsertBatch = (2048 + kThreads - 1) / kThreads;
 // An empty key. Only positions >= 0 are placed (padding and invalid positions never are).
 constexpr int kEmptyKey = -1;
 
@@ -80,14 +92,15 @@ constexpr int kEmptyKey = -1;
 //              it (a miss's victim). Set by the thread that places the position, so it needs no
 //              clearing;
 //   lists      [h] a byte per entry: bit t set once list t selected its position;
-//   sel_entry  [Q k] the table entry of selection x (flat index) of the q lists, "none" (all ones)
-//              for padding;
+//   sel_entry  [Q k] the table entry of selection x (flat index) of the q lists, FirstBit set
+//              where x is its position's first appearance; "none" (all ones) for padding;
 //   is_hit     [B] a byte per slot: it holds a hit of this step;
 //   rank_entry [min(Q k, B)] the table entry of miss m (U's order);
 //   lru        [B] the row's LRU order before the step, staged (phase 4 ranks from it while it
 //              overwrites the row's).
-// In shared memory a table entry's index is 16 bits (h < 2^16 there: the state is under 227 KiB),
-// which leaves room for a larger table; in the workspace it is an int.
+// In shared memory a table entry's index is 16 bits, its top bit the first-appearance flag (h <
+// 2^15 there: the state is under 227 KiB), which leaves room for a larger table; in the workspace
+// it is an int.
 template <bool kShared>
 using IndexOf = std::conditional_t<kShared, uint16_t, int>;
 
@@ -164,11 +177,24 @@ Scratch ComputeScratch(const ArenaGeometry& g) {
   return s;
 }
 
-// A table entry's index as the state stores it (Idx: uint16_t in shared memory, int in the
-// workspace); all ones is "none".
+// sel_entry's flag of a first appearance (rule 8b's order), beside the table entry's index (below
+// it: h < 0x7fff in shared memory, StateFitsShared; far below it in the workspace).
+template <typename Idx>
+__device__ __forceinline__ constexpr unsigned FirstBit() {
+  return sizeof(Idx) == 2 ? 0x8000u : 0x40000000u;
+}
+
+// A table entry's index as sel_entry stores it (Idx: uint16_t in shared memory, int in the
+// workspace), its first-appearance flag taken off; all ones is "none" (-1).
 template <typename Idx>
 __device__ __forceinline__ int EntryOf(Idx v) {
-  return v == static_cast<Idx>(-1) ? -1 : static_cast<int>(v);
+  return v == static_cast<Idx>(-1) ? -1 : static_cast<int>(v & ~FirstBit<Idx>());
+}
+
+// Whether sel_entry's value v is a first appearance.
+template <typename Idx>
+__device__ __forceinline__ bool IsFirst(Idx v) {
+  return v != static_cast<Idx>(-1) && (v & FirstBit<Idx>()) != 0;
 }
 
 // The state over shared memory or the entry's scratch. Entries written with atomics are read
@@ -209,8 +235,6 @@ struct Table {
       if (v == kEmptyKey) return -1;
     }
   }
-  // The list bits of entry e.
-  __device__ __forceinline__ unsigned ListsOf(int e) const { return (lists[e >> 2] >> ((e & 3) * 8)) & 0xffu; }
 };
 
 // kPadding in every output of entry i (out_slots and the page table, whichever are asked for) and
@@ -248,12 +272,13 @@ __device__ __forceinline__ int WarpsBefore(const int* v, int warp, int lane) {
   return s;
 }
 
-// Loads v[j] = src[base + j * stride] for j < kLoadBatch, `fill` where the index is at or past
-// `n`: every load in flight before any is used. Phase 1 reads the selections this way, one batch
-// ahead (at cold L2 each batch is an HBM round trip).
-__device__ __forceinline__ void LoadBatch(int (&v)[kLoadBatch], const int* src, int base, int stride, int n, int fill) {
+// Loads v[j] = src[base + j * stride] for j < N, `fill` where the index is at or past `n`: every
+// load in flight before any is used. Phase 1 reads the selections this way, one batch ahead (at
+// cold L2 each batch is an HBM round trip).
+template <int N>
+__device__ __forceinline__ void LoadBatch(int (&v)[N], const int* src, int base, int stride, int n, int fill) {
 #pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) {
+  for (int j = 0; j < N; ++j) {
     const int x = base + j * stride;
     v[j] = x < n ? src[x] : fill;
   }
@@ -330,14 +355,14 @@ __device__ __forceinline__ void ClearState(const Entry<Idx>& e, const StateLayou
 // CASes are issued, then all bits, before any result is looked at (shared-memory atomics are slow
 // one at a time); collisions are resolved in between. Returns the batch's error bits.
 template <typename Idx>
-__device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (&v)[kLoadBatch], int list, int x0) {
+__device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (&v)[kInsertBatch], int list, int x0) {
   const Table<Idx>& t = e.t;
   unsigned err = 0;
   const int first_x = list * e.K;
-  unsigned entry[kLoadBatch], bit[kLoadBatch];
-  int prev[kLoadBatch];
+  unsigned entry[kInsertBatch], bit[kInsertBatch];
+  int prev[kInsertBatch];
 #pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) {
+  for (int j = 0; j < kInsertBatch; ++j) {
     const int jj = x0 + j * kThreads, pos = v[j];
     bit[j] = 0;
     if (jj >= e.K) continue;
@@ -350,41 +375,43 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (
     bit[j] = 1u << ((entry[j] & 3) * 8 + list);  // its byte is fixed once the entry is
     prev[j] = atomicCAS(&t.key[entry[j]], kEmptyKey, pos);
   }
-  unsigned seen[kLoadBatch];
+  unsigned seen[kInsertBatch];
 #pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) {
+  for (int j = 0; j < kInsertBatch; ++j) {
     if (bit[j] == 0) continue;
     const unsigned home = entry[j];
     if (t.FinishInsert(v[j], &entry[j], prev[j])) t.slot[entry[j]] = kNoIndex;
     if (entry[j] != home) bit[j] = 1u << ((entry[j] & 3) * 8 + list);
     seen[j] = atomicOr(&t.lists[entry[j] >> 2], bit[j]);
-    t.sel_entry[first_x + x0 + j * kThreads] = static_cast<Idx>(entry[j]);
+    // The first appearance: no lower list selected the position (they all went in before this one).
+    const bool first = (seen[j] & (bit[j] - 1u) & (0xffu << ((entry[j] & 3) * 8))) == 0;
+    t.sel_entry[first_x + x0 + j * kThreads] = static_cast<Idx>(entry[j] | (first ? FirstBit<Idx>() : 0u));
   }
 #pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) {
+  for (int j = 0; j < kInsertBatch; ++j) {
     if (bit[j] != 0 && (seen[j] & bit[j])) err |= kResolveDuplicate;
   }
   return err;
 }
 
-// Phase 1: every selection of the q lists, list after list with a barrier between them. The
-// order of first appearances does not need the barriers (the list bits give it), but they pay: on
-// the H200 the same order without them planned n = 3 at batch 128 in 46.7 µs against
-// 38.8 with them (bench/RESULTS.md, "Multi-query planner: one table lookup per selection").
+// Phase 1: every selection of the q lists, list after list with a barrier between them: the
+// barriers let InsertBatch tell first appearances, and they paid before they were needed for
+// that (on the H200 one pass over all lists planned n = 3 at batch 128 in 46.7 µs against 38.8
+// list after list; bench/RESULTS.md, "Multi-query planner: one table lookup per selection").
 // The selections are read one batch ahead, across the barrier between lists, so their latency
 // overlaps the previous batch's atomics; `first` is list 0's first batch, loaded with the batch
 // size. Returns this thread's error bits.
 template <typename Idx>
-__device__ __forceinline__ unsigned InsertLists(const Entry<Idx>& e, const int (&first)[kLoadBatch]) {
+__device__ __forceinline__ unsigned InsertLists(const Entry<Idx>& e, const int (&first)[kInsertBatch]) {
   unsigned err = 0;
-  constexpr int kStep = kThreads * kLoadBatch;
-  int v[kLoadBatch], ahead[kLoadBatch];
+  constexpr int kStep = kThreads * kInsertBatch;
+  int v[kInsertBatch], ahead[kInsertBatch];
 #pragma unroll
-  for (int j = 0; j < kLoadBatch; ++j) ahead[j] = first[j];
+  for (int j = 0; j < kInsertBatch; ++j) ahead[j] = first[j];
   for (int list = 0; list < e.q; ++list) {
     for (int at = 0; at < e.K; at += kStep) {
 #pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) v[j] = ahead[j];
+      for (int j = 0; j < kInsertBatch; ++j) v[j] = ahead[j];
       const bool next_list = at + kStep >= e.K;
       if (!next_list || list + 1 < e.q) {
         LoadBatch(ahead, e.sel + (next_list ? (list + 1) * e.K : list * e.K), (next_list ? 0 : at + kStep) + e.tid,
@@ -425,9 +452,10 @@ __device__ __forceinline__ void FindHits(const Entry<Idx>& e, const int (&first)
 template <typename Idx>
 __device__ __forceinline__ int KindOf(const Entry<Idx>& e, int x, int* e_out) {
   const Table<Idx>& t = e.t;
-  const int te = x < e.n ? EntryOf(t.sel_entry[x]) : -1;
+  const Idx v = x < e.n ? t.sel_entry[x] : static_cast<Idx>(-1);
+  const int te = EntryOf(v);
   *e_out = te;
-  if (te < 0 || __ffs(t.ListsOf(te)) - 1 != x / e.K) return kNone;
+  if (!IsFirst(v)) return kNone;
   if (t.key[te] >= e.tail_first) return kTailFirst;
   return t.slot[te] != kNoIndex ? kHitFirst : kMissFirst;
 }
@@ -473,7 +501,7 @@ __device__ __forceinline__ void RankMisses(const Entry<Idx>& e, int seg, const W
     int te = 0;
     const bool miss = r < 32 ? ((miss_bits >> r) & 1u) != 0 : KindOf(e, x, &te) == kMissFirst;
     const unsigned mb = __ballot_sync(~0u, miss);
-    if (miss) e.t.rank_entry[rank + __popc(mb & e.lt)] = e.t.sel_entry[x];
+    if (miss) e.t.rank_entry[rank + __popc(mb & e.lt)] = static_cast<Idx>(EntryOf(e.t.sel_entry[x]));
     rank += __popc(mb);
   }
 }
@@ -597,7 +625,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // of its selections.
   const int row = d.rows[e.i], seq = d.seq_lens[e.i], q = d.query_counts ? d.query_counts[e.i] : 1;
   e.sel = d.positions + static_cast<size_t>(e.i) * e.outs;
-  int sel_first[kLoadBatch];
+  int sel_first[kInsertBatch];
   LoadBatch(sel_first, e.sel, e.tid, kThreads, e.K, kPadding);
   int batch = *d.batch_size;
   batch = batch < 0 ? 0 : (batch > d.max_batch ? d.max_batch : batch);
@@ -736,7 +764,7 @@ constexpr size_t kStaticSmem = 1 << 10;
 // The shared state fits next to the kernel's static shared memory (its 16-bit entry indices then
 // always suffice: h is far below 2^16 in 227 KiB).
 bool StateFitsShared(const StateLayout& L, int smem_optin) {
-  return L.bytes + kStaticSmem <= static_cast<size_t>(smem_optin) && L.h < 0xffffu;
+  return L.bytes + kStaticSmem <= static_cast<size_t>(smem_optin) && L.h < 0x7fffu;
 }
 
 cudaError_t PrepareMultiQueryLaunch(const ArenaGeometry& g, ResolveLaunchConfig* c) {

@@ -9,6 +9,8 @@
 #     SOURCE   a file, or REV:kernels/KERNEL to take it from git (e.g. HEAD~2:kernels/resolve_multi.cu)
 #     OUT_EXE  where the bench goes, e.g. .bundle-gpu/bin/hisparse-bench-before (resolve-plan.sh
 #              times that one against the build's own)
+# NVCC_EXTRA adds nvcc flags to the kernel's compile, e.g. NVCC_EXTRA=-lineinfo for a binary whose
+# ncu source view maps SASS to the kernel's lines.
 # The build must be configured with CUDA (tools/build.sh) and built. The other kernel files and the
 # headers are the working tree's: a variant of one file must still compile against them.
 set -euo pipefail
@@ -42,6 +44,7 @@ compile=$(cd "$build" && ninja -t commands "$obj" | tail -1)
 compile=${compile//"$root/kernels/$kernel "/"$src "}
 compile=${compile//"-o $obj"/"-o $tmp/$kernel.o"}
 compile=${compile//"-MF $obj.d"/"-MF $tmp/$kernel.o.d"}
+compile+=" ${NVCC_EXTRA:-}"
 (cd "$build" && eval "$compile")
 cp "$build/$lib" "$tmp/kernels.a"
 # The archive's member is named after the object file.
