@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse::bench {
-namespace {
+namespace draft_workload_test {
 
 DraftPoint Tiny(int32_t n, int32_t batch) {
   DraftPoint p;
@@ -113,5 +113,5 @@ TEST(DraftWorkloadTest, PointsThatCannotBeBuiltAreRefused) {
   EXPECT_EQ(MakeDraftWorkload(p).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace draft_workload_test
 }  // namespace hisparse::bench

@@ -22,7 +22,7 @@
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
-namespace {
+namespace client_install_test {
 
 // What the wrapped backend saw, shared with the test after the session owns the backend.
 struct Probe {
@@ -211,5 +211,5 @@ TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
   EXPECT_EQ(rec.status().code(), absl::StatusCode::kNotFound) << rec.status();
 }
 
-}  // namespace
+}  // namespace client_install_test
 }  // namespace hisparse

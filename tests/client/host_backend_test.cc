@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace host_backend_test {
 
 using ::testing::HasSubstr;
 
@@ -119,5 +119,5 @@ TEST_F(HostBackendPagesTest, WritesIntoReadOnlyPagesAreRefused) {
   EXPECT_EQ(backend_->host_map().Record(g_, 1, 0, 1), backend_->host_map().Record(g_, 0, 0, 1));
 }
 
-}  // namespace
+}  // namespace host_backend_test
 }  // namespace hisparse

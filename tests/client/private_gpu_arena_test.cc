@@ -6,7 +6,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace private_gpu_arena_test {
 
 using ::testing::HasSubstr;
 
@@ -20,5 +20,5 @@ TEST(PrivateGpuArenaTest, AllowedOnlyWhenTheEngineAsks) {
   }
 }
 
-}  // namespace
+}  // namespace private_gpu_arena_test
 }  // namespace hisparse

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace access_test {
 
 PeerCredentials Peer(uint32_t uid, uint32_t gid) { return PeerCredentials{1234, uid, gid}; }
 
@@ -72,5 +72,5 @@ TEST(PeerRegistryTest, AClosedConnectionsNumberNamesNoLaterSocket) {
   ::close(b[1]);
 }
 
-}  // namespace
+}  // namespace access_test
 }  // namespace hisparse

@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace admission_ledger_test {
 
 using ::testing::HasSubstr;
 using Key = AdmissionLedger::RequestKey;
@@ -217,5 +217,5 @@ TEST_F(AdmissionLedgerTest, OrphansKeepRequestsAndPagesButNoSessionNorVictim) {
   EXPECT_EQ(ledger_.Usage(100), AdmissionLedger::TenantUsage{});
 }
 
-}  // namespace
+}  // namespace admission_ledger_test
 }  // namespace hisparse

@@ -14,7 +14,7 @@
 #include "yaml-cpp/yaml.h"
 
 namespace hisparse {
-namespace {
+namespace config_test {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -488,5 +488,5 @@ TEST(ConfigTest, ExampleFileMatchesTheKeyTable) {
   }
 }
 
-}  // namespace
+}  // namespace config_test
 }  // namespace hisparse

@@ -6,7 +6,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace device_choice_test {
 
 using ::testing::HasSubstr;
 
@@ -60,5 +60,5 @@ TEST(DeviceChoiceTest, HostKeepsHostArenasEvenWithAGpu) {
   }
 }
 
-}  // namespace
+}  // namespace device_choice_test
 }  // namespace hisparse

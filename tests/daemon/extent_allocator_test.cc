@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace extent_allocator_test {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -385,5 +385,5 @@ TEST(ExtentAllocatorTest, RandomOperationsKeepInvariants) {
   }
 }
 
-}  // namespace
+}  // namespace extent_allocator_test
 }  // namespace hisparse

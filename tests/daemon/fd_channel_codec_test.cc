@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace fd_channel_codec_test {
 
 std::string Handle() {
   std::string h(kCudaIpcHandleBytes, '\0');
@@ -179,5 +179,5 @@ TEST(FdChannelCodecTest, MalformedRepliesAreInvalidArgument) {
   }
 }
 
-}  // namespace
+}  // namespace fd_channel_codec_test
 }  // namespace hisparse

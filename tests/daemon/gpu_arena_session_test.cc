@@ -26,7 +26,7 @@
 #include "hisparse/v1/arena_kind.h"
 
 namespace hisparse {
-namespace {
+namespace gpu_arena_session_test {
 
 constexpr uint64_t kGranularity = 2ull << 20;
 
@@ -359,5 +359,5 @@ TEST(ArenaKindTest, EnumAndOldStringAgree) {
   EXPECT_EQ(v1::ArenaKindOf(both), v1::ARENA_KIND_CUDA_VMM);  // new code reads the enum
 }
 
-}  // namespace
+}  // namespace gpu_arena_session_test
 }  // namespace hisparse

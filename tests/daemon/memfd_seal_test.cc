@@ -13,7 +13,7 @@
 #include "hisparse/daemon/page_pool.h"
 
 namespace hisparse {
-namespace {
+namespace memfd_seal_test {
 
 constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
@@ -95,5 +95,5 @@ TEST(MemfdSealTest, HugetlbPoolSlabsAndTheirReplacementsAreSizeSealed) {
   ExpectPoolSealed(PagePool::Hugepages::kOn);
 }
 
-}  // namespace
+}  // namespace memfd_seal_test
 }  // namespace hisparse

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace memory_headroom_test {
 
 using ::testing::HasSubstr;
 
@@ -158,5 +158,5 @@ TEST(MemoryHeadroomSystemTest, ThisMachineReads) {
   EXPECT_GT(h->bytes(), 0u);
 }
 
-}  // namespace
+}  // namespace memory_headroom_test
 }  // namespace hisparse

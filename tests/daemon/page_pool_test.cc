@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace page_pool_test {
 
 using ::testing::HasSubstr;
 using Page = PagePool::Page;
@@ -399,5 +399,5 @@ TEST(PagePoolTest, HandOverSlabsMovesEveryPageAsItIs) {
   EXPECT_EQ(pool->GetStats().pages_used, 0u);
 }
 
-}  // namespace
+}  // namespace page_pool_test
 }  // namespace hisparse

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace path_lock_test {
 
 using ::testing::HasSubstr;
 
@@ -91,5 +91,5 @@ TEST_F(PathLockTest, UnwritableDirectoryIsAnError) {
   EXPECT_THAT(lock.status().message(), HasSubstr("cannot open lock file"));
 }
 
-}  // namespace
+}  // namespace path_lock_test
 }  // namespace hisparse

@@ -14,7 +14,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_batch_parking_test {
 
 using session_test::AdmitOf;
 using session_test::Codes;
@@ -204,5 +204,5 @@ TEST_F(SessionBatchParkingTest, BadBatchesChangeNothing) {
   EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
 }
 
-}  // namespace
+}  // namespace session_batch_parking_test
 }  // namespace hisparse

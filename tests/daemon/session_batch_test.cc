@@ -15,7 +15,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_batch_test {
 
 using session_test::AdmitOf;
 using session_test::Codes;
@@ -287,5 +287,5 @@ TEST(SessionBatchTest, LeaseItemsAreCheckedAsAdmitChecksThem) {
   EXPECT_EQ(no_leases->Stats().requests(), 0u);
 }
 
-}  // namespace
+}  // namespace session_batch_test
 }  // namespace hisparse

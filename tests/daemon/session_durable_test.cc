@@ -18,7 +18,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_durable_test {
 
 using session_test::AdmitOf;
 using session_test::kMiB;
@@ -352,5 +352,5 @@ TEST_F(SessionDurableTest, SharedPrefixesStayExactAcrossTheMove) {
   EXPECT_EQ(sm_->Stats().host_pool().pages_used(), 0u);
 }
 
-}  // namespace
+}  // namespace session_durable_test
 }  // namespace hisparse

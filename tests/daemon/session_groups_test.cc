@@ -14,7 +14,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_groups_test {
 
 using session_test::AdmitOf;
 using session_test::kMiB;
@@ -496,5 +496,5 @@ TEST(SessionGroups, MetricsCountTheGroupsPagesOnce) {
   EXPECT_EQ(value("hisparse_tp_group_shares"), 4);
 }
 
-}  // namespace
+}  // namespace session_groups_test
 }  // namespace hisparse

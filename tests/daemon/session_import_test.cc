@@ -17,7 +17,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_import_test {
 
 using session_test::kMiB;
 using session_test::kPage;
@@ -432,5 +432,5 @@ TEST_F(SessionImportTest, ParkBatchRefusesAnImportingRequest) {
   EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
 }
 
-}  // namespace
+}  // namespace session_import_test
 }  // namespace hisparse

@@ -23,7 +23,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_manager_test {
 
 using ::testing::HasSubstr;
 
@@ -433,11 +433,11 @@ TEST(SessionManagerTest, OutOfDescriptorsAtOpenIsResourceExhausted) {
   EXPECT_EQ(sm->Stats().sessions(), 1u);
 }
 
-}  // namespace
+}  // namespace session_manager_test
 }  // namespace hisparse
 
 namespace hisparse {
-namespace {
+namespace session_manager_test {
 
 // Every entry of the one metric catalog is exported with a sample once the daemon has a session,
 // a request and a timed RPC: a catalog entry that nothing fills would be a dashboard panel that
@@ -464,5 +464,5 @@ TEST(SessionManagerTest, MetricsFillEveryCatalogEntry) {
   }
 }
 
-}  // namespace
+}  // namespace session_manager_test
 }  // namespace hisparse

@@ -15,7 +15,7 @@
 #include "session_test_util.h"
 
 namespace hisparse {
-namespace {
+namespace session_parking_test {
 
 using session_test::AdmitOf;
 using session_test::kMiB;
@@ -391,5 +391,5 @@ TEST(SessionSharingTest, BadPrefixesAreRefusedAndChangeNothing) {
   EXPECT_INVARIANTS(*sm);
 }
 
-}  // namespace
+}  // namespace session_parking_test
 }  // namespace hisparse

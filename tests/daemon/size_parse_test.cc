@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace size_parse_test {
 
 using ::testing::HasSubstr;
 
@@ -142,5 +142,5 @@ TEST(FormatByteSizeTest, ExactFormRoundTrips) {
   }
 }
 
-}  // namespace
+}  // namespace size_parse_test
 }  // namespace hisparse

@@ -18,7 +18,7 @@
 #include "hisparse/common/unix_socket.h"
 
 namespace hisparse {
-namespace {
+namespace accept_guard_test {
 
 TEST(RateLimitedLogTest, OneLineASecondWithTheCountOfTheRest) {
   absl::Time now = absl::FromUnixSeconds(1000);
@@ -134,5 +134,5 @@ TEST(AcceptGuardTest, ShedsPendingConnectionsWithoutDescriptorsAndRecovers) {
   ::unlink(path.c_str());
 }
 
-}  // namespace
+}  // namespace accept_guard_test
 }  // namespace hisparse

@@ -32,7 +32,7 @@
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
-namespace {
+namespace durable_restart_test {
 
 std::string BinDir() {
   char self[4096];
@@ -185,5 +185,5 @@ TEST_F(DurableRestartTest, ALeaseThatEndsUnadoptedLeavesThePoolEmpty) {
   EXPECT_EQ(Lines(Out("again")).size(), 8u);
 }
 
-}  // namespace
+}  // namespace durable_restart_test
 }  // namespace hisparse

@@ -33,7 +33,7 @@
 #include "hisparse/hisparse.h"
 
 namespace hisparse {
-namespace {
+namespace fd_channel_fault_test {
 
 using Clock = std::chrono::steady_clock;
 using grpc::health::v1::HealthCheckResponse;
@@ -262,5 +262,5 @@ TEST(FdChannelFaultTest, CapsConnectionsPerPeer) {
   EXPECT_EQ(ok.code, HS_OK) << ok.error;
 }
 
-}  // namespace
+}  // namespace fd_channel_fault_test
 }  // namespace hisparse

@@ -24,7 +24,7 @@
 #include "hisparse/hisparse.h"
 
 namespace hisparse {
-namespace {
+namespace fd_churn_test {
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -143,5 +143,5 @@ TEST(FdChurnTest, SessionOpenCloseLeavesTheDaemonAsItWas) {
   EXPECT_EQ(::kill(pid, 0), 0) << "the daemon died";
 }
 
-}  // namespace
+}  // namespace fd_churn_test
 }  // namespace hisparse

@@ -26,7 +26,7 @@
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
-namespace {
+namespace kill_cycle_test {
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -144,5 +144,5 @@ TEST(KillCycleTest, NodeIsEmptyAfterManyKilledClients) {
   EXPECT_EQ(::kill((*daemon)->pid(), 0), 0);
 }
 
-}  // namespace
+}  // namespace kill_cycle_test
 }  // namespace hisparse

@@ -15,7 +15,7 @@
 #include "hisparse/hisparse.h"
 
 namespace hisparse {
-namespace {
+namespace park_share_gpu_test {
 
 constexpr uint32_t kLayers = 2, kRb = 64, kK = 4, kB = 8;
 constexpr uint32_t kPerPage = 4096 / kRb;
@@ -173,5 +173,5 @@ TEST_F(ParkShareGpuTest, ChildResolvesTheSharedPrefixAndCannotStoreIntoIt) {
   ResolveAndCheck(2, child.row, 100, {5, 63, 70, 99});
 }
 
-}  // namespace
+}  // namespace park_share_gpu_test
 }  // namespace hisparse

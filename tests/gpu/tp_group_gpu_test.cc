@@ -14,7 +14,7 @@
 #include "hisparse/hisparse.h"
 
 namespace hisparse {
-namespace {
+namespace tp_group_gpu_test {
 
 constexpr uint32_t kLayers = 2, kRb = 64, kK = 4, kB = 8, kRanks = 2;
 
@@ -159,5 +159,5 @@ TEST_F(TpGroupGpuTest, EveryRanksGpuResolvesTheOneSetOfPages) {
   static_cast<uint8_t*>(a)[0] ^= 0xff;
 }
 
-}  // namespace
+}  // namespace tp_group_gpu_test
 }  // namespace hisparse

@@ -19,7 +19,7 @@
 #include "hisparse/hisparse.h"
 
 namespace hisparse {
-namespace {
+namespace two_process_gpu_test {
 
 std::string EngineBinary() {
   char buf[4096];
@@ -237,5 +237,5 @@ TEST_P(TwoProcessGpuTest, EnginesCannotReachEachOthersArenaOrRequests) {
   held.Wait();
 }
 
-}  // namespace
+}  // namespace two_process_gpu_test
 }  // namespace hisparse

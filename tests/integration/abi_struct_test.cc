@@ -11,7 +11,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace abi_struct_test {
 
 // A caller's struct T grown by kExtra bytes (as a newer header would grow it), filled with 0xab.
 template <typename T>
@@ -193,5 +193,5 @@ TEST_F(AbiStructTest, StoreIndexedArgsFromTheFirstVersionUp) {  // ABI 1.3
   EXPECT_EQ(hs_store_indexed(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
 }
 
-}  // namespace
+}  // namespace abi_struct_test
 }  // namespace hisparse::testing

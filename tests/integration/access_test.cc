@@ -12,7 +12,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace access_test {
 
 int RunAsNobody(const std::string& cmd) {
   const std::string full = "setpriv --reuid=65534 --regid=65534 --clear-groups " + cmd + " >/dev/null 2>&1";
@@ -146,5 +146,5 @@ TEST(AdmissionUnderPressureTest, RejectIsTheDefault) {
   EXPECT_EQ(Stats(daemon->address()).evictions(), 0u);
 }
 
-}  // namespace
+}  // namespace access_test
 }  // namespace hisparse::testing

@@ -18,7 +18,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace admin_test {
 
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(const std::string& address) {
   auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -253,5 +253,5 @@ TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
   ::rmdir(dir);
 }
 
-}  // namespace
+}  // namespace admin_test
 }  // namespace hisparse::testing

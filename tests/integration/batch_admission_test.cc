@@ -16,7 +16,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace batch_admission_test {
 
 constexpr uint32_t kLayers = 4, kRecord = 64, kSlots = 16, kK = 8;
 // What out_results hold before a call, to see which entries it wrote: an hs_result no batch item
@@ -219,5 +219,5 @@ TEST(BatchAdmissionTest, MappingFailureAfterTheDaemonAdmittedReleasesTheBatch) {
   EXPECT_EQ(Stats(address).requests(), 4u);
 }
 
-}  // namespace
+}  // namespace batch_admission_test
 }  // namespace hisparse::testing

@@ -13,7 +13,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace batch_parking_test {
 
 constexpr uint32_t kLayers = 4, kRecord = 64, kSlots = 16, kK = 8, kCtx = 40;
 constexpr hs_result kUntouched = HS_ERR_UNIMPLEMENTED;  // as batch_admission_test's
@@ -150,5 +150,5 @@ TEST_F(BatchParkingTest, ImportItemsFailWhereTheDaemonServesNoImports) {
   EXPECT_EQ(Stats(address_).requests(), 0u);
 }
 
-}  // namespace
+}  // namespace batch_parking_test
 }  // namespace hisparse::testing

@@ -11,7 +11,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace control_plane_test {
 
 class ControlPlaneTest : public ::testing::Test {
  protected:
@@ -299,5 +299,5 @@ TEST_F(ControlPlaneTest, ReflectionListsTheService) {
   (void)stream->Finish();
 }
 
-}  // namespace
+}  // namespace control_plane_test
 }  // namespace hisparse::testing

@@ -9,7 +9,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace ctl_test {
 
 TEST(CtlTest, StatsJsonNamesThePoolPlainly) {
   auto daemon = StartDaemon();
@@ -45,5 +45,5 @@ TEST(CtlTest, UnreachableDaemonExitsTwo) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
-}  // namespace
+}  // namespace ctl_test
 }  // namespace hisparse::testing

@@ -8,7 +8,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace data_path_test {
 
 uint8_t Pattern(uint64_t req, uint32_t layer, uint32_t pos, uint32_t i) {
   return static_cast<uint8_t>(req * 7 + layer * 13 + pos * 29 + i);
@@ -122,5 +122,5 @@ TEST(DataPathTest, ShortPromptIsResidentAfterPrefill) {
   EXPECT_EQ(after.misses - before.misses, 0u);
 }
 
-}  // namespace
+}  // namespace data_path_test
 }  // namespace hisparse::testing

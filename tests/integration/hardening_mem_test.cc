@@ -32,7 +32,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace hardening_mem_test {
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
@@ -536,5 +536,5 @@ TEST(StartMemoryTest, APoolOfFourTimesMemAvailableIsRefusedAtOnce) {
   ::rmdir(dir.c_str());
 }
 
-}  // namespace
+}  // namespace hardening_mem_test
 }  // namespace hisparse::testing

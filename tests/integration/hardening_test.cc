@@ -23,7 +23,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace hardening_test {
 
 using Clock = std::chrono::steady_clock;
 
@@ -238,5 +238,5 @@ TEST(HardeningTest, CtlRequestsFollowsEveryPage) {
   EXPECT_NE(r.out.find("\"request_id\": " + std::to_string(kRequests) + ","), std::string::npos);
 }
 
-}  // namespace
+}  // namespace hardening_test
 }  // namespace hisparse::testing

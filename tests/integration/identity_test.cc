@@ -20,7 +20,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace identity_test {
 
 constexpr char kStolenEnv[] = "HISPARSE_STOLEN_SESSION";  // "ADDRESS SESSION_ID TOKEN"
 
@@ -336,5 +336,5 @@ TEST_F(IdentityTest, AdminUidsSeeEveryTenantAndMayDrain) {
   EXPECT_TRUE(Stats(a).draining());
 }
 
-}  // namespace
+}  // namespace identity_test
 }  // namespace hisparse::testing

@@ -20,7 +20,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace import_test {
 
 constexpr uint64_t kSeed = 0x5eed;
 
@@ -297,5 +297,5 @@ TEST_F(ImportTest, AnUnusedGrantExpiresAndFreesItsRequest) {
   EXPECT_EQ(Commit(Grant(3), Grant(3).session_id(), 3).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-}  // namespace
+}  // namespace import_test
 }  // namespace hisparse::testing

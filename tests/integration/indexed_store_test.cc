@@ -12,7 +12,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace indexed_store_test {
 
 constexpr uint32_t kLayers = 4, kRb = 64, kB = 16;
 constexpr int32_t kCtx = 40, kPoolTokens = 128;
@@ -193,5 +193,5 @@ TEST_F(IndexedStoreTest, BadInputIsRefusedAndWritesNothing) {
   refused(HS_ERR_INVALID_ARGUMENT, x, "struct_size");
 }
 
-}  // namespace
+}  // namespace indexed_store_test
 }  // namespace hisparse::testing

@@ -14,7 +14,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace long_context_test {
 
 constexpr uint32_t kRecord = 656;
 constexpr uint32_t kLayers = 2;
@@ -161,5 +161,5 @@ TEST(ManyTenantsTest, TheDefaultPoolServesManySessionsAtOnce) {
   EXPECT_EQ(st.host_pool().free_bytes(), st.host_pool().capacity_bytes());
 }
 
-}  // namespace
+}  // namespace long_context_test
 }  // namespace hisparse::testing

@@ -9,7 +9,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace page_table_test {
 
 constexpr uint32_t kLayers = 4, kRb = 64, kB = 16, kK = 8;
 constexpr int32_t kCtx = 60;
@@ -106,5 +106,5 @@ TEST_F(PageTableTest, BadParametersAreRefused) {
   EXPECT_EQ(after.hits + after.misses, before.hits + before.misses) << "nothing was resolved";
 }
 
-}  // namespace
+}  // namespace page_table_test
 }  // namespace hisparse::testing

@@ -12,7 +12,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace park_share_test {
 
 constexpr uint32_t kLayers = 4, kRb = 64, kB = 16, kK = 8;
 constexpr uint32_t kPerPage = 4096 / kRb;  // 64 records a page (the test daemon's 4 KiB pages)
@@ -228,5 +228,5 @@ TEST_F(ParkShareTest, BadPrefixesAreRefusedWithTheirCodes) {
   EXPECT_TRUE(s_.AdmitShared(2, 10, 200, 1, 100).ok()) << hs_last_error();  // the whole parent
 }
 
-}  // namespace
+}  // namespace park_share_test
 }  // namespace hisparse::testing

@@ -14,7 +14,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace peer_death_test {
 
 // Starts hisparse-test-client (beside this test binary) and waits for its READY line.
 pid_t StartClient(const std::vector<std::string>& args) {
@@ -94,5 +94,5 @@ TEST(PeerDeathTest, ChurningClientsKilledAtRandomPointsLeaveNothing) {
   EXPECT_EQ(st.host_pool().used_bytes(), 0u);
 }
 
-}  // namespace
+}  // namespace peer_death_test
 }  // namespace hisparse::testing

@@ -10,7 +10,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace restart_test {
 
 TEST(DaemonRestartTest, EnginesGetAClearErrorKeepTheirMappingAndReconnect) {
   auto daemon = StartDaemon();
@@ -43,5 +43,5 @@ TEST(DaemonRestartTest, EnginesGetAClearErrorKeepTheirMappingAndReconnect) {
   EXPECT_TRUE(again.Admit(1, 10, 100).ok());  // re-admit (and re-prefill) on the new daemon
 }
 
-}  // namespace
+}  // namespace restart_test
 }  // namespace hisparse::testing

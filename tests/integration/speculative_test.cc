@@ -16,7 +16,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace speculative_test {
 
 constexpr int kLayers = 4, kRecord = 64, kK = 8, kB = 20, kDraft = 2, kQ = kDraft + 1;
 
@@ -198,5 +198,5 @@ TEST(SpeculativeTest, BadDraftInputIsRefusedWithItsReason) {
   EXPECT_EQ(table, std::vector<int32_t>(kQ * kK, -1));
 }
 
-}  // namespace
+}  // namespace speculative_test
 }  // namespace hisparse::testing

@@ -21,7 +21,7 @@
 #include "test_support.h"
 
 namespace hisparse::testing {
-namespace {
+namespace tp_group_test {
 
 constexpr uint32_t kLayers = 4, kRb = 64, kB = 16, kK = 8, kRanks = 4;
 constexpr uint32_t kCtx = 300;     // 5 pages of 64 records a layer (the test daemon's 4 KiB pages)
@@ -338,5 +338,5 @@ TEST(TpGroupProcessTest, AKilledRankDropsItsSharesTheOthersKeepThePages) {
   EXPECT_EQ(Stats(address).host_pool().used_bytes(), 0u);
 }
 
-}  // namespace
+}  // namespace tp_group_test
 }  // namespace hisparse::testing

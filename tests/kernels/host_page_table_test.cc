@@ -18,7 +18,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace host_page_table_test {
 
 using testing::ArenaFixture;
 using testing::PagedLayout;
@@ -355,5 +355,5 @@ TEST_F(ReadOnlyPageTest, ResolveReadsSharedPages) {
   EXPECT_EQ(f_.counters().misses, 4u);
 }
 
-}  // namespace
+}  // namespace host_page_table_test
 }  // namespace hisparse

@@ -13,7 +13,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace indexed_store_test {
 
 using ::hisparse::testing::ArenaFixture;
 using ::testing::ElementsAre;
@@ -170,5 +170,5 @@ TEST(IndexedStoreTest, InvalidInputWritesNothing) {
   expect(kResolveBadSeqLen, Indexed(f, other, good, 1, 0, 3, 0, 6, 6));                // row not admitted
 }
 
-}  // namespace
+}  // namespace indexed_store_test
 }  // namespace hisparse

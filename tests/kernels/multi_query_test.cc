@@ -13,7 +13,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace multi_query_test {
 
 using ::hisparse::testing::ArenaFixture;
 using ::testing::Each;
@@ -463,5 +463,5 @@ TEST(MultiQueryTest, RandomAcceptanceMatchesTheModel) {
   }
 }
 
-}  // namespace
+}  // namespace multi_query_test
 }  // namespace hisparse

@@ -13,7 +13,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace page_table_test {
 
 using ::hisparse::testing::ArenaFixture;
 using ::testing::ElementsAre;
@@ -245,5 +245,5 @@ TEST(PageTableTest, DraftTokensWidenTheInt32Bound) {
   EXPECT_NE(ValidatePageTable(g, 1, INT32_MAX - 29), nullptr);  // kG's bound without the tails
 }
 
-}  // namespace
+}  // namespace page_table_test
 }  // namespace hisparse

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 
 namespace hisparse {
-namespace {
+namespace record_dispatch_test {
 
 int UprFor(uint32_t record_bytes) {
   return internal::DispatchRecordBytes(record_bytes, [](auto upr) { return decltype(upr)::value; });
@@ -32,5 +32,5 @@ TEST(DispatchRecordBytes, CallsOnceAndReturnsVoidToo) {
   EXPECT_EQ(calls, 1);
 }
 
-}  // namespace
+}  // namespace record_dispatch_test
 }  // namespace hisparse

@@ -11,7 +11,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace replay_reference_test {
 
 using testing::ArenaFixture;
 
@@ -184,5 +184,5 @@ TEST(ReplayReference, RejectsBadLayers) {
   EXPECT_EQ(f.Snapshot(), before);
 }
 
-}  // namespace
+}  // namespace replay_reference_test
 }  // namespace hisparse

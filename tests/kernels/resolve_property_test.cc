@@ -12,7 +12,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace resolve_property_test {
 
 using ::hisparse::testing::ArenaFixture;
 
@@ -222,5 +222,5 @@ TEST(ResolvePropertyTest, InvariantsHoldOverRandomSteps) {
   EXPECT_GT(steps, 20000);
 }
 
-}  // namespace
+}  // namespace resolve_property_test
 }  // namespace hisparse

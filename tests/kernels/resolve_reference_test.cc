@@ -8,7 +8,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace resolve_reference_test {
 
 using ::hisparse::testing::ArenaFixture;
 using ::testing::ElementsAre;
@@ -330,5 +330,5 @@ TEST(ResolveTest, ResetRowEmptiesEveryLayer) {
   EXPECT_THAT(f.SlotPos(0, 1), ElementsAre(10, 11, 12, 13));
 }
 
-}  // namespace
+}  // namespace resolve_reference_test
 }  // namespace hisparse

@@ -9,7 +9,7 @@
 #include "hisparse/kernels/resolve.h"
 
 namespace hisparse {
-namespace {
+namespace store_append_test {
 
 using ::hisparse::testing::ArenaFixture;
 using ::testing::ElementsAre;
@@ -146,5 +146,5 @@ TEST(AppendTest, InvalidRowsSetBitsAndTouchNothing) {
   EXPECT_EQ(before, f.Snapshot());
 }
 
-}  // namespace
+}  // namespace store_append_test
 }  // namespace hisparse

@@ -10,7 +10,7 @@
 #include <string>
 
 namespace hisparse::bench {
-namespace {
+namespace bench_host_tables_test {
 
 TEST(BenchHostTables, PagedPagesAreDistinctFramesInsideThePool) {
   const size_t page = size_t{2} << 20, pool = size_t{64} << 20;
@@ -89,5 +89,5 @@ TEST(BenchHostTables, RefusesWhatDoesNotFit) {
   EXPECT_EQ(ParseBytes("x"), 0u);
 }
 
-}  // namespace
+}  // namespace bench_host_tables_test
 }  // namespace hisparse::bench

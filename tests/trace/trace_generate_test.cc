@@ -15,7 +15,7 @@
 #include "trace_test_util.h"
 
 namespace hisparse::trace {
-namespace {
+namespace trace_generate_test {
 
 using ::hisparse::trace::testing::TempDir;
 using ::testing::HasSubstr;
@@ -225,5 +225,5 @@ TEST(TraceGenerateTest, CommandWritesHints) {
   EXPECT_EQ(2, RunGen({"--preset", "local", "--hints", "-1", "--measure"}, &out));
 }
 
-}  // namespace
+}  // namespace trace_generate_test
 }  // namespace hisparse::trace

@@ -13,7 +13,7 @@
 #include "trace_test_util.h"
 
 namespace hisparse::trace {
-namespace {
+namespace trace_locality_test {
 
 using ::hisparse::trace::testing::TempDir;
 using ::testing::ElementsAre;
@@ -148,5 +148,5 @@ TEST(TraceLocalityTest, StudyCommand) {
   EXPECT_THAT(out, HasSubstr("]}"));  // what was printed before the failure is closed
 }
 
-}  // namespace
+}  // namespace trace_locality_test
 }  // namespace hisparse::trace

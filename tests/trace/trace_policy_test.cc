@@ -19,7 +19,7 @@
 #include "trace_test_util.h"
 
 namespace hisparse::trace {
-namespace {
+namespace trace_policy_test {
 
 using ::hisparse::trace::testing::TempDir;
 using ::testing::HasSubstr;
@@ -209,5 +209,5 @@ TEST(TracePolicyTest, StudyCommandWithHintsSmoke) {
   EXPECT_EQ(2, RunTrace({"--trace", a, "--policy", "lru3", "--slots", "3"}, &out));
 }
 
-}  // namespace
+}  // namespace trace_policy_test
 }  // namespace hisparse::trace

@@ -10,7 +10,7 @@
 #include "trace_test_util.h"
 
 namespace hisparse::trace {
-namespace {
+namespace trace_reader_test {
 
 using ::hisparse::trace::testing::ReadAll;
 using ::hisparse::trace::testing::TempDir;
@@ -192,5 +192,5 @@ TEST(TraceWriterTest, RoundTripsAndRefusesBadRecords) {
   EXPECT_FALSE(TraceWriter::Create(dir.Path("x"), h).ok());
 }
 
-}  // namespace
+}  // namespace trace_reader_test
 }  // namespace hisparse::trace

@@ -15,7 +15,7 @@
 #include "trace_test_util.h"
 
 namespace hisparse::trace {
-namespace {
+namespace trace_replay_test {
 
 using ::hisparse::trace::testing::TempDir;
 using ::testing::HasSubstr;
@@ -211,5 +211,5 @@ TEST(TraceReplayTest, CommandExitCodes) {
   EXPECT_EQ(2, RunCmd({"--trace"}));
 }
 
-}  // namespace
+}  // namespace trace_replay_test
 }  // namespace hisparse::trace

@@ -10,7 +10,7 @@
 #include "trace_test_util.h"
 
 namespace hisparse::trace {
-namespace {
+namespace trace_v2_test {
 
 using ::hisparse::trace::testing::ReadAll;
 using ::hisparse::trace::testing::TempDir;
@@ -200,5 +200,5 @@ TEST(TraceV2Test, GeneratorHintsAreTheNextBestCandidates) {
             absl::StatusCode::kInvalidArgument);
 }
 
-}  // namespace
+}  // namespace trace_v2_test
 }  // namespace hisparse::trace
