@@ -9,6 +9,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -f build/compile_commands.json ]] || { echo "lint: run tools/build.sh first"; exit 2; }
+# The tests compile in batches (HISPARSE_UNITY_TESTS): a batch's entry in compile_commands.json
+# names the generated file that #includes them. build/lint/compile_commands.json is the same
+# database with every batch replaced by one entry per file it includes, under the batch's command.
+mkdir -p build/lint
+python3 - build/compile_commands.json build/lint/compile_commands.json <<'PY'
+import json, re, sys
+out = []
+for e in json.load(open(sys.argv[1])):
+    if "/Unity/unity_" not in e["file"]:
+        out.append(e)
+        continue
+    for src in re.findall(r'^#include "(.+)"$', open(e["file"]).read(), re.M):
+        cmd = e["command"].replace(e["file"], src)
+        out.append({"directory": e["directory"], "command": cmd, "file": src})
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+PY
 mapfile -t product < <(git ls-files '*.cc' | grep -v -E '^tests/')
 mapfile -t tests < <(git ls-files 'tests/*.cc' | grep -v -E '^tests/fuzz/')
 TEST_CHECKS='-*,bugprone-use-after-move,bugprone-unused-return-value,bugprone-dangling-handle,bugprone-undefined-memory-manipulation,modernize-use-override,misc-unused-using-decls'
@@ -19,9 +35,9 @@ status=0
 lint() {  # CHECKS_ARG FILES...
   local checks=$1; shift
   if [[ -n $runner ]]; then
-    "$runner" -quiet -p build -j "$jobs" ${checks:+"-checks=$checks"} "${@/#/$PWD/}" >>build/lint.log 2>&1 || status=1
+    "$runner" -quiet -p build/lint -j "$jobs" ${checks:+"-checks=$checks"} "${@/#/$PWD/}" >>build/lint.log 2>&1 || status=1
   else
-    for f in "$@"; do clang-tidy --quiet -p build ${checks:+"--checks=$checks"} "$f" >>build/lint.log 2>&1 || status=1; done
+    for f in "$@"; do clang-tidy --quiet -p build/lint ${checks:+"--checks=$checks"} "$f" >>build/lint.log 2>&1 || status=1; done
   fi
 }
 lint "" "${product[@]}"
