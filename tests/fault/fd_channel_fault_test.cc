@@ -164,19 +164,35 @@ TEST(FdChannelFaultTest, RecoversFromDescriptorExhaustion) {
   EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING)) << "health stayed SERVING without descriptors";
 
   // The control socket's acceptor is out of descriptors too: a connection is closed at once
-  // rather than left in the backlog (while the acceptor spins on EMFILE).
-  UniqueFd control(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", daemon->socket_path().c_str());
-  ASSERT_EQ(::connect(control.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
-  const timeval bound{10, 0};
-  ASSERT_EQ(::setsockopt(control.get(), SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof(bound)), 0);
-  char byte;
-  const ssize_t got = ::recv(control.get(), &byte, 1, 0);
-  EXPECT_TRUE(got == 0 || (got < 0 && errno == ECONNRESET))
-      << "a control connection was not closed: recv gave " << got << (got < 0 ? std::strerror(errno) : "");
-  control.Reset();
+  // rather than left in the backlog (while the acceptor spins on EMFILE). A connection may also be
+  // served: the fd channel's acceptor frees a descriptor for an instant while it sheds its own
+  // pending connections (its reserve's exchange), and an accept that lands then succeeds and gRPC
+  // greets the peer. That is not a fault; a connection left waiting is. So connect until one is
+  // shed, and fail on any that neither closes nor is answered.
+  int shed = 0;
+  int served = 0;
+  for (int attempt = 0; attempt < 20 && shed == 0; ++attempt) {
+    UniqueFd control(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", daemon->socket_path().c_str());
+    ASSERT_EQ(::connect(control.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    const timeval bound{10, 0};
+    ASSERT_EQ(::setsockopt(control.get(), SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof(bound)), 0);
+    char byte;
+    const ssize_t got = ::recv(control.get(), &byte, 1, 0);
+    const int err = errno;
+    if (got == 0 || (got < 0 && err == ECONNRESET)) {
+      ++shed;
+    } else if (got > 0) {
+      ++served;
+    } else {
+      ADD_FAILURE() << "a control connection was neither closed nor served within 10 s: " << std::strerror(err);
+      break;
+    }
+  }
+  std::printf("control connections: %d shed, %d served while the fd channel shed its own\n", shed, served);
+  EXPECT_EQ(shed, 1) << "no control connection was shed in 20 tries";
 
   // A new session cannot be served now, but the open fails in bounded time instead of hanging.
   auto open = OpenAsync(daemon->address(), 1000);
