@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -116,6 +117,10 @@ class DurableRestartTest : public ::testing::Test {
   void SetUp() override {
     dir_ = ::testing::TempDir() + "/durable_restart_" + std::to_string(::getpid());
     ::mkdir(dir_.c_str(), 0700);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
   void Start(std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"--host-pool-size",      "64MiB", "--host-pool-page-size", "4KiB",

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -48,6 +49,10 @@ class ImportTest : public ::testing::Test {
   }
   void TearDown() override {
     if (session_ != nullptr) hs_session_close(session_);
+    if (!dir_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir_, ignored);
+    }
   }
 
   void Start(int grant_ttl_s, uint32_t max_requests = 8) {
