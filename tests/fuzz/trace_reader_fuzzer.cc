@@ -19,6 +19,8 @@ using hisparse::fuzz::Fail;
 
 constexpr int kMaxRecords = 100000;  // a gzip bomb must end in bounded time
 
+void RemoveScratchDir();
+
 // One scratch directory per process: parallel fuzzing jobs (-jobs=N) must not share files. In
 // /dev/shm when there is one: two files are written per input, and a disk-backed /tmp halves the
 // executions per second.
@@ -27,9 +29,17 @@ const std::string& ScratchDir() {
     std::string tmpl =
         ::access("/dev/shm", W_OK) == 0 ? "/dev/shm/hisparse-trace-fuzz-XXXXXX" : "/tmp/hisparse-trace-fuzz-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) Fail("mkdtemp failed");
+    std::atexit(RemoveScratchDir);  // else every run leaves a folder in /dev/shm (memory)
     return new std::string(tmpl);
   }();
   return *dir;
+}
+
+void RemoveScratchDir() {
+  const std::string& dir = ScratchDir();
+  std::remove((dir + "/input.trace").c_str());
+  std::remove((dir + "/output.trace").c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace
