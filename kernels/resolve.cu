@@ -34,11 +34,13 @@
 //          takes the misses in position order, i.e. host-address order, instead of selection
 //          order (a counting sort into buckets of positions; every miss keeps its victim);
 //       6. PublishChunks and CopyOwnChunks: the fetch, below.
-//   * Fetching is spread over the whole GPU: the planner cuts its misses into chunks of a few
-//     records (~4 KB), keeps the first chunks for its own warps (no extra round trip) and publishes
-//     the rest into a work queue in the workspace (one atomic reserves the entries and counts the
-//     row as published); every warp of the grid pulls chunks from the queue and copies them with
-//     16-byte non-coherent loads from mapped host memory and 16-byte stores. The warp that
+//   * Fetching is spread over the whole GPU: the planner keeps its first misses for its own warps
+//     (no extra round trip; a row with few misses keeps them all, each warp as many records as one
+//     round of its loads covers, so that they cost one PCIe round trip), cuts the rest into
+//     chunks of a few records (~4 KB) and publishes them, from its last warp, into a work queue
+//     in the workspace (one atomic reserves the entries and counts the row as published); every
+//     warp of the grid pulls chunks from the queue and copies them with 16-byte non-coherent
+//     loads from mapped host memory and 16-byte stores. The warp that
 //     publishes the last row writes one END entry for every warp of the grid, so every warp
 //     waits only on its own queue entry and the queue drains exactly. A warp's first entry is
 //     fixed (warp w of W takes entry W - 1 - w: the helpers, which start idle, take the first
@@ -120,10 +122,21 @@ constexpr unsigned kEndTag = 0xffffffffu;  // lo word of an END entry; hi word =
 // Step 5a's buckets of positions (two per thread: one scan pass); its counts and the own chunks'
 // order live in the hash table, free by then (H >= 2k entries, k >= kAddressOrderMinK).
 constexpr int kOrderBuckets = 2 * kThreads;
-// 16-byte loads one lane keeps in flight: consumers hold 8 (64 KiB per SM in flight), a
-// planner's own chunks 4 (its warps go on to the queue afterwards).
+// 16-byte loads one lane keeps in flight: consumers hold 8 (64 KiB per SM in flight: a whole
+// chunk in one round of loads), a planner's own chunks 4 (its warps go on to the queue
+// afterwards). A row with few misses sizes its own chunks to one such round (DirectRecords), so
+// that they cost one PCIe round trip, not two (SplitFetch).
 constexpr int kConsumeUnroll = 8;
 constexpr int kDirectUnroll = 4;
+// The warp of a row block that publishes its queue chunks and, for the launch's last row, the
+// END entries: the last one, so that the first own chunk (warp 0) starts its copy without
+// waiting for the publishing atomic.
+constexpr int kPublishWarp = kWarps - 1;
+// A consumer polls its queue entry with sleeps doubling from 32 ns up to this. Against 256 ns the
+// launch's END reaches the waiting warps a little sooner: no-IO planning 0.07 us faster in the
+// median of 348 points on the H200, copy rates unchanged (bench/RESULTS.md, "RESOLVE: a row's
+// first misses in one round trip").
+constexpr unsigned kPollMaxNs = 64;
 
 // Slot-table encoding of a selection during planning.
 constexpr int kSelMiss = -2;  // miss before ranking; rank m is stored as -(m + 3)
@@ -148,7 +161,8 @@ struct ResolveParams {
   int2* plan;                 // [max_batch][k] (position, slot) of miss m of batch entry i
   unsigned long long* queue;  // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
-  int chunk_records;
+  int chunk_records;   // records of a queue chunk (ChunkRecords)
+  int direct_records;  // records of a row block's own chunk (DirectRecords)
   int end_count;       // END entries a launch writes: one per warp of the grid (W)
   int planner_blocks;  // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
   int seg_k, seg_b;    // selections / LRU entries per warp segment (multiples of 32)
@@ -166,6 +180,16 @@ struct WsLayout {
 int ChunkRecords(uint32_t record_bytes) {
   const int upr = static_cast<int>(record_bytes / 16);
   int r = kChunkUnits / upr;
+  if (r < 1) r = 1;
+  if (r > kMaxChunkRecords) r = kMaxChunkRecords;
+  return r;
+}
+
+// Records of a row block's own chunk: as many as one round of a warp's kDirectUnroll loads
+// covers, with room for CopyChunk's shift of up to 7 units that aligns a run to 128 bytes.
+int DirectRecords(uint32_t record_bytes) {
+  const int upr = static_cast<int>(record_bytes / 16);
+  int r = (32 * kDirectUnroll - 7) / upr;
   if (r < 1) r = 1;
   if (r > kMaxChunkRecords) r = kMaxChunkRecords;
   return r;
@@ -729,18 +753,37 @@ __device__ __forceinline__ void OrderMisses(const PlanCtx& c, int M, int seq, in
   __syncthreads();
 }
 
+// Step 6's split of a row's M misses (the same in every thread of the block): the block's own
+// warps copy misses [0, direct), warp w < ndirect those of own chunk w (per records each); the
+// rest go through the queue in nq chunks of chunk_records. A row whose misses all fit its warps'
+// one-round chunks (direct_records each) keeps them all: one PCIe round trip, no queue. A row
+// with more keeps kWarps chunks of queue size, as many records as its warps can hold in flight,
+// and queues the rest. No fetch: all zero.
+struct FetchSplit {
+  int per, ndirect, direct, nq;
+};
+__device__ __forceinline__ FetchSplit SplitFetch(const ResolveParams& p, int M) {
+  FetchSplit f{1, 0, 0, 0};
+  if (p.d.flags & kResolveFlagNoFetch) return f;
+  const int rw = p.chunk_records;
+  f.per = M <= kWarps * p.direct_records ? p.direct_records : rw;
+  const int own = (M + f.per - 1) / f.per;
+  f.ndirect = own < kWarps ? own : kWarps;
+  f.direct = f.ndirect * f.per < M ? f.ndirect * f.per : M;
+  f.nq = (M - f.direct + rw - 1) / rw;
+  return f;
+}
+
 // Step 5, rules 4, 8 and 2: every selection's output slot and (when asked for) page-table entry;
 // each victim's slot_pos gets its miss's position; the fetch plan of the misses that go through
-// the queue (past the block's own kWarps chunks) and, when asked for, the MissPlan entries that
-// replays of this layer copy. out or pt may be null (not asked for).
+// the queue (past the block's own share) and, when asked for, the MissPlan entries that replays
+// of this layer copy. out or pt may be null (not asked for).
 __device__ __forceinline__ void WriteOutputs(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out,
-                                             int* pt, int* slot_pos, int M, bool ordered) {
+                                             int* pt, int* slot_pos, const FetchSplit& f, bool ordered) {
   const ResolveDesc& d = p.d;
   const int K = c.K;
-  const int rw = p.chunk_records;
-  const bool fetch = !(d.flags & kResolveFlagNoFetch);
   // An ordered fetch plan was written by step 5a.
-  const int plan_from = fetch && !ordered && (M + rw - 1) / rw > kWarps ? kWarps * rw : K;
+  const int plan_from = f.nq > 0 && !ordered ? f.direct : K;
   int2* plan = p.plan + static_cast<size_t>(i) * K;
   int2* miss_plan = d.plan.summary ? reinterpret_cast<int2*>(d.plan.entries) + static_cast<size_t>(i) * K : nullptr;
   for (int j = c.tid; j < K; j += kThreads) {
@@ -822,17 +865,18 @@ __device__ __forceinline__ void PadEntries(const ResolveParams& p, int b, int ba
   }
 }
 
-// Step 6 (rule 2's copy, spread over the grid): publishes the row's nq queue chunks, those after
-// its ndirect own ones. One atomic reserves the queue entries and counts the row as published;
-// the entries are written after it (a consumer that takes one of them waits for it, and the END
-// entries lie past every reservation, so the order does not matter). Warp 0 of the block that
-// publishes the launch's last row also writes the END entries.
+// Step 6 (rule 2's copy, spread over the grid): publishes the row's queue chunks, those after
+// its own share. One atomic reserves the queue entries and counts the row as published; the
+// entries are written after it (a consumer that takes one of them waits for it, and the END
+// entries lie past every reservation, so the order does not matter). The publishing warp of the
+// block that publishes the launch's last row also writes the END entries.
 __device__ __forceinline__ void PublishChunks(const ResolveParams& p, const PlanCtx& c, int i, int batch, int M,
-                                              int ndirect, int nq) {
+                                              const FetchSplit& f) {
   const int rw = p.chunk_records;
   const int lane = c.lane;
+  const int nq = f.nq;
   if (nq > 0) __syncthreads();  // every thread's plan entries are written
-  if (c.warp == 0) {
+  if (c.warp == kPublishWarp) {
     unsigned long long old = 0;
     if (lane == 0) {
       old = atomicAdd(&p.hdr->pub, (1ull << 32) | static_cast<unsigned long long>(nq));
@@ -851,7 +895,7 @@ __device__ __forceinline__ void PublishChunks(const ResolveParams& p, const Plan
       // consumers read them with ld.acquire.
       __threadfence();
       for (int ch = lane; ch < nq; ch += 32) {
-        const int start = (ndirect + ch) * rw;
+        const int start = f.direct + ch * rw;
         const int cnt = M - start < rw ? M - start : rw;
         const unsigned long long e =
             static_cast<unsigned long long>(i + 1) | (static_cast<unsigned long long>(start << 6 | cnt) << 32);
@@ -862,18 +906,17 @@ __device__ __forceinline__ void PublishChunks(const ResolveParams& p, const Plan
   }
 }
 
-// Step 6, the block's own share (rule 2's copy): warp w < ndirect copies the row's chunk w, whose
-// records shared memory names (written before the last barrier).
+// Step 6, the block's own share (rule 2's copy): warp w < ndirect copies the row's own chunk w,
+// whose records shared memory names (written before the last barrier).
 template <int UPR>
-__device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const PlanCtx& c, int row, int M, int ndirect,
+__device__ __forceinline__ void CopyOwnChunks(const ResolveParams& p, const PlanCtx& c, int row, const FetchSplit& f,
                                               const int* fetch_pos, const int* fetch_slot) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
-  const int rw = p.chunk_records;
   const int lane = c.lane, warp = c.warp;
-  if (warp < ndirect) {
-    const int start = warp * rw;
-    const int cnt = M - start < rw ? M - start : rw;
+  if (warp < f.ndirect) {
+    const int start = warp * f.per;
+    const int cnt = f.direct - start < f.per ? f.direct - start : f.per;
     const ChunkSource src = SourceTable(d.host, g, row, d.layer);
     long long so = 0, dof = 0;
     if (lane < cnt) {
@@ -909,26 +952,24 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
     RejectRow(p, c, i, row, out, pt, err);
   }
   const int M = t.M;
-  const int rw = p.chunk_records;
-  const int nch = (d.flags & kResolveFlagNoFetch) ? 0 : (M + rw - 1) / rw;
-  const int ndirect = nch < kWarps ? nch : kWarps;
+  const FetchSplit f = SplitFetch(p, M);
   // Step 5a when the row queues chunks (M is the block's: the branch is uniform).
-  const bool ordered = p.address_order && nch > kWarps && c.K >= kAddressOrderMinK;
+  const bool ordered = p.address_order && f.nq > 0 && c.K >= kAddressOrderMinK;
   const int* fetch_pos = c.miss_pos;
   const int* fetch_slot = c.miss_slot;
   if (ordered) {
     int* own_pos = reinterpret_cast<int*>(c.table) + kOrderBuckets;
     int* own_slot = own_pos + kWarps * kMaxChunkRecords;
-    OrderMisses(c, M, seq, p.plan + static_cast<size_t>(i) * c.K, ndirect * rw, own_pos, own_slot);
+    OrderMisses(c, M, seq, p.plan + static_cast<size_t>(i) * c.K, f.direct, own_pos, own_slot);
     fetch_pos = own_pos;
     fetch_slot = own_slot;
   }
   if (err == 0) {
-    WriteOutputs(p, c, i, row, out, pt, d.arena.slot_pos + rl * c.B, M, ordered);
+    WriteOutputs(p, c, i, row, out, pt, d.arena.slot_pos + rl * c.B, f, ordered);
     if (c.tid == 0) CountRow(p, c, i, row, t);
   }
-  PublishChunks(p, c, i, batch, M, ndirect, nch - ndirect);
-  CopyOwnChunks<UPR>(p, c, row, M, ndirect, fetch_pos, fetch_slot);
+  PublishChunks(p, c, i, batch, M, f);
+  CopyOwnChunks<UPR>(p, c, row, f, fetch_pos, fetch_slot);
 }
 
 // Every warp: take queue entries until its END. The first entry is this warp's fixed one (W - 1 -
@@ -950,7 +991,7 @@ __device__ void Consume(const ResolveParams& p) {
       unsigned ns = 32;
       while ((e = LdAcquire(q)) == 0) {
         __nanosleep(ns);
-        if (ns < 256) ns <<= 1;
+        if (ns < kPollMaxNs) ns <<= 1;
       }
       *reinterpret_cast<volatile unsigned long long*>(q) = 0;
       if (!first && static_cast<unsigned>(e) == kEndTag && h == static_cast<unsigned>(e >> 32) + warps - 1u) {
@@ -1228,6 +1269,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.queue = reinterpret_cast<unsigned long long*>(base + ws.queue);
   p.hash_bits = hash_bits;
   p.chunk_records = ChunkRecords(g.record_bytes);
+  p.direct_records = DirectRecords(g.record_bytes);
   p.off_hit = sm.off_hit;
   p.off_tab_sp = sm.off_tab_sp;
   p.off_tab_lru = sm.off_tab_lru;
