@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -222,12 +223,12 @@ absl::StatusOr<int> DaemonProcess::WaitExit(int timeout_ms) {
 }
 
 DaemonProcess::~DaemonProcess() {
-  Signal(SIGTERM);
+  Signal(SIGTERM);  // returns once the daemon has exited: nothing writes into dir_ after this
   if (!dir_.empty()) {
-    ::unlink(socket_path_.c_str());
-    ::unlink((socket_path_ + ".fd").c_str());
-    ::unlink((socket_path_ + ".lock").c_str());  // left behind when the daemon was killed
-    ::rmdir(dir_.c_str());
+    // The folder is this object's (mkdtemp): it goes whole, with whatever the daemon left (the
+    // lock of a killed daemon) or a test put there (a socket moved aside).
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
 }
 

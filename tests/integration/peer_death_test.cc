@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -43,6 +45,23 @@ pid_t StartClient(const std::vector<std::string>& args) {
     return -1;
   }
   return pid;
+}
+
+// The harness leaves nothing behind either: a DaemonProcess removes its private folder whole,
+// with files that neither it nor the daemon made (a test's socket moved aside, say).
+TEST(PeerDeathTest, DaemonProcessRemovesItsWholeFolder) {
+  std::string dir;
+  {
+    auto daemon = StartDaemon();
+    ASSERT_NE(daemon, nullptr);
+    const std::string& sock = daemon->socket_path();
+    dir = sock.substr(0, sock.rfind('/'));
+    ASSERT_EQ(::rename((sock + ".fd").c_str(), (sock + ".fd.moved").c_str()), 0) << std::strerror(errno);
+    ASSERT_TRUE(std::filesystem::create_directory(dir + "/made-by-a-test"));
+    std::ofstream(dir + "/made-by-a-test/file") << "x";
+    ASSERT_TRUE(std::filesystem::exists(dir + "/made-by-a-test/file"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
 }
 
 TEST(PeerDeathTest, KilledClientsMemoryIsReclaimed) {
