@@ -3,7 +3,9 @@
 #ifndef HISPARSE_BENCH_BENCH_CMD_H_
 #define HISPARSE_BENCH_BENCH_CMD_H_
 
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace hisparse::bench {
 
@@ -23,9 +25,43 @@ inline bool TakeFlag(int argc, char** argv, int* i, std::string* name, std::stri
   return true;
 }
 
+// A comma-separated list of numbers ("1,10,64"); empty items are skipped.
+template <typename T>
+inline std::vector<T> ParseList(const char* s) {
+  std::vector<T> out;
+  std::string cur;
+  for (const char* p = s;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!cur.empty()) out.push_back(static_cast<T>(std::atof(cur.c_str())));
+      cur.clear();
+      if (!*p) break;
+    } else {
+      cur += *p;
+    }
+  }
+  return out;
+}
+
+// A comma-separated list of words; empty items are skipped.
+inline std::vector<std::string> ParseWords(const char* s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* p = s;; ++p) {
+    if (*p == ',' || *p == 0) {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+      if (!*p) break;
+    } else {
+      cur += *p;
+    }
+  }
+  return out;
+}
+
 int TraceMain(int argc, char** argv);          // trace_cmd.cc: replay a selection trace through a policy
 int GenTraceMain(int argc, char** argv);       // gen_trace_cmd.cc: write a synthetic selection trace
 int ResolveMain(int argc, char** argv);        // resolve_cmd.cu: the RESOLVE kernel sweep (CUDA builds)
+int GatherMain(int argc, char** argv);         // gather_cmd.cu: host records to the GPU by copy method (CUDA)
 int ResolveDraftMain(int argc, char** argv);   // resolve_draft_cmd.cc: resolve --draft-tokens (CUDA builds)
 int ControlMain(int argc, char** argv);        // control_cmd.cc: load on the daemon's control plane
 int SessionOpenMain(int argc, char** argv);    // session_open_cmd.cc: GPU session open phases (CUDA)

@@ -43,37 +43,6 @@
 namespace hisparse::bench {
 namespace {
 
-template <typename T>
-std::vector<T> ParseList(const char* s) {
-  std::vector<T> out;
-  std::string cur;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == 0) {
-      if (!cur.empty()) out.push_back(static_cast<T>(std::atof(cur.c_str())));
-      cur.clear();
-      if (!*p) break;
-    } else {
-      cur += *p;
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> ParseWords(const char* s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == 0) {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-      if (!*p) break;
-    } else {
-      cur += *p;
-    }
-  }
-  return out;
-}
-
 enum class Pattern { kConsecutive, kScattered };
 
 struct Options {
