@@ -651,6 +651,53 @@ TEST(ResolveGpu, BadLayerRejectsEveryRow) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("bad layer"));
 }
 
+// Rows that miss exactly x of their k selections, x around the fetch split (SplitFetch): all of a
+// row's misses in one-round own chunks (up to 16 * DirectRecords: 48 of 512 B, 32 of 656 B, 16 of
+// 1152 B), one past that (the two-round own chunks and the queue), and many. Each step replaces
+// the first x selections of every row with positions neither resident nor selected before, so the
+// reference must count exactly batch * x misses; records, tables and counters match it.
+TEST(ResolveGpu, ExactMissCountsAroundTheFetchSplit) {
+  REQUIRE_GPU();
+  for (const Config c : {Config{2048, 4096, 512, 4, 0}, Config{2048, 4096, 656, 4, 0}, Config{2048, 4096, 1152, 4, 0},
+                         Config{2048, 4096, 4112, 2, 0}, Config{2048, 4096, 656, 64, 0}}) {
+    World w(c, 1, 4242 + c.rb + c.max_batch);
+    ASSERT_NO_FATAL_FAILURE(w.Init());
+    // Every row's resident positions lie below its initial seq_len (< cap_), so all are valid.
+    const int k = c.k, batch = c.max_batch, seq = w.cap_;
+    std::vector<std::vector<int32_t>> sel(batch);
+    std::vector<int> next(batch, 0);
+    for (const int x : {k, 0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 95, 96, 97, 193, 200, 500}) {
+      for (int i = 0; i < batch; ++i) {
+        // Taken: resident in (row i, layer 0) now, selected before, or the newest token.
+        std::vector<char> taken(seq, 0);
+        const int32_t* sp = w.ref_.SlotPos(i, 0);
+        for (int s = 0; s < c.B; ++s) {
+          if (sp[s] >= 0 && sp[s] < seq) taken[sp[s]] = 1;
+        }
+        for (const int32_t p : sel[i]) taken[p] = 1;
+        taken[seq - 1] = 1;
+        if (sel[i].empty()) sel[i].assign(k, -1);
+        for (int j = 0; j < x; ++j) {
+          while (next[i] < seq && taken[next[i]]) ++next[i];
+          ASSERT_LT(next[i], seq) << "ran out of fresh positions";
+          sel[i][j] = next[i]++;
+        }
+        w.rows_[i] = i;
+        w.seqs_[i] = seq;
+        std::copy(sel[i].begin(), sel[i].end(), w.pos_.begin() + static_cast<size_t>(i) * k);
+      }
+      ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, 0));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::string what = Name(c) + " misses " + std::to_string(x);
+      const uint64_t misses_before = w.ref_.counters->misses;
+      ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, what));  // counters and records included
+      ASSERT_EQ(w.ref_.counters->misses - misses_before, static_cast<uint64_t>(batch) * x) << what;
+    }
+    ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(Name(c)));
+  }
+}
+
 // kResolveFlagNoFetch: tables and outputs as usual, no record bytes moved (the reference moves
 // none either, so the whole arena still matches).
 TEST(ResolveGpu, NoFetchPlansWithoutCopying) {
