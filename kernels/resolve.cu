@@ -38,14 +38,16 @@
 //     (no extra round trip; a row with few misses keeps them all, each warp as many records as one
 //     round of its loads covers, so that they cost one PCIe round trip), cuts the rest into
 //     chunks of a few records (~4 KB) and publishes them, from its last warp, into a work queue
-//     in the workspace (one atomic reserves the entries and counts the row as published); every
-//     warp of the grid pulls chunks from the queue and copies them with 16-byte non-coherent
-//     loads from mapped host memory and 16-byte stores. The warp that
-//     publishes the last row writes one END entry for every warp of the grid, so every warp
-//     waits only on its own queue entry and the queue drains exactly. A warp's first entry is
-//     fixed (warp w of W takes entry W - 1 - w: the helpers, which start idle, take the first
-//     chunks); only its later ones come from the take counter (entries W, W + 1, ...), so the
-//     ~2,000 warps that end planning together do not all queue on one atomic.
+//     in the workspace (one atomic reserves the entries and counts the row as published); the
+//     consumer warps (the last kConsumerWarps of every block) pull chunks from the queue and copy
+//     them with 16-byte non-coherent loads from mapped host memory and 16-byte stores. Few
+//     consumers on purpose: the chunks in flight then come from a few rows' address-ordered
+//     misses, a narrow span of host addresses, which is what scattered reads need. The warp that
+//     publishes the last row writes one END entry for every consumer warp of the grid, so every
+//     consumer waits only on its own queue entry and the queue drains exactly. A consumer's
+//     first entry is fixed (consumer w of W takes entry W - 1 - w: the helpers, which start idle,
+//     take the first chunks); only its later ones come from the take counter (entries W, W + 1,
+//     ...), so the consumers that end planning together do not all queue on one atomic.
 //   * The workspace resets itself: consumers clear the entries they take, the last planner zeroes
 //     the publish counter and the warp that takes the very last entry the take counter. Graph
 //     replays need nothing in between.
@@ -132,6 +134,16 @@ constexpr int kDirectUnroll = 4;
 // END entries: the last one, so that the first own chunk (warp 0) starts its copy without
 // waiting for the publishing atomic.
 constexpr int kPublishWarp = kWarps - 1;
+// The warps of every block that take queue chunks: its last kConsumerWarps (the first ones copy a
+// row block's own chunks); END entries: one per consumer warp of the grid. Two a block (264 on the
+// H200) keep ~1 MB of loads in flight, many times the link's bandwidth-delay product, and the
+// chunks in flight then come from a few rows' address-ordered misses, not from ~30 rows spread
+// over GBs of host memory: scattered reads lose most to how wide a span of host addresses the
+// requests in flight cover (hisparse-bench gather), and 20% scattered misses of a 128k context
+// run 0.65 -> 0.86 of the link at 1152 B, 0.40 -> 0.51 at 656 B, with the consecutive points
+// unchanged (bench/RESULTS.md, "RESOLVE: two consumer warps a block").
+constexpr int kConsumerWarps = 2;
+static_assert(kConsumerWarps >= 1 && kConsumerWarps <= kWarps, "consumers are warps of a block");
 // A consumer polls its queue entry with sleeps doubling from 32 ns up to this. Against 256 ns the
 // launch's END reaches the waiting warps a little sooner: no-IO planning 0.07 us faster in the
 // median of 348 points on the H200, copy rates unchanged (bench/RESULTS.md, "RESOLVE: a row's
@@ -163,7 +175,7 @@ struct ResolveParams {
   int hash_bits;
   int chunk_records;   // records of a queue chunk (ChunkRecords)
   int direct_records;  // records of a row block's own chunk (DirectRecords)
-  int end_count;       // END entries a launch writes: one per warp of the grid (W)
+  int end_count;       // END entries a launch writes: one per consumer warp of the grid (W)
   int planner_blocks;  // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
   int seg_k, seg_b;    // selections / LRU entries per warp segment (multiples of 32)
   bool address_order;  // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
@@ -202,7 +214,7 @@ WsLayout ComputeWsLayout(const ArenaGeometry& g, int max_batch) {
   const size_t chunks_per_row = (static_cast<size_t>(g.k) + rw - 1) / rw;
   w.plan = sizeof(WsHeader);
   w.queue = AlignUp(w.plan + mb * g.k * sizeof(int2), 256);
-  w.queue_entries = mb * chunks_per_row + (mb + kMaxHelperBlocks) * kWarps;
+  w.queue_entries = mb * chunks_per_row + (mb + kMaxHelperBlocks) * kConsumerWarps;
   w.total = AlignUp(w.queue + w.queue_entries * sizeof(unsigned long long), 256);
   return w;
 }
@@ -338,7 +350,7 @@ __device__ __forceinline__ long long SourceOf(const HostRecordMap& h, const Chun
   return static_cast<long long>(reinterpret_cast<uintptr_t>(rec));
 }
 
-// One warp: an END entry for every other warp of the grid after the last published entry. An
+// One warp: an END entry for every consumer warp of the grid after the last published entry. An
 // END carries the final tail, so the warp that takes the very last index can reset qhead. ENDs
 // publish no data, so they are plain relaxed stores.
 __device__ __forceinline__ void WriteEnds(const ResolveParams& p, unsigned tail) {
@@ -929,8 +941,8 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   CopyOwnChunks<UPR>(p, c, row, f, fetch_pos, fetch_slot);
 }
 
-// Every warp: take queue entries until its END. The first entry is this warp's fixed one (W - 1 -
-// its index in the grid); the later ones are W + the take counter.
+// Every consumer warp: take queue entries until its END. The first entry is this warp's fixed one
+// (W - 1 - its index among the grid's consumers); the later ones are W + the take counter.
 template <int UPR>
 __device__ void Consume(const ResolveParams& p) {
   const ResolveDesc& d = p.d;
@@ -943,7 +955,8 @@ __device__ void Consume(const ResolveParams& p) {
     unsigned long long e = 0;
     if (lane == 0) {
       const unsigned h =
-          first ? warps - 1u - (blockIdx.x * kWarps + (threadIdx.x >> 5)) : warps + atomicAdd(&p.hdr->qhead, 1u);
+          first ? warps - 1u - (blockIdx.x * kConsumerWarps + (threadIdx.x >> 5) - (kWarps - kConsumerWarps))
+                : warps + atomicAdd(&p.hdr->qhead, 1u);
       unsigned long long* q = &p.queue[h];
       unsigned ns = 32;
       while ((e = LdAcquire(q)) == 0) {
@@ -1005,7 +1018,7 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
     PadEntries(p, b, batch);
   }
   if (batch == 0 && b == 0 && threadIdx.x < 32) WriteEnds(p, 0u);
-  Consume<UPR>(p);
+  if (static_cast<int>(threadIdx.x >> 5) >= kWarps - kConsumerWarps) Consume<UPR>(p);
 }
 
 // The RESOLVE kernel for a record size (its 16-byte units per record, 0: any size).
@@ -1035,7 +1048,7 @@ int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
 
 void LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
   const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks);
-  p.end_count = grid * kWarps;
+  p.end_count = grid * kConsumerWarps;
   ResolveKernelFor(p.d.arena.geometry.record_bytes)<<<grid, kThreads, c.smem, stream>>>(p);
 }
 
