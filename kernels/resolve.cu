@@ -189,23 +189,19 @@ struct WsLayout {
   size_t queue_entries;
 };
 
-int ChunkRecords(uint32_t record_bytes) {
-  const int upr = static_cast<int>(record_bytes / 16);
-  int r = kChunkUnits / upr;
-  if (r < 1) r = 1;
-  if (r > kMaxChunkRecords) r = kMaxChunkRecords;
-  return r;
+// Whole records of `record_bytes` in `units` 16-byte units, at least 1 and at most a chunk's
+// kMaxChunkRecords (one per lane).
+int RecordsIn(int units, uint32_t record_bytes) {
+  const int r = units / static_cast<int>(record_bytes / 16);
+  return r < 1 ? 1 : r > kMaxChunkRecords ? kMaxChunkRecords : r;
 }
+
+// Records of a queue chunk (~4 KiB).
+int ChunkRecords(uint32_t record_bytes) { return RecordsIn(kChunkUnits, record_bytes); }
 
 // Records of a row block's own chunk: as many as one round of a warp's kDirectUnroll loads
 // covers, with room for CopyChunk's shift of up to 7 units that aligns a run to 128 bytes.
-int DirectRecords(uint32_t record_bytes) {
-  const int upr = static_cast<int>(record_bytes / 16);
-  int r = (32 * kDirectUnroll - 7) / upr;
-  if (r < 1) r = 1;
-  if (r > kMaxChunkRecords) r = kMaxChunkRecords;
-  return r;
-}
+int DirectRecords(uint32_t record_bytes) { return RecordsIn(32 * kDirectUnroll - 7, record_bytes); }
 
 WsLayout ComputeWsLayout(const ArenaGeometry& g, int max_batch) {
   WsLayout w{};
