@@ -1,12 +1,12 @@
 // hisparse-bench gather: how fast records scattered over pinned host memory reach the GPU, by copy
-// method, against the link's bulk rate measured in the same run (issue 20's >= 0.95 goals sit
-// above what RESOLVE's copy reaches; this says which mechanism could get there).
+// method, host memory and grid size, against the link's bulk rate measured in the same run
+// (issue 20's >= 0.95 goals sit above what RESOLVE's copy reaches; this says what could get
+// there, and what scattered reads lose to; bench/RESULTS.md, "Scattered host reads").
 //
 // Every point gathers --records distinct records of --record-bytes, drawn at random from a host
 // pool of --span bytes, into a device buffer (record j to slot perm[j], a random permutation), in
-// random order or sorted by host address (--order). The pool (--pool) is pinned host memory the
-// GPU reads through its own page tables, which is where scattered reads lose (FACTS.md: the same
-// gather is much slower over an 8 GiB span than over 160 MiB):
+// random order or sorted by host address (--order). The pool (--pool) is pinned host memory that
+// the GPU reads over the link:
 //   hostalloc  one cudaHostAlloc(mapped, portable) block;
 //   register   an anonymous mapping, madvise(MADV_HUGEPAGE), touched, then cudaHostRegister(mapped,
 //              portable): what the daemon's memfd slabs become in an engine ("anon_huge_mib" says
@@ -15,11 +15,11 @@
 //              the recommended granularity), mapped for the GPU and the CPU.
 // Each pool is filled by the GPU with a pattern of its byte offsets, which the check recomputes.
 // Methods:
-//   warp     RESOLVE's copy itself: one block of 512 threads per SM (or --blocks), warp w of W takes chunks w, w + W,
-//            ... of ChunkRecords' size and copies each with CopyChunk (kernels/copy_chunk.cuh,
-//            16-byte non-coherent loads, 8 a lane in flight), specialised for the record size as
-//            RESOLVE is (DispatchRecordBytes);
-//   tma      the same chunks through the Hopper bulk-copy engine: per chunk, one
+//   warp     RESOLVE's copy itself: one block of 512 threads per SM (or --blocks blocks); warp w
+//            of W takes chunks w, w + W, ... of ChunkRecords' size and copies each with CopyChunk
+//            (kernels/copy_chunk.cuh, 16-byte non-coherent loads, 8 a lane in flight),
+//            specialised for the record size as RESOLVE is (DispatchRecordBytes);
+//   tma      the same chunks and grid through the Hopper bulk-copy engine: per chunk, one
 //            cp.async.bulk a record from host memory into shared memory (completing on an
 //            mbarrier), then one cp.async.bulk a record from shared memory to its slot; each
 //            warp keeps --tma-stages chunks in flight (sm_90 and newer; skipped below);
