@@ -937,10 +937,10 @@ __device__ void PlanRow(const ResolveParams& p, int i, int batch, int row, int s
   CopyOwnChunks<UPR>(p, c, row, f, fetch_pos, fetch_slot);
 }
 
-// Every consumer warp: take queue entries until its END. The first entry is this warp's fixed one
-// (W - 1 - its index among the grid's consumers); the later ones are W + the take counter.
+// Consumer warp `consumer` of the grid's W: take queue entries until its END. The first entry is
+// this warp's fixed one (W - 1 - consumer); the later ones are W + the take counter.
 template <int UPR>
-__device__ void Consume(const ResolveParams& p) {
+__device__ void Consume(const ResolveParams& p, unsigned consumer) {
   const ResolveDesc& d = p.d;
   const int lane = threadIdx.x & 31;
   const int K = d.arena.geometry.k;
@@ -950,9 +950,7 @@ __device__ void Consume(const ResolveParams& p) {
   for (;;) {
     unsigned long long e = 0;
     if (lane == 0) {
-      const unsigned h =
-          first ? warps - 1u - (blockIdx.x * kConsumerWarps + (threadIdx.x >> 5) - (kWarps - kConsumerWarps))
-                : warps + atomicAdd(&p.hdr->qhead, 1u);
+      const unsigned h = first ? warps - 1u - consumer : warps + atomicAdd(&p.hdr->qhead, 1u);
       unsigned long long* q = &p.queue[h];
       unsigned ns = 32;
       while ((e = LdAcquire(q)) == 0) {
@@ -1014,7 +1012,8 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
     PadEntries(p, b, batch);
   }
   if (batch == 0 && b == 0 && threadIdx.x < 32) WriteEnds(p, 0u);
-  if (static_cast<int>(threadIdx.x >> 5) >= kWarps - kConsumerWarps) Consume<UPR>(p);
+  const int consumer = static_cast<int>(threadIdx.x >> 5) - (kWarps - kConsumerWarps);  // the block's last warps
+  if (consumer >= 0) Consume<UPR>(p, static_cast<unsigned>(b * kConsumerWarps + consumer));
 }
 
 // The RESOLVE kernel for a record size (its 16-byte units per record, 0: any size).
