@@ -63,11 +63,38 @@ constexpr int kMaxChunkRecords = 32;
 constexpr int kMaxStages = 4;
 constexpr size_t kTmaSmemLimit = 220 * 1024;  // dynamic shared memory (sm_90 allows 227 KB)
 
+// The copy methods, host pools and record orders of the header, parsed once from their names.
+enum class Method { kWarp, kTma, kCe, kMemcpy };
+enum class PoolKind { kHostAlloc, kRegister, kVmm };
+enum class Order { kRandom, kAddress };
+constexpr const char* kMethodNames[] = {"warp", "tma", "ce", "memcpy"};
+constexpr const char* kPoolNames[] = {"hostalloc", "register", "vmm"};
+constexpr const char* kOrderNames[] = {"random", "address"};
+const char* Name(Method m) { return kMethodNames[static_cast<int>(m)]; }
+const char* Name(PoolKind k) { return kPoolNames[static_cast<int>(k)]; }
+const char* Name(Order o) { return kOrderNames[static_cast<int>(o)]; }
+
+// Every word of a comma list as the E whose name it is (E's names are `names`, in order); false,
+// with a message, at the first unknown one.
+template <typename E, size_t N>
+bool ParseNames(const std::string& list, const char* const (&names)[N], const char* what, std::vector<E>* out) {
+  out->clear();
+  for (const std::string& w : ParseWords(list.c_str())) {
+    const auto it = std::find(std::begin(names), std::end(names), w);
+    if (it == std::end(names)) {
+      std::fprintf(stderr, "hisparse-bench gather: unknown %s '%s'\n", what, w.c_str());
+      return false;
+    }
+    out->push_back(static_cast<E>(it - std::begin(names)));
+  }
+  return true;
+}
+
 struct Options {
   std::vector<int> record_bytes{656, 1152};
-  std::vector<std::string> orders{"random", "address"};
-  std::vector<std::string> methods{"warp", "tma", "ce", "memcpy"};
-  std::vector<std::string> pools{"hostalloc"};
+  std::vector<Order> orders{Order::kRandom, Order::kAddress};
+  std::vector<Method> methods{Method::kWarp, Method::kTma, Method::kCe, Method::kMemcpy};
+  std::vector<PoolKind> pools{PoolKind::kHostAlloc};
   std::vector<int> blocks{0};  // grid of the warp and tma kernels; 0: one block per SM
   int records = 16384;
   size_t span = size_t{160} << 20;
@@ -234,11 +261,11 @@ long AnonHugeMib() {
 // Pinned host memory the GPU reads at `dev`, of one --pool kind, filled with the pattern. Owns it.
 class HostPool {
  public:
-  HostPool(const std::string& kind, size_t bytes) : kind_(kind), bytes_(bytes) {
-    if (kind == "hostalloc") {
+  HostPool(PoolKind kind, size_t bytes) : kind_(kind), bytes_(bytes) {
+    if (kind == PoolKind::kHostAlloc) {
       BENCH_CUDA(cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
       BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), host_, 0));
-    } else if (kind == "register") {
+    } else if (kind == PoolKind::kRegister) {
       constexpr size_t kHuge = size_t{2} << 20;
       map_bytes_ = bytes + kHuge;
       map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -286,9 +313,9 @@ class HostPool {
     BENCH_CUDA(cudaDeviceSynchronize());
   }
   ~HostPool() {
-    if (kind_ == "hostalloc") {
+    if (kind_ == PoolKind::kHostAlloc) {
       cudaFreeHost(host_);
-    } else if (kind_ == "register") {
+    } else if (kind_ == PoolKind::kRegister) {
       if (registered_) cudaHostUnregister(host_);
       munmap(map_, map_bytes_);
     } else {
@@ -307,7 +334,7 @@ class HostPool {
   long anon_huge_mib() const { return anon_huge_mib_; }
 
  private:
-  std::string kind_;
+  PoolKind kind_;
   size_t bytes_;
   void* host_ = nullptr;
   uint8_t* dev_ = nullptr;
@@ -371,8 +398,8 @@ class GatherPoint {
   int ChunkRecords() const { return per_; }
 
   // Why `method` cannot run here, or null.
-  const char* Unsupported(const std::string& method, const Options& o) const {
-    if (method == "tma") {
+  const char* Unsupported(Method method, const Options& o) const {
+    if (method == Method::kTma) {
       int dev = 0, major = 0;
       BENCH_CUDA(cudaGetDevice(&dev));
       BENCH_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -384,18 +411,18 @@ class GatherPoint {
 
   // Enqueues one copy by `method` on `st`.
   // blocks: the warp and tma kernels' grid (0: one block per SM).
-  void Launch(const std::string& method, const Options& o, int blocks, cudaStream_t st) {
+  void Launch(Method method, const Options& o, int blocks, cudaStream_t st) {
     const GatherDesc d{d_src_, d_dst_off_, dst_, n_, per_, rb_};
     const int grid = Grid(blocks);
-    if (method == "warp") {
+    if (method == Method::kWarp) {
       internal::DispatchRecordBytes(static_cast<uint32_t>(rb_), [&](auto upr) {
         WarpGatherKernel<decltype(upr)::value><<<grid, kThreads, 0, st>>>(d);
       });
-    } else if (method == "tma") {
+    } else if (method == Method::kTma) {
       const size_t smem = TmaSmem(o.tma_stages);
       BENCH_CUDA(cudaFuncSetAttribute(TmaGatherKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       TmaGatherKernel<<<grid, kThreads, smem, st>>>(d, o.tma_stages, StageBytes());
-    } else if (method == "ce") {
+    } else if (method == Method::kCe) {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       attr.srcLocHint.type = cudaMemLocationTypeHost;
@@ -411,7 +438,7 @@ class GatherPoint {
   }
 
   // Copies once into a zeroed buffer and counts the records whose slot differs from the host.
-  int Check(const std::string& method, const Options& o, int blocks, cudaStream_t st) {
+  int Check(Method method, const Options& o, int blocks, cudaStream_t st) {
     BENCH_CUDA(cudaMemsetAsync(dst_, 0, Bytes(), st));
     Launch(method, o, blocks, st);
     BENCH_CUDA(cudaStreamSynchronize(st));
@@ -420,8 +447,9 @@ class GatherPoint {
     int bad = 0;
     std::vector<uint64_t> want(rb_ / 8);
     for (int j = 0; j < n_; ++j) {
-      const size_t from = method == "memcpy" ? static_cast<size_t>(j) * rb_ : static_cast<size_t>(src_[j]);
-      const size_t at = method == "memcpy" ? static_cast<size_t>(j) * rb_ : static_cast<size_t>(dst_off_[j]);
+      const bool run = method == Method::kMemcpy;  // record j of the contiguous run, at slot j
+      const size_t from = run ? static_cast<size_t>(j) * rb_ : static_cast<size_t>(src_[j]);
+      const size_t at = run ? static_cast<size_t>(j) * rb_ : static_cast<size_t>(dst_off_[j]);
       for (size_t w = 0; w < want.size(); ++w) want[w] = PatternWord(from / 8 + w);
       bad += std::memcmp(&got[at], want.data(), rb_) != 0;
     }
@@ -454,8 +482,7 @@ struct Timing {
   int bad = 0;
 };
 
-Timing TimeMethod(GatherPoint& pt, const std::string& m, const Options& o, int blocks, L2Scrubber& scrub,
-                  cudaStream_t st) {
+Timing TimeMethod(GatherPoint& pt, Method m, const Options& o, int blocks, L2Scrubber& scrub, cudaStream_t st) {
   Timing t;
   for (int w = 0; w < 2; ++w) {  // warm-up; the second one's host time sizes the spin
     const auto t0 = std::chrono::steady_clock::now();
@@ -502,13 +529,13 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     } else if (name == "--span") {
       o->span = ParseBytes(value);
     } else if (name == "--order") {
-      o->orders = ParseWords(value.c_str());
+      if (!ParseNames(value, kOrderNames, "order", &o->orders)) return false;
     } else if (name == "--method") {
-      o->methods = ParseWords(value.c_str());
+      if (!ParseNames(value, kMethodNames, "method", &o->methods)) return false;
     } else if (name == "--blocks") {
       o->blocks = ParseList<int>(value.c_str());
     } else if (name == "--pool") {
-      o->pools = ParseWords(value.c_str());
+      if (!ParseNames(value, kPoolNames, "pool", &o->pools)) return false;
     } else if (name == "--runs") {
       o->runs = std::atoi(value.c_str());
     } else if (name == "--tma-stages") {
@@ -523,14 +550,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     o->span = size_t{4} << 20;
     o->runs = 2;
     o->record_bytes = {656, 1152, 4112};
-    o->pools = {"hostalloc", "register", "vmm"};
+    o->pools = {PoolKind::kHostAlloc, PoolKind::kRegister, PoolKind::kVmm};
     o->blocks = {0, 3};
-  }
-  for (const std::string& k : o->pools) {
-    if (k != "hostalloc" && k != "register" && k != "vmm") {
-      std::fprintf(stderr, "hisparse-bench gather: unknown pool '%s'\n", k.c_str());
-      return false;
-    }
   }
   for (const int rb : o->record_bytes) {
     if (rb < 16 || rb > 16384 || rb % 16 != 0) {
@@ -539,18 +560,6 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     }
     if (o->span / rb < static_cast<size_t>(o->records)) {
       std::fprintf(stderr, "hisparse-bench gather: --span holds fewer than --records records of %d B\n", rb);
-      return false;
-    }
-  }
-  for (const std::string& m : o->methods) {
-    if (m != "warp" && m != "tma" && m != "ce" && m != "memcpy") {
-      std::fprintf(stderr, "hisparse-bench gather: unknown method '%s'\n", m.c_str());
-      return false;
-    }
-  }
-  for (const std::string& w : o->orders) {
-    if (w != "random" && w != "address") {
-      std::fprintf(stderr, "hisparse-bench gather: unknown order '%s'\n", w.c_str());
       return false;
     }
   }
@@ -579,25 +588,25 @@ int GatherMain(int argc, char** argv) {
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   int failed = 0;
-  for (const std::string& kind : o.pools) {
+  for (const PoolKind kind : o.pools) {
     const auto t0 = std::chrono::steady_clock::now();
     HostPool pool(kind, o.span);
     std::printf(
         "{\"kind\":\"pool\",\"pool\":\"%s\",\"bytes\":%zu,\"setup_s\":%.2f,\"granularity\":%zu,\"anon_huge_mib\":%ld}"
         "\n",
-        kind.c_str(), pool.bytes(), Since(t0) / 1e6, pool.granularity(), pool.anon_huge_mib());
+        Name(kind), pool.bytes(), Since(t0) / 1e6, pool.granularity(), pool.anon_huge_mib());
     for (const int rb : o.record_bytes) {
-      for (const std::string& order : o.orders) {
-        GatherPoint pt(pool, o, rb, order == "address", 7 + rb);
-        for (const std::string& m : o.methods) {
+      for (const Order order : o.orders) {
+        GatherPoint pt(pool, o, rb, order == Order::kAddress, 7 + rb);
+        for (const Method m : o.methods) {
           if (const char* why = pt.Unsupported(m, o)) {
             std::printf(
                 "{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"record_bytes\":%d,\"skipped\":\"%s\"}\n",
-                kind.c_str(), m.c_str(), rb, why);
+                Name(kind), Name(m), rb, why);
             continue;
           }
           for (const int blocks : o.blocks) {
-            const bool grid = m == "warp" || m == "tma";
+            const bool grid = m == Method::kWarp || m == Method::kTma;
             if (!grid && blocks != o.blocks.front()) continue;  // ce and memcpy have no grid
             const Timing t = TimeMethod(pt, m, o, blocks, scrub, st);
             failed += t.bad != 0;
@@ -607,9 +616,9 @@ int GatherMain(int argc, char** argv) {
                 "\"records\":%d,\"span_mib\":%.0f,\"order\":\"%s\",\"chunk_records\":%d,\"median_us\":%.2f,"
                 "\"min_us\":%.2f,\"gbps\":%.2f,\"link_fraction\":%.3f,\"enqueue_us\":%.1f,\"check\":\"%s\","
                 "\"bad_records\":%d}\n",
-                kind.c_str(), m.c_str(), grid ? pt.Grid(blocks) : 0, rb, o.records, pool.bytes() / 1048576.0,
-                order.c_str(), pt.ChunkRecords(), t.median_us, t.min_us, gbps, gbps / link, t.enqueue_us,
-                t.bad ? "FAILED" : "ok", t.bad);
+                Name(kind), Name(m), grid ? pt.Grid(blocks) : 0, rb, o.records, pool.bytes() / 1048576.0, Name(order),
+                pt.ChunkRecords(), t.median_us, t.min_us, gbps, gbps / link, t.enqueue_us, t.bad ? "FAILED" : "ok",
+                t.bad);
             std::fflush(stdout);
           }
         }
