@@ -10,9 +10,24 @@ __global__ void SpinKernel(long long cycles) {
   }
 }
 
+// The kernel before RESOLVE in a serving stream, e.g. the indexer's top-k: one block per row
+// writes the row's selections. `early`: it lets its dependents launch at once (as kernels built
+// for programmatic launches do), else only as its blocks exit.
+__global__ void ProducerKernel(int32_t* dst, const int32_t* src, int per_row, bool early) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (early) asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const size_t base = static_cast<size_t>(blockIdx.x) * per_row;
+  for (int j = threadIdx.x; j < per_row; j += blockDim.x) dst[base + j] = src[base + j];
+}
+
 }  // namespace
 
 void LaunchSpin(cudaStream_t stream, long long cycles) { SpinKernel<<<1, 1, 0, stream>>>(cycles); }
+
+void LaunchProducer(int32_t* dst, const int32_t* src, int rows, int per_row, bool early, cudaStream_t stream) {
+  ProducerKernel<<<rows, 256, 0, stream>>>(dst, src, per_row, early);
+}
 
 long long SpinCycles(double us) {
   int dev = 0, clock_khz = 0;

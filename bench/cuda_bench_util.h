@@ -30,6 +30,11 @@ namespace hisparse::bench {
 void LaunchSpin(cudaStream_t stream, long long cycles);
 // Spin cycles for about `us` microseconds on the current device.
 long long SpinCycles(double us);
+// Launches a stand-in for the kernel that precedes RESOLVE in serving (the indexer's top-k): one
+// block of 256 threads per row copies its per_row selections from src to dst. `early`: the kernel
+// lets programmatic dependents launch as soon as it starts (griddepcontrol.launch_dependents), as
+// kernels written for programmatic launches do; otherwise only as its blocks exit.
+void LaunchProducer(int32_t* dst, const int32_t* src, int rows, int per_row, bool early, cudaStream_t stream);
 
 template <typename T>
 double Median(std::vector<T> v) {

@@ -24,6 +24,13 @@
 // that no planning goes below ("launch_floor_us"). --fetch-order runs every point once per
 // order of the miss copies (ResolveLaunchConfig::address_order; address, the default, or
 // selection), each launch with the figures PrepareResolveLaunch asked for once per point.
+//
+// --producer: what RESOLVE adds to a stream behind the kernel before it. In serving that kernel
+// (the indexer's top-k) writes the selections; here LaunchProducer copies them into the positions
+// buffer, which every run first fills with padding. The events bracket the producer and RESOLVE;
+// the line reports each median less the producer's alone ("*_after_us"), with RESOLVE launched
+// plainly and as a programmatic dependent (ResolveLaunchConfig::programmatic_launch), no-IO and
+// full, and the producer letting dependents launch as its blocks exit or at its start.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,6 +51,8 @@ namespace hisparse::bench {
 namespace {
 
 enum class Pattern { kConsecutive, kScattered };
+// When the kernel before RESOLVE lets its programmatic dependents launch (LaunchProducer).
+enum class ProducerStart { kAtExit, kEarly };
 
 struct Options {
   std::vector<int> batch{1, 10, 64, 100, 128};
@@ -61,6 +70,7 @@ struct Options {
   bool scrub_l2 = true;
   bool smoke = false;
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
+  std::vector<ProducerStart> producers;   // --producer: also time RESOLVE behind a producer
 };
 
 void Usage() {
@@ -69,7 +79,10 @@ void Usage() {
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
                "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
                "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
-               "       [--fetch-order address,selection] [--smoke]\n"
+               "       [--fetch-order address,selection] [--producer exit,early] [--smoke]\n"
+               "  --producer: per point, also RESOLVE behind the kernel that writes its selections,\n"
+               "  launched plainly and as its programmatic dependent; the producer lets dependents\n"
+               "  launch as its blocks exit, or early (one JSON line of kind resolve_after_producer each)\n"
                "  --smoke: a few tiny points of every layout and pattern (what ctest runs); exits 77\n"
                "  without a CUDA device, 1 when a check fails\n");
 }
@@ -136,6 +149,90 @@ int CheckRecords(const ResolveDesc& d, const ResolveLaunchConfig& config, void* 
   return bad;
 }
 
+// How every timed launch runs: per run the pre-call slot tables are restored, `prepare` runs, L2
+// is scrubbed (unless warm), the spin hides the host's launch overhead, and events bracket
+// `launch`. Median and min in us over `runs` runs after 5 warm-ups.
+struct Timer {
+  cudaStream_t st;
+  cudaEvent_t ev0, ev1;
+  L2Scrubber* scrub;  // null: warm L2
+  long long spin;
+  int runs;
+  void* tables;  // the arena's tables, restored from `saved` before every run
+  const void* saved;
+  size_t table_span;
+
+  struct Times {
+    double median, min;
+  };
+  template <class Prepare, class Launch>
+  Times Time(Prepare prepare, Launch launch) const {
+    std::vector<float> times;
+    times.reserve(runs);
+    for (int run = 0; run < runs + 5; ++run) {
+      BENCH_CUDA(cudaMemcpyAsync(tables, saved, table_span, cudaMemcpyDeviceToDevice, st));
+      prepare();
+      if (scrub) scrub->Scrub(run, st);
+      LaunchSpin(st, spin);
+      BENCH_CUDA(cudaEventRecord(ev0, st));
+      launch();
+      BENCH_CUDA(cudaEventRecord(ev1, st));
+      BENCH_CUDA(cudaEventSynchronize(ev1));
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
+      if (run >= 5) times.push_back(ms * 1000.0f);
+    }
+    return {Median(times), *std::min_element(times.begin(), times.end())};
+  }
+};
+
+// A device copy of a point's selections: the producer's source. Owns it.
+struct DeviceSelections {
+  explicit DeviceSelections(const std::vector<int32_t>& v) {
+    BENCH_CUDA(cudaMalloc(&p, v.size() * sizeof(int32_t)));
+    BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+  ~DeviceSelections() { cudaFree(p); }
+  DeviceSelections(const DeviceSelections&) = delete;
+  DeviceSelections& operator=(const DeviceSelections&) = delete;
+  int32_t* p = nullptr;
+};
+
+// RESOLVE behind the kernel that writes its selections (LaunchProducer copies them from `src`
+// into d.positions, which every run first fills with padding, so a launch that read them too
+// early would plan no misses and fail the bench's miss count). Medians, us: the producer alone,
+// then producer + RESOLVE no-IO / full, each launched plainly and as a programmatic dependent.
+// Every RESOLVE launch counts its misses (4 * (runs + 5) launches).
+struct BehindProducer {
+  double producer, noio, noio_programmatic, full, full_programmatic;
+};
+BehindProducer TimeBehindProducer(const Timer& timer, ResolveDesc d, ResolveLaunchConfig config, const int32_t* src,
+                                  ProducerStart start, void* ws, size_t ws_bytes) {
+  const int batch = d.max_batch, k = d.arena.geometry.k;
+  int32_t* positions = const_cast<int32_t*>(d.positions);
+  const size_t bytes = static_cast<size_t>(batch) * k * sizeof(int32_t);
+  auto pad = [&] { BENCH_CUDA(cudaMemsetAsync(positions, 0xff, bytes, timer.st)); };
+  auto producer = [&] { LaunchProducer(positions, src, batch, k, start == ProducerStart::kEarly, timer.st); };
+  auto behind = [&](bool no_fetch, bool programmatic) {
+    d.flags = no_fetch ? static_cast<uint32_t>(kResolveFlagNoFetch) : 0u;
+    config.programmatic_launch = programmatic;
+    return timer
+        .Time(pad,
+              [&] {
+                producer();
+                BENCH_CUDA(LaunchResolve(d, ws, ws_bytes, config, timer.st));
+              })
+        .median;
+  };
+  BehindProducer b{};
+  b.producer = timer.Time(pad, producer).median;
+  b.noio = behind(true, false);
+  b.noio_programmatic = behind(true, true);
+  b.full = behind(false, false);
+  b.full_programmatic = behind(false, true);
+  return b;
+}
+
 }  // namespace
 
 int ResolveMain(int argc, char** argv) {
@@ -186,6 +283,12 @@ int ResolveMain(int argc, char** argv) {
         ok = ok && (w == "address" || w == "selection");
         o.address_order.push_back(w == "address");
       }
+    } else if (a == "--producer") {
+      o.producers.clear();
+      for (const std::string& w : ParseWords(next())) {
+        ok = ok && (w == "exit" || w == "early");
+        o.producers.push_back(w == "early" ? ProducerStart::kEarly : ProducerStart::kAtExit);
+      }
     } else if (a == "--page-size") {
       o.page_sizes.clear();
       for (const std::string& w : ParseWords(next())) {
@@ -227,6 +330,7 @@ int ResolveMain(int argc, char** argv) {
     o.page_sizes = {5 * 656, 64 * 656};
     o.pool_bytes = size_t{16} << 20;
     o.context = 4096;
+    o.producers = {ProducerStart::kAtExit, ProducerStart::kEarly};
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
       o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.k < 1 || o.runs < 1) {
@@ -326,6 +430,7 @@ int ResolveMain(int argc, char** argv) {
               const int misses_row = k - hits;
               const std::vector<int32_t> pos = Selections(pattern, batch, k, hits, B, seq, 99u + batch + hits);
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+              const DeviceSelections pos_src(pos);
               for (const bool ordered : o.address_order) {
                 ResolveLaunchConfig config;
                 BENCH_CUDA(PrepareResolveLaunch(g, &config));
@@ -342,30 +447,27 @@ int ResolveMain(int argc, char** argv) {
                 d.out_slots = in.d_out;
                 d.error_flags = in.d_err;
 
+                const Timer timer{st,    ev0,       ev1, o.scrub_l2 ? &scrub : nullptr, spin, o.runs, view.slot_pos,
+                                  saved, table_span};
                 // Variants: 0 RESOLVE, 1 no-IO, 2 the launch shape alone.
                 double med[3] = {0, 0, 0}, mn[3] = {0, 0, 0};
                 for (int variant = 0; variant < 3; ++variant) {
                   d.flags = variant == 1 ? static_cast<uint32_t>(kResolveFlagNoFetch) : 0u;
-                  std::vector<float> times;
-                  times.reserve(o.runs);
-                  for (int run = 0; run < o.runs + 5; ++run) {
-                    BENCH_CUDA(cudaMemcpyAsync(view.slot_pos, saved, table_span, cudaMemcpyDeviceToDevice, st));
-                    if (o.scrub_l2) scrub.Scrub(run, st);
-                    LaunchSpin(st, spin);
-                    BENCH_CUDA(cudaEventRecord(ev0, st));
-                    if (variant < 2) {
-                      BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
-                    } else {
-                      BENCH_CUDA(LaunchResolveShapeOnly(config, batch, st));
-                    }
-                    BENCH_CUDA(cudaEventRecord(ev1, st));
-                    BENCH_CUDA(cudaEventSynchronize(ev1));
-                    float ms = 0;
-                    BENCH_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
-                    if (run >= 5) times.push_back(ms * 1000.0f);
-                  }
-                  med[variant] = Median(times);
-                  mn[variant] = *std::min_element(times.begin(), times.end());
+                  const Timer::Times t = timer.Time([] {},
+                                                    [&] {
+                                                      if (variant < 2) {
+                                                        BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
+                                                      } else {
+                                                        BENCH_CUDA(LaunchResolveShapeOnly(config, batch, st));
+                                                      }
+                                                    });
+                  med[variant] = t.median;
+                  mn[variant] = t.min;
+                }
+                d.flags = 0;
+                std::vector<BehindProducer> behind;
+                for (const ProducerStart start : o.producers) {
+                  behind.push_back(TimeBehindProducer(timer, d, config, pos_src.p, start, in.ws, in.ws_bytes));
                 }
                 // Sanity: no error flags, misses counted as planned, records exact.
                 const int bad =
@@ -374,7 +476,7 @@ int ResolveMain(int argc, char** argv) {
                 BENCH_CUDA(cudaMemcpy(&err, in.d_err, 4, cudaMemcpyDeviceToHost));
                 ArenaCounters c{};
                 BENCH_CUDA(cudaMemcpy(&c, view.counters, sizeof c, cudaMemcpyDeviceToHost));
-                const uint64_t launches = 2ull * (o.runs + 5) + 1;
+                const uint64_t launches = (2ull + 4ull * o.producers.size()) * (o.runs + 5) + 1;
                 const bool ok = err == 0 && bad == 0 && c.misses == launches * misses_row * batch;
                 failed += ok ? 0 : 1;
                 BENCH_CUDA(cudaMemset(view.counters, 0, sizeof c));
@@ -400,6 +502,20 @@ int ResolveMain(int argc, char** argv) {
                     med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
                     ok ? "ok" : "FAILED");
+                for (size_t x = 0; x < behind.size(); ++x) {
+                  const BehindProducer& bp = behind[x];
+                  std::printf(
+                      "{\"kind\":\"resolve_after_producer\",\"batch\":%d,\"k\":%d,\"slots\":%d,\"record_bytes\":%d,"
+                      "\"miss_rate\":%g,\"pattern\":\"%s\",\"host_layout\":\"%s\",\"producer_start\":\"%s\","
+                      "\"producer_us\":%.2f,\"noio_after_us\":%.2f,\"noio_after_programmatic_us\":%.2f,"
+                      "\"after_us\":%.2f,\"after_programmatic_us\":%.2f,\"noio_alone_us\":%.2f,\"alone_us\":%.2f,"
+                      "\"launch_floor_us\":%.2f,\"link_gbps\":%.2f,\"runs\":%d,\"l2\":\"%s\",\"check\":\"%s\"}\n",
+                      batch, k, B, rb, miss, pattern == Pattern::kScattered ? "scattered" : "consecutive",
+                      HostLayoutName(layout), o.producers[x] == ProducerStart::kEarly ? "early" : "exit", bp.producer,
+                      bp.noio - bp.producer, bp.noio_programmatic - bp.producer, bp.full - bp.producer,
+                      bp.full_programmatic - bp.producer, med[1], med[0], med[2], link, o.runs,
+                      o.scrub_l2 ? "cold" : "warm", ok ? "ok" : "FAILED");
+                }
                 std::fflush(stdout);
               }
             }

@@ -51,10 +51,17 @@
 //   * The workspace resets itself: consumers clear the entries they take, the last planner zeroes
 //     the publish counter and the warp that takes the very last entry the take counter. Graph
 //     replays need nothing in between.
+//   * Stream order (ResolveLaunchConfig::programmatic_launch): launched as a programmatic
+//     dependent of the kernel before it, the grid is scheduled during that kernel's tail, and
+//     every block waits for it (griddepcontrol.wait) before its first global access: the launch
+//     latency leaves the layer's critical path, nothing else changes (stream_order.cuh).
 //   * Forward progress: consumers wait for the last planner, so every block of the grid must be
 //     able to be resident at once: the grid never exceeds the occupancy-derived capacity, row
 //     blocks have the lowest indices and never wait before they have published. (A kernel that
-//     holds SMs on another stream and itself waits on this one could still starve it.)
+//     holds SMs on another stream and itself waits on this one could still starve it.) A
+//     programmatic launch starts only once every block of the kernel before has started or
+//     exited, so RESOLVE's waiting blocks never keep that kernel's blocks from an SM; its own
+//     blocks that find no SM free yet start as that kernel's exit.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -67,6 +74,7 @@
 #include "hisparse/kernels/resolve_cuda.h"
 #include "record_dispatch.h"
 #include "resolve_multi.h"
+#include "stream_order.cuh"
 
 namespace hisparse {
 namespace internal {
@@ -80,6 +88,12 @@ void SetLaunchError(const char* msg) { g_last_error = msg ? msg : ""; }
 cudaError_t FailLaunch(const std::string& msg) {
   g_last_error = msg;
   return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchCallFailed(cudaError_t e) {
+  (void)cudaGetLastError();
+  g_last_error = cudaGetErrorName(e);
+  return e;
 }
 
 cudaError_t CheckLaunched() {
@@ -990,6 +1004,7 @@ template <int UPR>
 __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int b = blockIdx.x;
+  internal::WaitForPriorGrid();  // before any global access (a programmatic launch)
   // A row block's first row and seq_len are loaded together with the batch size (b < max_batch,
   // so the loads are in bounds whatever the batch).
   int row = 0, seq = 0;
@@ -1041,10 +1056,12 @@ int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
   return *planners + helpers;
 }
 
-void LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
+cudaError_t LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
   const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks);
   p.end_count = grid * kConsumerWarps;
-  ResolveKernelFor(p.d.arena.geometry.record_bytes)<<<grid, kThreads, c.smem, stream>>>(p);
+  const cudaError_t e = internal::LaunchInOrder(ResolveKernelFor(p.d.arena.geometry.record_bytes), dim3(grid),
+                                                dim3(kThreads), c.smem, stream, internal::Programmatic(c), p);
+  return e != cudaSuccess ? internal::LaunchCallFailed(e) : internal::CheckLaunched();
 }
 
 // LaunchResolveShapeOnly's kernel: nothing but the launch.
@@ -1143,6 +1160,7 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
   cudaError_t e = cudaGetDevice(&c.device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, c.device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.cc_major, cudaDevAttrComputeCapabilityMajor, c.device);
   if (e != cudaSuccess) {
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
@@ -1213,6 +1231,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   const ResolveLaunchConfig* c = &config;
   if (!PreparedFor(config, dev, g)) {
     if ((e = PrepareResolveLaunch(g, &asked)) != cudaSuccess) return e;
+    asked.address_order = config.address_order;
+    asked.programmatic_launch = config.programmatic_launch;
     c = &asked;
   }
   // Multi-query steps (rule 8) have their own kernels (resolve_multi.cu); this one stays n = 0's.
@@ -1247,10 +1267,8 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.off_misc = sm.off_misc;
   p.seg_k = SegmentItems(g.k);
   p.seg_b = SegmentItems(g.slots);
-  p.address_order = config.address_order && d.max_batch >= kAddressOrderMinBatch;
-
-  LaunchResolveGrid(p, *c, stream);
-  return internal::CheckLaunched();
+  p.address_order = c->address_order && d.max_batch >= kAddressOrderMinBatch;
+  return LaunchResolveGrid(p, *c, stream);
 }
 
 cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_batch, cudaStream_t stream) {

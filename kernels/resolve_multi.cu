@@ -60,6 +60,7 @@
 #include "host_load.cuh"
 #include "record_dispatch.h"
 #include "resolve_multi.h"
+#include "stream_order.cuh"
 
 namespace hisparse {
 namespace internal {
@@ -607,6 +608,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Idx = IndexOf<kShared>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ Words w;
+  WaitForPriorGrid();  // before any global access (a programmatic launch)
   const ArenaView& a = d.arena;
   Entry<Idx> e;
   e.d = &d;
@@ -703,6 +705,7 @@ constexpr int kFetchUnroll = 4;   // 16-byte loads a lane keeps in flight
 template <int UPR>
 __global__ void __launch_bounds__(kFetchThreads)
     MultiQueryFetchKernel(const ResolveDesc d, const uint8_t* scratch_base, const Scratch sc) {
+  WaitForPriorGrid();  // the planner's fetch lists (launched as its programmatic dependent)
   const uint8_t* base = scratch_base + static_cast<size_t>(blockIdx.y) * sc.bytes;
   const int misses = *reinterpret_cast<const int*>(base + sc.fetch_count);
   if (misses <= 0) return;
@@ -793,20 +796,22 @@ cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_
                       std::to_string(need));
   }
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  if (c.smem != 0) {
-    MultiQueryResolveKernel<true><<<d.max_batch, kThreads, c.smem, stream>>>(d, ws, sc, SharedState(g));
-  } else {
-    MultiQueryResolveKernel<false><<<d.max_batch, kThreads, 0, stream>>>(d, ws, sc, WorkspaceState(g));
-  }
+  cudaError_t e = c.smem != 0 ? LaunchInOrder(MultiQueryResolveKernel<true>, dim3(d.max_batch), dim3(kThreads), c.smem,
+                                              stream, Programmatic(c), d, ws, sc, SharedState(g))
+                              : LaunchInOrder(MultiQueryResolveKernel<false>, dim3(d.max_batch), dim3(kThreads), 0,
+                                              stream, Programmatic(c), d, ws, sc, WorkspaceState(g));
+  if (e != cudaSuccess) return LaunchCallFailed(e);
   if (d.flags & kResolveFlagNoFetch) return CheckLaunched();
   // The fetch: about four blocks per SM over the batch, no more columns than an entry has chunks.
   const int max_chunks =
       static_cast<int>((MissPlan::EntriesPerRow(d.arena.geometry) + kFetchRecords - 1) / kFetchRecords);
   int gx = (4 * c.sms + d.max_batch - 1) / d.max_batch;
   gx = std::max(1, std::min(gx, (max_chunks + kFetchWarps - 1) / kFetchWarps));
-  FetchKernelFor(d.arena.geometry.record_bytes)<<<dim3(gx, d.max_batch), kFetchThreads, 0, stream>>>(
-      d, static_cast<const uint8_t*>(workspace), sc);
-  return CheckLaunched();
+  // A programmatic dependent of the planner wherever the device allows it: its launch overlaps
+  // the planner's tail, and it waits for the planner's lists before reading them.
+  e = LaunchInOrder(FetchKernelFor(d.arena.geometry.record_bytes), dim3(gx, d.max_batch), dim3(kFetchThreads), 0,
+                    stream, c.cc_major >= 9, d, static_cast<const uint8_t*>(workspace), sc);
+  return e != cudaSuccess ? LaunchCallFailed(e) : CheckLaunched();
 }
 
 }  // namespace internal

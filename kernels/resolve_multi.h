@@ -17,6 +17,10 @@ namespace hisparse::internal {
 void SetLaunchError(const char* msg);
 cudaError_t FailLaunch(const std::string& msg);
 cudaError_t CheckLaunched();
+// A launch call's own error, e.g. cudaLaunchKernelEx's (cleared from cudaGetLastError, returned).
+cudaError_t LaunchCallFailed(cudaError_t e);
+// Whether to launch as a programmatic dependent: asked for, on a device that supports it.
+inline bool Programmatic(const ResolveLaunchConfig& c) { return c.programmatic_launch && c.cc_major >= 9; }
 
 // Workspace of a multi-query launch: one scratch block per batch entry (hash tables over the
 // (draft_tokens + 1) * k selections and the B slots, ranks, victims).

@@ -16,6 +16,7 @@
 
 #include "gpu_test_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
+#include "late_producer.cuh"
 
 namespace hisparse {
 namespace {
@@ -752,6 +753,61 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("graph"));
   for (auto e : execs) cudaGraphExecDestroy(e);
   cudaStreamDestroy(s);
+}
+
+// A programmatic launch (ResolveLaunchConfig::programmatic_launch) behind a kernel that lets it
+// launch at once but writes the selections only ~30 us later: every block must wait for that
+// kernel before it reads anything, so each step, eager or replayed from a graph that captured
+// both kernels, equals the reference for the selections the producer wrote (the positions buffer
+// holds padding until then).
+TEST(ResolveGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
+  REQUIRE_GPU();
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+  const Config c{2048, 4096, 656, 8, 16};
+  World w(c, 2, 515);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig config;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &config));
+  config.programmatic_launch = true;
+  const size_t n = w.pos_.size();
+  int32_t* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, n * 4));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto enqueue = [&] {
+    testing::LaunchLateProducer(w.d_pos_, src, n, 30.0, s);
+    return LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, config, s);
+  };
+  std::vector<cudaGraphExec_t> execs(2);
+  for (int l = 0; l < 2; ++l) {
+    w.layer_ = l;
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(enqueue());
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&execs[l], graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  for (int step = 0; step < c.steps; ++step) {
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), 0.03);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(cudaMemcpy(src, w.d_pos_, n * 4, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaMemset(w.d_pos_, 0xff, n * 4));  // padding until the producer writes
+    const bool eager = step % 4 < 2;
+    if (eager) {
+      CUDA_OK(enqueue());
+    } else {
+      CUDA_OK(cudaGraphLaunch(execs[w.layer_], s));
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(
+        w.CompareStep(batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("programmatic"));
+  for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(s);
+  cudaFree(src);
 }
 
 // One workspace under launches of different max_batch in turn, as an engine's graphs per padded

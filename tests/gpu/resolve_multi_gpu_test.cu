@@ -21,6 +21,7 @@
 
 #include "gpu_test_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
+#include "late_producer.cuh"
 
 namespace hisparse {
 namespace {
@@ -32,6 +33,9 @@ struct MqConfig {
   int pt_records = 0;   // rule 9's page table in pages of this many records; 0: not written
   int pt_offset = 0;    // its page offset
   bool no_out = false;  // with a page table: out_slots null (the page table alone)
+  // Every launch programmatic (ResolveLaunchConfig::programmatic_launch) behind a kernel that
+  // writes the selections only ~30 us after it let RESOLVE launch (late_producer.cuh).
+  bool programmatic = false;
 };
 
 // Device buffer freed on scope exit.
@@ -167,6 +171,9 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
   CUDA_OK(cudaMemset(d_plan.p, 0, plan_bytes));
   ResolveLaunchConfig config;
   CUDA_OK(PrepareResolveLaunch(g, &config));
+  config.programmatic_launch = c.programmatic;
+  DevBuf d_src;  // programmatic: the producer's source of the selections
+  if (c.programmatic) CUDA_OK(cudaMalloc(&d_src.p, sel_n * 4));
 
   auto desc = [&](bool gpu, int layer) {
     ResolveDesc d{};
@@ -183,6 +190,9 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
   const bool with_pt = c.pt_records > 0, with_out = !(with_pt && c.no_out);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
+  auto producer = [&] {
+    if (c.programmatic) testing::LaunchLateProducer(d_pos.as<int32_t>(), d_src.as<int32_t>(), sel_n, 30.0, stream);
+  };
   std::vector<cudaGraphExec_t> exec(layers, nullptr);
   for (int l = 0; l < layers; ++l) {
     ResolveDesc d = desc(true, l);
@@ -196,6 +206,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
     d.error_flags = d_err.as<uint32_t>();
     cudaGraph_t graph;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    producer();
     CUDA_OK(LaunchResolve(d, d_ws.p, ws_bytes, config, stream));
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec[l], graph, 0));
@@ -288,7 +299,8 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
       CUDA_OK(cudaMemcpy(d_rows.p, lrows.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(d_seq.p, ls.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(d_q.p, lq.data(), c.max_batch * 4, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d_pos.p, sel.data(), sel_n * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(c.programmatic ? d_src.p : d_pos.p, sel.data(), sel_n * 4, cudaMemcpyHostToDevice));
+      if (c.programmatic) CUDA_OK(cudaMemset(d_pos.p, 0xff, sel_n * 4));  // padding until the producer writes
       CUDA_OK(cudaMemset(d_out.p, 0x55, sel_n * 4));
       CUDA_OK(cudaMemset(d_pt.p, 0x33, sel_n * 4));
       CUDA_OK(cudaMemset(d_err.p, 0, 4));
@@ -304,6 +316,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
         gd.out_slots = with_out ? d_out.as<int32_t>() : nullptr;
         gd.page_table = with_pt ? d_pt.as<int32_t>() : nullptr;
         gd.error_flags = d_err.as<uint32_t>();
+        producer();
         CUDA_OK(LaunchResolve(gd, d_ws.p, ws_bytes, config, stream));
       }
       CUDA_OK(cudaStreamSynchronize(stream));
@@ -408,6 +421,19 @@ TEST(ResolveMultiQueryGpu, StateInTheWorkspaceMatchesReference) {
   CUDA_OK(PrepareResolveLaunch(g, &config));
   ASSERT_EQ(config.smem, 0u) << "the state fits in shared memory: this case would not test the workspace path";
   ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 424242u));
+}
+
+// Programmatic launches behind a late producer (eager and graph steps): the planner waits for it
+// before it reads anything, so every step still equals the reference.
+TEST(ResolveMultiQueryGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
+  REQUIRE_GPU();
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+  for (int n : {1, 3}) {
+    MqConfig c{n, 256, 256 * (n + 2), 1152, 6};
+    c.programmatic = true;
+    SCOPED_TRACE("n " + std::to_string(n));
+    ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 31000u * n));
+  }
 }
 
 TEST(ResolveMultiQueryGpu, ZeroDraftTokensKeepTheSingleQueryWorkspace) {

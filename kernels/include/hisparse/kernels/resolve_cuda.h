@@ -68,6 +68,13 @@ struct ResolveLaunchConfig {
   // max_batch >= kAddressOrderMinBatch. bench/RESULTS.md, "Address-ordered fetch", has what it
   // buys and costs.
   bool address_order = true;
+  // Launch as a programmatic dependent of the kernel before it in the stream (PDL; compute
+  // capability 9.0 and later, an ordinary launch before): RESOLVE's launch and block scheduling
+  // then overlap that kernel's tail. Every block waits for that kernel to complete before its
+  // first global access, so outputs and tables are the same either way, whatever the kernel
+  // before did. bench/RESULTS.md, "RESOLVE as a programmatic dependent", has what it buys.
+  bool programmatic_launch = false;
+  int cc_major = 0;  // cudaDevAttrComputeCapabilityMajor
 };
 // On the H200 the address order bought 0.01-0.12 of the link at batch 64 and 128 with scattered
 // misses and cost 1.5-3 us (5-10%) of a batch-1 launch, whose fetch it cannot speed up; below
