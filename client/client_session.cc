@@ -575,6 +575,12 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
                                                      ", page_offset ", a.page_offset, ")"));
     }
   }
+  if ((a.launch_flags & ~HS_RESOLVE_LAUNCH_PROGRAMMATIC) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("resolve launch_flags 0x", absl::Hex(a.launch_flags),
+                                                   ": unknown bits (known: HS_RESOLVE_LAUNCH_PROGRAMMATIC)"));
+  }
+  const StreamOrder order =
+      (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? StreamOrder::kProgrammatic : StreamOrder::kAfterCompletion;
   ResolveDesc d{};
   d.arena = arena_;
   d.layer = static_cast<int32_t>(a.layer);
@@ -600,7 +606,7 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   }
   absl::ReaderMutexLock lock(&mu_);  // the host map must not change under a host-backend step
   d.host = backend_->host_map();
-  HS_RETURN_IF_ERROR(backend_->Resolve(d, a.stream));
+  HS_RETURN_IF_ERROR(backend_->Resolve(d, order, a.stream));
   if (plan.summary != nullptr) plan_max_batch_[a.layer] = a.max_batch;
   return absl::OkStatus();
 }

@@ -33,6 +33,12 @@ struct AttachedArena {
   std::string handle;
 };
 
+// How a data-path launch orders itself after the previous kernel in the caller's stream
+// (hs_resolve_args.launch_flags): once that kernel has completed, or as its programmatic
+// dependent (scheduled during its tail, waiting for it before touching memory). The results are
+// the same; the host backend runs in order either way.
+enum class StreamOrder { kAfterCompletion, kProgrammatic };
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -66,7 +72,7 @@ class DeviceBackend {
 
   virtual absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) = 0;
   // Returns InvalidArgument naming the error bits when the backend can tell at once (host).
-  virtual absl::Status Resolve(const ResolveDesc& d, void* stream) = 0;
+  virtual absl::Status Resolve(const ResolveDesc& d, StreamOrder order, void* stream) = 0;
   virtual absl::Status Store(const StoreDesc& d, void* stream) = 0;
   // Indexed store (hs_store_indexed). The backend supplies d.check (CUDA: a device word of its
   // own) and d.error_flags; an index outside the pool is InvalidArgument at once on host, a flag

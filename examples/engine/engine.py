@@ -321,6 +321,10 @@ class HisparseKV:
     records, where its own layer's records lie."""
 
     mode = "hisparse"
+    # RESOLVE launches as the programmatic dependent of the kernel before it (hs_resolve_args
+    # launch_flags, ABI 1.9): same results, its launch off the layer's critical path on sm_90+.
+    # run_engine.py --no-programmatic turns it off, for a comparison.
+    programmatic = True
 
     def __init__(self, session, cfg: ModelConfig, fmt: RecordFormat, batch: int, prompt_len: int,
                  token_budget: int, device, first_request_id: int = 1, prefetch: bool = False) -> None:
@@ -373,7 +377,7 @@ class HisparseKV:
         if not (self.prefetch and follower):
             # An anchor, or a follower without prefetch (same selection, its own layer's table).
             self.session.resolve(layer, self.rows, st.seq_lens, st.positions, None, batch_size=self.batch_size,
-                                 page_table=self.page_table)
+                                 page_table=self.page_table, programmatic=self.programmatic)
         if self.prefetch and not follower and self.followers.get(layer):
             if self.prefetch_stream is None:
                 for f in self.followers[layer]:

@@ -104,7 +104,8 @@ class HisparseKVMulti:
 
     def gather(self, layer: int, st: MtpState) -> torch.Tensor:
         self.session.resolve(layer, self.kv.rows, st.seq_lens, st.positions, None, batch_size=self.kv.batch_size,
-                             query_counts=st.query_counts, page_table=self.page_table)
+                             query_counts=st.query_counts, page_table=self.page_table,
+                             programmatic=self.kv.programmatic)
         return self.kv.records[self.page_table.clamp(min=0).long()][..., :self.fmt.record_bytes]
 
 

@@ -37,7 +37,8 @@ sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 import torch  # noqa: E402
 
 import hisparse  # noqa: E402
-from engine import SMALL, ModelConfig, SparseDecoder, measure_link_gbps, record_format, run_mode  # noqa: E402
+from engine import (SMALL, HisparseKV, ModelConfig, SparseDecoder, measure_link_gbps, record_format,  # noqa: E402
+                    run_mode)
 from mtp import run_mtp  # noqa: E402
 from sglang_mode import Scheduler, compare, make_workload, run_sglang  # noqa: E402
 from sglang_mtp_mode import make_mtp_scheduler  # noqa: E402
@@ -82,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--locality", type=float, default=None, help="override the indexer's salience strength")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-graph", action="store_true", help="decode eagerly instead of replaying a CUDA graph")
+    ap.add_argument("--no-programmatic", action="store_true",
+                    help="launch RESOLVE after the previous kernel completes, not as its programmatic dependent")
     ap.add_argument("--probe-steps", type=int, default=16,
                     help="last steps of each run synchronized to read in-graph RESOLVE events")
     ap.add_argument("--daemon", default=None, help="unix:PATH of a running hisparsed (default: start one)")
@@ -94,6 +97,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     dev = torch.device(args.device)
+    HisparseKV.programmatic = not args.no_programmatic
     cfg = ModelConfig(seed=args.seed, **(SMALL if args.model == "small" else {}))
     if args.layers is not None:
         cfg.n_layers = args.layers

@@ -141,6 +141,24 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   EXPECT_NE(out[0], -7);
   EXPECT_EQ(out[4], -1);
 
+  // ABI 1.9's launch flags: the programmatic launch gives the same outputs (the host backend runs
+  // in order either way); unknown bits are refused and change nothing.
+  std::vector<int32_t> plain = out;
+  a.launch_flags = HS_RESOLVE_LAUNCH_PROGRAMMATIC;
+  std::fill(out.begin(), out.end(), -7);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, plain);
+  a.launch_flags = 0x6;
+  std::fill(out.begin(), out.end(), -7);
+  EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hs_last_error()).find("launch_flags"), std::string::npos) << hs_last_error();
+  EXPECT_EQ(out, std::vector<int32_t>(8, -7));
+  // ABI 1.8 callers end before launch_flags: bits past their struct are not read.
+  a.struct_size = offsetof(hs_resolve_args, launch_flags);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, plain);
+  a.launch_flags = 0;
+
   // ABI 1.3 callers end before query_counts: one list per row, as before.
   a.struct_size = offsetof(hs_resolve_args, query_counts);
   a.query_counts = reinterpret_cast<const int32_t*>(8);  // past their struct: must not be read

@@ -88,7 +88,9 @@ def test_store_append_resolve_on_the_current_stream(cuda_session):
                 s.append(layer, rows, seq_lens, newest)
                 pos = random_selection(gen, seq_lens.cpu())
                 selections += int((pos >= 0).sum())
-                s.resolve(layer, rows, seq_lens, pos, out)
+                # Odd layers launch as the append kernel's programmatic dependent (ABI 1.9): they
+                # must still see the record it wrote.
+                s.resolve(layer, rows, seq_lens, pos, out, programmatic=layer % 2 == 1)
                 check_exact(s, rows, seq_lens.cpu(), pos, out, layer)
     s.check_errors()
     after = s.stats()

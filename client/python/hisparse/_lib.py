@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 8
+ABI_VERSION_MINOR = 9
 
 # hs_result
 HS_OK = 0
@@ -125,6 +125,10 @@ class Stats(ctypes.Structure):
     ]
 
 
+# hs_resolve_args.launch_flags (ABI 1.9)
+HS_RESOLVE_LAUNCH_PROGRAMMATIC = 0x1
+
+
 class ResolveArgs(ctypes.Structure):
     """hs_resolve_args."""
 
@@ -142,6 +146,7 @@ class ResolveArgs(ctypes.Structure):
         ("page_records", ctypes.c_int32),
         ("page_offset", ctypes.c_int32),
         ("query_counts", ctypes.c_void_p),  # ABI 1.4
+        ("launch_flags", ctypes.c_uint32),  # ABI 1.9
     ]
 
 

@@ -457,5 +457,5 @@ class HisparsedCoordinator:
         self._append_newest(layer_id, bs)
         out = self.top_k_device_locs_buffer[:bs]
         self.session.resolve(layer_id, rows, seqs, positions, None, batch_size=self.num_real_reqs,
-                             max_batch=bs, page_table=out)
+                             max_batch=bs, page_table=out, programmatic=True)
         return out

@@ -195,7 +195,7 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
         positions[:, n:].fill_(-1)
         table = self._v_table[:bs]
         self.session.resolve(layer_id, rows, seqs, positions, None, batch_size=self.num_real_reqs, max_batch=bs,
-                             page_table=table, query_counts=counts)
+                             page_table=table, query_counts=counts, programmatic=True)
         return table[:, :n].reshape(bs * n, self.top_k)
 
     def _register_verify_tokens(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, bs: int, n: int) -> None:

@@ -189,7 +189,7 @@ class HisparsedRuntime:
         self._positions[:, :w].index_copy_(0, self._token_list[:t], logical_topk_indices.to(torch.int32))
         self.session.resolve(layer, self._rows, self._seq_lens, self._positions[:m * q], None,
                              batch_size=self.num_real_reqs, max_batch=m, page_table=self._page_table[:m * q],
-                             query_counts=self._query_counts if q > 1 else None)
+                             query_counts=self._query_counts if q > 1 else None, programmatic=True)
         out = self._out[:t] if attention_indices_out is None else attention_indices_out
         torch.index_select(self._page_table, 0, self._token_list[:t], out=out)
         if not (return_valid_counts or valid_counts_out is not None):
