@@ -252,8 +252,9 @@ typedef struct hs_resolve_args {
  * programmatic dependent launch; GPUs of compute capability 9.0 and later, an ordinary launch on
  * others): its launch and scheduling overlap that kernel's tail, and every block waits for that
  * kernel to complete before it reads or writes anything, so nothing the kernel writes (the
- * selections, say) can be missed. It shortens the stream by about the launch latency (1.3-2 us
- * on an H200, bench/RESULTS.md); set it where the engine's own kernels are launched this way. */
+ * selections, say) can be missed. Behind a kernel it takes 1.0-2.2 us (median 1.6) off RESOLVE's
+ * time in the stream on an H200 (bench/RESULTS.md); after a copy or an event it is an ordinary
+ * launch. */
 #define HS_RESOLVE_LAUNCH_PROGRAMMATIC 0x1u
 
 #define HS_RESOLVE_ARGS_INIT \

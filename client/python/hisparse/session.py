@@ -574,8 +574,8 @@ class Session:
         is -1. out_slots may then be None.
         programmatic (ABI 1.9): launch as a programmatic dependent of the previous kernel in the
         stream (compute capability 9.0+, an ordinary launch elsewhere): its launch overlaps that
-        kernel's tail and it waits for that kernel before touching memory; same results, ~1.3-2 us
-        less per layer on an H200 (bench/RESULTS.md). Ignored on the host backend.
+        kernel's tail and it waits for that kernel before touching memory; same results, 1.0-2.2 us
+        (median 1.6) less per layer on an H200 (bench/RESULTS.md). Ignored on the host backend.
         """
         if max_batch is None:
             max_batch = len(rows)
