@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -430,7 +431,8 @@ int ResolveMain(int argc, char** argv) {
               const int misses_row = k - hits;
               const std::vector<int32_t> pos = Selections(pattern, batch, k, hits, B, seq, 99u + batch + hits);
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-              const DeviceSelections pos_src(pos);
+              std::optional<DeviceSelections> pos_src;  // the producer's source, when timed behind one
+              if (!o.producers.empty()) pos_src.emplace(pos);
               for (const bool ordered : o.address_order) {
                 ResolveLaunchConfig config;
                 BENCH_CUDA(PrepareResolveLaunch(g, &config));
@@ -467,7 +469,7 @@ int ResolveMain(int argc, char** argv) {
                 d.flags = 0;
                 std::vector<BehindProducer> behind;
                 for (const ProducerStart start : o.producers) {
-                  behind.push_back(TimeBehindProducer(timer, d, config, pos_src.p, start, in.ws, in.ws_bytes));
+                  behind.push_back(TimeBehindProducer(timer, d, config, pos_src->p, start, in.ws, in.ws_bytes));
                 }
                 // Sanity: no error flags, misses counted as planned, records exact.
                 const int bad =

@@ -716,6 +716,37 @@ TEST(ResolveGpu, NoFetchPlansWithoutCopying) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("nofetch"));
 }
 
+// One graph per layer of w, each capturing what `enqueue` (returning the launch's error) puts on
+// stream s for w.layer_ = that layer.
+template <class Enqueue>
+void CaptureLayerGraphs(World& w, cudaStream_t s, Enqueue enqueue, std::vector<cudaGraphExec_t>* execs) {
+  execs->assign(w.layers_, nullptr);
+  for (int l = 0; l < w.layers_; ++l) {
+    w.layer_ = l;
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(enqueue());
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&(*execs)[l], graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+}
+
+// One step of w.layer_: `enqueue` run eagerly, or that layer's captured graph replayed; then the
+// step against the reference.
+template <class Enqueue>
+void RunStep(World& w, cudaStream_t s, bool eager, Enqueue enqueue, const std::vector<cudaGraphExec_t>& execs,
+             int batch, int step) {
+  if (eager) {
+    CUDA_OK(enqueue());
+  } else {
+    CUDA_OK(cudaGraphLaunch(execs[w.layer_], s));
+  }
+  CUDA_OK(cudaStreamSynchronize(s));
+  ASSERT_NO_FATAL_FAILURE(
+      w.CompareStep(batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
+}
+
 // One graph captured for max_batch, replayed with different *batch_size values (0 included),
 // interleaved with eager launches on the same state: every step matches the reference.
 TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
@@ -725,30 +756,15 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   ASSERT_NO_FATAL_FAILURE(w.Init());
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> execs(2);
-  for (int l = 0; l < 2; ++l) {
-    w.layer_ = l;
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    CUDA_OK(cudaGraphInstantiate(&execs[l], graph, 0));
-    CUDA_OK(cudaGraphDestroy(graph));
-  }
+  auto enqueue = [&] { return LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s); };
+  std::vector<cudaGraphExec_t> execs;
+  ASSERT_NO_FATAL_FAILURE(CaptureLayerGraphs(w, s, enqueue, &execs));
   const int batches[] = {64, 1, 7, 0, 33, 64, 2, 50};
   for (int step = 0; step < c.steps; ++step) {
     w.layer_ = step % 2;
     const int batch = w.MakeStep(batches[step % 8], 0.03);
     ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
-    const bool eager = step % 3 == 2;
-    if (eager) {
-      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, s));
-    } else {
-      CUDA_OK(cudaGraphLaunch(execs[w.layer_], s));
-    }
-    CUDA_OK(cudaStreamSynchronize(s));
-    ASSERT_NO_FATAL_FAILURE(
-        w.CompareStep(batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
+    ASSERT_NO_FATAL_FAILURE(RunStep(w, s, step % 3 == 2, enqueue, execs, batch, step));
   }
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("graph"));
   for (auto e : execs) cudaGraphExecDestroy(e);
@@ -778,31 +794,15 @@ TEST(ResolveGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
     testing::LaunchLateProducer(w.d_pos_, src, n, 30.0, s);
     return LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, config, s);
   };
-  std::vector<cudaGraphExec_t> execs(2);
-  for (int l = 0; l < 2; ++l) {
-    w.layer_ = l;
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    CUDA_OK(enqueue());
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    CUDA_OK(cudaGraphInstantiate(&execs[l], graph, 0));
-    CUDA_OK(cudaGraphDestroy(graph));
-  }
+  std::vector<cudaGraphExec_t> execs;
+  ASSERT_NO_FATAL_FAILURE(CaptureLayerGraphs(w, s, enqueue, &execs));
   for (int step = 0; step < c.steps; ++step) {
     w.layer_ = step % 2;
     const int batch = w.MakeStep(RandomBatch(w), 0.03);
     ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
     CUDA_OK(cudaMemcpy(src, w.d_pos_, n * 4, cudaMemcpyDeviceToDevice));
     CUDA_OK(cudaMemset(w.d_pos_, 0xff, n * 4));  // padding until the producer writes
-    const bool eager = step % 4 < 2;
-    if (eager) {
-      CUDA_OK(enqueue());
-    } else {
-      CUDA_OK(cudaGraphLaunch(execs[w.layer_], s));
-    }
-    CUDA_OK(cudaStreamSynchronize(s));
-    ASSERT_NO_FATAL_FAILURE(
-        w.CompareStep(batch, 0, std::string(eager ? "eager" : "graph") + " step " + std::to_string(step)));
+    ASSERT_NO_FATAL_FAILURE(RunStep(w, s, step % 4 < 2, enqueue, execs, batch, step));
   }
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("programmatic"));
   for (auto e : execs) cudaGraphExecDestroy(e);
