@@ -109,6 +109,7 @@ ResolveInputs::ResolveInputs(const ArenaGeometry& g, const std::vector<uint8_t*>
   BENCH_CUDA(cudaMemcpy(d_batch, &batch, 4, cudaMemcpyHostToDevice));
   BENCH_CUDA(cudaMalloc(&d_pos, static_cast<size_t>(batch) * g.k * 4));
   BENCH_CUDA(cudaMalloc(&d_out, static_cast<size_t>(batch) * g.k * 4));
+  BENCH_CUDA(cudaMalloc(&d_scratch, static_cast<size_t>(batch) * g.k * 4));
   BENCH_CUDA(cudaMalloc(&d_err, 4));
   BENCH_CUDA(cudaMemset(d_err, 0, 4));
   ws_bytes = ResolveWorkspaceBytes(g, batch);
@@ -119,7 +120,7 @@ ResolveInputs::ResolveInputs(const ArenaGeometry& g, const std::vector<uint8_t*>
 ResolveInputs::~ResolveInputs() {
   for (void* p : {static_cast<void*>(d_base), static_cast<void*>(d_cap), static_cast<void*>(d_rows),
                   static_cast<void*>(d_seqs), static_cast<void*>(d_batch), static_cast<void*>(d_pos),
-                  static_cast<void*>(d_out), static_cast<void*>(d_err), ws}) {
+                  static_cast<void*>(d_out), static_cast<void*>(d_scratch), static_cast<void*>(d_err), ws}) {
     cudaFree(p);
   }
 }

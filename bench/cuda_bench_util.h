@@ -94,6 +94,7 @@ struct ResolveInputs {
   uint8_t** d_base = nullptr;
   int32_t *d_cap = nullptr, *d_rows = nullptr, *d_seqs = nullptr, *d_batch = nullptr, *d_pos = nullptr,
           *d_out = nullptr;
+  int32_t* d_scratch = nullptr;  // [batch][k]: LaunchResolveMemoryFloor's outputs
   uint32_t* d_err = nullptr;
   void* ws = nullptr;
   size_t ws_bytes = 0;

@@ -21,7 +21,10 @@
 // bracket the one RESOLVE launch. Median and min over --runs; the no-IO variant (flag NoFetch:
 // same planning, no bytes moved) is timed the same way, and so is an empty kernel of RESOLVE's
 // launch shape (LaunchResolveShapeOnly: same grid, block and shared memory), the launch floor
-// that no planning goes below ("launch_floor_us"). --fetch-order runs every point once per
+// that no planning goes below ("launch_floor_us"), and the no-IO step's memory traffic with that
+// shape and no planning (LaunchResolveMemoryFloor: the row, its selections and both tables read,
+// the LRU order and k ints a row written), the floor under any one-launch plan of these tables
+// ("memory_floor_us"). --fetch-order runs every point once per
 // order of the miss copies (ResolveLaunchConfig::address_order; address, the default, or
 // selection), each launch with the figures PrepareResolveLaunch asked for once per point.
 //
@@ -451,18 +454,22 @@ int ResolveMain(int argc, char** argv) {
 
                 const Timer timer{st,    ev0,       ev1, o.scrub_l2 ? &scrub : nullptr, spin, o.runs, view.slot_pos,
                                   saved, table_span};
-                // Variants: 0 RESOLVE, 1 no-IO, 2 the launch shape alone.
-                double med[3] = {0, 0, 0}, mn[3] = {0, 0, 0};
-                for (int variant = 0; variant < 3; ++variant) {
+                // Variants: 0 RESOLVE, 1 no-IO, 2 the launch shape alone, 3 the no-IO step's memory
+                // traffic alone (LaunchResolveMemoryFloor).
+                double med[4] = {0, 0, 0, 0}, mn[4] = {0, 0, 0, 0};
+                for (int variant = 0; variant < 4; ++variant) {
                   d.flags = variant == 1 ? static_cast<uint32_t>(kResolveFlagNoFetch) : 0u;
-                  const Timer::Times t = timer.Time([] {},
-                                                    [&] {
-                                                      if (variant < 2) {
-                                                        BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
-                                                      } else {
-                                                        BENCH_CUDA(LaunchResolveShapeOnly(config, batch, st));
-                                                      }
-                                                    });
+                  const Timer::Times t =
+                      timer.Time([] {},
+                                 [&] {
+                                   if (variant < 2) {
+                                     BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st));
+                                   } else if (variant == 2) {
+                                     BENCH_CUDA(LaunchResolveShapeOnly(config, batch, st));
+                                   } else {
+                                     BENCH_CUDA(LaunchResolveMemoryFloor(d, config, in.d_scratch, st));
+                                   }
+                                 });
                   med[variant] = t.median;
                   mn[variant] = t.min;
                 }
@@ -493,15 +500,15 @@ int ResolveMain(int argc, char** argv) {
                     "bytes\":"
                     "%zu,"
                     "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
-                    "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"link_gbps\":%.2f,"
-                    "\"bound_us\":%.2f,"
+                    "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"memory_floor_us\":%.2f,"
+                    "\"link_gbps\":%.2f,\"bound_us\":%.2f,"
                     "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"check\":\"%s\"}\n",
                     batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                     pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
                     v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
                     layout == HostLayout::kContiguous ? 0u : t.records_per_page, pool.bytes, med[0], mn[0],
-                    miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], link, bound,
-                    med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
+                    miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], med[3],
+                    link, bound, med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
                     ok ? "ok" : "FAILED");
                 for (size_t x = 0; x < behind.size(); ++x) {

@@ -1067,6 +1067,39 @@ cudaError_t LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cud
 // LaunchResolveShapeOnly's kernel: nothing but the launch.
 __global__ void __launch_bounds__(kThreads, 1) ShapeOnlyKernel() {}
 
+// LaunchResolveMemoryFloor's kernel: a row block's global traffic of a no-IO step, no planning.
+// It stages what StageRow stages (selections, slot table, LRU order; the row and its capacity
+// first), then writes the LRU order back unchanged and k outputs, computed from both staged tables
+// so that no load can be skipped, into `scratch`. Blocks without rows return at once.
+__global__ void __launch_bounds__(kThreads, 1) MemoryFloorKernel(const ResolveDesc d, int planners, int* scratch) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  internal::WaitForPriorGrid();
+  if (static_cast<int>(blockIdx.x) >= planners) return;
+  const ArenaGeometry& g = d.arena.geometry;
+  const int B = g.slots, K = g.k;
+  int* sel = reinterpret_cast<int*>(smem);
+  int* sp = sel + AlignUp(K, 4);
+  int* lru = sp + AlignUp(B, 4);
+  int batch = *d.batch_size;
+  if (batch > d.max_batch) batch = d.max_batch;
+  for (int i = blockIdx.x; i < batch; i += planners) {
+    const int row = d.rows[i];
+    if (row < 0 || row >= g.max_rows || d.layer < 0 || d.layer >= g.num_layers) continue;
+    const int cap = d.host.capacity[row];
+    const size_t rl = d.arena.RowLayer(row, d.layer);
+    StageInts(sel, d.positions + static_cast<size_t>(i) * K, K);
+    StageInts(sp, d.arena.slot_pos + rl * B, B);
+    StageInts(lru, d.arena.lru + rl * B, B);
+    CpAsyncWaitAll();
+    __syncthreads();
+    int* out = d.arena.lru + rl * B;
+    for (int s = threadIdx.x; s < B; s += kThreads) out[s] = lru[s];
+    int* o = scratch + static_cast<size_t>(i) * K;
+    for (int j = threadIdx.x; j < K; j += kThreads) o[j] = (sel[j] ^ sp[j % B]) + cap;
+    __syncthreads();  // shared memory is reused by the block's next row
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Replay of a miss plan into a layer that shares the anchor's selection (ReplayDesc). No planning.
 // A replay runs beside the engine's compute on a side stream, so it must leave the SMs to that
@@ -1283,6 +1316,32 @@ cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_ba
   int planners = 0;
   ShapeOnlyKernel<<<GridBlocks(config, max_batch, &planners), kThreads, config.smem, stream>>>();
   return internal::CheckLaunched();
+}
+
+cudaError_t LaunchResolveMemoryFloor(const ResolveDesc& d, const ResolveLaunchConfig& config, int32_t* scratch,
+                                     cudaStream_t stream) {
+  const ArenaGeometry& g = d.arena.geometry;
+  if (!PreparedFor(config, config.device, g) || config.draft_tokens != 0 || config.blocks_per_sm < 1 ||
+      d.max_batch < 1 || !scratch || !d.batch_size || !d.rows || !d.positions || !d.arena.slot_pos || !d.arena.lru ||
+      !d.host.capacity) {
+    return internal::FailLaunch(
+        "LaunchResolveMemoryFloor: a single-query config prepared for d's geometry, max_batch >= 1, scratch and "
+        "d's inputs and tables");
+  }
+  const size_t need = (AlignUp(static_cast<size_t>(g.k), 4) + 2 * AlignUp(static_cast<size_t>(g.slots), 4)) * 4;
+  if (need > config.smem)
+    return internal::FailLaunch("LaunchResolveMemoryFloor: the staged tables exceed RESOLVE's shared memory");
+  cudaError_t e =
+      cudaFuncSetAttribute(MemoryFloorKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, config.smem_optin);
+  if (e != cudaSuccess) {
+    internal::SetLaunchError(cudaGetErrorName(e));
+    return e;
+  }
+  int planners = 0;
+  const int grid = GridBlocks(config, d.max_batch, &planners);
+  e = internal::LaunchInOrder(MemoryFloorKernel, dim3(grid), dim3(kThreads), config.smem, stream,
+                              internal::Programmatic(config), d, planners, static_cast<int*>(scratch));
+  return e != cudaSuccess ? internal::LaunchCallFailed(e) : internal::CheckLaunched();
 }
 
 cudaError_t LaunchReplay(const ReplayDesc& d, cudaStream_t stream) {

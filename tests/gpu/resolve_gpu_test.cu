@@ -1004,6 +1004,34 @@ TEST(ResolveGpu, PreparedLaunchConfigMatchesReference) {
   EXPECT_NE(std::string(LastLaunchError()).find("unsupported record_bytes: 24"), std::string::npos);
 }
 
+// The benchmark's memory floor (LaunchResolveMemoryFloor) reads and writes back a no-IO step's
+// tables and changes nothing: the arena still equals the reference's, and a RESOLVE step after it
+// matches the reference as usual. Null scratch and an unprepared config are refused on the host.
+TEST(ResolveGpu, MemoryFloorChangesNothing) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 656, 8, 2};
+  World w(c, 2, 99);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig config;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &config));
+  int32_t* scratch = nullptr;
+  CUDA_OK(cudaMalloc(&scratch, static_cast<size_t>(c.max_batch) * c.k * 4));
+  for (int step = 0; step < c.steps; ++step) {
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(step == 0 ? c.max_batch : 5, 0.1);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(LaunchResolveMemoryFloor(w.GpuDesc(0), config, scratch, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("after the memory floor, step " + std::to_string(step)));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, config, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, "step " + std::to_string(step)));
+  }
+  EXPECT_EQ(LaunchResolveMemoryFloor(w.GpuDesc(0), config, nullptr, 0), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchResolveMemoryFloor(w.GpuDesc(0), ResolveLaunchConfig{}, scratch, 0), cudaErrorInvalidValue);
+  cudaFree(scratch);
+}
+
 TEST(ResolveGpu, RejectsUnsupportedInputOnHost) {
   REQUIRE_GPU();
   ResolveDesc d{};
