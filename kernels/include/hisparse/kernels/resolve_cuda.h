@@ -92,7 +92,7 @@ cudaError_t PrepareResolveLaunch(const ArenaGeometry& g, ResolveLaunchConfig* co
 // resident blocks) is sized from max_batch and the device; entries at index >= *d.batch_size
 // only get kPadding outputs (rule 7), and blocks without a row help fetch other rows' misses.
 // Supported: every geometry ValidateArenaGeometry accepts whose per-row plan fits in one thread
-// block's shared memory (e.g. k = 2048 with B up to about 18,500 on an H200; LastLaunchError says
+// block's shared memory (e.g. k = 2048 with B up to 17,344 on an H200; LastLaunchError says
 // otherwise). Rows of one launch must be distinct (two entries of one row would race).
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 // The same, with the device figures of PrepareResolveLaunch (asked for again only if `config`
