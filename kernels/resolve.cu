@@ -1359,8 +1359,9 @@ cudaError_t LaunchResolveMemoryFloor(const ResolveDesc& d, const ResolveLaunchCo
         "d's inputs and tables");
   }
   const size_t need = (AlignUp(static_cast<size_t>(g.k), 4) + 2 * AlignUp(static_cast<size_t>(g.slots), 4)) * 4;
-  if (need > config.smem)
+  if (need > config.smem) {
     return internal::FailLaunch("LaunchResolveMemoryFloor: the staged tables exceed RESOLVE's shared memory");
+  }
   cudaError_t e =
       cudaFuncSetAttribute(MemoryFloorKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, config.smem_optin);
   if (e != cudaSuccess) {
