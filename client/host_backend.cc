@@ -17,7 +17,7 @@ std::string DescribeResolveErrors(uint32_t bits) {
   if (bits & kResolveBadPosition) what.push_back("a position outside [-1, seq_len)");
   if (bits & kResolveDuplicate) what.push_back("a position selected twice in one row");
   if (bits & kResolveBadSeqLen) what.push_back("seq_len outside [1, the request's capacity]");
-  if (bits & kResolveBadRow) what.push_back("a row outside [0, max_requests) or not admitted");
+  if (bits & kResolveBadRow) what.push_back("a row outside [-1, max_requests) or not admitted");
   if (bits & kResolveBadIndex) what.push_back("a source index outside [0, src_tokens) of the source pool");
   if (bits & kResolveBadQueryCount) what.push_back("a query or token count outside [1, draft_tokens + 1]");
   if (bits & kResolveUnionTooLarge) what.push_back("the union of a row's query lists larger than slots (B)");

@@ -168,6 +168,9 @@ constexpr unsigned kPollMaxNs = 64;
 
 // Slot-table encoding of a selection during planning.
 constexpr int kSelMiss = -2;  // miss before ranking; rank m is stored as -(m + 3)
+// A row's "error" when its row index is kPadding (rule 10a): it is rejected as padding, with no
+// error bit and a padding summary. Not a ResolveError bit.
+constexpr uint32_t kEntryIsPadding = 1u << 31;
 // Hash table entry: position in the low word, selection index in the high word; all ones = empty
 // (no valid entry has a negative position).
 constexpr unsigned long long kEmptyEntry = ~0ull;
@@ -463,7 +466,8 @@ struct RowTotals {
 // inserts) and its LRU order (step 3, so it lands while steps 1 and 2 run); the hash table, hit
 // flags and misc are cleared. Returns after the selections have landed. Every thread commits
 // the three groups, empty ones for a bad row, so that the waits count alike. Invalid input: a
-// layer or row outside its range, or seq_len outside [1, the row's capacity], is the row's error.
+// layer or row outside its range, or seq_len outside [1, the row's capacity], is the row's error;
+// a row of kPadding is padding (rule 10a: kEntryIsPadding).
 __device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int seq) {
   const ResolveDesc& d = p.d;
   const ArenaGeometry& g = d.arena.geometry;
@@ -472,8 +476,8 @@ __device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanC
   CpAsyncCommit();
   uint32_t err = 0;
   int cap = 0;
-  if (d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) {
-    err = kResolveBadRow;
+  if (row == kPadding || d.layer < 0 || d.layer >= g.num_layers || row < 0 || row >= g.max_rows) {
+    err = row == kPadding ? kEntryIsPadding : static_cast<uint32_t>(kResolveBadRow);
     CpAsyncCommit();
     CpAsyncCommit();
   } else {
@@ -502,7 +506,8 @@ __device__ __forceinline__ uint32_t StageRow(const ResolveParams& p, const PlanC
 
 // Step 1: the selections into the hash table. Invalid input: a position outside [-1, seq_len)
 // or selected twice is the row's error. Rule 1: the newest token maps to slot B (a hit); rule 4:
-// padding stays kPadding; every other selection is a miss until FindHits finds it. kIlp inserts
+// padding stays kPadding, and so do columns j >= seq_len whatever they hold (rule 10b); every
+// other selection is a miss until FindHits finds it. kIlp inserts
 // per thread are issued before any result is looked at (shared-memory atomics are slow one at a
 // time); collisions are resolved afterwards by linear probing. Returns the row's error bits
 // (read after a barrier: the whole block agrees).
@@ -515,7 +520,7 @@ __device__ __forceinline__ uint32_t InsertSelections(const PlanCtx& c, int seq, 
 #pragma unroll
     for (int t = 0; t < kIlp; ++t) {
       const int j = base + t * kThreads + tid;
-      pj[t] = j < K ? c.sel_pos[j] : kPadding;
+      pj[t] = j < K && j < seq ? c.sel_pos[j] : kPadding;
     }
 #pragma unroll
     for (int t = 0; t < kIlp; ++t) {
@@ -829,19 +834,21 @@ __device__ __forceinline__ void CountRow(const ResolveParams& p, const PlanCtx& 
 
 // Invalid input: the row's outputs (and page-table entries) become kPadding, its error bits are
 // ORed into error_flags and its state is left untouched; its MissPlan summary says misses = -1
-// (replays skip the row).
+// (replays skip the row). A padded row (err == kEntryIsPadding, rule 10a) publishes the same with
+// no error bit and a padding summary.
 __device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out, int* pt,
                                           uint32_t err) {
   const ResolveDesc& d = p.d;
   const int tid = c.tid;
+  const bool padding = err == kEntryIsPadding;
   for (int j = tid; j < c.K; j += kThreads) {
     if (out) out[j] = kPadding;
     if (pt) pt[j] = kPadding;
   }
-  if (tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
+  if (tid == 0 && d.error_flags && !padding) atomicOr(d.error_flags, err);
   if (tid == 0 && d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
-    sum[0] = row;
+    sum[0] = padding ? kPadding : row;
     sum[1] = -1;
     sum[2] = 0;
   }

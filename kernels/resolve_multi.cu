@@ -364,7 +364,8 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (
   int prev[kInsertBatch];
 #pragma unroll
   for (int j = 0; j < kInsertBatch; ++j) {
-    const int jj = x0 + j * kThreads, pos = v[j];
+    const int jj = x0 + j * kThreads;
+    const int pos = jj <= e.tail_first + list ? v[j] : kPadding;  // rule 10b: columns past P_t
     bit[j] = 0;
     if (jj >= e.K) continue;
     if (pos < kPadding || pos >= e.tail_first + list + 1) err |= kResolveBadPosition;
@@ -632,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int batch = *d.batch_size;
   batch = batch < 0 ? 0 : (batch > d.max_batch ? d.max_batch : batch);
   if (e.i == 0 && e.tid == 0 && d.plan.summary) *d.plan.batch = batch;
-  if (e.i >= batch) {  // rule 7
+  if (e.i >= batch || row == kPadding) {  // rules 7 and 10a
     PublishPadding(d, e.i, kPadding, e.outs, fetch_count);
     return;
   }

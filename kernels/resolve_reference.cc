@@ -222,6 +222,29 @@ uint32_t CheckLists(const int32_t* sel, int32_t k, int32_t q, int32_t seq_len) {
   return err;
 }
 
+// Rule 10b: the q lists with every column j past its query token P_t (j >= seq_len - q + t + 1)
+// made padding, whatever the engine's buffer holds there.
+std::vector<int32_t> SelectableColumns(const int32_t* sel, int32_t k, int32_t q, int32_t seq_len) {
+  std::vector<int32_t> v(sel, sel + static_cast<size_t>(q) * k);
+  for (int32_t t = 0; t < q; ++t) {
+    const int32_t len = seq_len - q + t + 1;
+    for (int32_t j = std::max(len, 0); j < k; ++j) v[static_cast<size_t>(t) * k + j] = kPadding;
+  }
+  return v;
+}
+
+// Rules 7 and 10a: entry i publishes padding (no row, nothing fetched) and reads nothing else.
+void PublishPadding(const ResolveDesc& d, int32_t i, size_t outs) {
+  if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * outs, outs, kPadding);
+  if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * outs, outs, kPadding);
+  if (d.plan.summary) {
+    int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
+    sum[0] = kPadding;
+    sum[1] = -1;
+    sum[2] = 0;
+  }
+}
+
 }  // namespace
 
 uint32_t ResolveReference(const ResolveDesc& d) {
@@ -237,13 +260,20 @@ uint32_t ResolveReference(const ResolveDesc& d) {
   if (d.plan.summary) *d.plan.batch = n;
   std::vector<int32_t> scratch(d.out_slots ? 0 : outs);  // the outputs when only the page table is asked for
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t* sel = d.positions + static_cast<size_t>(i) * outs;
+    if (d.rows[i] == kPadding) {  // rule 10a
+      PublishPadding(d, i, outs);
+      continue;
+    }
     int32_t* out = d.out_slots ? d.out_slots + static_cast<size_t>(i) * outs : scratch.data();
     const int32_t q = QueryCount(d.query_counts, i);
     uint32_t err =
         layer_ok ? CheckEntry(d.arena, d.host, d.rows[i], q, d.seq_lens[i]) : static_cast<uint32_t>(kResolveBadRow);
-    if (err == 0) err = CheckLists(sel, k, q, d.seq_lens[i]);
-    if (err == 0) err = ResolveRow(d, i, d.rows[i], d.seq_lens[i], q, sel, out);
+    std::vector<int32_t> sel;
+    if (err == 0) {
+      sel = SelectableColumns(d.positions + static_cast<size_t>(i) * outs, k, q, d.seq_lens[i]);
+      err = CheckLists(sel.data(), k, q, d.seq_lens[i]);
+    }
+    if (err == 0) err = ResolveRow(d, i, d.rows[i], d.seq_lens[i], q, sel.data(), out);
     if (err != 0) {
       std::fill(out, out + outs, kPadding);  // state untouched, counters untouched
       if (d.plan.summary) {
@@ -259,16 +289,7 @@ uint32_t ResolveReference(const ResolveDesc& d) {
     }
   }
   // Rule 7: padded entries publish kPadding and read nothing else of the batch.
-  for (int32_t i = n; i < d.max_batch; ++i) {
-    if (d.out_slots) std::fill_n(d.out_slots + static_cast<size_t>(i) * outs, outs, kPadding);
-    if (d.page_table) std::fill_n(d.page_table + static_cast<size_t>(i) * outs, outs, kPadding);
-    if (d.plan.summary) {
-      int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
-      sum[0] = kPadding;
-      sum[1] = -1;
-      sum[2] = 0;
-    }
-  }
+  for (int32_t i = n; i < d.max_batch; ++i) PublishPadding(d, i, outs);
   if (d.error_flags) *d.error_flags |= all_errors;
   return all_errors;
 }

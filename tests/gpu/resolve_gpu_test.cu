@@ -301,6 +301,34 @@ class World {
     std::copy(out.begin(), out.end(), sel);
   }
 
+  // Rule 10, as engines leave their buffers: entry i becomes vLLM's padded entry (row -1, garbage
+  // beside it), or, for a row shorter than k, its selections move to the first seq_len columns and
+  // the rest hold what SGLang's reused top-k buffer may hold (stale duplicates, positions past
+  // seq_len, values below -1). Neither is an error.
+  void EnginePadding(int i, int32_t* sel) {
+    const int k = cfg_.k, seq = seqs_[i];
+    if (Bern(0.5)) {
+      rows_[i] = kPadding;
+      seqs_[i] = -7;
+      for (int j = 0; j < k; ++j) sel[j] = j % 3 == 0 ? 1 : -1000 - j;
+      return;
+    }
+    if (seq >= k) return;
+    std::stable_partition(sel, sel + k, [](int32_t v) { return v != kPadding; });
+    for (int j = seq; j < k; ++j) {
+      switch (UniI(0, 2)) {
+        case 0:
+          sel[j] = sel[UniI(0, seq - 1)];
+          break;
+        case 1:
+          sel[j] = seq + UniI(0, 9);
+          break;
+        default:
+          sel[j] = -2 - UniI(0, 9);
+      }
+    }
+  }
+
   // Fills the per-batch inputs of one step. invalid_p: chance that a row gets a bad input.
   int MakeStep(int batch, double invalid_p) {
     std::vector<int> perm(g_.max_rows);
@@ -320,6 +348,10 @@ class World {
       rows_[i] = r;
       seqs_[i] = seq_[r];
       Select(r, layer_, seq_[r], sel);
+      if (Bern(engine_padding_p_)) {
+        EnginePadding(i, sel);
+        continue;
+      }
       if (Bern(invalid_p)) {
         switch (UniI(0, 4)) {
           case 0:
@@ -551,6 +583,7 @@ class World {
   std::vector<std::vector<int32_t>> prev_;
   std::vector<char> mark_;
   bool with_plan_ = false;
+  double engine_padding_p_ = 0;  // chance that an entry carries rule 10's padding (EnginePadding)
   void* d_plan_ = nullptr;
   size_t plan_bytes_ = 0;
   std::vector<int32_t> ref_plan_;
@@ -889,6 +922,32 @@ TEST(ResolveGpu, PaddedEntriesPublishPaddingAtEveryBatchSize) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("padding"));
   cudaGraphExecDestroy(exec);
   cudaStreamDestroy(s);
+}
+
+// Rule 10: rows of -1 inside the batch and garbage in columns at or past seq_len publish
+// kPadding with no error bit, and everything else equals the reference: outputs, page table, miss
+// plan, tables and counters, eager and under graph replay. Rows are short (seq_len from k / 2) so
+// that many lists end before column k.
+TEST(ResolveGpu, EnginePaddingPublishesPaddingWithoutErrors) {
+  REQUIRE_GPU();
+  for (const Config& c : {Config{2048, 4096, 656, 64, 30}, Config{256, 512, 1152, 16, 60}, Config{8, 16, 48, 5, 60}}) {
+    World w(c, 2, 4242 + c.k, /*with_plan=*/true);
+    w.WithPageTable(64, 3, /*no_out=*/false);
+    w.engine_padding_p_ = 0.4;
+    ASSERT_NO_FATAL_FAILURE(w.Init());
+    for (int step = 0; step < c.steps; ++step) {
+      w.layer_ = w.UniI(0, 1);
+      const int batch = w.MakeStep(RandomBatch(w), 0.0);
+      ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, 0));
+      CUDA_OK(cudaDeviceSynchronize());
+      uint32_t err = 0;
+      CUDA_OK(cudaMemcpy(&err, w.d_err_, 4, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(err, 0u) << Name(c) << " step " << step << ": engine padding raised an error";
+      ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0, Name(c) + " step " + std::to_string(step)));
+    }
+    ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(Name(c)));
+  }
 }
 
 // Rule 8 alone: no out_slots, the page table (plain record indices) of a graph and of eager

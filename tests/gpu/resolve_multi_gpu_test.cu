@@ -280,6 +280,17 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
               break;
           }
         }
+        if (U(0, 7) == 0) {  // rule 10, not an error: vLLM's row -1, or SGLang's stale columns
+          if (U(0, 1) == 0) {
+            lrows[i] = kPadding;
+            ls[i] = -3;
+          } else {
+            for (int t = 0; t < qs[i]; ++t) {
+              int32_t* list = &sel[(i * Q + t) * c.k];
+              for (int j = seqs[i] - qs[i] + t + 1; j < c.k; ++j) list[j] = U(0, 1) == 0 ? list[0] : -9;
+            }
+          }
+        }
         multi += qs[i] > 1;
       }
       ResolveDesc rd = desc(false, l);

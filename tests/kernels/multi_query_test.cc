@@ -161,6 +161,28 @@ TEST(MultiQueryTest, BadRowsAreRefusedAndTouchNothingElse) {
   EXPECT_THAT(out, ElementsAre(0, 1, 2, 1, 2, 3));
 }
 
+// Rules 10a and 10b with several query tokens: list t reads only its first P_t + 1 columns, and a
+// row of kPadding is a padded entry.
+TEST(MultiQueryTest, ColumnsPastEachQueryAndRowMinusOneArePadding) {
+  const ArenaGeometry g = Geometry(2, 1, 4, 3, 1);  // Q = 2, k = 3, B = 4
+  ArenaFixture f(g, 64), ref(g, 64);
+  f.FillHost(0, 64);
+  ref.FillHost(0, 64);
+  // seq_len 2, q 2: list 0 is query position 0 (one column), list 1 position 1 (two columns).
+  // Past them: a stale duplicate, a position past seq_len and one below -1.
+  const std::vector<int32_t> qs = {2, 1};
+  std::vector<int32_t> out, want;
+  uint32_t flags = 0;
+  EXPECT_EQ(0u, f.Resolve(0, 2, {0, kPadding}, {2, 99}, {0, 0, 5, 1, 0, 1, 7, 7, 7, 7, 7, 7}, &out, 0, &flags,
+                          MissPlan{}, qs.data()));
+  EXPECT_EQ(flags, 0u);
+  EXPECT_THAT(out, ElementsAre(g.slots, kPadding, kPadding, g.slots + 1, g.slots, kPadding, kPadding, kPadding,
+                               kPadding, kPadding, kPadding, kPadding));
+  ASSERT_EQ(0u, ref.Resolve(0, 1, {0, 0}, {2, 0}, {0, -1, -1, 1, 0, -1, 0, 0, 0, 0, 0, 0}, &want, 0, nullptr,
+                            MissPlan{}, qs.data()));
+  EXPECT_EQ(f.Snapshot(), ref.Snapshot());
+}
+
 TEST(MultiQueryAppendTest, WritesTailSlotsAndHostAndRefusesBadCounts) {
   ArenaFixture f(Geometry(1, 2, 4, 2, 2), 64);
   ASSERT_EQ(AppendTokens(f, 1, 0, 12, 3, 4), 0u);

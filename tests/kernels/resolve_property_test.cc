@@ -108,7 +108,7 @@ class Sim {
   int32_t Uniform(int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(rng_); }
 
   // A selection with locality: part of the previous one, maybe the newest token, the rest random,
-  // padding anywhere.
+  // padding anywhere in the first seq_len columns.
   std::vector<int32_t> Select(int32_t r, int32_t l, int32_t seq_len) {
     std::set<int32_t> chosen;
     const int32_t n = Uniform(0, std::min(g_.k, seq_len));
@@ -122,7 +122,8 @@ class Sim {
     std::vector<int32_t> sel(chosen.begin(), chosen.end());
     rows_[r].prev[l] = sel;
     sel.resize(g_.k, kPadding);
-    std::shuffle(sel.begin(), sel.end(), rng_);
+    // Padding anywhere among the columns a list reads: its first seq_len (rule 10b).
+    std::shuffle(sel.begin(), sel.begin() + std::min(g_.k, seq_len), rng_);
     return sel;
   }
 

@@ -182,7 +182,7 @@ TEST(ResolveTest, InvalidRowsLeaveStateUntouchedAndOthersProceed) {
       {0, 30, {-2, 1}, kResolveBadPosition},
       {0, 0, {-1, -1}, kResolveBadSeqLen},
       {0, kCap + 1, {1, 2}, kResolveBadSeqLen},
-      {-1, 30, {1, 2}, kResolveBadRow},
+      {-2, 30, {1, 2}, kResolveBadRow},  // -1 is padding (rule 10a)
       {2, 30, {1, 2}, kResolveBadRow},
       {0, 30, {40, 40}, kResolveBadPosition},  // duplicates are judged among valid positions
       {0, 30, {-7, 30}, kResolveBadPosition},
@@ -313,6 +313,54 @@ TEST(ResolveTest, PaddedEntriesRecordAnEmptyPlan) {
   const int32_t* e1 = plan.entries + 2 * kG4.k;  // entry 1's miss records: not written
   EXPECT_EQ(e1[0], 0x5a5a5a5a);
   EXPECT_THAT(out, ElementsAre(0, kG4.slots, kPadding, kPadding, kPadding, kPadding));
+}
+
+// Rule 10a: a row of kPadding inside the batch (vLLM pads a batch this way) publishes padding,
+// sets no error bit and reads nothing else of its entry (garbage seq_len, duplicate and
+// out-of-range positions); the entries around it resolve as they would alone.
+TEST(ResolveTest, RowMinusOneIsPaddingAnywhereInTheBatch) {
+  ArenaFixture f(kG4, kCap), alone(kG4, kCap);
+  for (ArenaFixture* x : {&f, &alone}) {
+    x->FillHost(0, 30);
+    x->FillHost(1, 30);
+  }
+  std::vector<int32_t> words((MissPlan::Bytes(kG4, 3) + 3) / 4, 0);
+  const MissPlan plan = MissPlan::Of(words.data(), 3);
+  std::vector<int32_t> out;
+  uint32_t flags = 0;
+  EXPECT_EQ(0u, f.Resolve(0, 3, {0, kPadding, 1}, {10, -4, 12}, {1, 2, 5, 5, 3, 4}, &out, 0, &flags, plan));
+  EXPECT_EQ(flags, 0u);
+  EXPECT_THAT(std::vector<int32_t>(plan.summary + 3, plan.summary + 6), ElementsAre(kPadding, -1, 0));
+  std::vector<int32_t> o0, o1;
+  ASSERT_EQ(0u, alone.Resolve(0, 1, {0}, {10}, {1, 2}, &o0));
+  ASSERT_EQ(0u, alone.Resolve(0, 1, {1}, {12}, {3, 4}, &o1));
+  EXPECT_THAT(out, ElementsAre(o0[0], o0[1], kPadding, kPadding, o1[0], o1[1]));
+  EXPECT_EQ(f.Snapshot(), alone.Snapshot());  // counters too: two steps, not three
+  EXPECT_EQ(f.counters().steps, 2u);
+}
+
+// Rule 10b: a list reads only its first seq_len columns. SGLang's top-k buffer keeps the previous
+// step's values past a short row's length; whatever they are (a stale duplicate, a position past
+// seq_len, below -1), those columns publish kPadding, set no error bit and fetch nothing.
+TEST(ResolveTest, ColumnsAtOrPastSeqLenArePadding) {
+  const ArenaGeometry g{1, 1, /*slots=*/8, /*k=*/6, 32};
+  ArenaFixture f(g, kCap), ref(g, kCap);
+  f.FillHost(0, 30);
+  ref.FillHost(0, 30);
+  std::vector<int32_t> out, want;
+  uint32_t flags = 0;
+  // seq_len 3: columns 0..2 select; 3..5 hold a duplicate of 1, a position past seq_len and -9.
+  EXPECT_EQ(0u, f.Resolve(0, 1, {0}, {3}, {0, 2, 1, 1, 17, -9}, &out, 0, &flags));
+  EXPECT_EQ(flags, 0u);
+  ASSERT_EQ(0u, ref.Resolve(0, 1, {0}, {3}, {0, 2, 1, -1, -1, -1}, &want));
+  EXPECT_EQ(out, want);
+  EXPECT_THAT(std::vector<int32_t>(out.begin() + 3, out.end()), ElementsAre(kPadding, kPadding, kPadding));
+  EXPECT_EQ(f.Snapshot(), ref.Snapshot());
+  // Inside the first seq_len columns the checks hold as before.
+  EXPECT_EQ(static_cast<uint32_t>(kResolveDuplicate), f.Resolve(0, 1, {0}, {3}, {1, 1, 0, 4, 4, 4}, &out));
+  EXPECT_EQ(static_cast<uint32_t>(kResolveBadPosition), f.Resolve(0, 1, {0}, {3}, {0, 3, 1, 0, 0, 0}, &out));
+  // A row at least k long reads every column.
+  EXPECT_EQ(static_cast<uint32_t>(kResolveDuplicate), f.Resolve(0, 1, {0}, {6}, {0, 1, 2, 3, 4, 4}, &out));
 }
 
 TEST(ResolveTest, ResetRowEmptiesEveryLayer) {

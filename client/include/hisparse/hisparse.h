@@ -217,9 +217,15 @@ typedef struct hs_resolve_args {
                                 at and past *batch_size are padding: their out_slots rows become -1
                                 in every column, their rows/seq_lens/positions are ignored and no
                                 state changes (resolve.h, rule 7) */
-  const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row) */
+  const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row); -1: a padded entry
+                                inside the batch (as vLLM pads), published like the entries past
+                                *batch_size, no error (resolve.h, rule 10a) */
   const int32_t* seq_lens;   /* [max_batch] */
-  const int32_t* positions;  /* [max_batch][n+1][k], -1 = padding (n = draft_tokens; [max_batch][k] for n = 0) */
+  const int32_t* positions;  /* [max_batch][n+1][k], -1 = padding (n = draft_tokens; [max_batch][k] for n = 0).
+                                Only list t's first seq_len - q + t + 1 columns are read (seq_len
+                                for a single list): the columns past them are padding whatever
+                                they hold, so an engine's reused top-k buffer passes straight
+                                through (resolve.h, rule 10b) */
   int32_t* out_slots;        /* [max_batch][n+1][k]; may be NULL when page_table is set (since ABI 1.3) */
   void* stream;
   /* Since ABI 1.3 (callers built against 1.2 pass a smaller struct_size and get NULL here).

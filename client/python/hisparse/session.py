@@ -565,8 +565,10 @@ class Session:
         memory, read at run time; None: 1 each); lists t >= q come back all -1.
         batch_size: None (all max_batch rows) or an int32 [1] array in the same memory read by
         the kernel at run time, so one captured CUDA graph serves every batch size; entries past
-        it get -1 in every column. max_batch defaults to len(rows). On the CUDA backend invalid
-        rows surface at check_errors().
+        it get -1 in every column, and so does an entry whose row is -1 (vLLM's padding). Only
+        the first seq_len columns of a list are read (seq_len - q + t + 1 for list t): what the
+        buffer holds past them is padding, published -1 (resolve.h, rule 10). max_batch defaults
+        to len(rows). On the CUDA backend invalid rows surface at check_errors().
         page_table: None or int32 shaped like out_slots ([max_batch, k], or [max_batch,
         draft_tokens + 1, k]): also the index of each selection's record in the slot arena viewed
         as [records, record_bytes] (slot_view() flattened over rows, layers and record_slots, tail

@@ -75,12 +75,22 @@
 //     (ValidatePageTable). Prefetched followers (ReplayDesc) take the anchor's table: layer f's
 //     records lie (f - anchor) * S records after the anchor's, so the attention of f reads the
 //     anchor's table from the records base advanced by that many records.
+// 10. Padding inside the batch, so that engines pass their buffers straight through:
+//     a. An entry i < n whose row is kPadding (-1) is padding, as vLLM pads a batch: it publishes
+//        as rule 7's padded entries do (kPadding outputs and page-table entries, summary
+//        (kPadding, -1, 0)), sets no error bit, and its seq_len, query count and positions are
+//        ignored. Any other row outside [0, max_rows) stays invalid (kResolveBadRow).
+//     b. In list t (query token P_t, rule 8; P_0 = seq_len - 1 with one list), only the first
+//        P_t + 1 columns can hold a selection: a list over a context shorter than k is padded at
+//        its end, and what an engine's buffer holds there (SGLang's top-k buffer keeps the
+//        previous step's values) is ignored. Columns j > P_t are padding: they publish kPadding,
+//        are neither checked nor counted, and cannot make a duplicate.
 //
 // Invalid input of a row leaves that row's state untouched, sets all its Q * k outputs to kPadding
 // and ORs the matching ResolveError bit into *error_flags. Other rows proceed. Invalid is: a row
-// outside [0, max_rows); a query count outside [1, Q]; seq_len outside [q, capacity of the row]
-// (q = 1 without query_counts); in some list t < q, a position outside [-1, P_t + 1) or a duplicate
-// position; a union larger than B (8c).
+// outside [-1, max_rows); a query count outside [1, Q]; seq_len outside [q, capacity of the row]
+// (q = 1 without query_counts); in some list t < q, a column j <= P_t holding a position outside
+// [-1, P_t + 1) or a position another such column of the list holds; a union larger than B (8c).
 //
 // Host records (every descriptor's HostRecordMap) are read and written through the host page tables
 // of arena_layout.h ("Host page tables"): position p of (row, layer) at page p / R of the row's
@@ -105,10 +115,10 @@ namespace hisparse {
 
 enum ResolveError : uint32_t {
   kResolveOk = 0,
-  kResolveBadPosition = 1u << 0,    // a position < -1 or >= seq_len
-  kResolveDuplicate = 1u << 1,      // a position selected twice in one row
+  kResolveBadPosition = 1u << 0,    // a position < -1 or >= seq_len (in a column < seq_len, rule 10b)
+  kResolveDuplicate = 1u << 1,      // a position selected twice in one row (columns < seq_len)
   kResolveBadSeqLen = 1u << 2,      // seq_len < 1 or > the row's capacity
-  kResolveBadRow = 1u << 3,         // row index outside [0, max_rows)
+  kResolveBadRow = 1u << 3,         // row index outside [-1, max_rows) (-1: padding, rule 10a)
   kResolveBadIndex = 1u << 4,       // an indexed store's source index outside [0, src_tokens)
   kResolveBadQueryCount = 1u << 5,  // query (or appended token) count outside [1, draft_tokens + 1]
   kResolveUnionTooLarge = 1u << 6,  // a multi-query step's union of selections exceeds B (rule 8c)
@@ -162,7 +172,8 @@ struct ResolveDesc {
   int32_t max_batch;                      // capacity of the per-batch arrays; the grid is sized from it
   const int32_t* batch_size;              // device scalar: rows actually in this step (<= max_batch);
                                           // entries at index >= *batch_size publish kPadding (rule 7)
-  const int32_t* rows;                    // [max_batch] arena row of batch entry i
+  const int32_t* rows;                    // [max_batch] arena row of batch entry i; kPadding: a
+                                          // padded entry (rule 10a)
   const int32_t* seq_lens;                // [max_batch] sequence length of batch entry i at this step
   const int32_t* positions;               // [max_batch][Q][k] selected positions, kPadding = -1 for padding
                                           // (Q = draft_tokens + 1; [max_batch][k] for draft_tokens = 0)
