@@ -364,8 +364,7 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (
   int prev[kInsertBatch];
 #pragma unroll
   for (int j = 0; j < kInsertBatch; ++j) {
-    const int jj = x0 + j * kThreads;
-    const int pos = jj <= e.tail_first + list ? v[j] : kPadding;  // rule 10b: columns past P_t
+    const int jj = x0 + j * kThreads, pos = v[j];
     bit[j] = 0;
     if (jj >= e.K) continue;
     if (pos < kPadding || pos >= e.tail_first + list + 1) err |= kResolveBadPosition;
@@ -396,6 +395,14 @@ __device__ __forceinline__ unsigned InsertBatch(const Entry<Idx>& e, const int (
   return err;
 }
 
+// Rule 10b: the columns list t reads, min(k, P_t + 1); the loads give kPadding past them, so
+// whatever an engine's buffer holds there is never read.
+template <typename Idx>
+__device__ __forceinline__ int ListColumns(const Entry<Idx>& e, int list) {
+  const int n = e.tail_first + list + 1;
+  return n < e.K ? n : e.K;
+}
+
 // Phase 1: every selection of the q lists, list after list with a barrier between them: the
 // barriers let InsertBatch tell first appearances, and they paid before they were needed for
 // that (on the H200 one pass over all lists planned n = 3 at batch 128 in 46.7 µs against 38.8
@@ -416,8 +423,9 @@ __device__ __forceinline__ unsigned InsertLists(const Entry<Idx>& e, const int (
       for (int j = 0; j < kInsertBatch; ++j) v[j] = ahead[j];
       const bool next_list = at + kStep >= e.K;
       if (!next_list || list + 1 < e.q) {
-        LoadBatch(ahead, e.sel + (next_list ? (list + 1) * e.K : list * e.K), (next_list ? 0 : at + kStep) + e.tid,
-                  kThreads, e.K, kPadding);
+        const int next = next_list ? list + 1 : list;
+        LoadBatch(ahead, e.sel + next * e.K, (next_list ? 0 : at + kStep) + e.tid, kThreads, ListColumns(e, next),
+                  kPadding);
       }
       err |= InsertBatch(e, v, list, at + e.tid);
     }
@@ -647,6 +655,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   e.n = e.q * e.K;
   e.tail_first = e.seq - e.q;
+#pragma unroll
+  for (int j = 0; j < kInsertBatch; ++j) {  // rule 10b for list 0's first batch, loaded before seq
+    if (e.tid + j * kThreads > e.tail_first) sel_first[j] = kPadding;
+  }
   e.sp = a.SlotPos(e.row, d.layer);
   e.lru = a.Lru(e.row, d.layer);
   uint8_t* st = kShared ? smem : base + sc.state_at;

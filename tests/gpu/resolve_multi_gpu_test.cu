@@ -52,7 +52,8 @@ struct DevBuf {
 // (summary misses = -1) is -1 everywhere; in a valid one every selection's entry is page_offset *
 // page_records + (row * layers + layer) * (B + 1 + n) + slot, where the slot is a regular one
 // holding the position's host record (records: the GPU's records section after the step) or tail
-// slot B + t for query token t's own position; -1 for padding and padded query rows.
+// slot B + t for query token t's own position; -1 for padding, padded query rows and the
+// columns past list t's query token (rule 10b: whatever they hold).
 void CheckPageTable(const MqConfig& c, const ArenaGeometry& g, int layer, const uint8_t* records,
                     const HostRecordMap& host, const std::vector<int32_t>& rows, const std::vector<int32_t>& seqs,
                     const std::vector<int32_t>& qs, const std::vector<int32_t>& sel, const std::vector<int32_t>& pt,
@@ -65,7 +66,8 @@ void CheckPageTable(const MqConfig& c, const ArenaGeometry& g, int layer, const 
     for (int x = 0; x < outs; ++x) {
       const size_t at = static_cast<size_t>(i) * outs + x;
       const int32_t p = sel[at], e = pt[at];
-      if (rejected || x / g.k >= qs[i] || p == kPadding) {
+      const int t = x / g.k, j = x % g.k;
+      if (rejected || t >= qs[i] || p == kPadding || j > seqs[i] - qs[i] + t) {
         ASSERT_EQ(e, kPadding) << "entry " << i << " x " << x;
         continue;
       }
