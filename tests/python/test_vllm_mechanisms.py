@@ -445,3 +445,35 @@ def test_mtp_swap_in_once_per_verify_step_over_strided_views(vllm_daemon):
         assert r.session.stats().session_requests == 0
     finally:
         r.close()
+
+
+# ---- the example engine through the same mechanisms, against full HBM ----
+
+def run_vllm_mode(daemon, tmp_path, extra):
+    """run_engine.py --adapter vllm (examples/engine/vllm_mode.py): the model's KV behind
+    HisparsedConnector, driven through ActiveKVConnector's step and MLAAttention's calls; every
+    decode step's logits equal the full-KV baseline's bit for bit."""
+    run_engine = pytest.importorskip("run_engine")
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out)]
+                         + extra)
+    import json
+    rows = json.loads(out.read_text())
+    assert rows and all(r["adapter"] == "vllm" and r["exact"] for r in rows), rows
+    assert rc == 0
+    for r in rows:
+        assert r["batch"] >= 2 and r["hits"] > 0 and r["misses"] > 0, r
+    return rows
+
+
+def test_engine_through_the_vllm_adapter_exact_on_the_host_backend(vllm_daemon, tmp_path):
+    rows = run_vllm_mode(vllm_daemon, tmp_path, ["--device", "cpu", "--configs", "3x150", "--k", "16", "--steps", "8",
+                                                 "--slots-factor", "1,2"])
+    assert [r["slots"] for r in rows] == [16, 32]
+
+
+def test_engine_through_the_vllm_adapter_exact_on_a_gpu(vllm_daemon, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    run_vllm_mode(vllm_daemon, tmp_path, ["--device", "cuda", "--configs", "4x2500", "--k", "64", "--steps", "24",
+                                          "--slots-factor", "1,2", "--records", "bf16,fp8"])
