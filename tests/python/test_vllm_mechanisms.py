@@ -427,6 +427,32 @@ def test_lifecycle_runs_before_the_forward_even_when_the_load_is_deferred(runner
     assert runner.session.stats().session_requests == 0
 
 
+def test_a_second_forward_of_the_step_keeps_its_preparation(runner):
+    """A drafter's forward after the target's, in one step, finds the step still prepared; the
+    next step's metadata withdraws the preparation until its start_load_kv."""
+    reqs = [Request(f"s{i}", seed=51 + i, prompt_len=14) for i in range(2)]
+    for r in reqs:
+        runner.add(r)
+    runner.step()
+    so = runner.schedule()
+    so.kv_connector_metadata = runner.sched.build_connector_meta(so)
+    runner.active.pre_forward(so, request_state_indices=torch.arange(2, dtype=torch.int32),
+                              request_ids=[r.request_id for r in reqs])
+    md = SimpleNamespace(num_actual_tokens=2, num_decode_tokens=2, num_decodes=2, num_reqs=2, max_query_len=1,
+                         req_id_per_token=torch.arange(2, dtype=torch.int32), block_size=BLOCK)
+    leader = runner.layers[NAMES[0]].hisparse_cache
+    leader.prepare_group_for_batch(md)
+    leader.prepare_group_for_batch(md)  # the drafter's forward
+    runner.active.post_forward(set())
+    so = runner.schedule()
+    so.kv_connector_metadata = runner.sched.build_connector_meta(so)
+    runner.worker_conn.bind_connector_metadata(so.kv_connector_metadata)  # the next step, before its load
+    with pytest.raises(FailedPrecondition):
+        leader.prepare_group_for_batch(md)
+    for r in reqs:
+        runner.finish(r)
+
+
 # ---- finding 8: MTP's per-verify-step swap_in over strided views ----
 
 def test_mtp_swap_in_once_per_verify_step_over_strided_views(vllm_daemon):

@@ -386,7 +386,8 @@ class HisparsedCacheHandle:
         A real batch (attn_metadata not None) with decode tokens needs the connector to have
         prepared this step (its start_load_kv before the forward, which the scheduler role asks
         for with has_sync_kv_loads): raised otherwise, outside graph capture, rather than
-        resolving against the previous step's rows."""
+        resolving against the previous step's rows. Several forwards of one step (a drafter's)
+        share the step's preparation; the next step's metadata withdraws it."""
         if not self.runtime.is_group_leader:
             raise FailedPrecondition(f"layer {self.layer}: prepare_group_for_batch on a layer that does not lead")
         decode = int(getattr(attn_metadata, "num_decode_tokens", 0) or 0) if attn_metadata is not None else 0
@@ -394,7 +395,6 @@ class HisparsedCacheHandle:
         if decode and not self.shared.prepared and not capturing:
             raise FailedPrecondition("a decode forward began before the connector prepared its step: vLLM ran "
                                      "start_load_kv after the forward (SchedulerOutput.has_sync_kv_loads unset)")
-        self.shared.prepared = False
         for cache in self.index_group_caches:
             cache._prepare_for_batch(attn_metadata)
 
