@@ -167,13 +167,13 @@ class Runner:
     one raw KV tensor [num_blocks, layers, block_size, record] (each layer's cache a strided view
     of it), decode entries first in the batch, idx_mapping = batch position."""
 
-    def __init__(self, daemon, draft_tokens: int = 0, hisparse_config=None, **extra):
-        extra = dict(daemon=daemon.address, backend="host", top_k=K, device_buffer_size=B, max_num_seqs=MAX_SEQS,
-                     **extra)
+    def __init__(self, daemon, draft_tokens: int = 0, hisparse_config=None, layer_cls=None, **extra):
+        extra = {**dict(daemon=daemon.address, backend="host", top_k=K, device_buffer_size=B, max_num_seqs=MAX_SEQS),
+                 **extra}
         if draft_tokens:
             extra["draft_tokens"] = draft_tokens
         self.queries = draft_tokens + 1
-        self.layers = {n: MLAAttention(n) for n in NAMES}
+        self.layers = {n: (layer_cls or MLAAttention)(n) for n in NAMES}
         self.cfg = SimpleNamespace(
             kv_transfer_config=KVTransferConfig(extra),
             scheduler_config=SimpleNamespace(max_num_seqs=MAX_SEQS, max_num_batched_tokens=512),

@@ -344,6 +344,10 @@ class HisparsedCacheHandle:
         self.block_table: Optional[torch.Tensor] = None
         self.slot_mapping: Optional[torch.Tensor] = None
         self.dummy_batch = False
+        # What the sparse backends' HiSparse branch reads from cache(i) (index_group.py): the arena
+        # holds B slots, not a request's whole context, so a prefill is staged (stage_prefill_rows).
+        self.all_context_pages_resident = False
+        self.source_block_table: Optional[torch.Tensor] = None
         self.decode_batch = False
         self.num_actual_tokens = 0
         self.num_decode_tokens = 0

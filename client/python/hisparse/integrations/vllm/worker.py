@@ -19,6 +19,7 @@ from ... import _lib
 from ...errors import FailedPrecondition, HisparseError, InvalidArgument, NotFound, Unavailable
 from ...session import Session
 from .metadata import HisparsedConnectorMetadata, HisparsedWorkerMetadata, Window, _draft_tokens, _extra
+from .index_group import make_index_group
 from .runtime import HisparsedCacheHandle, HisparsedRuntime
 
 
@@ -66,6 +67,8 @@ class HisparsedConnectorWorker:
         self.session: Optional[Session] = None
         self.runtime: Optional[HisparsedRuntime] = None
         self.handles: Dict[str, HisparsedCacheHandle] = {}
+        self.index_groups: List[Any] = []  # the HisparsedIndexGroups attached to the layers' impls
+        self.kernel_block_size = 0
         self._live: Dict[str, _Live] = {}
         self._refused: Dict[str, str] = {}
         self._grants: Dict[str, bytes] = {}
@@ -88,8 +91,15 @@ class HisparsedConnectorWorker:
                                   "(or scheduler_config.max_num_seqs)")
         backend = x.get("backend", "auto")
         gpu = int(x.get("gpu", torch.cuda.current_device() if backend != "host" and torch.cuda.is_available() else -1))
+        # The sparse backends read the arena as whole kernel blocks (flat_kv_row_view): where they
+        # will (a layer's impl has an index group), B is rounded up so that each (row, layer) run
+        # of B + 1 + drafts slots is a multiple of the kernel block size.
+        self.kernel_block_size = bs = int(x.get("kernel_block_size", kv_caches[names[0]].shape[1]))
+        slots = int(x["device_buffer_size"])
+        if self._sparse_backend_layers(names):
+            slots = -(-(slots + 1 + self.draft_tokens) // bs) * bs - 1 - self.draft_tokens
         self.session = Session(x.get("daemon"), num_layers=len(names), record_bytes=int(x.get("record_bytes", record)),
-                               k=int(x["top_k"]), slots=int(x["device_buffer_size"]), max_requests=self.max_num_seqs,
+                               k=int(x["top_k"]), slots=slots, max_requests=self.max_num_seqs,
                                gpu=gpu, backend=backend, engine_name="vllm", draft_tokens=self.draft_tokens,
                                max_context_tokens=int(x.get("max_model_len", 0)))
         self.runtime = HisparsedRuntime(self.session, self.max_num_seqs, self.max_num_tokens)
@@ -104,6 +114,7 @@ class HisparsedConnectorWorker:
         for h in group:
             h.index_group_caches = group
         self.attach_handles()
+        self.attach_index_groups()
 
     def attach_handles(self) -> None:
         """Hands each hisparse layer its handle the way vLLM's MLAAttention holds one: as
@@ -116,6 +127,47 @@ class HisparsedConnectorWorker:
             layer = ctx.get(name)
             if layer is not None:
                 layer.hisparse_cache = h
+
+    def _forward_context(self) -> Dict[str, Any]:
+        return getattr(getattr(self.vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+
+    def _sparse_backend_layers(self, names: Sequence[str]) -> List[str]:
+        """The hisparse layers whose attention impl has an index group (a sparse MLA backend)."""
+        ctx = self._forward_context()
+        return [n for n in names if getattr(getattr(ctx.get(n), "impl", None), "index_group", None) is not None]
+
+    def attach_index_groups(self) -> None:
+        """Puts a HisparsedIndexGroup (index_group.py) in place of the index group vLLM gave each
+        hisparse layer's attention impl (``layer.impl.index_group``, position
+        ``impl.index_group_index``; with hisparse_config unset vLLM's SparseMLAIndexGroupBuilder made
+        a plain SparseMLAIndexGroup, whose branch reads vLLM's paged cache). One per upstream group,
+        keeping its fields and its layer numbering. A group holding a layer hisparse does not serve
+        is refused. Layers without an impl index group (not a sparse backend; a test driving the
+        connector alone) are left as they are."""
+        ctx = getattr(getattr(self.vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+        groups: Dict[int, Tuple[Any, Dict[int, HisparsedCacheHandle], List[Any]]] = {}
+        for name, h in self.handles.items():
+            impl = getattr(ctx.get(name), "impl", None)
+            upstream = getattr(impl, "index_group", None)
+            if upstream is None:
+                continue
+            _, members, impls = groups.setdefault(id(upstream), (upstream, {}, []))
+            index = int(getattr(impl, "index_group_index", 0))
+            if index in members:
+                raise InvalidArgument(f"layer {name}: index_group_index {index} taken twice in one index group")
+            members[index] = h
+            impls.append(impl)
+        self.index_groups = []
+        for upstream, members, impls in groups.values():
+            n = max(int(getattr(upstream, "num_layers", 0) or 0), len(members))
+            if sorted(members) != list(range(n)):
+                raise InvalidArgument(f"an index group of {n} layers has hisparse handles for {sorted(members)} only: "
+                                      f"every layer of a group must be served by hisparse (kv_connector_extra_config "
+                                      f"layers)")
+            group = make_index_group([members[i] for i in range(n)], block_size=self.kernel_block_size, like=upstream)
+            for impl in impls:
+                impl.index_group = group
+            self.index_groups.append(group)
 
     def cache_handle(self, layer_name: str) -> HisparsedCacheHandle:
         return self.handles[layer_name]
