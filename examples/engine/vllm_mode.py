@@ -15,8 +15,15 @@ hisparse.integrations.vllm's HisparsedConnector, driven through the mechanisms v
   docs.vllm.ai, lastmod 2026-09-24): the leader's prepare_group_for_batch, write_target and the
   write into what it returns (vLLM's paged cache: one uint8 tensor [blocks, layers, block, record]
   whose blocks interleave the layers, bound by bind_cache(raw, byte_offset=, block_stride=)),
-  mirror_write_target, finish_kv_update; the sparse backend's swap_in, and attention over
-  physical_kv_cache() at the indices it returns.
+  mirror_write_target, finish_kv_update;
+- each layer's sparse backend (the HiSparse branch of vLLM's sparse MLA backends' forward_mqa, as
+  in the stored copies of triton_mla_sparse.py / flashattn_mla_sparse.py / flashmla_sparse.py):
+  its impl holds the index group vLLM's SparseMLAIndexGroupBuilder made (a plain one: no
+  hisparse_config); the connector replaces it at register_kv_caches; the backend takes the
+  HiSparse branch only if the group is a HiSparseMLAIndexGroup (isinstance, checked here), calls
+  convert_decode_logical_to_physical_topk (index_group.py @ 7a240b6f) and reads
+  physical_kv_cache(i) through flat_kv_row_view(cache, block_size) (sparse_utils.py): physical
+  index j is row j // block_size * block_stride_rows + j % block_size.
 
 The prefill is the engine's token-local one, written into the paged cache by a prefill forward
 through the same calls (the connector stores it in wait_for_save). Decoding is eager (no CUDA
@@ -35,6 +42,16 @@ import torch
 from engine import DecodeState, RecordFormat, RunResult, SparseDecoder, prefill
 
 BLOCK = 16
+
+
+def flat_kv_row_view(kv_cache: torch.Tensor, block_size: int):
+    """What vLLM's sparse_utils.flat_kv_row_view gives the kernels (re-derived from its contract):
+    a [num_blocks, block_size, head] cache as [rows, head] over the same memory, and its rows per
+    block (block j's row r is row j * stride_rows + r)."""
+    num_blocks, _, head = kv_cache.shape
+    assert kv_cache.stride(0) % head == 0, "a block stride that is not whole rows"
+    stride_rows = kv_cache.stride(0) // head
+    return kv_cache.as_strided(((num_blocks - 1) * stride_rows + block_size, head), (head, 1)), stride_rows
 
 
 class Request:
@@ -65,11 +82,17 @@ class VllmKV:
                  address: str, backend: str, gpu: int, slots: int) -> None:
         from hisparse.integrations.vllm import HisparsedConnector
         from hisparse.integrations.vllm import runtime as runtime_module
+        from hisparse.integrations.vllm.index_group import upstream_hisparse_group_class
 
         cfg, dev = model.cfg, model.device
         self.fmt, self.dev, self.batch, self.k = fmt, dev, batch, k
         self.names = [f"model.layers.{i}.self_attn.mla_attn" for i in range(cfg.n_layers)]
-        self.layers = {n: SimpleNamespace(layer_name=n, hisparse_cache=None) for n in self.names}
+        # vLLM's SparseMLAIndexGroupBuilder without hisparse_config: one plain group (layer 0 has
+        # the indexer), each layer's impl at its index in it.
+        plain = SimpleNamespace(num_layers=cfg.n_layers, has_indexer=True)
+        self.layers = {n: SimpleNamespace(layer_name=n, hisparse_cache=None,
+                                          impl=SimpleNamespace(index_group=plain, index_group_index=i))
+                       for i, n in enumerate(self.names)}
         extra = dict(daemon=address, backend=backend, top_k=k, device_buffer_size=slots, max_num_seqs=batch,
                      max_num_tokens=batch)
         if backend == "cuda":
@@ -89,6 +112,10 @@ class VllmKV:
         self.conn.set_host_xfer_buffer_ops(None)
         self.handles = [self.layers[n].hisparse_cache for n in self.names]
         assert all(h is not None for h in self.handles), "the connector attached no handle"
+        self.impls = [self.layers[n].impl for n in self.names]
+        hisparse_group = upstream_hisparse_group_class()
+        assert all(isinstance(impl.index_group, hisparse_group) for impl in self.impls), \
+            "the sparse backend would not take its HiSparse branch"
         self.rt = runtime_module
         self.ctx = SimpleNamespace(slot_mapping={})
         self.reqs = [Request(f"r{i}", prompt_len, steps + 1) for i in range(batch)]
@@ -194,8 +221,8 @@ class VllmKV:
         self.so = so
         self._pre_forward(so, self.reqs, [self.slot(r, r.num_computed_tokens) for r in self.reqs])
         self.md = SimpleNamespace(num_actual_tokens=self.batch, num_decode_tokens=self.batch, num_decodes=self.batch,
-                                  num_reqs=self.batch, max_query_len=1, req_id_per_token=self.req_ids,
-                                  block_size=BLOCK)
+                                  num_reqs=self.batch, max_query_len=1, decode_max_query_len=1,
+                                  req_id_per_token=self.req_ids, block_size=BLOCK)
 
     def end_decode(self, tokens: torch.Tensor) -> None:
         self._post_forward(self.so)
@@ -210,10 +237,13 @@ class VllmKV:
         self._write(layer, self.handles[layer], self.md, rec)
 
     def gather(self, layer: int, st: DecodeState) -> torch.Tensor:
-        h = self.handles[layer]
-        phys, _ = h.swap_in(self.req_ids, None, st.positions, block_size=BLOCK, return_valid_counts=True)
-        records = h.physical_kv_cache().reshape(-1, self.fmt.record_bytes)
-        return records[phys.clamp(min=0).long()]
+        """The sparse backend's decode reads: the index group's physical top-k, rows of
+        flat_kv_row_view over physical_kv_cache (the daemon's arena)."""
+        impl = self.impls[layer]
+        group, i = impl.index_group, impl.index_group_index
+        phys, valid = group.convert_decode_logical_to_physical_topk(i, st.positions, self.md, return_valid_counts=True)
+        rows, _ = flat_kv_row_view(group.physical_kv_cache(i).view(torch.uint8), self.md.block_size)
+        return rows[phys.clamp(min=0).long()]
 
     def close(self) -> None:
         for r in self.reqs:
