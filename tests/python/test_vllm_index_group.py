@@ -109,18 +109,30 @@ def flat_kv_row_view(kv_cache: torch.Tensor, block_size: int):
 
 
 def convert_req_index_to_global_index(req_id, block_table, topk, BLOCK_SIZE, BLOCK_STRIDE_ROWS=None):
+    """-> (physical rows with the valid ones packed first, valid counts), as FlashInfer's backend
+    describes the conversion it uses for prefills."""
     stride = BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS
     tok = topk.to(torch.int64)
     block = torch.div(tok, BLOCK_SIZE, rounding_mode="floor")
     ok = (tok >= 0) & (block < block_table.shape[1])
     base = block_table[req_id.to(torch.int64)].gather(1, block.clamp(0, block_table.shape[1] - 1)).to(torch.int64)
-    return torch.where(ok, base * stride + tok % BLOCK_SIZE, torch.full_like(tok, -1)).to(torch.int32)
+    out = torch.where(ok, base * stride + tok % BLOCK_SIZE, torch.full_like(tok, -1)).to(torch.int32)
+    out = out.gather(1, torch.argsort((out < 0).to(torch.int8), dim=1, stable=True))
+    return out, (out >= 0).sum(1).to(torch.int32)
 
 
-def gather(rows: torch.Tensor, phys: torch.Tensor) -> torch.Tensor:
-    """The kernel's reads: rows[phys], zeros where phys is -1."""
-    got = rows[phys.clamp(min=0).to(torch.int64)]
-    return torch.where((phys >= 0).unsqueeze(-1), got, torch.zeros_like(got))
+def gather(rows: torch.Tensor, phys: torch.Tensor, valid: torch.Tensor) -> List[List[bytes]]:
+    """The kernel's reads, as FlashAttention (seqused_k) and FlashInfer (seq_lens) make them: the
+    first valid[t] entries of row t, nothing past them; each record read, sorted (attention over
+    a set of records does not depend on their order)."""
+    out = []
+    for t in range(phys.shape[0]):
+        n = int(valid[t])
+        assert n == int((phys[t] >= 0).sum()), "the valid count is not the number of valid indices"
+        idx = phys[t, :n].to(torch.int64)
+        assert bool((idx >= 0).all()), f"a -1 within the first {n} entries of row {t}: {phys[t].tolist()}"
+        out.append(sorted(bytes(rows[i].tolist()) for i in idx))
+    return out
 
 
 class SparseImpl:
@@ -137,20 +149,19 @@ class SparseImpl:
             ndt, out = md.num_decode_tokens, []
             if ndt:
                 phys, valid = g.convert_decode_logical_to_physical_topk(i, topk[:ndt], md, return_valid_counts=True)
-                assert torch.equal(valid, (phys >= 0).sum(1).to(torch.int32))
                 arena = g.physical_kv_cache(i).view(kv_cache.dtype)
-                out.append(gather(flat_kv_row_view(arena, md.block_size)[0], phys))
+                out += gather(flat_kv_row_view(arena, md.block_size)[0], phys, valid)
             if ndt < n:
                 assert not g.cache(i).all_context_pages_resident
                 cache, table, req_ids = g.stage_prefill_rows(i, kv_cache, md)
-                phys = convert_req_index_to_global_index(req_ids, table, topk[ndt:], BLOCK_SIZE=md.block_size)
-                out.append(gather(flat_kv_row_view(cache, md.block_size)[0], phys))
-            return torch.cat(out)
+                phys, valid = convert_req_index_to_global_index(req_ids, table, topk[ndt:], BLOCK_SIZE=md.block_size)
+                out += gather(flat_kv_row_view(cache, md.block_size)[0], phys, valid)
+            return out
         self.branches.append("paged")
         rows, stride = flat_kv_row_view(kv_cache, md.block_size)
-        phys = convert_req_index_to_global_index(md.req_id_per_token[:n], md.block_table, topk,
-                                                 BLOCK_SIZE=md.block_size, BLOCK_STRIDE_ROWS=stride)
-        return gather(rows, phys)
+        phys, valid = convert_req_index_to_global_index(md.req_id_per_token[:n], md.block_table, topk,
+                                                        BLOCK_SIZE=md.block_size, BLOCK_STRIDE_ROWS=stride)
+        return gather(rows, phys, valid)
 
 
 class SparseMLALayer(MLAAttention):
@@ -197,8 +208,14 @@ class BackendRunner(Runner):
         self.poisoned = 0
 
     def _topk(self, r, pos: int, step: int) -> List[int]:
-        n = pos + 1  # positions [0, n) exist for the token at pos
-        return sorted({(step * 5 + i * 3 + r.seed) % n for i in range(K - 1)} | {n - 1})
+        """K entries over positions [0, pos] (the token's own included), -1 padding where fewer are
+        distinct; every third token of a step has a -1 first (the indexer's -1 need not trail)."""
+        n = pos + 1
+        sel = sorted({(step * 5 + i * 3 + r.seed) % n for i in range(K - 1)} | {n - 1})
+        sel += [-1] * (K - len(sel))
+        if (pos + step) % 3 == 0:
+            sel = [-1] + sel[:-1] if sel[-1] == -1 else [-1] + sel[1:]
+        return sel
 
     def step_attend(self, step: int, poison: bool = False):
         so = self.schedule(self.queries - 1)
@@ -232,18 +249,15 @@ class BackendRunner(Runner):
                              max_query_len=max(so.num_scheduled_tokens.values()),
                              req_id_per_token=torch.tensor([e for _, e, _ in tokens], dtype=torch.int32),
                              block_table=table, block_size=BLOCK)
-        topk = torch.tensor([self._topk(r, pos, step) + [-1] * (K - len(self._topk(r, pos, step)))
-                             for r, _, pos in tokens], dtype=torch.int32)
+        topk = torch.tensor([self._topk(r, pos, step) for r, _, pos in tokens], dtype=torch.int32)
         runtime_module.FORWARD_CONTEXT = self.ctx
         try:
             for li, n in enumerate(NAMES):
                 rows = torch.stack([kv_bytes(r.seed, li, pos) for r, _, pos in tokens])
                 got = self.layers[n].attend(rows, md, self.ctx, topk)
                 for t, (r, _, pos) in enumerate(tokens):
-                    for c in range(K):
-                        p = int(topk[t, c])
-                        want = kv_bytes(r.seed, li, p) if p >= 0 else torch.zeros(RECORD, dtype=torch.uint8)
-                        assert torch.equal(got[t, c], want), (r.request_id, li, pos, p)
+                    want = sorted(bytes(kv_bytes(r.seed, li, int(p)).tolist()) for p in topk[t] if p >= 0)
+                    assert got[t] == want, (r.request_id, li, pos, topk[t].tolist())
                     self.checked += 1
         finally:
             runtime_module.FORWARD_CONTEXT = None

@@ -10,7 +10,8 @@ In that branch, per layer ``i = impl.index_group_index``, they call:
   ...)`` in older copies), then run the kernel over ``physical_kv_cache(i).view(kv dtype)`` viewed
   with ``flat_kv_row_view(cache, md.block_size)`` (``sparse_utils.py``): physical index j is row
   ``j // block_size * block_stride_rows + j % block_size`` of a ``[num_blocks, block_size, head]``
-  cache;
+  cache. FlashAttention's and FlashInfer's kernels read only the first valid-count entries of a
+  row, so the valid indices come first (the order within a row does not matter to attention);
 - prefill tokens: ``cache(i).all_context_pages_resident``; when False, ``stage_prefill_rows(i,
   kv_cache, md)`` -> ``(staged_cache, block_table, req_ids)``, converted with
   ``triton_convert_req_index_to_global_index(req_ids, block_table, topk[num_decode_tokens:],
@@ -124,8 +125,10 @@ class _HisparsedIndexGroupMixin:
             raise InvalidArgument(f"{n} tokens to convert; the arena serves at most {self._runtime.decode_tokens} "
                                   f"decode tokens (prefills take stage_prefill_rows: all_context_pages_resident "
                                   f"is False)")
-        return self.cache(layer_index).swap_in(req_id_per_token, None, logical_topk_indices,
-                                               return_valid_counts=return_valid_counts)
+        result = self.cache(layer_index).swap_in(req_id_per_token, None, logical_topk_indices,
+                                                 return_valid_counts=return_valid_counts)
+        _valid_first(result[0] if return_valid_counts else result)
+        return result
 
     def convert_decode_logical_to_physical_topk(self, layer_index: int, logical_topk_indices: torch.Tensor,
                                                 attn_metadata: Any, *, return_valid_counts: bool = False,
@@ -157,6 +160,7 @@ class _HisparsedIndexGroupMixin:
             self.cache(layer_index).swap_in(ids, None, logical[:, step], return_valid_counts=return_valid_counts,
                                             attention_indices_out=out[:, step],
                                             valid_counts_out=valid[:, step] if return_valid_counts else None)
+        _valid_first(out.view(n, w))
         if return_valid_counts:
             return out.view(n, w), valid.view(n)
         return out.view(n, w)
@@ -193,6 +197,15 @@ class _HisparsedIndexGroupMixin:
                 return klass.gather_fp8_prefill(self, layer_index, source_cache, dst, block_table, workspace_starts,
                                                 batch_size, attn_metadata, request_start)
         raise FailedPrecondition("no plain SparseMLAIndexGroup.gather_fp8_prefill to delegate to")
+
+
+def _valid_first(physical: torch.Tensor) -> None:
+    """Moves each row's valid indices to its front, in order, -1 after them (in place, device
+    ops only). FlashAttention's and FlashInfer's sparse kernels read the first valid-count entries
+    of a row (seqused_k / seq_lens), so a -1 among them would hide a selection; RESOLVE answers -1
+    in place, wherever the indexer's list had one."""
+    order = torch.argsort((physical < 0).to(torch.int8), dim=1, stable=True)
+    physical.copy_(physical.gather(1, order))
 
 
 _CLASSES: Dict[type, type] = {}
