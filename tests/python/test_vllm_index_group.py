@@ -168,9 +168,9 @@ class SparseMLALayer(MLAAttention):
     """MLAAttention with a sparse backend impl: the hisparse write calls, then forward_mqa over
     vLLM's own cache tensor for the layer."""
 
-    def __init__(self, name: str, builder: SparseMLAIndexGroupBuilder) -> None:
+    def __init__(self, name: str, builder: SparseMLAIndexGroupBuilder, every_layer_indexes: bool = False) -> None:
         super().__init__(name)
-        self.impl = SparseImpl(*builder.register_layer(name == NAMES[0]))
+        self.impl = SparseImpl(*builder.register_layer(every_layer_indexes or name == NAMES[0]))
 
     def attend(self, rows, md, ctx, topk) -> torch.Tensor:
         self.forward(rows, md, ctx, None, 1)  # prepare, write, mirror, finish_kv_update
@@ -202,9 +202,9 @@ class BackendRunner(Runner):
     """test_vllm_mechanisms.Runner whose layers have sparse backend impls; step() attends every
     token (decode and prefill) through them and checks the records read."""
 
-    def __init__(self, daemon, **kw) -> None:
+    def __init__(self, daemon, every_layer_indexes: bool = False, **kw) -> None:
         builder = SparseMLAIndexGroupBuilder(64)
-        super().__init__(daemon, layer_cls=lambda n: SparseMLALayer(n, builder), **kw)
+        super().__init__(daemon, layer_cls=lambda n: SparseMLALayer(n, builder, every_layer_indexes), **kw)
         self.poisoned = 0
 
     def _topk(self, r, pos: int, step: int) -> List[int]:
@@ -326,6 +326,26 @@ def test_mtp_verify_tokens_through_the_index_group(vllm_daemon, upstream_vllm):
         for step in range(1, 5):
             assert r.step_attend(step, poison=True) == (2 * 2, 2 * 2)
         assert r.session.stats().misses > 0
+    finally:
+        r.close()
+
+
+def test_a_group_per_layer_when_every_layer_has_an_indexer(vllm_daemon, upstream_vllm):
+    """DeepSeek V3.2's layout: each layer produces its own top-k, so vLLM's builder makes one
+    group per layer (index_group_index 0 in each); each gets its own HisparsedIndexGroup."""
+    r = BackendRunner(vllm_daemon, every_layer_indexes=True)
+    try:
+        impls = [r.layers[n].impl for n in NAMES]
+        assert len({id(impl.index_group) for impl in impls}) == LAYERS
+        for n, impl in zip(NAMES, impls):
+            assert isinstance(impl.index_group, HiSparseMLAIndexGroup) and impl.index_group_index == 0
+            assert impl.index_group.cache(0) is r.layers[n].hisparse_cache
+        reqs = [Request(f"g{i}", seed=91 + i, prompt_len=17 + 4 * i) for i in range(2)]
+        for q in reqs:
+            r.add(q)
+        r.step_attend(0)
+        for step in range(1, 4):
+            assert r.step_attend(step, poison=True) == (2, 2)
     finally:
         r.close()
 

@@ -83,10 +83,16 @@ class _HisparsedIndexGroupMixin:
         rt = self.caches[0].shared
         self._runtime = rt
         dev = rt.device
-        # Batch entry of each decode request (decodes come first in vLLM's batch).
-        self.request_ids = torch.arange(rt.max_num_seqs, dtype=torch.int32, device=dev)
-        self._physical = torch.full((rt.decode_tokens, rt.top_k), -1, dtype=torch.int32, device=dev)
-        self._valid = torch.zeros((rt.decode_tokens,), dtype=torch.int32, device=dev)
+        # Batch entry of each decode request (decodes come first in vLLM's batch), and the MTP
+        # path's outputs: one set per runtime, shared by its groups (a model with an indexer in
+        # every layer has a group per layer; the layers run one after another).
+        shared = getattr(rt, "_index_group_buffers", None)
+        if shared is None:
+            shared = (torch.arange(rt.max_num_seqs, dtype=torch.int32, device=dev),
+                      torch.full((rt.decode_tokens, rt.top_k), -1, dtype=torch.int32, device=dev),
+                      torch.zeros((rt.decode_tokens,), dtype=torch.int32, device=dev))
+            rt._index_group_buffers = shared
+        self.request_ids, self._physical, self._valid = shared
         records = rt.session.max_requests * rt.session.num_layers * rt.session.record_slots
         if records % self.kernel_block_size:
             raise InvalidArgument(f"the arena's {records} records are not whole kernel blocks of "
