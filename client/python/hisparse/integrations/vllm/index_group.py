@@ -210,7 +210,7 @@ def _valid_first(physical: torch.Tensor) -> None:
     ops only). FlashAttention's and FlashInfer's sparse kernels read the first valid-count entries
     of a row (seqused_k / seq_lens), so a -1 among them would hide a selection; RESOLVE answers -1
     in place, wherever the indexer's list had one."""
-    order = torch.argsort((physical < 0).to(torch.int8), dim=1, stable=True)
+    order = torch.argsort((physical < 0).to(torch.int32), dim=1, stable=True)
     physical.copy_(physical.gather(1, order))
 
 
