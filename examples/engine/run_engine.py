@@ -91,9 +91,11 @@ def main(argv=None) -> int:
     ap.add_argument("--host-pool-size", default=None, help="pool of the daemon started here (default: sized to fit)")
     ap.add_argument("--markdown", default=None, help="append a results table to this file")
     ap.add_argument("--json", default=None, help="write every run's figures to this file")
-    ap.add_argument("--adapter", choices=["none", "sglang"], default="none",
+    ap.add_argument("--adapter", choices=["none", "sglang", "vllm"], default="none",
                     help="sglang: drive hisparse.integrations.sglang.HisparsedCoordinator as SGLang's scheduler "
-                         "and model runner would (sglang_mode.py), against SGLang's full-pool decode")
+                         "and model runner would (sglang_mode.py), against SGLang's full-pool decode; vllm: drive "
+                         "hisparse.integrations.vllm.HisparsedConnector as vLLM's scheduler, ActiveKVConnector and "
+                         "MLAAttention would (vllm_mode.py, eager, no drafts), against the full-KV baseline")
     args = ap.parse_args(argv)
 
     dev = torch.device(args.device)
@@ -138,6 +140,9 @@ def main(argv=None) -> int:
                 if args.adapter == "sglang":
                     failures += run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, backend, rows)
                     continue
+                if args.adapter == "vllm":
+                    failures += run_vllm_point(model, fmt, batch, ctx, factors, args, address, gpu, backend, rows)
+                    continue
                 for n in drafts:
                     failures += run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, rows)
                 if dev.type == "cuda":
@@ -152,6 +157,24 @@ def main(argv=None) -> int:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"engine: {len(rows) - failures} of {len(rows)} hisparse runs bit-identical to the baseline")
     return 1 if failures else 0
+
+
+def run_vllm_point(model, fmt, batch, ctx, factors, args, address, gpu, backend, rows) -> int:
+    """The eager baseline once, then the vLLM-driven adapter once per B (vllm_mode.py)."""
+    from vllm_mode import run_vllm
+
+    base = run_mode(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps, seed=args.seed + 1,
+                    use_graph=False)
+    failures = 0
+    for factor in factors:
+        slots = int(round(factor * args.k))
+        hs = run_vllm(model, fmt, batch=batch, prompt_len=ctx, k=args.k, steps=args.steps, address=address,
+                      backend=backend, gpu=gpu, slots=slots, seed=args.seed + 1)
+        row = report(fmt.name, batch, ctx, args.k, slots, model.cfg.n_layers, base, hs)
+        row["adapter"] = "vllm"
+        failures += 0 if row["exact"] else 1
+        rows.append(row)
+    return failures
 
 
 def run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, rows) -> int:

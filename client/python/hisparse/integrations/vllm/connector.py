@@ -34,9 +34,19 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ...errors import FailedPrecondition, InvalidArgument
+from .version import check_supported_vllm
 from .metadata import CONNECTOR_BASES, HisparsedConnectorMetadata, HisparsedWorkerMetadata, _Base, _role_name
 from .scheduler import HisparsedConnectorScheduler
 from .worker import HisparsedConnectorWorker
+
+
+class _TransferResults:
+    """What get_transfer_results returns without vLLM (KVConnectorTransferResults' fields)."""
+
+    def __init__(self, finished_sending: set, finished_recving: set) -> None:
+        self.finished_sending, self.finished_recving = finished_sending, finished_recving
+        self.failed_recving: set = set()
+        self.prefix_replay_checkpoints = None
 
 
 class HisparsedConnector(*CONNECTOR_BASES):
@@ -56,6 +66,14 @@ class HisparsedConnector(*CONNECTOR_BASES):
         name = _role_name(role)
         if name not in ("SCHEDULER", "WORKER"):
             raise InvalidArgument(f"role must be SCHEDULER or WORKER, got {role!r}")
+        check_supported_vllm()
+        hisparse_config = getattr(getattr(vllm_config, "attention_config", None), "hisparse_config", None)
+        if hisparse_config is not None:
+            # With it vLLM builds its own handles, host pool and HiSparseConnector at model
+            # construction (SparseMLAIndexGroupBuilder.register_layer, index_group.py @ 03328988):
+            # two owners of every sparse layer's KV. HisparsedConnector replaces all of them.
+            raise InvalidArgument("HisparsedConnector replaces vLLM's own HiSparse: leave "
+                                  "attention_config.hisparse_config unset (no --hisparse-config)")
         self.connector_scheduler = HisparsedConnectorScheduler(vllm_config) if name == "SCHEDULER" else None
         self.connector_worker = HisparsedConnectorWorker(vllm_config) if name == "WORKER" else None
 
@@ -66,7 +84,12 @@ class HisparsedConnector(*CONNECTOR_BASES):
     # ---- worker role ----
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Runs before every forward (ActiveKVConnector.pre_forward, vllm/v1/worker/gpu/kv_connector.py
+        @ 00f4240e), unlike start_load_kv: the step's releases, parks, resumes and admissions are
+        applied here."""
         self._connector_metadata = connector_metadata
+        if self.connector_worker is not None and isinstance(connector_metadata, HisparsedConnectorMetadata):
+            self.connector_worker.apply_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
         self._connector_metadata = None
@@ -81,6 +104,34 @@ class HisparsedConnector(*CONNECTOR_BASES):
         if not isinstance(meta, HisparsedConnectorMetadata):
             raise FailedPrecondition("start_load_kv without HisparsedConnectorMetadata bound")
         self._worker().start_load_kv(meta, kwargs.get("request_state_indices"), kwargs.get("request_ids"))
+
+    # What ActiveKVConnector (vllm/v1/worker/gpu/kv_connector.py @ 00f4240e) calls besides; vLLM's
+    # KVConnectorBase_V1 answers them when it is the base, these only when vLLM is not installed.
+    if _Base is object:
+        def handle_preemptions(self, connector_metadata: Any) -> None:
+            return None  # parks travel in the metadata, applied by bind_connector_metadata
+
+        def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+            return None
+
+        def finish_forward(self) -> None:
+            return None
+
+        def reset_capture_state(self) -> None:
+            return None
+
+        def get_transfer_results(self, finished_req_ids: Any) -> Any:
+            sending, recving = self.get_finished(finished_req_ids)
+            return _TransferResults(sending or set(), recving or set())
+
+        def get_block_ids_with_load_errors(self) -> set:
+            return set()
+
+        def get_kv_connector_stats(self) -> Any:
+            return None
+
+        def get_kv_connector_kv_cache_events(self) -> Any:
+            return None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # nothing loads per layer: RESOLVE fetches inside swap_in

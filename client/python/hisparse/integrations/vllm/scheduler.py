@@ -92,6 +92,11 @@ class HisparsedConnectorScheduler:
         meta = HisparsedConnectorMetadata(tuple(self._releases), tuple(parks), tuple(self._resumes),
                                           tuple(self._admits), tuple(windows))
         self._releases, self._resumes, self._admits = [], [], []
+        # The worker must learn the step's batch order before the forward, and vLLM calls
+        # start_load_kv (which carries it) after the forward unless the step has sync loads
+        # (ActiveKVConnector.pre_forward, vllm/v1/worker/gpu/kv_connector.py @ 00f4240e); upstream's
+        # HiSparseConnectorScheduler.build_connector_meta asks the same way (@ 023979d6).
+        scheduler_output.has_sync_kv_loads = True
         return meta
 
     @staticmethod

@@ -19,12 +19,29 @@ from ... import _lib
 from ...errors import FailedPrecondition, HisparseError, InvalidArgument, NotFound, Unavailable
 from ...session import Session
 from .metadata import HisparsedConnectorMetadata, HisparsedWorkerMetadata, Window, _draft_tokens, _extra
-from .runtime import HisparsedCacheHandle, HisparsedRuntime, paged_rows
+from .index_group import make_index_group
+from .runtime import HisparsedCacheHandle, HisparsedRuntime
 
 
 def _chunks(items: list) -> list:
     """items in runs of at most HS_BATCH_MAX_ITEMS (one batched call each)."""
     return [items[i:i + _lib.HS_BATCH_MAX_ITEMS] for i in range(0, len(items), _lib.HS_BATCH_MAX_ITEMS)]
+
+
+def _bytes_from_first_row(t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """A paged cache [num_blocks, block_size, ...] whose rows are contiguous, as a 1-D uint8 view of
+    its memory from its first byte to its last row's end (no copy), and its block stride in bytes."""
+    if t.dim() < 3 or not t[0, 0].is_contiguous():
+        raise InvalidArgument(f"a paged KV cache needs [num_blocks, block_size, ...] with contiguous rows; got "
+                              f"shape {tuple(t.shape)} strides {t.stride()}")
+    row = int(t[0, 0].numel())
+    if (t.shape[1] > 1 and t.stride(1) != row) or (t.shape[0] > 1 and t.stride(0) < t.shape[1] * row):
+        raise InvalidArgument(f"a paged KV cache needs its block's rows adjacent and blocks apart; got "
+                              f"shape {tuple(t.shape)} strides {t.stride()}")
+    size = t.element_size()
+    as_bytes = t if t.dtype == torch.uint8 else t.view(torch.uint8)  # last dim x size, same storage
+    span = ((t.shape[0] - 1) * t.stride(0) + t.shape[1] * row) * size
+    return torch.as_strided(as_bytes, (span,), (1,), as_bytes.storage_offset()), int(t.stride(0) * size)
 
 
 @dataclasses.dataclass
@@ -40,6 +57,7 @@ class HisparsedConnectorWorker:
     """The worker role: owns the Session, applies each step's metadata (module docstring)."""
 
     def __init__(self, vllm_config: Any) -> None:
+        self.vllm_config = vllm_config
         self.extra = _extra(vllm_config)
         sched = getattr(vllm_config, "scheduler_config", None)
         self.max_num_seqs = int(self.extra.get("max_num_seqs", getattr(sched, "max_num_seqs", 0) or 0))
@@ -49,33 +67,107 @@ class HisparsedConnectorWorker:
         self.session: Optional[Session] = None
         self.runtime: Optional[HisparsedRuntime] = None
         self.handles: Dict[str, HisparsedCacheHandle] = {}
+        self.index_groups: List[Any] = []  # the HisparsedIndexGroups attached to the layers' impls
+        self.kernel_block_size = 0
         self._live: Dict[str, _Live] = {}
         self._refused: Dict[str, str] = {}
         self._grants: Dict[str, bytes] = {}
         self._order: List[Tuple[Window, int]] = []  # this step's windows and first token, in batch order
+        self._applied: Optional[HisparsedConnectorMetadata] = None  # the metadata whose lifecycle ran
 
     # ---- setup ----
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
-        """Opens the Session over the hisparse layers' paged caches ([num_blocks, block_size, row])."""
+        """Opens the Session over the hisparse layers' paged caches ([num_blocks, block_size, row];
+        blocks may be strided, as in vLLM's shared KV tensors) and attaches one handle to each
+        sparse MLA layer vLLM registered (attach_handles)."""
         names = [n for n in kv_caches if n in set(self.extra.get("layers", kv_caches))]
         if not names:
             raise InvalidArgument("no KV cache of a hisparse layer was registered")
-        record = paged_rows(kv_caches[names[0]]).shape[1]
+        record = int(kv_caches[names[0]].shape[2:].numel() * kv_caches[names[0]].element_size())
         x = self.extra
         if "top_k" not in x or "device_buffer_size" not in x or self.max_num_seqs < 1:
             raise InvalidArgument("kv_connector_extra_config needs top_k and device_buffer_size, and max_num_seqs "
                                   "(or scheduler_config.max_num_seqs)")
         backend = x.get("backend", "auto")
         gpu = int(x.get("gpu", torch.cuda.current_device() if backend != "host" and torch.cuda.is_available() else -1))
+        # The sparse backends read the arena as whole kernel blocks (flat_kv_row_view): where they
+        # will (a layer's impl has an index group), B is rounded up so that each (row, layer) run
+        # of B + 1 + drafts slots is a multiple of the kernel block size.
+        self.kernel_block_size = bs = int(x.get("kernel_block_size", kv_caches[names[0]].shape[1]))
+        slots = int(x["device_buffer_size"])
+        if self._sparse_backend_layers(names):
+            slots = -(-(slots + 1 + self.draft_tokens) // bs) * bs - 1 - self.draft_tokens
         self.session = Session(x.get("daemon"), num_layers=len(names), record_bytes=int(x.get("record_bytes", record)),
-                               k=int(x["top_k"]), slots=int(x["device_buffer_size"]), max_requests=self.max_num_seqs,
+                               k=int(x["top_k"]), slots=slots, max_requests=self.max_num_seqs,
                                gpu=gpu, backend=backend, engine_name="vllm", draft_tokens=self.draft_tokens,
                                max_context_tokens=int(x.get("max_model_len", 0)))
         self.runtime = HisparsedRuntime(self.session, self.max_num_seqs, self.max_num_tokens)
         for layer, name in enumerate(names):
-            self.handles[name] = HisparsedCacheHandle(self.runtime, layer)
-            self.handles[name].bind_cache(kv_caches[name])
+            h = HisparsedCacheHandle(self.runtime, layer)
+            t = kv_caches[name]
+            raw, block_stride = _bytes_from_first_row(t)
+            h.bind_cache(raw, byte_offset=0, block_stride=block_stride, num_blocks=int(t.shape[0]),
+                         block_size=int(t.shape[1]))
+            self.handles[name] = h
+        group = list(self.handles.values())  # one index group: layer 0 leads (prepare_group_for_batch)
+        for h in group:
+            h.index_group_caches = group
+        self.attach_handles()
+        self.attach_index_groups()
+
+    def attach_handles(self) -> None:
+        """Hands each hisparse layer its handle the way vLLM's MLAAttention holds one: as
+        ``layer.hisparse_cache`` of the layer object vLLM registered under its name in
+        ``vllm_config.compilation_config.static_forward_context`` (MLAAttention.__init__). Layers
+        vLLM did not register (a test driving the connector alone) are skipped."""
+        ctx = getattr(getattr(self.vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+        for name, h in self.handles.items():
+            h.layer_name = name
+            layer = ctx.get(name)
+            if layer is not None:
+                layer.hisparse_cache = h
+
+    def _forward_context(self) -> Dict[str, Any]:
+        return getattr(getattr(self.vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+
+    def _sparse_backend_layers(self, names: Sequence[str]) -> List[str]:
+        """The hisparse layers whose attention impl has an index group (a sparse MLA backend)."""
+        ctx = self._forward_context()
+        return [n for n in names if getattr(getattr(ctx.get(n), "impl", None), "index_group", None) is not None]
+
+    def attach_index_groups(self) -> None:
+        """Puts a HisparsedIndexGroup (index_group.py) in place of the index group vLLM gave each
+        hisparse layer's attention impl (``layer.impl.index_group``, position
+        ``impl.index_group_index``; with hisparse_config unset vLLM's SparseMLAIndexGroupBuilder made
+        a plain SparseMLAIndexGroup, whose branch reads vLLM's paged cache). One per upstream group,
+        keeping its fields and its layer numbering. A group holding a layer hisparse does not serve
+        is refused. Layers without an impl index group (not a sparse backend; a test driving the
+        connector alone) are left as they are."""
+        ctx = getattr(getattr(self.vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+        groups: Dict[int, Tuple[Any, Dict[int, HisparsedCacheHandle], List[Any]]] = {}
+        for name, h in self.handles.items():
+            impl = getattr(ctx.get(name), "impl", None)
+            upstream = getattr(impl, "index_group", None)
+            if upstream is None:
+                continue
+            _, members, impls = groups.setdefault(id(upstream), (upstream, {}, []))
+            index = int(getattr(impl, "index_group_index", 0))
+            if index in members:
+                raise InvalidArgument(f"layer {name}: index_group_index {index} taken twice in one index group")
+            members[index] = h
+            impls.append(impl)
+        self.index_groups = []
+        for upstream, members, impls in groups.values():
+            n = max(int(getattr(upstream, "num_layers", 0) or 0), len(members))
+            if sorted(members) != list(range(n)):
+                raise InvalidArgument(f"an index group of {n} layers has hisparse handles for {sorted(members)} only: "
+                                      f"every layer of a group must be served by hisparse (kv_connector_extra_config "
+                                      f"layers)")
+            group = make_index_group([members[i] for i in range(n)], block_size=self.kernel_block_size, like=upstream)
+            for impl in impls:
+                impl.index_group = group
+            self.index_groups.append(group)
 
     def cache_handle(self, layer_name: str) -> HisparsedCacheHandle:
         return self.handles[layer_name]
@@ -92,11 +184,27 @@ class HisparsedConnectorWorker:
 
     # ---- per step ----
 
-    def start_load_kv(self, meta: HisparsedConnectorMetadata, request_state_indices: Any = None,
-                      request_ids: Optional[Sequence[str]] = None) -> None:
-        """Applies the step's lifecycle ops, then prepares the runtime for the forward."""
+    def apply_metadata(self, meta: HisparsedConnectorMetadata) -> None:
+        """Before the forward, every step (the connector's bind_connector_metadata, which vLLM's
+        ActiveKVConnector.pre_forward calls before the forward whether or not start_load_kv is
+        deferred: vllm/v1/worker/gpu/kv_connector.py @ 00f4240e): releases, parks, resumes,
+        admissions, and prefix hits stored from vLLM's blocks. Once per metadata object."""
+        if meta is self._applied:
+            return
+        self._applied = meta
+        self.runtime.prepared = False  # until start_load_kv brings this step's batch order
         s = self._s()
         self._apply_lifecycle(s, meta)
+        for w in meta.windows:
+            live = self._live.get(w.req_id)
+            if w.pre_store[1] > w.pre_store[0] and live is not None:
+                self._store_from_blocks(w)
+
+    def start_load_kv(self, meta: HisparsedConnectorMetadata, request_state_indices: Any = None,
+                      request_ids: Optional[Sequence[str]] = None) -> None:
+        """Prepares the runtime for the forward in vLLM's batch order (request_ids, idx_mapping);
+        applies the metadata first if bind_connector_metadata did not."""
+        self.apply_metadata(meta)
         by_id = {w.req_id: w for w in meta.windows}
         ids = list(request_ids) if request_ids is not None else [w.req_id for w in meta.windows]
         rows, seqs, counts = [], [], []
@@ -109,8 +217,6 @@ class HisparsedConnectorWorker:
             counts.append(w.num_tokens if w is not None else self.runtime.queries)  # a padding entry
             if w is not None:
                 self._order.append((w, first))
-                if w.pre_store[1] > w.pre_store[0] and live is not None:
-                    self._store_from_blocks(w)
             first += counts[-1]
         self.runtime.set_request_state_indices(request_state_indices if request_state_indices is not None
                                                else list(range(len(ids))))
@@ -167,11 +273,10 @@ class HisparsedConnectorWorker:
     def _store_from_blocks(self, w: Window) -> None:
         lo, hi = w.pre_store
         for h in self.handles.values():
-            block = h.kv_cache.shape[1]
             pos = torch.arange(lo, hi, dtype=torch.int64)
             table = torch.tensor(w.block_ids, dtype=torch.int64)
-            index = (table[pos // block] * block + pos % block).to(torch.int32).to(self.runtime.device)
-            self._s().store_indexed(w.hid, paged_rows(h.kv_cache).unsqueeze(0), index, start_pos=lo,
+            index = (table[pos // h.block_size] * h.stride_rows + pos % h.block_size).to(torch.int32)
+            self._s().store_indexed(w.hid, h.rows.unsqueeze(0), index.to(self.runtime.device), start_pos=lo,
                                     first_layer=h.layer, num_layers=1, seq_len_after=hi)
 
     def wait_for_save(self) -> None:
@@ -184,8 +289,11 @@ class HisparsedConnectorWorker:
                     if h.slot_mapping is None:
                         raise FailedPrecondition("bind_slot_mapping has not run: prefill rows cannot be stored")
                     first = offset + (w.store_from - w.start)
-                    index = h.slot_mapping[first:offset + w.num_tokens].to(torch.int32).contiguous()
-                    self._s().store_indexed(w.hid, paged_rows(h.kv_cache).unsqueeze(0), index,
+                    slots = h.slot_mapping[first:offset + w.num_tokens].to(torch.int64)
+                    if h.stride_rows != h.block_size:
+                        slots = slots // h.block_size * h.stride_rows + slots % h.block_size
+                    index = slots.to(torch.int32).contiguous()
+                    self._s().store_indexed(w.hid, h.rows.unsqueeze(0), index,
                                             start_pos=w.store_from, first_layer=h.layer, num_layers=1,
                                             seq_len_after=end)
         self._order = []
