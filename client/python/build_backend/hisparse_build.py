@@ -8,7 +8,9 @@ without --no-build-isolation.
 
 It writes a py3-none-any wheel with every file under hisparse/ (a libhisparse.so placed there is
 picked up as package data), an sdist, and an editable wheel holding a .pth that points at this
-source tree.
+source tree. Both wheels carry pyproject's [project.entry-points] as dist-info/entry_points.txt,
+which is how the engines find the plugins (importlib.metadata.entry_points(group=...)); the sdist
+carries pyproject.toml itself, from which a wheel built out of it writes the same file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hashlib
 import io
 import os
 import pathlib
+import re
 import tarfile
 import zipfile
 
@@ -43,8 +46,40 @@ def _project() -> dict:
             project = tomllib.load(f)["project"]
         project["version"] = _version()
         return project
-    # Python < 3.11: name and version are all that must be exact.
-    return {"name": PACKAGE, "version": _version(), "description": "", "requires-python": ">=3.9"}
+    # Python < 3.11: name, version and the entry points are all that must be exact.
+    return {"name": PACKAGE, "version": _version(), "description": "", "requires-python": ">=3.9",
+            "entry-points": _entry_points_without_tomllib((ROOT / "pyproject.toml").read_text())}
+
+
+def _entry_points_without_tomllib(text: str) -> dict:
+    """The [project.entry-points."group"] tables of pyproject.toml, for Pythons without tomllib:
+    only the form this project writes (a quoted or bare group name, `name = "module:attr"` lines)."""
+    groups: dict = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        header = re.fullmatch(r"\[project\.entry-points\.(?:\"([^\"]+)\"|([A-Za-z0-9_.-]+))\]", line)
+        if header:
+            current = groups.setdefault(header.group(1) or header.group(2), {})
+        elif line.startswith("["):
+            current = None
+        elif current is not None and "=" in line:
+            key, value = (part.strip() for part in line.split("=", 1))
+            current[key.strip("\"'")] = value.strip("\"'")
+    return groups
+
+
+def _entry_points_txt(p: dict) -> str:
+    """dist-info/entry_points.txt (the packaging spec's INI form) from [project.entry-points];
+    empty when there are none. [project.scripts] would go under console_scripts: there are none."""
+    out = []
+    for group, entries in sorted((p.get("entry-points") or {}).items()):
+        out.append(f"[{group}]")
+        out.extend(f"{name} = {target}" for name, target in sorted(entries.items()))
+        out.append("")
+    return "\n".join(out)
 
 
 def _metadata(p: dict) -> str:
@@ -85,6 +120,9 @@ def _write_wheel(directory: str, files) -> str:
     entries.append((f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: hisparse_build\nRoot-Is-Purelib: true\n"
                                      b"Tag: py3-none-any\n"))
     entries.append((f"{info}/top_level.txt", f"{PACKAGE}\n".encode()))
+    entry_points = _entry_points_txt(p)
+    if entry_points:
+        entries.append((f"{info}/entry_points.txt", entry_points.encode()))
     record = "".join(f"{path},{_digest(data)},{len(data)}\n" for path, data in entries)
     record += f"{info}/RECORD,,\n"
     with zipfile.ZipFile(os.path.join(directory, name), "w", zipfile.ZIP_DEFLATED) as z:
