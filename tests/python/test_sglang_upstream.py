@@ -220,3 +220,23 @@ def test_finding5_mtp_verify_tokens_land_in_ring_slots(sglang):
     for r in running:
         engine.finish(r)
     assert engine.alloc.hisparse_attn_allocator.available_size() == PHYSICAL
+
+
+def test_batched_retraction_releases_staging_and_ready_requests(sglang):
+    """retract_reqs (hisparse's batched retract_req): a staging request is aborted (its prompt's
+    physical slots freed), the ready ones released in one round trip; once SGLang frees their
+    logical locations every slot of both spaces is back."""
+    engine = sglang()
+    ready = [Req("a", 1, 30), Req("b", 2, 25)]
+    _run(engine, ready, 2)
+    staging = Req("c", 3, 40)
+    engine.prefill(staging)  # not collected: still staging
+    reqs = ready + [staging]
+    engine.coord.retract_reqs(reqs)
+    for r in reqs:
+        engine.release_kv_cache(r)
+    st = engine.coord.session.stats()
+    assert st.session_requests == 0 and st.session_host_bytes == 0
+    assert engine.alloc.hisparse_attn_allocator.available_size() == PHYSICAL
+    assert engine.alloc.logical_attn_allocator.available_size() == engine.alloc.size_full
+    assert not engine.coord.has_ongoing_staging()
