@@ -36,6 +36,7 @@ forward of the same rank, never concurrently. The coordinator owns its Session (
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -388,10 +389,14 @@ class HisparsedCoordinator:
     @property
     def mem_pool_host(self) -> "_LandingPool":
         """The host pool PD decode's transfer writes into (disaggregation/decode.py reads it in
-        _init_kv_manager and _pre_alloc): one pinned [tokens, record] buffer a layer, as many
-        tokens as SGLang's logical pool, allocated on first use."""
+        _init_kv_manager and _pre_alloc): one pinned [tokens, record] buffer a layer, allocated on
+        first use. It only holds transfers in flight (admit_request_direct empties a request's
+        slots), so it has as many tokens as SGLang's physical pool, or
+        $HISPARSE_SGLANG_PD_LANDING_TOKENS."""
         if self._pd_host is None:
-            tokens = int(getattr(self.allocator, "size_full", 0) or self.req_to_token_pool.req_to_token.numel())
+            phys = getattr(self.allocator, "hisparse_attn_allocator", None)
+            tokens = int(os.environ.get("HISPARSE_SGLANG_PD_LANDING_TOKENS", "0") or 0) or \
+                int(getattr(phys, "size", 0) or self.req_to_token_pool.req_to_token.numel())
             self._pd_host = _LandingPool(self.session.num_layers, self.item_size_bytes, tokens,
                                          pin=self.session.backend == "cuda")
         return self._pd_host
