@@ -348,9 +348,15 @@ class Scheduler:
             rpi = self.buf.req_pool_indices[:bs]
             table = self.req_to_token_pool.req_to_token[rpi.unsqueeze(1), positions.clamp(min=0).long()]
             return table, self.pool.records(layer)
+        return self.forward_decode(layer, positions, bs)
+
+    def forward_decode(self, layer: int, positions: torch.Tensor, bs: int):
+        """The DSA backend's forward_decode in upstream's order (dsa_backend.py 614c1581): the
+        device pool's get_key_buffer, which the adapter serves as the daemon's arena to this
+        caller only, then the swap-in whose indices index it."""
+        kv = self.pool.dsa.get_key_buffer(layer)
         table = self.coord.swap_in_selected_pages(self.buf.req_pool_indices[:bs], self.buf.seq_lens[:bs], positions,
                                                   layer)
-        kv = self.pool.get_key_buffer(layer)  # the DSA backend's read: the daemon's arena
         return table, kv.view(kv.shape[0], -1)
 
     # ---- lifecycle ----

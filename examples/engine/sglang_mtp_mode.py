@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from engine import RecordFormat, SparseDecoder, _rms, _rope
 from mtp import DraftHead
 from sglang_mode import Req, Scheduler, Workload, padded_bs
+from sglang_standins import ForwardBatch, ForwardMode
 
 
 class VerifyBuffers:
@@ -105,9 +106,17 @@ class MtpScheduler(Scheduler):
     def attend(self, layer: int, ids: torch.Tensor, bs: int):
         if self.coord is None:  # the full pool: the logical ids are the locations
             return ids, self.pool.records(layer)
-        table = self.coord.swap_in_verify_pages(self.vbuf.req_pool_indices[:bs], self.vbuf.seq_lens[:bs], ids, layer,
+        forward_batch = ForwardBatch(ForwardMode.TARGET_VERIFY, self.vbuf.req_pool_indices[:bs],
+                                     self.vbuf.seq_lens[:bs], None)
+        return self.forward_extend(layer, ids, forward_batch)
+
+    def forward_extend(self, layer: int, ids: torch.Tensor, forward_batch: ForwardBatch):
+        """The DSA backend's forward_extend in TARGET_VERIFY mode (the MTP coordinator serves the
+        arena to it; the verify swap-in's call site is assumed from PR #37771): the device pool's
+        get_key_buffer, then the verify swap-in whose indices index it."""
+        kv = self.pool.dsa.get_key_buffer(layer)
+        table = self.coord.swap_in_verify_pages(forward_batch.req_pool_indices, forward_batch.seq_lens, ids, layer,
                                                 self.q)
-        kv = self.pool.get_key_buffer(layer)  # the DSA backend's read: the daemon's arena
         return table, kv.view(kv.shape[0], -1)
 
     def decode(self, batch: List[Req]) -> tuple:

@@ -124,7 +124,7 @@ def test_decode_replays_in_a_cuda_graph_through_the_mapping(daemon, where):
             replay()
             table = out.cpu()
             for layer in range(LAYERS):
-                kv = pool.get_key_buffer(layer)
+                kv = coord.get_key_buffer(layer)  # what forward_decode's get_key_buffer returns
                 arena = kv.reshape(kv.shape[0], -1).cpu()
                 for i, r in enumerate(live):
                     for j in range(K):

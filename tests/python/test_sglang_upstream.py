@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 from hisparse.integrations.sglang import HisparsedCoordinator  # noqa: E402
 from hisparse.integrations.sglang_mtp import HisparsedMTPCoordinator  # noqa: E402
-from sglang_standins import (DeferredStream, Engine, HiSparseAllocator, HiSparseDSAPool, PDDecode,  # noqa: E402
-                             ReqToTokenPool, Req, kv_record)
+from sglang_standins import (DeferredStream, Engine, ForwardBatch, ForwardMode, HiSparseAllocator,  # noqa: E402
+                             HiSparseDSAPool, PDDecode, ReqToTokenPool, Req, kv_record)
 
 LAYERS, RECORD, K, B = 2, 64, 4, 8
 PHYSICAL, MAX_REQS, MAX_CTX = 512, 8, 128
@@ -107,11 +107,16 @@ def test_finding3_staging_gives_the_prompt_pages_back(sglang):
 
 
 def test_finding4_the_backend_reads_the_daemons_arena(sglang):
-    """token_to_kv_pool.get_key_buffer(layer) is what the DSA backend reads with the swap-in's
-    indices: it must be the session's slot arena."""
+    """token_to_kv_pool.get_key_buffer(layer) is what the DSA backend's forward_decode reads with
+    the swap-in's indices: there it must be the session's slot arena (the pool's own buffer
+    elsewhere: test_sglang_readers.py)."""
     engine = sglang()
     arena = engine.coord.session.slot_view()
-    kv = engine.pool.get_key_buffer(0)
+
+    def forward_decode():  # the caller the adapter serves the arena to
+        return engine.pool.get_key_buffer(0)
+
+    kv = forward_decode()
     assert kv.dtype == torch.uint8 and kv.numel() == arena.size
     assert kv.data_ptr() == arena.ctypes.data
     _run(engine, [Req("a", 1, 30), Req("b", 2, 40)], 3)
@@ -179,7 +184,7 @@ def test_finding5_mtp_verify_tokens_land_in_ring_slots(sglang):
     slots, so the verify forward's KV writes (through the mapping) do not all land on slot 0."""
     q = 3
     engine = sglang(cls=HisparsedMTPCoordinator, num_draft_tokens=q)
-    coord, pool, r2t = engine.coord, engine.pool, engine.r2t
+    coord, r2t = engine.coord, engine.r2t
     reqs = [Req("a", 1, 20), Req("b", 2, 26)]
     for r in reqs:
         engine.prefill(r)
@@ -195,10 +200,10 @@ def test_finding5_mtp_verify_tokens_land_in_ring_slots(sglang):
         coord.num_real_reqs.fill_(n)
         coord.wait_for_pending_backup()
         rpi = torch.tensor([r.req_pool_idx for r in running])
+        fb = ForwardBatch(ForwardMode.TARGET_VERIFY, rpi, torch.tensor(starts), locs.reshape(-1))
         for layer in range(LAYERS):
             recs = torch.stack([kv_record(r.seed, layer, s + t, RECORD) for r, s in zip(running, starts)
                                 for t in range(q)])
-            pool.set_mla_kv_buffer(layer, locs.reshape(-1), recs)
             ids = torch.full((n * q, K), -1, dtype=torch.int32)
             want = []
             for i, (r, s) in enumerate(zip(running, starts)):
@@ -206,13 +211,10 @@ def test_finding5_mtp_verify_tokens_land_in_ring_slots(sglang):
                     sel = [s + t, 0, (s + t) // 2]  # each verify token attends itself, 0 and a middle one
                     ids[i * q + t, :3] = r2t.req_to_token[r.req_pool_idx, sel]
                     want.append((r.seed, sel))
-            table = coord.swap_in_verify_pages(rpi, torch.tensor(starts, dtype=torch.int32), ids, layer, q)
-            kv = pool.get_key_buffer(layer)
-            records = kv.reshape(-1, kv.shape[-1])
+            got, _ = engine.backend.forward(layer, fb, recs, ids, num_positions=q)
             for row, (seed, sel) in enumerate(want):
                 for j, pos in enumerate(sel):
-                    got = records[int(table[row, j])][:RECORD]
-                    assert torch.equal(got, kv_record(seed, layer, pos, RECORD)), (row, pos, layer)
+                    assert torch.equal(got[row, j], kv_record(seed, layer, pos, RECORD)), (row, pos, layer)
         for r, s in zip(running, starts):  # all q accepted: the next round starts after them
             r.output_ids += [0] * q
             r.kv_committed_len = s + q

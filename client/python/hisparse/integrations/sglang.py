@@ -16,10 +16,12 @@ tables and copy streams. What SGLang relies on, and where it happens here:
   physical slots; once the store is done ``collect_ready_reqs`` calls the allocator's
   ``alloc_device_buffer``, which unmaps the prompt, keeps one page for the decode token and gives
   every other physical slot back: the capacity gain hisparse exists for;
-- the DSA backend reads ``token_to_kv_pool.get_key_buffer(layer)`` with the swap-in's indices, so
-  the device pool's ``get_key_buffer`` (an attribute of that instance, set here) returns the
-  session's slot arena, uint8 [records, 1, record_stride]; ``flashmla_kv_view()`` is the
-  [num_pages, 64, 1, 656] view FlashMLA's fp8 path wants;
+- the DSA backend's ``forward_decode`` reads ``token_to_kv_pool.get_key_buffer(layer)`` with the
+  swap-in's indices, so the device pool's ``get_key_buffer`` (an attribute of that instance, set
+  here) returns the session's slot arena, uint8 [records, 1, record_stride], to that caller, and
+  the pool's own buffer to every other (forward_extend and get_mla_kv_buffer read physical slots
+  through the mapping); ``flashmla_kv_view()`` is the [num_pages, 64, 1, 656] view FlashMLA's fp8
+  path wants;
 - the overlap scheduler: ``map_last_loc_to_buffer`` and every lifecycle change wait for the
   decode producer stream before rewriting what its queued forward reads;
 - ``retract_req`` releases the request as upstream's does (``request_finished``): a retracted
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import uuid
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -134,8 +137,10 @@ class HisparsedCoordinator:
         self._req_to_host_pool_allocated_len: Optional[torch.Tensor] = None
         self._arena: Optional[torch.Tensor] = None
         self._init_step_buffers()
-        # The DSA backend reads this instance's get_key_buffer with the swap-in's indices.
-        self.mem_pool_device.get_key_buffer = self.get_key_buffer
+        # The DSA backend's decode reads this instance's get_key_buffer with the swap-in's indices;
+        # every other reader with physical slots of the pool (see _pool_get_key_buffer).
+        self._own_get_key_buffer = self.mem_pool_device.get_key_buffer
+        self.mem_pool_device.get_key_buffer = self._pool_get_key_buffer
 
     @property
     def _mapping(self) -> torch.Tensor:
@@ -176,10 +181,34 @@ class HisparsedCoordinator:
 
     # ---- what the attention backend reads ----
 
+    # The callers of the device pool's get_key_buffer that index it with the swap-in's output
+    # (upstream dsa_backend.py DeepseekSparseAttnBackend.forward_decode, which AttentionBackend.forward
+    # runs when forward_batch.forward_mode.is_decode()).
+    ARENA_READERS = ("forward_decode",)
+
+    def _reads_arena(self, caller: Any) -> bool:
+        """Whether the frame that called the pool's get_key_buffer reads it at swap-in indices."""
+        return caller.f_code.co_name in self.ARENA_READERS
+
+    def _pool_get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """The device pool's get_key_buffer while this coordinator serves it. Upstream has one
+        buffer for two index spaces: its swap-in returns physical slots of the same pool that
+        forward_extend (prefill, chunked prefill, draft extend, target verify) reads at
+        translate_loc_to_hisparse_device's physical slots and get_mla_kv_buffer reads through
+        the mapping. Here the swap-in's indices are records of the daemon's arena, so the arena is
+        returned only to the reader that indexes it with them (ARENA_READERS: the backend's
+        forward_decode); every other caller gets the pool's own buffer. Keyed on the caller, not on
+        a flag: the same holds while a CUDA graph is captured (nothing calls into the coordinator
+        before forward_decode's read then) and after a replay."""
+        if self._reads_arena(sys._getframe(1)):
+            return self.get_key_buffer(layer_id)
+        return self._own_get_key_buffer(layer_id)
+
     def get_key_buffer(self, layer_id: int = 0) -> torch.Tensor:
-        """The device pool's get_key_buffer while this coordinator serves it: the session's slot
-        arena as uint8 [records, 1, record_stride], every layer's slots (the swap-in's indices are
-        global, so the same tensor serves every layer). A view, no copy."""
+        """What the decode's swap-in indices index (the device pool's get_key_buffer returns it to
+        forward_decode): the session's slot arena as uint8 [records, 1, record_stride], every
+        layer's slots (the swap-in's indices are global, so the same tensor serves every layer). A
+        view, no copy."""
         if self._arena is None:
             arena = self.session.slot_view()
             if not isinstance(arena, torch.Tensor):  # host backend: a numpy array over the arena
@@ -221,7 +250,7 @@ class HisparsedCoordinator:
         self._staging.clear()
         for i in range(0, len(ids), 1024):  # hs_release_batch's most items
             self.session.release_batch(ids[i:i + 1024])
-        if self.mem_pool_device.__dict__.get("get_key_buffer") == self.get_key_buffer:
+        if self.mem_pool_device.__dict__.get("get_key_buffer") == self._pool_get_key_buffer:
             del self.mem_pool_device.get_key_buffer
         self._arena = None
         self.session.close()

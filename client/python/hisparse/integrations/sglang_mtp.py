@@ -187,6 +187,18 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
 
     # ---- verify data path (graph-safe) ----
 
+    def _reads_arena(self, caller: Any) -> bool:
+        """Also target verify's forward_extend, which attends at swap_in_verify_pages' indices
+        (assumed from the coordinator's API, PR #37771; its call site was not read). Keyed on the
+        caller's forward_batch.forward_mode; draft extend and prefill read the pool."""
+        if super()._reads_arena(caller):
+            return True
+        if caller.f_code.co_name != "forward_extend":
+            return False
+        fb = caller.f_locals.get("forward_batch")
+        mode = getattr(fb, "forward_mode", None)
+        return bool(mode is not None and mode.is_target_verify())
+
     def swap_in_selected_pages(self, req_pool_indices, compressed_seq_lens, top_k_result, layer_id):
         raise FailedPrecondition("position-based swap-in cannot run in MTP mode: call swap_in_verify_pages")
 
