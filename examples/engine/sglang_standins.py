@@ -497,12 +497,17 @@ class Engine:
             r.output_ids.append(len(r.output_ids))
         return tables
 
+    def expected(self, seed: int, layer: int, position: int) -> torch.Tensor:
+        """The full-HBM answer for (request seed, layer, position): kv_record, unless a test
+        knows other bytes (a daemon import's pattern)."""
+        return kv_record(seed, layer, position, self.pool.record_bytes)
+
     def _check(self, layer: int, got: torch.Tensor, seeds: List[int], selections: List[list]) -> None:
         """Attention's read (what the backend gathered from get_key_buffer at the page table's
         indices) must be each selected position's record: the full-HBM answer."""
         for i, (seed, sel) in enumerate(zip(seeds, selections)):
             for j, pos in enumerate(sel):
-                want = kv_record(seed, layer, pos, self.pool.record_bytes)
+                want = self.expected(seed, layer, pos)
                 assert torch.equal(got[i, j], want), f"seed {seed} layer {layer} position {pos}: attention read wrong KV"
                 self.checked += 1
 
