@@ -266,6 +266,14 @@ class HisparsedCoordinator:
         else:
             p.synchronize()
 
+    def _stop_appends(self) -> None:
+        """A lifecycle change between decode steps: no swap-in appends the last mapped step again
+        (_append_count = 0), but only after the forward queued on the producer stream has read
+        the count, or that forward would skip its own step's appends (the overlap scheduler runs
+        admissions while it is queued)."""
+        self._wait_for_producer()
+        self._append_count.zero_()
+
     def _quiesce(self) -> None:
         """Before a row or pages go back to the daemon, or physical slots to the allocator: waits
         (on the host) for the forward that may still read or write them."""
@@ -381,7 +389,7 @@ class HisparsedCoordinator:
         info = self.session.admit(e.request_id, kv_len, self._budget(req, kv_len), group=self._grouped)
         self._next_id += 1
         self._entries[req.rid] = e
-        self._append_count.zero_()  # lifecycle changes happen between decode steps
+        self._stop_appends()
         self._bind(req, e, info.row)
         self._store(req, e, 0, kv_len)
         event = None
@@ -505,7 +513,7 @@ class HisparsedCoordinator:
             self._free_landing(req)
         else:
             raise FailedPrecondition(f"request {req.rid!r} is already admitted ({e.state})")
-        self._append_count.zero_()
+        self._stop_appends()
         self._alloc_device_buffer(req, e)
         e.state = "ready"
         req.hisparse_staging = False
@@ -570,8 +578,8 @@ class HisparsedCoordinator:
         self._forget(req, e)
 
     def _forget(self, req: Any, e: _Entry) -> None:
-        self._append_count.zero_()  # lifecycle changes happen between decode steps
         self._quiesce()
+        self._append_count.zero_()  # after the queued forward has appended its step
         self._free_device_buffer(req, e)
         self._free_landing(req)
         self._unbind(e)
