@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import RecordFormat, SparseDecoder, _rms, _rope
-from sglang_standins import HiSparseAllocator, HiSparseDSAPool
+from sglang_standins import DeferredStream, HiSparseAllocator, HiSparseDSAPool
 
 LOGICAL_RATIO = 4  # HiSparseTokenToKVPoolAllocator's host_to_device_ratio: logical locations per slot
 
@@ -310,12 +310,26 @@ def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: 
     buf.logits[:bs].copy_((_rms(h) @ model.lm_head).float())
 
 
+PENDING = -1  # an output token whose forward is still queued (overlap: committed a step later)
+
+
 class Scheduler:
     """SGLang's scheduler, batch-result processor, ScheduleBatch and model runner around one model,
-    with the hisparse coordinator (coord, over HiSparsePool) or without (the full-pool baseline)."""
+    with the hisparse coordinator (coord, over HiSparsePool) or without (the full-pool baseline).
+
+    overlap (SGLang's overlap scheduler): launch(batch) prepares and queues step N+1 while step
+    N's forward is still queued on the forward stream (a CUDA stream, or on a CPU a DeferredStream
+    that runs its work only when synchronized), and step N's result is committed only after that:
+    map_last_loc_to_buffer, admissions, collect_ready_reqs, retractions and finishes all run with
+    a forward queued. Each step's input tokens come from the previous forward on the stream
+    (next_token, by request slot), as SGLang's future token ids do; the output token is PENDING
+    on the host until its commit. Freed KV locations are reused only after the stream drains
+    (release_kv_cache), as SGLang delays frees in overlap mode."""
+
+    overlap_supported = True
 
     def __init__(self, model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, make_coordinator,
-                 use_graph: bool) -> None:
+                 use_graph: bool, overlap: bool = True) -> None:
         self.model, self.fmt, self.work = model, fmt, work
         self.reqs = work.fresh()
         dev = model.device
@@ -335,9 +349,11 @@ class Scheduler:
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
         # The model runner's forward stream (SGLang's overlap scheduler runs the forward on its own
         # stream and hands it to the coordinator as the decode producer stream).
-        self.fwd_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self.overlap = overlap and self.overlap_supported
+        self.fwd_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else DeferredStream() if self.overlap else None
         if self.coord is not None and self.fwd_stream is not None:
             self.coord.set_decode_producer_stream(self.fwd_stream)
+        self.next_token = torch.zeros(self.max_bs, dtype=torch.long, device=dev)
         self.sizes = (self.pool.sizes(), len(self.req_to_token_pool.free_slots))
         self.imported = 0
 
@@ -425,7 +441,14 @@ class Scheduler:
         assert not self.coord.has_ongoing_staging()
         return ready
 
+    def drain(self) -> None:
+        """Waits (on the host) for every forward queued on the forward stream."""
+        if self.fwd_stream is not None:
+            self.fwd_stream.synchronize()
+
     def release_kv_cache(self, req: Req) -> None:
+        if self.overlap:  # a queued forward may still read these locations; SGLang frees after it
+            self.drain()
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :req.kv.kv_allocated_len]
         self.pool.free(row.long())
         self.req_to_token_pool.free(req.req_pool_idx)
@@ -466,11 +489,72 @@ class Scheduler:
         return b.logits[:n].to("cpu", copy=True)
 
     def commit(self, batch: List[Req], out: torch.Tensor, logits: Dict[str, List[torch.Tensor]], step: int) -> None:
-        """The batch-result processor: each request's logits row kept, its greedy token appended."""
+        """The batch-result processor: each request's logits row kept, its greedy token appended
+        (overlap: written over the oldest PENDING one)."""
         for i, r in enumerate(batch):
             logits[r.rid].append(out[i])
-            r.output_ids.append(int(out[i].argmax()))
-            r.kv_committed_len = r.seqlen - 1
+            tok = int(out[i].argmax())
+            if self.overlap:
+                r.output_ids[r.output_ids.index(PENDING)] = tok
+            else:
+                r.output_ids.append(tok)
+                r.kv_committed_len = r.seqlen - 1
+
+    def launch(self, batch: List[Req]):
+        """Overlap: prepare_for_decode on the scheduler (logical locations, map_last_loc_to_buffer)
+        while the previous step's forward may still be queued, then the forward queued on the
+        forward stream: the step's inputs into the static buffers (input tokens from next_token),
+        wait_for_pending_backup, the forward, its logits kept and its tokens into next_token. Each
+        request's output token is PENDING until result() and commit. Returns the handle for result()."""
+        n, b, dev = len(batch), self.buf, self.model.device
+        bs = padded_bs(n, self.max_bs)
+        locs = self.pool.alloc_decode(n)
+        rpi = torch.tensor([r.req_pool_idx for r in batch], dtype=torch.int64)
+        seq = torch.tensor([r.seqlen for r in batch], dtype=torch.int32)  # after seq_lens += 1
+        known = [(r.req_pool_idx, r.output_ids[-1]) for r in batch if r.output_ids[-1] != PENDING]
+        for r in batch:
+            r.kv.kv_allocated_len = r.seqlen
+            r.output_ids.append(PENDING)
+        rpi_d, seq_d = rpi.to(dev), seq.to(dev)
+        if self.coord is not None:  # on the scheduler, with the previous forward still queued
+            self.coord.map_last_loc_to_buffer(seq_d, locs, rpi_d, seq, rpi)
+        out: List[torch.Tensor] = []
+
+        def step() -> None:  # queued on the forward stream
+            self.req_to_token_pool.req_to_token[rpi_d, (seq_d - 1).long()] = locs.to(torch.int32)
+            if known:
+                idx, tok = zip(*known)
+                self.next_token[torch.tensor(idx, device=dev)] = torch.tensor(tok, device=dev)
+            b.tokens[:n] = self.next_token[rpi_d]
+            b.seq_lens[:n], b.req_pool_indices[:n], b.out_cache_loc[:n] = seq_d, rpi_d, locs
+            b.tokens[n:bs], b.seq_lens[n:bs], b.req_pool_indices[n:bs], b.out_cache_loc[n:bs] = 0, 1, 0, 0
+            if self.coord is not None:  # ModelRunner.forward, decode mode
+                self.coord.wait_for_pending_backup()
+                self.coord.num_real_reqs.fill_(n)
+            self._forward(bs)
+            logits = b.logits[:n].clone()
+            self.next_token[rpi_d] = logits.argmax(dim=1)
+            out.append(logits)
+
+        if dev.type == "cuda":
+            main = torch.cuda.current_stream(dev)
+            self.fwd_stream.wait_stream(main)  # the scheduler's preparation, not the other way round
+            with torch.cuda.stream(self.fwd_stream):
+                step()
+            done = torch.cuda.Event()
+            done.record(self.fwd_stream)
+            return out, done
+        self.fwd_stream.submit(step)
+        return out, None
+
+    def result(self, handle) -> torch.Tensor:
+        """A launched step's logits on the CPU, once its forward has run."""
+        out, done = handle
+        if done is not None:
+            done.synchronize()
+        while not out:  # a DeferredStream: run up to this step's forward, not the next one's
+            self.fwd_stream.run_next()
+        return out[0].to("cpu", copy=True)
 
     def forward(self, bs: int) -> None:
         forward_decode(self.model, self.fmt, self.pool, self.req_to_token_pool.req_to_token, self.buf, bs,
@@ -511,12 +595,12 @@ class Scheduler:
 
 @torch.no_grad()
 def run_sglang(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, steps: int,
-               make_coordinator=None, use_graph: bool = True, scheduler=Scheduler) -> SGLangRun:
+               make_coordinator=None, use_graph: bool = True, scheduler=Scheduler, overlap: bool = True) -> SGLangRun:
     """Runs the workload for `steps` decode steps with (make_coordinator(req_to_token_pool, allocator)
     -> HisparsedCoordinator) or without hisparse; every request left at the end is finished. Checks
     that every size is restored: both index spaces, request slots and, with hisparse, the session.
     scheduler: Scheduler, or sglang_mtp_mode.MtpScheduler for speculative decoding."""
-    s = scheduler(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph)
+    s = scheduler(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph, overlap=overlap)
     mode = "hisparse" if s.coord is not None else "baseline"
     before = s.coord.session.stats() if s.coord is not None else None
     logits: Dict[str, List[torch.Tensor]] = {r.rid: [] for r in s.reqs}
@@ -524,6 +608,7 @@ def run_sglang(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: in
     readmit: Dict[int, List[Req]] = {}
     step_ms: List[float] = []
     retracted = aborted = 0
+    pending = None  # overlap: (batch, handle) of the step launched last, not yet committed
     free_min = s.pool.physical_free()
     for step in range(steps):
         for r in [r for r in s.reqs if work.arrival[r.rid] == step] + readmit.pop(step, []):
@@ -540,14 +625,25 @@ def run_sglang(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: in
             else:
                 readmit.setdefault(step + 2, []).append(r)
         if not running:
+            if pending is not None:  # a returning request's prefill needs its committed tokens
+                s.commit(pending[0], s.result(pending[1]), logits, step - 1)
+                pending = None
             continue
         t = time.perf_counter()
-        out = s.decode(running)
+        if s.overlap:  # step N+1 prepared and queued before step N's result is read
+            handle = s.launch(running)
+            if pending is not None:
+                s.commit(pending[0], s.result(pending[1]), logits, step - 1)
+            pending = (list(running), handle)
+        else:
+            out = s.decode(running)
+            s.commit(running, out, logits, step)
         step_ms.append(1e3 * (time.perf_counter() - t))
-        s.commit(running, out, logits, step)
         for r in [r for r in running if r.finished()]:
             s.finish(r)
             running.remove(r)
+    if pending is not None:
+        s.commit(pending[0], s.result(pending[1]), logits, steps)
     for r in running:
         s.finish(r)
     assert not readmit, "a retracted request was never re-admitted"

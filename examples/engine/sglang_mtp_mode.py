@@ -91,10 +91,12 @@ class MtpScheduler(Scheduler):
     """Scheduler with EAGLE rounds of q = draft_tokens + 1 verify tokens (see the module docstring)."""
 
     draft_tokens = 1  # set by make_mtp_scheduler
+    overlap_supported = False  # a verify round's accepted count decides the next round's inputs
 
     def __init__(self, model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, make_coordinator,
-                 use_graph: bool) -> None:
-        super().__init__(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph)
+                 use_graph: bool, overlap: bool = False) -> None:
+        super().__init__(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph,
+                         overlap=False)
         self.q = q = self.draft_tokens + 1
         max_ctx = self.req_to_token_pool.max_context_len
         self.vbuf = VerifyBuffers(model, self.max_bs, q, k, max_ctx)

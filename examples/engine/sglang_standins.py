@@ -371,6 +371,10 @@ class DeferredStream:
         while self._queue:
             self._queue.pop(0)()
 
+    def run_next(self) -> None:
+        """Runs the oldest queued work only (an event recorded after it, waited on)."""
+        self._queue.pop(0)()
+
     def query(self) -> bool:
         return not self._queue
 
