@@ -543,13 +543,15 @@ class Scheduler:
                 step()
             done = torch.cuda.Event()
             done.record(self.fwd_stream)
-            return out, done
+            # locs, rpi_d and seq_d came from the scheduler's stream and are read by the queued
+            # forward: the handle keeps them allocated until result() has waited for it.
+            return out, done, (locs, rpi_d, seq_d)
         self.fwd_stream.submit(step)
-        return out, None
+        return out, None, ()
 
     def result(self, handle) -> torch.Tensor:
         """A launched step's logits on the CPU, once its forward has run."""
-        out, done = handle
+        out, done, _ = handle
         if done is not None:
             done.synchronize()
         while not out:  # a DeferredStream: run up to this step's forward, not the next one's
