@@ -145,6 +145,31 @@ def test_finding5_overlap_waits_for_the_producer_stream(sglang):
     assert engine.checked >= 2 * 6 * LAYERS
 
 
+def test_finding5_admission_and_finish_while_a_forward_is_queued(sglang):
+    """The overlap scheduler also admits (staging, PD direct) and finishes requests while a
+    decode forward is queued: that forward must still append its own step's newest tokens, so
+    the step after it attends them from the host pool."""
+    producer = DeferredStream()
+    engine = sglang(producer=producer)
+    a, b, c = Req("a", 1, 20), Req("b", 2, 27), Req("c", 3, 15)
+    for r in (a, b, c):
+        engine.prefill(r)
+    running = engine.collect()
+    engine.decode(running)  # queued
+    d = Req("d", 4, 18)
+    engine.prefill(d)  # admit_request_into_staging with the forward queued
+    engine.decode(running)  # queued behind it; attends the previous step's newest tokens
+    engine.finish(c)  # request_finished with a forward queued
+    running.remove(c)
+    running += engine.collect()
+    engine.decode(running)
+    producer.synchronize()
+    assert engine.checked > 0
+    for r in running:
+        engine.finish(r)
+    assert engine.coord.session.stats().session_requests == 0
+
+
 def test_finding5_retract_then_abort_releases_the_host_pages(sglang):
     """release_req calls retract_req; a retracted request that is then aborted is never heard of
     again: its host pages must be gone at retraction, not parked."""
