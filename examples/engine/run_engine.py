@@ -240,10 +240,12 @@ def run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, bac
             hs = run_sglang(model, fmt, work, k=args.k, steps=args.steps, make_coordinator=coordinator,
                             use_graph=use_graph, scheduler=scheduler)
             same, total, tokens_same, first = compare(base, hs)
+            gained = hs.free_physical_min > base.free_physical_min
             exact = same == total and tokens_same and first is None
             spec = f", {n} draft tokens (EAGLE verify)" if n else ""
             where = (f"SGLang adapter{spec}, {batch} requests (long {ctx}, short {short} tokens, "
-                     f"{len(work.retract)} retracted and re-admitted), k {args.k}, B {slots}, {fmt.name} records")
+                     f"{hs.retracted} retracted, {hs.aborted} of them aborted, {hs.imported} PD imports), "
+                     f"k {args.k}, B {slots}, {fmt.name} records")
             print(f"exactness: {where}: logits bit-identical in {same}/{total} (request, decode step) rows "
                   f"(torch.equal){'' if first is None else f', first difference at {first}'}; generated tokens "
                   f"identical: {'yes' if tokens_same else 'NO'} -> {'EXACT' if exact else 'MISMATCH'}", flush=True)
@@ -252,8 +254,13 @@ def run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, bac
             print(f"latency: {where}: baseline {pct(base.step_ms, 0.5):.3f} ms/step, hisparse "
                   f"{pct(hs.step_ms, 0.5):.3f} ms/step ({timing}); hit rate {100 * hs.hits / sel if sel else 0:.1f}%, "
                   f"{hs.misses} misses", flush=True)
-            failures += 0 if exact else 1
-            rows.append(dict(adapter="sglang", draft_tokens=n, records=fmt.name, batch=batch, context=ctx, short=short,
+            print(f"capacity: {where}: fewest free physical KV slots baseline {base.free_physical_min}, hisparse "
+                  f"{hs.free_physical_min} -> {'GAINED' if gained else 'NO GAIN'}", flush=True)
+            failures += 0 if exact and gained else 1
+            rows.append(dict(adapter="sglang", draft_tokens=n, capacity_gained=gained,
+                             free_physical_min_baseline=base.free_physical_min,
+                             free_physical_min_hisparse=hs.free_physical_min, aborted=hs.aborted,
+                             imported=hs.imported, records=fmt.name, batch=batch, context=ctx, short=short,
                              k=args.k, slots=slots, steps=args.steps, exact=exact, identical_rows=same, rows=total,
                              tokens_identical=tokens_same, retracted=hs.retracted, hits=hs.hits, misses=hs.misses,
                              graph=hs.used_graph, baseline_ms_p50=pct(base.step_ms, 0.5),

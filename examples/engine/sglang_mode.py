@@ -1,31 +1,27 @@
 """The example engine served the way SGLang serves it: run_engine.py --adapter sglang.
 
 A small continuous-batching scheduler and model runner that drive
-hisparse.integrations.sglang.HisparsedCoordinator through the calls SGLang makes on its
-HiSparseCoordinator (sgl-project/sglang main-line @ 009e640a): the batch-result processor's
-admit_request_into_staging after a prefill and the scheduler's collect_ready_reqs before merging
-into the running batch; ScheduleBatch.prepare_for_decode's map_last_loc_to_buffer and the model
-runner's num_real_reqs; the DSA backend's swap_in_selected_pages per layer of every decode step
-(its page table indexes attention_kv_buffer()); release_req's retract_req, with the request
-re-queued and re-admitted later; request_finished when a request has its tokens. The baseline
-is the same scheduler without a coordinator: SGLang's DSA decode over its full KV pool, the page
-table taken from req_to_token.
+hisparse.integrations.sglang.HisparsedCoordinator through SGLang's own HiSparse mechanisms
+(sgl-project/sglang 009e640a; examples/engine/sglang_standins.py reproduces them): two index
+spaces (req_to_token and the DSA indexer's keys hold logical locations, the KV pool physical
+slots, full_to_hisparse_device_index_mapping between them, every KV write through it); a prefill
+allocates both, a decode token a logical location only, which map_last_loc_to_buffer points at
+the request's reserved slot; collect_ready_reqs' alloc_device_buffer gives the prompt's slots
+back; the model runner calls wait_for_pending_backup before each forward, which runs on a second
+(producer) stream on a GPU, and the DSA backend's page table indexes get_key_buffer(layer), the
+daemon's arena; release_req's retract_req releases, and a retracted request is prefilled again
+when it returns (one is aborted while retracted, never to return); some requests arrive as PD
+decode imports (logical locations only, host slots from mem_pool_host, the transfer's writes
+there, admit_request_direct). The baseline is the same scheduler on SGLang's plain pool (one
+index space, the full KV in HBM), with the same schedule.
 
 The workload mixes long prompts (the context of --configs) and short ones (half of B, so their
 every position stays resident), staggers arrivals, finishes requests at different steps and
 retracts a third of them for two steps in the middle of the run. Both modes run the same
 schedule with the same padded batch shapes, so every real row's logits must be equal bit for bit
-at every decode step (torch.equal), as must every generated token.
-
-The engine objects are small stand-ins, each naming the upstream class it mirrors. The model's
-prefill is token-local and samples nothing (engine.py), so a prefill here writes the KV of every
-position before the request's last output token and the request continues from that token; a
-retraction therefore models SGLang's PD-decode retraction, which keeps the KV
-(Req.offload_kv_cache / load_kv_cache): the baseline offloads and reloads its KV and index keys;
-with hisparse the coordinator parks the request (the host copy stays in the daemon) and the
-engine keeps only the index keys, which hisparse does not hold. The KV locations a re-admitted
-request gets are filled with a poison pattern, so a coordinator that stored them again or read
-SGLang's pool instead of its own would change the logits.
+at every decode step (torch.equal), as must every generated token; every size (both index
+spaces, request slots, the daemon session) must be restored at the end, and the smallest free
+physical capacity seen is reported for both modes (hisparse's is larger by the prompts' slots).
 
 On a GPU the decode forward is one CUDA graph per padded batch size (SGLang's CudaGraphRunner),
 with the coordinator's swap-in inside it; --no-graph runs it eagerly, as on a CPU. With
@@ -42,18 +38,23 @@ import torch
 import torch.nn.functional as F
 
 from engine import RecordFormat, SparseDecoder, _rms, _rope
+from sglang_standins import DeferredStream, HiSparseAllocator, HiSparseDSAPool
 
-POISON = 0x3C  # a finite byte pattern in every record format (bf16 0x3C3C ~ 0.0115)
+LOGICAL_RATIO = 4  # HiSparseTokenToKVPoolAllocator's host_to_device_ratio: logical locations per slot
 
 
 class Req:
     """sglang.srt.managers.schedule_batch.Req (@ 009e640a): rid, origin_input_ids, output_ids,
-    req_pool_idx, sampling_params.max_new_tokens, the hisparse_staging flag the coordinator sets,
-    seqlen, and offload_kv_cache / load_kv_cache (PD decode's retraction keeps the KV on the CPU)."""
+    req_pool_idx, sampling_params.max_new_tokens, kv.kv_allocated_len, kv_committed_len, the
+    hisparse_staging flag the coordinator sets, seqlen."""
 
     class SamplingParams:
         def __init__(self, max_new_tokens: int) -> None:
             self.max_new_tokens = max_new_tokens
+
+    class KvInfo:
+        def __init__(self, kv_allocated_len: int) -> None:
+            self.kv_allocated_len = kv_allocated_len
 
     def __init__(self, rid: str, prompt: List[int], first_token: int, max_new_tokens: int) -> None:
         self.rid = rid
@@ -62,7 +63,8 @@ class Req:
         self.req_pool_idx: Optional[int] = None
         self.sampling_params = Req.SamplingParams(max_new_tokens)
         self.hisparse_staging = False
-        self.kv_cache_cpu = None
+        self.kv: Optional[Req.KvInfo] = None
+        self.kv_committed_len = 0
 
     @property
     def seqlen(self) -> int:
@@ -70,15 +72,6 @@ class Req:
 
     def finished(self) -> bool:
         return len(self.output_ids) >= self.sampling_params.max_new_tokens
-
-    def offload_kv_cache(self, req_to_token_pool, allocator) -> None:
-        locs = req_to_token_pool.req_to_token[self.req_pool_idx, :self.seqlen - 1].long()
-        self.kv_cache_cpu = allocator.get_cpu_copy(locs)
-
-    def load_kv_cache(self, req_to_token_pool, allocator) -> None:
-        locs = req_to_token_pool.req_to_token[self.req_pool_idx, :self.seqlen - 1].long()
-        allocator.load_cpu_copy(self.kv_cache_cpu, locs)
-        self.kv_cache_cpu = None
 
 
 class ReqToTokenPool:
@@ -100,65 +93,104 @@ class ReqToTokenPool:
 
 
 class TokenToKVPool:
-    """sglang.srt.mem_cache.hisparse_memory_pool.HiSparseDSATokenToKVPool and its allocator
-    sglang.srt.mem_cache.allocator.hisparse.HiSparseTokenToKVPoolAllocator (@ 009e640a), in one:
-    layer_num, kv_buffer (one [size, 1, record] tensor a layer: bf16 [.., 576] for bf16 records,
-    uint8 [.., 656] for FlashMLA's fp8 layout), the DSA indexer's key buffer, get_kvcache(),
-    alloc / free / available_size over token locations (location 0 is the padding slot, never
-    handed out), and get_cpu_copy / load_cpu_copy for retraction. keep_kv=False is the pool under
-    a hisparse coordinator: the KV of a retracted request is the coordinator's (parked in the
-    daemon), so only the index keys are copied, and a reload poisons the KV locations."""
+    """SGLang's plain DSA pool and allocator in one (the baseline: the whole KV in HBM, one index
+    space): layer_num, kv_buffer (one [size, 1, record] tensor a layer: bf16 [.., 576] for bf16
+    records, uint8 [.., 656] for FlashMLA's fp8 layout), the DSA indexer's key buffer index_k
+    (by location), alloc_extend / alloc_decode / free / available_size over locations (0 is the
+    padding location, never handed out), write_kv (set_mla_kv_buffer) and get_key_buffer."""
 
-    def __init__(self, model: SparseDecoder, fmt: RecordFormat, size: int, device, keep_kv: bool) -> None:
+    def __init__(self, model: SparseDecoder, fmt: RecordFormat, size: int, device) -> None:
         cfg = model.cfg
         self.layer_num = cfg.n_layers
         self.record_bytes = fmt.record_bytes
-        if fmt.name == "bf16":
-            self.kv_buffer = [torch.zeros(size, 1, cfg.latent, dtype=torch.bfloat16, device=device)
-                              for _ in range(cfg.n_layers)]
-        else:
-            self.kv_buffer = [torch.zeros(size, 1, fmt.record_bytes, dtype=torch.uint8, device=device)
-                              for _ in range(cfg.n_layers)]
+        dtype = torch.bfloat16 if fmt.name == "bf16" else torch.uint8
+        self.kv_buffer = [torch.zeros(size, 1, fmt.record_bytes // torch.empty(0, dtype=dtype).element_size(), dtype=dtype, device=device)
+                          for _ in range(cfg.n_layers)]
         self.index_k = [torch.zeros(size, cfg.idx_dim, dtype=torch.bfloat16, device=device)
                         if cfg.anchor(l) == l else None for l in range(cfg.n_layers)]
-        self.keep_kv = keep_kv
         self.size = size
         self.device = device
         self.free_locs = list(range(1, size))
-
-    def get_kvcache(self) -> "TokenToKVPool":
-        return self
 
     def records(self, layer: int) -> torch.Tensor:
         """Layer `layer` as uint8 [size, record_bytes] (a view)."""
         return self.kv_buffer[layer].view(self.size, -1).view(torch.uint8)
 
-    def alloc(self, n: int) -> torch.Tensor:
+    def alloc_extend(self, n: int) -> torch.Tensor:
         if n > len(self.free_locs):
             raise RuntimeError(f"KV pool out of memory: {n} tokens asked, {len(self.free_locs)} free")
         out, self.free_locs = self.free_locs[:n], self.free_locs[n:]
         return torch.tensor(out, dtype=torch.int64, device=self.device)
 
+    alloc_decode = alloc_extend
+
     def free(self, locs: torch.Tensor) -> None:
         self.free_locs.extend(locs.tolist())
 
-    def available_size(self) -> int:
+    def physical_free(self) -> int:
         return len(self.free_locs)
 
-    def get_cpu_copy(self, locs: torch.Tensor) -> Dict[str, list]:
-        keys = [k[locs].cpu() if k is not None else None for k in self.index_k]
-        kv = [self.records(l)[locs].cpu() for l in range(self.layer_num)] if self.keep_kv else None
-        return {"index_k": keys, "kv": kv}
+    def sizes(self) -> tuple:
+        return (len(self.free_locs),)
 
-    def load_cpu_copy(self, copy: Dict[str, list], locs: torch.Tensor) -> None:
-        for k, saved in zip(self.index_k, copy["index_k"]):
-            if k is not None:
-                k[locs] = saved.to(self.device)
-        for l in range(self.layer_num):
-            if copy["kv"] is not None:
-                self.records(l)[locs] = copy["kv"][l].to(self.device)
-            else:
-                self.records(l)[locs] = POISON
+    def write_kv(self, layer: int, locs: torch.Tensor, records: torch.Tensor) -> None:
+        self.records(layer).index_copy_(0, locs, records)
+
+    def get_key_buffer(self, layer: int) -> torch.Tensor:
+        return self.kv_buffer[layer]
+
+
+class HiSparsePool:
+    """SGLang's pool under --enable-hisparse: HiSparseDSATokenToKVPool (dsa: `size` physical
+    slots) and HiSparseTokenToKVPoolAllocator (allocator: LOGICAL_RATIO x size logical locations,
+    the mapping), from sglang_standins.py, and the indexer's keys by logical location. The
+    coordinator is handed the allocator, as SGLang hands it."""
+
+    def __init__(self, model: SparseDecoder, fmt: RecordFormat, size: int, device) -> None:
+        cfg = model.cfg
+        self.layer_num = cfg.n_layers
+        self.record_bytes = fmt.record_bytes
+        dtype = torch.bfloat16 if fmt.name == "bf16" else torch.uint8
+        self.dsa = HiSparseDSAPool(cfg.n_layers, size, fmt.record_bytes, device, dtype)
+        self.allocator = HiSparseAllocator(self.dsa, size, LOGICAL_RATIO)
+        logical = self.allocator.size_full + 2
+        self.index_k = [torch.zeros(logical, cfg.idx_dim, dtype=torch.bfloat16, device=device)
+                        if cfg.anchor(l) == l else None for l in range(cfg.n_layers)]
+        self.device = device
+
+    def _out(self, locs: Optional[torch.Tensor], n: int) -> torch.Tensor:
+        if locs is None:
+            raise RuntimeError(f"KV pool out of memory: {n} tokens asked")
+        return locs.to(self.device)
+
+    def alloc_extend(self, n: int) -> torch.Tensor:
+        return self._out(self.allocator.alloc_extend(n), n)
+
+    def alloc_decode(self, n: int) -> torch.Tensor:
+        return self._out(self.allocator.alloc_decode(n), n)
+
+    def alloc_logical_only(self, n: int) -> torch.Tensor:
+        return self._out(self.allocator.alloc_logical_only(n), n)
+
+    def free(self, locs: torch.Tensor) -> None:
+        self.allocator.free(locs.to(self.device))
+
+    def free_rejected(self, locs: torch.Tensor) -> None:
+        """Rejected drafts' logical locations: unmapped (their ring slots stay the request's) and freed."""
+        self.allocator.full_to_hisparse_device_index_mapping[locs.to(self.device)] = 0
+        self.allocator.free(locs.to(self.device))
+
+    def physical_free(self) -> int:
+        return self.allocator.hisparse_attn_allocator.available_size()
+
+    def sizes(self) -> tuple:
+        return (self.allocator.logical_attn_allocator.available_size(), self.physical_free())
+
+    def write_kv(self, layer: int, locs: torch.Tensor, records: torch.Tensor) -> None:
+        self.dsa.set_mla_kv_buffer(layer, locs, records)
+
+    def get_key_buffer(self, layer: int) -> torch.Tensor:
+        return self.dsa.get_key_buffer(layer)
 
 
 @dataclasses.dataclass
@@ -170,6 +202,8 @@ class Workload:
     specs: List[tuple]
     arrival: Dict[str, int]
     retract: Dict[str, int]
+    abort: set = dataclasses.field(default_factory=set)  # retracted, then aborted: never back
+    pd: set = dataclasses.field(default_factory=set)  # arrive as PD decode imports (hisparse mode)
 
     def fresh(self) -> List[Req]:
         return [Req(rid, prompt, first, max_new) for rid, prompt, first, max_new in self.specs]
@@ -178,7 +212,8 @@ class Workload:
 def make_workload(vocab: int, *, batch: int, context: int, short: int, steps: int, seed: int) -> Workload:
     """batch requests: even ones long (context - 7 i tokens), odd ones short (`short` tokens);
     the first half arrive at step 0, the rest one every two steps; request i wants
-    steps - arrival - (i % 3) tokens; every third (from the second) is retracted at steps // 3."""
+    steps - arrival - (i % 3) tokens; every third (from the second) is retracted at steps // 3, the
+    first of them aborted while retracted; every fourth (from the fourth) arrives as a PD import."""
     gen = torch.Generator().manual_seed(seed)
     specs, arrival, retract = [], {}, {}
     first_half = (batch + 1) // 2
@@ -192,7 +227,9 @@ def make_workload(vocab: int, *, batch: int, context: int, short: int, steps: in
         arrival[rid] = at
         if i % 3 == 1 and at < steps // 3 and steps // 3 + 2 < steps:
             retract[rid] = steps // 3
-    return Workload(specs, arrival, retract)
+    abort = set(sorted(retract)[:1])
+    pd = {f"r{i}" for i in range(3, batch, 4)}
+    return Workload(specs, arrival, retract, abort, pd)
 
 
 def padded_bs(n: int, max_bs: int) -> int:
@@ -211,6 +248,9 @@ class SGLangRun:
     steps: int
     step_ms: List[float]
     retracted: int
+    aborted: int = 0
+    imported: int = 0
+    free_physical_min: int = 0  # the fewest free physical KV slots seen after a step's admissions
     hits: int = 0
     misses: int = 0
     used_graph: bool = False
@@ -233,10 +273,11 @@ class DecodeBuffers:
 
 
 @torch.no_grad()
-def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool: TokenToKVPool, req_to_token: torch.Tensor,
+def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: torch.Tensor,
                    buf: DecodeBuffers, bs: int, attend) -> None:
     """One decode step of the first bs rows of buf (graph-capturable): per layer, the newest
-    token's record and index key into the pool at out_cache_loc (set_mla_kv_buffer), the DSA
+    token's record and index key into the pool at out_cache_loc (write_kv: set_mla_kv_buffer, through
+    the mapping under hisparse), the DSA
     indexer over the request's keys through req_to_token (top-k positions, -1 past seq_len), then
     attend(layer, positions, bs) -> (page table [bs, k], records uint8 [N, stride]) and sparse MLA
     over the records the table names. Logits into buf.logits[:bs]."""
@@ -247,7 +288,7 @@ def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool: TokenToKVPool,
     h = model.embed[tokens]
     for l, W in enumerate(model.layers):
         x = _rms(h)
-        pool.records(l).index_copy_(0, loc, fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)))
+        pool.write_kv(l, loc, fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)))  # set_mla_kv_buffer
         if c.anchor(l) == l:
             pool.index_k[l].index_copy_(0, loc, model._index_key(W, x))
             keys = pool.index_k[l][req_to_token[rpi].long()]  # [bs, max_ctx, idx_dim]
@@ -269,12 +310,26 @@ def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool: TokenToKVPool,
     buf.logits[:bs].copy_((_rms(h) @ model.lm_head).float())
 
 
+PENDING = -1  # an output token whose forward is still queued (overlap: committed a step later)
+
+
 class Scheduler:
     """SGLang's scheduler, batch-result processor, ScheduleBatch and model runner around one model,
-    with the hisparse coordinator (coord) or without (the full-pool baseline)."""
+    with the hisparse coordinator (coord, over HiSparsePool) or without (the full-pool baseline).
+
+    overlap (SGLang's overlap scheduler): launch(batch) prepares and queues step N+1 while step
+    N's forward is still queued on the forward stream (a CUDA stream, or on a CPU a DeferredStream
+    that runs its work only when synchronized), and step N's result is committed only after that:
+    map_last_loc_to_buffer, admissions, collect_ready_reqs, retractions and finishes all run with
+    a forward queued. Each step's input tokens come from the previous forward on the stream
+    (next_token, by request slot), as SGLang's future token ids do; the output token is PENDING
+    on the host until its commit. Freed KV locations are reused only after the stream drains
+    (release_kv_cache), as SGLang delays frees in overlap mode."""
+
+    overlap_supported = True
 
     def __init__(self, model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, make_coordinator,
-                 use_graph: bool) -> None:
+                 use_graph: bool, overlap: bool = True) -> None:
         self.model, self.fmt, self.work = model, fmt, work
         self.reqs = work.fresh()
         dev = model.device
@@ -283,13 +338,24 @@ class Scheduler:
         max_ctx = max(len(r.origin_input_ids) + r.sampling_params.max_new_tokens for r in self.reqs) + q + 2
         tokens = sum(len(r.origin_input_ids) + r.sampling_params.max_new_tokens + q + 1 for r in self.reqs) + 8
         self.req_to_token_pool = ReqToTokenPool(self.max_bs, max_ctx, dev)
-        self.pool = TokenToKVPool(model, fmt, tokens, dev, keep_kv=make_coordinator is None)
-        self.coord = make_coordinator(self.req_to_token_pool, self.pool) if make_coordinator else None
+        if make_coordinator is None:
+            self.pool = TokenToKVPool(model, fmt, tokens, dev)
+            self.coord = None
+        else:
+            self.pool = HiSparsePool(model, fmt, tokens, dev)
+            self.coord = make_coordinator(self.req_to_token_pool, self.pool.allocator)
         self.buf = DecodeBuffers(model, self.max_bs, k, max_ctx)
         self.use_graph = use_graph and dev.type == "cuda"
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
-        self.records = None  # the coordinator's arena as a torch tensor (attention_kv_buffer)
-        self.sizes = (self.pool.available_size(), len(self.req_to_token_pool.free_slots))
+        # The model runner's forward stream (SGLang's overlap scheduler runs the forward on its own
+        # stream and hands it to the coordinator as the decode producer stream).
+        self.overlap = overlap and self.overlap_supported
+        self.fwd_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else DeferredStream() if self.overlap else None
+        if self.coord is not None and self.fwd_stream is not None:
+            self.coord.set_decode_producer_stream(self.fwd_stream)
+        self.next_token = torch.zeros(self.max_bs, dtype=torch.long, device=dev)
+        self.sizes = (self.pool.sizes(), len(self.req_to_token_pool.free_slots))
+        self.imported = 0
 
     # ---- the attention backends' page tables ----
 
@@ -298,39 +364,71 @@ class Scheduler:
             rpi = self.buf.req_pool_indices[:bs]
             table = self.req_to_token_pool.req_to_token[rpi.unsqueeze(1), positions.clamp(min=0).long()]
             return table, self.pool.records(layer)
+        return self.forward_decode(layer, positions, bs)
+
+    def forward_decode(self, layer: int, positions: torch.Tensor, bs: int):
+        """The DSA backend's forward_decode in upstream's order (dsa_backend.py 614c1581): the
+        device pool's get_key_buffer, which the adapter serves as the daemon's arena to this
+        caller only, then the swap-in whose indices index it."""
+        kv = self.pool.dsa.get_key_buffer(layer)
         table = self.coord.swap_in_selected_pages(self.buf.req_pool_indices[:bs], self.buf.seq_lens[:bs], positions,
                                                   layer)
-        if self.records is None:
-            self.records = torch.as_tensor(self.coord.attention_kv_buffer(layer))
-        return table, self.records
+        return table, kv.view(kv.shape[0], -1)
 
     # ---- lifecycle ----
 
-    def _write_prefill(self, req: Req) -> None:
-        """A prefill of every position before the last output token into fresh locations."""
-        req.req_pool_idx = self.req_to_token_pool.alloc()
+    def _prefill_chunks(self, req: Req, locs: torch.Tensor, write) -> None:
+        """The model's prefill of every position before the last output token: write(layer, chunk
+        positions, records) for the KV, the index keys at the logical locations."""
         n = req.seqlen - 1
-        locs = self.pool.alloc(n)
-        self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = locs.to(torch.int32)
         toks = torch.tensor(req.origin_input_ids + req.output_ids[:-1], device=self.model.device)
         for start in range(0, n, 4096):
             recs, keys = self.model.prefill_chunk(toks[start:start + 4096], start, self.fmt)
             chunk = locs[start:start + 4096]
             for l in range(self.pool.layer_num):
-                self.pool.records(l)[chunk] = recs[l]
+                write(l, start, chunk, recs[l])
                 if self.pool.index_k[l] is not None:
                     self.pool.index_k[l][chunk] = keys[l]
 
-    def admit(self, req: Req, readmit: bool) -> None:
-        if readmit:  # the retracted request's KV comes back (baseline) or stays parked (hisparse)
-            req.req_pool_idx = self.req_to_token_pool.alloc()
-            n = req.seqlen - 1
-            self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = self.pool.alloc(n).to(torch.int32)
-            req.load_kv_cache(self.req_to_token_pool, self.pool)
-        else:
-            self._write_prefill(req)
-        if self.coord is not None:
-            self.coord.admit_request_into_staging(req)  # batch-result processor, after the prefill
+    def _alloc_req(self, req: Req, alloc) -> torch.Tensor:
+        req.req_pool_idx = self.req_to_token_pool.alloc()
+        n = req.seqlen - 1
+        locs = alloc(n)
+        self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = locs.to(torch.int32)
+        req.kv = Req.KvInfo(n)
+        req.kv_committed_len = n
+        return locs
+
+    def admit(self, req: Req) -> bool:
+        """A prefill (first arrival, or again after a retraction) and the batch-result processor's
+        staging call; or, for a PD import under hisparse, the decode node's pre-allocation, the
+        transfer into mem_pool_host and admit_request_direct. True when the request may decode now."""
+        if self.coord is not None and req.rid in self.work.pd and req.kv_committed_len == 0:
+            return self._admit_pd(req)
+        locs = self._alloc_req(req, self.pool.alloc_extend)
+        self._prefill_chunks(req, locs, lambda l, start, chunk, recs: self.pool.write_kv(l, chunk, recs))
+        if self.coord is None:
+            return True
+        self.coord.admit_request_into_staging(req)
+        return False
+
+    def _admit_pd(self, req: Req) -> bool:
+        """disaggregation/decode.py with HiSparse: logical locations only, host slots for the
+        transfer, the transfer's writes (the prefill node's KV, computed here) at those slots."""
+        c = self.coord
+        locs = self._alloc_req(req, self.pool.alloc_logical_only)
+        n = req.seqlen - 1
+        host = c.mem_pool_host.alloc_paged_token_slots(c.req_to_host_pool, c.req_to_host_pool_allocated_len,
+                                                       req.req_pool_idx, 0, c.host_token_len(n))
+        landing = c.mem_pool_host.kv_buffer
+
+        def transfer(l, start, chunk, recs):
+            landing[l][host[start:start + len(chunk)]] = recs.view(torch.uint8).reshape(len(chunk), -1).cpu()
+
+        self._prefill_chunks(req, locs, transfer)
+        c.admit_request_direct(req)
+        self.imported += 1
+        return True
 
     def collect(self) -> List[Req]:
         """Staged requests ready to decode. Both modes must batch the same requests, so the run
@@ -343,17 +441,24 @@ class Scheduler:
         assert not self.coord.has_ongoing_staging()
         return ready
 
+    def drain(self) -> None:
+        """Waits (on the host) for every forward queued on the forward stream."""
+        if self.fwd_stream is not None:
+            self.fwd_stream.synchronize()
+
     def release_kv_cache(self, req: Req) -> None:
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :req.seqlen - 1]
-        self.pool.free(row.long().cpu())
+        if self.overlap:  # a queued forward may still read these locations; SGLang frees after it
+            self.drain()
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :req.kv.kv_allocated_len]
+        self.pool.free(row.long())
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
 
     def retract(self, req: Req) -> None:
-        """release_req of a retracted decode request (PD decode: the KV is offloaded, not dropped)."""
+        """release_req of a retracted decode request: the coordinator's retract_req, the KV freed;
+        the request is prefilled again when it returns."""
         if self.coord is not None:
             self.coord.retract_req(req)
-        req.offload_kv_cache(self.req_to_token_pool, self.pool)
         self.release_kv_cache(req)
 
     def finish(self, req: Req) -> None:
@@ -368,28 +473,108 @@ class Scheduler:
         real rows' logits on the CPU."""
         n, b, dev = len(batch), self.buf, self.model.device
         bs = padded_bs(n, self.max_bs)
-        locs = self.pool.alloc(n)
+        locs = self.pool.alloc_decode(n)  # logical locations only, under hisparse
         rpi = torch.tensor([r.req_pool_idx for r in batch], dtype=torch.int64)
         seq = torch.tensor([r.seqlen for r in batch], dtype=torch.int32)  # after seq_lens += 1
         self.req_to_token_pool.req_to_token[rpi.to(dev), (seq - 1).long().to(dev)] = locs.to(torch.int32)
+        for r in batch:
+            r.kv.kv_allocated_len = r.seqlen
         b.tokens[:n] = torch.tensor([r.output_ids[-1] for r in batch], device=dev)
         b.seq_lens[:n], b.req_pool_indices[:n], b.out_cache_loc[:n] = seq.to(dev), rpi.to(dev), locs
         b.tokens[n:bs], b.seq_lens[n:bs], b.req_pool_indices[n:bs], b.out_cache_loc[n:bs] = 0, 1, 0, 0
         if self.coord is not None:
             self.coord.map_last_loc_to_buffer(b.seq_lens[:n], locs, b.req_pool_indices[:n], seq, rpi)
             self.coord.num_real_reqs.fill_(n)  # the model runner's forward_batch.batch_size
-        self._forward(bs)
+        self._run_forward(bs)
         return b.logits[:n].to("cpu", copy=True)
 
     def commit(self, batch: List[Req], out: torch.Tensor, logits: Dict[str, List[torch.Tensor]], step: int) -> None:
-        """The batch-result processor: each request's logits row kept, its greedy token appended."""
+        """The batch-result processor: each request's logits row kept, its greedy token appended
+        (overlap: written over the oldest PENDING one)."""
         for i, r in enumerate(batch):
             logits[r.rid].append(out[i])
-            r.output_ids.append(int(out[i].argmax()))
+            tok = int(out[i].argmax())
+            if self.overlap:
+                r.output_ids[r.output_ids.index(PENDING)] = tok
+            else:
+                r.output_ids.append(tok)
+                r.kv_committed_len = r.seqlen - 1
+
+    def launch(self, batch: List[Req]):
+        """Overlap: prepare_for_decode on the scheduler (logical locations, map_last_loc_to_buffer)
+        while the previous step's forward may still be queued, then the forward queued on the
+        forward stream: the step's inputs into the static buffers (input tokens from next_token),
+        wait_for_pending_backup, the forward, its logits kept and its tokens into next_token. Each
+        request's output token is PENDING until result() and commit. Returns the handle for result()."""
+        n, b, dev = len(batch), self.buf, self.model.device
+        bs = padded_bs(n, self.max_bs)
+        locs = self.pool.alloc_decode(n)
+        rpi = torch.tensor([r.req_pool_idx for r in batch], dtype=torch.int64)
+        seq = torch.tensor([r.seqlen for r in batch], dtype=torch.int32)  # after seq_lens += 1
+        known = [(r.req_pool_idx, r.output_ids[-1]) for r in batch if r.output_ids[-1] != PENDING]
+        for r in batch:
+            r.kv.kv_allocated_len = r.seqlen
+            r.output_ids.append(PENDING)
+        rpi_d, seq_d = rpi.to(dev), seq.to(dev)
+        if self.coord is not None:  # on the scheduler, with the previous forward still queued
+            self.coord.map_last_loc_to_buffer(seq_d, locs, rpi_d, seq, rpi)
+        out: List[torch.Tensor] = []
+
+        def step() -> None:  # queued on the forward stream
+            self.req_to_token_pool.req_to_token[rpi_d, (seq_d - 1).long()] = locs.to(torch.int32)
+            if known:
+                idx, tok = zip(*known)
+                self.next_token[torch.tensor(idx, device=dev)] = torch.tensor(tok, device=dev)
+            b.tokens[:n] = self.next_token[rpi_d]
+            b.seq_lens[:n], b.req_pool_indices[:n], b.out_cache_loc[:n] = seq_d, rpi_d, locs
+            b.tokens[n:bs], b.seq_lens[n:bs], b.req_pool_indices[n:bs], b.out_cache_loc[n:bs] = 0, 1, 0, 0
+            if self.coord is not None:  # ModelRunner.forward, decode mode
+                self.coord.wait_for_pending_backup()
+                self.coord.num_real_reqs.fill_(n)
+            self._forward(bs)
+            logits = b.logits[:n].clone()
+            self.next_token[rpi_d] = logits.argmax(dim=1)
+            out.append(logits)
+
+        if dev.type == "cuda":
+            main = torch.cuda.current_stream(dev)
+            self.fwd_stream.wait_stream(main)  # the scheduler's preparation, not the other way round
+            with torch.cuda.stream(self.fwd_stream):
+                step()
+            done = torch.cuda.Event()
+            done.record(self.fwd_stream)
+            # locs, rpi_d and seq_d came from the scheduler's stream and are read by the queued
+            # forward: the handle keeps them allocated until result() has waited for it.
+            return out, done, (locs, rpi_d, seq_d)
+        self.fwd_stream.submit(step)
+        return out, None, ()
+
+    def result(self, handle) -> torch.Tensor:
+        """A launched step's logits on the CPU, once its forward has run."""
+        out, done, _ = handle
+        if done is not None:
+            done.synchronize()
+        while not out:  # a DeferredStream: run up to this step's forward, not the next one's
+            self.fwd_stream.run_next()
+        return out[0].to("cpu", copy=True)
 
     def forward(self, bs: int) -> None:
         forward_decode(self.model, self.fmt, self.pool, self.req_to_token_pool.req_to_token, self.buf, bs,
                        self.attend)
+
+    def _run_forward(self, bs: int) -> None:
+        """ModelRunner: wait_for_pending_backup, then the forward on the forward stream; the scheduler's
+        stream waits for it before reading the logits."""
+        if self.coord is not None:
+            self.coord.wait_for_pending_backup()
+        if self.fwd_stream is None:
+            self._forward(bs)
+            return
+        main = torch.cuda.current_stream(self.model.device)
+        self.fwd_stream.wait_stream(main)
+        with torch.cuda.stream(self.fwd_stream):
+            self._forward(bs)
+        main.wait_stream(self.fwd_stream)
 
     def _forward(self, bs: int) -> None:
         if not self.use_graph:
@@ -397,59 +582,78 @@ class Scheduler:
             return
         dev = self.model.device
         if bs not in self.graphs:  # capture on first use: warm up, then record
+            here = torch.cuda.current_stream(dev)
             side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
+            side.wait_stream(here)
             with torch.cuda.stream(side):
                 self.forward(bs)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, stream=side):
                     self.forward(bs)
-            torch.cuda.current_stream(dev).wait_stream(side)
+            here.wait_stream(side)
             self.graphs[bs] = graph
         self.graphs[bs].replay()
 
 
 @torch.no_grad()
 def run_sglang(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, steps: int,
-               make_coordinator=None, use_graph: bool = True, scheduler=Scheduler) -> SGLangRun:
-    """Runs the workload for `steps` decode steps with (make_coordinator(req_to_token_pool, pool) ->
-    HisparsedCoordinator) or without hisparse; every request left at the end is finished. Checks
-    that every size is restored: KV locations, request slots and, with hisparse, the session.
+               make_coordinator=None, use_graph: bool = True, scheduler=Scheduler, overlap: bool = True) -> SGLangRun:
+    """Runs the workload for `steps` decode steps with (make_coordinator(req_to_token_pool, allocator)
+    -> HisparsedCoordinator) or without hisparse; every request left at the end is finished. Checks
+    that every size is restored: both index spaces, request slots and, with hisparse, the session.
     scheduler: Scheduler, or sglang_mtp_mode.MtpScheduler for speculative decoding."""
-    s = scheduler(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph)
+    s = scheduler(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph, overlap=overlap)
     mode = "hisparse" if s.coord is not None else "baseline"
     before = s.coord.session.stats() if s.coord is not None else None
     logits: Dict[str, List[torch.Tensor]] = {r.rid: [] for r in s.reqs}
     running: List[Req] = []
     readmit: Dict[int, List[Req]] = {}
     step_ms: List[float] = []
-    retracted = 0
+    retracted = aborted = 0
+    pending = None  # overlap: (batch, handle) of the step launched last, not yet committed
+    free_min = s.pool.physical_free()
     for step in range(steps):
         for r in [r for r in s.reqs if work.arrival[r.rid] == step] + readmit.pop(step, []):
-            s.admit(r, readmit=r.kv_cache_cpu is not None)
-            if s.coord is None:
+            if s.admit(r):
                 running.append(r)
         running += s.collect()
+        free_min = min(free_min, s.pool.physical_free())
         for r in [r for r in running if work.retract.get(r.rid) == step]:
             s.retract(r)
             running.remove(r)
-            readmit.setdefault(step + 2, []).append(r)
             retracted += 1
+            if r.rid in work.abort:  # aborted while retracted: the coordinator hears nothing more of it
+                aborted += 1
+            else:
+                readmit.setdefault(step + 2, []).append(r)
         if not running:
+            if pending is not None:  # a returning request's prefill needs its committed tokens
+                s.commit(pending[0], s.result(pending[1]), logits, step - 1)
+                pending = None
             continue
         t = time.perf_counter()
-        out = s.decode(running)
+        if s.overlap:  # step N+1 prepared and queued before step N's result is read
+            handle = s.launch(running)
+            if pending is not None:
+                s.commit(pending[0], s.result(pending[1]), logits, step - 1)
+            pending = (list(running), handle)
+        else:
+            out = s.decode(running)
+            s.commit(running, out, logits, step)
         step_ms.append(1e3 * (time.perf_counter() - t))
-        s.commit(running, out, logits, step)
         for r in [r for r in running if r.finished()]:
             s.finish(r)
             running.remove(r)
+    if pending is not None:
+        s.commit(pending[0], s.result(pending[1]), logits, steps)
     for r in running:
         s.finish(r)
     assert not readmit, "a retracted request was never re-admitted"
     result = SGLangRun(mode, logits, {r.rid: list(r.output_ids) for r in s.reqs}, steps, step_ms, retracted,
-                       used_graph=s.use_graph)
-    assert (s.pool.available_size(), len(s.req_to_token_pool.free_slots)) == s.sizes, "KV locations or slots leaked"
+                       aborted=aborted, imported=s.imported, free_physical_min=free_min, used_graph=s.use_graph)
+    if s.fwd_stream is not None:
+        s.fwd_stream.synchronize()
+    assert (s.pool.sizes(), len(s.req_to_token_pool.free_slots)) == s.sizes, "KV locations or slots leaked"
     if s.coord is not None:
         s.coord.session.check_errors()
         after = s.coord.session.stats()

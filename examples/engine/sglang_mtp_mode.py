@@ -4,8 +4,8 @@ sglang_mode.py's scheduler with SGLang's EAGLE/MTP round in place of the plain d
 hisparse.integrations.sglang_mtp.HisparsedMTPCoordinator as SGLang's EAGLE worker drives
 HiSparseMTPCoordinator (sgl-project/sglang PR #37771): each round a request verifies q = n + 1
 tokens (its last output and n drafts from mtp.py's draft head), whose KV locations the scheduler
-allocates at positions seq_len .. seq_len + n (assign_spec_ring_slots_batch); the target-verify
-forward writes their KV, runs the DSA indexer once per query token (top-k positions over
+allocates (logical locations only) at positions seq_len .. seq_len + n and points at ring slots
+(assign_spec_ring_slots_batch); the target-verify forward writes their KV through the mapping, runs the DSA indexer once per query token (top-k positions over
 [0, P_t + 1), given to the backend as the fused top-k's logical KV ids) and calls
 swap_in_verify_pages per layer; then a seeded random count a in [1, q] is accepted (the same in
 both modes), the rejected drafts' locations are freed and backup_committed_tokens runs. The
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from engine import RecordFormat, SparseDecoder, _rms, _rope
 from mtp import DraftHead
 from sglang_mode import Req, Scheduler, Workload, padded_bs
+from sglang_standins import ForwardBatch, ForwardMode
 
 
 class VerifyBuffers:
@@ -60,7 +61,7 @@ def forward_verify(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: 
     h = model.embed[tokens.reshape(-1)]
     for l, W in enumerate(model.layers):
         x = _rms(h)
-        pool.records(l).index_copy_(0, loc, fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)))
+        pool.write_kv(l, loc, fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)))  # through the mapping
         if c.anchor(l) == l:
             pool.index_k[l].index_copy_(0, loc, model._index_key(W, x))
             keys = pool.index_k[l][row_locs]  # [bs, max_ctx, idx_dim]
@@ -90,10 +91,12 @@ class MtpScheduler(Scheduler):
     """Scheduler with EAGLE rounds of q = draft_tokens + 1 verify tokens (see the module docstring)."""
 
     draft_tokens = 1  # set by make_mtp_scheduler
+    overlap_supported = False  # a verify round's accepted count decides the next round's inputs
 
     def __init__(self, model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, make_coordinator,
-                 use_graph: bool) -> None:
-        super().__init__(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph)
+                 use_graph: bool, overlap: bool = False) -> None:
+        super().__init__(model, fmt, work, k=k, make_coordinator=make_coordinator, use_graph=use_graph,
+                         overlap=False)
         self.q = q = self.draft_tokens + 1
         max_ctx = self.req_to_token_pool.max_context_len
         self.vbuf = VerifyBuffers(model, self.max_bs, q, k, max_ctx)
@@ -105,30 +108,39 @@ class MtpScheduler(Scheduler):
     def attend(self, layer: int, ids: torch.Tensor, bs: int):
         if self.coord is None:  # the full pool: the logical ids are the locations
             return ids, self.pool.records(layer)
-        table = self.coord.swap_in_verify_pages(self.vbuf.req_pool_indices[:bs], self.vbuf.seq_lens[:bs], ids, layer,
+        forward_batch = ForwardBatch(ForwardMode.TARGET_VERIFY, self.vbuf.req_pool_indices[:bs],
+                                     self.vbuf.seq_lens[:bs], None)
+        return self.forward_extend(layer, ids, forward_batch)
+
+    def forward_extend(self, layer: int, ids: torch.Tensor, forward_batch: ForwardBatch):
+        """The DSA backend's forward_extend in TARGET_VERIFY mode (the MTP coordinator serves the
+        arena to it; the verify swap-in's call site is assumed from PR #37771): the device pool's
+        get_key_buffer, then the verify swap-in whose indices index it."""
+        kv = self.pool.dsa.get_key_buffer(layer)
+        table = self.coord.swap_in_verify_pages(forward_batch.req_pool_indices, forward_batch.seq_lens, ids, layer,
                                                 self.q)
-        if self.records is None:
-            self.records = torch.as_tensor(self.coord.attention_kv_buffer(layer))
-        return table, self.records
+        return table, kv.view(kv.shape[0], -1)
 
     def decode(self, batch: List[Req]) -> tuple:
         """prepare_for_verify + the verify forward; returns (logits [n, q, vocab], tokens [n, q]) on the CPU."""
         n, q, b, dev = len(batch), self.q, self.vbuf, self.model.device
         bs = padded_bs(n, self.max_bs)
         starts = [r.seqlen - 1 for r in batch]  # committed KV; the verify tokens follow
-        locs = self.pool.alloc(n * q)
+        locs = self.pool.alloc_decode(n * q)  # logical locations only, under hisparse
         rpi = torch.tensor([r.req_pool_idx for r in batch], dtype=torch.int64)
         cols = torch.tensor(starts, dtype=torch.int64).unsqueeze(1) + torch.arange(q)
         self.req_to_token_pool.req_to_token[rpi.to(dev).unsqueeze(1), cols.to(dev)] = locs.view(n, q).to(torch.int32)
         b.tokens[:n, 0] = torch.tensor([r.output_ids[-1] for r in batch], device=dev)
         b.seq_lens[:n] = torch.tensor(starts, dtype=torch.int32, device=dev)
         b.req_pool_indices[:n], b.out_cache_loc[:n * q] = rpi.to(dev), locs
+        for r, start in zip(batch, starts):
+            r.kv.kv_allocated_len = start + q
         b.tokens[n:bs], b.seq_lens[n:bs], b.req_pool_indices[n:bs], b.out_cache_loc[n * q:bs * q] = 0, 1, 0, 0
         if self.coord is not None:
             self.coord.assign_spec_ring_slots_batch(batch, starts, [s + q for s in starts])
             self.coord.wait_admission_staging_before_verify(batch)
             self.coord.num_real_reqs.fill_(n)
-        self._forward(bs)
+        self._run_forward(bs)
         return b.logits[:n].to("cpu", copy=True), b.tokens[:n].to("cpu", copy=True)
 
     def forward(self, bs: int) -> None:
@@ -146,7 +158,11 @@ class MtpScheduler(Scheduler):
             self.rounds[r.rid] += 1
             start = r.seqlen - 1
             rejected = r2t[r.req_pool_idx, start + a:start + self.q]
-            self.pool.free(rejected.long().cpu())
+            if self.coord is None:
+                self.pool.free(rejected.long())
+            else:
+                self.pool.free_rejected(rejected.long())
+            r.kv.kv_allocated_len = start + a
             rejected.zero_()
             r.output_ids += tokens[i, 1:a].tolist() + [int(rows[i, a - 1].argmax())]
             r.kv_committed_len = start + a

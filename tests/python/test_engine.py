@@ -129,8 +129,10 @@ def test_run_engine_smoke(daemon, tmp_path):
 def run_sglang_mode(daemon, tmp_path, extra):
     """run_engine.py --adapter sglang: HisparsedCoordinator driven as SGLang's scheduler and model
     runner drive HiSparseCoordinator (examples/engine/sglang_mode.py) over a mix of long and short
-    requests with staggered arrivals, early finishes and a retraction + re-admission; every
-    (request, decode step) row's logits equal SGLang's full-pool decode bit for bit."""
+    requests with staggered arrivals, early finishes, retractions (one re-admitted by a fresh
+    prefill, one aborted while retracted) and a PD import, through SGLang's two index spaces
+    (examples/engine/sglang_standins.py); every (request, decode step) row's logits equal SGLang's
+    full-pool decode bit for bit, and the fewest free physical KV slots is larger with hisparse."""
     run_engine = pytest.importorskip("run_engine")
     out = tmp_path / "rows.json"
     rc = run_engine.main(["--adapter", "sglang", "--model", "small", "--daemon", daemon.address, "--json", str(out)]
@@ -140,7 +142,8 @@ def run_sglang_mode(daemon, tmp_path, extra):
     assert rows and all(r["adapter"] == "sglang" and r["exact"] for r in rows), rows
     assert rc == 0
     for r in rows:
-        assert r["rows"] > r["steps"] and r["retracted"] >= 1 and r["hits"] > 0 and r["misses"] > 0, r
+        assert r["rows"] > r["steps"] and r["retracted"] >= 2 and r["hits"] > 0 and r["misses"] > 0, r
+        assert r["aborted"] == 1 and r["imported"] >= 1 and r["capacity_gained"], r
     return rows
 
 

@@ -3,7 +3,7 @@
 coordinators agree on a daemon group name over the tp_group, admit every request for the group
 (one set of host pages, not one per rank), collect in lockstep (collect_ready_reqs' MIN
 all-reduce) and each rank's swap-ins return its own rows' records byte for byte (the stand-ins
-and checks of test_sglang_adapter.py). Every size is restored at the end."""
+and checks of examples/engine/sglang_standins.py). Every size is restored at the end."""
 
 from __future__ import annotations
 
@@ -15,9 +15,29 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from test_sglang_adapter import Engine, Req  # noqa: E402
+from hisparse.integrations.sglang import HisparsedCoordinator  # noqa: E402
+from sglang_standins import Engine as _Engine  # noqa: E402
+from sglang_standins import HiSparseAllocator, HiSparseDSAPool, ReqToTokenPool, Req  # noqa: E402
 
-SELECTIONS = [[0, 1, 2, 3], [5, 6, 7, 8]]
+LAYERS, RECORD, K, B, PHYSICAL = 2, 64, 4, 8, 256
+
+
+def _select(req, seq_len: int, layer: int) -> list:
+    return sorted({0, 1, seq_len // 2, seq_len - 1})[:K]
+
+
+def Engine(address, tp_group=None) -> _Engine:
+    pool = HiSparseDSAPool(LAYERS, PHYSICAL, RECORD)
+    alloc = HiSparseAllocator(pool, PHYSICAL)
+    r2t = ReqToTokenPool(4, 128)
+    coord = HisparsedCoordinator(r2t, alloc, K, B, "cpu", tp_group, daemon=address, backend="host")
+    return _Engine(coord, alloc, r2t, K, _select)
+
+
+def _sizes_restored(eng: _Engine) -> None:
+    assert eng.alloc.hisparse_attn_allocator.available_size() == PHYSICAL
+    assert eng.alloc.logical_attn_allocator.available_size() == eng.alloc.size_full
+    assert len(eng.r2t.free_slots) == eng.r2t.req_to_token.shape[0]
 
 
 def _requests():
@@ -36,11 +56,12 @@ def _rank_main(rank: int, world: int, init_file: str, address: str, out) -> None
         admitted = eng.coord.session.stats().pool_used_bytes
         dist.barrier()
         for _ in range(3):
-            eng.decode(reqs, SELECTIONS)
+            eng.decode(reqs)
         for r in reqs:
             eng.finish(r)
         dist.barrier()  # every rank has released its share
         st = eng.coord.session.stats()
+        _sizes_restored(eng)
         eng.coord.destroy()
         out.put((rank, "ok", admitted, st.pool_used_bytes, eng.coord.session.group))
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -61,7 +82,7 @@ def test_a_tp_group_holds_one_copy_and_every_rank_reads_its_records(daemon, tmp_
     assert one_copy > 0
     for r in reqs:
         solo.finish(r)
-    solo.assert_sizes_restored()
+    _sizes_restored(solo)
     solo.coord.destroy()
 
     ctx = mp.get_context("spawn")

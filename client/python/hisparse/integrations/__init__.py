@@ -1,8 +1,9 @@
 """Drop-in adapters that let an LLM engine's own sparse-attention hooks drive a hisparse Session.
 
-- ``hisparse.integrations.sglang.HisparsedCoordinator``: SGLang's ``HiSparseCoordinator`` (method
-  names and call contracts of ``python/sglang/srt/managers/hisparse_coordinator.py``), backed by
-  hisparsed. docs/INTEGRATION.md ("SGLang adapter") lists the edits an SGLang checkout needs.
+- ``hisparse.integrations.sglang.HisparsedCoordinator``: SGLang's ``HiSparseCoordinator``
+  (``python/sglang/srt/managers/hisparse_coordinator.py``), with its side effects on SGLang's
+  allocator, pools and streams, backed by hisparsed; ``sglang_plugin`` installs it through SGLang's
+  ``sglang.srt.plugins`` entry point, behind a version guard. docs/INTEGRATION.md ("SGLang").
 - ``hisparse.integrations.vllm``: vLLM's HiSparse per-step runtime (``HisparsedRuntime``,
   ``HisparsedCacheHandle``) and a ``KVConnectorBase_V1`` connector (``HisparsedConnector``)
   carrying the request lifecycle. docs/INTEGRATION.md ("vLLM adapter") lists the edits.

@@ -11,11 +11,13 @@ pool after verification, and resolves the N lists of a request with a multi-step
 has each of these in the Session:
 
 - the N verify tokens of a request (positions seq_len .. seq_len + N - 1: the token verified last
-  round and its drafts, whose KV the verify forward wrote at req_to_token[req_pool_idx, those
-  positions]) are appended per layer with ``append(..., token_counts=N)``: into the row's tail
-  slots B..B+N-1 and the host pool at once. So there is no ring and no committed-token backup:
-  an accepted token is in the host pool from its verify on, and a rejected one is rewritten by the
-  next round's append at the same position (resolve.h, rule 8, "Rejected drafts");
+  round and its drafts) get their physical slots as upstream's do: assign_spec_ring_slots_batch
+  points their logical locations at slots of the request's ring (kept by alloc_device_buffer
+  beside its decode page), so the verify forward's KV writes land there; per layer they are then
+  appended with ``append(..., token_counts=N)`` into the row's tail slots B..B+N-1 and the host
+  pool at once. So there is no committed-token backup: an accepted token is in the host pool
+  from its verify on, and a rejected one is rewritten by the next round's append at the same
+  position (resolve.h, rule 8, "Rejected drafts");
 - RESOLVE's multi-query form (``query_counts = N``, positions [bs, N, k]; rule 8) makes the union
   of the N lists resident at once in LRU order and writes one page table [bs, N, k], returned as
   upstream's [bs * N, top_k] indices into ``attention_kv_buffer()``;
@@ -45,7 +47,8 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
     """SGLang's HiSparseMTPCoordinator over a hisparse Session (see the module docstring).
 
     The arguments are upstream's; num_draft_tokens is N, the verify tokens per request (1..8);
-    spec_ring_capacity is accepted and unused (the tail slots replace the ring). B must hold the
+    spec_ring_capacity sizes the per-request ring of physical slots the verify tokens' KV is
+    written to (at least 2 N, whole pages). B must hold the
     union of a request's N selections (N * top_k never fails; rule 8c refuses a larger union)."""
 
     def __init__(self, req_to_token_pool: Any, token_to_kv_pool_allocator: Any, top_k: int,
@@ -59,6 +62,9 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
                          draft_tokens=num_draft_tokens - 1, tp_group_name=tp_group_name)
         self.num_draft_tokens = num_draft_tokens
         self.spec_ring_capacity = spec_ring_capacity
+        # Physical slots of a request's speculative ring: at least two rounds, whole pages.
+        ring = max(int(spec_ring_capacity), 2 * num_draft_tokens)
+        self.ring_slots = -(-ring // self.page_size) * self.page_size
         R, Q, k, dev = self.num_reqs, num_draft_tokens, top_k, self._data_dev
         r2t = req_to_token_pool.req_to_token
         mapping = getattr(self.allocator, "full_to_hisparse_device_index_mapping", None)
@@ -83,24 +89,43 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
         locs = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].to(self._data_dev, torch.int64)
         self.token_position[locs] = torch.arange(start, end, dtype=torch.int32, device=self._data_dev)
 
+    def _buffer_slots(self) -> int:
+        """A ready request keeps its decode page and its speculative ring."""
+        return super()._buffer_slots() + self.ring_slots
+
     def assign_spec_ring_slots(self, req: Any, start: int, end: int) -> None:
-        """Upstream points draft positions [start, end) at ring slots; here the verify's append puts
-        them in tail slots, and registering their ids is all that is left."""
-        self.register_token_positions(req, start, end)
+        """assign_spec_ring_slots_batch of one request."""
+        self.assign_spec_ring_slots_batch([req], [start], [end])
 
     def assign_spec_ring_slots_batch(self, reqs: List[Any], starts: List[int], ends: List[int]) -> None:
-        """assign_spec_ring_slots of every request, in one scatter."""
-        idx, pos = [], []
+        """Upstream's side effect (hisparse_coordinator.py, HiSparseMTPCoordinator): the logical
+        location of each speculative position p in [start, end) is pointed at ring slot
+        p % ring_slots of its request, so the verify forward's KV writes (through the mapping) land
+        there, where swap_in_verify_pages appends them from. Also registers their positions. Waits
+        for the producer stream first: its queued verify may still read the previous round's slots."""
+        idx, pos, ring = [], [], []
         for req, start, end in zip(reqs, starts, ends):
-            idx += [req.req_pool_idx] * max(0, end - start)
-            pos += list(range(start, end))
+            if end - start > self.ring_slots:
+                raise InvalidArgument(f"request {req.rid!r}: {end - start} speculative positions; the ring holds "
+                                      f"{self.ring_slots}")
+            buf = self._entry(req).buffer
+            if buf is None:
+                raise FailedPrecondition(f"request {req.rid!r} has no device buffer (not ready)")
+            base = self.page_size
+            for p in range(start, end):
+                idx.append(req.req_pool_idx)
+                pos.append(p)
+                ring.append(buf[base + p % self.ring_slots])
         if not pos:
             return
+        self._wait_for_producer()
         r2t = self.req_to_token_pool.req_to_token
         rows = torch.tensor(idx, dtype=torch.int64, device=r2t.device)
         cols = torch.tensor(pos, dtype=torch.int64, device=r2t.device)
-        locs = r2t[rows, cols].to(self._data_dev, torch.int64)
-        self.token_position[locs] = cols.to(self._data_dev, torch.int32)
+        locs = r2t[rows, cols].to(torch.int64)
+        mapping = self._mapping
+        mapping[locs.to(mapping.device)] = torch.stack(ring).to(mapping.device, torch.int64)
+        self.token_position[locs.to(self._data_dev)] = cols.to(self._data_dev, torch.int32)
 
     def _clear_positions(self, req: Any) -> None:
         if req.req_pool_idx is None:
@@ -161,6 +186,18 @@ class HisparsedMTPCoordinator(HisparsedCoordinator):
                 stream.wait_event(event)
 
     # ---- verify data path (graph-safe) ----
+
+    def _reads_arena(self, caller: Any) -> bool:
+        """Also target verify's forward_extend, which attends at swap_in_verify_pages' indices
+        (assumed from the coordinator's API, PR #37771; its call site was not read). Keyed on the
+        caller's forward_batch.forward_mode; draft extend and prefill read the pool."""
+        if super()._reads_arena(caller):
+            return True
+        if caller.f_code.co_name != "forward_extend":
+            return False
+        fb = caller.f_locals.get("forward_batch")
+        mode = getattr(fb, "forward_mode", None)
+        return bool(mode is not None and mode.is_target_verify())
 
     def swap_in_selected_pages(self, req_pool_indices, compressed_seq_lens, top_k_result, layer_id):
         raise FailedPrecondition("position-based swap-in cannot run in MTP mode: call swap_in_verify_pages")
