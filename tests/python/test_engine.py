@@ -126,7 +126,7 @@ def test_run_engine_smoke(daemon, tmp_path):
     assert [r["slots"] for r in rows] == [32, 64]
 
 
-def run_sglang_mode(daemon, tmp_path, extra):
+def run_sglang_mode(daemon, tmp_path, extra, min_retracted=2):
     """run_engine.py --adapter sglang: HisparsedCoordinator driven as SGLang's scheduler and model
     runner drive HiSparseCoordinator (examples/engine/sglang_mode.py) over a mix of long and short
     requests with staggered arrivals, early finishes, retractions (one re-admitted by a fresh
@@ -142,7 +142,7 @@ def run_sglang_mode(daemon, tmp_path, extra):
     assert rows and all(r["adapter"] == "sglang" and r["exact"] for r in rows), rows
     assert rc == 0
     for r in rows:
-        assert r["rows"] > r["steps"] and r["retracted"] >= 2 and r["hits"] > 0 and r["misses"] > 0, r
+        assert r["rows"] > r["steps"] and r["retracted"] >= min_retracted and r["hits"] > 0 and r["misses"] > 0, r
         assert r["aborted"] == 1 and r["imported"] >= 1 and r["capacity_gained"], r
     return rows
 
@@ -172,7 +172,10 @@ def test_sglang_adapter_mode_speculative_exact_on_the_host_backend(daemon, tmp_p
 
 @pytest.mark.parametrize("graph", [True, False])
 def test_sglang_adapter_mode_speculative_exact_on_a_gpu(daemon, gpu, tmp_path, graph):
+    # With 3 drafts a round accepts up to 4 tokens, so the workload's second retraction (request 4,
+    # at round 10) can find it finished: on the H200 one retraction happened (2026-12-03). The
+    # re-admission after a retraction is held by the host-backend test above.
     rows = run_sglang_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "30",
                                               "--slots-factor", "0", "--draft-tokens", "1,3", "--records", "bf16,fp8"]
-                           + ([] if graph else ["--no-graph"]))
+                           + ([] if graph else ["--no-graph"]), min_retracted=1)
     assert all(r["graph"] == graph for r in rows)
