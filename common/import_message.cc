@@ -12,23 +12,23 @@ namespace {
 constexpr char kWriteMagic[4] = {'H', 'S', 'I', 'W'};
 constexpr char kReplyMagic[4] = {'H', 'S', 'I', 'R'};
 
-void PutU32(std::string* out, uint32_t v) {
+void PutLe32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
-void PutU64(std::string* out, uint64_t v) {
+void PutLe64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
-uint32_t GetU32(const char* p) {
+uint32_t GetLe32(const char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<uint8_t>(p[i])} << (8 * i);
   return v;
 }
-uint64_t GetU64(const char* p) {
+uint64_t GetLe64(const char* p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
   return v;
 }
-bool IsLowerHex(std::string_view s) {
+bool IsGrantIdHex(std::string_view s) {
   for (char c : s) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
@@ -48,11 +48,11 @@ std::string EncodeImportWrite(const ImportWrite& w) {
   std::string id = w.grant_id.substr(0, kImportGrantIdChars);
   id.resize(kImportGrantIdChars, '\0');  // a short id encodes, and decodes as malformed
   out += id;
-  PutU64(&out, w.seq);
-  PutU32(&out, w.layer);
-  PutU32(&out, w.first);
-  PutU32(&out, w.count);
-  PutU32(&out, w.record_bytes);
+  PutLe64(&out, w.seq);
+  PutLe32(&out, w.layer);
+  PutLe32(&out, w.first);
+  PutLe32(&out, w.count);
+  PutLe32(&out, w.record_bytes);
   return out;
 }
 
@@ -67,13 +67,13 @@ absl::StatusOr<ImportWrite> DecodeImportWrite(std::string_view header) {
   const char* p = header.data() + sizeof(kWriteMagic);
   ImportWrite w;
   w.grant_id.assign(p, kImportGrantIdChars);
-  if (!IsLowerHex(w.grant_id)) return absl::InvalidArgumentError("the grant id is not 32 lowercase hex digits");
+  if (!IsGrantIdHex(w.grant_id)) return absl::InvalidArgumentError("the grant id is not 32 lowercase hex digits");
   p += kImportGrantIdChars;
-  w.seq = GetU64(p);
-  w.layer = GetU32(p + 8);
-  w.first = GetU32(p + 12);
-  w.count = GetU32(p + 16);
-  w.record_bytes = GetU32(p + 20);
+  w.seq = GetLe64(p);
+  w.layer = GetLe32(p + 8);
+  w.first = GetLe32(p + 12);
+  w.count = GetLe32(p + 16);
+  w.record_bytes = GetLe32(p + 20);
   return w;
 }
 
@@ -97,8 +97,8 @@ const char* ImportCodeName(ImportCode code) {
 
 std::string EncodeImportReply(const ImportReply& r) {
   std::string out(kReplyMagic, sizeof(kReplyMagic));
-  PutU64(&out, r.seq);
-  PutU32(&out, static_cast<uint32_t>(r.code));
+  PutLe64(&out, r.seq);
+  PutLe32(&out, static_cast<uint32_t>(r.code));
   return out;
 }
 
@@ -111,8 +111,8 @@ absl::StatusOr<ImportReply> DecodeImportReply(std::string_view bytes) {
     return absl::InvalidArgumentError("not an import reply (bad magic)");
   }
   ImportReply r;
-  r.seq = GetU64(bytes.data() + 4);
-  const uint32_t code = GetU32(bytes.data() + 12);
+  r.seq = GetLe64(bytes.data() + 4);
+  const uint32_t code = GetLe32(bytes.data() + 12);
   if (code > static_cast<uint32_t>(ImportCode::kNotEager)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown import reply code ", code));
   }
