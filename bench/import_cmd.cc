@@ -11,8 +11,15 @@
 //     Engine and agent in one process: opens a session (starting its own hisparsed without
 //     --daemon), admits the requests as imports, writes, commits, awaits the commits and checks
 //     every record through hs_record_ptr. --smoke: --self at tiny sizes (ctest).
-// Both report JSON: bytes put, put seconds and GB/s (first put to flush complete), and the same
-// bytes copied with memcpy into local memory, page chunk by page chunk.
+// Both report JSON: bytes written, seconds and GB/s (first write sent to last answer received),
+// and the same bytes copied with memcpy into local memory, page chunk by page chunk.
+//   hisparse-bench import --daemon ADDRESS --grant FILE --attack KIND [--addr A --bytes N] [--tls T]
+//     The misuse tests' tool: one write the daemon must refuse, its answer printed as
+//     {"attack": KIND, "code": CODE}. KIND: unknown-grant (a grant id never issued), layer (one past
+//     the grant's layers), position (past its positions), size (a record size not the grant's),
+//     rndv (a rendezvous message), write (one valid record: refused after expiry or commit), or
+//     forged-put (a UCX RMA put of --bytes at daemon address --addr, with a key of this process's
+//     own memory; prints {"attack": "forged-put", "ucx": STATUS}).
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -31,6 +38,7 @@
 #include "bench_cmd.h"
 #include "hisparse/common/daemon_process.h"
 #include "hisparse/common/import_pattern.h"
+#include "hisparse/common/secret.h"
 #include "hisparse/hisparse.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
 #include "import_writer.h"
@@ -39,7 +47,8 @@ namespace hisparse::bench {
 namespace {
 
 struct Config {
-  std::string daemon, tls;
+  std::string daemon, tls, attack;
+  uint64_t addr = 0, bytes = 0;
   std::vector<std::string> grants;
   uint64_t seed = 1;
   bool hold = false, commit = true, self = false;
@@ -51,7 +60,9 @@ int Usage() {
                "usage: hisparse-bench import --daemon ADDRESS --grant FILE... [--seed N] [--tls T] [--hold] "
                "[--no-commit]\n"
                "       hisparse-bench import --self|--smoke [--daemon ADDRESS] [--requests N] [--layers N] "
-               "[--tokens N] [--record-bytes N] [--seed N] [--tls T]\n");
+               "[--tokens N] [--record-bytes N] [--seed N] [--tls T]\n"
+               "       hisparse-bench import --daemon ADDRESS --grant FILE --attack "
+               "unknown-grant|layer|position|size|rndv|write|forged-put [--addr A --bytes N] [--tls T]\n");
   return 2;
 }
 
@@ -74,6 +85,12 @@ int ParseFlags(int argc, char** argv, Config* c) {
         c->daemon = value;
       } else if (name == "--tls") {
         c->tls = value;
+      } else if (name == "--attack") {
+        c->attack = value;
+      } else if (name == "--addr") {
+        ok = absl::SimpleHexAtoi(value, &c->addr) || absl::SimpleAtoi(value, &c->addr);
+      } else if (name == "--bytes") {
+        ok = absl::SimpleAtoi(value, &c->bytes);
       } else if (name == "--grant") {
         c->grants.push_back(value);
       } else if (name == "--seed") {
@@ -129,6 +146,7 @@ absl::Status Commit(const std::string& daemon, const v1::ImportGrant& grant) {
 struct Figures {
   uint64_t bytes = 0;
   double put_s = 0, memcpy_s = 0;
+  std::string transports;
 };
 
 // Writes every grant (pattern `seed`), flushes, and times it against memcpy of the same bytes.
@@ -143,27 +161,71 @@ absl::StatusOr<Figures> WriteAll(const Config& c, const std::vector<v1::ImportGr
   for (size_t i = 0; i < grants.size(); ++i) f.memcpy_s += MemcpyLikeImport(grants[i], records[i]);
   auto writer = ImportWriter::Connect(grants[0].worker_address(), c.tls);
   if (!writer.ok()) return writer.status();
+  f.transports = (*writer)->transports();
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < grants.size(); ++i) {
     if (grants[i].worker_address() != grants[0].worker_address()) {
       return absl::InvalidArgumentError("the grants name different daemons");
     }
-    if (absl::Status st = (*writer)->Put(grants[i], records[i]); !st.ok()) return st;
+    if (absl::Status st = (*writer)->Write(grants[i], records[i]); !st.ok()) return st;
   }
-  if (absl::Status st = (*writer)->Flush(); !st.ok()) return st;
   f.put_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return f;
 }
 
 void Report(const Config& c, const Figures& f, const char* mode) {
+  (void)c;
   std::printf(
-      "{\"mode\": \"%s\", \"tls\": \"%s\", \"bytes\": %llu, \"put_seconds\": %.6f, \"put_gbps\": %.3f, "
-      "\"memcpy_seconds\": %.6f, \"memcpy_gbps\": %.3f}\n",
-      mode, c.tls.empty() ? "default" : c.tls.c_str(), static_cast<unsigned long long>(f.bytes), f.put_s,
+      "{\"mode\": \"%s\", \"tls\": \"%s\", \"uid\": %u, \"bytes\": %llu, \"import_seconds\": %.6f, "
+      "\"import_gbps\": %.3f, \"memcpy_seconds\": %.6f, \"memcpy_gbps\": %.3f}\n",
+      mode, f.transports.c_str(), static_cast<unsigned>(::geteuid()), static_cast<unsigned long long>(f.bytes), f.put_s,
       f.put_s > 0 ? f.bytes / f.put_s / 1e9 : 0.0, f.memcpy_s, f.memcpy_s > 0 ? f.bytes / f.memcpy_s / 1e9 : 0.0);
 }
 
+// --attack: one write (or put) the daemon must refuse; prints what it answered.
+int AttackMain(const Config& c) {
+  auto grant = ReadGrant(c.grants[0]);
+  if (!grant.ok()) {
+    std::fprintf(stderr, "hisparse-bench import: %s\n", grant.status().ToString().c_str());
+    return 1;
+  }
+  auto writer = ImportWriter::Connect(grant->worker_address(), c.tls);
+  if (!writer.ok()) {
+    std::fprintf(stderr, "hisparse-bench import: %s\n", writer.status().ToString().c_str());
+    return 1;
+  }
+  if (c.attack == "forged-put") {
+    const absl::Status st = (*writer)->ForgedPut(c.addr, c.bytes == 0 ? 64 : c.bytes);
+    std::printf("{\"attack\": \"forged-put\", \"ucx\": \"%s\"}\n", st.ok() ? "completed" : st.ToString().c_str());
+    return 0;
+  }
+  ImportWrite w{grant->grant_id(), 7, 0, 0, 1, grant->record_bytes()};
+  bool rndv = false;
+  if (c.attack == "unknown-grant") {
+    w.grant_id = NewSecret128();
+  } else if (c.attack == "layer") {
+    w.layer = grant->num_layers();
+  } else if (c.attack == "position") {
+    w.first = grant->capacity_tokens() - 1, w.count = 2;
+  } else if (c.attack == "size") {
+    w.record_bytes += 8;
+  } else if (c.attack == "rndv") {
+    rndv = true;
+  } else if (c.attack != "write") {
+    return Usage();
+  }
+  std::vector<uint8_t> payload(uint64_t{w.count} * w.record_bytes, 0xEE);
+  absl::StatusOr<ImportCode> code = (*writer)->SendOne(w, payload.data(), payload.size(), rndv);
+  if (!code.ok()) {
+    std::fprintf(stderr, "hisparse-bench import: %s\n", code.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("{\"attack\": \"%s\", \"code\": \"%s\"}\n", c.attack.c_str(), ImportCodeName(*code));
+  return 0;
+}
+
 int AgentMain(const Config& c) {
+  if (!c.attack.empty()) return AttackMain(c);
   std::vector<v1::ImportGrant> grants;
   for (const std::string& path : c.grants) {
     auto g = ReadGrant(path);
@@ -205,7 +267,7 @@ int SelfMain(const Config& c) {
     const uint64_t need = uint64_t{c.requests} * c.layers * c.tokens * c.record_bytes;
     const std::string pool = absl::StrCat((need * 5 / 4 >> 20) + 64, "MiB");
     auto d = DaemonProcess::Start({"--host-pool-size", pool, "--host-pool-page-size", "64KiB", "--host-pool-slab-size",
-                                   "16MiB", "--log-level", "warning", "--set", "import.enabled=true"},
+                                   "16MiB", "--log-level", "warning"},
                                   120000);
     if (!d.ok()) {
       std::fprintf(stderr, "hisparse-bench import: cannot start hisparsed: %s\n", d.status().ToString().c_str());

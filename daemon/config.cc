@@ -307,8 +307,9 @@ const std::vector<KeySpec>& Specs() {
              absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
        }},
       {"import.enabled", "bool",
-       "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import). Off by default: UCX's software RMA "
-       "(shm, tcp) checks no remote key (docs/DESIGN.md, \"Import\"); always off when built without UCX.",
+       "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import): writes arrive as active messages the "
+       "daemon checks against their grant before it copies them (docs/DESIGN.md, \"Import\"); always off when built "
+       "without UCX.",
        false, HS_SET_WITH(ParseBool, import.enabled),
        [](const DaemonConfig& c) { return std::string(c.import.enabled ? "true" : "false"); }, nullptr},
       {"import.grant_ttl", "seconds (integer >= 1)",
@@ -316,14 +317,24 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseInt, import.grant_ttl), [](const DaemonConfig& c) { return absl::StrCat(c.import.grant_ttl); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.import.grant_ttl, 1); }},
       {"import.ucx_tls", "UCX_TLS value or empty",
-       "Transports of the daemon's UCX context: shm (this node only), or e.g. \"rc,shm\" for RDMA from prefill "
-       "nodes; empty keeps UCX's choice or the environment's UCX_TLS.",
+       "Transports of the daemon's UCX context: shm serves writers of the daemon's uid, tcp any other (UCX's shm "
+       "refuses another uid); e.g. \"rc,shm,tcp\" for RDMA from prefill nodes; empty keeps UCX's choice or the "
+       "environment's UCX_TLS.",
        true,
        [](DaemonConfig& c, std::string_view v) -> absl::Status {
          c.import.ucx_tls = std::string(v);
          return absl::OkStatus();
        },
        [](const DaemonConfig& c) { return c.import.ucx_tls; }, nullptr},
+      {"import.ucx_net_devices", "UCX_NET_DEVICES value or empty",
+       "Network devices of the daemon's UCX worker: \"lo\" keeps its tcp listener on this node; empty keeps UCX's "
+       "choice (every interface), for imports from other nodes.",
+       true,
+       [](DaemonConfig& c, std::string_view v) -> absl::Status {
+         c.import.ucx_net_devices = std::string(v);
+         return absl::OkStatus();
+       },
+       [](const DaemonConfig& c) { return c.import.ucx_net_devices; }, nullptr},
       {"durability.max_lease_seconds", "seconds (integer >= 0)",
        "The longest lease of a durable request (SetLease): how long its pages may outlive a dead engine; 0 turns "
        "durable requests off. Changes on reload (SIGHUP): later leases are bounded by it, granted ones keep their "

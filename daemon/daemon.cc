@@ -229,13 +229,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   if (config.import.enabled) {
     SessionManager* sessions = impl->sessions.get();
-    auto target = StartImportTarget(config.import.ucx_tls, [sessions] { sessions->ExpireImports(); });
+    ImportTargetOptions import_options;
+    import_options.ucx_tls = config.import.ucx_tls;
+    import_options.ucx_net_devices = config.import.ucx_net_devices;
+    import_options.on_tick = [sessions] { sessions->ExpireImports(); };
+    auto target = StartImportTarget(import_options);
     if (target.ok()) {
       impl->import_target = std::move(*target);
       sessions->SetImportTarget(impl->import_target.get());
     } else {
-      LOG(WARNING) << "imports are off: " << target.status();
+      LOG(WARNING) << "imports are off (import.enabled is true): " << target.status().message();
     }
+  } else {
+    LOG(INFO) << "imports are off: import.enabled is false";
   }
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));

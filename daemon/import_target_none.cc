@@ -4,8 +4,7 @@
 
 namespace hisparse {
 
-absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const std::string& /*ucx_tls*/,
-                                                                const std::function<void()>& /*on_tick*/) {
+absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const ImportTargetOptions& /*options*/) {
   return absl::UnimplementedError("this daemon was built without UCX (libucx-dev): imports are off");
 }
 

@@ -143,16 +143,15 @@ v1::AdmitBatchResponse SessionManager::AdmitAllOrNothingLocked(Session& s, const
 void SessionManager::FinishBatchImports(const v1::AdmitBatchRequest& req, const BatchImports& opened,
                                         v1::AdmitBatchResponse* resp) {
   // Outside the lock: each grant is busy (nobody finishes it, the session waits for it).
-  std::vector<std::vector<ImportTarget::Span>> spans(opened.size());
-  std::vector<absl::StatusOr<std::vector<ImportTarget::Region>>> regions;
+  std::vector<absl::Status> regions;
   int failed = -1;  // the first import whose registration failed
   for (size_t k = 0; k < opened.size(); ++k) {
-    regions.push_back(RegisterImport(opened[k].second, &spans[k]));
+    regions.push_back(RegisterImport(opened[k].second));
     if (!regions.back().ok() && failed < 0) failed = static_cast<int>(k);
   }
   const bool all_or_nothing = req.mode() == v1::BATCH_MODE_ALL_OR_NOTHING;
   if (all_or_nothing && failed >= 0) {
-    // Revoked before any page goes: no remote key of the batch outlives it.
+    // Revoked before any page goes: no grant of the batch outlives it at the target.
     for (size_t k = 0; k < opened.size(); ++k) {
       if (regions[k].ok()) opened[k].second.target->Unregister(opened[k].second.grant_id);
     }
@@ -160,18 +159,18 @@ void SessionManager::FinishBatchImports(const v1::AdmitBatchRequest& req, const 
   absl::MutexLock lock(&mu_);
   Session& s = *sessions_.at(req.session().session_id());  // it waits for the busy grants
   if (all_or_nothing && failed >= 0) {
-    FailAllOrNothingLocked(s, req, opened[failed].first, regions[failed].status(), resp);
+    FailAllOrNothingLocked(s, req, opened[failed].first, regions[failed], resp);
     return;
   }
   uint32_t admitted = resp->admitted();
   for (size_t k = 0; k < opened.size(); ++k) {
     v1::AdmitResult* result = resp->mutable_results(opened[k].first);
     if (regions[k].ok()) {
-      PublishImportLocked(opened[k].second, spans[k], *regions[k], result->mutable_admitted());
+      PublishImportLocked(opened[k].second, result->mutable_admitted());
       continue;
     }
     DropImportLocked(opened[k].second);
-    SetItemStatus(regions[k].status(), result->mutable_error());
+    SetItemStatus(regions[k], result->mutable_error());
     --admitted;
   }
   resp->set_admitted(admitted);

@@ -9,7 +9,6 @@
 // the session is told outside it. A busy grant cannot be finished twice, and a session waits out
 // its busy grants before it closes, so no page is freed while still registered.
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -24,27 +23,6 @@ namespace {
 
 // Enough of a grant id to tell grants apart in messages and logs, never enough to use it.
 std::string Short(const std::string& grant_id) { return grant_id.substr(0, 6) + "..."; }
-
-// The pages of a request, merged into maximal runs of adjacent memory.
-std::vector<ImportTarget::Span> MergeSpans(std::vector<uint8_t*> pages, uint64_t page_bytes) {
-  std::sort(pages.begin(), pages.end());
-  std::vector<ImportTarget::Span> spans;
-  for (uint8_t* p : pages) {
-    if (!spans.empty() && spans.back().addr + spans.back().bytes == p) {
-      spans.back().bytes += page_bytes;
-    } else {
-      spans.push_back({p, page_bytes});
-    }
-  }
-  return spans;
-}
-
-// The span (index) that holds `addr`; spans are sorted and disjoint.
-uint32_t SpanOf(const std::vector<ImportTarget::Span>& spans, const uint8_t* addr) {
-  auto it = std::upper_bound(spans.begin(), spans.end(), addr,
-                             [](const uint8_t* a, const ImportTarget::Span& s) { return a < s.addr; });
-  return static_cast<uint32_t>(it - spans.begin()) - 1;
-}
 
 }  // namespace
 
@@ -61,15 +39,14 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::AdmitImport(const v1::AdmitReq
     opened = OpenImportLocked(req, &resp);
   }
   if (!opened.ok()) return opened.status();
-  std::vector<ImportTarget::Span> spans;
-  absl::StatusOr<std::vector<ImportTarget::Region>> regions = RegisterImport(*opened, &spans);
+  const absl::Status registered = RegisterImport(*opened);
   // The grant is busy: nobody else removes it, and its session waits for it before closing.
   absl::MutexLock lock(&mu_);
-  if (!regions.ok()) {
+  if (!registered.ok()) {
     DropImportLocked(*opened);
-    return regions.status();
+    return registered;
   }
-  PublishImportLocked(*opened, spans, *regions, &resp);
+  PublishImportLocked(*opened, &resp);
   return resp;
 }
 
@@ -107,8 +84,14 @@ absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(co
   o.session_id = s.id;
   o.request_id = r.id;
   o.page_bytes = pool_->page_bytes();
+  o.layout.num_layers = s.geometry.num_layers();
+  o.layout.capacity_tokens = r.capacity_tokens;
+  o.layout.records_per_page = s.records_per_page;
+  o.layout.record_bytes = s.geometry.record_bytes();
   r.import_grant = o.grant_id;
   const absl::Time now = options_.clock ? options_.clock() : absl::Now();
+  // The target refuses writes by the real clock; the sweep (ExpireImports) goes by options_.clock.
+  o.expires = absl::Now() + options_.import_grant_ttl;
   grants_.emplace(o.grant_id, Grant{s.id, r.id, s.tenant_uid, now + options_.import_grant_ttl, /*busy=*/true});
   v1::ImportGrant* g = resp->mutable_grant();
   g->set_grant_id(o.grant_id);
@@ -122,12 +105,13 @@ absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(co
   return o;
 }
 
-absl::StatusOr<std::vector<ImportTarget::Region>> SessionManager::RegisterImport(
-    const OpenedImport& o, std::vector<ImportTarget::Span>* spans) {
-  std::vector<uint8_t*> all;
-  for (const auto& layer : o.page_addrs) all.insert(all.end(), layer.begin(), layer.end());
-  *spans = MergeSpans(std::move(all), o.page_bytes);
-  return o.target->Register(o.grant_id, *spans);
+absl::Status SessionManager::RegisterImport(const OpenedImport& o) {
+  ImportTarget::Grant g;
+  g.layout = o.layout;
+  g.page_bytes = o.page_bytes;
+  g.pages = o.page_addrs;
+  g.expires = o.expires;
+  return o.target->Register(o.grant_id, std::move(g));
 }
 
 void SessionManager::DropImportLocked(const OpenedImport& o) {
@@ -138,27 +122,14 @@ void SessionManager::DropImportLocked(const OpenedImport& o) {
   sit->second->requests.erase(rit);
 }
 
-void SessionManager::PublishImportLocked(const OpenedImport& o, const std::vector<ImportTarget::Span>& spans,
-                                         const std::vector<ImportTarget::Region>& regions, v1::AdmitResponse* resp) {
+void SessionManager::PublishImportLocked(const OpenedImport& o, v1::AdmitResponse* resp) {
   grants_.at(o.grant_id).busy = false;
   v1::ImportGrant* g = resp->mutable_grant();
   g->set_worker_address(o.target->WorkerAddress());
-  for (const ImportTarget::Region& region : regions) {
-    v1::ImportRegion* out = g->add_regions();
-    out->set_remote_addr(region.remote_addr);
-    out->set_bytes(region.bytes);
-    out->set_rkey(region.rkey);
-  }
-  for (size_t layer = 0; layer < o.page_addrs.size(); ++layer) {
-    v1::ImportLayer* out = g->add_layers();
-    out->set_layer(static_cast<uint32_t>(layer));
-    for (uint8_t* p : o.page_addrs[layer]) {
-      out->add_page_addr(reinterpret_cast<uint64_t>(p));
-      out->add_page_region(SpanOf(spans, p));
-    }
-  }
+  g->set_max_write_bytes(kMaxImportWriteBytes);
   LOG(INFO) << "import grant " << Short(o.grant_id) << " for request " << o.request_id << " of session " << o.session_id
-            << ": " << spans.size() << " regions, expires in " << absl::FormatDuration(options_.import_grant_ttl);
+            << ": " << o.layout.num_layers << " layers of " << o.layout.capacity_tokens << " positions, expires in "
+            << absl::FormatDuration(options_.import_grant_ttl);
 }
 
 absl::Status SessionManager::CheckGrantLocked(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
@@ -219,7 +190,7 @@ absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t 
     grants_.at(grant_id).busy = true;
     target = import_target_;
   }
-  // Revoked before anything else: from here on no remote key of the grant writes these pages.
+  // Revoked before anything else: from here on no write of the grant lands in these pages.
   target->Unregister(grant_id);
   std::shared_ptr<EventSink> sink;
   v1::SessionEvent event;

@@ -1,11 +1,13 @@
-// The daemon's UCX context, worker and grant registrations: see ucx_import.h.
+// The daemon's UCX context, worker and grant table: see ucx_import.h.
 #include "hisparse/daemon/ucx_import.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,24 +26,59 @@ absl::Status UcxError(const char* what, ucs_status_t status) {
   return absl::InternalError(absl::StrCat("UCX ", what, ": ", ucs_status_string(status)));
 }
 
+ucs_status_t OnWriteMessage(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxImport*>(arg);
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  void* reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  self->OnWrite(header, header_length, data, length, rndv, reply_ep);
+  // The payload was copied or refused: UCX releases it (a rendezvous descriptor unreceived: the
+  // writer's memory is never read).
+  return UCS_OK;
+}
+
+void ReplySent(void* request, ucs_status_t /*status*/, void* user_data) {
+  delete static_cast<std::string*>(user_data);
+  ucp_request_free(request);
+}
+
 }  // namespace
 
 UcxImport::UcxImport(Options options) : options_(std::move(options)), ucp_(std::make_unique<Handles>()) {}
 
 absl::StatusOr<std::unique_ptr<UcxImport>> UcxImport::Start(Options options) {
   std::unique_ptr<UcxImport> self(new UcxImport(std::move(options)));
+  const ImportTargetOptions& o = self->options_.target;
+  // A peer's message to a handler this worker does not install (UCX's software put or get, which
+  // need UCP_FEATURE_RMA) is dropped with a warning and a backtrace per fragment: a flood a peer
+  // could cause at will. UCX logs errors only; the daemon counts and logs refused writes itself.
+  if (ucs_status_t st = ucs_global_opts_set_value("LOG_LEVEL", "error"); st != UCS_OK) {
+    LOG(WARNING) << "import: cannot lower UCX's log level: " << ucs_status_string(st);
+  }
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) return UcxError("config", st);
-  if (!self->options_.tls.empty()) {
-    if (ucs_status_t st = ucp_config_modify(config, "TLS", self->options_.tls.c_str()); st != UCS_OK) {
+  struct Setting {
+    const char* name;
+    const std::string* value;
+    const char* key;
+  };
+  const Setting settings[] = {{"TLS", &o.ucx_tls, "import.ucx_tls"},
+                              {"NET_DEVICES", &o.ucx_net_devices, "import.ucx_net_devices"}};
+  for (const Setting& s : settings) {
+    if (s.value->empty()) continue;
+    if (ucs_status_t st = ucp_config_modify(config, s.name, s.value->c_str()); st != UCS_OK) {
       ucp_config_release(config);
-      return absl::InvalidArgumentError(
-          absl::StrCat("import.ucx_tls \"", self->options_.tls, "\": ", ucs_status_string(st)));
+      return absl::InvalidArgumentError(absl::StrCat(s.key, " \"", *s.value, "\": ", ucs_status_string(st)));
     }
+  }
+  // Peers name UCX's requests and endpoints on the wire by id; indirect ids are looked up in a
+  // table rather than taken as pointers, so a forged id is refused instead of dereferenced.
+  if (ucs_status_t st = ucp_config_modify(config, "PROTO_INDIRECT_ID", "on"); st != UCS_OK) {
+    LOG(WARNING) << "import: this UCX has no PROTO_INDIRECT_ID (" << ucs_status_string(st) << ")";
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;  // no RMA: see ucx_import.h
   const ucs_status_t init = ucp_init(&params, config, &self->ucp_->context);
   ucp_config_release(config);
   if (init != UCS_OK) return UcxError("init", init);
@@ -50,6 +87,16 @@ absl::StatusOr<std::unique_ptr<UcxImport>> UcxImport::Start(Options options) {
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // every call is under mu_
   if (ucs_status_t st = ucp_worker_create(self->ucp_->context, &wp, &self->ucp_->worker); st != UCS_OK) {
     return UcxError("worker_create", st);
+  }
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kImportWriteAmId;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  hp.cb = OnWriteMessage;
+  hp.arg = self.get();
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(self->ucp_->worker, &hp); st != UCS_OK) {
+    return UcxError("worker_set_am_recv_handler", st);
   }
   ucp_address_t* address = nullptr;
   size_t address_len = 0;
@@ -65,7 +112,9 @@ absl::StatusOr<std::unique_ptr<UcxImport>> UcxImport::Start(Options options) {
   if (self->stop_fd_ < 0) return absl::InternalError("eventfd for the UCX progress thread failed");
   self->progress_ = std::thread([raw = self.get()] { raw->ProgressLoop(); });
   LOG(INFO) << "import: UCX worker ready (" << address_len << "-byte address, transports "
-            << (self->options_.tls.empty() ? "UCX default" : self->options_.tls) << ")";
+            << (o.ucx_tls.empty() ? "UCX default" : o.ucx_tls) << ", net devices "
+            << (o.ucx_net_devices.empty() ? "UCX default" : o.ucx_net_devices)
+            << "); writes arrive as checked active messages, no memory is registered";
   return self;
 }
 
@@ -77,9 +126,6 @@ UcxImport::~UcxImport() {
   }
   if (stop_fd_ >= 0) ::close(stop_fd_);
   absl::MutexLock lock(&mu_);
-  for (auto& [id, handles] : grants_) {
-    for (void* h : handles) ucp_mem_unmap(ucp_->context, static_cast<ucp_mem_h>(h));
-  }
   grants_.clear();
   if (ucp_->worker != nullptr) ucp_worker_destroy(ucp_->worker);
   if (ucp_->context != nullptr) ucp_cleanup(ucp_->context);
@@ -87,15 +133,24 @@ UcxImport::~UcxImport() {
 
 void UcxImport::ProgressLoop() {
   const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.tick));
+  uint64_t refused_logged = 0;
   for (;;) {
     bool armed;
+    Counters seen;
     {
       absl::MutexLock lock(&mu_);
       while (ucp_worker_progress(ucp_->worker) != 0) {
       }
       armed = ucp_worker_arm(ucp_->worker) == UCS_OK;  // UCS_ERR_BUSY: more events, progress again
+      seen = counters_;
     }
-    if (options_.on_tick) options_.on_tick();
+    if (seen.refused != refused_logged) {
+      LOG(WARNING) << "import: refused " << seen.refused - refused_logged
+                   << " write(s) (last: " << ImportCodeName(seen.last_refusal) << "); " << seen.written
+                   << " accepted since start";
+      refused_logged = seen.refused;
+    }
+    if (options_.target.on_tick) options_.target.on_tick();
     if (!armed) continue;
     pollfd fds[2] = {{wakeup_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     (void)::poll(fds, 2, timeout_ms);
@@ -103,60 +158,82 @@ void UcxImport::ProgressLoop() {
   }
 }
 
-absl::StatusOr<std::vector<ImportTarget::Region>> UcxImport::Register(const std::string& grant_id,
-                                                                      const std::vector<Span>& spans) {
-  std::vector<Region> regions;
-  std::vector<void*> handles;
-  absl::MutexLock lock(&mu_);
-  if (grants_.contains(grant_id)) return absl::AlreadyExistsError("grant registered twice");
-  auto undo = [&] {
-    for (void* h : handles) ucp_mem_unmap(ucp_->context, static_cast<ucp_mem_h>(h));
-  };
-  for (const Span& span : spans) {
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
-    mp.address = span.addr;
-    mp.length = span.bytes;
-    // Write-only for the remote side: transports that honour prot (RDMA) refuse remote reads.
-    mp.prot = UCP_MEM_MAP_PROT_REMOTE_WRITE | UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
-    ucp_mem_h memh = nullptr;
-    if (ucs_status_t st = ucp_mem_map(ucp_->context, &mp, &memh); st != UCS_OK) {
-      undo();
-      return UcxError("mem_map", st);
-    }
-    handles.push_back(memh);
-    void* packed = nullptr;
-    size_t packed_len = 0;
-    if (ucs_status_t st = ucp_rkey_pack(ucp_->context, memh, &packed, &packed_len); st != UCS_OK) {
-      undo();
-      return UcxError("rkey_pack", st);
-    }
-    regions.push_back(Region{reinterpret_cast<uint64_t>(span.addr), span.bytes,
-                             std::string(static_cast<const char*>(packed), packed_len)});
-    ucp_rkey_buffer_release(packed);
+void UcxImport::OnWrite(const void* header, size_t header_length, void* data, size_t length, bool rendezvous,
+                        void* reply_ep) {
+  mu_.AssertHeld();  // only ever called from ucp_worker_progress, under mu_
+  absl::StatusOr<ImportWrite> w =
+      DecodeImportWrite(std::string_view(static_cast<const char*>(header), header != nullptr ? header_length : 0));
+  ImportCode code;
+  if (rendezvous) {
+    code = ImportCode::kNotEager;
+  } else if (!w.ok()) {
+    code = ImportCode::kMalformed;
+  } else {
+    code = Apply(*w, static_cast<const uint8_t*>(data), data != nullptr ? length : 0);
   }
-  grants_.emplace(grant_id, std::move(handles));
-  return regions;
+  if (code == ImportCode::kOk) {
+    ++counters_.written;
+    counters_.bytes += length;
+  } else {
+    ++counters_.refused;
+    counters_.last_refusal = code;
+  }
+  if (reply_ep != nullptr) Reply(reply_ep, w.ok() ? w->seq : 0, code);
+}
+
+ImportCode UcxImport::Apply(const ImportWrite& w, const uint8_t* payload, size_t length) {
+  auto it = grants_.find(w.grant_id);
+  if (it == grants_.end()) return ImportCode::kUnknownGrant;
+  const Grant& g = it->second;
+  if (absl::Now() >= g.expires) return ImportCode::kExpired;
+  const ImportPlan plan = PlanImportWrite(g.layout, w, length);
+  if (plan.code != ImportCode::kOk) return plan.code;
+  // PlanImportWrite bounds every chunk by its page and the layout; Register checked that the page
+  // table holds ImportPagesPerLayer pages of page_bytes per layer.
+  const std::vector<uint8_t*>& pages = g.pages[w.layer];
+  for (const ImportChunk& c : plan.chunks) std::memcpy(pages[c.page] + c.page_offset, payload + c.src_offset, c.bytes);
+  return ImportCode::kOk;
+}
+
+void UcxImport::Reply(void* reply_ep, uint64_t seq, ImportCode code) {
+  auto* bytes = new std::string(EncodeImportReply(ImportReply{seq, code}));
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.cb.send = ReplySent;
+  param.user_data = bytes;
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r = ucp_am_send_nbx(static_cast<ucp_ep_h>(reply_ep), kImportReplyAmId, bytes->data(), bytes->size(),
+                                       nullptr, 0, &param);
+  if (!UCS_PTR_IS_PTR(r)) delete bytes;  // done (or failed) at once: no callback comes
+}
+
+absl::Status UcxImport::Register(const std::string& grant_id, Grant grant) {
+  const ImportLayout& l = grant.layout;
+  const uint64_t per_layer = ImportPagesPerLayer(l);
+  if (l.record_bytes == 0 || per_layer == 0 || grant.pages.size() != l.num_layers ||
+      grant.page_bytes < uint64_t{l.records_per_page} * l.record_bytes) {
+    return absl::InvalidArgumentError("an import grant's page table does not match its layout");
+  }
+  for (const auto& layer : grant.pages) {
+    if (layer.size() != per_layer) return absl::InvalidArgumentError("an import grant's layer lacks pages");
+    for (const uint8_t* p : layer) {
+      if (p == nullptr) return absl::InvalidArgumentError("an import grant names a null page");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!grants_.emplace(grant_id, std::move(grant)).second) return absl::AlreadyExistsError("grant registered twice");
+  return absl::OkStatus();
 }
 
 void UcxImport::Unregister(const std::string& grant_id) {
   absl::MutexLock lock(&mu_);
-  auto it = grants_.find(grant_id);
-  if (it == grants_.end()) return;
-  for (void* h : it->second) ucp_mem_unmap(ucp_->context, static_cast<ucp_mem_h>(h));
-  grants_.erase(it);
+  grants_.erase(grant_id);
 }
 
-}  // namespace hisparse
-
-namespace hisparse {
-
-absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const std::string& ucx_tls,
-                                                                const std::function<void()>& on_tick) {
-  UcxImport::Options options;
-  options.tls = ucx_tls;
-  options.on_tick = on_tick;
-  absl::StatusOr<std::unique_ptr<UcxImport>> started = UcxImport::Start(std::move(options));
+absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const ImportTargetOptions& options) {
+  UcxImport::Options o;
+  o.target = options;
+  absl::StatusOr<std::unique_ptr<UcxImport>> started = UcxImport::Start(std::move(o));
   if (!started.ok()) return started.status();
   return std::unique_ptr<ImportTarget>(std::move(*started));
 }

@@ -3,6 +3,7 @@
 // expiry by the injected clock, session end), every call to the target is made outside the
 // session manager's lock (the fake calls back into it), refusals change nothing, and the
 // accounting invariants hold after every step.
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -27,16 +28,14 @@ using session_test::kPage;
 class FakeTarget : public ImportTarget {
  public:
   std::string WorkerAddress() const override { return "fake-worker"; }
-  absl::StatusOr<std::vector<Region>> Register(const std::string& grant_id, const std::vector<Span>& spans) override {
+  absl::Status Register(const std::string& grant_id, Grant grant) override {
     if (fail_next || (succeed_before_failing >= 0 && succeed_before_failing-- == 0)) {
       fail_next = false;
       return absl::InternalError("fake registration failure");
     }
-    std::vector<Region> out;
-    for (const Span& s : spans) out.push_back({reinterpret_cast<uint64_t>(s.addr), s.bytes, "rkey"});
     registered.push_back(grant_id);
-    spans_registered += spans.size();
-    return out;
+    grants[grant_id] = std::move(grant);
+    return absl::OkStatus();
   }
   void Unregister(const std::string& grant_id) override {
     unregistered.push_back(grant_id);
@@ -47,7 +46,7 @@ class FakeTarget : public ImportTarget {
   int succeed_before_failing = -1;  // >= 0: that many Registers succeed, the next fails
   std::vector<std::string> registered, unregistered;
   std::vector<uint64_t> held_at_unregister;
-  size_t spans_registered = 0;
+  std::map<std::string, Grant> grants;  // what each Register was given
 };
 
 class SessionImportTest : public ::testing::Test {
@@ -127,17 +126,24 @@ TEST_F(SessionImportTest, CommitRevokesBeforeTheRequestGoesLive) {
   EXPECT_EQ(g.grant_id().size(), 32u);
   EXPECT_EQ(g.worker_address(), "fake-worker");
   EXPECT_EQ(g.records_per_page(), kPage / 64);
-  ASSERT_EQ(g.layers_size(), 2);
-  EXPECT_EQ(g.layers(0).page_addr_size(), 16);
-  EXPECT_EQ(static_cast<size_t>(g.regions_size()), target_.spans_registered);
-  // Every page lies inside the region the grant names for it.
-  for (const v1::ImportLayer& layer : g.layers()) {
-    for (int i = 0; i < layer.page_addr_size(); ++i) {
-      const v1::ImportRegion& r = g.regions(layer.page_region(i));
-      EXPECT_GE(layer.page_addr(i), r.remote_addr());
-      EXPECT_LE(layer.page_addr(i) + kPage, r.remote_addr() + r.bytes());
-    }
+  EXPECT_EQ(g.max_write_bytes(), kMaxImportWriteBytes);
+  // The grant names no daemon address; the target got the layout and page table to check writes
+  // against: 2 layers of 16 distinct pages, 1000 positions of 64-byte records.
+  EXPECT_EQ(g.GetReflection()->GetUnknownFields(g).field_count(), 0);
+  ASSERT_EQ(target_.grants.count(g.grant_id()), 1u);
+  const ImportTarget::Grant& t = target_.grants.at(g.grant_id());
+  EXPECT_EQ(t.layout.num_layers, 2u);
+  EXPECT_EQ(t.layout.capacity_tokens, 1000u);
+  EXPECT_EQ(t.layout.records_per_page, kPage / 64);
+  EXPECT_EQ(t.layout.record_bytes, 64u);
+  EXPECT_EQ(t.page_bytes, kPage);
+  ASSERT_EQ(t.pages.size(), 2u);
+  std::set<uint8_t*> distinct;
+  for (const auto& layer : t.pages) {
+    EXPECT_EQ(layer.size(), 16u);
+    distinct.insert(layer.begin(), layer.end());
   }
+  EXPECT_EQ(distinct.size(), 32u);
   const uint64_t held = Used();
   EXPECT_EQ(held, 32 * kPage);
   // Importing: no Extend, no Evict.
@@ -350,8 +356,7 @@ TEST_F(SessionImportTest, BatchedImportsCarryTheirGrantsPerItem) {
   EXPECT_NE(g1.grant_id(), g3.grant_id());
   EXPECT_EQ(g1.request_id(), 1u);
   EXPECT_EQ(g1.worker_address(), "fake-worker");
-  EXPECT_GT(g1.regions_size(), 0);
-  EXPECT_EQ(g1.layers_size(), 2);
+  EXPECT_EQ(target_.grants.at(g1.grant_id()).pages.size(), 2u);
   EXPECT_EQ(target_.registered, (std::vector<std::string>{g1.grant_id(), g3.grant_id()}));
   EXPECT_EQ(sm_->Stats().importing_requests(), 2u);
   EXPECT_TRUE(sm_->CommitImport(CommitOf(g1), kUid).ok());

@@ -1,14 +1,19 @@
 // Issue 19, part 1: imports from a prefill node over UCX, end to end. A real hisparsed; the
 // engine is this process (the C ABI); the transfer agent is a second process, `hisparse-bench
 // import`, which holds only the grants. Without UCX the feature is compiled out: the tests skip.
+// Issue 39, item 4: imports are on by default (no test here turns them on), every write is an
+// active message the daemon checks against its grant, and the misuse of the old design (a forged
+// UCX put at a daemon address) writes nothing; an import from another uid arrives byte-exact.
 //
 // HISPARSE_IMPORT_TOKENS sets the tokens per request of the exactness test (default 32768, the
 // issue's size: 8 requests x 4 layers x 32k tokens of 64-byte records).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "hisparse/common/import_pattern.h"
 #include "test_support.h"
 
@@ -32,8 +39,6 @@ std::vector<std::string> DaemonArgs(int grant_ttl_s) {
           "64KiB",
           "--host-pool-slab-size",
           "16MiB",
-          "--set",
-          "import.enabled=true",
           "--set",
           absl::StrCat("import.grant_ttl=", grant_ttl_s)};
 }
@@ -159,7 +164,7 @@ TEST_F(ImportTest, EightRequestsArriveByteExactAfterCommit) {
 
   const CommandResult r = Importer(args);
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("\"put_gbps\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"import_gbps\""), std::string::npos) << r.out;
   for (uint64_t id = 1; id <= 8; ++id) {
     ASSERT_EQ(hs_await_import(session_, id, 30000, &info), HS_OK) << hs_last_error();
     EXPECT_EQ(info.capacity_tokens, tokens);
@@ -300,6 +305,153 @@ TEST_F(ImportTest, AnUnusedGrantExpiresAndFreesItsRequest) {
   EXPECT_EQ(hs_await_import(session_, 3, 60000, &info), HS_ERR_FAILED_PRECONDITION);
   ExpectNothingHeld();
   EXPECT_EQ(Commit(Grant(3), Grant(3).session_id(), 3).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// The daemon's writable mappings of its host pool (its slabs, "/memfd:hisparse-slab"), from
+// /proc/<pid>/maps: where a forged put would aim.
+std::vector<std::pair<uint64_t, uint64_t>> SlabMappings(pid_t pid) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("hisparse-slab") == std::string::npos) continue;
+    const size_t dash = line.find('-'), space = line.find(' ');
+    uint64_t lo = 0, hi = 0;
+    if (absl::SimpleHexAtoi(line.substr(0, dash), &lo) &&
+        absl::SimpleHexAtoi(line.substr(dash + 1, space - dash - 1), &hi)) {
+      out.emplace_back(lo, hi - lo);
+    }
+  }
+  return out;
+}
+
+// What `hisparse-bench import --attack` printed as the daemon's answer ("" if none).
+std::string AttackCode(const CommandResult& r) {
+  const std::string key = "\"code\": \"";
+  const size_t at = r.out.find(key);
+  if (at == std::string::npos) return "";
+  return r.out.substr(at + key.size(), r.out.find('"', at + key.size()) - at - key.size());
+}
+
+// Issue 39, item 4: with its own grant a tenant put records at forged daemon addresses (UCX's
+// software RMA checks no key): over another request's committed records, and at 0x1000, which
+// killed the daemon. The daemon now registers no memory and serves no RMA: neither put lands.
+TEST_F(ImportTest, ForgedPutsAtDaemonAddressesWriteNothing) {
+  Start(/*grant_ttl_s=*/300);
+  const uint32_t tokens = 2048;
+  // The victim: a live request whose records its engine stored (through its own mapping).
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_admit(session_, 1, tokens, tokens, &info), HS_OK) << hs_last_error();
+  for (uint32_t l = 0; l < 4; ++l) {
+    for (uint32_t p = 0; p < tokens; ++p) {
+      void* rec = nullptr;
+      ASSERT_EQ(hs_record_ptr(session_, 1, l, p, &rec), HS_OK) << hs_last_error();
+      FillImportRecord(static_cast<uint8_t*>(rec), 64, kSeed, 1, l, p);
+    }
+  }
+  const std::string own = AdmitImport(2, 64);  // the attacker's own, open grant
+  const auto slabs = SlabMappings(daemon_->pid());
+  ASSERT_FALSE(slabs.empty()) << "no hisparse-slab mapping in /proc/" << daemon_->pid() << "/maps";
+  // Every byte of every slab the daemon maps (the victim's pages among them), over tcp (software
+  // RMA, as on shm).
+  for (const auto& [addr, bytes] : slabs) {
+    const CommandResult r = Importer(absl::StrCat("--grant ", own, " --tls tcp --attack forged-put --addr ",
+                                                  absl::Hex(addr), " --bytes ", std::min<uint64_t>(bytes, 16 << 20)));
+    EXPECT_NE(r.out.find("forged-put"), std::string::npos) << r.out;
+  }
+  ASSERT_TRUE(WaitUntil([&] { return Stats(daemon_->address()).requests() == 2; })) << "the daemon stopped serving";
+  ExpectPattern(1, tokens);
+  // An address the daemon never mapped.
+  const CommandResult r = Importer(absl::StrCat("--grant ", own, " --tls tcp --attack forged-put --addr 0x1000"));
+  EXPECT_NE(r.out.find("forged-put"), std::string::npos) << r.out;
+  EXPECT_EQ(Stats(daemon_->address()).requests(), 2u) << "the daemon stopped serving";
+  int status = 0;
+  EXPECT_FALSE(WaitForChildExit(daemon_->pid(), 0, &status)) << "hisparsed died: status " << status;
+  ExpectPattern(1, tokens);
+  // The attacker's grant still works for what it covers.
+  ASSERT_EQ(Importer(absl::StrCat("--grant ", own)).exit_code, 0);
+  ASSERT_EQ(hs_await_import(session_, 2, 30000, &info), HS_OK) << hs_last_error();
+  ExpectPattern(2, 64);
+  ExpectPattern(1, tokens);
+}
+
+// Writes the daemon must refuse, each answered with its code, none changing a record, the daemon
+// serving throughout: a grant id never issued, another request's grant once spent, a layer or
+// positions outside the grant, a record size not the grant's, a rendezvous message, and a write
+// after the grant expired.
+TEST_F(ImportTest, MisusedWritesAreRefusedAndChangeNothing) {
+  Start(/*grant_ttl_s=*/300);
+  const uint32_t tokens = 1000;
+  const std::string victim = AdmitImport(1, tokens);
+  ASSERT_EQ(Importer(absl::StrCat("--grant ", victim)).exit_code, 0);
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_await_import(session_, 1, 30000, &info), HS_OK) << hs_last_error();
+  const std::string own = AdmitImport(2, tokens);
+  const std::vector<std::pair<std::string, std::string>> refused = {{"unknown-grant", "unknown-grant"},
+                                                                    {"layer", "out-of-range"},
+                                                                    {"position", "out-of-range"},
+                                                                    {"size", "malformed"},
+                                                                    {"rndv", "not-eager"}};
+  for (const auto& [attack, code] : refused) {
+    const CommandResult r = Importer(absl::StrCat("--grant ", own, " --attack ", attack));
+    EXPECT_EQ(r.exit_code, 0) << attack << ": " << r.out;
+    EXPECT_EQ(AttackCode(r), code) << attack << ": " << r.out;
+    EXPECT_EQ(Stats(daemon_->address()).requests(), 2u) << attack;
+  }
+  // The committed request's grant is spent: a write under it is refused.
+  CommandResult r = Importer(absl::StrCat("--grant ", victim, " --attack write"));
+  EXPECT_EQ(AttackCode(r), "unknown-grant") << r.out;
+  ExpectPattern(1, tokens);
+  // The open grant still writes what it covers, byte-exact, once its agent commits.
+  r = Importer(absl::StrCat("--grant ", own, " --attack write"));
+  EXPECT_EQ(AttackCode(r), "ok") << r.out;
+  ASSERT_EQ(Importer(absl::StrCat("--grant ", own)).exit_code, 0);
+  ASSERT_EQ(hs_await_import(session_, 2, 30000, &info), HS_OK) << hs_last_error();
+  ExpectPattern(2, tokens);
+  ExpectPattern(1, tokens);
+}
+
+TEST_F(ImportTest, AWriteAfterExpiryIsRefused) {
+  Start(/*grant_ttl_s=*/1);
+  const std::string grant = AdmitImport(4, 500);
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_await_import(session_, 4, 60000, &info), HS_ERR_FAILED_PRECONDITION);
+  const CommandResult r = Importer(absl::StrCat("--grant ", grant, " --attack write"));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  const std::string code = AttackCode(r);
+  EXPECT_TRUE(code == "unknown-grant" || code == "expired") << r.out;
+  ExpectNothingHeld();
+  EXPECT_EQ(hs_admit(session_, 5, 16, 16, &info), HS_OK) << hs_last_error();
+}
+
+// Engine and agent as uid 65534 (nobody), the daemon as root: UCX's shared memory refuses another
+// uid, so the agent reaches the worker over tcp (loopback, import.ucx_net_devices "lo"), and every
+// record arrives byte-exact (hisparse-bench import --self checks each). It prints its throughput
+// against memcpy of the same bytes.
+TEST_F(ImportTest, AnotherUidImportsByteExact) {
+  if (::getuid() != 0 || std::system("command -v setpriv >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "needs root and setpriv to act as another user";
+  }
+  const std::string as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  if (RunCommand(as_nobody + BinDir() + "/hisparse-bench --help >/dev/null 2>&1; test -x " + BinDir() +
+                 "/hisparse-bench")
+          .exit_code != 0) {
+    GTEST_SKIP() << "user nobody cannot run the binaries in " << BinDir();
+  }
+  std::vector<std::string> args = DaemonArgs(300);
+  args.insert(args.end(), {"--set", "access.socket_group=65534"});
+  daemon_ = StartDaemon(args);
+  ASSERT_NE(daemon_, nullptr);
+  const std::string dir = daemon_->socket_path().substr(0, daemon_->socket_path().rfind('/'));
+  ::chmod(dir.c_str(), 0755);
+  const CommandResult r = RunCommand(as_nobody + BinDir() + "/hisparse-bench import --self --daemon " +
+                                     daemon_->address() + " --requests 2 --layers 4 --tokens " +
+                                     std::to_string(std::min<uint32_t>(ImportTokens(), 8192)) + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"uid\": 65534"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"tls\": \"tcp\""), std::string::npos) << r.out;
+  std::printf("%s", r.out.substr(r.out.rfind("{\"mode\"")).c_str());
+  EXPECT_EQ(Stats(daemon_->address()).requests(), 0u);
 }
 
 }  // namespace import_test

@@ -108,16 +108,18 @@ struct AdmissionConfig {
 
 // Imports from a prefill node over UCX (AdmitRequest.begin_import; docs/DESIGN.md, "Import").
 struct ImportConfig {
-  // Serve imports (when the daemon was built with UCX; without it imports are always off). Off by
-  // default: UCX's software RMA (what runs over shm and tcp) checks no remote key, so any process
-  // that reaches the daemon's UCX worker could write anywhere in the daemon (docs/DESIGN.md,
-  // "Import"); turn it on where the transport enforces keys or every peer is trusted.
-  bool enabled = false;
+  // Serve imports (when the daemon was built with UCX; without it imports are always off, and the
+  // daemon says so once at start). Writes arrive as active messages that the daemon checks against
+  // their grant and copies itself; no daemon memory is open to remote writes (DESIGN.md, "Import").
+  bool enabled = true;
   // Seconds an import grant stays open; an expired grant frees its request.
   int grant_ttl = 30;
   // UCX_TLS for the daemon's UCX context; "" keeps UCX's choice (or the environment's UCX_TLS).
-  // shm by default: on one node UCX's puts are software RMA, which checks no key (DESIGN.md).
-  std::string ucx_tls = "shm";
+  // shm serves writers of the daemon's uid, tcp every other (UCX's shm refuses another uid).
+  std::string ucx_tls = "shm,tcp";
+  // UCX_NET_DEVICES: where the worker's tcp (or RDMA) transport listens; "lo" keeps it on this
+  // node. "" keeps UCX's choice (every interface): for imports from other nodes.
+  std::string ucx_net_devices = "lo";
 };
 
 // Durable requests (SetLease, AdmitRequest.lease_seconds; docs/DESIGN.md, "Durable requests").

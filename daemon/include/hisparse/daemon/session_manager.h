@@ -294,6 +294,8 @@ class SessionManager {
     ImportTarget* target = nullptr;                 // not owned (SetImportTarget's)
     std::vector<std::vector<uint8_t*>> page_addrs;  // per layer, in position order
     uint64_t page_bytes = 0;
+    ImportLayout layout;  // what the grant covers (the target checks every write against it)
+    absl::Time expires;
   };
   // AdmitBatch's modes (session_batch.cc). Both collect the import items they admitted (item index, opened grant) for
   // FinishBatchImports.
@@ -392,15 +394,12 @@ class SessionManager {
   // marks the request importing under a new busy grant and fills resp (the grant's header).
   absl::StatusOr<OpenedImport> OpenImportLocked(const v1::AdmitRequest& req, v1::AdmitResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Registers the import's pages with its target (outside the lock), merged into `spans`.
-  static absl::StatusOr<std::vector<ImportTarget::Region>> RegisterImport(const OpenedImport& o,
-                                                                          std::vector<ImportTarget::Span>* spans);
+  // Opens the grant's pages for checked writes at its target (outside the lock).
+  static absl::Status RegisterImport(const OpenedImport& o);
   // After RegisterImport, under the lock again: Publish makes the grant usable (not busy) and
-  // adds its regions and page map to resp; Drop forgets the grant and frees the request (its
-  // memory no longer registered: never registered, or Unregister'ed by the caller first).
-  void PublishImportLocked(const OpenedImport& o, const std::vector<ImportTarget::Span>& spans,
-                           const std::vector<ImportTarget::Region>& regions, v1::AdmitResponse* resp)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // adds the worker address to resp; Drop forgets the grant and frees the request (its pages no
+  // longer open to writes: never registered, or Unregister'ed by the caller first).
+  void PublishImportLocked(const OpenedImport& o, v1::AdmitResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropImportLocked(const OpenedImport& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Release of an importing request: an abort. Unset when the request is not importing.
   std::optional<absl::Status> ReleaseIfImporting(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(mu_);

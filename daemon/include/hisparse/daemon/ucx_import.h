@@ -1,26 +1,29 @@
 // UcxImport: the daemon's UCX side of imports (AdmitRequest.begin_import) — one ucp context and
-// one worker for the daemon's life, the memory handles of every live grant, and a progress thread.
+// one worker for the daemon's life, the open grants' page tables, and a progress thread.
 //
-// Ownership: the context, the worker and every ucp_mem_h are owned here and released on every
-// path (Unregister, or the destructor for grants still registered). A grant's memory itself is
-// the page pool's; the session manager keeps it alive until Unregister has returned.
+// What a peer can make the daemon do: the context has UCP_FEATURE_AM only (no RMA), so the worker
+// installs no handler for UCX's software put or get, registers no memory and hands out no remote
+// key; a peer's only way in is an active message. The import write handler (id kImportWriteAmId)
+// decodes each message's header with the strict codec of hisparse/common/import_message.h, looks
+// its grant up by the secret id, refuses it unless the grant is open, unexpired and the layer and
+// positions lie inside it, and copies the eager payload into the pages that the grant's own page
+// table names (PlanImportWrite). Each write is answered (kImportReplyAmId) on the writer's reply
+// endpoint. Rendezvous messages are refused (kNotEager): their data is released unread.
 //
-// Progress: a passive target of RMA puts needs no progress on shared memory (CMA writes into this
-// process directly) but does on TCP (the target worker receives the data) and for wire-up, so a
-// thread progresses the worker, sleeping on its wakeup fd between events, and calls `on_tick`
-// (the grant expiry) at least every `tick`.
+// Ownership: the context, the worker and the reply requests in flight are owned here. A grant's
+// pages are the page pool's; the session manager frees them only after Unregister has returned,
+// and Unregister takes the mutex that the progress thread holds while it delivers messages, so no
+// write lands after it.
 //
 // Thread-safe: one mutex serializes every UCX call (the worker is created single-threaded); the
-// progress thread holds it only while progressing, never while it waits.
+// progress thread holds it while progressing, never while it sleeps or logs.
 #ifndef HISPARSE_DAEMON_UCX_IMPORT_H_
 #define HISPARSE_DAEMON_UCX_IMPORT_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -34,9 +37,7 @@ namespace hisparse {
 class UcxImport final : public ImportTarget {
  public:
   struct Options {
-    // UCX_TLS for the daemon's context ("" keeps UCX's default or the environment's UCX_TLS).
-    std::string tls;
-    std::function<void()> on_tick;  // may be empty; called from the progress thread, no lock held
+    ImportTargetOptions target;
     absl::Duration tick = absl::Milliseconds(100);
   };
   static absl::StatusOr<std::unique_ptr<UcxImport>> Start(Options options);
@@ -45,13 +46,23 @@ class UcxImport final : public ImportTarget {
   UcxImport& operator=(const UcxImport&) = delete;
 
   std::string WorkerAddress() const override { return worker_address_; }
-  absl::StatusOr<std::vector<Region>> Register(const std::string& grant_id, const std::vector<Span>& spans) override;
+  absl::Status Register(const std::string& grant_id, Grant grant) override;
   void Unregister(const std::string& grant_id) override;
+
+  // Called by UCX from inside ucp_worker_progress (the progress thread, which holds mu_ there):
+  // one write, checked, applied or refused, and answered.
+  void OnWrite(const void* header, size_t header_length, void* data, size_t length, bool rendezvous, void* reply_ep);
 
  private:
   struct Handles;  // the ucp handles, kept out of this header
+  struct Counters {
+    uint64_t written = 0, refused = 0, bytes = 0;
+    ImportCode last_refusal = ImportCode::kOk;
+  };
   explicit UcxImport(Options options);
   void ProgressLoop();
+  ImportCode Apply(const ImportWrite& w, const uint8_t* payload, size_t length) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Reply(void* reply_ep, uint64_t seq, ImportCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   std::unique_ptr<Handles> ucp_;
@@ -59,8 +70,8 @@ class UcxImport final : public ImportTarget {
   int wakeup_fd_ = -1;          // the worker's, owned by UCX
   int stop_fd_ = -1;            // an eventfd that ends the progress thread; owned here
   mutable absl::Mutex mu_;
-  // Per grant, its memory handles (ucp_mem_h as void*), mapped in Register.
-  absl::flat_hash_map<std::string, std::vector<void*>> grants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Grant> grants_ ABSL_GUARDED_BY(mu_);
+  Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread progress_;
 };
 
