@@ -182,7 +182,7 @@ void PeerAcceptor::Loop() {
   while (!stopping_.load()) {
     guard_->Probe();
     const bool listening = !guard_->listener_paused();  // paused: wait on the clock alone
-    fds.assign({{wake_.get(), POLLIN, 0}, {listener_.get(), static_cast<short>(listening ? POLLIN : 0), 0}});
+    fds.assign({{wake_.get(), POLLIN, 0}, {listening ? listener_.get() : -1, POLLIN, 0}});  // -1: not polled
     for (const Refused& r : refused_) fds.push_back({r.conn.get(), POLLIN | POLLRDHUP, 0});
     int wait_ms = guard_->WaitMs();
     if (!refused_.empty()) {
@@ -215,7 +215,9 @@ void PeerAcceptor::Loop() {
         // and the client could see ECONNRESET before the answer.
         done = done || r.answer.failed() || got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR);
       }
-      if (!done) refused_[kept++] = std::move(refused_[i]);
+      if (done) continue;
+      if (kept != i) refused_[kept] = std::move(refused_[i]);
+      ++kept;
     }
     refused_.erase(refused_.begin() + static_cast<std::ptrdiff_t>(kept), refused_.end());  // closes the rest
     if (n > 0 && listening && fds[1].revents != 0) AcceptAll();
