@@ -107,12 +107,10 @@ void FdServer::Loop() {
       if (fd == wake_.get()) continue;  // Stop: the loop condition ends it
       if (fd == listener_.get()) {
         AcceptReady();
-      } else if (auto it = conns_.find(fd); it != conns_.end() && it->second.lingering) {
-        Drop(fd);  // its peer closed (or errored): its queue is gone, and the connection can go
       } else if ((events[i].events & EPOLLIN) != 0) {
         ServeOne(fd);  // a hang-up with data still queued: serve it; the next read sees the end
       } else {
-        Drop(fd);
+        Drop(fd);  // a hang-up; a lingering connection (watched for nothing else) may go with it
       }
     }
     // Lingering connections whose peer has read everything since, without closing.
