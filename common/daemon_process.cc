@@ -134,6 +134,11 @@ absl::StatusOr<std::string> FindDaemonBinary() {
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::vector<std::string>& extra_args,
                                                                     int timeout_ms) {
+  return Start(extra_args, timeout_ms, Launch());
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::vector<std::string>& extra_args,
+                                                                    int timeout_ms, const Launch& launch) {
   auto binary = FindDaemonBinary();
   if (!binary.ok()) return binary.status();
   std::unique_ptr<DaemonProcess> d(new DaemonProcess());
@@ -161,6 +166,14 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::v
     // runner would wait for that pipe until its timeout.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(126);  // the owner died before prctl took effect
+    // Only async-signal-safe calls from here on (the parent may have threads).
+    if (launch.max_open_files != 0) {
+      const rlimit nofile{launch.max_open_files, launch.max_open_files};
+      if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) ::_exit(124);
+    }
+    for (const int cap : launch.drop_capabilities) {
+      if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) ::_exit(123);
+    }
     ::execv(argv[0], argv.data());
     std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);

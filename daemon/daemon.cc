@@ -31,6 +31,7 @@
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/service.h"
 #include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/stream_gate.h"
 
 namespace hisparse {
 
@@ -50,9 +51,22 @@ namespace {
 // for the session's life. The daemon bounds them (grpc::ResourceQuota) so that overload is answered
 // with RESOURCE_EXHAUSTED rather than ending in a failed thread creation: one thread per session
 // stream, one per session for a unary call in flight beside it, and a few for calls that need no
-// session (health, stats, admin) and for gRPC's pollers.
+// session (health, stats, admin) and for gRPC's pollers. A call that finds the quota spent is
+// refused before any handler sees it, whoever calls and whatever the method, so the share of
+// health and admin calls is kept by the gate instead (stream_gate.h): Session streams, the one
+// kind of call that holds its thread, take at most max_sessions of these threads from their start
+// (before `open`), and the other max_sessions + 16 stay free for calls that return.
 constexpr int kSessionlessCallThreads = 16;
 int GrpcThreadLimit(int max_sessions) { return 2 * max_sessions + kSessionlessCallThreads; }
+
+SessionStreamGate::Limits GateLimitsFrom(const LimitsConfig& l) {
+  return SessionStreamGate::Limits{l.max_sessions, l.max_opening_sessions_per_peer,
+                                   absl::Milliseconds(l.session_open_timeout_ms)};
+}
+
+FdServer::InFlightLimits FdInFlightFrom(const LimitsConfig& l) {
+  return FdServer::InFlightLimits{l.max_fds_in_flight_per_connection, l.max_fds_in_flight_per_peer};
+}
 
 // Refuses a pool the machine cannot hold (pre-touching it would end in the OOM killer), before a
 // page of it is touched. Huge pages the pool may take count apart: they are reserved already.
@@ -111,7 +125,8 @@ struct Daemon::Impl {
   std::unique_ptr<LeaseSweeper> lease_sweeper;  // goes before `sessions` too
   std::shared_ptr<Metrics> metrics;
   std::unique_ptr<MetricsServer> metrics_server;
-  PeerRegistry peers;  // who is at the other end of each control connection
+  PeerRegistry peers;                              // who is at the other end of each control connection
+  std::unique_ptr<SessionStreamGate> stream_gate;  // Session streams before `open`; outlives `server`
   std::unique_ptr<HiSparseService> service;
   std::thread drainer;  // runs Shutdown when a drain with exit_when_idle goes idle
   grpc::ResourceQuota grpc_threads{"hisparsed-grpc-threads"};
@@ -250,6 +265,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   Impl* raw = impl.get();
   FdServer::Options fd_options;
   fd_options.max_connections_per_peer = config.limits.max_fd_connections_per_peer;
+  fd_options.in_flight = FdInFlightFrom(config.limits);
   fd_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kFdChannel, up); };
   HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy,
                                                        impl->sessions.get(), std::move(fd_options)));
@@ -277,8 +293,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     d->Drain(exit_when_idle);
     return true;
   };
+  impl->stream_gate = std::make_unique<SessionStreamGate>(GateLimitsFrom(config.limits));
   impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), &impl->peers, policy,
-                                                    std::move(hooks));
+                                                    std::move(hooks), impl->stream_gate.get());
   // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
   // and hands only admitted connections to gRPC: no RPC, admin ones included, is reachable by a
   // peer the access policy refuses.
@@ -296,22 +313,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
   grpc::Server* server = impl->server.get();
   PeerRegistry* peers = &impl->peers;
+  PeerAcceptor::Options acceptor_options;
+  acceptor_options.max_connections_per_peer = config.limits.max_control_connections_per_peer;
+  acceptor_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); };
+  // The acceptor has recorded the connection's peer in `peers` (and counted it) before this runs:
+  // its first RPC may arrive as soon as gRPC has it.
   HS_ASSIGN_OR_RETURN(impl->acceptor, PeerAcceptor::Start(
-                                          std::move(*listener), policy,
-                                          [server, peers](int fd, const PeerCredentials& peer) {
-                                            // Recorded first: the connection's first RPC may arrive as soon as gRPC has
-                                            // it.
-                                            if (absl::Status st = peers->Record(fd, peer); !st.ok()) {
-                                              LOG(WARNING)
-                                                  << "refused a control connection from pid " << peer.pid << ": " << st;
-                                              ::close(fd);
-                                              return;
-                                            }
+                                          std::move(*listener), policy, peers,
+                                          [server](int fd, const PeerCredentials&) {
                                             // gRPC's event engine drives the connection with non-blocking I/O.
                                             ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
                                             grpc::AddInsecureChannelFromFd(server, fd);
                                           },
-                                          [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); }));
+                                          std::move(acceptor_options)));
   // Pools are ready: only now do health checks see SERVING.
   {
     absl::MutexLock lock(&impl->health_mu);
@@ -375,6 +389,9 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   cur.durability.max_lease_seconds = next.durability.max_lease_seconds;
   impl_->sessions->SetMaxLeaseSeconds(static_cast<uint32_t>(next.durability.max_lease_seconds));
   impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);
+  impl_->fd_server->SetInFlightLimits(FdInFlightFrom(next.limits));
+  impl_->acceptor->SetMaxConnectionsPerPeer(next.limits.max_control_connections_per_peer);
+  impl_->stream_gate->SetLimits(GateLimitsFrom(next.limits));
   impl_->grpc_threads.SetMaxThreads(GrpcThreadLimit(next.limits.max_sessions));
   impl_->sessions->SetHostArenaBudget(next.limits.host_arena_bytes != 0 ? next.limits.host_arena_bytes
                                                                         : impl_->auto_host_arena_bytes);

@@ -1,15 +1,20 @@
 #include "hisparse/daemon/fd_server.h"
 
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <errno.h>
 
+#include <chrono>
 #include <cstring>
 #include <system_error>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +28,7 @@ namespace {
 constexpr size_t kMaxRequestBytes = 512;
 constexpr int kMaxEvents = 64;
 constexpr int kMaxAcceptsPerWakeup = 64;  // then the open connections get their turn
+constexpr int kLingerSweepMs = 1000;      // lingering connections are looked at this often
 
 absl::Status ErrnoStatus(absl::string_view what) {
   return absl::InternalError(absl::StrCat("fd channel: ", what, ": ", std::strerror(errno)));
@@ -76,14 +82,20 @@ void FdServer::Stop() {
   if (loop_.joinable()) loop_.join();
   conns_.clear();  // the loop has ended: its table is ours now
   conns_per_uid_.clear();
+  in_flight_.clear();
+  in_flight_total_ = 0;
+  lingering_ = 0;
 }
 
 void FdServer::Loop() {
   epoll_event events[kMaxEvents];
+  auto next_sweep = std::chrono::steady_clock::now();
   while (!stopping_.load()) {
     guard_->Probe();
     WatchListener(!guard_->listener_paused());
-    const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, guard_->WaitMs());
+    int wait_ms = guard_->WaitMs();
+    if (lingering_ > 0 && (wait_ms < 0 || wait_ms > kLingerSweepMs)) wait_ms = kLingerSweepMs;
+    const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, wait_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       LOG(ERROR) << "fd channel: epoll_wait failed: " << std::strerror(errno) << "; the channel is down";
@@ -98,8 +110,13 @@ void FdServer::Loop() {
       } else if ((events[i].events & EPOLLIN) != 0) {
         ServeOne(fd);  // a hang-up with data still queued: serve it; the next read sees the end
       } else {
-        Drop(fd);
+        Drop(fd);  // a hang-up; a lingering connection (watched for nothing else) may go with it
       }
+    }
+    // Lingering connections whose peer has read everything since, without closing.
+    if (lingering_ > 0 && std::chrono::steady_clock::now() >= next_sweep) {
+      SettleAll();
+      next_sweep = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLingerSweepMs);
     }
   }
 }
@@ -176,20 +193,124 @@ void FdServer::ServeOne(int fd) {
     return;                                                    // peer gone or garbage: drop the connection
   }
   UniqueFd out;
-  const std::string reply = HandleRequest(*sessions_, packet->payload, it->second.peer, &out);
-  if (!SendPacket(fd, reply, out.get()).ok()) Drop(fd);  // gone, or not reading its replies
+  std::string reply = HandleRequest(*sessions_, packet->payload, it->second.peer, &out);
+  if (out.valid()) {
+    if (std::string why = InFlightRefusal(fd, it->second); !why.empty()) {
+      out.Reset();
+      absl::StatusOr<FdRequest> req = DecodeFdRequest(packet->payload);  // it decoded: a descriptor was granted
+      reply = EncodeFdReply(FdErr{absl::StatusCode::kResourceExhausted, std::move(why)},
+                            req.ok() ? req->version : FdVersion::kV2);
+    }
+  }
+  if (!SendPacket(fd, reply, out.get()).ok()) return Drop(fd);  // gone, or not reading its replies
+  if (out.valid()) CountSent(fd, it->second);
 }
 
 void FdServer::Drop(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
+  Conn& c = it->second;
+  Settle(fd, c);
+  if (c.in_flight == 0) return Close(fd);
+  if (c.lingering) return;
+  // Its peer has not read every descriptor sent: they are in flight still, and stay counted, with
+  // the connection, until the peer reads them or closes. Edge-triggered: a hang-up wakes the loop
+  // once; the sweep and the bounds' checks look again.
+  c.lingering = true;
+  ++lingering_;
+  epoll_event ev{};
+  ev.events = EPOLLET;  // EPOLLHUP and EPOLLERR are always reported
+  ev.data.fd = fd;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev);
+}
+
+void FdServer::Close(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  if (it->second.lingering) --lingering_;
   if (it->second.refused) {
     --refusing_;
   } else if (auto held = conns_per_uid_.find(it->second.peer.uid); held != conns_per_uid_.end()) {
     if (--held->second <= 0) conns_per_uid_.erase(held);
   }
   conns_.erase(it);  // closes the connection
+}
+
+void FdServer::Settle(int fd, Conn& c) {
+  if (c.in_flight == 0) return;
+  int queued = 0;
+  if (::ioctl(fd, SIOCOUTQ, &queued) != 0 || queued > 0) return;  // unknown, or not all read yet
+  auto peer = in_flight_.find(c.peer.uid);
+  if (peer != in_flight_.end()) {
+    peer->second.fds -= c.in_flight;
+    peer->second.conns.erase(fd);
+    if (peer->second.conns.empty()) in_flight_.erase(peer);
+  }
+  in_flight_total_ -= c.in_flight;
+  c.in_flight = 0;
+}
+
+void FdServer::SettlePeer(uid_t uid) {
+  auto peer = in_flight_.find(uid);
+  if (peer == in_flight_.end()) return;
+  const std::vector<int> fds(peer->second.conns.begin(), peer->second.conns.end());  // Settle edits the set
+  for (int fd : fds) {
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) continue;
+    Settle(fd, it->second);
+    if (it->second.lingering && it->second.in_flight == 0) Close(fd);
+  }
+}
+
+void FdServer::SettleAll() {
+  std::vector<uid_t> uids;
+  uids.reserve(in_flight_.size());
+  for (const auto& [uid, peer] : in_flight_) uids.push_back(uid);
+  for (uid_t uid : uids) SettlePeer(uid);
+}
+
+std::string FdServer::InFlightRefusal(int fd, Conn& c) {
+  Settle(fd, c);
+  const int per_conn = max_in_flight_per_conn_.load();
+  if (c.in_flight >= per_conn) {
+    return absl::StrCat("this connection holds ", c.in_flight,
+                        " descriptors its peer has not read, its limit (limits.max_fds_in_flight_per_connection): read "
+                        "each reply before the next request");
+  }
+  const uid_t uid = c.peer.uid;
+  const int per_peer = max_in_flight_per_peer_.load();
+  auto held = [this, uid] {
+    auto peer = in_flight_.find(uid);
+    return peer == in_flight_.end() ? 0 : peer->second.fds;
+  };
+  if (held() >= per_peer) SettlePeer(uid);
+  if (const int n = held(); n >= per_peer) {
+    return absl::StrCat("uid ", uid, " holds ", n,
+                        " descriptors sent over the fd channel and not yet read, its limit "
+                        "(limits.max_fds_in_flight_per_peer)");
+  }
+  // The kernel's own bound, below which the daemon must stay for every tenant: the descriptors in
+  // flight of all the daemon user's processes against RLIMIT_NOFILE (an eighth is left to others).
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    const int64_t ceiling = static_cast<int64_t>(nofile.rlim_cur - nofile.rlim_cur / 8);
+    if (in_flight_total_ >= ceiling) SettleAll();
+    if (in_flight_total_ >= ceiling) {
+      return absl::StrCat("the daemon has ", in_flight_total_,
+                          " descriptors in flight to peers that have not read them, ",
+                          "its bound (seven eighths of its RLIMIT_NOFILE, ", nofile.rlim_cur, ")");
+    }
+  }
+  return std::string();
+}
+
+void FdServer::CountSent(int fd, Conn& c) {
+  ++c.in_flight;
+  PeerInFlight& peer = in_flight_[c.peer.uid];
+  ++peer.fds;
+  peer.conns.insert(fd);
+  ++in_flight_total_;
 }
 
 std::string FdServer::HandleRequest(SessionManager& sessions, absl::string_view request, const PeerCredentials& peer,

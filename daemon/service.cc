@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/accept_guard.h"
 
 namespace hisparse {
 namespace {
@@ -138,8 +139,34 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
                                       grpc::ServerReaderWriter<v1::SessionEvent, v1::SessionRequest>* stream) {
   auto caller = Identify(context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // The stream holds a gRPC thread from now on: the gate bounds such streams before they are
+  // sessions (stream_gate.h), and cancels this one if its `open` does not come in time. The
+  // ticket lives as long as this handler, and gives the stream's place back as it returns.
+  std::optional<SessionStreamGate::Ticket> ticket;
+  if (gate_ != nullptr) {
+    auto admitted = gate_->Enter(caller->peer.uid, caller->admin, [context] { context->TryCancel(); });
+    if (!admitted.ok()) {
+      uint64_t suppressed = 0;
+      if (refused_log_.ShouldLog(&suppressed)) {
+        LOG(WARNING) << "refused a Session stream of pid " << caller->peer.pid << ": " << admitted.status().message()
+                     << SuppressedNote(suppressed);
+      }
+      return ToGrpcStatus(admitted.status());
+    }
+    ticket.emplace(*std::move(admitted));
+  }
   v1::SessionRequest first;
-  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "stream ended before open");
+  const bool got_first = stream->Read(&first);
+  if (ticket.has_value() && !ticket->Opened()) {
+    uint64_t suppressed = 0;
+    if (refused_log_.ShouldLog(&suppressed)) {
+      LOG(WARNING) << "cancelled a Session stream of pid " << caller->peer.pid << " uid " << caller->peer.uid
+                   << ": no `open` within limits.session_open_timeout_ms" << SuppressedNote(suppressed);
+    }
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "no `open` arrived within limits.session_open_timeout_ms: the stream was cancelled");
+  }
+  if (!got_first) return grpc::Status(grpc::StatusCode::CANCELLED, "stream ended before open");
   if (first.kind_case() != v1::SessionRequest::kOpen) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of a session must be `open`");
   }

@@ -116,6 +116,10 @@ unit_rules() {
     { echo "RestartForceExitStatus=75 is missing: a drained daemon would stay down"; bad=1; }
   [[ "$(value ExecReload)" == *"-HUP \$MAINPID"* ]] || { echo "ExecReload does not send SIGHUP (config reload)"; bad=1; }
   [[ "$(value LimitMEMLOCK)" == infinity ]] || { echo "LimitMEMLOCK is not infinity"; bad=1; }
+  # Descriptors in flight count against it: the daemon's bounds must answer before the kernel
+  # (the unit's comment has the arithmetic, for 65536).
+  [[ "$(value LimitNOFILE)" =~ ^[0-9]+$ && "$(value LimitNOFILE)" -ge 65536 ]] ||
+    { echo "LimitNOFILE=$(value LimitNOFILE): below 65536"; bad=1; }
   [[ "$(value RestrictAddressFamilies)" == "AF_UNIX AF_INET AF_INET6" ]] || { echo "RestrictAddressFamilies"; bad=1; }
   for key in ProtectSystem=strict ProtectHome=yes NoNewPrivileges=yes PrivateTmp=yes ProtectKernelTunables=yes \
              ProtectKernelModules=yes ProtectKernelLogs=yes DevicePolicy=closed; do

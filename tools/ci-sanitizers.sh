@@ -5,7 +5,8 @@
 #               fault test (ctest), then each fuzz target of tests/fuzz for FUZZ_SECONDS (the fuzz
 #               stage reuses this build: one ASan build, not two)
 #   build-tsan  TSan: the daemon's concurrency tests (integration and fault: a TSan-built hisparsed
-#               serving several client threads and processes) and the daemon unit tests
+#               serving several client threads and processes; the hostile tenants of
+#               hardening_conn_test) and the daemon unit tests (the Session stream gate's watchdog)
 # Both build at -O1 (what the sanitizers' own docs advise: usable stacks, a faster compile) with
 # line tables only (-gline-tables-only): reports keep file:line and inlined frames, and the
 # builds take about a third less time than -O2 with full debug info. Both are unity builds
@@ -105,8 +106,8 @@ stage_tsan() {
   echo "== tsan: TSan build, daemon concurrency tests"
   mkdir -p build-tsan
   local built=0
-  configure_and_build build-tsan integration_test fault_test daemon_core_test hisparsed hisparse-test-client hisparse-ctl \
-    -- -DHISPARSE_SANITIZE=thread || built=1
+  configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
+    hisparsed hisparse-test-client hisparse-ctl -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }
   # The benchmarks' smoke runs need hisparse-bench, which this stage does not build (^bench_).
   # halt_on_error: a race in the daemon child kills it, which fails the test that drives it.

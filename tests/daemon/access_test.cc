@@ -5,6 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace hisparse {
@@ -70,6 +74,46 @@ TEST(PeerRegistryTest, AClosedConnectionsNumberNamesNoLaterSocket) {
   EXPECT_EQ(registry.Record(-1, Peer(1, 1)).code(), absl::StatusCode::kInternal);
   ::close(b[0]);
   ::close(b[1]);
+}
+
+// Issue 39, item 6: a uid's control connections are counted, those gRPC has closed are not held
+// against it, and a replaced descriptor number counts for its new owner only.
+TEST(PeerRegistryTest, CountsEachUidsLiveConnectionsAgainstItsCap) {
+  PeerRegistry registry;
+  std::vector<std::array<int, 2>> pairs(4);
+  for (auto& p : pairs) ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, p.data()), 0);
+  ASSERT_TRUE(registry.Record(pairs[0][0], Peer(5000, 5000), 2).ok());
+  ASSERT_TRUE(registry.Record(pairs[1][0], Peer(5000, 5000), 2).ok());
+  const absl::Status over = registry.Record(pairs[2][0], Peer(5000, 5000), 2);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.message().find("limits.max_control_connections_per_peer"), std::string::npos) << over;
+  EXPECT_EQ(registry.Lookup("fd:" + std::to_string(pairs[2][0])).status().code(), absl::StatusCode::kUnauthenticated)
+      << "a refused connection was recorded";
+  // Another uid has a count of its own, and no cap means none.
+  EXPECT_TRUE(registry.Record(pairs[2][0], Peer(6000, 6000), 2).ok());
+  EXPECT_TRUE(registry.Record(pairs[3][0], Peer(5000, 5000), 0).ok());
+  EXPECT_EQ(registry.Connections(5000), 3);
+  EXPECT_EQ(registry.Connections(6000), 1);
+  // gRPC closes two of 5000's connections: they no longer count, and 5000 may connect again.
+  ::close(pairs[0][0]);
+  ::close(pairs[1][0]);
+  int fresh[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fresh), 0);
+  EXPECT_TRUE(registry.Record(fresh[0], Peer(5000, 5000), 2).ok());
+  EXPECT_EQ(registry.Connections(5000), 2);
+  // A number taken over by another uid's connection moves to that uid.
+  ::close(pairs[3][0]);
+  int taken[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, taken), 0);
+  ASSERT_TRUE(registry.Record(taken[0], Peer(6000, 6000), 2).ok());
+  EXPECT_EQ(registry.Connections(5000), 1);
+  EXPECT_EQ(registry.Connections(6000), 2);
+  for (int fd :
+       {pairs[0][1], pairs[1][1], pairs[2][0], pairs[2][1], pairs[3][1], fresh[0], fresh[1], taken[0], taken[1]}) {
+    ::close(fd);
+  }
+  EXPECT_EQ(registry.Connections(5000), 0);
+  EXPECT_EQ(registry.Connections(6000), 0);
 }
 
 }  // namespace access_test

@@ -23,6 +23,17 @@ class DaemonProcess {
   // the daemon's exit status).
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const std::vector<std::string>& extra_args,
                                                               int timeout_ms = 20000);
+  // How the process is started, beyond its arguments: the limits it runs under as deployed.
+  struct Launch {
+    // RLIMIT_NOFILE, soft and hard, set before exec; 0 keeps this process's.
+    rlim_t max_open_files = 0;
+    // Capabilities dropped from the bounding set before exec, so that a daemon started by root
+    // runs without them (e.g. CAP_SYS_RESOURCE and CAP_SYS_ADMIN, which exempt a process from the
+    // kernel's count of descriptors in flight, as the deployed daemon is not).
+    std::vector<int> drop_capabilities;
+  };
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const std::vector<std::string>& extra_args,
+                                                              int timeout_ms, const Launch& launch);
   ~DaemonProcess();
 
   const std::string& address() const { return address_; }  // "unix:/tmp/.../hisparsed.sock"

@@ -64,6 +64,19 @@ struct LimitsConfig {
   int max_requests_per_session = 4096;
   // fd-channel connections one peer uid may hold open at once (a session's client holds one).
   int max_fd_connections_per_peer = 1024;
+  // Descriptors sent over the fd channel and not yet read by their peer (in flight): at most this
+  // many on one connection, and this many over all connections of one peer uid. The kernel counts
+  // every descriptor in flight against the daemon's RLIMIT_NOFILE, and past it refuses to pass any
+  // more, to anyone: these bounds answer first, and only the tenant that does not read.
+  int max_fds_in_flight_per_connection = 4;
+  int max_fds_in_flight_per_peer = 64;
+  // Control-socket (gRPC) connections one peer uid may hold open at once; admins have no cap.
+  int max_control_connections_per_peer = 1024;
+  // Session streams one peer uid may hold before their first message (`open`) arrives; admins
+  // have no cap. Every Session stream, opening or open, also takes one of max_sessions.
+  int max_opening_sessions_per_peer = 16;
+  // How long a Session stream may wait for its `open` before the daemon cancels it.
+  int session_open_timeout_ms = 5000;
   // Node-wide bytes of host slot arenas (memfd arenas of sessions on the host backend or with
   // gpu = -1) all sessions together may hold: an arena's pages become real memory as its engine
   // touches them. 0 = auto: what the machine (MemAvailable, capped by the cgroup limit) has left

@@ -4,7 +4,8 @@
 // Every RPC first learns its caller from the PeerRegistry (the kernel's SO_PEERCRED, recorded
 // when the connection was accepted); a caller that cannot be told is refused (UNAUTHENTICATED),
 // never served as anyone. Then:
-//   Session                 opens a session owned by the caller's uid (its tenant).
+//   Session                 opens a session owned by the caller's uid (its tenant); the stream is
+//                           bounded by the gate (stream_gate.h) from its start, before its `open`.
 //   Admit, Extend, Release, Park, Resume, AdmitBatch, ReleaseBatch, ParkBatch, ResumeBatch, SetLease, ListAdoptable,
 //   Adopt
 //                           only the session's owner uid, token or not (PERMISSION_DENIED).
@@ -23,9 +24,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "hisparse/daemon/accept_guard.h"
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/stream_gate.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
@@ -41,9 +44,15 @@ class HiSparseService final : public v1::HiSparse::Service {
   };
   // `peers` (who is at the other end of each connection) must outlive the service; `policy`
   // says who among them is an admin.
+  // `gate` (may be null: Session streams are not bounded before `open`) must outlive the service.
   HiSparseService(SessionManager* sessions, Metrics* metrics, const PeerRegistry* peers, AccessPolicy policy,
-                  Hooks hooks)
-      : sessions_(sessions), metrics_(metrics), peers_(peers), policy_(std::move(policy)), hooks_(std::move(hooks)) {}
+                  Hooks hooks, SessionStreamGate* gate = nullptr)
+      : sessions_(sessions),
+        metrics_(metrics),
+        peers_(peers),
+        policy_(std::move(policy)),
+        hooks_(std::move(hooks)),
+        gate_(gate) {}
 
   grpc::Status Session(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::SessionEvent, v1::SessionRequest>* stream) override;
@@ -89,6 +98,8 @@ class HiSparseService final : public v1::HiSparse::Service {
   const PeerRegistry* const peers_;
   const AccessPolicy policy_;
   const Hooks hooks_;
+  SessionStreamGate* const gate_;                 // may be null
+  RateLimitedLog refused_log_{absl::Seconds(1)};  // streams refused or cancelled by the gate
 };
 
 }  // namespace hisparse
