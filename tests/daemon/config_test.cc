@@ -323,6 +323,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"import.grant_ttl", "5"},
                                                                     {"import.ucx_tls", "tcp"},
                                                                     {"durability.max_lease_seconds", "60"},
+                                                                    {"durability.max_orphans_per_tenant", "0"},
                                                                     {"log_level", "debug"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
@@ -393,7 +394,7 @@ TEST(ConfigTest, KeyTable) {
                   "access.socket_group", "access.allowed_uids", "access.allowed_gids", "access.admin_uids",
                   "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests", "quotas.sessions",
                   "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled", "import.grant_ttl",
-                  "import.ucx_tls", "durability.max_lease_seconds", "log_level"));
+                  "import.ucx_tls", "durability.max_lease_seconds", "durability.max_orphans_per_tenant", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");
