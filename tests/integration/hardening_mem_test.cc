@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -406,6 +407,84 @@ TEST(GrpcThreadsTest, IdleStreamsPastTheThreadBoundAreRefused) {
     last_error = s->status.error_message();
     return s->ok();
   })) << last_error;
+}
+
+// ---- 2d. retired slabs an engine kept (issue 39, item 1) ----
+// The attack: open, admit the tenant's whole quota, fetch and write every slab, close, keeping
+// every descriptor. Before the fix each cycle pinned a quota's worth of memory in the kept
+// memfds, charged to the daemon's cgroup and counted nowhere (8 cycles: 256 MiB with a 32 MiB
+// quota). Now each retired slab is punched out of its memfd: the kept descriptors hold nothing.
+// HISPARSE_RETIRED_CYCLES sets the cycles (default 8).
+
+uint64_t AllocatedBytes(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+void KeptDescriptorsPinNothing(const std::string& hugepages) {
+  const char* env = std::getenv("HISPARSE_RETIRED_CYCLES");
+  const int cycles = env != nullptr ? std::max(1, std::atoi(env)) : 8;
+  constexpr uint64_t kQuota = 32 * kMiB;
+  auto d = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "2MiB", "--host-pool-slab-size", "16MiB",
+                        "--hugepages", hugepages, "--set", "quotas.host_bytes=32MiB"});
+  ASSERT_NE(d, nullptr);
+  auto stub = RawStub(d->address());
+  const uint64_t shmem_before_kb = ProcField("/proc/meminfo", "Shmem");
+  std::vector<UniqueFd> kept;
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    auto s = OpenRaw(stub.get(), HostGeometry(4, 1, 16, 64));
+    ASSERT_TRUE(s->ok()) << s->status.error_message();
+    grpc::ClientContext ctx;
+    v1::AdmitRequest req;
+    *req.mutable_session() = s->ref();
+    req.set_request_id(1);
+    req.set_token_budget(static_cast<uint32_t>(kQuota / 64));  // the whole quota, 64-byte records
+    v1::AdmitResponse admitted;
+    const grpc::Status st = stub->Admit(&ctx, req, &admitted);
+    ASSERT_TRUE(st.ok()) << "cycle " << cycle << ": " << st.error_message();
+    std::vector<uint64_t> slabs;
+    for (const auto& p : admitted.layers(0).pages()) {
+      if (std::find(slabs.begin(), slabs.end(), p.slab()) == slabs.end()) slabs.push_back(p.slab());
+    }
+    for (uint64_t slab : slabs) {
+      kept.push_back(FetchFd(s->opened.fd_socket(), *s, absl::StrCat("slab ", slab)));
+      ASSERT_TRUE(kept.back().valid());
+      const size_t bytes = static_cast<size_t>(::lseek(kept.back().get(), 0, SEEK_END));
+      void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, kept.back().get(), 0);
+      ASSERT_NE(map, MAP_FAILED);
+      std::memset(map, 0x5a, bytes);  // the engine's records
+      ::munmap(map, bytes);
+    }
+    s.reset();  // the session ends; the descriptors stay with the "engine"
+    // Until its punch a retired slab counts against the tenant: the next cycle waits it out.
+    ASSERT_TRUE(WaitUntil([&] {
+      const v1::StatsResponse stats = Stats(d->address());
+      return stats.sessions() == 0 && stats.host_pool().retired_bytes() == 0;
+    })) << "cycle "
+        << cycle << ": the session did not end or its slabs were not freed";
+  }
+  uint64_t pinned = 0;
+  for (const UniqueFd& fd : kept) pinned += AllocatedBytes(fd.get());
+  const uint64_t shmem_after_kb = ProcField("/proc/meminfo", "Shmem");
+  std::printf("[ figure   ] %d cycles, %zu kept slab descriptors: %lu bytes pinned; Shmem %lu kB -> %lu kB\n", cycles,
+              kept.size(), static_cast<unsigned long>(pinned), static_cast<unsigned long>(shmem_before_kb),
+              static_cast<unsigned long>(shmem_after_kb));
+  EXPECT_EQ(pinned, 0u) << kept.size() << " kept descriptors pin " << pinned << " bytes (quota " << kQuota << ")";
+  const v1::StatsResponse stats = Stats(d->address());
+  EXPECT_EQ(stats.host_pool().used_bytes(), 0u);
+  EXPECT_EQ(stats.host_pool().retired_slabs(), 0u);
+  // Still serving, the quota whole again.
+  auto s = OpenRaw(stub.get(), HostGeometry(4, 1, 16, 64));
+  ASSERT_TRUE(s->ok()) << s->status.error_message();
+}
+
+TEST(RetiredSlabTest, KeptDescriptorsOfRetiredSlabsPinNothing) { KeptDescriptorsPinNothing("off"); }
+
+TEST(RetiredSlabTest, KeptDescriptorsOfRetiredHugetlbSlabsPinNothing) {
+  // 64 MiB of pool on 2 MiB pages, with room for the start-up probe.
+  if (FreeHugePages() < 48) GTEST_SKIP() << "fewer than 48 free huge pages (vm.nr_hugepages) on this host";
+  KeptDescriptorsPinNothing("on");
 }
 
 // ---- 3 and 4: processes that must not start ----
