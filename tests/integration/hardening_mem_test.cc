@@ -1,6 +1,7 @@
 // Memory and process-level hardening of a real hisparsed process (issue 14): sealed memfds against
 // a hostile engine, the daemon's address space and host-arena budget, gRPC's thread bound, one
-// daemon per socket path, and a pool larger than the machine refused at start.
+// daemon per socket path, and a pool larger than the machine refused at start. Issue 39: retired
+// slabs whose descriptors an engine kept pin no memory, and ListAdoptable's pages reach the caller.
 #include <errno.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -485,6 +486,58 @@ TEST(RetiredSlabTest, KeptDescriptorsOfRetiredHugetlbSlabsPinNothing) {
   // 64 MiB of pool on 2 MiB pages, with room for the start-up probe.
   if (FreeHugePages() < 48) GTEST_SKIP() << "fewer than 48 free huge pages (vm.nr_hugepages) on this host";
   KeptDescriptorsPinNothing("on");
+}
+
+// ---- 2e. more adoptable requests than one page of ListAdoptable (issue 39, item 8) ----
+// The daemon answers ListAdoptable a page at a time (at most 10000); the client library follows
+// the pages, so hs_list_adoptable still returns every orphaned request, in order, exactly once.
+
+TEST(ListAdoptablePagesTest, TheClientLibraryReturnsEveryPage) {
+  constexpr uint32_t kSessions = 3, kPerSession = 3400;  // 10200: two of the daemon's pages
+  auto d = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size", "4MiB"});
+  ASSERT_NE(d, nullptr);
+  auto stub = RawStub(d->address());
+  for (uint32_t i = 0; i < kSessions; ++i) {
+    auto s = OpenRaw(stub.get(), HostGeometry(4096, 1, 16, 64));
+    ASSERT_TRUE(s->ok()) << s->status.error_message();
+    for (uint32_t first = 1; first <= kPerSession; first += 1024) {
+      v1::AdmitBatchRequest req;
+      *req.mutable_session() = s->ref();
+      req.set_mode(v1::BATCH_MODE_ALL_OR_NOTHING);
+      for (uint32_t id = first; id < first + 1024 && id <= kPerSession; ++id) {
+        v1::AdmitItem* item = req.add_items();
+        item->set_request_id(id);
+        item->set_token_budget(1);
+        item->set_lease_seconds(600);
+      }
+      grpc::ClientContext ctx;
+      v1::AdmitBatchResponse resp;
+      const grpc::Status st = stub->AdmitBatch(&ctx, req, &resp);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+      ASSERT_EQ(resp.admitted(), static_cast<uint32_t>(req.items_size()));
+    }
+    s.reset();  // ends: its durable requests become an orphan
+  }
+  ASSERT_TRUE(WaitUntil([&] { return Stats(d->address()).orphaned_requests() == kSessions * kPerSession; }));
+  hs_session_options o = HS_SESSION_OPTIONS_INIT;
+  o.daemon_address = d->address().c_str();
+  o.engine_name = "hardening-test";  // OpenRaw's: the orphans' engine
+  o.num_layers = 1;
+  o.record_bytes = 64;
+  o.k = 8;
+  o.slots = 16;
+  o.max_requests = 4;
+  o.backend = HS_BACKEND_HOST;
+  Session next;
+  ASSERT_TRUE(Session::Open(o, &next).ok());
+  std::vector<uint64_t> dead(kSessions * kPerSession + 1), ids(dead.size());
+  size_t count = 0;
+  ASSERT_EQ(hs_list_adoptable(next.get(), dead.data(), ids.data(), nullptr, dead.size(), &count), HS_OK)
+      << hs_last_error();
+  ASSERT_EQ(count, size_t{kSessions} * kPerSession);
+  for (size_t i = 1; i < count; ++i) {
+    ASSERT_TRUE(dead[i - 1] < dead[i] || (dead[i - 1] == dead[i] && ids[i - 1] < ids[i])) << "entry " << i;
+  }
 }
 
 // ---- 3 and 4: processes that must not start ----
