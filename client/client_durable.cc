@@ -12,6 +12,12 @@
 #include "hisparse/common/status_macros.h"
 
 namespace hisparse {
+namespace {
+
+// ListAdoptable's page: the daemon's largest (SessionManager::kMaxPageSize), few round trips.
+constexpr uint32_t kAdoptablePageSize = 10000;
+
+}  // namespace
 
 absl::StatusOr<hs_request_info> ClientSession::AdmitDurable(uint64_t request_id, uint32_t context_tokens,
                                                             uint32_t token_budget, uint32_t lease_seconds) {
@@ -38,11 +44,22 @@ absl::StatusOr<double> ClientSession::SetLease(uint64_t request_id, uint32_t lea
 
 absl::StatusOr<std::vector<v1::AdoptableRequest>> ClientSession::ListAdoptable() {
   HS_RETURN_IF_ERROR(CheckAlive());
+  // The daemon answers a page at a time: every page, in order, for the caller. A daemon that
+  // does not page answers everything at once with no next token.
+  std::vector<v1::AdoptableRequest> all;
   v1::ListAdoptableRequest req;
   *req.mutable_session() = ref_;
-  v1::ListAdoptableResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->ListAdoptable(CallContext().get(), req, &resp), "list adoptable"));
-  return std::vector<v1::AdoptableRequest>(resp.requests().begin(), resp.requests().end());
+  req.set_page_size(kAdoptablePageSize);
+  do {
+    v1::ListAdoptableResponse resp;
+    HS_RETURN_IF_ERROR(FromGrpc(stub_->ListAdoptable(CallContext().get(), req, &resp), "list adoptable"));
+    all.insert(all.end(), resp.requests().begin(), resp.requests().end());
+    if (!resp.next_page_token().empty() && resp.next_page_token() == req.page_token()) {
+      return absl::InternalError("list adoptable: the daemon handed out the same page token twice");
+    }
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
+  return all;
 }
 
 absl::StatusOr<std::vector<uint64_t>> ClientSession::Adopt(uint64_t dead_session_id) {

@@ -123,6 +123,7 @@ class ClientSession {
   absl::StatusOr<hs_request_info> AdmitDurable(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                                                uint32_t lease_seconds) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<double> SetLease(uint64_t request_id, uint32_t lease_seconds);
+  // Every page of the daemon's ListAdoptable, in (dead session, request) order.
   absl::StatusOr<std::vector<v1::AdoptableRequest>> ListAdoptable();
   absl::StatusOr<std::vector<uint64_t>> Adopt(uint64_t dead_session_id) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   // TP groups (client_groups.cc): Admit for the session's group (OpenSession.group, from

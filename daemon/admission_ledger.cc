@@ -2,6 +2,7 @@
 #include "hisparse/daemon/admission_ledger.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,8 +29,11 @@ const char* RejectReasonName(RejectReason reason) {
   return "unknown";
 }
 
-AdmissionLedger::AdmissionLedger(const Quotas& quotas, uint64_t page_bytes, Clock clock)
-    : quotas_(quotas), page_bytes_(std::max<uint64_t>(page_bytes, 1)), clock_(std::move(clock)) {}
+AdmissionLedger::AdmissionLedger(const Quotas& quotas, uint64_t page_bytes, Clock clock, OutsideBytes outside)
+    : quotas_(quotas),
+      page_bytes_(std::max<uint64_t>(page_bytes, 1)),
+      clock_(std::move(clock)),
+      outside_(std::move(outside)) {}
 
 AdmissionLedger::Session* AdmissionLedger::Find(uint64_t session_id) {
   auto it = sessions_.find(session_id);
@@ -116,17 +120,25 @@ std::optional<Refusal> AdmissionLedger::CheckGrow(uint64_t session_id, uint64_t 
   const Session* s = Find(session_id);
   if (s == nullptr) return Refusal{RejectReason::kQuota, absl::NotFoundError("no such session in the ledger")};
   const TenantUsage u = Usage(s->tenant);
-  const uint64_t bytes = (u.pages + more_pages) * page_bytes_;
+  // Retired slabs its engines may still hold count as pages it holds (whole pages).
+  const bool quota_on = quotas_.host_bytes != 0 || quotas_.pages != 0;
+  const uint64_t outside_bytes = quota_on && outside_ ? outside_(s->tenant) : 0;
+  const uint64_t outside = (outside_bytes + page_bytes_ - 1) / page_bytes_;
+  const std::string retired =
+      outside == 0 ? std::string()
+                   : absl::StrCat(", ", outside, " of them retired slabs its engines may still hold, not yet freed");
+  const uint64_t pages = u.pages + outside + more_pages;
+  const uint64_t bytes = pages * page_bytes_;
   if (quotas_.host_bytes != 0 && bytes > quotas_.host_bytes) {
     return Refusal{RejectReason::kQuota,
                    absl::ResourceExhaustedError(absl::StrCat(
-                       "tenant uid ", s->tenant, " would hold ", bytes, " host pool bytes (", u.pages + more_pages,
-                       " pages of ", page_bytes_, "); its quota (quotas.host_bytes) is ", quotas_.host_bytes))};
+                       "tenant uid ", s->tenant, " would hold ", bytes, " host pool bytes (", pages, " pages of ",
+                       page_bytes_, retired, "); its quota (quotas.host_bytes) is ", quotas_.host_bytes))};
   }
-  if (quotas_.pages != 0 && u.pages + more_pages > quotas_.pages) {
+  if (quotas_.pages != 0 && pages > quotas_.pages) {
     return Refusal{RejectReason::kQuota, absl::ResourceExhaustedError(absl::StrCat(
-                                             "tenant uid ", s->tenant, " would hold ", u.pages + more_pages,
-                                             " host pool pages; its quota (quotas.pages) is ", quotas_.pages))};
+                                             "tenant uid ", s->tenant, " would hold ", pages, " host pool pages",
+                                             retired, "; its quota (quotas.pages) is ", quotas_.pages))};
   }
   if (quotas_.requests != 0 && u.requests + more_requests > quotas_.requests) {
     return Refusal{RejectReason::kQuota, absl::ResourceExhaustedError(absl::StrCat(

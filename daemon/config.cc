@@ -369,6 +369,13 @@ const std::vector<KeySpec>& Specs() {
        false, HS_SET_WITH(ParseInt, durability.max_lease_seconds),
        [](const DaemonConfig& c) { return absl::StrCat(c.durability.max_lease_seconds); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.durability.max_lease_seconds, 0); }},
+      {"durability.max_orphans_per_tenant", "integer >= 0",
+       "Ended sessions one tenant may have kept for their durable requests (orphans) at once; a session of a "
+       "tenant at the cap releases its durable requests when it ends. 0 = no limit. Changes on reload (SIGHUP): "
+       "orphans already kept stay.",
+       false, HS_SET_WITH(ParseInt, durability.max_orphans_per_tenant),
+       [](const DaemonConfig& c) { return absl::StrCat(c.durability.max_orphans_per_tenant); },
+       [](const DaemonConfig& c) { return CheckAtLeast(c.durability.max_orphans_per_tenant, 0); }},
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},

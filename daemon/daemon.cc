@@ -95,12 +95,16 @@ absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hu
 }  // namespace
 
 // Ends the leases of orphaned durable requests (SessionManager::ExpireLeases) once a second, on a
-// thread of its own, until destroyed. A lease therefore ends at most a second late.
+// thread of its own, until destroyed. A lease therefore ends at most a second late. The same tick
+// sweeps retired slabs that an engine touched again after their punch (SweepRetiredSlabs).
 class LeaseSweeper {
  public:
   explicit LeaseSweeper(SessionManager* sessions)
       : thread_([this, sessions] {
-          while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) sessions->ExpireLeases();
+          while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+            sessions->ExpireLeases();
+            sessions->SweepRetiredSlabs();  // retired slabs an engine touched again (page_pool.h)
+          }
         }) {}
   ~LeaseSweeper() {
     stop_.Notify();
@@ -240,6 +244,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.version = kVersion;
   sm_options.import_grant_ttl = absl::Seconds(config.import.grant_ttl);
   sm_options.max_lease_seconds = static_cast<uint32_t>(config.durability.max_lease_seconds);
+  sm_options.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   if (config.import.enabled) {
@@ -376,6 +381,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   live.quotas = next.quotas;
   live.admission = next.admission;
   live.durability.max_lease_seconds = next.durability.max_lease_seconds;
+  live.durability.max_orphans_per_tenant = next.durability.max_orphans_per_tenant;
   for (const std::string& change : DescribeConfigChanges(cur, live)) LOG(INFO) << "reload: " << change;
   if (next.log_level != cur.log_level) {
     cur.log_level = next.log_level;
@@ -388,6 +394,9 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   // The lease bound is checked at each SetLease and admission; granted leases keep their deadline.
   cur.durability.max_lease_seconds = next.durability.max_lease_seconds;
   impl_->sessions->SetMaxLeaseSeconds(static_cast<uint32_t>(next.durability.max_lease_seconds));
+  // The orphan cap is checked as each session ends; orphans kept already stay.
+  cur.durability.max_orphans_per_tenant = next.durability.max_orphans_per_tenant;
+  impl_->sessions->SetMaxOrphansPerTenant(static_cast<uint32_t>(next.durability.max_orphans_per_tenant));
   impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);
   impl_->fd_server->SetInFlightLimits(FdInFlightFrom(next.limits));
   impl_->acceptor->SetMaxConnectionsPerPeer(next.limits.max_control_connections_per_peer);

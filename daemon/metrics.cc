@@ -76,6 +76,10 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_host_pool_shared_pages", "gauge", "Host pool pages with more than one reference."},
       {"hisparse_host_pool_slabs", "gauge", "Host pool slabs held, per session."},
       {"hisparse_host_pool_scrub_queue", "gauge", "Slabs their sessions left, waiting to be dropped."},
+      {"hisparse_host_pool_retired_bytes", "gauge",
+       "Bytes of retired slabs an engine was handed and may still hold, not yet seen freed; charged to their "
+       "tenants' host quotas."},
+      {"hisparse_host_pool_retired_slabs", "gauge", "Retired slabs charged to their tenants, not yet seen freed."},
       {"hisparse_arena_bytes", "gauge", "Slot-arena bytes held by sessions, per device (gpu=-1: host-emulated)."},
       {"hisparse_sessions", "gauge", "Open sessions."},
       {"hisparse_requests", "gauge", "Admitted requests."},
@@ -102,6 +106,9 @@ const std::vector<MetricInfo>& MetricCatalog() {
        "Durable requests of ended sessions, parked until adopted or their lease ends; not in hisparse_requests."},
       {"hisparse_orphaned_bytes", "gauge", "Host pool bytes the orphaned durable requests hold."},
       {"hisparse_lease_expiries_total", "counter", "Orphaned durable requests released because their lease ended."},
+      {"hisparse_orphans_refused_total", "counter",
+       "Sessions whose durable requests were released at their end: their tenant held "
+       "durability.max_orphans_per_tenant orphans."},
       {"hisparse_tp_groups", "gauge", "TP groups (OpenSession.group) on the node."},
       {"hisparse_host_pool_group_bytes", "gauge",
        "Host pool bytes of TP groups' requests, counted once however many ranks read them."},
@@ -138,6 +145,8 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     fb.Add("hisparse_host_pool_slabs", slabs, {{"session", absl::StrCat(session)}});
   }
   fb.Add("hisparse_host_pool_scrub_queue", p.scrub_queue());
+  fb.Add("hisparse_host_pool_retired_bytes", static_cast<double>(p.retired_bytes()));
+  fb.Add("hisparse_host_pool_retired_slabs", p.retired_slabs());
   for (const auto& [gpu, bytes] : st.arena_bytes_by_device()) {
     fb.Add("hisparse_arena_bytes", static_cast<double>(bytes), {{"gpu", absl::StrCat(gpu)}});
   }
@@ -152,6 +161,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_orphaned_requests", st.orphaned_requests());
   fb.Add("hisparse_orphaned_bytes", static_cast<double>(st.orphaned_bytes()));
   fb.Add("hisparse_lease_expiries_total", static_cast<double>(st.lease_expiries()));
+  fb.Add("hisparse_orphans_refused_total", static_cast<double>(st.orphans_refused()));
   fb.Add("hisparse_host_pool_shared_bytes", static_cast<double>(p.shared_bytes()));
   fb.Add("hisparse_admissions_total", static_cast<double>(st.admissions()));
   for (const RejectReason r : kRejectReasons) {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <system_error>
@@ -41,6 +42,21 @@ void PretouchParallel(uint8_t* data, uint64_t bytes, int threads) {
     }
   }
   for (auto& w : workers) w.join();
+}
+
+// Punches every page out of a retired slab's memfd: the kernel frees them at once, even while
+// another process holds the file or maps it (its mapping then reads zeros, and a page it touches
+// again is new memory, charged to its own cgroup). Works for shmem and hugetlbfs memfds alike,
+// and the size seals allow it (KEEP_SIZE). Returns the bytes the file still has allocated after
+// the punch (st_blocks): 0 unless a holder touched a page again in between.
+absl::StatusOr<uint64_t> PunchOut(int fd, uint64_t bytes, const std::function<void()>& after_punch = nullptr) {
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) != 0) {
+    return ErrnoStatus(errno, "punching a retired slab out of its memfd (fallocate PUNCH_HOLE)");
+  }
+  if (after_punch) after_punch();
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat of a retired slab's memfd");
+  return static_cast<uint64_t>(st.st_blocks) * 512;
 }
 
 int ResolveThreads(int requested) {
@@ -423,7 +439,9 @@ void PagePool::RetireSlabLocked(uint64_t slab_id) {
   owned_bytes_ -= s.refs.size() * options_.page_bytes;
   pages_free_ -= s.refs.size();
   idle_.erase(slab_id);
-  // Unlinked now; dropped by the worker, outside every lock.
+  // An engine may hold the memfd: the whole slab is its tenant's until the worker's punch.
+  if (s.mem->charged_to.has_value()) ChargeRetiredLocked(*s.mem->charged_to, s.mem->map.size(), 0, +1);
+  // Unlinked now; punched and dropped by the worker, outside every lock.
   scrub_.push_back(std::move(s.mem));
   slabs_.erase(it);
 }
@@ -435,7 +453,8 @@ uint32_t PagePool::RefCount(const Page& page) const {
   return it->second.refs[page.index];
 }
 
-absl::StatusOr<UniqueFd> PagePool::DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes) const {
+absl::StatusOr<UniqueFd> PagePool::DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes,
+                                             std::optional<uint32_t> tenant) {
   absl::MutexLock lock(&mu_);
   auto it = slabs_.find(slab);
   if (it == slabs_.end()) return absl::NotFoundError(absl::StrCat("slab ", slab, " is gone (or never was)"));
@@ -445,8 +464,52 @@ absl::StatusOr<UniqueFd> PagePool::DupSlabFd(uint64_t owner, uint64_t slab, uint
   // A dup is one cheap syscall; the slab may be retired as soon as the lock is dropped.
   UniqueFd dup(::fcntl(it->second.mem->fd.get(), F_DUPFD_CLOEXEC, 0));
   if (!dup.valid()) return ErrnoStatus(errno, "dup of a slab descriptor");
+  // A slab has one owner, of one tenant, for its whole life (HandOverSlabs keeps the tenant).
+  if (tenant.has_value()) it->second.mem->charged_to = tenant;
   if (bytes != nullptr) *bytes = it->second.mem->map.size();
   return dup;
+}
+
+PagePool::Retired PagePool::RetiredOf(uint32_t tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = retired_by_tenant_.find(tenant);
+  return it == retired_by_tenant_.end() ? Retired{} : it->second;
+}
+
+void PagePool::ChargeRetiredLocked(uint32_t tenant, uint64_t add, uint64_t remove, int slabs) {
+  Retired& r = retired_by_tenant_[tenant];
+  r.bytes = r.bytes + add - std::min(r.bytes + add, remove);
+  r.slabs = static_cast<uint32_t>(static_cast<int64_t>(r.slabs) + slabs);
+  if (r.slabs == 0) retired_by_tenant_.erase(tenant);
+}
+
+size_t PagePool::SweepRetired() {
+  std::vector<Retained> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    batch.swap(retained_);  // their charges stay until each is decided below
+  }
+  if (batch.empty()) return 0;
+  std::vector<absl::StatusOr<uint64_t>> left;
+  left.reserve(batch.size());
+  for (const Retained& r : batch) left.push_back(PunchOut(r.mem->fd.get(), r.bytes));
+  std::vector<Retained> dropped;  // closed after the lock is dropped
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Retained& r = batch[i];
+      // A punch that fails now (one worked on this memfd before) leaves the charge as it was.
+      const uint64_t held = left[i].ok() ? *left[i] : r.held;
+      ChargeRetiredLocked(r.tenant, held, r.held, held != 0 ? 0 : -1);
+      r.held = held;
+      if (held != 0) {
+        retained_.push_back(std::move(r));
+      } else {
+        dropped.push_back(std::move(r));
+      }
+    }
+  }
+  return dropped.size();
 }
 
 absl::StatusOr<uint8_t*> PagePool::PageData(uint64_t owner, const Page& page) const {
@@ -518,6 +581,10 @@ PagePool::Stats PagePool::GetStats() const {
   st.populate_queue = static_cast<uint32_t>(populate_.size());
   st.slabs_made = slabs_made_;
   st.slabs_scrubbed = slabs_scrubbed_;
+  for (const auto& [tenant, r] : retired_by_tenant_) {
+    st.retired_bytes += r.bytes;
+    st.retired_slabs += r.slabs;
+  }
   st.hugepages = hugepages_ && slabs_made_ != 0;
   st.locked = locked_;
   return st;
@@ -578,9 +645,44 @@ bool PagePool::HasWorkLocked() const { return !scrub_.empty() || !populate_.empt
 
 bool PagePool::IdleLocked() const { return !worker_busy_ && !HasWorkLocked(); }
 
+void PagePool::PauseWorkerForTest(bool paused) {
+  absl::MutexLock lock(&mu_);
+  paused_for_test_ = paused;
+}
+
+void PagePool::SetAfterPunchForTest(std::function<void()> after_punch) {
+  absl::MutexLock lock(&mu_);
+  after_punch_for_test_ = std::move(after_punch);
+}
+
 void PagePool::WaitIdle() const {
   mu_.LockWhen(absl::Condition(this, &PagePool::IdleLocked));
   mu_.Unlock();
+}
+
+void PagePool::ScrubOne(std::shared_ptr<SlabMemory> mem) {
+  const std::optional<uint32_t> tenant = mem->charged_to;
+  const uint64_t bytes = mem->map.size();
+  const std::function<void()> after_punch = after_punch_for_test_;
+  mu_.Unlock();
+  // The memory is freed here, whoever else holds the memfd; then the daemon's mapping goes.
+  const absl::StatusOr<uint64_t> left = PunchOut(mem->fd.get(), bytes, after_punch);
+  mem->map.Reset();
+  const bool keep = tenant.has_value() && left.ok() && *left != 0;
+  // A punch that failed (a kernel without hole punching for this memfd) frees nothing here: the
+  // memory lives as long as an engine holds the memfd, as it did before punching.
+  if (!keep) mem.reset();  // closes the daemon's descriptor
+  if (!left.ok() && !punch_failed_.exchange(true)) {
+    LOG(WARNING) << "host pool: " << left.status() << "; a retired slab lives on while an engine holds it";
+  }
+  mu_.Lock();
+  if (!tenant.has_value()) return;
+  if (!keep) {
+    ChargeRetiredLocked(*tenant, 0, bytes, -1);
+    return;
+  }
+  ChargeRetiredLocked(*tenant, *left, bytes, 0);
+  retained_.push_back(Retained{std::move(mem), *tenant, bytes, *left});
 }
 
 // One job at a time, by priority: drop scrubbed memory (frees RAM), populate slabs made on demand,
@@ -590,15 +692,15 @@ void PagePool::WorkerLoop() {
   mu_.Lock();
   while (true) {
     mu_.Await(absl::Condition(
-        +[](PagePool* p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->stopping_ || p->HasWorkLocked(); }, this));
+        +[](PagePool* p)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->stopping_ || (!p->paused_for_test_ && p->HasWorkLocked()); },
+        this));
     if (stopping_) break;
     worker_busy_ = true;
     if (!scrub_.empty()) {
       std::shared_ptr<SlabMemory> mem = std::move(scrub_.front());
       scrub_.pop_front();
-      mu_.Unlock();
-      mem.reset();  // munmap and close: the kernel frees the pages once no engine maps them
-      mu_.Lock();
+      ScrubOne(std::move(mem));
       ++slabs_scrubbed_;
       refill_failed_ = false;  // memory came back: the reserve may be refilled again
     } else if (!populate_.empty()) {

@@ -11,6 +11,9 @@
 // their idle ones retired as for any ended session. An orphan counts against its tenant's quotas
 // in requests, pages and host bytes, but not in sessions, arena bytes or rows, and its requests
 // are never eviction victims (their lease is a promise; the max lease and the quotas bound it).
+// Orphans per tenant are capped too (durability.max_orphans_per_tenant, live): a session of a
+// tenant that holds the cap already ends as one without durable requests would, releasing them
+// (counted in Stats.orphans_refused); the orphans it has keep their promise.
 //
 // Adoption is per orphan, all of its requests at once: they share the orphan's slabs, so moving
 // them together moves whole slabs (PagePool::HandOverSlabs) and no slab is ever split between two
@@ -75,6 +78,11 @@ void SessionManager::SetMaxLeaseSeconds(uint32_t seconds) {
   options_.max_lease_seconds = seconds;
 }
 
+void SessionManager::SetMaxOrphansPerTenant(uint32_t orphans) {
+  absl::MutexLock lock(&mu_);
+  options_.max_orphans_per_tenant = orphans;
+}
+
 absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
@@ -98,10 +106,25 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
 
 size_t SessionManager::EndSessionLocked(Session& dead) {
   const absl::Time now = Now();
+  const auto durable = [now](const Request& r) { return r.import_grant.empty() && r.lease_end > now; };
+  bool keep_durable = true;
+  if (const uint32_t cap = options_.max_orphans_per_tenant;
+      cap != 0 && std::any_of(dead.requests.begin(), dead.requests.end(),
+                              [&](const auto& entry) { return durable(entry.second); })) {
+    const auto held = std::count_if(orphans_.begin(), orphans_.end(),
+                                    [&](const auto& entry) { return entry.second->tenant_uid == dead.tenant_uid; });
+    if (static_cast<uint64_t>(held) >= cap) {
+      keep_durable = false;
+      ++orphans_refused_;
+      LOG(WARNING) << "session " << dead.id << " of uid " << dead.tenant_uid << " ended with durable requests, but "
+                   << "the tenant holds " << held << " orphans (durability.max_orphans_per_tenant " << cap
+                   << "): released them";
+    }
+  }
   size_t released = 0;
   for (auto it = dead.requests.begin(); it != dead.requests.end();) {
     Request& r = it->second;
-    if (r.import_grant.empty() && r.lease_end > now) {
+    if (keep_durable && durable(r)) {
       ++it;
       continue;
     }
@@ -168,37 +191,6 @@ size_t SessionManager::ExpireLeases() {
   for (uint64_t id : ids) released += ExpireOrphanLocked(id, now);
   if (released != 0) LOG(INFO) << "leases ended: released " << released << " orphaned durable requests";
   return released;
-}
-
-absl::StatusOr<v1::ListAdoptableResponse> SessionManager::ListAdoptable(const v1::ListAdoptableRequest& req) {
-  absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(const Session* found, FindLocked(req.session()));
-  const Session& me = *found;
-  const absl::Time now = Now();
-  std::vector<uint64_t> ids;
-  for (const auto& [id, o] : orphans_) {
-    if (o->tenant_uid == me.tenant_uid && o->engine_name == me.engine_name) ids.push_back(id);
-  }
-  std::sort(ids.begin(), ids.end());
-  v1::ListAdoptableResponse out;
-  for (uint64_t id : ids) {
-    const Session& o = *orphans_.at(id);
-    std::vector<uint64_t> rids;
-    for (const auto& [rid, r] : o.requests) {
-      if (r.lease_end > now) rids.push_back(rid);
-    }
-    std::sort(rids.begin(), rids.end());
-    for (uint64_t rid : rids) {
-      const Request& r = o.requests.at(rid);
-      v1::AdoptableRequest* a = out.add_requests();
-      a->set_dead_session_id(id);
-      a->set_request_id(rid);
-      a->set_lease_seconds_left(LeaseLeft(r, now));
-      a->set_capacity_tokens(r.capacity_tokens);
-      a->set_host_bytes(r.PageCount() * pool_->page_bytes());
-    }
-  }
-  return out;
 }
 
 absl::Status SessionManager::CheckAdoptLocked(const Session& adopter, const Session& orphan) const {
@@ -343,6 +335,7 @@ void SessionManager::OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::Sta
   out->set_orphaned_requests(orphaned);
   out->set_orphaned_bytes(bytes);
   out->set_lease_expiries(lease_expiries_);
+  out->set_orphans_refused(orphans_refused_);
 }
 
 }  // namespace hisparse

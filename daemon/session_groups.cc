@@ -5,7 +5,9 @@
 // TP rank, so plain TP keeps world_size identical host copies. A group removes them: sessions of
 // one tenant join a group at OpenSession (name, rank, size), and a request admitted with
 // AdmitRequest.group has ONE set of pages, owned in the pool by the group (Group::owner, an id of
-// the session counter, so never a session's), and a row in EVERY member's session.
+// the session counter, so never a session's), and a row in EVERY member's session. A name is its
+// tenant's own: groups are keyed by (uid, name), so a session joins only a group of its own uid,
+// and no other uid can take (squat) the name a tenant's TP engine will use.
 //
 // Admission: the first rank to admit an id reserves it for all, all or nothing (every member's
 // free row, the tenant's quota, the pool); each member gets a Request (its share) at once, marked
@@ -81,14 +83,11 @@ absl::Status SessionManager::ValidateGroup(const v1::TpGroup& g) {
 }
 
 absl::Status SessionManager::CheckJoinLocked(const Session& s, const v1::TpGroup& g, uint32_t max_context) const {
-  auto it = groups_.find(g.name());
+  // Names are the tenant's own: another uid's group of this name is another group, unseen here.
+  auto it = groups_.find(GroupKey{s.tenant_uid, g.name()});
   if (it == groups_.end()) return absl::OkStatus();
   const Group& group = it->second;
   const std::string name = absl::StrCat("group \"", g.name(), "\"");
-  if (group.tenant_uid != s.tenant_uid) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(name, " belongs to uid ", group.tenant_uid, ", not uid ", s.tenant_uid));
-  }
   if (group.ranks.size() != g.size()) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, " has size ", group.ranks.size(), "; this session says group.size ", g.size()));
@@ -112,7 +111,7 @@ absl::Status SessionManager::CheckJoinLocked(const Session& s, const v1::TpGroup
 
 absl::Status SessionManager::JoinGroupLocked(Session& s, const v1::TpGroup& g, uint32_t max_context) {
   HS_RETURN_IF_ERROR(CheckJoinLocked(s, g, max_context));
-  auto [it, created] = groups_.try_emplace(g.name());
+  auto [it, created] = groups_.try_emplace(GroupKey{s.tenant_uid, g.name()});
   Group& group = it->second;
   if (created) {
     group.owner = next_session_id_++;
@@ -131,7 +130,7 @@ absl::Status SessionManager::JoinGroupLocked(Session& s, const v1::TpGroup& g, u
 
 void SessionManager::LeaveGroupLocked(const Session& s) {
   if (s.group.empty()) return;
-  auto it = groups_.find(s.group);
+  auto it = groups_.find(GroupKeyOf(s));
   if (it == groups_.end()) return;
   Group& group = it->second;
   if (s.group_rank < group.ranks.size() && group.ranks[s.group_rank] == s.id) group.ranks[s.group_rank] = 0;
@@ -151,7 +150,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0 || req.begin_import()) {
     return {absl::InvalidArgumentError("a group admission takes no parent_request_id, prefix_tokens or begin_import")};
   }
-  Group& group = groups_.at(s.group);
+  Group& group = groups_.at(GroupKeyOf(s));
   const std::string name = absl::StrCat("group \"", s.group, "\"");
   if (auto it = s.requests.find(id); it != s.requests.end()) {
     Request& r = it->second;
@@ -255,7 +254,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
 absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s, Request& r,
                                                                      const v1::ExtendRequest& req) {
   HS_RETURN_IF_ERROR(CheckBudget(s, req.token_budget()));
-  Group& group = groups_.at(s.group);
+  Group& group = groups_.at(GroupKeyOf(s));
   Group::Held& held = group.requests.at(r.id);
   auto answer = [&] {
     mu_.AssertHeld();  // called below, under the lock ExtendGroupLocked holds
@@ -312,7 +311,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
 }
 
 void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
-  auto git = groups_.find(s.group);
+  auto git = groups_.find(GroupKeyOf(s));
   if (git == groups_.end()) {
     LOG(ERROR) << "accounting error: session " << s.id << " holds a share of request " << r.id << " of no group";
     return;
@@ -342,16 +341,17 @@ void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
 
 uint64_t SessionManager::UnfreedPagesOfLocked(const Session& s, const Request& r) const {
   if (!r.in_group) return SharedPagesOf(s, r);
-  auto git = groups_.find(s.group);
+  auto git = groups_.find(GroupKeyOf(s));
   if (git == groups_.end()) return 0;
   auto hit = git->second.requests.find(r.id);
   return hit != git->second.requests.end() && hit->second.holders.size() > 1 ? r.PageCount() : 0;
 }
 
 absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const {
-  auto it = groups_.find(s.group);
+  auto it = groups_.find(GroupKeyOf(s));
   if (it == groups_.end()) return absl::PermissionDeniedError(absl::StrCat("slab ", slab, " is not this session's"));
-  absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(it->second.owner, slab, bytes);
+  // Leaves the daemon for this tenant's engine, as DupFdFor's own slabs do.
+  absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(it->second.owner, slab, bytes, s.tenant_uid);
   if (absl::IsPermissionDenied(fd.status())) {
     return absl::PermissionDeniedError(
         absl::StrCat("slab ", slab, " belongs neither to this session nor to its group \"", s.group, "\""));
@@ -360,7 +360,7 @@ absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, ui
 }
 
 bool SessionManager::IsGroupOwnerLocked(uint64_t owner) const {
-  for (const auto& [name, group] : groups_) {
+  for (const auto& [key, group] : groups_) {
     if (group.owner == owner) return true;
   }
   return false;
@@ -369,12 +369,13 @@ bool SessionManager::IsGroupOwnerLocked(uint64_t owner) const {
 void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
   const uint64_t page_bytes = pool_->page_bytes();
   uint64_t group_pages = 0;
-  for (const auto& [name, group] : groups_) {
+  for (const auto& [key, group] : groups_) {
     const uint64_t pages = pool_->PagesOf(group.owner);
     group_pages += pages;
     if (only_uid.has_value() && group.tenant_uid != *only_uid) continue;
     v1::GroupStats* gs = out->add_groups();
-    gs->set_name(name);
+    gs->set_name(key.second);
+    gs->set_tenant_uid(group.tenant_uid);
     gs->set_size(static_cast<uint32_t>(group.ranks.size()));
     for (uint64_t member : group.ranks) gs->add_rank_sessions(member);
     gs->set_requests(static_cast<uint32_t>(group.requests.size()));
@@ -390,13 +391,13 @@ void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::
     if (s.group.empty()) continue;
     ss.mutable_group()->set_name(s.group);
     ss.mutable_group()->set_rank(s.group_rank);
-    ss.mutable_group()->set_size(static_cast<uint32_t>(groups_.at(s.group).ranks.size()));
+    ss.mutable_group()->set_size(static_cast<uint32_t>(groups_.at(GroupKeyOf(s)).ranks.size()));
   }
 }
 
 void SessionManager::FillGroupInfoLocked(const Session& s, const Request& r, v1::RequestInfo* info) const {
   info->set_group(s.group);
-  auto git = groups_.find(s.group);
+  auto git = groups_.find(GroupKeyOf(s));
   if (git == groups_.end()) return;
   auto hit = git->second.requests.find(r.id);
   if (hit == git->second.requests.end()) return;
@@ -408,13 +409,17 @@ void SessionManager::FillGroupInfoLocked(const Session& s, const Request& r, v1:
 absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uint64_t>* paid, uint64_t* pages) const {
   auto bad = [](auto... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   *pages = 0;
-  for (const auto& [name, group] : groups_) {
+  for (const auto& [key, group] : groups_) {
+    const std::string& name = key.second;
+    if (group.tenant_uid != key.first) {
+      return bad("group \"", name, "\" of uid ", key.first, " has tenant ", group.tenant_uid);
+    }
     uint64_t distinct = 0;
     for (uint32_t rank = 0; rank < group.ranks.size(); ++rank) {
       const uint64_t member = group.ranks[rank];
       if (member == 0) continue;
       auto it = sessions_.find(member);
-      if (it == sessions_.end() || it->second->group != name || it->second->group_rank != rank) {
+      if (it == sessions_.end() || GroupKeyOf(*it->second) != key || it->second->group_rank != rank) {
         return bad("group \"", name, "\" rank ", rank, " names session ", member, ", which is not that member");
       }
       for (const auto& [rid, r] : it->second->requests) {
@@ -429,7 +434,7 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
         const uint64_t member = held.holders[i];
         auto it = sessions_.find(member);
         const Request* r = nullptr;
-        if (it != sessions_.end() && it->second->group == name) {
+        if (it != sessions_.end() && GroupKeyOf(*it->second) == key) {
           auto rit = it->second->requests.find(rid);
           if (rit != it->second->requests.end() && rit->second.in_group) r = &rit->second;
         }

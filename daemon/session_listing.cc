@@ -1,6 +1,6 @@
-// SessionManager::ListRequests: every admitted request (or one session's), orphaned durable ones too,
-// in pages. Part of
-// SessionManager (session_manager.h).
+// SessionManager's listings, a page at a time: ListRequests (every admitted request, or one
+// session's, orphaned durable ones too) and ListAdoptable (what ended sessions of the caller's
+// tenant and engine name left). Part of SessionManager (session_manager.h).
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -19,7 +19,8 @@ namespace hisparse {
 
 namespace {
 
-// A page token is "SESSION_ID:REQUEST_ID", the last request of the page before.
+// A page token is "SESSION_ID:REQUEST_ID", the last request of the page before (ListAdoptable:
+// the ended session's id).
 std::string PageToken(uint64_t session_id, uint64_t request_id) { return absl::StrCat(session_id, ":", request_id); }
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> ParsePageToken(const std::string& token) {
@@ -33,13 +34,16 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> ParsePageToken(const std::string& 
   return after;
 }
 
+uint32_t PageSize(uint32_t asked) {
+  return asked == 0 ? SessionManager::kDefaultPageSize : std::min<uint32_t>(asked, SessionManager::kMaxPageSize);
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::ListRequestsRequest& req,
                                                                       std::optional<uint32_t> only_uid) const {
   HS_ASSIGN_OR_RETURN(const auto after, ParsePageToken(req.page_token()));
-  const uint32_t page_size =
-      req.page_size() == 0 ? kDefaultPageSize : std::min<uint32_t>(req.page_size(), kMaxPageSize);
+  const uint32_t page_size = PageSize(req.page_size());
   const uint64_t session_id = req.session_id();
   absl::MutexLock lock(&mu_);
   // Orphans (ended sessions' durable requests, session_durable.cc) are listed under their ended
@@ -102,6 +106,46 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_durable(r.lease_end > lease_now);
       info->set_lease_seconds_left(LeaseLeft(r, lease_now));
       if (r.in_group) FillGroupInfoLocked(s, r, info);  // session_groups.cc
+    }
+  }
+  return out;
+}
+
+// Orphans of the caller's tenant and engine name, then their requests whose lease runs, in id
+// order from just after the token, until the page is full: as ListRequests pages.
+absl::StatusOr<v1::ListAdoptableResponse> SessionManager::ListAdoptable(const v1::ListAdoptableRequest& req) {
+  HS_ASSIGN_OR_RETURN(const auto after, ParsePageToken(req.page_token()));
+  const uint32_t page_size = PageSize(req.page_size());
+  absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(const Session* found, FindLocked(req.session()));
+  const Session& me = *found;
+  const absl::Time now = Now();
+  std::vector<uint64_t> ids;
+  for (const auto& [id, o] : orphans_) {
+    if (o->tenant_uid == me.tenant_uid && o->engine_name == me.engine_name && id >= after.first) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  v1::ListAdoptableResponse out;
+  for (uint64_t id : ids) {
+    const Session& o = *orphans_.at(id);
+    std::vector<uint64_t> rids;
+    for (const auto& [rid, r] : o.requests) {
+      if (r.lease_end > now && (id > after.first || rid > after.second)) rids.push_back(rid);
+    }
+    std::sort(rids.begin(), rids.end());
+    for (uint64_t rid : rids) {
+      if (static_cast<uint32_t>(out.requests_size()) == page_size) {
+        const v1::AdoptableRequest& last = out.requests(out.requests_size() - 1);
+        out.set_next_page_token(PageToken(last.dead_session_id(), last.request_id()));
+        return out;
+      }
+      const Request& r = o.requests.at(rid);
+      v1::AdoptableRequest* a = out.add_requests();
+      a->set_dead_session_id(id);
+      a->set_request_id(rid);
+      a->set_lease_seconds_left(LeaseLeft(r, now));
+      a->set_capacity_tokens(r.capacity_tokens);
+      a->set_host_bytes(r.PageCount() * pool_->page_bytes());
     }
   }
   return out;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -140,12 +141,20 @@ absl::StatusOr<std::unique_ptr<Arena>> SessionManager::CreateArena(bool on_gpu, 
 SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool> pool)
     : options_(options),
       pool_(std::move(pool)),
-      ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now)) {}
+      // Retired slabs an engine may still hold count against its tenant's host quota until the
+      // pool sees them freed (page_pool.h); the pool is thread-safe and outlives the ledger.
+      ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
+              [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }) {}
 
 uint64_t SessionManager::Request::PageCount() const {
   uint64_t n = 0;
   for (const auto& layer : pages) n += layer.size();
   return n;
+}
+
+uint64_t SessionManager::Request::NewGeneration() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 SessionManager::~SessionManager() = default;
@@ -500,8 +509,16 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
+  // The lock was dropped since the victim was chosen: only that very request may go. Its id may
+  // name another one now (released and admitted again, perhaps as an import whose grant is open).
   auto rit = it->second->requests.find(v.request_id);
-  if (rit == it->second->requests.end()) return absl::NotFoundError("the request was released while evicting");
+  if (rit == it->second->requests.end() || rit->second.generation != v.generation) {
+    return absl::NotFoundError(
+        absl::StrCat("request ", v.request_id, " was released while evicting (its id may name a newer request)"));
+  }
+  if (!rit->second.import_grant.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", v.request_id, " is importing: it is not evicted"));
+  }
   const uint64_t freed =
       (rit->second.PageCount() - UnfreedPagesOfLocked(*it->second, rit->second)) * pool_->page_bytes();
   ReleaseRequestLocked(*it->second, rit->second);
@@ -604,6 +621,14 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     hp->set_slabs(ps.slabs);
     hp->set_ready_slabs(ps.ready_slabs);
     hp->set_scrub_queue(ps.scrub_queue);
+    if (only_uid.has_value()) {
+      const PagePool::Retired mine = pool_->RetiredOf(*only_uid);
+      hp->set_retired_bytes(mine.bytes);
+      hp->set_retired_slabs(mine.slabs);
+    } else {
+      hp->set_retired_bytes(ps.retired_bytes);
+      hp->set_retired_slabs(ps.retired_slabs);
+    }
     for (const auto& [owner, slabs] : pool_->SlabsByOwner()) {
       if (IsGroupOwnerLocked(owner)) continue;  // in GroupStats.slabs
       if (!only_uid.has_value() || (sessions_.contains(owner) && sessions_.at(owner)->tenant_uid == *only_uid)) {
@@ -699,7 +724,9 @@ absl::StatusOr<UniqueFd> SessionManager::DupFdFor(uint64_t session_id, const std
     if (const auto* slab = std::get_if<FdSlab>(&object)) {
       // A slab is the session's for its whole life: the pool refuses any other's. A member of a TP
       // group may also map its group's slabs.
-      absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(session_id, slab->n, bytes);
+      // The descriptor leaves the daemon: when the slab retires, what the engine may still hold of
+      // it counts against this tenant until the pool sees it freed.
+      absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(session_id, slab->n, bytes, s->tenant_uid);
       if (absl::IsPermissionDenied(fd.status()) && !s->group.empty()) return DupGroupSlabLocked(*s, slab->n, bytes);
       return fd;
     }
@@ -769,7 +796,8 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
       return absl::FailedPreconditionError(
           absl::StrCat("request ", req.request_id(), " is importing: abort its import (AbortImport) instead"));
     }
-    v = Victim{req.session_id(), req.request_id(), it->second->sink};
+    v = Victim{req.session_id(), req.request_id(), it->second->requests.at(req.request_id()).generation,
+               it->second->sink};
   }
   HS_ASSIGN_OR_RETURN(uint64_t freed, EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
   v1::EvictResponse resp;

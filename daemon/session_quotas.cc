@@ -42,8 +42,17 @@ std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t 
   auto it = sessions_.find(key->session_id);
   if (it == sessions_.end()) return std::nullopt;
   auto rit = it->second->requests.find(key->request_id);
-  if (rit != it->second->requests.end() && !rit->second.import_grant.empty()) return std::nullopt;  // importing
-  return Victim{key->session_id, key->request_id, it->second->sink};
+  if (rit == it->second->requests.end() || !rit->second.import_grant.empty()) return std::nullopt;  // importing
+  return Victim{key->session_id, key->request_id, rit->second.generation, it->second->sink};
+}
+
+size_t SessionManager::SweepRetiredSlabs() {
+  PagePool* pool;
+  {
+    absl::MutexLock lock(&mu_);
+    pool = pool_.get();  // set at construction, never replaced; thread-safe itself
+  }
+  return pool->SweepRetired();  // punches outside every lock
 }
 
 }  // namespace hisparse

@@ -329,6 +329,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"import.ucx_tls", "tcp"},
                                                                     {"import.ucx_net_devices", "eth0"},
                                                                     {"durability.max_lease_seconds", "60"},
+                                                                    {"durability.max_orphans_per_tenant", "0"},
                                                                     {"log_level", "debug"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
@@ -391,18 +392,18 @@ TEST(ConfigTest, KeyTable) {
     EXPECT_EQ(c, DaemonConfig{}) << k.key;
   }
   EXPECT_THAT(
-      names,
-      ::testing::ElementsAre(
-          "listen", "host_pool.size", "host_pool.page_size", "host_pool.slab_size", "host_pool.reserve_slabs",
-          "host_pool.hugepages", "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
-          "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
-          "limits.max_fd_connections_per_peer", "limits.max_fds_in_flight_per_connection",
-          "limits.max_fds_in_flight_per_peer", "limits.max_control_connections_per_peer",
-          "limits.max_opening_sessions_per_peer", "limits.session_open_timeout_ms", "limits.host_arena_bytes",
-          "limits.max_tokens_per_request", "access.socket_group", "access.allowed_uids", "access.allowed_gids",
-          "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
-          "quotas.sessions", "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled",
-          "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "durability.max_lease_seconds", "log_level"));
+      names, ::testing::ElementsAre(
+                 "listen", "host_pool.size", "host_pool.page_size", "host_pool.slab_size", "host_pool.reserve_slabs",
+                 "host_pool.hugepages", "host_pool.pretouch_threads", "host_pool.mlock", "device", "gpu_memory_budget",
+                 "gpu.arena_export", "limits.max_sessions", "limits.max_requests_per_session",
+                 "limits.max_fd_connections_per_peer", "limits.max_fds_in_flight_per_connection",
+                 "limits.max_fds_in_flight_per_peer", "limits.max_control_connections_per_peer",
+                 "limits.max_opening_sessions_per_peer", "limits.session_open_timeout_ms", "limits.host_arena_bytes",
+                 "limits.max_tokens_per_request", "access.socket_group", "access.allowed_uids", "access.allowed_gids",
+                 "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
+                 "quotas.sessions", "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled",
+                 "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "durability.max_lease_seconds",
+                 "durability.max_orphans_per_tenant", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");

@@ -3,6 +3,7 @@
 #include "hisparse/daemon/page_pool.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <map>
@@ -20,6 +21,13 @@ using ::testing::HasSubstr;
 using Page = PagePool::Page;
 
 constexpr uint64_t kPage = 64 << 10;  // small pages keep the tests' memory small
+
+// The bytes a memfd has allocated (st_blocks).
+uint64_t AllocatedBytes(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
 
 PagePool::Options SmallOptions(uint64_t budget_pages, uint32_t slab_pages, uint32_t reserve = 0) {
   PagePool::Options o;
@@ -230,8 +238,9 @@ TEST(PagePoolTest, SharedPagesCountReferencesAndTheSlabRetiresAtTheLast) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
-// A released slab's memory never reaches the next owner: the engine that mapped it keeps its old
-// bytes, and the next owner gets a different, zeroed memfd.
+// A released slab's memory never reaches the next owner: it is punched out of its memfd (an
+// engine that kept it mapped reads zeros, its old bytes freed), and the next owner gets a
+// different, zeroed memfd whose writes the old mapping never sees.
 TEST(PagePoolTest, MemoryPassingToAnotherOwnerIsScrubbed) {
   auto pool = MustCreate(SmallOptions(2, 2));
   std::vector<Page> a = MustAllocate(*pool, 1, 2);
@@ -251,9 +260,42 @@ TEST(PagePoolTest, MemoryPassingToAnotherOwnerIsScrubbed) {
     ASSERT_NE(data, nullptr);
     for (uint64_t i = 0; i < kPage; i += 4096) ASSERT_EQ(data[i], 0) << "page " << p.index << " byte " << i;
   }
+  EXPECT_EQ(AllocatedBytes(fd->get()), 0u);  // freed, though the engine holds and maps it
   std::memset(pool->PageDataForTest(b[0]), 0x11, kPage);
-  EXPECT_EQ(static_cast<uint8_t*>(engine)[0], 0xab);  // the old mapping sees only its own bytes
+  EXPECT_EQ(static_cast<uint8_t*>(engine)[0], 0);  // the old mapping: its bytes punched, none of b's
   ::munmap(engine, bytes);
+}
+
+// A slab handed to a tenant's engine (DupSlabFd with the tenant) counts against that tenant once
+// it retires, whole, until the worker's punch frees it; one handed to no tenant is never charged.
+TEST(PagePoolTest, ARetiredSlabHandedToATenantIsChargedUntilItsPunch) {
+  auto pool = MustCreate(SmallOptions(4, 2));
+  std::vector<Page> a = MustAllocate(*pool, 1, 2);
+  std::vector<Page> b = MustAllocate(*pool, 2, 2);
+  absl::StatusOr<UniqueFd> kept = pool->DupSlabFd(1, a[0].slab, nullptr, 1000);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(pool->DupSlabFd(2, b[0].slab).ok());  // the daemon's own use: no tenant
+  pool->PauseWorkerForTest(true);
+  ASSERT_TRUE(pool->ReleaseAll(1, a).ok());
+  ASSERT_TRUE(pool->ReleaseAll(2, b).ok());
+  pool->RetireIdleOf(1);
+  pool->RetireIdleOf(2);
+  EXPECT_EQ(pool->RetiredOf(1000).bytes, 2 * kPage);
+  EXPECT_EQ(pool->RetiredOf(1000).slabs, 1u);
+  PagePool::Stats st = pool->GetStats();
+  EXPECT_EQ(st.retired_bytes, 2 * kPage);
+  EXPECT_EQ(st.retired_slabs, 1u);
+  EXPECT_EQ(st.scrub_queue, 2u);
+  EXPECT_EQ(st.owned_bytes, 0u);  // out of the budget at once, as before
+  pool->PauseWorkerForTest(false);
+  pool->WaitIdle();
+  EXPECT_EQ(AllocatedBytes(kept->get()), 0u);
+  EXPECT_EQ(pool->RetiredOf(1000).bytes, 0u);
+  st = pool->GetStats();
+  EXPECT_EQ(st.retired_bytes, 0u);
+  EXPECT_EQ(st.retired_slabs, 0u);
+  EXPECT_EQ(pool->SweepRetired(), 0u);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
 // Random allocations, shares and releases over many owners against a shadow model: after every

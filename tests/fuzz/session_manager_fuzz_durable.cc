@@ -202,7 +202,7 @@ void CloseInModel(Model& m, size_t i) {
   }
   if (!o.lease_end.empty()) m.orphans.emplace(s.id, std::move(o));
   if (s.group.empty()) return;
-  auto git = m.groups.find(s.group);
+  auto git = m.groups.find({s.uid, s.group});
   Expect(git != m.groups.end(), "a member of a group the model lacks");
   std::vector<uint64_t>& ranks = git->second.ranks;
   std::replace(ranks.begin(), ranks.end(), s.id, uint64_t{0});
@@ -258,7 +258,8 @@ void CheckDurableStats(const Model& m) {
          "pool pages used while no request is held: " + std::to_string(st.host_pool().pages_used()));
   Expect(st.groups_size() == static_cast<int>(m.groups.size()), "Stats.groups disagrees with the model");
   int g = 0;
-  for (const auto& [name, group] : m.groups) {
+  for (const auto& [key, group] : m.groups) {
+    const std::string& name = key.second;
     if (g >= st.groups_size()) break;
     const v1::GroupStats& gs = st.groups(g++);
     Expect(gs.name() == name && gs.rank_sessions_size() == static_cast<int>(group.ranks.size()),

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "fuzz_check.h"
@@ -31,7 +32,7 @@ void GroupOpenOne(FuzzInput& in, Model& m) {
   group->set_size(in.Small(0, 4));
   group->set_rank(in.Small(0, 4));
   auto opened = Manager().OpenSession(open, PeerCredentials{::getpid(), uid, ::getgid()});
-  auto git = m.groups.find(group->name());
+  auto git = m.groups.find({uid, group->name()});
   if (!opened.ok()) {
     const absl::Status& st = opened.status();
     Expect(absl::IsInvalidArgument(st) || absl::IsResourceExhausted(st) || absl::IsFailedPrecondition(st) ||
@@ -49,7 +50,8 @@ void GroupOpenOne(FuzzInput& in, Model& m) {
   Expect(group->size() >= 1 && group->rank() < group->size(), "OpenSession took a malformed group");
   Expect(!m.draining, "OpenSession succeeded while draining");
   if (git == m.groups.end()) {
-    git = m.groups.emplace(group->name(), ModelGroup{uid, std::vector<uint64_t>(group->size(), 0)}).first;
+    git = m.groups.emplace(std::make_pair(uid, group->name()), ModelGroup{uid, std::vector<uint64_t>(group->size(), 0)})
+              .first;
   }
   ModelGroup& mg = git->second;
   Expect(mg.uid == uid, "a group took a member of another tenant");
@@ -96,7 +98,7 @@ void GroupAdmitOne(FuzzInput& in, Model& m) {
     return;
   }
   Expect(owner->requests.count(id) == 0, "a group Admit succeeded for an id this session holds");
-  const ModelGroup& mg = m.groups.at(owner->group);
+  const ModelGroup& mg = m.groups.at({owner->uid, owner->group});
   for (uint64_t member : mg.ranks) {
     LiveSession* s = m.Find(member);
     Expect(s != nullptr, "a group reserved a request while it lacked a rank");

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuzz_input.h"
@@ -61,8 +62,8 @@ struct ModelGroup {
 
 struct Model {
   std::vector<LiveSession> live;
-  std::map<uint64_t, Orphan> orphans;  // by the ended session's id
-  std::map<std::string, ModelGroup> groups;
+  std::map<uint64_t, Orphan> orphans;                             // by the ended session's id
+  std::map<std::pair<uint32_t, std::string>, ModelGroup> groups;  // by (tenant uid, name): a tenant's own
   bool draining = false;
   uint32_t max_lease = kMaxLease;
   uint64_t expired = 0;          // orphaned requests the manager released at their lease's end

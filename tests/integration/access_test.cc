@@ -1,5 +1,8 @@
 // Isolation and access: socket group and SO_PEERCRED admission, per-tenant quotas, admission
-// under pressure (evict with notice), and the session's binding to its peer.
+// under pressure (evict with notice), the session's binding to its peer, and TP group names that
+// another uid cannot squat.
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,6 +70,64 @@ TEST_F(AccessTest, PeerCredentialsDecideWhoIsAdmitted) {
   ASSERT_NE(admitted, nullptr);
   OpenDir(*admitted);
   EXPECT_EQ(RunAsNobody(BinDir() + "/hisparse-ctl --timeout-ms 2000 --daemon " + admitted->address() + " stats"), 0);
+}
+
+// Issue 39, item 5: TP group names are their tenant's. Another uid (nobody) takes the name a TP
+// engine will use first, holding its rank 0; the engine's ranks open and admit as if the name
+// were free, and each tenant sees its own group.
+TEST_F(AccessTest, AnotherUidCannotSquatATpGroupName) {
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--set", "access.socket_group=65534"});
+  ASSERT_NE(daemon, nullptr);
+  OpenDir(*daemon);
+  const std::string a = daemon->address();
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t squatter = ::fork();
+  if (squatter == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    const int null = ::open("/dev/null", O_WRONLY);  // nothing of ours stays open in it
+    ::dup2(null, STDERR_FILENO);
+    ::close(out[0]);
+    const std::string client = BinDir() + "/hisparse-test-client";
+    ::execlp("setpriv", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", client.c_str(), a.c_str(),
+             "group", "run-42", "0", "2", "0", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  // Killed on every path out of the test, a failed assertion's too.
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+    }
+  } reap{squatter};
+  char line[64] = {};
+  const ssize_t got = ::read(out[0], line, sizeof(line) - 1);  // "READY <session id>" once it holds the rank
+  ::close(out[0]);
+  ASSERT_GT(got, 0) << "the squatter did not open its session";
+  ASSERT_EQ(std::string(line).rfind("READY", 0), 0u) << line;
+
+  hs_session_options o = SmallGeometry(a);
+  o.group = "run-42";
+  o.group_size = 2;
+  Session ranks[2];
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    o.group_rank = rank;
+    const Error opened = Session::Open(o, &ranks[rank]);
+    EXPECT_TRUE(opened.ok()) << "rank " << rank << ": " << opened.message;
+  }
+  hs_request_info info = HS_REQUEST_INFO_INIT;
+  EXPECT_EQ(hs_admit_group(ranks[0].get(), 1, 10, 64, &info), HS_OK) << hs_last_error();
+  EXPECT_EQ(hs_admit_group(ranks[1].get(), 1, 10, 64, &info), HS_OK) << hs_last_error();
+  const v1::StatsResponse st = Stats(a);
+  ASSERT_EQ(st.groups_size(), 2);
+  for (const auto& g : st.groups()) {
+    EXPECT_EQ(g.name(), "run-42");
+    EXPECT_EQ(g.requests(), g.tenant_uid() == ::getuid() ? 1u : 0u) << g.tenant_uid();
+  }
 }
 
 TEST(QuotaTest, TenantQuotasAreHard) {

@@ -1,12 +1,14 @@
 // Memory and process-level hardening of a real hisparsed process (issue 14): sealed memfds against
 // a hostile engine, the daemon's address space and host-arena budget, gRPC's thread bound, one
-// daemon per socket path, and a pool larger than the machine refused at start.
+// daemon per socket path, and a pool larger than the machine refused at start. Issue 39: retired
+// slabs whose descriptors an engine kept pin no memory, and ListAdoptable's pages reach the caller.
 #include <errno.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -406,6 +408,136 @@ TEST(GrpcThreadsTest, IdleStreamsPastTheThreadBoundAreRefused) {
     last_error = s->status.error_message();
     return s->ok();
   })) << last_error;
+}
+
+// ---- 2d. retired slabs an engine kept (issue 39, item 1) ----
+// The attack: open, admit the tenant's whole quota, fetch and write every slab, close, keeping
+// every descriptor. Before the fix each cycle pinned a quota's worth of memory in the kept
+// memfds, charged to the daemon's cgroup and counted nowhere (8 cycles: 256 MiB with a 32 MiB
+// quota). Now each retired slab is punched out of its memfd: the kept descriptors hold nothing.
+// HISPARSE_RETIRED_CYCLES sets the cycles (default 8).
+
+uint64_t AllocatedBytes(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+void KeptDescriptorsPinNothing(const std::string& hugepages) {
+  const char* env = std::getenv("HISPARSE_RETIRED_CYCLES");
+  const int cycles = env != nullptr ? std::max(1, std::atoi(env)) : 8;
+  constexpr uint64_t kQuota = 32 * kMiB;
+  auto d = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "2MiB", "--host-pool-slab-size", "16MiB",
+                        "--hugepages", hugepages, "--set", "quotas.host_bytes=32MiB"});
+  ASSERT_NE(d, nullptr);
+  auto stub = RawStub(d->address());
+  const uint64_t shmem_before_kb = ProcField("/proc/meminfo", "Shmem");
+  std::vector<UniqueFd> kept;
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    auto s = OpenRaw(stub.get(), HostGeometry(4, 1, 16, 64));
+    ASSERT_TRUE(s->ok()) << s->status.error_message();
+    grpc::ClientContext ctx;
+    v1::AdmitRequest req;
+    *req.mutable_session() = s->ref();
+    req.set_request_id(1);
+    req.set_token_budget(static_cast<uint32_t>(kQuota / 64));  // the whole quota, 64-byte records
+    v1::AdmitResponse admitted;
+    const grpc::Status st = stub->Admit(&ctx, req, &admitted);
+    ASSERT_TRUE(st.ok()) << "cycle " << cycle << ": " << st.error_message();
+    std::vector<uint64_t> slabs;
+    for (const auto& p : admitted.layers(0).pages()) {
+      if (std::find(slabs.begin(), slabs.end(), p.slab()) == slabs.end()) slabs.push_back(p.slab());
+    }
+    for (uint64_t slab : slabs) {
+      kept.push_back(FetchFd(s->opened.fd_socket(), *s, absl::StrCat("slab ", slab)));
+      ASSERT_TRUE(kept.back().valid());
+      const size_t bytes = static_cast<size_t>(::lseek(kept.back().get(), 0, SEEK_END));
+      void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, kept.back().get(), 0);
+      ASSERT_NE(map, MAP_FAILED);
+      std::memset(map, 0x5a, bytes);  // the engine's records
+      ::munmap(map, bytes);
+    }
+    s.reset();  // the session ends; the descriptors stay with the "engine"
+    // Until its punch a retired slab counts against the tenant: the next cycle waits it out.
+    ASSERT_TRUE(WaitUntil([&] {
+      const v1::StatsResponse stats = Stats(d->address());
+      return stats.sessions() == 0 && stats.host_pool().retired_bytes() == 0;
+    })) << "cycle "
+        << cycle << ": the session did not end or its slabs were not freed";
+  }
+  uint64_t pinned = 0;
+  for (const UniqueFd& fd : kept) pinned += AllocatedBytes(fd.get());
+  const uint64_t shmem_after_kb = ProcField("/proc/meminfo", "Shmem");
+  std::printf("[ figure   ] %d cycles, %zu kept slab descriptors: %lu bytes pinned; Shmem %lu kB -> %lu kB\n", cycles,
+              kept.size(), static_cast<unsigned long>(pinned), static_cast<unsigned long>(shmem_before_kb),
+              static_cast<unsigned long>(shmem_after_kb));
+  EXPECT_EQ(pinned, 0u) << kept.size() << " kept descriptors pin " << pinned << " bytes (quota " << kQuota << ")";
+  const v1::StatsResponse stats = Stats(d->address());
+  EXPECT_EQ(stats.host_pool().used_bytes(), 0u);
+  EXPECT_EQ(stats.host_pool().retired_slabs(), 0u);
+  // Still serving, the quota whole again.
+  auto s = OpenRaw(stub.get(), HostGeometry(4, 1, 16, 64));
+  ASSERT_TRUE(s->ok()) << s->status.error_message();
+}
+
+TEST(RetiredSlabTest, KeptDescriptorsOfRetiredSlabsPinNothing) { KeptDescriptorsPinNothing("off"); }
+
+TEST(RetiredSlabTest, KeptDescriptorsOfRetiredHugetlbSlabsPinNothing) {
+  // 64 MiB of pool on 2 MiB pages, with room for the start-up probe.
+  if (FreeHugePages() < 48) GTEST_SKIP() << "fewer than 48 free huge pages (vm.nr_hugepages) on this host";
+  KeptDescriptorsPinNothing("on");
+}
+
+// ---- 2e. more adoptable requests than one page of ListAdoptable (issue 39, item 8) ----
+// The daemon answers ListAdoptable a page at a time (at most 10000); the client library follows
+// the pages, so hs_list_adoptable still returns every orphaned request, in order, exactly once.
+
+TEST(ListAdoptablePagesTest, TheClientLibraryReturnsEveryPage) {
+  constexpr uint32_t kSessions = 3, kPerSession = 3400;  // 10200: two of the daemon's pages
+  auto d = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size", "4MiB"});
+  ASSERT_NE(d, nullptr);
+  auto stub = RawStub(d->address());
+  for (uint32_t i = 0; i < kSessions; ++i) {
+    auto s = OpenRaw(stub.get(), HostGeometry(4096, 1, 16, 64));
+    ASSERT_TRUE(s->ok()) << s->status.error_message();
+    for (uint32_t first = 1; first <= kPerSession; first += 1024) {
+      v1::AdmitBatchRequest req;
+      *req.mutable_session() = s->ref();
+      req.set_mode(v1::BATCH_MODE_ALL_OR_NOTHING);
+      for (uint32_t id = first; id < first + 1024 && id <= kPerSession; ++id) {
+        v1::AdmitItem* item = req.add_items();
+        item->set_request_id(id);
+        item->set_token_budget(1);
+        item->set_lease_seconds(600);
+      }
+      grpc::ClientContext ctx;
+      v1::AdmitBatchResponse resp;
+      const grpc::Status st = stub->AdmitBatch(&ctx, req, &resp);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+      ASSERT_EQ(resp.admitted(), static_cast<uint32_t>(req.items_size()));
+    }
+    s.reset();  // ends: its durable requests become an orphan
+  }
+  ASSERT_TRUE(WaitUntil([&] { return Stats(d->address()).orphaned_requests() == kSessions * kPerSession; }));
+  hs_session_options o = HS_SESSION_OPTIONS_INIT;
+  o.daemon_address = d->address().c_str();
+  o.engine_name = "hardening-test";  // OpenRaw's: the orphans' engine
+  o.num_layers = 1;
+  o.record_bytes = 64;
+  o.k = 8;
+  o.slots = 16;
+  o.max_requests = 4;
+  o.backend = HS_BACKEND_HOST;
+  Session next;
+  ASSERT_TRUE(Session::Open(o, &next).ok());
+  std::vector<uint64_t> dead(kSessions * kPerSession + 1), ids(dead.size());
+  size_t count = 0;
+  ASSERT_EQ(hs_list_adoptable(next.get(), dead.data(), ids.data(), nullptr, dead.size(), &count), HS_OK)
+      << hs_last_error();
+  ASSERT_EQ(count, size_t{kSessions} * kPerSession);
+  for (size_t i = 1; i < count; ++i) {
+    ASSERT_TRUE(dead[i - 1] < dead[i] || (dead[i - 1] == dead[i] && ids[i - 1] < ids[i])) << "entry " << i;
+  }
 }
 
 // ---- 3 and 4: processes that must not start ----

@@ -446,7 +446,8 @@ hs_result hs_admit_durable(hs_session* session, uint64_t request_id, uint32_t co
                            uint32_t lease_seconds, hs_request_info* out);
 hs_result hs_set_lease(hs_session* session, uint64_t request_id, uint32_t lease_seconds);
 /* What ended sessions of this uid and engine_name left, whose lease runs, in (dead session,
- * request) order: entry i is request request_ids[i] of ended session dead_session_ids[i], with
+ * request) order (every page the daemon answers, fetched here): entry i is request request_ids[i] of
+ * ended session dead_session_ids[i], with
  * lease_seconds_left[i] (each array may be NULL). Up to capacity entries are written; *count (not
  * NULL) gets how many there are: HS_ERR_RESOURCE_EXHAUSTED when capacity is smaller. */
 hs_result hs_list_adoptable(hs_session* session, uint64_t* dead_session_ids, uint64_t* request_ids,

@@ -63,8 +63,12 @@ class AdmissionLedger {
     }
   };
   using Clock = std::function<absl::Time()>;
+  // Host bytes a tenant holds outside its requests: retired slabs an engine may still hold, not
+  // yet seen freed (PagePool::RetiredBytesOf). CheckGrow charges them, in whole pages, against
+  // quotas.host_bytes and quotas.pages; Usage and the invariants do not count them.
+  using OutsideBytes = std::function<uint64_t(uint32_t tenant)>;
 
-  AdmissionLedger(const Quotas& quotas, uint64_t page_bytes, Clock clock);
+  AdmissionLedger(const Quotas& quotas, uint64_t page_bytes, Clock clock, OutsideBytes outside = nullptr);
 
   void SetQuotas(const Quotas& quotas) { quotas_ = quotas; }
   const Quotas& quotas() const { return quotas_; }
@@ -149,6 +153,7 @@ class AdmissionLedger {
   Quotas quotas_;
   uint64_t page_bytes_;
   Clock clock_;
+  OutsideBytes outside_;
   std::map<uint64_t, Session> sessions_;
   std::map<uint32_t, TenantUsage> tenants_;  // kept sums; a tenant that holds nothing is erased
   uint64_t used_pages_ = 0;

@@ -140,6 +140,9 @@ struct DurabilityConfig {
   // The longest lease a request may hold, in seconds: what a tenant can keep pinned after its
   // engine died. 0 turns durable requests off.
   int max_lease_seconds = 3600;
+  // Ended sessions one tenant may have kept for their durable requests (orphans) at once; a
+  // session that ends beyond it releases its durable requests. 0 = no limit.
+  int max_orphans_per_tenant = 64;
 };
 
 struct MetricsConfig {

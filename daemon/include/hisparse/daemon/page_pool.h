@@ -18,13 +18,24 @@
 // referenced page stays its owner's, idle, so the owner's next request reuses memory that is
 // already backed; it leaves its owner when another allocation needs its budget or at RetireIdleOf
 // (a session's end). Leaving, it is unlinked at once, its budget returns to the pool, and the
-// worker drops its memfd and mapping outside every lock (scrub by replacement: an engine that
-// still maps the old memfd sees only its own old bytes, and no later owner ever gets that
-// memory). Slab ids are never reused, so a client's cache of "slab N" cannot alias.
+// worker frees its memory outside every lock: it punches every page out of the memfd
+// (fallocate PUNCH_HOLE), then drops the memfd and the mapping. The punch frees the memory even
+// where an engine kept a descriptor of the slab or still maps it: that engine reads zeros, and a
+// page it touches again is new memory, charged by the kernel to the engine's own cgroup; no later
+// owner ever gets the old memory. Slab ids are never reused, so a client's cache of "slab N"
+// cannot alias.
+//
+// Retired slabs charged to a tenant: a slab the fd channel handed to an engine (DupSlabFd with a
+// tenant) may be held by that engine after it leaves its owner. From its retirement until the
+// kernel reports its memfd empty (st_blocks 0) its bytes count against that tenant
+// (RetiredBytesOf, which SessionManager adds to the tenant's host quota): first the whole slab,
+// until the worker's punch; then what the engine touched again meanwhile, kept with the memfd in
+// a list that SweepRetired punches again until it is empty. docs/DESIGN.md, "Retired slabs".
 //
 // Accounting (exact, CheckInvariants): budget = owners' slabs + ready slabs + slabs being made +
 // unallocated. Slabs waiting for their scrub are no longer in the budget: they are what the
-// kernel frees next (Stats::scrub_queue). So is a reserve slab whose budget an allocation took
+// kernel frees next (Stats::scrub_queue), as are retired slabs still charged to a tenant
+// (Stats::retired_bytes). So is a reserve slab whose budget an allocation took
 // while the worker was making it (the worker drops it): an allocation that fits the budget never
 // waits for the worker and never fails because of it.
 //
@@ -34,10 +45,13 @@
 #ifndef HISPARSE_DAEMON_PAGE_POOL_H_
 #define HISPARSE_DAEMON_PAGE_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -81,6 +95,10 @@ class PagePool {
     uint32_t scrub_queue = 0;     // slabs left by their owners, not yet dropped
     uint32_t populate_queue = 0;  // slabs made on demand, not yet populated
     uint64_t slabs_made = 0, slabs_scrubbed = 0;
+    // Retired slabs charged to tenants (handed out by the fd channel) whose memory is not yet
+    // seen freed, and their charge: whole slabs before the punch, st_blocks after it.
+    uint32_t retired_slabs = 0;
+    uint64_t retired_bytes = 0;
     bool hugepages = false, locked = false;
   };
   static constexpr uint64_t kNoOwner = 0;
@@ -117,8 +135,22 @@ class PagePool {
   uint32_t RefCount(const Page& page) const;
 
   // A dup of the slab's memfd (the caller owns it) and its size, when `owner` owns the slab;
-  // PermissionDenied for another owner's, NotFound for a slab that is gone.
-  absl::StatusOr<UniqueFd> DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes = nullptr) const;
+  // PermissionDenied for another owner's, NotFound for a slab that is gone. With `tenant` (the
+  // dup leaves the daemon: the fd channel hands it to that uid's engine), the slab's retirement
+  // is charged to that tenant until its memory is seen freed (RetiredBytesOf).
+  absl::StatusOr<UniqueFd> DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes = nullptr,
+                                     std::optional<uint32_t> tenant = std::nullopt);
+  // Retired slabs charged to a tenant and not yet seen freed, and their charge in bytes.
+  struct Retired {
+    uint64_t bytes = 0;
+    uint32_t slabs = 0;
+  };
+  Retired RetiredOf(uint32_t tenant) const;
+  uint64_t RetiredBytesOf(uint32_t tenant) const { return RetiredOf(tenant).bytes; }
+  // Punches the retired slabs still charged (an engine touched them again after the worker's
+  // punch) once more and drops those whose memfd is empty now, with their charge. Returns how
+  // many it dropped. The daemon runs it periodically (with the lease sweep); tests call it.
+  size_t SweepRetired();
   // The daemon's own mapping of a page `owner` holds (page_bytes bytes; valid while the owner
   // holds a reference to it): the daemon's copies (a shared prefix's partial page) go through
   // it. NotFound when the owner holds no such page.
@@ -147,6 +179,11 @@ class PagePool {
   // Blocks until the worker has nothing left to do (scrub and populate queues empty, the reserve
   // full or the budget short). For tests and orderly shutdown.
   void WaitIdle() const;
+  // For tests of a retired slab's life: while paused the worker takes no job (WaitIdle then waits
+  // for the resume); `after_punch` (may be empty) runs on the worker right after each punch,
+  // before the memfd is measured, as an engine touching a slab again at that moment would.
+  void PauseWorkerForTest(bool paused);
+  void SetAfterPunchForTest(std::function<void()> after_punch);
 
  private:
   // A slab's memory: shared so the worker can populate or drop it outside the lock.
@@ -154,6 +191,17 @@ class PagePool {
     UniqueFd fd;
     MappedRegion map;
     bool hugetlb = false;
+    // Set under mu_ when DupSlabFd hands the memfd to a tenant's engine: the tenant its retirement
+    // is charged to. Read under mu_.
+    std::optional<uint32_t> charged_to;
+  };
+  // A retired slab whose memfd still had memory after a punch: kept (the memfd, no mapping) and
+  // charged to `tenant` for `held` bytes until a sweep finds it empty.
+  struct Retained {
+    std::shared_ptr<SlabMemory> mem;
+    uint32_t tenant = 0;
+    uint64_t bytes = 0;  // the slab's size
+    uint64_t held = 0;   // st_blocks * 512 at the last punch: the charge
   };
   struct Slab {
     uint64_t owner = kNoOwner;
@@ -199,6 +247,14 @@ class PagePool {
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WorkerLoop();
+  // The worker's scrub of one slab taken from scrub_ (called with mu_ held, which it drops for the
+  // punch and the drop): punched, unmapped, then dropped, or kept as Retained when charged memory
+  // is left.
+  void ScrubOne(std::shared_ptr<SlabMemory> mem) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `add` bytes to and takes `remove` bytes from `tenant`'s charge, and `slabs` (+1: a slab
+  // retires charged; -1: one is seen freed) to its slabs; a tenant left with none is forgotten.
+  void ChargeRetiredLocked(uint32_t tenant, uint64_t add, uint64_t remove, int slabs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Populates (and mlocks) memory the engine may already be writing: content-preserving only.
   void Populate(SlabMemory& mem);
 
@@ -211,6 +267,10 @@ class PagePool {
   std::vector<std::shared_ptr<SlabMemory>> ready_ ABSL_GUARDED_BY(mu_);    // full-size, zeroed
   std::deque<std::shared_ptr<SlabMemory>> scrub_ ABSL_GUARDED_BY(mu_);     // to drop
   std::deque<std::shared_ptr<SlabMemory>> populate_ ABSL_GUARDED_BY(mu_);  // to populate
+  std::vector<Retained> retained_ ABSL_GUARDED_BY(mu_);                    // punched, not yet empty
+  // Charged slabs (in scrub_, being scrubbed, or in retained_) by tenant; tenants with some only.
+  std::map<uint32_t, Retired> retired_by_tenant_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> punch_failed_{false};  // logged once
   uint64_t next_slab_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t owned_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // bytes of owners' slabs
   uint64_t making_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // budget charged for Allocate's slabs being made
@@ -228,6 +288,8 @@ class PagePool {
   bool hugepages_ ABSL_GUARDED_BY(mu_) = true;       // every slab made so far is hugetlb
   bool locked_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool paused_for_test_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> after_punch_for_test_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 

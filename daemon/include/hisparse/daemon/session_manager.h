@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -76,6 +77,10 @@ class SessionManager {
     absl::Duration import_grant_ttl = absl::Seconds(30);
     // durability.max_lease_seconds: the longest lease a request may hold (0: no durable requests).
     uint32_t max_lease_seconds = 3600;
+    // durability.max_orphans_per_tenant: ended sessions one tenant may have kept as orphans; a
+    // session of a tenant at the cap ends as a session without durable requests would (they are
+    // released). 0: no cap (the daemon's config sets one by default).
+    uint32_t max_orphans_per_tenant = 0;
   };
 
   SessionManager(const Options& options, std::unique_ptr<PagePool> pool);
@@ -162,6 +167,9 @@ class SessionManager {
   // durability.max_lease_seconds, live (SIGHUP): bounds later SetLease and admissions; leases
   // already granted keep their deadline. 0 turns durable requests off for what comes next.
   void SetMaxLeaseSeconds(uint32_t seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  // durability.max_orphans_per_tenant, live (SIGHUP): applies to sessions that end from now on;
+  // orphans kept already stay (until adopted or expired) when it is lowered.
+  void SetMaxOrphansPerTenant(uint32_t orphans) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Accounting invariants, exact: the pool's and the ledger's own; pool used pages == the
   // ledger's == the distinct pages of every request; each page's reference count == the requests
@@ -172,6 +180,10 @@ class SessionManager {
   // Blocks until the pool's worker has dropped every slab left so far (and filled its reserve):
   // for tests that count descriptors or memory.
   void WaitPoolIdle() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Retired slabs an engine touched again after their punch are punched again, and those found
+  // empty stop counting against their tenant (PagePool::SweepRetired); returns how many. The
+  // daemon runs it periodically, with the lease sweep; tests call it.
+  size_t SweepRetiredSlabs() ABSL_LOCKS_EXCLUDED(mu_);
   // ---- Import from a prefill node (session_import.cc; docs/DESIGN.md, "Import"). ----
   // Where granted memory is registered for remote writes; null (the default): imports are
   // refused with FailedPrecondition. Not owned; must outlive every call that can reach it.
@@ -218,6 +230,11 @@ class SessionManager {
     // Non-empty while importing (AdmitImport until commit): the grant's id. Such a request cannot
     // be extended or evicted; releasing it aborts the import.
     std::string import_grant;
+    // Which admission made this Request: unique for the daemon's life (never reused, unlike request
+    // ids), so a victim chosen under the lock and evicted after it (EvictVictim) is the same request
+    // and not one released and admitted again under its id meanwhile. Set at construction; a move
+    // (adoption) keeps it.
+    uint64_t generation = NewGeneration();
     // Durable while the clock is before it (SetLease, AdmitRequest.lease_seconds): the request
     // then outlives its session's end as an orphan. Never set on an importing request.
     absl::Time lease_end = absl::InfinitePast();
@@ -227,6 +244,7 @@ class SessionManager {
     bool in_group = false;
     bool attached = true;
     uint64_t PageCount() const;
+    static uint64_t NewGeneration();
   };
   struct Session {
     uint64_t id = 0;
@@ -252,7 +270,8 @@ class SessionManager {
   };
   // A tensor-parallel group (session_groups.cc; docs/DESIGN.md, "TP groups"): sessions of one
   // tenant, one per rank, whose group requests share one set of host pages. It lives while a
-  // member does.
+  // member does. Groups are their tenant's: named by (tenant uid, name), so another uid cannot
+  // take, or even see, the name a tenant's TP engine will use.
   struct Group {
     // The pool owner of the group's pages: an id of the session counter, so never a session's.
     uint64_t owner = 0;
@@ -272,9 +291,12 @@ class SessionManager {
   // Touches no shared state: called outside the lock.
   absl::StatusOr<std::unique_ptr<Arena>> CreateArena(bool on_gpu, int gpu, const ArenaOffsets& layout) const;
 
+  // A request chosen for eviction under the lock and evicted after it (EvictVictim): named by
+  // its generation too, so that one released and admitted again meanwhile is not the one evicted.
   struct Victim {
     uint64_t session_id = 0;
     uint64_t request_id = 0;
+    uint64_t generation = 0;
     std::shared_ptr<EventSink> sink;
   };
   // AdmitLocked's answer, and whether it failed for want of room in the pool: the one refusal that
@@ -333,7 +355,10 @@ class SessionManager {
   // evict_lru_idle: whether evicting the tenant's requests could make room for `need_pages`.
   bool EvictionCouldAdmitLocked(const Session& s, uint64_t need_pages) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the victim's session, then releases the request. Takes the lock itself.
+  // Tells the victim's session, then releases the request: the same request that was chosen (its
+  // generation), and one that is not importing. NotFound when it was released (or released and
+  // admitted again, or its session ended) meanwhile, FailedPrecondition when it is importing
+  // now. Takes the lock itself.
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request `request_id` of the session `ref` names, or PermissionDenied / NotFound.
@@ -419,7 +444,8 @@ class SessionManager {
   static absl::Time LeaseEnd(absl::Time now, uint32_t lease_seconds);
   static double LeaseLeft(const Request& r, absl::Time now);
   // CloseSession's step for a session that has ended (out of sessions_, its imports revoked):
-  // releases every request that is not durable now, then, when durable ones are left, parks them
+  // releases every request that is not durable now (every one, when its tenant holds
+  // max_orphans_per_tenant orphans already), then, when durable ones are left, parks them
   // and moves them (with their sharers) into a new orphan of the same id; else the session leaves
   // the ledger. `dead` keeps its arena and sink, for the caller to drop outside the lock.
   // Returns the requests released.
@@ -504,7 +530,10 @@ class SessionManager {
   // the pool until adopted (HandOverSlabs) or emptied.
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> orphans_ ABSL_GUARDED_BY(mu_);
   uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // by name
+  uint64_t orphans_refused_ ABSL_GUARDED_BY(mu_) = 0;  // ends over max_orphans_per_tenant, since start
+  using GroupKey = std::pair<uint32_t, std::string>;   // (tenant uid, name)
+  static GroupKey GroupKeyOf(const Session& s) { return {s.tenant_uid, s.group}; }
+  std::map<GroupKey, Group> groups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hisparse
