@@ -30,8 +30,12 @@ codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
   echo "deb-src http://deb.debian.org/debian-security $codename-security main"
 } >"$tmp/sources.list"
 mkdir -p "$tmp/lists/partial"
+# Everything apt writes goes under $tmp, so that this needs no root and leaves the system's apt
+# state as it was.
+mkdir -p "$tmp/cache/archives/partial"
 apt_opts=(-q -o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
-  -o "Dir::State::Lists=$tmp/lists" -o APT::Sandbox::User=root)
+  -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "Dir::State::status=/var/lib/dpkg/status")
+[[ $(id -u) -eq 0 ]] && apt_opts+=(-o APT::Sandbox::User=root)
 apt-get "${apt_opts[@]}" update >/dev/null
 (cd "$tmp" && apt-get "${apt_opts[@]}" source --download-only $want >/dev/null)
 rm -rf "${dir:?}"/*
