@@ -23,8 +23,12 @@ V=$(mktemp -d)/venv
 D=$(dirname "$V")/hisparsed
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/bin/hisparsed "$@"\n' "$B" "$B" > "$D"
 chmod +x "$D"
-step 120 venv sh -c "$PY -m venv --system-site-packages $V && $V/bin/python -m pip install --no-index \
-  --disable-pip-version-check $W/hisparse-*.whl" > "$OUT/wheel.log" 2>&1
+# Ubuntu's python3 lacks ensurepip without python3-venv: then a venv without pip, filled by the
+# host's pip (--python, pip 22.3+).
+step 120 venv sh -c "{ $PY -m venv --system-site-packages $V && $V/bin/python -m pip install --no-index \
+  --disable-pip-version-check $W/hisparse-*.whl; } || { rm -rf $V && $PY -m venv --system-site-packages \
+  --without-pip $V && $PY -m pip --python $V/bin/python install --no-index --disable-pip-version-check \
+  $W/hisparse-*.whl; }" > "$OUT/wheel.log" 2>&1
 ENGINE_ENV=(env -u LD_LIBRARY_PATH -u HISPARSE_LIB -u PYTHONPATH HISPARSE_INSTALLED=1 HISPARSE_DAEMON_BIN="$D"
   PYTHONUNBUFFERED=1)
 "${ENGINE_ENV[@]}" "$V/bin/python" -c 'import hisparse; print(hisparse.__version__, hisparse.version(),
