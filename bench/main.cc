@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "bench_cmd.h"
+#include "hisparse/common/version.h"
 
 namespace {
 
@@ -57,6 +58,10 @@ void Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && !std::strcmp(argv[1], "--version")) {
+    std::printf("hisparse-bench %s\n", HISPARSE_VERSION);
+    return 0;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     Usage();
     return argc < 2 ? 2 : 0;

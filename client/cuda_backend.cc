@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cuda_driver_check.h"
 #include "device_backend.h"
 #include "hisparse/common/cuda_vmm.h"
 #include "hisparse/common/device_buffer.h"
@@ -262,6 +263,13 @@ class CudaBackend final : public DeviceBackend {
 
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,
                                                                const HostPageGeometry& pages) {
+  // An old driver is the commonest reason a CUDA session cannot open on a node: say which driver
+  // is needed before the runtime answers with cudaErrorInsufficientDriver.
+  int driver = 0;
+  int runtime = 0;
+  cudaDriverGetVersion(&driver);  // 0 without a driver
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = CUDART_VERSION;
+  if (absl::Status st = CheckCudaDriver(driver, runtime); !st.ok()) return st;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     return absl::UnavailableError("no CUDA device is present: use the host backend");

@@ -10,6 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "hisparse/common/log.h"
+#include "hisparse/common/version.h"
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/daemon.h"
 
@@ -33,6 +34,7 @@ hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
 
 int main(int argc, char** argv) {
   CLI::App app{"hisparsed: per-node KV memory daemon for sparse-attention LLM serving"};
+  app.set_version_flag("--version", "hisparsed " HISPARSE_VERSION);
   std::string config_path;
   std::vector<std::pair<std::string, std::string>> overrides;
   app.add_option("--config", config_path, "YAML config file (see deploy/hisparsed.yaml)");

@@ -65,6 +65,7 @@ class FamilyBuilder {
 
 const std::vector<MetricInfo>& MetricCatalog() {
   static const std::vector<MetricInfo> catalog = {
+      {"hisparse_build_info", "gauge", "Always 1; the label version is the daemon's release (hisparsed --version)."},
       {"hisparse_up", "gauge", "1 while the daemon serves; 0 while draining."},
       {"hisparse_uptime_seconds", "gauge", "Seconds since the daemon started."},
       {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
@@ -130,6 +131,7 @@ void Metrics::ObserveRpc(Method method, double seconds) {
 std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   const v1::StatsResponse st = sessions_->Stats();
   FamilyBuilder fb;
+  fb.Add("hisparse_build_info", 1, {{"version", st.version()}});
   fb.Add("hisparse_up", st.draining() ? 0 : 1);
   fb.Add("hisparse_uptime_seconds", st.uptime_seconds());
   const auto& p = st.host_pool();

@@ -17,6 +17,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/secret.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/common/version_compat.h"
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/v1/arena_kind.h"
 
@@ -168,6 +169,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     max_requests_limit = options_.max_requests_per_session;
     page_bytes = ledger_.page_bytes();
   }
+  HS_RETURN_IF_ERROR(CheckClientVersion(open.client_version(), options_.version));
   HS_RETURN_IF_ERROR(ValidateGeometry(open.geometry(), max_requests_limit));
   if (open.geometry().record_bytes() > page_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("geometry.record_bytes (", open.geometry().record_bytes(),

@@ -10,6 +10,8 @@ packages=(
   libucx-dev  # imports from a prefill node over UCX (daemon/ucx_import.cc); the build works without it
   clang clang-format clang-tidy
   python3 python3-pytest python3-numpy python3-pyflakes
+  python3-venv  # the wheel test installs the built wheel into a fresh venv (tests/install/wheel_test.sh)
+  dpkg-dev  # dpkg-source, for tools/fetch-pic-sources.sh
   python3-torch  # CPU torch: the engine benchmarks' smoke runs (decode_bench, serve_bench) in ctest
   prometheus  # promtool, which lints the /metrics exposition in the admin test
 )
@@ -17,10 +19,15 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-[[ $(id -u) -ne 0 ]] && sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# Debian's sources of six files of abseil, protobuf and re2, which the self-contained libhisparse
+# (the wheel's) recompiles -fPIC (tools/fetch-pic-sources.sh says why). Quiet when present.
+"$(dirname "$0")/fetch-pic-sources.sh" ||
+  echo "install-deps: could not fetch them: the self-contained libhisparse and its test will not build" >&2

@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "ctl.h"
+#include "hisparse/common/version.h"
 
 namespace hisparse::ctl {
 
@@ -179,6 +180,7 @@ int main(int argc, char** argv) {
   using hisparse::ctl::CommandOptions;
   using hisparse::ctl::GlobalOptions;
   CLI::App app{"hisparse-ctl: look at and steer a running hisparsed"};
+  app.set_version_flag("--version", "hisparse-ctl " HISPARSE_VERSION);
   app.require_subcommand(1);
   GlobalOptions g;
   if (const char* env = std::getenv("HISPARSE_DAEMON"); env != nullptr && *env) g.daemon = env;

@@ -17,6 +17,7 @@
 #include "CLI/CLI.hpp"
 #include "demo_memory.h"
 #include "hisparse/common/daemon_process.h"
+#include "hisparse/common/version.h"
 #include "hisparse/hisparse.hpp"
 #include "synthetic_indexer.h"
 
@@ -52,6 +53,7 @@ int Fail(const char* what, const Error& e) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"hisparse-demo: admit, prefill, decode with RESOLVE, and check every byte"};
+  app.set_version_flag("--version", "hisparse-demo " HISPARSE_VERSION);
   app.add_option("--daemon", f.daemon, "attach to this daemon (unix:PATH) instead of starting one");
   app.add_option("--host-pool-size", f.host_pool_size, "pool of the daemon the demo starts");
   app.add_option("--requests", f.requests, "requests in the batch")->check(CLI::Range(1, 4096));

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import statistics
 import sys
@@ -32,7 +33,8 @@ from typing import List, Tuple
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
+if os.environ.get("HISPARSE_INSTALLED") != "1":  # 1: the installed package (a wheel's), not the tree's
+    sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 
 import torch  # noqa: E402
 

@@ -18,6 +18,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/common/version.h"
+#include "hisparse/common/version_compat.h"
 #include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/session_manager.h"
 #include "session_test_util.h"
@@ -118,6 +120,36 @@ TEST(SessionManagerTest, TinyRequestsAreChargedWholePages) {
   const v1::StatsResponse after = sm->Stats();
   EXPECT_EQ(after.host_pool().used_bytes(), 4 * kPage);
   EXPECT_EQ(SumOfSessionHostBytes(after), after.host_pool().used_bytes());
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+// OpenSession holds the client's client_version to the daemon's (version_compat.h): this
+// release's clients and the previous minor's are served; the next minor and another major are
+// refused, opening nothing, with a message naming both versions.
+TEST(SessionManagerTest, OpenSessionServesOlderMinorsOfItsMajorOnly) {
+  auto sm = MakeManager(8 * kMiB);
+  const std::string daemon = HISPARSE_VERSION;
+  absl::StatusOr<SemVer> mine = ParseSemVer(daemon);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  auto open_as = [&](const std::string& client) {
+    v1::OpenSession open = OpenMessage({"versioned", 1, 16, 4});
+    open.set_client_version(client);
+    return sm->OpenSession(open, Owner(1000));
+  };
+  EXPECT_TRUE(open_as(daemon).ok());
+  EXPECT_TRUE(open_as("").ok());  // a client older than the field
+  if (mine->minor > 0) {
+    EXPECT_TRUE(open_as(absl::StrCat(mine->major, ".", mine->minor - 1, ".9")).ok());
+  }
+  for (const std::string& client :
+       {absl::StrCat(mine->major, ".", mine->minor + 1, ".0"), absl::StrCat(mine->major + 1, ".", mine->minor, ".0")}) {
+    absl::StatusOr<v1::SessionOpened> refused = open_as(client);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << client;
+    EXPECT_THAT(std::string(refused.status().message()),
+                testing::AllOf(HasSubstr("client hisparse " + client), HasSubstr("daemon hisparse " + daemon)));
+  }
+  EXPECT_EQ(open_as("next").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sm->Stats().sessions(), mine->minor > 0 ? 3u : 2u);  // the refused opened nothing
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
 }
 

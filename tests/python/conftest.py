@@ -1,6 +1,7 @@
 """Fixtures for the Python client tests: a real hisparsed per test module, sessions on it.
 
-The package is imported from the source tree (client/python), ahead of any installed copy. The library and daemon come from $HISPARSE_LIB / $HISPARSE_DAEMON_BIN (ctest
+The package is imported from the source tree (client/python), ahead of any installed copy, unless
+HISPARSE_INSTALLED=1 asks for the installed one (a wheel's, which finds its own library). The library and daemon come from $HISPARSE_LIB / $HISPARSE_DAEMON_BIN (ctest
 sets both), else the package's own search (the source tree's build/). When neither is found and
 no variable names them, the tests are skipped with the reason; a variable that names a missing
 file fails them instead.
@@ -16,10 +17,17 @@ import time
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "client" / "python"))
+# HISPARSE_INSTALLED=1: test the installed package (a wheel in a venv, with its own library)
+# instead of the source tree's.
+INSTALLED = os.environ.get("HISPARSE_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(REPO / "client" / "python"))
 sys.path.insert(0, str(REPO / "examples" / "engine"))
 
 import hisparse  # noqa: E402
+
+if INSTALLED and pathlib.Path(hisparse.__file__).resolve().is_relative_to(REPO / "client"):
+    raise ImportError(f"HISPARSE_INSTALLED=1 but hisparse comes from the source tree ({hisparse.__file__})")
 
 
 def _library_or_skip() -> None:

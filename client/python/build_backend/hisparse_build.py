@@ -6,11 +6,12 @@ with setuptools as the backend fails on a machine without index access. With thi
 build needs nothing but the standard library, so the plain command works offline, with or
 without --no-build-isolation.
 
-It writes a py3-none-any wheel with every file under hisparse/ (a libhisparse.so placed there is
-picked up as package data), an sdist, and an editable wheel holding a .pth that points at this
-source tree. Both wheels carry pyproject's [project.entry-points] as dist-info/entry_points.txt,
-which is how the engines find the plugins (importlib.metadata.entry_points(group=...)); the sdist
-carries pyproject.toml itself, from which a wheel built out of it writes the same file.
+It writes a py3-none-any wheel with every file under hisparse/, an sdist, and an editable wheel
+holding a .pth that points at this source tree. tools/build-wheel.sh places the self-contained
+libhisparse.so under hisparse/ and asks for a platform tag (config setting platform-tag). Both
+wheels carry pyproject's [project.entry-points] as dist-info/entry_points.txt, which is how the
+engines find the plugins (importlib.metadata.entry_points(group=...)); the sdist carries
+pyproject.toml itself, from which a wheel built out of it writes the same file.
 """
 
 from __future__ import annotations
@@ -110,15 +111,29 @@ def _digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _write_wheel(directory: str, files) -> str:
+def _platform(config_settings, entries) -> str:
+    """The wheel's platform tag: "any" for the pure package. A wheel that carries libhisparse.so
+    must say which systems can load it: tools/build-wheel.sh passes
+    --config-settings platform-tag=manylinux_2_NN_x86_64, NN from the library's newest GLIBC_
+    symbol version (PEP 600)."""
+    tag = (config_settings or {}).get("platform-tag", "any")
+    if tag == "any" and any(path.endswith(".so") or ".so." in path for path, _ in entries):
+        raise RuntimeError("hisparse/ holds a shared library: build with tools/build-wheel.sh, which tags the wheel "
+                           "for the glibc the library needs")
+    return tag
+
+
+def _write_wheel(directory: str, files, config_settings=None) -> str:
     p = _project()
     dist = f"{p['name']}-{p['version']}"
-    name = f"{dist}-py3-none-any.whl"
-    info = f"{dist}.dist-info"
     entries = list(files)
+    plat = _platform(config_settings, entries)
+    name = f"{dist}-py3-none-{plat}.whl"
+    info = f"{dist}.dist-info"
     entries.append((f"{info}/METADATA", _metadata(p).encode()))
-    entries.append((f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: hisparse_build\nRoot-Is-Purelib: true\n"
-                                     b"Tag: py3-none-any\n"))
+    entries.append((f"{info}/WHEEL", f"Wheel-Version: 1.0\nGenerator: hisparse_build\n"
+                                     f"Root-Is-Purelib: {'true' if plat == 'any' else 'false'}\n"
+                                     f"Tag: py3-none-{plat}\n".encode()))
     entries.append((f"{info}/top_level.txt", f"{PACKAGE}\n".encode()))
     entry_points = _entry_points_txt(p)
     if entry_points:
@@ -143,7 +158,7 @@ def get_requires_for_build_sdist(config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    return _write_wheel(wheel_directory, _package_files())
+    return _write_wheel(wheel_directory, _package_files(), config_settings)
 
 
 def build_sdist(sdist_directory, config_settings=None):

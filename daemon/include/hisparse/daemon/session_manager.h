@@ -37,6 +37,7 @@
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/common/version.h"
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/config.h"
@@ -70,7 +71,9 @@ class SessionManager {
     // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm" or "cuda-ipc", as the
     // allocator chose). Unset, or for gpu = -1, the arena is a host memfd ("host").
     GpuArenaAllocator gpu_arena_allocator;
-    std::string version = "0.1.0";
+    // This daemon's release: SessionOpened.daemon_version, and the side of the version rule
+    // (version_compat.h) that OpenSession holds a client's client_version to.
+    std::string version = HISPARSE_VERSION;
     // The time of the LRU order of evict_lru_idle (unset: absl::Now). Tests inject a fake one.
     AdmissionLedger::Clock clock;
     // import.grant_ttl: how long an import grant stays open before the daemon expires it.
