@@ -23,17 +23,25 @@ done
 echo "fetch-pic-sources: fetching $want into $dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
-{
-  echo "deb-src http://deb.debian.org/debian $codename main"
-  echo "deb-src http://deb.debian.org/debian $codename-updates main"
-  echo "deb-src http://deb.debian.org/debian-security $codename-security main"
-} >"$tmp/sources.list"
+# The source archives of the machine's own apt sources: each configured "deb" entry (one-line
+# sources.list files and deb822 .sources files alike) as "deb-src", so that the sources come from
+# wherever this machine's binaries came from.
+mkdir -p "$tmp/sources.list.d"
+for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+  [[ -f $f ]] && sed -n 's/^[[:space:]]*deb[[:space:]]/deb-src /p' "$f"
+done >"$tmp/sources.list"
+for f in /etc/apt/sources.list.d/*.sources; do
+  [[ -f $f ]] && sed 's/^Types:.*/Types: deb-src/' "$f" >"$tmp/sources.list.d/$(basename "$f")"
+done
+if [[ ! -s $tmp/sources.list ]] && ! compgen -G "$tmp/sources.list.d/*.sources" >/dev/null; then
+  echo "fetch-pic-sources: no apt sources configured on this machine" >&2
+  exit 1
+fi
 mkdir -p "$tmp/lists/partial"
 # Everything apt writes goes under $tmp, so that this needs no root and leaves the system's apt
 # state as it was.
 mkdir -p "$tmp/cache/archives/partial"
-apt_opts=(-q -o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
+apt_opts=(-q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/sources.list.d"
   -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "Dir::State::status=/var/lib/dpkg/status")
 [[ $(id -u) -eq 0 ]] && apt_opts+=(-o APT::Sandbox::User=root)
 apt-get "${apt_opts[@]}" update >/dev/null
