@@ -4,21 +4,26 @@ vllm_mode.py drives HisparsedConnector through one fixed batch. This module driv
 what vLLM's scheduler does to requests over time, on sglang_mode.py's seeded workload (long and
 short prompts, staggered arrivals, early finishes), eagerly, with and without drafts:
 
-- scheduling (vllm/v1/core/sched/scheduler.py @ 00024d31, Scheduler): each step's
-  SchedulerOutput (new and cached requests, num_scheduled_tokens, preempted_req_ids,
-  finished_req_ids) goes through the connector's build_connector_meta; the worker role is driven
-  as vllm_mode.VllmKV drives it (ActiveKVConnector's pre_forward / post_forward). Blocks of
-  BLOCK slots come from a free list, as KVCacheManager.allocate_slots hands them out;
+- scheduling (vllm/v1/core/sched/scheduler.py @ 00024d31, Scheduler.schedule): each step's
+  SchedulerOutput (new and resumed requests in scheduled_new_reqs, as for the V2 model runner
+  whose ActiveKVConnector drives the worker; running ones in scheduled_cached_reqs;
+  num_scheduled_tokens, preempted_req_ids, finished_req_ids) goes through the connector's
+  build_connector_meta; the worker role is driven as vllm_mode.VllmKV drives it (ActiveKVConnector's
+  pre_forward / post_forward). Blocks of BLOCK slots come from a free list, as
+  KVCacheManager.allocate_slots hands them out; a request leaving the waiting queue gets
+  get_num_new_matched_tokens, then update_state_after_alloc with all its blocks; no waiting
+  request is admitted in a step that preempted;
 - preemption (Scheduler._preempt_request): the request's blocks are freed
   (kv_cache_manager.free), its status becomes PREEMPTED and num_computed_tokens 0, and its id is
-  in that step's preempted_req_ids. Two steps later it is scheduled again: update_state_after_alloc
-  with fresh blocks, then a recompute of every position before its last output token (a prefill
-  chunk that ends one token short, so the next step decodes that token, as a chunked prefill's
-  last chunk would). The connector parks the request at the preemption and resumes it at the
-  reschedule: its KV stays in the daemon;
-- abort of a preempted request (Scheduler.finish_requests -> _free_request ->
-  connector.request_finished, then finished_req_ids): with two or more preempted requests the
-  last is aborted the step after its preemption, never resumed; the connector releases it;
+  in that step's preempted_req_ids. Two steps later it leaves the waiting queue again: fresh
+  blocks, then a recompute of every position before its last output token (schedule() gives it
+  num_tokens - num_computed_tokens, here capped one short as long_prefill_token_threshold caps a
+  chunk, so the next step decodes that token). The connector parks the request at the preemption
+  and resumes it at the reschedule: its KV stays in the daemon;
+- abort of a preempted request (Scheduler.finish_requests -> _free_request -> _connector_finished,
+  which calls request_finished_all_groups on a SupportsHMA connector, then finished_req_ids and the
+  blocks freed): with two or more preempted requests the last is aborted the step after its
+  preemption, never resumed; the connector releases it;
 - MTP (--draft-tokens n): each decode step verifies q = n + 1 tokens a request (the last output
   and n drafts from mtp.DraftHead) through sglang_mtp_mode.forward_verify; the sparse backend's
   decode conversion is convert_decode_logical_to_physical_topk with decode_query_len q, which calls
@@ -311,8 +316,8 @@ class VllmServeEngine:
 
     def finish(self, r: VReq) -> None:
         """A finished or aborted request: connector.request_finished, then its blocks freed."""
-        if self.conn is not None:
-            self.sched.request_finished(r, [list(r.blocks)])
+        if self.conn is not None:  # _connector_finished: a SupportsHMA connector gets every group's blocks
+            self.sched.request_finished_all_groups(r, (list(r.blocks),))
         self._free(r)
         r.saved = None
         r.status.name = "FINISHED"
@@ -389,6 +394,7 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
     abort = {preempt_order[-1]: work.retract[preempt_order[-1]] + 1} if len(preempt_order) >= 2 else {}
     running: List[VReq] = []
     resume: Dict[int, List[VReq]] = {}
+    waiting: List[VReq] = []
     step_ms: List[float] = []
     preempted = aborted = 0
     for step in range(steps):
@@ -396,13 +402,16 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
             if at == step and by_id[rid].status.name == "PREEMPTED":  # finish_requests(FINISHED_ABORTED), waiting
                 e.finish(by_id[rid])
                 resume = {s: [r for r in rs if r.request_id != rid] for s, rs in resume.items()}
+                waiting = [r for r in waiting if r.request_id != rid]
                 aborted += 1
-        for r in [r for r in running if work.retract.get(r.request_id) == step]:
+        preempting = [r for r in running if work.retract.get(r.request_id) == step]
+        for r in preempting:
             e.preempt(r)
             running.remove(r)
             resume.setdefault(step + 2, []).append(r)
             preempted += 1
-        arriving = [r for r in e.reqs if work.arrival[r.request_id] == step] + resume.pop(step, [])
+        waiting += [r for r in e.reqs if work.arrival[r.request_id] == step] + resume.pop(step, [])
+        arriving, waiting = (waiting, []) if not preempting else ([], waiting)  # schedule(): "if not preempted_reqs"
         if arriving:
             e.admit(arriving)
             running += arriving
@@ -417,9 +426,8 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
             running.remove(r)
     for r in running:
         e.finish(r)
-    for rs in resume.values():
-        for r in rs:
-            e.finish(r)
+    for r in waiting + [r for rs in resume.values() for r in rs]:
+        e.finish(r)
     e.flush()
     assert len(e.free_blocks) == e.num_blocks - 1 and len(e.r2t.free_slots) == e.max_bs, "blocks or rows leaked"
     result = SGLangRun("hisparse" if e.conn is not None else "baseline", logits,
