@@ -43,12 +43,15 @@ decode step) row's logits must be bit-identical, and every generated token.
 Not driven here: a P/D import (HisparsedConnector's hisparse_import path needs a prefill node
 writing through the daemon's import grant; tests/python/test_vllm_adapter.py drives it with the
 daemon's bench writer), CUDA graphs (vLLM would capture the layers' calls, not this Python).
-Streams: the adapter launches its RESOLVE and append kernels on the current stream, as the
-forward; nothing runs on another stream, so nothing needs ordering beyond program order.
+Streams: on a GPU every step runs on a non-blocking stream of the engine's, made current (the
+connector and its handles launch on torch.cuda.current_stream(), as vLLM's forward does; a launch
+on the legacy default stream would not be ordered with it). The adapter itself uses no other
+stream (its index group's prefill_stream is None), so nothing else needs ordering.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import SimpleNamespace
 from typing import Dict, List, Optional
@@ -397,6 +400,9 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
     waiting: List[VReq] = []
     step_ms: List[float] = []
     preempted = aborted = 0
+    dev = model.device
+    on_stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
+    on_stream.__enter__()
     for step in range(steps):
         for rid, at in abort.items():
             if at == step and by_id[rid].status.name == "PREEMPTED":  # finish_requests(FINISHED_ABORTED), waiting
@@ -429,6 +435,9 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
     for r in waiting + [r for rs in resume.values() for r in rs]:
         e.finish(r)
     e.flush()
+    if dev.type == "cuda":
+        torch.cuda.current_stream(dev).synchronize()
+    on_stream.__exit__(None, None, None)
     assert len(e.free_blocks) == e.num_blocks - 1 and len(e.r2t.free_slots) == e.max_bs, "blocks or rows leaked"
     result = SGLangRun("hisparse" if e.conn is not None else "baseline", logits,
                        {r.request_id: list(r.output_token_ids) for r in e.reqs}, steps, step_ms, preempted)
