@@ -40,9 +40,17 @@ is the KV. The baseline is the same scheduler without the connector: vLLM's plai
 the indexer's positions converted through the block table into vLLM's paged cache. Every (request,
 decode step) row's logits must be bit-identical, and every generated token.
 
-Not driven here: a P/D import (HisparsedConnector's hisparse_import path needs a prefill node
-writing through the daemon's import grant; tests/python/test_vllm_adapter.py drives it with the
-daemon's bench writer), CUDA graphs (vLLM would capture the layers' calls, not this Python).
+- P/D import (pd_import): one request arrives from a prefill node with its prompt's KV but the
+  last position's. Baseline: the KV lands in its blocks (a P/D connector's load) and it decodes
+  from its last prompt token. hisparse: get_num_new_matched_tokens answers the prompt less one
+  token, asynchronously; update_state_after_alloc plans the import, the next step's metadata
+  admits it (a grant), the transfer agent (hisparse-bench import --records, the prefill node's
+  records) writes and commits it, and empty steps run (the request WAITING_FOR_REMOTE_KVS) until
+  the worker reports it in finished_recving; then it decodes. vLLM's blocks for the imported
+  positions hold poison (nothing of vLLM's writes them); the index keys, vLLM's own cache, are
+  written in both runs.
+
+Not driven here: CUDA graphs (vLLM would capture the layers' calls, not this Python).
 Streams: on a GPU every step runs on a non-blocking stream of the engine's, made current (the
 connector and its handles launch on torch.cuda.current_stream(), as vLLM's forward does; a launch
 on the legacy default stream would not be ordered with it). The adapter itself uses no other
@@ -81,6 +89,7 @@ class VReq:
         self.blocks: List[int] = []
         self.row: Optional[int] = None
         self.saved = None  # the recompute's source while preempted
+        self.fresh = True  # not scheduled yet: the next step lists it in scheduled_new_reqs
 
     @property
     def num_tokens(self) -> int:
@@ -95,11 +104,16 @@ class VllmServeEngine:
     HisparsedConnector (hisparse: its kv_connector_extra_config) or without (the baseline)."""
 
     def __init__(self, model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, draft_tokens: int,
-                 hisparse: Optional[dict]) -> None:
+                 hisparse: Optional[dict], pd_import: Optional[str] = None) -> None:
         self.model, self.fmt, self.work, self.k = model, fmt, work, k
         self.q = q = draft_tokens + 1
         dev = model.device
         self.reqs = [VReq(*spec) for spec in work.specs]
+        self.pd_import = pd_import
+        for r in self.reqs:
+            if r.request_id == pd_import:  # the decode side samples its first token itself
+                r.output_token_ids = []
+                r.kv_transfer_params = {"hisparse_import": True}
         self.max_bs = len(self.reqs)
         span = max(r.num_prompt_tokens + r.max_tokens for r in self.reqs) + q + 2
         max_ctx = -(-span // BLOCK) * BLOCK
@@ -136,6 +150,7 @@ class VllmServeEngine:
                                      impl=SimpleNamespace(index_group=plain, index_group_index=i))
                   for i, n in enumerate(self.names)}
         extra = dict(extra, top_k=self.k, max_num_seqs=self.max_bs, max_num_tokens=self.max_bs * self.q)
+        self.hisparse_address = extra["daemon"]
         spec = SimpleNamespace(num_speculative_tokens=draft_tokens) if draft_tokens else None
         cfg = SimpleNamespace(
             kv_transfer_config=SimpleNamespace(kv_connector="HisparsedConnector", kv_role="kv_both",
@@ -186,6 +201,8 @@ class VllmServeEngine:
         new = [SimpleNamespace(req_id=r.request_id, num_computed_tokens=s, block_ids=(list(r.blocks),))
                for r, s, _, fresh in entries if fresh]
         cached = [(r, s) for r, s, _, fresh in entries if not fresh]
+        for r, _, _, _ in entries:
+            r.fresh = False
         so = SimpleNamespace(
             scheduled_new_reqs=new,
             scheduled_cached_reqs=SimpleNamespace(req_ids=[r.request_id for r, _ in cached],
@@ -307,6 +324,53 @@ class VllmServeEngine:
         for r, _, n, _ in entries:
             r.num_computed_tokens = n
 
+    def import_(self, r: VReq) -> None:
+        """A P/D import (module docstring): positions [0, prompt - 1) from the prefill node."""
+        r.row = self.r2t.alloc()
+        n = r.num_prompt_tokens - 1
+        toks = torch.tensor(r.prompt[:n], device=self.model.device)
+        parts = [self.model.prefill_chunk(toks[s:s + 4096], s, self.fmt) for s in range(0, n, 4096)]
+        rec = torch.cat([p[0] for p in parts], dim=1)  # the prefill node's records [layers, n, R]
+        locs = self._slots(r, 0, n + 1)[:n]
+        for l in range(self.pool.layer_num):
+            if self.pool.index_k[l] is not None:
+                self.pool.index_k[l][locs] = torch.cat([p[1][l] for p in parts])
+            self.pool.records(l)[locs] = rec[l] if self.conn is None else POISON
+        if self.conn is not None:
+            self._import_through_connector(r, n, rec)
+        r.num_computed_tokens = n
+        r.status.name = "RUNNING"
+
+    def _import_through_connector(self, r: VReq, n: int, rec: torch.Tensor) -> None:
+        import pathlib
+        import subprocess
+        import tempfile
+
+        import hisparse
+
+        matched, load_async = self.sched.get_num_new_matched_tokens(r, 0)
+        assert (matched, load_async) == (n, True), (matched, load_async)
+        self.sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (list(r.blocks),)), n)
+        r.status.name = "WAITING_FOR_REMOTE_KVS"
+        self.flush()  # the import's admission travels with the next step's metadata
+        grant = self.sched.connector_scheduler.import_grants.get(r.request_id)
+        if grant is None:
+            raise RuntimeError(f"no import grant: {self.sched.connector_scheduler.refused.get(r.request_id)}")
+        agent = pathlib.Path(hisparse.find_daemon_binary()).parent / "hisparse-bench"
+        with tempfile.TemporaryDirectory() as tmp:
+            (pathlib.Path(tmp) / "grant").write_bytes(grant)
+            (pathlib.Path(tmp) / "records").write_bytes(rec.contiguous().cpu().numpy().tobytes())
+            subprocess.run([str(agent), "import", "--daemon", self.hisparse_address, "--grant", f"{tmp}/grant",
+                            "--records", f"{tmp}/records"], check=True, capture_output=True, timeout=300)
+        # vLLM keeps stepping while the request waits; each step's get_transfer_results polls the
+        # worker (await_import), and finished_recving brings it back to the scheduler.
+        for _ in range(3000):
+            if self.sched.connector_scheduler._state.get(r.request_id) == "active":
+                return
+            time.sleep(0.01)
+            self.flush()
+        raise RuntimeError(f"the import of {r.request_id} was not reported committed")
+
     def preempt(self, r: VReq) -> None:
         """Scheduler._preempt_request: blocks freed, PREEMPTED, num_computed_tokens 0; what the
         recompute will write is kept (module docstring)."""
@@ -335,7 +399,7 @@ class VllmServeEngine:
         locs = torch.cat([self._slots(r, s, s + q) for r, s in zip(batch, starts)])
         rpi = torch.tensor([r.row for r in batch], dtype=torch.int64, device=dev)
         b.req_pool_indices[:n], b.out_cache_loc[:n * q] = rpi, locs
-        last = torch.tensor([r.output_token_ids[-1] for r in batch], device=dev)
+        last = torch.tensor([(r.prompt + r.output_token_ids)[-1] for r in batch], device=dev)
         md = SimpleNamespace(num_actual_tokens=n * q, num_decode_tokens=n * q, num_decodes=n, num_reqs=n,
                              max_query_len=q, decode_max_query_len=q, block_size=BLOCK,
                              req_id_per_token=torch.arange(n, dtype=torch.int32, device=dev).repeat_interleave(q))
@@ -354,7 +418,7 @@ class VllmServeEngine:
                 forward_decode(self.model, self.fmt, self.pool, self.r2t.req_to_token, b, n, self._attend,
                                write=self._write)
 
-        self._step([(r, s, q, False) for r, s in zip(batch, starts)], md, body)
+        self._step([(r, s, q, r.fresh) for r, s in zip(batch, starts)], md, body)
         logits = b.logits[:n].to("cpu", copy=True).view(n, q, -1)
         tokens = b.tokens[:n].to("cpu", copy=True).view(n, q) if q > 1 else None
         return logits, tokens
@@ -383,13 +447,14 @@ class VllmServeEngine:
 
 @torch.no_grad()
 def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k: int, steps: int,
-                   draft_tokens: int = 0, hisparse: Optional[dict] = None) -> SGLangRun:
+                   draft_tokens: int = 0, hisparse: Optional[dict] = None,
+                   pd_import: Optional[str] = None) -> SGLangRun:
     """Runs the workload for `steps` steps with (hisparse: HisparsedConnector's
     kv_connector_extra_config) or without the connector; preempts work.retract's requests, resumes
     them two steps later, aborts the last of two or more the step after; finishes every request
-    left. Checks that every block and row came back and, with hisparse, that the session holds
-    nothing."""
-    e = VllmServeEngine(model, fmt, work, k=k, draft_tokens=draft_tokens, hisparse=hisparse)
+    left; pd_import: that request arrives as a P/D import. Checks that every block and row came
+    back and, with hisparse, that the session holds nothing."""
+    e = VllmServeEngine(model, fmt, work, k=k, draft_tokens=draft_tokens, hisparse=hisparse, pd_import=pd_import)
     before = e.session.stats() if e.conn is not None else None
     logits: Dict[str, List[torch.Tensor]] = {r.request_id: [] for r in e.reqs}
     by_id = {r.request_id: r for r in e.reqs}
@@ -418,6 +483,10 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
             preempted += 1
         waiting += [r for r in e.reqs if work.arrival[r.request_id] == step] + resume.pop(step, [])
         arriving, waiting = (waiting, []) if not preempting else ([], waiting)  # schedule(): "if not preempted_reqs"
+        for r in [r for r in arriving if r.request_id == pd_import]:
+            e.import_(r)
+            arriving.remove(r)
+            running.append(r)
         if arriving:
             e.admit(arriving)
             running += arriving

@@ -4,6 +4,8 @@ decode step as a CUDA graph with the CUDA backend (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 import hisparse
@@ -185,20 +187,24 @@ def run_vllm_serve_mode(daemon, tmp_path, extra):
     """run_engine.py --adapter vllm: HisparsedConnector driven as vLLM's scheduler, ActiveKVConnector
     and MLAAttention drive it (examples/engine/vllm_serve_mode.py) over long and short requests with
     staggered arrivals, early finishes, two preemptions (blocks freed, recomputed two steps later) and
-    an abort while preempted; every (request, decode step) row's logits equal vLLM's plain sparse
-    decode over its full paged cache bit for bit. The connector parks each preempted request,
-    resumes the one rescheduled and releases the aborted one."""
+    an abort while preempted, and a long request arriving as a P/D import (hisparse-bench import
+    --records as its prefill node); every (request, decode step) row's logits equal vLLM's plain
+    sparse decode over its full paged cache bit for bit. The connector parks each preempted request,
+    resumes the one rescheduled, releases the aborted one and imports the P/D one."""
     run_engine = pytest.importorskip("run_engine")
+    agent = pathlib.Path(hisparse.find_daemon_binary()).parent / "hisparse-bench"
+    if not agent.exists():
+        pytest.skip(f"{agent} is not built (the P/D import's transfer agent)")
     out = tmp_path / "rows.json"
-    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out)]
-                         + extra)
+    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out),
+                          "--pd-import"] + extra)
     import json
     rows = json.loads(out.read_text())
     assert rows and all(r["adapter"] == "vllm" and r["exact"] for r in rows), rows
     assert rc == 0
     for r in rows:
         assert r["rows"] > r["steps"] and r["hits"] > 0 and r["misses"] > 0, r
-        assert r["preempted"] == 2 and r["aborted"] == 1, r
+        assert r["preempted"] == 2 and r["aborted"] == 1 and r["pd_import"] == "r2", r
         ops = r["connector_ops"]
         assert ops["parks"] == 2 and ops["resumes"] == 1 and ops["releases"] == r["batch"], r
     return rows
@@ -235,6 +241,26 @@ def test_vllm_adapter_mode_catches_a_connector_that_stores_the_recompute(daemon,
     out = tmp_path / "rows.json"
     rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out),
                           "--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "14", "--slots-factor", "1"])
+    import json
+    rows = json.loads(out.read_text())
+    assert rc == 1 and len(rows) == 1 and not rows[0]["exact"] and rows[0]["identical_rows"] < rows[0]["rows"]
+
+
+def test_vllm_adapter_mode_catches_a_wrong_pd_import(daemon, tmp_path, monkeypatch):
+    """The check can fail: a prefill node that sends each position's record one place off makes
+    the imported request's logits differ from its first decode step."""
+    run_engine = pytest.importorskip("run_engine")
+    serve = pytest.importorskip("vllm_serve_mode")
+    agent = pathlib.Path(hisparse.find_daemon_binary()).parent / "hisparse-bench"
+    if not agent.exists():
+        pytest.skip(f"{agent} is not built (the P/D import's transfer agent)")
+    original = serve.VllmServeEngine._import_through_connector
+    monkeypatch.setattr(serve.VllmServeEngine, "_import_through_connector",
+                        lambda self, r, n, rec: original(self, r, n, rec.roll(1, dims=1)))
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out),
+                          "--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "14", "--slots-factor", "1",
+                          "--pd-import"])
     import json
     rows = json.loads(out.read_text())
     assert rc == 1 and len(rows) == 1 and not rows[0]["exact"] and rows[0]["identical_rows"] < rows[0]["rows"]
