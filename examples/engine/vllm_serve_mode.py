@@ -457,17 +457,41 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
     e = VllmServeEngine(model, fmt, work, k=k, draft_tokens=draft_tokens, hisparse=hisparse, pd_import=pd_import)
     before = e.session.stats() if e.conn is not None else None
     logits: Dict[str, List[torch.Tensor]] = {r.request_id: [] for r in e.reqs}
+    step_ms: List[float] = []
+    dev = model.device
+    on_stream = contextlib.nullcontext()
+    if dev.type == "cuda":  # the engine's stream, after everything before it (the model's weights)
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        on_stream = torch.cuda.stream(stream)
+    with on_stream:
+        preempted, aborted = _serve(e, work, steps, pd_import, logits, step_ms)
+    if dev.type == "cuda":
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        torch.cuda.synchronize(dev)
+    assert len(e.free_blocks) == e.num_blocks - 1 and len(e.r2t.free_slots) == e.max_bs, "blocks or rows leaked"
+    result = SGLangRun("hisparse" if e.conn is not None else "baseline", logits,
+                       {r.request_id: list(r.output_token_ids) for r in e.reqs}, steps, step_ms, preempted)
+    result.aborted, result.ops = aborted, dict(e.ops)
+    if e.conn is not None:
+        e.session.check_errors()
+        after = e.session.stats()
+        assert after.session_requests == 0 and after.session_host_bytes == 0, "the connector leaked requests"
+        result.hits, result.misses = after.hits - before.hits, after.misses - before.misses
+        e.conn.shutdown()
+    return result
+
+
+def _serve(e: VllmServeEngine, work: Workload, steps: int, pd_import: Optional[str],
+           logits: Dict[str, List[torch.Tensor]], step_ms: List[float]) -> tuple:
+    """run_vllm_serve's steps on the current stream; returns (preempted, aborted)."""
     by_id = {r.request_id: r for r in e.reqs}
     preempt_order = sorted(work.retract, key=lambda rid: (work.retract[rid], rid))
     abort = {preempt_order[-1]: work.retract[preempt_order[-1]] + 1} if len(preempt_order) >= 2 else {}
     running: List[VReq] = []
     resume: Dict[int, List[VReq]] = {}
     waiting: List[VReq] = []
-    step_ms: List[float] = []
     preempted = aborted = 0
-    dev = model.device
-    on_stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
-    on_stream.__enter__()
     for step in range(steps):
         for rid, at in abort.items():
             if at == step and by_id[rid].status.name == "PREEMPTED":  # finish_requests(FINISHED_ABORTED), waiting
@@ -499,22 +523,7 @@ def run_vllm_serve(model: SparseDecoder, fmt: RecordFormat, work: Workload, *, k
         for r in [r for r in running if r.finished()]:
             e.finish(r)
             running.remove(r)
-    for r in running:
-        e.finish(r)
-    for r in waiting + [r for rs in resume.values() for r in rs]:
+    for r in running + waiting + [r for rs in resume.values() for r in rs]:
         e.finish(r)
     e.flush()
-    if dev.type == "cuda":
-        torch.cuda.current_stream(dev).synchronize()
-    on_stream.__exit__(None, None, None)
-    assert len(e.free_blocks) == e.num_blocks - 1 and len(e.r2t.free_slots) == e.max_bs, "blocks or rows leaked"
-    result = SGLangRun("hisparse" if e.conn is not None else "baseline", logits,
-                       {r.request_id: list(r.output_token_ids) for r in e.reqs}, steps, step_ms, preempted)
-    result.aborted, result.ops = aborted, dict(e.ops)
-    if e.conn is not None:
-        e.session.check_errors()
-        after = e.session.stats()
-        assert after.session_requests == 0 and after.session_host_bytes == 0, "the connector leaked requests"
-        result.hits, result.misses = after.hits - before.hits, after.misses - before.misses
-        e.conn.shutdown()
-    return result
+    return preempted, aborted
