@@ -68,9 +68,48 @@ import torch
 
 from engine import RecordFormat, SparseDecoder
 from mtp import DraftHead
-from sglang_mode import POISON, DecodeBuffers, ReqToTokenPool, SGLangRun, TokenToKVPool, Workload, forward_decode
+from sglang_mode import DecodeBuffers, ReqToTokenPool, SGLangRun, Workload, forward_decode
 from sglang_mtp_mode import VerifyBuffers, forward_verify
 from vllm_mode import BLOCK, flat_kv_row_view
+
+POISON = 0x3C  # a finite byte pattern in every record format (bf16 0x3C3C ~ 0.0115)
+
+
+class PagedKVCache:
+    """vLLM's paged KV cache for the sparse MLA layers, by slot (block * BLOCK + offset): one
+    [slots, 1, record] tensor a layer (bf16 [.., 576] for bf16 records, uint8 [.., 656] for
+    FlashMLA's fp8 layout; register_kv_caches sees it as [blocks, BLOCK, record]) and the DSA
+    indexer's key cache index_k (vLLM's own, by slot). Slot 0 lies in the null block. Blocks are
+    VllmServeEngine's (KVCacheManager); this is only the memory. forward_decode / forward_verify
+    read layer_num and index_k, and write_kv when no write hook is given.
+
+    get_cpu_copy(locs) keeps what a preempted request's recompute will write back (module
+    docstring): the index keys always, the KV only with keep_kv (the baseline); under the
+    connector the KV of a preempted request is the connector's (parked in the daemon)."""
+
+    def __init__(self, model: SparseDecoder, fmt: RecordFormat, size: int, device, keep_kv: bool) -> None:
+        cfg = model.cfg
+        self.layer_num = cfg.n_layers
+        self.size = size
+        dtype = torch.bfloat16 if fmt.name == "bf16" else torch.uint8
+        width = fmt.record_bytes // torch.empty(0, dtype=dtype).element_size()
+        self.kv_buffer = [torch.zeros(size, 1, width, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+        self.index_k = [torch.zeros(size, cfg.idx_dim, dtype=torch.bfloat16, device=device)
+                        if cfg.anchor(l) == l else None for l in range(cfg.n_layers)]
+        self.keep_kv = keep_kv
+
+    def records(self, layer: int) -> torch.Tensor:
+        """Layer `layer` as uint8 [size, record_bytes] (a view)."""
+        return self.kv_buffer[layer].view(self.size, -1).view(torch.uint8)
+
+    def write_kv(self, layer: int, locs: torch.Tensor, records: torch.Tensor) -> None:
+        """vLLM's plain write at the slot mapping (no connector)."""
+        self.records(layer).index_copy_(0, locs, records)
+
+    def get_cpu_copy(self, locs: torch.Tensor) -> Dict[str, Optional[list]]:
+        keys = [k[locs].cpu() if k is not None else None for k in self.index_k]
+        kv = [self.records(l)[locs].cpu() for l in range(self.layer_num)] if self.keep_kv else None
+        return {"index_k": keys, "kv": kv}
 
 
 class VReq:
@@ -119,7 +158,7 @@ class VllmServeEngine:
         max_ctx = -(-span // BLOCK) * BLOCK
         self.num_blocks = 1 + sum(-(-(r.num_prompt_tokens + r.max_tokens + q + 1) // BLOCK) for r in self.reqs)
         self.free_blocks = list(range(1, self.num_blocks))  # block 0: vLLM's null block
-        self.pool = TokenToKVPool(model, fmt, self.num_blocks * BLOCK, dev, keep_kv=hisparse is None)
+        self.pool = PagedKVCache(model, fmt, self.num_blocks * BLOCK, dev, keep_kv=hisparse is None)
         self.r2t = ReqToTokenPool(self.max_bs, max_ctx, dev)
         if q > 1:
             self.buf = VerifyBuffers(model, self.max_bs, q, k, max_ctx)
@@ -249,7 +288,7 @@ class VllmServeEngine:
         write_target, the write (impl.do_kv_cache_update), mirror_write_target, finish_kv_update.
         Without the connector: vLLM's plain write at the slot mapping."""
         if self.conn is None:
-            self.pool.records(layer).index_copy_(0, loc, rec)
+            self.pool.write_kv(layer, loc, rec)
             return
         h = self.handles[layer]
         if h.runtime.is_group_leader:
