@@ -1,10 +1,13 @@
 // hisparse-bench import: the prefill side of an import over UCX (docs/DESIGN.md, "Import").
 //
 //   hisparse-bench import --daemon ADDRESS --grant FILE [--grant FILE ...] [--seed N] [--tls T]
-//                         [--hold] [--no-commit]
+//                         [--records FILE ...] [--hold] [--no-commit]
 //     The transfer agent: for each grant (a serialized hisparse.v1.ImportGrant, "-" = stdin),
 //     puts the pattern records (import_pattern.h, `seed`) into the grant's pages over UCX,
-//     flushes, and commits (CommitImport) unless --no-commit. --hold: after the flush, print
+//     flushes, and commits (CommitImport) unless --no-commit. --records (one per --grant, in
+//     order): the grant's records from a file instead, layer by layer, each layer n records in
+//     position order (n = size / (layers x record bytes), at most capacity_tokens; the rest
+//     zero), as a prefill node would send its KV (examples/engine/vllm_serve_mode.py). --hold: after the flush, print
 //     {"written": N} and wait for stdin to close before committing (the kill test's importer).
 //   hisparse-bench import --self [--daemon ADDRESS] [--requests 8 --layers 4 --tokens 32768
 //                         --record-bytes 64] [--seed N] [--tls T]
@@ -23,6 +26,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -49,7 +53,7 @@ namespace {
 struct Config {
   std::string daemon, tls, attack;
   uint64_t addr = 0, bytes = 0;
-  std::vector<std::string> grants;
+  std::vector<std::string> grants, records;
   uint64_t seed = 1;
   bool hold = false, commit = true, self = false;
   uint32_t requests = 8, layers = 4, tokens = 32768, record_bytes = 64;
@@ -57,8 +61,8 @@ struct Config {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: hisparse-bench import --daemon ADDRESS --grant FILE... [--seed N] [--tls T] [--hold] "
-               "[--no-commit]\n"
+               "usage: hisparse-bench import --daemon ADDRESS --grant FILE... [--seed N] [--tls T] "
+               "[--records FILE...] [--hold] [--no-commit]\n"
                "       hisparse-bench import --self|--smoke [--daemon ADDRESS] [--requests N] [--layers N] "
                "[--tokens N] [--record-bytes N] [--seed N] [--tls T]\n"
                "       hisparse-bench import --daemon ADDRESS --grant FILE --attack "
@@ -93,6 +97,8 @@ int ParseFlags(int argc, char** argv, Config* c) {
         ok = absl::SimpleAtoi(value, &c->bytes);
       } else if (name == "--grant") {
         c->grants.push_back(value);
+      } else if (name == "--records") {
+        c->records.push_back(value);
       } else if (name == "--seed") {
         ok = absl::SimpleAtoi(value, &c->seed);
       } else if (name == "--requests") {
@@ -110,6 +116,7 @@ int ParseFlags(int argc, char** argv, Config* c) {
     }
   }
   if (!c->self && (c->daemon.empty() || c->grants.empty())) return Usage();
+  if (!c->records.empty() && c->records.size() != c->grants.size()) return Usage();
   return -1;
 }
 
@@ -143,6 +150,27 @@ absl::Status Commit(const std::string& daemon, const v1::ImportGrant& grant) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat("commit: ", s.error_message()));
 }
 
+// A grant's records from a file (--records): layer by layer, n records each, zero past n.
+absl::StatusOr<std::vector<std::vector<uint8_t>>> FileRecords(const v1::ImportGrant& g, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read records file ", path));
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
+  const uint64_t per_token = uint64_t{g.num_layers()} * g.record_bytes();
+  const uint64_t n = per_token ? bytes.size() / per_token : 0;
+  if (per_token == 0 || bytes.size() % per_token != 0 || n > g.capacity_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes.size(), " bytes are not ", g.num_layers(),
+                                                   " layers of at most ", g.capacity_tokens(), " records of ",
+                                                   g.record_bytes(), " bytes"));
+  }
+  const uint64_t layer_bytes = n * g.record_bytes();
+  std::vector<std::vector<uint8_t>> layers(g.num_layers());
+  for (uint32_t l = 0; l < g.num_layers(); ++l) {
+    layers[l].assign(uint64_t{g.capacity_tokens()} * g.record_bytes(), 0);
+    std::copy(bytes.begin() + l * layer_bytes, bytes.begin() + (l + 1) * layer_bytes, layers[l].begin());
+  }
+  return layers;
+}
+
 struct Figures {
   uint64_t bytes = 0;
   double put_s = 0, memcpy_s = 0;
@@ -154,8 +182,15 @@ absl::StatusOr<Figures> WriteAll(const Config& c, const std::vector<v1::ImportGr
   Figures f;
   if (grants.empty()) return f;
   std::vector<std::vector<std::vector<uint8_t>>> records;
-  for (const v1::ImportGrant& g : grants) {
-    records.push_back(PatternRecords(g, c.seed));
+  for (size_t i = 0; i < grants.size(); ++i) {
+    const v1::ImportGrant& g = grants[i];
+    if (c.records.empty()) {
+      records.push_back(PatternRecords(g, c.seed));
+    } else {
+      auto from_file = FileRecords(g, c.records[i]);
+      if (!from_file.ok()) return from_file.status();
+      records.push_back(*std::move(from_file));
+    }
     f.bytes += uint64_t{g.num_layers()} * g.capacity_tokens() * g.record_bytes();
   }
   for (size_t i = 0; i < grants.size(); ++i) f.memcpy_s += MemcpyLikeImport(grants[i], records[i]);

@@ -97,7 +97,13 @@ def main(argv=None) -> int:
                     help="sglang: drive hisparse.integrations.sglang.HisparsedCoordinator as SGLang's scheduler "
                          "and model runner would (sglang_mode.py), against SGLang's full-pool decode; vllm: drive "
                          "hisparse.integrations.vllm.HisparsedConnector as vLLM's scheduler, ActiveKVConnector and "
-                         "MLAAttention would (vllm_mode.py, eager, no drafts), against the full-KV baseline")
+                         "MLAAttention would over a served workload with preemption, abort and --draft-tokens "
+                         "(vllm_serve_mode.py, eager), against vLLM's plain sparse decode over its full paged cache")
+    ap.add_argument("--pd-import", action="store_true",
+                    help="with --adapter vllm: a long request arrives as a P/D import (hisparse-bench import "
+                         "--records is its prefill node); the daemon started here serves imports")
+    ap.add_argument("--vllm-fixed-batch", action="store_true",
+                    help="with --adapter vllm: one fixed batch, no drafts (vllm_mode.py), against run_mode's baseline")
     args = ap.parse_args(argv)
 
     dev = torch.device(args.device)
@@ -130,7 +136,8 @@ def main(argv=None) -> int:
         need = max(b * (ctx + (args.steps + 1) * (max(drafts) + 1)) * cfg.n_layers * max(f.record_bytes for f in formats)
                    for b, ctx in configs)
         pool = args.host_pool_size or f"{max(1, math.ceil(need * 1.3 / 2**30))}GiB"
-        daemon = hisparse.Daemon(host_pool_size=pool, host_pool_segment_size="256MiB").start()
+        extra_args = ["--set", "import.enabled=true"] if args.pd_import else []
+        daemon = hisparse.Daemon(host_pool_size=pool, host_pool_segment_size="256MiB", extra_args=extra_args).start()
         address = daemon.address
         print(f"started hisparsed (pid {daemon.pid}) with a {pool} host pool", flush=True)
 
@@ -143,7 +150,11 @@ def main(argv=None) -> int:
                     failures += run_sglang_point(model, fmt, batch, ctx, drafts, factors, args, address, backend, rows)
                     continue
                 if args.adapter == "vllm":
-                    failures += run_vllm_point(model, fmt, batch, ctx, factors, args, address, gpu, backend, rows)
+                    if args.vllm_fixed_batch:
+                        failures += run_vllm_point(model, fmt, batch, ctx, factors, args, address, gpu, backend, rows)
+                    else:
+                        failures += run_vllm_serve_point(model, fmt, batch, ctx, drafts, factors, args, address, gpu,
+                                                         backend, rows)
                     continue
                 for n in drafts:
                     failures += run_point(model, fmt, batch, ctx, n, factors, args, address, gpu, backend, rows)
@@ -176,6 +187,50 @@ def run_vllm_point(model, fmt, batch, ctx, factors, args, address, gpu, backend,
         row["adapter"] = "vllm"
         failures += 0 if row["exact"] else 1
         rows.append(row)
+    return failures
+
+
+def run_vllm_serve_point(model, fmt, batch, ctx, drafts, factors, args, address, gpu, backend, rows) -> int:
+    """The vLLM-adapter mode over sglang_mode's workload (vllm_serve_mode.py): per draft count the
+    connector-less baseline once, then HisparsedConnector once per B; appends a report row each."""
+    from vllm_serve_mode import run_vllm_serve
+
+    failures = 0
+    for n in drafts:
+        for factor in factors:
+            slots = int(round((factor or n + 2) * args.k))
+            short = max(2, min(slots // 2, slots - args.steps * (n + 1) - 1))
+            work = make_workload(model.cfg.vocab, batch=batch, context=ctx, short=short, steps=args.steps,
+                                 seed=args.seed + 1)
+            # The P/D request: the last long one that is not preempted.
+            pd = [rid for rid, prompt, _, _ in work.specs[::2] if rid not in work.retract][-1] if args.pd_import else None
+            base = run_vllm_serve(model, fmt, work, k=args.k, steps=args.steps, draft_tokens=n, pd_import=pd)
+            extra = dict(daemon=address, backend=backend, device_buffer_size=slots)
+            if backend == "cuda":
+                extra["gpu"] = gpu
+            hs = run_vllm_serve(model, fmt, work, k=args.k, steps=args.steps, draft_tokens=n, hisparse=extra,
+                                pd_import=pd)
+            same, total, tokens_same, first = compare(base, hs)
+            exact = same == total and tokens_same and first is None and base.retracted == hs.retracted
+            spec = f", {n} draft tokens (a swap_in per verify step)" if n else ""
+            where = (f"vLLM adapter{spec}, {batch} requests (long {ctx}, short {short} tokens, {hs.retracted} "
+                     f"preempted, {hs.aborted} of them aborted while preempted"
+                     f"{f', {pd} a P/D import' if pd else ''}), k {args.k}, B {slots}, "
+                     f"{fmt.name} records")
+            print(f"exactness: {where}: logits bit-identical in {same}/{total} (request, decode step) rows "
+                  f"(torch.equal){'' if first is None else f', first difference at {first}'}; generated tokens "
+                  f"identical: {'yes' if tokens_same else 'NO'} -> {'EXACT' if exact else 'MISMATCH'}", flush=True)
+            sel = hs.hits + hs.misses
+            print(f"latency: {where}: baseline {pct(base.step_ms, 0.5):.3f} ms/step, hisparse "
+                  f"{pct(hs.step_ms, 0.5):.3f} ms/step (p50, host-timed, eager); hit rate "
+                  f"{100 * hs.hits / sel if sel else 0:.1f}%, {hs.misses} misses", flush=True)
+            failures += 0 if exact else 1
+            rows.append(dict(adapter="vllm", draft_tokens=n, records=fmt.name, batch=batch, context=ctx, short=short,
+                             k=args.k, slots=slots, steps=args.steps, exact=exact, identical_rows=same, rows=total,
+                             tokens_identical=tokens_same, preempted=hs.retracted, aborted=hs.aborted,
+                             connector_ops=hs.ops, pd_import=pd, hits=hs.hits,
+                             misses=hs.misses, graph=False, baseline_ms_p50=pct(base.step_ms, 0.5),
+                             hisparse_ms_p50=pct(hs.step_ms, 0.5)))
     return failures
 
 

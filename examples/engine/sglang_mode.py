@@ -274,13 +274,14 @@ class DecodeBuffers:
 
 @torch.no_grad()
 def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: torch.Tensor,
-                   buf: DecodeBuffers, bs: int, attend) -> None:
+                   buf: DecodeBuffers, bs: int, attend, write=None) -> None:
     """One decode step of the first bs rows of buf (graph-capturable): per layer, the newest
     token's record and index key into the pool at out_cache_loc (write_kv: set_mla_kv_buffer, through
     the mapping under hisparse), the DSA
     indexer over the request's keys through req_to_token (top-k positions, -1 past seq_len), then
     attend(layer, positions, bs) -> (page table [bs, k], records uint8 [N, stride]) and sparse MLA
-    over the records the table names. Logits into buf.logits[:bs]."""
+    over the records the table names. Logits into buf.logits[:bs]. write(layer, loc, records), if
+    given, replaces the record write (vllm_serve_mode.py: MLAAttention's calls around it)."""
     c = model.cfg
     tokens, seq = buf.tokens[:bs], buf.seq_lens[:bs]
     rpi, loc, positions = buf.req_pool_indices[:bs], buf.out_cache_loc[:bs], buf.positions[:bs]
@@ -288,7 +289,11 @@ def forward_decode(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: 
     h = model.embed[tokens]
     for l, W in enumerate(model.layers):
         x = _rms(h)
-        pool.write_kv(l, loc, fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)))  # set_mla_kv_buffer
+        rec = fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim))
+        if write is None:
+            pool.write_kv(l, loc, rec)  # set_mla_kv_buffer
+        else:
+            write(l, loc, rec)
         if c.anchor(l) == l:
             pool.index_k[l].index_copy_(0, loc, model._index_key(W, x))
             keys = pool.index_k[l][req_to_token[rpi].long()]  # [bs, max_ctx, idx_dim]

@@ -45,11 +45,12 @@ class VerifyBuffers:
 
 @torch.no_grad()
 def forward_verify(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: torch.Tensor, buf: VerifyBuffers,
-                   draft: DraftHead, bs: int, attend) -> None:
+                   draft: DraftHead, bs: int, attend, write=None) -> None:
     """One target-verify forward of the first bs rows (graph-capturable): drafts proposed from the
     verified token, then per layer the q tokens' records and index keys into the pool at
     out_cache_loc, the indexer per query token, attend(layer, ids [bs * q, k], bs) -> (page table
-    [bs * q, k], records), sparse MLA. Logits into buf.logits[:bs]."""
+    [bs * q, k], records), sparse MLA. Logits into buf.logits[:bs]. write(layer, loc, records), if
+    given, replaces the record write (vllm_serve_mode.py)."""
     c, q, k = model.cfg, buf.q, buf.k
     tokens = buf.tokens[:bs]
     for t in range(1, q):
@@ -61,7 +62,11 @@ def forward_verify(model: SparseDecoder, fmt: RecordFormat, pool, req_to_token: 
     h = model.embed[tokens.reshape(-1)]
     for l, W in enumerate(model.layers):
         x = _rms(h)
-        pool.write_kv(l, loc, fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim)))  # through the mapping
+        rec = fmt.encode(_rope(x @ W["wkv"], pos, c.rope_dim))
+        if write is None:
+            pool.write_kv(l, loc, rec)  # through the mapping
+        else:
+            write(l, loc, rec)
         if c.anchor(l) == l:
             pool.index_k[l].index_copy_(0, loc, model._index_key(W, x))
             keys = pool.index_k[l][row_locs]  # [bs, max_ctx, idx_dim]

@@ -4,6 +4,8 @@ decode step as a CUDA graph with the CUDA backend (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 import hisparse
@@ -179,3 +181,103 @@ def test_sglang_adapter_mode_speculative_exact_on_a_gpu(daemon, gpu, tmp_path, g
                                               "--slots-factor", "0", "--draft-tokens", "1,3", "--records", "bf16,fp8"]
                            + ([] if graph else ["--no-graph"]), min_retracted=1)
     assert all(r["graph"] == graph for r in rows)
+
+
+def pd_agent_missing():
+    """Why the P/D import's transfer agent cannot run here (hisparse-bench not built, or built
+    without UCX: its import subcommand exits 77 and the daemon serves no imports), or None."""
+    import subprocess
+    agent = pathlib.Path(hisparse.find_daemon_binary()).parent / "hisparse-bench"
+    if not agent.exists():
+        return f"{agent} is not built (the P/D import's transfer agent)"
+    if subprocess.run([str(agent), "import"], capture_output=True, timeout=60).returncode == 77:
+        return f"{agent} was built without UCX: no P/D import"
+    return None
+
+
+def run_vllm_serve_mode(daemon, tmp_path, extra):
+    """run_engine.py --adapter vllm: HisparsedConnector driven as vLLM's scheduler, ActiveKVConnector
+    and MLAAttention drive it (examples/engine/vllm_serve_mode.py) over long and short requests with
+    staggered arrivals, early finishes, two preemptions (blocks freed, recomputed two steps later) and
+    an abort while preempted, and a long request arriving as a P/D import (hisparse-bench import
+    --records as its prefill node); every (request, decode step) row's logits equal vLLM's plain
+    sparse decode over its full paged cache bit for bit. The connector parks each preempted request,
+    resumes the one rescheduled, releases the aborted one and imports the P/D one."""
+    run_engine = pytest.importorskip("run_engine")
+    pd = pd_agent_missing() is None  # without UCX the rest still runs, with no P/D request
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out)]
+                         + (["--pd-import"] if pd else []) + extra)
+    import json
+    rows = json.loads(out.read_text())
+    assert rows and all(r["adapter"] == "vllm" and r["exact"] for r in rows), rows
+    assert rc == 0
+    for r in rows:
+        assert r["rows"] > r["steps"] and r["hits"] > 0 and r["misses"] > 0, r
+        assert r["preempted"] == 2 and r["aborted"] == 1 and r["pd_import"] == ("r2" if pd else None), r
+        ops = r["connector_ops"]
+        assert ops["parks"] == 2 and ops["resumes"] == 1 and ops["releases"] == r["batch"], r
+    return rows
+
+
+def test_vllm_adapter_mode_exact_on_the_host_backend(daemon, tmp_path):
+    rows = run_vllm_serve_mode(daemon, tmp_path, ["--device", "cpu", "--configs", "5x300", "--k", "16", "--steps",
+                                                  "14", "--slots-factor", "1,2"])
+    assert [r["slots"] for r in rows] == [16, 32]
+
+
+def test_vllm_adapter_mode_speculative_exact_on_the_host_backend(daemon, tmp_path):
+    """--draft-tokens: verify steps of n + 1 tokens, the index group's swap_in once per verify step
+    over a strided view, random acceptance; every (request, step) row of n + 1 logits bit-identical."""
+    rows = run_vllm_serve_mode(daemon, tmp_path, ["--device", "cpu", "--configs", "5x300", "--k", "16", "--steps",
+                                                  "12", "--slots-factor", "0", "--draft-tokens", "1,3"])
+    assert [(r["draft_tokens"], r["slots"]) for r in rows] == [(1, 48), (3, 80)]
+
+
+def test_vllm_adapter_mode_catches_a_connector_that_stores_the_recompute(daemon, tmp_path, monkeypatch):
+    """The check can fail: a scheduler role that forgets what the host pool holds when a preempted
+    request comes back stores vLLM's recompute (poisoned in the hisparse run) over the parked copy,
+    and the logits differ from the first decode step after the resume."""
+    from hisparse.integrations.vllm import scheduler as vllm_scheduler
+    run_engine = pytest.importorskip("run_engine")
+    original = vllm_scheduler.HisparsedConnectorScheduler.update_state_after_alloc
+
+    def forgetful(self, request, blocks, num_external_tokens):
+        if self._state.get(request.request_id) == "parked":
+            self._stored[request.request_id] = 0
+        return original(self, request, blocks, num_external_tokens)
+
+    monkeypatch.setattr(vllm_scheduler.HisparsedConnectorScheduler, "update_state_after_alloc", forgetful)
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out),
+                          "--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "14", "--slots-factor", "1"])
+    import json
+    rows = json.loads(out.read_text())
+    assert rc == 1 and len(rows) == 1 and not rows[0]["exact"] and rows[0]["identical_rows"] < rows[0]["rows"]
+
+
+def test_vllm_adapter_mode_catches_a_wrong_pd_import(daemon, tmp_path, monkeypatch):
+    """The check can fail: a prefill node that sends each position's record one place off makes
+    the imported request's logits differ from its first decode step."""
+    run_engine = pytest.importorskip("run_engine")
+    serve = pytest.importorskip("vllm_serve_mode")
+    missing = pd_agent_missing()
+    if missing:
+        pytest.skip(missing)
+    original = serve.VllmServeEngine._import_through_connector
+    monkeypatch.setattr(serve.VllmServeEngine, "_import_through_connector",
+                        lambda self, r, n, rec: original(self, r, n, rec.roll(1, dims=1)))
+    out = tmp_path / "rows.json"
+    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out),
+                          "--device", "cpu", "--configs", "5x300", "--k", "16", "--steps", "14", "--slots-factor", "1",
+                          "--pd-import"])
+    import json
+    rows = json.loads(out.read_text())
+    assert rc == 1 and len(rows) == 1 and not rows[0]["exact"] and rows[0]["identical_rows"] < rows[0]["rows"]
+
+
+@pytest.mark.parametrize("drafts", ["0", "1,3"])
+def test_vllm_adapter_mode_exact_on_a_gpu(daemon, gpu, tmp_path, drafts):
+    run_vllm_serve_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "30",
+                                           "--slots-factor", "0" if drafts != "0" else "1,2", "--draft-tokens", drafts,
+                                           "--records", "bf16,fp8"])

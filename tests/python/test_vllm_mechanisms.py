@@ -476,13 +476,14 @@ def test_mtp_swap_in_once_per_verify_step_over_strided_views(vllm_daemon):
 # ---- the example engine through the same mechanisms, against full HBM ----
 
 def run_vllm_mode(daemon, tmp_path, extra):
-    """run_engine.py --adapter vllm (examples/engine/vllm_mode.py): the model's KV behind
-    HisparsedConnector, driven through ActiveKVConnector's step and MLAAttention's calls; every
-    decode step's logits equal the full-KV baseline's bit for bit."""
+    """run_engine.py --adapter vllm --vllm-fixed-batch (examples/engine/vllm_mode.py): the model's KV
+    behind HisparsedConnector over one interleaved paged cache, driven through ActiveKVConnector's
+    step and MLAAttention's calls; every decode step's logits equal the full-KV baseline's bit for
+    bit. The served workload (preemption, abort, drafts) is tests/python/test_engine.py's."""
     run_engine = pytest.importorskip("run_engine")
     out = tmp_path / "rows.json"
-    rc = run_engine.main(["--adapter", "vllm", "--model", "small", "--daemon", daemon.address, "--json", str(out)]
-                         + extra)
+    rc = run_engine.main(["--adapter", "vllm", "--vllm-fixed-batch", "--model", "small", "--daemon", daemon.address,
+                          "--json", str(out)] + extra)
     import json
     rows = json.loads(out.read_text())
     assert rows and all(r["adapter"] == "vllm" and r["exact"] for r in rows), rows
