@@ -336,7 +336,8 @@ const std::vector<KeySpec>& Specs() {
       {"import.enabled", "bool",
        "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import): writes arrive as active messages the "
        "daemon checks against their grant before it copies them (docs/DESIGN.md, \"Import\"); always off when built "
-       "without UCX.",
+       "without UCX. Off by default while a writer killed mid-transfer can still abort UCX 1.13 inside the daemon "
+       "(docs/DESIGN.md, \"Import\").",
        false, HS_SET_WITH(ParseBool, import.enabled),
        [](const DaemonConfig& c) { return std::string(c.import.enabled ? "true" : "false"); }, nullptr},
       {"import.grant_ttl", "seconds (integer >= 1)",

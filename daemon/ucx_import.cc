@@ -131,19 +131,36 @@ UcxImport::~UcxImport() {
   if (ucp_->context != nullptr) ucp_cleanup(ucp_->context);
 }
 
+// The progress thread sleeps in poll() whenever the worker is armed. ucp_worker_arm answers
+// UCS_ERR_BUSY while events are pending (progress again at once), but after a writer died
+// mid-transfer UCX 1.13 was seen answering BUSY (or an error) on every call with nothing to
+// progress: the thread then read an empty eventfd in a loop, a whole core for as long as the
+// daemon ran. So a run of kMaxBusyRounds unarmed rounds, or any error, ends in a short poll.
+namespace {
+constexpr int kMaxBusyRounds = 64;
+constexpr int kUnarmedPollMs = 1;
+}  // namespace
+
 void UcxImport::ProgressLoop() {
   const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.tick));
   uint64_t refused_logged = 0;
+  int busy_rounds = 0;
+  ucs_status_t last_arm_error = UCS_OK;
   for (;;) {
-    bool armed;
+    ucs_status_t arm;
     Counters seen;
     {
       absl::MutexLock lock(&mu_);
       while (ucp_worker_progress(ucp_->worker) != 0) {
       }
-      armed = ucp_worker_arm(ucp_->worker) == UCS_OK;  // UCS_ERR_BUSY: more events, progress again
+      arm = ucp_worker_arm(ucp_->worker);
       seen = counters_;
     }
+    if (arm != UCS_OK && arm != UCS_ERR_BUSY && arm != last_arm_error) {
+      LOG(WARNING) << "import: arming the UCX worker failed: " << ucs_status_string(arm) << "; polling every "
+                   << kUnarmedPollMs << " ms until it arms again";
+    }
+    last_arm_error = arm == UCS_ERR_BUSY ? last_arm_error : arm;
     if (seen.refused != refused_logged) {
       LOG(WARNING) << "import: refused " << seen.refused - refused_logged
                    << " write(s) (last: " << ImportCodeName(seen.last_refusal) << "); " << seen.written
@@ -151,9 +168,10 @@ void UcxImport::ProgressLoop() {
       refused_logged = seen.refused;
     }
     if (options_.target.on_tick) options_.target.on_tick();
-    if (!armed) continue;
+    if (arm == UCS_ERR_BUSY && ++busy_rounds < kMaxBusyRounds) continue;
+    busy_rounds = 0;
     pollfd fds[2] = {{wakeup_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    (void)::poll(fds, 2, timeout_ms);
+    (void)::poll(fds, 2, arm == UCS_OK ? timeout_ms : kUnarmedPollMs);
     if (fds[1].revents & POLLIN) return;
   }
 }

@@ -324,7 +324,7 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"quotas.pages", "2"},
                                                                     {"admission.on_pool_full", "evict_lru_idle"},
                                                                     {"metrics.listen", ""},
-                                                                    {"import.enabled", "false"},
+                                                                    {"import.enabled", "true"},
                                                                     {"import.grant_ttl", "5"},
                                                                     {"import.ucx_tls", "tcp"},
                                                                     {"import.ucx_net_devices", "eth0"},

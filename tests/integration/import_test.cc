@@ -40,7 +40,9 @@ std::vector<std::string> DaemonArgs(int grant_ttl_s) {
           "--host-pool-slab-size",
           "16MiB",
           "--set",
-          absl::StrCat("import.grant_ttl=", grant_ttl_s)};
+          absl::StrCat("import.grant_ttl=", grant_ttl_s),
+          "--set",
+          "import.enabled=true"};
 }
 
 class ImportTest : public ::testing::Test {

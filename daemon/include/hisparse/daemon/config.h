@@ -124,7 +124,7 @@ struct ImportConfig {
   // Serve imports (when the daemon was built with UCX; without it imports are always off, and the
   // daemon says so once at start). Writes arrive as active messages that the daemon checks against
   // their grant and copies itself; no daemon memory is open to remote writes (DESIGN.md, "Import").
-  bool enabled = true;
+  bool enabled = false;
   // Seconds an import grant stays open; an expired grant frees its request.
   int grant_ttl = 30;
   // UCX_TLS for the daemon's UCX context; "" keeps UCX's choice (or the environment's UCX_TLS).
