@@ -301,12 +301,10 @@ TEST(GroupScopeTest, AnotherUidCannotSquatTheNameATpEngineWillUse) {
 class FakeTarget : public ImportTarget {
  public:
   std::string WorkerAddress() const override { return "fake-worker"; }
-  absl::StatusOr<std::vector<Region>> Register(const std::string& grant_id, const std::vector<Span>& spans) override {
+  absl::Status Register(const std::string& grant_id, Grant /*grant*/) override {
     absl::MutexLock lock(&mu_);
-    std::vector<Region> out;
-    for (const Span& s : spans) out.push_back({reinterpret_cast<uint64_t>(s.addr), s.bytes, "rkey"});
     registered_.push_back(grant_id);
-    return out;
+    return absl::OkStatus();
   }
   void Unregister(const std::string& grant_id) override {
     absl::MutexLock lock(&mu_);
