@@ -58,6 +58,17 @@ def daemon():
         yield d
 
 
+@pytest.fixture(scope="module")
+def import_daemon():
+    """A small pool of 4 KiB host pages (64 records of 64 bytes, as hisparse-bench import's
+    records are) with imports on: the adapters' P/D import tests."""
+    _library_or_skip()
+    _daemon_or_skip()
+    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
+                         extra_args=["--host-pool-page-size", "4KiB", "--set", "import.enabled=true"]) as d:
+        yield d
+
+
 @pytest.fixture
 def open_session(daemon):
     """open_session(**geometry) -> Session on the module's daemon (host backend unless told);

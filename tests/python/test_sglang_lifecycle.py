@@ -15,7 +15,6 @@ import subprocess
 import pytest
 
 import hisparse
-from conftest import _daemon_or_skip, _library_or_skip
 
 torch = pytest.importorskip("torch")
 
@@ -36,16 +35,6 @@ def spread(req, seq_len: int, layer: int) -> list:
         if 0 <= p < seq_len and p not in out:
             out.append(p)
     return out[:K]
-
-
-@pytest.fixture(scope="module")
-def import_daemon():
-    """4 KiB host pages (64 records of 64 bytes) and imports on, as hisparse-bench import wants."""
-    _library_or_skip()
-    _daemon_or_skip()
-    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
-                         extra_args=["--host-pool-page-size", "4KiB", "--set", "import.enabled=true"]) as d:
-        yield d
 
 
 @pytest.fixture

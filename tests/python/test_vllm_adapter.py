@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 import hisparse
-from conftest import _daemon_or_skip, _library_or_skip, wait_for
+from conftest import wait_for
 
 torch = pytest.importorskip("torch")
 from hisparse.integrations.vllm import HisparsedConnector  # noqa: E402
@@ -390,18 +390,9 @@ class Engine:
         assert self.worker._live == {}
 
 
-@pytest.fixture(scope="module")
-def vllm_daemon():
-    _library_or_skip()
-    _daemon_or_skip()
-    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
-                         extra_args=["--host-pool-page-size", "4KiB", "--set", "import.enabled=true"]) as d:
-        yield d
-
-
 @pytest.fixture
-def engine(vllm_daemon):
-    e = Engine(vllm_daemon)
+def engine(import_daemon):
+    e = Engine(import_daemon)
     yield e
     e.conn.shutdown()
 
@@ -548,11 +539,11 @@ def test_full_graph_decode_mirrors_written_rows_to_host(engine):
     finish_all(e, *reqs)
 
 
-def test_speculative_rows_resolve_as_a_union_and_rejected_drafts_are_rewritten(vllm_daemon):
+def test_speculative_rows_resolve_as_a_union_and_rejected_drafts_are_rewritten(import_daemon):
     """One draft token per step (a draft_tokens=1 session): both query rows of a request resolve in
     one RESOLVE (the union resident at once, as vLLM's resolver does); a rejected draft's KV is
     rewritten by the next step's append, in the host pool too."""
-    e = Engine(vllm_daemon, draft_tokens=1)
+    e = Engine(import_daemon, draft_tokens=1)
     try:
         r = Request("mtp", seed=71, prompt_len=30)
         prefill(e, r)
@@ -719,7 +710,7 @@ def _import_word(request: int, layer: int, position: int, word: int) -> int:
     return z ^ (z >> 31)
 
 
-def test_pd_import_through_the_connector(engine, vllm_daemon, tmp_path):
+def test_pd_import_through_the_connector(engine, import_daemon, tmp_path):
     e = engine
     bench = pathlib.Path(hisparse.find_daemon_binary()).parent / "hisparse-bench"
     if not bench.exists():
@@ -735,7 +726,7 @@ def test_pd_import_through_the_connector(engine, vllm_daemon, tmp_path):
         pytest.skip(f"the daemon serves no imports: {e.sched.connector_scheduler.refused.get('pd')}")
     (tmp_path / "grant").write_bytes(grant)
     assert e.conn.get_finished(set()) == (None, None)  # still pending
-    subprocess.run([str(bench), "import", "--daemon", vllm_daemon.address, "--grant", str(tmp_path / "grant"),
+    subprocess.run([str(bench), "import", "--daemon", import_daemon.address, "--grant", str(tmp_path / "grant"),
                     "--seed", str(IMPORT_SEED)], check=True, capture_output=True, timeout=120)
     recving = wait_for(lambda: e.conn.get_finished(set())[1], timeout_s=30, what="the import's commit")
     assert recving == {"pd"}
@@ -769,14 +760,14 @@ def test_pd_import_through_the_connector(engine, vllm_daemon, tmp_path):
 
 # ---- the CUDA backend (skipped without a GPU; the lead's device runs it) ----
 
-def test_cuda_graph_captured_decode_step(vllm_daemon):
+def test_cuda_graph_captured_decode_step(import_daemon):
     """The FULL-graph scenario on the CUDA backend with a real torch.cuda.graph: a warm-up step,
     capture, then replays whose inputs change only outside the graph (start_load_kv), with a
     padding entry inside the batch. Every replay is byte-exact and mirrors its rows to the host."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     try:
-        e = Engine(vllm_daemon, device="cuda:0")
+        e = Engine(import_daemon, device="cuda:0")
     except hisparse.Unimplemented as err:
         pytest.skip(f"libhisparse built without CUDA: {err}")
     try:
@@ -923,7 +914,7 @@ def test_subclasses_vllms_base_when_vllm_is_importable(tmp_path):
     assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr
 
 
-def test_bad_calls_are_refused_and_lose_nothing(engine, vllm_daemon):
+def test_bad_calls_are_refused_and_lose_nothing(engine, import_daemon):
     e = engine
     r = Request("bad", seed=91, prompt_len=20)
     prefill(e, r)
@@ -945,8 +936,8 @@ def test_bad_calls_are_refused_and_lose_nothing(engine, vllm_daemon):
     with pytest.raises(hisparse.FailedPrecondition):
         e.sched.wait_for_save()  # a worker call on the scheduler role
     with pytest.raises(hisparse.InvalidArgument):
-        HisparsedConnector(VllmConfig(vllm_daemon), "producer")
-    bare = HisparsedConnector(VllmConfig(vllm_daemon), Role.WORKER)
+        HisparsedConnector(VllmConfig(import_daemon), "producer")
+    bare = HisparsedConnector(VllmConfig(import_daemon), Role.WORKER)
     del bare.connector_worker.extra["top_k"]
     with pytest.raises(hisparse.InvalidArgument):
         bare.register_kv_caches(e.caches)  # no top_k: no session is opened
