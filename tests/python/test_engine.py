@@ -195,7 +195,7 @@ def pd_agent_missing():
     return None
 
 
-def run_vllm_serve_mode(daemon, tmp_path, extra):
+def run_vllm_serve_mode(daemon, tmp_path, extra, min_preempted=2):
     """run_engine.py --adapter vllm: HisparsedConnector driven as vLLM's scheduler, ActiveKVConnector
     and MLAAttention drive it (examples/engine/vllm_serve_mode.py) over long and short requests with
     staggered arrivals, early finishes, two preemptions (blocks freed, recomputed two steps later) and
@@ -214,9 +214,10 @@ def run_vllm_serve_mode(daemon, tmp_path, extra):
     assert rc == 0
     for r in rows:
         assert r["rows"] > r["steps"] and r["hits"] > 0 and r["misses"] > 0, r
-        assert r["preempted"] == 2 and r["aborted"] == 1 and r["pd_import"] == ("r2" if pd else None), r
+        assert r["preempted"] >= min_preempted and r["aborted"] == 1 and r["pd_import"] == ("r2" if pd else None), r
         ops = r["connector_ops"]
-        assert ops["parks"] == 2 and ops["resumes"] == 1 and ops["releases"] == r["batch"], r
+        assert ops["parks"] == r["preempted"] and ops["resumes"] == r["preempted"] - r["aborted"], r
+        assert ops["releases"] == r["batch"], r
     return rows
 
 
@@ -278,6 +279,9 @@ def test_vllm_adapter_mode_catches_a_wrong_pd_import(daemon, tmp_path, monkeypat
 
 @pytest.mark.parametrize("drafts", ["0", "1,3"])
 def test_vllm_adapter_mode_exact_on_a_gpu(daemon, gpu, tmp_path, drafts):
+    # With 3 drafts a step accepts up to 4 tokens, so the second preemption can find its request
+    # finished: on the H200 one was preempted (and aborted) there (2026-12-03); the host-backend
+    # tests hold the resume after a preemption with drafts.
     run_vllm_serve_mode(daemon, tmp_path, ["--device", "cuda", "--configs", "6x2500", "--k", "64", "--steps", "30",
                                            "--slots-factor", "0" if drafts != "0" else "1,2", "--draft-tokens", drafts,
-                                           "--records", "bf16,fp8"])
+                                           "--records", "bf16,fp8"], min_preempted=1 if drafts != "0" else 2)
