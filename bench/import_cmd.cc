@@ -24,6 +24,7 @@
 //     forged-put (a UCX RMA put of --bytes at daemon address --addr, with a key of this process's
 //     own memory; prints {"attack": "forged-put", "ucx": STATUS}).
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -373,9 +375,23 @@ int SelfMain(const Config& c) {
 
 }  // namespace
 
+// True when --daemon names a unix socket another uid owns. UCX's shared memory admits only the
+// daemon's uid, and a writer of another uid does not always learn that when it connects (the
+// sysv transport's shmat fails later, on the first send), so such a writer asks for tcp at once.
+bool DaemonOfAnotherUid(const std::string& address) {
+  constexpr std::string_view kUnix = "unix:";
+  if (address.compare(0, kUnix.size(), kUnix) != 0) return false;
+  struct stat st {};
+  return ::stat(address.c_str() + kUnix.size(), &st) == 0 && st.st_uid != ::geteuid();
+}
+
 int ImportMain(int argc, char** argv) {
   Config c;
   if (int rc = ParseFlags(argc, argv, &c); rc >= 0) return rc;
+  if (c.tls.empty() && DaemonOfAnotherUid(c.daemon)) {
+    std::fprintf(stderr, "hisparse-bench import: the daemon is another uid's: writing over tcp\n");
+    c.tls = "tcp";
+  }
   return c.self ? SelfMain(c) : AgentMain(c);
 }
 
