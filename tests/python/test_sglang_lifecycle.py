@@ -18,40 +18,17 @@ import hisparse
 
 torch = pytest.importorskip("torch")
 
-from hisparse.integrations.sglang import HisparsedCoordinator  # noqa: E402
 from hisparse.integrations.sglang_mtp import HisparsedMTPCoordinator  # noqa: E402
-from sglang_standins import (Engine, HiSparseAllocator, HiSparseDSAPool, ReqToTokenPool, Req,  # noqa: E402
-                             index_key)
+from sglang_rig import B, K, LAYERS, PHYSICAL, RECORD, engine_factory  # noqa: E402
+from sglang_standins import Engine, Req, index_key  # noqa: E402
 
-LAYERS, RECORD, K, B = 2, 64, 4, 8
-PHYSICAL, MAX_REQS, MAX_CTX = 512, 8, 128
 IMPORT_SEED = 7
 
-
-def spread(req, seq_len: int, layer: int) -> list:
-    want = [seq_len - 1, 0, seq_len // 2, (seq_len * 3) // 4 + layer]
-    out = []
-    for p in want:
-        if 0 <= p < seq_len and p not in out:
-            out.append(p)
-    return out[:K]
 
 
 @pytest.fixture
 def sglang(import_daemon):
-    made = []
-
-    def build(cls=HisparsedCoordinator, **kw):
-        pool = HiSparseDSAPool(LAYERS, PHYSICAL, RECORD)
-        alloc = HiSparseAllocator(pool, PHYSICAL)
-        r2t = ReqToTokenPool(MAX_REQS, MAX_CTX)
-        coord = cls(r2t, alloc, K, B, "cpu", None, daemon=import_daemon, backend="host", **kw)
-        made.append(coord)
-        return Engine(coord, alloc, r2t, K, spread)
-
-    yield build
-    for c in made:
-        c.destroy()
+    yield from engine_factory(import_daemon)
 
 
 def assert_sizes_restored(engine: Engine) -> None:

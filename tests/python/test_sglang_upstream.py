@@ -16,39 +16,15 @@ torch = pytest.importorskip("torch")
 
 from hisparse.integrations.sglang import HisparsedCoordinator  # noqa: E402
 from hisparse.integrations.sglang_mtp import HisparsedMTPCoordinator  # noqa: E402
+from sglang_rig import K, LAYERS, PHYSICAL, RECORD, engine_factory  # noqa: E402
 from sglang_standins import (DeferredStream, Engine, ForwardBatch, ForwardMode, HiSparseAllocator,  # noqa: E402
                              HiSparseDSAPool, PDDecode, ReqToTokenPool, Req, kv_record)
-
-LAYERS, RECORD, K, B = 2, 64, 4, 8
-PHYSICAL, MAX_REQS, MAX_CTX = 512, 8, 128
-
-
-def spread(req, seq_len: int, layer: int) -> list:
-    """The indexer's pick: the newest position, the oldest, and two in between (distinct)."""
-    want = [seq_len - 1, 0, seq_len // 2, (seq_len * 3) // 4 + layer]
-    out = []
-    for p in want:
-        if 0 <= p < seq_len and p not in out:
-            out.append(p)
-    return out[:K]
 
 
 @pytest.fixture
 def sglang(daemon):
     """(engine factory, allocator, pool): build(coordinator_class=..., producer=...) -> Engine."""
-    made = []
-
-    def build(cls=HisparsedCoordinator, producer=None, select=spread, **kw):
-        pool = HiSparseDSAPool(LAYERS, PHYSICAL, RECORD)
-        alloc = HiSparseAllocator(pool, PHYSICAL)
-        r2t = ReqToTokenPool(MAX_REQS, MAX_CTX)
-        coord = cls(r2t, alloc, K, B, "cpu", None, daemon=daemon, backend="host", **kw)
-        made.append(coord)
-        return Engine(coord, alloc, r2t, K, select, producer)
-
-    yield build
-    for c in made:
-        c.destroy()
+    yield from engine_factory(daemon)
 
 
 def _run(engine: Engine, reqs, steps: int) -> None:
