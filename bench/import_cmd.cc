@@ -304,7 +304,7 @@ int SelfMain(const Config& c) {
     const uint64_t need = uint64_t{c.requests} * c.layers * c.tokens * c.record_bytes;
     const std::string pool = absl::StrCat((need * 5 / 4 >> 20) + 64, "MiB");
     auto d = DaemonProcess::Start({"--host-pool-size", pool, "--host-pool-page-size", "64KiB", "--host-pool-slab-size",
-                                   "16MiB", "--log-level", "warning", "--set", "import.enabled=true"},
+                                   "16MiB", "--log-level", "warning"},
                                   120000);
     if (!d.ok()) {
       std::fprintf(stderr, "hisparse-bench import: cannot start hisparsed: %s\n", d.status().ToString().c_str());

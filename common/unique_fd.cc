@@ -47,11 +47,11 @@ void MappedRegion::Reset() {
   size_ = 0;
 }
 
-absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size) {
+absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size, uint64_t offset) {
   if (size == 0) return absl::InvalidArgumentError("cannot map 0 bytes");
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) {
-    return ErrnoStatus(errno, absl::StrCat("mmap of ", size, " bytes failed"));
+    return ErrnoStatus(errno, absl::StrCat("mmap of ", size, " bytes at offset ", offset, " failed"));
   }
   MappedRegion r;
   r.data_ = static_cast<uint8_t*>(p);

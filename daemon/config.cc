@@ -334,10 +334,9 @@ const std::vector<KeySpec>& Specs() {
              absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
        }},
       {"import.enabled", "bool",
-       "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import): writes arrive as active messages the "
-       "daemon checks against their grant before it copies them (docs/DESIGN.md, \"Import\"); always off when built "
-       "without UCX. Off by default while a writer killed mid-transfer can still abort UCX 1.13 inside the daemon "
-       "(docs/DESIGN.md, \"Import\").",
+       "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import): writes arrive as active messages that "
+       "hisparse-import-worker, a process of its own beside hisparsed, checks against their grant before it copies "
+       "them (docs/DESIGN.md, \"Import\"); always off when built without UCX.",
        false, HS_SET_WITH(ParseBool, import.enabled),
        [](const DaemonConfig& c) { return std::string(c.import.enabled ? "true" : "false"); }, nullptr},
       {"import.grant_ttl", "seconds (integer >= 1)",
@@ -363,6 +362,12 @@ const std::vector<KeySpec>& Specs() {
          return absl::OkStatus();
        },
        [](const DaemonConfig& c) { return c.import.ucx_net_devices; }, nullptr},
+      {"import.worker_memory", "byte size (0: no limit)",
+       "The import worker's limit on private memory (RLIMIT_DATA): what UCX may buffer for writers, whose partial "
+       "messages a hostile writer could otherwise grow without bound. A worker that reaches it ends; its open grants "
+       "are aborted and a new worker starts. Granted pages it maps are shared memory and do not count.",
+       false, HS_SET_WITH(ParseByteSize, import.worker_memory),
+       [](const DaemonConfig& c) { return FormatByteSizeExact(c.import.worker_memory); }, nullptr},
       {"durability.max_lease_seconds", "seconds (integer >= 0)",
        "The longest lease of a durable request (SetLease): how long its pages may outlive a dead engine; 0 turns "
        "durable requests off. Changes on reload (SIGHUP): later leases are bounded by it, granted ones keep their "

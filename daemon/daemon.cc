@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -90,6 +91,14 @@ absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hu
   LOG(INFO) << "memory: " << headroom->Describe() << "; after the pool " << FormatByteSize(left)
             << " are left (the auto value of limits.host_arena_bytes)";
   return left;
+}
+
+// hisparse-import-worker, beside the running hisparsed (the build's bin/ and an installed bindir
+// alike).
+std::string ImportWorkerBinary() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (ec ? std::filesystem::path("/usr/bin") : self.parent_path()) / "hisparse-import-worker";
 }
 
 }  // namespace
@@ -250,13 +259,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (config.import.enabled) {
     SessionManager* sessions = impl->sessions.get();
     ImportTargetOptions import_options;
+    import_options.worker_binary = ImportWorkerBinary();
     import_options.ucx_tls = config.import.ucx_tls;
     import_options.ucx_net_devices = config.import.ucx_net_devices;
+    import_options.worker_memory_bytes = config.import.worker_memory;
     import_options.on_tick = [sessions] { sessions->ExpireImports(); };
+    import_options.on_lost = [sessions](std::vector<std::string> ids, std::string reason) {
+      sessions->AbortLostImports(ids, reason);
+    };
     auto target = StartImportTarget(import_options);
     if (target.ok()) {
       impl->import_target = std::move(*target);
       sessions->SetImportTarget(impl->import_target.get());
+    } else if (absl::IsUnimplemented(target.status())) {
+      LOG(INFO) << "imports are off: " << target.status().message();
     } else {
       LOG(WARNING) << "imports are off (import.enabled is true): " << target.status().message();
     }

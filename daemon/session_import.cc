@@ -11,6 +11,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
@@ -67,19 +68,8 @@ absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(co
   *resp = *std::move(outcome.result);
   Session& s = *sessions_.at(req.session().session_id());
   Request& r = s.requests.at(req.request_id());
-  for (const auto& layer : r.pages) {
-    o.page_addrs.emplace_back();
-    for (const PagePool::Page& p : layer) {
-      absl::StatusOr<uint8_t*> addr = pool_->PageData(s.id, p);
-      if (!addr.ok()) {  // pages AdmitLocked just gave this session: an accounting error
-        ReleaseRequestLocked(s, r);
-        s.requests.erase(req.request_id());
-        return absl::InternalError(
-            absl::StrCat("a page of the new import is not the session's: ", addr.status().ToString()));
-      }
-      o.page_addrs.back().push_back(*addr);
-    }
-  }
+  o.pages = r.pages;
+  o.pool = pool_.get();
   o.grant_id = NewSecret128();
   o.session_id = s.id;
   o.request_id = r.id;
@@ -109,8 +99,27 @@ absl::Status SessionManager::RegisterImport(const OpenedImport& o) {
   ImportTarget::Grant g;
   g.layout = o.layout;
   g.page_bytes = o.page_bytes;
-  g.pages = o.page_addrs;
   g.expires = o.expires;
+  absl::flat_hash_map<uint64_t, uint32_t> slab_index;  // pool slab id -> index in g.slabs
+  for (const auto& layer : o.pages) {
+    g.pages.emplace_back();
+    g.pages.back().reserve(layer.size());
+    for (const PagePool::Page& p : layer) {
+      auto [it, added] = slab_index.emplace(p.slab, static_cast<uint32_t>(g.slabs.size()));
+      if (added) {
+        // The grant is busy, so its session (the slab's owner) waits for it before closing.
+        ImportTarget::Slab slab;
+        absl::StatusOr<UniqueFd> fd = o.pool->DupSlabFd(o.session_id, p.slab, &slab.bytes);
+        if (!fd.ok()) {
+          return absl::InternalError(
+              absl::StrCat("a slab of the new import is not the session's: ", fd.status().ToString()));
+        }
+        slab.fd = *std::move(fd);
+        g.slabs.push_back(std::move(slab));
+      }
+      g.pages.back().push_back(ChannelPageRef{it->second, uint64_t{p.index} * o.page_bytes});
+    }
+  }
   return o.target->Register(o.grant_id, std::move(g));
 }
 
@@ -261,6 +270,30 @@ size_t SessionManager::ExpireImports() {
     }
   }
   return expired;
+}
+
+size_t SessionManager::AbortLostImports(const std::vector<std::string>& grant_ids, const std::string& reason) {
+  struct Lost {
+    std::string id;
+    uint64_t session_id, request_id;
+  };
+  std::vector<Lost> lost;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : grant_ids) {
+      auto it = grants_.find(id);
+      if (it != grants_.end()) lost.push_back({id, it->second.session_id, it->second.request_id});
+    }
+  }
+  size_t aborted = 0;
+  for (const Lost& l : lost) {
+    if (FinishImport(l.id, l.session_id, l.request_id, std::nullopt, ImportOutcome::kAbort,
+                     absl::StrCat("aborted: ", reason))
+            .ok()) {
+      ++aborted;
+    }
+  }
+  return aborted;
 }
 
 std::optional<absl::Status> SessionManager::ReleaseIfImporting(const v1::ReleaseRequest& req) {

@@ -101,13 +101,20 @@ stage_asan() {
   record asan "$start" $(( built | tested )) "(ctest: unit, integration, fault, fuzz corpus replay$( ((built)) && echo '; some targets failed to build'))"
 }
 
+# The import path under TSan: the daemon's side of the import worker (its reader and tick threads,
+# callers waiting on answers) and the worker's own threads, driven by import_test with
+# hisparse-bench as the writer. Only where UCX is installed (the targets exist).
+tsan_import_targets() {
+  pkg-config --exists ucx 2>/dev/null && echo import_test hisparse-bench hisparse-import-worker
+}
+
 stage_tsan() {
   local start; start=$(now)
   echo "== tsan: TSan build, daemon concurrency tests"
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
-    hisparsed hisparse-test-client hisparse-ctl -- -DHISPARSE_SANITIZE=thread || built=1
+    hisparsed hisparse-test-client hisparse-ctl $(tsan_import_targets) -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }
   # The benchmarks' smoke runs need hisparse-bench, which this stage does not build (^bench_).
   # halt_on_error: a race in the daemon child kills it, which fails the test that drives it.

@@ -324,10 +324,11 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"quotas.pages", "2"},
                                                                     {"admission.on_pool_full", "evict_lru_idle"},
                                                                     {"metrics.listen", ""},
-                                                                    {"import.enabled", "true"},
+                                                                    {"import.enabled", "false"},
                                                                     {"import.grant_ttl", "5"},
                                                                     {"import.ucx_tls", "tcp"},
                                                                     {"import.ucx_net_devices", "eth0"},
+                                                                    {"import.worker_memory", "1GiB"},
                                                                     {"durability.max_lease_seconds", "60"},
                                                                     {"durability.max_orphans_per_tenant", "0"},
                                                                     {"log_level", "debug"}};
@@ -402,8 +403,8 @@ TEST(ConfigTest, KeyTable) {
                  "limits.max_tokens_per_request", "access.socket_group", "access.allowed_uids", "access.allowed_gids",
                  "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
                  "quotas.sessions", "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled",
-                 "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "durability.max_lease_seconds",
-                 "durability.max_orphans_per_tenant", "log_level"));
+                 "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "import.worker_memory",
+                 "durability.max_lease_seconds", "durability.max_orphans_per_tenant", "log_level"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");

@@ -3,6 +3,8 @@
 // expiry by the injected clock, session end), every call to the target is made outside the
 // session manager's lock (the fake calls back into it), refusals change nothing, and the
 // accounting invariants hold after every step.
+#include <sys/stat.h>
+
 #include <map>
 #include <memory>
 #include <set>
@@ -138,10 +140,21 @@ TEST_F(SessionImportTest, CommitRevokesBeforeTheRequestGoesLive) {
   EXPECT_EQ(t.layout.record_bytes, 64u);
   EXPECT_EQ(t.page_bytes, kPage);
   ASSERT_EQ(t.pages.size(), 2u);
-  std::set<uint8_t*> distinct;
+  // Each page a distinct page of a slab the target got a descriptor of (the worker maps them).
+  ASSERT_FALSE(t.slabs.empty());
+  std::set<std::pair<uint64_t, uint64_t>> distinct;  // (slab's inode, offset)
   for (const auto& layer : t.pages) {
     EXPECT_EQ(layer.size(), 16u);
-    distinct.insert(layer.begin(), layer.end());
+    for (const ChannelPageRef& p : layer) {
+      ASSERT_LT(p.slab, t.slabs.size());
+      const ImportTarget::Slab& slab = t.slabs[p.slab];
+      struct stat st {};
+      ASSERT_EQ(::fstat(slab.fd.get(), &st), 0);
+      EXPECT_EQ(static_cast<uint64_t>(st.st_size), slab.bytes);
+      EXPECT_EQ(p.offset % kPage, 0u);
+      EXPECT_LE(p.offset + kPage, slab.bytes);
+      distinct.emplace(st.st_ino, p.offset);
+    }
   }
   EXPECT_EQ(distinct.size(), 32u);
   const uint64_t held = Used();
@@ -193,6 +206,30 @@ TEST_F(SessionImportTest, ExpiryByTheClockFreesAfterRevoking) {
   EXPECT_FALSE(Events()[0].import_finished().committed());
   EXPECT_EQ(Events()[0].import_finished().reason(), "expired");
   EXPECT_EQ(sm_->CommitImport(CommitOf(admitted->grant()), kUid).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
+}
+
+// The import worker died (import_worker_target.cc): the grants it held are aborted, each telling
+// its session why; a grant it never held, or one that ended already, is left as it is.
+TEST_F(SessionImportTest, GrantsLostWithTheWorkerAreAbortedWithTheReason) {
+  auto lost = AdmitImport(5, 100);
+  auto kept = AdmitImport(6, 100);
+  ASSERT_TRUE(lost.ok() && kept.ok());
+  const uint64_t held = Used();
+  ASSERT_TRUE(sm_->CommitImport(CommitOf(kept->grant()), kUid).ok());
+  EXPECT_EQ(
+      sm_->AbortLostImports({lost->grant().grant_id(), kept->grant().grant_id(), "0123456789abcdef0123456789abcdef"},
+                            "the import worker (pid 7) was killed by signal 6"),
+      1u);
+  EXPECT_EQ(sm_->Stats().requests(), 1u);  // the committed one lives on
+  EXPECT_LT(Used(), held);
+  std::vector<v1::SessionEvent> events = Events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_TRUE(events[0].import_finished().committed());
+  EXPECT_EQ(events[1].import_finished().request_id(), 5u);
+  EXPECT_FALSE(events[1].import_finished().committed());
+  EXPECT_EQ(events[1].import_finished().reason(), "aborted: the import worker (pid 7) was killed by signal 6");
+  EXPECT_EQ(sm_->CommitImport(CommitOf(lost->grant()), kUid).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(sm_->CheckInvariants().ok()) << sm_->CheckInvariants();
 }
 

@@ -4,13 +4,17 @@
 // of fuzzed numbers against a fuzzed grant layout and checks what the daemon would copy: refused
 // with a code and no chunk, or chunks that each lie inside one page of the grant's layer, whose
 // positions are the write's and inside the grant, and that cover the payload exactly once, in
-// order. Anything else aborts.
+// order. The daemon <-> import worker channel (hisparse/common/import_channel.h) gets the same
+// treatment: raw bytes decode or are refused with InvalidArgument, whatever decodes encodes back
+// to the same bytes, and a message built from fuzzed fields survives its encoding. Anything else
+// aborts.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "fuzz_check.h"
 #include "fuzz_input.h"
+#include "hisparse/common/import_channel.h"
 #include "hisparse/common/import_message.h"
 
 namespace hisparse::fuzz {
@@ -25,6 +29,13 @@ void RawBytes(const std::string& bytes) {
   } else {
     Expect(absl::IsInvalidArgument(w.status()) && !w.status().message().empty(),
            "a write decode error that is not InvalidArgument with a message: " + w.status().ToString());
+  }
+  auto c = DecodeChannelMessage(bytes);
+  if (c.ok()) {
+    Expect(EncodeChannelMessage(*c) == bytes, "a decoded channel message does not encode back to its bytes");
+  } else {
+    Expect(absl::IsInvalidArgument(c.status()) && !c.status().message().empty(),
+           "a channel decode error that is not InvalidArgument with a message: " + c.status().ToString());
   }
   auto r = DecodeImportReply(bytes);
   if (r.ok()) {
@@ -45,6 +56,49 @@ void ShapedHeader(FuzzInput& in) {
   std::string bytes = EncodeImportWrite(w);
   auto back = DecodeImportWrite(bytes);
   Expect(back.ok() && *back == w, "a write header does not survive its encoding");
+  if ((in.Read<uint8_t>() & 1) != 0) {
+    bytes[in.Read<uint8_t>() % bytes.size()] = static_cast<char>(in.Read<uint8_t>());
+  }
+  if ((in.Read<uint8_t>() & 3) == 0) bytes.resize(in.Read<uint8_t>() % (bytes.size() + 8), 'x');
+  RawBytes(bytes);
+}
+
+// A channel message of each kind from fuzzed fields: a valid one survives its encoding; then
+// some bytes of it changed or cut, as RawBytes checks any input.
+void ShapedChannelMessage(FuzzInput& in) {
+  const std::string id(kImportGrantIdChars, 'f');
+  ChannelMessage m;
+  switch (in.Small(0, 5)) {
+    case 0:
+      m = ChannelHello{in.Read<uint32_t>(), std::string(in.Small(1, 64), 'a')};
+      break;
+    case 1:
+      m = ChannelAck{in.Read<uint64_t>(), static_cast<absl::StatusCode>(in.Small(0, 16)), in.String(40)};
+      break;
+    case 2:
+      m = ChannelSlab{in.Read<uint64_t>() | 1};
+      break;
+    case 3: {
+      ChannelPages p;
+      p.refs.resize(in.Small(1, 8));
+      for (ChannelPageRef& r : p.refs) r = {in.Read<uint32_t>(), in.Read<uint64_t>()};
+      m = p;
+      break;
+    }
+    case 4:
+      m = ChannelRegister{
+          in.Read<uint64_t>(), id,
+          ImportLayout{in.Read<uint32_t>(), in.Read<uint32_t>(), in.Read<uint32_t>(), in.Read<uint32_t>()},
+          in.Read<uint64_t>(), static_cast<int64_t>(in.Read<uint64_t>())};
+      break;
+    default:
+      m = ChannelUnregister{in.Read<uint64_t>(), id};
+      break;
+  }
+  std::string bytes = EncodeChannelMessage(m);
+  auto back = DecodeChannelMessage(bytes);
+  Expect(back.ok() && back->index() == m.index() && EncodeChannelMessage(*back) == bytes,
+         "a channel message does not survive its encoding");
   if ((in.Read<uint8_t>() & 1) != 0) {
     bytes[in.Read<uint8_t>() % bytes.size()] = static_cast<char>(in.Read<uint8_t>());
   }
@@ -101,12 +155,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hisparse::fuzz;  // NOLINT(google-build-using-namespace): the target's own
   FuzzInput in(data, size);
   for (int i = 0; i < kMaxSteps && !in.empty(); ++i) {
-    switch (in.Small(0, 2)) {
+    switch (in.Small(0, 3)) {
       case 0:
         RawBytes(in.String(80));
         break;
       case 1:
         ShapedHeader(in);
+        break;
+      case 3:
+        ShapedChannelMessage(in);
         break;
       default:
         Plan(in);

@@ -25,7 +25,7 @@ uint8_t Pattern(uint64_t req, uint32_t layer, uint32_t pos, uint32_t i) {
 class BatchParkingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    daemon_ = StartDaemon();
+    daemon_ = StartDaemon({"--set", "import.enabled=false"});  // imports are on by default
     ASSERT_NE(daemon_, nullptr);
     address_ = daemon_->address();
     ASSERT_TRUE(Session::Open(SmallGeometry(address_), &s_).ok()) << hs_last_error();  // 8 rows

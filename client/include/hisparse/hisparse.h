@@ -406,9 +406,10 @@ hs_result hs_admit_shared(hs_session* session, uint64_t request_id, uint32_t con
  * know it. hs_await_import waits up to timeout_ms for the outcome: committed, the request is
  * installed as hs_admit would (out as hs_admit's); aborted or expired (import.grant_ttl),
  * HS_ERR_FAILED_PRECONDITION (the daemon freed it already); still pending, HS_ERR_UNAVAILABLE.
- * hs_release of an importing request aborts the import. hs_admit_import: hs_admit's errors, and
- * HS_ERR_FAILED_PRECONDITION when the daemon serves no imports (built without UCX, or
- * import.enabled false). */
+ * hs_release of an importing request aborts the import (so does the daemon when its import worker
+ * dies: the reason says so). hs_admit_import: hs_admit's errors, HS_ERR_FAILED_PRECONDITION when
+ * the daemon serves no imports (built without UCX, or import.enabled false), and
+ * HS_ERR_UNAVAILABLE while its import worker restarts (retry). */
 hs_result hs_admit_import(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget);
 /* Copies the grant into buf when capacity suffices; *grant_bytes gets its size either way (buf may
  * be NULL with capacity 0 to ask the size). HS_ERR_RESOURCE_EXHAUSTED when capacity is too small;

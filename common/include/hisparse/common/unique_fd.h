@@ -43,8 +43,9 @@ class MappedRegion {
   MappedRegion(const MappedRegion&) = delete;
   MappedRegion& operator=(const MappedRegion&) = delete;
 
-  // Maps `size` bytes of `fd` from offset 0, shared and read-write.
-  static absl::StatusOr<MappedRegion> MapShared(int fd, size_t size);
+  // Maps `size` bytes of `fd` from `offset` (a multiple of the file's page size), shared and
+  // read-write.
+  static absl::StatusOr<MappedRegion> MapShared(int fd, size_t size, uint64_t offset = 0);
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }

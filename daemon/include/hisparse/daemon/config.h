@@ -122,9 +122,10 @@ struct AdmissionConfig {
 // Imports from a prefill node over UCX (AdmitRequest.begin_import; docs/DESIGN.md, "Import").
 struct ImportConfig {
   // Serve imports (when the daemon was built with UCX; without it imports are always off, and the
-  // daemon says so once at start). Writes arrive as active messages that the daemon checks against
-  // their grant and copies itself; no daemon memory is open to remote writes (DESIGN.md, "Import").
-  bool enabled = false;
+  // daemon says so once at start). Writes arrive as active messages that the import worker (a
+  // process of its own) checks against their grant and copies; no memory is open to remote writes
+  // (DESIGN.md, "Import").
+  bool enabled = true;
   // Seconds an import grant stays open; an expired grant frees its request.
   int grant_ttl = 30;
   // UCX_TLS for the daemon's UCX context; "" keeps UCX's choice (or the environment's UCX_TLS).
@@ -133,6 +134,8 @@ struct ImportConfig {
   // UCX_NET_DEVICES: where the worker's tcp (or RDMA) transport listens; "lo" keeps it on this
   // node. "" keeps UCX's choice (every interface): for imports from other nodes.
   std::string ucx_net_devices = "lo";
+  // The import worker's RLIMIT_DATA (0: none): bounds what UCX buffers for writers.
+  uint64_t worker_memory = uint64_t{2} << 30;
 };
 
 // Durable requests (SetLease, AdmitRequest.lease_seconds; docs/DESIGN.md, "Durable requests").

@@ -200,6 +200,12 @@ class SessionManager {
   absl::Status AbortImport(const v1::AbortImportRequest& req, uint32_t caller_uid) ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts every open grant whose expiry (options.clock) has passed; returns how many.
   size_t ExpireImports() ABSL_LOCKS_EXCLUDED(mu_);
+  // The import target lost these grants (its worker died): each open one is aborted with `reason`
+  // as AbortImport would. A grant busy at that moment (being registered) stays open and expires
+  // (import.grant_ttl): its writes are refused meanwhile, by a worker that does not know it.
+  // Returns how many were aborted.
+  size_t AbortLostImports(const std::vector<std::string>& grant_ids, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Durable requests (session_durable.cc; docs/DESIGN.md, "Durable requests"). ----
   // A request whose lease runs when its session ends stays, parked, in an orphan (the ended
@@ -316,8 +322,9 @@ class SessionManager {
     std::string grant_id;
     uint64_t session_id = 0;
     uint64_t request_id = 0;
-    ImportTarget* target = nullptr;                 // not owned (SetImportTarget's)
-    std::vector<std::vector<uint8_t*>> page_addrs;  // per layer, in position order
+    ImportTarget* target = nullptr;                  // not owned (SetImportTarget's)
+    PagePool* pool = nullptr;                        // pool_ (thread-safe itself): dups the slabs' memfds
+    std::vector<std::vector<PagePool::Page>> pages;  // per layer, in position order
     uint64_t page_bytes = 0;
     ImportLayout layout;  // what the grant covers (the target checks every write against it)
     absl::Time expires;
@@ -422,7 +429,8 @@ class SessionManager {
   // marks the request importing under a new busy grant and fills resp (the grant's header).
   absl::StatusOr<OpenedImport> OpenImportLocked(const v1::AdmitRequest& req, v1::AdmitResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Opens the grant's pages for checked writes at its target (outside the lock).
+  // Opens the grant's pages for checked writes at its target (outside the lock): hands it a dup
+  // of each slab's memfd and the pages' offsets (the target's worker maps them itself).
   static absl::Status RegisterImport(const OpenedImport& o);
   // After RegisterImport, under the lock again: Publish makes the grant usable (not busy) and
   // adds the worker address to resp; Drop forgets the grant and frees the request (its pages no

@@ -1,5 +1,5 @@
-// The daemon's UCX context, worker and grant table: see ucx_import.h.
-#include "hisparse/daemon/ucx_import.h"
+// The import worker's UCX context, worker and grant table: see ucx_import.h.
+#include "import_worker/ucx_import.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -48,10 +48,10 @@ UcxImport::UcxImport(Options options) : options_(std::move(options)), ucp_(std::
 
 absl::StatusOr<std::unique_ptr<UcxImport>> UcxImport::Start(Options options) {
   std::unique_ptr<UcxImport> self(new UcxImport(std::move(options)));
-  const ImportTargetOptions& o = self->options_.target;
+  const Options& o = self->options_;
   // A peer's message to a handler this worker does not install (UCX's software put or get, which
   // need UCP_FEATURE_RMA) is dropped with a warning and a backtrace per fragment: a flood a peer
-  // could cause at will. UCX logs errors only; the daemon counts and logs refused writes itself.
+  // could cause at will. UCX logs errors only; the worker counts and logs refused writes itself.
   if (ucs_status_t st = ucs_global_opts_set_value("LOG_LEVEL", "error"); st != UCS_OK) {
     LOG(WARNING) << "import: cannot lower UCX's log level: " << ucs_status_string(st);
   }
@@ -167,7 +167,6 @@ void UcxImport::ProgressLoop() {
                    << " accepted since start";
       refused_logged = seen.refused;
     }
-    if (options_.target.on_tick) options_.target.on_tick();
     if (arm == UCS_ERR_BUSY && ++busy_rounds < kMaxBusyRounds) continue;
     busy_rounds = 0;
     pollfd fds[2] = {{wakeup_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
@@ -246,14 +245,6 @@ absl::Status UcxImport::Register(const std::string& grant_id, Grant grant) {
 void UcxImport::Unregister(const std::string& grant_id) {
   absl::MutexLock lock(&mu_);
   grants_.erase(grant_id);
-}
-
-absl::StatusOr<std::unique_ptr<ImportTarget>> StartImportTarget(const ImportTargetOptions& options) {
-  UcxImport::Options o;
-  o.target = options;
-  absl::StatusOr<std::unique_ptr<UcxImport>> started = UcxImport::Start(std::move(o));
-  if (!started.ok()) return started.status();
-  return std::unique_ptr<ImportTarget>(std::move(*started));
 }
 
 }  // namespace hisparse

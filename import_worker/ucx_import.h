@@ -1,5 +1,6 @@
-// UcxImport: the daemon's UCX side of imports (AdmitRequest.begin_import) — one ucp context and
-// one worker for the daemon's life, the open grants' page tables, and a progress thread.
+// UcxImport: the UCX side of imports (AdmitRequest.begin_import), inside hisparse-import-worker —
+// one ucp context and one worker for the process's life, the open grants' page tables (pointers
+// into the worker's own mappings of the granted pages), and a progress thread.
 //
 // What a peer can make the daemon do: the context has UCP_FEATURE_AM only (no RMA), so the worker
 // installs no handler for UCX's software put or get, registers no memory and hands out no remote
@@ -11,43 +12,56 @@
 // endpoint. Rendezvous messages are refused (kNotEager): their data is released unread.
 //
 // Ownership: the context, the worker and the reply requests in flight are owned here. A grant's
-// pages are the page pool's; the session manager frees them only after Unregister has returned,
-// and Unregister takes the mutex that the progress thread holds while it delivers messages, so no
-// write lands after it.
+// pages are mapped by the caller (worker.cc), which unmaps them only after Unregister has
+// returned; Unregister takes the mutex that the progress thread holds while it delivers messages,
+// so no write lands after it.
 //
 // Thread-safe: one mutex serializes every UCX call (the worker is created single-threaded); the
 // progress thread holds it while progressing, never while it sleeps or logs.
-#ifndef HISPARSE_DAEMON_UCX_IMPORT_H_
-#define HISPARSE_DAEMON_UCX_IMPORT_H_
+#ifndef HISPARSE_IMPORT_WORKER_UCX_IMPORT_H_
+#define HISPARSE_IMPORT_WORKER_UCX_IMPORT_H_
 
-#include <functional>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "hisparse/daemon/import_target.h"
+#include "hisparse/common/import_message.h"
 
 namespace hisparse {
 
-class UcxImport final : public ImportTarget {
+class UcxImport {
  public:
   struct Options {
-    ImportTargetOptions target;
+    std::string ucx_tls;          // UCX_TLS ("" keeps UCX's default)
+    std::string ucx_net_devices;  // UCX_NET_DEVICES ("" keeps UCX's default: every interface)
     absl::Duration tick = absl::Milliseconds(100);
   };
+  // One grant as writes are checked against it.
+  struct Grant {
+    ImportLayout layout;
+    uint64_t page_bytes = 0;                      // each page's length (>= records_per_page * record_bytes)
+    std::vector<std::vector<uint8_t*>> pages;     // [layer][page]: ImportPagesPerLayer(layout) pages per layer
+    absl::Time expires = absl::InfiniteFuture();  // writes at or after it are refused (kExpired)
+  };
   static absl::StatusOr<std::unique_ptr<UcxImport>> Start(Options options);
-  ~UcxImport() override;
+  ~UcxImport();
   UcxImport(const UcxImport&) = delete;
   UcxImport& operator=(const UcxImport&) = delete;
 
-  std::string WorkerAddress() const override { return worker_address_; }
-  absl::Status Register(const std::string& grant_id, Grant grant) override;
-  void Unregister(const std::string& grant_id) override;
+  // What a writer connects to, fixed for the object's life.
+  std::string WorkerAddress() const { return worker_address_; }
+  // Opens `grant_id` for checked writes into `grant`'s pages. InvalidArgument if the page table
+  // does not match the layout; AlreadyExists for an id registered twice.
+  absl::Status Register(const std::string& grant_id, Grant grant);
+  // Ends `grant_id`: no write into its pages happens after this returns. A no-op for an unknown id.
+  void Unregister(const std::string& grant_id);
 
   // Called by UCX from inside ucp_worker_progress (the progress thread, which holds mu_ there):
   // one write, checked, applied or refused, and answered.
@@ -77,4 +91,4 @@ class UcxImport final : public ImportTarget {
 
 }  // namespace hisparse
 
-#endif  // HISPARSE_DAEMON_UCX_IMPORT_H_
+#endif  // HISPARSE_IMPORT_WORKER_UCX_IMPORT_H_
