@@ -515,6 +515,14 @@ TEST_F(ImportTest, AKilledImportWorkerAbortsItsGrantsAndIsStartedAgain) {
   AdmitImport(1, tokens);
   const pid_t worker = ImportWorkerPid(daemon_->pid());
   ASSERT_NE(worker, 0) << "no import worker beside hisparsed";
+  // It runs confined: import.worker_memory (2GiB by default) bounds what UCX buffers.
+  std::ifstream limits(absl::StrCat("/proc/", worker, "/limits"));
+  std::string line;
+  bool data_limited = false;
+  while (std::getline(limits, line)) {
+    if (line.rfind("Max data size", 0) == 0) data_limited = line.find("2147483648") != std::string::npos;
+  }
+  EXPECT_TRUE(data_limited) << "the worker's RLIMIT_DATA is not import.worker_memory";
   ASSERT_EQ(::kill(worker, SIGKILL), 0);
   EXPECT_EQ(hs_await_import(session_, 1, 30000, &info), HS_ERR_FAILED_PRECONDITION);
   const std::string why = hs_last_error();
