@@ -125,7 +125,8 @@ absl::StatusOr<ChannelMessage> DecodeBody(Type type, Reader& in) {
       ChannelAck m;
       m.seq = in.U64();
       const uint32_t code = in.U32();
-      if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) return Malformed("ack: unknown status code");
+      if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated))
+        return Malformed("ack: unknown status code");
       m.code = static_cast<absl::StatusCode>(code);
       const uint32_t n = in.U32();
       if (n > kImportChannelMaxAckMessage) return Malformed("ack: message too long");

@@ -108,7 +108,8 @@ absl::StatusOr<Child> Spawn(const ImportTargetOptions& o) {
                                    std::to_string(::getpid())};
   if (!o.ucx_tls.empty()) args.insert(args.end(), {"--ucx-tls", o.ucx_tls});
   if (!o.ucx_net_devices.empty()) args.insert(args.end(), {"--ucx-net-devices", o.ucx_net_devices});
-  if (o.worker_memory_bytes != 0) args.insert(args.end(), {"--memory-limit-bytes", std::to_string(o.worker_memory_bytes)});
+  if (o.worker_memory_bytes != 0)
+    args.insert(args.end(), {"--memory-limit-bytes", std::to_string(o.worker_memory_bytes)});
   if (!LogEnabled(LogSeverity::kInfo)) args.push_back("--quiet");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -141,7 +142,7 @@ absl::StatusOr<Child> Spawn(const ImportTargetOptions& o) {
   const ChannelHello* h = m.ok() ? std::get_if<ChannelHello>(&*m) : nullptr;
   if (h == nullptr || h->version != kImportChannelVersion) {
     const std::string how = KillAndReap(pid);
-    const std::string what = !m.ok()    ? std::string(m.status().message())
+    const std::string what = !m.ok()        ? std::string(m.status().message())
                              : h == nullptr ? "its first message was not a hello"
                                             : absl::StrCat("it speaks channel version ", h->version, ", not ",
                                                            kImportChannelVersion, " (a binary of another release?)");
@@ -170,8 +171,9 @@ class WorkerProcessTarget final : public ImportTarget {
     stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!stop_fd_.valid()) return ErrnoStatus(errno, "eventfd for the import worker's threads");
     HS_ASSIGN_OR_RETURN(Child child, Spawn(options_));
-    LOG(INFO) << "import: worker " << child.pid << " ready (" << child.address.size() << "-byte UCX address, transports "
-              << (options_.ucx_tls.empty() ? "UCX default" : options_.ucx_tls) << "); writes arrive as checked active "
+    LOG(INFO) << "import: worker " << child.pid << " ready (" << child.address.size()
+              << "-byte UCX address, transports " << (options_.ucx_tls.empty() ? "UCX default" : options_.ucx_tls)
+              << "); writes arrive as checked active "
               << "messages in its process, no daemon memory is registered";
     {
       absl::MutexLock lock(&mu_);
@@ -230,7 +232,8 @@ class WorkerProcessTarget final : public ImportTarget {
     {
       absl::MutexLock lock(&mu_);
       if (!alive_) {
-        return absl::UnavailableError(absl::StrCat("the import worker is down (", last_exit_, "); it restarts by itself"));
+        return absl::UnavailableError(
+            absl::StrCat("the import worker is down (", last_exit_, "); it restarts by itself"));
       }
       channel = child_.channel;
       epoch = epoch_;
@@ -302,8 +305,8 @@ class WorkerProcessTarget final : public ImportTarget {
       }
       // The channel's end, or a worker that says what it should not: it goes.
       const std::string why = !m.ok() && absl::IsUnavailable(m.status()) ? "closed its channel"
-                              : !m.ok()                                   ? std::string(m.status().message())
-                                                                          : "sent what the daemon never asked for";
+                              : !m.ok()                                  ? std::string(m.status().message())
+                                                                         : "sent what the daemon never asked for";
       Bury(why, &backoff, &next_start);
     }
     Shutdown();

@@ -8,12 +8,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "hisparse/common/import_channel.h"
@@ -70,7 +73,8 @@ absl::Status MapGrant(const std::vector<StagedSlab>& slabs, const std::vector<Ch
     if (r.slab >= slabs.size()) return absl::InvalidArgumentError("a page names a slab the grant did not send");
     const StagedSlab& s = slabs[r.slab];
     if (r.offset > s.bytes || s.bytes - r.offset < reg.page_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("a page at ", r.offset, " lies outside its ", s.bytes, "-byte slab"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a page at ", r.offset, " lies outside its ", s.bytes, "-byte slab"));
     }
     const uint64_t start = r.offset / s.granule * s.granule;
     const uint64_t end = std::min(s.bytes, (r.offset + reg.page_bytes + s.granule - 1) / s.granule * s.granule);
@@ -169,19 +173,37 @@ class Worker {
   absl::flat_hash_map<std::string, std::unique_ptr<GrantMappings>> grants_;
 };
 
+// The process's private data now (VmData: what RLIMIT_DATA counts), 0 if unknown.
+uint64_t DataBytesNow() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    uint64_t kib = 0;
+    // "VmData:    1234 kB"
+    if (line.rfind("VmData:", 0) == 0 && line.size() > 10 &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(7, line.size() - 10)), &kib)) {
+      return kib << 10;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 absl::Status RunImportWorker(const ImportWorkerOptions& options) {
   if (options.memory_limit_bytes != 0) {
-    const rlimit limit{options.memory_limit_bytes, options.memory_limit_bytes};
+    // What the worker may grow by from here (UCX's buffers, the grants' page tables): the limit is
+    // its data now plus the budget, so that a sanitizer's reserved shadow does not eat it.
+    const uint64_t bytes = DataBytesNow() + options.memory_limit_bytes;
+    const rlimit limit{bytes, bytes};
     if (::setrlimit(RLIMIT_DATA, &limit) != 0) return ErrnoStatus(errno, "setrlimit(RLIMIT_DATA)");
   }
   UcxImport::Options o;
   o.ucx_tls = options.ucx_tls;
   o.ucx_net_devices = options.ucx_net_devices;
   HS_ASSIGN_OR_RETURN(std::unique_ptr<UcxImport> ucx, UcxImport::Start(std::move(o)));
-  HS_RETURN_IF_ERROR(
-      SendPacket(options.channel_fd, EncodeChannelMessage(ChannelHello{kImportChannelVersion, ucx->WorkerAddress()}), -1));
+  HS_RETURN_IF_ERROR(SendPacket(options.channel_fd,
+                                EncodeChannelMessage(ChannelHello{kImportChannelVersion, ucx->WorkerAddress()}), -1));
   Worker worker(options.channel_fd, std::move(ucx));
   return worker.Serve();
 }

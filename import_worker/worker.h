@@ -20,10 +20,10 @@
 namespace hisparse {
 
 struct ImportWorkerOptions {
-  int channel_fd = -1;               // the daemon's end is the peer
-  std::string ucx_tls;               // UCX_TLS ("" keeps UCX's default)
-  std::string ucx_net_devices;       // UCX_NET_DEVICES ("" keeps UCX's default)
-  uint64_t memory_limit_bytes = 0;   // RLIMIT_DATA, set before UCX starts (0: left as inherited)
+  int channel_fd = -1;              // the daemon's end is the peer
+  std::string ucx_tls;              // UCX_TLS ("" keeps UCX's default)
+  std::string ucx_net_devices;      // UCX_NET_DEVICES ("" keeps UCX's default)
+  uint64_t memory_limit_bytes = 0;  // RLIMIT_DATA, set before UCX starts (0: left as inherited)
 };
 
 // Serves the channel until the daemon closes it (OK) or sends what does not decode, or UCX cannot
