@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 out=${1:?bundle dir}
 build=${2:-build}
 exes=()
-for e in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test gpu_park_share_test gpu_tp_group_test gpu_engine hisparsed hisparse-bench hisparse-ctl; do
+for e in gpu_resolve_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test gpu_park_share_test gpu_tp_group_test gpu_engine hisparsed hisparse-import-worker hisparse-bench hisparse-ctl; do
   exes+=("$build/bin/$e")
 done
 ../shared/tools/gpu-bundle "$out" "${exes[@]}"
