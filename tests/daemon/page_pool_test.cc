@@ -1,5 +1,5 @@
 // PagePool: budget, owner-private slabs sized to the need, the reserve, reference counts, the scrub
-// outside the lock, and a property test against a shadow model (extent_allocator_test's model).
+// outside the lock, and a property test against a shadow model.
 #include "hisparse/daemon/page_pool.h"
 
 #include <sys/mman.h>
