@@ -26,6 +26,7 @@
 #include "absl/base/config.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 extern "C" {
 void __tsan_acquire(void* addr) __attribute__((weak));
@@ -127,6 +128,19 @@ void Mutex::Await(const Condition& cond) {
   Release(this);
   real(this, Condition(&EvalAnnotated, &a));
   Acquire(this);
+}
+bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
+  HS_REAL(bool (*)(Mutex*, const Condition&, Time), "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  AnnotatedCondition a{&cond, this};
+  Release(this);
+  const bool holds = real(this, Condition(&EvalAnnotated, &a), deadline);
+  Acquire(this);
+  return holds;
+}
+// Through the wrapper above (the library's own AwaitWithTimeout would call its AwaitWithDeadline
+// directly, unannotated).
+bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
+  return AwaitWithDeadline(cond, Now() + timeout);
 }
 void CondVar::Wait(Mutex* mu) {
   HS_REAL(void (*)(CondVar*, Mutex*), "7CondVar4WaitEPNS0_5MutexE");
