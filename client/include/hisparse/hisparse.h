@@ -140,6 +140,7 @@ typedef struct hs_request_info {
 #define HS_REQUEST_INFO_INIT \
   { sizeof(hs_request_info), 0, 0, 0 }
 
+/* hs_admit2 with only these fields set (since ABI 1.10 a wrapper over it; see hs_admit_args). */
 hs_result hs_admit(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                    hs_request_info* out);
 hs_result hs_extend(hs_session* session, uint64_t request_id, uint32_t token_budget, hs_request_info* out);
