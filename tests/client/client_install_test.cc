@@ -333,6 +333,23 @@ TEST_F(ClientInstallTest, TwoThreadsMappingOneSlabPublishItOnce) {
   EXPECT_EQ(probe_->registered, 0);
 }
 
+// The session ends under a registration that blocks (here the daemon goes away): the mapping
+// made outside the lock still has one owner, whatever the Admit's outcome, and the session's end
+// releases every registration.
+TEST_F(ClientInstallTest, ASessionEndingDuringARegistrationLeaksNoMapping) {
+  Start();
+  probe_->block_next_register = true;
+  absl::StatusOr<hs_request_info> admitted = absl::UnknownError("not run");
+  std::thread admitter([&] { admitted = session_->Admit(1, 0, 200); });
+  ASSERT_TRUE(probe_->entered.WaitForNotificationWithTimeout(kHang)) << "the Admit never registered its slab";
+  daemon_.reset();  // the daemon stops: the session ends on its side
+  probe_->release.Notify();
+  admitter.join();
+  EXPECT_LE(probe_->registered, 1);
+  session_.reset();
+  EXPECT_EQ(probe_->registered, 0) << "a registration outlived the session (its mapping leaked)";
+}
+
 TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
 #ifndef HISPARSE_HAVE_UCX
   GTEST_SKIP() << "built without UCX (libucx-dev): imports are compiled out";
