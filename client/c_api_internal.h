@@ -73,6 +73,7 @@ constexpr size_t kSessionInfoV1 = offsetof(hs_session_info, arena_kind);  // ABI
 constexpr size_t kStatsV1 = sizeof(hs_stats);
 constexpr size_t kResolveArgsV1 = offsetof(hs_resolve_args, page_table);  // ABI 1.0
 constexpr size_t kStoreIndexedArgsV1 = sizeof(hs_store_indexed_args);     // ABI 1.3
+constexpr size_t kAdmitArgsV1 = sizeof(hs_admit_args);                    // ABI 1.10
 
 inline bool SizeOk(uint32_t struct_size, size_t first_version) { return struct_size >= first_version; }
 

@@ -1,6 +1,6 @@
-// The C ABI's calls on one request (hisparse.h): admit (plain, shared prefix, TP group, durable),
-// extend, release, park and resume, imports, and the lease, listing and adoption of durable
-// requests.
+// The C ABI's calls on one request (hisparse.h): admit (hs_admit2, and the older admit calls as
+// wrappers that fill an hs_admit_args), extend, release, park and resume, imports, and the lease,
+// listing and adoption of durable requests.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,7 +13,9 @@
 using hisparse::ClientSession;
 using hisparse::c_api::Fail;
 using hisparse::c_api::Guard;
+using hisparse::c_api::kAdmitArgsV1;
 using hisparse::c_api::kRequestInfoV1;
+using hisparse::c_api::ReadSized;
 using hisparse::c_api::SizeOk;
 using hisparse::c_api::ToResult;
 using hisparse::c_api::WriteSized;
@@ -36,13 +38,37 @@ hs_result RequestInfoCall(hs_session* s, hs_request_info* out, Call&& call) {
   });
 }
 
+// The hs_admit_args of the older calls: these fields set, every other zero.
+hs_admit_args ArgsOf(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget) {
+  hs_admit_args a = HS_ADMIT_ARGS_INIT;
+  a.request_id = request_id;
+  a.context_tokens = context_tokens;
+  a.token_budget = token_budget;
+  return a;
+}
+
+// hs_admit2's body, the path of every single admission: `a` as this library knows it.
+hs_result Admit(hs_session* s, const hs_admit_args& a, hs_request_info* out) {
+  return RequestInfoCall(s, out, [&](ClientSession& c) { return c.Admit(a); });
+}
+
 }  // namespace
 
 extern "C" {
 
+hs_result hs_admit2(hs_session* s, const hs_admit_args* args, hs_request_info* out) {
+  return Guard([&] {
+    if (args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "args is NULL");
+    if (!SizeOk(args->struct_size, kAdmitArgsV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_admit_args.struct_size is too small: use HS_ADMIT_ARGS_INIT");
+    }
+    return Admit(s, ReadSized(*args), out);
+  });
+}
+
 hs_result hs_admit(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                    hs_request_info* out) {
-  return RequestInfoCall(s, out, [&](ClientSession& c) { return c.Admit(request_id, context_tokens, token_budget); });
+  return Admit(s, ArgsOf(request_id, context_tokens, token_budget), out);
 }
 
 hs_result hs_extend(hs_session* s, uint64_t request_id, uint32_t token_budget, hs_request_info* out) {
@@ -58,15 +84,17 @@ hs_result hs_release(hs_session* s, uint64_t request_id) {
 
 hs_result hs_admit_shared(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                           uint64_t parent_request_id, uint32_t prefix_tokens, hs_request_info* out) {
-  return RequestInfoCall(s, out, [&](ClientSession& c) {
-    return c.AdmitShared(request_id, context_tokens, token_budget, parent_request_id, prefix_tokens);
-  });
+  hs_admit_args a = ArgsOf(request_id, context_tokens, token_budget);
+  a.parent_request_id = parent_request_id;
+  a.prefix_tokens = prefix_tokens;
+  return Admit(s, a, out);
 }
 
 hs_result hs_admit_group(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                          hs_request_info* out) {
-  return RequestInfoCall(s, out,
-                         [&](ClientSession& c) { return c.AdmitGroup(request_id, context_tokens, token_budget); });
+  hs_admit_args a = ArgsOf(request_id, context_tokens, token_budget);
+  a.flags = HS_ADMIT_GROUP;
+  return Admit(s, a, out);
 }
 
 hs_result hs_park(hs_session* s, uint64_t request_id) {
@@ -83,10 +111,9 @@ hs_result hs_resume(hs_session* s, uint64_t request_id, hs_request_info* out) {
 // ---- Imports (ABI 1.6) ----
 
 hs_result hs_admit_import(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget) {
-  return Guard([&] {
-    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->AdmitImport(request_id, context_tokens, token_budget));
-  });
+  hs_admit_args a = ArgsOf(request_id, context_tokens, token_budget);
+  a.flags = HS_ADMIT_IMPORT;
+  return Admit(s, a, nullptr);
 }
 
 hs_result hs_import_grant(hs_session* s, uint64_t request_id, void* buf, size_t capacity, size_t* grant_bytes) {
@@ -113,9 +140,9 @@ hs_result hs_await_import(hs_session* s, uint64_t request_id, uint32_t timeout_m
 
 hs_result hs_admit_durable(hs_session* s, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                            uint32_t lease_seconds, hs_request_info* out) {
-  return RequestInfoCall(s, out, [&](ClientSession& c) {
-    return c.AdmitDurable(request_id, context_tokens, token_budget, lease_seconds);
-  });
+  hs_admit_args a = ArgsOf(request_id, context_tokens, token_budget);
+  a.lease_seconds = lease_seconds;
+  return Admit(s, a, out);
 }
 
 hs_result hs_set_lease(hs_session* s, uint64_t request_id, uint32_t lease_seconds) {

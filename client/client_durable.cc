@@ -19,18 +19,6 @@ constexpr uint32_t kAdoptablePageSize = 10000;
 
 }  // namespace
 
-absl::StatusOr<hs_request_info> ClientSession::AdmitDurable(uint64_t request_id, uint32_t context_tokens,
-                                                            uint32_t token_budget, uint32_t lease_seconds) {
-  HS_RETURN_IF_ERROR(CheckAlive());
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref_;
-  req.set_request_id(request_id);
-  req.set_context_tokens(context_tokens);
-  req.set_token_budget(token_budget);
-  req.set_lease_seconds(lease_seconds);
-  return AdmitWith(req);
-}
-
 absl::StatusOr<double> ClientSession::SetLease(uint64_t request_id, uint32_t lease_seconds) {
   HS_RETURN_IF_ERROR(CheckAlive());
   v1::SetLeaseRequest req;
@@ -69,11 +57,25 @@ absl::StatusOr<std::vector<uint64_t>> ClientSession::Adopt(uint64_t dead_session
   req.set_dead_session_id(dead_session_id);
   v1::AdoptResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Adopt(CallContext().get(), req, &resp), "adopt"));
-  absl::MutexLock lock(&mu_);
+  SlabIds needed;  // every adopted request's slabs, mapped before the lock is taken
+  for (const v1::AdoptedRequest& a : resp.requests()) {
+    const SlabIds ids = SlabsOf(a.layers());
+    needed.insert(ids.begin(), ids.end());
+  }
+  absl::StatusOr<std::vector<uint64_t>> out;
+  WithSlabsLocked(needed, [&](const SlabErrors& errors) {
+    mu_.AssertHeld();
+    out = InstallAdoptedLocked(resp, errors);
+  });
+  return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> ClientSession::InstallAdoptedLocked(const v1::AdoptResponse& resp,
+                                                                          const SlabErrors& errors) {
   std::vector<uint64_t> ids;
   for (const v1::AdoptedRequest& a : resp.requests()) {
     // Row 0 stands in: a parked request has none, and Resume publishes the one the daemon gives.
-    absl::StatusOr<Request> r = InstallRequest(0, a.capacity_tokens(), a.layers());
+    absl::StatusOr<Request> r = InstallRequest(0, a.capacity_tokens(), a.layers(), errors);
     if (!r.ok()) {
       return absl::Status(
           r.status().code(),

@@ -16,16 +16,4 @@ void ClientSession::SetGroup(const hs_session_options& o) {
   group_ = std::move(g);  // the daemon validates it (OpenSession.group)
 }
 
-absl::StatusOr<hs_request_info> ClientSession::AdmitGroup(uint64_t request_id, uint32_t context_tokens,
-                                                          uint32_t token_budget) {
-  HS_RETURN_IF_ERROR(CheckAlive());
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref_;
-  req.set_request_id(request_id);
-  req.set_context_tokens(context_tokens);
-  req.set_token_budget(token_budget);
-  req.set_group(true);
-  return AdmitWith(req);
-}
-
 }  // namespace hisparse

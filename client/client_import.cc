@@ -10,23 +10,6 @@
 
 namespace hisparse {
 
-absl::Status ClientSession::AdmitImport(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget) {
-  HS_RETURN_IF_ERROR(CheckAlive());
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref_;
-  req.set_request_id(request_id);
-  req.set_context_tokens(context_tokens);
-  req.set_token_budget(token_budget);
-  req.set_begin_import(true);
-  v1::AdmitResponse resp;
-  if (grpc::Status s = stub_->Admit(CallContext().get(), req, &resp); !s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("admit import: ", s.error_message()));
-  }
-  absl::MutexLock lock(&mu_);
-  return PendImportLocked(request_id, std::move(resp)).status();
-}
-
 absl::StatusOr<hs_request_info> ClientSession::PendImportLocked(uint64_t request_id, v1::AdmitResponse resp) {
   if (!resp.has_grant() || resp.grant().request_id() != request_id) {
     return absl::InternalError("the daemon's import answer carries no grant for this request");
@@ -57,7 +40,7 @@ void ClientSession::OnImportFinished(const v1::ImportFinished& finished) {
   p.reason = finished.reason();
 }
 
-absl::StatusOr<hs_request_info> ClientSession::AwaitImport(uint64_t request_id, uint32_t timeout_ms) {
+absl::StatusOr<v1::AdmitResponse> ClientSession::AwaitImportOutcome(uint64_t request_id, uint32_t timeout_ms) {
   absl::MutexLock lock(&mu_);
   auto it = imports_.find(request_id);
   if (it == imports_.end() || !it->second.admitted) {
@@ -82,10 +65,18 @@ absl::StatusOr<hs_request_info> ClientSession::AwaitImport(uint64_t request_id, 
     return absl::FailedPreconditionError(absl::StrCat("the import of request ", request_id, " ended without a commit (",
                                                       reason, "): the daemon freed the request"));
   }
-  const v1::AdmitResponse admit = std::move(p.admit);
+  v1::AdmitResponse admit = std::move(p.admit);
   imports_.erase(request_id);
-  // Now as Admit: map the pages' slabs, publish the page table, reset the row (undone on failure).
-  return InstallAdmitted(request_id, admit);
+  return admit;
+}
+
+absl::StatusOr<hs_request_info> ClientSession::AwaitImport(uint64_t request_id, uint32_t timeout_ms) {
+  HS_ASSIGN_OR_RETURN(v1::AdmitResponse admit, AwaitImportOutcome(request_id, timeout_ms));
+  // Now as Admit: map the pages' slabs (outside the lock), publish the page table, reset the row;
+  // what this process cannot install is released in the daemon too.
+  absl::StatusOr<hs_request_info> info = InstallAdmitted(request_id, admit);
+  if (!info.ok()) return ReleaseUninstalled({request_id}, info.status());
+  return info;
 }
 
 }  // namespace hisparse

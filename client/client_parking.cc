@@ -1,4 +1,4 @@
-// ClientSession's park/resume and shared-prefix admission: see client_session.h.
+// ClientSession's park and resume: see client_session.h.
 #include <utility>
 
 #include "absl/status/status.h"
@@ -73,42 +73,6 @@ absl::StatusOr<hs_request_info> ClientSession::Resume(uint64_t request_id) {
                                                   reparked.ok() ? " (it stays parked)"
                                                                 : absl::StrCat(" (and parking it again failed: ",
                                                                                reparked.message(), "; release it)")));
-}
-
-absl::StatusOr<hs_request_info> ClientSession::AdmitShared(uint64_t request_id, uint32_t context_tokens,
-                                                           uint32_t token_budget, uint64_t parent_request_id,
-                                                           uint32_t prefix_tokens) {
-  HS_RETURN_IF_ERROR(CheckAlive());
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref_;
-  req.set_request_id(request_id);
-  req.set_context_tokens(context_tokens);
-  req.set_token_budget(token_budget);
-  req.set_parent_request_id(parent_request_id);
-  req.set_prefix_tokens(prefix_tokens);
-  HS_ASSIGN_OR_RETURN(hs_request_info info, AdmitWith(req));
-  // The shared pages become read-only in the parent's table too: the child reads them as they
-  // are now.
-  absl::MutexLock lock(&mu_);
-  auto child = requests_.find(request_id);
-  auto parent = requests_.find(parent_request_id);
-  if (child == requests_.end() || parent == requests_.end()) return info;
-  bool changed = false;
-  for (size_t l = 0; l < child->second.layers.size() && l < parent->second.layers.size(); ++l) {
-    auto& mine = parent->second.layers[l];
-    const auto& theirs = child->second.layers[l];
-    for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
-      if (theirs[i].read_only() && !mine[i].read_only() && theirs[i].slab() == mine[i].slab() &&
-          theirs[i].offset() == mine[i].offset()) {
-        mine[i].set_read_only(true);
-        changed = true;
-      }
-    }
-  }
-  if (changed && !parent->second.parked) {
-    HS_RETURN_IF_ERROR(PublishRow(parent->second.row, &parent->second));
-  }
-  return info;
 }
 
 }  // namespace hisparse

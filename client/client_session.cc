@@ -259,11 +259,13 @@ ClientSession::~ClientSession() {
     stream_context_.TryCancel();
     if (watcher_.joinable()) watcher_.join();
   }
-  absl::MutexLock lock(&mu_);
-  for (auto& [id, slab] : slabs_) {
-    if (backend_) backend_->UnregisterHostSegment(slab.map.data());
+  // Every slab unregisters and unmaps as it goes (Slab owns both); no other call runs now.
+  absl::flat_hash_map<uint64_t, Slab> slabs;
+  {
+    absl::MutexLock lock(&mu_);
+    slabs = std::move(slabs_);
+    slabs_.clear();
   }
-  slabs_.clear();
 }
 
 void ClientSession::WatchStream() {
@@ -274,11 +276,12 @@ void ClientSession::WatchStream() {
     // The daemon releases the request's memory right after this notice: forget its rows and
     // mappings now, and let the engine learn of it (hs_poll_evicted).
     const uint64_t id = event.evicted().request_id();
+    std::vector<Slab> retired;  // released after the lock
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(id);
     if (it != requests_.end()) {
       if (!it->second.parked) (void)PublishRow(it->second.row, nullptr);  // a parked one's row is another's
-      DropSlabs(it->second);
+      DropSlabs(it->second, &retired);
       requests_.erase(it);
     }
     evicted_.push_back(id);
@@ -353,74 +356,6 @@ absl::StatusOr<UniqueFd> ClientSession::FetchFd(const FdObject& object, uint64_t
   return std::move(f.fd);
 }
 
-absl::Status ClientSession::AcquireSlabs(const Request& r) {
-  const uint64_t page_bytes = opened_.page_bytes();
-  std::vector<uint64_t> counted;  // one entry per page counted, to undo on failure
-  absl::Status status;
-  for (const auto& layer : r.layers) {
-    for (const v1::PageRef& p : layer) {
-      auto it = slabs_.find(p.slab());
-      if (it == slabs_.end()) {
-        uint64_t bytes = 0;
-        auto t = std::chrono::steady_clock::now();
-        absl::StatusOr<UniqueFd> fd = FetchFd(FdSlab{p.slab()}, &bytes);
-        host_map_phases_.fetch_s += SecondsSince(t);
-        Slab slab;
-        if (fd.ok()) {
-          t = std::chrono::steady_clock::now();
-          absl::StatusOr<MappedRegion> map = MappedRegion::MapShared(fd->get(), bytes);
-          host_map_phases_.mmap_s += SecondsSince(t);
-          status = map.status();
-          if (status.ok()) slab.map = *std::move(map);
-        } else {
-          status = fd.status();
-        }
-        if (status.ok()) {
-          t = std::chrono::steady_clock::now();
-          absl::StatusOr<uint8_t*> addr = backend_->RegisterHostSegment(slab.map.data(), bytes);
-          host_map_phases_.register_s += SecondsSince(t);
-          if (addr.ok()) slab.kernel_addr = *addr;
-          status = addr.status();
-        }
-        if (!status.ok()) break;
-        ++host_map_phases_.slabs;
-        host_map_phases_.bytes += bytes;
-        it = slabs_.emplace(p.slab(), std::move(slab)).first;
-      }
-      if (p.offset() % page_bytes != 0 || p.offset() + page_bytes > it->second.map.size()) {
-        status = absl::InternalError(absl::StrCat("the daemon named a page at offset ", p.offset(), " of slab ",
-                                                  p.slab(), ", which does not hold it"));
-      }
-      if (!status.ok()) break;
-      ++it->second.live_pages;
-      counted.push_back(p.slab());
-    }
-    if (!status.ok()) break;
-  }
-  if (status.ok()) return status;
-  for (uint64_t slab : counted) {
-    auto it = slabs_.find(slab);
-    if (--it->second.live_pages == 0) {
-      backend_->UnregisterHostSegment(it->second.map.data());
-      slabs_.erase(it);
-    }
-  }
-  return status;
-}
-
-void ClientSession::DropSlabs(const Request& r) {
-  for (const auto& layer : r.layers) {
-    for (const v1::PageRef& p : layer) {
-      auto it = slabs_.find(p.slab());
-      if (it == slabs_.end()) continue;
-      if (--it->second.live_pages == 0) {
-        backend_->UnregisterHostSegment(it->second.map.data());
-        slabs_.erase(it);
-      }
-    }
-  }
-}
-
 std::vector<const uint8_t*> ClientSession::PageTable(const Request& r) const {
   std::vector<const uint8_t*> pages;
   pages.reserve(r.layers.size() * (r.layers.empty() ? 0 : r.layers[0].size()));
@@ -443,7 +378,8 @@ absl::Status ClientSession::PublishRow(uint32_t row, const Request* r) {
 }
 
 absl::StatusOr<ClientSession::Request> ClientSession::InstallRequest(
-    uint32_t row, uint32_t capacity, const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers) {
+    uint32_t row, uint32_t capacity, const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers,
+    const SlabErrors& errors) {
   Request r;
   r.row = row;
   r.capacity = capacity;
@@ -460,27 +396,8 @@ absl::StatusOr<ClientSession::Request> ClientSession::InstallRequest(
     }
     r.layers.emplace_back(layers[l].pages().begin(), layers[l].pages().end());
   }
-  HS_RETURN_IF_ERROR(AcquireSlabs(r));
+  HS_RETURN_IF_ERROR(AcquireSlabs(r, errors));
   return r;
-}
-
-absl::StatusOr<hs_request_info> ClientSession::Admit(uint64_t request_id, uint32_t context_tokens,
-                                                     uint32_t token_budget) {
-  HS_RETURN_IF_ERROR(CheckAlive());
-  v1::AdmitRequest req;
-  *req.mutable_session() = ref_;
-  req.set_request_id(request_id);
-  req.set_context_tokens(context_tokens);
-  req.set_token_budget(token_budget);
-  return AdmitWith(req);
-}
-
-absl::StatusOr<hs_request_info> ClientSession::AdmitWith(const v1::AdmitRequest& req) {
-  const uint64_t request_id = req.request_id();
-  v1::AdmitResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->Admit(CallContext().get(), req, &resp), "admit"));
-  absl::MutexLock lock(&mu_);
-  return InstallAdmitted(request_id, resp);
 }
 
 absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint32_t token_budget) {
@@ -491,14 +408,24 @@ absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint3
   req.set_token_budget(token_budget);
   v1::ExtendResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Extend(CallContext().get(), req, &resp), "extend"));
-  absl::MutexLock lock(&mu_);
+  absl::StatusOr<hs_request_info> out = absl::InternalError("extend: not installed");
+  std::vector<Slab> retired;  // released after the lock
+  WithSlabsLocked(SlabsOf(resp.layers()), [&](const SlabErrors& errors) {
+    mu_.AssertHeld();
+    out = ExtendLocked(request_id, resp, errors, &retired);
+  });
+  return out;
+}
+
+absl::StatusOr<hs_request_info> ClientSession::ExtendLocked(uint64_t request_id, const v1::ExtendResponse& resp,
+                                                            const SlabErrors& errors, std::vector<Slab>* retired) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::InternalError("extended a request this client does not know");
   // Count the pages again before dropping the old count, so a slab holding old and new pages stays
   // mapped. Extend never moves a record: the old pages lead every layer's list unchanged.
-  auto r = InstallRequest(it->second.row, resp.capacity_tokens(), resp.layers());
+  auto r = InstallRequest(it->second.row, resp.capacity_tokens(), resp.layers(), errors);
   if (!r.ok()) return r.status();
-  DropSlabs(it->second);
+  DropSlabs(it->second, retired);
   r->parked = it->second.parked;
   it->second = std::move(*r);
   if (!it->second.parked) HS_RETURN_IF_ERROR(PublishRow(it->second.row, &it->second));
@@ -516,15 +443,10 @@ absl::Status ClientSession::Release(uint64_t request_id) {
   req.set_request_id(request_id);
   v1::ReleaseResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->Release(CallContext().get(), req, &resp), "release"));
+  std::vector<Slab> retired;  // released after the lock
   absl::MutexLock lock(&mu_);
   imports_.erase(request_id);  // releasing an importing request aborts the import
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return absl::OkStatus();
-  // A parked request's row may be another's now.
-  if (!it->second.parked) HS_RETURN_IF_ERROR(PublishRow(it->second.row, nullptr));
-  DropSlabs(it->second);
-  requests_.erase(it);
-  return absl::OkStatus();
+  return UninstallLocked(request_id, &retired);
 }
 
 absl::StatusOr<uint8_t*> ClientSession::RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) {

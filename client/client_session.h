@@ -3,9 +3,11 @@
 // channel, this process's mappings of the session's pool slabs and arena, the table of
 // admitted requests, and the device backend that runs the data path.
 //
-// Thread-safe for control calls (Admit/Extend/Release/Stats may come from several threads; RPCs
-// run outside the lock). Data-path calls must be ordered by the caller and must not run on a
-// request while a control call on that request is in flight.
+// Thread-safe for control calls (Admit/Extend/Release/Stats may come from several threads). The
+// lock (mu_) covers this process's tables only: RPCs, fd-channel exchanges, mmap and the device's
+// registration of new slabs run outside it (client_slabs.cc), so a control call mapping a slab
+// never stalls the data path or another control call. Data-path calls must be ordered by the
+// caller and must not run on a request while a control call on that request is in flight.
 #ifndef HISPARSE_CLIENT_CLIENT_SESSION_H_
 #define HISPARSE_CLIENT_CLIENT_SESSION_H_
 
@@ -16,10 +18,13 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "device_backend.h"
@@ -60,29 +65,33 @@ class ClientSession {
                                                              const BackendWrap& wrap = nullptr);
   ~ClientSession();
 
+  // One admission as `args` says (hs_admit_args, hisparse.h; client_admit.cc): plain, with a
+  // shared prefix, durable, for the TP group, or importing. Contradictory args are InvalidArgument
+  // before any RPC (CheckAdmitArgs). An admitted request is mapped, published and its row reset
+  // (importing: kept pending instead, and the result is the daemon's reservation); one this
+  // process cannot install is released in the daemon again before the install's error returns.
+  // A shared prefix's pages become read-only in the parent's table too.
+  absl::StatusOr<hs_request_info> Admit(const hs_admit_args& args) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // A plain admission: Admit with only these fields set.
   absl::StatusOr<hs_request_info> Admit(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
       ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<hs_request_info> Extend(uint64_t request_id, uint32_t token_budget) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::Status Release(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Batched admission (client_batch.cc): one AdmitBatch RPC for every item; each request the
   // daemon admitted is mapped and its page-table row published as Admit does. The returned error
-  // is the batch's own (the session, the item count, the RPC); each item's is in `items`.
+  // is the batch's own (the session, the item count, an item the batch cannot carry
+  // (CheckBatchAdmitArgs), the RPC); each item's is in `items`.
   // all_or_nothing: any failure, the daemon's or this process's (mapping a slab after the daemon
   // admitted), leaves nothing admitted, here or in the daemon (what it admitted is released
-  // again); the failing item carries its error and every other ABORTED.
-  // begin_import: admitted as AdmitImport does (not installed: ImportGrant and AwaitImport as
-  // for a single AdmitImport; its result's row and capacity are the daemon's reservation).
-  struct BatchItem {
-    uint64_t request_id = 0;
-    uint32_t context_tokens = 0;
-    uint32_t token_budget = 0;
-    bool begin_import = false;
-  };
+  // again); the failing item carries its error and every other ABORTED. PER_ITEM: an item this
+  // process cannot install is released in the daemon, as Admit does.
+  // HS_ADMIT_IMPORT items: admitted importing as Admit does (not installed: ImportGrant and
+  // AwaitImport; the result's row and capacity are the daemon's reservation).
   struct BatchAdmitted {
     std::vector<absl::StatusOr<hs_request_info>> items;  // one per item, in order
     int failed_item = -1;                                // all_or_nothing: the item that failed the batch
   };
-  absl::StatusOr<BatchAdmitted> AdmitBatch(const std::vector<BatchItem>& items, bool all_or_nothing)
+  absl::StatusOr<BatchAdmitted> AdmitBatch(const std::vector<hs_admit_args>& items, bool all_or_nothing)
       ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   // One ReleaseBatch RPC: each id's status (NOT_FOUND, or INVALID_ARGUMENT for a repeated id); the
   // others are released, here and in the daemon.
@@ -105,32 +114,20 @@ class ClientSession {
   };
   absl::StatusOr<BatchResumed> ResumeBatch(const std::vector<uint64_t>& request_ids, bool all_or_nothing)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Park and resume, and Admit with a shared prefix (client_parking.cc). Park unpublishes the
-  // request's row (the daemon may give it to another request) and keeps its pages mapped; Resume
-  // publishes its pages in the row the daemon gives and resets that row's slot state (every slot
-  // EMPTY, as Admit does). A parked request refuses store (FAILED_PRECONDITION); its records stay
-  // readable through RecordPtr. AdmitShared's prefix pages are read-only in the child's table
-  // and, from then on, in the parent's too (a prefix is immutable once shared).
+  // Park and resume (client_parking.cc). Park unpublishes the request's row (the daemon may give
+  // it to another request) and keeps its pages mapped; Resume publishes its pages in the row the
+  // daemon gives and resets that row's slot state (every slot EMPTY, as Admit does). A parked
+  // request refuses store (FAILED_PRECONDITION); its records stay readable through RecordPtr.
   absl::Status Park(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<hs_request_info> Resume(uint64_t request_id) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<hs_request_info> AdmitShared(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
-                                              uint64_t parent_request_id, uint32_t prefix_tokens)
-      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
-  // Durable requests (client_durable.cc; docs/DESIGN.md, "Durable requests"). AdmitDurable is Admit
-  // with a lease; SetLease sets, renews or clears one (0) and returns the seconds left. Adopt takes
-  // every durable request the ended session `dead_session_id` left (same uid and engine name) and
-  // installs each here parked, its slabs mapped; Resume gives each a row. Returns their ids.
-  absl::StatusOr<hs_request_info> AdmitDurable(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
-                                               uint32_t lease_seconds) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // Durable requests (client_durable.cc; docs/DESIGN.md, "Durable requests"). SetLease sets,
+  // renews or clears one (0) and returns the seconds left (Admit takes one at admission). Adopt
+  // takes every durable request the ended session `dead_session_id` left (same uid and engine
+  // name) and installs each here parked, its slabs mapped; Resume gives each a row. Returns their ids.
   absl::StatusOr<double> SetLease(uint64_t request_id, uint32_t lease_seconds);
   // Every page of the daemon's ListAdoptable, in (dead session, request) order.
   absl::StatusOr<std::vector<v1::AdoptableRequest>> ListAdoptable();
   absl::StatusOr<std::vector<uint64_t>> Adopt(uint64_t dead_session_id) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
-  // TP groups (client_groups.cc): Admit for the session's group (OpenSession.group, from
-  // hs_session_options.group): the first rank reserves for all, later ranks attach; each gets its
-  // own row over the group's pages, installed as Admit installs a request.
-  absl::StatusOr<hs_request_info> AdmitGroup(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
-      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
@@ -164,27 +161,61 @@ class ClientSession {
   // Puts back ids the caller had no room for (they come first next time).
   void ReturnEvicted(std::vector<uint64_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Imports from a prefill node (client_import.cc; docs/DESIGN.md, "Import"). AdmitImport admits
-  // the request as importing: the daemon reserves its pages and row and answers a grant, which
-  // ImportGrant returns serialized (v1::ImportGrant) for the transfer agent. The request is not
-  // published to the data path (no page table, no row) until AwaitImport sees the daemon's
-  // ImportFinished: committed, it is installed as Admit would and returned; aborted or expired,
+  // Imports from a prefill node (client_import.cc; docs/DESIGN.md, "Import"). Admit with
+  // HS_ADMIT_IMPORT admits the request as importing: the daemon reserves its pages and row and
+  // answers a grant, which ImportGrant returns serialized (v1::ImportGrant) for the transfer
+  // agent. The request is not published to the data path (no page table, no row) until
+  // AwaitImport sees the daemon's ImportFinished: committed, it is installed as Admit would and
+  // returned (one this process cannot install is released in the daemon); aborted or expired,
   // FailedPrecondition with the daemon's reason (the daemon freed it already). A timeout leaves
   // it pending (DeadlineExceeded).
-  absl::Status AdmitImport(uint64_t request_id, uint32_t context_tokens, uint32_t token_budget)
-      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::string> ImportGrant(uint64_t request_id) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<hs_request_info> AwaitImport(uint64_t request_id, uint32_t timeout_ms)
       ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
 
  private:
   // One slab of the session's host pool, mapped and registered once, the first time a request of
-  // this session has a page in it.
+  // this session has a page in it. Owns its mapping and registration: destroying it unregisters
+  // the mapping from the device (when registered) and unmaps it, which the session does after
+  // letting go of mu_ (a dropped slab is moved out of slabs_ first).
   struct Slab {
+    Slab() = default;
+    Slab(MappedRegion m, uint8_t* addr, DeviceBackend* backend)
+        : map(std::move(m)), kernel_addr(addr), registered_with(backend) {}
+    Slab(Slab&& o) noexcept
+        : map(std::move(o.map)),
+          kernel_addr(std::exchange(o.kernel_addr, nullptr)),
+          live_pages(std::exchange(o.live_pages, 0)),
+          registered_with(std::exchange(o.registered_with, nullptr)) {}
+    Slab& operator=(Slab&& o) noexcept {
+      if (this != &o) {
+        Unregister();
+        map = std::move(o.map);
+        kernel_addr = std::exchange(o.kernel_addr, nullptr);
+        live_pages = std::exchange(o.live_pages, 0);
+        registered_with = std::exchange(o.registered_with, nullptr);
+      }
+      return *this;
+    }
+    ~Slab() { Unregister(); }
+    void Unregister() {
+      if (registered_with != nullptr) std::exchange(registered_with, nullptr)->UnregisterHostSegment(map.data());
+    }
+
     MappedRegion map;
-    uint8_t* kernel_addr = nullptr;  // where kernels see it (device-mapped on CUDA)
-    uint64_t live_pages = 0;         // pages of this session's requests in it; unmapped at 0, which
-                                     // is when the daemon drops the slab too (its pages are all free)
+    uint8_t* kernel_addr = nullptr;            // where kernels see it (device-mapped on CUDA)
+    uint64_t live_pages = 0;                   // pages of this session's requests in it; dropped at 0, which
+                                               // is when the daemon drops the slab too (its pages are all free)
+    DeviceBackend* registered_with = nullptr;  // the backend holding its registration (none: null)
+  };
+  using SlabIds = absl::flat_hash_set<uint64_t>;
+  // Why a slab a step needs is not in slabs_: its fetch, mmap or registration failed.
+  using SlabErrors = absl::flat_hash_map<uint64_t, absl::Status>;
+  // What MapSlabs did outside mu_: mappings not yet published, and the slabs it could not map.
+  struct SlabWork {
+    std::vector<std::pair<uint64_t, Slab>> fresh;
+    SlabErrors failed;
+    HostMapPhases phases;  // fetch, mmap and registration time of this work
   };
   struct Request {
     uint32_t row = 0;  // meaningless while parked
@@ -204,6 +235,9 @@ class ClientSession {
   // ImportGrant and AwaitImport, not installed. InternalError when the answer has no grant for it.
   absl::StatusOr<hs_request_info> PendImportLocked(uint64_t request_id, v1::AdmitResponse resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AwaitImport's wait: the committed import's answer (taken out of imports_), or its error.
+  absl::StatusOr<v1::AdmitResponse> AwaitImportOutcome(uint64_t request_id, uint32_t timeout_ms)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The stream's ImportFinished: records the outcome for AwaitImport.
   void OnImportFinished(const v1::ImportFinished& finished) ABSL_LOCKS_EXCLUDED(mu_);
   // One fd-channel object: a descriptor, or (a "cuda-ipc" arena) a cudaIpc handle.
@@ -243,10 +277,31 @@ class ClientSession {
   // One exchange on the fd channel (fd_channel_codec.h); an ERR reply keeps the daemon's code.
   absl::StatusOr<Fetched> Fetch(const FdObject& object) ABSL_LOCKS_EXCLUDED(fd_mu_);
   absl::StatusOr<UniqueFd> FetchFd(const FdObject& object, uint64_t* bytes) ABSL_LOCKS_EXCLUDED(fd_mu_);
-  // Maps the slabs that `r`'s pages name and are not mapped yet, and counts their pages; on
-  // failure nothing stays counted.
-  absl::Status AcquireSlabs(const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropSlabs(const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slab handling outside the lock (client_slabs.cc). WithSlabsLocked runs `step` under mu_ once
+  // every slab of `needed` is in slabs_ or in the errors `step` gets: the missing ones are fetched
+  // over the fd channel, mapped and registered with the device first, outside mu_. Two threads
+  // mapping one slab at once: the first to publish wins; the other's mapping is released, after
+  // the lock. A slab published for `step` that it left without a page is released again, after
+  // the lock. A slab that another thread dropped between the mapping and the publish is mapped
+  // again (a few times; then it is an error for `step`).
+  void WithSlabsLocked(const SlabIds& needed, absl::FunctionRef<void(const SlabErrors&)> step)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // The slabs a daemon answer's pages name.
+  static SlabIds SlabsOf(const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers);
+  // Ids of `needed` neither in slabs_ nor in `work`.
+  std::vector<uint64_t> MissingSlabsLocked(const SlabIds& needed, const SlabWork& work) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fetches, maps and registers each slab of `ids` into work->fresh (or its error into work->failed).
+  void MapSlabs(const std::vector<uint64_t>& ids, SlabWork* work) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // Moves work->fresh's slabs that slabs_ lacks into it, and returns their ids; those another
+  // thread published first stay in work->fresh for the caller to release after the lock.
+  std::vector<uint64_t> PublishSlabsLocked(SlabWork* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts the pages of `r` in their slabs, which must be in slabs_ (errors: `errors`' entry for a
+  // missing one); on failure nothing stays counted.
+  absl::Status AcquireSlabs(const Request& r, const SlabErrors& errors) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Uncounts the pages of `r`; a slab left without a page moves out of slabs_ into `retired`, for
+  // the caller to destroy (unregister and unmap) after the lock.
+  void DropSlabs(const Request& r, std::vector<Slab>* retired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Row `row`'s page tables, layer-major: pages[l * n + i] is the kernel address of layer l's page
   // i (bit 0 set: read-only), n the pages of each layer.
   std::vector<const uint8_t*> PageTable(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -255,14 +310,38 @@ class ClientSession {
   // its page table there and resets the row's slot state (every slot EMPTY). All or nothing: when
   // either step fails the row is unpublished again and the error returned; `r` is not changed.
   absl::Status PublishFreshRowLocked(uint32_t row, const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Maps, publishes and resets the row of a request the daemon admitted (Admit, AdmitBatch, a
-  // committed import), and records it; on failure nothing of it stays here (the daemon still
-  // holds it).
-  absl::StatusOr<hs_request_info> InstallAdmitted(uint64_t request_id, const v1::AdmitResponse& resp)
+  // Publishes and resets the row of a request the daemon admitted (Admit, AdmitBatch, a committed
+  // import), its slabs mapped already (WithSlabsLocked; `errors` for those that are not), and
+  // records it; on failure nothing of it stays here (the daemon still holds it).
+  absl::StatusOr<hs_request_info> InstallAdmittedLocked(uint64_t request_id, const v1::AdmitResponse& resp,
+                                                        const SlabErrors& errors, std::vector<Slab>* retired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdmitBatch's install of every item the daemon admitted (its slabs mapped already): the items'
+  // outcomes into `out`, what the daemon must release again into `to_release`.
+  void InstallBatchLocked(const std::vector<hs_admit_args>& items, const v1::AdmitBatchResponse& resp,
+                          bool all_or_nothing, const SlabErrors& errors, BatchAdmitted* out,
+                          std::vector<uint64_t>* to_release, std::vector<Slab>* retired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // InstallAdmittedLocked with the slabs mapped first, outside the lock.
+  absl::StatusOr<hs_request_info> InstallAdmitted(uint64_t request_id, const v1::AdmitResponse& resp)
+      ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // The daemon admitted `request_ids` and this process could not keep them: releases them there
+  // (one ReleaseBatch), and returns `failed` (the install's error), naming a release that failed
+  // too (the session's end releases them then).
+  absl::Status ReleaseUninstalled(const std::vector<uint64_t>& request_ids, const absl::Status& failed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets an installed request here: its row unpublished, its slabs' pages uncounted (the
   // error, if any, of clearing the row).
-  absl::Status UninstallLocked(uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UninstallLocked(uint64_t request_id, std::vector<Slab>* retired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extend's install: the request's new pages counted (their slabs mapped already) and its row
+  // published again.
+  absl::StatusOr<hs_request_info> ExtendLocked(uint64_t request_id, const v1::ExtendResponse& resp,
+                                               const SlabErrors& errors, std::vector<Slab>* retired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopt's install of every adopted request, parked (its slabs mapped already); stops at the
+  // first that fails, naming it.
+  absl::StatusOr<std::vector<uint64_t>> InstallAdoptedLocked(const v1::AdoptResponse& resp, const SlabErrors& errors)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ParkBatch / ResumeBatch RPCs alone, their answers' sizes checked (client_batch_parking.cc).
   absl::StatusOr<v1::ParkBatchResponse> ParkBatchRpc(const std::vector<uint64_t>& request_ids, bool all_or_nothing);
   absl::StatusOr<v1::ResumeBatchResponse> ResumeBatchRpc(const v1::ResumeBatchRequest& req);
@@ -272,13 +351,14 @@ class ClientSession {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ReleaseBatch RPC alone (this process's table untouched).
   absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatchRpc(const std::vector<uint64_t>& request_ids);
-  // Admit's RPC and installation, for Admit and AdmitShared.
-  absl::StatusOr<hs_request_info> AdmitWith(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // After Admit with a shared prefix: the parent's pages the child shares become read-only in the
+  // parent's table too (a prefix is immutable once shared).
+  absl::Status SealSharedPrefix(uint64_t request_id, uint64_t parent_request_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a live request of this client other than `except` holds `row`.
   bool RowTakenLocked(uint32_t row, uint64_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Request> InstallRequest(uint32_t row, uint32_t capacity,
-                                         const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                         const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers,
+                                         const SlabErrors& errors) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   v1::Geometry geometry_;
   std::optional<v1::TpGroup> group_;  // sent with OpenSession; set once in Open
@@ -299,13 +379,14 @@ class ClientSession {
   v1::SessionOpened opened_;
   v1::SessionRef ref_;
 
-  // Lock order: mu_, then fd_mu_ (Admit and Extend fetch the slabs they map under mu_).
+  // mu_ and fd_mu_ are never held together: slabs are fetched (fd_mu_) outside mu_.
   mutable absl::Mutex mu_;
-  absl::Mutex fd_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Mutex fd_mu_;
   UniqueFd fd_channel_ ABSL_GUARDED_BY(fd_mu_);
 
-  // mu_ also guards the backend's host map (RegisterHostSegment, SetHostMapRow: exclusive;
-  // host_map() for a data-path step: shared), which lives in the backend, out of the analysis' view.
+  // mu_ also guards the backend's host map (SetHostMapRow: exclusive; host_map() for a data-path
+  // step: shared), which lives in the backend, out of the analysis' view. Registering and
+  // unregistering host segments touch no state of the backend's and run outside mu_.
   std::unique_ptr<DeviceBackend> backend_;  // set once in Open
   MappedRegion arena_map_;
   ArenaView arena_{};

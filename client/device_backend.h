@@ -3,8 +3,9 @@
 // with CUDA (mapped), keeps the arena on the GPU and launches the kernels on the caller's stream.
 // Tests and machines without a GPU use the host backend; everything above this seam is the same.
 //
-// A backend belongs to one ClientSession, which serializes control calls on it; data-path calls
-// are ordered by the caller.
+// A backend belongs to one ClientSession, which serializes the control calls that change its state
+// (the host map, the arena) under its lock; host-segment registration runs outside it (below).
+// Data-path calls are ordered by the caller.
 #ifndef HISPARSE_CLIENT_DEVICE_BACKEND_H_
 #define HISPARSE_CLIENT_DEVICE_BACKEND_H_
 
@@ -44,7 +45,10 @@ class DeviceBackend {
   virtual ~DeviceBackend() = default;
   virtual hs_backend kind() const = 0;
 
-  // Makes a mapped host-pool segment readable by kernels; returns the address kernels use.
+  // Makes a mapped host-pool segment readable by kernels; returns the address kernels use. These
+  // two run outside the session's lock, possibly on several threads at once (each segment on
+  // one): they must keep no state of the backend's (cudaHostRegister is thread-safe) and may
+  // block (a large registration takes ~0.1 s/GiB) without holding up any other call.
   virtual absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t bytes) = 0;
   virtual void UnregisterHostSegment(uint8_t* host) = 0;
 

@@ -1,20 +1,26 @@
-// The client's one install step (ClientSession::PublishFreshRowLocked) undone on failure, on every
-// path that gives a request a row the daemon just handed out: Resume and the commit of an import
-// (Admit's own is the same helper). A real hisparsed on a temporary socket; the host backend,
-// wrapped (ClientSession::BackendWrap) so that ResetRow fails when the test says.
+// The client's install steps undone on failure, on every path that gives a request a row the
+// daemon just handed out: Admit, Resume and the commit of an import. A real hisparsed on a
+// temporary socket; the host backend, wrapped (ClientSession::BackendWrap) so that ResetRow or the
+// registration of a slab fails, or the registration blocks, when the test says.
 //
 // What a failed install must leave: the row unpublished (its table cleared), no slab of the
-// request registered for nothing, and for Resume the request parked on both sides, so that a
-// later Resume succeeds.
+// request registered for nothing, for Admit nothing in the daemon either (released again, as a
+// batch releases), and for Resume the request parked on both sides, so that a later Resume
+// succeeds. And slabs are mapped and registered outside the session's lock: a registration that
+// blocks holds up no RESOLVE of another thread, and two threads mapping one slab publish it once.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "client_session.h"
 #include "device_backend.h"
 #include "gtest/gtest.h"
@@ -29,7 +35,13 @@ struct Probe {
   std::atomic<bool> fail_reset{false};
   std::atomic<int> fail_nth{0};  // > 0: the fail_nth ResetRow from now fails (once)
   std::atomic<int> resets{0};
-  std::atomic<int> registered{0};           // host segments registered now
+  std::atomic<int> registered{0};          // host segments registered now
+  std::atomic<int> register_calls{0};      // RegisterHostSegment calls, ever
+  std::atomic<bool> fail_register{false};  // RegisterHostSegment fails
+  // Set: the next RegisterHostSegment notifies `entered` and waits for `release` before it
+  // registers (a cudaHostRegister of a large slab, slowed down to forever).
+  std::atomic<bool> block_next_register{false};
+  absl::Notification entered, release;
   std::map<int32_t, int32_t> row_capacity;  // the last SetHostMapRow capacity per row (0: cleared)
 };
 
@@ -39,6 +51,12 @@ class ProbeBackend : public DeviceBackend {
       : inner_(std::move(inner)), probe_(std::move(probe)) {}
   hs_backend kind() const override { return inner_->kind(); }
   absl::StatusOr<uint8_t*> RegisterHostSegment(uint8_t* host, size_t bytes) override {
+    ++probe_->register_calls;
+    if (probe_->fail_register) return absl::InternalError("injected RegisterHostSegment failure");
+    if (probe_->block_next_register.exchange(false)) {
+      probe_->entered.Notify();
+      probe_->release.WaitForNotification();
+    }
     auto r = inner_->RegisterHostSegment(host, bytes);
     if (r.ok()) ++probe_->registered;
     return r;
@@ -184,12 +202,165 @@ TEST_F(ClientInstallTest, ABatchResumeThatFailsToInstallAnItemLeavesItParkedOnBo
   for (uint64_t id : ids) EXPECT_TRUE(session_->Release(id).ok());
 }
 
+// How many requests the daemon holds (of this tenant: the test's one session).
+uint32_t DaemonRequests(ClientSession& s) {
+  auto stats = s.NodeStats();
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return stats.ok() ? stats->requests() : ~0u;
+}
+
+// A watchdog for a step that must finish: generous, so only a hang fails it (no timing is tested).
+constexpr absl::Duration kHang = absl::Seconds(60);
+
+// Issue 41, item 3: a single Admit whose install in this process fails is released in the daemon,
+// as a batch's is. Before, the daemon kept the request (Stats counted it, its id stayed taken)
+// until the session ended. Two failure points: the slab's registration with the device (nothing
+// mapped for the request), and the row's reset (its slabs mapped, its table published).
+TEST_F(ClientInstallTest, ASingleAdmitWhoseInstallFailsIsReleasedInTheDaemon) {
+  Start();
+  for (const bool at_register : {true, false}) {
+    SCOPED_TRACE(at_register ? "registration fails" : "row reset fails");
+    (at_register ? probe_->fail_register : probe_->fail_reset) = true;
+    auto failed = session_->Admit(1, 100, 200);
+    (at_register ? probe_->fail_register : probe_->fail_reset) = false;
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+    EXPECT_NE(failed.status().message().find("injected"), absl::string_view::npos) << failed.status();
+    EXPECT_EQ(DaemonRequests(*session_), 0u) << "the daemon still holds the request this process could not install";
+    EXPECT_EQ(probe_->registered, 0) << "a slab stays registered for a request that is gone";
+    for (const auto& [row, capacity] : probe_->row_capacity) EXPECT_EQ(capacity, 0) << "row " << row;
+    EXPECT_EQ(session_->RecordPtr(1, 0, 0).status().code(), absl::StatusCode::kNotFound);
+    // The id is free in the daemon again: the same admission now works (ALREADY_EXISTS before).
+    auto again = session_->Admit(1, 100, 200);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(DaemonRequests(*session_), 1u);
+    ASSERT_TRUE(session_->Release(1).ok());
+    EXPECT_EQ(probe_->registered, 0);
+  }
+}
+
+// Issue 41, item 4: a slab is mapped and registered outside the session's lock. While one thread's
+// Admit blocks in the registration of a new slab, a RESOLVE on another thread (host backend) of a
+// request already installed finishes; then the Admit finishes too and its request is usable.
+TEST_F(ClientInstallTest, AResolveFinishesWhileAnotherThreadsRegistrationBlocks) {
+  Start();
+  auto first = session_->Admit(1, 0, 200);  // one 64 KiB page a layer, in the session's first slab
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<uint8_t> rec(2 * 2 * 64, 7);  // [layer][token] records of 64 bytes
+  ASSERT_TRUE(session_->Store(1, 0, 2, 2, rec.data(), 128, 64, nullptr).ok());
+  const int calls_before = probe_->register_calls;
+
+  // 65 * 1024 tokens: 65 pages of 64 KiB (1024 records) a layer, 130 in all, more than a 4 MiB
+  // slab's 64: the Admit maps new slabs, and the first registration blocks.
+  probe_->block_next_register = true;
+  absl::StatusOr<hs_request_info> second = absl::UnknownError("not run");
+  std::thread admitter([&] { second = session_->Admit(2, 0, 65 * 1024); });
+  ASSERT_TRUE(probe_->entered.WaitForNotificationWithTimeout(kHang)) << "the Admit never registered a new slab";
+
+  int32_t row = static_cast<int32_t>(first->row), seq_len = 2, positions[4] = {0, -1, -1, -1}, out[4] = {};
+  hs_resolve_args args = HS_RESOLVE_ARGS_INIT;
+  args.layer = 0;
+  args.max_batch = 1;
+  args.rows = &row;
+  args.seq_lens = &seq_len;
+  args.positions = positions;
+  args.out_slots = out;
+  absl::Notification resolved;
+  absl::Status resolve_status;
+  std::thread resolver([&] {
+    resolve_status = session_->Resolve(args);
+    resolved.Notify();
+  });
+  const bool finished = resolved.WaitForNotificationWithTimeout(kHang);
+  probe_->release.Notify();  // whatever happened: let the Admit (and a blocked RESOLVE) go on
+  resolver.join();
+  admitter.join();
+  EXPECT_TRUE(finished) << "RESOLVE waited for another thread's slab registration (the lock is held across it)";
+  EXPECT_TRUE(resolve_status.ok()) << resolve_status;
+  EXPECT_GE(out[0], 0);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GT(probe_->register_calls, calls_before + 1) << "the second request should need new slabs";
+  EXPECT_TRUE(session_->Store(2, 65 * 1024 - 2, 2, 65 * 1024, rec.data(), 128, 64, nullptr).ok());
+  ASSERT_TRUE(session_->Release(2).ok());
+  ASSERT_TRUE(session_->Release(1).ok());
+  EXPECT_EQ(probe_->registered, 0);
+}
+
+// Two threads map one new slab at once: the first to publish wins, the other's mapping is
+// released (one registration more than slabs, one unregistration), and both requests use the
+// winner's. The slab: request 0's, of 4 pages (the daemon sizes a session's first slab to its
+// need), idle once request 0 is released (the session keeps it, this process unmaps it), so the
+// daemon puts the 2 pages of request 1 and the 2 of request 2 in it. Request 1's registration of
+// it blocks; request 2 maps and publishes it meanwhile.
+TEST_F(ClientInstallTest, TwoThreadsMappingOneSlabPublishItOnce) {
+  Start();
+  ASSERT_TRUE(session_->Admit(99, 0, 2048).ok());  // 2 pages of 1024 records a layer
+  ASSERT_TRUE(session_->Release(99).ok());
+  ASSERT_EQ(probe_->registered, 0);
+  probe_->register_calls = 0;
+  probe_->block_next_register = true;
+  absl::StatusOr<hs_request_info> first = absl::UnknownError("not run");
+  std::thread admitter([&] { first = session_->Admit(1, 0, 200); });
+  ASSERT_TRUE(probe_->entered.WaitForNotificationWithTimeout(kHang)) << "the Admit never registered its slab";
+  // Not blocked: maps the same slab and publishes it (on a thread, so that a lock held across the
+  // other's registration fails the test instead of hanging it).
+  absl::StatusOr<hs_request_info> second = absl::UnknownError("not run");
+  absl::Notification second_done;
+  std::thread racer([&] {
+    second = session_->Admit(2, 0, 200);
+    second_done.Notify();
+  });
+  const bool finished = second_done.WaitForNotificationWithTimeout(kHang);
+  probe_->release.Notify();
+  racer.join();
+  admitter.join();
+  EXPECT_TRUE(finished) << "the second Admit waited for the first's slab registration (the lock is held across it)";
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(probe_->register_calls, 2) << "each thread registers its own mapping of the one slab";
+  EXPECT_EQ(probe_->registered, 1) << "the mapping that lost the race is released (and nothing else)";
+  // Both requests' records are the one slab's: what one stores, the host pool holds.
+  std::vector<uint8_t> a(2 * 64, 1), b(2 * 64, 2);
+  ASSERT_TRUE(session_->Store(1, 0, 1, 1, a.data(), 64, 64, nullptr).ok());
+  ASSERT_TRUE(session_->Store(2, 0, 1, 1, b.data(), 64, 64, nullptr).ok());
+  auto r1 = session_->RecordPtr(1, 1, 0);
+  auto r2 = session_->RecordPtr(2, 1, 0);
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  EXPECT_EQ(std::memcmp(*r1, a.data() + 64, 64), 0);
+  EXPECT_EQ(std::memcmp(*r2, b.data() + 64, 64), 0);
+  ASSERT_TRUE(session_->Release(1).ok());
+  EXPECT_EQ(probe_->registered, 1) << "request 2 still has pages in the slab";
+  ASSERT_TRUE(session_->Release(2).ok());
+  EXPECT_EQ(probe_->registered, 0);
+}
+
+// The session ends under a registration that blocks (here the daemon goes away): the mapping
+// made outside the lock still has one owner, whatever the Admit's outcome, and the session's end
+// releases every registration.
+TEST_F(ClientInstallTest, ASessionEndingDuringARegistrationLeaksNoMapping) {
+  Start();
+  probe_->block_next_register = true;
+  absl::StatusOr<hs_request_info> admitted = absl::UnknownError("not run");
+  std::thread admitter([&] { admitted = session_->Admit(1, 0, 200); });
+  ASSERT_TRUE(probe_->entered.WaitForNotificationWithTimeout(kHang)) << "the Admit never registered its slab";
+  daemon_.reset();  // the daemon stops: the session ends on its side
+  probe_->release.Notify();
+  admitter.join();
+  EXPECT_LE(probe_->registered, 1);
+  session_.reset();
+  EXPECT_EQ(probe_->registered, 0) << "a registration outlived the session (its mapping leaked)";
+}
+
 TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
 #ifndef HISPARSE_HAVE_UCX
   GTEST_SKIP() << "built without UCX (libucx-dev): imports are compiled out";
 #endif
   Start({"--set", "import.enabled=true"});
-  ASSERT_TRUE(session_->AdmitImport(7, 100, 100).ok());
+  hs_admit_args import = HS_ADMIT_ARGS_INIT;
+  import.request_id = 7;
+  import.context_tokens = 100;
+  import.token_budget = 100;
+  import.flags = HS_ADMIT_IMPORT;
+  ASSERT_TRUE(session_->Admit(import).ok());
   auto grant_bytes = session_->ImportGrant(7);
   ASSERT_TRUE(grant_bytes.ok()) << grant_bytes.status();
   v1::ImportGrant grant;
@@ -211,6 +382,7 @@ TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
   EXPECT_EQ(probe_->registered, slabs) << "the request's slabs stay registered for a request this client dropped";
   auto rec = session_->RecordPtr(7, 0, 0);
   EXPECT_EQ(rec.status().code(), absl::StatusCode::kNotFound) << rec.status();
+  EXPECT_EQ(DaemonRequests(*session_), 0u) << "the daemon still holds the import this process could not install";
 }
 
 }  // namespace client_install_test

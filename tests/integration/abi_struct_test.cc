@@ -211,5 +211,25 @@ TEST_F(AbiStructTest, StoreIndexedArgsFromTheFirstVersionUp) {  // ABI 1.3
   EXPECT_EQ(hs_store_indexed(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
 }
 
+TEST_F(AbiStructTest, AdmitArgsFromTheFirstVersionUp) {  // ABI 1.10
+  hs_admit_args a = HS_ADMIT_ARGS_INIT;
+  a.request_id = 1;
+  a.token_budget = 100;
+  // A newer caller's larger struct: the bytes past this library's fields (0xab, which as flags
+  // would be refused) are not read.
+  Grown<hs_admit_args> grown;
+  const uint32_t size = grown.get()->struct_size;
+  *grown.get() = a;
+  grown.get()->struct_size = size;
+  hs_request_info ri = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_admit2(session_.get(), grown.get(), &ri), HS_OK) << hs_last_error();
+  EXPECT_GE(ri.capacity_tokens, 100u);
+  EXPECT_TRUE(grown.TailUntouched());
+
+  a.request_id = 2;
+  a.struct_size = sizeof(hs_admit_args) - 8;
+  EXPECT_EQ(hs_admit2(session_.get(), &a, &ri), HS_ERR_INVALID_ARGUMENT);
+}
+
 }  // namespace abi_struct_test
 }  // namespace hisparse::testing

@@ -20,9 +20,74 @@ def test_library_loads_once_with_every_signature_declared():
     assert _lib.load() is lib
     assert hisparse.abi_version() == hisparse.ABI_VERSION
     assert hisparse.abi_version_full() == (hisparse.ABI_VERSION, hisparse.ABI_VERSION_MINOR)
-    for name in _lib._SIGNATURES:
-        assert getattr(lib, name).argtypes is not None or name in ("hs_last_error", "hs_abi_version")
+    for name, (restype, argtypes) in _lib._SIGNATURES.items():
+        assert getattr(lib, name).argtypes == argtypes and getattr(lib, name).restype == restype, name
     assert os.path.exists(hisparse.library_path())
+
+
+# The C types of hisparse.h's parameters, as ctypes declares them. Enums are ints.
+_C_SCALARS = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32,
+              "int64_t": ctypes.c_int64, "size_t": ctypes.c_size_t, "int": ctypes.c_int, "double": ctypes.c_double,
+              "hs_result": ctypes.c_int, "hs_batch_mode": ctypes.c_int, "hs_backend": ctypes.c_int}
+
+
+def _header_functions():
+    """name -> (return type, [parameter types]) of every function hisparse.h declares, each type
+    as written without const and spaces ("uint64_t*", "hs_session*")."""
+    text = (REPO / "client" / "include" / "hisparse" / "hisparse.h").read_text()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    text = re.sub(r"^\s*#.*$", " ", text.replace("\\\n", " "), flags=re.M)  # preprocessor lines, continued ones too
+    out = {}
+    for chunk in text.split(";"):
+        m = re.match(r"\s*(?:extern\s+\"C\"\s*\{)?\s*([\w\s\*]+?)\s*\b(hs_\w+)\s*\(([^()]*)\)\s*$", chunk, re.S)
+        if m is None:
+            continue
+        ret, name, params = m.groups()
+        types = []
+        for p in params.split(","):
+            p = re.sub(r"\bconst\b", " ", p).strip()
+            if p in ("", "void"):
+                continue
+            p = re.sub(r"\s+\w+$", "", p)  # the parameter's name
+            types.append(re.sub(r"\s+", "", p))
+        out[name] = (re.sub(r"\s+", "", re.sub(r"\bconst\b", " ", ret)), types)
+    return out
+
+
+def _ctypes_for(c_type):
+    """What ctypes declarations may stand for C type c_type (a set: a data array may be passed as
+    an address, c_void_p)."""
+    base, stars = c_type.rstrip("*"), len(c_type) - len(c_type.rstrip("*"))
+    structs = {c: getattr(_lib, py) for py, c in _C_STRUCTS.items()}
+    if stars == 0:
+        return {None} if base == "void" else {_C_SCALARS[base]}
+    if base == "hs_session":
+        return {_lib.SessionPtr} if stars == 1 else {ctypes.POINTER(_lib.SessionPtr)}
+    if base == "void":
+        return {ctypes.c_void_p} if stars == 1 else {ctypes.POINTER(ctypes.c_void_p)}
+    if base == "char":
+        return {ctypes.c_char_p}
+    if base in structs:
+        return {ctypes.POINTER(structs[base])}
+    return {ctypes.POINTER(_C_SCALARS[base]), ctypes.c_void_p}
+
+
+def test_ctypes_signatures_match_the_header():
+    """Every function hisparse.h declares is declared in _lib._SIGNATURES, and nothing else, with
+    the header's return type and one ctypes type per parameter that stands for the header's (a
+    missing function, a parameter too many or too few, or a uint32_t declared as a uint64_t fails)."""
+    header = _header_functions()
+    raw = (REPO / "client" / "include" / "hisparse" / "hisparse.h").read_text()
+    declared = re.findall(r"^(?:hs_result|void|int|const char\*) (hs_\w+)\(", raw, re.M)
+    assert sorted(header) == sorted(declared), "the parser missed a declaration"
+    assert set(header) == set(_lib._SIGNATURES), (set(header) ^ set(_lib._SIGNATURES))
+    for name, (ret, params) in header.items():
+        restype, argtypes = _lib._SIGNATURES[name]
+        assert restype in _ctypes_for(ret), f"{name} returns {ret}, declared {restype}"
+        assert len(argtypes) == len(params), f"{name} takes {len(params)} parameters, declared {len(argtypes)}"
+        for i, (c_type, declared) in enumerate(zip(params, argtypes)):
+            assert declared in _ctypes_for(c_type), f"{name} parameter {i} is {c_type}, declared {declared}"
 
 
 def test_version_is_the_projects():
@@ -36,7 +101,8 @@ def test_version_is_the_projects():
 
 # The C name of each ctypes mirror in _lib.
 _C_STRUCTS = {"SessionOptions": "hs_session_options", "RequestInfo": "hs_request_info",
-              "SessionInfo": "hs_session_info", "Stats": "hs_stats", "ResolveArgs": "hs_resolve_args"}
+              "SessionInfo": "hs_session_info", "Stats": "hs_stats", "ResolveArgs": "hs_resolve_args",
+              "StoreIndexedArgs": "hs_store_indexed_args", "AdmitArgs": "hs_admit_args"}
 
 
 def test_ctypes_structs_match_the_header(tmp_path):

@@ -39,9 +39,11 @@ extern "C" {
  * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import; 1.7: durable requests:
  * hs_admit_durable, hs_set_lease, hs_list_adoptable, hs_adopt; 1.8: batched lifecycle calls:
  * hs_park_batch, hs_resume_batch, hs_admit_import_batch; 1.9: hs_resolve_args.launch_flags
- * (HS_RESOLVE_LAUNCH_PROGRAMMATIC). */
+ * (HS_RESOLVE_LAUNCH_PROGRAMMATIC); 1.10: one admission verb: hs_admit_args, hs_admit2 and
+ * hs_admit_batch2 (the seven hs_admit* calls are wrappers over them), and every admission whose
+ * install in this process fails is released in the daemon (before, a single hs_admit kept it). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 9
+#define HS_ABI_VERSION_MINOR 10
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -138,6 +140,7 @@ typedef struct hs_request_info {
 #define HS_REQUEST_INFO_INIT \
   { sizeof(hs_request_info), 0, 0, 0 }
 
+/* hs_admit2 with only these fields set (since ABI 1.10 a wrapper over it; see hs_admit_args). */
 hs_result hs_admit(hs_session* session, uint64_t request_id, uint32_t context_tokens, uint32_t token_budget,
                    hs_request_info* out);
 hs_result hs_extend(hs_session* session, uint64_t request_id, uint32_t token_budget, hs_request_info* out);
@@ -489,6 +492,51 @@ hs_result hs_resume_batch(hs_session* session, size_t n, const uint64_t* request
 hs_result hs_admit_import_batch(hs_session* session, size_t n, const uint64_t* request_ids,
                                 const uint32_t* context_tokens, const uint32_t* token_budgets, hs_batch_mode mode,
                                 hs_result* out_results);
+
+/* Since ABI 1.10: one admission verb. hs_admit_args says everything about one admission; zero in
+ * every field but struct_size (HS_ADMIT_ARGS_INIT) is a plain hs_admit, and each option selects
+ * what one of the older calls did:
+ *  - parent_request_id (non-zero) with prefix_tokens >= 1: a shared prefix, as hs_admit_shared;
+ *  - lease_seconds >= 1: durable from admission, as hs_admit_durable (with a parent too);
+ *  - HS_ADMIT_GROUP in flags: for the session's TP group, as hs_admit_group;
+ *  - HS_ADMIT_IMPORT in flags: importing, as hs_admit_import (out gets the daemon's reservation:
+ *    the row and capacity hs_await_import will install; hs_import_grant copies the grant out).
+ * Combinations the daemon cannot serve are HS_ERR_INVALID_ARGUMENT before any RPC, with
+ * hs_last_error() naming the fields: a parent without prefix_tokens or prefix_tokens without a
+ * parent; HS_ADMIT_GROUP with a parent, lease_seconds or HS_ADMIT_IMPORT; HS_ADMIT_IMPORT with a
+ * parent or lease_seconds; unknown flag bits. Every other error is the older call's.
+ * A request the daemon admitted but this process cannot install (mapping its slabs, registering
+ * them with the device, publishing its page table) is released in the daemon again before the
+ * call returns the install's error, by hs_admit2 as by hs_admit_batch2. */
+#define HS_ADMIT_GROUP 0x1u  /* hs_admit_args.flags: for the session's TP group */
+#define HS_ADMIT_IMPORT 0x2u /* hs_admit_args.flags: importing (a transfer grant; hs_await_import) */
+
+typedef struct hs_admit_args {
+  uint32_t struct_size; /* sizeof(hs_admit_args) */
+  uint32_t flags;       /* HS_ADMIT_GROUP, HS_ADMIT_IMPORT; 0: neither */
+  uint64_t request_id;
+  uint32_t context_tokens;
+  uint32_t token_budget;
+  uint64_t parent_request_id; /* shared prefix: the parent (of this session); 0: none */
+  uint32_t prefix_tokens;     /* shared prefix: its length (>= 1 with a parent, 0 without) */
+  uint32_t lease_seconds;     /* durable from admission for this long; 0: not durable */
+} hs_admit_args;
+
+#define HS_ADMIT_ARGS_INIT \
+  { sizeof(hs_admit_args), 0, 0, 0, 0, 0, 0, 0 }
+
+/* One admission as `args` says; out (may be NULL) as hs_admit's. */
+hs_result hs_admit2(hs_session* session, const hs_admit_args* args, hs_request_info* out);
+/* n admissions (1..HS_BATCH_MAX_ITEMS) in one round trip, with hs_admit_batch's modes, rollback
+ * and codes. items is an array of n hs_admit_args laid out with the stride items[0].struct_size
+ * (every item must carry that struct_size); out_infos (may be NULL) one of n hs_request_info with
+ * the stride out_infos[0].struct_size, whose admitted entries are written as hs_admit2 writes
+ * out. An item may be importing (HS_ADMIT_IMPORT) or durable (lease_seconds) beside plain ones;
+ * a shared prefix or HS_ADMIT_GROUP is HS_ERR_INVALID_ARGUMENT for the whole call (the daemon's
+ * batch serves neither: admit those with hs_admit2), as is a contradictory item (hs_admit2's
+ * rules); hs_last_error() names the item and its fields. */
+hs_result hs_admit_batch2(hs_session* session, size_t n, const hs_admit_args* items, hs_batch_mode mode,
+                          hs_result* out_results, hs_request_info* out_infos);
 
 #ifdef __cplusplus
 }

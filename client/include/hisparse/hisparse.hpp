@@ -54,6 +54,11 @@ class Session {
     hs_request_info local = HS_REQUEST_INFO_INIT;
     return Error::From(hs_admit(s_, id, context_tokens, token_budget, info ? info : &local));
   }
+  // Since ABI 1.10: one admission with every option (hs_admit2); the calls below are its older forms.
+  Error Admit(const hs_admit_args& args, hs_request_info* info = nullptr) {
+    hs_request_info local = HS_REQUEST_INFO_INIT;
+    return Error::From(hs_admit2(s_, &args, info ? info : &local));
+  }
   Error Extend(uint64_t id, uint32_t token_budget, hs_request_info* info = nullptr) {
     hs_request_info local = HS_REQUEST_INFO_INIT;
     return Error::From(hs_extend(s_, id, token_budget, info ? info : &local));

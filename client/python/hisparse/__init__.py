@@ -13,14 +13,15 @@ A thin ctypes layer over libhisparse's C ABI (client/include/hisparse/hisparse.h
 
 Control calls work without torch; the data path takes torch tensors (CUDA backend: device
 tensors and the current stream) or numpy arrays / buffers (host backend). Errors are
-HisparseError subclasses named after hs_result codes, carrying the daemon's message.
+HisparseError subclasses named after hs_result codes, carrying the daemon's message; a failed
+admission raises an AdmissionError, which is also its code's class.
 See docs/INTEGRATION.md for how an engine plugs in, and examples/engine for a runnable one.
 """
 
 from ._lib import ABI_VERSION, ABI_VERSION_MINOR, library_path
 from .daemon import Daemon, find_daemon_binary
-from .errors import (Aborted, AlreadyExists, FailedPrecondition, HisparseError, Internal, InvalidArgument, NotFound,
-                     PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
+from .errors import (Aborted, AdmissionError, AlreadyExists, FailedPrecondition, HisparseError, Internal,
+                     InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
 from .session import RequestInfo, Session, SessionInfo, Stats
 
 # The release. The one source is CMakeLists.txt's project(VERSION); this copy (which pip reads
@@ -52,7 +53,7 @@ def version() -> str:
 
 
 __all__ = [
-    "ABI_VERSION", "ABI_VERSION_MINOR", "Aborted", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError",
+    "ABI_VERSION", "ABI_VERSION_MINOR", "Aborted", "AdmissionError", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError",
     "Internal", "InvalidArgument", "NotFound", "PermissionDenied", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
     "Unavailable", "Unimplemented", "abi_version", "abi_version_full", "find_daemon_binary", "library_path",
     "version",

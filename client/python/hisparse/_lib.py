@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 9
+ABI_VERSION_MINOR = 10
 
 # hs_result
 HS_OK = 0
@@ -170,6 +170,26 @@ class StoreIndexedArgs(ctypes.Structure):
     ]
 
 
+# hs_admit_args.flags (ABI 1.10)
+HS_ADMIT_GROUP = 0x1
+HS_ADMIT_IMPORT = 0x2
+
+
+class AdmitArgs(ctypes.Structure):
+    """hs_admit_args (ABI 1.10): one admission with every option."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("request_id", ctypes.c_uint64),
+        ("context_tokens", ctypes.c_uint32),
+        ("token_budget", ctypes.c_uint32),
+        ("parent_request_id", ctypes.c_uint64),
+        ("prefix_tokens", ctypes.c_uint32),
+        ("lease_seconds", ctypes.c_uint32),
+    ]
+
+
 def _new(cls):
     value = cls()
     value.struct_size = ctypes.sizeof(cls)
@@ -202,6 +222,10 @@ def new_resolve_args() -> ResolveArgs:
 
 def new_store_indexed_args() -> StoreIndexedArgs:
     return _new(StoreIndexedArgs)
+
+
+def new_admit_args() -> AdmitArgs:
+    return _new(AdmitArgs)
 
 
 class _SessionHandle(ctypes.Structure):
@@ -274,6 +298,9 @@ _SIGNATURES = {
                                 ctypes.POINTER(ctypes.c_size_t)]),
     "hs_admit_group": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,  # ABI 1.7
                                       ctypes.POINTER(RequestInfo)]),
+    "hs_admit2": (ctypes.c_int, [SessionPtr, ctypes.POINTER(AdmitArgs), ctypes.POINTER(RequestInfo)]),  # ABI 1.10
+    "hs_admit_batch2": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(AdmitArgs), ctypes.c_int,  # 1.10
+                                       ctypes.POINTER(ctypes.c_int), ctypes.POINTER(RequestInfo)]),
 }
 
 _lock = threading.Lock()

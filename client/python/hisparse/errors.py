@@ -4,11 +4,12 @@ Every failed C call raises the subclass of its code with ``hs_last_error()`` as 
 ``except hisparse.NotFound`` reads like the daemon's gRPC status. Argument checks made in Python
 before a call raise the same classes (InvalidArgument for a wrong dtype, device or size).
 InvalidArgument is also a ValueError and NotFound a LookupError, so generic handlers work.
+A failed admission raises an AdmissionError, which is also its code's class.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 from . import _lib
 
@@ -72,10 +73,26 @@ class Aborted(HisparseError):
     code = _lib.HS_ERR_ABORTED
 
 
+class AdmissionError(HisparseError):
+    """The one error type of a failed admission (Session.admit, admit_batch, admit_import, ABI 1.10):
+    ``except hisparse.AdmissionError`` catches every refusal, whatever its code. Each is also
+    the class of its code (an AdmissionError that is a ResourceExhausted when the pool is full),
+    so handlers written for those keep working. ``request_id`` names the request (None when the
+    whole batch call failed)."""
+
+    request_id: Optional[int] = None
+
+
 _BY_CODE: Dict[int, Type[HisparseError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, AlreadyExists, ResourceExhausted, PermissionDenied,
                 FailedPrecondition, Unavailable, Unimplemented, Internal, Aborted)
+}
+
+# AdmissionError joined with each code's class: "AdmissionResourceExhausted" and so on.
+_ADMISSION_BY_CODE: Dict[int, Type[HisparseError]] = {
+    code: type(f"Admission{cls.__name__}", (AdmissionError, cls), {"__module__": __name__})
+    for code, cls in _BY_CODE.items()
 }
 
 
@@ -85,14 +102,33 @@ def error_for(code: int, message: str) -> HisparseError:
     return cls(message, code)
 
 
-def check(code: int, what: str) -> None:
-    """Raises the matching HisparseError when ``code`` is not HS_OK, with hs_last_error()."""
-    if code == _lib.HS_OK:
-        return
+def admission_error_for(code: int, message: str, request_id: Optional[int] = None) -> AdmissionError:
+    """The AdmissionError for an hs_result code, also of that code's class."""
+    err = _ADMISSION_BY_CODE.get(code, _ADMISSION_BY_CODE[_lib.HS_ERR_INTERNAL])(message, code)
+    err.request_id = request_id
+    return err  # type: ignore[return-value]
+
+
+def last_error(code: int) -> str:
+    """hs_last_error() of this thread, or the code's name when it is empty."""
     lib = _lib.load()
     raw = lib.hs_last_error()
     detail = raw.decode("utf-8", "replace") if raw else ""
     if not detail:
         name = lib.hs_result_string(code)
         detail = name.decode() if name else f"hs_result {code}"
-    raise error_for(code, f"{what}: {detail}")
+    return detail
+
+
+def check(code: int, what: str) -> None:
+    """Raises the matching HisparseError when ``code`` is not HS_OK, with hs_last_error()."""
+    if code == _lib.HS_OK:
+        return
+    raise error_for(code, f"{what}: {last_error(code)}")
+
+
+def check_admission(code: int, what: str, request_id: Optional[int] = None) -> None:
+    """check() for an admission: raises an AdmissionError (of the code's class too)."""
+    if code == _lib.HS_OK:
+        return
+    raise admission_error_for(code, f"{what}: {last_error(code)}", request_id)

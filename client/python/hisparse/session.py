@@ -27,7 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._buffers import CudaArray, _is_torch_tensor, buffer_pointer, host_array, stream_handle
-from .errors import FailedPrecondition, HisparseError, InvalidArgument, Unavailable, check, error_for
+from .errors import (FailedPrecondition, HisparseError, InvalidArgument, Unavailable, admission_error_for, check,
+                     check_admission, error_for)
 
 _BACKENDS = {"auto": _lib.HS_BACKEND_AUTO, "host": _lib.HS_BACKEND_HOST, "cuda": _lib.HS_BACKEND_CUDA}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
@@ -202,44 +203,43 @@ class Session:
     # ---- control path ----
 
     def admit(self, request_id: int, context_tokens: int, token_budget: int, *, parent: Optional[int] = None,
-              prefix_tokens: int = 0, lease_seconds: int = 0, group: bool = False) -> RequestInfo:
-        """Reserves host pages for token_budget tokens (every layer) and an arena row; resets the row.
+              prefix_tokens: int = 0, lease_seconds: int = 0, group: bool = False,
+              begin_import: bool = False) -> RequestInfo:
+        """The one admission (hs_admit2, ABI 1.10): reserves host pages for token_budget tokens
+        (every layer) and an arena row, and resets the row. The options combine as hs_admit_args
+        says; a contradiction (a parent without prefix_tokens, group with a parent, a lease or
+        begin_import, begin_import with a parent or a lease) is refused before any RPC with the
+        arguments named. Every failure raises an AdmissionError (also of its code's class:
+        ResourceExhausted for a full pool, and so on); a request the daemon admitted but this
+        process could not install is released in the daemon before it raises.
 
-        With parent (a request of this session, live or parked) and prefix_tokens >= 1, the new
+        parent (a request of this session, live or parked) with prefix_tokens >= 1: the new
         request's first prefix_tokens positions start as the parent's: its full pages below the
         prefix are shared (read-only in both requests from now on, charged once) and a page the
-        prefix ends inside is copied (hs_admit_shared). NotFound for an unknown parent,
-        InvalidArgument for a prefix longer than the parent's capacity or token_budget.
+        prefix ends inside is copied. NotFound for an unknown parent, InvalidArgument for a prefix
+        longer than the parent's capacity or token_budget.
 
-        With lease_seconds >= 1 the request is durable from admission (hs_admit_durable; see
-        set_lease); not together with a parent, nor with group (a group request is never durable).
+        lease_seconds >= 1: durable from admission (see set_lease), with a parent too.
 
-        With group=True (a session opened with group=), for the session's TP group
-        (hs_admit_group): every rank admits the same id and token_budget; the first reserves one
-        set of pages and a row in every rank's session, or nothing (ResourceExhausted), and later
-        ranks attach to it. FailedPrecondition before every rank has joined; each rank releases
-        its own share."""
+        group=True (a session opened with group=): for the session's TP group: every rank admits
+        the same id and token_budget; the first reserves one set of pages and a row in every
+        rank's session, or nothing (ResourceExhausted), and later ranks attach to it.
+        FailedPrecondition before every rank has joined; each rank releases its own share.
+
+        begin_import=True: importing (docs/DESIGN.md, "Import"); the RequestInfo is the daemon's
+        reservation, import_grant() gives the grant for the transfer agent and await_import()
+        installs the request once committed (admit_import does all but the last)."""
+        a = _lib.new_admit_args()
+        a.request_id = request_id
+        a.context_tokens = context_tokens
+        a.token_budget = token_budget
+        a.parent_request_id = 0 if parent is None else parent
+        a.prefix_tokens = prefix_tokens
+        a.lease_seconds = lease_seconds
+        a.flags = (_lib.HS_ADMIT_GROUP if group else 0) | (_lib.HS_ADMIT_IMPORT if begin_import else 0)
         ri = _lib.new_request_info()
-        if lease_seconds and group:
-            raise InvalidArgument("admit: a group request is never durable (no lease_seconds with group)")
-        if lease_seconds:
-            if parent is not None or prefix_tokens:
-                raise ValueError("admit: lease_seconds with a parent: admit, then set_lease")
-            check(self._lib.hs_admit_durable(self._h(), request_id, context_tokens, token_budget, lease_seconds,
-                                             ctypes.byref(ri)),
-                  f"admit durable request {request_id}")
-        elif group:
-            if parent is not None or prefix_tokens != 0:
-                raise InvalidArgument("a group admission takes no parent or prefix_tokens")
-            check(self._lib.hs_admit_group(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
-                  f"admit request {request_id} for group {self.group!r}")
-        elif parent is None and prefix_tokens == 0:
-            check(self._lib.hs_admit(self._h(), request_id, context_tokens, token_budget, ctypes.byref(ri)),
-                  f"admit request {request_id}")
-        else:
-            check(self._lib.hs_admit_shared(self._h(), request_id, context_tokens, token_budget,
-                                            0 if parent is None else parent, prefix_tokens, ctypes.byref(ri)),
-                  f"admit request {request_id} with a prefix of {prefix_tokens} tokens of request {parent}")
+        check_admission(self._lib.hs_admit2(self._h(), ctypes.byref(a), ctypes.byref(ri)),
+                        f"admit request {request_id}", request_id)
         return RequestInfo(ri.row, ri.capacity_tokens, bool(ri.moved))
 
     def park(self, request_id: int) -> None:
@@ -307,39 +307,61 @@ class Session:
         """Frees a request's host pages and arena row."""
         check(self._lib.hs_release(self._h(), request_id), f"release request {request_id}")
 
-    def admit_batch(self, items: Sequence[Sequence[int]], all_or_nothing: bool = True, *,
+    def admit_batch(self, items: Sequence[Union[Sequence[int], Dict[str, int]]], all_or_nothing: bool = True, *,
                     begin_import: bool = False) -> List[Union[RequestInfo, bytes, HisparseError]]:
-        """Admits several requests in one round trip (ABI 1.6). ``items`` are (request_id,
-        context_tokens, token_budget) triples, 1..1024 of them, each with admit's rules (an id named
-        twice is InvalidArgument for the later item); every admitted request is mapped as admit maps it.
+        """Admits several requests in one round trip (hs_admit_batch2, ABI 1.10). Each item is a
+        (request_id, context_tokens, token_budget) triple or a dict of admit's keywords
+        (request_id, context_tokens, token_budget, lease_seconds, begin_import), 1..1024 of them,
+        each with admit's rules (an id named twice is InvalidArgument for the later item); every
+        admitted request is mapped as admit maps it. A shared prefix or group is not served in a
+        batch (admit them one by one).
 
-        all_or_nothing=True: returns every item's RequestInfo, or raises the failing item's error
-        with nothing admitted; the error's ``item`` is that item's index and ``results`` every
-        item's error (Aborted for the others). A full pool fails the batch: the daemon evicts
-        nothing for it. all_or_nothing=False: each item on its own; the list holds each admitted
-        item's RequestInfo and each refused item's HisparseError (returned, not raised).
+        all_or_nothing=True: returns every item's RequestInfo, or raises the failing item's
+        AdmissionError with nothing admitted; the error's ``item`` is that item's index and
+        ``results`` every item's error (Aborted for the others). A full pool fails the batch: the
+        daemon evicts nothing for it. all_or_nothing=False: each item on its own; the list holds
+        each admitted item's RequestInfo and each refused item's AdmissionError (returned, not
+        raised).
 
-        begin_import=True (ABI 1.8): every item is admitted as admit_import admits it, and an
-        admitted item's entry is its serialized grant (bytes) instead; await_import each. An
+        begin_import=True (or an item's own begin_import): the item is admitted as admit_import
+        admits it, and its entry is its serialized grant (bytes); await_import each. An
         all-or-nothing batch that fails leaves no grant open."""
-        triples = [tuple(int(v) for v in it) for it in items]
-        if any(len(t) != 3 for t in triples):
-            raise InvalidArgument("admit_batch: each item is (request_id, context_tokens, token_budget)")
-        n = self._batch_size(len(triples), "admit_batch", "items")
-        ids = (ctypes.c_uint64 * n)(*[t[0] for t in triples])
-        contexts = (ctypes.c_uint32 * n)(*[t[1] for t in triples])
-        budgets = (ctypes.c_uint32 * n)(*[t[2] for t in triples])
+        args = [self._batch_item(it, begin_import) for it in items]
+        n = self._batch_size(len(args), "admit_batch", "items")
+        arr = (_lib.AdmitArgs * n)(*args)
         codes = (ctypes.c_int * n)(*([-1] * n))  # -1: untouched (the call itself failed)
-        rows = (ctypes.c_uint32 * n)()
-        caps = (ctypes.c_uint32 * n)()
+        infos = (_lib.RequestInfo * n)(*[_lib.new_request_info() for _ in range(n)])
         mode = _lib.HS_BATCH_ALL_OR_NOTHING if all_or_nothing else _lib.HS_BATCH_PER_ITEM
-        if begin_import:
-            code = self._lib.hs_admit_import_batch(self._h(), n, ids, contexts, budgets, mode, codes)
-            ok = lambda i: self._grant(triples[i][0])  # noqa: E731
+        code = self._lib.hs_admit_batch2(self._h(), n, arr, mode, codes, infos)
+
+        def ok(i: int) -> Union[RequestInfo, bytes]:
+            if args[i].flags & _lib.HS_ADMIT_IMPORT:
+                return self.import_grant(args[i].request_id)
+            return RequestInfo(int(infos[i].row), int(infos[i].capacity_tokens), False)
+
+        return self._batch_outcome(code, codes, ok, lambda i: f"admit request {args[i].request_id}",
+                                   f"admit batch of {n}", request_id=lambda i: int(args[i].request_id))
+
+    @staticmethod
+    def _batch_item(item: Union[Sequence[int], Dict[str, int]], begin_import: bool) -> "_lib.AdmitArgs":
+        a = _lib.new_admit_args()
+        if isinstance(item, dict):
+            unknown = set(item) - {"request_id", "context_tokens", "token_budget", "lease_seconds", "begin_import"}
+            if unknown or "request_id" not in item or "token_budget" not in item:
+                raise InvalidArgument(f"admit_batch: an item dict takes request_id, token_budget, and optionally "
+                                      f"context_tokens, lease_seconds, begin_import; got {sorted(item)}")
+            a.request_id = int(item["request_id"])
+            a.context_tokens = int(item.get("context_tokens", 0))
+            a.token_budget = int(item["token_budget"])
+            a.lease_seconds = int(item.get("lease_seconds", 0))
+            begin_import = begin_import or bool(item.get("begin_import", False))
         else:
-            code = self._lib.hs_admit_batch(self._h(), n, ids, contexts, budgets, mode, codes, rows, caps)
-            ok = lambda i: RequestInfo(int(rows[i]), int(caps[i]), False)  # noqa: E731
-        return self._batch_outcome(code, codes, ok, lambda i: f"admit request {triples[i][0]}", f"admit batch of {n}")
+            t = tuple(int(v) for v in item)
+            if len(t) != 3:
+                raise InvalidArgument("admit_batch: each item is (request_id, context_tokens, token_budget) or a dict")
+            a.request_id, a.context_tokens, a.token_budget = t
+        a.flags = _lib.HS_ADMIT_IMPORT if begin_import else 0
+        return a
 
     def park_batch(self, request_ids: Sequence[int], all_or_nothing: bool = True) -> List[Optional[HisparseError]]:
         """Parks several requests in one round trip (ABI 1.8), each as park would: one entry per
@@ -377,22 +399,31 @@ class Session:
             raise InvalidArgument(f"{name}: 1..{_lib.HS_BATCH_MAX_ITEMS} {what}, got {n}")
         return n
 
-    def _batch_outcome(self, code: int, codes: Any, ok: Any, what: Any, batch: str) -> list:
+    def _batch_outcome(self, code: int, codes: Any, ok: Any, what: Any, batch: str, request_id: Any = None) -> list:
         """Each item's entry (ok(i), or its error), or raises: the call's error, or an
-        all-or-nothing batch's failing item's (with ``item`` and ``results``)."""
+        all-or-nothing batch's failing item's (with ``item`` and ``results``). With request_id
+        (an admission: request_id(i) names item i), the errors are AdmissionErrors."""
         n = len(codes)
         out: list = []
         for i in range(n):
             if codes[i] == _lib.HS_OK:
                 out.append(ok(i))
             elif codes[i] != -1:
-                out.append(self._item_error(codes[i], what(i)))
+                err = self._item_error(codes[i], what(i))
+                if request_id is not None:
+                    err = admission_error_for(codes[i], err.message, request_id(i))
+                out.append(err)
         try:
-            check(code, batch)
+            if request_id is None:
+                check(code, batch)
+            else:
+                check_admission(code, batch)
         except HisparseError as e:
             if len(out) == n:  # an item failed the batch: say which, with every item's error
                 e.item = next(i for i in range(n) if codes[i] not in (_lib.HS_OK, _lib.HS_ERR_ABORTED))
                 e.results = out
+                if request_id is not None:
+                    e.request_id = request_id(e.item)
             raise
         return out
 
@@ -418,11 +449,12 @@ class Session:
         the daemon reserves its pages and row and issues a transfer grant, returned serialized
         (hisparse.v1.ImportGrant) for the transfer agent. The request is unusable here until
         await_import sees the agent's commit."""
-        check(self._lib.hs_admit_import(self._h(), request_id, context_tokens, token_budget),
-              f"admit import of request {request_id}")
-        return self._grant(request_id)
+        self.admit(request_id, context_tokens, token_budget, begin_import=True)
+        return self.import_grant(request_id)
 
-    def _grant(self, request_id: int) -> bytes:
+    def import_grant(self, request_id: int) -> bytes:
+        """The serialized grant (hisparse.v1.ImportGrant) of a request admitted importing and not
+        yet awaited, for the transfer agent. NotFound when no import of it is pending."""
         size = ctypes.c_size_t(0)
         self._lib.hs_import_grant(self._h(), request_id, None, 0, ctypes.byref(size))
         buf = ctypes.create_string_buffer(size.value)
