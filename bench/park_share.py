@@ -7,11 +7,13 @@ re-prefill costs hisparse, the model's own prefill compute not counted) against 
 admit on a 30000-token shared prefix against admit + store of the same prefix; and the pool bytes
 a parent and its child hold together. Best of a few runs each.
 """
+import os
 import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "client" / "python"))
+if os.environ.get("HISPARSE_INSTALLED") != "1":  # 1: the installed package (a wheel's), not the tree's
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "client" / "python"))
 import numpy as np  # noqa: E402
 
 import hisparse  # noqa: E402

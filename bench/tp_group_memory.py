@@ -12,11 +12,13 @@ sessions hold exactly ranks times the group's bytes.
 """
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "client" / "python"))
+if os.environ.get("HISPARSE_INSTALLED") != "1":  # 1: the installed package (a wheel's), not the tree's
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "client" / "python"))
 import hisparse  # noqa: E402
 
 

@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "client_version.h"
 #include "grpc_status.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/unix_socket.h"
-#include "hisparse/common/version.h"
 
 namespace hisparse {
 
@@ -140,7 +140,7 @@ absl::Status ClientSession::AwaitOpened(const std::string& engine_name) {
   v1::SessionRequest open;
   *open.mutable_open()->mutable_geometry() = geometry_;
   open.mutable_open()->set_engine_name(engine_name);
-  open.mutable_open()->set_client_version(HISPARSE_VERSION);
+  open.mutable_open()->set_client_version(ClientReportedVersion());
   if (group_.has_value()) *open.mutable_open()->mutable_group() = *group_;
   v1::SessionEvent first;
   // The stream has no deadline (it lives as long as the session), so the open handshake gets a

@@ -81,7 +81,7 @@ else()
   set_source_files_properties(${HISPARSE_DEBIAN_SRC}/re2/re2/re2.cc PROPERTIES
     INCLUDE_DIRECTORIES ${HISPARSE_DEBIAN_SRC}/re2)
   add_library(hisparse_portable SHARED $<TARGET_OBJECTS:hisparse_pic_fixups> $<TARGET_OBJECTS:hisparse_c_api>
-    ${CMAKE_CURRENT_SOURCE_DIR}/portable_glibc_shim.c)
+    ${CMAKE_CURRENT_SOURCE_DIR}/portable_glibc_shim.c ${CMAKE_CURRENT_SOURCE_DIR}/portable_arc4random.c)
   set_target_properties(hisparse_portable PROPERTIES OUTPUT_NAME hisparse
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/portable
     LINK_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/libhisparse.map)
@@ -113,6 +113,29 @@ else()
     -Wl,--exclude-libs,ALL
     -Wl,--version-script=${CMAKE_CURRENT_SOURCE_DIR}/libhisparse.map
     -Wl,-z,defs -Wl,--gc-sections -Wl,-O1
+    -Wl,-Bstatic -latomic -Wl,-Bdynamic
+    Threads::Threads ${CMAKE_DL_LIBS} rt m)
+endif()
+
+# hisparse-ctl, self-contained (build/portable/hisparse-ctl): the same objects as build/bin's, linked
+# against the same static archives, libstdc++ and libgcc, so that it runs from the wheel (a venv's
+# bin/, tools/build-wheel.sh) with nothing on LD_LIBRARY_PATH and needs only glibc. An executable
+# may hold the archives' -fPIE code as it is: no recompiled objects. tests/install/wheel_test.sh
+# holds what it needs.
+if(TARGET hisparse_portable)
+  add_executable(hisparse_portable_ctl $<TARGET_OBJECTS:hisparse_ctl_objects>
+    ${CMAKE_CURRENT_SOURCE_DIR}/portable_arc4random.c)
+  set_target_properties(hisparse_portable_ctl PROPERTIES OUTPUT_NAME hisparse-ctl
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/portable)
+  set(_hs_ctl_own hisparse_proto hisparse_grpc_std_protos hisparse_common)
+  add_dependencies(hisparse_portable_ctl ${_hs_ctl_own})
+  set(_hs_ctl_own_files)
+  foreach(t IN LISTS _hs_ctl_own)
+    list(APPEND _hs_ctl_own_files $<TARGET_FILE:${t}>)
+  endforeach()
+  target_link_libraries(hisparse_portable_ctl PRIVATE
+    -Wl,--start-group ${_hs_ctl_own_files} ${_hs_portable_paths} -Wl,--end-group
+    -static-libstdc++ -static-libgcc -Wl,--gc-sections -Wl,-O1
     -Wl,-Bstatic -latomic -Wl,-Bdynamic
     Threads::Threads ${CMAKE_DL_LIBS} rt m)
 endif()

@@ -213,6 +213,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                                                                     : ArenaExport::kAuto;
     absl::StatusOr<GpuArenaAllocator> vmm = MakeCudaArenaAllocator(mode, &probe.gpus);
     probe.status = vmm.status();
+    probe.driver = SeeCudaDriver();
     if (vmm.ok()) gpu_arena_allocator = *std::move(vmm);
   }
   HS_ASSIGN_OR_RETURN(const DeviceChoice choice, ChooseDevice(config.device, probe));
@@ -220,6 +221,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   const std::string device = choice.device();
   if (choice.gpu_arenas) {
     LOG(INFO) << choice.why << ", gpu.arena_export: " << ArenaExportModeName(config.gpu.arena_export);
+  } else if (choice.warn) {
+    LOG(WARNING) << choice.why;
   } else {
     LOG(INFO) << choice.why;
   }

@@ -12,6 +12,9 @@
 #include "hisparse/common/log.h"
 
 #ifdef HISPARSE_HAVE_CUDA
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include "hisparse/common/cuda_vmm.h"
 #endif
 
@@ -111,12 +114,22 @@ absl::StatusOr<GpuArenaAllocator> MakeCudaArenaAllocator(ArenaExport mode, int* 
   });
 }
 
+DriverView SeeCudaDriver() {
+  if (void* loaded = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD); loaded != nullptr) {
+    ::dlclose(loaded);  // drops only the reference RTLD_NOLOAD took
+    return DriverView::kLoaded;
+  }
+  return ::access("/proc/driver/nvidia/version", F_OK) == 0 ? DriverView::kMissingOnGpuNode : DriverView::kNoDriver;
+}
+
 #else
 
 absl::StatusOr<GpuArenaAllocator> MakeCudaArenaAllocator(ArenaExport, int* gpu_count) {
   if (gpu_count != nullptr) *gpu_count = 0;
   return absl::UnavailableError("this hisparsed was built without CUDA: GPU arenas are unavailable");
 }
+
+DriverView SeeCudaDriver() { return DriverView::kNotBuilt; }
 
 #endif
 

@@ -163,17 +163,18 @@ section "docker"
 DOCKERFILE="$DEPLOY/docker/Dockerfile"
 run_check "Dockerfile lint: dockerfile-utils, dockerfilelint, hisparse rules" node "$VALIDATE/lint-dockerfile.mjs" "$DOCKERFILE"
 [[ -f "$DEPLOY/docker/Dockerfile.dockerignore" ]] && pass "Dockerfile.dockerignore present" || fail "Dockerfile.dockerignore missing"
-# The packages of each stage's `apt-get install` line, by FROM order: stage N -> "pkg pkg ...".
+# The packages of a stage's `apt-get install` line, by the stage's name (FROM ... AS NAME): the
+# CUDA stage that the build copies the toolkit from installs none.
 stage_packages() {
   awk -v want="$1" '
-    /^FROM / { stage++ }
+    /^FROM / { stage = tolower($NF) }
     { line = $0; sub(/\\$/, "", line); buf = buf " " line; if ($0 ~ /\\$/) next }
     { if (stage == want && buf ~ /apt-get install/) {
         sub(/.*apt-get install/, "", buf); sub(/&&.*/, "", buf); print buf }
       buf = "" }' "$DOCKERFILE" | tr ' ' '\n' | grep -v '^-' | grep -v '^$' | sort -u
 }
-build_pkgs="$(stage_packages 1)"
-runtime_pkgs="$(stage_packages 2)"
+build_pkgs="$(stage_packages build)"
+runtime_pkgs="$(stage_packages runtime)"
 # Debian package lists are needed to look packages up; fetch them once if this machine has none.
 if ! apt-cache show libc6 >/dev/null 2>&1 || [[ -z "$(apt-cache policy libgrpc++1.51 2>/dev/null | grep Candidate | grep -v none)" ]]; then
   apt-get update -qq >/dev/null 2>&1 || true

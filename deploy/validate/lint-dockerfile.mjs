@@ -6,7 +6,10 @@
 //  2. dockerfilelint: practices: base images without a tag or with :latest, apt-get without -y,
 //     sudo, missing apt list clean-up, ...
 //  3. hisparse's own rules: a multi-stage build whose COPY --from names earlier stages; a non-root USER in the final stage; the daemon as
-//     ENTRYPOINT with --config /etc/hisparse/hisparsed.yaml as its default arguments.
+//     ENTRYPOINT with --config /etc/hisparse/hisparsed.yaml as its default arguments; no NVIDIA
+//     driver or CUDA library installed or copied into the final stage, which sets
+//     NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES with compute (the host's driver
+//     comes from the NVIDIA Container Toolkit at run time).
 // Neither tool builds the image: whether the packages install and the build succeeds inside it is
 // checked by tools/check-deploy.sh on this (same Debian 12) machine instead.
 //
@@ -90,6 +93,28 @@ if (!entrypoint || !/(^|\/)hisparsed$/.test(entrypoint[0] ?? "")) {
 const args = [...(entrypoint ?? []).slice(1), ...(cmd ?? [])].join(" ").replace("=", " ");
 if (!/--config \/etc\/hisparse\/hisparsed\.yaml/.test(args)) {
   problems.push(`${file}: the default arguments are not --config /etc/hisparse/hisparsed.yaml`);
+}
+
+// The NVIDIA driver comes from the host (the NVIDIA Container Toolkit mounts it at run time): the
+// final stage installs and copies no driver or CUDA library, and sets what the toolkit reads.
+for (const x of final) {
+  const text = x.args.toLowerCase();
+  if (x.op === "RUN" && /apt-get install/.test(text) && /\s(libcuda\S*|libnvidia\S*|nvidia-\S+|cuda-\S+)/.test(text)) {
+    problems.push(`${file}:${x.line}: the final stage installs an NVIDIA driver or CUDA package (the host's driver is mounted at run time)`);
+  }
+  if (x.op === "COPY" && (/--from=cuda\b/.test(text) || /libcuda|libnvidia|\/usr\/local\/cuda/.test(text))) {
+    problems.push(`${file}:${x.line}: the final stage copies CUDA or driver files (the host's driver is mounted at run time)`);
+  }
+}
+const env = {};
+for (const x of final.filter((i) => i.op === "ENV")) {
+  for (const m of x.args.matchAll(/([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)/g)) env[m[1]] = m[2].replace(/^"|"$/g, "");
+}
+if (env.NVIDIA_VISIBLE_DEVICES !== "all") {
+  problems.push(`${file}: the final stage does not set NVIDIA_VISIBLE_DEVICES=all (the daemon serves every GPU of the node)`);
+}
+if (!(env.NVIDIA_DRIVER_CAPABILITIES ?? "").split(",").includes("compute")) {
+  problems.push(`${file}: NVIDIA_DRIVER_CAPABILITIES does not include compute (libcuda.so.1)`);
 }
 
 if (problems.length) {

@@ -7,7 +7,9 @@
 //     TypeScript compiler as an object literal of the model's interface, whose excess-property
 //     check rejects any field the API does not have, at any depth.
 //  3. hisparse's own rules: the daemon config's keys are those of deploy/hisparsed.yaml, the pod's
-//     memory limit covers the host pool, names and ports that refer to each other match.
+//     memory limit covers the host pool, names and ports that refer to each other match, the pod
+//     runs under the NVIDIA container runtime with every GPU visible and none requested from the
+//     device plugin.
 //
 // Usage: node validate-k8s.mjs --reference ../hisparsed.yaml RENDERED.yaml...
 // Exit status: 0 when every file passes, 1 otherwise (each problem is printed).
@@ -217,6 +219,22 @@ function checkProject(docs, referenceKeys) {
     if (!(ctr.securityContext?.capabilities?.add ?? []).includes("IPC_LOCK")) fail(where, "container lacks CAP_IPC_LOCK");
     for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
       if (!ctr[probe]) fail(where, `container has no ${probe}`);
+    }
+    // The GPUs: the host's driver through the NVIDIA container runtime, every GPU visible, none
+    // taken from the device plugin (the engines need them). runtimeClassName may be dropped where
+    // nvidia is the node's default runtime; any other class is a mistake.
+    if (pod.runtimeClassName !== undefined && pod.runtimeClassName !== "nvidia") {
+      fail(where, `runtimeClassName ${pod.runtimeClassName} is not nvidia (the NVIDIA container runtime mounts libcuda)`);
+    }
+    const envValue = (name) => (ctr.env ?? []).find((e) => e.name === name)?.value;
+    if (envValue("NVIDIA_VISIBLE_DEVICES") !== "all") fail(where, "NVIDIA_VISIBLE_DEVICES is not all");
+    if (!(envValue("NVIDIA_DRIVER_CAPABILITIES") ?? "").split(",").includes("compute")) {
+      fail(where, "NVIDIA_DRIVER_CAPABILITIES does not include compute (libcuda.so.1)");
+    }
+    for (const part of ["requests", "limits"]) {
+      for (const k of Object.keys(ctr.resources?.[part] ?? {})) {
+        if (k.startsWith("nvidia.com/")) fail(where, `the daemon ${part.slice(0, -1)}s ${k}: it would take a GPU from the engines`);
+      }
     }
     // The socket directory: a hostPath on /run/hisparse mounted at /run/hisparse.
     const runVol = (pod.volumes ?? []).find((v) => v.hostPath?.path === "/run/hisparse");

@@ -47,7 +47,8 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
+if os.environ.get("HISPARSE_INSTALLED") != "1":  # 1: the installed package (a wheel's), not the tree's
+    sys.path.insert(0, str(HERE.parent.parent / "client" / "python"))
 
 import torch  # noqa: E402
 

@@ -50,6 +50,38 @@ TEST(DeviceChoiceTest, CudaWithoutAGpuFailsStart) {
   }
 }
 
+// A container on a GPU node started without the NVIDIA container runtime: the kernel driver is
+// there, libcuda.so.1 is not. auto serves host arenas and warns with what the container needs;
+// cuda refuses to start, saying the same.
+TEST(DeviceChoiceTest, AGpuNodesContainerWithoutLibcudaIsToldWhatItNeeds) {
+  const GpuProbe probe{absl::UnavailableError("no CUDA driver (dlopen libcuda.so.1: not found)"), 0,
+                       DriverView::kMissingOnGpuNode};
+  absl::StatusOr<DeviceChoice> c = ChooseDevice(DeviceKind::kAuto, probe);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->gpu_arenas);
+  EXPECT_TRUE(c->warn);
+  for (const char* want : {"libcuda.so.1 is not in this container", "NVIDIA container runtime", "runtimeClassName",
+                           "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "slot arenas in host memory"}) {
+    EXPECT_THAT(c->why, HasSubstr(want));
+  }
+  absl::StatusOr<DeviceChoice> refused = ChooseDevice(DeviceKind::kCuda, probe);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("NVIDIA container runtime"));
+}
+
+// A machine without NVIDIA GPUs (CI, a CPU node): auto serves host arenas without a warning.
+TEST(DeviceChoiceTest, AMachineWithoutTheDriverIsNoWarning) {
+  const GpuProbe probe{absl::UnavailableError("no CUDA driver (dlopen libcuda.so.1: not found)"), 0,
+                       DriverView::kNoDriver};
+  absl::StatusOr<DeviceChoice> c = ChooseDevice(DeviceKind::kAuto, probe);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->warn);
+  EXPECT_THAT(c->why, HasSubstr("no NVIDIA driver on this machine"));
+  EXPECT_THAT(std::string(ChooseDevice(DeviceKind::kCuda, probe).status().message()),
+              HasSubstr("no NVIDIA driver on this machine"));
+}
+
 TEST(DeviceChoiceTest, HostKeepsHostArenasEvenWithAGpu) {
   for (const GpuProbe& probe : {kTwoGpus, kNoDriver, kZeroGpus}) {
     absl::StatusOr<DeviceChoice> c = ChooseDevice(DeviceKind::kHost, probe);

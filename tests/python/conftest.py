@@ -1,10 +1,12 @@
 """Fixtures for the Python client tests: a real hisparsed per test module, sessions on it.
 
 The package is imported from the source tree (client/python), ahead of any installed copy, unless
-HISPARSE_INSTALLED=1 asks for the installed one (a wheel's, which finds its own library). The library and daemon come from $HISPARSE_LIB / $HISPARSE_DAEMON_BIN (ctest
-sets both), else the package's own search (the source tree's build/). When neither is found and
-no variable names them, the tests are skipped with the reason; a variable that names a missing
-file fails them instead.
+HISPARSE_INSTALLED=1 asks for the installed one (a wheel's, which finds its own library). The
+library and daemon come from $HISPARSE_LIB / $HISPARSE_DAEMON_BIN (ctest sets both), else the
+package's own search (the source tree's build/). When neither is found and no variable names
+them, the tests are skipped with the reason; a variable that names a missing file fails them
+instead. A Python child that a test starts runs sys.executable with child_env(): the same
+package, found the same way, in either mode.
 """
 
 from __future__ import annotations
@@ -28,6 +30,43 @@ import hisparse  # noqa: E402
 
 if INSTALLED and pathlib.Path(hisparse.__file__).resolve().is_relative_to(REPO / "client"):
     raise ImportError(f"HISPARSE_INSTALLED=1 but hisparse comes from the source tree ({hisparse.__file__})")
+SOURCE_PACKAGE_ROOT = REPO / "client" / "python"
+# Where the package the tests import was found: the source tree's client/python, or (installed)
+# the site-packages folder that holds the wheel's hisparse and its dist-info.
+PACKAGE_ROOT = pathlib.Path(hisparse.__file__).resolve().parent.parent
+
+
+def child_env(*prepend, **overrides) -> dict:
+    """The environment of a Python child a test starts (with sys.executable, always): this
+    process's environment, with PYTHONPATH = PREPEND, then (source-tree mode) the source tree's
+    client/python, then the PYTHONPATH this process was given (a torch or pytest that lives
+    elsewhere stays reachable). With HISPARSE_INSTALLED=1 the source tree is never added: the child
+    finds the installed package the way this interpreter does, and HISPARSE_INSTALLED passes on so
+    that the examples and benchmarks it runs do not add the tree either. OVERRIDES are set last."""
+    paths = [str(p) for p in prepend]
+    if not INSTALLED:
+        paths.append(str(SOURCE_PACKAGE_ROOT))
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    env.update(overrides)
+    return env
+
+
+def _source_tree_on_path() -> list:
+    src = os.path.realpath(SOURCE_PACKAGE_ROOT)
+    return [p for p in sys.path if p and os.path.realpath(p) == src]
+
+
+@pytest.fixture(autouse=True)
+def _installed_mode_keeps_the_source_tree_off_the_path():
+    """HISPARSE_INSTALLED=1: no test, and nothing a test imports (an example or benchmark that
+    puts client/python on sys.path), leaves the source tree where a child process started with
+    multiprocessing's spawn, which inherits sys.path, would import it instead of the wheel."""
+    yield
+    if INSTALLED:
+        bad = _source_tree_on_path()
+        assert not bad, f"HISPARSE_INSTALLED=1 but the source tree is on sys.path: {bad}"
 
 
 def _library_or_skip() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import hisparse
-from conftest import _daemon_or_skip, _library_or_skip
+from conftest import _daemon_or_skip, _library_or_skip, child_env
 
 np = pytest.importorskip("numpy")
 
@@ -86,7 +86,6 @@ def test_tp_group_memory_bench_smoke():
     """bench/tp_group_memory.py --smoke: the benchmark behind bench/RESULTS.md's TP-group figures
     runs, and its own check (a group holds one copy, ungrouped ranks one each) holds."""
     import json
-    import os
     import pathlib
     import subprocess
     import sys
@@ -95,7 +94,7 @@ def test_tp_group_memory_bench_smoke():
     _daemon_or_skip()
     script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "tp_group_memory.py"
     done = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+                          env=child_env())
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["mode"] for r in rows] == ["ungrouped", "tp_group"]

@@ -20,6 +20,7 @@ import textwrap
 import zipfile
 
 import pytest
+from conftest import INSTALLED, PACKAGE_ROOT, child_env
 
 CLIENT = pathlib.Path(__file__).resolve().parents[2] / "client" / "python"
 
@@ -92,7 +93,11 @@ print(json.dumps({"failed": FAILED, "registered": [t for t, _, _ in HookRegistry
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The package's wheel (built by its own backend) installed into a temporary target."""
+    """Where the hisparse distribution under test is installed: with HISPARSE_INSTALLED=1 the one
+    this interpreter imports (the wheel's site-packages); else the package's wheel, built by its
+    own backend from the source tree, installed into a temporary target."""
+    if INSTALLED:
+        return PACKAGE_ROOT
     tmp = tmp_path_factory.mktemp("wheel")
     spec = importlib.util.spec_from_file_location("hisparse_build_plugin_test", CLIENT / "build_backend" / "hisparse_build.py")
     backend = importlib.util.module_from_spec(spec)
@@ -118,8 +123,10 @@ def _fake_sglang(root: pathlib.Path, version: str, drop: str = "") -> pathlib.Pa
 
 
 def _probe(installed: pathlib.Path, fake: pathlib.Path, env_extra=None) -> dict:
-    import os
-    env = dict(os.environ, PYTHONPATH=f"{installed}{os.pathsep}{fake}", PYTHONDONTWRITEBYTECODE="1")
+    # The installed package ahead of the stand-in SGLang, and the rest of this process's path after
+    # them (child_env: a torch that lives in another venv stays reachable). An installed wheel is
+    # already on this interpreter's own path.
+    env = child_env(*([] if INSTALLED else [installed]), fake, PYTHONDONTWRITEBYTECODE="1")
     env.pop("HISPARSE_SGLANG_ALLOW_VERSION", None)
     env.update(env_extra or {})
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 import hisparse
-from conftest import wait_for
+from conftest import child_env, wait_for
 
 torch = pytest.importorskip("torch")
 from hisparse.integrations.vllm import HisparsedConnector  # noqa: E402
@@ -908,9 +908,8 @@ def test_subclasses_vllms_base_when_vllm_is_importable(tmp_path):
     for d in [tmp_path / "vllm", *list(pkg.parents)[:4][::-1], pkg]:
         (d / "__init__.py").touch()
     (pkg / "base.py").write_text(FAKE_VLLM_BASE)
-    client = pathlib.Path(__file__).resolve().parents[2] / "client" / "python"
-    probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(client)!r})\n" + PROBE,
-                            str(tmp_path)], capture_output=True, text=True, timeout=120)
+    probe = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                           env=child_env())
     assert probe.returncode == 0 and probe.stdout.strip() == "ok", probe.stderr
 
 

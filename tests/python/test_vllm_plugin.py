@@ -15,7 +15,6 @@ vllm/distributed/kv_transfer/kv_connector/factory.py does (the copies read here 
 from __future__ import annotations
 
 import importlib.util
-import os
 import pathlib
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import textwrap
 import zipfile
 
 import pytest
+from conftest import INSTALLED, PACKAGE_ROOT, child_env
 
 CLIENT = pathlib.Path(__file__).resolve().parents[2] / "client" / "python"
 
@@ -61,7 +61,11 @@ print(json.dumps({"plugins": [(ep.name, ep.value) for ep in found], "connector":
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The hisparse wheel installed into a target folder (unpacked, as pip does a pure wheel)."""
+    """Where the hisparse distribution under test is installed: with HISPARSE_INSTALLED=1 the one
+    this interpreter imports (the wheel's site-packages); else the hisparse wheel, built from the
+    source tree, installed into a target folder (unpacked, as pip does a pure wheel)."""
+    if INSTALLED:
+        return PACKAGE_ROOT
     tmp = tmp_path_factory.mktemp("wheel")
     spec = importlib.util.spec_from_file_location("hisparse_build_plugin_test", CLIENT / "build_backend" /
                                                   "hisparse_build.py")
@@ -86,7 +90,9 @@ def _fake_vllm(root: pathlib.Path, version: str) -> pathlib.Path:
 
 
 def _start_vllm(installed: pathlib.Path, vllm_root: pathlib.Path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(installed), str(vllm_root)]), PYTHONNOUSERSITE="1")
+    # The installed package ahead of the stand-in vLLM, then the rest of this process's path
+    # (child_env); an installed wheel is already on this interpreter's own path.
+    env = child_env(*([] if INSTALLED else [installed]), vllm_root, PYTHONNOUSERSITE="1")
     env.pop("HISPARSE_VLLM_ALLOW_UNSUPPORTED", None)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(VLLM_START)], capture_output=True, text=True,
                           env=env, cwd=str(vllm_root))

@@ -8,7 +8,9 @@ without --no-build-isolation.
 
 It writes a py3-none-any wheel with every file under hisparse/, an sdist, and an editable wheel
 holding a .pth that points at this source tree. tools/build-wheel.sh places the self-contained
-libhisparse.so under hisparse/ and asks for a platform tag (config setting platform-tag). Both
+libhisparse.so under hisparse/ and the self-contained hisparse-ctl under scripts/ (the wheel's
+<dist>.data/scripts/, which pip installs into the environment's bin/), and asks for a platform tag
+(config setting platform-tag). Both
 wheels carry pyproject's [project.entry-points] as dist-info/entry_points.txt, which is how the
 engines find the plugins (importlib.metadata.entry_points(group=...)); the sdist carries
 pyproject.toml itself, from which a wheel built out of it writes the same file.
@@ -107,6 +109,16 @@ def _package_files():
             yield path.relative_to(ROOT).as_posix(), path.read_bytes()
 
 
+def _script_files():
+    """scripts/*: executables that pip installs into the environment's bin/ (tools/build-wheel.sh
+    stages hisparse-ctl there; the source tree has none)."""
+    scripts = ROOT / "scripts"
+    if scripts.is_dir():
+        for path in sorted(scripts.iterdir()):
+            if path.is_file():
+                yield path.name, path.read_bytes()
+
+
 def _digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -117,16 +129,18 @@ def _platform(config_settings, entries) -> str:
     --config-settings platform-tag=manylinux_2_NN_x86_64, NN from the library's newest GLIBC_
     symbol version (PEP 600)."""
     tag = (config_settings or {}).get("platform-tag", "any")
-    if tag == "any" and any(path.endswith(".so") or ".so." in path for path, _ in entries):
-        raise RuntimeError("hisparse/ holds a shared library: build with tools/build-wheel.sh, which tags the wheel "
-                           "for the glibc the library needs")
+    if tag == "any" and any(path.endswith(".so") or ".so." in path or data[:4] == b"\x7fELF" for path, data in entries):
+        raise RuntimeError("the wheel would carry a native library or executable: build with tools/build-wheel.sh, "
+                           "which tags the wheel for the glibc they need")
     return tag
 
 
-def _write_wheel(directory: str, files, config_settings=None) -> str:
+def _write_wheel(directory: str, files, config_settings=None, scripts=()) -> str:
     p = _project()
     dist = f"{p['name']}-{p['version']}"
     entries = list(files)
+    executable = {f"{dist}.data/scripts/{name}" for name, _ in scripts}
+    entries.extend((f"{dist}.data/scripts/{name}", data) for name, data in scripts)
     plat = _platform(config_settings, entries)
     name = f"{dist}-py3-none-{plat}.whl"
     info = f"{dist}.dist-info"
@@ -141,9 +155,12 @@ def _write_wheel(directory: str, files, config_settings=None) -> str:
     record = "".join(f"{path},{_digest(data)},{len(data)}\n" for path, data in entries)
     record += f"{info}/RECORD,,\n"
     with zipfile.ZipFile(os.path.join(directory, name), "w", zipfile.ZIP_DEFLATED) as z:
-        for path, data in entries:
-            z.writestr(path, data)
-        z.writestr(f"{info}/RECORD", record)
+        for path, data in [*entries, (f"{info}/RECORD", record.encode())]:
+            zi = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            # pip makes every script executable; the mode bits say so to any other unpacker.
+            zi.external_attr = (0o100755 if path in executable else 0o100644) << 16
+            z.writestr(zi, data)
     return name
 
 
@@ -158,7 +175,7 @@ def get_requires_for_build_sdist(config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    return _write_wheel(wheel_directory, _package_files(), config_settings)
+    return _write_wheel(wheel_directory, _package_files(), config_settings, list(_script_files()))
 
 
 def build_sdist(sdist_directory, config_settings=None):

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "hisparse/common/unique_fd.h"
+#include "hisparse/daemon/device_choice.h"
 
 namespace hisparse {
 
@@ -55,6 +56,11 @@ absl::StatusOr<std::string> ChooseArenaKind(ArenaExport mode, bool vmm_fd_suppor
 // allocates that way. Unavailable in builds without CUDA, on hosts without a CUDA driver and where
 // the driver sees no GPU. `gpu_count` (may be null) receives the number of GPUs.
 absl::StatusOr<GpuArenaAllocator> MakeCudaArenaAllocator(ArenaExport mode, int* gpu_count);
+
+// The NVIDIA driver as this process sees it, after MakeCudaArenaAllocator tried to load
+// libcuda.so.1: asks the loader whether it holds libcuda.so.1, else looks for the kernel driver
+// (/proc/driver/nvidia/version). kNotBuilt in builds without CUDA. For ChooseDevice's message.
+DriverView SeeCudaDriver();
 
 }  // namespace hisparse
 
