@@ -17,7 +17,7 @@ const METRICS = [
   "hisparse_rpc_duration_seconds_bucket",
   "hisparse_resolve_hits_total",
   "hisparse_resolve_misses_total",
-  "hisparse_resolve_bytes_fetched_total",
+  "hisparse_resolve_fetched_bytes_total",
 ];
 
 // Panels that must exist (by title) and a metric each must query.
@@ -27,7 +27,7 @@ const EXPECTED_PANELS = [
   ["Admissions, rejections and evictions", "hisparse_rejections_total"],
   ["RPC latency p50 / p99", "hisparse_rpc_duration_seconds_bucket"],
   ["RESOLVE hit rate per session and GPU", "hisparse_resolve_misses_total"],
-  ["RESOLVE fetch bandwidth per session and GPU", "hisparse_resolve_bytes_fetched_total"],
+  ["RESOLVE fetch bandwidth per session and GPU", "hisparse_resolve_fetched_bytes_total"],
 ];
 
 const file = process.argv[2];
