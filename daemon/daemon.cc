@@ -127,7 +127,7 @@ struct Daemon::Impl {
   std::unique_ptr<SessionManager> sessions;
   std::unique_ptr<ImportTarget> import_target;  // null: imports off; goes before `sessions`
   std::unique_ptr<LeaseSweeper> lease_sweeper;  // goes before `sessions` too
-  std::shared_ptr<Metrics> metrics;
+  std::shared_ptr<Metrics> metrics;             // made before anything that reports health
   std::unique_ptr<MetricsServer> metrics_server;
   PeerRegistry peers;                              // who is at the other end of each control connection
   std::unique_ptr<SessionStreamGate> stream_gate;  // Session streams before `open`; outlives `server`
@@ -163,6 +163,7 @@ struct Daemon::Impl {
   // gRPC's health service is in-process state; setting it under the lock keeps updates ordered.
   void PublishHealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu) {
     if (health != nullptr) health->SetServingStatus(ready && channels_down == 0);
+    metrics->SetServing(health != nullptr && ready && channels_down == 0);  // hisparse_serving
   }
 };
 
@@ -247,6 +248,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
+  impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
   if (config.import.enabled) {
     SessionManager* sessions = impl->sessions.get();
     ImportTargetOptions import_options;
@@ -277,7 +279,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
   if (!config.metrics.listen.empty()) {
     HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
     const std::vector<int> ports = impl->metrics_server->ListeningPorts();  // port 0: the one taken
@@ -412,7 +413,13 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
     LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
     fixed.push_back(std::move(key));
   }
+  impl_->metrics->ObserveReload(true);
   return fixed;
+}
+
+void Daemon::ReloadRefused(const absl::Status& why) {
+  LOG(ERROR) << "SIGHUP: keeping the running config: " << why;
+  impl_->metrics->ObserveReload(false);
 }
 
 DaemonConfig Daemon::config() const {

@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
         if (auto st = hisparse::ValidateConfig(*next); !st.ok()) next = st;
       }
       if (!next.ok()) {
-        LOG(ERROR) << "SIGHUP: keeping the running config: " << next.status();
+        (*daemon)->ReloadRefused(next.status());
         continue;
       }
       (*daemon)->Reload(*next);

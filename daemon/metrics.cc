@@ -6,6 +6,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "hisparse/common/log.h"
+#include "hisparse/daemon/process_stats.h"
 #include "prometheus/exposer.h"
 
 namespace hisparse {
@@ -67,6 +71,15 @@ const std::vector<MetricInfo>& MetricCatalog() {
   static const std::vector<MetricInfo> catalog = {
       {"hisparse_build_info", "gauge", "Always 1; the label version is the daemon's release (hisparsed --version)."},
       {"hisparse_up", "gauge", "1 while the daemon serves; 0 while draining."},
+      {"hisparse_serving", "gauge",
+       "1 while grpc.health.v1 reports SERVING; 0 for NOT_SERVING (draining, stopping, or a socket cannot "
+       "accept, e.g. out of descriptors)."},
+      {"hisparse_config_last_reload_successful", "gauge",
+       "1 if the last SIGHUP reload was applied (or none was tried); 0 if it was refused and the running "
+       "config kept (the log says why)."},
+      {"hisparse_config_last_reload_success_timestamp_seconds", "gauge",
+       "Unix time of the last successful config load (start-up counts)."},
+      {"hisparse_config_reloads_total", "counter", "SIGHUP config reloads since start, by result (success, failure)."},
       {"hisparse_uptime_seconds", "gauge", "Seconds since the daemon started."},
       {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
       {"hisparse_host_pool_capacity_bytes", "gauge", "Host KV pool capacity in bytes."},
@@ -116,8 +129,29 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_tp_group_requests", "gauge", "TP-group requests (each counted once)."},
       {"hisparse_tp_group_shares", "gauge",
        "Rows the ranks of TP groups hold over their groups' requests (requests x ranks when all hold all)."},
+      // The standard process metrics of Prometheus' client libraries, read from /proc at scrape time.
+      {"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."},
+      {"process_open_fds", "gauge", "Number of open file descriptors."},
+      {"process_max_fds", "gauge", "Maximum number of open file descriptors (RLIMIT_NOFILE, soft)."},
+      {"process_resident_memory_bytes", "gauge", "Resident memory size in bytes."},
+      {"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."},
+      {"process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds."},
   };
   return catalog;
+}
+
+Metrics::Metrics(const SessionManager* sessions) : sessions_(sessions) {
+  last_reload_success_seconds_.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+}
+
+void Metrics::ObserveReload(bool ok) {
+  last_reload_ok_.store(ok);
+  if (ok) {
+    last_reload_success_seconds_.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    reloads_ok_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    reloads_failed_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void Metrics::ObserveRpc(Method method, double seconds) {
@@ -133,6 +167,11 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   FamilyBuilder fb;
   fb.Add("hisparse_build_info", 1, {{"version", st.version()}});
   fb.Add("hisparse_up", st.draining() ? 0 : 1);
+  fb.Add("hisparse_serving", serving_.load(std::memory_order_relaxed) ? 1 : 0);
+  fb.Add("hisparse_config_last_reload_successful", last_reload_ok_.load() ? 1 : 0);
+  fb.Add("hisparse_config_last_reload_success_timestamp_seconds", last_reload_success_seconds_.load());
+  fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_ok_.load()), {{"result", "success"}});
+  fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_failed_.load()), {{"result", "failure"}});
   fb.Add("hisparse_uptime_seconds", st.uptime_seconds());
   const auto& p = st.host_pool();
   fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.used_bytes()), {{"state", "used"}});
@@ -206,6 +245,18 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_host_pool_group_bytes", static_cast<double>(p.group_bytes()));
   fb.Add("hisparse_tp_group_requests", static_cast<double>(group_requests));
   fb.Add("hisparse_tp_group_shares", static_cast<double>(group_shares));
+  // /proc is always there on Linux; were it not, the families go without samples (and say why
+  // in the log) rather than reporting zeros that look real.
+  if (const absl::StatusOr<ProcessStats> ps = ReadProcessStats(); ps.ok()) {
+    fb.Add("process_cpu_seconds_total", ps->cpu_seconds);
+    fb.Add("process_open_fds", static_cast<double>(ps->open_fds));
+    fb.Add("process_max_fds", static_cast<double>(ps->max_fds));
+    fb.Add("process_resident_memory_bytes", static_cast<double>(ps->resident_bytes));
+    fb.Add("process_virtual_memory_bytes", static_cast<double>(ps->virtual_bytes));
+    fb.Add("process_start_time_seconds", ps->start_time_seconds);
+  } else {
+    LOG(WARNING) << "metrics: process_* not exported: " << ps.status();
+  }
   return fb.Take();
 }
 

@@ -148,6 +148,20 @@ TEST(HardeningTest, MetricsAnswerBesideManyIdleConnections) {
   std::printf("scrape beside 300 idle connections answered in %.2f s\n", seconds);
 }
 
+// The body of GET /metrics on the loopback port, or "" when it does not answer within 30 s.
+std::string ScrapeMetrics(int port) {
+  UniqueFd fd = ConnectLoopback(port);
+  if (!fd.valid()) return "";
+  timeval timeout{30, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (::write(fd.get(), req.data(), req.size()) != static_cast<ssize_t>(req.size())) return "";
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, n);
+  return out;
+}
+
 // Runs `body` with this process's stderr (which the daemon it starts inherits) in `path`.
 template <typename Body>
 void WithStderrIn(const std::string& path, Body body) {
@@ -174,13 +188,17 @@ TEST(HardeningTest, SighupWithAnEmptyConfigKeepsTheQuotas) {
   const std::string log = std::string(dir) + "/daemon.log";
   std::ofstream(path) << "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nquotas:\n  requests: 1\n";
   std::unique_ptr<DaemonProcess> daemon;
-  WithStderrIn(log, [&] { daemon = StartDaemon({"--config", path}); });
+  const int port = FreeLoopbackPort();
+  WithStderrIn(log, [&] {
+    daemon = StartDaemon({"--config", path, "--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  });
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
   Session s;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
   ASSERT_TRUE(s.Admit(1, 10, 100).ok());
   EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(ScrapeMetrics(port).find("\nhisparse_config_last_reload_successful 1\n"), std::string::npos);
 
   std::ofstream(path, std::ios::trunc).close();  // the file is emptied
   ASSERT_EQ(::kill(daemon->pid(), SIGHUP), 0);
@@ -192,6 +210,12 @@ TEST(HardeningTest, SighupWithAnEmptyConfigKeepsTheQuotas) {
   EXPECT_TRUE(refused) << ReadFile(log);
   EXPECT_NE(ReadFile(log).find("empty"), std::string::npos) << ReadFile(log);
   EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_RESOURCE_EXHAUSTED);  // quotas.requests still 1
+  // The refusal shows in the reload metrics an alert reads (HisparseConfigReloadFailed).
+  const std::string metrics = ScrapeMetrics(port);
+  EXPECT_NE(metrics.find("\nhisparse_config_last_reload_successful 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nhisparse_config_reloads_total{result=\"failure\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nhisparse_serving 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nprocess_open_fds "), std::string::npos) << metrics;
   EXPECT_NE(Ctl(a, "config").out.find("requests: 1\n"), std::string::npos) << Ctl(a, "config").out;
   s.Close();
   daemon.reset();

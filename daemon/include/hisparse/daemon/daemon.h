@@ -40,6 +40,8 @@ class Daemon {
   // Applies what can change live (log level, limits) from `next`; returns the keys that differ
   // but need a restart (they keep their old values).
   std::vector<std::string> Reload(const DaemonConfig& next);
+  // A reload whose file did not load or validate: logs why and counts it (the config stays).
+  void ReloadRefused(const absl::Status& why);
   DaemonConfig config() const;
 
   const std::string& grpc_address() const;
