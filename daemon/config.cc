@@ -325,13 +325,18 @@ const std::vector<KeySpec>& Specs() {
          const std::string& l = c.metrics.listen;
          const size_t colon = l.rfind(':');
          int port = 0;
+         // An IPv6 host goes in brackets ("[::1]:9464"), as in a URL; "::1:9464" is ambiguous.
+         if (colon != std::string::npos && l.find(':') < colon && l.front() != '[') {
+           return absl::InvalidArgumentError(
+               absl::StrCat("an IPv6 host goes in brackets, e.g. [::1]:9464 or [::]:9464, got \"", l, "\""));
+         }
          if (l.empty() ||
              (colon != std::string::npos && colon > 0 &&
               absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port >= 0 && port < 65536)) {
            return absl::OkStatus();
          }
          return absl::InvalidArgumentError(
-             absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
+             absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464) or empty, got \"", l, "\""));
        }},
       {"import.enabled", "bool",
        "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import): writes arrive as active messages the "

@@ -249,6 +249,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
+  // Before either socket exists: a metrics address that cannot be bound stops the start with
+  // nothing left behind.
+  if (!config.metrics.listen.empty()) {
+    HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
+    const std::vector<int> ports = impl->metrics_server->ListeningPorts();  // port 0: the one taken
+    const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
+    LOG(INFO) << "metrics on http://" << host << ":" << (ports.empty() ? 0 : ports.front()) << "/metrics";
+  }
   if (config.import.enabled) {
     SessionManager* sessions = impl->sessions.get();
     ImportTargetOptions import_options;
@@ -274,17 +282,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   fd_options.max_connections_per_peer = config.limits.max_fd_connections_per_peer;
   fd_options.in_flight = FdInFlightFrom(config.limits);
   fd_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kFdChannel, up); };
+  // From here a start that fails removes the sockets it made (Shutdown does, once started): the
+  // next start, or an engine, must not find a stale one.
+  struct RemoveOnFailure {
+    std::vector<std::string> paths;
+    ~RemoveOnFailure() {
+      for (const std::string& p : paths) ::unlink(p.c_str());
+    }
+  } remove_on_failure{{impl->fd_socket_path, socket_path}};
   HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy,
                                                        impl->sessions.get(), std::move(fd_options)));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  if (!config.metrics.listen.empty()) {
-    HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
-    const std::vector<int> ports = impl->metrics_server->ListeningPorts();  // port 0: the one taken
-    const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
-    LOG(INFO) << "metrics on http://" << host << ":" << (ports.empty() ? 0 : ports.front()) << "/metrics";
-  }
   HiSparseService::Hooks hooks;
   hooks.config_yaml = [raw] {
     absl::MutexLock lock(&raw->config_mu);
@@ -341,6 +351,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   impl->SetReady(true);
   LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
             << impl->fd_socket_path << ", device " << device << ")";
+  remove_on_failure.paths.clear();
   std::unique_ptr<Daemon> daemon(new Daemon(std::move(impl)));
   drain_target->store(daemon.get(), std::memory_order_release);
   return daemon;

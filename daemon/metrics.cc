@@ -1,5 +1,11 @@
 #include "hisparse/daemon/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <map>
@@ -8,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "civetweb.h"
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/process_stats.h"
 #include "prometheus/exposer.h"
@@ -64,6 +71,39 @@ class FamilyBuilder {
   std::vector<prometheus::MetricFamily> families_;
   std::map<std::string, size_t> index_;
 };
+
+// Why `listen` ("HOST:PORT", "[V6]:PORT") cannot be bound: the errno of a bind of our own.
+std::string WhyCannotListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::StrCat("host \"", host, "\": ", ::gai_strerror(rc));
+  }
+  std::string why = "it could not be bound";
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as civetweb does
+    const int rc = ::bind(fd, a->ai_addr, a->ai_addrlen);
+    const int err = errno;
+    ::close(fd);
+    if (rc == 0) continue;
+    why = err == EADDRINUSE      ? absl::StrCat("port ", port, " is in use by another process")
+          : err == EADDRNOTAVAIL ? absl::StrCat("no interface of this host has the address ", host)
+          : err == EACCES        ? absl::StrCat("port ", port, " needs privileges this process lacks")
+                                 : std::string(std::strerror(err));
+    break;
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
 
 }  // namespace
 
@@ -262,6 +302,16 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                                     std::shared_ptr<Metrics> metrics) {
+  // civetweb takes IPv6 as "[addr]:port", but only when built with it (feature bit 8), which
+  // Debian 12's libcivetweb1 is not: say so rather than "could not bind".
+  constexpr unsigned kCivetwebIpv6 = 8;
+  if (!listen.empty() && listen.front() == '[' && mg_check_feature(kCivetwebIpv6) == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot serve metrics on ", listen,
+        ": the civetweb library hisparsed serves them with was built without IPv6 (Debian 12's is); set "
+        "metrics.listen (--metrics-listen) to an IPv4 address (0.0.0.0:9464 for every IPv4 interface), or use a "
+        "civetweb built with IPv6"));
+  }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->metrics_ = std::move(metrics);
   try {
@@ -273,7 +323,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
         "listening_ports", listen, "num_threads", absl::StrCat(kMetricsThreads), "request_timeout_ms",
         absl::StrCat(kMetricsRequestTimeoutMs), "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+    // civetweb says only that it could not bind; binding the address here says why.
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", WhyCannotListen(listen),
+                                               ": set metrics.listen (--metrics-listen) to another HOST:PORT, or "
+                                               "to empty to turn metrics off"));
   }
   server->exposer_->RegisterCollectable(server->metrics_);
   return server;

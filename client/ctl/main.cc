@@ -11,8 +11,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "ctl.h"
+#include "hisparse/common/socket_access.h"
 #include "hisparse/common/version.h"
 
 namespace hisparse::ctl {
@@ -24,7 +26,9 @@ std::shared_ptr<grpc::Channel> ConnectChannel(const GlobalOptions& g) {
   }
   auto channel = grpc::CreateChannel(g.daemon, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(g.timeout_ms))) {
-    std::fprintf(stderr, "hisparse-ctl: cannot reach hisparsed at %s\n", g.daemon.c_str());
+    const std::string why = DescribeUnreachableSocket(g.daemon);
+    std::fprintf(stderr, "hisparse-ctl: cannot reach hisparsed at %s%s%s\n", g.daemon.c_str(), why.empty() ? "" : ": ",
+                 why.c_str());
     return nullptr;
   }
   return channel;
@@ -169,7 +173,9 @@ int ManPage() {
       ".SH OPTIONS\n.TP\n.B \\-\\-daemon unix:PATH\nthe daemon's socket (default $HISPARSE_DAEMON, else "
       "unix:/run/hisparse/hisparsed.sock)\n.TP\n.B \\-\\-json\nmachine-readable output\n.TP\n.B \\-\\-timeout-ms "
       "MS\ndeadline for reaching the daemon and each call\n");
-  std::printf(".SH EXIT STATUS\n0 ok; 1 the daemon said no; 2 the daemon cannot be reached, or bad usage.\n");
+  std::printf(
+      ".SH EXIT STATUS\n0 ok; 1 the daemon said no; 2 the daemon cannot be reached, or bad usage; 77 "
+      "(EX_NOPERM) this user may not open the daemon's socket (not in its group).\n");
   return kExitOk;
 }
 
@@ -208,7 +214,14 @@ int main(int argc, char** argv) {
   if (completion->parsed()) return hisparse::ctl::Completion(o.shell);
   if (man->parsed()) return hisparse::ctl::ManPage();
   for (auto& [sub, c] : subs) {
-    if (sub->parsed()) return c->run(g, o);
+    if (!sub->parsed()) continue;
+    // Every command talks to the daemon: a socket this user may not open is said at once, with
+    // its own exit status, rather than as "cannot reach" after the timeout.
+    if (const absl::Status access = hisparse::CheckSocketAccess(g.daemon); !access.ok()) {
+      std::fprintf(stderr, "hisparse-ctl: %s\n", std::string(access.message()).c_str());
+      return hisparse::ctl::kExitNoPermission;
+    }
+    return c->run(g, o);
   }
   return hisparse::ctl::kExitUnreachable;
 }

@@ -345,7 +345,8 @@ TEST(ConfigTest, MetricsListenIsHostPortOrEmpty) {
   EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "").ok());
   // Port 0: the kernel picks a free port (tests read it back; the daemon logs it).
   EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "127.0.0.1:0").ok());
-  for (const char* bad : {"9464", ":9464", "localhost:", "localhost:http", "host:70000", "host:-1"}) {
+  EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "[::1]:9464").ok());  // IPv6 in brackets
+  for (const char* bad : {"9464", ":9464", "localhost:", "localhost:http", "host:70000", "host:-1", "::1:9464"}) {
     absl::Status st = ApplyConfigOverride(c, "metrics.listen", bad);
     EXPECT_FALSE(st.ok()) << bad;
     EXPECT_NE(std::string(st.message()).find("metrics.listen"), std::string::npos) << st;

@@ -162,6 +162,73 @@ std::string ScrapeMetrics(int port) {
   return out;
 }
 
+// A metrics port another process holds stops the start with the port and the key to change named,
+// and leaves neither socket behind (the fd channel's used to stay).
+TEST(HardeningTest, MetricsPortInUseIsNamedAndLeavesNoSocket) {
+  auto first = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                            "4MiB", "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_NE(first, nullptr);
+  const absl::StatusOr<int> port = first->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  char dir[] = "/tmp/hisparse-port-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string sock = std::string(dir) + "/hisparsed.sock";
+  const CommandResult second = RunCommand(
+      "sh -c '" + BinDir() + "/hisparsed --listen unix:" + sock +
+      " --host-pool-size 64MiB --host-pool-page-size 4KiB --host-pool-slab-size 4MiB --set host_pool.mlock=false "
+      "--metrics-listen 127.0.0.1:" +
+      std::to_string(*port) + " 2>&1'");
+  EXPECT_NE(second.exit_code, 0) << second.out;
+  EXPECT_NE(second.out.find("port " + std::to_string(*port) + " is in use"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("metrics.listen (--metrics-listen)"), std::string::npos) << second.out;
+  EXPECT_NE(::access(sock.c_str(), F_OK), 0) << "control socket left behind";
+  EXPECT_NE(::access((sock + ".fd").c_str(), F_OK), 0) << "fd-channel socket left behind";
+  ::unlink((sock + ".lock").c_str());
+  ::rmdir(dir);
+}
+
+// An IPv6 metrics address, in brackets, is served (and scraped over IPv6) where the host has ::1
+// and civetweb was built with IPv6; where civetweb was not (Debian 12's), the start is refused
+// saying exactly that and what to use instead, not "could not bind".
+TEST(HardeningTest, MetricsListenOnIpv6ServesOrSaysWhyNot) {
+  UniqueFd probe(::socket(AF_INET6, SOCK_STREAM, 0));
+  sockaddr_in6 lo6{};
+  lo6.sin6_family = AF_INET6;
+  lo6.sin6_addr = in6addr_loopback;
+  if (!probe.valid() || ::bind(probe.get(), reinterpret_cast<sockaddr*>(&lo6), sizeof(lo6)) != 0) {
+    GTEST_SKIP() << "this host has no IPv6 loopback (::1)";
+  }
+  probe = UniqueFd();
+  const std::vector<std::string> args = {"--host-pool-size",      "64MiB", "--host-pool-page-size", "4KiB",
+                                         "--host-pool-slab-size", "4MiB",  "--metrics-listen",      "[::1]:0"};
+  auto started = DaemonProcess::Start(args, 20000);
+  if (!started.ok()) {
+    char dir[] = "/tmp/hisparse-ipv6-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    std::string cmd = BinDir() + "/hisparsed --listen unix:" + dir + "/s.sock";
+    for (const std::string& a : args) cmd += " " + a;
+    const CommandResult r = RunCommand("sh -c '" + cmd + " 2>&1'");
+    ::rmdir(dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("built without IPv6"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("0.0.0.0:9464"), std::string::npos) << r.out;
+    std::printf("IPv6 metrics refused, as this civetweb has no IPv6: %s\n", r.out.c_str());
+    return;
+  }
+  const std::unique_ptr<DaemonProcess> daemon = std::move(*started);
+  const absl::StatusOr<int> port = daemon->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  UniqueFd fd(::socket(AF_INET6, SOCK_STREAM, 0));
+  lo6.sin6_port = htons(*port);
+  ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&lo6), sizeof(lo6)), 0);
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: [::1]\r\n\r\n";
+  ASSERT_EQ(::write(fd.get(), req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, n);
+  EXPECT_NE(out.find("\nhisparse_up 1\n"), std::string::npos) << out.substr(0, 500);
+}
+
 // Runs `body` with this process's stderr (which the daemon it starts inherits) in `path`.
 template <typename Body>
 void WithStderrIn(const std::string& path, Body body) {
