@@ -82,6 +82,8 @@ constexpr const char* kHugePagesNames[] = {"auto", "on", "off"};
 constexpr const char* kDeviceNames[] = {"auto", "cuda", "host"};
 constexpr const char* kArenaExportNames[] = {"auto", "vmm", "cuda_ipc"};
 constexpr const char* kLogLevelNames[] = {"debug", "info", "warning", "error"};
+constexpr const char* kLogFormatNames[] = {"text", "json"};
+constexpr const char* kLogPrefixNames[] = {"auto", "on", "off"};
 
 absl::StatusOr<HugePagesMode> ParseHugePages(std::string_view text) {
   return ParseEnum<HugePagesMode>(text, kHugePagesNames);
@@ -91,6 +93,12 @@ absl::StatusOr<ArenaExportMode> ParseArenaExport(std::string_view text) {
   return ParseEnum<ArenaExportMode>(text, kArenaExportNames);
 }
 absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) { return ParseEnum<LogLevel>(text, kLogLevelNames); }
+absl::StatusOr<LogFormatKind> ParseLogFormat(std::string_view text) {
+  return ParseEnum<LogFormatKind>(text, kLogFormatNames);
+}
+absl::StatusOr<LogPrefixMode> ParseLogPrefix(std::string_view text) {
+  return ParseEnum<LogPrefixMode>(text, kLogPrefixNames);
+}
 absl::StatusOr<OnPoolFull> ParseOnPoolFull(std::string_view text) {
   return ParseEnum<OnPoolFull>(text, kOnPoolFullNames);
 }
@@ -385,6 +393,16 @@ const std::vector<KeySpec>& Specs() {
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},
+      {"log_format", "text | json",
+       "text: one line per message (time, level, program[pid], file:line, message); json: one object per line "
+       "(time, level, program, pid, node from $NODE_NAME, source, message) for log collectors.",
+       false, HS_SET_WITH(ParseLogFormat, log_format),
+       [](const DaemonConfig& c) { return std::string(LogFormatKindName(c.log_format)); }, nullptr},
+      {"log_priority_prefix", "auto | on | off",
+       "Start each line with its syslog priority (<3> error, <4> warning, <6> info, <7> debug), which journald "
+       "reads as the entry's priority; auto: when stderr is the journal ($JOURNAL_STREAM).",
+       true, HS_SET_WITH(ParseLogPrefix, log_priority_prefix),
+       [](const DaemonConfig& c) { return std::string(LogPrefixModeName(c.log_priority_prefix)); }, nullptr},
   };
   return *specs;
 }
@@ -508,6 +526,8 @@ std::string_view DeviceKindName(DeviceKind kind) { return NameOf(static_cast<int
 std::string_view ArenaExportModeName(ArenaExportMode mode) { return NameOf(static_cast<int>(mode), kArenaExportNames); }
 std::string_view OnPoolFullName(OnPoolFull mode) { return NameOf(static_cast<int>(mode), kOnPoolFullNames); }
 std::string_view LogLevelName(LogLevel level) { return NameOf(static_cast<int>(level), kLogLevelNames); }
+std::string_view LogFormatKindName(LogFormatKind format) { return NameOf(static_cast<int>(format), kLogFormatNames); }
+std::string_view LogPrefixModeName(LogPrefixMode mode) { return NameOf(static_cast<int>(mode), kLogPrefixNames); }
 
 bool operator==(const DaemonConfig& a, const DaemonConfig& b) {
   // Every key is rendered by the table, so comparing the rendered values covers every field

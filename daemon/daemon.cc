@@ -173,7 +173,7 @@ Daemon::~Daemon() {
   if (impl_->drainer.joinable()) impl_->drainer.join();
 }
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config, const std::string& node) {
   HS_RETURN_IF_ERROR(ValidateConfig(config));
   auto impl = std::make_unique<Impl>();
   {
@@ -248,7 +248,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
-  impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
+  impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);
   // Before either socket exists: a metrics address that cannot be bound stops the start with
   // nothing left behind.
   if (!config.metrics.listen.empty()) {
@@ -350,7 +350,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   }
   impl->SetReady(true);
   LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
-            << impl->fd_socket_path << ", device " << device << ")";
+            << impl->fd_socket_path << ", device " << device << (node.empty() ? "" : ", node ") << node << ")";
   remove_on_failure.paths.clear();
   std::unique_ptr<Daemon> daemon(new Daemon(std::move(impl)));
   drain_target->store(daemon.get(), std::memory_order_release);

@@ -1,8 +1,11 @@
 // hisparsed: the per-node KV memory daemon. main() only parses flags into a DaemonConfig, starts
 // the Daemon and waits for SIGTERM / SIGINT; everything else is in the hisparse_daemon library.
 #include <signal.h>
+#include <string.h>  // sigabbrev_np
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -90,6 +93,15 @@ int main(int argc, char** argv) {
     }
   }
   hisparse::SetLogThreshold(ToSeverity(config.log_level));
+  // The log's shape is fixed for the process's life (a reload that changes it asks for a restart).
+  hisparse::LogOptions log;
+  log.format =
+      config.log_format == hisparse::LogFormatKind::kJson ? hisparse::LogFormat::kJson : hisparse::LogFormat::kText;
+  log.priority_prefix = config.log_priority_prefix == hisparse::LogPrefixMode::kOn ||
+                        (config.log_priority_prefix == hisparse::LogPrefixMode::kAuto && hisparse::StderrIsJournal());
+  // Kubernetes' downward API (deploy/kubernetes/base/daemonset.yaml): the node this daemon serves.
+  if (const char* node = std::getenv("NODE_NAME"); node != nullptr) log.node = node;
+  hisparse::SetLogOptions(log);
 
   // Block the signals in every thread; one thread waits for them. SIGHUP reloads the config file.
   sigset_t stop;
@@ -100,17 +112,21 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  auto daemon = hisparse::Daemon::Start(config);
+  auto daemon = hisparse::Daemon::Start(config, log.node);
   if (!daemon.ok()) {
     LOG(ERROR) << "hisparsed failed to start: " << daemon.status();
     return 1;
   }
+  std::atomic<int> stop_signal{0};
   auto wait_for_signals = [&] {
     for (;;) {
       int sig = 0;
       sigwait(&stop, &sig);
       if (sig != SIGHUP) {
-        LOG(INFO) << "signal " << sig << ": shutting down";
+        // The wake-up main sends once a drain has stopped the daemon (below) is not a stop.
+        if ((*daemon)->drained()) return;
+        stop_signal.store(sig);
+        LOG(INFO) << "signal " << sig << " (SIG" << sigabbrev_np(sig) << "): shutting down";
         (*daemon)->Shutdown();
         return;
       }
@@ -147,6 +163,16 @@ int main(int argc, char** argv) {
   // The waiter blocks in sigwait with SIGTERM blocked: this wakes it, it does not kill it.
   pthread_kill(waiter.native_handle(), SIGTERM);  // NOLINT(bugprone-bad-signal-to-kill-thread)
   waiter.join();
-  // A drain's exit asks the service manager for a fresh start; a stop (signal) is final.
-  return (*daemon)->drained() ? hisparse::kDrainedExitCode : 0;
+  // A drain's exit asks the service manager for a fresh start; a stop (signal) is final. The last
+  // line says which it was, so that an exit in the journal explains itself.
+  if ((*daemon)->drained()) {
+    LOG(INFO) << "exiting " << hisparse::kDrainedExitCode
+              << " (EX_TEMPFAIL): a drain (hisparse-ctl drain) went idle, the last session has ended; the service "
+                 "manager starts a fresh daemon (systemd: RestartForceExitStatus=75; Kubernetes restarts the "
+                 "container)";
+    return hisparse::kDrainedExitCode;
+  }
+  LOG(INFO) << "exiting 0: stopped by signal " << stop_signal.load() << " (SIG"
+            << (stop_signal.load() != 0 ? sigabbrev_np(stop_signal.load()) : "?") << ")";
+  return 0;
 }

@@ -9,6 +9,7 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -109,7 +110,9 @@ std::string WhyCannotListen(const std::string& listen) {
 
 const std::vector<MetricInfo>& MetricCatalog() {
   static const std::vector<MetricInfo> catalog = {
-      {"hisparse_build_info", "gauge", "Always 1; the label version is the daemon's release (hisparsed --version)."},
+      {"hisparse_build_info", "gauge",
+       "Always 1; the label version is the daemon's release (hisparsed --version), node the node's name where "
+       "known ($NODE_NAME)."},
       {"hisparse_up", "gauge", "1 while the daemon serves; 0 while draining."},
       {"hisparse_serving", "gauge",
        "1 while grpc.health.v1 reports SERVING; 0 for NOT_SERVING (draining, stopping, or a socket cannot "
@@ -180,7 +183,7 @@ const std::vector<MetricInfo>& MetricCatalog() {
   return catalog;
 }
 
-Metrics::Metrics(const SessionManager* sessions) : sessions_(sessions) {
+Metrics::Metrics(const SessionManager* sessions, std::string node) : sessions_(sessions), node_(std::move(node)) {
   last_reload_success_seconds_.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
 }
 
@@ -205,7 +208,11 @@ void Metrics::ObserveRpc(Method method, double seconds) {
 std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   const v1::StatsResponse st = sessions_->Stats();
   FamilyBuilder fb;
-  fb.Add("hisparse_build_info", 1, {{"version", st.version()}});
+  if (node_.empty()) {
+    fb.Add("hisparse_build_info", 1, {{"version", st.version()}});
+  } else {
+    fb.Add("hisparse_build_info", 1, {{"node", node_}, {"version", st.version()}});
+  }
   fb.Add("hisparse_up", st.draining() ? 0 : 1);
   fb.Add("hisparse_serving", serving_.load(std::memory_order_relaxed) ? 1 : 0);
   fb.Add("hisparse_config_last_reload_successful", last_reload_ok_.load() ? 1 : 0);

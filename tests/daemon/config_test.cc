@@ -103,6 +103,8 @@ TEST(ConfigTest, EnumAndBoolSpellings) {
   EXPECT_EQ(MustParse("device: host").device, DeviceKind::kHost);
   EXPECT_EQ(MustParse("log_level: warning").log_level, LogLevel::kWarning);
   EXPECT_EQ(MustParse("log_level: error").log_level, LogLevel::kError);
+  EXPECT_EQ(MustParse("log_format: json").log_format, LogFormatKind::kJson);
+  EXPECT_EQ(MustParse("log_priority_prefix: \"off\"").log_priority_prefix, LogPrefixMode::kOff);
   EXPECT_TRUE(MustParse("host_pool: {mlock: yes}").host_pool.mlock);
   EXPECT_FALSE(MustParse("host_pool: {mlock: False}").host_pool.mlock);
   EXPECT_EQ(MustParse("listen: unix:rel/h.sock").listen, "unix:rel/h.sock");
@@ -330,7 +332,9 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"import.ucx_net_devices", "eth0"},
                                                                     {"durability.max_lease_seconds", "60"},
                                                                     {"durability.max_orphans_per_tenant", "0"},
-                                                                    {"log_level", "debug"}};
+                                                                    {"log_level", "debug"},
+                                                                    {"log_format", "json"},
+                                                                    {"log_priority_prefix", "on"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
     DaemonConfig c;
@@ -404,7 +408,7 @@ TEST(ConfigTest, KeyTable) {
                  "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
                  "quotas.sessions", "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled",
                  "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "durability.max_lease_seconds",
-                 "durability.max_orphans_per_tenant", "log_level"));
+                 "durability.max_orphans_per_tenant", "log_level", "log_format", "log_priority_prefix"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");

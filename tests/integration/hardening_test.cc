@@ -291,6 +291,48 @@ TEST(HardeningTest, SighupWithAnEmptyConfigKeepsTheQuotas) {
   ::rmdir(dir);
 }
 
+// log_format json: one object per line, each carrying NODE_NAME (as hisparse_build_info does);
+// the daemon's last line after a drain says why it exits 75.
+TEST(HardeningTest, JsonLogsCarryTheNodeAndADrainSaysWhyItExits) {
+  char dir[] = "/tmp/hisparse-jsonlog-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string log = std::string(dir) + "/daemon.log";
+  ::setenv("NODE_NAME", "gpu-node-7", 1);
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> started;
+  WithStderrIn(log, [&] {
+    started =
+        DaemonProcess::Start({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                              "4MiB", "--set", "log_format=json", "--set", "log_priority_prefix=off", "--log-level",
+                              "info", "--metrics-listen", "127.0.0.1:0"});
+  });
+  ::unsetenv("NODE_NAME");
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<DaemonProcess> daemon = std::move(*started);
+  const absl::StatusOr<int> port = daemon->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_NE(ScrapeMetrics(*port).find("hisparse_build_info{node=\"gpu-node-7\",version="), std::string::npos);
+  ASSERT_EQ(Ctl(daemon->address(), "drain --no-wait").exit_code, 0);
+  const absl::StatusOr<int> status = daemon->WaitExit(30000);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
+  const std::string text = ReadFile(log);
+  std::istringstream lines(text);
+  std::string line, last;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    EXPECT_EQ(line.rfind("{\"time\":\"", 0), 0u) << line;
+    EXPECT_NE(line.find(",\"node\":\"gpu-node-7\","), std::string::npos) << line;
+    EXPECT_EQ(line.back(), '}') << line;
+    last = line;
+  }
+  EXPECT_GT(n, 3) << text;
+  EXPECT_NE(last.find("exiting 75 (EX_TEMPFAIL): a drain (hisparse-ctl drain) went idle"), std::string::npos) << text;
+  EXPECT_EQ(text.find("shutting down"), std::string::npos) << "a drain is not a signal:\n" << text;
+  ::unlink(log.c_str());
+  ::rmdir(dir);
+}
+
 TEST(HardeningTest, EngineNameThatIsNotUtf8IsRefusedWithAMessage) {
   auto daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);

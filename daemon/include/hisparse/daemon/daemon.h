@@ -25,7 +25,9 @@ inline constexpr int kDrainedExitCode = 75;
 
 class Daemon {
  public:
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config);
+  // `node`: the node's name where known (Kubernetes' NODE_NAME), for the logs and the metrics'
+  // hisparse_build_info{node}; empty leaves it out.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config, const std::string& node = "");
   ~Daemon();
 
   // Blocks until Shutdown() is called from another thread.

@@ -62,7 +62,8 @@ class Metrics final : public prometheus::Collectable {
   };
 
   // The config loaded at start counts as the first successful load, at construction time.
-  explicit Metrics(const SessionManager* sessions);
+  // `node`, when not empty, labels hisparse_build_info (the node's name: Kubernetes' NODE_NAME).
+  explicit Metrics(const SessionManager* sessions, std::string node = "");
   void ObserveRpc(Method method, double seconds);
   // A config reload (SIGHUP) was applied (ok) or refused, the running config kept (not ok).
   void ObserveReload(bool ok);
@@ -78,6 +79,7 @@ class Metrics final : public prometheus::Collectable {
     std::atomic<uint64_t> sum_ns{0};
   };
   const SessionManager* const sessions_;
+  const std::string node_;
   std::array<Histogram, kMethodCount> rpc_;
   std::atomic<bool> serving_{false};
   std::atomic<bool> last_reload_ok_{true};
