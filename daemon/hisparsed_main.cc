@@ -12,12 +12,19 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/daemon.h"
 
 namespace {
+
+// Exit statuses (docs/man/hisparsed.8, "EXIT STATUS"; sysexits.h where one fits). 0: stopped by a
+// signal; 75 (EX_TEMPFAIL, hisparse::kDrainedExitCode): a drain went idle, restart wanted.
+constexpr int kExitStartFailed = 1;  // the config is valid but the daemon could not start (the log says why)
+constexpr int kExitUsage = 64;       // EX_USAGE: a bad command line
+constexpr int kExitConfig = 78;      // EX_CONFIG: the config file or a value is refused (the key is named)
 
 hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
   switch (level) {
@@ -63,14 +70,20 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> sets;
   app.add_option("--set", sets, "KEY=VALUE: override any config key");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11's own codes (105-120) mean nothing to a service manager: usage errors are EX_USAGE.
+    const int rc = app.exit(e);  // prints the help, the version, or what was wrong
+    return rc == 0 ? 0 : kExitUsage;
+  }
 
   hisparse::DaemonConfig config;
   if (!config_path.empty()) {
     auto loaded = hisparse::LoadConfigFile(config_path);
     if (!loaded.ok()) {
       std::fprintf(stderr, "hisparsed: %s\n", std::string(loaded.status().message()).c_str());
-      return 2;
+      return kExitConfig;
     }
     config = *loaded;
   }
@@ -82,14 +95,14 @@ int main(int argc, char** argv) {
     const size_t eq = s.find('=');
     if (eq == std::string::npos) {
       std::fprintf(stderr, "hisparsed: --set wants KEY=VALUE, got \"%s\"\n", s.c_str());
-      return 2;
+      return kExitUsage;
     }
     overrides.emplace_back(s.substr(0, eq), s.substr(eq + 1));
   }
   for (const auto& [key, value] : overrides) {
     if (auto st = hisparse::ApplyConfigOverride(config, key, value); !st.ok()) {
       std::fprintf(stderr, "hisparsed: %s\n", std::string(st.message()).c_str());
-      return 2;
+      return kExitConfig;
     }
   }
   hisparse::SetLogThreshold(ToSeverity(config.log_level));
@@ -115,7 +128,8 @@ int main(int argc, char** argv) {
   auto daemon = hisparse::Daemon::Start(config, log.node);
   if (!daemon.ok()) {
     LOG(ERROR) << "hisparsed failed to start: " << daemon.status();
-    return 1;
+    // Values every key accepts alone may still not go together (ValidateConfig): a config error.
+    return absl::IsInvalidArgument(daemon.status()) ? kExitConfig : kExitStartFailed;
   }
   std::atomic<int> stop_signal{0};
   auto wait_for_signals = [&] {
@@ -156,7 +170,7 @@ int main(int argc, char** argv) {
     waiter = std::thread(wait_for_signals);
   } catch (const std::system_error& e) {
     LOG(ERROR) << "hisparsed cannot start its signal thread: " << e.what();
-    return 1;
+    return kExitStartFailed;
   }
   (*daemon)->Wait();
   // Shutdown may have come from elsewhere (a drain): wake the waiter so it ends.
