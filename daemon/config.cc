@@ -130,13 +130,26 @@ absl::Status CheckListen(std::string_view listen) {
   return absl::OkStatus();
 }
 
+// "must be a multiple of 4KiB, got 100000001 (95.4 MiB); 99999744 (97656KiB) or 100003840 (97660KiB)
+// would do; sizes are ..." : the refusal names the nearest sizes that would do, and the rule.
+absl::Status NotAMultiple(uint64_t bytes, uint64_t unit, const std::string& unit_name) {
+  const uint64_t below = bytes / unit * unit;
+  std::string nearest = below == 0 ? "" : absl::StrCat(below, " (", FormatByteSizeExact(below), ") or ");
+  if (bytes <= UINT64_MAX - unit) {
+    absl::StrAppend(&nearest, below + unit, " (", FormatByteSizeExact(below + unit), ") would do");
+  } else {
+    absl::StrAppend(&nearest, "would do");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("must be a multiple of ", unit_name, ", got ", bytes, " (",
+                                                 FormatByteSize(bytes), "); ", nearest, "; ", kByteSizeRule));
+}
+
 absl::Status CheckPoolBytes(uint64_t bytes) {
   if (bytes < kMiB) {
-    return absl::InvalidArgumentError(absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?); ", kByteSizeRule));
   }
-  if (bytes % kPageSize != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("must be a multiple of 4KiB, got ", bytes));
-  }
+  if (bytes % kPageSize != 0) return NotAMultiple(bytes, kPageSize, "4KiB");
   return absl::OkStatus();
 }
 
@@ -182,8 +195,7 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.page_size); },
        [](const DaemonConfig& c) -> absl::Status {
          if (c.host_pool.page_size >= kPageSize && c.host_pool.page_size % kPageSize == 0) return absl::OkStatus();
-         return absl::InvalidArgumentError(
-             absl::StrCat("must be a positive multiple of 4KiB, got ", c.host_pool.page_size));
+         return NotAMultiple(c.host_pool.page_size, kPageSize, "4KiB");
        }},
       {"host_pool.slab_size", "byte size",
        "The largest slab (one memfd, one session's pages only) and the reserve's slab size; whole pages.", false,
@@ -192,8 +204,14 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) -> absl::Status {
          const uint64_t page = c.host_pool.page_size, slab = c.host_pool.slab_size;
          if (page != 0 && slab >= page && slab % page == 0 && slab / page <= UINT32_MAX) return absl::OkStatus();
-         return absl::InvalidArgumentError(absl::StrCat("must be a whole number of pages (host_pool.page_size ",
-                                                        FormatByteSizeExact(page), "), got ", slab));
+         if (page == 0 || slab < page) {
+           return absl::InvalidArgumentError(absl::StrCat("must be a whole number of pages (host_pool.page_size ",
+                                                          FormatByteSizeExact(page), "), got ", slab, "; ",
+                                                          kByteSizeRule));
+         }
+         return NotAMultiple(
+             slab, page,
+             absl::StrCat("host_pool.page_size (", FormatByteSizeExact(page), "): a whole number of pages"));
        }},
       {"host_pool.reserve_slabs", "integer >= 0",
        "Ready (pre-touched, zeroed) full slabs a background thread keeps while the budget allows.", false,
@@ -221,8 +239,8 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.gpu_memory_budget); },
        [](const DaemonConfig& c) -> absl::Status {
          if (c.gpu_memory_budget == 0 || c.gpu_memory_budget >= kMiB) return absl::OkStatus();
-         return absl::InvalidArgumentError(
-             absl::StrCat("must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
+         return absl::InvalidArgumentError(absl::StrCat("must be 0 (no limit) or at least 1MiB, got ",
+                                                        c.gpu_memory_budget, " (a unit missing?); ", kByteSizeRule));
        }},
       {"gpu.arena_export", "auto | vmm | cuda_ipc",
        "How GPU slot arenas reach engines (device cuda or auto): vmm (CUDA VMM, POSIX fd), cuda_ipc (legacy cudaIpc "
@@ -637,8 +655,8 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     for (const auto& [key, bytes] :
          {std::pair<const char*, uint64_t>{"host_pool.size", pool.size}, {"host_pool.page_size", pool.page_size}}) {
       if (bytes % kHugePageSize != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            key, ": must be a multiple of 2MiB when host_pool.hugepages is on, got ", FormatByteSizeExact(bytes)));
+        const absl::Status why = NotAMultiple(bytes, kHugePageSize, "2MiB when host_pool.hugepages is on");
+        return absl::InvalidArgumentError(absl::StrCat(key, ": ", why.message()));
       }
     }
   }

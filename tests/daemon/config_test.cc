@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hisparse/common/size_parse.h"
 #include "yaml-cpp/yaml.h"
 
 namespace hisparse {
@@ -127,8 +128,10 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
       {"host_pool: {size: -1GiB}", "host_pool.size", "negative"},
       {"host_pool: {size: 99999999999PiB}", "host_pool.size", "64 bits"},
       {"host_pool: {size: 4096}", "host_pool.size", "at least 1MiB"},
-      {"host_pool: {size: 1000KB}", "host_pool.size", "at least 1MiB"},
-      {"host_pool: {size: 1.5MB}", "host_pool.size", "multiple of 4KiB"},
+      {"host_pool: {size: 1000KiB}", "host_pool.size", "at least 1MiB"},
+      {"host_pool: {size: 8GB}", "host_pool.size", "write 8GiB for 8 GiB, or 8000000000"},
+      {"host_pool: {size: 100000001}", "host_pool.size",
+       "multiple of 4KiB, got 100000001 (95.4 MiB); 99999744 (97656KiB) or 100003840 (97660KiB) would do; sizes"},
       {"host_pool: {page_size: 512}", "host_pool.page_size", "multiple of 4KiB"},
       {"host_pool: {page_size: 2000001}", "host_pool.page_size", "multiple of 4KiB"},
       {"host_pool: {slab_size: 3000KiB}", "host_pool.slab_size", "whole number of pages"},
@@ -161,8 +164,8 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
 
 TEST(ConfigTest, BadValueMessageHasTheSpecifiedFormAndLine) {
   EXPECT_EQ(ErrorOf("host_pool:\n  size: 12XB\n"),
-            "host_pool.size: cannot parse \"12XB\" as a byte size: unknown unit \"XB\" (use B, KiB, MiB, "
-            "GiB, TiB, PiB, KB, MB, GB, TB or PB) (line 2, column 9)");
+            std::string("host_pool.size: cannot parse \"12XB\" as a byte size: unknown unit \"XB\" (") + kByteSizeRule +
+                ") (line 2, column 9)");
 }
 
 TEST(ConfigTest, WrongYamlTypes) {
