@@ -40,13 +40,10 @@ bool ToJson(const YAML::Node& node, std::string* out) {
     case YAML::NodeType::Scalar: {
       const std::string& v = node.Scalar();
       int64_t n = 0;
-      if (node.Tag() != "!" && (v == "true" || v == "false")) {
-        *out += v;
-      } else if (node.Tag() != "!" && !v.empty() && absl::SimpleAtoi(v, &n) && std::to_string(n) == v) {
-        *out += v;
-      } else {
-        *out += JsonString(v);
-      }
+      const bool plain = node.Tag() != "!";  // quoted scalars are tagged "!": strings whatever they read
+      const bool boolean = v == "true" || v == "false";
+      const bool integer = !v.empty() && absl::SimpleAtoi(v, &n) && std::to_string(n) == v;
+      *out += plain && (boolean || integer) ? v : JsonString(v);
       return true;
     }
     case YAML::NodeType::Null:
