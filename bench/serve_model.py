@@ -11,7 +11,7 @@ full-HBM points only, and prints predicted against measured.
 
 M is the point's misses per step (the daemon's counter: the selection stream sets it, not the
 timing), R the record bytes, link the H2D rate the run measured, t_plan = 15 µs a RESOLVE launch and
-eta = 0.53 (random 656-B misses gather at 29.4 of 55.5 GB/s: ../shared/FACTS.md), both from other
+eta = 0.53 (random 656-B misses gather at 29.4 of 55.5 GB/s: FACTS.md), both from other
 runs. Nothing is fitted to a hisparse point.
 
     python3 bench/serve_model.py serve.jsonl

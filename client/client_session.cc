@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "client_version.h"
 #include "grpc_status.h"
+#include "hisparse/common/socket_access.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/unix_socket.h"
 
@@ -126,9 +127,12 @@ absl::Status ClientSession::OpenStream(const std::string& address) {
   // gRPC's default 4 MiB limit on what a client receives; the daemon is the only peer.
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  // A socket this user may not open is said at once (gRPC would retry EACCES until the timeout).
+  HS_RETURN_IF_ERROR(CheckSocketAccess(address));
   channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address));
+    const std::string why = DescribeUnreachableSocket(address);
+    return absl::UnavailableError(absl::StrCat("cannot reach hisparsed at ", address, why.empty() ? "" : ": ", why));
   }
   stub_ = v1::HiSparse::NewStub(channel_);
   return absl::OkStatus();

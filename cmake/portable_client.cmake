@@ -133,8 +133,10 @@ if(TARGET hisparse_portable)
   foreach(t IN LISTS _hs_ctl_own)
     list(APPEND _hs_ctl_own_files $<TARGET_FILE:${t}>)
   endforeach()
+  # yaml-cpp (config --json) from its static archive, as the executable may hold -fPIE code.
+  find_library(HS_STATIC_yaml_cpp NAMES libyaml-cpp.a REQUIRED)
   target_link_libraries(hisparse_portable_ctl PRIVATE
-    -Wl,--start-group ${_hs_ctl_own_files} ${_hs_portable_paths} -Wl,--end-group
+    -Wl,--start-group ${_hs_ctl_own_files} ${_hs_portable_paths} ${HS_STATIC_yaml_cpp} -Wl,--end-group
     -static-libstdc++ -static-libgcc -Wl,--gc-sections -Wl,-O1
     -Wl,-Bstatic -latomic -Wl,-Bdynamic
     Threads::Threads ${CMAKE_DL_LIBS} rt m)

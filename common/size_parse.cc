@@ -16,6 +16,7 @@ namespace {
 struct Unit {
   std::string_view name;  // lower case
   uint64_t multiplier;
+  bool decimal = false;  // KB, MB, ...: recognised only to be refused with the binary spelling
 };
 
 constexpr uint64_t kKi = uint64_t{1} << 10;
@@ -27,15 +28,15 @@ constexpr uint64_t kPi = uint64_t{1} << 50;
 constexpr std::array<Unit, 22> kUnits = {{
     {"", 1},      {"b", 1},
     {"k", kKi},   {"ki", kKi},
-    {"kib", kKi}, {"kb", 1000},
+    {"kib", kKi}, {"kb", 1000, true},
     {"m", kMi},   {"mi", kMi},
-    {"mib", kMi}, {"mb", 1000 * 1000},
+    {"mib", kMi}, {"mb", 1000 * 1000, true},
     {"g", kGi},   {"gi", kGi},
-    {"gib", kGi}, {"gb", 1000 * 1000 * 1000},
+    {"gib", kGi}, {"gb", 1000 * 1000 * 1000, true},
     {"t", kTi},   {"ti", kTi},
-    {"tib", kTi}, {"tb", 1000ull * 1000 * 1000 * 1000},
+    {"tib", kTi}, {"tb", 1000ull * 1000 * 1000 * 1000, true},
     {"p", kPi},   {"pi", kPi},
-    {"pib", kPi}, {"pb", 1000ull * 1000 * 1000 * 1000 * 1000},
+    {"pib", kPi}, {"pb", 1000ull * 1000 * 1000 * 1000 * 1000, true},
 }};
 
 // Debian's Abseil has its own string_view (ABSL_OPTION_USE_STD_STRING_VIEW is 0), which does not
@@ -49,7 +50,8 @@ bool IsSpace(char c) { return c == ' ' || c == '\t'; }
 std::string Quote(std::string_view text) { return absl::StrCat("\"", absl::CHexEscape(ToAbsl(text)), "\""); }
 
 absl::Status Invalid(std::string_view text, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("cannot parse ", Quote(text), " as a byte size: ", why));
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot parse ", Quote(text), " as a byte size: ", why, " (", kByteSizeRule, ")"));
 }
 
 }  // namespace
@@ -104,8 +106,20 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
     bool letters = !unit.empty();
     for (char c : unit) letters = letters && absl::ascii_isalpha(static_cast<unsigned char>(c));
     if (!letters) return Invalid(text, absl::StrCat("unexpected ", Quote(unit_text), " after the number"));
-    return Invalid(text, absl::StrCat("unknown unit ", Quote(unit_text),
-                                      " (use B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB or PB)"));
+    return Invalid(text, absl::StrCat("unknown unit ", Quote(unit_text)));
+  }
+  if (found->decimal) {
+    // Refused rather than read as powers of ten: "8GB" would then be 7.45 GiB, which is seldom what
+    // was meant, and silently so. Say both readings.
+    const std::string number(absl::StripTrailingAsciiWhitespace(ToAbsl(s.substr(0, i))));  // "8" of "8GB"
+    const std::string binary = absl::AsciiStrToUpper(ToAbsl(unit_text.substr(0, 1))) + "iB";
+    std::string decimal_reading;
+    uint64_t exact = 0;
+    if (!has_fraction && !__builtin_mul_overflow(whole, found->multiplier, &exact)) {
+      decimal_reading = absl::StrCat(", or ", exact, " for exactly that many bytes (", FormatByteSize(exact), ")");
+    }
+    return Invalid(text, absl::StrCat("decimal units are not taken; write ", number, binary, " for ", number, " ",
+                                      binary, decimal_reading));
   }
   if (has_fraction && found->multiplier == 1) {
     return Invalid(text, "a byte count must be a whole number");

@@ -82,6 +82,8 @@ constexpr const char* kHugePagesNames[] = {"auto", "on", "off"};
 constexpr const char* kDeviceNames[] = {"auto", "cuda", "host"};
 constexpr const char* kArenaExportNames[] = {"auto", "vmm", "cuda_ipc"};
 constexpr const char* kLogLevelNames[] = {"debug", "info", "warning", "error"};
+constexpr const char* kLogFormatNames[] = {"text", "json"};
+constexpr const char* kLogPrefixNames[] = {"auto", "on", "off"};
 
 absl::StatusOr<HugePagesMode> ParseHugePages(std::string_view text) {
   return ParseEnum<HugePagesMode>(text, kHugePagesNames);
@@ -91,6 +93,12 @@ absl::StatusOr<ArenaExportMode> ParseArenaExport(std::string_view text) {
   return ParseEnum<ArenaExportMode>(text, kArenaExportNames);
 }
 absl::StatusOr<LogLevel> ParseLogLevel(std::string_view text) { return ParseEnum<LogLevel>(text, kLogLevelNames); }
+absl::StatusOr<LogFormatKind> ParseLogFormat(std::string_view text) {
+  return ParseEnum<LogFormatKind>(text, kLogFormatNames);
+}
+absl::StatusOr<LogPrefixMode> ParseLogPrefix(std::string_view text) {
+  return ParseEnum<LogPrefixMode>(text, kLogPrefixNames);
+}
 absl::StatusOr<OnPoolFull> ParseOnPoolFull(std::string_view text) {
   return ParseEnum<OnPoolFull>(text, kOnPoolFullNames);
 }
@@ -122,13 +130,26 @@ absl::Status CheckListen(std::string_view listen) {
   return absl::OkStatus();
 }
 
+// "must be a multiple of 4KiB, got 100000001 (95.4 MiB); 99999744 (97656KiB) or 100003840 (97660KiB)
+// would do; sizes are ..." : the refusal names the nearest sizes that would do, and the rule.
+absl::Status NotAMultiple(uint64_t bytes, uint64_t unit, const std::string& unit_name) {
+  const uint64_t below = bytes / unit * unit;
+  std::string nearest = below == 0 ? "" : absl::StrCat(below, " (", FormatByteSizeExact(below), ") or ");
+  if (bytes <= UINT64_MAX - unit) {
+    absl::StrAppend(&nearest, below + unit, " (", FormatByteSizeExact(below + unit), ") would do");
+  } else {
+    absl::StrAppend(&nearest, "would do");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("must be a multiple of ", unit_name, ", got ", bytes, " (",
+                                                 FormatByteSize(bytes), "); ", nearest, "; ", kByteSizeRule));
+}
+
 absl::Status CheckPoolBytes(uint64_t bytes) {
   if (bytes < kMiB) {
-    return absl::InvalidArgumentError(absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be at least 1MiB, got ", bytes, " (a unit missing?); ", kByteSizeRule));
   }
-  if (bytes % kPageSize != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("must be a multiple of 4KiB, got ", bytes));
-  }
+  if (bytes % kPageSize != 0) return NotAMultiple(bytes, kPageSize, "4KiB");
   return absl::OkStatus();
 }
 
@@ -174,8 +195,7 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.host_pool.page_size); },
        [](const DaemonConfig& c) -> absl::Status {
          if (c.host_pool.page_size >= kPageSize && c.host_pool.page_size % kPageSize == 0) return absl::OkStatus();
-         return absl::InvalidArgumentError(
-             absl::StrCat("must be a positive multiple of 4KiB, got ", c.host_pool.page_size));
+         return NotAMultiple(c.host_pool.page_size, kPageSize, "4KiB");
        }},
       {"host_pool.slab_size", "byte size",
        "The largest slab (one memfd, one session's pages only) and the reserve's slab size; whole pages.", false,
@@ -184,8 +204,14 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) -> absl::Status {
          const uint64_t page = c.host_pool.page_size, slab = c.host_pool.slab_size;
          if (page != 0 && slab >= page && slab % page == 0 && slab / page <= UINT32_MAX) return absl::OkStatus();
-         return absl::InvalidArgumentError(absl::StrCat("must be a whole number of pages (host_pool.page_size ",
-                                                        FormatByteSizeExact(page), "), got ", slab));
+         if (page == 0 || slab < page) {
+           return absl::InvalidArgumentError(absl::StrCat("must be a whole number of pages (host_pool.page_size ",
+                                                          FormatByteSizeExact(page), "), got ", slab, "; ",
+                                                          kByteSizeRule));
+         }
+         return NotAMultiple(
+             slab, page,
+             absl::StrCat("host_pool.page_size (", FormatByteSizeExact(page), "): a whole number of pages"));
        }},
       {"host_pool.reserve_slabs", "integer >= 0",
        "Ready (pre-touched, zeroed) full slabs a background thread keeps while the budget allows.", false,
@@ -213,8 +239,8 @@ const std::vector<KeySpec>& Specs() {
        [](const DaemonConfig& c) { return FormatByteSizeExact(c.gpu_memory_budget); },
        [](const DaemonConfig& c) -> absl::Status {
          if (c.gpu_memory_budget == 0 || c.gpu_memory_budget >= kMiB) return absl::OkStatus();
-         return absl::InvalidArgumentError(
-             absl::StrCat("must be 0 (no limit) or at least 1MiB, got ", c.gpu_memory_budget, " (a unit missing?)"));
+         return absl::InvalidArgumentError(absl::StrCat("must be 0 (no limit) or at least 1MiB, got ",
+                                                        c.gpu_memory_budget, " (a unit missing?); ", kByteSizeRule));
        }},
       {"gpu.arena_export", "auto | vmm | cuda_ipc",
        "How GPU slot arenas reach engines (device cuda or auto): vmm (CUDA VMM, POSIX fd), cuda_ipc (legacy cudaIpc "
@@ -325,13 +351,18 @@ const std::vector<KeySpec>& Specs() {
          const std::string& l = c.metrics.listen;
          const size_t colon = l.rfind(':');
          int port = 0;
+         // An IPv6 host goes in brackets ("[::1]:9464"), as in a URL; "::1:9464" is ambiguous.
+         if (colon != std::string::npos && l.find(':') < colon && l.front() != '[') {
+           return absl::InvalidArgumentError(
+               absl::StrCat("an IPv6 host goes in brackets, e.g. [::1]:9464 or [::]:9464, got \"", l, "\""));
+         }
          if (l.empty() ||
              (colon != std::string::npos && colon > 0 &&
               absl::SimpleAtoi(absl::string_view(l).substr(colon + 1), &port) && port >= 0 && port < 65536)) {
            return absl::OkStatus();
          }
          return absl::InvalidArgumentError(
-             absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464) or empty, got \"", l, "\""));
+             absl::StrCat("must be HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464) or empty, got \"", l, "\""));
        }},
       {"import.enabled", "bool",
        "Serve imports from prefill nodes over UCX (AdmitRequest.begin_import): writes arrive as active messages that "
@@ -385,6 +416,16 @@ const std::vector<KeySpec>& Specs() {
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},
+      {"log_format", "text | json",
+       "text: one line per message (time, level, program[pid], file:line, message); json: one object per line "
+       "(time, level, program, pid, node from $NODE_NAME, source, message) for log collectors.",
+       false, HS_SET_WITH(ParseLogFormat, log_format),
+       [](const DaemonConfig& c) { return std::string(LogFormatKindName(c.log_format)); }, nullptr},
+      {"log_priority_prefix", "auto | on | off",
+       "Start each line with its syslog priority (<3> error, <4> warning, <6> info, <7> debug), which journald "
+       "reads as the entry's priority; auto: when stderr is the journal ($JOURNAL_STREAM).",
+       true, HS_SET_WITH(ParseLogPrefix, log_priority_prefix),
+       [](const DaemonConfig& c) { return std::string(LogPrefixModeName(c.log_priority_prefix)); }, nullptr},
   };
   return *specs;
 }
@@ -508,6 +549,8 @@ std::string_view DeviceKindName(DeviceKind kind) { return NameOf(static_cast<int
 std::string_view ArenaExportModeName(ArenaExportMode mode) { return NameOf(static_cast<int>(mode), kArenaExportNames); }
 std::string_view OnPoolFullName(OnPoolFull mode) { return NameOf(static_cast<int>(mode), kOnPoolFullNames); }
 std::string_view LogLevelName(LogLevel level) { return NameOf(static_cast<int>(level), kLogLevelNames); }
+std::string_view LogFormatKindName(LogFormatKind format) { return NameOf(static_cast<int>(format), kLogFormatNames); }
+std::string_view LogPrefixModeName(LogPrefixMode mode) { return NameOf(static_cast<int>(mode), kLogPrefixNames); }
 
 bool operator==(const DaemonConfig& a, const DaemonConfig& b) {
   // Every key is rendered by the table, so comparing the rendered values covers every field
@@ -617,8 +660,8 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     for (const auto& [key, bytes] :
          {std::pair<const char*, uint64_t>{"host_pool.size", pool.size}, {"host_pool.page_size", pool.page_size}}) {
       if (bytes % kHugePageSize != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            key, ": must be a multiple of 2MiB when host_pool.hugepages is on, got ", FormatByteSizeExact(bytes)));
+        const absl::Status why = NotAMultiple(bytes, kHugePageSize, "2MiB when host_pool.hugepages is on");
+        return absl::InvalidArgumentError(absl::StrCat(key, ": ", why.message()));
       }
     }
   }

@@ -136,7 +136,7 @@ struct Daemon::Impl {
   std::unique_ptr<SessionManager> sessions;
   std::unique_ptr<ImportTarget> import_target;  // null: imports off; goes before `sessions`
   std::unique_ptr<LeaseSweeper> lease_sweeper;  // goes before `sessions` too
-  std::shared_ptr<Metrics> metrics;
+  std::shared_ptr<Metrics> metrics;             // made before anything that reports health
   std::unique_ptr<MetricsServer> metrics_server;
   PeerRegistry peers;                              // who is at the other end of each control connection
   std::unique_ptr<SessionStreamGate> stream_gate;  // Session streams before `open`; outlives `server`
@@ -172,6 +172,7 @@ struct Daemon::Impl {
   // gRPC's health service is in-process state; setting it under the lock keeps updates ordered.
   void PublishHealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu) {
     if (health != nullptr) health->SetServingStatus(ready && channels_down == 0);
+    metrics->SetServing(health != nullptr && ready && channels_down == 0);  // hisparse_serving
   }
 };
 
@@ -181,7 +182,7 @@ Daemon::~Daemon() {
   if (impl_->drainer.joinable()) impl_->drainer.join();
 }
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config, const std::string& node) {
   HS_RETURN_IF_ERROR(ValidateConfig(config));
   auto impl = std::make_unique<Impl>();
   {
@@ -259,6 +260,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
+  impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);
+  // Before either socket exists: a metrics address that cannot be bound stops the start with
+  // nothing left behind.
+  if (!config.metrics.listen.empty()) {
+    HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
+    const std::vector<int> ports = impl->metrics_server->ListeningPorts();  // port 0: the one taken
+    const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
+    LOG(INFO) << "metrics on http://" << host << ":" << (ports.empty() ? 0 : ports.front()) << "/metrics";
+  }
   if (config.import.enabled) {
     SessionManager* sessions = impl->sessions.get();
     ImportTargetOptions import_options;
@@ -291,18 +301,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   fd_options.max_connections_per_peer = config.limits.max_fd_connections_per_peer;
   fd_options.in_flight = FdInFlightFrom(config.limits);
   fd_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kFdChannel, up); };
+  // From here a start that fails removes the sockets it made (Shutdown does, once started): the
+  // next start, or an engine, must not find a stale one.
+  struct RemoveOnFailure {
+    std::vector<std::string> paths;
+    ~RemoveOnFailure() {
+      for (const std::string& p : paths) ::unlink(p.c_str());
+    }
+  } remove_on_failure{{impl->fd_socket_path, socket_path}};
   HS_ASSIGN_OR_RETURN(impl->fd_server, FdServer::Start(impl->fd_socket_path, kSocketMode, socket_gid, policy,
                                                        impl->sessions.get(), std::move(fd_options)));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  impl->metrics = std::make_shared<Metrics>(impl->sessions.get());
-  if (!config.metrics.listen.empty()) {
-    HS_ASSIGN_OR_RETURN(impl->metrics_server, MetricsServer::Start(config.metrics.listen, impl->metrics));
-    const std::vector<int> ports = impl->metrics_server->ListeningPorts();  // port 0: the one taken
-    const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
-    LOG(INFO) << "metrics on http://" << host << ":" << (ports.empty() ? 0 : ports.front()) << "/metrics";
-  }
   HiSparseService::Hooks hooks;
   hooks.config_yaml = [raw] {
     absl::MutexLock lock(&raw->config_mu);
@@ -358,7 +369,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   }
   impl->SetReady(true);
   LOG(INFO) << "hisparsed " << kVersion << " serving on " << impl->grpc_address << " (fd channel "
-            << impl->fd_socket_path << ", device " << device << ")";
+            << impl->fd_socket_path << ", device " << device << (node.empty() ? "" : ", node ") << node << ")";
+  remove_on_failure.paths.clear();
   std::unique_ptr<Daemon> daemon(new Daemon(std::move(impl)));
   drain_target->store(daemon.get(), std::memory_order_release);
   return daemon;
@@ -431,7 +443,13 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
     LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
     fixed.push_back(std::move(key));
   }
+  impl_->metrics->ObserveReload(true);
   return fixed;
+}
+
+void Daemon::ReloadRefused(const absl::Status& why) {
+  LOG(ERROR) << "SIGHUP: keeping the running config: " << why;
+  impl_->metrics->ObserveReload(false);
 }
 
 DaemonConfig Daemon::config() const {

@@ -1,20 +1,30 @@
 // hisparsed: the per-node KV memory daemon. main() only parses flags into a DaemonConfig, starts
 // the Daemon and waits for SIGTERM / SIGINT; everything else is in the hisparse_daemon library.
 #include <signal.h>
+#include <string.h>  // sigabbrev_np
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/daemon.h"
 
 namespace {
+
+// Exit statuses (docs/man/hisparsed.8, "EXIT STATUS"; sysexits.h where one fits). 0: stopped by a
+// signal; 75 (EX_TEMPFAIL, hisparse::kDrainedExitCode): a drain went idle, restart wanted.
+constexpr int kExitStartFailed = 1;  // the config is valid but the daemon could not start (the log says why)
+constexpr int kExitUsage = 64;       // EX_USAGE: a bad command line
+constexpr int kExitConfig = 78;      // EX_CONFIG: the config file or a value is refused (the key is named)
 
 hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
   switch (level) {
@@ -60,14 +70,20 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> sets;
   app.add_option("--set", sets, "KEY=VALUE: override any config key");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11's own codes (105-120) mean nothing to a service manager: usage errors are EX_USAGE.
+    const int rc = app.exit(e);  // prints the help, the version, or what was wrong
+    return rc == 0 ? 0 : kExitUsage;
+  }
 
   hisparse::DaemonConfig config;
   if (!config_path.empty()) {
     auto loaded = hisparse::LoadConfigFile(config_path);
     if (!loaded.ok()) {
       std::fprintf(stderr, "hisparsed: %s\n", std::string(loaded.status().message()).c_str());
-      return 2;
+      return kExitConfig;
     }
     config = *loaded;
   }
@@ -79,17 +95,26 @@ int main(int argc, char** argv) {
     const size_t eq = s.find('=');
     if (eq == std::string::npos) {
       std::fprintf(stderr, "hisparsed: --set wants KEY=VALUE, got \"%s\"\n", s.c_str());
-      return 2;
+      return kExitUsage;
     }
     overrides.emplace_back(s.substr(0, eq), s.substr(eq + 1));
   }
   for (const auto& [key, value] : overrides) {
     if (auto st = hisparse::ApplyConfigOverride(config, key, value); !st.ok()) {
       std::fprintf(stderr, "hisparsed: %s\n", std::string(st.message()).c_str());
-      return 2;
+      return kExitConfig;
     }
   }
   hisparse::SetLogThreshold(ToSeverity(config.log_level));
+  // The log's shape is fixed for the process's life (a reload that changes it asks for a restart).
+  hisparse::LogOptions log;
+  log.format =
+      config.log_format == hisparse::LogFormatKind::kJson ? hisparse::LogFormat::kJson : hisparse::LogFormat::kText;
+  log.priority_prefix = config.log_priority_prefix == hisparse::LogPrefixMode::kOn ||
+                        (config.log_priority_prefix == hisparse::LogPrefixMode::kAuto && hisparse::StderrIsJournal());
+  // Kubernetes' downward API (deploy/kubernetes/base/daemonset.yaml): the node this daemon serves.
+  if (const char* node = std::getenv("NODE_NAME"); node != nullptr) log.node = node;
+  hisparse::SetLogOptions(log);
 
   // Block the signals in every thread; one thread waits for them. SIGHUP reloads the config file.
   sigset_t stop;
@@ -100,17 +125,22 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  auto daemon = hisparse::Daemon::Start(config);
+  auto daemon = hisparse::Daemon::Start(config, log.node);
   if (!daemon.ok()) {
     LOG(ERROR) << "hisparsed failed to start: " << daemon.status();
-    return 1;
+    // Values every key accepts alone may still not go together (ValidateConfig): a config error.
+    return absl::IsInvalidArgument(daemon.status()) ? kExitConfig : kExitStartFailed;
   }
+  std::atomic<int> stop_signal{0};
   auto wait_for_signals = [&] {
     for (;;) {
       int sig = 0;
       sigwait(&stop, &sig);
       if (sig != SIGHUP) {
-        LOG(INFO) << "signal " << sig << ": shutting down";
+        // The wake-up main sends once a drain has stopped the daemon (below) is not a stop.
+        if ((*daemon)->drained()) return;
+        stop_signal.store(sig);
+        LOG(INFO) << "signal " << sig << " (SIG" << sigabbrev_np(sig) << "): shutting down";
         (*daemon)->Shutdown();
         return;
       }
@@ -129,7 +159,7 @@ int main(int argc, char** argv) {
         if (auto st = hisparse::ValidateConfig(*next); !st.ok()) next = st;
       }
       if (!next.ok()) {
-        LOG(ERROR) << "SIGHUP: keeping the running config: " << next.status();
+        (*daemon)->ReloadRefused(next.status());
         continue;
       }
       (*daemon)->Reload(*next);
@@ -140,13 +170,23 @@ int main(int argc, char** argv) {
     waiter = std::thread(wait_for_signals);
   } catch (const std::system_error& e) {
     LOG(ERROR) << "hisparsed cannot start its signal thread: " << e.what();
-    return 1;
+    return kExitStartFailed;
   }
   (*daemon)->Wait();
   // Shutdown may have come from elsewhere (a drain): wake the waiter so it ends.
   // The waiter blocks in sigwait with SIGTERM blocked: this wakes it, it does not kill it.
   pthread_kill(waiter.native_handle(), SIGTERM);  // NOLINT(bugprone-bad-signal-to-kill-thread)
   waiter.join();
-  // A drain's exit asks the service manager for a fresh start; a stop (signal) is final.
-  return (*daemon)->drained() ? hisparse::kDrainedExitCode : 0;
+  // A drain's exit asks the service manager for a fresh start; a stop (signal) is final. The last
+  // line says which it was, so that an exit in the journal explains itself.
+  if ((*daemon)->drained()) {
+    LOG(INFO) << "exiting " << hisparse::kDrainedExitCode
+              << " (EX_TEMPFAIL): a drain (hisparse-ctl drain) went idle, the last session has ended; the service "
+                 "manager starts a fresh daemon (systemd: RestartForceExitStatus=75; Kubernetes restarts the "
+                 "container)";
+    return hisparse::kDrainedExitCode;
+  }
+  LOG(INFO) << "exiting 0: stopped by signal " << stop_signal.load() << " (SIG"
+            << (stop_signal.load() != 0 ? sigabbrev_np(stop_signal.load()) : "?") << ")";
+  return 0;
 }

@@ -1,11 +1,23 @@
 #include "hisparse/daemon/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "civetweb.h"
+#include "hisparse/common/log.h"
+#include "hisparse/daemon/process_stats.h"
 #include "prometheus/exposer.h"
 
 namespace hisparse {
@@ -61,12 +73,56 @@ class FamilyBuilder {
   std::map<std::string, size_t> index_;
 };
 
+// Why `listen` ("HOST:PORT", "[V6]:PORT") cannot be bound: the errno of a bind of our own.
+std::string WhyCannotListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::StrCat("host \"", host, "\": ", ::gai_strerror(rc));
+  }
+  std::string why = "it could not be bound";
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as civetweb does
+    const int rc = ::bind(fd, a->ai_addr, a->ai_addrlen);
+    const int err = errno;
+    ::close(fd);
+    if (rc == 0) continue;
+    why = err == EADDRINUSE      ? absl::StrCat("port ", port, " is in use by another process")
+          : err == EADDRNOTAVAIL ? absl::StrCat("no interface of this host has the address ", host)
+          : err == EACCES        ? absl::StrCat("port ", port, " needs privileges this process lacks")
+                                 : std::string(std::strerror(err));
+    break;
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
+
 }  // namespace
 
 const std::vector<MetricInfo>& MetricCatalog() {
   static const std::vector<MetricInfo> catalog = {
-      {"hisparse_build_info", "gauge", "Always 1; the label version is the daemon's release (hisparsed --version)."},
+      {"hisparse_build_info", "gauge",
+       "Always 1; the label version is the daemon's release (hisparsed --version), node the node's name where "
+       "known ($NODE_NAME)."},
       {"hisparse_up", "gauge", "1 while the daemon serves; 0 while draining."},
+      {"hisparse_serving", "gauge",
+       "1 while grpc.health.v1 reports SERVING; 0 for NOT_SERVING (draining, stopping, or a socket cannot "
+       "accept, e.g. out of descriptors)."},
+      {"hisparse_config_last_reload_successful", "gauge",
+       "1 if the last SIGHUP reload was applied (or none was tried); 0 if it was refused and the running "
+       "config kept (the log says why)."},
+      {"hisparse_config_last_reload_success_timestamp_seconds", "gauge",
+       "Unix time of the last successful config load (start-up counts)."},
+      {"hisparse_config_reloads_total", "counter", "SIGHUP config reloads since start, by result (success, failure)."},
       {"hisparse_uptime_seconds", "gauge", "Seconds since the daemon started."},
       {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
       {"hisparse_host_pool_capacity_bytes", "gauge", "Host KV pool capacity in bytes."},
@@ -116,8 +172,29 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_tp_group_requests", "gauge", "TP-group requests (each counted once)."},
       {"hisparse_tp_group_shares", "gauge",
        "Rows the ranks of TP groups hold over their groups' requests (requests x ranks when all hold all)."},
+      // The standard process metrics of Prometheus' client libraries, read from /proc at scrape time.
+      {"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."},
+      {"process_open_fds", "gauge", "Number of open file descriptors."},
+      {"process_max_fds", "gauge", "Maximum number of open file descriptors (RLIMIT_NOFILE, soft)."},
+      {"process_resident_memory_bytes", "gauge", "Resident memory size in bytes."},
+      {"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."},
+      {"process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds."},
   };
   return catalog;
+}
+
+Metrics::Metrics(const SessionManager* sessions, std::string node) : sessions_(sessions), node_(std::move(node)) {
+  last_reload_success_seconds_.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+}
+
+void Metrics::ObserveReload(bool ok) {
+  last_reload_ok_.store(ok);
+  if (ok) {
+    last_reload_success_seconds_.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    reloads_ok_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    reloads_failed_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void Metrics::ObserveRpc(Method method, double seconds) {
@@ -131,8 +208,17 @@ void Metrics::ObserveRpc(Method method, double seconds) {
 std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   const v1::StatsResponse st = sessions_->Stats();
   FamilyBuilder fb;
-  fb.Add("hisparse_build_info", 1, {{"version", st.version()}});
+  if (node_.empty()) {
+    fb.Add("hisparse_build_info", 1, {{"version", st.version()}});
+  } else {
+    fb.Add("hisparse_build_info", 1, {{"node", node_}, {"version", st.version()}});
+  }
   fb.Add("hisparse_up", st.draining() ? 0 : 1);
+  fb.Add("hisparse_serving", serving_.load(std::memory_order_relaxed) ? 1 : 0);
+  fb.Add("hisparse_config_last_reload_successful", last_reload_ok_.load() ? 1 : 0);
+  fb.Add("hisparse_config_last_reload_success_timestamp_seconds", last_reload_success_seconds_.load());
+  fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_ok_.load()), {{"result", "success"}});
+  fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_failed_.load()), {{"result", "failure"}});
   fb.Add("hisparse_uptime_seconds", st.uptime_seconds());
   const auto& p = st.host_pool();
   fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.used_bytes()), {{"state", "used"}});
@@ -206,11 +292,33 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_host_pool_group_bytes", static_cast<double>(p.group_bytes()));
   fb.Add("hisparse_tp_group_requests", static_cast<double>(group_requests));
   fb.Add("hisparse_tp_group_shares", static_cast<double>(group_shares));
+  // /proc is always there on Linux; were it not, the families go without samples (and say why
+  // in the log) rather than reporting zeros that look real.
+  if (const absl::StatusOr<ProcessStats> ps = ReadProcessStats(); ps.ok()) {
+    fb.Add("process_cpu_seconds_total", ps->cpu_seconds);
+    fb.Add("process_open_fds", static_cast<double>(ps->open_fds));
+    fb.Add("process_max_fds", static_cast<double>(ps->max_fds));
+    fb.Add("process_resident_memory_bytes", static_cast<double>(ps->resident_bytes));
+    fb.Add("process_virtual_memory_bytes", static_cast<double>(ps->virtual_bytes));
+    fb.Add("process_start_time_seconds", ps->start_time_seconds);
+  } else {
+    LOG(WARNING) << "metrics: process_* not exported: " << ps.status();
+  }
   return fb.Take();
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                                     std::shared_ptr<Metrics> metrics) {
+  // civetweb takes IPv6 as "[addr]:port", but only when built with it (feature bit 8), which
+  // Debian 12's libcivetweb1 is not: say so rather than "could not bind".
+  constexpr unsigned kCivetwebIpv6 = 8;
+  if (!listen.empty() && listen.front() == '[' && mg_check_feature(kCivetwebIpv6) == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot serve metrics on ", listen,
+        ": the civetweb library hisparsed serves them with was built without IPv6 (Debian 12's is); set "
+        "metrics.listen (--metrics-listen) to an IPv4 address (0.0.0.0:9464 for every IPv4 interface), or use a "
+        "civetweb built with IPv6"));
+  }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->metrics_ = std::move(metrics);
   try {
@@ -222,7 +330,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
         "listening_ports", listen, "num_threads", absl::StrCat(kMetricsThreads), "request_timeout_ms",
         absl::StrCat(kMetricsRequestTimeoutMs), "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+    // civetweb says only that it could not bind; binding the address here says why.
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", WhyCannotListen(listen),
+                                               ": set metrics.listen (--metrics-listen) to another HOST:PORT, or "
+                                               "to empty to turn metrics off"));
   }
   server->exposer_->RegisterCollectable(server->metrics_);
   return server;

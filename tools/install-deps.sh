@@ -10,6 +10,7 @@ packages=(
   libucx-dev  # imports from a prefill node over UCX (daemon/ucx_import.cc); the build works without it
   clang clang-format clang-tidy
   python3 python3-pytest python3-numpy python3-pyflakes
+  python3-yaml  # reads the alert rules in the monitoring check (deploy/validate/check_metric_names.py)
   python3-venv  # the wheel test installs the built wheel into a fresh venv (tests/install/wheel_test.sh)
   dpkg-dev  # dpkg-source, for tools/fetch-pic-sources.sh
   python3-torch  # CPU torch: the engine benchmarks' smoke runs (decode_bench, serve_bench) in ctest

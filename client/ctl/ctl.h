@@ -1,7 +1,7 @@
 // hisparse-ctl: the admin CLI. main.cc holds the one command table (name, synopsis, help, options,
 // handler) that also generates the shell completion and the man page; each command lives in its
-// own file. Exit codes (every command): 0 ok, 1 the daemon said no, 2 cannot reach it (or bad
-// usage).
+// own file. Exit codes (every command; sysexits.h's where one fits): 0 ok, 1 the daemon said no,
+// 2 cannot reach it, 64 (EX_USAGE) bad usage, 77 (EX_NOPERM) this user may not open the socket.
 #ifndef HISPARSE_CLIENT_CTL_CTL_H_
 #define HISPARSE_CLIENT_CTL_CTL_H_
 
@@ -16,6 +16,8 @@ namespace hisparse::ctl {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitRefused = 1;
 inline constexpr int kExitUnreachable = 2;
+inline constexpr int kExitUsage = 64;         // EX_USAGE: bad flags, arguments or address
+inline constexpr int kExitNoPermission = 77;  // EX_NOPERM: outside the socket's group
 
 struct GlobalOptions {
   std::string daemon = "unix:/run/hisparse/hisparsed.sock";  // --daemon, or $HISPARSE_DAEMON

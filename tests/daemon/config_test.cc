@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hisparse/common/size_parse.h"
 #include "yaml-cpp/yaml.h"
 
 namespace hisparse {
@@ -103,6 +104,8 @@ TEST(ConfigTest, EnumAndBoolSpellings) {
   EXPECT_EQ(MustParse("device: host").device, DeviceKind::kHost);
   EXPECT_EQ(MustParse("log_level: warning").log_level, LogLevel::kWarning);
   EXPECT_EQ(MustParse("log_level: error").log_level, LogLevel::kError);
+  EXPECT_EQ(MustParse("log_format: json").log_format, LogFormatKind::kJson);
+  EXPECT_EQ(MustParse("log_priority_prefix: \"off\"").log_priority_prefix, LogPrefixMode::kOff);
   EXPECT_TRUE(MustParse("host_pool: {mlock: yes}").host_pool.mlock);
   EXPECT_FALSE(MustParse("host_pool: {mlock: False}").host_pool.mlock);
   EXPECT_EQ(MustParse("listen: unix:rel/h.sock").listen, "unix:rel/h.sock");
@@ -125,8 +128,10 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
       {"host_pool: {size: -1GiB}", "host_pool.size", "negative"},
       {"host_pool: {size: 99999999999PiB}", "host_pool.size", "64 bits"},
       {"host_pool: {size: 4096}", "host_pool.size", "at least 1MiB"},
-      {"host_pool: {size: 1000KB}", "host_pool.size", "at least 1MiB"},
-      {"host_pool: {size: 1.5MB}", "host_pool.size", "multiple of 4KiB"},
+      {"host_pool: {size: 1000KiB}", "host_pool.size", "at least 1MiB"},
+      {"host_pool: {size: 8GB}", "host_pool.size", "write 8GiB for 8 GiB, or 8000000000"},
+      {"host_pool: {size: 100000001}", "host_pool.size",
+       "multiple of 4KiB, got 100000001 (95.4 MiB); 99999744 (97656KiB) or 100003840 (97660KiB) would do; sizes"},
       {"host_pool: {page_size: 512}", "host_pool.page_size", "multiple of 4KiB"},
       {"host_pool: {page_size: 2000001}", "host_pool.page_size", "multiple of 4KiB"},
       {"host_pool: {slab_size: 3000KiB}", "host_pool.slab_size", "whole number of pages"},
@@ -159,8 +164,8 @@ TEST(ConfigTest, EveryBadValueNamesItsKey) {
 
 TEST(ConfigTest, BadValueMessageHasTheSpecifiedFormAndLine) {
   EXPECT_EQ(ErrorOf("host_pool:\n  size: 12XB\n"),
-            "host_pool.size: cannot parse \"12XB\" as a byte size: unknown unit \"XB\" (use B, KiB, MiB, "
-            "GiB, TiB, PiB, KB, MB, GB, TB or PB) (line 2, column 9)");
+            std::string("host_pool.size: cannot parse \"12XB\" as a byte size: unknown unit \"XB\" (") + kByteSizeRule +
+                ") (line 2, column 9)");
 }
 
 TEST(ConfigTest, WrongYamlTypes) {
@@ -331,7 +336,9 @@ TEST(ConfigTest, EqualityCoversEveryKey) {
                                                                     {"import.worker_memory", "1GiB"},
                                                                     {"durability.max_lease_seconds", "60"},
                                                                     {"durability.max_orphans_per_tenant", "0"},
-                                                                    {"log_level", "debug"}};
+                                                                    {"log_level", "debug"},
+                                                                    {"log_format", "json"},
+                                                                    {"log_priority_prefix", "on"}};
   ASSERT_EQ(changes.size(), ConfigKeys().size());
   for (const auto& [key, value] : changes) {
     DaemonConfig c;
@@ -346,7 +353,8 @@ TEST(ConfigTest, MetricsListenIsHostPortOrEmpty) {
   EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "").ok());
   // Port 0: the kernel picks a free port (tests read it back; the daemon logs it).
   EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "127.0.0.1:0").ok());
-  for (const char* bad : {"9464", ":9464", "localhost:", "localhost:http", "host:70000", "host:-1"}) {
+  EXPECT_TRUE(ApplyConfigOverride(c, "metrics.listen", "[::1]:9464").ok());  // IPv6 in brackets
+  for (const char* bad : {"9464", ":9464", "localhost:", "localhost:http", "host:70000", "host:-1", "::1:9464"}) {
     absl::Status st = ApplyConfigOverride(c, "metrics.listen", bad);
     EXPECT_FALSE(st.ok()) << bad;
     EXPECT_NE(std::string(st.message()).find("metrics.listen"), std::string::npos) << st;
@@ -404,7 +412,8 @@ TEST(ConfigTest, KeyTable) {
                  "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
                  "quotas.sessions", "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled",
                  "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "import.worker_memory",
-                 "durability.max_lease_seconds", "durability.max_orphans_per_tenant", "log_level"));
+                 "durability.max_lease_seconds", "durability.max_orphans_per_tenant", "log_level", "log_format",
+                 "log_priority_prefix"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");

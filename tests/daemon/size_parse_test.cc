@@ -47,11 +47,25 @@ TEST(ParseByteSizeTest, BareLetterIsBinary) {
   EXPECT_EQ(Parsed("1T"), kTiB);
 }
 
-TEST(ParseByteSizeTest, DecimalUnits) {
-  EXPECT_EQ(Parsed("1KB"), 1000u);
-  EXPECT_EQ(Parsed("5MB"), 5000000u);
-  EXPECT_EQ(Parsed("2GB"), 2000000000u);
-  EXPECT_EQ(Parsed("1TB"), 1000000000000u);
+// One rule: units are binary. "8GB" read as SI was silently 7.45 GiB while "100MB" failed as no
+// multiple of 4KiB; decimal units are refused, naming both the binary spelling and the reading.
+TEST(ParseByteSizeTest, DecimalUnitsAreRefusedWithBothReadings) {
+  for (const char* text : {"1KB", "5MB", "2GB", "1TB", "1PB", "8 gb", "1.25MB"}) {
+    const absl::StatusOr<uint64_t> v = ParseByteSize(text);
+    ASSERT_FALSE(v.ok()) << text << " parsed as " << *v;
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr("decimal units are not taken")) << text;
+  }
+  const std::string eight = std::string(ParseByteSize("8GB").status().message());
+  EXPECT_THAT(eight, HasSubstr("write 8GiB for 8 GiB, or 8000000000 for exactly that many bytes (7.45 GiB)"));
+  EXPECT_THAT(std::string(ParseByteSize("100MB").status().message()), HasSubstr("write 100MiB for 100 MiB"));
+}
+
+TEST(ParseByteSizeTest, EveryRefusalStatesTheRule) {
+  for (const char* text : {"", "12XB", "-1GiB", "1.5", "99999999999PiB", "8GB", "GiB", "1..5GiB"}) {
+    const absl::StatusOr<uint64_t> v = ParseByteSize(text);
+    ASSERT_FALSE(v.ok()) << text;
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr(kByteSizeRule)) << text;
+  }
 }
 
 TEST(ParseByteSizeTest, CaseAndWhitespace) {
@@ -68,7 +82,7 @@ TEST(ParseByteSizeTest, Fractions) {
   EXPECT_EQ(Parsed("1.0"), 1u);        // a zero fraction is a whole number
   EXPECT_EQ(Parsed("0.1KiB"), 102u);   // 102.4 rounds to nearest
   EXPECT_EQ(Parsed("0.0006KiB"), 1u);  // 0.6144 rounds up
-  EXPECT_EQ(Parsed("1.25MB"), 1250000u);
+  EXPECT_EQ(Parsed("1.25MiB"), 1310720u);
   EXPECT_EQ(Parsed("0.333333333333333333333GiB"), 357913941u);  // digits past 18 ignored
 }
 

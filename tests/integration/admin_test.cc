@@ -72,7 +72,7 @@ TEST(AdminTest, EveryCommandHumanAndJson) {
   EXPECT_NE(completion.find("complete -F _hisparse_ctl hisparse-ctl"), std::string::npos) << completion;
   EXPECT_NE(completion.find("evict"), std::string::npos) << completion;  // generated from the table
   EXPECT_NE(Ctl(a, "man").out.find(".B evict"), std::string::npos);
-  EXPECT_EQ(Ctl(a, "no-such-command").exit_code, 2);
+  EXPECT_EQ(Ctl(a, "no-such-command").exit_code, 64);  // EX_USAGE
 
   // evict: the engine hears of it, then the memory is gone.
   r = Ctl(a, "evict 11 --session " + sid + " --reason test");

@@ -148,6 +148,87 @@ TEST(HardeningTest, MetricsAnswerBesideManyIdleConnections) {
   std::printf("scrape beside 300 idle connections answered in %.2f s\n", seconds);
 }
 
+// The body of GET /metrics on the loopback port, or "" when it does not answer within 30 s.
+std::string ScrapeMetrics(int port) {
+  UniqueFd fd = ConnectLoopback(port);
+  if (!fd.valid()) return "";
+  timeval timeout{30, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (::write(fd.get(), req.data(), req.size()) != static_cast<ssize_t>(req.size())) return "";
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, n);
+  return out;
+}
+
+// A metrics port another process holds stops the start with the port and the key to change named,
+// and leaves neither socket behind (the fd channel's used to stay).
+TEST(HardeningTest, MetricsPortInUseIsNamedAndLeavesNoSocket) {
+  auto first = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                            "4MiB", "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_NE(first, nullptr);
+  const absl::StatusOr<int> port = first->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  char dir[] = "/tmp/hisparse-port-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string sock = std::string(dir) + "/hisparsed.sock";
+  const CommandResult second = RunCommand(
+      "sh -c '" + BinDir() + "/hisparsed --listen unix:" + sock +
+      " --host-pool-size 64MiB --host-pool-page-size 4KiB --host-pool-slab-size 4MiB --set host_pool.mlock=false "
+      "--metrics-listen 127.0.0.1:" +
+      std::to_string(*port) + " 2>&1'");
+  EXPECT_NE(second.exit_code, 0) << second.out;
+  EXPECT_NE(second.out.find("port " + std::to_string(*port) + " is in use"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("metrics.listen (--metrics-listen)"), std::string::npos) << second.out;
+  EXPECT_NE(::access(sock.c_str(), F_OK), 0) << "control socket left behind";
+  EXPECT_NE(::access((sock + ".fd").c_str(), F_OK), 0) << "fd-channel socket left behind";
+  ::unlink((sock + ".lock").c_str());
+  ::rmdir(dir);
+}
+
+// An IPv6 metrics address, in brackets, is served (and scraped over IPv6) where the host has ::1
+// and civetweb was built with IPv6; where civetweb was not (Debian 12's), the start is refused
+// saying exactly that and what to use instead, not "could not bind".
+TEST(HardeningTest, MetricsListenOnIpv6ServesOrSaysWhyNot) {
+  UniqueFd probe(::socket(AF_INET6, SOCK_STREAM, 0));
+  sockaddr_in6 lo6{};
+  lo6.sin6_family = AF_INET6;
+  lo6.sin6_addr = in6addr_loopback;
+  if (!probe.valid() || ::bind(probe.get(), reinterpret_cast<sockaddr*>(&lo6), sizeof(lo6)) != 0) {
+    GTEST_SKIP() << "this host has no IPv6 loopback (::1)";
+  }
+  probe = UniqueFd();
+  const std::vector<std::string> args = {"--host-pool-size",      "64MiB", "--host-pool-page-size", "4KiB",
+                                         "--host-pool-slab-size", "4MiB",  "--metrics-listen",      "[::1]:0"};
+  auto started = DaemonProcess::Start(args, 20000);
+  if (!started.ok()) {
+    char dir[] = "/tmp/hisparse-ipv6-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    std::string cmd = BinDir() + "/hisparsed --listen unix:" + dir + "/s.sock";
+    for (const std::string& a : args) cmd += " " + a;
+    const CommandResult r = RunCommand("sh -c '" + cmd + " 2>&1'");
+    ::rmdir(dir);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("built without IPv6"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("0.0.0.0:9464"), std::string::npos) << r.out;
+    std::printf("IPv6 metrics refused, as this civetweb has no IPv6: %s\n", r.out.c_str());
+    return;
+  }
+  const std::unique_ptr<DaemonProcess> daemon = std::move(*started);
+  const absl::StatusOr<int> port = daemon->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  UniqueFd fd(::socket(AF_INET6, SOCK_STREAM, 0));
+  lo6.sin6_port = htons(*port);
+  ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&lo6), sizeof(lo6)), 0);
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: [::1]\r\n\r\n";
+  ASSERT_EQ(::write(fd.get(), req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof(buf))) > 0;) out.append(buf, n);
+  EXPECT_NE(out.find("\nhisparse_up 1\n"), std::string::npos) << out.substr(0, 500);
+}
+
 // Runs `body` with this process's stderr (which the daemon it starts inherits) in `path`.
 template <typename Body>
 void WithStderrIn(const std::string& path, Body body) {
@@ -174,13 +255,17 @@ TEST(HardeningTest, SighupWithAnEmptyConfigKeepsTheQuotas) {
   const std::string log = std::string(dir) + "/daemon.log";
   std::ofstream(path) << "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nquotas:\n  requests: 1\n";
   std::unique_ptr<DaemonProcess> daemon;
-  WithStderrIn(log, [&] { daemon = StartDaemon({"--config", path}); });
+  const int port = FreeLoopbackPort();
+  WithStderrIn(log, [&] {
+    daemon = StartDaemon({"--config", path, "--metrics-listen", "127.0.0.1:" + std::to_string(port)});
+  });
   ASSERT_NE(daemon, nullptr);
   const std::string a = daemon->address();
   Session s;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
   ASSERT_TRUE(s.Admit(1, 10, 100).ok());
   EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_NE(ScrapeMetrics(port).find("\nhisparse_config_last_reload_successful 1\n"), std::string::npos);
 
   std::ofstream(path, std::ios::trunc).close();  // the file is emptied
   ASSERT_EQ(::kill(daemon->pid(), SIGHUP), 0);
@@ -192,10 +277,58 @@ TEST(HardeningTest, SighupWithAnEmptyConfigKeepsTheQuotas) {
   EXPECT_TRUE(refused) << ReadFile(log);
   EXPECT_NE(ReadFile(log).find("empty"), std::string::npos) << ReadFile(log);
   EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_RESOURCE_EXHAUSTED);  // quotas.requests still 1
+  // The refusal shows in the reload metrics an alert reads (HisparseConfigReloadFailed).
+  const std::string metrics = ScrapeMetrics(port);
+  EXPECT_NE(metrics.find("\nhisparse_config_last_reload_successful 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nhisparse_config_reloads_total{result=\"failure\"} 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nhisparse_serving 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nprocess_open_fds "), std::string::npos) << metrics;
   EXPECT_NE(Ctl(a, "config").out.find("requests: 1\n"), std::string::npos) << Ctl(a, "config").out;
   s.Close();
   daemon.reset();
   ::unlink(path.c_str());
+  ::unlink(log.c_str());
+  ::rmdir(dir);
+}
+
+// log_format json: one object per line, each carrying NODE_NAME (as hisparse_build_info does);
+// the daemon's last line after a drain says why it exits 75.
+TEST(HardeningTest, JsonLogsCarryTheNodeAndADrainSaysWhyItExits) {
+  char dir[] = "/tmp/hisparse-jsonlog-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string log = std::string(dir) + "/daemon.log";
+  ::setenv("NODE_NAME", "gpu-node-7", 1);
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> started;
+  WithStderrIn(log, [&] {
+    started =
+        DaemonProcess::Start({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                              "4MiB", "--set", "log_format=json", "--set", "log_priority_prefix=off", "--log-level",
+                              "info", "--metrics-listen", "127.0.0.1:0"});
+  });
+  ::unsetenv("NODE_NAME");
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<DaemonProcess> daemon = std::move(*started);
+  const absl::StatusOr<int> port = daemon->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_NE(ScrapeMetrics(*port).find("hisparse_build_info{node=\"gpu-node-7\",version="), std::string::npos);
+  ASSERT_EQ(Ctl(daemon->address(), "drain --no-wait").exit_code, 0);
+  const absl::StatusOr<int> status = daemon->WaitExit(30000);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
+  const std::string text = ReadFile(log);
+  std::istringstream lines(text);
+  std::string line, last;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    EXPECT_EQ(line.rfind("{\"time\":\"", 0), 0u) << line;
+    EXPECT_NE(line.find(",\"node\":\"gpu-node-7\","), std::string::npos) << line;
+    EXPECT_EQ(line.back(), '}') << line;
+    last = line;
+  }
+  EXPECT_GT(n, 3) << text;
+  EXPECT_NE(last.find("exiting 75 (EX_TEMPFAIL): a drain (hisparse-ctl drain) went idle"), std::string::npos) << text;
+  EXPECT_EQ(text.find("shutting down"), std::string::npos) << "a drain is not a signal:\n" << text;
   ::unlink(log.c_str());
   ::rmdir(dir);
 }

@@ -6,9 +6,13 @@
 //   hisparse-test-client ADDRESS group NAME RANK SIZE N
 //                                              as hold, the session rank RANK of TP group NAME of
 //                                              SIZE ranks and the requests group admissions
+//   hisparse-test-client ADDRESS open-timed    open a session with a 60 s control timeout, print
+//                                              "rc=R ms=T error=E" (the call's result, how long it
+//                                              took, hs_last_error) and exit 0
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hisparse/hisparse.h"
@@ -38,6 +42,17 @@ int main(int argc, char** argv) {
     o.group_size = (uint32_t)atoi(argv[5]);
   }
   hs_session* s = nullptr;
+  if (strcmp(argv[2], "open-timed") == 0) {
+    o.timeout_ms = 60000;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const hs_result r = hs_session_open(&o, &s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    printf("rc=%d ms=%.3f error=%s\n", (int)r, ms, r == HS_OK ? "" : hs_last_error());
+    if (r == HS_OK) hs_session_close(s);
+    return 0;
+  }
   if (hs_session_open(&o, &s) != HS_OK) {
     fprintf(stderr, "open: %s\n", hs_last_error());
     return 1;

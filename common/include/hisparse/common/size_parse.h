@@ -6,14 +6,16 @@
 //   size   := number [ws] [unit]
 //   number := digits [ "." digits ]            (no sign, no exponent)
 //   unit   := "" | "B"                          bytes
-//           | "K" | "KiB" | "Ki"  (x 2^10)   "KB" (x 10^3)
-//           | "M" | "MiB" | "Mi"  (x 2^20)   "MB" (x 10^6)
-//           | "G" | "GiB" | "Gi"  (x 2^30)   "GB" (x 10^9)
-//           | "T" | "TiB" | "Ti"  (x 2^40)   "TB" (x 10^12)
-//           | "P" | "PiB" | "Pi"  (x 2^50)   "PB" (x 10^15)
-// A bare letter is binary ("2G" == "2GiB"): memory sizes are powers of two far more often than
-// not, and that is what `free -g`, Kubernetes' "Gi" and most daemons mean. The "B"-suffixed
-// two-letter forms are decimal, as the SI and IEC standards say.
+//           | "K" | "KiB" | "Ki"  (x 2^10)
+//           | "M" | "MiB" | "Mi"  (x 2^20)
+//           | "G" | "GiB" | "Gi"  (x 2^30)
+//           | "T" | "TiB" | "Ti"  (x 2^40)
+//           | "P" | "PiB" | "Pi"  (x 2^50)
+// One rule: every unit is binary. A bare letter too ("2G" == "2GiB"): memory sizes are powers of
+// two far more often than not, and that is what `free -g`, Kubernetes' "Gi" and most daemons mean.
+// The decimal units "KB", "MB", "GB", "TB", "PB" are refused, naming the binary spelling and
+// the decimal reading ("8GB": write 8GiB, or 8000000000 for exactly that many bytes, 7.45 GiB):
+// read as SI they made "8GB" silently 7.45 GiB, while "100MB" failed as no multiple of 4KiB.
 // A fraction is exact and then rounded to the nearest byte ("0.1KiB" == 102); a fraction of a
 // plain byte count ("1.5" or "1.5B") is refused, since it can only be a typo.
 #ifndef HISPARSE_COMMON_SIZE_PARSE_H_
@@ -26,6 +28,11 @@
 #include "absl/status/statusor.h"
 
 namespace hisparse {
+
+// The rule, as every refusal of a size states it (ParseByteSize's and the config's).
+inline constexpr char kByteSizeRule[] =
+    "sizes are bytes or binary units: K or KiB = 1024, M/MiB, G/GiB, T/TiB, P/PiB; KB, MB, GB, TB and PB are "
+    "refused; pool, page and slab sizes are whole multiples of 4KiB";
 
 // Parses `text` per the grammar above. Errors are InvalidArgument and quote the input, e.g.
 //   cannot parse "12XB" as a byte size: unknown unit "XB"

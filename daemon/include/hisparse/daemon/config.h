@@ -36,12 +36,19 @@ enum class DeviceKind { kAuto, kCuda, kHost };
 // and kCudaIpc force one (kVmm fails session open on a GPU without fd export).
 enum class ArenaExportMode { kAuto, kVmm, kCudaIpc };
 enum class LogLevel { kDebug, kInfo, kWarning, kError };
+// log_format: one text line per message, or one JSON object per line (log.h has both shapes).
+enum class LogFormatKind { kText, kJson };
+// log_priority_prefix: "<N>" syslog priorities on each line for journald; kAuto when stderr is
+// the journal (systemd's JOURNAL_STREAM).
+enum class LogPrefixMode { kAuto, kOn, kOff };
 
 // The YAML spelling of each value: "auto", "on", "cuda", "warning", ...
 std::string_view HugePagesModeName(HugePagesMode mode);
 std::string_view DeviceKindName(DeviceKind kind);
 std::string_view ArenaExportModeName(ArenaExportMode mode);
 std::string_view LogLevelName(LogLevel level);
+std::string_view LogFormatKindName(LogFormatKind format);
+std::string_view LogPrefixModeName(LogPrefixMode mode);
 
 struct HostPoolConfig {
   // The host KV pool's budget: every session's pages, the reserve and slabs being made together.
@@ -171,6 +178,8 @@ struct DaemonConfig {
   ImportConfig import;
   DurabilityConfig durability;
   LogLevel log_level = LogLevel::kInfo;
+  LogFormatKind log_format = LogFormatKind::kText;
+  LogPrefixMode log_priority_prefix = LogPrefixMode::kAuto;
 };
 
 bool operator==(const DaemonConfig& a, const DaemonConfig& b);

@@ -25,7 +25,9 @@ inline constexpr int kDrainedExitCode = 75;
 
 class Daemon {
  public:
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config);
+  // `node`: the node's name where known (Kubernetes' NODE_NAME), for the logs and the metrics'
+  // hisparse_build_info{node}; empty leaves it out.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonConfig& config, const std::string& node = "");
   ~Daemon();
 
   // Blocks until Shutdown() is called from another thread.
@@ -40,6 +42,8 @@ class Daemon {
   // Applies what can change live (log level, limits) from `next`; returns the keys that differ
   // but need a restart (they keep their old values).
   std::vector<std::string> Reload(const DaemonConfig& next);
+  // A reload whose file did not load or validate: logs why and counts it (the config stays).
+  void ReloadRefused(const absl::Status& why);
   DaemonConfig config() const;
 
   const std::string& grpc_address() const;

@@ -4,7 +4,9 @@
 // Gauges and counters that the SessionManager already keeps (pool bytes, sessions, requests,
 // admissions, rejections, evictions, RESOLVE counters read from the arenas) are read at scrape
 // time from one Stats() snapshot, so they can never drift from what `hisparse-ctl stats` shows;
-// RPC latency histograms are recorded by the service as calls complete.
+// RPC latency histograms are recorded by the service as calls complete; the health state and
+// config reloads by the Daemon as they happen; process_* (descriptors, memory, CPU, start time)
+// are read from /proc at scrape time (process_stats.h).
 //
 // Thread-safe: ObserveRpc is lock-free (atomics); Collect takes the SessionManager's lock once.
 #ifndef HISPARSE_DAEMON_METRICS_H_
@@ -59,8 +61,14 @@ class Metrics final : public prometheus::Collectable {
     kMethodCount
   };
 
-  explicit Metrics(const SessionManager* sessions) : sessions_(sessions) {}
+  // The config loaded at start counts as the first successful load, at construction time.
+  // `node`, when not empty, labels hisparse_build_info (the node's name: Kubernetes' NODE_NAME).
+  explicit Metrics(const SessionManager* sessions, std::string node = "");
   void ObserveRpc(Method method, double seconds);
+  // A config reload (SIGHUP) was applied (ok) or refused, the running config kept (not ok).
+  void ObserveReload(bool ok);
+  // What grpc.health.v1 reports: SERVING (true) or NOT_SERVING.
+  void SetServing(bool serving) { serving_.store(serving, std::memory_order_relaxed); }
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
@@ -71,7 +79,13 @@ class Metrics final : public prometheus::Collectable {
     std::atomic<uint64_t> sum_ns{0};
   };
   const SessionManager* const sessions_;
+  const std::string node_;
   std::array<Histogram, kMethodCount> rpc_;
+  std::atomic<bool> serving_{false};
+  std::atomic<bool> last_reload_ok_{true};
+  std::atomic<double> last_reload_success_seconds_{0};  // Unix time
+  std::atomic<uint64_t> reloads_ok_{0};
+  std::atomic<uint64_t> reloads_failed_{0};
 };
 
 // Serves /metrics on `listen` ("127.0.0.1:9464"). Keeps `metrics` alive while serving.
