@@ -86,7 +86,7 @@ void SessionManager::SetMaxOrphansPerTenant(uint32_t orphans) {
 absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  if (!r->import_grant.empty()) {
+  if (r->importing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", r->id,
                      " is importing: an importing request is never durable; set its lease after "
@@ -106,7 +106,7 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
 
 size_t SessionManager::EndSessionLocked(Session& dead) {
   const absl::Time now = Now();
-  const auto durable = [now](const Request& r) { return r.import_grant.empty() && r.lease_end > now; };
+  const auto durable = [now](const Request& r) { return !r.importing() && r.lease_end > now; };
   bool keep_durable = true;
   if (const uint32_t cap = options_.max_orphans_per_tenant;
       cap != 0 && std::any_of(dead.requests.begin(), dead.requests.end(),
@@ -122,19 +122,15 @@ size_t SessionManager::EndSessionLocked(Session& dead) {
     }
   }
   size_t released = 0;
-  for (auto it = dead.requests.begin(); it != dead.requests.end();) {
-    Request& r = it->second;
-    if (keep_durable && durable(r)) {
-      ++it;
-      continue;
-    }
+  for (uint64_t id : dead.requests.Ids()) {
+    Request& r = *dead.requests.Find(id);
+    if (keep_durable && durable(r)) continue;
     ReleaseRequestLocked(dead, r);  // a page it shared passes its charge on to the next holder
-    dead.requests.erase(it++);
     ++released;
   }
   pool_->RetireIdleOf(dead.id);
   if (dead.requests.empty()) {
-    ledger_.RemoveSession(dead.id);
+    dead.requests.Close();
     return released;
   }
   auto orphan = std::make_unique<Session>();
@@ -148,10 +144,10 @@ size_t SessionManager::EndSessionLocked(Session& dead) {
   orphan->imports_closed = true;
   orphan->requests = std::move(dead.requests);
   orphan->sharers = std::move(dead.sharers);
-  dead.requests.clear();
   dead.sharers.clear();
-  for (auto& [rid, r] : orphan->requests) r.parked = true;
-  ledger_.OrphanSession(dead.id);  // parks them there too; arena and session count returned
+  // kLive or kParked -> kOrphaned, and in the ledger: arena and session count returned. None is
+  // importing (durable() above), so this cannot fail.
+  if (absl::Status st = orphan->requests.Orphan(); !st.ok()) LOG(ERROR) << "accounting error: " << st;
   LOG(INFO) << "session " << dead.id << " ended with " << orphan->requests.size()
             << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " (" << dead.engine_name
             << ") to adopt";
@@ -164,19 +160,16 @@ size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
   if (oit == orphans_.end()) return 0;
   Session& o = *oit->second;
   size_t released = 0;
-  for (auto it = o.requests.begin(); it != o.requests.end();) {
-    if (it->second.lease_end > now) {
-      ++it;
-      continue;
-    }
-    ReleaseRequestLocked(o, it->second);
-    o.requests.erase(it++);
+  for (uint64_t id : o.requests.Ids()) {
+    Request& r = *o.requests.Find(id);
+    if (r.lease_end > now) continue;
+    ReleaseRequestLocked(o, r);
     ++released;
   }
   lease_expiries_ += released;
   pool_->RetireIdleOf(orphan_id);  // slabs it emptied leave it (dropped outside the lock)
   if (o.requests.empty()) {
-    ledger_.RemoveSession(orphan_id);
+    o.requests.Close();
     orphans_.erase(oit);
   }
   return released;
@@ -247,15 +240,15 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   orphans_.erase(oit);
   absl::StatusOr<uint32_t> slabs = pool_->HandOverSlabs(orphan_id, me->id);
   if (!slabs.ok()) LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
-  ledger_.AdoptOrphan(orphan_id, me->id);
   // Pages of different slabs: the sharers maps never collide.
   me->sharers.insert(orphan->sharers.begin(), orphan->sharers.end());
-  std::vector<uint64_t> rids;
-  for (auto& [rid, r] : orphan->requests) rids.push_back(rid);
+  std::vector<uint64_t> rids = orphan->requests.Ids();
   std::sort(rids.begin(), rids.end());
+  // kOrphaned -> kParked here, and in the ledger; CheckAdoptLocked found every id free.
+  if (absl::Status st = me->requests.AdoptFrom(orphan->requests); !st.ok()) LOG(ERROR) << "accounting error: " << st;
   v1::AdoptResponse resp;
   for (uint64_t rid : rids) {
-    Request& r = me->requests.emplace(rid, std::move(orphan->requests.at(rid))).first->second;
+    const Request& r = *me->requests.Find(rid);
     v1::AdoptedRequest* a = resp.add_requests();
     a->set_request_id(rid);
     a->set_capacity_tokens(r.capacity_tokens);
@@ -275,19 +268,18 @@ absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::Ev
     return absl::PermissionDeniedError(
         absl::StrCat("session ", req.session_id(), " belongs to another tenant; only an admin may evict from it"));
   }
-  auto rit = o.requests.find(req.request_id());
-  if (rit == o.requests.end()) {
+  Request* r = o.requests.Find(req.request_id());
+  if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
   }
-  const uint64_t freed = (rit->second.PageCount() - SharedPagesOf(o, rit->second)) * pool_->page_bytes();
-  ReleaseRequestLocked(o, rit->second);
-  o.requests.erase(rit);
+  const uint64_t freed = (r->PageCount() - SharedPagesOf(o, *r)) * pool_->page_bytes();
+  ReleaseRequestLocked(o, *r);
   ++evictions_;
   pool_->RetireIdleOf(o.id);
   LOG(INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id << " (" << freed
             << " bytes; " << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
   if (o.requests.empty()) {
-    ledger_.RemoveSession(o.id);
+    o.requests.Close();
     orphans_.erase(oit);
   }
   v1::EvictResponse resp;
@@ -301,11 +293,8 @@ absl::StatusOr<uint64_t> SessionManager::CheckOrphansLocked() const {
     if (sessions_.contains(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is also a live session"));
     if (!ledger_.IsOrphan(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is not one in the ledger"));
     if (o->requests.empty()) return absl::InternalError(absl::StrCat("orphan ", id, " holds no request"));
-    for (const auto& [rid, r] : o->requests) {
-      if (!r.parked || !ledger_.IsParked(id, rid) || !r.import_grant.empty()) {
-        return absl::InternalError(absl::StrCat("orphan ", id, " request ", rid, " is not parked or is importing"));
-      }
-    }
+    // Every request kOrphaned, none holding a row, as the ledger says: request_table.h.
+    HS_RETURN_IF_ERROR(o->requests.CheckInvariants());
     uint64_t pages = 0;
     HS_RETURN_IF_ERROR(CheckSharingLocked(*o, &pages));
     if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {

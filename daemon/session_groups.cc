@@ -152,8 +152,8 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   }
   Group& group = groups_.at(GroupKeyOf(s));
   const std::string name = absl::StrCat("group \"", s.group, "\"");
-  if (auto it = s.requests.find(id); it != s.requests.end()) {
-    Request& r = it->second;
+  if (Request* found = s.requests.Find(id); found != nullptr) {
+    Request& r = *found;
     if (!r.in_group || r.attached) {
       return {absl::AlreadyExistsError(absl::StrCat("request ", id, " is already admitted in this session"))};
     }
@@ -165,7 +165,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     r.attached = true;
     ledger_.Touch(s.id, id);
     v1::AdmitResponse resp;
-    resp.set_row(r.row);
+    resp.set_row(r.row());
     resp.set_capacity_tokens(r.capacity_tokens);
     FillLayers(s, r, resp.mutable_layers());
     return {std::move(resp)};
@@ -233,19 +233,17 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     Request r;
     r.id = id;
     r.admitted_at = now;
-    r.row = rows[rank];
     r.capacity_tokens = req.token_budget();
     r.pages = held.pages;
     r.in_group = true;
     r.attached = member == s.id;
     r.charged_pages = member == s.id ? total : 0;
-    ledger_.Admit(member, id, r.row, r.charged_pages);
-    sessions_.at(member)->requests.emplace(id, std::move(r));
+    sessions_.at(member)->requests.Admit(std::move(r), rows[rank]);
   }
   ++admissions_;
-  const Request& mine = s.requests.at(id);
+  const Request& mine = *s.requests.Find(id);
   v1::AdmitResponse resp;
-  resp.set_row(mine.row);
+  resp.set_row(mine.row());
   resp.set_capacity_tokens(mine.capacity_tokens);
   FillLayers(s, mine, resp.mutable_layers());
   return {std::move(resp)};
@@ -299,7 +297,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
     held.pages[layer].insert(held.pages[layer].end(), added[layer].begin(), added[layer].end());
   }
   for (uint64_t member : held.holders) {
-    Request& share = sessions_.at(member)->requests.at(r.id);
+    Request& share = *sessions_.at(member)->requests.Find(r.id);
     share.pages = held.pages;
     share.capacity_tokens = req.token_budget();
     if (member == payer) {
@@ -321,8 +319,7 @@ void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
     absl::Status st = pool_->ReleaseAll(group.owner, layer);
     if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of group \"" << s.group << "\": " << st;
   }
-  r.pages.clear();
-  ledger_.Release(s.id, r.id);
+  r.pages.clear();  // the share itself leaves the session's table in ReleaseRequestLocked
   auto hit = group.requests.find(r.id);
   if (hit == group.requests.end()) return;
   std::vector<uint64_t>& holders = hit->second.holders;
@@ -333,7 +330,7 @@ void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
     return;
   }
   if (was_payer) {
-    Request& next = sessions_.at(holders.front())->requests.at(r.id);
+    Request& next = *sessions_.at(holders.front())->requests.Find(r.id);
     next.charged_pages = r.charged_pages;
     ledger_.SetPages(holders.front(), r.id, next.charged_pages);
   }
@@ -435,8 +432,8 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
         auto it = sessions_.find(member);
         const Request* r = nullptr;
         if (it != sessions_.end() && GroupKeyOf(*it->second) == key) {
-          auto rit = it->second->requests.find(rid);
-          if (rit != it->second->requests.end() && rit->second.in_group) r = &rit->second;
+          const Request* share = it->second->requests.Find(rid);
+          if (share != nullptr && share->in_group) r = share;
         }
         if (r == nullptr) return bad("group \"", name, "\" request ", rid, ": holder ", member, " holds no share");
         if (r->pages != held.pages) return bad("group \"", name, "\" request ", rid, ": session ", member, "'s pages");

@@ -38,6 +38,21 @@ uint32_t PageSize(uint32_t asked) {
   return asked == 0 ? SessionManager::kDefaultPageSize : std::min<uint32_t>(asked, SessionManager::kMaxPageSize);
 }
 
+// The wire's word for a request's state (request_table.h).
+v1::RequestState WireState(RequestState state) {
+  switch (state) {
+    case RequestState::kLive:
+      return v1::REQUEST_STATE_LIVE;
+    case RequestState::kParked:
+      return v1::REQUEST_STATE_PARKED;
+    case RequestState::kImporting:
+      return v1::REQUEST_STATE_IMPORTING;
+    case RequestState::kOrphaned:
+      return v1::REQUEST_STATE_ORPHANED;
+  }
+  return v1::REQUEST_STATE_LIVE;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::ListRequestsRequest& req,
@@ -77,7 +92,6 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
   const absl::Time now = absl::Now();
   for (uint64_t sid : sids) {
     const Session& s = *find(sid);
-    const bool orphaned = !sessions_.contains(sid);
     const absl::Time lease_now = Now();
     std::vector<uint64_t> rids;
     for (const auto& [rid, r] : s.requests) {
@@ -90,18 +104,15 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
         out.set_next_page_token(PageToken(last.session_id(), last.request_id()));
         return out;
       }
-      const Request& r = s.requests.at(rid);
+      const Request& r = *s.requests.Find(rid);
       v1::RequestInfo* info = out.add_requests();
       info->set_session_id(sid);
       info->set_request_id(rid);
-      info->set_row(r.row);
+      info->set_row(r.row());
       info->set_capacity_tokens(r.capacity_tokens);
       info->set_host_bytes(r.PageCount() * pool_->page_bytes());
       info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
-      info->set_state(orphaned                  ? v1::REQUEST_STATE_ORPHANED
-                      : r.parked                ? v1::REQUEST_STATE_PARKED
-                      : !r.import_grant.empty() ? v1::REQUEST_STATE_IMPORTING
-                                                : v1::REQUEST_STATE_LIVE);
+      info->set_state(WireState(r.state()));
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
       info->set_durable(r.lease_end > lease_now);
       info->set_lease_seconds_left(LeaseLeft(r, lease_now));
@@ -139,7 +150,7 @@ absl::StatusOr<v1::ListAdoptableResponse> SessionManager::ListAdoptable(const v1
         out.set_next_page_token(PageToken(last.dead_session_id(), last.request_id()));
         return out;
       }
-      const Request& r = o.requests.at(rid);
+      const Request& r = *o.requests.Find(rid);
       v1::AdoptableRequest* a = out.add_requests();
       a->set_dead_session_id(id);
       a->set_request_id(rid);

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -147,17 +146,6 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool>
       ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
               [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }) {}
 
-uint64_t SessionManager::Request::PageCount() const {
-  uint64_t n = 0;
-  for (const auto& layer : pages) n += layer.size();
-  return n;
-}
-
-uint64_t SessionManager::Request::NewGeneration() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
-
 SessionManager::~SessionManager() = default;
 
 absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSession& open,
@@ -293,7 +281,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
             << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
             << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
             << " ms)";
-  ledger_.AddSession(session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
+  session->requests =
+      RequestTable::Open(&ledger_, session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   sessions_.emplace(session->id, std::move(session));
   return opened;
 }
@@ -347,14 +336,18 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::Se
 }
 
 void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
-  if (r.in_group) return ReleaseGroupShareLocked(s, r);  // session_groups.cc
-  UnshareLocked(s, r);
-  for (const std::vector<PagePool::Page>& layer : r.pages) {
-    absl::Status st = pool_->ReleaseAll(s.id, layer);
-    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
+  const uint64_t id = r.id;
+  if (r.in_group) {
+    ReleaseGroupShareLocked(s, r);  // session_groups.cc
+  } else {
+    UnshareLocked(s, r);
+    for (const std::vector<PagePool::Page>& layer : r.pages) {
+      absl::Status st = pool_->ReleaseAll(s.id, layer);
+      if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
+    }
+    r.pages.clear();
   }
-  r.pages.clear();
-  ledger_.Release(s.id, r.id);
+  s.requests.Erase(id);
 }
 
 void SessionManager::FillLayers(const Session& s, const Request& r,
@@ -468,7 +461,6 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
-  r.row = row;
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
   r.lease_end = LeaseEnd(Now(), req.lease_seconds());
@@ -477,13 +469,12 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
     r.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
   }
-  ledger_.Admit(s->id, r.id, row, total);
+  const Request& added = s->requests.Admit(std::move(r), row);
   ++admissions_;
   v1::AdmitResponse resp;
   resp.set_row(row);
-  resp.set_capacity_tokens(r.capacity_tokens);
-  FillLayers(*s, r, resp.mutable_layers());
-  s->requests.emplace(r.id, std::move(r));
+  resp.set_capacity_tokens(added.capacity_tokens);
+  FillLayers(*s, added, resp.mutable_layers());
   return {std::move(resp)};
 }
 
@@ -513,18 +504,16 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   // The lock was dropped since the victim was chosen: only that very request may go. Its id may
   // name another one now (released and admitted again, perhaps as an import whose grant is open).
-  auto rit = it->second->requests.find(v.request_id);
-  if (rit == it->second->requests.end() || rit->second.generation != v.generation) {
+  Request* r = it->second->requests.Find(v.request_id);
+  if (r == nullptr || r->generation != v.generation) {
     return absl::NotFoundError(
         absl::StrCat("request ", v.request_id, " was released while evicting (its id may name a newer request)"));
   }
-  if (!rit->second.import_grant.empty()) {
+  if (r->importing()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", v.request_id, " is importing: it is not evicted"));
   }
-  const uint64_t freed =
-      (rit->second.PageCount() - UnfreedPagesOfLocked(*it->second, rit->second)) * pool_->page_bytes();
-  ReleaseRequestLocked(*it->second, rit->second);
-  it->second->requests.erase(rit);
+  const uint64_t freed = (r->PageCount() - UnfreedPagesOfLocked(*it->second, *r)) * pool_->page_bytes();
+  ReleaseRequestLocked(*it->second, *r);
   ++evictions_;
   if (!told) ++undelivered_notices_;
   LOG(INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed << " bytes; "
@@ -538,11 +527,11 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end())
+  Request* found = s->requests.Find(req.request_id());
+  if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  Request& r = it->second;
-  if (!r.import_grant.empty()) {
+  Request& r = *found;
+  if (r.importing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
   }
@@ -583,11 +572,10 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   if (std::optional<absl::Status> aborted = ReleaseIfImporting(req)) return *aborted;  // session_import.cc
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end())
+  Request* r = s->requests.Find(req.request_id());
+  if (r == nullptr)
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  ReleaseRequestLocked(*s, it->second);
-  s->requests.erase(it);
+  ReleaseRequestLocked(*s, *r);
   return absl::OkStatus();
 }
 
@@ -661,10 +649,8 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       ss->set_engine_name(s->engine_name);
       *ss->mutable_geometry() = s->geometry;
       ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-      for (const auto& [rid, r] : s->requests) {
-        parked += r.parked ? 1 : 0;
-        importing += r.import_grant.empty() ? 0 : 1;
-      }
+      parked += static_cast<uint32_t>(s->requests.Count(RequestState::kParked));
+      importing += static_cast<uint32_t>(s->requests.Count(RequestState::kImporting));
       ss->set_host_bytes(ledger_.PagesOf(id) * ps.page_bytes);  // distinct pages: shared ones once
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
@@ -794,12 +780,12 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
     if (it == sessions_.end() || !it->second->requests.contains(req.request_id())) {
       return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
     }
-    if (!it->second->requests.at(req.request_id()).import_grant.empty()) {
+    const Request& r = *it->second->requests.Find(req.request_id());
+    if (r.importing()) {
       return absl::FailedPreconditionError(
           absl::StrCat("request ", req.request_id(), " is importing: abort its import (AbortImport) instead"));
     }
-    v = Victim{req.session_id(), req.request_id(), it->second->requests.at(req.request_id()).generation,
-               it->second->sink};
+    v = Victim{req.session_id(), req.request_id(), r.generation, it->second->sink};
   }
   HS_ASSIGN_OR_RETURN(uint64_t freed, EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
   v1::EvictResponse resp;
@@ -815,12 +801,9 @@ absl::Status SessionManager::CheckInvariants() const {
   uint64_t live = 0;
   HS_RETURN_IF_ERROR(CheckGroupsLocked(&group_paid, &live));
   for (const auto& [id, s] : sessions_) {
-    if (!ledger_.HasSession(id)) return absl::InternalError(absl::StrCat("session ", id, " is not in the ledger"));
+    // States, rows and the ledger: exact by construction (request_table.h), checked all the same.
+    HS_RETURN_IF_ERROR(s->requests.CheckInvariants());
     for (const auto& [rid, r] : s->requests) {
-      if (ledger_.RowOf(id, rid) != (r.parked ? std::nullopt : std::optional<uint32_t>(r.row)) ||
-          ledger_.IsParked(id, rid) != r.parked) {
-        return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": row disagrees with the ledger"));
-      }
       if (r.pages.size() != s->geometry.num_layers()) {
         return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": pages for ", r.pages.size(),
                                                 " layers, the geometry has ", s->geometry.num_layers()));
@@ -869,11 +852,11 @@ absl::StatusOr<uint8_t*> SessionManager::RecordForTest(uint64_t session_id, uint
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return absl::NotFoundError("no such session");
   const Session& s = *it->second;
-  auto rit = s.requests.find(request_id);
-  if (rit == s.requests.end() || layer >= rit->second.pages.size() || position >= rit->second.capacity_tokens) {
+  const Request* r = s.requests.Find(request_id);
+  if (r == nullptr || layer >= r->pages.size() || position >= r->capacity_tokens) {
     return absl::InvalidArgumentError("no such request, layer or position");
   }
-  const PagePool::Page& page = rit->second.pages[layer][position / s.records_per_page];
+  const PagePool::Page& page = r->pages[layer][position / s.records_per_page];
   return pool_->PageDataForTest(page) + uint64_t{position % s.records_per_page} * s.geometry.record_bytes();
 }
 

@@ -41,9 +41,9 @@ std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t 
   if (!key.has_value()) return std::nullopt;
   auto it = sessions_.find(key->session_id);
   if (it == sessions_.end()) return std::nullopt;
-  auto rit = it->second->requests.find(key->request_id);
-  if (rit == it->second->requests.end() || !rit->second.import_grant.empty()) return std::nullopt;  // importing
-  return Victim{key->session_id, key->request_id, rit->second.generation, it->second->sink};
+  const Request* r = it->second->requests.Find(key->request_id);
+  if (r == nullptr || r->importing()) return std::nullopt;
+  return Victim{key->session_id, key->request_id, r->generation, it->second->sink};
 }
 
 size_t SessionManager::SweepRetiredSlabs() {

@@ -44,18 +44,18 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   if (req.parent_request_id() == id) {
     return {absl::InvalidArgumentError(absl::StrCat("request ", id, " cannot be its own parent"))};
   }
-  auto pit = s.requests.find(req.parent_request_id());
-  if (pit == s.requests.end()) {
+  const Request* found = s.requests.Find(req.parent_request_id());
+  if (found == nullptr) {
     return {absl::NotFoundError(
         absl::StrCat("parent request ", req.parent_request_id(), " is not admitted in this session"))};
   }
-  const Request& parent = pit->second;
+  const Request& parent = *found;
   if (parent.in_group) {
     return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
                                                        " is a TP-group request: its pages are the group's, not "
                                                        "this session's, so no request may share a prefix of them"))};
   }
-  if (!parent.import_grant.empty()) {
+  if (parent.importing()) {
     return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
                                                        " is importing: its records are not there yet; share "
                                                        "from it after CommitImport"))};
@@ -96,7 +96,6 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   Request r;
   r.id = id;
   r.admitted_at = absl::Now();
-  r.row = row;
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
   r.lease_end = LeaseEnd(Now(), req.lease_seconds());
@@ -117,13 +116,12 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
       holders.push_back(id);
     }
   }
-  ledger_.Admit(s.id, id, row, total);
+  const Request& added = s.requests.Admit(std::move(r), row);
   ++admissions_;
   v1::AdmitResponse resp;
   resp.set_row(row);
-  resp.set_capacity_tokens(r.capacity_tokens);
-  FillLayers(s, r, resp.mutable_layers());
-  s.requests.emplace(id, std::move(r));
+  resp.set_capacity_tokens(added.capacity_tokens);
+  FillLayers(s, added, resp.mutable_layers());
   return {std::move(resp)};
 }
 
@@ -137,10 +135,9 @@ void SessionManager::UnshareLocked(Session& s, const Request& r) {
       const bool was_payer = !holders.empty() && holders.front() == r.id;
       holders.erase(std::remove(holders.begin(), holders.end(), r.id), holders.end());
       if (was_payer && !holders.empty()) {
-        auto next = s.requests.find(holders.front());
-        if (next != s.requests.end()) {
-          ++next->second.charged_pages;
-          ledger_.SetPages(s.id, next->first, next->second.charged_pages);
+        if (Request* next = s.requests.Find(holders.front()); next != nullptr) {
+          ++next->charged_pages;
+          ledger_.SetPages(s.id, next->id, next->charged_pages);
         }
       }
       if (holders.size() < 2) s.sharers.erase(it);

@@ -8,6 +8,8 @@
 // tenant and engine name adopts them or the lease ends (session_durable.cc). Requests are named per session: no
 // session can see, extend or release another's. A session belongs to the uid that opened it (its tenant): only that
 // uid may use its token, and a tenant's view (`only_uid` below) shows and touches its own sessions alone.
+// What state a request is in (live, parked, importing, orphaned) is its session's RequestTable's,
+// and every change of it goes through that table (request_table.h, which lists the transitions).
 //
 // Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
 // onto these methods. The proto messages are used only as plain data types.
@@ -44,6 +46,7 @@
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/import_target.h"
 #include "hisparse/daemon/page_pool.h"
+#include "hisparse/daemon/request_table.h"
 #include "hisparse/v1/hisparse.pb.h"
 
 namespace hisparse {
@@ -218,37 +221,8 @@ class SessionManager {
                                          uint32_t position) const;
 
  private:
-  struct Request {
-    uint64_t id = 0;
-    absl::Time admitted_at;
-    uint32_t row = 0;  // the ledger's, copied for listing; meaningless while parked
-    bool parked = false;
-    uint32_t capacity_tokens = 0;
-    // Per layer, in position order: page i holds positions [i * R, (i + 1) * R), R the session's
-    // records_per_page. Each holds one reference in the pool; a page another request of the
-    // session holds too is in Session::sharers.
-    std::vector<std::vector<PagePool::Page>> pages;
-    // The pages the ledger charges this request: its own, and the shared ones it is first of.
-    uint64_t charged_pages = 0;
-    // Non-empty while importing (AdmitImport until commit): the grant's id. Such a request cannot
-    // be extended or evicted; releasing it aborts the import.
-    std::string import_grant;
-    // Which admission made this Request: unique for the daemon's life (never reused, unlike request
-    // ids), so a victim chosen under the lock and evicted after it (EvictVictim) is the same request
-    // and not one released and admitted again under its id meanwhile. Set at construction; a move
-    // (adoption) keeps it.
-    uint64_t generation = NewGeneration();
-    // Durable while the clock is before it (SetLease, AdmitRequest.lease_seconds): the request
-    // then outlives its session's end as an orphan. Never set on an importing request.
-    absl::Time lease_end = absl::InfinitePast();
-    // A TP-group request (session_groups.cc): its pages are the group's (one set for every rank,
-    // owned in the pool by Group::owner) and this is the session's share, its row. `attached`:
-    // this rank's engine admitted it (false: reserved for it by another rank's admission).
-    bool in_group = false;
-    bool attached = true;
-    uint64_t PageCount() const;
-    static uint64_t NewGeneration();
-  };
+  // A request's state is the RequestTable's (request_table.h); its data is RequestEntry.
+  using Request = RequestEntry;
   struct Session {
     uint64_t id = 0;
     std::string token;
@@ -257,9 +231,9 @@ class SessionManager {
     uint32_t records_per_page = 0;  // page_bytes / record_bytes
     uint32_t pages_per_entry = 0;   // the most pages one layer of a request may have
     pid_t peer_pid = 0;
-    uint32_t tenant_uid = 0;                          // the owner: the uid of the Session stream's peer
-    absl::flat_hash_map<uint64_t, Request> requests;  // rows and LRU times are in ledger_
-    uint64_t arena_bytes = 0;                         // accounted against its device's budget and its tenant's quota
+    uint32_t tenant_uid = 0;   // the owner: the uid of the Session stream's peer
+    RequestTable requests;     // every request's state, kept with the ledger's rows and LRU times
+    uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
     // The slot arena in its sharing form (arena.h), chosen at open and never null after it.
     // Shared with Stats and the fd channel, which use it outside the lock.
     std::shared_ptr<const Arena> arena;
@@ -368,8 +342,8 @@ class SessionManager {
   absl::StatusOr<Request*> FindRequestLocked(const v1::SessionRef& ref, uint64_t request_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Park and Resume of one found request of session `session_id` (session_parking.cc).
-  absl::StatusOr<v1::ParkResponse> ParkLocked(uint64_t session_id, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::ResumeResponse> ResumeLocked(uint64_t session_id, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ParkResponse> ParkLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ResumeResponse> ResumeLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shared prefixes (session_sharing.cc). Admit of a request naming a parent: the checks after
   // AdmitLocked's own, the parent's full prefix pages referenced, the rest fresh, the partial
   // page's prefix records copied (a memcpy of at most one page per layer, under the lock).
@@ -381,6 +355,7 @@ class SessionManager {
   static uint64_t SharedPagesOf(const Session& s, const Request& r);
   // The sharing half of CheckInvariants for one session; `distinct` receives its distinct pages.
   absl::Status CheckSharingLocked(const Session& s, uint64_t* distinct) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `r`'s pages (its group share, its shared pages' charges) and forgets it: `r` is gone.
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request's pages as the wire lists them (slab, offset), one LayerPages per layer.
   // A page shared with another request now is read_only there.
