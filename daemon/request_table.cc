@@ -206,4 +206,72 @@ absl::Status RequestTable::CheckInvariants() const {
   return absl::OkStatus();
 }
 
+Reservation::Reservation(Reservation&& other) noexcept
+    : source_(other.source_),
+      owner_(other.owner_),
+      rows_(std::move(other.rows_)),
+      pages_(std::exchange(other.pages_, {})) {}
+
+Reservation& Reservation::operator=(Reservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    source_ = other.source_;
+    owner_ = other.owner_;
+    rows_ = std::move(other.rows_);
+    pages_ = std::exchange(other.pages_, {});
+  }
+  return *this;
+}
+
+Reservation::~Reservation() { Release(); }
+
+void Reservation::Release() {
+  if (pages_.empty()) return;
+  // Pages the source gave this owner a moment ago: giving them back fails only on an accounting
+  // error, which the source's and the manager's invariant checks report.
+  (void)source_->ReleaseAll(owner_, pages_);
+  pages_.clear();
+}
+
+ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec) {
+  ReserveOutcome out;
+  const auto refuse = [&out](Refusal refusal) {
+    out.status = std::move(refusal.status);
+    out.counted = refusal.reason;
+    return std::move(out);
+  };
+  const auto requests = static_cast<uint32_t>(spec.row_sessions.size());
+  if (std::optional<Refusal> refusal = ledger.CheckGrow(spec.charged_session, spec.pages, requests)) {
+    return refuse(*std::move(refusal));
+  }
+  Reservation held(&source, spec.owner);
+  held.rows_.resize(spec.row_sessions.size());
+  for (size_t i = 0; i < spec.row_sessions.size(); ++i) {
+    if (std::optional<Refusal> refusal = ledger.FreeRow(spec.row_sessions[i], &held.rows_[i])) {
+      out.failed_row = static_cast<int>(i);
+      return refuse(*std::move(refusal));
+    }
+  }
+  if (spec.pages != 0) {
+    if (spec.pages > UINT32_MAX) {
+      out.lacked_room = true;
+      return refuse({RejectReason::kPoolFull, absl::ResourceExhaustedError(absl::StrCat(
+                                                  "a request of ", spec.pages, " pages exceeds any host pool"))});
+    }
+    absl::StatusOr<std::vector<PagePool::Page>> pages =
+        source.Allocate(spec.owner, static_cast<uint32_t>(spec.pages), nullptr);
+    if (!pages.ok()) {
+      if (!absl::IsResourceExhausted(pages.status())) {
+        out.status = pages.status();  // not a refusal: an error of the pool's
+        return out;
+      }
+      out.lacked_room = true;
+      return refuse({RejectReason::kPoolFull, pages.status()});
+    }
+    held.pages_ = *std::move(pages);
+  }
+  out.reservation = std::move(held);
+  return out;
+}
+
 }  // namespace hisparse

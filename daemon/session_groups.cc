@@ -164,11 +164,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     }
     r.attached = true;
     ledger_.Touch(s.id, id);
-    v1::AdmitResponse resp;
-    resp.set_row(r.row());
-    resp.set_capacity_tokens(r.capacity_tokens);
-    FillLayers(s, r, resp.mutable_layers());
-    return {std::move(resp)};
+    return {AdmitAnswerLocked(s, r)};
   }
   if (group.requests.count(id) != 0) {
     return {absl::FailedPreconditionError(absl::StrCat(name, " holds request ", id, " without a row of rank ",
@@ -195,25 +191,21 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   const uint32_t size = static_cast<uint32_t>(group.ranks.size());
   const uint64_t per_layer = PagesFor(s, req.token_budget());
   const uint64_t total = per_layer * s.geometry.num_layers();
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s.id, total, size)) return {Reject(*std::move(refusal))};
-  std::vector<uint32_t> rows(size);
-  for (uint32_t rank = 0; rank < size; ++rank) {
-    if (std::optional<Refusal> refusal = ledger_.FreeRow(group.ranks[rank], &rows[rank])) {
-      return {Reject(Refusal{refusal->reason, absl::ResourceExhaustedError(absl::StrCat(
-                                                  name, " rank ", rank, " (session ", group.ranks[rank],
-                                                  "): ", refusal->status.message(), "; nothing was reserved"))})};
+  // Reserve as every admission does (request_table.h): the caller's tenant charged for the pages
+  // and one request per rank, a free row in every rank's session, the pages the group's.
+  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s.id, group.ranks, group.owner, total});
+  if (!reserved.reservation.has_value()) {
+    if (reserved.failed_row >= 0) {
+      const auto rank = static_cast<uint32_t>(reserved.failed_row);
+      reserved.status =
+          absl::ResourceExhaustedError(absl::StrCat(name, " rank ", rank, " (session ", group.ranks[rank],
+                                                    "): ", reserved.status.message(), "; nothing was reserved"));
     }
+    return {RefusedLocked(std::move(reserved)).result};  // a group admission never evicts: no lacked_room
   }
-  if (total > UINT32_MAX) {
-    return {Reject(RejectReason::kPoolFull,
-                   absl::ResourceExhaustedError(absl::StrCat("a request of ", total, " pages exceeds any host pool")))};
-  }
-  absl::StatusOr<std::vector<PagePool::Page>> pages = pool_->Allocate(group.owner, static_cast<uint32_t>(total));
-  if (!pages.ok()) {
-    return {absl::IsResourceExhausted(pages.status()) ? Reject(RejectReason::kPoolFull, pages.status())
-                                                      : pages.status()};
-  }
-  for (const PagePool::Page& p : *pages) {
+  const std::vector<uint32_t> rows = reserved.reservation->rows();
+  const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
+  for (const PagePool::Page& p : pages) {
     for (uint32_t extra = 1; extra < size; ++extra) {
       // The group holds the page: AddRef fails only at the reference limit.
       if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
@@ -221,7 +213,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   }
   Group::Held& held = group.requests[id];
   for (uint32_t layer = 0; layer < s.geometry.num_layers(); ++layer) {
-    held.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
+    held.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
   }
   held.holders.push_back(s.id);  // the caller pays; then the others in rank order
   for (uint64_t member : group.ranks) {
@@ -241,12 +233,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     sessions_.at(member)->requests.Admit(std::move(r), rows[rank]);
   }
   ++admissions_;
-  const Request& mine = *s.requests.Find(id);
-  v1::AdmitResponse resp;
-  resp.set_row(mine.row());
-  resp.set_capacity_tokens(mine.capacity_tokens);
-  FillLayers(s, mine, resp.mutable_layers());
-  return {std::move(resp)};
+  return {AdmitAnswerLocked(s, *s.requests.Find(id))};
 }
 
 absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s, Request& r,
@@ -279,12 +266,12 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
   ledger_.Touch(s.id, r.id);
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    // The same allocation as a session's Extend, under the group's owner (a full pool counted).
     absl::StatusOr<std::vector<PagePool::Page>> got =
-        extra > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any host pool")
-                           : pool_->Allocate(group.owner, static_cast<uint32_t>(extra), &held.pages[layer].back());
+        AllocatePagesLocked(group.owner, extra, &held.pages[layer].back());
     if (!got.ok()) {
       for (const auto& done : added) (void)pool_->ReleaseAll(group.owner, done);
-      return absl::IsResourceExhausted(got.status()) ? Reject(RejectReason::kPoolFull, got.status()) : got.status();
+      return got.status();
     }
     added[layer] = *std::move(got);
   }

@@ -144,7 +144,8 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool>
       // Retired slabs an engine may still hold count against its tenant's host quota until the
       // pool sees them freed (page_pool.h); the pool is thread-safe and outlives the ledger.
       ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
-              [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }) {}
+              [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }),
+      pages_(pool_.get()) {}
 
 SessionManager::~SessionManager() = default;
 
@@ -450,14 +451,12 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   }
   if (absl::Status lease = CheckLeaseLocked(req.lease_seconds(), req.begin_import()); !lease.ok()) return {lease};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return AdmitSharedLocked(*s, req);
-  // Charged in whole pages.
+  // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
   const uint64_t per_layer = PagesFor(*s, req.token_budget());
   const uint64_t total = per_layer * s->geometry.num_layers();
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s->id, total, 1)) return {Reject(*std::move(refusal))};
-  uint32_t row = 0;
-  if (std::optional<Refusal> refusal = ledger_.FreeRow(s->id, &row)) return {Reject(*std::move(refusal))};
-  absl::StatusOr<std::vector<PagePool::Page>> pages = AllocatePagesLocked(*s, total, nullptr);
-  if (!pages.ok()) return {pages.status(), absl::IsResourceExhausted(pages.status())};
+  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s->id, {s->id}, s->id, total});
+  if (!reserved.reservation.has_value()) return RefusedLocked(std::move(reserved));
+  const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
@@ -467,15 +466,19 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
-    r.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
+    r.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
   }
-  const Request& added = s->requests.Admit(std::move(r), row);
+  const Request& added = s->requests.Admit(std::move(r), reserved.reservation->rows()[0]);
   ++admissions_;
+  return {AdmitAnswerLocked(*s, added)};
+}
+
+v1::AdmitResponse SessionManager::AdmitAnswerLocked(const Session& s, const Request& r) const {
   v1::AdmitResponse resp;
-  resp.set_row(row);
-  resp.set_capacity_tokens(added.capacity_tokens);
-  FillLayers(*s, added, resp.mutable_layers());
-  return {std::move(resp)};
+  resp.set_row(r.row());
+  resp.set_capacity_tokens(r.capacity_tokens);
+  FillLayers(s, r, resp.mutable_layers());
+  return resp;
 }
 
 absl::Status SessionManager::CheckOwner(const v1::SessionRef& ref, uint32_t uid) const {
@@ -548,7 +551,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   ledger_.Touch(s->id, r.id);
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    absl::StatusOr<std::vector<PagePool::Page>> got = AllocatePagesLocked(*s, extra, &r.pages[layer].back());
+    absl::StatusOr<std::vector<PagePool::Page>> got = AllocatePagesLocked(s->id, extra, &r.pages[layer].back());
     if (!got.ok()) {
       for (const auto& done : added) (void)pool_->ReleaseAll(s->id, done);
       return got.status();

@@ -73,21 +73,16 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   const uint64_t tail_records = prefix % s.records_per_page;
   const uint64_t fresh = PagesFor(s, req.token_budget()) - shared;  // per layer
   const uint64_t total = fresh * layers;
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s.id, total, 1)) return {Reject(*std::move(refusal))};
-  uint32_t row = 0;
-  if (std::optional<Refusal> refusal = ledger_.FreeRow(s.id, &row)) return {Reject(*std::move(refusal))};
-  std::vector<PagePool::Page> got;
-  if (total != 0) {
-    absl::StatusOr<std::vector<PagePool::Page>> pages = AllocatePagesLocked(s, total, nullptr);
-    if (!pages.ok()) return {pages.status(), absl::IsResourceExhausted(pages.status())};
-    got = *std::move(pages);
-  }
-  // The partial page's prefix records, copied before anything is shared: a failure leaves nothing.
+  // Reserve (the quota, a row, the fresh pages: none when the child lies inside its parent's).
+  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s.id, {s.id}, s.id, total});
+  if (!reserved.reservation.has_value()) return RefusedLocked(std::move(reserved));
+  const std::vector<PagePool::Page>& got = reserved.reservation->pages();
+  // The partial page's prefix records, copied before anything is shared: a failure leaves nothing
+  // (the reservation gives its pages back).
   for (uint32_t layer = 0; tail_records != 0 && layer < layers; ++layer) {
     absl::StatusOr<uint8_t*> src = pool_->PageData(s.id, parent.pages[layer][shared]);
     absl::StatusOr<uint8_t*> dst = pool_->PageData(s.id, got[layer * fresh]);
     if (!src.ok() || !dst.ok()) {
-      (void)pool_->ReleaseAll(s.id, got);
       return {absl::InternalError(
           absl::StrCat("copying the prefix's partial page: ", (src.ok() ? dst.status() : src.status()).message()))};
     }
@@ -116,13 +111,10 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
       holders.push_back(id);
     }
   }
-  const Request& added = s.requests.Admit(std::move(r), row);
+  (void)reserved.reservation->TakePages();  // committed: the request holds them now
+  const Request& added = s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
   ++admissions_;
-  v1::AdmitResponse resp;
-  resp.set_row(row);
-  resp.set_capacity_tokens(added.capacity_tokens);
-  FillLayers(s, added, resp.mutable_layers());
-  return {std::move(resp)};
+  return {AdmitAnswerLocked(s, added)};
 }
 
 void SessionManager::UnshareLocked(Session& s, const Request& r) {

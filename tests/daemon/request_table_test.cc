@@ -5,8 +5,10 @@
 #include "hisparse/daemon/request_table.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -194,6 +196,151 @@ TEST_F(RequestTableTest, StateNames) {
   EXPECT_TRUE(HoldsRow(RequestState::kImporting));
   EXPECT_FALSE(HoldsRow(RequestState::kParked));
   EXPECT_FALSE(HoldsRow(RequestState::kOrphaned));
+}
+
+// ---- Reserve, then commit, over a fake PageSource ----
+
+// `capacity` pages; each allocation is numbered on from the last, under its owner as the slab.
+// Counts what each owner holds, so a test sees exactly what a reservation took and gave back.
+class FakePages final : public PageSource {
+ public:
+  explicit FakePages(uint64_t capacity) : free_(capacity) {}
+  absl::StatusOr<std::vector<PagePool::Page>> Allocate(uint64_t owner, uint32_t count,
+                                                       const PagePool::Page* /*after*/) override {
+    ++allocations_;
+    if (!fail_with_.ok()) return fail_with_;
+    if (count > free_) return absl::ResourceExhaustedError("the fake pool is full");
+    std::vector<PagePool::Page> out;
+    for (uint32_t i = 0; i < count; ++i) out.push_back(PagePool::Page{owner, next_++});
+    free_ -= count;
+    held_[owner] += count;
+    return out;
+  }
+  absl::Status ReleaseAll(uint64_t owner, const std::vector<PagePool::Page>& pages) override {
+    for (const PagePool::Page& p : pages) {
+      if (p.slab != owner || held_[owner] == 0) return absl::InternalError("not the owner's page");
+      --held_[owner];
+      ++free_;
+    }
+    return absl::OkStatus();
+  }
+  uint64_t Held(uint64_t owner) { return held_[owner]; }
+
+  absl::Status fail_with_;
+  int allocations_ = 0;
+
+ private:
+  uint64_t free_;
+  uint32_t next_ = 0;
+  std::map<uint64_t, uint64_t> held_;
+};
+
+TEST_F(RequestTableTest, ReserveHoldsPagesAndARowUntilCommitted) {
+  FakePages pool(16);
+  RequestTable t = RequestTable::Open(&ledger_, 1, kTenant, 2, 0);
+  AdmitIn(t, 10);  // row 0
+  ReserveOutcome got = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 4});
+  ASSERT_TRUE(got.reservation.has_value()) << got.status;
+  EXPECT_EQ(got.reservation->rows(), std::vector<uint32_t>{1});
+  EXPECT_EQ(got.reservation->pages().size(), 4u);
+  EXPECT_EQ(pool.Held(1), 4u);
+  // Nothing is recorded before the commit.
+  EXPECT_EQ(ledger_.used_pages(), 1u);
+  EXPECT_EQ(ledger_.Usage(kTenant).requests, 1u);
+  RequestEntry r;
+  r.id = 11;
+  r.pages = {got.reservation->TakePages()};
+  r.charged_pages = 4;
+  t.Admit(std::move(r), got.reservation->rows()[0]);
+  got.reservation.reset();  // committed: the request holds the pages, the reservation none
+  EXPECT_EQ(pool.Held(1), 4u);
+  EXPECT_EQ(ledger_.RowOf(1, 11), 1u);
+  EXPECT_EQ(ledger_.used_pages(), 5u);
+  Check(t);
+}
+
+TEST_F(RequestTableTest, AReservationDroppedUncommittedGivesItsPagesBack) {
+  FakePages pool(16);
+  RequestTable t = RequestTable::Open(&ledger_, 1, kTenant, 2, 0);
+  {
+    ReserveOutcome got = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 6});
+    ASSERT_TRUE(got.reservation.has_value()) << got.status;
+    EXPECT_EQ(pool.Held(1), 6u);
+    Reservation moved = *std::move(got.reservation);  // one owner at a time
+    got.reservation.reset();
+    EXPECT_EQ(pool.Held(1), 6u);
+  }
+  EXPECT_EQ(pool.Held(1), 0u);
+  EXPECT_TRUE(t.empty());
+  Check(t);
+}
+
+TEST_F(RequestTableTest, ReserveRefusesInOrderAndTakesNothing) {
+  FakePages pool(8);
+  RequestTable t = RequestTable::Open(&ledger_, 1, kTenant, 1, 0);
+  // The quota first: one request per tenant, held already.
+  AdmitIn(t, 10);
+  AdmissionLedger::Quotas one_request;
+  one_request.requests = 1;
+  ledger_.SetQuotas(one_request);
+  ReserveOutcome quota = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 2});
+  EXPECT_FALSE(quota.reservation.has_value());
+  EXPECT_EQ(quota.counted, RejectReason::kQuota);
+  EXPECT_FALSE(quota.lacked_room);
+  EXPECT_EQ(pool.allocations_, 0);
+  // Then a free row: session 1's only row is held.
+  ledger_.SetQuotas({});
+  ReserveOutcome rows = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 2});
+  EXPECT_EQ(rows.counted, RejectReason::kRowsFull);
+  EXPECT_EQ(rows.failed_row, 0);
+  EXPECT_EQ(pool.allocations_, 0);
+  // Then the pages: a full pool lacks room (the one refusal evicting can cure).
+  t.Erase(10);
+  ReserveOutcome full = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 9});
+  EXPECT_EQ(full.counted, RejectReason::kPoolFull);
+  EXPECT_TRUE(full.lacked_room);
+  EXPECT_TRUE(absl::IsResourceExhausted(full.status)) << full.status;
+  ReserveOutcome huge = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, uint64_t{UINT32_MAX} + 1});
+  EXPECT_EQ(huge.counted, RejectReason::kPoolFull);
+  EXPECT_THAT(huge.status.message(), HasSubstr("exceeds any host pool"));
+  // A pool's own error is no refusal: not counted, no room lacked.
+  pool.fail_with_ = absl::InternalError("the fake pool broke");
+  ReserveOutcome broke = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 1});
+  EXPECT_TRUE(absl::IsInternal(broke.status));
+  EXPECT_EQ(broke.counted, std::nullopt);
+  EXPECT_FALSE(broke.lacked_room);
+  EXPECT_EQ(pool.Held(1), 0u);
+  Check(t);
+}
+
+TEST_F(RequestTableTest, ReserveForEveryRankTakesARowInEachAndPagesOfTheOwner) {
+  FakePages pool(64);
+  constexpr uint64_t kGroupOwner = 99;
+  RequestTable a = RequestTable::Open(&ledger_, 1, kTenant, 2, 0);
+  RequestTable b = RequestTable::Open(&ledger_, 2, kTenant, 1, 0);
+  RequestTable c = RequestTable::Open(&ledger_, 3, kTenant, 2, 0);
+  AdmitIn(a, 10);  // a's row 0
+  ReserveOutcome got = Reserve(ledger_, pool, ReserveSpec{1, {1, 2, 3}, kGroupOwner, 8});
+  ASSERT_TRUE(got.reservation.has_value()) << got.status;
+  EXPECT_EQ(got.reservation->rows(), (std::vector<uint32_t>{1, 0, 0}));
+  EXPECT_EQ(pool.Held(kGroupOwner), 8u);
+  EXPECT_EQ(pool.Held(1), 0u);
+  got.reservation.reset();
+  // A rank without a free row is named, and nothing is taken.
+  AdmitIn(b, 20);
+  ReserveOutcome refused = Reserve(ledger_, pool, ReserveSpec{1, {1, 2, 3}, kGroupOwner, 8});
+  EXPECT_EQ(refused.failed_row, 1);
+  EXPECT_EQ(refused.counted, RejectReason::kRowsFull);
+  EXPECT_EQ(pool.Held(kGroupOwner), 0u);
+  // No pages asked (a child inside its parent's): none allocated.
+  const int before = pool.allocations_;
+  ReserveOutcome none = Reserve(ledger_, pool, ReserveSpec{1, {1}, 1, 0});
+  ASSERT_TRUE(none.reservation.has_value()) << none.status;
+  EXPECT_TRUE(none.reservation->pages().empty());
+  EXPECT_EQ(pool.allocations_, before);
+  Check(a);
+  Check(b);
+  Check(c);
 }
 
 }  // namespace request_table_test

@@ -38,11 +38,14 @@
 #define HISPARSE_DAEMON_REQUEST_TABLE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/page_pool.h"
@@ -171,6 +174,93 @@ class RequestTable {
   bool orphan_ = false;
   Map requests_;
 };
+
+// ---- Admission: reserve, then commit ----
+//
+// Every admission (one request, a shared-prefix child, a TP group's request for every rank) takes
+// its resources in one place, Reserve: the tenant's quota for its pages and rows, a free row in
+// each session that will hold it, then its pages from a PageSource. Nothing is recorded until the
+// caller commits (RequestTable::Admit, once per row); a Reservation dropped uncommitted gives its
+// pages back, so a failure between the two loses nothing.
+
+// Where pages come from and go back to: the host pool (PoolPages below), or a fake in a test.
+// `owner` is a session's id, or a TP group's owner id.
+class PageSource {
+ public:
+  virtual ~PageSource() = default;
+  // `count` pages of `owner`, after `after` where given (PagePool::Allocate). RESOURCE_EXHAUSTED
+  // when there is no room.
+  virtual absl::StatusOr<std::vector<PagePool::Page>> Allocate(uint64_t owner, uint32_t count,
+                                                               const PagePool::Page* after) = 0;
+  virtual absl::Status ReleaseAll(uint64_t owner, const std::vector<PagePool::Page>& pages) = 0;
+};
+
+// The host pool as a PageSource. Not owned; the pool is thread-safe itself.
+class PoolPages final : public PageSource {
+ public:
+  explicit PoolPages(PagePool* pool) : pool_(pool) {}
+  absl::StatusOr<std::vector<PagePool::Page>> Allocate(uint64_t owner, uint32_t count,
+                                                       const PagePool::Page* after) override {
+    return pool_->Allocate(owner, count, after);
+  }
+  absl::Status ReleaseAll(uint64_t owner, const std::vector<PagePool::Page>& pages) override {
+    return pool_->ReleaseAll(owner, pages);
+  }
+
+ private:
+  PagePool* pool_;
+};
+
+// What an admission asks for.
+struct ReserveSpec {
+  uint64_t charged_session = 0;        // whose tenant's quotas are checked
+  std::vector<uint64_t> row_sessions;  // a free row in each, in this order (their count: requests)
+  uint64_t owner = 0;                  // the pool owner of the pages
+  uint64_t pages = 0;                  // 0: none (a child wholly inside its parent's pages)
+};
+
+struct ReserveOutcome;
+
+// Resources held for an admission until it commits. Move-only; dropping it uncommitted returns
+// its pages to their source.
+class Reservation {
+ public:
+  Reservation(PageSource* source, uint64_t owner) : source_(source), owner_(owner) {}
+  Reservation(Reservation&& other) noexcept;
+  Reservation& operator=(Reservation&& other) noexcept;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation();
+
+  // The free row of each of ReserveSpec::row_sessions, in that order.
+  const std::vector<uint32_t>& rows() const { return rows_; }
+  const std::vector<PagePool::Page>& pages() const { return pages_; }
+  // The pages, for the caller to commit into requests: the reservation no longer returns them.
+  std::vector<PagePool::Page> TakePages() { return std::exchange(pages_, {}); }
+
+ private:
+  friend ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec);
+  void Release();
+
+  PageSource* source_ = nullptr;
+  uint64_t owner_ = 0;
+  std::vector<uint32_t> rows_;
+  std::vector<PagePool::Page> pages_;
+};
+
+// Reserve's answer: a reservation, or why not. A refusal to count (Stats' rejections_by_reason)
+// has its reason in `counted`; `failed_row` names the row_sessions entry that had no free row (-1
+// otherwise); `lacked_room`: the pages did not fit (the one refusal that evicting can cure).
+struct ReserveOutcome {
+  std::optional<Reservation> reservation;
+  absl::Status status;
+  std::optional<RejectReason> counted;
+  int failed_row = -1;
+  bool lacked_room = false;
+};
+// In order: the quota (CheckGrow: spec.pages, one request per row), a free row in each session,
+// then the pages. Changes nothing in the ledger.
+ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec);
 
 }  // namespace hisparse
 

@@ -322,11 +322,17 @@ class SessionManager {
   std::optional<Victim> BatchVictimLocked(const Session& s, const v1::AdmitItem& item, int evictions,
                                           const absl::flat_hash_set<uint64_t>& batch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `count` pages of `s` from the pool (continuing after `after` when given); a full pool is
-  // counted as a kPoolFull refusal.
-  absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(const Session& s, uint64_t count,
+  // `count` more pages of pool owner `owner` (a session, or a TP group's owner), continuing after
+  // `after`: an Extend's. A full pool is counted as a kPoolFull refusal. An admission's pages come
+  // from Reserve (request_table.h) instead.
+  absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(uint64_t owner, uint64_t count,
                                                                   const PagePool::Page* after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Reserve that failed as AdmitLocked answers it: its refusal counted (when it is one), and
+  // whether it lacked room in the pool.
+  AdmitOutcome RefusedLocked(ReserveOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An admitted request's answer: its row, capacity and pages.
+  v1::AdmitResponse AdmitAnswerLocked(const Session& s, const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pages a request of `s` needs per layer to hold `tokens` positions.
   static uint64_t PagesFor(const Session& s, uint64_t tokens);
   // evict_lru_idle: whether evicting the tenant's requests could make room for `need_pages`.
@@ -487,6 +493,8 @@ class SessionManager {
   std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
   // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
   AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
+  // pool_ as the PageSource admissions reserve from (Reserve, request_table.h).
+  PoolPages pages_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
   uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
