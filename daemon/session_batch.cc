@@ -82,7 +82,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitItemLocked(const v1::AdmitRequ
                                                              BatchImports* opened) {
   if (!one.begin_import()) return AdmitLocked(one);
   // As Admit: a lease with begin_import is bad input, whatever the import target.
-  if (one.lease_seconds() != 0) return {CheckLeaseLocked(one.lease_seconds(), /*importing=*/true)};
+  if (one.lease_seconds() != 0) return {durable_.CheckLease(one.lease_seconds(), /*importing=*/true)};
   v1::AdmitResponse resp;
   absl::StatusOr<OpenedImport> o = OpenImportLocked(one, &resp);
   if (!o.ok()) return {o.status()};  // no lacked_room: an import never evicts

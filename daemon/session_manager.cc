@@ -145,7 +145,8 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool>
       // pool sees them freed (page_pool.h); the pool is thread-safe and outlives the ledger.
       ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
               [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }),
-      pages_(pool_.get()) {}
+      pages_(pool_.get()),
+      durable_(options.max_lease_seconds, options.max_orphans_per_tenant) {}
 
 SessionManager::~SessionManager() = default;
 
@@ -390,7 +391,7 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
   if (req.begin_import()) {
     if (req.lease_seconds() != 0) {  // before any import check: bad input, whatever the target
       absl::MutexLock lock(&mu_);
-      return CheckLeaseLocked(req.lease_seconds(), /*importing=*/true);  // session_durable.cc
+      return durable_.CheckLease(req.lease_seconds(), /*importing=*/true);  // session_durable.cc
     }
     return AdmitImport(req);  // session_import.cc
   }
@@ -449,7 +450,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     return {
         absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
   }
-  if (absl::Status lease = CheckLeaseLocked(req.lease_seconds(), req.begin_import()); !lease.ok()) return {lease};
+  if (absl::Status lease = durable_.CheckLease(req.lease_seconds(), req.begin_import()); !lease.ok()) return {lease};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return AdmitSharedLocked(*s, req);
   // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
   const uint64_t per_layer = PagesFor(*s, req.token_budget());
@@ -462,7 +463,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
   r.admitted_at = absl::Now();
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
-  r.lease_end = LeaseEnd(Now(), req.lease_seconds());
+  r.lease_end = DurableRequests::LeaseEnd(Now(), req.lease_seconds());
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
@@ -774,7 +775,7 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
   Victim v;
   {
     absl::MutexLock lock(&mu_);
-    if (orphans_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid);  // session_durable.cc
+    if (durable_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid);  // session_durable.cc
     auto it = sessions_.find(req.session_id());
     if (it != sessions_.end() && only_uid.has_value() && it->second->tenant_uid != *only_uid) {
       return absl::PermissionDeniedError(

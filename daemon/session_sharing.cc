@@ -93,7 +93,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   r.admitted_at = absl::Now();
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
-  r.lease_end = LeaseEnd(Now(), req.lease_seconds());
+  r.lease_end = DurableRequests::LeaseEnd(Now(), req.lease_seconds());
   for (uint32_t layer = 0; layer < layers; ++layer) {
     std::vector<PagePool::Page> pages(parent.pages[layer].begin(), parent.pages[layer].begin() + shared);
     pages.insert(pages.end(), got.begin() + layer * fresh, got.begin() + (layer + 1) * fresh);

@@ -43,10 +43,12 @@
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/config.h"
+#include "hisparse/daemon/durable_requests.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/import_target.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/request_table.h"
+#include "hisparse/daemon/session_entry.h"
 #include "hisparse/v1/hisparse.pb.h"
 
 namespace hisparse {
@@ -151,7 +153,7 @@ class SessionManager {
   // Where a session's notices go (its stream). Set by the service right after OpenSession. The
   // sink is called outside the lock and must not block (the service queues); it returns false
   // when the notice will not be delivered (the stream is gone, or its outbox is full).
-  using EventSink = std::function<bool(const v1::SessionEvent&)>;
+  using EventSink = SessionEventSink;
   void SetEventSink(uint64_t session_id, EventSink sink);
 
   // Administration. Requests in (session_id, request_id) order, one page at a time: at most
@@ -223,28 +225,8 @@ class SessionManager {
  private:
   // A request's state is the RequestTable's (request_table.h); its data is RequestEntry.
   using Request = RequestEntry;
-  struct Session {
-    uint64_t id = 0;
-    std::string token;
-    std::string engine_name;
-    v1::Geometry geometry;
-    uint32_t records_per_page = 0;  // page_bytes / record_bytes
-    uint32_t pages_per_entry = 0;   // the most pages one layer of a request may have
-    pid_t peer_pid = 0;
-    uint32_t tenant_uid = 0;   // the owner: the uid of the Session stream's peer
-    RequestTable requests;     // every request's state, kept with the ledger's rows and LRU times
-    uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
-    // The slot arena in its sharing form (arena.h), chosen at open and never null after it.
-    // Shared with Stats and the fd channel, which use it outside the lock.
-    std::shared_ptr<const Arena> arena;
-    std::shared_ptr<EventSink> sink;
-    // Pages held by more than one request of the session (shared prefixes): their holders in the
-    // order they took the page; the first is charged for it (Request::charged_pages).
-    std::map<PagePool::Page, std::vector<uint64_t>> sharers;
-    bool imports_closed = false;  // set as the session closes: no new import grant
-    std::string group;            // its TP group's name (OpenSession.group), empty: none
-    uint32_t group_rank = 0;
-  };
+  // What the manager keeps of a session (session_entry.h).
+  using Session = SessionEntry;
   // A tensor-parallel group (session_groups.cc; docs/DESIGN.md, "TP groups"): sessions of one
   // tenant, one per rank, whose group requests share one set of host pages. It lives while a
   // member does. Groups are their tenant's: named by (tenant uid, name), so another uid cannot
@@ -423,10 +405,6 @@ class SessionManager {
 
   // Durable requests (session_durable.cc). The clock (options.clock, else absl::Now).
   absl::Time Now() const;
-  // Admit's lease_seconds: OK for 0, else the checks SetLease makes (the request is not importing).
-  absl::Status CheckLeaseLocked(uint32_t lease_seconds, bool importing) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static absl::Time LeaseEnd(absl::Time now, uint32_t lease_seconds);
-  static double LeaseLeft(const Request& r, absl::Time now);
   // CloseSession's step for a session that has ended (out of sessions_, its imports revoked):
   // releases every request that is not durable now (every one, when its tenant holds
   // max_orphans_per_tenant orphans already), then, when durable ones are left, parks them
@@ -437,8 +415,6 @@ class SessionManager {
   // Releases the orphan's requests whose lease ended by `now` (counted as lease expiries) and
   // forgets the orphan once empty. Returns how many were released.
   size_t ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adopt's checks after the tenant's (geometry, draining, page tables, ids): OK, or the refusal.
-  absl::Status CheckAdoptLocked(const Session& adopter, const Session& orphan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants' part for orphans: ledger, pool and requests agree; returns their pages.
   absl::StatusOr<uint64_t> CheckOrphansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evict of an orphaned request (an operator's, or its tenant's): released at once, nobody to tell.
@@ -511,13 +487,9 @@ class SessionManager {
   absl::flat_hash_map<std::string, SpentGrant> spent_grants_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);    // oldest first
   uint64_t imports_ended_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // by GrantEnd, since start
-  // Ended sessions that keep durable requests, by the ended session's id (session_durable.cc):
-  // no arena (null), no token, no sink; every request parked. Their slabs stay under that id in
-  // the pool until adopted (HandOverSlabs) or emptied.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> orphans_ ABSL_GUARDED_BY(mu_);
-  uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t orphans_refused_ ABSL_GUARDED_BY(mu_) = 0;  // ends over max_orphans_per_tenant, since start
-  using GroupKey = std::pair<uint32_t, std::string>;   // (tenant uid, name)
+  // Leases, the orphans that keep durable requests and their figures (durable_requests.h).
+  DurableRequests durable_ ABSL_GUARDED_BY(mu_);
+  using GroupKey = std::pair<uint32_t, std::string>;  // (tenant uid, name)
   static GroupKey GroupKeyOf(const Session& s) { return {s.tenant_uid, s.group}; }
   std::map<GroupKey, Group> groups_ ABSL_GUARDED_BY(mu_);
 };
