@@ -116,7 +116,7 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
       info->set_durable(r.lease_end > lease_now);
       info->set_lease_seconds_left(DurableRequests::LeaseLeft(r, lease_now));
-      if (r.in_group) FillGroupInfoLocked(s, r, info);  // session_groups.cc
+      if (r.in_group) groups_.FillInfo(s, r, info);  // tp_groups.h
     }
   }
   return out;

@@ -174,7 +174,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                                                    options_.max_tokens_per_request, ")"));
   }
   HS_ASSIGN_OR_RETURN(std::string engine_name, EngineName(open.engine_name(), 128));
-  if (open.has_group()) HS_RETURN_IF_ERROR(ValidateGroup(open.group()));  // session_groups.cc
+  if (open.has_group()) HS_RETURN_IF_ERROR(TpGroups::Validate(open.group()));  // tp_groups.h
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
     return absl::InvalidArgumentError(
@@ -201,7 +201,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                     absl::ResourceExhaustedError(
                         absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions")));
     }
-    if (open.has_group()) HS_RETURN_IF_ERROR(CheckJoinLocked(*session, open.group(), max_context));
+    if (open.has_group()) HS_RETURN_IF_ERROR(groups_.CheckJoin(*session, open.group(), max_context));
     if (std::optional<Refusal> refusal = ledger_.CheckOpenSession(owner.uid, layout.total_bytes)) {
       return Reject(*std::move(refusal));
     }
@@ -254,7 +254,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     return Reject(*std::move(refusal));
   }
   // Checked again, atomically with the insertion: two sessions racing for one rank.
-  if (absl::Status joined = open.has_group() ? JoinGroupLocked(*session, open.group(), max_context) : absl::OkStatus();
+  if (absl::Status joined =
+          open.has_group() ? groups_.Join(*session, open.group(), max_context, &next_session_id_) : absl::OkStatus();
       !joined.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
@@ -304,7 +305,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
     // its idle slabs leave it (dropped outside the lock). Then its rank of a TP group is freed
     // (session_groups.cc; a group request is never durable, so none went to the orphan).
     released = EndSessionLocked(*dead);
-    LeaveGroupLocked(*dead);
+    if (std::optional<uint64_t> ended = groups_.Leave(*dead)) pool_->RetireIdleOf(*ended);  // its last member
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
@@ -624,7 +625,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       hp->set_retired_slabs(ps.retired_slabs);
     }
     for (const auto& [owner, slabs] : pool_->SlabsByOwner()) {
-      if (IsGroupOwnerLocked(owner)) continue;  // in GroupStats.slabs
+      if (groups_.IsOwner(owner)) continue;  // in GroupStats.slabs
       if (!only_uid.has_value() || (sessions_.contains(owner) && sessions_.at(owner)->tenant_uid == *only_uid)) {
         (*hp->mutable_slabs_by_session())[owner] = slabs;
       }

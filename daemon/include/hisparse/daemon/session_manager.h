@@ -49,6 +49,7 @@
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/request_table.h"
 #include "hisparse/daemon/session_entry.h"
+#include "hisparse/daemon/tp_groups.h"
 #include "hisparse/v1/hisparse.pb.h"
 
 namespace hisparse {
@@ -227,25 +228,8 @@ class SessionManager {
   using Request = RequestEntry;
   // What the manager keeps of a session (session_entry.h).
   using Session = SessionEntry;
-  // A tensor-parallel group (session_groups.cc; docs/DESIGN.md, "TP groups"): sessions of one
-  // tenant, one per rank, whose group requests share one set of host pages. It lives while a
-  // member does. Groups are their tenant's: named by (tenant uid, name), so another uid cannot
-  // take, or even see, the name a tenant's TP engine will use.
-  struct Group {
-    // The pool owner of the group's pages: an id of the session counter, so never a session's.
-    uint64_t owner = 0;
-    uint32_t tenant_uid = 0;
-    // What every member's geometry must match: the pages' layout and page-table stride.
-    uint32_t num_layers = 0, record_bytes = 0, max_context_tokens = 0;
-    std::vector<uint64_t> ranks;  // rank -> session id, 0: no live session holds it
-    struct Held {
-      // Member sessions holding a share (a row), in the order they took it; the first is charged
-      // for the pages (its Request::charged_pages, the ledger's count), the others 0.
-      std::vector<uint64_t> holders;
-      std::vector<std::vector<PagePool::Page>> pages;  // per layer; one reference per holder
-    };
-    std::map<uint64_t, Held> requests;  // by request id
-  };
+  // A tensor-parallel group (tp_groups.h).
+  using Group = TpGroup;
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
   absl::StatusOr<std::unique_ptr<Arena>> CreateArena(bool on_gpu, int gpu, const ArenaOffsets& layout) const;
@@ -424,16 +408,6 @@ class SessionManager {
   void OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- TP groups (session_groups.cc). ----
-  // INVALID_ARGUMENT for a malformed OpenSession.group (no lock needed).
-  static absl::Status ValidateGroup(const v1::TpGroup& g);
-  // Whether `s` (geometry and tenant set, max context `max_context`) may take its rank of group
-  // `g`: the codes of OpenSession.group. JoinGroupLocked checks it again and joins (creating the
-  // group for its first member); LeaveGroupLocked frees the rank, and the group with its last.
-  absl::Status CheckJoinLocked(const Session& s, const v1::TpGroup& g, uint32_t max_context) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status JoinGroupLocked(Session& s, const v1::TpGroup& g, uint32_t max_context)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LeaveGroupLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admit with AdmitRequest.group: reserve for every rank, or attach this rank's share.
   AdmitOutcome AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Extend of a group request: the first rank's grows the group's pages for every share (all or
@@ -448,11 +422,8 @@ class SessionManager {
   // A dup of slab `slab` of the group of `s` (a member), as DupSlabFd.
   absl::StatusOr<UniqueFd> DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsGroupOwnerLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stats' group figures: GroupStats, HostPoolStats.group_bytes, each member's SessionStats.group.
   void FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillGroupInfoLocked(const Session& s, const Request& r, v1::RequestInfo* info) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The group half of CheckInvariants: members, shares, references and charges; `paid` receives
   // the group pages each session is charged for, `pages` the groups' distinct pages.
@@ -489,9 +460,8 @@ class SessionManager {
   uint64_t imports_ended_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // by GrantEnd, since start
   // Leases, the orphans that keep durable requests and their figures (durable_requests.h).
   DurableRequests durable_ ABSL_GUARDED_BY(mu_);
-  using GroupKey = std::pair<uint32_t, std::string>;  // (tenant uid, name)
-  static GroupKey GroupKeyOf(const Session& s) { return {s.tenant_uid, s.group}; }
-  std::map<GroupKey, Group> groups_ ABSL_GUARDED_BY(mu_);
+  // TP groups and their members (tp_groups.h); their requests' pages are admitted here.
+  TpGroups groups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hisparse
