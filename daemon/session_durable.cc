@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
@@ -81,7 +82,7 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
   return resp;
 }
 
-size_t SessionManager::EndSessionLocked(Session& dead) {
+size_t SessionManager::EndSessionLocked(Session& dead, DeferredLog& log) {
   const absl::Time now = Now();
   const auto durable = [now](const Request& r) { return DurableRequests::Durable(r, now); };
   bool keep_durable = true;
@@ -89,8 +90,8 @@ size_t SessionManager::EndSessionLocked(Session& dead) {
                   [&](const auto& entry) { return durable(entry.second); })) {
     if (absl::Status may = durable_.MayKeep(dead.tenant_uid); !may.ok()) {
       keep_durable = false;
-      LOG(WARNING) << "session " << dead.id << " of uid " << dead.tenant_uid << " ended with durable requests, but "
-                   << may.message() << ": released them";
+      DEFERRED_LOG(log, WARNING) << "session " << dead.id << " of uid " << dead.tenant_uid
+                                 << " ended with durable requests, but " << may.message() << ": released them";
     }
   }
   size_t released = 0;
@@ -109,9 +110,9 @@ size_t SessionManager::EndSessionLocked(Session& dead) {
   // orphaning cannot fail.
   const size_t kept = dead.requests.size();
   if (absl::Status st = durable_.Keep(dead); !st.ok()) LOG(ERROR) << "accounting error: " << st;
-  LOG(INFO) << "session " << dead.id << " ended with " << kept
-            << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " (" << dead.engine_name
-            << ") to adopt";
+  DEFERRED_LOG(log, INFO) << "session " << dead.id << " ended with " << kept
+                          << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " ("
+                          << dead.engine_name << ") to adopt";
   return released;
 }
 
@@ -136,15 +137,17 @@ size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
 }
 
 size_t SessionManager::ExpireLeases() {
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   size_t released = 0;
   for (uint64_t id : durable_.Ids()) released += ExpireOrphanLocked(id, now);
-  if (released != 0) LOG(INFO) << "leases ended: released " << released << " orphaned durable requests";
+  if (released != 0) DEFERRED_LOG(log, INFO) << "leases ended: released " << released << " orphaned durable requests";
   return released;
 }
 
 absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& req) {
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * me, FindLocked(req.session()));
   const uint64_t orphan_id = req.dead_session_id();
@@ -186,13 +189,14 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
     a->set_lease_seconds_left(DurableRequests::LeaseLeft(r, now));
     FillLayers(*me, r, a->mutable_layers());
   }
-  LOG(INFO) << "session " << me->id << " adopted " << rids.size() << " durable requests of ended session " << orphan_id
-            << " (" << slabs.value_or(0) << " slabs)";
+  DEFERRED_LOG(log, INFO) << "session " << me->id << " adopted " << rids.size() << " durable requests of ended session "
+                          << orphan_id << " (" << slabs.value_or(0) << " slabs)";
   return resp;
 }
 
 absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::EvictRequest& req,
-                                                                    std::optional<uint32_t> only_uid) {
+                                                                    std::optional<uint32_t> only_uid,
+                                                                    DeferredLog& log) {
   Session& o = *durable_.Find(req.session_id());  // the caller found it
   if (only_uid.has_value() && o.tenant_uid != *only_uid) {
     return absl::PermissionDeniedError(
@@ -206,8 +210,9 @@ absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::Ev
   ReleaseRequestLocked(o, *r);
   ++evictions_;
   pool_->RetireIdleOf(o.id);
-  LOG(INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id << " (" << freed
-            << " bytes; " << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
+  DEFERRED_LOG(log, INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id
+                          << " (" << freed << " bytes; "
+                          << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
   if (o.requests.empty()) {
     const uint64_t orphan_id = o.id;
     o.requests.Close();

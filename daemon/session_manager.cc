@@ -17,6 +17,7 @@
 #include "hisparse/common/secret.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/version_compat.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/v1/arena_kind.h"
 
@@ -240,6 +241,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     arena_status = arena.status();
   }
   const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   if (!arena_status.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
@@ -277,13 +279,18 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.set_max_tokens_per_request(static_cast<uint32_t>(
       std::min<uint64_t>(uint64_t{session->records_per_page} * session->pages_per_entry, INT32_MAX)));
   opened.set_daemon_version(options_.version);
-  LOG(INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
-            << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
-            << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B " << open.geometry().slots()
-            << ", rows " << open.geometry().max_requests() << ", arena " << session->arena_bytes << " B "
-            << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
-            << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
-            << " ms)";
+  if (open.has_group()) {
+    DEFERRED_LOG(log, INFO) << "session " << session->id << " joined group \"" << open.group().name() << "\" as rank "
+                            << open.group().rank() << " of " << open.group().size();
+  }
+  DEFERRED_LOG(log, INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
+                          << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
+                          << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B "
+                          << open.geometry().slots() << ", rows " << open.geometry().max_requests() << ", arena "
+                          << session->arena_bytes << " B "
+                          << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
+                          << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in "
+                          << create_seconds * 1e3 << " ms)";
   session->requests =
       RequestTable::Open(&ledger_, session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   sessions_.emplace(session->id, std::move(session));
@@ -295,6 +302,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
   std::unique_ptr<Session> dead;
   size_t released = 0;
   std::function<void()> on_idle;
+  DeferredLog log;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
@@ -304,12 +312,13 @@ void SessionManager::CloseSession(uint64_t session_id) {
     // Its requests released, but for durable ones, which stay as an orphan (session_durable.cc);
     // its idle slabs leave it (dropped outside the lock). Then its rank of a TP group is freed
     // (session_groups.cc; a group request is never durable, so none went to the orphan).
-    released = EndSessionLocked(*dead);
+    released = EndSessionLocked(*dead, log);
     if (std::optional<uint64_t> ended = groups_.Leave(*dead)) pool_->RetireIdleOf(*ended);  // its last member
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
   }
+  log.Flush();
   // The arena (memfd and mapping, or the GPU allocation) goes with `dead`, outside the lock: the
   // daemon's GPU memory is released here, and the GPU's once the engine's import is gone too (an
   // engine that died has lost it already). A Stats call in flight may hold the GPU arena a moment.
@@ -504,6 +513,7 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   // The notice is posted before the memory is released, outside the lock; posting never waits on
   // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
@@ -521,8 +531,9 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   ReleaseRequestLocked(*it->second, *r);
   ++evictions_;
   if (!told) ++undelivered_notices_;
-  LOG(INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed << " bytes; "
-            << reason << (told ? ")" : "; the notice was not delivered: its stream is gone or not read)");
+  DEFERRED_LOG(log, INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed
+                          << " bytes; " << reason
+                          << (told ? ")" : "; the notice was not delivered: its stream is gone or not read)");
   return freed;
 }
 
@@ -774,9 +785,10 @@ void SessionManager::SetHostArenaBudget(uint64_t bytes) {
 // Eviction by an operator: the session hears of it before its memory is released.
 absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid) {
   Victim v;
+  DeferredLog log;  // written once the lock is released
   {
     absl::MutexLock lock(&mu_);
-    if (durable_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid);  // session_durable.cc
+    if (durable_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid, log);  // session_durable.cc
     auto it = sessions_.find(req.session_id());
     if (it != sessions_.end() && only_uid.has_value() && it->second->tenant_uid != *only_uid) {
       return absl::PermissionDeniedError(

@@ -88,7 +88,6 @@ absl::Status TpGroups::Join(SessionEntry& s, const v1::TpGroup& g, uint32_t max_
   group.ranks[g.rank()] = s.id;
   s.group = g.name();
   s.group_rank = g.rank();
-  LOG(INFO) << "session " << s.id << " joined group \"" << g.name() << "\" as rank " << g.rank() << " of " << g.size();
   return absl::OkStatus();
 }
 

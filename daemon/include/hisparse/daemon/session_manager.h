@@ -54,6 +54,8 @@
 
 namespace hisparse {
 
+class DeferredLog;  // deferred_log.h
+
 // RejectReason and RejectReasonName live in admission_ledger.h.
 class SessionManager {
  public:
@@ -395,15 +397,15 @@ class SessionManager {
   // and moves them (with their sharers) into a new orphan of the same id; else the session leaves
   // the ledger. `dead` keeps its arena and sink, for the caller to drop outside the lock.
   // Returns the requests released.
-  size_t EndSessionLocked(Session& dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t EndSessionLocked(Session& dead, DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the orphan's requests whose lease ended by `now` (counted as lease expiries) and
   // forgets the orphan once empty. Returns how many were released.
   size_t ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants' part for orphans: ledger, pool and requests agree; returns their pages.
   absl::StatusOr<uint64_t> CheckOrphansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evict of an orphaned request (an operator's, or its tenant's): released at once, nobody to tell.
-  absl::StatusOr<v1::EvictResponse> EvictOrphanLocked(const v1::EvictRequest& req, std::optional<uint32_t> only_uid)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::EvictResponse> EvictOrphanLocked(const v1::EvictRequest& req, std::optional<uint32_t> only_uid,
+                                                      DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stats' durable and orphan figures (of `only_uid`'s sessions alone, when set).
   void OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
