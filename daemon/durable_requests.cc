@@ -54,8 +54,7 @@ absl::Status DurableRequests::Keep(SessionEntry& dead) {
   orphan->tenant_uid = dead.tenant_uid;
   orphan->imports_closed = true;
   orphan->requests = std::move(dead.requests);
-  orphan->sharers = std::move(dead.sharers);
-  dead.sharers.clear();
+  orphan->sharers.Merge(dead.sharers);
   // kLive or kParked -> kOrphaned, and in the ledger: arena and session count returned. Kept
   // (its requests are the ledger's) even when one is refused, for the invariant checks to see.
   absl::Status orphaned = orphan->requests.Orphan();

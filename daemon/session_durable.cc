@@ -175,7 +175,7 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   absl::StatusOr<uint32_t> slabs = pool_->HandOverSlabs(orphan_id, me->id);
   if (!slabs.ok()) LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
   // Pages of different slabs: the sharers maps never collide.
-  me->sharers.insert(orphan->sharers.begin(), orphan->sharers.end());
+  me->sharers.Merge(orphan->sharers);
   std::vector<uint64_t> rids = orphan->requests.Ids();
   std::sort(rids.begin(), rids.end());
   // kOrphaned -> kParked here, and in the ledger; CheckAdoptLocked found every id free.

@@ -372,7 +372,7 @@ void SessionManager::FillLayers(const Session& s, const Request& r,
       v1::PageRef* ref = lp->add_pages();
       ref->set_slab(p.slab);
       ref->set_offset(uint64_t{p.index} * page_bytes);
-      if (s.sharers.count(p) != 0) ref->set_read_only(true);
+      if (s.sharers.IsShared(p)) ref->set_read_only(true);
     }
   }
 }

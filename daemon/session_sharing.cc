@@ -106,9 +106,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
       if (absl::Status st = pool_->AddRef(s.id, p); !st.ok()) {
         LOG(ERROR) << "accounting error sharing a page of session " << s.id << ": " << st;
       }
-      std::vector<uint64_t>& holders = s.sharers[p];
-      if (holders.empty()) holders.push_back(parent.id);
-      holders.push_back(id);
+      s.sharers.Share(p, parent.id, id);
     }
   }
   (void)reserved.reservation->TakePages();  // committed: the request holds them now
@@ -118,33 +116,16 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
 }
 
 void SessionManager::UnshareLocked(Session& s, const Request& r) {
-  if (s.sharers.empty()) return;
-  for (const std::vector<PagePool::Page>& layer : r.pages) {
-    for (const PagePool::Page& p : layer) {
-      auto it = s.sharers.find(p);
-      if (it == s.sharers.end()) continue;
-      std::vector<uint64_t>& holders = it->second;
-      const bool was_payer = !holders.empty() && holders.front() == r.id;
-      holders.erase(std::remove(holders.begin(), holders.end(), r.id), holders.end());
-      if (was_payer && !holders.empty()) {
-        if (Request* next = s.requests.Find(holders.front()); next != nullptr) {
-          ++next->charged_pages;
-          ledger_.SetPages(s.id, next->id, next->charged_pages);
-        }
-      }
-      if (holders.size() < 2) s.sharers.erase(it);
+  // A page whose payer `r` was is charged to its next holder (page_sharers.h).
+  for (uint64_t payer : s.sharers.Unshare(r.id, r.pages)) {
+    if (Request* next = s.requests.Find(payer); next != nullptr) {
+      ++next->charged_pages;
+      ledger_.SetPages(s.id, next->id, next->charged_pages);
     }
   }
 }
 
-uint64_t SessionManager::SharedPagesOf(const Session& s, const Request& r) {
-  uint64_t n = 0;
-  if (s.sharers.empty()) return 0;
-  for (const auto& layer : r.pages) {
-    for (const PagePool::Page& p : layer) n += s.sharers.count(p) != 0 ? 1 : 0;
-  }
-  return n;
-}
+uint64_t SessionManager::SharedPagesOf(const Session& s, const Request& r) { return s.sharers.SharedOf(r.pages); }
 
 absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* distinct) const {
   // Every page's holders among the session's requests, in no particular order.
@@ -168,12 +149,12 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
       return absl::InternalError(absl::StrCat("session ", s.id, ": page ", p.index, " of slab ", p.slab, " has ",
                                               pool_->RefCount(p), " references, ", who.size(), " requests hold it"));
     }
-    auto it = s.sharers.find(p);
-    if ((who.size() > 1) != (it != s.sharers.end())) {
+    auto it = s.sharers.all().find(p);
+    if ((who.size() > 1) != (it != s.sharers.all().end())) {
       return absl::InternalError(absl::StrCat("session ", s.id, ": page ", p.index, " of slab ", p.slab, " is held by ",
                                               who.size(), " requests, sharers disagree"));
     }
-    if (it == s.sharers.end()) {
+    if (it == s.sharers.all().end()) {
       ++pays[who.front()];
       continue;
     }
@@ -187,7 +168,7 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
     }
     ++pays[it->second.front()];
   }
-  for (const auto& [p, listed] : s.sharers) {
+  for (const auto& [p, listed] : s.sharers.all()) {
     if (holders.count(p) == 0) {
       return absl::InternalError(absl::StrCat("session ", s.id, ": sharers lists page ", p.index, " of slab ", p.slab,
                                               ", which no request holds"));

@@ -16,6 +16,7 @@
 
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/page_pool.h"
+#include "hisparse/daemon/page_sharers.h"
 #include "hisparse/daemon/request_table.h"
 #include "hisparse/v1/hisparse.pb.h"
 
@@ -40,9 +41,8 @@ struct SessionEntry {
   // an orphan). Shared with Stats and the fd channel, which use it outside the lock.
   std::shared_ptr<const Arena> arena;
   std::shared_ptr<SessionEventSink> sink;
-  // Pages held by more than one request of the session (shared prefixes): their holders in the
-  // order they took the page; the first is charged for it (RequestEntry::charged_pages).
-  std::map<PagePool::Page, std::vector<uint64_t>> sharers;
+  // Pages held by more than one request of the session (shared prefixes), and who pays for each.
+  PageSharers sharers;
   bool imports_closed = false;  // set as the session closes: no new import grant
   std::string group;            // its TP group's name (OpenSession.group), empty: none
   uint32_t group_rank = 0;
