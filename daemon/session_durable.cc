@@ -178,7 +178,7 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   me->sharers.Merge(orphan->sharers);
   std::vector<uint64_t> rids = orphan->requests.Ids();
   std::sort(rids.begin(), rids.end());
-  // kOrphaned -> kParked here, and in the ledger; CheckAdoptLocked found every id free.
+  // kOrphaned -> kParked here, and in the ledger; CheckAdopt found every id free.
   if (absl::Status st = me->requests.AdoptFrom(orphan->requests); !st.ok()) LOG(ERROR) << "accounting error: " << st;
   v1::AdoptResponse resp;
   for (uint64_t rid : rids) {

@@ -8,10 +8,10 @@
 // the parent's records [R * (P / R), P) into it. The rest of the child's capacity is fresh pages.
 //
 // Accounting: the tenant is charged each distinct page once. A page held by several requests of
-// the session is in Session::sharers with its holders in the order they took it; the first holder
-// pays for it (Request::charged_pages, the ledger's count for the request). Releasing a holder
-// passes the charge to the next, so the ledger's sum stays the pool's count of the session's
-// referenced pages. Sharing is within a session: the pool's pages belong to one owner.
+// the session is in Session::sharers (page_sharers.h) with its holders in the order they took it;
+// the first holder pays for it (Request::charged_pages, the ledger's count for the request).
+// Releasing a holder passes the charge to the next, so the ledger's sum stays the pool's count of
+// the session's referenced pages. Sharing is within a session: the pool's pages belong to one owner.
 //
 // Decisions: the bound on P is the parent's capacity_tokens (what the daemon knows; the engine
 // knows what it wrote, and a prefix of positions it never stored shares its unwritten bytes); a
