@@ -82,7 +82,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitItemLocked(const v1::AdmitRequ
                                                              BatchImports* opened) {
   if (!one.begin_import()) return AdmitLocked(one);
   // As Admit: a lease with begin_import is bad input, whatever the import target.
-  if (one.lease_seconds() != 0) return {CheckLeaseLocked(one.lease_seconds(), /*importing=*/true)};
+  if (one.lease_seconds() != 0) return {durable_.CheckLease(one.lease_seconds(), /*importing=*/true)};
   v1::AdmitResponse resp;
   absl::StatusOr<OpenedImport> o = OpenImportLocked(one, &resp);
   if (!o.ok()) return {o.status()};  // no lacked_room: an import never evicts
@@ -91,11 +91,10 @@ SessionManager::AdmitOutcome SessionManager::AdmitItemLocked(const v1::AdmitRequ
 }
 
 void SessionManager::UndoBatchItemLocked(Session& s, uint64_t request_id) {
-  auto it = s.requests.find(request_id);
-  if (it == s.requests.end()) return;  // released meanwhile (FinishBatchImports runs in two locks)
-  if (!it->second.import_grant.empty()) grants_.erase(it->second.import_grant);  // not registered (now)
-  ReleaseRequestLocked(s, it->second);
-  s.requests.erase(it);
+  Request* r = s.requests.Find(request_id);
+  if (r == nullptr) return;                              // released meanwhile (FinishBatchImports runs in two locks)
+  if (r->importing()) grants_.erase(r->import_grant());  // not registered (now)
+  ReleaseRequestLocked(s, *r);
   --admissions_;
 }
 
@@ -252,9 +251,8 @@ absl::StatusOr<std::vector<std::optional<absl::Status>>> SessionManager::AbortIm
     for (int i = 0; i < req.request_ids_size(); ++i) {
       const uint64_t id = req.request_ids(i);
       if (!named.insert(id).second) continue;  // a repeat: refused as such by the caller
-      auto it = s->requests.find(id);
-      if (it != s->requests.end() && !it->second.import_grant.empty())
-        importing.emplace_back(i, it->second.import_grant);
+      const Request* r = s->requests.Find(id);
+      if (r != nullptr && r->importing()) importing.emplace_back(i, r->import_grant());
     }
   }
   // Outside the lock, as Release's abort (FinishImport revokes the grant's memory first).
@@ -285,13 +283,12 @@ absl::StatusOr<v1::ReleaseBatchResponse> SessionManager::ReleaseBatch(const v1::
       SetItemStatus(status, result);
       continue;
     }
-    auto it = s->requests.find(id);
-    if (status.ok() && it == s->requests.end()) {
+    Request* r = s->requests.Find(id);
+    if (status.ok() && r == nullptr) {
       status = absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
     }
     if (status.ok()) {
-      ReleaseRequestLocked(*s, it->second);
-      s->requests.erase(it);
+      ReleaseRequestLocked(*s, *r);
       ++released;
     }
     SetItemStatus(status, result);

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "batch_items.h"
+#include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/session_manager.h"
 
@@ -75,18 +76,15 @@ absl::StatusOr<v1::ParkBatchResponse> SessionManager::ParkBatch(const v1::ParkBa
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   const auto apply = [this, s](uint64_t id) -> absl::StatusOr<v1::ParkResponse> {
     mu_.AssertHeld();
-    auto it = s->requests.find(id);
-    if (it == s->requests.end()) {
-      return absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
-    }
-    return ParkLocked(s->id, it->second);
+    Request* r = s->requests.Find(id);
+    if (r == nullptr) return absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
+    return ParkLocked(*s, *r);
   };
   const auto undo = [this, s](uint64_t id, const v1::ParkResponse& parked) {
     mu_.AssertHeld();
-    Request& r = s->requests.at(id);
-    ledger_.Resume(s->id, id, parked.row());  // the row it gave back under this lock: still free
-    r.parked = false;
-    r.row = parked.row();
+    // The row it gave back under this lock: still free. Parked by apply, so resumable.
+    absl::Status undone = s->requests.Resume(*s->requests.Find(id), parked.row());
+    if (!undone.ok()) LOG(ERROR) << "accounting error undoing a park: " << undone;
   };
   const auto set = [](v1::ParkResult* result, const v1::ParkResponse& parked) { *result->mutable_parked() = parked; };
   auto [resp, parked] = RunBatch<v1::ParkBatchResponse>(req.request_ids(), req.mode() == v1::BATCH_MODE_ALL_OR_NOTHING,
@@ -101,16 +99,14 @@ absl::StatusOr<v1::ResumeBatchResponse> SessionManager::ResumeBatch(const v1::Re
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   const auto apply = [this, s](uint64_t id) -> absl::StatusOr<v1::ResumeResponse> {
     mu_.AssertHeld();
-    auto it = s->requests.find(id);
-    if (it == s->requests.end()) {
-      return absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
-    }
-    return ResumeLocked(s->id, it->second);
+    Request* r = s->requests.Find(id);
+    if (r == nullptr) return absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
+    return ResumeLocked(*s, *r);
   };
   const auto undo = [this, s](uint64_t id, const v1::ResumeResponse&) {
     mu_.AssertHeld();
-    ledger_.Park(s->id, id);
-    s->requests.at(id).parked = true;
+    absl::Status undone = s->requests.Park(*s->requests.Find(id));  // resumed by apply, so live
+    if (!undone.ok()) LOG(ERROR) << "accounting error undoing a resume: " << undone;
   };
   const auto set = [](v1::ResumeResult* result, const v1::ResumeResponse& resumed) {
     *result->mutable_resumed() = resumed;

@@ -1,5 +1,6 @@
 // SessionManager's durable requests: leases, orphans, adoption. Part of SessionManager
-// (session_manager.h); docs/DESIGN.md, "Durable requests".
+// (session_manager.h): the pool's side (pages released, slabs handed over); the orphans, limits,
+// counters and policy are DurableRequests' (durable_requests.h). docs/DESIGN.md, "Durable requests".
 //
 // A lease is a time: SetLease (or AdmitRequest.lease_seconds) makes the request durable until now
 // + lease_seconds, at most durability.max_lease_seconds; the engine renews it as it likes, and 0
@@ -43,50 +44,27 @@
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
 
 absl::Time SessionManager::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
 
-absl::Time SessionManager::LeaseEnd(absl::Time now, uint32_t lease_seconds) {
-  return lease_seconds == 0 ? absl::InfinitePast() : now + absl::Seconds(lease_seconds);
-}
-
-double SessionManager::LeaseLeft(const Request& r, absl::Time now) {
-  return r.lease_end > now ? absl::ToDoubleSeconds(r.lease_end - now) : 0.0;
-}
-
-absl::Status SessionManager::CheckLeaseLocked(uint32_t lease_seconds, bool importing) const {
-  if (lease_seconds == 0) return absl::OkStatus();
-  if (importing) {
-    return absl::InvalidArgumentError(
-        "lease_seconds with begin_import: an importing request is never durable (SetLease after CommitImport)");
-  }
-  if (options_.max_lease_seconds == 0) {
-    return absl::FailedPreconditionError("durable requests are off (durability.max_lease_seconds is 0)");
-  }
-  if (lease_seconds > options_.max_lease_seconds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lease_seconds (", lease_seconds, ") exceeds durability.max_lease_seconds (", options_.max_lease_seconds, ")"));
-  }
-  return absl::OkStatus();
-}
-
 void SessionManager::SetMaxLeaseSeconds(uint32_t seconds) {
   absl::MutexLock lock(&mu_);
-  options_.max_lease_seconds = seconds;
+  durable_.SetMaxLeaseSeconds(seconds);
 }
 
 void SessionManager::SetMaxOrphansPerTenant(uint32_t orphans) {
   absl::MutexLock lock(&mu_);
-  options_.max_orphans_per_tenant = orphans;
+  durable_.SetMaxOrphansPerTenant(orphans);
 }
 
 absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  if (!r->import_grant.empty()) {
+  if (r->importing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", r->id,
                      " is importing: an importing request is never durable; set its lease after "
@@ -96,137 +74,88 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
     return absl::FailedPreconditionError(
         absl::StrCat("request ", r->id, " is a TP-group request: a group request is never durable"));
   }
-  HS_RETURN_IF_ERROR(CheckLeaseLocked(req.lease_seconds(), /*importing=*/false));
+  HS_RETURN_IF_ERROR(durable_.CheckLease(req.lease_seconds(), /*importing=*/false));
   const absl::Time now = Now();
-  r->lease_end = LeaseEnd(now, req.lease_seconds());
+  r->lease_end = DurableRequests::LeaseEnd(now, req.lease_seconds());
   v1::SetLeaseResponse resp;
-  resp.set_lease_seconds_left(LeaseLeft(*r, now));
+  resp.set_lease_seconds_left(DurableRequests::LeaseLeft(*r, now));
   return resp;
 }
 
-size_t SessionManager::EndSessionLocked(Session& dead) {
+size_t SessionManager::EndSessionLocked(Session& dead, DeferredLog& log) {
   const absl::Time now = Now();
-  const auto durable = [now](const Request& r) { return r.import_grant.empty() && r.lease_end > now; };
+  const auto durable = [now](const Request& r) { return DurableRequests::Durable(r, now); };
   bool keep_durable = true;
-  if (const uint32_t cap = options_.max_orphans_per_tenant;
-      cap != 0 && std::any_of(dead.requests.begin(), dead.requests.end(),
-                              [&](const auto& entry) { return durable(entry.second); })) {
-    const auto held = std::count_if(orphans_.begin(), orphans_.end(),
-                                    [&](const auto& entry) { return entry.second->tenant_uid == dead.tenant_uid; });
-    if (static_cast<uint64_t>(held) >= cap) {
+  if (std::any_of(dead.requests.begin(), dead.requests.end(),
+                  [&](const auto& entry) { return durable(entry.second); })) {
+    if (absl::Status may = durable_.MayKeep(dead.tenant_uid); !may.ok()) {
       keep_durable = false;
-      ++orphans_refused_;
-      LOG(WARNING) << "session " << dead.id << " of uid " << dead.tenant_uid << " ended with durable requests, but "
-                   << "the tenant holds " << held << " orphans (durability.max_orphans_per_tenant " << cap
-                   << "): released them";
+      DEFERRED_LOG(log, WARNING) << "session " << dead.id << " of uid " << dead.tenant_uid
+                                 << " ended with durable requests, but " << may.message() << ": released them";
     }
   }
   size_t released = 0;
-  for (auto it = dead.requests.begin(); it != dead.requests.end();) {
-    Request& r = it->second;
-    if (keep_durable && durable(r)) {
-      ++it;
-      continue;
-    }
+  for (uint64_t id : dead.requests.Ids()) {
+    Request& r = *dead.requests.Find(id);
+    if (keep_durable && durable(r)) continue;
     ReleaseRequestLocked(dead, r);  // a page it shared passes its charge on to the next holder
-    dead.requests.erase(it++);
     ++released;
   }
   pool_->RetireIdleOf(dead.id);
   if (dead.requests.empty()) {
-    ledger_.RemoveSession(dead.id);
+    dead.requests.Close();
     return released;
   }
-  auto orphan = std::make_unique<Session>();
-  orphan->id = dead.id;
-  orphan->engine_name = dead.engine_name;
-  orphan->geometry = dead.geometry;
-  orphan->records_per_page = dead.records_per_page;
-  orphan->pages_per_entry = dead.pages_per_entry;
-  orphan->peer_pid = dead.peer_pid;
-  orphan->tenant_uid = dead.tenant_uid;
-  orphan->imports_closed = true;
-  orphan->requests = std::move(dead.requests);
-  orphan->sharers = std::move(dead.sharers);
-  dead.requests.clear();
-  dead.sharers.clear();
-  for (auto& [rid, r] : orphan->requests) r.parked = true;
-  ledger_.OrphanSession(dead.id);  // parks them there too; arena and session count returned
-  LOG(INFO) << "session " << dead.id << " ended with " << orphan->requests.size()
-            << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " (" << dead.engine_name
-            << ") to adopt";
-  orphans_.emplace(dead.id, std::move(orphan));
+  // Into an orphan of the same id (durable_requests.h). None is importing (durable() above), so
+  // orphaning cannot fail.
+  const size_t kept = dead.requests.size();
+  if (absl::Status st = durable_.Keep(dead); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+  DEFERRED_LOG(log, INFO) << "session " << dead.id << " ended with " << kept
+                          << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " ("
+                          << dead.engine_name << ") to adopt";
   return released;
 }
 
 size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
-  auto oit = orphans_.find(orphan_id);
-  if (oit == orphans_.end()) return 0;
-  Session& o = *oit->second;
+  Session* found = durable_.Find(orphan_id);
+  if (found == nullptr) return 0;
+  Session& o = *found;
   size_t released = 0;
-  for (auto it = o.requests.begin(); it != o.requests.end();) {
-    if (it->second.lease_end > now) {
-      ++it;
-      continue;
-    }
-    ReleaseRequestLocked(o, it->second);
-    o.requests.erase(it++);
+  for (uint64_t id : o.requests.Ids()) {
+    Request& r = *o.requests.Find(id);
+    if (r.lease_end > now) continue;
+    ReleaseRequestLocked(o, r);
     ++released;
   }
-  lease_expiries_ += released;
+  durable_.CountExpiries(released);
   pool_->RetireIdleOf(orphan_id);  // slabs it emptied leave it (dropped outside the lock)
   if (o.requests.empty()) {
-    ledger_.RemoveSession(orphan_id);
-    orphans_.erase(oit);
+    o.requests.Close();
+    durable_.Forget(orphan_id);
   }
   return released;
 }
 
 size_t SessionManager::ExpireLeases() {
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
-  std::vector<uint64_t> ids;
-  for (const auto& [id, o] : orphans_) ids.push_back(id);
   size_t released = 0;
-  for (uint64_t id : ids) released += ExpireOrphanLocked(id, now);
-  if (released != 0) LOG(INFO) << "leases ended: released " << released << " orphaned durable requests";
+  for (uint64_t id : durable_.Ids()) released += ExpireOrphanLocked(id, now);
+  if (released != 0) DEFERRED_LOG(log, INFO) << "leases ended: released " << released << " orphaned durable requests";
   return released;
 }
 
-absl::Status SessionManager::CheckAdoptLocked(const Session& adopter, const Session& orphan) const {
-  const v1::Geometry& a = adopter.geometry;
-  const v1::Geometry& o = orphan.geometry;
-  if (a.num_layers() != o.num_layers() || a.record_bytes() != o.record_bytes() ||
-      adopter.records_per_page != orphan.records_per_page) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("geometry differs from ended session ", orphan.id, "'s: num_layers ", a.num_layers(), " vs ",
-                     o.num_layers(), ", record_bytes ", a.record_bytes(), " vs ", o.record_bytes(),
-                     ", records per page ", adopter.records_per_page, " vs ", orphan.records_per_page));
-  }
-  if (draining_) return absl::FailedPreconditionError("the daemon is draining: no adoption");
-  for (const auto& [rid, r] : orphan.requests) {
-    if (!r.pages.empty() && r.pages[0].size() > adopter.pages_per_entry) {
-      return absl::FailedPreconditionError(absl::StrCat("request ", rid, " holds ", r.pages[0].size(),
-                                                        " pages a layer; this session's page tables hold ",
-                                                        adopter.pages_per_entry, " (geometry.max_context_tokens)"));
-    }
-    if (adopter.requests.contains(rid)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("request ", rid, " of ended session ", orphan.id, " is already admitted in this session"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& req) {
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * me, FindLocked(req.session()));
   const uint64_t orphan_id = req.dead_session_id();
-  auto oit = orphans_.find(orphan_id);
-  if (oit == orphans_.end()) {
+  const Session* found = durable_.Find(orphan_id);
+  if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("no ended session ", orphan_id, " holds a durable request"));
   }
-  const Session& o = *oit->second;
+  const Session& o = *found;
   if (o.tenant_uid != me->tenant_uid) {
     return absl::PermissionDeniedError(absl::StrCat("ended session ", orphan_id, " belongs to another tenant"));
   }
@@ -238,57 +167,56 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   // adopter's to have, and a refusal below must not count it.
   const absl::Time now = Now();
   ExpireOrphanLocked(orphan_id, now);
-  oit = orphans_.find(orphan_id);
-  if (oit == orphans_.end()) {
+  if (!durable_.contains(orphan_id)) {
     return absl::NotFoundError(absl::StrCat("every lease of ended session ", orphan_id, " has ended"));
   }
-  HS_RETURN_IF_ERROR(CheckAdoptLocked(*me, *oit->second));
-  std::unique_ptr<Session> orphan = std::move(oit->second);
-  orphans_.erase(oit);
+  HS_RETURN_IF_ERROR(DurableRequests::CheckAdopt(*me, *durable_.Find(orphan_id), draining_));
+  std::unique_ptr<Session> orphan = durable_.Take(orphan_id);
   absl::StatusOr<uint32_t> slabs = pool_->HandOverSlabs(orphan_id, me->id);
   if (!slabs.ok()) LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
-  ledger_.AdoptOrphan(orphan_id, me->id);
   // Pages of different slabs: the sharers maps never collide.
-  me->sharers.insert(orphan->sharers.begin(), orphan->sharers.end());
-  std::vector<uint64_t> rids;
-  for (auto& [rid, r] : orphan->requests) rids.push_back(rid);
+  me->sharers.Merge(orphan->sharers);
+  std::vector<uint64_t> rids = orphan->requests.Ids();
   std::sort(rids.begin(), rids.end());
+  // kOrphaned -> kParked here, and in the ledger; CheckAdopt found every id free.
+  if (absl::Status st = me->requests.AdoptFrom(orphan->requests); !st.ok()) LOG(ERROR) << "accounting error: " << st;
   v1::AdoptResponse resp;
   for (uint64_t rid : rids) {
-    Request& r = me->requests.emplace(rid, std::move(orphan->requests.at(rid))).first->second;
+    const Request& r = *me->requests.Find(rid);
     v1::AdoptedRequest* a = resp.add_requests();
     a->set_request_id(rid);
     a->set_capacity_tokens(r.capacity_tokens);
-    a->set_lease_seconds_left(LeaseLeft(r, now));
+    a->set_lease_seconds_left(DurableRequests::LeaseLeft(r, now));
     FillLayers(*me, r, a->mutable_layers());
   }
-  LOG(INFO) << "session " << me->id << " adopted " << rids.size() << " durable requests of ended session " << orphan_id
-            << " (" << slabs.value_or(0) << " slabs)";
+  DEFERRED_LOG(log, INFO) << "session " << me->id << " adopted " << rids.size() << " durable requests of ended session "
+                          << orphan_id << " (" << slabs.value_or(0) << " slabs)";
   return resp;
 }
 
 absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::EvictRequest& req,
-                                                                    std::optional<uint32_t> only_uid) {
-  auto oit = orphans_.find(req.session_id());
-  Session& o = *oit->second;
+                                                                    std::optional<uint32_t> only_uid,
+                                                                    DeferredLog& log) {
+  Session& o = *durable_.Find(req.session_id());  // the caller found it
   if (only_uid.has_value() && o.tenant_uid != *only_uid) {
     return absl::PermissionDeniedError(
         absl::StrCat("session ", req.session_id(), " belongs to another tenant; only an admin may evict from it"));
   }
-  auto rit = o.requests.find(req.request_id());
-  if (rit == o.requests.end()) {
+  Request* r = o.requests.Find(req.request_id());
+  if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
   }
-  const uint64_t freed = (rit->second.PageCount() - SharedPagesOf(o, rit->second)) * pool_->page_bytes();
-  ReleaseRequestLocked(o, rit->second);
-  o.requests.erase(rit);
+  const uint64_t freed = (r->PageCount() - SharedPagesOf(o, *r)) * pool_->page_bytes();
+  ReleaseRequestLocked(o, *r);
   ++evictions_;
   pool_->RetireIdleOf(o.id);
-  LOG(INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id << " (" << freed
-            << " bytes; " << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
+  DEFERRED_LOG(log, INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id
+                          << " (" << freed << " bytes; "
+                          << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
   if (o.requests.empty()) {
-    ledger_.RemoveSession(o.id);
-    orphans_.erase(oit);
+    const uint64_t orphan_id = o.id;
+    o.requests.Close();
+    durable_.Forget(orphan_id);
   }
   v1::EvictResponse resp;
   resp.set_freed_bytes(freed);
@@ -297,15 +225,12 @@ absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::Ev
 
 absl::StatusOr<uint64_t> SessionManager::CheckOrphansLocked() const {
   uint64_t total = 0;
-  for (const auto& [id, o] : orphans_) {
+  for (const auto& [id, o] : durable_.all()) {
     if (sessions_.contains(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is also a live session"));
     if (!ledger_.IsOrphan(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is not one in the ledger"));
     if (o->requests.empty()) return absl::InternalError(absl::StrCat("orphan ", id, " holds no request"));
-    for (const auto& [rid, r] : o->requests) {
-      if (!r.parked || !ledger_.IsParked(id, rid) || !r.import_grant.empty()) {
-        return absl::InternalError(absl::StrCat("orphan ", id, " request ", rid, " is not parked or is importing"));
-      }
-    }
+    // Every request kOrphaned, none holding a row, as the ledger says: request_table.h.
+    HS_RETURN_IF_ERROR(o->requests.CheckInvariants());
     uint64_t pages = 0;
     HS_RETURN_IF_ERROR(CheckSharingLocked(*o, &pages));
     if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {
@@ -324,18 +249,8 @@ void SessionManager::OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::Sta
     if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
     for (const auto& [rid, r] : s->requests) durable += r.lease_end > now ? 1 : 0;
   }
-  uint32_t orphaned = 0;
-  uint64_t bytes = 0;
-  for (const auto& [id, o] : orphans_) {
-    if (only_uid.has_value() && o->tenant_uid != *only_uid) continue;
-    orphaned += static_cast<uint32_t>(o->requests.size());
-    bytes += ledger_.PagesOf(id) * pool_->page_bytes();  // distinct pages: a shared one once
-  }
   out->set_durable_requests(durable);
-  out->set_orphaned_requests(orphaned);
-  out->set_orphaned_bytes(bytes);
-  out->set_lease_expiries(lease_expiries_);
-  out->set_orphans_refused(orphans_refused_);
+  durable_.FillStats(only_uid, ledger_, out);
 }
 
 }  // namespace hisparse

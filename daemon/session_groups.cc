@@ -1,10 +1,11 @@
 // SessionManager's tensor-parallel groups: one host copy of a request for every rank. Part of
-// SessionManager (session_manager.h); docs/DESIGN.md, "TP groups".
+// SessionManager (session_manager.h): group requests' pages, shares and charges; the groups and
+// their membership are TpGroups' (tp_groups.h). docs/DESIGN.md, "TP groups".
 //
 // The models hisparse serves (MLA: DeepSeek DSA, GLM-5) replicate the latent KV record on every
 // TP rank, so plain TP keeps world_size identical host copies. A group removes them: sessions of
 // one tenant join a group at OpenSession (name, rank, size), and a request admitted with
-// AdmitRequest.group has ONE set of pages, owned in the pool by the group (Group::owner, an id of
+// AdmitRequest.group has ONE set of pages, owned in the pool by the group (TpGroup::owner, an id of
 // the session counter, so never a session's), and a row in EVERY member's session. A name is its
 // tenant's own: groups are keyed by (uid, name), so a session joins only a group of its own uid,
 // and no other uid can take (squat) the name a tenant's TP engine will use.
@@ -46,100 +47,6 @@
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
-namespace {
-
-constexpr uint32_t kMaxGroupSize = 64;
-constexpr size_t kMaxGroupName = 128;
-
-bool IsUtf8(absl::string_view text) {
-  for (size_t i = 0; i < text.size();) {
-    const auto c = static_cast<uint8_t>(text[i]);
-    const size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-    if (n == 0 || i + n > text.size()) return false;
-    for (size_t j = 1; j < n; ++j) {
-      if ((static_cast<uint8_t>(text[i + j]) & 0xc0) != 0x80) return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
-}  // namespace
-
-absl::Status SessionManager::ValidateGroup(const v1::TpGroup& g) {
-  if (g.name().empty() || g.name().size() > kMaxGroupName || !IsUtf8(g.name())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group.name must be 1..", kMaxGroupName, " bytes of UTF-8, got ", g.name().size(), " bytes"));
-  }
-  if (g.size() < 1 || g.size() > kMaxGroupSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group.size must be 1..", kMaxGroupSize, ", got ", g.size(), " (group \"", g.name(), "\")"));
-  }
-  if (g.rank() >= g.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("group.rank must be below group.size (", g.size(), "), got ",
-                                                   g.rank(), " (group \"", g.name(), "\")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SessionManager::CheckJoinLocked(const Session& s, const v1::TpGroup& g, uint32_t max_context) const {
-  // Names are the tenant's own: another uid's group of this name is another group, unseen here.
-  auto it = groups_.find(GroupKey{s.tenant_uid, g.name()});
-  if (it == groups_.end()) return absl::OkStatus();
-  const Group& group = it->second;
-  const std::string name = absl::StrCat("group \"", g.name(), "\"");
-  if (group.ranks.size() != g.size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name, " has size ", group.ranks.size(), "; this session says group.size ", g.size()));
-  }
-  auto differs = [&](const char* field, uint32_t theirs, uint32_t mine) {
-    return absl::FailedPreconditionError(absl::StrCat(name, "'s members have geometry.", field, " ", theirs,
-                                                      "; this session has ", mine, ": a group's pages are one layout"));
-  };
-  if (group.num_layers != s.geometry.num_layers())
-    return differs("num_layers", group.num_layers, s.geometry.num_layers());
-  if (group.record_bytes != s.geometry.record_bytes())
-    return differs("record_bytes", group.record_bytes, s.geometry.record_bytes());
-  if (group.max_context_tokens != max_context)
-    return differs("max_context_tokens", group.max_context_tokens, max_context);
-  if (group.ranks[g.rank()] != 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(name, " rank ", g.rank(), " is held by live session ", group.ranks[g.rank()]));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SessionManager::JoinGroupLocked(Session& s, const v1::TpGroup& g, uint32_t max_context) {
-  HS_RETURN_IF_ERROR(CheckJoinLocked(s, g, max_context));
-  auto [it, created] = groups_.try_emplace(GroupKey{s.tenant_uid, g.name()});
-  Group& group = it->second;
-  if (created) {
-    group.owner = next_session_id_++;
-    group.tenant_uid = s.tenant_uid;
-    group.num_layers = s.geometry.num_layers();
-    group.record_bytes = s.geometry.record_bytes();
-    group.max_context_tokens = max_context;
-    group.ranks.assign(g.size(), 0);
-  }
-  group.ranks[g.rank()] = s.id;
-  s.group = g.name();
-  s.group_rank = g.rank();
-  LOG(INFO) << "session " << s.id << " joined group \"" << g.name() << "\" as rank " << g.rank() << " of " << g.size();
-  return absl::OkStatus();
-}
-
-void SessionManager::LeaveGroupLocked(const Session& s) {
-  if (s.group.empty()) return;
-  auto it = groups_.find(GroupKeyOf(s));
-  if (it == groups_.end()) return;
-  Group& group = it->second;
-  if (s.group_rank < group.ranks.size() && group.ranks[s.group_rank] == s.id) group.ranks[s.group_rank] = 0;
-  if (std::any_of(group.ranks.begin(), group.ranks.end(), [](uint64_t id) { return id != 0; })) return;
-  // The last member: its shares were released first, so the group holds no page now.
-  if (!group.requests.empty()) LOG(ERROR) << "group \"" << s.group << "\" ends holding requests";
-  pool_->RetireIdleOf(group.owner);
-  groups_.erase(it);
-}
 
 SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) {
   const uint64_t id = req.request_id();
@@ -150,10 +57,10 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0 || req.begin_import()) {
     return {absl::InvalidArgumentError("a group admission takes no parent_request_id, prefix_tokens or begin_import")};
   }
-  Group& group = groups_.at(GroupKeyOf(s));
+  TpGroup& group = *groups_.Find(s);  // a member's: the group lives while it does
   const std::string name = absl::StrCat("group \"", s.group, "\"");
-  if (auto it = s.requests.find(id); it != s.requests.end()) {
-    Request& r = it->second;
+  if (Request* found = s.requests.Find(id); found != nullptr) {
+    Request& r = *found;
     if (!r.in_group || r.attached) {
       return {absl::AlreadyExistsError(absl::StrCat("request ", id, " is already admitted in this session"))};
     }
@@ -164,11 +71,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     }
     r.attached = true;
     ledger_.Touch(s.id, id);
-    v1::AdmitResponse resp;
-    resp.set_row(r.row);
-    resp.set_capacity_tokens(r.capacity_tokens);
-    FillLayers(s, r, resp.mutable_layers());
-    return {std::move(resp)};
+    return {AdmitAnswerLocked(s, r)};
   }
   if (group.requests.count(id) != 0) {
     return {absl::FailedPreconditionError(absl::StrCat(name, " holds request ", id, " without a row of rank ",
@@ -195,33 +98,29 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   const uint32_t size = static_cast<uint32_t>(group.ranks.size());
   const uint64_t per_layer = PagesFor(s, req.token_budget());
   const uint64_t total = per_layer * s.geometry.num_layers();
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s.id, total, size)) return {Reject(*std::move(refusal))};
-  std::vector<uint32_t> rows(size);
-  for (uint32_t rank = 0; rank < size; ++rank) {
-    if (std::optional<Refusal> refusal = ledger_.FreeRow(group.ranks[rank], &rows[rank])) {
-      return {Reject(Refusal{refusal->reason, absl::ResourceExhaustedError(absl::StrCat(
-                                                  name, " rank ", rank, " (session ", group.ranks[rank],
-                                                  "): ", refusal->status.message(), "; nothing was reserved"))})};
+  // Reserve as every admission does (request_table.h): the caller's tenant charged for the pages
+  // and one request per rank, a free row in every rank's session, the pages the group's.
+  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s.id, group.ranks, group.owner, total});
+  if (!reserved.reservation.has_value()) {
+    if (reserved.failed_row >= 0) {
+      const auto rank = static_cast<uint32_t>(reserved.failed_row);
+      reserved.status =
+          absl::ResourceExhaustedError(absl::StrCat(name, " rank ", rank, " (session ", group.ranks[rank],
+                                                    "): ", reserved.status.message(), "; nothing was reserved"));
     }
+    return {RefusedLocked(std::move(reserved)).result};  // a group admission never evicts: no lacked_room
   }
-  if (total > UINT32_MAX) {
-    return {Reject(RejectReason::kPoolFull,
-                   absl::ResourceExhaustedError(absl::StrCat("a request of ", total, " pages exceeds any host pool")))};
-  }
-  absl::StatusOr<std::vector<PagePool::Page>> pages = pool_->Allocate(group.owner, static_cast<uint32_t>(total));
-  if (!pages.ok()) {
-    return {absl::IsResourceExhausted(pages.status()) ? Reject(RejectReason::kPoolFull, pages.status())
-                                                      : pages.status()};
-  }
-  for (const PagePool::Page& p : *pages) {
+  const std::vector<uint32_t> rows = reserved.reservation->rows();
+  const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
+  for (const PagePool::Page& p : pages) {
     for (uint32_t extra = 1; extra < size; ++extra) {
       // The group holds the page: AddRef fails only at the reference limit.
       if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
     }
   }
-  Group::Held& held = group.requests[id];
+  TpGroup::Held& held = group.requests[id];
   for (uint32_t layer = 0; layer < s.geometry.num_layers(); ++layer) {
-    held.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
+    held.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
   }
   held.holders.push_back(s.id);  // the caller pays; then the others in rank order
   for (uint64_t member : group.ranks) {
@@ -233,29 +132,22 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     Request r;
     r.id = id;
     r.admitted_at = now;
-    r.row = rows[rank];
     r.capacity_tokens = req.token_budget();
     r.pages = held.pages;
     r.in_group = true;
     r.attached = member == s.id;
     r.charged_pages = member == s.id ? total : 0;
-    ledger_.Admit(member, id, r.row, r.charged_pages);
-    sessions_.at(member)->requests.emplace(id, std::move(r));
+    sessions_.at(member)->requests.Admit(std::move(r), rows[rank]);
   }
   ++admissions_;
-  const Request& mine = s.requests.at(id);
-  v1::AdmitResponse resp;
-  resp.set_row(mine.row);
-  resp.set_capacity_tokens(mine.capacity_tokens);
-  FillLayers(s, mine, resp.mutable_layers());
-  return {std::move(resp)};
+  return {AdmitAnswerLocked(s, *s.requests.Find(id))};
 }
 
 absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s, Request& r,
                                                                      const v1::ExtendRequest& req) {
   HS_RETURN_IF_ERROR(CheckBudget(s, req.token_budget()));
-  Group& group = groups_.at(GroupKeyOf(s));
-  Group::Held& held = group.requests.at(r.id);
+  TpGroup& group = *groups_.Find(s);
+  TpGroup::Held& held = group.requests.at(r.id);
   auto answer = [&] {
     mu_.AssertHeld();  // called below, under the lock ExtendGroupLocked holds
     v1::ExtendResponse resp;
@@ -281,12 +173,12 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
   ledger_.Touch(s.id, r.id);
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    // The same allocation as a session's Extend, under the group's owner (a full pool counted).
     absl::StatusOr<std::vector<PagePool::Page>> got =
-        extra > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any host pool")
-                           : pool_->Allocate(group.owner, static_cast<uint32_t>(extra), &held.pages[layer].back());
+        AllocatePagesLocked(group.owner, extra, &held.pages[layer].back());
     if (!got.ok()) {
       for (const auto& done : added) (void)pool_->ReleaseAll(group.owner, done);
-      return absl::IsResourceExhausted(got.status()) ? Reject(RejectReason::kPoolFull, got.status()) : got.status();
+      return got.status();
     }
     added[layer] = *std::move(got);
   }
@@ -299,7 +191,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
     held.pages[layer].insert(held.pages[layer].end(), added[layer].begin(), added[layer].end());
   }
   for (uint64_t member : held.holders) {
-    Request& share = sessions_.at(member)->requests.at(r.id);
+    Request& share = *sessions_.at(member)->requests.Find(r.id);
     share.pages = held.pages;
     share.capacity_tokens = req.token_budget();
     if (member == payer) {
@@ -311,18 +203,17 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
 }
 
 void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
-  auto git = groups_.find(GroupKeyOf(s));
-  if (git == groups_.end()) {
+  TpGroup* found = groups_.Find(s);
+  if (found == nullptr) {
     LOG(ERROR) << "accounting error: session " << s.id << " holds a share of request " << r.id << " of no group";
     return;
   }
-  Group& group = git->second;
+  TpGroup& group = *found;
   for (const std::vector<PagePool::Page>& layer : r.pages) {
     absl::Status st = pool_->ReleaseAll(group.owner, layer);
     if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of group \"" << s.group << "\": " << st;
   }
-  r.pages.clear();
-  ledger_.Release(s.id, r.id);
+  r.pages.clear();  // the share itself leaves the session's table in ReleaseRequestLocked
   auto hit = group.requests.find(r.id);
   if (hit == group.requests.end()) return;
   std::vector<uint64_t>& holders = hit->second.holders;
@@ -333,7 +224,7 @@ void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
     return;
   }
   if (was_payer) {
-    Request& next = sessions_.at(holders.front())->requests.at(r.id);
+    Request& next = *sessions_.at(holders.front())->requests.Find(r.id);
     next.charged_pages = r.charged_pages;
     ledger_.SetPages(holders.front(), r.id, next.charged_pages);
   }
@@ -341,17 +232,17 @@ void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
 
 uint64_t SessionManager::UnfreedPagesOfLocked(const Session& s, const Request& r) const {
   if (!r.in_group) return SharedPagesOf(s, r);
-  auto git = groups_.find(GroupKeyOf(s));
-  if (git == groups_.end()) return 0;
-  auto hit = git->second.requests.find(r.id);
-  return hit != git->second.requests.end() && hit->second.holders.size() > 1 ? r.PageCount() : 0;
+  const TpGroup* group = groups_.Find(s);
+  if (group == nullptr) return 0;
+  auto hit = group->requests.find(r.id);
+  return hit != group->requests.end() && hit->second.holders.size() > 1 ? r.PageCount() : 0;
 }
 
 absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const {
-  auto it = groups_.find(GroupKeyOf(s));
-  if (it == groups_.end()) return absl::PermissionDeniedError(absl::StrCat("slab ", slab, " is not this session's"));
+  const TpGroup* group = groups_.Find(s);
+  if (group == nullptr) return absl::PermissionDeniedError(absl::StrCat("slab ", slab, " is not this session's"));
   // Leaves the daemon for this tenant's engine, as DupFdFor's own slabs do.
-  absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(it->second.owner, slab, bytes, s.tenant_uid);
+  absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(group->owner, slab, bytes, s.tenant_uid);
   if (absl::IsPermissionDenied(fd.status())) {
     return absl::PermissionDeniedError(
         absl::StrCat("slab ", slab, " belongs neither to this session nor to its group \"", s.group, "\""));
@@ -359,17 +250,10 @@ absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, ui
   return fd;
 }
 
-bool SessionManager::IsGroupOwnerLocked(uint64_t owner) const {
-  for (const auto& [key, group] : groups_) {
-    if (group.owner == owner) return true;
-  }
-  return false;
-}
-
 void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
   const uint64_t page_bytes = pool_->page_bytes();
   uint64_t group_pages = 0;
-  for (const auto& [key, group] : groups_) {
+  for (const auto& [key, group] : groups_.all()) {
     const uint64_t pages = pool_->PagesOf(group.owner);
     group_pages += pages;
     if (only_uid.has_value() && group.tenant_uid != *only_uid) continue;
@@ -391,25 +275,14 @@ void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::
     if (s.group.empty()) continue;
     ss.mutable_group()->set_name(s.group);
     ss.mutable_group()->set_rank(s.group_rank);
-    ss.mutable_group()->set_size(static_cast<uint32_t>(groups_.at(GroupKeyOf(s)).ranks.size()));
+    ss.mutable_group()->set_size(static_cast<uint32_t>(groups_.Find(s)->ranks.size()));
   }
-}
-
-void SessionManager::FillGroupInfoLocked(const Session& s, const Request& r, v1::RequestInfo* info) const {
-  info->set_group(s.group);
-  auto git = groups_.find(GroupKeyOf(s));
-  if (git == groups_.end()) return;
-  auto hit = git->second.requests.find(r.id);
-  if (hit == git->second.requests.end()) return;
-  const auto holders = static_cast<uint32_t>(hit->second.holders.size());
-  info->set_group_holders(holders);
-  info->set_shared_bytes(holders > 1 ? info->host_bytes() : 0);
 }
 
 absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uint64_t>* paid, uint64_t* pages) const {
   auto bad = [](auto... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   *pages = 0;
-  for (const auto& [key, group] : groups_) {
+  for (const auto& [key, group] : groups_.all()) {
     const std::string& name = key.second;
     if (group.tenant_uid != key.first) {
       return bad("group \"", name, "\" of uid ", key.first, " has tenant ", group.tenant_uid);
@@ -419,7 +292,7 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
       const uint64_t member = group.ranks[rank];
       if (member == 0) continue;
       auto it = sessions_.find(member);
-      if (it == sessions_.end() || GroupKeyOf(*it->second) != key || it->second->group_rank != rank) {
+      if (it == sessions_.end() || TpGroups::KeyOf(*it->second) != key || it->second->group_rank != rank) {
         return bad("group \"", name, "\" rank ", rank, " names session ", member, ", which is not that member");
       }
       for (const auto& [rid, r] : it->second->requests) {
@@ -434,9 +307,9 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
         const uint64_t member = held.holders[i];
         auto it = sessions_.find(member);
         const Request* r = nullptr;
-        if (it != sessions_.end() && GroupKeyOf(*it->second) == key) {
-          auto rit = it->second->requests.find(rid);
-          if (rit != it->second->requests.end() && rit->second.in_group) r = &rit->second;
+        if (it != sessions_.end() && TpGroups::KeyOf(*it->second) == key) {
+          const Request* share = it->second->requests.Find(rid);
+          if (share != nullptr && share->in_group) r = share;
         }
         if (r == nullptr) return bad("group \"", name, "\" request ", rid, ": holder ", member, " holds no share");
         if (r->pages != held.pages) return bad("group \"", name, "\" request ", rid, ": session ", member, "'s pages");

@@ -67,7 +67,7 @@ absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(co
   if (!outcome.result.ok()) return outcome.result.status();
   *resp = *std::move(outcome.result);
   Session& s = *sessions_.at(req.session().session_id());
-  Request& r = s.requests.at(req.request_id());
+  Request& r = *s.requests.Find(req.request_id());
   o.pages = r.pages;
   o.pool = pool_.get();
   o.grant_id = NewSecret128();
@@ -78,7 +78,10 @@ absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(co
   o.layout.capacity_tokens = r.capacity_tokens;
   o.layout.records_per_page = s.records_per_page;
   o.layout.record_bytes = s.geometry.record_bytes();
-  r.import_grant = o.grant_id;
+  if (absl::Status st = s.requests.BeginImport(r, o.grant_id); !st.ok()) {  // kLive -> kImporting
+    ReleaseRequestLocked(s, r);
+    return st;
+  }
   const absl::Time now = options_.clock ? options_.clock() : absl::Now();
   // The target refuses writes by the real clock; the sweep (ExpireImports) goes by options_.clock.
   o.expires = absl::Now() + options_.import_grant_ttl;
@@ -126,9 +129,7 @@ absl::Status SessionManager::RegisterImport(const OpenedImport& o) {
 void SessionManager::DropImportLocked(const OpenedImport& o) {
   grants_.erase(o.grant_id);
   auto sit = sessions_.find(o.session_id);
-  auto rit = sit->second->requests.find(o.request_id);
-  ReleaseRequestLocked(*sit->second, rit->second);
-  sit->second->requests.erase(rit);
+  ReleaseRequestLocked(*sit->second, *sit->second->requests.Find(o.request_id));
 }
 
 void SessionManager::PublishImportLocked(const OpenedImport& o, v1::AdmitResponse* resp) {
@@ -215,13 +216,12 @@ absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t 
                                                             : GrantEnd::kAborted);
     // A session waits out its busy grants before closing: the session and request are here.
     Session& s = *sessions_.at(g.session_id);
-    auto rit = s.requests.find(g.request_id);
+    Request& r = *s.requests.Find(g.request_id);
     if (commit) {
-      rit->second.import_grant.clear();
-      ledger_.Touch(s.id, g.request_id);
+      // kImporting -> kLive, used now (request_table.h); it is importing: the grant was open.
+      if (absl::Status st = s.requests.CommitImport(r); !st.ok()) LOG(ERROR) << "accounting error: " << st;
     } else {
-      ReleaseRequestLocked(s, rit->second);
-      s.requests.erase(rit);
+      ReleaseRequestLocked(s, r);
     }
     sink = s.sink;
     v1::ImportFinished* f = event.mutable_import_finished();
@@ -302,9 +302,9 @@ std::optional<absl::Status> SessionManager::ReleaseIfImporting(const v1::Release
     absl::MutexLock lock(&mu_);
     auto sit = sessions_.find(req.session().session_id());
     if (sit == sessions_.end()) return std::nullopt;  // Release answers that
-    auto rit = sit->second->requests.find(req.request_id());
-    if (rit == sit->second->requests.end() || rit->second.import_grant.empty()) return std::nullopt;
-    grant_id = rit->second.import_grant;
+    const Request* r = sit->second->requests.Find(req.request_id());
+    if (r == nullptr || !r->importing()) return std::nullopt;
+    grant_id = r->import_grant();
   }
   // The caller is the session's owner (the service checked): no uid check here.
   return FinishImport(grant_id, req.session().session_id(), req.request_id(), std::nullopt, ImportOutcome::kAbort,

@@ -38,6 +38,21 @@ uint32_t PageSize(uint32_t asked) {
   return asked == 0 ? SessionManager::kDefaultPageSize : std::min<uint32_t>(asked, SessionManager::kMaxPageSize);
 }
 
+// The wire's word for a request's state (request_table.h).
+v1::RequestState WireState(RequestState state) {
+  switch (state) {
+    case RequestState::kLive:
+      return v1::REQUEST_STATE_LIVE;
+    case RequestState::kParked:
+      return v1::REQUEST_STATE_PARKED;
+    case RequestState::kImporting:
+      return v1::REQUEST_STATE_IMPORTING;
+    case RequestState::kOrphaned:
+      return v1::REQUEST_STATE_ORPHANED;
+  }
+  return v1::REQUEST_STATE_LIVE;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::ListRequestsRequest& req,
@@ -52,8 +67,8 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
     mu_.AssertHeld();
     auto it = sessions_.find(sid);
     if (it != sessions_.end()) return it->second.get();
-    auto oit = orphans_.find(sid);
-    return oit == orphans_.end() ? nullptr : oit->second.get();
+    auto oit = durable_.all().find(sid);
+    return oit == durable_.all().end() ? nullptr : oit->second.get();
   };
   if (session_id != 0) {
     const Session* named = find(session_id);
@@ -66,7 +81,7 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
   // Sessions (a tenant's own only, with `only_uid`) and their requests in id order, from just after
   // the token, until the page is full.
   std::vector<uint64_t> sids;
-  for (const auto* map : {&sessions_, &orphans_}) {
+  for (const auto* map : {&sessions_, &durable_.all()}) {
     for (const auto& [sid, s] : *map) {
       if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
       if ((session_id == 0 || sid == session_id) && sid >= after.first) sids.push_back(sid);
@@ -77,7 +92,6 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
   const absl::Time now = absl::Now();
   for (uint64_t sid : sids) {
     const Session& s = *find(sid);
-    const bool orphaned = !sessions_.contains(sid);
     const absl::Time lease_now = Now();
     std::vector<uint64_t> rids;
     for (const auto& [rid, r] : s.requests) {
@@ -90,22 +104,19 @@ absl::StatusOr<v1::ListRequestsResponse> SessionManager::ListRequests(const v1::
         out.set_next_page_token(PageToken(last.session_id(), last.request_id()));
         return out;
       }
-      const Request& r = s.requests.at(rid);
+      const Request& r = *s.requests.Find(rid);
       v1::RequestInfo* info = out.add_requests();
       info->set_session_id(sid);
       info->set_request_id(rid);
-      info->set_row(r.row);
+      info->set_row(r.row());
       info->set_capacity_tokens(r.capacity_tokens);
       info->set_host_bytes(r.PageCount() * pool_->page_bytes());
       info->set_age_seconds(absl::ToDoubleSeconds(now - r.admitted_at));
-      info->set_state(orphaned                  ? v1::REQUEST_STATE_ORPHANED
-                      : r.parked                ? v1::REQUEST_STATE_PARKED
-                      : !r.import_grant.empty() ? v1::REQUEST_STATE_IMPORTING
-                                                : v1::REQUEST_STATE_LIVE);
+      info->set_state(WireState(r.state()));
       info->set_shared_bytes(SharedPagesOf(s, r) * pool_->page_bytes());
       info->set_durable(r.lease_end > lease_now);
-      info->set_lease_seconds_left(LeaseLeft(r, lease_now));
-      if (r.in_group) FillGroupInfoLocked(s, r, info);  // session_groups.cc
+      info->set_lease_seconds_left(DurableRequests::LeaseLeft(r, lease_now));
+      if (r.in_group) groups_.FillInfo(s, r, info);  // tp_groups.h
     }
   }
   return out;
@@ -121,13 +132,13 @@ absl::StatusOr<v1::ListAdoptableResponse> SessionManager::ListAdoptable(const v1
   const Session& me = *found;
   const absl::Time now = Now();
   std::vector<uint64_t> ids;
-  for (const auto& [id, o] : orphans_) {
+  for (const auto& [id, o] : durable_.all()) {
     if (o->tenant_uid == me.tenant_uid && o->engine_name == me.engine_name && id >= after.first) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());
   v1::ListAdoptableResponse out;
   for (uint64_t id : ids) {
-    const Session& o = *orphans_.at(id);
+    const Session& o = *durable_.all().at(id);
     std::vector<uint64_t> rids;
     for (const auto& [rid, r] : o.requests) {
       if (r.lease_end > now && (id > after.first || rid > after.second)) rids.push_back(rid);
@@ -139,11 +150,11 @@ absl::StatusOr<v1::ListAdoptableResponse> SessionManager::ListAdoptable(const v1
         out.set_next_page_token(PageToken(last.dead_session_id(), last.request_id()));
         return out;
       }
-      const Request& r = o.requests.at(rid);
+      const Request& r = *o.requests.Find(rid);
       v1::AdoptableRequest* a = out.add_requests();
       a->set_dead_session_id(id);
       a->set_request_id(rid);
-      a->set_lease_seconds_left(LeaseLeft(r, now));
+      a->set_lease_seconds_left(DurableRequests::LeaseLeft(r, now));
       a->set_capacity_tokens(r.capacity_tokens);
       a->set_host_bytes(r.PageCount() * pool_->page_bytes());
     }

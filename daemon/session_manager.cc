@@ -4,7 +4,6 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -18,6 +17,7 @@
 #include "hisparse/common/secret.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/version_compat.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/kernels/arena_layout.h"
 #include "hisparse/v1/arena_kind.h"
 
@@ -145,18 +145,9 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool>
       // Retired slabs an engine may still hold count against its tenant's host quota until the
       // pool sees them freed (page_pool.h); the pool is thread-safe and outlives the ledger.
       ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
-              [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }) {}
-
-uint64_t SessionManager::Request::PageCount() const {
-  uint64_t n = 0;
-  for (const auto& layer : pages) n += layer.size();
-  return n;
-}
-
-uint64_t SessionManager::Request::NewGeneration() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
+              [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }),
+      pages_(pool_.get()),
+      durable_(options.max_lease_seconds, options.max_orphans_per_tenant) {}
 
 SessionManager::~SessionManager() = default;
 
@@ -184,7 +175,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                                                    options_.max_tokens_per_request, ")"));
   }
   HS_ASSIGN_OR_RETURN(std::string engine_name, EngineName(open.engine_name(), 128));
-  if (open.has_group()) HS_RETURN_IF_ERROR(ValidateGroup(open.group()));  // session_groups.cc
+  if (open.has_group()) HS_RETURN_IF_ERROR(TpGroups::Validate(open.group()));  // tp_groups.h
   const ArenaOffsets layout = ComputeArenaOffsets(ToArenaGeometry(open.geometry()));
   if (layout.total_bytes > kMaxArenaBytes) {
     return absl::InvalidArgumentError(
@@ -211,7 +202,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                     absl::ResourceExhaustedError(
                         absl::StrCat("the daemon holds its limit of ", options_.max_sessions, " sessions")));
     }
-    if (open.has_group()) HS_RETURN_IF_ERROR(CheckJoinLocked(*session, open.group(), max_context));
+    if (open.has_group()) HS_RETURN_IF_ERROR(groups_.CheckJoin(*session, open.group(), max_context));
     if (std::optional<Refusal> refusal = ledger_.CheckOpenSession(owner.uid, layout.total_bytes)) {
       return Reject(*std::move(refusal));
     }
@@ -250,6 +241,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     arena_status = arena.status();
   }
   const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   if (!arena_status.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
@@ -264,7 +256,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     return Reject(*std::move(refusal));
   }
   // Checked again, atomically with the insertion: two sessions racing for one rank.
-  if (absl::Status joined = open.has_group() ? JoinGroupLocked(*session, open.group(), max_context) : absl::OkStatus();
+  if (absl::Status joined =
+          open.has_group() ? groups_.Join(*session, open.group(), max_context, &next_session_id_) : absl::OkStatus();
       !joined.ok()) {
     arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
@@ -286,14 +279,20 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.set_max_tokens_per_request(static_cast<uint32_t>(
       std::min<uint64_t>(uint64_t{session->records_per_page} * session->pages_per_entry, INT32_MAX)));
   opened.set_daemon_version(options_.version);
-  LOG(INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
-            << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
-            << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B " << open.geometry().slots()
-            << ", rows " << open.geometry().max_requests() << ", arena " << session->arena_bytes << " B "
-            << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
-            << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
-            << " ms)";
-  ledger_.AddSession(session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
+  if (open.has_group()) {
+    DEFERRED_LOG(log, INFO) << "session " << session->id << " joined group \"" << open.group().name() << "\" as rank "
+                            << open.group().rank() << " of " << open.group().size();
+  }
+  DEFERRED_LOG(log, INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
+                          << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
+                          << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B "
+                          << open.geometry().slots() << ", rows " << open.geometry().max_requests() << ", arena "
+                          << session->arena_bytes << " B "
+                          << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
+                          << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in "
+                          << create_seconds * 1e3 << " ms)";
+  session->requests =
+      RequestTable::Open(&ledger_, session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   sessions_.emplace(session->id, std::move(session));
   return opened;
 }
@@ -303,6 +302,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
   std::unique_ptr<Session> dead;
   size_t released = 0;
   std::function<void()> on_idle;
+  DeferredLog log;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
@@ -312,12 +312,13 @@ void SessionManager::CloseSession(uint64_t session_id) {
     // Its requests released, but for durable ones, which stay as an orphan (session_durable.cc);
     // its idle slabs leave it (dropped outside the lock). Then its rank of a TP group is freed
     // (session_groups.cc; a group request is never durable, so none went to the orphan).
-    released = EndSessionLocked(*dead);
-    LeaveGroupLocked(*dead);
+    released = EndSessionLocked(*dead, log);
+    if (std::optional<uint64_t> ended = groups_.Leave(*dead)) pool_->RetireIdleOf(*ended);  // its last member
     arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
   }
+  log.Flush();
   // The arena (memfd and mapping, or the GPU allocation) goes with `dead`, outside the lock: the
   // daemon's GPU memory is released here, and the GPU's once the engine's import is gone too (an
   // engine that died has lost it already). A Stats call in flight may hold the GPU arena a moment.
@@ -347,14 +348,18 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::Se
 }
 
 void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
-  if (r.in_group) return ReleaseGroupShareLocked(s, r);  // session_groups.cc
-  UnshareLocked(s, r);
-  for (const std::vector<PagePool::Page>& layer : r.pages) {
-    absl::Status st = pool_->ReleaseAll(s.id, layer);
-    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
+  const uint64_t id = r.id;
+  if (r.in_group) {
+    ReleaseGroupShareLocked(s, r);  // session_groups.cc
+  } else {
+    UnshareLocked(s, r);
+    for (const std::vector<PagePool::Page>& layer : r.pages) {
+      absl::Status st = pool_->ReleaseAll(s.id, layer);
+      if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
+    }
+    r.pages.clear();
   }
-  r.pages.clear();
-  ledger_.Release(s.id, r.id);
+  s.requests.Erase(id);
 }
 
 void SessionManager::FillLayers(const Session& s, const Request& r,
@@ -367,7 +372,7 @@ void SessionManager::FillLayers(const Session& s, const Request& r,
       v1::PageRef* ref = lp->add_pages();
       ref->set_slab(p.slab);
       ref->set_offset(uint64_t{p.index} * page_bytes);
-      if (s.sharers.count(p) != 0) ref->set_read_only(true);
+      if (s.sharers.IsShared(p)) ref->set_read_only(true);
     }
   }
 }
@@ -396,7 +401,7 @@ absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& 
   if (req.begin_import()) {
     if (req.lease_seconds() != 0) {  // before any import check: bad input, whatever the target
       absl::MutexLock lock(&mu_);
-      return CheckLeaseLocked(req.lease_seconds(), /*importing=*/true);  // session_durable.cc
+      return durable_.CheckLease(req.lease_seconds(), /*importing=*/true);  // session_durable.cc
     }
     return AdmitImport(req);  // session_import.cc
   }
@@ -455,36 +460,36 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     return {
         absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
   }
-  if (absl::Status lease = CheckLeaseLocked(req.lease_seconds(), req.begin_import()); !lease.ok()) return {lease};
+  if (absl::Status lease = durable_.CheckLease(req.lease_seconds(), req.begin_import()); !lease.ok()) return {lease};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return AdmitSharedLocked(*s, req);
-  // Charged in whole pages.
+  // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
   const uint64_t per_layer = PagesFor(*s, req.token_budget());
   const uint64_t total = per_layer * s->geometry.num_layers();
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s->id, total, 1)) return {Reject(*std::move(refusal))};
-  uint32_t row = 0;
-  if (std::optional<Refusal> refusal = ledger_.FreeRow(s->id, &row)) return {Reject(*std::move(refusal))};
-  absl::StatusOr<std::vector<PagePool::Page>> pages = AllocatePagesLocked(*s, total, nullptr);
-  if (!pages.ok()) return {pages.status(), absl::IsResourceExhausted(pages.status())};
+  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s->id, {s->id}, s->id, total});
+  if (!reserved.reservation.has_value()) return RefusedLocked(std::move(reserved));
+  const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
-  r.row = row;
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
-  r.lease_end = LeaseEnd(Now(), req.lease_seconds());
+  r.lease_end = DurableRequests::LeaseEnd(Now(), req.lease_seconds());
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
   for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
-    r.pages.emplace_back(pages->begin() + layer * per_layer, pages->begin() + (layer + 1) * per_layer);
+    r.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
   }
-  ledger_.Admit(s->id, r.id, row, total);
+  const Request& added = s->requests.Admit(std::move(r), reserved.reservation->rows()[0]);
   ++admissions_;
+  return {AdmitAnswerLocked(*s, added)};
+}
+
+v1::AdmitResponse SessionManager::AdmitAnswerLocked(const Session& s, const Request& r) const {
   v1::AdmitResponse resp;
-  resp.set_row(row);
+  resp.set_row(r.row());
   resp.set_capacity_tokens(r.capacity_tokens);
-  FillLayers(*s, r, resp.mutable_layers());
-  s->requests.emplace(r.id, std::move(r));
-  return {std::move(resp)};
+  FillLayers(s, r, resp.mutable_layers());
+  return resp;
 }
 
 absl::Status SessionManager::CheckOwner(const v1::SessionRef& ref, uint32_t uid) const {
@@ -508,27 +513,27 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
   // The notice is posted before the memory is released, outside the lock; posting never waits on
   // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   // The lock was dropped since the victim was chosen: only that very request may go. Its id may
   // name another one now (released and admitted again, perhaps as an import whose grant is open).
-  auto rit = it->second->requests.find(v.request_id);
-  if (rit == it->second->requests.end() || rit->second.generation != v.generation) {
+  Request* r = it->second->requests.Find(v.request_id);
+  if (r == nullptr || r->generation != v.generation) {
     return absl::NotFoundError(
         absl::StrCat("request ", v.request_id, " was released while evicting (its id may name a newer request)"));
   }
-  if (!rit->second.import_grant.empty()) {
+  if (r->importing()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", v.request_id, " is importing: it is not evicted"));
   }
-  const uint64_t freed =
-      (rit->second.PageCount() - UnfreedPagesOfLocked(*it->second, rit->second)) * pool_->page_bytes();
-  ReleaseRequestLocked(*it->second, rit->second);
-  it->second->requests.erase(rit);
+  const uint64_t freed = (r->PageCount() - UnfreedPagesOfLocked(*it->second, *r)) * pool_->page_bytes();
+  ReleaseRequestLocked(*it->second, *r);
   ++evictions_;
   if (!told) ++undelivered_notices_;
-  LOG(INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed << " bytes; "
-            << reason << (told ? ")" : "; the notice was not delivered: its stream is gone or not read)");
+  DEFERRED_LOG(log, INFO) << "evicted request " << v.request_id << " of session " << v.session_id << " (" << freed
+                          << " bytes; " << reason
+                          << (told ? ")" : "; the notice was not delivered: its stream is gone or not read)");
   return freed;
 }
 
@@ -538,11 +543,11 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end())
+  Request* found = s->requests.Find(req.request_id());
+  if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  Request& r = it->second;
-  if (!r.import_grant.empty()) {
+  Request& r = *found;
+  if (r.importing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
   }
@@ -559,7 +564,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   ledger_.Touch(s->id, r.id);
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    absl::StatusOr<std::vector<PagePool::Page>> got = AllocatePagesLocked(*s, extra, &r.pages[layer].back());
+    absl::StatusOr<std::vector<PagePool::Page>> got = AllocatePagesLocked(s->id, extra, &r.pages[layer].back());
     if (!got.ok()) {
       for (const auto& done : added) (void)pool_->ReleaseAll(s->id, done);
       return got.status();
@@ -583,11 +588,10 @@ absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   if (std::optional<absl::Status> aborted = ReleaseIfImporting(req)) return *aborted;  // session_import.cc
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  auto it = s->requests.find(req.request_id());
-  if (it == s->requests.end())
+  Request* r = s->requests.Find(req.request_id());
+  if (r == nullptr)
     return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  ReleaseRequestLocked(*s, it->second);
-  s->requests.erase(it);
+  ReleaseRequestLocked(*s, *r);
   return absl::OkStatus();
 }
 
@@ -632,7 +636,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       hp->set_retired_slabs(ps.retired_slabs);
     }
     for (const auto& [owner, slabs] : pool_->SlabsByOwner()) {
-      if (IsGroupOwnerLocked(owner)) continue;  // in GroupStats.slabs
+      if (groups_.IsOwner(owner)) continue;  // in GroupStats.slabs
       if (!only_uid.has_value() || (sessions_.contains(owner) && sessions_.at(owner)->tenant_uid == *only_uid)) {
         (*hp->mutable_slabs_by_session())[owner] = slabs;
       }
@@ -661,10 +665,8 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
       ss->set_engine_name(s->engine_name);
       *ss->mutable_geometry() = s->geometry;
       ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-      for (const auto& [rid, r] : s->requests) {
-        parked += r.parked ? 1 : 0;
-        importing += r.import_grant.empty() ? 0 : 1;
-      }
+      parked += static_cast<uint32_t>(s->requests.Count(RequestState::kParked));
+      importing += static_cast<uint32_t>(s->requests.Count(RequestState::kImporting));
       ss->set_host_bytes(ledger_.PagesOf(id) * ps.page_bytes);  // distinct pages: shared ones once
       ss->set_arena_bytes(s->arena_bytes);
       ss->set_peer_pid(s->peer_pid);
@@ -783,9 +785,10 @@ void SessionManager::SetHostArenaBudget(uint64_t bytes) {
 // Eviction by an operator: the session hears of it before its memory is released.
 absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid) {
   Victim v;
+  DeferredLog log;  // written once the lock is released
   {
     absl::MutexLock lock(&mu_);
-    if (orphans_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid);  // session_durable.cc
+    if (durable_.contains(req.session_id())) return EvictOrphanLocked(req, only_uid, log);  // session_durable.cc
     auto it = sessions_.find(req.session_id());
     if (it != sessions_.end() && only_uid.has_value() && it->second->tenant_uid != *only_uid) {
       return absl::PermissionDeniedError(
@@ -794,12 +797,12 @@ absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& 
     if (it == sessions_.end() || !it->second->requests.contains(req.request_id())) {
       return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
     }
-    if (!it->second->requests.at(req.request_id()).import_grant.empty()) {
+    const Request& r = *it->second->requests.Find(req.request_id());
+    if (r.importing()) {
       return absl::FailedPreconditionError(
           absl::StrCat("request ", req.request_id(), " is importing: abort its import (AbortImport) instead"));
     }
-    v = Victim{req.session_id(), req.request_id(), it->second->requests.at(req.request_id()).generation,
-               it->second->sink};
+    v = Victim{req.session_id(), req.request_id(), r.generation, it->second->sink};
   }
   HS_ASSIGN_OR_RETURN(uint64_t freed, EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
   v1::EvictResponse resp;
@@ -815,12 +818,9 @@ absl::Status SessionManager::CheckInvariants() const {
   uint64_t live = 0;
   HS_RETURN_IF_ERROR(CheckGroupsLocked(&group_paid, &live));
   for (const auto& [id, s] : sessions_) {
-    if (!ledger_.HasSession(id)) return absl::InternalError(absl::StrCat("session ", id, " is not in the ledger"));
+    // States, rows and the ledger: exact by construction (request_table.h), checked all the same.
+    HS_RETURN_IF_ERROR(s->requests.CheckInvariants());
     for (const auto& [rid, r] : s->requests) {
-      if (ledger_.RowOf(id, rid) != (r.parked ? std::nullopt : std::optional<uint32_t>(r.row)) ||
-          ledger_.IsParked(id, rid) != r.parked) {
-        return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": row disagrees with the ledger"));
-      }
       if (r.pages.size() != s->geometry.num_layers()) {
         return absl::InternalError(absl::StrCat("session ", id, " request ", rid, ": pages for ", r.pages.size(),
                                                 " layers, the geometry has ", s->geometry.num_layers()));
@@ -869,11 +869,11 @@ absl::StatusOr<uint8_t*> SessionManager::RecordForTest(uint64_t session_id, uint
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return absl::NotFoundError("no such session");
   const Session& s = *it->second;
-  auto rit = s.requests.find(request_id);
-  if (rit == s.requests.end() || layer >= rit->second.pages.size() || position >= rit->second.capacity_tokens) {
+  const Request* r = s.requests.Find(request_id);
+  if (r == nullptr || layer >= r->pages.size() || position >= r->capacity_tokens) {
     return absl::InvalidArgumentError("no such request, layer or position");
   }
-  const PagePool::Page& page = rit->second.pages[layer][position / s.records_per_page];
+  const PagePool::Page& page = r->pages[layer][position / s.records_per_page];
   return pool_->PageDataForTest(page) + uint64_t{position % s.records_per_page} * s.geometry.record_bytes();
 }
 

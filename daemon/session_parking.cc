@@ -21,53 +21,52 @@ namespace hisparse {
 absl::StatusOr<SessionManager::Request*> SessionManager::FindRequestLocked(const v1::SessionRef& ref,
                                                                            uint64_t request_id) {
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
-  auto it = s->requests.find(request_id);
-  if (it == s->requests.end()) {
+  Request* r = s->requests.Find(request_id);
+  if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted in this session"));
   }
-  return &it->second;
+  return r;
 }
 
 absl::StatusOr<v1::ParkResponse> SessionManager::Park(const v1::ParkRequest& req) {
   absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  return ParkLocked(req.session().session_id(), *r);
+  return ParkLocked(*s, *r);
 }
 
-absl::StatusOr<v1::ParkResponse> SessionManager::ParkLocked(uint64_t session_id, Request& r) {
-  if (r.parked) {
+absl::StatusOr<v1::ParkResponse> SessionManager::ParkLocked(Session& s, Request& r) {
+  if (r.parked()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is parked already"));
   }
-  if (!r.import_grant.empty()) {
+  if (r.importing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", r.id, " is importing: its records are not there yet; park it after CommitImport"));
   }
-  ledger_.Park(session_id, r.id);
-  r.parked = true;
+  HS_RETURN_IF_ERROR(s.requests.Park(r));
   v1::ParkResponse resp;
-  resp.set_row(r.row);
+  resp.set_row(r.row());
   return resp;
 }
 
 absl::StatusOr<v1::ResumeResponse> SessionManager::Resume(const v1::ResumeRequest& req) {
   absl::MutexLock lock(&mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  return ResumeLocked(req.session().session_id(), *r);
+  return ResumeLocked(*s, *r);
 }
 
-absl::StatusOr<v1::ResumeResponse> SessionManager::ResumeLocked(uint64_t session_id, Request& r) {
-  if (!r.parked) {
-    return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is not parked (it holds row ", r.row, ")"));
+absl::StatusOr<v1::ResumeResponse> SessionManager::ResumeLocked(Session& s, Request& r) {
+  if (!r.parked()) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is not parked (it holds row ", r.row(), ")"));
   }
   uint32_t row = 0;
-  if (std::optional<Refusal> refusal = ledger_.FreeRow(session_id, &row)) {
+  if (std::optional<Refusal> refusal = ledger_.FreeRow(s.id, &row)) {
     return Reject(Refusal{refusal->reason,
                           absl::ResourceExhaustedError(absl::StrCat("cannot resume request ", r.id, ": ",
                                                                     refusal->status.message(), "; it stays parked"))});
   }
-  ledger_.Resume(session_id, r.id, row);
-  r.parked = false;
-  r.row = row;
+  HS_RETURN_IF_ERROR(s.requests.Resume(r, row));
   v1::ResumeResponse resp;
   resp.set_row(row);
   resp.set_capacity_tokens(r.capacity_tokens);

@@ -16,15 +16,21 @@ namespace hisparse {
 
 absl::Status SessionManager::Reject(Refusal refusal) { return Reject(refusal.reason, std::move(refusal.status)); }
 
-absl::StatusOr<std::vector<PagePool::Page>> SessionManager::AllocatePagesLocked(const Session& s, uint64_t count,
+absl::StatusOr<std::vector<PagePool::Page>> SessionManager::AllocatePagesLocked(uint64_t owner, uint64_t count,
                                                                                 const PagePool::Page* after) {
   if (count > UINT32_MAX) {
     return Reject(RejectReason::kPoolFull,
                   absl::ResourceExhaustedError(absl::StrCat("a request of ", count, " pages exceeds any host pool")));
   }
-  absl::StatusOr<std::vector<PagePool::Page>> pages = pool_->Allocate(s.id, static_cast<uint32_t>(count), after);
+  absl::StatusOr<std::vector<PagePool::Page>> pages = pages_.Allocate(owner, static_cast<uint32_t>(count), after);
   if (pages.ok() || !absl::IsResourceExhausted(pages.status())) return pages;
   return Reject(RejectReason::kPoolFull, pages.status());
+}
+
+SessionManager::AdmitOutcome SessionManager::RefusedLocked(ReserveOutcome outcome) {
+  absl::Status status =
+      outcome.counted.has_value() ? Reject(*outcome.counted, std::move(outcome.status)) : std::move(outcome.status);
+  return {std::move(status), outcome.lacked_room};
 }
 
 bool SessionManager::EvictionCouldAdmitLocked(const Session& s, uint64_t need_pages) const {
@@ -41,9 +47,9 @@ std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t 
   if (!key.has_value()) return std::nullopt;
   auto it = sessions_.find(key->session_id);
   if (it == sessions_.end()) return std::nullopt;
-  auto rit = it->second->requests.find(key->request_id);
-  if (rit == it->second->requests.end() || !rit->second.import_grant.empty()) return std::nullopt;  // importing
-  return Victim{key->session_id, key->request_id, rit->second.generation, it->second->sink};
+  const Request* r = it->second->requests.Find(key->request_id);
+  if (r == nullptr || r->importing()) return std::nullopt;
+  return Victim{key->session_id, key->request_id, r->generation, it->second->sink};
 }
 
 size_t SessionManager::SweepRetiredSlabs() {

@@ -8,10 +8,10 @@
 // the parent's records [R * (P / R), P) into it. The rest of the child's capacity is fresh pages.
 //
 // Accounting: the tenant is charged each distinct page once. A page held by several requests of
-// the session is in Session::sharers with its holders in the order they took it; the first holder
-// pays for it (Request::charged_pages, the ledger's count for the request). Releasing a holder
-// passes the charge to the next, so the ledger's sum stays the pool's count of the session's
-// referenced pages. Sharing is within a session: the pool's pages belong to one owner.
+// the session is in Session::sharers (page_sharers.h) with its holders in the order they took it;
+// the first holder pays for it (Request::charged_pages, the ledger's count for the request).
+// Releasing a holder passes the charge to the next, so the ledger's sum stays the pool's count of
+// the session's referenced pages. Sharing is within a session: the pool's pages belong to one owner.
 //
 // Decisions: the bound on P is the parent's capacity_tokens (what the daemon knows; the engine
 // knows what it wrote, and a prefix of positions it never stored shares its unwritten bytes); a
@@ -44,18 +44,18 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   if (req.parent_request_id() == id) {
     return {absl::InvalidArgumentError(absl::StrCat("request ", id, " cannot be its own parent"))};
   }
-  auto pit = s.requests.find(req.parent_request_id());
-  if (pit == s.requests.end()) {
+  const Request* found = s.requests.Find(req.parent_request_id());
+  if (found == nullptr) {
     return {absl::NotFoundError(
         absl::StrCat("parent request ", req.parent_request_id(), " is not admitted in this session"))};
   }
-  const Request& parent = pit->second;
+  const Request& parent = *found;
   if (parent.in_group) {
     return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
                                                        " is a TP-group request: its pages are the group's, not "
                                                        "this session's, so no request may share a prefix of them"))};
   }
-  if (!parent.import_grant.empty()) {
+  if (parent.importing()) {
     return {absl::FailedPreconditionError(absl::StrCat("parent request ", parent.id,
                                                        " is importing: its records are not there yet; share "
                                                        "from it after CommitImport"))};
@@ -73,21 +73,16 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   const uint64_t tail_records = prefix % s.records_per_page;
   const uint64_t fresh = PagesFor(s, req.token_budget()) - shared;  // per layer
   const uint64_t total = fresh * layers;
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(s.id, total, 1)) return {Reject(*std::move(refusal))};
-  uint32_t row = 0;
-  if (std::optional<Refusal> refusal = ledger_.FreeRow(s.id, &row)) return {Reject(*std::move(refusal))};
-  std::vector<PagePool::Page> got;
-  if (total != 0) {
-    absl::StatusOr<std::vector<PagePool::Page>> pages = AllocatePagesLocked(s, total, nullptr);
-    if (!pages.ok()) return {pages.status(), absl::IsResourceExhausted(pages.status())};
-    got = *std::move(pages);
-  }
-  // The partial page's prefix records, copied before anything is shared: a failure leaves nothing.
+  // Reserve (the quota, a row, the fresh pages: none when the child lies inside its parent's).
+  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s.id, {s.id}, s.id, total});
+  if (!reserved.reservation.has_value()) return RefusedLocked(std::move(reserved));
+  const std::vector<PagePool::Page>& got = reserved.reservation->pages();
+  // The partial page's prefix records, copied before anything is shared: a failure leaves nothing
+  // (the reservation gives its pages back).
   for (uint32_t layer = 0; tail_records != 0 && layer < layers; ++layer) {
     absl::StatusOr<uint8_t*> src = pool_->PageData(s.id, parent.pages[layer][shared]);
     absl::StatusOr<uint8_t*> dst = pool_->PageData(s.id, got[layer * fresh]);
     if (!src.ok() || !dst.ok()) {
-      (void)pool_->ReleaseAll(s.id, got);
       return {absl::InternalError(
           absl::StrCat("copying the prefix's partial page: ", (src.ok() ? dst.status() : src.status()).message()))};
     }
@@ -96,10 +91,9 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   Request r;
   r.id = id;
   r.admitted_at = absl::Now();
-  r.row = row;
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
-  r.lease_end = LeaseEnd(Now(), req.lease_seconds());
+  r.lease_end = DurableRequests::LeaseEnd(Now(), req.lease_seconds());
   for (uint32_t layer = 0; layer < layers; ++layer) {
     std::vector<PagePool::Page> pages(parent.pages[layer].begin(), parent.pages[layer].begin() + shared);
     pages.insert(pages.end(), got.begin() + layer * fresh, got.begin() + (layer + 1) * fresh);
@@ -112,50 +106,26 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
       if (absl::Status st = pool_->AddRef(s.id, p); !st.ok()) {
         LOG(ERROR) << "accounting error sharing a page of session " << s.id << ": " << st;
       }
-      std::vector<uint64_t>& holders = s.sharers[p];
-      if (holders.empty()) holders.push_back(parent.id);
-      holders.push_back(id);
+      s.sharers.Share(p, parent.id, id);
     }
   }
-  ledger_.Admit(s.id, id, row, total);
+  (void)reserved.reservation->TakePages();  // committed: the request holds them now
+  const Request& added = s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
   ++admissions_;
-  v1::AdmitResponse resp;
-  resp.set_row(row);
-  resp.set_capacity_tokens(r.capacity_tokens);
-  FillLayers(s, r, resp.mutable_layers());
-  s.requests.emplace(id, std::move(r));
-  return {std::move(resp)};
+  return {AdmitAnswerLocked(s, added)};
 }
 
 void SessionManager::UnshareLocked(Session& s, const Request& r) {
-  if (s.sharers.empty()) return;
-  for (const std::vector<PagePool::Page>& layer : r.pages) {
-    for (const PagePool::Page& p : layer) {
-      auto it = s.sharers.find(p);
-      if (it == s.sharers.end()) continue;
-      std::vector<uint64_t>& holders = it->second;
-      const bool was_payer = !holders.empty() && holders.front() == r.id;
-      holders.erase(std::remove(holders.begin(), holders.end(), r.id), holders.end());
-      if (was_payer && !holders.empty()) {
-        auto next = s.requests.find(holders.front());
-        if (next != s.requests.end()) {
-          ++next->second.charged_pages;
-          ledger_.SetPages(s.id, next->first, next->second.charged_pages);
-        }
-      }
-      if (holders.size() < 2) s.sharers.erase(it);
+  // A page whose payer `r` was is charged to its next holder (page_sharers.h).
+  for (uint64_t payer : s.sharers.Unshare(r.id, r.pages)) {
+    if (Request* next = s.requests.Find(payer); next != nullptr) {
+      ++next->charged_pages;
+      ledger_.SetPages(s.id, next->id, next->charged_pages);
     }
   }
 }
 
-uint64_t SessionManager::SharedPagesOf(const Session& s, const Request& r) {
-  uint64_t n = 0;
-  if (s.sharers.empty()) return 0;
-  for (const auto& layer : r.pages) {
-    for (const PagePool::Page& p : layer) n += s.sharers.count(p) != 0 ? 1 : 0;
-  }
-  return n;
-}
+uint64_t SessionManager::SharedPagesOf(const Session& s, const Request& r) { return s.sharers.SharedOf(r.pages); }
 
 absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* distinct) const {
   // Every page's holders among the session's requests, in no particular order.
@@ -179,12 +149,12 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
       return absl::InternalError(absl::StrCat("session ", s.id, ": page ", p.index, " of slab ", p.slab, " has ",
                                               pool_->RefCount(p), " references, ", who.size(), " requests hold it"));
     }
-    auto it = s.sharers.find(p);
-    if ((who.size() > 1) != (it != s.sharers.end())) {
+    auto it = s.sharers.all().find(p);
+    if ((who.size() > 1) != (it != s.sharers.all().end())) {
       return absl::InternalError(absl::StrCat("session ", s.id, ": page ", p.index, " of slab ", p.slab, " is held by ",
                                               who.size(), " requests, sharers disagree"));
     }
-    if (it == s.sharers.end()) {
+    if (it == s.sharers.all().end()) {
       ++pays[who.front()];
       continue;
     }
@@ -198,7 +168,7 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
     }
     ++pays[it->second.front()];
   }
-  for (const auto& [p, listed] : s.sharers) {
+  for (const auto& [p, listed] : s.sharers.all()) {
     if (holders.count(p) == 0) {
       return absl::InternalError(absl::StrCat("session ", s.id, ": sharers lists page ", p.index, " of slab ", p.slab,
                                               ", which no request holds"));

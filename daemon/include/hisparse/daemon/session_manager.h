@@ -8,6 +8,8 @@
 // tenant and engine name adopts them or the lease ends (session_durable.cc). Requests are named per session: no
 // session can see, extend or release another's. A session belongs to the uid that opened it (its tenant): only that
 // uid may use its token, and a tenant's view (`only_uid` below) shows and touches its own sessions alone.
+// What state a request is in (live, parked, importing, orphaned) is its session's RequestTable's,
+// and every change of it goes through that table (request_table.h, which lists the transitions).
 //
 // Transport-free: the gRPC service (service.cc) and the fd channel (fd_server.cc) are thin maps
 // onto these methods. The proto messages are used only as plain data types.
@@ -41,12 +43,18 @@
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/config.h"
+#include "hisparse/daemon/durable_requests.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/import_target.h"
 #include "hisparse/daemon/page_pool.h"
+#include "hisparse/daemon/request_table.h"
+#include "hisparse/daemon/session_entry.h"
+#include "hisparse/daemon/tp_groups.h"
 #include "hisparse/v1/hisparse.pb.h"
 
 namespace hisparse {
+
+class DeferredLog;  // deferred_log.h
 
 // RejectReason and RejectReasonName live in admission_ledger.h.
 class SessionManager {
@@ -148,7 +156,7 @@ class SessionManager {
   // Where a session's notices go (its stream). Set by the service right after OpenSession. The
   // sink is called outside the lock and must not block (the service queues); it returns false
   // when the notice will not be delivered (the stream is gone, or its outbox is full).
-  using EventSink = std::function<bool(const v1::SessionEvent&)>;
+  using EventSink = SessionEventSink;
   void SetEventSink(uint64_t session_id, EventSink sink);
 
   // Administration. Requests in (session_id, request_id) order, one page at a time: at most
@@ -224,78 +232,12 @@ class SessionManager {
                                          uint32_t position) const;
 
  private:
-  struct Request {
-    uint64_t id = 0;
-    absl::Time admitted_at;
-    uint32_t row = 0;  // the ledger's, copied for listing; meaningless while parked
-    bool parked = false;
-    uint32_t capacity_tokens = 0;
-    // Per layer, in position order: page i holds positions [i * R, (i + 1) * R), R the session's
-    // records_per_page. Each holds one reference in the pool; a page another request of the
-    // session holds too is in Session::sharers.
-    std::vector<std::vector<PagePool::Page>> pages;
-    // The pages the ledger charges this request: its own, and the shared ones it is first of.
-    uint64_t charged_pages = 0;
-    // Non-empty while importing (AdmitImport until commit): the grant's id. Such a request cannot
-    // be extended or evicted; releasing it aborts the import.
-    std::string import_grant;
-    // Which admission made this Request: unique for the daemon's life (never reused, unlike request
-    // ids), so a victim chosen under the lock and evicted after it (EvictVictim) is the same request
-    // and not one released and admitted again under its id meanwhile. Set at construction; a move
-    // (adoption) keeps it.
-    uint64_t generation = NewGeneration();
-    // Durable while the clock is before it (SetLease, AdmitRequest.lease_seconds): the request
-    // then outlives its session's end as an orphan. Never set on an importing request.
-    absl::Time lease_end = absl::InfinitePast();
-    // A TP-group request (session_groups.cc): its pages are the group's (one set for every rank,
-    // owned in the pool by Group::owner) and this is the session's share, its row. `attached`:
-    // this rank's engine admitted it (false: reserved for it by another rank's admission).
-    bool in_group = false;
-    bool attached = true;
-    uint64_t PageCount() const;
-    static uint64_t NewGeneration();
-  };
-  struct Session {
-    uint64_t id = 0;
-    std::string token;
-    std::string engine_name;
-    v1::Geometry geometry;
-    uint32_t records_per_page = 0;  // page_bytes / record_bytes
-    uint32_t pages_per_entry = 0;   // the most pages one layer of a request may have
-    pid_t peer_pid = 0;
-    uint32_t tenant_uid = 0;                          // the owner: the uid of the Session stream's peer
-    absl::flat_hash_map<uint64_t, Request> requests;  // rows and LRU times are in ledger_
-    uint64_t arena_bytes = 0;                         // accounted against its device's budget and its tenant's quota
-    // The slot arena in its sharing form (arena.h), chosen at open and never null after it.
-    // Shared with Stats and the fd channel, which use it outside the lock.
-    std::shared_ptr<const Arena> arena;
-    std::shared_ptr<EventSink> sink;
-    // Pages held by more than one request of the session (shared prefixes): their holders in the
-    // order they took the page; the first is charged for it (Request::charged_pages).
-    std::map<PagePool::Page, std::vector<uint64_t>> sharers;
-    bool imports_closed = false;  // set as the session closes: no new import grant
-    std::string group;            // its TP group's name (OpenSession.group), empty: none
-    uint32_t group_rank = 0;
-  };
-  // A tensor-parallel group (session_groups.cc; docs/DESIGN.md, "TP groups"): sessions of one
-  // tenant, one per rank, whose group requests share one set of host pages. It lives while a
-  // member does. Groups are their tenant's: named by (tenant uid, name), so another uid cannot
-  // take, or even see, the name a tenant's TP engine will use.
-  struct Group {
-    // The pool owner of the group's pages: an id of the session counter, so never a session's.
-    uint64_t owner = 0;
-    uint32_t tenant_uid = 0;
-    // What every member's geometry must match: the pages' layout and page-table stride.
-    uint32_t num_layers = 0, record_bytes = 0, max_context_tokens = 0;
-    std::vector<uint64_t> ranks;  // rank -> session id, 0: no live session holds it
-    struct Held {
-      // Member sessions holding a share (a row), in the order they took it; the first is charged
-      // for the pages (its Request::charged_pages, the ledger's count), the others 0.
-      std::vector<uint64_t> holders;
-      std::vector<std::vector<PagePool::Page>> pages;  // per layer; one reference per holder
-    };
-    std::map<uint64_t, Held> requests;  // by request id
-  };
+  // A request's state is the RequestTable's (request_table.h); its data is RequestEntry.
+  using Request = RequestEntry;
+  // What the manager keeps of a session (session_entry.h).
+  using Session = SessionEntry;
+  // A tensor-parallel group (tp_groups.h).
+  using Group = TpGroup;
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
   absl::StatusOr<std::unique_ptr<Arena>> CreateArena(bool on_gpu, int gpu, const ArenaOffsets& layout) const;
@@ -355,11 +297,17 @@ class SessionManager {
   std::optional<Victim> BatchVictimLocked(const Session& s, const v1::AdmitItem& item, int evictions,
                                           const absl::flat_hash_set<uint64_t>& batch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `count` pages of `s` from the pool (continuing after `after` when given); a full pool is
-  // counted as a kPoolFull refusal.
-  absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(const Session& s, uint64_t count,
+  // `count` more pages of pool owner `owner` (a session, or a TP group's owner), continuing after
+  // `after`: an Extend's. A full pool is counted as a kPoolFull refusal. An admission's pages come
+  // from Reserve (request_table.h) instead.
+  absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(uint64_t owner, uint64_t count,
                                                                   const PagePool::Page* after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Reserve that failed as AdmitLocked answers it: its refusal counted (when it is one), and
+  // whether it lacked room in the pool.
+  AdmitOutcome RefusedLocked(ReserveOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An admitted request's answer: its row, capacity and pages.
+  v1::AdmitResponse AdmitAnswerLocked(const Session& s, const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pages a request of `s` needs per layer to hold `tokens` positions.
   static uint64_t PagesFor(const Session& s, uint64_t tokens);
   // evict_lru_idle: whether evicting the tenant's requests could make room for `need_pages`.
@@ -375,8 +323,8 @@ class SessionManager {
   absl::StatusOr<Request*> FindRequestLocked(const v1::SessionRef& ref, uint64_t request_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Park and Resume of one found request of session `session_id` (session_parking.cc).
-  absl::StatusOr<v1::ParkResponse> ParkLocked(uint64_t session_id, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::ResumeResponse> ResumeLocked(uint64_t session_id, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ParkResponse> ParkLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ResumeResponse> ResumeLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shared prefixes (session_sharing.cc). Admit of a request naming a parent: the checks after
   // AdmitLocked's own, the parent's full prefix pages referenced, the rest fresh, the partial
   // page's prefix records copied (a memcpy of at most one page per layer, under the lock).
@@ -388,6 +336,7 @@ class SessionManager {
   static uint64_t SharedPagesOf(const Session& s, const Request& r);
   // The sharing half of CheckInvariants for one session; `distinct` receives its distinct pages.
   absl::Status CheckSharingLocked(const Session& s, uint64_t* distinct) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `r`'s pages (its group share, its shared pages' charges) and forgets it: `r` is gone.
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The request's pages as the wire lists them (slab, offset), one LayerPages per layer.
   // A page shared with another request now is read_only there.
@@ -450,41 +399,25 @@ class SessionManager {
 
   // Durable requests (session_durable.cc). The clock (options.clock, else absl::Now).
   absl::Time Now() const;
-  // Admit's lease_seconds: OK for 0, else the checks SetLease makes (the request is not importing).
-  absl::Status CheckLeaseLocked(uint32_t lease_seconds, bool importing) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static absl::Time LeaseEnd(absl::Time now, uint32_t lease_seconds);
-  static double LeaseLeft(const Request& r, absl::Time now);
   // CloseSession's step for a session that has ended (out of sessions_, its imports revoked):
   // releases every request that is not durable now (every one, when its tenant holds
   // max_orphans_per_tenant orphans already), then, when durable ones are left, parks them
   // and moves them (with their sharers) into a new orphan of the same id; else the session leaves
   // the ledger. `dead` keeps its arena and sink, for the caller to drop outside the lock.
   // Returns the requests released.
-  size_t EndSessionLocked(Session& dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t EndSessionLocked(Session& dead, DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the orphan's requests whose lease ended by `now` (counted as lease expiries) and
   // forgets the orphan once empty. Returns how many were released.
   size_t ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adopt's checks after the tenant's (geometry, draining, page tables, ids): OK, or the refusal.
-  absl::Status CheckAdoptLocked(const Session& adopter, const Session& orphan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants' part for orphans: ledger, pool and requests agree; returns their pages.
   absl::StatusOr<uint64_t> CheckOrphansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evict of an orphaned request (an operator's, or its tenant's): released at once, nobody to tell.
-  absl::StatusOr<v1::EvictResponse> EvictOrphanLocked(const v1::EvictRequest& req, std::optional<uint32_t> only_uid)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::EvictResponse> EvictOrphanLocked(const v1::EvictRequest& req, std::optional<uint32_t> only_uid,
+                                                      DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stats' durable and orphan figures (of `only_uid`'s sessions alone, when set).
   void OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- TP groups (session_groups.cc). ----
-  // INVALID_ARGUMENT for a malformed OpenSession.group (no lock needed).
-  static absl::Status ValidateGroup(const v1::TpGroup& g);
-  // Whether `s` (geometry and tenant set, max context `max_context`) may take its rank of group
-  // `g`: the codes of OpenSession.group. JoinGroupLocked checks it again and joins (creating the
-  // group for its first member); LeaveGroupLocked frees the rank, and the group with its last.
-  absl::Status CheckJoinLocked(const Session& s, const v1::TpGroup& g, uint32_t max_context) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status JoinGroupLocked(Session& s, const v1::TpGroup& g, uint32_t max_context)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LeaveGroupLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admit with AdmitRequest.group: reserve for every rank, or attach this rank's share.
   AdmitOutcome AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Extend of a group request: the first rank's grows the group's pages for every share (all or
@@ -499,11 +432,8 @@ class SessionManager {
   // A dup of slab `slab` of the group of `s` (a member), as DupSlabFd.
   absl::StatusOr<UniqueFd> DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsGroupOwnerLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stats' group figures: GroupStats, HostPoolStats.group_bytes, each member's SessionStats.group.
   void FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillGroupInfoLocked(const Session& s, const Request& r, v1::RequestInfo* info) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The group half of CheckInvariants: members, shares, references and charges; `paid` receives
   // the group pages each session is charged for, `pages` the groups' distinct pages.
@@ -520,6 +450,8 @@ class SessionManager {
   std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
   // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
   AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
+  // pool_ as the PageSource admissions reserve from (Reserve, request_table.h).
+  PoolPages pages_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
   uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
@@ -536,15 +468,10 @@ class SessionManager {
   absl::flat_hash_map<std::string, SpentGrant> spent_grants_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);    // oldest first
   uint64_t imports_ended_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // by GrantEnd, since start
-  // Ended sessions that keep durable requests, by the ended session's id (session_durable.cc):
-  // no arena (null), no token, no sink; every request parked. Their slabs stay under that id in
-  // the pool until adopted (HandOverSlabs) or emptied.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> orphans_ ABSL_GUARDED_BY(mu_);
-  uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t orphans_refused_ ABSL_GUARDED_BY(mu_) = 0;  // ends over max_orphans_per_tenant, since start
-  using GroupKey = std::pair<uint32_t, std::string>;   // (tenant uid, name)
-  static GroupKey GroupKeyOf(const Session& s) { return {s.tenant_uid, s.group}; }
-  std::map<GroupKey, Group> groups_ ABSL_GUARDED_BY(mu_);
+  // Leases, the orphans that keep durable requests and their figures (durable_requests.h).
+  DurableRequests durable_ ABSL_GUARDED_BY(mu_);
+  // TP groups and their members (tp_groups.h); their requests' pages are admitted here.
+  TpGroups groups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hisparse
