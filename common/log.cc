@@ -53,6 +53,11 @@ bool LogEnabled(LogSeverity severity) { return static_cast<int>(severity) >= g_t
 
 void SetLogOptions(const LogOptions& options) { g_options.store(new LogOptions(options)); }
 
+LogOptions GetLogOptions() {
+  const LogOptions* set = g_options.load();
+  return set != nullptr ? *set : LogOptions{};
+}
+
 bool StderrIsJournal() {
   const char* env = std::getenv("JOURNAL_STREAM");
   if (env == nullptr) return false;

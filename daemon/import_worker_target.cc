@@ -111,6 +111,10 @@ absl::StatusOr<Child> Spawn(const ImportTargetOptions& o) {
   if (o.worker_memory_bytes != 0)
     args.insert(args.end(), {"--memory-limit-bytes", std::to_string(o.worker_memory_bytes)});
   if (!LogEnabled(LogSeverity::kInfo)) args.push_back("--quiet");
+  // Its lines go to the daemon's stderr, in the daemon's shape (NODE_NAME rides in the environment).
+  const LogOptions log = GetLogOptions();
+  if (log.format == LogFormat::kJson) args.push_back("--log-json");
+  if (log.priority_prefix) args.push_back("--log-priority-prefix");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -12,6 +12,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -41,6 +42,10 @@ int main(int argc, char** argv) {
   app.add_option("--ucx-net-devices", o.ucx_net_devices, "UCX_NET_DEVICES");
   app.add_option("--memory-limit-bytes", o.memory_limit_bytes, "RLIMIT_DATA in bytes (0: none)");
   app.add_flag("--quiet", quiet, "log warnings and errors only");
+  hisparse::LogOptions log;
+  bool json = false;
+  app.add_flag("--log-json", json, "log lines as JSON objects (hisparsed's log_format: json)");
+  app.add_flag("--log-priority-prefix", log.priority_prefix, "journald's <N> before each line");
   CLI11_PARSE(app, argc, argv);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) return 1;  // the daemon died before the line above
@@ -48,6 +53,9 @@ int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   CloseAllBut(o.channel_fd);
   if (quiet) hisparse::SetLogThreshold(hisparse::LogSeverity::kWarning);
+  log.format = json ? hisparse::LogFormat::kJson : hisparse::LogFormat::kText;
+  if (const char* node = std::getenv("NODE_NAME"); node != nullptr) log.node = node;
+  hisparse::SetLogOptions(log);
   const absl::Status served = hisparse::RunImportWorker(o);
   if (!served.ok()) {
     LOG(ERROR) << "import worker: " << served.message();

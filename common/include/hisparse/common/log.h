@@ -33,6 +33,9 @@ struct LogOptions {
 };
 // Replaces the options of every later message. Call at start-up, before other threads log.
 void SetLogOptions(const LogOptions& options);
+// The options now (defaults if never set): what a child process that logs to the same stderr
+// (hisparse-import-worker) is started with.
+LogOptions GetLogOptions();
 // Whether stderr is a stream to the journal: systemd then sets JOURNAL_STREAM to its
 // "device:inode", which must match stderr's (a child that inherited the variable but writes
 // elsewhere does not match).
