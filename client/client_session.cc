@@ -58,10 +58,6 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_sess
 
 namespace {
 
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // The daemon's gRPC address: the option, else $HISPARSE_DAEMON, else the default socket.
 std::string DaemonAddress(const hs_session_options& o) {
   std::string address = o.daemon_address ? o.daemon_address : "";

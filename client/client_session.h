@@ -12,6 +12,7 @@
 #define HISPARSE_CLIENT_CLIENT_SESSION_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +36,11 @@
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
+
+// Seconds from t0 to now (the phase timings of session open and slab mapping).
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 class ClientSession {
  public:

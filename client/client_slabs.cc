@@ -29,10 +29,6 @@ namespace {
 // Rounds of step 2 before a slab that keeps being dropped meanwhile is an error for the step.
 constexpr int kMaxMapRounds = 4;
 
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 ClientSession::SlabIds ClientSession::SlabsOf(const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers) {
