@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "bench_cmd.h"
+#include "bench_kernels.h"  // kernels/: the launch and memory floors
 #include "cuda_bench_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "host_tables.h"

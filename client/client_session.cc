@@ -249,7 +249,8 @@ ClientSession::~ClientSession() {
   // This process lets go of the daemon's GPU arena first: the daemon frees it when the session ends.
   if (backend_) backend_->ReleaseArena();
   if (stream_ != nullptr) {
-    // Ending the stream ends the session: the daemon releases everything it held.
+    // Ending the stream ends the session: the daemon releases everything it held but its durable
+    // requests, which stay parked until their lease ends or a session adopts them.
     if (alive_) {
       v1::SessionRequest close;
       close.mutable_close();

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
@@ -200,243 +201,153 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
   return result;
 }
 
-grpc::Status HiSparseService::Admit(grpc::ServerContext* context, const v1::AdmitRequest* req,
-                                    v1::AdmitResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kAdmit);
+// The body every unary RPC shares: time it into the metrics, learn the caller (or refuse it),
+// run `call` with the caller, and turn its absl::Status into the grpc::Status at the edge.
+template <typename Call>
+grpc::Status HiSparseService::Serve(grpc::ServerContext* context, Metrics::Method method, Call&& call) const {
+  RpcTimer t(metrics_, method);
   auto caller = Identify(context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->Admit(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ToGrpcStatus(std::forward<Call>(call)(*caller));
+}
+
+// As Serve, for the calls only the owner uid of `req.session()` may make (token or not).
+template <typename Request, typename Call>
+grpc::Status HiSparseService::ServeOwner(grpc::ServerContext* context, Metrics::Method method, const Request& req,
+                                         Call&& call) const {
+  return Serve(context, method, [&](const Caller& caller) -> absl::Status {
+    HS_RETURN_IF_ERROR(sessions_->CheckOwner(req.session(), caller.peer.uid));
+    return std::forward<Call>(call)();
+  });
+}
+
+namespace {
+
+// A SessionManager result into the RPC's response: the value when there is one, else its error.
+template <typename T>
+absl::Status Fill(absl::StatusOr<T> result, T* resp) {
+  if (!result.ok()) return result.status();
+  *resp = *std::move(result);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status HiSparseService::Admit(grpc::ServerContext* context, const v1::AdmitRequest* req,
+                                    v1::AdmitResponse* resp) {
+  return ServeOwner(context, Metrics::kAdmit, *req, [&] { return Fill(sessions_->Admit(*req), resp); });
 }
 
 grpc::Status HiSparseService::Extend(grpc::ServerContext* context, const v1::ExtendRequest* req,
                                      v1::ExtendResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kExtend);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->Extend(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kExtend, *req, [&] { return Fill(sessions_->Extend(*req), resp); });
 }
 
 grpc::Status HiSparseService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* req,
                                       v1::ReleaseResponse*) {
-  RpcTimer t(metrics_, Metrics::kRelease);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  return ToGrpcStatus(sessions_->Release(*req));
+  return ServeOwner(context, Metrics::kRelease, *req, [&] { return sessions_->Release(*req); });
 }
 
 grpc::Status HiSparseService::Park(grpc::ServerContext* context, const v1::ParkRequest* req, v1::ParkResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kPark);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->Park(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kPark, *req, [&] { return Fill(sessions_->Park(*req), resp); });
 }
 
 grpc::Status HiSparseService::Resume(grpc::ServerContext* context, const v1::ResumeRequest* req,
                                      v1::ResumeResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kResume);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->Resume(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kResume, *req, [&] { return Fill(sessions_->Resume(*req), resp); });
 }
 
 grpc::Status HiSparseService::Stats(grpc::ServerContext* context, const v1::StatsRequest*, v1::StatsResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kStats);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  *resp = sessions_->Stats(caller->scope());
-  return grpc::Status::OK;
+  return Serve(context, Metrics::kStats, [&](const Caller& caller) {
+    *resp = sessions_->Stats(caller.scope());
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status HiSparseService::ListRequests(grpc::ServerContext* context, const v1::ListRequestsRequest* req,
                                            v1::ListRequestsResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kListRequests);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  auto r = sessions_->ListRequests(*req, caller->scope());
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return Serve(context, Metrics::kListRequests,
+               [&](const Caller& caller) { return Fill(sessions_->ListRequests(*req, caller.scope()), resp); });
 }
 
 grpc::Status HiSparseService::Evict(grpc::ServerContext* context, const v1::EvictRequest* req,
                                     v1::EvictResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kEvict);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  auto r = sessions_->Evict(*req, caller->scope());
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return Serve(context, Metrics::kEvict,
+               [&](const Caller& caller) { return Fill(sessions_->Evict(*req, caller.scope()), resp); });
 }
 
 grpc::Status HiSparseService::Drain(grpc::ServerContext* context, const v1::DrainRequest* req,
                                     v1::DrainResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kDrain);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (!caller->admin) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat("draining the node needs the admin role (uid ", caller->peer.uid,
-                                     " is not root, the daemon's uid, or in access.admin_uids / admin_gids)"));
-  }
-  resp->set_sessions(sessions_->Stats().sessions());
-  if (!hooks_.drain || !hooks_.drain(req->exit_when_idle())) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is still starting; retry the drain");
-  }
-  return grpc::Status::OK;
+  return Serve(context, Metrics::kDrain, [&](const Caller& caller) {
+    if (!caller.admin) {
+      return absl::PermissionDeniedError(absl::StrCat("draining the node needs the admin role (uid ", caller.peer.uid,
+                                                      " is not root, the daemon's uid, or in access.admin_uids / "
+                                                      "admin_gids)"));
+    }
+    resp->set_sessions(sessions_->Stats().sessions());
+    if (!hooks_.drain || !hooks_.drain(req->exit_when_idle())) {
+      return absl::UnavailableError("the daemon is still starting; retry the drain");
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status HiSparseService::GetConfig(grpc::ServerContext* context, const v1::GetConfigRequest*,
                                         v1::GetConfigResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kGetConfig);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (hooks_.config_yaml) resp->set_yaml(hooks_.config_yaml());
-  return grpc::Status::OK;
+  return Serve(context, Metrics::kGetConfig, [&](const Caller&) {
+    if (hooks_.config_yaml) resp->set_yaml(hooks_.config_yaml());
+    return absl::OkStatus();
+  });
 }
 
 // Batched admission: the same owner check as Admit and Release, then one SessionManager call.
 grpc::Status HiSparseService::AdmitBatch(grpc::ServerContext* context, const v1::AdmitBatchRequest* req,
                                          v1::AdmitBatchResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kAdmitBatch);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->AdmitBatch(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kAdmitBatch, *req, [&] { return Fill(sessions_->AdmitBatch(*req), resp); });
 }
 
 grpc::Status HiSparseService::ReleaseBatch(grpc::ServerContext* context, const v1::ReleaseBatchRequest* req,
                                            v1::ReleaseBatchResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kReleaseBatch);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->ReleaseBatch(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kReleaseBatch, *req, [&] { return Fill(sessions_->ReleaseBatch(*req), resp); });
 }
 
 grpc::Status HiSparseService::ParkBatch(grpc::ServerContext* context, const v1::ParkBatchRequest* req,
                                         v1::ParkBatchResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kParkBatch);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->ParkBatch(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kParkBatch, *req, [&] { return Fill(sessions_->ParkBatch(*req), resp); });
 }
 
 grpc::Status HiSparseService::ResumeBatch(grpc::ServerContext* context, const v1::ResumeBatchRequest* req,
                                           v1::ResumeBatchResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kResumeBatch);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->ResumeBatch(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kResumeBatch, *req, [&] { return Fill(sessions_->ResumeBatch(*req), resp); });
 }
 
 // The transfer agent's calls: the grant is the capability, the caller's uid must be its tenant's.
 grpc::Status HiSparseService::CommitImport(grpc::ServerContext* context, const v1::CommitImportRequest* req,
                                            v1::CommitImportResponse*) {
-  RpcTimer t(metrics_, Metrics::kCommitImport);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return ToGrpcStatus(sessions_->CommitImport(*req, caller->peer.uid));
+  return Serve(context, Metrics::kCommitImport,
+               [&](const Caller& caller) { return sessions_->CommitImport(*req, caller.peer.uid); });
 }
 
 grpc::Status HiSparseService::AbortImport(grpc::ServerContext* context, const v1::AbortImportRequest* req,
                                           v1::AbortImportResponse*) {
-  RpcTimer t(metrics_, Metrics::kAbortImport);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  return ToGrpcStatus(sessions_->AbortImport(*req, caller->peer.uid));
+  return Serve(context, Metrics::kAbortImport,
+               [&](const Caller& caller) { return sessions_->AbortImport(*req, caller.peer.uid); });
 }
 
 // Durable requests: the session's own tenant calls them, as Park (CheckOwner binds the token to the uid).
 grpc::Status HiSparseService::SetLease(grpc::ServerContext* context, const v1::SetLeaseRequest* req,
                                        v1::SetLeaseResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kSetLease);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->SetLease(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kSetLease, *req, [&] { return Fill(sessions_->SetLease(*req), resp); });
 }
 
 grpc::Status HiSparseService::ListAdoptable(grpc::ServerContext* context, const v1::ListAdoptableRequest* req,
                                             v1::ListAdoptableResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kListAdoptable);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->ListAdoptable(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kListAdoptable, *req, [&] { return Fill(sessions_->ListAdoptable(*req), resp); });
 }
 
 grpc::Status HiSparseService::Adopt(grpc::ServerContext* context, const v1::AdoptRequest* req,
                                     v1::AdoptResponse* resp) {
-  RpcTimer t(metrics_, Metrics::kAdopt);
-  auto caller = Identify(context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status owner = sessions_->CheckOwner(req->session(), caller->peer.uid); !owner.ok()) {
-    return ToGrpcStatus(owner);
-  }
-  auto r = sessions_->Adopt(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = *std::move(r);
-  return grpc::Status::OK;
+  return ServeOwner(context, Metrics::kAdopt, *req, [&] { return Fill(sessions_->Adopt(*req), resp); });
 }
 
 }  // namespace hisparse

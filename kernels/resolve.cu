@@ -71,6 +71,7 @@
 #include <cstdio>
 #include <string>
 
+#include "bench_kernels.h"
 #include "copy_chunk.cuh"
 #include "cp_async.cuh"
 #include "hisparse/kernels/resolve_cuda.h"

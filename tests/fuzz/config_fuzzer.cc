@@ -10,13 +10,20 @@
 #include <string_view>
 
 #include "fuzz_check.h"
+#include "fuzz_reach.h"
 #include "hisparse/daemon/config.h"
 
 using hisparse::fuzz::Fail;
+using hisparse::fuzz::Reached;
+
+// What the replay holds the corpus to (fuzz_reach.h): documents parsed and refused, overrides
+// applied and refused.
+HS_FUZZ_STEP_KINDS("parsed", "refused", "override applied", "override refused")
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<hisparse::DaemonConfig> parsed = hisparse::ParseConfigYaml(text);
+  Reached(parsed.ok() ? "parsed" : "refused");
   if (parsed.ok()) {
     const std::string rendered = hisparse::RenderConfigYaml(*parsed);
     absl::StatusOr<hisparse::DaemonConfig> again = hisparse::ParseConfigYaml(rendered);
@@ -32,6 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     hisparse::DaemonConfig config;
     const hisparse::DaemonConfig before = config;
     absl::Status st = hisparse::ApplyConfigOverride(config, line.substr(0, eq), line.substr(eq + 1));
+    Reached(st.ok() ? "override applied" : "override refused");
     if (!st.ok() && config != before) Fail("a failed override changed the config: " + st.ToString());
     if (st.ok()) (void)hisparse::ValidateConfig(config);
   }

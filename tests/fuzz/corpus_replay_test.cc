@@ -7,7 +7,10 @@
 // every seed runs twice, and the second run must leave the process with the file descriptors it
 // had before it (a memfd, socket or file a code path forgets to close fails here; the first run
 // lets lazily opened process-wide ones settle), and the corpus must hold no two identical seeds
-// (a copy replays nothing new and hides that the seed it meant to add is missing).
+// (a copy replays nothing new and hides that the seed it meant to add is missing). And what each
+// seed reaches (fuzz_reach.h): every seed drives at least one step past decoding its bytes, and
+// the corpus together reaches every step kind its target names (LLVMFuzzerTestOneInput itself
+// always returns 0, so its return value says nothing).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -16,14 +19,28 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "fuzz_reach.h"
 #include "gtest/gtest.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace {
+
+// Steps reached, by kind, since the last clear() (the targets call the hook on the replaying thread).
+std::map<std::string, size_t>& Steps() {
+  static auto* steps = new std::map<std::string, size_t>;
+  return *steps;
+}
+
+}  // namespace
+
+extern "C" void HisparseFuzzReached(const char* kind) { ++Steps()[kind]; }
 
 namespace {
 
@@ -60,7 +77,11 @@ TEST(CorpusReplay, EverySeedRunsClean) {
   }
   std::sort(files.begin(), files.end());  // a stable order makes a failure reproducible
   ASSERT_FALSE(files.empty()) << "no seed files in " << dir;
+  std::set<std::string> kinds;
+  for (const char* const* k = HisparseFuzzStepKinds(); *k != nullptr; ++k) kinds.insert(*k);
+  ASSERT_FALSE(kinds.empty()) << "the target names no step kinds";
   std::set<std::string> seen;
+  std::map<std::string, size_t> corpus_steps;
   for (const auto& path : files) {
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(in) << "cannot read " << path;
@@ -68,10 +89,21 @@ TEST(CorpusReplay, EverySeedRunsClean) {
     EXPECT_TRUE(seen.insert(bytes).second) << path << " repeats an earlier seed byte for byte";
     std::fprintf(stderr, "replaying %s (%zu bytes)\n", path.c_str(), bytes.size());
     const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+    Steps().clear();
     EXPECT_EQ(LLVMFuzzerTestOneInput(data, bytes.size()), 0) << path;
+    size_t steps = 0;
+    for (const auto& [kind, n] : Steps()) {
+      EXPECT_EQ(kinds.count(kind), 1u) << path << " reached \"" << kind << "\", a kind its target does not name";
+      corpus_steps[kind] += n;
+      steps += n;
+    }
+    EXPECT_GT(steps, 0u) << path << " drives no step past decoding its bytes";
     const size_t fds = OpenFds();
     EXPECT_EQ(LLVMFuzzerTestOneInput(data, bytes.size()), 0) << path;
     EXPECT_EQ(SettledOpenFds(fds), fds) << path << " leaves file descriptors open";
+  }
+  for (const std::string& kind : kinds) {
+    EXPECT_GT(corpus_steps[kind], 0u) << "no seed in " << dir << " reaches \"" << kind << "\"";
   }
   // The empty input is every target's smallest case.
   EXPECT_EQ(LLVMFuzzerTestOneInput(nullptr, 0), 0);

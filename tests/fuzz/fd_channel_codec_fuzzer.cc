@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "fuzz_check.h"
 #include "fuzz_input.h"
+#include "fuzz_reach.h"
 #include "hisparse/common/fd_channel_codec.h"
 
 namespace hisparse::fuzz {
@@ -103,6 +104,9 @@ void TypedReply(FuzzInput& in) {
 }  // namespace
 }  // namespace hisparse::fuzz
 
+// What the replay holds the corpus to (fuzz_reach.h): each kind of step.
+HS_FUZZ_STEP_KINDS("raw", "typed request", "typed reply", "shaped")
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hisparse::fuzz;  // NOLINT(google-build-using-namespace): the target's own
   FuzzInput in(data, size);
@@ -110,20 +114,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (in.Small(0, 3)) {
       case 0: {
         const std::string raw = in.String(255);
+        Reached("raw");
         RawRequest(raw);
         RawReply(raw, false);
         RawReply(raw, true);
         break;
       }
       case 1:
+        Reached("typed request");
         TypedRequest(in);
         break;
       case 2:
+        Reached("typed reply");
         TypedReply(in);
         break;
       default: {  // protocol-shaped bytes, mutated: "OK fd 12", "ERR NOT_FOUND x", "HSFD2 1 t arena"
         static const char* const kStems[] = {"OK ", "OK fd ", "OK cuda-ipc ", "ERR ", "HSFD1 ", "HSFD2 "};
         const std::string raw = kStems[in.Small(0, 5)] + in.String(200);
+        Reached("shaped");
         RawRequest(raw);
         RawReply(raw, (in.Read<uint8_t>() & 1) != 0);
         break;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz_check.h"
 #include "fuzz_input.h"
+#include "fuzz_reach.h"
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/fd_server.h"
@@ -156,6 +157,7 @@ void CheckOne(const World& w, const std::string& packet, const PeerCredentials& 
   Expect(decoded.ok(), "a reply the codec cannot read: " + reply + " (" + decoded.status().ToString() + ")");
   if (!fd.valid()) {
     Expect(std::holds_alternative<FdErr>(*decoded), "a reply without a descriptor that is not an error: " + reply);
+    Reached("refused");
     return;
   }
   // A descriptor: only the live session's, for its exact credentials, to its own uid.
@@ -171,10 +173,15 @@ void CheckOne(const World& w, const std::string& packet, const PeerCredentials& 
   struct stat st {};
   Expect(::fstat(fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == ok->bytes,
          "the reply's size is not the descriptor's: " + reply);
+  Reached("descriptor");
 }
 
 }  // namespace
 }  // namespace hisparse::fuzz
+
+// What the replay holds the corpus to (fuzz_reach.h): packets the server refuses, and packets it
+// answers with a descriptor.
+HS_FUZZ_STEP_KINDS("refused", "descriptor")
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hisparse::fuzz;  // NOLINT(google-build-using-namespace): the target's own

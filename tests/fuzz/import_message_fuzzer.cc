@@ -14,6 +14,7 @@
 
 #include "fuzz_check.h"
 #include "fuzz_input.h"
+#include "fuzz_reach.h"
 #include "hisparse/common/import_channel.h"
 #include "hisparse/common/import_message.h"
 
@@ -151,21 +152,28 @@ void Plan(FuzzInput& in) {
 }  // namespace
 }  // namespace hisparse::fuzz
 
+// What the replay holds the corpus to (fuzz_reach.h): each kind of step.
+HS_FUZZ_STEP_KINDS("raw", "header", "channel message", "plan")
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hisparse::fuzz;  // NOLINT(google-build-using-namespace): the target's own
   FuzzInput in(data, size);
   for (int i = 0; i < kMaxSteps && !in.empty(); ++i) {
     switch (in.Small(0, 3)) {
       case 0:
+        Reached("raw");
         RawBytes(in.String(80));
         break;
       case 1:
+        Reached("header");
         ShapedHeader(in);
         break;
       case 3:
+        Reached("channel message");
         ShapedChannelMessage(in);
         break;
       default:
+        Reached("plan");
         Plan(in);
         break;
     }

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "fuzz_check.h"
 #include "fuzz_input.h"
+#include "fuzz_reach.h"
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/session_manager.h"
@@ -311,10 +312,32 @@ void ParkResumeBatchOne(FuzzInput& in, std::vector<LiveSession>& live, bool park
   }
 }
 
+// The op an op byte selects, as fuzz_reach.h counts it.
+const char* OpKind(uint8_t op) {
+  static const char* const kByLastDigit[] = {"open",      "admit", "extend", "release",     "close",
+                                             "fd lookup", "stats", "drain",  "park/resume", "shared admit"};
+  switch (op) {
+    case 240:
+      return "durable";
+    case 241:
+      return "clock";
+    case 242:
+      return "group open";
+    case 243:
+      return "group admit";
+    default:
+      break;
+  }
+  if (op >= 244 && op < 248) return "batch park/resume";
+  if (op >= 248) return op % 2 == 0 ? "admit batch" : "release batch";
+  return kByLastDigit[op % 10];
+}
+
 void RunOne(FuzzInput& in, Model& m) {
   std::vector<LiveSession>& live = m.live;
   LiveSession* owner = nullptr;
   const uint8_t op = in.Read<uint8_t>();
+  Reached(OpKind(op));
   switch (op) {  // the durable and group ops, appended (240..243 were unused aliases of 0..3)
     case 240:
       return DurableOne(in, m);
@@ -353,6 +376,7 @@ void RunOne(FuzzInput& in, Model& m) {
       if (owner == nullptr) {
         Expect(absl::IsPermissionDenied(r.status()), "Admit with a foreign or wrong ref: " + r.status().ToString());
       } else if (r.ok()) {
+        Reached("admit accepted");
         Expect(owner->requests.insert(req.request_id()).second, "Admit succeeded for an id already held");
         Expect(r->capacity_tokens() == req.token_budget(), "Admit capacity differs from the budget");
       } else if (owner->requests.count(req.request_id()) != 0) {
@@ -471,8 +495,10 @@ void RunOne(FuzzInput& in, Model& m) {
         Expect(absl::IsFailedPrecondition(st), "Park of a parked / Resume of a live request: " + st.ToString());
       } else if (park) {
         Expect(st.ok(), "Park of a live request failed: " + st.ToString());
+        Reached("park accepted");
         owner->parked.insert(id);
       } else if (st.ok()) {
+        Reached("resume accepted");
         owner->parked.erase(id);
       } else {
         Expect(absl::IsResourceExhausted(st), "Resume failed with an undocumented code: " + st.ToString());
@@ -490,6 +516,7 @@ void RunOne(FuzzInput& in, Model& m) {
       if (owner == nullptr) {
         Expect(absl::IsPermissionDenied(r.status()), "Admit with a foreign or wrong ref: " + r.status().ToString());
       } else if (r.ok()) {
+        Reached("shared admit accepted");
         if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) {
           Expect(owner->requests.count(req.parent_request_id()) != 0, "a shared Admit succeeded without its parent");
         }
@@ -514,6 +541,12 @@ void RunOne(FuzzInput& in, Model& m) {
 
 }  // namespace
 }  // namespace hisparse::fuzz
+
+// What the replay holds the corpus to (fuzz_reach.h): every op, and the accepting branch of each
+// that can succeed.
+HS_FUZZ_STEP_KINDS("open", "admit", "extend", "release", "close", "fd lookup", "stats", "drain", "park/resume",
+                   "shared admit", "durable", "clock", "group open", "group admit", "batch park/resume", "admit batch",
+                   "release batch", "admit accepted", "park accepted", "resume accepted", "shared admit accepted")
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hisparse;

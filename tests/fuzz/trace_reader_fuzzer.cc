@@ -11,11 +11,13 @@
 #include <string>
 
 #include "fuzz_check.h"
+#include "fuzz_reach.h"
 #include "hisparse/trace/trace.h"
 
 namespace {
 
 using hisparse::fuzz::Fail;
+using hisparse::fuzz::Reached;
 
 constexpr int kMaxRecords = 100000;  // a gzip bomb must end in bounded time
 
@@ -44,6 +46,10 @@ void RemoveScratchDir() {
 
 }  // namespace
 
+// What the replay holds the corpus to (fuzz_reach.h): headers refused, records read and refused,
+// traces read to their end.
+HS_FUZZ_STEP_KINDS("header refused", "record", "record refused", "end of trace")
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using hisparse::trace::TraceReader;
   using hisparse::trace::TraceRecord;
@@ -58,6 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto reader = TraceReader::Open(input);
   if (!reader.ok()) {
     if (!absl::IsInvalidArgument(reader.status())) Fail("Open: unexpected code: " + reader.status().ToString());
+    Reached("header refused");
     return 0;
   }
   auto writer = TraceWriter::Create(output, (*reader)->header());
@@ -67,11 +74,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<bool> more = (*reader)->Next(&record);
     if (!more.ok()) {
       if (!absl::IsInvalidArgument(more.status())) Fail("Next: unexpected code: " + more.status().ToString());
+      Reached("record refused");
       break;
     }
-    if (!*more) break;
+    if (!*more) {
+      Reached("end of trace");
+      break;
+    }
     absl::Status st = (*writer)->Write(record);
     if (!st.ok()) Fail("the writer refuses a record the reader accepted: " + st.ToString());
+    Reached("record");
   }
   (void)(*writer)->Close();
   return 0;

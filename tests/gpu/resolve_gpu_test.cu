@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_kernels.h"  // kernels/: the benchmark's memory floor, checked here
 #include "gpu_test_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "late_producer.cuh"

@@ -31,12 +31,15 @@ extern "C" {
  * functions), so a library of the same major and at least the caller's minor serves it; a new
  * major breaks callers. 1.0: the first ABI; 1.1: hs_session_options.layer_anchor, hs_prefetch,
  * hs_session_info.arena_kind; 1.2: hs_abi_version_get, hs_version, HS_ARENA_PRIVATE_GPU; 1.3:
- * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset); 1.4: draft_tokens;
+ * hs_store_indexed, hs_resolve_args.page_table (.page_records, .page_offset); 1.4: speculative
+ * decoding: hs_session_options.draft_tokens, hs_session_info.draft_tokens,
+ * hs_resolve_args.query_counts, hs_append_tokens;
  * 1.5: the paged host pool: a request's records live in host pages (no longer one run per layer),
  * so hs_record_ptr is the one way to a host record, valid for one record only, and
  * hs_session_info.max_tokens_per_request comes from limits.max_tokens_per_request; 1.6:
  * hs_session_options.max_context_tokens, hs_admit_batch, hs_release_batch, HS_ERR_ABORTED, hs_park,
- * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import; 1.7: durable requests:
+ * hs_resume, hs_admit_shared, hs_admit_import, hs_import_grant, hs_await_import; 1.7: TP groups:
+ * hs_session_options.group (.group_rank, .group_size), hs_admit_group; durable requests:
  * hs_admit_durable, hs_set_lease, hs_list_adoptable, hs_adopt; 1.8: batched lifecycle calls:
  * hs_park_batch, hs_resume_batch, hs_admit_import_batch; 1.9: hs_resolve_args.launch_flags
  * (HS_RESOLVE_LAUNCH_PROGRAMMATIC); 1.10: one admission verb: hs_admit_args, hs_admit2 and
@@ -127,7 +130,9 @@ typedef struct hs_session_options {
 /* Opens a session: attaches to the daemon, declares the geometry, receives and maps the session's
  * memory. On success *out owns the session; close it with hs_session_close. On failure *out is NULL. */
 hs_result hs_session_open(const hs_session_options* options, hs_session** out);
-/* Ends the session (the daemon releases everything it held) and frees the handle. NULL is a no-op. */
+/* Ends the session and frees the handle. NULL is a no-op. The daemon releases everything the
+ * session held but its durable requests (hs_admit_durable, hs_set_lease), which stay parked until
+ * their lease ends or another session adopts them (hs_adopt). */
 void hs_session_close(hs_session* session);
 
 typedef struct hs_request_info {

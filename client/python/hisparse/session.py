@@ -177,7 +177,9 @@ class Session:
         return self._handle is None
 
     def close(self) -> None:
-        """Ends the session: the daemon releases every request and byte it held. Idempotent."""
+        """Ends the session: the daemon releases every request and byte it held, but for durable
+        requests, which it keeps parked until their lease ends or another session adopts them.
+        Idempotent."""
         handle, self._handle = self._handle, None
         self._views = {}
         if handle is not None:

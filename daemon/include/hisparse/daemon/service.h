@@ -92,6 +92,13 @@ class HiSparseService final : public v1::HiSparse::Service {
     std::optional<uint32_t> scope() const { return admin ? std::nullopt : std::optional<uint32_t>(peer.uid); }
   };
   absl::StatusOr<Caller> Identify(grpc::ServerContext* context) const;
+  // One unary RPC's shared body (timed, caller identified, absl::Status mapped at the edge):
+  // `call(const Caller&)` returns an absl::Status. ServeOwner first checks that the caller's uid
+  // owns `req.session()`, then runs `call()`. Defined, and only used, in service.cc.
+  template <typename Call>
+  grpc::Status Serve(grpc::ServerContext* context, Metrics::Method method, Call&& call) const;
+  template <typename Request, typename Call>
+  grpc::Status ServeOwner(grpc::ServerContext* context, Metrics::Method method, const Request& req, Call&& call) const;
 
   SessionManager* const sessions_;
   Metrics* const metrics_;  // may be null

@@ -101,7 +101,7 @@ class SessionManager {
   // the Session stream) binds it: its uid is the session's tenant, its pid shows in stats. The
   // tenant's arena quota is charged here.
   absl::StatusOr<v1::SessionOpened> OpenSession(const v1::OpenSession& open, const PeerCredentials& owner);
-  // Ends a session and releases every request, run and arena it held, but for its durable requests,
+  // Ends a session and releases every request, page and arena it held, but for its durable requests,
   // which it leaves parked as an orphan (session_durable.cc). Idempotent.
   void CloseSession(uint64_t session_id);
 

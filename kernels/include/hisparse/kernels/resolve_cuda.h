@@ -100,21 +100,6 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
 cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspace_bytes,
                           const ResolveLaunchConfig& config, cudaStream_t stream);
 
-// For benchmarks: an empty kernel with the launch shape of a single-query RESOLVE of max_batch
-// entries (the same grid, block size and dynamic shared memory; `config` prepared for the current
-// device by PrepareResolveLaunch). Timed like RESOLVE, it is the floor no planning can go below:
-// what the launch itself costs.
-cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_batch, cudaStream_t stream);
-
-// For benchmarks: the global memory traffic of a no-IO single-query RESOLVE step with its launch
-// shape, and no planning. Each row block reads its row, capacity and selections and stages the
-// row's slot table and LRU order into shared memory as RESOLVE does, then writes the LRU order
-// back unchanged and k ints per entry into `scratch` ([max_batch][k], device memory); nothing else
-// changes. Timed like RESOLVE, it is the floor under a one-launch plan of those tables: the launch,
-// the dependent loads and the tables' bytes. `config` as for LaunchResolve (prepared for d's geometry).
-cudaError_t LaunchResolveMemoryFloor(const ResolveDesc& d, const ResolveLaunchConfig& config, int32_t* scratch,
-                                     cudaStream_t stream);
-
 // Exact layer-wise prefetch (ReplayDesc): copies the anchor's recorded misses into `layer`'s
 // slots and makes its tables the anchor's. Meant for a side stream that waits on an event recorded
 // after the anchor's RESOLVE, so the copies overlap the anchor's and the next layers' compute.
