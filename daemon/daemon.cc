@@ -150,6 +150,12 @@ struct Daemon::Impl {
   absl::Notification shutdown;
   std::atomic<bool> drained{false};  // the shutdown came from a drain going idle
   std::once_flag shutdown_once;
+  // Whether an idle drain stops the daemon, and whether it is stopping: a cancel and a drain going
+  // idle decide under this lock, so a cancelled drain never exits and a stopping daemon never
+  // turns SERVING again. Taken before health_mu, never inside it.
+  absl::Mutex drain_mu;
+  bool exit_when_idle ABSL_GUARDED_BY(drain_mu) = false;
+  bool stopping ABSL_GUARDED_BY(drain_mu) = false;
 
   // Health is SERVING while the daemon is ready (started, not draining or stopping) and both
   // sockets accept; the acceptors report their state from their own threads.
@@ -328,6 +334,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     d->Drain(exit_when_idle);
     return true;
   };
+  hooks.cancel_drain = [drain_target]() -> absl::Status {
+    Daemon* d = drain_target->load(std::memory_order_acquire);
+    if (d == nullptr) return absl::UnavailableError("the daemon is still starting; retry");
+    return d->CancelDrain();
+  };
   impl->stream_gate = std::make_unique<SessionStreamGate>(GateLimitsFrom(config.limits));
   impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), &impl->peers, policy,
                                                     std::move(hooks), impl->stream_gate.get());
@@ -377,26 +388,49 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 }
 
 void Daemon::Drain(bool exit_when_idle) {
+  {
+    // A later drain decides for the earlier one (SetDraining replaces the idle callback too).
+    absl::MutexLock lock(&impl_->drain_mu);
+    impl_->exit_when_idle = exit_when_idle;
+  }
   impl_->SetReady(false);
   LOG(INFO) << "draining: no new sessions or admissions" << (exit_when_idle ? "; exiting once idle" : "");
   std::function<void()> on_idle;
   if (exit_when_idle) {
     // Shutdown waits for RPC handlers, so it must not run on one (or under the manager's lock).
     on_idle = [this] {
-      static std::once_flag once;
-      std::call_once(once, [this] {
-        impl_->drained.store(true);
-        try {
-          impl_->drainer = std::thread([this] { Shutdown(); });
-        } catch (const std::system_error& e) {
-          // Out of threads: keep serving, drained; SIGTERM still stops the daemon.
-          impl_->drained.store(false);
-          LOG(ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
-        }
-      });
+      absl::MutexLock lock(&impl_->drain_mu);
+      // Cancelled (CancelDrain) since this callback was taken, or stopping already: nothing to do.
+      if (!impl_->exit_when_idle || impl_->stopping) return;
+      impl_->stopping = true;
+      impl_->drained.store(true);
+      try {
+        impl_->drainer = std::thread([this] { Shutdown(); });
+      } catch (const std::system_error& e) {
+        // Out of threads: keep serving, drained; SIGTERM still stops the daemon.
+        impl_->drained.store(false);
+        impl_->stopping = false;
+        impl_->exit_when_idle = false;
+        LOG(ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
+      }
     };
   }
   impl_->sessions->SetDraining(true, std::move(on_idle));
+}
+
+absl::Status Daemon::CancelDrain() {
+  absl::MutexLock lock(&impl_->drain_mu);
+  if (impl_->stopping) {
+    return absl::FailedPreconditionError(
+        impl_->drained.load() ? "the drain went idle already: the daemon is exiting 75 for its service manager to "
+                                "start it again"
+                              : "the daemon is stopping");
+  }
+  impl_->exit_when_idle = false;
+  impl_->sessions->SetDraining(false);  // drops the idle callback too
+  impl_->SetReady(true);
+  LOG(INFO) << "drain cancelled: admitting sessions and requests again";
+  return absl::OkStatus();
 }
 
 std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
@@ -463,6 +497,10 @@ bool Daemon::drained() const { return impl_->drained.load(); }
 
 void Daemon::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    {
+      absl::MutexLock lock(&impl_->drain_mu);  // a drain cancelled from here on is refused
+      impl_->stopping = true;
+    }
     impl_->SetReady(false);
     impl_->sessions->SetDraining(true);
     impl_->acceptor->Stop();

@@ -306,7 +306,13 @@ grpc::Status HiSparseService::Drain(grpc::ServerContext* context, const v1::Drai
                         absl::StrCat("draining the node needs the admin role (uid ", caller->peer.uid,
                                      " is not root, the daemon's uid, or in access.admin_uids / admin_gids)"));
   }
-  resp->set_sessions(sessions_->Stats().sessions());
+  const v1::StatsResponse before = sessions_->Stats();
+  resp->set_sessions(before.sessions());
+  resp->set_was_draining(before.draining());
+  if (req->cancel()) {
+    if (!hooks_.cancel_drain) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is still starting");
+    return ToGrpcStatus(hooks_.cancel_drain());
+  }
   if (!hooks_.drain || !hooks_.drain(req->exit_when_idle())) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is still starting; retry the drain");
   }

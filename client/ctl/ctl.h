@@ -31,6 +31,7 @@ struct CommandOptions {
   uint64_t request = 0;        // evict
   std::string reason;          // evict
   bool no_wait = false;        // drain
+  bool cancel = false;         // drain --cancel
   int drain_timeout_s = 600;   // drain
   double interval_s = 2.0;     // watch
   int count = 0;               // watch: 0 = until interrupted

@@ -114,6 +114,64 @@ TEST(AdminTest, DrainTurnsHealthNotServingRefusesAdmissionsAndExitsWhenIdle) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
 }
 
+// drain --cancel: the daemon admits again, health is SERVING, and the drain's exit once idle is off:
+// the last session ending leaves it serving, and SIGTERM then stops it with 0, not a drain's 75.
+TEST(AdminTest, DrainCancelAdmitsAgainAndDoesNotExitWhenIdle) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  CommandResult r = Ctl(a, "drain --cancel");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "not draining: nothing to cancel\n");
+  Session s;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
+  ASSERT_TRUE(s.Admit(1, 10, 100).ok());
+  ASSERT_EQ(Ctl(a, "drain --no-wait").exit_code, 0);
+  EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_FAILED_PRECONDITION);
+  Session refused;
+  EXPECT_EQ(Session::Open(SmallGeometry(a), &refused).code, HS_ERR_FAILED_PRECONDITION);
+
+  r = Ctl(a, "drain --cancel --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "{\"cancelled\": true, \"sessions\": 1}\n");
+  EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_FALSE(Stats(a).draining());
+  EXPECT_EQ(Ctl(a, "status").exit_code, 0);
+  EXPECT_TRUE(s.Admit(2, 10, 100).ok());
+  Session second;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &second).ok());
+  EXPECT_EQ(Ctl(a, "drain --cancel --no-wait").exit_code, 64);  // --cancel waits for nothing
+
+  // Every session ends: a drain that was not cancelled would stop the daemon now (75).
+  s.Close();
+  second.Close();
+  ASSERT_TRUE(WaitUntil([&] { return Stats(a).sessions() == 0; }));
+  Session after;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &after).ok());
+  EXPECT_TRUE(after.Admit(1, 10, 100).ok());
+  after.Close();
+  ASSERT_TRUE(WaitUntil([&] { return Stats(a).sessions() == 0; }));
+  EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::SERVING);
+  const int status = daemon->Signal(SIGTERM);  // waits for the exit
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// A drain whose exit_when_idle went idle cannot be cancelled any more: the daemon is exiting 75.
+TEST(AdminTest, DrainCancelAfterTheDrainWentIdleIsRefused) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  // No session: the drain is idle at once and the daemon stops; a cancel either reaches a daemon
+  // that refuses it (1) or finds none (2), never one that turns SERVING again.
+  ASSERT_EQ(Ctl(a, "drain --no-wait").exit_code, 0);
+  const int cancel = Ctl(a, "--timeout-ms 2000 drain --cancel").exit_code;
+  EXPECT_TRUE(cancel == 1 || cancel == 2) << cancel;
+  const absl::StatusOr<int> status = daemon->WaitExit(30000);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
+}
+
 std::string HttpGet(int port, const std::string& path) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
   sockaddr_in addr{};

@@ -86,7 +86,7 @@ TEST(CtlTest, BashCompletionKnowsEachCommandsFlags) {
         .out;
   };
   EXPECT_EQ(complete("hisparse-ctl evict --s", 2), "--session\n");
-  EXPECT_EQ(complete("hisparse-ctl --daemon unix:/x drain --", 4), "--help --json --no-wait --timeout\n");
+  EXPECT_EQ(complete("hisparse-ctl --daemon unix:/x drain --", 4), "--help --json --no-wait --timeout --cancel\n");
   EXPECT_EQ(complete("hisparse-ctl completion \"\"", 2), "bash zsh\n");
   EXPECT_NE(complete("hisparse-ctl st", 1).find("stats"), std::string::npos);
 }
