@@ -19,6 +19,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/path_lock.h"
 #include "hisparse/common/size_parse.h"
@@ -131,6 +133,7 @@ struct Daemon::Impl {
   PathLock socket_lock;  // first member: released last, after the sockets are gone
   mutable absl::Mutex config_mu;
   DaemonConfig config ABSL_GUARDED_BY(config_mu);
+  v1::ConfigReloadStatus reload ABSL_GUARDED_BY(config_mu);  // the last reload (Stats, GetConfig)
   std::string grpc_address;
   std::string fd_socket_path;
   std::unique_ptr<SessionManager> sessions;
@@ -325,6 +328,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     absl::MutexLock lock(&raw->config_mu);
     return RenderConfigYaml(raw->config);
   };
+  hooks.reload = [raw] {
+    absl::MutexLock lock(&raw->config_mu);
+    return raw->reload;
+  };
   // Drain is wired after the Daemon object exists (it needs `this`); see below.
   // Atomic: the server may take a Drain call before Start has stored the Daemon (TSan saw it).
   auto drain_target = std::make_shared<std::atomic<Daemon*>>(nullptr);
@@ -472,17 +479,35 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
                              static_cast<uint32_t>(next.limits.max_requests_per_session), QuotasFrom(next),
                              next.admission.on_pool_full == OnPoolFull::kEvictLruIdle);
-  // Everything else shapes memory or sockets already in use: it needs a restart.
+  // Everything else shapes memory or sockets already in use: it needs a restart. Each stays
+  // pending (Stats, GetConfig, hisparse_config_restart_pending_keys) until a reload finds the file
+  // back at the running value, or a restart applies it.
+  v1::ConfigReloadStatus& reload = impl_->reload;
+  reload.Clear();
+  reload.set_time_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  reload.set_ok(true);
   for (std::string& key : DiffConfigKeys(cur, next)) {
     LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
+    v1::PendingRestartKey* pending = reload.add_pending_restart();
+    pending->set_key(key);
+    pending->set_running(ConfigKeyValue(cur, key));
+    pending->set_file(ConfigKeyValue(next, key));
     fixed.push_back(std::move(key));
   }
+  impl_->metrics->SetRestartPendingKeys(fixed.size());
   impl_->metrics->ObserveReload(true);
   return fixed;
 }
 
 void Daemon::ReloadRefused(const absl::Status& why) {
   LOG(ERROR) << "SIGHUP: keeping the running config: " << why;
+  {
+    // The keys pending a restart stay as the last applied reload found them: the file was not read.
+    absl::MutexLock lock(&impl_->config_mu);
+    impl_->reload.set_time_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    impl_->reload.set_ok(false);
+    impl_->reload.set_error(std::string(why.message()));
+  }
   impl_->metrics->ObserveReload(false);
 }
 

@@ -271,6 +271,7 @@ grpc::Status HiSparseService::Stats(grpc::ServerContext* context, const v1::Stat
   auto caller = Identify(context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   *resp = sessions_->Stats(caller->scope());
+  if (hooks_.reload) *resp->mutable_reload() = hooks_.reload();
   return grpc::Status::OK;
 }
 
@@ -325,6 +326,7 @@ grpc::Status HiSparseService::GetConfig(grpc::ServerContext* context, const v1::
   auto caller = Identify(context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (hooks_.config_yaml) resp->set_yaml(hooks_.config_yaml());
+  if (hooks_.reload) *resp->mutable_reload() = hooks_.reload();
   return grpc::Status::OK;
 }
 

@@ -58,6 +58,11 @@ int DrainCommand(const GlobalOptions& g, const CommandOptions& o);
 int WatchCommand(const GlobalOptions& g, const CommandOptions& o);
 int ConfigCommand(const GlobalOptions& g, const CommandOptions& o);
 int GroupsCommand(const GlobalOptions& g, const CommandOptions& o);
+// The last config reload and the keys pending a restart: as one JSON object, and as lines for
+// people, the first starting with `first`, the others with `rest` (`status` puts them in its
+// column, `config` makes them YAML comments).
+std::string ReloadJson(const v1::ConfigReloadStatus& r);
+std::string ReloadLines(const v1::ConfigReloadStatus& r, const std::string& first, const std::string& rest);
 // Prints stats (table or JSON); shared by `stats` and `watch`.
 void PrintStats(const v1::StatsResponse& s, bool json);
 
