@@ -588,6 +588,11 @@ std::vector<std::string> DescribeConfigChanges(const DaemonConfig& a, const Daem
   return changes;
 }
 
+std::string ConfigKeyValue(const DaemonConfig& config, std::string_view key) {
+  const KeySpec* spec = FindSpec(key);
+  return spec == nullptr ? std::string() : spec->get(config);
+}
+
 absl::StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml_text, bool allow_empty) {
   DaemonConfig config;
   try {

@@ -19,6 +19,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/path_lock.h"
 #include "hisparse/common/size_parse.h"
@@ -131,6 +133,7 @@ struct Daemon::Impl {
   PathLock socket_lock;  // first member: released last, after the sockets are gone
   mutable absl::Mutex config_mu;
   DaemonConfig config ABSL_GUARDED_BY(config_mu);
+  v1::ConfigReloadStatus reload ABSL_GUARDED_BY(config_mu);  // the last reload (Stats, GetConfig)
   std::string grpc_address;
   std::string fd_socket_path;
   std::unique_ptr<SessionManager> sessions;
@@ -150,6 +153,12 @@ struct Daemon::Impl {
   absl::Notification shutdown;
   std::atomic<bool> drained{false};  // the shutdown came from a drain going idle
   std::once_flag shutdown_once;
+  // Whether an idle drain stops the daemon, and whether it is stopping: a cancel and a drain going
+  // idle decide under this lock, so a cancelled drain never exits and a stopping daemon never
+  // turns SERVING again. Taken before health_mu, never inside it.
+  absl::Mutex drain_mu;
+  bool exit_when_idle ABSL_GUARDED_BY(drain_mu) = false;
+  bool stopping ABSL_GUARDED_BY(drain_mu) = false;
 
   // Health is SERVING while the daemon is ready (started, not draining or stopping) and both
   // sockets accept; the acceptors report their state from their own threads.
@@ -319,6 +328,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     absl::MutexLock lock(&raw->config_mu);
     return RenderConfigYaml(raw->config);
   };
+  hooks.reload = [raw] {
+    absl::MutexLock lock(&raw->config_mu);
+    return raw->reload;
+  };
   // Drain is wired after the Daemon object exists (it needs `this`); see below.
   // Atomic: the server may take a Drain call before Start has stored the Daemon (TSan saw it).
   auto drain_target = std::make_shared<std::atomic<Daemon*>>(nullptr);
@@ -327,6 +340,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     if (d == nullptr) return false;  // still starting: the caller is told to retry
     d->Drain(exit_when_idle);
     return true;
+  };
+  hooks.cancel_drain = [drain_target]() -> absl::Status {
+    Daemon* d = drain_target->load(std::memory_order_acquire);
+    if (d == nullptr) return absl::UnavailableError("the daemon is still starting; retry");
+    return d->CancelDrain();
   };
   impl->stream_gate = std::make_unique<SessionStreamGate>(GateLimitsFrom(config.limits));
   impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), &impl->peers, policy,
@@ -377,26 +395,49 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 }
 
 void Daemon::Drain(bool exit_when_idle) {
+  {
+    // A later drain decides for the earlier one (SetDraining replaces the idle callback too).
+    absl::MutexLock lock(&impl_->drain_mu);
+    impl_->exit_when_idle = exit_when_idle;
+  }
   impl_->SetReady(false);
   LOG(INFO) << "draining: no new sessions or admissions" << (exit_when_idle ? "; exiting once idle" : "");
   std::function<void()> on_idle;
   if (exit_when_idle) {
     // Shutdown waits for RPC handlers, so it must not run on one (or under the manager's lock).
     on_idle = [this] {
-      static std::once_flag once;
-      std::call_once(once, [this] {
-        impl_->drained.store(true);
-        try {
-          impl_->drainer = std::thread([this] { Shutdown(); });
-        } catch (const std::system_error& e) {
-          // Out of threads: keep serving, drained; SIGTERM still stops the daemon.
-          impl_->drained.store(false);
-          LOG(ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
-        }
-      });
+      absl::MutexLock lock(&impl_->drain_mu);
+      // Cancelled (CancelDrain) since this callback was taken, or stopping already: nothing to do.
+      if (!impl_->exit_when_idle || impl_->stopping) return;
+      impl_->stopping = true;
+      impl_->drained.store(true);
+      try {
+        impl_->drainer = std::thread([this] { Shutdown(); });
+      } catch (const std::system_error& e) {
+        // Out of threads: keep serving, drained; SIGTERM still stops the daemon.
+        impl_->drained.store(false);
+        impl_->stopping = false;
+        impl_->exit_when_idle = false;
+        LOG(ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
+      }
     };
   }
   impl_->sessions->SetDraining(true, std::move(on_idle));
+}
+
+absl::Status Daemon::CancelDrain() {
+  absl::MutexLock lock(&impl_->drain_mu);
+  if (impl_->stopping) {
+    return absl::FailedPreconditionError(
+        impl_->drained.load() ? "the drain went idle already: the daemon is exiting 75 for its service manager to "
+                                "start it again"
+                              : "the daemon is stopping");
+  }
+  impl_->exit_when_idle = false;
+  impl_->sessions->SetDraining(false);  // drops the idle callback too
+  impl_->SetReady(true);
+  LOG(INFO) << "drain cancelled: admitting sessions and requests again";
+  return absl::OkStatus();
 }
 
 std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
@@ -438,17 +479,35 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   impl_->sessions->SetLimits(static_cast<uint32_t>(next.limits.max_sessions),
                              static_cast<uint32_t>(next.limits.max_requests_per_session), QuotasFrom(next),
                              next.admission.on_pool_full == OnPoolFull::kEvictLruIdle);
-  // Everything else shapes memory or sockets already in use: it needs a restart.
+  // Everything else shapes memory or sockets already in use: it needs a restart. Each stays
+  // pending (Stats, GetConfig, hisparse_config_restart_pending_keys) until a reload finds the file
+  // back at the running value, or a restart applies it.
+  v1::ConfigReloadStatus& reload = impl_->reload;
+  reload.Clear();
+  reload.set_time_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  reload.set_ok(true);
   for (std::string& key : DiffConfigKeys(cur, next)) {
     LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
+    v1::PendingRestartKey* pending = reload.add_pending_restart();
+    pending->set_key(key);
+    pending->set_running(ConfigKeyValue(cur, key));
+    pending->set_file(ConfigKeyValue(next, key));
     fixed.push_back(std::move(key));
   }
+  impl_->metrics->SetRestartPendingKeys(fixed.size());
   impl_->metrics->ObserveReload(true);
   return fixed;
 }
 
 void Daemon::ReloadRefused(const absl::Status& why) {
   LOG(ERROR) << "SIGHUP: keeping the running config: " << why;
+  {
+    // The keys pending a restart stay as the last applied reload found them: the file was not read.
+    absl::MutexLock lock(&impl_->config_mu);
+    impl_->reload.set_time_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    impl_->reload.set_ok(false);
+    impl_->reload.set_error(std::string(why.message()));
+  }
   impl_->metrics->ObserveReload(false);
 }
 
@@ -463,6 +522,10 @@ bool Daemon::drained() const { return impl_->drained.load(); }
 
 void Daemon::Shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    {
+      absl::MutexLock lock(&impl_->drain_mu);  // a drain cancelled from here on is refused
+      impl_->stopping = true;
+    }
     impl_->SetReady(false);
     impl_->sessions->SetDraining(true);
     impl_->acceptor->Stop();

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/version.h"
+#include "hisparse/daemon/access.h"
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/daemon.h"
 
@@ -47,7 +48,12 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "hisparsed " HISPARSE_VERSION);
   std::string config_path;
   std::vector<std::pair<std::string, std::string>> overrides;
-  app.add_option("--config", config_path, "YAML config file (see deploy/hisparsed.yaml)");
+  CLI::Option* config_option = app.add_option("--config", config_path, "YAML config file (see deploy/hisparsed.yaml)");
+  std::string check_path;
+  app.add_option("--check-config", check_path,
+                 "check FILE (with the flags and --set given beside it) as a start or a SIGHUP reload reads it; print "
+                 "what is wrong, or ok and the keys that differ from their defaults; exit 0 or 78 without starting")
+      ->excludes(config_option);
   // Each flag overrides the config key of the same meaning.
   const std::vector<std::pair<std::string, std::string>> flag_keys = {
       {"--listen", "listen"},
@@ -78,9 +84,13 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
 
+  // --check-config reads its file as a start reads --config, but refuses an empty file as a reload
+  // does: ExecReload runs it before SIGHUP, and must not pass a file the reload would refuse.
+  const bool check_only = app.count("--check-config") > 0;
+  if (check_only) config_path = check_path;
   hisparse::DaemonConfig config;
   if (!config_path.empty()) {
-    auto loaded = hisparse::LoadConfigFile(config_path);
+    auto loaded = hisparse::LoadConfigFile(config_path, /*allow_empty=*/!check_only);
     if (!loaded.ok()) {
       std::fprintf(stderr, "hisparsed: %s\n", std::string(loaded.status().message()).c_str());
       return kExitConfig;
@@ -104,6 +114,25 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "hisparsed: %s\n", std::string(st.message()).c_str());
       return kExitConfig;
     }
+  }
+  if (check_only) {
+    // What Daemon::Start refuses before it makes anything: keys that do not go together, and a
+    // socket group that does not exist. Nothing is started: no socket, no lock, no pool.
+    absl::Status st = hisparse::ValidateConfig(config);
+    if (st.ok()) st = hisparse::ResolveGroup(config.access.socket_group).status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "hisparsed: %s: %s\n", config_path.c_str(), std::string(st.message()).c_str());
+      return kExitConfig;
+    }
+    const std::vector<std::string> changes = hisparse::DescribeConfigChanges(hisparse::DaemonConfig{}, config);
+    std::printf("ok: %s\n", config_path.c_str());
+    if (changes.empty()) {
+      std::printf("every key has its default\n");
+    } else {
+      std::printf("%zu keys differ from their defaults (default -> this config):\n", changes.size());
+      for (const std::string& change : changes) std::printf("  %s\n", change.c_str());
+    }
+    return 0;
   }
   hisparse::SetLogThreshold(ToSeverity(config.log_level));
   // The log's shape is fixed for the process's life (a reload that changes it asks for a restart).

@@ -123,6 +123,9 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_config_last_reload_success_timestamp_seconds", "gauge",
        "Unix time of the last successful config load (start-up counts)."},
       {"hisparse_config_reloads_total", "counter", "SIGHUP config reloads since start, by result (success, failure)."},
+      {"hisparse_config_restart_pending_keys", "gauge",
+       "Config keys only a restart applies whose value in the file (at the last applied reload) differs from the "
+       "running one; hisparse-ctl config lists them. 0: the file and the running config agree."},
       {"hisparse_uptime_seconds", "gauge", "Seconds since the daemon started."},
       {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
       {"hisparse_host_pool_capacity_bytes", "gauge", "Host KV pool capacity in bytes."},
@@ -219,6 +222,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_config_last_reload_success_timestamp_seconds", last_reload_success_seconds_.load());
   fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_ok_.load()), {{"result", "success"}});
   fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_failed_.load()), {{"result", "failure"}});
+  fb.Add("hisparse_config_restart_pending_keys", static_cast<double>(restart_pending_keys_.load()));
   fb.Add("hisparse_uptime_seconds", st.uptime_seconds());
   const auto& p = st.host_pool();
   fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.used_bytes()), {{"state", "used"}});

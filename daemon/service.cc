@@ -260,6 +260,7 @@ grpc::Status HiSparseService::Resume(grpc::ServerContext* context, const v1::Res
 grpc::Status HiSparseService::Stats(grpc::ServerContext* context, const v1::StatsRequest*, v1::StatsResponse* resp) {
   return Serve(context, Metrics::kStats, [&](const Caller& caller) {
     *resp = sessions_->Stats(caller.scope());
+    if (hooks_.reload) *resp->mutable_reload() = hooks_.reload();
     return absl::OkStatus();
   });
 }
@@ -284,7 +285,13 @@ grpc::Status HiSparseService::Drain(grpc::ServerContext* context, const v1::Drai
                                                       " is not root, the daemon's uid, or in access.admin_uids / "
                                                       "admin_gids)"));
     }
-    resp->set_sessions(sessions_->Stats().sessions());
+    const v1::StatsResponse before = sessions_->Stats();
+    resp->set_sessions(before.sessions());
+    resp->set_was_draining(before.draining());
+    if (req->cancel()) {
+      if (!hooks_.cancel_drain) return absl::UnavailableError("the daemon is still starting");
+      return hooks_.cancel_drain();
+    }
     if (!hooks_.drain || !hooks_.drain(req->exit_when_idle())) {
       return absl::UnavailableError("the daemon is still starting; retry the drain");
     }
@@ -296,6 +303,7 @@ grpc::Status HiSparseService::GetConfig(grpc::ServerContext* context, const v1::
                                         v1::GetConfigResponse* resp) {
   return Serve(context, Metrics::kGetConfig, [&](const Caller&) {
     if (hooks_.config_yaml) resp->set_yaml(hooks_.config_yaml());
+    if (hooks_.reload) *resp->mutable_reload() = hooks_.reload();
     return absl::OkStatus();
   });
 }

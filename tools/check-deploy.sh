@@ -115,6 +115,12 @@ unit_rules() {
   [[ " $(value RestartForceExitStatus) " == *" 75 "* ]] ||
     { echo "RestartForceExitStatus=75 is missing: a drained daemon would stay down"; bad=1; }
   [[ "$(value ExecReload)" == *"-HUP \$MAINPID"* ]] || { echo "ExecReload does not send SIGHUP (config reload)"; bad=1; }
+  # A reload checks the file ExecStart reads before it signals: a refused file fails the reload.
+  local first_reload start_config
+  first_reload="$(grep -E '^ExecReload=' "$UNIT" | head -1 | cut -d= -f2-)"
+  start_config="$(value ExecStart | sed -n 's/.*--config \([^ ]*\).*/\1/p')"
+  [[ -n "$start_config" && "$first_reload" == "/usr/bin/hisparsed --check-config $start_config" ]] ||
+    { echo "the first ExecReload is \"$first_reload\", not hisparsed --check-config of ExecStart's file"; bad=1; }
   [[ "$(value LimitMEMLOCK)" == infinity ]] || { echo "LimitMEMLOCK is not infinity"; bad=1; }
   # Descriptors in flight count against it: the daemon's bounds must answer before the kernel
   # (the unit's comment has the arithmetic, for 65536).
@@ -129,7 +135,7 @@ unit_rules() {
   [[ "$(value PrivateDevices)" != yes ]] || { echo "PrivateDevices=yes hides the GPUs"; bad=1; }
   return $bad
 }
-run_check "unit settings: Type=exec, ExecStart, user, RuntimeDirectory 0750, restart, memlock, sandboxing" unit_rules
+run_check "unit settings: Type=exec, ExecStart, ExecReload checks first, user, RuntimeDirectory 0750, restart, memlock, sandboxing" unit_rules
 sysusers_check() {
   local r="$WORK/sysroot"
   mkdir -p "$r/etc"
@@ -274,10 +280,14 @@ if [[ -x "$BIN_DIR/hisparsed" && -x "$BIN_DIR/hisparse-ctl" ]]; then
   "$BIN_DIR/hisparsed" --help 2>&1 | grep -q -- --metrics-listen || metrics_note=" (no --metrics-listen in this build: /metrics not scraped)"
   for cfg in "$DEPLOY/hisparsed.yaml" "$DEPLOY/kubernetes/base/hisparsed.yaml" "$DEPLOY"/kubernetes/overlays/*/hisparsed.yaml; do
     run_check "hisparsed --config ${cfg#"$ROOT/"}: starts, probe 0 while serving$metrics_note, 2 after SIGTERM" smoke_config "$cfg"
+    # What ExecReload runs before SIGHUP accepts the file the daemon just started with.
+    if "$BIN_DIR/hisparsed" --help 2>&1 | grep -q -- --check-config; then
+      run_check "hisparsed --check-config ${cfg#"$ROOT/"}: ok" "$BIN_DIR/hisparsed" --check-config "$cfg"
+    fi
   done
   # The flags the unit and the DaemonSet pass must be flags of this hisparsed.
   help="$("$BIN_DIR/hisparsed" --help 2>&1)"
-  for flag in $( { grep '^ExecStart=' "$DEPLOY/systemd/hisparsed.service"; grep -E '^ *- --' "$DEPLOY/kubernetes/base/daemonset.yaml"; } |
+  for flag in $( { grep -E '^Exec(Start|Reload)=' "$DEPLOY/systemd/hisparsed.service"; grep -E '^ *- --' "$DEPLOY/kubernetes/base/daemonset.yaml"; } |
                 grep -oE -- '--[a-z][a-z-]+' | sort -u); do
     if grep -q -- "$flag" <<<"$help"; then pass "hisparsed knows $flag (used by deploy/)"
     else fail "hisparsed has no flag $flag (used by deploy/): the unit or the DaemonSet would not start"; fi

@@ -1,5 +1,7 @@
 // hisparse-ctl config: the daemon's effective configuration, as YAML, or with --json as one JSON
-// object of the same keys ({"host_pool": {"size": "1GiB", ...}, "log_level": "info"}).
+// object of the same keys ({"host_pool": {"size": "1GiB", ...}, "log_level": "info"}). The last
+// reload and the keys pending a restart follow: YAML comments at the end, or the JSON's "reload"
+// object (no config key has that name).
 #include <cstdio>
 #include <string>
 
@@ -64,11 +66,13 @@ int ConfigCommand(const GlobalOptions& g, const CommandOptions&) {
   if (!st.ok()) return ReportRpcError(st, "config");
   if (!g.json) {
     std::fputs(resp.yaml().c_str(), stdout);
+    std::printf("\n%s", ReloadLines(resp.reload(), "# last reload: ", "# ").c_str());
     return kExitOk;
   }
   std::string json;
   try {
     if (!ToJson(YAML::Load(resp.yaml()), &json)) throw YAML::Exception(YAML::Mark(), "an undefined node");
+    if (json.size() < 2 || json.back() != '}') throw YAML::Exception(YAML::Mark(), "not a map");
   } catch (const YAML::Exception& e) {
     std::fprintf(stderr,
                  "hisparse-ctl: config: the daemon's YAML does not convert to JSON (%s); without --json it "
@@ -76,7 +80,8 @@ int ConfigCommand(const GlobalOptions& g, const CommandOptions&) {
                  e.what());
     return kExitRefused;
   }
-  std::printf("%s\n", json.c_str());
+  json.pop_back();  // the reload beside the keys
+  std::printf("%s%s\"reload\": %s}\n", json.c_str(), json.size() > 1 ? ", " : "", ReloadJson(resp.reload()).c_str());
   return kExitOk;
 }
 

@@ -31,6 +31,7 @@ struct CommandOptions {
   uint64_t request = 0;        // evict
   std::string reason;          // evict
   bool no_wait = false;        // drain
+  bool cancel = false;         // drain --cancel
   int drain_timeout_s = 600;   // drain
   double interval_s = 2.0;     // watch
   int count = 0;               // watch: 0 = until interrupted
@@ -57,6 +58,11 @@ int DrainCommand(const GlobalOptions& g, const CommandOptions& o);
 int WatchCommand(const GlobalOptions& g, const CommandOptions& o);
 int ConfigCommand(const GlobalOptions& g, const CommandOptions& o);
 int GroupsCommand(const GlobalOptions& g, const CommandOptions& o);
+// The last config reload and the keys pending a restart: as one JSON object, and as lines for
+// people, the first starting with `first`, the others with `rest` (`status` puts them in its
+// column, `config` makes them YAML comments).
+std::string ReloadJson(const v1::ConfigReloadStatus& r);
+std::string ReloadLines(const v1::ConfigReloadStatus& r, const std::string& first, const std::string& rest);
 // Prints stats (table or JSON); shared by `stats` and `watch`.
 void PrintStats(const v1::StatsResponse& s, bool json);
 

@@ -1,4 +1,5 @@
 // hisparse-ctl drain: stop admitting, wait for the sessions to end; the daemon then exits.
+// hisparse-ctl drain --cancel: end a drain; the daemon admits again and does not exit.
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -14,8 +15,22 @@ int DrainCommand(const GlobalOptions& g, const CommandOptions& o) {
   if (channel == nullptr) return kExitUnreachable;
   auto stub = v1::HiSparse::NewStub(channel);
   v1::DrainRequest req;
-  req.set_exit_when_idle(true);
   v1::DrainResponse resp;
+  if (o.cancel) {
+    req.set_cancel(true);
+    grpc::Status st = stub->Drain(Context(g).get(), req, &resp);
+    if (!st.ok()) return ReportRpcError(st, "drain --cancel");
+    if (g.json) {
+      std::printf("{\"cancelled\": %s, \"sessions\": %u}\n", resp.was_draining() ? "true" : "false", resp.sessions());
+    } else if (resp.was_draining()) {
+      std::printf("drain cancelled: admitting again, %u sessions open; the daemon no longer exits once idle\n",
+                  resp.sessions());
+    } else {
+      std::printf("not draining: nothing to cancel\n");
+    }
+    return kExitOk;
+  }
+  req.set_exit_when_idle(true);
   grpc::Status st = stub->Drain(Context(g).get(), req, &resp);
   if (!st.ok()) return ReportRpcError(st, "drain");
   if (!g.json) std::printf("draining: %u sessions open; no new sessions or admissions\n", resp.sessions());
@@ -35,6 +50,11 @@ int DrainCommand(const GlobalOptions& g, const CommandOptions& o) {
         std::printf("drained: the daemon has exited\n");
       }
       return kExitOk;
+    }
+    if (!s.draining()) {  // hisparse-ctl drain --cancel
+      std::fprintf(stderr, "hisparse-ctl: drain: cancelled (%u sessions open); the daemon admits again\n",
+                   s.sessions());
+      return kExitRefused;
     }
     if (!g.json && s.sessions() != last) std::printf("  %u sessions left\n", s.sessions());
     last = s.sessions();

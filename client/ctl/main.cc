@@ -108,11 +108,16 @@ const std::vector<Command>& Commands() {
          a->add_option("--reason", o->reason, "told to the engine");
        },
        EvictCommand},
-      {"drain", "[--no-wait] [--timeout SECONDS]",
-       "admin: stop admitting, wait for sessions to end; the daemon then exits 75, a restart for its service manager",
+      {"drain", "[--no-wait] [--timeout SECONDS] | --cancel",
+       "admin: stop admitting, wait for sessions to end; the daemon then exits 75, a restart for its service manager. "
+       "--cancel ends a drain: the daemon admits again and no longer exits once idle",
        [](CLI::App* a, CommandOptions* o) {
-         a->add_flag("--no-wait", o->no_wait, "return once draining has begun");
-         a->add_option("--timeout", o->drain_timeout_s, "give up waiting after this many seconds");
+         CLI::Option* no_wait = a->add_flag("--no-wait", o->no_wait, "return once draining has begun");
+         CLI::Option* timeout =
+             a->add_option("--timeout", o->drain_timeout_s, "give up waiting after this many seconds");
+         a->add_flag("--cancel", o->cancel, "cancel a drain: admit again, and do not exit once idle")
+             ->excludes(no_wait)
+             ->excludes(timeout);
        },
        DrainCommand},
       {"watch", "[--interval SECONDS] [--count N]", "a live, refreshing view of stats, like top",

@@ -114,6 +114,64 @@ TEST(AdminTest, DrainTurnsHealthNotServingRefusesAdmissionsAndExitsWhenIdle) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
 }
 
+// drain --cancel: the daemon admits again, health is SERVING, and the drain's exit once idle is off:
+// the last session ending leaves it serving, and SIGTERM then stops it with 0, not a drain's 75.
+TEST(AdminTest, DrainCancelAdmitsAgainAndDoesNotExitWhenIdle) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  CommandResult r = Ctl(a, "drain --cancel");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "not draining: nothing to cancel\n");
+  Session s;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &s).ok());
+  ASSERT_TRUE(s.Admit(1, 10, 100).ok());
+  ASSERT_EQ(Ctl(a, "drain --no-wait").exit_code, 0);
+  EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(s.Admit(2, 10, 100).code, HS_ERR_FAILED_PRECONDITION);
+  Session refused;
+  EXPECT_EQ(Session::Open(SmallGeometry(a), &refused).code, HS_ERR_FAILED_PRECONDITION);
+
+  r = Ctl(a, "drain --cancel --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "{\"cancelled\": true, \"sessions\": 1}\n");
+  EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_FALSE(Stats(a).draining());
+  EXPECT_EQ(Ctl(a, "status").exit_code, 0);
+  EXPECT_TRUE(s.Admit(2, 10, 100).ok());
+  Session second;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &second).ok());
+  EXPECT_EQ(Ctl(a, "drain --cancel --no-wait").exit_code, 64);  // --cancel waits for nothing
+
+  // Every session ends: a drain that was not cancelled would stop the daemon now (75).
+  s.Close();
+  second.Close();
+  ASSERT_TRUE(WaitUntil([&] { return Stats(a).sessions() == 0; }));
+  Session after;
+  ASSERT_TRUE(Session::Open(SmallGeometry(a), &after).ok());
+  EXPECT_TRUE(after.Admit(1, 10, 100).ok());
+  after.Close();
+  ASSERT_TRUE(WaitUntil([&] { return Stats(a).sessions() == 0; }));
+  EXPECT_EQ(Health(a), grpc::health::v1::HealthCheckResponse::SERVING);
+  const int status = daemon->Signal(SIGTERM);  // waits for the exit
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// A drain whose exit_when_idle went idle cannot be cancelled any more: the daemon is exiting 75.
+TEST(AdminTest, DrainCancelAfterTheDrainWentIdleIsRefused) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  // No session: the drain is idle at once and the daemon stops; a cancel either reaches a daemon
+  // that refuses it (1) or finds none (2), never one that turns SERVING again.
+  ASSERT_EQ(Ctl(a, "drain --no-wait").exit_code, 0);
+  const int cancel = Ctl(a, "--timeout-ms 2000 drain --cancel").exit_code;
+  EXPECT_TRUE(cancel == 1 || cancel == 2) << cancel;
+  const absl::StatusOr<int> status = daemon->WaitExit(30000);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 75) << *status;
+}
+
 std::string HttpGet(int port, const std::string& path) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
   sockaddr_in addr{};
@@ -251,6 +309,88 @@ TEST(AdminTest, SighupReloadsWhatCanChangeLiveAndKeepsFlagOverrides) {
   Session one, two;
   ASSERT_TRUE(Session::Open(SmallGeometry(a), &one).ok());
   EXPECT_EQ(Session::Open(SmallGeometry(a), &two).code, HS_ERR_RESOURCE_EXHAUSTED);
+  ::unlink(path.c_str());
+  ::rmdir(dir);
+}
+
+// After SIGHUP: ctl status and config show the last reload's outcome and the restart-only keys
+// whose file value differs from the running one, and /metrics counts them; a refused file shows
+// with its reason and leaves the pending keys as they were; a file back at the running value
+// clears them.
+TEST(AdminTest, ReloadOutcomeAndRestartPendingKeysInStatusConfigAndMetrics) {
+  char dir[] = "/tmp/hisparse-cfg-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/hisparsed.yaml";
+  std::ofstream(path)
+      << "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nlimits:\n  max_sessions: 8\n";
+  auto daemon = StartDaemon({"--config", path, "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_NE(daemon, nullptr);
+  const std::string a = daemon->address();
+  const absl::StatusOr<int> port = daemon->ListeningTcpPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  CommandResult r = Ctl(a, "status");
+  EXPECT_NE(r.out.find("reload     none since start\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("pending until a restart"), std::string::npos) << r.out;
+  EXPECT_NE(HttpGet(*port, "/metrics").find("\nhisparse_config_restart_pending_keys 0\n"), std::string::npos);
+
+  // host_pool.size needs a restart; limits.max_sessions changes live.
+  std::ofstream(path)
+      << "host_pool:\n  size: 128MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nlimits:\n  max_sessions: 3\n";
+  ASSERT_EQ(::kill(daemon->pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return Ctl(a, "config").out.find("max_sessions: 3\n") != std::string::npos; }));
+  const std::string pending = "host_pool.size: running \"64MiB\", file \"128MiB\"\n";
+  r = Ctl(a, "status");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("reload     applied at 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pending until a restart"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(pending), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("max_sessions: running"), std::string::npos) << "a live key is not pending\n" << r.out;
+  r = Ctl(a, "config");
+  EXPECT_NE(r.out.find("size: 64MiB\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n# last reload: applied at "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n#   " + pending), std::string::npos) << r.out;
+  r = Ctl(a, "status --json");
+  EXPECT_NE(r.out.find("\"ok\": true, \"error\": \"\", \"pending_restart\": [{\"key\": \"host_pool.size\", "
+                       "\"running\": \"64MiB\", \"file\": \"128MiB\"}]}"),
+            std::string::npos)
+      << r.out;
+  if (RunCommand("python3 -c 'import json'").exit_code == 0) {
+    r = RunCommand(
+        BinDir() + "/hisparse-ctl --daemon " + a +
+        " config --json | python3 -c 'import json, sys; d = json.load(sys.stdin); "
+        "print(d[\"limits\"][\"max_sessions\"], d[\"reload\"][\"ok\"], d[\"reload\"][\"pending_restart\"])'");
+    EXPECT_EQ(r.out, "3 True [{'key': 'host_pool.size', 'running': '64MiB', 'file': '128MiB'}]\n") << r.out;
+  }
+  std::string metrics = HttpGet(*port, "/metrics");
+  EXPECT_NE(metrics.find("\nhisparse_config_restart_pending_keys 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nhisparse_config_last_reload_successful 1\n"), std::string::npos) << metrics;
+
+  // A refused file: the outcome and its reason; the running config and the pending keys stay.
+  std::ofstream(path) << "host_pool:\n  size: 128MiB\nlimits:\n  max_sessions: 0\n";
+  ASSERT_EQ(::kill(daemon->pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return Ctl(a, "status").out.find("REFUSED") != std::string::npos; }));
+  r = Ctl(a, "status");
+  EXPECT_NE(r.out.find("reload     REFUSED at 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the running config kept: " + path + ": limits.max_sessions: must be >= 1, got 0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(pending), std::string::npos) << r.out;
+  EXPECT_NE(Ctl(a, "config").out.find("max_sessions: 3\n"), std::string::npos);
+  EXPECT_NE(Ctl(a, "status --json").out.find("\"ok\": false, \"error\": \"" + path + ": limits.max_sessions"),
+            std::string::npos);
+  metrics = HttpGet(*port, "/metrics");
+  EXPECT_NE(metrics.find("\nhisparse_config_last_reload_successful 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nhisparse_config_restart_pending_keys 1\n"), std::string::npos) << metrics;
+
+  // The file back at the running pool size: nothing pending.
+  std::ofstream(path)
+      << "host_pool:\n  size: 64MiB\n  page_size: 4KiB\n  slab_size: 4MiB\nlimits:\n  max_sessions: 4\n";
+  ASSERT_EQ(::kill(daemon->pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return Ctl(a, "config").out.find("max_sessions: 4\n") != std::string::npos; }));
+  r = Ctl(a, "status");
+  EXPECT_NE(r.out.find("reload     applied at 20"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("pending until a restart"), std::string::npos) << r.out;
+  EXPECT_NE(HttpGet(*port, "/metrics").find("\nhisparse_config_restart_pending_keys 0\n"), std::string::npos);
   ::unlink(path.c_str());
   ::rmdir(dir);
 }

@@ -224,6 +224,9 @@ std::vector<std::string> DiffConfigKeys(const DaemonConfig& a, const DaemonConfi
 // The same keys as `key: "old" -> "new"`, for the log of a reload.
 std::vector<std::string> DescribeConfigChanges(const DaemonConfig& a, const DaemonConfig& b);
 
+// A key's value as RenderConfigYaml writes it (unquoted); empty for a key the table lacks.
+std::string ConfigKeyValue(const DaemonConfig& config, std::string_view key);
+
 // "unix:/run/x.sock" -> "/run/x.sock"; "unix:///run/x.sock" -> "/run/x.sock"; "unix:rel.sock" ->
 // "rel.sock". Empty when `listen` is not a unix: address.
 std::string_view ListenSocketPath(std::string_view listen);

@@ -37,6 +37,10 @@ class Daemon {
   // Stops admitting and turns health NOT_SERVING; with exit_when_idle, shuts down once the last
   // session has ended.
   void Drain(bool exit_when_idle);
+  // Ends a drain: admits again, health SERVING, and a drain with exit_when_idle no longer exits.
+  // FailedPrecondition once the daemon is stopping (that drain went idle already, or Shutdown ran).
+  // Without a drain it changes nothing.
+  absl::Status CancelDrain();
   // After Wait(): whether the daemon stopped because a drain with exit_when_idle went idle.
   bool drained() const;
   // Applies what can change live (log level, limits) from `next`; returns the keys that differ

@@ -67,6 +67,8 @@ class Metrics final : public prometheus::Collectable {
   void ObserveRpc(Method method, double seconds);
   // A config reload (SIGHUP) was applied (ok) or refused, the running config kept (not ok).
   void ObserveReload(bool ok);
+  // Restart-only keys whose file value differs from the running one (hisparse_config_restart_pending_keys).
+  void SetRestartPendingKeys(size_t keys) { restart_pending_keys_.store(keys, std::memory_order_relaxed); }
   // What grpc.health.v1 reports: SERVING (true) or NOT_SERVING.
   void SetServing(bool serving) { serving_.store(serving, std::memory_order_relaxed); }
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -86,6 +88,7 @@ class Metrics final : public prometheus::Collectable {
   std::atomic<double> last_reload_success_seconds_{0};  // Unix time
   std::atomic<uint64_t> reloads_ok_{0};
   std::atomic<uint64_t> reloads_failed_{0};
+  std::atomic<size_t> restart_pending_keys_{0};
 };
 
 // Serves /metrics on `listen` ("127.0.0.1:9464"). Keeps `metrics` alive while serving.

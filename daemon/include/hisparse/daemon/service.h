@@ -40,7 +40,9 @@ class HiSparseService final : public v1::HiSparse::Service {
   // What the service needs from the daemon around it (all called outside any service lock).
   struct Hooks {
     std::function<bool(bool exit_when_idle)> drain;  // stop admitting, health NOT_SERVING; false: not yet
+    std::function<absl::Status()> cancel_drain;      // admit again, health SERVING, no exit once idle
     std::function<std::string()> config_yaml;        // the effective configuration
+    std::function<v1::ConfigReloadStatus()> reload;  // the last reload, the keys pending a restart
   };
   // `peers` (who is at the other end of each connection) must outlive the service; `policy`
   // says who among them is an admin.
