@@ -10,6 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -51,7 +54,17 @@ void AppendJsonString(std::string& out, const std::string& s) {
 void SetLogThreshold(LogSeverity severity) { g_threshold.store(static_cast<int>(severity)); }
 bool LogEnabled(LogSeverity severity) { return static_cast<int>(severity) >= g_threshold.load(); }
 
-void SetLogOptions(const LogOptions& options) { g_options.store(new LogOptions(options)); }
+void SetLogOptions(const LogOptions& options) {
+  // Readers load the pointer without a lock, so an options object is never freed: each stays
+  // owned by this list (reachable, so LeakSanitizer does not count it), one per call. Called at
+  // start-up (and by tests), so the list stays short.
+  static std::mutex mu;
+  static auto* const every = new std::vector<std::unique_ptr<const LogOptions>>();
+  auto owned = std::make_unique<const LogOptions>(options);
+  g_options.store(owned.get());
+  std::lock_guard<std::mutex> lock(mu);
+  every->push_back(std::move(owned));
+}
 
 LogOptions GetLogOptions() {
   const LogOptions* set = g_options.load();

@@ -92,7 +92,7 @@ stage_asan() {
   # vptr check suppressed (tools/ubsan-no-fds.supp): that check probes memory through a pipe(2),
   # which then fails, so it reports every virtual call as on an "invalid vptr". ASan and the rest
   # of UBSan stay on for them.
-  local no_fds='^BatchAdmissionTest[.]MappingFailureAfterTheDaemonAdmittedReleasesTheBatch$'
+  local no_fds='^(BatchAdmissionTest[.]MappingFailureAfterTheDaemonAdmittedReleasesTheBatch|Admit2Test[.]ASingleAdmitWhoseMappingFailsIsReleasedInTheDaemon)$'
   ASAN_OPTIONS=$asan UBSAN_OPTIONS=$ubsan HISPARSE_KILL_CYCLES=$KILL_CYCLES \
     ctest --test-dir build-asan --output-on-failure -j"$JOBS" -LE gpu -E "^Install|^python\$|$no_fds"
   local tested=$?
