@@ -286,7 +286,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     import_options.ucx_net_devices = config.import.ucx_net_devices;
     import_options.worker_memory_bytes = config.import.worker_memory;
     import_options.on_tick = [sessions] { sessions->ExpireImports(); };
-    import_options.on_lost = [sessions](std::vector<std::string> ids, std::string reason) {
+    import_options.on_lost = [sessions](const std::vector<std::string>& ids, const std::string& reason) {
       sessions->AbortLostImports(ids, reason);
     };
     auto target = StartImportTarget(import_options);

@@ -224,7 +224,7 @@ void UcxImport::Reply(void* reply_ep, uint64_t seq, ImportCode code) {
   if (!UCS_PTR_IS_PTR(r)) delete bytes;  // done (or failed) at once: no callback comes
 }
 
-absl::Status UcxImport::Register(const std::string& grant_id, Grant grant) {
+absl::Status UcxImport::Register(const std::string& grant_id, const Grant& grant) {
   const ImportLayout& l = grant.layout;
   const uint64_t per_layer = ImportPagesPerLayer(l);
   if (l.record_bytes == 0 || per_layer == 0 || grant.pages.size() != l.num_layers ||
@@ -238,7 +238,7 @@ absl::Status UcxImport::Register(const std::string& grant_id, Grant grant) {
     }
   }
   absl::MutexLock lock(&mu_);
-  if (!grants_.emplace(grant_id, std::move(grant)).second) return absl::AlreadyExistsError("grant registered twice");
+  if (!grants_.emplace(grant_id, grant).second) return absl::AlreadyExistsError("grant registered twice");
   return absl::OkStatus();
 }
 

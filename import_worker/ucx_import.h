@@ -59,7 +59,7 @@ class UcxImport {
   std::string WorkerAddress() const { return worker_address_; }
   // Opens `grant_id` for checked writes into `grant`'s pages. InvalidArgument if the page table
   // does not match the layout; AlreadyExists for an id registered twice.
-  absl::Status Register(const std::string& grant_id, Grant grant);
+  absl::Status Register(const std::string& grant_id, const Grant& grant);
   // Ends `grant_id`: no write into its pages happens after this returns. A no-op for an unknown id.
   void Unregister(const std::string& grant_id);
 

@@ -156,7 +156,7 @@ class Worker {
     UcxImport::Grant grant;
     auto mappings = std::make_unique<GrantMappings>();
     HS_RETURN_IF_ERROR(MapGrant(slabs, refs, reg, &grant, mappings.get()));
-    HS_RETURN_IF_ERROR(ucx_->Register(reg.grant_id, std::move(grant)));
+    HS_RETURN_IF_ERROR(ucx_->Register(reg.grant_id, grant));
     grants_.emplace(reg.grant_id, std::move(mappings));
     return absl::OkStatus();
   }
