@@ -30,7 +30,9 @@ constexpr int kMaxEvents = 64;
 constexpr int kMaxAcceptsPerWakeup = 64;  // then the open connections get their turn
 constexpr int kLingerSweepMs = 1000;      // lingering connections are looked at this often
 
-absl::Status ErrnoStatus(absl::string_view what) {
+// The fd channel's own setup failures (errno read here), named apart from common's
+// ErrnoStatus(error, what) so that a unity build sees both.
+absl::Status FdChannelError(absl::string_view what) {
   return absl::InternalError(absl::StrCat("fd channel: ", what, ": ", std::strerror(errno)));
 }
 
@@ -42,18 +44,18 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
   auto listener = ListenUnixSeqpacket(path, mode, gid);
   if (!listener.ok()) return listener.status();
   if (::fcntl(listener->get(), F_SETFL, ::fcntl(listener->get(), F_GETFL) | O_NONBLOCK) != 0) {
-    return ErrnoStatus("O_NONBLOCK on the listener");
+    return FdChannelError("O_NONBLOCK on the listener");
   }
   std::unique_ptr<FdServer> server(new FdServer(std::move(*listener), std::move(policy), sessions, std::move(options)));
   server->epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
-  if (!server->epoll_.valid()) return ErrnoStatus("epoll_create1");
+  if (!server->epoll_.valid()) return FdChannelError("epoll_create1");
   server->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!server->wake_.valid()) return ErrnoStatus("eventfd");
+  if (!server->wake_.valid()) return FdChannelError("eventfd");
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = server->wake_.get();
   if (::epoll_ctl(server->epoll_.get(), EPOLL_CTL_ADD, server->wake_.get(), &ev) != 0) {
-    return ErrnoStatus("epoll_ctl(ADD eventfd)");
+    return FdChannelError("epoll_ctl(ADD eventfd)");
   }
   auto guard = AcceptGuard::Create(server->listener_.get(), {"fd channel", server->options_.on_serving_change, {}});
   if (!guard.ok()) return guard.status();

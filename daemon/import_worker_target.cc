@@ -88,7 +88,7 @@ struct Child {
 absl::Status WaitReadable(int fd, absl::Duration timeout) {
   pollfd p{fd, POLLIN, 0};
   const int n = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
-  if (n < 0) return ::hisparse::ErrnoStatus(errno, "poll of the import worker's channel");
+  if (n < 0) return ErrnoStatus(errno, "poll of the import worker's channel");
   if (n == 0) return absl::DeadlineExceededError(absl::StrCat("no answer in ", absl::FormatDuration(timeout)));
   return absl::OkStatus();
 }
@@ -97,12 +97,12 @@ absl::Status WaitReadable(int fd, absl::Duration timeout) {
 absl::StatusOr<Child> Spawn(const ImportTargetOptions& o) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-    return ::hisparse::ErrnoStatus(errno, "socketpair for the import worker");
+    return ErrnoStatus(errno, "socketpair for the import worker");
   }
   UniqueFd mine(sv[0]), theirs(sv[1]);
   if (theirs.get() == kChildChannelFd) {  // dup2 onto itself would keep close-on-exec
     theirs = UniqueFd(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, kChildChannelFd + 1));
-    if (!theirs.valid()) return ::hisparse::ErrnoStatus(errno, "dup of the import worker's channel");
+    if (!theirs.valid()) return ErrnoStatus(errno, "dup of the import worker's channel");
   }
   std::vector<std::string> args = {o.worker_binary, "--channel-fd", std::to_string(kChildChannelFd), "--parent",
                                    std::to_string(::getpid())};
@@ -137,7 +137,7 @@ absl::StatusOr<Child> Spawn(const ImportTargetOptions& o) {
   const int err = ::posix_spawn(&pid, o.worker_binary.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
-  if (err != 0) return ::hisparse::ErrnoStatus(err, absl::StrCat("cannot start the import worker ", o.worker_binary));
+  if (err != 0) return ErrnoStatus(err, absl::StrCat("cannot start the import worker ", o.worker_binary));
   theirs.Reset();
   Child child{pid, std::make_shared<UniqueFd>(std::move(mine)), "", absl::Now()};
   absl::Status hello = WaitReadable(child.channel->get(), kHelloTimeout);
@@ -173,7 +173,7 @@ class WorkerProcessTarget final : public ImportTarget {
 
   absl::Status Start() {
     stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!stop_fd_.valid()) return ::hisparse::ErrnoStatus(errno, "eventfd for the import worker's threads");
+    if (!stop_fd_.valid()) return ErrnoStatus(errno, "eventfd for the import worker's threads");
     HS_ASSIGN_OR_RETURN(Child child, Spawn(options_));
     LOG(INFO) << "import: worker " << child.pid << " ready (" << child.address.size()
               << "-byte UCX address, transports " << (options_.ucx_tls.empty() ? "UCX default" : options_.ucx_tls)

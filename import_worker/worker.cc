@@ -49,7 +49,7 @@ struct GrantMappings {
 absl::StatusOr<StagedSlab> StageSlab(UniqueFd fd, uint64_t bytes) {
   if (!fd.valid()) return absl::InvalidArgumentError("a slab message came without its descriptor");
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ::hisparse::ErrnoStatus(errno, "fstat of a granted slab");
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat of a granted slab");
   if (static_cast<uint64_t>(st.st_size) != bytes) {
     return absl::InvalidArgumentError(absl::StrCat("a granted slab holds ", st.st_size, " bytes, not ", bytes));
   }
@@ -196,7 +196,7 @@ absl::Status RunImportWorker(const ImportWorkerOptions& options) {
     // its data now plus the budget, so that a sanitizer's reserved shadow does not eat it.
     const uint64_t bytes = DataBytesNow() + options.memory_limit_bytes;
     const rlimit limit{bytes, bytes};
-    if (::setrlimit(RLIMIT_DATA, &limit) != 0) return ::hisparse::ErrnoStatus(errno, "setrlimit(RLIMIT_DATA)");
+    if (::setrlimit(RLIMIT_DATA, &limit) != 0) return ErrnoStatus(errno, "setrlimit(RLIMIT_DATA)");
   }
   UcxImport::Options o;
   o.ucx_tls = options.ucx_tls;
