@@ -179,6 +179,39 @@ TEST(PagePoolTest, IdleSlabsAreReusedByTheirOwnerAndReclaimedByOthers) {
   EXPECT_EQ(pool->GetStats().unallocated_bytes, pool->GetStats().budget_bytes);
 }
 
+// A slab handed to an engine (DupSlabFd with a tenant) that leaves its owner is a departure, for
+// the daemon to tell the engine (SlabRetired), which may keep it mapped while idle; one never
+// handed out is not (no engine maps it).
+TEST(PagePoolTest, SlabsHandedToAnEngineThatLeaveTheirOwnerAreDepartures) {
+  auto pool = MustCreate(SmallOptions(8, 4));
+  std::vector<Page> a = MustAllocate(*pool, 1, 4);  // one slab, handed to owner 1's engine
+  std::vector<Page> b = MustAllocate(*pool, 3, 2);  // one slab, never handed out
+  ASSERT_TRUE(pool->DupSlabFd(1, a[0].slab, nullptr, /*tenant=*/1000).ok());
+  EXPECT_FALSE(pool->HasDepartures());
+  ASSERT_TRUE(pool->ReleaseAll(1, a).ok());
+  ASSERT_TRUE(pool->ReleaseAll(3, b).ok());
+  EXPECT_FALSE(pool->HasDepartures()) << "idle slabs stay their owners'";
+  std::vector<Page> c = MustAllocate(*pool, 2, 8);  // the whole budget: both idle slabs go
+  EXPECT_EQ(pool->SlabsOf(1), 0u);
+  EXPECT_EQ(pool->SlabsOf(3), 0u);
+  ASSERT_TRUE(pool->HasDepartures());
+  std::vector<PagePool::Departure> left = pool->TakeDepartures();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].owner, 1u);
+  EXPECT_EQ(left[0].slab, a[0].slab);
+  EXPECT_FALSE(pool->HasDepartures());
+  EXPECT_TRUE(pool->TakeDepartures().empty());
+  // RetireIdleOf (a session's end) is one too.
+  ASSERT_TRUE(pool->DupSlabFd(2, c[0].slab, nullptr, /*tenant=*/1000).ok());
+  ASSERT_TRUE(pool->ReleaseAll(2, c).ok());
+  pool->RetireIdleOf(2);
+  left = pool->TakeDepartures();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].owner, 2u);
+  EXPECT_EQ(left[0].slab, c[0].slab);
+  pool->WaitIdle();
+}
+
 TEST(PagePoolTest, AFullSlabComesFromTheReserveWhichRefills) {
   auto pool = MustCreate(SmallOptions(64, 16, /*reserve=*/2));
   pool->WaitIdle();
@@ -260,6 +293,9 @@ TEST(PagePoolTest, MemoryPassingToAnotherOwnerIsScrubbed) {
     ASSERT_NE(data, nullptr);
     for (uint64_t i = 0; i < kPage; i += 4096) ASSERT_EQ(data[i], 0) << "page " << p.index << " byte " << i;
   }
+  // The allocation retired the old slab; the worker punches it after Allocate returns (outside
+  // every lock), so wait for it. Without the wait this test failed whenever it looked first.
+  pool->WaitIdle();
   EXPECT_EQ(AllocatedBytes(fd->get()), 0u);  // freed, though the engine holds and maps it
   std::memset(pool->PageDataForTest(b[0]), 0x11, kPage);
   EXPECT_EQ(static_cast<uint8_t*>(engine)[0], 0);  // the old mapping: its bytes punched, none of b's
