@@ -273,6 +273,12 @@ void ClientSession::WatchStream() {
   v1::SessionEvent event;
   while (stream_->Read(&event)) {
     if (event.kind_case() == v1::SessionEvent::kImportFinished) OnImportFinished(event.import_finished());
+    if (event.kind_case() == v1::SessionEvent::kSlabRetired) {
+      std::vector<Slab> retired;  // unregistered and unmapped after the lock
+      absl::MutexLock lock(&mu_);
+      OnSlabsRetiredLocked(event.slab_retired(), &retired);
+      continue;
+    }
     if (event.kind_case() != v1::SessionEvent::kEvicted) continue;
     // The daemon releases the request's memory right after this notice: forget its rows and
     // mappings now, and let the engine learn of it (hs_poll_evicted).

@@ -192,6 +192,7 @@ class ClientSession {
         : map(std::move(o.map)),
           kernel_addr(std::exchange(o.kernel_addr, nullptr)),
           live_pages(std::exchange(o.live_pages, 0)),
+          left(o.left),
           registered_with(std::exchange(o.registered_with, nullptr)) {}
     Slab& operator=(Slab&& o) noexcept {
       if (this != &o) {
@@ -199,6 +200,7 @@ class ClientSession {
         map = std::move(o.map);
         kernel_addr = std::exchange(o.kernel_addr, nullptr);
         live_pages = std::exchange(o.live_pages, 0);
+        left = o.left;
         registered_with = std::exchange(o.registered_with, nullptr);
       }
       return *this;
@@ -209,9 +211,12 @@ class ClientSession {
     }
 
     MappedRegion map;
-    uint8_t* kernel_addr = nullptr;            // where kernels see it (device-mapped on CUDA)
-    uint64_t live_pages = 0;                   // pages of this session's requests in it; dropped at 0, which
-                                               // is when the daemon drops the slab too (its pages are all free)
+    uint8_t* kernel_addr = nullptr;  // where kernels see it (device-mapped on CUDA)
+    // Pages of this session's requests in it. At 0 the slab stays mapped (idle: the daemon keeps an
+    // idle slab for the session's next request) until the daemon says it left (SlabRetired), or at
+    // once when this daemon sends no such notice (SessionOpened.slab_retired_notices).
+    uint64_t live_pages = 0;
+    bool left = false;                         // the daemon's SlabRetired named it: dropped at 0
     DeviceBackend* registered_with = nullptr;  // the backend holding its registration (none: null)
   };
   using SlabIds = absl::flat_hash_set<uint64_t>;
@@ -308,6 +313,11 @@ class ClientSession {
   // Uncounts the pages of `r`; a slab left without a page moves out of slabs_ into `retired`, for
   // the caller to destroy (unregister and unmap) after the lock.
   void DropSlabs(const Request& r, std::vector<Slab>* retired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a slab none of whose pages this session's requests hold now stays mapped (see Slab).
+  bool KeepIdleLocked(const Slab& slab) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SlabRetired: each named slab is dropped (into `retired`) when idle, else marked to be at 0.
+  void OnSlabsRetiredLocked(const v1::SlabRetired& event, std::vector<Slab>* retired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Row `row`'s page tables, layer-major: pages[l * n + i] is the kernel address of layer l's page
   // i (bit 0 set: read-only), n the pages of each layer.
   std::vector<const uint8_t*> PageTable(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,7 +3,9 @@
 //
 // A request's pages lie in slabs of the daemon's pool; this process maps each slab once (the fd
 // channel hands its memfd over), registers the mapping with the device (cudaHostRegister on CUDA:
-// ~0.04-0.11 s/GiB) and counts the pages of its requests in it. Fetching, mapping and registering
+// ~0.04-0.11 s/GiB) and counts the pages of its requests in it. A slab left without a page stays
+// mapped while the daemon keeps it for this session (its next request's pages are most likely
+// there again), until the daemon's SlabRetired says it left. Fetching, mapping and registering
 // are slow and may block, so none of them runs under mu_, which the data path (hs_resolve) takes
 // for every step:
 //   1. under mu_: which slabs the answer names that slabs_ lacks (MissingSlabsLocked);
@@ -59,7 +61,7 @@ void ClientSession::WithSlabsLocked(const SlabIds& needed, absl::FunctionRef<voi
         step(work.failed);
         for (uint64_t id : published) {
           auto it = slabs_.find(id);
-          if (it != slabs_.end() && it->second.live_pages == 0) {
+          if (it != slabs_.end() && it->second.live_pages == 0 && !KeepIdleLocked(it->second)) {
             retired.push_back(std::move(it->second));
             slabs_.erase(it);
           }
@@ -161,11 +163,24 @@ void ClientSession::DropSlabs(const Request& r, std::vector<Slab>* retired) {
     for (const v1::PageRef& p : layer) {
       auto it = slabs_.find(p.slab());
       if (it == slabs_.end()) continue;
-      if (--it->second.live_pages == 0) {
+      if (--it->second.live_pages == 0 && !KeepIdleLocked(it->second)) {
         retired->push_back(std::move(it->second));
         slabs_.erase(it);
       }
     }
+  }
+}
+
+bool ClientSession::KeepIdleLocked(const Slab& slab) const { return opened_.slab_retired_notices() && !slab.left; }
+
+void ClientSession::OnSlabsRetiredLocked(const v1::SlabRetired& event, std::vector<Slab>* retired) {
+  for (uint64_t id : event.slabs()) {
+    auto it = slabs_.find(id);
+    if (it == slabs_.end()) continue;  // never mapped here, or dropped already
+    it->second.left = true;
+    if (it->second.live_pages != 0) continue;  // a release this thread has not seen answered yet
+    retired->push_back(std::move(it->second));
+    slabs_.erase(it);
   }
 }
 

@@ -439,11 +439,25 @@ void PagePool::RetireSlabLocked(uint64_t slab_id) {
   owned_bytes_ -= s.refs.size() * options_.page_bytes;
   pages_free_ -= s.refs.size();
   idle_.erase(slab_id);
-  // An engine may hold the memfd: the whole slab is its tenant's until the worker's punch.
-  if (s.mem->charged_to.has_value()) ChargeRetiredLocked(*s.mem->charged_to, s.mem->map.size(), 0, +1);
+  // An engine may hold the memfd: the whole slab is its tenant's until the worker's punch. It may
+  // keep it mapped while idle, too: it is told (Departure).
+  if (s.mem->charged_to.has_value()) {
+    ChargeRetiredLocked(*s.mem->charged_to, s.mem->map.size(), 0, +1);
+    if (departures_.size() == kMaxDepartures) departures_.pop_front();
+    departures_.push_back(Departure{s.owner, slab_id});
+    has_departures_.store(true, std::memory_order_release);
+  }
   // Unlinked now; punched and dropped by the worker, outside every lock.
   scrub_.push_back(std::move(s.mem));
   slabs_.erase(it);
+}
+
+std::vector<PagePool::Departure> PagePool::TakeDepartures() {
+  absl::MutexLock lock(&mu_);
+  std::vector<Departure> out(departures_.begin(), departures_.end());
+  departures_.clear();
+  has_departures_.store(false, std::memory_order_release);
+  return out;
 }
 
 uint32_t PagePool::RefCount(const Page& page) const {

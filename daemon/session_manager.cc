@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<Arena>> SessionManager::CreateArena(bool on_gpu, 
 SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool> pool)
     : options_(options),
       pool_(std::move(pool)),
+      pool_unlocked_(pool_.get()),
       // Retired slabs an engine may still hold count against its tenant's host quota until the
       // pool sees them freed (page_pool.h); the pool is thread-safe and outlives the ledger.
       ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
@@ -279,6 +280,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   opened.set_max_tokens_per_request(static_cast<uint32_t>(
       std::min<uint64_t>(uint64_t{session->records_per_page} * session->pages_per_entry, INT32_MAX)));
   opened.set_daemon_version(options_.version);
+  opened.set_slab_retired_notices(true);
   if (open.has_group()) {
     DEFERRED_LOG(log, INFO) << "session " << session->id << " joined group \"" << open.group().name() << "\" as rank "
                             << open.group().rank() << " of " << open.group().size();
@@ -398,6 +400,7 @@ absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget
 // admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
 absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
+  const NotifyDeparturesOnReturn notify{this};  // an allocation may retire another session's idle slab
   if (req.begin_import()) {
     if (req.lease_seconds() != 0) {  // before any import check: bad input, whatever the target
       absl::MutexLock lock(&mu_);
@@ -541,6 +544,7 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
 // next pages free) and never moves a record: the engine's tables keep every page they had. All or
 // nothing: a full pool leaves the request exactly as it was.
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
+  const NotifyDeparturesOnReturn notify{this};  // declared before the lock: runs after it
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
   Request* found = s->requests.Find(req.request_id());

@@ -3,10 +3,12 @@
 // is the part of SessionManager (session_manager.h) that feeds it the pool's state. Every
 // *Locked function runs under its mutex.
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
@@ -58,7 +60,42 @@ size_t SessionManager::SweepRetiredSlabs() {
     absl::MutexLock lock(&mu_);
     pool = pool_.get();  // set at construction, never replaced; thread-safe itself
   }
+  NotifySlabDepartures();
   return pool->SweepRetired();  // punches outside every lock
+}
+
+void SessionManager::NotifySlabDepartures() {
+  if (!pool_unlocked_->HasDepartures()) return;  // the common case, without the lock
+  std::vector<std::pair<std::shared_ptr<EventSink>, v1::SessionEvent>> notices;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::flat_hash_map<uint64_t, size_t> notice_of;  // session id -> its entry of `notices`
+    auto tell = [&](uint64_t session_id, uint64_t slab) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = sessions_.find(session_id);
+      if (it == sessions_.end() || it->second->sink == nullptr) return;  // ended: nobody maps it now
+      auto [at, fresh] = notice_of.try_emplace(session_id, notices.size());
+      if (fresh) notices.emplace_back(it->second->sink, v1::SessionEvent());
+      notices[at->second].second.mutable_slab_retired()->add_slabs(slab);
+    };
+    for (const PagePool::Departure& d : pool_->TakeDepartures()) {
+      if (sessions_.contains(d.owner)) {
+        tell(d.owner, d.slab);
+        continue;
+      }
+      for (const auto& [key, group] : groups_.all()) {  // a TP group's slab: every member maps it
+        if (group.owner != d.owner) continue;
+        for (uint64_t member : group.ranks) tell(member, d.slab);
+      }
+    }
+  }
+  for (auto& [sink, event] : notices) {
+    // Undelivered (the stream is gone or its outbox full): the engine keeps a mapping of a slab
+    // whose memory is punched out, until its session ends.
+    if (!(*sink)(event)) {
+      absl::MutexLock lock(&mu_);
+      ++undelivered_notices_;
+    }
+  }
 }
 
 }  // namespace hisparse

@@ -140,6 +140,19 @@ class PagePool {
   // is charged to that tenant until its memory is seen freed (RetiredBytesOf).
   absl::StatusOr<UniqueFd> DupSlabFd(uint64_t owner, uint64_t slab, uint64_t* bytes = nullptr,
                                      std::optional<uint32_t> tenant = std::nullopt);
+  // A slab that left its owner (an allocation took its budget back, or RetireIdleOf) after the fd
+  // channel had handed it to an engine (DupSlabFd with a tenant), which may keep it mapped while
+  // idle: SessionManager tells that engine (SlabRetired) so it drops the mapping.
+  struct Departure {
+    uint64_t owner = kNoOwner;
+    uint64_t slab = 0;
+  };
+  // Departures since the last call, oldest first; at most kMaxDepartures are kept (the oldest go:
+  // an engine then keeps an idle mapping of a punched slab, which reads zeros, until it drops it).
+  static constexpr size_t kMaxDepartures = 1 << 16;
+  std::vector<Departure> TakeDepartures() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether TakeDepartures has any: a check without the lock for the callers' fast path.
+  bool HasDepartures() const { return has_departures_.load(std::memory_order_acquire); }
   // Retired slabs charged to a tenant and not yet seen freed, and their charge in bytes.
   struct Retired {
     uint64_t bytes = 0;
@@ -271,6 +284,8 @@ class PagePool {
   // Charged slabs (in scrub_, being scrubbed, or in retained_) by tenant; tenants with some only.
   std::map<uint32_t, Retired> retired_by_tenant_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> punch_failed_{false};  // logged once
+  std::deque<Departure> departures_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> has_departures_{false};  // !departures_.empty(), readable without mu_
   uint64_t next_slab_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t owned_bytes_ ABSL_GUARDED_BY(mu_) = 0;   // bytes of owners' slabs
   uint64_t making_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // budget charged for Allocate's slabs being made

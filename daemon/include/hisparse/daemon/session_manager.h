@@ -195,6 +195,10 @@ class SessionManager {
   // empty stop counting against their tenant (PagePool::SweepRetired); returns how many. The
   // daemon runs it periodically, with the lease sweep; tests call it.
   size_t SweepRetiredSlabs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells each engine which slabs left its session (or its TP group) since the last call
+  // (PagePool::Departure): one SlabRetired on the session's stream, sent outside the lock. The
+  // calls that allocate pages run it as they return, and SweepRetiredSlabs runs it too.
+  void NotifySlabDepartures() ABSL_LOCKS_EXCLUDED(mu_);
   // ---- Import from a prefill node (session_import.cc; docs/DESIGN.md, "Import"). ----
   // Where granted memory is registered for remote writes; null (the default): imports are
   // refused with FailedPrecondition. Not owned; must outlive every call that can reach it.
@@ -443,11 +447,19 @@ class SessionManager {
   // The on-idle callback to run (outside the lock) if draining left no session.
   std::function<void()> TakeIdleCallbackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Declared first in a call that allocates pages: NotifySlabDepartures as it returns, after its lock.
+  struct NotifyDeparturesOnReturn {
+    SessionManager* manager;
+    ~NotifyDeparturesOnReturn() { manager->NotifySlabDepartures(); }
+  };
+
   Options options_;
   const absl::Time start_time_ = absl::Now();
   mutable absl::Mutex mu_;
   // Thread-safe itself; guarded so that a request's pages and the ledger change together.
   std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
+  // The same pool, for its calls that need none of the manager's state (HasDepartures).
+  PagePool* const pool_unlocked_;
   // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
   AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
   // pool_ as the PageSource admissions reserve from (Reserve, request_table.h).
