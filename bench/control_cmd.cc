@@ -6,6 +6,11 @@
 //                          [--daemon unix:PATH | --host-pool-size SIZE [--host-pool-segment-size SIZE]
 //                           [--host-pool-page-size SIZE]]
 //                          [--layers L] [--record-bytes R] [--budget TOKENS] [--pool-pressure | --batch N]
+//                          [--backend host|cuda]
+//
+// --backend cuda: the sessions use the CUDA backend on GPU 0 (arena in GPU memory, each slab
+// registered with CUDA as the engine's would be), so admission pays what an engine's does; the
+// default is the host backend (no GPU needed).
 //
 // Each worker loops: Admit (budget tokens), Extend (to twice the budget) every other request,
 // Release. "admit_release" is the sum of one request's Admit and Release latencies: what a
@@ -66,6 +71,7 @@ constexpr char kUsage[] =
     "         [--daemon unix:PATH | --host-pool-size SIZE [--host-pool-segment-size SIZE]\n"
     "          [--host-pool-page-size SIZE]]\n"
     "         [--layers L] [--record-bytes R] [--budget TOKENS] [--pool-pressure | --batch N]\n"
+    "         [--backend host|cuda]\n"
     "  N concurrent sessions (default 8) admit / extend / release for T seconds (default 5) or\n"
     "  M calls per session; prints calls, errors and latency percentiles as JSON, then checks\n"
     "  that the daemon's pool is empty. Without --daemon, starts hisparsed with a pool of SIZE\n"
@@ -105,6 +111,7 @@ struct Config {
   uint32_t budget = 0;  // 0: 256, or sized to fill the pool with --pool-pressure
   bool pool_pressure = false;
   uint32_t batch = 0;  // 0: single Admit / Extend / Release; N: N requests per AdmitBatch / ReleaseBatch
+  bool cuda = false;   // --backend cuda: the CUDA backend on GPU 0
 };
 
 // What one worker saw. Merged after the run; no sharing while it runs.
@@ -138,7 +145,8 @@ class Worker {
     o.k = 16;
     o.slots = 32;
     o.max_requests = std::max(kRows, config_.batch);
-    o.backend = HS_BACKEND_HOST;
+    o.backend = config_.cuda ? HS_BACKEND_CUDA : HS_BACKEND_HOST;
+    o.gpu = config_.cuda ? 0 : -1;
     if (Error e = Session::Open(o, &session_)) {
       result_.fatal = absl::StrCat("session ", index_, ": ", hs_result_string(e.code), ": ", e.message);
       return;
@@ -384,6 +392,9 @@ int ParseFlags(int argc, char** argv, Config* c) {
       c->segment_size = value;
     } else if (name == "--host-pool-page-size") {
       c->page_size = value;
+    } else if (name == "--backend") {
+      ok = value == "host" || value == "cuda";
+      c->cuda = value == "cuda";
     } else {
       return UsageError("unknown argument '" + name + "'");
     }
