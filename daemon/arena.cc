@@ -34,6 +34,7 @@ class HostArena final : public Arena {
     out->misses = c->misses;
     out->bytes_fetched = c->bytes_fetched;
     out->steps = c->steps;
+    out->rejected = c->rejected;
     return absl::OkStatus();
   }
 

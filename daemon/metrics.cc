@@ -160,6 +160,8 @@ const std::vector<MetricInfo>& MetricCatalog() {
        "RESOLVE selections fetched from the host pool, per session and GPU."},
       {"hisparse_resolve_fetched_bytes_total", "counter",
        "Bytes RESOLVE fetched from the host pool, per session and GPU."},
+      {"hisparse_resolve_rejected_rows_total", "counter",
+       "RESOLVE row-steps refused as invalid input (no record served; the engine got an error), per session and GPU."},
       {"hisparse_durable_requests", "gauge",
        "Requests of open sessions whose lease runs (they survive their session's end)."},
       {"hisparse_orphaned_requests", "gauge",
@@ -286,6 +288,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     fb.Add("hisparse_resolve_hits_total", static_cast<double>(ss.hits()), labels);
     fb.Add("hisparse_resolve_misses_total", static_cast<double>(ss.misses()), labels);
     fb.Add("hisparse_resolve_fetched_bytes_total", static_cast<double>(ss.bytes_fetched()), labels);
+    fb.Add("hisparse_resolve_rejected_rows_total", static_cast<double>(ss.rejected()), labels);
   }
   uint64_t group_requests = 0, group_shares = 0;
   for (const auto& g : st.groups()) {

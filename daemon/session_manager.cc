@@ -700,6 +700,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     ss->set_hits(c.hits);
     ss->set_misses(c.misses);
     ss->set_bytes_fetched(c.bytes_fetched);
+    ss->set_rejected(c.rejected);
   }
   return out;
 }

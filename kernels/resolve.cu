@@ -834,9 +834,9 @@ __device__ __forceinline__ void CountRow(const ResolveParams& p, const PlanCtx& 
 }
 
 // Invalid input: the row's outputs (and page-table entries) become kPadding, its error bits are
-// ORed into error_flags and its state is left untouched; its MissPlan summary says misses = -1
-// (replays skip the row). A padded row (err == kEntryIsPadding, rule 10a) publishes the same with
-// no error bit and a padding summary.
+// ORed into error_flags, counters.rejected counts it and its state is left untouched; its MissPlan summary says misses
+// = -1 (replays skip the row). A padded row (err == kEntryIsPadding, rule 10a) publishes the same with no error bit and
+// a padding summary.
 __device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx& c, int i, int row, int* out, int* pt,
                                           uint32_t err) {
   const ResolveDesc& d = p.d;
@@ -846,7 +846,10 @@ __device__ __forceinline__ void RejectRow(const ResolveParams& p, const PlanCtx&
     if (out) out[j] = kPadding;
     if (pt) pt[j] = kPadding;
   }
-  if (tid == 0 && d.error_flags && !padding) atomicOr(d.error_flags, err);
+  if (tid == 0 && !padding) {
+    if (d.error_flags) atomicOr(d.error_flags, err);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&d.arena.counters->rejected), 1ull);
+  }
   if (tid == 0 && d.plan.summary) {
     int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     sum[0] = padding ? kPadding : row;
@@ -1161,7 +1164,13 @@ __global__ void __launch_bounds__(kReplayThreads, 1) ReplayKernel(const ReplayDe
   for (int i = 0; i < batch; ++i) {  // block-uniform
     const int* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     const int row = sum[0], misses = sum[1];
-    if (misses < 0) continue;  // the anchor rejected this entry and left its state alone
+    if (misses < 0) {  // the anchor rejected this entry (or it is padding) and left its state alone
+      // A rejected entry counts as this layer's RESOLVE would count it (rule 6): rejected.
+      if (row != kPadding && blockIdx.x == 0 && tid == 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(&a.counters->rejected), 1ull);
+      }
+      continue;
+    }
     // The anchor's tables right after its RESOLVE are this layer's tables after the step.
     const int* ssp = a.SlotPos(row, d.anchor_layer);
     const int* slru = a.Lru(row, d.anchor_layer);

@@ -601,6 +601,12 @@ __device__ __forceinline__ void CountEntry(const Entry<Idx>& e, int M, int hits)
   atomicAdd(reinterpret_cast<unsigned long long*>(&c->steps), 1ull);
 }
 
+// An invalid entry's report (by one thread): its error bits, and one more rejected row-step.
+__device__ __forceinline__ void CountRejected(const ResolveDesc& d, unsigned err) {
+  if (d.error_flags) atomicOr(d.error_flags, err);
+  atomicAdd(reinterpret_cast<unsigned long long*>(&d.arena.counters->rejected), 1ull);
+}
+
 // Rejects entry i after its LRU order was staged (a row error found in phase 1 or rule 8c): kPadding
 // everywhere, the error bit, nothing else; the staged loads land before the block ends.
 template <bool kShared>
@@ -608,7 +614,7 @@ __device__ __forceinline__ void RejectStaged(const ResolveDesc& d, int i, int ro
                                              unsigned err) {
   WaitStaged<kShared>();
   PublishPadding(d, i, row, outs, fetch_count);
-  if (threadIdx.x == 0 && d.error_flags) atomicOr(d.error_flags, err);
+  if (threadIdx.x == 0) CountRejected(d, err);
 }
 
 template <bool kShared>
@@ -650,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   e.q = q;
   if (const unsigned err = CheckEntry(d, e.row, e.seq, e.q)) {
     PublishPadding(d, e.i, e.row, e.outs, fetch_count);
-    if (e.tid == 0 && d.error_flags) atomicOr(d.error_flags, err);
+    if (e.tid == 0) CountRejected(d, err);
     return;
   }
   e.n = e.q * e.K;

@@ -275,7 +275,8 @@ uint32_t ResolveReference(const ResolveDesc& d) {
     }
     if (err == 0) err = ResolveRow(d, i, d.rows[i], d.seq_lens[i], q, sel.data(), out);
     if (err != 0) {
-      std::fill(out, out + outs, kPadding);  // state untouched, counters untouched
+      std::fill(out, out + outs, kPadding);  // state untouched, counters but `rejected` untouched
+      ++d.arena.counters->rejected;
       if (d.plan.summary) {
         int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
         sum[0] = d.rows[i];
@@ -406,7 +407,10 @@ uint32_t ReplayReference(const ReplayDesc& d) {
   for (int32_t i = 0; i < n; ++i) {
     const int32_t* sum = d.plan.summary + static_cast<size_t>(i) * 3;
     const int32_t row = sum[0], misses = sum[1], hits = sum[2];
-    if (misses < 0) continue;  // the anchor rejected the entry and left its state alone
+    if (misses < 0) {  // the anchor rejected the entry (or it is padding) and left its state alone
+      if (row != kPadding) ++a.counters->rejected;  // as this layer's RESOLVE would count it
+      continue;
+    }
     const int32_t* e = d.plan.entries + static_cast<size_t>(i) * MissPlan::EntriesPerRow(a.geometry) * 2;
     for (int32_t m = 0; m < misses; ++m) {
       std::memcpy(a.Record(row, d.layer, e[2 * m + 1]), HostRecord(a, d.host, row, d.layer, e[2 * m]), rb);

@@ -209,7 +209,8 @@ TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
        {"hisparse_host_pool_bytes{state=\"used\"} 262144", "hisparse_sessions 1", "hisparse_requests 1",
         "hisparse_admissions_total 1", "hisparse_rejections_total{reason=\"pool_full\"} 0",
         "hisparse_rpc_duration_seconds_bucket{method=\"Admit\"",
-        "hisparse_resolve_hits_total{gpu=\"-1\",session=\"1\"} 0", "# TYPE hisparse_evictions_total counter",
+        "hisparse_resolve_hits_total{gpu=\"-1\",session=\"1\"} 0",
+        "hisparse_resolve_rejected_rows_total{gpu=\"-1\",session=\"1\"} 0", "# TYPE hisparse_evictions_total counter",
         "hisparse_build_info{version=\"" HISPARSE_VERSION "\"} 1"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }

@@ -98,6 +98,9 @@ TEST(DataPathTest, StoreAppendResolveAreExactThroughTheDaemonsMemory) {
   ASSERT_EQ(node.session_stats_size(), 1);
   EXPECT_EQ(node.session_stats(0).hits(), st.hits);
   EXPECT_EQ(node.session_stats(0).misses(), st.misses);
+  // The refused row is counted in the arena, and the daemon reports it (the
+  // hisparse_resolve_rejected_rows_total its alert watches).
+  EXPECT_EQ(node.session_stats(0).rejected(), 1u);
 }
 
 TEST(DataPathTest, ShortPromptIsResidentAfterPrefill) {

@@ -150,6 +150,9 @@ TEST(MultiQueryTest, BadRowsAreRefusedAndTouchNothingElse) {
     const std::vector<int32_t> q1 = {2};
     ASSERT_EQ(0u, ref.Resolve(0, 1, {1}, {30}, {7, 10, 28, 10, 11, 29}, &out_ref, 0, nullptr, MissPlan{}, q1.data()));
     EXPECT_EQ(std::vector<int32_t>(out.begin() + 6, out.end()), out_ref);
+    // The one difference: the refused row is counted (counters.rejected).
+    EXPECT_EQ(bad.counters().rejected, 1u);
+    bad.view().counters->rejected = 0;
     EXPECT_EQ(bad.Snapshot(), ref.Snapshot());
   }
   // An overlapping union of 4 fits the same B.

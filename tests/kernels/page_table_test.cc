@@ -108,6 +108,8 @@ TEST(PageTableTest, ValidatesItsParameters) {
             static_cast<uint32_t>(kResolveBadRow));
   EXPECT_THAT(out, ElementsAre(-1, -1, -1));
   EXPECT_THAT(pt, ElementsAre(-1, -1, -1));
+  EXPECT_EQ(f.counters().rejected, 1u);  // the row is counted as refused, and nothing else moves
+  f.view().counters->rejected = 0;
   EXPECT_EQ(before, f.Snapshot());
 }
 

@@ -194,6 +194,9 @@ TEST(ResolveTest, InvalidRowsLeaveStateUntouchedAndOthersProceed) {
     EXPECT_EQ(c.bits, f.Resolve(0, 1, {c.row}, {c.seq_len}, c.sel, &out, 0, &flags));
     EXPECT_EQ(c.bits, flags);
     EXPECT_THAT(out, ElementsAre(kPadding, kPadding));
+    // Counted as refused (counters.rejected, which the daemon exports), and nothing else moves.
+    EXPECT_EQ(f.counters().rejected, 1u);
+    f.view().counters->rejected = 0;
     EXPECT_EQ(before, f.Snapshot()) << "state touched by an invalid row";
   }
   // An invalid row beside a valid one: the valid one proceeds.

@@ -46,7 +46,8 @@ struct ArenaCounters {
   uint64_t misses;         // selected positions fetched from the host pool
   uint64_t bytes_fetched;  // misses * record_bytes
   uint64_t steps;          // RESOLVE row-steps executed (one per (row, layer) per launch)
-  uint64_t reserved[4];
+  uint64_t rejected;       // RESOLVE row-steps refused as invalid (resolve.h; padding is not counted)
+  uint64_t reserved[3];
 };
 
 // The arena's geometry; everything else about the layout follows from it.

@@ -86,8 +86,9 @@
 //        previous step's values) is ignored. Columns j > P_t are padding: they publish kPadding,
 //        are neither checked nor counted, and cannot make a duplicate.
 //
-// Invalid input of a row leaves that row's state untouched, sets all its Q * k outputs to kPadding
-// and ORs the matching ResolveError bit into *error_flags. Other rows proceed. Invalid is: a row
+// Invalid input of a row leaves that row's state untouched, sets all its Q * k outputs to kPadding,
+// ORs the matching ResolveError bit into *error_flags and adds one to the arena's
+// counters.rejected (its only counter that moves; the daemon exports it). Other rows proceed. Invalid is: a row
 // outside [-1, max_rows); a query count outside [1, Q]; seq_len outside [q, capacity of the row]
 // (q = 1 without query_counts); in some list t < q, a column j <= P_t holding a position outside
 // [-1, P_t + 1) or a position another such column of the list holds; a union larger than B (8c).
@@ -207,7 +208,8 @@ HISPARSE_HD inline int32_t PageTableEntry(const ResolveDesc& d, int32_t row, int
 // `layer`, a layer that shares the anchor's selection. For every batch entry the plan covers
 // whose row was valid: the plan's records are copied from `layer`'s host records into `layer`'s
 // slots, `layer`'s slot table and LRU order become the anchor's (a copy of the anchor's state
-// right after its RESOLVE), and the counters grow as a RESOLVE of `layer` would make them grow.
+// right after its RESOLVE), and the counters grow as a RESOLVE of `layer` would make them grow
+// (an entry the anchor rejected adds one to counters.rejected, as `layer`'s RESOLVE would).
 //
 // Why that is exact: RESOLVE's result depends only on the selection, seq_len and the (row, layer)
 // tables, never on record bytes. A shared layer that starts a step with the anchor's tables and
