@@ -93,6 +93,11 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
 
 void ClientSession::SetGeometry(const hs_session_options& o) {
   geometry_.set_gpu(o.gpu);
+  // The CUDA backend names its GPU by UUID too: the daemon may number the node's GPUs otherwise
+  // (an engine pod given one GPU calls it 0). Without it (no CUDA here), the ordinal alone.
+  if (o.gpu >= 0 && (o.backend == HS_BACKEND_CUDA || o.backend == HS_BACKEND_AUTO)) {
+    if (absl::StatusOr<std::string> uuid = CudaGpuUuid(o.gpu); uuid.ok()) geometry_.set_gpu_uuid(*uuid);
+  }
   geometry_.set_num_layers(o.num_layers);
   geometry_.set_record_bytes(o.record_bytes);
   geometry_.set_k(o.k);

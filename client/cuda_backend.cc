@@ -261,6 +261,15 @@ class CudaBackend final : public DeviceBackend {
 
 }  // namespace
 
+absl::StatusOr<std::string> CudaGpuUuid(int gpu) {
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, gpu); e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it for the calls that follow
+    return absl::UnavailableError(absl::StrCat("cudaGetDeviceProperties(", gpu, "): ", cudaGetErrorString(e)));
+  }
+  return std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+}
+
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,
                                                                const HostPageGeometry& pages) {
   // An old driver is the commonest reason a CUDA session cannot open on a node: say which driver

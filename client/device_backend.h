@@ -119,6 +119,10 @@ std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g, const Hos
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,
                                                                const HostPageGeometry& pages = {});
 
+// GPU `gpu`'s UUID (16 bytes; Geometry.gpu_uuid), as the CUDA runtime reports it. Unimplemented
+// in builds without CUDA; an error where the runtime sees no such device.
+absl::StatusOr<std::string> CudaGpuUuid(int gpu);
+
 // The environment variable by which an engine asks for a private GPU arena (value "1").
 inline constexpr char kPrivateGpuArenaEnv[] = "HISPARSE_PRIVATE_GPU_ARENA";
 // Whether the CUDA backend may keep a private GPU arena when the daemon serves the session a host

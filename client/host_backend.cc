@@ -166,6 +166,10 @@ std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g, const Hos
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int, const ArenaGeometry&, const HostPageGeometry&) {
   return absl::UnimplementedError("this libhisparse was built without CUDA: use the host backend");
 }
+
+absl::StatusOr<std::string> CudaGpuUuid(int) {
+  return absl::UnimplementedError("this libhisparse was built without CUDA");
+}
 #endif
 
 }  // namespace hisparse

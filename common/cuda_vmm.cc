@@ -28,6 +28,7 @@ struct Driver {
   decltype(&::cuGetErrorString) GetErrorString = nullptr;
   decltype(&::cuDeviceGetCount) DeviceGetCount = nullptr;
   decltype(&::cuDeviceGet) DeviceGet = nullptr;
+  decltype(&::cuDeviceGetUuid) DeviceGetUuid = nullptr;  // optional: resolved, not required
   decltype(&::cuDevicePrimaryCtxRetain) PrimaryCtxRetain = nullptr;
   decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
   decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
@@ -83,6 +84,8 @@ absl::StatusOr<Driver*> LoadDriver() {
       Resolve(lib, "cuIpcGetMemHandle", &d->IpcGetMemHandle) &&
       Resolve(lib, "cuIpcOpenMemHandle_v2", &d->IpcOpenMemHandle) &&
       Resolve(lib, "cuIpcCloseMemHandle", &d->IpcCloseMemHandle);
+  // cuDeviceGetUuid_v2 (CUDA 11.4+), else the first version: the same 16 bytes for a GPU.
+  if (!Resolve(lib, "cuDeviceGetUuid_v2", &d->DeviceGetUuid)) (void)Resolve(lib, "cuDeviceGetUuid", &d->DeviceGetUuid);
   if (!ok) {
     delete d;
     return absl::UnavailableError("the CUDA driver lacks the VMM API (cuMemCreate and friends): too old");
@@ -153,6 +156,18 @@ absl::StatusOr<int> DeviceCount() {
   absl::StatusOr<Driver*> d = GetDriver();
   if (!d.ok()) return d.status();
   return (*d)->device_count;
+}
+
+absl::StatusOr<std::string> DeviceUuid(int gpu) {
+  absl::StatusOr<Driver*> got = GetDriver();
+  if (!got.ok()) return got.status();
+  Driver& d = **got;
+  if (d.DeviceGetUuid == nullptr) return absl::UnavailableError("the CUDA driver lacks cuDeviceGetUuid");
+  CUdevice dev = 0;
+  HS_RETURN_IF_ERROR(Check(d, d.DeviceGet(&dev, gpu), "cuDeviceGet"));
+  CUuuid uuid{};
+  HS_RETURN_IF_ERROR(Check(d, d.DeviceGetUuid(&uuid, dev), "cuDeviceGetUuid"));
+  return std::string(uuid.bytes, sizeof(uuid.bytes));
 }
 
 absl::StatusOr<bool> VmmFdExportSupported(int gpu) {

@@ -262,6 +262,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.quotas = QuotasFrom(config);
   sm_options.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
   sm_options.device = choice.gpu_arenas ? DeviceKind::kCuda : DeviceKind::kHost;
+  if (gpu_arena_allocator != nullptr) {
+    // Sessions name their GPU by UUID too (an engine pod's ordinal 0 is any of the node's GPUs).
+    absl::StatusOr<std::vector<std::string>> uuids = CudaGpuUuids();
+    if (uuids.ok()) {
+      sm_options.gpu_uuids = *std::move(uuids);
+    } else {
+      LOG(WARNING) << "cannot read the GPUs' UUIDs (" << uuids.status()
+                   << "): sessions' GPU ordinals are taken as this daemon's";
+    }
+  }
   sm_options.gpu_arena_allocator = std::move(gpu_arena_allocator);
   sm_options.version = kVersion;
   sm_options.import_grant_ttl = absl::Seconds(config.import.grant_ttl);

@@ -114,6 +114,18 @@ absl::StatusOr<GpuArenaAllocator> MakeCudaArenaAllocator(ArenaExport mode, int* 
   });
 }
 
+absl::StatusOr<std::vector<std::string>> CudaGpuUuids() {
+  absl::StatusOr<int> count = cuvmm::DeviceCount();
+  if (!count.ok()) return count.status();
+  std::vector<std::string> uuids;
+  for (int gpu = 0; gpu < *count; ++gpu) {
+    absl::StatusOr<std::string> uuid = cuvmm::DeviceUuid(gpu);
+    if (!uuid.ok()) return uuid.status();
+    uuids.push_back(*std::move(uuid));
+  }
+  return uuids;
+}
+
 DriverView SeeCudaDriver() {
   if (void* loaded = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD); loaded != nullptr) {
     ::dlclose(loaded);  // drops only the reference RTLD_NOLOAD took
@@ -129,8 +141,20 @@ absl::StatusOr<GpuArenaAllocator> MakeCudaArenaAllocator(ArenaExport, int* gpu_c
   return absl::UnavailableError("this hisparsed was built without CUDA: GPU arenas are unavailable");
 }
 
+absl::StatusOr<std::vector<std::string>> CudaGpuUuids() {
+  return absl::UnavailableError("this hisparsed was built without CUDA: GPU arenas are unavailable");
+}
+
 DriverView SeeCudaDriver() { return DriverView::kNotBuilt; }
 
 #endif
+
+std::string GpuUuidText(const std::string& uuid) {
+  std::string hex;
+  for (unsigned char c : uuid) absl::StrAppend(&hex, absl::Hex(c, absl::kZeroPad2));
+  if (uuid.size() != 16) return hex;
+  return absl::StrCat("GPU-", hex.substr(0, 8), "-", hex.substr(8, 4), "-", hex.substr(12, 4), "-", hex.substr(16, 4),
+                      "-", hex.substr(20));
+}
 
 }  // namespace hisparse

@@ -129,6 +129,23 @@ ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
 
 }  // namespace
 
+absl::StatusOr<int> SessionManager::DaemonGpuOf(const v1::Geometry& g, bool on_gpu) const {
+  if (!g.gpu_uuid().empty() && g.gpu_uuid().size() != 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("geometry.gpu_uuid must be a GPU's 16-byte UUID, got ", g.gpu_uuid().size(), " bytes"));
+  }
+  // A host arena, an engine that sends no UUID (the two agree on ordinals), or a daemon that could
+  // not read its GPUs' UUIDs (logged at start): the ordinal as given.
+  if (!on_gpu || g.gpu_uuid().empty() || options_.gpu_uuids.empty()) return g.gpu();
+  for (size_t i = 0; i < options_.gpu_uuids.size(); ++i) {
+    if (options_.gpu_uuids[i] == g.gpu_uuid()) return static_cast<int>(i);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the engine's GPU ", g.gpu(), " (", GpuUuidText(g.gpu_uuid()), ") is not one of the ", options_.gpu_uuids.size(),
+      " GPUs this daemon sees: give the daemon every GPU of the node (its pod no GPU limit, "
+      "NVIDIA_VISIBLE_DEVICES=all), or have the engine keep a private arena (HISPARSE_PRIVATE_GPU_ARENA=1)"));
+}
+
 absl::StatusOr<std::unique_ptr<Arena>> SessionManager::CreateArena(bool on_gpu, int gpu,
                                                                    const ArenaOffsets& layout) const {
   // A host memfd's pages materialize as the engine uses them; a GPU arena is allocated, zeroed and
@@ -182,6 +199,9 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
     return absl::InvalidArgumentError(
         absl::StrCat("geometry asks for a ", layout.total_bytes, "-byte slot arena; the limit is ", kMaxArenaBytes));
   }
+  // Set at construction only: readable without the lock.
+  const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
+  HS_ASSIGN_OR_RETURN(const int device, DaemonGpuOf(open.geometry(), on_gpu));
   auto session = std::make_unique<Session>();
   session->token = NewSecret128();
   session->engine_name = std::move(engine_name);
@@ -192,8 +212,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
       static_cast<uint32_t>((uint64_t{max_context} + session->records_per_page - 1) / session->records_per_page);
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
-  // Set at construction only: readable without the lock.
-  const bool on_gpu = open.geometry().gpu() >= 0 && options_.gpu_arena_allocator != nullptr;
+  session->device = device;
   {
     absl::MutexLock lock(&mu_);
     if (draining_)
@@ -218,12 +237,12 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                                                               host_arena_left, " of ", options_.host_arena_budget_bytes,
                                                               " bytes (limits.host_arena_bytes)")));
     }
-    uint64_t& device_bytes = arena_bytes_by_device_[open.geometry().gpu()];
+    uint64_t& device_bytes = arena_bytes_by_device_[device];
     if (options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > options_.arena_budget_bytes) {
       return Reject(RejectReason::kArenaBudget,
-                    absl::ResourceExhaustedError(absl::StrCat(
-                        "the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
-                        open.geometry().gpu(), "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)")));
+                    absl::ResourceExhaustedError(
+                        absl::StrCat("the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
+                                     device, "'s budget (", options_.arena_budget_bytes - device_bytes, " bytes)")));
     }
     device_bytes += layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ += layout.total_bytes;
@@ -234,7 +253,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   // exported now.
   absl::Status arena_status;
   const absl::Time create_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<Arena>> arena = CreateArena(on_gpu, open.geometry().gpu(), layout);
+  absl::StatusOr<std::unique_ptr<Arena>> arena = CreateArena(on_gpu, device, layout);
   if (arena.ok()) {
     session->arena = std::move(*arena);
     session->arena_bytes = session->arena->bytes();
@@ -245,14 +264,14 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   if (!arena_status.ok()) {
-    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    arena_bytes_by_device_[device] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return arena_status;
   }
   // Checked again with what the allocator took, atomically with the session's insertion below:
   // two sessions opened at once by one tenant cannot both slip under its quota.
   if (std::optional<Refusal> refusal = ledger_.CheckOpenSession(owner.uid, session->arena_bytes)) {
-    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    arena_bytes_by_device_[device] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return Reject(*std::move(refusal));
   }
@@ -260,13 +279,13 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
   if (absl::Status joined =
           open.has_group() ? groups_.Join(*session, open.group(), max_context, &next_session_id_) : absl::OkStatus();
       !joined.ok()) {
-    arena_bytes_by_device_[open.geometry().gpu()] -= layout.total_bytes;
+    arena_bytes_by_device_[device] -= layout.total_bytes;
     if (!on_gpu) host_arena_bytes_ -= layout.total_bytes;
     return joined;
   }
   // The budget was checked against the geometry's bytes; account what the allocator really took
   // (a GPU arena is rounded up to the VMM granularity, 2 MiB on current GPUs).
-  arena_bytes_by_device_[open.geometry().gpu()] += session->arena_bytes - layout.total_bytes;
+  arena_bytes_by_device_[device] += session->arena_bytes - layout.total_bytes;
   v1::SessionOpened opened;
   opened.set_session_id(session->id);
   opened.set_token(session->token);
@@ -290,9 +309,9 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                           << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B "
                           << open.geometry().slots() << ", rows " << open.geometry().max_requests() << ", arena "
                           << session->arena_bytes << " B "
-                          << (on_gpu ? absl::StrCat("on GPU ", open.geometry().gpu()) : std::string("in host memory"))
-                          << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in "
-                          << create_seconds * 1e3 << " ms)";
+                          << (on_gpu ? absl::StrCat("on GPU ", device) : std::string("in host memory")) << " shared as "
+                          << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
+                          << " ms)";
   session->requests =
       RequestTable::Open(&ledger_, session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   sessions_.emplace(session->id, std::move(session));
@@ -316,7 +335,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
     // (session_groups.cc; a group request is never durable, so none went to the orphan).
     released = EndSessionLocked(*dead, log);
     if (std::optional<uint64_t> ended = groups_.Leave(*dead)) pool_->RetireIdleOf(*ended);  // its last member
-    arena_bytes_by_device_[dead->geometry.gpu()] -= dead->arena_bytes;
+    arena_bytes_by_device_[dead->device] -= dead->arena_bytes;
     if (dead->arena->in_host_memory()) host_arena_bytes_ -= dead->arena_bytes;
     on_idle = TakeIdleCallbackLocked();
   }

@@ -98,6 +98,7 @@ class GpuArenaSessionTest : public ::testing::Test {
     options.fd_socket_path = "/nonexistent/test.sock.fd";
     options.arena_budget_bytes = 3 * kGranularity;  // three rounded arenas per GPU
     options.device = DeviceKind::kCuda;
+    options.gpu_uuids = {Uuid(0), Uuid(1)};  // the daemon's GPUs 0 and 1
     options.gpu_arena_allocator = [this](int gpu, uint64_t bytes) -> absl::StatusOr<std::unique_ptr<GpuArena>> {
       ++gpus_.allocations;
       if (gpus_.fail_next) {
@@ -112,6 +113,13 @@ class GpuArenaSessionTest : public ::testing::Test {
           new FakeArena(&gpus_, gpu, (bytes + kGranularity - 1) / kGranularity * kGranularity, *kind));
     };
     manager_ = std::make_unique<SessionManager>(options, std::move(*created));
+  }
+
+  // A fake GPU UUID: 16 bytes, all `n` but the first.
+  static std::string Uuid(int n) {
+    std::string u(16, static_cast<char>(n));
+    u[0] = '\x5a';
+    return u;
   }
 
   static v1::OpenSession Open(int gpu) {
@@ -184,6 +192,41 @@ TEST_F(GpuArenaSessionTest, FailedAllocationReturnsTheReservation) {
   EXPECT_TRUE(absl::IsResourceExhausted(failed.status())) << failed.status();
   EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(0), 0u);
   EXPECT_EQ(manager_->Stats().sessions(), 0u);
+}
+
+// An engine pod given the node's second GPU calls it 0 (the device plugin's view), while the daemon,
+// seeing every GPU, calls it 1: the UUID the engine sends decides, so the arena is made on the
+// GPU the engine runs on and counts against that GPU's budget.
+TEST_F(GpuArenaSessionTest, AnEnginesGpuUuidPicksTheDaemonsGpu) {
+  v1::OpenSession open = Open(0);
+  open.mutable_geometry()->set_gpu_uuid(Uuid(1));
+  auto s = manager_->OpenSession(open, Me());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(gpus_.live_bytes[1], kGranularity);
+  EXPECT_EQ(gpus_.live_bytes[0], 0u);
+  EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(1), kGranularity);
+  manager_->CloseSession(s->session_id());
+  EXPECT_EQ(gpus_.live_bytes[1], 0u);
+  EXPECT_EQ(manager_->Stats().arena_bytes_by_device().at(1), 0u);
+
+  // A GPU this daemon does not see: refused, naming it, and nothing allocated.
+  const int before = gpus_.allocations;
+  open.mutable_geometry()->set_gpu_uuid(std::string(16, '\x7f'));
+  auto unknown = manager_->OpenSession(open, Me());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kFailedPrecondition) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("GPU-7f7f7f7f-7f7f-7f7f-7f7f-7f7f7f7f7f7f"), std::string::npos)
+      << unknown.status();
+  EXPECT_EQ(gpus_.allocations, before);
+  // Not a UUID at all.
+  open.mutable_geometry()->set_gpu_uuid("short");
+  EXPECT_EQ(manager_->OpenSession(open, Me()).status().code(), absl::StatusCode::kInvalidArgument);
+  // A host session's UUID means nothing: it gets a host arena as before.
+  v1::OpenSession host = Open(-1);
+  host.mutable_geometry()->set_gpu_uuid(Uuid(1));
+  auto h = manager_->OpenSession(host, Me());
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->arena().kind_enum(), v1::ARENA_KIND_HOST);
+  EXPECT_EQ(gpus_.allocations, before);
 }
 
 TEST_F(GpuArenaSessionTest, CloseReleasesTheGpuArenaAtOnce) {

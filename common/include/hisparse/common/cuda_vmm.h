@@ -23,6 +23,10 @@ namespace hisparse::cuvmm {
 // The number of CUDA devices the driver sees; Unavailable without a driver.
 absl::StatusOr<int> DeviceCount();
 
+// GPU `gpu`'s UUID (cuDeviceGetUuid, 16 bytes): the same GPU has the same UUID in every process,
+// whatever ordinal CUDA_VISIBLE_DEVICES or a container's device list gives it there.
+absl::StatusOr<std::string> DeviceUuid(int gpu);
+
 // Whether `gpu` can share VMM allocations as POSIX fds: both
 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED. Where not, cudaIpc is the way.

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "hisparse/common/unique_fd.h"
@@ -56,6 +57,13 @@ absl::StatusOr<std::string> ChooseArenaKind(ArenaExport mode, bool vmm_fd_suppor
 // allocates that way. Unavailable in builds without CUDA, on hosts without a CUDA driver and where
 // the driver sees no GPU. `gpu_count` (may be null) receives the number of GPUs.
 absl::StatusOr<GpuArenaAllocator> MakeCudaArenaAllocator(ArenaExport mode, int* gpu_count);
+
+// The UUID of each GPU the CUDA driver sees, by ordinal (16 bytes each; cuDeviceGetUuid):
+// SessionManager::Options::gpu_uuids. Unavailable as MakeCudaArenaAllocator is.
+absl::StatusOr<std::vector<std::string>> CudaGpuUuids();
+// A GPU UUID of 16 bytes as nvidia-smi prints it ("GPU-" and 32 hex digits in groups of
+// 8-4-4-4-12); other sizes as plain hex.
+std::string GpuUuidText(const std::string& uuid);
 
 // The NVIDIA driver as this process sees it, after MakeCudaArenaAllocator tried to load
 // libcuda.so.1: asks the loader whether it holds libcuda.so.1, else looks for the kernel driver

@@ -34,7 +34,10 @@ struct SessionEntry {
   uint32_t records_per_page = 0;  // page_bytes / record_bytes
   uint32_t pages_per_entry = 0;   // the most pages one layer of a request may have
   pid_t peer_pid = 0;
-  uint32_t tenant_uid = 0;   // the owner: the uid of the Session stream's peer
+  uint32_t tenant_uid = 0;  // the owner: the uid of the Session stream's peer
+  // The daemon's ordinal of the GPU its arena is on (geometry.gpu, or the GPU its gpu_uuid names),
+  // -1 for a host arena: whose budget the arena counts against.
+  int32_t device = -1;
   RequestTable requests;     // every request's state, kept with the ledger's rows and LRU times
   uint64_t arena_bytes = 0;  // accounted against its device's budget and its tenant's quota
   // The slot arena in its sharing form (arena.h), chosen at open and never null after it (null in

@@ -79,6 +79,10 @@ class SessionManager {
     // GPU's memory from this allocator (SessionOpened.arena.kind "cuda-vmm" or "cuda-ipc", as the
     // allocator chose). Unset, or for gpu = -1, the arena is a host memfd ("host").
     GpuArenaAllocator gpu_arena_allocator;
+    // The UUID (16 bytes) of each GPU the allocator serves, by the daemon's ordinal: a session
+    // whose geometry.gpu_uuid names one gets its arena there, whatever ordinal the engine gave
+    // (an engine pod given one GPU calls it 0). Empty: ordinals are taken as the daemon's.
+    std::vector<std::string> gpu_uuids;
     // This daemon's release: SessionOpened.daemon_version, and the side of the version rule
     // (version_compat.h) that OpenSession holds a client's client_version to.
     std::string version = HISPARSE_VERSION;
@@ -245,6 +249,9 @@ class SessionManager {
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
   absl::StatusOr<std::unique_ptr<Arena>> CreateArena(bool on_gpu, int gpu, const ArenaOffsets& layout) const;
+  // This daemon's ordinal of the GPU a session's geometry names: the one whose UUID is
+  // geometry.gpu_uuid (FailedPrecondition when it sees none such), else geometry.gpu.
+  absl::StatusOr<int> DaemonGpuOf(const v1::Geometry& g, bool on_gpu) const;
 
   // A request chosen for eviction under the lock and evicted after it (EvictVictim): named by
   // its generation too, so that one released and admitted again meanwhile is not the one evicted.
