@@ -309,9 +309,15 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
                           << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B "
                           << open.geometry().slots() << ", rows " << open.geometry().max_requests() << ", arena "
                           << session->arena_bytes << " B "
-                          << (on_gpu ? absl::StrCat("on GPU ", device) : std::string("in host memory")) << " shared as "
-                          << v1::ArenaKindName(session->arena->kind()) << " (created in " << create_seconds * 1e3
-                          << " ms)";
+                          << (on_gpu
+                                  ? absl::StrCat("on GPU ", device,
+                                                 open.geometry().gpu_uuid().empty()
+                                                     ? std::string()
+                                                     : absl::StrCat(" (", GpuUuidText(open.geometry().gpu_uuid()),
+                                                                    ", the engine's GPU ", open.geometry().gpu(), ")"))
+                                  : std::string("in host memory"))
+                          << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in "
+                          << create_seconds * 1e3 << " ms)";
   session->requests =
       RequestTable::Open(&ledger_, session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   sessions_.emplace(session->id, std::move(session));
