@@ -19,6 +19,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/daemon/process_stats.h"
 #include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 
 namespace hisparse {
 namespace {
@@ -317,14 +318,21 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                                     std::shared_ptr<Metrics> metrics) {
   // civetweb takes IPv6 as "[addr]:port", but only when built with it (feature bit 8), which
-  // Debian 12's libcivetweb1 is not: say so rather than "could not bind".
+  // Debian 12's libcivetweb1 is not: then the daemon serves such an address itself.
   constexpr unsigned kCivetwebIpv6 = 8;
   if (!listen.empty() && listen.front() == '[' && mg_check_feature(kCivetwebIpv6) == 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cannot serve metrics on ", listen,
-        ": the civetweb library hisparsed serves them with was built without IPv6 (Debian 12's is); set "
-        "metrics.listen (--metrics-listen) to an IPv4 address (0.0.0.0:9464 for every IPv4 interface), or use a "
-        "civetweb built with IPv6"));
+    std::unique_ptr<MetricsServer> server(new MetricsServer());
+    server->metrics_ = std::move(metrics);
+    absl::StatusOr<std::unique_ptr<MetricsHttp>> http = MetricsHttp::Start(
+        listen, [m = server->metrics_] { return prometheus::TextSerializer().Serialize(m->Collect()); });
+    if (!http.ok()) {
+      return absl::Status(http.status().code(),
+                          absl::StrCat("cannot serve metrics on ", listen, ": ", http.status().message(),
+                                       ": set metrics.listen (--metrics-listen) to another [ADDR]:PORT or HOST:PORT, "
+                                       "or to empty to turn metrics off"));
+    }
+    server->http_ = *std::move(http);
+    return server;
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->metrics_ = std::move(metrics);

@@ -187,9 +187,9 @@ TEST(HardeningTest, MetricsPortInUseIsNamedAndLeavesNoSocket) {
   ::rmdir(dir);
 }
 
-// An IPv6 metrics address, in brackets, is served (and scraped over IPv6) where the host has ::1
-// and civetweb was built with IPv6; where civetweb was not (Debian 12's), the start is refused
-// saying exactly that and what to use instead, not "could not bind".
+// An IPv6 metrics address, in brackets, is served and scraped over IPv6 where the host has ::1: by
+// civetweb where it was built with IPv6, else by the daemon's own server (metrics_http.h; Debian
+// 12's civetweb has none). The refusal branch stays for a daemon built before that server.
 TEST(HardeningTest, MetricsListenOnIpv6ServesOrSaysWhyNot) {
   UniqueFd probe(::socket(AF_INET6, SOCK_STREAM, 0));
   sockaddr_in6 lo6{};

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "hisparse/daemon/metrics_http.h"
 #include "hisparse/daemon/session_manager.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -98,12 +99,17 @@ class MetricsServer {
                                                               std::shared_ptr<Metrics> metrics);
   ~MetricsServer();
   // The ports it listens on: the one asked for, or the one the kernel chose for port 0.
-  std::vector<int> ListeningPorts() const { return exposer_->GetListeningPorts(); }
+  std::vector<int> ListeningPorts() const {
+    return http_ != nullptr ? std::vector<int>{http_->port()} : exposer_->GetListeningPorts();
+  }
 
  private:
   MetricsServer() = default;
   std::shared_ptr<Metrics> metrics_;
+  // One of the two: civetweb's (prometheus-cpp's Exposer), or the daemon's own for an IPv6
+  // address where that civetweb has no IPv6 (metrics_http.h).
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttp> http_;
 };
 
 }  // namespace hisparse
