@@ -93,8 +93,8 @@ SessionManager::AdmitOutcome SessionManager::AdmitItemLocked(const v1::AdmitRequ
 
 void SessionManager::UndoBatchItemLocked(Session& s, uint64_t request_id) {
   Request* r = s.requests.Find(request_id);
-  if (r == nullptr) return;                              // released meanwhile (FinishBatchImports runs in two locks)
-  if (r->importing()) grants_.erase(r->import_grant());  // not registered (now)
+  if (r == nullptr) return;                               // released meanwhile (FinishBatchImports runs in two locks)
+  if (r->importing()) grants_.Forget(r->import_grant());  // not registered (now)
   ReleaseRequestLocked(s, *r);
   --admissions_;
 }

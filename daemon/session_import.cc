@@ -20,13 +20,6 @@
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
-namespace {
-
-// Enough of a grant id to tell grants apart in messages and logs, never enough to use it.
-std::string Short(const std::string& grant_id) { return grant_id.substr(0, 6) + "..."; }
-
-}  // namespace
-
 void SessionManager::SetImportTarget(ImportTarget* target) {
   absl::MutexLock lock(&mu_);
   import_target_ = target;
@@ -85,7 +78,7 @@ absl::StatusOr<SessionManager::OpenedImport> SessionManager::OpenImportLocked(co
   const absl::Time now = options_.clock ? options_.clock() : absl::Now();
   // The target refuses writes by the real clock; the sweep (ExpireImports) goes by options_.clock.
   o.expires = absl::Now() + options_.import_grant_ttl;
-  grants_.emplace(o.grant_id, Grant{s.id, r.id, s.tenant_uid, now + options_.import_grant_ttl, /*busy=*/true});
+  grants_.Open(o.grant_id, ImportGrants::Grant{s.id, r.id, s.tenant_uid, now + options_.import_grant_ttl});
   v1::ImportGrant* g = resp->mutable_grant();
   g->set_grant_id(o.grant_id);
   g->set_session_id(s.id);
@@ -127,67 +120,19 @@ absl::Status SessionManager::RegisterImport(const OpenedImport& o) {
 }
 
 void SessionManager::DropImportLocked(const OpenedImport& o) {
-  grants_.erase(o.grant_id);
+  grants_.Forget(o.grant_id);
   auto sit = sessions_.find(o.session_id);
   ReleaseRequestLocked(*sit->second, *sit->second->requests.Find(o.request_id));
 }
 
 void SessionManager::PublishImportLocked(const OpenedImport& o, v1::AdmitResponse* resp) {
-  grants_.at(o.grant_id).busy = false;
+  grants_.Publish(o.grant_id);
   v1::ImportGrant* g = resp->mutable_grant();
   g->set_worker_address(o.target->WorkerAddress());
   g->set_max_write_bytes(kMaxImportWriteBytes);
-  LOG(INFO) << "import grant " << Short(o.grant_id) << " for request " << o.request_id << " of session " << o.session_id
-            << ": " << o.layout.num_layers << " layers of " << o.layout.capacity_tokens << " positions, expires in "
-            << absl::FormatDuration(options_.import_grant_ttl);
-}
-
-absl::Status SessionManager::CheckGrantLocked(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
-                                              std::optional<uint32_t> caller_uid) const {
-  if (grant_id.empty()) return absl::InvalidArgumentError("grant_id is empty");
-  auto it = grants_.find(grant_id);
-  if (it == grants_.end()) {
-    auto spent = spent_grants_.find(grant_id);
-    if (spent == spent_grants_.end()) {
-      return absl::NotFoundError(absl::StrCat("no import grant ", Short(grant_id), " (never issued, or long gone)"));
-    }
-    switch (spent->second.end) {
-      case GrantEnd::kCommitted:
-        return absl::AlreadyExistsError(
-            absl::StrCat("import grant ", Short(grant_id), " was committed already: a grant is used once"));
-      case GrantEnd::kExpired:
-        return absl::FailedPreconditionError(
-            absl::StrCat("import grant ", Short(grant_id), " expired (import.grant_ttl); its pages are free again"));
-      case GrantEnd::kAborted:
-        return absl::FailedPreconditionError(
-            absl::StrCat("import grant ", Short(grant_id), " was aborted; its pages are free again"));
-    }
-  }
-  const Grant& g = it->second;
-  if (g.session_id != session_id || g.request_id != request_id) {
-    return absl::PermissionDeniedError(absl::StrCat("import grant ", Short(grant_id), " covers request ", g.request_id,
-                                                    " of session ", g.session_id, ", not request ", request_id,
-                                                    " of session ", session_id));
-  }
-  if (caller_uid.has_value() && *caller_uid != g.tenant_uid) {
-    return absl::PermissionDeniedError(absl::StrCat("import grant ", Short(grant_id), " belongs to uid ", g.tenant_uid,
-                                                    ", not to the caller's uid ", *caller_uid));
-  }
-  if (g.busy) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("import grant ", Short(grant_id), " is being registered or finished right now"));
-  }
-  return absl::OkStatus();
-}
-
-void SessionManager::RememberSpentLocked(const std::string& grant_id, const Grant& g, GrantEnd end) {
-  ++imports_ended_[static_cast<int>(end)];
-  if (spent_order_.size() >= kSpentGrants) {
-    spent_grants_.erase(spent_order_.front());
-    spent_order_.pop_front();
-  }
-  spent_grants_[grant_id] = SpentGrant{g.session_id, g.request_id, end};
-  spent_order_.push_back(grant_id);
+  LOG(INFO) << "import grant " << ShortGrantId(o.grant_id) << " for request " << o.request_id << " of session "
+            << o.session_id << ": " << o.layout.num_layers << " layers of " << o.layout.capacity_tokens
+            << " positions, expires in " << absl::FormatDuration(options_.import_grant_ttl);
 }
 
 absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
@@ -196,8 +141,8 @@ absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t 
   ImportTarget* target;
   {
     absl::MutexLock lock(&mu_);
-    HS_RETURN_IF_ERROR(CheckGrantLocked(grant_id, session_id, request_id, caller_uid));
-    grants_.at(grant_id).busy = true;
+    HS_RETURN_IF_ERROR(grants_.Check(grant_id, session_id, request_id, caller_uid));
+    grants_.MarkBusy(grant_id);
     target = import_target_;
   }
   // Revoked before anything else: from here on no write of the grant lands in these pages.
@@ -206,14 +151,11 @@ absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t 
   v1::SessionEvent event;
   {
     absl::MutexLock lock(&mu_);
-    auto git = grants_.find(grant_id);
-    const Grant g = git->second;
-    grants_.erase(git);
     const bool commit = outcome == ImportOutcome::kCommit;
-    RememberSpentLocked(grant_id, g,
-                        commit                              ? GrantEnd::kCommitted
-                        : outcome == ImportOutcome::kExpire ? GrantEnd::kExpired
-                                                            : GrantEnd::kAborted);
+    const ImportGrants::Grant g =
+        grants_.Finish(grant_id, commit                              ? ImportGrants::End::kCommitted
+                                 : outcome == ImportOutcome::kExpire ? ImportGrants::End::kExpired
+                                                                     : ImportGrants::End::kAborted);
     // A session waits out its busy grants before closing: the session and request are here.
     Session& s = *sessions_.at(g.session_id);
     Request& r = *s.requests.Find(g.request_id);
@@ -229,7 +171,7 @@ absl::Status SessionManager::FinishImport(const std::string& grant_id, uint64_t 
     f->set_committed(commit);
     f->set_reason(reason);
   }
-  LOG(INFO) << "import grant " << Short(grant_id) << " of request " << request_id << " of session " << session_id
+  LOG(INFO) << "import grant " << ShortGrantId(grant_id) << " of request " << request_id << " of session " << session_id
             << ": " << reason;
   if (sink != nullptr && !(*sink)(event)) {
     absl::MutexLock lock(&mu_);
@@ -249,51 +191,32 @@ absl::Status SessionManager::AbortImport(const v1::AbortImportRequest& req, uint
 }
 
 size_t SessionManager::ExpireImports() {
-  struct Due {
-    std::string id;
-    uint64_t session_id, request_id;
-  };
-  std::vector<Due> due;
+  std::vector<ImportGrants::Ref> due;
   {
     absl::MutexLock lock(&mu_);
     if (grants_.empty()) return 0;
-    const absl::Time now = options_.clock ? options_.clock() : absl::Now();
-    for (const auto& [id, g] : grants_) {
-      if (!g.busy && g.expires <= now) due.push_back({id, g.session_id, g.request_id});
-    }
+    due = grants_.Due(options_.clock ? options_.clock() : absl::Now());
   }
-  size_t expired = 0;
-  for (const Due& d : due) {
-    // A grant committed or aborted meanwhile is refused here, and stays as it ended.
-    if (FinishImport(d.id, d.session_id, d.request_id, std::nullopt, ImportOutcome::kExpire, "expired").ok()) {
-      ++expired;
-    }
-  }
-  return expired;
+  return FinishEach(due, ImportOutcome::kExpire, "expired");
 }
 
 size_t SessionManager::AbortLostImports(const std::vector<std::string>& grant_ids, const std::string& reason) {
-  struct Lost {
-    std::string id;
-    uint64_t session_id, request_id;
-  };
-  std::vector<Lost> lost;
+  std::vector<ImportGrants::Ref> lost;
   {
     absl::MutexLock lock(&mu_);
-    for (const std::string& id : grant_ids) {
-      auto it = grants_.find(id);
-      if (it != grants_.end()) lost.push_back({id, it->second.session_id, it->second.request_id});
-    }
+    lost = grants_.StillOpen(grant_ids);
   }
-  size_t aborted = 0;
-  for (const Lost& l : lost) {
-    if (FinishImport(l.id, l.session_id, l.request_id, std::nullopt, ImportOutcome::kAbort,
-                     absl::StrCat("aborted: ", reason))
-            .ok()) {
-      ++aborted;
-    }
+  return FinishEach(lost, ImportOutcome::kAbort, absl::StrCat("aborted: ", reason));
+}
+
+size_t SessionManager::FinishEach(const std::vector<ImportGrants::Ref>& grants, ImportOutcome outcome,
+                                  const std::string& reason) {
+  size_t finished = 0;
+  for (const ImportGrants::Ref& g : grants) {
+    // A grant committed or aborted meanwhile is refused here, and stays as it ended.
+    if (FinishImport(g.id, g.session_id, g.request_id, std::nullopt, outcome, reason).ok()) ++finished;
   }
-  return aborted;
+  return finished;
 }
 
 std::optional<absl::Status> SessionManager::ReleaseIfImporting(const v1::ReleaseRequest& req) {
@@ -321,21 +244,10 @@ void SessionManager::RevokeImportsOf(uint64_t session_id) {
     sit->second->imports_closed = true;  // no new grant from here on (AdmitImport refuses)
     const auto none_busy = [this, session_id]() {
       mu_.AssertHeld();
-      for (const auto& [id, g] : grants_) {
-        if (g.session_id == session_id && g.busy) return false;
-      }
-      return true;
+      return !grants_.AnyBusyOf(session_id);
     };
     mu_.Await(absl::Condition(&none_busy));
-    for (auto it = grants_.begin(); it != grants_.end();) {
-      if (it->second.session_id != session_id) {
-        ++it;
-        continue;
-      }
-      RememberSpentLocked(it->first, it->second, GrantEnd::kAborted);
-      revoked.push_back(it->first);
-      grants_.erase(it++);
-    }
+    revoked = grants_.FinishAllOf(session_id, ImportGrants::End::kAborted);
     target = import_target_;
   }
   // The requests go with the session (CloseSession), after this.

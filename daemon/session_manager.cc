@@ -706,9 +706,9 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     out.set_requests(requests);
     out.set_parked_requests(parked);
     out.set_importing_requests(importing);
-    out.set_imports_committed(imports_ended_[static_cast<int>(GrantEnd::kCommitted)]);
-    out.set_imports_aborted(imports_ended_[static_cast<int>(GrantEnd::kAborted)]);
-    out.set_imports_expired(imports_ended_[static_cast<int>(GrantEnd::kExpired)]);
+    out.set_imports_committed(grants_.ended(ImportGrants::End::kCommitted));
+    out.set_imports_aborted(grants_.ended(ImportGrants::End::kAborted));
+    out.set_imports_expired(grants_.ended(ImportGrants::End::kExpired));
     OrphanStatsLocked(only_uid, &out);     // session_durable.cc
     FillGroupStatsLocked(only_uid, &out);  // session_groups.cc
   }

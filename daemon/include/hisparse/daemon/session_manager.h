@@ -21,7 +21,6 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +44,7 @@
 #include "hisparse/daemon/config.h"
 #include "hisparse/daemon/durable_requests.h"
 #include "hisparse/daemon/gpu_arena.h"
+#include "hisparse/daemon/import_grants.h"
 #include "hisparse/daemon/import_target.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/request_table.h"
@@ -357,23 +357,7 @@ class SessionManager {
   // Counts a refused admission under `reason` and returns `status`.
   absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Reject(Refusal refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Imports (session_import.cc). An open grant, by id. kBusy while its memory is being
-  // registered or revoked (outside the lock): nothing else may finish it then.
-  struct Grant {
-    uint64_t session_id = 0;
-    uint64_t request_id = 0;
-    uint32_t tenant_uid = 0;
-    absl::Time expires;
-    bool busy = true;
-  };
-  // How a grant ended, kept (the last kSpentGrants) so a second use gets its specific refusal.
-  enum class GrantEnd { kCommitted, kAborted, kExpired };
-  struct SpentGrant {
-    uint64_t session_id = 0;
-    uint64_t request_id = 0;
-    GrantEnd end = GrantEnd::kAborted;
-  };
-  static constexpr size_t kSpentGrants = 4096;
+  // Imports (session_import.cc): the grants' lives are ImportGrants' (import_grants.h).
   enum class ImportOutcome { kCommit, kAbort, kExpire };
   // Commit, abort or expire one grant: checks it (session, request, tenant) and marks it busy
   // under the lock, revokes its memory outside it, then makes the request live or frees it and
@@ -381,10 +365,10 @@ class SessionManager {
   absl::Status FinishImport(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
                             std::optional<uint32_t> caller_uid, ImportOutcome outcome, const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CheckGrantLocked(const std::string& grant_id, uint64_t session_id, uint64_t request_id,
-                                std::optional<uint32_t> caller_uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RememberSpentLocked(const std::string& grant_id, const Grant& g, GrantEnd end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FinishImport of each of `grants` (those finished meanwhile are refused and skipped); how many
+  // it finished.
+  size_t FinishEach(const std::vector<ImportGrants::Ref>& grants, ImportOutcome outcome, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses where imports are off or the session closes, admits as AdmitLocked (never evicting),
   // marks the request importing under a new busy grant and fills resp (the grant's header).
   absl::StatusOr<OpenedImport> OpenImportLocked(const v1::AdmitRequest& req, v1::AdmitResponse* resp)
@@ -483,10 +467,7 @@ class SessionManager {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> on_idle_ ABSL_GUARDED_BY(mu_);
   ImportTarget* import_target_ ABSL_GUARDED_BY(mu_) = nullptr;
-  absl::flat_hash_map<std::string, Grant> grants_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, SpentGrant> spent_grants_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> spent_order_ ABSL_GUARDED_BY(mu_);    // oldest first
-  uint64_t imports_ended_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // by GrantEnd, since start
+  ImportGrants grants_ ABSL_GUARDED_BY(mu_);  // open and spent import grants
   // Leases, the orphans that keep durable requests and their figures (durable_requests.h).
   DurableRequests durable_ ABSL_GUARDED_BY(mu_);
   // TP groups and their members (tp_groups.h); their requests' pages are admitted here.
