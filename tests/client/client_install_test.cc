@@ -111,19 +111,25 @@ class ClientInstallTest : public ::testing::Test {
     auto d = DaemonProcess::Start(args);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
+    auto s = ClientSession::Open(Options("client-install-test"), [this](std::unique_ptr<DeviceBackend> b) {
+      return std::make_unique<ProbeBackend>(std::move(b), probe_);
+    });
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = std::move(*s);
+  }
+
+  // The test's geometry on the host backend, for the daemon Start started.
+  hs_session_options Options(const char* engine_name) const {
     hs_session_options o = HS_SESSION_OPTIONS_INIT;
     o.daemon_address = daemon_->address().c_str();
-    o.engine_name = "client-install-test";
+    o.engine_name = engine_name;
     o.num_layers = 2;
     o.record_bytes = 64;
     o.k = 4;
     o.slots = 8;
     o.max_requests = 4;
     o.backend = HS_BACKEND_HOST;
-    auto s = ClientSession::Open(
-        o, [this](std::unique_ptr<DeviceBackend> b) { return std::make_unique<ProbeBackend>(std::move(b), probe_); });
-    ASSERT_TRUE(s.ok()) << s.status();
-    session_ = std::move(*s);
+    return o;
   }
 
   std::shared_ptr<Probe> probe_ = std::make_shared<Probe>();
@@ -375,16 +381,7 @@ TEST_F(ClientInstallTest, ASlabTheDaemonTakesBackIsDroppedHere) {
   ASSERT_EQ(probe_->registered, 1);
   // Another session asks for the whole pool (64 MiB: 512 pages of 64 KiB a layer): the pool can
   // only give it that by retiring the first session's idle slab.
-  hs_session_options o = HS_SESSION_OPTIONS_INIT;
-  o.daemon_address = daemon_->address().c_str();
-  o.engine_name = "client-install-test-other";
-  o.num_layers = 2;
-  o.record_bytes = 64;
-  o.k = 4;
-  o.slots = 8;
-  o.max_requests = 1;
-  o.backend = HS_BACKEND_HOST;
-  auto other = ClientSession::Open(o);
+  auto other = ClientSession::Open(Options("client-install-test-other"));
   ASSERT_TRUE(other.ok()) << other.status();
   auto whole = (*other)->Admit(1, 0, 512 * 1024);
   ASSERT_TRUE(whole.ok()) << whole.status();
