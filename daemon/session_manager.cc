@@ -884,14 +884,7 @@ absl::Status SessionManager::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-void SessionManager::WaitPoolIdle() const {
-  const PagePool* pool;
-  {
-    absl::MutexLock lock(&mu_);
-    pool = pool_.get();  // set at construction, never replaced
-  }
-  pool->WaitIdle();
-}
+void SessionManager::WaitPoolIdle() const { pool_unlocked_->WaitIdle(); }
 
 absl::StatusOr<uint8_t*> SessionManager::RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
                                                        uint32_t position) const {

@@ -55,13 +55,8 @@ std::optional<SessionManager::Victim> SessionManager::PickVictimLocked(uint64_t 
 }
 
 size_t SessionManager::SweepRetiredSlabs() {
-  PagePool* pool;
-  {
-    absl::MutexLock lock(&mu_);
-    pool = pool_.get();  // set at construction, never replaced; thread-safe itself
-  }
   NotifySlabDepartures();
-  return pool->SweepRetired();  // punches outside every lock
+  return pool_unlocked_->SweepRetired();  // punches outside every lock
 }
 
 void SessionManager::NotifySlabDepartures() {

@@ -449,7 +449,8 @@ class SessionManager {
   mutable absl::Mutex mu_;
   // Thread-safe itself; guarded so that a request's pages and the ledger change together.
   std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
-  // The same pool, for its calls that need none of the manager's state (HasDepartures).
+  // The same pool (set at construction, never replaced; thread-safe itself), for its calls that
+  // need none of the manager's state: HasDepartures, SweepRetired, WaitIdle.
   PagePool* const pool_unlocked_;
   // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
   AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
