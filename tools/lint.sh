@@ -57,7 +57,7 @@ PY
 mapfile -t product < build/lint/product.txt
 mapfile -t tests < <(git ls-files 'tests/*.cc' | grep -v -E '^tests/fuzz/')
 # .clang-tidy's header filter (the public headers), and the product .cc files a batch includes.
-PRODUCT_FILTER=".*/(common|daemon|client|kernels|bench)/include/hisparse/.*|^$PWD/(common|daemon|client|kernels|bench|tools|import_worker)/.*\.cc$"
+PRODUCT_FILTER=".*/(common|daemon|keeper|client|kernels|bench)/include/hisparse/.*|^$PWD/(common|daemon|keeper|client|kernels|bench|tools|import_worker)/.*\.cc$"
 TEST_CHECKS='-*,bugprone-use-after-move,bugprone-unused-return-value,bugprone-dangling-handle,bugprone-undefined-memory-manipulation,modernize-use-override,misc-unused-using-decls'
 runner=$(command -v run-clang-tidy || command -v run-clang-tidy-14 || true)
 jobs=${HISPARSE_JOBS:-$(nproc)}
