@@ -79,6 +79,16 @@ absl::Status SealSize(int fd, const char* name) {
 
 }  // namespace
 
+absl::Status CheckSizeSeals(int fd) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return absl::FailedPreconditionError(absl::StrCat("not a sealable memfd: ", std::strerror(errno)));
+  if ((seals & kSizeSeals) != kSizeSeals) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a memfd without the size seals (seals 0x", absl::Hex(seals), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hugetlb, bool* used_hugetlb) {
   if (used_hugetlb != nullptr) *used_hugetlb = false;
   if (try_hugetlb) {

@@ -413,6 +413,14 @@ const std::vector<KeySpec>& Specs() {
        false, HS_SET_WITH(ParseInt, durability.max_orphans_per_tenant),
        [](const DaemonConfig& c) { return absl::StrCat(c.durability.max_orphans_per_tenant); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.durability.max_orphans_per_tenant, 0); }},
+      {"durability.keep_across_restarts", "bool",
+       "Keep durable requests across hisparsed's own restarts (a crash, an upgrade): their slabs and a journal go "
+       "to the service manager's fd store (systemd's, with NotifyAccess=main and FileDescriptorStoreMax=; or "
+       "hisparse-keeper's) and a restarted daemon takes them back as adoptable orphans. Without a store "
+       "($NOTIFY_SOCKET unset) it has no effect.",
+       false, HS_SET_WITH(ParseBool, durability.keep_across_restarts),
+       [](const DaemonConfig& c) { return std::string(c.durability.keep_across_restarts ? "true" : "false"); },
+       nullptr},
       {"log_level", "debug | info | warning | error", "Least severe log level written.", false,
        HS_SET_WITH(ParseLogLevel, log_level),
        [](const DaemonConfig& c) { return std::string(LogLevelName(c.log_level)); }, nullptr},

@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "hisparse/common/fd_store.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/path_lock.h"
 #include "hisparse/common/size_parse.h"
@@ -32,6 +33,7 @@
 #include "hisparse/daemon/memory_headroom.h"
 #include "hisparse/daemon/metrics.h"
 #include "hisparse/daemon/page_pool.h"
+#include "hisparse/daemon/request_journal.h"
 #include "hisparse/daemon/service.h"
 #include "hisparse/daemon/session_manager.h"
 #include "hisparse/daemon/stream_gate.h"
@@ -129,8 +131,75 @@ class LeaseSweeper {
   std::thread thread_;
 };
 
+// Restarts without loss (request_journal.h): the fds a service manager's store passed at start,
+// read into a plan, and the store that keeps the new life's. Without a store (or with
+// durability.keep_across_restarts off) there is nothing to take back and no journal.
+struct StartRecovery {
+  std::unique_ptr<FdStore> store;
+  RecoveryPlan plan;
+  // Ids of this life start at epoch << 40 (0: a first life, ids from 1).
+  uint64_t FirstId() const { return plan.next_epoch() == 0 ? 1 : (plan.next_epoch() << 40) | 1; }
+};
+
+StartRecovery TakeStoredFds(const DaemonConfig& config) {
+  StartRecovery out;
+  absl::StatusOr<std::vector<ListenFd>> fds = TakeListenFds();
+  if (!fds.ok()) {
+    LOG(ERROR) << "the fds passed at start cannot be taken (" << fds.status() << "): none is recovered";
+    fds = std::vector<ListenFd>();
+  }
+  const bool wanted = config.durability.keep_across_restarts && config.durability.max_lease_seconds > 0;
+  absl::StatusOr<std::unique_ptr<FdStore>> store = FdStore::FromEnvironment();
+  if (wanted && store.ok()) {
+    out.store = *std::move(store);
+  } else if (wanted && !absl::IsNotFound(store.status())) {
+    LOG(ERROR) << "the service manager's fd store cannot be reached (" << store.status()
+               << "): durable requests will not outlive this process";
+  } else if (wanted) {
+    LOG(INFO) << "no service manager keeps fds for hisparsed ($NOTIFY_SOCKET unset): durable requests outlive "
+                 "their engines, not this process";
+  }
+  if (out.store == nullptr) {
+    if (!fds->empty()) LOG(WARNING) << fds->size() << " fds passed at start are dropped: no journal is kept";
+    return out;
+  }
+  out.plan = PlanRecovery(*std::move(fds), config.host_pool.page_size, config.host_pool.size, absl::Now());
+  return out;
+}
+
+// After the pool took the plan's slabs back: scrubs the slabs nothing needs, starts this life's
+// journal holding the restored requests, and logs what the restart kept and lost.
+absl::StatusOr<std::unique_ptr<RequestJournal>> StartJournal(StartRecovery& r, uint64_t page_bytes) {
+  RecoveryPlan& plan = r.plan;
+  if (!plan.refused.empty()) {
+    LOG(ERROR) << "restart: the request journal is refused, " << plan.refused
+               << "; every slab it names is scrubbed and no durable request is recovered";
+  }
+  for (const std::string& line : plan.dropped) LOG(WARNING) << "restart: not recovered: " << line;
+  std::vector<std::string> stale = std::move(plan.stale_names);
+  for (auto& [name, fd] : plan.unused) {
+    (void)::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(FileSize(fd.get()).value_or(0)));
+    stale.push_back(name);
+  }
+  journal::Header header;
+  header.set_format(RequestJournal::kFormat);
+  header.set_generation(plan.found ? plan.header.generation() + 1 : 1);
+  header.set_epoch(plan.next_epoch());
+  header.set_page_bytes(page_bytes);
+  header.set_daemon_version(kVersion);
+  // The restored requests' slabs are in the store already (the pool has taken plan.slabs).
+  std::set<uint64_t> stored;
+  for (const journal::Put& put : plan.puts) {
+    for (const journal::Layer& layer : put.layers()) stored.insert(layer.slab().begin(), layer.slab().end());
+  }
+  return RequestJournal::Start(std::move(r.store), header, plan.puts, stored, stale);
+}
+
 struct Daemon::Impl {
   PathLock socket_lock;  // first member: released last, after the sockets are gone
+  // Outlives `sessions` (whose pool's worker reports dropped slabs to it).
+  std::unique_ptr<RequestJournal> journal;
   mutable absl::Mutex config_mu;
   DaemonConfig config ABSL_GUARDED_BY(config_mu);
   v1::ConfigReloadStatus reload ABSL_GUARDED_BY(config_mu);  // the last reload (Stats, GetConfig)
@@ -249,7 +318,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   pool_options.mlock = config.host_pool.mlock;
   HS_ASSIGN_OR_RETURN(impl->auto_host_arena_bytes,
                       CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff));
-  HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, PagePool::Create(pool_options));
+  StartRecovery recovery = TakeStoredFds(config);
+  pool_options.first_slab_id = recovery.FirstId();
+  std::vector<journal::Put> restore = recovery.plan.puts;
+  absl::StatusOr<std::unique_ptr<PagePool>> created = PagePool::Create(pool_options, std::move(recovery.plan.slabs));
+  if (!created.ok() && !restore.empty()) {
+    LOG(ERROR) << "restart: the pool cannot take the recovered slabs back (" << created.status()
+               << "): no durable request is recovered";
+    restore.clear();
+    created = PagePool::Create(pool_options);
+  }
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, std::move(created));
+  if (recovery.store != nullptr) {
+    recovery.plan.puts = restore;
+    absl::StatusOr<std::unique_ptr<RequestJournal>> journal = StartJournal(recovery, config.host_pool.page_size);
+    if (journal.ok()) {
+      impl->journal = *std::move(journal);
+    } else {
+      LOG(ERROR) << "the request journal cannot start (" << journal.status()
+                 << "): durable requests will not outlive this process";
+    }
+  }
 
   SessionManager::Options sm_options;
   sm_options.max_sessions = static_cast<uint32_t>(config.limits.max_sessions);
@@ -277,7 +366,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.import_grant_ttl = absl::Seconds(config.import.grant_ttl);
   sm_options.max_lease_seconds = static_cast<uint32_t>(config.durability.max_lease_seconds);
   sm_options.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
+  sm_options.journal = impl->journal.get();
+  sm_options.first_session_id = recovery.FirstId();
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
+  if (!restore.empty()) {
+    absl::StatusOr<size_t> restored = impl->sessions->RestoreOrphans(restore);
+    if (restored.ok()) {
+      LOG(INFO) << "restart: " << *restored << " durable requests recovered from the former daemon";
+    } else {
+      LOG(ERROR) << "restart: restoring the recovered requests failed: " << restored.status();
+    }
+  }
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);
   // Before either socket exists: a metrics address that cannot be bound stops the start with

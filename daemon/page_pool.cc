@@ -66,7 +66,8 @@ int ResolveThreads(int requested) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const Options& options) {
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const Options& options,
+                                                           std::vector<RecoveredSlab> recovered) {
   const uint64_t unit = options.hugepages == Hugepages::kOn ? kHugePage : kSmallPage;
   if (options.page_bytes == 0 || options.page_bytes % unit != 0) {
     return absl::InvalidArgumentError(absl::StrCat("host_pool.page_size must be a positive multiple of ",
@@ -87,6 +88,11 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const Options& option
     const uint64_t probe = std::min(options.slab_bytes, options.budget_bytes / options.page_bytes * options.page_bytes);
     HS_ASSIGN_OR_RETURN(std::shared_ptr<SlabMemory> mem, pool->MakeMemory(probe, /*threads=*/0));
     (void)mem;
+  }
+  {
+    absl::MutexLock lock(&pool->mu_);
+    pool->next_slab_ = std::max<uint64_t>(options.first_slab_id, 1);
+    for (RecoveredSlab& slab : recovered) HS_RETURN_IF_ERROR(pool->AdoptRecoveredLocked(std::move(slab)));
   }
   pool->worker_ = std::thread([p = pool.get()] { p->WorkerLoop(); });
   LOG(INFO) << "host pool: budget " << FormatByteSize(options.budget_bytes) << " in pages of "
@@ -232,6 +238,7 @@ void PagePool::TakePagesFromLocked(const std::vector<uint64_t>& slab_ids, uint32
 
 uint64_t PagePool::AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages) {
   const uint64_t id = next_slab_++;
+  mem->id = id;
   Slab& s = slabs_[id];
   s.owner = owner;
   s.mem = std::move(mem);
@@ -241,6 +248,50 @@ uint64_t PagePool::AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem
   owned_bytes_ += uint64_t{pages} * options_.page_bytes;
   pages_free_ += pages;
   return id;
+}
+
+absl::Status PagePool::AdoptRecoveredLocked(RecoveredSlab slab) {
+  const uint64_t pages = slab.refs.size();
+  const uint64_t bytes = pages * options_.page_bytes;
+  if (slab.owner == kNoOwner || slab.id == 0 || slab.id >= next_slab_ || slabs_.count(slab.id) != 0 || pages == 0 ||
+      pages > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("recovered slab ", slab.id, " of owner ", slab.owner, " (", pages,
+                                                   " pages) cannot be taken back"));
+  }
+  if (owned_bytes_ + bytes > options_.budget_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("recovered slab ", slab.id, " does not fit in the budget"));
+  }
+  HS_ASSIGN_OR_RETURN(size_t size, FileSize(slab.fd.get()));
+  if (size != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recovered slab ", slab.id, " is ", size, " bytes, not ", pages, " pages"));
+  }
+  auto mem = std::make_shared<SlabMemory>();
+  HS_ASSIGN_OR_RETURN(mem->map, MappedRegion::MapShared(slab.fd.get(), bytes));
+  mem->fd = std::move(slab.fd);
+  mem->id = slab.id;
+  // The kernel says whether the memfd is on huge pages (hugetlbfs has no holes to punch that
+  // differ; only the figure in Stats depends on it).
+  struct stat st {};
+  mem->hugetlb = ::fstat(mem->fd.get(), &st) == 0 && static_cast<uint64_t>(st.st_blksize) >= kHugePage;
+  if (!mem->hugetlb) hugepages_ = false;
+  Slab& s = slabs_[slab.id];
+  s.owner = slab.owner;
+  s.mem = std::move(mem);
+  s.refs = std::move(slab.refs);
+  for (uint32_t i = 0; i < s.refs.size(); ++i) {
+    if (s.refs[i] == 0) {
+      s.free.insert(s.free.end(), i);
+      ++pages_free_;
+    } else {
+      ++pages_used_;
+      if (s.refs[i] > 1) ++pages_shared_;
+    }
+  }
+  if (s.free.size() == s.refs.size()) idle_.insert(slab.id);
+  slabs_by_owner_[slab.owner].push_back(slab.id);
+  owned_bytes_ += bytes;
+  return absl::OkStatus();
 }
 
 void PagePool::TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out) {
@@ -664,6 +715,11 @@ void PagePool::PauseWorkerForTest(bool paused) {
   paused_for_test_ = paused;
 }
 
+void PagePool::SetSlabDroppedHook(std::function<void(uint64_t)> hook) {
+  absl::MutexLock lock(&mu_);
+  slab_dropped_hook_ = std::move(hook);
+}
+
 void PagePool::SetAfterPunchForTest(std::function<void()> after_punch) {
   absl::MutexLock lock(&mu_);
   after_punch_for_test_ = std::move(after_punch);
@@ -678,10 +734,13 @@ void PagePool::ScrubOne(std::shared_ptr<SlabMemory> mem) {
   const std::optional<uint32_t> tenant = mem->charged_to;
   const uint64_t bytes = mem->map.size();
   const std::function<void()> after_punch = after_punch_for_test_;
+  const std::function<void(uint64_t)> dropped = slab_dropped_hook_;
+  const uint64_t id = mem->id;
   mu_.Unlock();
   // The memory is freed here, whoever else holds the memfd; then the daemon's mapping goes.
   const absl::StatusOr<uint64_t> left = PunchOut(mem->fd.get(), bytes, after_punch);
   mem->map.Reset();
+  if (dropped && id != 0) dropped(id);
   const bool keep = tenant.has_value() && left.ok() && *left != 0;
   // A punch that failed (a kernel without hole punching for this memfd) frees nothing here: the
   // memory lives as long as an engine holds the memfd, as it did before punching.

@@ -63,6 +63,7 @@ v1::AdmitRequest SingleAdmit(const v1::SessionRef& session, const v1::AdmitItem&
 }  // namespace
 
 absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitBatch(const v1::AdmitBatchRequest& req) {
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
   const NotifyDeparturesOnReturn notify{this};  // an allocation may retire another session's idle slab
   HS_RETURN_IF_ERROR(batch::CheckSize(req.items_size(), kMaxBatchItems, "items"));
   HS_RETURN_IF_ERROR(batch::CheckMode(req.mode()));
@@ -265,6 +266,7 @@ absl::StatusOr<std::vector<std::optional<absl::Status>>> SessionManager::AbortIm
 }
 
 absl::StatusOr<v1::ReleaseBatchResponse> SessionManager::ReleaseBatch(const v1::ReleaseBatchRequest& req) {
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
   HS_RETURN_IF_ERROR(batch::CheckSize(req.request_ids_size(), kMaxBatchItems, "request_ids"));
   // An importing item is an abort, as for Release: its grant's memory is revoked outside the lock
   // before its pages go (session_import.cc), so those items go first, one by one.

@@ -33,8 +33,9 @@
 //
 // Leases end by the clock (Options::clock): ExpireLeases, which the daemon runs periodically,
 // releases what ran out; Adopt and ListAdoptable also skip (and Adopt first releases) requests
-// whose lease has ended though the sweep has not run yet. The daemon's own end ends everything:
-// durability is across engine restarts, not daemon restarts.
+// whose lease has ended though the sweep has not run yet. Across the daemon's own restarts, durable
+// requests are kept where the daemon runs under a service manager's fd store (request_journal.h,
+// session_journal.cc); without one, the daemon's end ends everything.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -62,6 +63,7 @@ void SessionManager::SetMaxOrphansPerTenant(uint32_t orphans) {
 }
 
 absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
   if (r->importing()) {
@@ -77,6 +79,7 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
   HS_RETURN_IF_ERROR(durable_.CheckLease(req.lease_seconds(), /*importing=*/false));
   const absl::Time now = Now();
   r->lease_end = DurableRequests::LeaseEnd(now, req.lease_seconds());
+  JournalTouchLocked(*sessions_.at(req.session().session_id()), *r);
   v1::SetLeaseResponse resp;
   resp.set_lease_seconds_left(DurableRequests::LeaseLeft(*r, now));
   return resp;
@@ -137,7 +140,8 @@ size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
 }
 
 size_t SessionManager::ExpireLeases() {
-  DeferredLog log;  // written once the lock is released
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
+  DeferredLog log;                         // written once the lock is released
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   size_t released = 0;
@@ -147,7 +151,8 @@ size_t SessionManager::ExpireLeases() {
 }
 
 absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& req) {
-  DeferredLog log;  // written once the lock is released
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
+  DeferredLog log;                         // written once the lock is released
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * me, FindLocked(req.session()));
   const uint64_t orphan_id = req.dead_session_id();
@@ -183,6 +188,8 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   v1::AdoptResponse resp;
   for (uint64_t rid : rids) {
     const Request& r = *me->requests.Find(rid);
+    JournalTouchLocked(orphan_id, rid);  // its Forget there, its Put here
+    JournalTouchLocked(*me, r);
     v1::AdoptedRequest* a = resp.add_requests();
     a->set_request_id(rid);
     a->set_capacity_tokens(r.capacity_tokens);

@@ -165,7 +165,14 @@ SessionManager::SessionManager(const Options& options, std::unique_ptr<PagePool>
       ledger_(options.quotas, pool_->page_bytes(), options.clock ? options.clock : AdmissionLedger::Clock(absl::Now),
               [pool = pool_.get()](uint32_t tenant) { return pool->RetiredBytesOf(tenant); }),
       pages_(pool_.get()),
-      durable_(options.max_lease_seconds, options.max_orphans_per_tenant) {}
+      durable_(options.max_lease_seconds, options.max_orphans_per_tenant) {
+  absl::MutexLock lock(&mu_);
+  next_session_id_ = std::max<uint64_t>(options.first_session_id, 1);
+  if (options.journal != nullptr) {
+    // A slab the pool drops leaves the fd store too (on the pool's worker, outside every lock).
+    pool_->SetSlabDroppedHook([journal = options.journal](uint64_t slab) { journal->SlabGone(slab); });
+  }
+}
 
 SessionManager::~SessionManager() = default;
 
@@ -325,7 +332,8 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
 }
 
 void SessionManager::CloseSession(uint64_t session_id) {
-  RevokeImportsOf(session_id);  // before its pages are freed (session_import.cc)
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
+  RevokeImportsOf(session_id);             // before its pages are freed (session_import.cc)
   std::unique_ptr<Session> dead;
   size_t released = 0;
   std::function<void()> on_idle;
@@ -376,6 +384,7 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(const v1::Se
 
 void SessionManager::ReleaseRequestLocked(Session& s, Request& r) {
   const uint64_t id = r.id;
+  JournalTouchLocked(s, r);  // a Forget, when the journal holds it
   if (r.in_group) {
     ReleaseGroupShareLocked(s, r);  // session_groups.cc
   } else {
@@ -425,6 +434,7 @@ absl::Status SessionManager::CheckBudget(const Session& s, uint32_t token_budget
 // admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
 absl::StatusOr<v1::AdmitResponse> SessionManager::Admit(const v1::AdmitRequest& req) {
+  const FlushJournalOnReturn flush{this};       // a durable request's change is journaled before the answer
   const NotifyDeparturesOnReturn notify{this};  // an allocation may retire another session's idle slab
   if (req.begin_import()) {
     if (req.lease_seconds() != 0) {  // before any import check: bad input, whatever the target
@@ -508,6 +518,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitLocked(const v1::AdmitRequest&
     r.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
   }
   const Request& added = s->requests.Admit(std::move(r), reserved.reservation->rows()[0]);
+  JournalTouchLocked(*s, added);
   ++admissions_;
   return {AdmitAnswerLocked(*s, added)};
 }
@@ -569,6 +580,7 @@ absl::StatusOr<uint64_t> SessionManager::EvictVictim(const Victim& v, const std:
 // next pages free) and never moves a record: the engine's tables keep every page they had. All or
 // nothing: a full pool leaves the request exactly as it was.
 absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendRequest& req) {
+  const FlushJournalOnReturn flush{this};       // a durable request's change is journaled before the answer
   const NotifyDeparturesOnReturn notify{this};  // declared before the lock: runs after it
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
@@ -606,6 +618,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
   r.capacity_tokens = req.token_budget();
   r.charged_pages += extra * r.pages.size();
   ledger_.SetPages(s->id, r.id, r.charged_pages);
+  JournalTouchLocked(*s, r);
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
   resp.set_moved(false);
@@ -614,6 +627,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
 }
 
 absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
   if (std::optional<absl::Status> aborted = ReleaseIfImporting(req)) return *aborted;  // session_import.cc
   absl::MutexLock lock(&mu_);
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
@@ -814,6 +828,7 @@ void SessionManager::SetHostArenaBudget(uint64_t bytes) {
 
 // Eviction by an operator: the session hears of it before its memory is released.
 absl::StatusOr<v1::EvictResponse> SessionManager::Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid) {
+  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
   Victim v;
   DeferredLog log;  // written once the lock is released
   {

@@ -111,6 +111,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   }
   (void)reserved.reservation->TakePages();  // committed: the request holds them now
   const Request& added = s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
+  JournalTouchLocked(s, added);
   ++admissions_;
   return {AdmitAnswerLocked(s, added)};
 }

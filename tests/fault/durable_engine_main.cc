@@ -7,7 +7,9 @@
 //   hisparse-durable-engine ADDRESS OUT run STEPS [--die-at K] [--park-at K] [--lease S]
 //       admits request 7 durable (lease S, default 60), stores the prompt, decodes STEPS steps;
 //       --die-at K: SIGKILLs itself in step K after its appends, before its RESOLVEs (mid-decode);
-//       --park-at K: parks and resumes the request before step K (what an adoption does to its row).
+//       --park-at K: parks and resumes the request before step K (what an adoption does to its row);
+//       --hold-at K: before step K, writes OUT.held and waits (for the test to kill the daemon);
+//       --plain: admits request 8 too, not durable, and stores its prompt (a daemon's restart loses it).
 //   hisparse-durable-engine ADDRESS OUT adopt STEPS FROM
 //       adopts the request from the ended session of the same engine name, resumes it, decodes
 //       steps FROM..STEPS-1, releases it.
@@ -102,12 +104,15 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[3];
   const int steps = atoi(argv[4]);
-  int die_at = -1, park_at = -1, from = 0;
+  int die_at = -1, park_at = -1, hold_at = -1, from = 0;
+  bool plain = false;
   uint32_t lease = 60;
   for (int i = 5; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--die-at" && i + 1 < argc) die_at = atoi(argv[++i]);
     if (arg == "--park-at" && i + 1 < argc) park_at = atoi(argv[++i]);
+    if (arg == "--hold-at" && i + 1 < argc) hold_at = atoi(argv[++i]);
+    if (arg == "--plain") plain = true;
     if (arg == "--lease" && i + 1 < argc) lease = static_cast<uint32_t>(atoi(argv[++i]));
     if (mode == "adopt" && i == 5) from = atoi(argv[i]);
   }
@@ -137,6 +142,12 @@ int main(int argc, char** argv) {
                  nullptr) != HS_OK) {
       return Fail("store");
     }
+    hs_request_info plain_info = HS_REQUEST_INFO_INIT;
+    if (plain && (hs_admit(s, kRequest + 1, kPrompt, kPrompt + steps, &plain_info) != HS_OK ||
+                  hs_store(s, kRequest + 1, 0, kPrompt, kPrompt, prompt.data(), int64_t{kPrompt} * kRecordBytes,
+                           kRecordBytes, nullptr) != HS_OK)) {
+      return Fail("admit and store the plain request");
+    }
   } else if (mode == "adopt") {
     uint64_t dead = 0, id = 0;
     size_t n = 0;
@@ -152,6 +163,12 @@ int main(int argc, char** argv) {
   }
   int32_t row = static_cast<int32_t>(ri.row);
   for (int step = from; step < steps; ++step) {
+    if (step == hold_at) {
+      const std::string held = std::string(argv[2]) + ".held";
+      FILE* f = fopen(held.c_str(), "w");
+      if (f != nullptr) fclose(f);
+      for (;;) pause();  // until the test kills it
+    }
     if (step == park_at) {
       if (hs_park(s, kRequest) != HS_OK || hs_resume(s, kRequest, &ri) != HS_OK) return Fail("park and resume");
       row = static_cast<int32_t>(ri.row);

@@ -66,6 +66,10 @@ absl::StatusOr<UniqueFd> CreateMemfd(const char* name, size_t size, bool try_hug
 // (ENOMEM, EMFILE, ENFILE, ENOSPC, EAGAIN), INTERNAL otherwise.
 absl::Status ErrnoStatus(int error, absl::string_view what);
 
+// OK when `fd` is a memfd carrying CreateMemfd's seals (shrink, grow, seal); FailedPrecondition
+// saying what it lacks otherwise. A daemon takes a slab back at start only so (request_journal.h).
+absl::Status CheckSizeSeals(int fd);
+
 // Size of the file behind fd (fstat).
 absl::StatusOr<size_t> FileSize(int fd);
 

@@ -153,6 +153,9 @@ struct DurabilityConfig {
   // Ended sessions one tenant may have kept for their durable requests (orphans) at once; a
   // session that ends beyond it releases its durable requests. 0 = no limit.
   int max_orphans_per_tenant = 64;
+  // Durable requests outlive the daemon's own restarts where a service manager keeps its fds
+  // (request_journal.h). Restart-only.
+  bool keep_across_restarts = true;
 };
 
 struct MetricsConfig {

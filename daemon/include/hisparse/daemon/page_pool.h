@@ -75,6 +75,17 @@ class PagePool {
     Hugepages hugepages = Hugepages::kAuto;
     int pretouch_threads = 0;  // 0: one per CPU
     bool mlock = false;        // lock slabs in RAM (needs LimitMEMLOCK)
+    // The first slab id (ids are never reused: a restarted daemon starts past its former lives'
+    // ids, request_journal.h).
+    uint64_t first_slab_id = 1;
+  };
+  // A slab a former life of the daemon made, taken back at start (request_journal.h): its id,
+  // its owner (a session id), its memfd and each page's references (0: free).
+  struct RecoveredSlab {
+    uint64_t id = 0;
+    uint64_t owner = 0;
+    UniqueFd fd;
+    std::vector<uint32_t> refs;
   };
   // A page: slab `slab`, bytes [index * page_bytes, (index + 1) * page_bytes) of its memfd.
   struct Page {
@@ -104,7 +115,11 @@ class PagePool {
   static constexpr uint64_t kNoOwner = 0;
 
   // Validates the options and starts the worker, which fills the reserve in the background.
-  static absl::StatusOr<std::unique_ptr<PagePool>> Create(const Options& options);
+  // `recovered` slabs (ids below first_slab_id, each owned, a whole number of pages, together
+  // within the budget) are the pool's from the start, mapped, their pages referenced as given;
+  // InvalidArgument, with nothing kept, for one that is not.
+  static absl::StatusOr<std::unique_ptr<PagePool>> Create(const Options& options,
+                                                          std::vector<RecoveredSlab> recovered = {});
   // Stops the worker and drops every slab.
   ~PagePool();
   PagePool(const PagePool&) = delete;
@@ -197,6 +212,9 @@ class PagePool {
   // before the memfd is measured, as an engine touching a slab again at that moment would.
   void PauseWorkerForTest(bool paused);
   void SetAfterPunchForTest(std::function<void()> after_punch);
+  // Runs on the worker, outside every lock, once a slab that left its owner is punched (its
+  // memory freed): the journal drops it from the fd store (request_journal.h). Set before use.
+  void SetSlabDroppedHook(std::function<void(uint64_t slab)> hook);
 
  private:
   // A slab's memory: shared so the worker can populate or drop it outside the lock.
@@ -207,6 +225,7 @@ class PagePool {
     // Set under mu_ when DupSlabFd hands the memfd to a tenant's engine: the tenant its retirement
     // is charged to. Read under mu_.
     std::optional<uint32_t> charged_to;
+    uint64_t id = 0;  // the slab's id once owned (0: a ready slab)
   };
   // A retired slab whose memfd still had memory after a punch: kept (the memfd, no mapping) and
   // charged to `tenant` for `held` bytes until a sweep finds it empty.
@@ -241,6 +260,8 @@ class PagePool {
   // A new slab of `owner`, all pages free; returns its id.
   uint64_t AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Create's: a recovered slab, mapped, with its pages' references.
+  absl::Status AdoptRecoveredLocked(RecoveredSlab slab) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free pages right after `after` in its slab.
   uint64_t FreeAfterLocked(const Page& after) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `count` free pages from `slab_ids`, in order (the caller knows they hold them).
@@ -305,6 +326,7 @@ class PagePool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_for_test_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> after_punch_for_test_ ABSL_GUARDED_BY(mu_);
+  std::function<void(uint64_t)> slab_dropped_hook_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 

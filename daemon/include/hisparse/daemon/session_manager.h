@@ -20,6 +20,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,6 +48,7 @@
 #include "hisparse/daemon/import_grants.h"
 #include "hisparse/daemon/import_target.h"
 #include "hisparse/daemon/page_pool.h"
+#include "hisparse/daemon/request_journal.h"
 #include "hisparse/daemon/request_table.h"
 #include "hisparse/daemon/session_entry.h"
 #include "hisparse/daemon/tp_groups.h"
@@ -54,7 +56,8 @@
 
 namespace hisparse {
 
-class DeferredLog;  // deferred_log.h
+class DeferredLog;     // deferred_log.h
+class RequestJournal;  // request_journal.h
 
 // RejectReason and RejectReasonName live in admission_ledger.h.
 class SessionManager {
@@ -96,6 +99,11 @@ class SessionManager {
     // session of a tenant at the cap ends as a session without durable requests would (they are
     // released). 0: no cap (the daemon's config sets one by default).
     uint32_t max_orphans_per_tenant = 0;
+    // Durable requests journaled across the daemon's restarts (request_journal.h); null: not.
+    // Not owned; outlives the manager.
+    RequestJournal* journal = nullptr;
+    // The first session id (ids are never reused, across the daemon's lives either).
+    uint64_t first_session_id = 1;
   };
 
   SessionManager(const Options& options, std::unique_ptr<PagePool> pool);
@@ -234,6 +242,16 @@ class SessionManager {
   // Releases every orphaned request whose lease has ended (options.clock) and retires the slabs
   // that leaves idle; returns how many. The daemon runs it periodically; tests call it.
   size_t ExpireLeases() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Restarts without loss (session_journal.cc; request_journal.h). ----
+  // At start, before any session: every durable request a former life journaled (validated by
+  // PlanRecovery, its slabs already in the pool) becomes an orphan of its old session again,
+  // adoptable as if its engine had died. Sessions of a tenant beyond max_orphans_per_tenant are
+  // released. Returns the requests restored.
+  absl::StatusOr<size_t> RestoreOrphans(const std::vector<journal::Put>& puts) ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits what this thread's call decided for the journal (and waits for what other calls
+  // decided before): every public call that can change a durable request runs it as it returns.
+  void FlushJournal() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The daemon's mapping of the record of (request, layer, position) of a session, for tests.
   absl::StatusOr<uint8_t*> RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
@@ -443,6 +461,21 @@ class SessionManager {
     SessionManager* manager;
     ~NotifyDeparturesOnReturn() { manager->NotifySlabDepartures(); }
   };
+  // Declared first in a call that can change a durable request: FlushJournal as it returns.
+  struct FlushJournalOnReturn {
+    SessionManager* manager;
+    ~FlushJournalOnReturn() { manager->FlushJournal(); }
+  };
+  // The journal (session_journal.cc): `r` of `s` may have changed as a durable request
+  // (admitted, extended, leased, about to be released); the next FlushJournal decides its record.
+  // A no-op without a journal, and for a request neither durable nor journaled.
+  void JournalTouchLocked(const Session& s, const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same by name, for a request that left its session (adopted elsewhere): a Forget when
+  // the journal holds it.
+  void JournalTouchLocked(uint64_t session_id, uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The records for the touched requests (a Put for one durable now, a Forget for one journaled
+  // before and not now), and the new slabs they reference.
+  JournalBatch DecideJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Options options_;
   const absl::Time start_time_ = absl::Now();
@@ -473,6 +506,13 @@ class SessionManager {
   DurableRequests durable_ ABSL_GUARDED_BY(mu_);
   // TP groups and their members (tp_groups.h); their requests' pages are admitted here.
   TpGroups groups_ ABSL_GUARDED_BY(mu_);
+  // The journal's side here (session_journal.cc): requests touched since the last decision, those
+  // the journal holds, the records' sequence, and the newest ticket decided.
+  std::vector<JournalKey> journal_touched_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<JournalKey> journaled_ ABSL_GUARDED_BY(mu_);
+  uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> journal_pending_{false};  // !journal_touched_.empty(), readable without mu_
+  std::atomic<uint64_t> journal_decided_{0};  // the ticket of the newest batch decided
 };
 
 }  // namespace hisparse

@@ -1,0 +1,209 @@
+// SessionManager's side of the request journal (request_journal.h; docs/DESIGN.md, "Restarts
+// without loss"): what each call decides for the journal under the lock, its commit after it, and
+// the durable requests a former life journaled, restored as orphans at start.
+//
+// A call that may change a durable request touches it (JournalTouchLocked: admission with a lease,
+// Extend, SetLease, any release, adoption) and declares FlushJournalOnReturn first. The flush
+// decides, under the lock, a record per touched request from what it is now (a Put when it is
+// durable, a Forget when the journal held it and it is not), takes a ticket, and commits the batch
+// after the lock; then it waits until every batch decided before is committed too, so that no call
+// answers before the journal holds what it did, even when another call's flush took its records.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
+#include "hisparse/daemon/session_manager.h"
+
+namespace hisparse {
+namespace {
+
+journal::Session SessionRecord(const SessionEntry& s) {
+  journal::Session out;
+  out.set_id(s.id);
+  out.set_tenant_uid(s.tenant_uid);
+  out.set_engine_name(s.engine_name);
+  *out.mutable_geometry() = s.geometry;
+  out.set_records_per_page(s.records_per_page);
+  out.set_pages_per_entry(s.pages_per_entry);
+  return out;
+}
+
+}  // namespace
+
+void SessionManager::JournalTouchLocked(const Session& s, const Request& r) {
+  if (options_.journal == nullptr) return;
+  const JournalKey key{s.id, r.id};
+  if (!journaled_.contains(key) && (r.in_group || !DurableRequests::Durable(r, Now()))) return;
+  journal_touched_.push_back(key);
+  journal_pending_.store(true, std::memory_order_release);
+}
+
+void SessionManager::JournalTouchLocked(uint64_t session_id, uint64_t request_id) {
+  const JournalKey key{session_id, request_id};
+  if (options_.journal == nullptr || !journaled_.contains(key)) return;
+  journal_touched_.push_back(key);
+  journal_pending_.store(true, std::memory_order_release);
+}
+
+JournalBatch SessionManager::DecideJournalLocked() {
+  JournalBatch batch;
+  batch.ticket = options_.journal->TakeTicket();
+  std::vector<JournalKey> touched = std::exchange(journal_touched_, {});
+  const absl::Time now = Now();
+  absl::flat_hash_set<JournalKey> seen;
+  for (const JournalKey& key : touched) {
+    if (!seen.insert(key).second) continue;
+    const Session* s = nullptr;
+    if (auto it = sessions_.find(key.session_id); it != sessions_.end()) {
+      s = it->second.get();
+    } else {
+      s = durable_.Find(key.session_id);
+    }
+    const Request* r = s != nullptr ? s->requests.Find(key.request_id) : nullptr;
+    const bool durable = r != nullptr && !r->in_group && DurableRequests::Durable(*r, now);
+    journal::Record record;
+    if (durable) {
+      journal::Put* put = record.mutable_put();
+      *put->mutable_session() = SessionRecord(*s);
+      put->set_request_id(r->id);
+      put->set_capacity_tokens(r->capacity_tokens);
+      put->set_lease_end_unix_nanos(absl::ToUnixNanos(r->lease_end));
+      put->set_order(r->generation);
+      std::set<uint64_t> slabs;
+      for (const std::vector<PagePool::Page>& pages : r->pages) {
+        journal::Layer* layer = put->add_layers();
+        for (const PagePool::Page& p : pages) {
+          layer->add_slab(p.slab);
+          layer->add_index(p.index);
+          slabs.insert(p.slab);
+        }
+      }
+      for (uint64_t slab : slabs) {
+        if (!options_.journal->ClaimSlab(slab)) continue;
+        absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(s->id, slab);
+        if (!fd.ok()) {
+          LOG(ERROR) << "journal: slab " << slab << " of session " << s->id << ": " << fd.status();
+          continue;
+        }
+        batch.slabs.push_back(JournalBatch::NewSlab{slab, *std::move(fd)});
+      }
+      journaled_.insert(key);
+    } else if (journaled_.erase(key) != 0) {
+      record.mutable_forget()->set_session_id(key.session_id);
+      record.mutable_forget()->set_request_id(key.request_id);
+    } else {
+      continue;
+    }
+    record.set_seq(++journal_seq_);
+    batch.records.push_back(std::move(record));
+  }
+  journal_decided_.store(batch.ticket, std::memory_order_release);
+  journal_pending_.store(false, std::memory_order_release);
+  return batch;
+}
+
+void SessionManager::FlushJournal() {
+  RequestJournal* const journal = options_.journal;
+  if (journal == nullptr) return;
+  // pending is read before decided: a flush that took this call's records stored its ticket in
+  // decided before it cleared pending.
+  if (!journal_pending_.load(std::memory_order_acquire) &&
+      journal->committed() >= journal_decided_.load(std::memory_order_acquire)) {
+    return;
+  }
+  std::optional<JournalBatch> batch;
+  uint64_t wait_for = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!journal_touched_.empty()) batch = DecideJournalLocked();
+    wait_for = journal_decided_.load(std::memory_order_relaxed);
+  }
+  if (batch.has_value()) {
+    const size_t records = batch->records.size();
+    if (absl::Status st = journal->Commit(*std::move(batch)); !st.ok()) {
+      LOG(ERROR) << "request journal: committing " << records << " records: " << st
+                 << "; a restart may not find these durable requests as they are now";
+    }
+  }
+  journal->WaitCommitted(wait_for);
+}
+
+absl::StatusOr<size_t> SessionManager::RestoreOrphans(const std::vector<journal::Put>& puts) {
+  std::map<uint64_t, std::vector<const journal::Put*>> by_session;
+  for (const journal::Put& put : puts) by_session[put.session().id()].push_back(&put);
+  const FlushJournalOnReturn flush{this};  // the releases below are forgotten
+  DeferredLog log;                         // written once the lock is released
+  absl::MutexLock lock(&mu_);
+  if (!sessions_.empty() || !durable_.all().empty()) {
+    return absl::FailedPreconditionError("orphans are restored at start, before any session");
+  }
+  size_t restored = 0;
+  for (auto& [id, group] : by_session) {
+    // In admission order: of the requests sharing a page the earliest pays for it.
+    std::sort(group.begin(), group.end(),
+              [](const journal::Put* a, const journal::Put* b) { return a->order() < b->order(); });
+    const journal::Session& rec = group.front()->session();
+    Session dead;
+    dead.id = id;
+    dead.engine_name = rec.engine_name();
+    dead.geometry = rec.geometry();
+    dead.records_per_page = rec.records_per_page();
+    dead.pages_per_entry = rec.pages_per_entry();
+    dead.tenant_uid = rec.tenant_uid();
+    dead.requests = RequestTable::Open(&ledger_, id, rec.tenant_uid(), static_cast<uint32_t>(group.size()), 0);
+    std::map<PagePool::Page, std::vector<uint64_t>> holders;
+    for (const journal::Put* put : group) {
+      for (const journal::Layer& layer : put->layers()) {
+        for (int i = 0; i < layer.slab_size(); ++i)
+          holders[{layer.slab(i), layer.index(i)}].push_back(put->request_id());
+      }
+    }
+    uint32_t row = 0;
+    for (const journal::Put* put : group) {
+      Request r;
+      r.id = put->request_id();
+      r.admitted_at = absl::Now();
+      r.capacity_tokens = put->capacity_tokens();
+      r.lease_end = absl::FromUnixNanos(put->lease_end_unix_nanos());
+      for (const journal::Layer& layer : put->layers()) {
+        std::vector<PagePool::Page>& pages = r.pages.emplace_back();
+        for (int i = 0; i < layer.slab_size(); ++i) {
+          const PagePool::Page p{layer.slab(i), layer.index(i)};
+          pages.push_back(p);
+          if (holders.at(p).front() == r.id) ++r.charged_pages;
+        }
+      }
+      dead.requests.Admit(std::move(r), row++);
+      journaled_.insert(JournalKey{id, put->request_id()});
+    }
+    for (const auto& [page, who] : holders) {
+      for (size_t i = 1; i < who.size(); ++i) dead.sharers.Share(page, who.front(), who[i]);
+    }
+    restored += group.size();
+    next_session_id_ = std::max(next_session_id_, id + 1);
+    if (absl::Status may = durable_.MayKeep(dead.tenant_uid); !may.ok()) {
+      DEFERRED_LOG(log, WARNING) << "restart: session " << id << " of uid " << dead.tenant_uid << " kept "
+                                 << group.size() << " durable requests, but " << may.message() << ": released them";
+      for (uint64_t rid : dead.requests.Ids()) ReleaseRequestLocked(dead, *dead.requests.Find(rid));
+      restored -= group.size();
+      pool_->RetireIdleOf(id);
+      dead.requests.Close();
+      continue;
+    }
+    pool_->RetireIdleOf(id);  // slabs whose every page died with the former life
+    HS_RETURN_IF_ERROR(durable_.Keep(dead));
+    DEFERRED_LOG(log, INFO) << "restart: session " << id << " of uid " << dead.tenant_uid << " (" << dead.engine_name
+                            << "): " << group.size()
+                            << " durable requests kept, parked, for a session of the same tenant and engine to adopt";
+  }
+  return restored;
+}
+
+}  // namespace hisparse

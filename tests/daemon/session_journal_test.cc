@@ -1,0 +1,345 @@
+// Restarts without loss, in one process (request_journal.h, session_journal.cc): a session
+// manager journals its durable requests into an fd store (a service manager played by this test
+// with hisparse-keeper's own protocol pieces, on a real datagram socket); the manager and its pool
+// are destroyed, as a killed daemon's are; a new pool and manager take back what the store kept,
+// and a new session adopts the same pages with the same bytes. The recovery's refusals (a torn or
+// tampered journal, unsealed or missing slabs, expired leases, another page size) are
+// PlanRecovery's, tested on journals written here.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "hisparse/common/fd_store.h"
+#include "hisparse/daemon/request_journal.h"
+#include "hisparse/keeper/notify_protocol.h"
+#include "session_test_util.h"
+
+namespace hisparse {
+namespace session_journal_test {
+
+using session_test::AdmitOf;
+using session_test::HostSession;
+using session_test::kMiB;
+using session_test::kPage;
+using session_test::OpenHost;
+
+// A service manager's fd store on a real datagram socket, served by a thread of this test with
+// the keeper's ParseNotifyMessage and StoredFds (keeper/notify_protocol.h).
+class FakeManager {
+ public:
+  FakeManager() : stored_(1 << 16) {
+    dir_ = ::testing::TempDir() + "/journal_store_" + std::to_string(::getpid()) + "_" + std::to_string(++count_);
+    ::mkdir(dir_.c_str(), 0700);
+    path_ = dir_ + "/notify";
+    sock_ = UniqueFd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::bind(sock_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeManager() {
+    ::shutdown(sock_.get(), SHUT_RDWR);
+    const std::unique_ptr<FdStore> s = Client();  // wakes the thread if shutdown did not
+    (void)s->Put("stop", 0);
+    thread_.join();
+    ::unlink(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  std::unique_ptr<FdStore> Client() const {
+    auto store = FdStore::Connect(path_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+  // What a restarted daemon would get (LISTEN_FDS): a dup of every stored fd, with its name.
+  std::vector<ListenFd> Passed() {
+    absl::MutexLock lock(&mu_);
+    std::vector<ListenFd> out;
+    const std::vector<std::string> names = stored_.names();
+    const std::vector<int> fds = stored_.fds();
+    for (size_t i = 0; i < names.size(); ++i) out.push_back(ListenFd{names[i], UniqueFd(::dup(fds[i]))});
+    return out;
+  }
+  std::vector<std::string> Names() {
+    absl::MutexLock lock(&mu_);
+    return stored_.names();
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      char buf[4096];
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+      iovec iov{buf, sizeof(buf)};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      const ssize_t n = ::recvmsg(sock_.get(), &msg, MSG_CMSG_CLOEXEC);
+      if (n <= 0) return;
+      std::vector<UniqueFd> fds;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          fds.emplace_back(fd);
+        }
+      }
+      const NotifyMessage m = ParseNotifyMessage(absl::string_view(buf, static_cast<size_t>(n)));
+      if (m.fdname == "stop") return;
+      absl::MutexLock lock(&mu_);
+      if (m.fdstore) {
+        for (UniqueFd& fd : fds) EXPECT_TRUE(stored_.Add(m.fdname, std::move(fd)).ok());
+      } else if (m.fdstore_remove) {
+        stored_.Remove(m.fdname);
+      }
+      // BARRIER: its fd closes here, now that everything before it is done.
+    }
+  }
+
+  static inline int count_ = 0;
+  std::string dir_, path_;
+  UniqueFd sock_;
+  absl::Mutex mu_;
+  StoredFds stored_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+constexpr uint64_t kBudget = 16 * kMiB;
+constexpr uint32_t kUid = 4242;
+
+PagePool::Options PoolOptions(uint64_t first_slab_id) {
+  PagePool::Options po;
+  po.budget_bytes = kBudget;
+  po.page_bytes = kPage;
+  po.slab_bytes = kMiB;
+  po.reserve_slabs = 0;
+  po.hugepages = PagePool::Hugepages::kOff;
+  po.pretouch_threads = 1;
+  po.first_slab_id = first_slab_id;
+  return po;
+}
+
+journal::Header Header(uint64_t generation, uint64_t epoch) {
+  journal::Header h;
+  h.set_format(RequestJournal::kFormat);
+  h.set_generation(generation);
+  h.set_epoch(epoch);
+  h.set_page_bytes(kPage);
+  h.set_daemon_version("test");
+  return h;
+}
+
+// One life of the daemon: a journal in `manager`'s store, a pool holding what the store passed
+// back (the plan), a session manager over both with the plan's orphans restored.
+struct Life {
+  RecoveryPlan plan;
+  std::unique_ptr<RequestJournal> journal;
+  std::unique_ptr<SessionManager> sm;
+
+  static std::unique_ptr<Life> Start(FakeManager& manager, absl::Time now = absl::Now()) {
+    auto life = std::make_unique<Life>();
+    life->plan = PlanRecovery(manager.Passed(), kPage, kBudget, now);
+    const uint64_t epoch = life->plan.next_epoch();
+    const uint64_t first_id = epoch == 0 ? 1 : (epoch << 40) | 1;
+    auto pool = PagePool::Create(PoolOptions(first_id), std::move(life->plan.slabs));
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    if (!pool.ok()) return nullptr;
+    for (const auto& [name, fd] : life->plan.unused) life->plan.stale_names.push_back(name);
+    auto journal = RequestJournal::Start(manager.Client(),
+                                         Header(life->plan.found ? life->plan.header.generation() + 1 : 1, epoch),
+                                         life->plan.puts, StoredIds(life->plan), life->plan.stale_names);
+    EXPECT_TRUE(journal.ok()) << journal.status();
+    if (!journal.ok()) return nullptr;
+    life->journal = *std::move(journal);
+    SessionManager::Options o;
+    o.journal = life->journal.get();
+    o.first_session_id = first_id;
+    o.max_lease_seconds = 3600;
+    life->sm = std::make_unique<SessionManager>(o, std::move(*pool));
+    auto restored = life->sm->RestoreOrphans(life->plan.puts);
+    EXPECT_TRUE(restored.ok()) << restored.status();
+    return life;
+  }
+  static std::set<uint64_t> StoredIds(const RecoveryPlan& plan) {
+    std::set<uint64_t> ids;
+    for (const journal::Put& put : plan.puts) {
+      for (const journal::Layer& l : put.layers()) ids.insert(l.slab().begin(), l.slab().end());
+    }
+    return ids;
+  }
+};
+
+HostSession Engine() {
+  HostSession e;
+  e.engine_name = "journaled-engine";
+  e.layers = 2;
+  e.record_bytes = 16;
+  return e;
+}
+
+// The record bytes a test writes at (request, layer, position).
+uint8_t Byte(uint64_t request, uint32_t layer, uint32_t position, uint32_t i) {
+  return static_cast<uint8_t>(request * 131 + layer * 17 + position * 7 + i * 3 + 1);
+}
+
+void WriteRecords(SessionManager& sm, uint64_t session, uint64_t request, uint32_t tokens) {
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    for (uint32_t p = 0; p < tokens; ++p) {
+      auto rec = sm.RecordForTest(session, request, layer, p);
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      for (uint32_t i = 0; i < 16; ++i) (*rec)[i] = Byte(request, layer, p, i);
+    }
+  }
+}
+
+void ExpectRecords(SessionManager& sm, uint64_t session, uint64_t request, uint32_t tokens) {
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    for (uint32_t p = 0; p < tokens; ++p) {
+      auto rec = sm.RecordForTest(session, request, layer, p);
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ((*rec)[i], Byte(request, layer, p, i)) << layer << " " << p;
+    }
+  }
+}
+
+std::vector<std::string> PagesOf(const google::protobuf::RepeatedPtrField<v1::LayerPages>& layers) {
+  std::vector<std::string> out;
+  for (const v1::LayerPages& l : layers) {
+    for (const v1::PageRef& p : l.pages()) out.push_back(absl::StrCat(l.layer(), ":", p.slab(), "@", p.offset()));
+  }
+  return out;
+}
+
+TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
+  FakeManager manager;
+  std::unique_ptr<Life> first = Life::Start(manager);
+  ASSERT_NE(first, nullptr);
+  EXPECT_FALSE(first->plan.found);
+  SessionManager& sm = *first->sm;
+  const v1::SessionRef ref = OpenHost(sm, Engine(), kUid);
+  // 7: durable, extended (pages added after the journal first held it); 8: not durable; 9:
+  // durable then released; 10: durable then its lease cleared; 11: a shared-prefix child of 7.
+  v1::AdmitRequest a7 = AdmitOf(ref, 7, 300);
+  a7.set_lease_seconds(600);
+  ASSERT_TRUE(sm.Admit(a7).ok());
+  v1::ExtendRequest ext;
+  *ext.mutable_session() = ref;
+  ext.set_request_id(7);
+  ext.set_token_budget(700);
+  absl::StatusOr<v1::ExtendResponse> extended = sm.Extend(ext);
+  ASSERT_TRUE(extended.ok()) << extended.status();
+  ASSERT_TRUE(sm.Admit(AdmitOf(ref, 8, 300)).ok());
+  v1::AdmitRequest a9 = AdmitOf(ref, 9, 300);
+  a9.set_lease_seconds(600);
+  ASSERT_TRUE(sm.Admit(a9).ok());
+  ASSERT_TRUE(session_test::Release(sm, ref, 9).ok());
+  v1::AdmitRequest a10 = AdmitOf(ref, 10, 300);
+  a10.set_lease_seconds(600);
+  ASSERT_TRUE(sm.Admit(a10).ok());
+  v1::SetLeaseRequest unlease;
+  *unlease.mutable_session() = ref;
+  unlease.set_request_id(10);
+  unlease.set_lease_seconds(0);
+  ASSERT_TRUE(sm.SetLease(unlease).ok());
+  v1::AdmitRequest a11 = AdmitOf(ref, 11, 600);
+  a11.set_parent_request_id(7);
+  a11.set_prefix_tokens(512);  // two whole pages of 256 records shared, per layer
+  a11.set_lease_seconds(600);
+  absl::StatusOr<v1::AdmitResponse> admitted11 = sm.Admit(a11);
+  ASSERT_TRUE(admitted11.ok()) << admitted11.status();
+  ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 7, 700));
+  ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 8, 300));
+  const std::vector<std::string> pages7 = PagesOf(extended->layers());
+  const RequestJournal::Stats js = first->journal->GetStats();
+  EXPECT_EQ(js.live_requests, 2u);  // 7 and 11
+  EXPECT_GT(js.stored_slabs, 0u);
+  EXPECT_INVARIANTS(sm);
+
+  // The daemon dies: nothing is closed, released or flushed beyond what each call did.
+  first.reset();
+
+  std::unique_ptr<Life> second = Life::Start(manager);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(second->plan.found);
+  EXPECT_TRUE(second->plan.refused.empty()) << second->plan.refused;
+  EXPECT_EQ(second->plan.puts.size(), 2u);
+  EXPECT_EQ(second->plan.header.epoch(), 0u);
+  SessionManager& sm2 = *second->sm;
+  EXPECT_INVARIANTS(sm2);
+  EXPECT_EQ(sm2.Stats().orphaned_requests(), 2u);
+  // Another tenant sees nothing of it; the same tenant and engine adopt it.
+  const v1::SessionRef stranger = OpenHost(sm2, Engine(), kUid + 1);
+  v1::ListAdoptableRequest list;
+  *list.mutable_session() = stranger;
+  ASSERT_EQ(sm2.ListAdoptable(list)->requests_size(), 0);
+  const v1::SessionRef heir = OpenHost(sm2, Engine(), kUid);
+  EXPECT_GT(heir.session_id(), 1ull << 40);  // a new life's ids never name a former life's
+  *list.mutable_session() = heir;
+  absl::StatusOr<v1::ListAdoptableResponse> adoptable = sm2.ListAdoptable(list);
+  ASSERT_TRUE(adoptable.ok()) << adoptable.status();
+  ASSERT_EQ(adoptable->requests_size(), 2);  // 7 and 11, of the dead session
+  EXPECT_EQ(adoptable->requests(0).dead_session_id(), ref.session_id());
+  v1::AdoptRequest adopt;
+  *adopt.mutable_session() = heir;
+  adopt.set_dead_session_id(ref.session_id());
+  absl::StatusOr<v1::AdoptResponse> adopted = sm2.Adopt(adopt);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  ASSERT_EQ(adopted->requests_size(), 2);
+  for (const v1::AdoptedRequest& r : adopted->requests()) {
+    if (r.request_id() == 7) {
+      EXPECT_EQ(r.capacity_tokens(), 700u);
+      EXPECT_EQ(PagesOf(r.layers()), pages7);
+    } else {
+      EXPECT_EQ(r.request_id(), 11u);
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRecords(sm2, heir.session_id(), 7, 700));
+  EXPECT_INVARIANTS(sm2);
+
+  // Once more: the adoption was journaled (a Forget under the dead session, a Put under the
+  // heir), so a second restart finds the requests under the heir's id, durable still.
+  second.reset();
+  std::unique_ptr<Life> third = Life::Start(manager);
+  ASSERT_NE(third, nullptr);
+  ASSERT_EQ(third->plan.puts.size(), 2u);
+  for (const journal::Put& put : third->plan.puts) EXPECT_EQ(put.session().id(), heir.session_id());
+  EXPECT_EQ(third->plan.header.epoch(), 1u);
+  const v1::SessionRef heir2 = OpenHost(*third->sm, Engine(), kUid);
+  EXPECT_GT(heir2.session_id(), 2ull << 40);
+  adopt.mutable_session()->CopyFrom(heir2);
+  adopt.set_dead_session_id(heir.session_id());
+  ASSERT_TRUE(third->sm->Adopt(adopt).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRecords(*third->sm, heir2.session_id(), 7, 700));
+  // Released: its slabs leave the pool and the store; only the journal is left there.
+  ASSERT_TRUE(session_test::Release(*third->sm, heir2, 11).ok());
+  ASSERT_TRUE(session_test::Release(*third->sm, heir2, 7).ok());
+  third->sm->CloseSession(heir2.session_id());
+  third->sm->WaitPoolIdle();
+  EXPECT_INVARIANTS(*third->sm);
+  EXPECT_EQ(third->journal->GetStats().live_requests, 0u);
+  // The store processes messages in order: a barrier through a client of our own sees it done.
+  ASSERT_TRUE(manager.Client()->Barrier().ok());
+  const std::vector<std::string> names = manager.Names();
+  ASSERT_EQ(names.size(), 1u) << absl::StrJoin(names, " ");
+  EXPECT_EQ(names[0].rfind("journal-", 0), 0u) << names[0];
+}
+
+}  // namespace session_journal_test
+}  // namespace hisparse
