@@ -65,6 +65,7 @@ int GatherMain(int argc, char** argv);         // gather_cmd.cu: host records to
 int ResolveDraftMain(int argc, char** argv);   // resolve_draft_cmd.cc: resolve --draft-tokens (CUDA builds)
 int ControlMain(int argc, char** argv);        // control_cmd.cc: load on the daemon's control plane
 int GrpcFloorMain(int argc, char** argv);      // grpc_floor_cmd.cc: a trivial unary call's cost, the floor
+int RestartMain(int argc, char** argv);        // restart_cmd.cc: durable requests across a daemon's SIGKILL
 int SessionOpenMain(int argc, char** argv);    // session_open_cmd.cc: GPU session open phases (CUDA)
 int ResolveSharedMain(int argc, char** argv);  // resolve_shared_cmd.cc: daemon's arena vs own (CUDA)
 int ImportMain(int argc, char** argv);         // import_cmd.cc: write a grant's records over UCX (UCX builds)
