@@ -128,6 +128,12 @@ absl::Status ClientSession::OpenStream(const std::string& address) {
   // gRPC's default 4 MiB limit on what a client receives; the daemon is the only peer.
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  // The daemon is a local process that a restart brings back within milliseconds (and keeps its
+  // durable requests): gRPC's default reconnect backoff (1 s first, shared by every channel to the
+  // address through its global subchannel pool) would hold a new session off for a second.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // A socket this user may not open is said at once (gRPC would retry EACCES until the timeout).
   HS_RETURN_IF_ERROR(CheckSocketAccess(address));
   channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
