@@ -369,13 +369,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.journal = impl->journal.get();
   sm_options.first_session_id = recovery.FirstId();
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
+  size_t recovered = 0;
   if (!restore.empty()) {
     absl::StatusOr<size_t> restored = impl->sessions->RestoreOrphans(restore);
     if (restored.ok()) {
-      LOG(INFO) << "restart: " << *restored << " durable requests recovered from the former daemon";
+      recovered = *restored;
+      LOG(INFO) << "restart: " << recovered << " durable requests recovered from the former daemon";
     } else {
       LOG(ERROR) << "restart: restoring the recovered requests failed: " << restored.status();
     }
+  }
+  if (impl->journal != nullptr) {
+    // Requests found but not taken back: dropped by the plan, or by the restore (a tenant's cap).
+    const uint64_t found = recovery.plan.puts.size() + recovery.plan.dropped_requests;
+    impl->journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !recovery.plan.refused.empty());
   }
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);

@@ -172,6 +172,20 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_orphans_refused_total", "counter",
        "Sessions whose durable requests were released at their end: their tenant held "
        "durability.max_orphans_per_tenant orphans."},
+      {"hisparse_journal_enabled", "gauge",
+       "1 while durable requests are journaled into a service manager's fd store (they survive a daemon restart)."},
+      {"hisparse_journal_requests", "gauge", "Durable requests the restart journal holds."},
+      {"hisparse_journal_bytes", "gauge", "Bytes of the restart journal's current generation."},
+      {"hisparse_journal_stored_slabs", "gauge", "Host pool slabs held in the service manager's fd store."},
+      {"hisparse_journal_unstored_slabs_total", "counter",
+       "Slabs of durable requests the fd store had no room for (at most 8192 are kept): their requests will not "
+       "survive a daemon restart."},
+      {"hisparse_journal_failures_total", "counter",
+       "Journal commits or slab hand-overs the fd store or the journal's memfd refused (logged)."},
+      {"hisparse_restart_recovered_requests", "gauge",
+       "Durable requests this daemon took back from the one before it, at start."},
+      {"hisparse_restart_dropped_requests", "gauge",
+       "Durable requests this daemon found at start but could not take back (the log says why)."},
       {"hisparse_tp_groups", "gauge", "TP groups (OpenSession.group) on the node."},
       {"hisparse_host_pool_group_bytes", "gauge",
        "Host pool bytes of TP groups' requests, counted once however many ranks read them."},
@@ -257,6 +271,15 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_orphaned_bytes", static_cast<double>(st.orphaned_bytes()));
   fb.Add("hisparse_lease_expiries_total", static_cast<double>(st.lease_expiries()));
   fb.Add("hisparse_orphans_refused_total", static_cast<double>(st.orphans_refused()));
+  const v1::RestartStats& rs = st.restart();
+  fb.Add("hisparse_journal_enabled", rs.journal() ? 1 : 0);
+  fb.Add("hisparse_journal_requests", static_cast<double>(rs.journal_requests()));
+  fb.Add("hisparse_journal_bytes", static_cast<double>(rs.journal_bytes()));
+  fb.Add("hisparse_journal_stored_slabs", static_cast<double>(rs.stored_slabs()));
+  fb.Add("hisparse_journal_unstored_slabs_total", static_cast<double>(rs.unstored_slabs()));
+  fb.Add("hisparse_journal_failures_total", static_cast<double>(rs.journal_failures()));
+  fb.Add("hisparse_restart_recovered_requests", static_cast<double>(rs.recovered_requests()));
+  fb.Add("hisparse_restart_dropped_requests", static_cast<double>(rs.dropped_requests()));
   fb.Add("hisparse_host_pool_shared_bytes", static_cast<double>(p.shared_bytes()));
   fb.Add("hisparse_admissions_total", static_cast<double>(st.admissions()));
   for (const RejectReason r : kRejectReasons) {

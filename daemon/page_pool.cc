@@ -291,6 +291,7 @@ absl::Status PagePool::AdoptRecoveredLocked(RecoveredSlab slab) {
   if (s.free.size() == s.refs.size()) idle_.insert(slab.id);
   slabs_by_owner_[slab.owner].push_back(slab.id);
   owned_bytes_ += bytes;
+  populate_.push_back(s.mem);  // mlocked (host_pool.mlock) as every slab is; contents kept
   return absl::OkStatus();
 }
 

@@ -413,6 +413,13 @@ absl::Status RequestJournal::CompactLocked() {
   return absl::OkStatus();
 }
 
+void RequestJournal::NoteRecovery(uint64_t recovered, uint64_t dropped, bool refused) {
+  absl::MutexLock lock(&mu_);
+  recovered_ = recovered;
+  dropped_ = dropped;
+  refused_ = refused;
+}
+
 RequestJournal::Stats RequestJournal::GetStats() const {
   Stats out;
   {
@@ -422,6 +429,9 @@ RequestJournal::Stats RequestJournal::GetStats() const {
     out.live_requests = live_.size();
     out.compactions = compactions_;
     out.failures = failures_;
+    out.recovered_requests = recovered_;
+    out.dropped_requests = dropped_;
+    out.refused = refused_;
   }
   absl::MutexLock lock(&slabs_mu_);
   out.stored_slabs = claimed_.size();
@@ -480,10 +490,12 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
     const auto [session, request] = key;
     if (absl::FromUnixNanos(put.lease_end_unix_nanos()) <= now) {
       ++plan.expired;
+      ++plan.dropped_requests;
       plan.dropped.push_back(absl::StrCat("request ", request, " of session ", session, ": its lease ended"));
       continue;
     }
     if (std::string problem = ProblemOf(put, page_bytes, slabs); !problem.empty()) {
+      ++plan.dropped_requests;
       plan.dropped.push_back(absl::StrCat("request ", request, " of session ", session, ": ", problem));
       continue;
     }
@@ -497,7 +509,10 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
     }
     by_session[session].push_back(std::move(put));
   }
-  if (!plan.refused.empty()) by_session.clear();
+  if (!plan.refused.empty()) {
+    for (const auto& [session, puts] : by_session) plan.dropped_requests += puts.size();
+    by_session.clear();
+  }
   // Whole sessions, oldest first, while the budget holds their slabs.
   uint64_t bytes = 0;
   std::map<uint64_t, std::vector<uint32_t>> refs;
@@ -511,6 +526,7 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
     if (bytes + need > budget_bytes) {
       plan.dropped.push_back(absl::StrCat("session ", session, "'s ", puts.size(), " requests: their ", need,
                                           " bytes of slabs exceed what is left of host_pool.size"));
+      plan.dropped_requests += puts.size();
       continue;
     }
     bytes += need;

@@ -63,7 +63,7 @@ v1::AdmitRequest SingleAdmit(const v1::SessionRef& session, const v1::AdmitItem&
 }  // namespace
 
 absl::StatusOr<v1::AdmitBatchResponse> SessionManager::AdmitBatch(const v1::AdmitBatchRequest& req) {
-  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
+  const FlushJournalOnReturn flush{this};       // a durable request's change is journaled before the answer
   const NotifyDeparturesOnReturn notify{this};  // an allocation may retire another session's idle slab
   HS_RETURN_IF_ERROR(batch::CheckSize(req.items_size(), kMaxBatchItems, "items"));
   HS_RETURN_IF_ERROR(batch::CheckMode(req.mode()));

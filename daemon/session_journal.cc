@@ -37,6 +37,20 @@ journal::Session SessionRecord(const SessionEntry& s) {
 
 }  // namespace
 
+void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
+  const RequestJournal::Stats j = journal.GetStats();
+  out->set_journal(true);
+  out->set_journal_generation(j.generation);
+  out->set_journal_bytes(j.bytes);
+  out->set_journal_requests(j.live_requests);
+  out->set_stored_slabs(j.stored_slabs);
+  out->set_unstored_slabs(j.unstored_slabs);
+  out->set_journal_failures(j.failures);
+  out->set_recovered_requests(j.recovered_requests);
+  out->set_dropped_requests(j.dropped_requests);
+  out->set_journal_refused(j.refused);
+}
+
 void SessionManager::JournalTouchLocked(const Session& s, const Request& r) {
   if (options_.journal == nullptr) return;
   const JournalKey key{s.id, r.id};

@@ -726,6 +726,7 @@ v1::StatsResponse SessionManager::Stats(std::optional<uint32_t> only_uid) const 
     OrphanStatsLocked(only_uid, &out);     // session_durable.cc
     FillGroupStatsLocked(only_uid, &out);  // session_groups.cc
   }
+  if (options_.journal != nullptr) FillRestartStats(*options_.journal, out.mutable_restart());  // session_journal.cc
   // Without stopping the engine: the kernels' atomics land in device memory, and a copy of it
   // sees them as of some recent point, which is all stats need.
   for (const auto& [index, arena] : counters) {

@@ -37,10 +37,18 @@ void PrintJson(const v1::StatsResponse& s) {
       " \"sessions\": %u, \"requests\": %u, \"parked_requests\": %u, \"admissions\": %lu, \"rejections\": %lu, "
       "\"evictions\": %lu,\n \"durable_requests\": %u, \"orphaned_requests\": %u, \"orphaned_bytes\": %lu, "
       "\"lease_expiries\": %lu,\n \"importing_requests\": %u, \"imports_committed\": %lu, \"imports_aborted\": %lu, "
-      "\"imports_expired\": %lu,\n \"session_stats\": [",
+      "\"imports_expired\": %lu,\n",
       s.sessions(), s.requests(), s.parked_requests(), s.admissions(), s.rejections(), s.evictions(),
       s.durable_requests(), s.orphaned_requests(), s.orphaned_bytes(), s.lease_expiries(), s.importing_requests(),
       s.imports_committed(), s.imports_aborted(), s.imports_expired());
+  const v1::RestartStats& r = s.restart();
+  std::printf(
+      " \"restart\": {\"journal\": %s, \"journal_generation\": %lu, \"journal_bytes\": %lu, \"journal_requests\": %lu, "
+      "\"stored_slabs\": %lu, \"unstored_slabs\": %lu, \"journal_failures\": %lu, \"recovered_requests\": %lu, "
+      "\"dropped_requests\": %lu, \"journal_refused\": %s},\n \"session_stats\": [",
+      r.journal() ? "true" : "false", r.journal_generation(), r.journal_bytes(), r.journal_requests(), r.stored_slabs(),
+      r.unstored_slabs(), r.journal_failures(), r.recovered_requests(), r.dropped_requests(),
+      r.journal_refused() ? "true" : "false");
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();
@@ -76,6 +84,21 @@ void PrintTable(const v1::StatsResponse& s) {
   if (s.durable_requests() != 0 || s.orphaned_requests() != 0 || s.lease_expiries() != 0) {
     std::printf("durable %u, orphaned %u (%s, waiting for adoption), lease expiries %lu\n", s.durable_requests(),
                 s.orphaned_requests(), FormatByteSize(s.orphaned_bytes()).c_str(), s.lease_expiries());
+  }
+  const v1::RestartStats& r = s.restart();
+  if (r.journal()) {
+    std::printf(
+        "restart journal: %lu durable requests, %lu slabs in the fd store%s; at start recovered %lu, dropped %lu%s\n",
+        r.journal_requests(), r.stored_slabs(),
+        r.unstored_slabs() + r.journal_failures() != 0
+            ? absl::StrFormat(" (NOT KEPT: %lu slabs without room, %lu failures)", r.unstored_slabs(),
+                              r.journal_failures())
+                  .c_str()
+            : "",
+        r.recovered_requests(), r.dropped_requests(), r.journal_refused() ? " (the former journal was REFUSED)" : "");
+  } else {
+    std::printf(
+        "restart journal: off (durable requests end with the daemon: no fd store, or keep_across_restarts off)\n");
   }
   if (s.importing_requests() != 0 || s.imports_committed() + s.imports_aborted() + s.imports_expired() != 0) {
     std::printf("importing %u; imports committed %lu, aborted %lu, expired %lu\n", s.importing_requests(),

@@ -222,6 +222,10 @@ TEST_F(DaemonRestartTest, ASigkilledDaemonComesBackWithEveryDurableRequest) {
   Wait(engine);
   const v1::StatsResponse st = Stats();
   EXPECT_EQ(st.orphaned_requests(), 1u) << st.DebugString();  // 7; 8 was not durable
+  EXPECT_TRUE(st.restart().journal());
+  EXPECT_EQ(st.restart().recovered_requests(), 1u);
+  EXPECT_EQ(st.restart().dropped_requests(), 0u);
+  EXPECT_EQ(st.restart().journal_requests(), 1u);
   ASSERT_NO_FATAL_FAILURE(AdoptAndCompare(steps, hold));
   ASSERT_NO_FATAL_FAILURE(ExpectNothingHeld());
 }

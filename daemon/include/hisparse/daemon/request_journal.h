@@ -106,6 +106,8 @@ class RequestJournal {
   void WaitCommitted(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // The newest ticket committed (every earlier one is too); readable without a lock.
   uint64_t committed() const { return committed_.load(std::memory_order_acquire); }
+  // What the start took back from the former daemon, for Stats.
+  void NoteRecovery(uint64_t recovered, uint64_t dropped, bool refused) ABSL_LOCKS_EXCLUDED(mu_);
   // The pool dropped slab `id` (its worker, after the punch): it leaves the store.
   void SlabGone(uint64_t id) ABSL_LOCKS_EXCLUDED(slabs_mu_);
 
@@ -117,6 +119,10 @@ class RequestJournal {
     uint64_t unstored_slabs = 0;  // slabs of durable requests the store had no room for
     uint64_t compactions = 0;
     uint64_t failures = 0;  // commits or slab moves the store refused
+    // What this start took back (NoteRecovery).
+    uint64_t recovered_requests = 0;
+    uint64_t dropped_requests = 0;
+    bool refused = false;
   };
   Stats GetStats() const ABSL_LOCKS_EXCLUDED(mu_, slabs_mu_);
 
@@ -149,12 +155,18 @@ class RequestJournal {
   uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t compactions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t recovered_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;
 
   mutable absl::Mutex slabs_mu_;                                      // a leaf: never held across I/O
   absl::flat_hash_set<uint64_t> claimed_ ABSL_GUARDED_BY(slabs_mu_);  // in the store, or on the way
   absl::flat_hash_set<uint64_t> gone_while_claimed_ ABSL_GUARDED_BY(slabs_mu_);
   uint64_t unstored_slabs_ ABSL_GUARDED_BY(slabs_mu_) = 0;
 };
+
+// Stats' restart figures (v1::RestartStats) from the journal.
+void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out);
 
 // ---- Recovery ----
 
@@ -175,7 +187,8 @@ struct RecoveryPlan {
   std::vector<std::string> stale_names;
   // Requests not restored, and why, one line each (logged).
   std::vector<std::string> dropped;
-  uint64_t expired = 0;  // of the dropped: leases that ended while the daemon was away
+  uint64_t dropped_requests = 0;  // requests found but not restored, a refused journal's included
+  uint64_t expired = 0;           // of those: leases that ended while the daemon was away
 
   // The epoch of the daemon life about to start: one past the journal's (refused or not: its
   // ids may still be held), 0 without a journal.
