@@ -4,7 +4,9 @@
 // stores every record (the pool's memory is really in use, as an engine's prompt would make it);
 // each request's first and last record of every layer carry a signature. Then the daemon is
 // SIGKILLed, and the clock runs until a new session of the same engine sees every request
-// adoptable again ("kill_to_adoptable_s"; "kill_to_serving_s": until a session opens at all). The
+// adoptable again ("kill_to_adoptable_s"; "kill_to_serving_s": until a session opens at all;
+// "kill_to_exit_s": until the killed daemon is gone, its mappings of the pool torn down by the
+// kernel; "daemon_recovery_s": the new daemon's own account, Stats.restart.recovery_seconds). The
 // new session adopts them ("adopt_s"), checks every signature and one whole request's records,
 // and releases everything; the pool must end empty.
 //
@@ -35,12 +37,15 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench_cmd.h"
 #include "hisparse/common/daemon_process.h"
 #include "hisparse/common/size_parse.h"
 #include "hisparse/hisparse.h"
+#include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse::bench {
 namespace {
@@ -148,6 +153,15 @@ std::vector<double> AdmitReleaseLatencies(hs_session* s, uint32_t tokens, uint32
   }
   std::sort(us.begin(), us.end());
   return us;
+}
+
+// The daemon's own account of its start's recovery (Stats.restart.recovery_seconds); -1 unread.
+double DaemonRecoverySeconds(const std::string& address) {
+  auto stub = v1::HiSparse::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatsResponse st;
+  return stub->Stats(&ctx, v1::StatsRequest(), &st).ok() ? st.restart().recovery_seconds() : -1;
 }
 
 double Quantile(const std::vector<double>& sorted, double q) {
@@ -345,6 +359,12 @@ int RestartMain(int argc, char** argv) {
     const pid_t old = kept.DaemonPid();
     const auto killed = Clock::now();
     ::kill(old, SIGKILL);
+    // Until the kernel has torn the killed daemon down (its mappings of the pool) and the keeper
+    // reaped it.
+    while (::kill(old, 0) == 0 && Seconds(killed, Clock::now()) < 120) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const auto exited = Clock::now();
     hs_session_close(s);  // its daemon is gone; this frees the client's side
     hs_session* heir = nullptr;
     for (;;) {  // the keeper's next daemon, not the dying one
@@ -365,6 +385,7 @@ int RestartMain(int argc, char** argv) {
     const bool listed = n == ids.size();
     if (listed) hs_adopt(heir, dead[0], rids.data(), rids.size(), &adopted);
     const auto adopted_at = Clock::now();
+    const double daemon_recovery_s = DaemonRecoverySeconds(kept.address());
     size_t intact = 0;
     for (uint64_t id : ids) intact += Stamp(heir, id, c, false) ? 1 : 0;
     const bool whole = WholeRequestIntact(heir, ids[ids.size() / 2], c);
@@ -374,15 +395,17 @@ int RestartMain(int argc, char** argv) {
     std::printf(
         "{\"bench\":\"restart\",\"pool_bytes\":%llu,\"page_bytes\":%llu,\"slab_bytes\":%llu,\"held_bytes\":%llu,"
         "\"requests\":%zu,\"layers\":%u,\"tokens\":%u,\"record_bytes\":%u,\"fill_s\":%.3f,"
-        "\"kill_to_serving_s\":%.4f,\"kill_to_adoptable_s\":%.4f,\"adopt_s\":%.4f,\"adoptable\":%zu,"
+        "\"kill_to_exit_s\":%.4f,\"daemon_recovery_s\":%.4f,\"kill_to_serving_s\":%.4f,\"kill_to_adoptable_s\":%.4f,"
+        "\"adopt_s\":%.4f,\"adoptable\":%zu,"
         "\"adopted\":%zu,\"signatures_intact\":%zu,\"whole_request_intact\":%s,"
         "\"admit_release_us\":{\"journal\":{\"p50\":%.1f,\"p99\":%.1f},\"no_journal\":{\"p50\":%.1f,\"p99\":%.1f},"
         "\"calls\":%d},\"ok\":%s}\n",
         static_cast<unsigned long long>(c.pool), static_cast<unsigned long long>(c.page),
         static_cast<unsigned long long>(c.slab), static_cast<unsigned long long>(held), ids.size(), c.layers, c.tokens,
-        c.record_bytes, fill_s, Seconds(killed, serving), Seconds(killed, adoptable), Seconds(adoptable, adopted_at), n,
-        adopted, intact, whole ? "true" : "false", Quantile(journal_us, 0.5), Quantile(journal_us, 0.99),
-        Quantile(plain_us, 0.5), Quantile(plain_us, 0.99), c.latency_calls, ok ? "true" : "false");
+        c.record_bytes, fill_s, Seconds(killed, exited), daemon_recovery_s, Seconds(killed, serving),
+        Seconds(killed, adoptable), Seconds(adoptable, adopted_at), n, adopted, intact, whole ? "true" : "false",
+        Quantile(journal_us, 0.5), Quantile(journal_us, 0.99), Quantile(plain_us, 0.5), Quantile(plain_us, 0.99),
+        c.latency_calls, ok ? "true" : "false");
     rc = ok ? 0 : 1;
   }
   std::string rm = "rm -rf " + dir;

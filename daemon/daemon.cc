@@ -78,7 +78,9 @@ FdServer::InFlightLimits FdInFlightFrom(const LimitsConfig& l) {
 // What the daemon holds already (its VmRSS) counts with the pool.
 // Returns the memory left after the pool: limits.host_arena_bytes' auto value. Unlimited (with a
 // warning) when /proc/meminfo cannot be read.
-absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hugetlb) {
+// `held_bytes` of the pool are slabs a former daemon left in the fd store (request_journal.h):
+// their memory is in use already, so only the rest of the pool must fit what is available.
+absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hugetlb, uint64_t held_bytes) {
   const absl::StatusOr<MemoryHeadroom> headroom = ReadMemoryHeadroom();
   if (!headroom.ok()) {
     LOG(WARNING) << "cannot tell how much memory is available (" << headroom.status()
@@ -86,11 +88,15 @@ absl::StatusOr<uint64_t> CheckMemoryAtStart(uint64_t pool_bytes, bool may_use_hu
     return UINT64_MAX;
   }
   // The cgroup's limit covers what the daemon holds already too.
-  const uint64_t need = OrdinaryPoolBytes(*headroom, pool_bytes, may_use_hugetlb) + headroom->self_rss;
-  HS_RETURN_IF_ERROR(
-      CheckMemoryFits(*headroom, need,
-                      absl::StrCat("the host pool (host_pool.size, ", pool_bytes, " bytes) with the daemon's own ",
-                                   headroom->self_rss, " resident bytes")));
+  const uint64_t fresh = pool_bytes - std::min(pool_bytes, held_bytes);
+  const uint64_t need = OrdinaryPoolBytes(*headroom, fresh, may_use_hugetlb) + headroom->self_rss;
+  HS_RETURN_IF_ERROR(CheckMemoryFits(
+      *headroom, need,
+      absl::StrCat("the host pool (host_pool.size, ", pool_bytes, " bytes",
+                   held_bytes != 0
+                       ? absl::StrCat(", of which ", held_bytes, " are the former daemon's slabs, held already")
+                       : "",
+                   ") with the daemon's own ", headroom->self_rss, " resident bytes")));
   const uint64_t left = headroom->bytes() - need;
   LOG(INFO) << "memory: " << headroom->Describe() << "; after the pool " << FormatByteSize(left)
             << " are left (the auto value of limits.host_arena_bytes)";
@@ -139,6 +145,13 @@ struct StartRecovery {
   RecoveryPlan plan;
   // Ids of this life start at epoch << 40 (0: a first life, ids from 1).
   uint64_t FirstId() const { return plan.next_epoch() == 0 ? 1 : (plan.next_epoch() << 40) | 1; }
+  // The bytes of the slabs the pool will take back.
+  uint64_t HeldBytes(uint64_t page_bytes) const {
+    uint64_t bytes = 0;
+    for (const PagePool::RecoveredSlab& slab : plan.slabs) bytes += slab.refs.size() * page_bytes;
+    return bytes;
+  }
+  absl::Time started = absl::Now();
 };
 
 StartRecovery TakeStoredFds(const DaemonConfig& config) {
@@ -164,6 +177,11 @@ StartRecovery TakeStoredFds(const DaemonConfig& config) {
     return out;
   }
   out.plan = PlanRecovery(*std::move(fds), config.host_pool.page_size, config.host_pool.size, absl::Now());
+  // The slabs nothing restored needs are freed before the pool's memory is checked.
+  for (auto& [name, fd] : out.plan.unused) {
+    (void)::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(FileSize(fd.get()).value_or(0)));
+  }
   return out;
 }
 
@@ -177,11 +195,7 @@ absl::StatusOr<std::unique_ptr<RequestJournal>> StartJournal(StartRecovery& r, u
   }
   for (const std::string& line : plan.dropped) LOG(WARNING) << "restart: not recovered: " << line;
   std::vector<std::string> stale = std::move(plan.stale_names);
-  for (auto& [name, fd] : plan.unused) {
-    (void)::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                      static_cast<off_t>(FileSize(fd.get()).value_or(0)));
-    stale.push_back(name);
-  }
+  for (const auto& [name, fd] : plan.unused) stale.push_back(name);  // punched in TakeStoredFds
   journal::Header header;
   header.set_format(RequestJournal::kFormat);
   header.set_generation(plan.found ? plan.header.generation() + 1 : 1);
@@ -316,9 +330,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                                                                                : PagePool::Hugepages::kAuto;
   pool_options.pretouch_threads = config.host_pool.pretouch_threads;
   pool_options.mlock = config.host_pool.mlock;
-  HS_ASSIGN_OR_RETURN(impl->auto_host_arena_bytes,
-                      CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff));
   StartRecovery recovery = TakeStoredFds(config);
+  HS_ASSIGN_OR_RETURN(impl->auto_host_arena_bytes,
+                      CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff,
+                                         recovery.HeldBytes(config.host_pool.page_size)));
   pool_options.first_slab_id = recovery.FirstId();
   std::vector<journal::Put> restore = recovery.plan.puts;
   absl::StatusOr<std::unique_ptr<PagePool>> created = PagePool::Create(pool_options, std::move(recovery.plan.slabs));
@@ -382,7 +397,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   if (impl->journal != nullptr) {
     // Requests found but not taken back: dropped by the plan, or by the restore (a tenant's cap).
     const uint64_t found = recovery.plan.puts.size() + recovery.plan.dropped_requests;
-    impl->journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !recovery.plan.refused.empty());
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - recovery.started);
+    impl->journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !recovery.plan.refused.empty(),
+                                seconds);
+    if (recovery.plan.found) LOG(INFO) << "restart: recovery took " << seconds * 1e3 << " ms";
   }
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);

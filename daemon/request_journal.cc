@@ -413,8 +413,9 @@ absl::Status RequestJournal::CompactLocked() {
   return absl::OkStatus();
 }
 
-void RequestJournal::NoteRecovery(uint64_t recovered, uint64_t dropped, bool refused) {
+void RequestJournal::NoteRecovery(uint64_t recovered, uint64_t dropped, bool refused, double seconds) {
   absl::MutexLock lock(&mu_);
+  recovery_seconds_ = seconds;
   recovered_ = recovered;
   dropped_ = dropped;
   refused_ = refused;
@@ -432,6 +433,7 @@ RequestJournal::Stats RequestJournal::GetStats() const {
     out.recovered_requests = recovered_;
     out.dropped_requests = dropped_;
     out.refused = refused_;
+    out.recovery_seconds = recovery_seconds_;
   }
   absl::MutexLock lock(&slabs_mu_);
   out.stored_slabs = claimed_.size();

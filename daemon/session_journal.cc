@@ -49,6 +49,7 @@ void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
   out->set_recovered_requests(j.recovered_requests);
   out->set_dropped_requests(j.dropped_requests);
   out->set_journal_refused(j.refused);
+  out->set_recovery_seconds(j.recovery_seconds);
 }
 
 void SessionManager::JournalTouchLocked(const Session& s, const Request& r) {

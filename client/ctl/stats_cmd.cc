@@ -45,10 +45,10 @@ void PrintJson(const v1::StatsResponse& s) {
   std::printf(
       " \"restart\": {\"journal\": %s, \"journal_generation\": %lu, \"journal_bytes\": %lu, \"journal_requests\": %lu, "
       "\"stored_slabs\": %lu, \"unstored_slabs\": %lu, \"journal_failures\": %lu, \"recovered_requests\": %lu, "
-      "\"dropped_requests\": %lu, \"journal_refused\": %s},\n \"session_stats\": [",
+      "\"dropped_requests\": %lu, \"journal_refused\": %s, \"recovery_seconds\": %.6f},\n \"session_stats\": [",
       r.journal() ? "true" : "false", r.journal_generation(), r.journal_bytes(), r.journal_requests(), r.stored_slabs(),
       r.unstored_slabs(), r.journal_failures(), r.recovered_requests(), r.dropped_requests(),
-      r.journal_refused() ? "true" : "false");
+      r.journal_refused() ? "true" : "false", r.recovery_seconds());
   for (int i = 0; i < s.session_stats_size(); ++i) {
     const auto& ss = s.session_stats(i);
     const uint64_t selections = ss.hits() + ss.misses();

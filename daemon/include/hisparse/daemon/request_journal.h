@@ -107,7 +107,7 @@ class RequestJournal {
   // The newest ticket committed (every earlier one is too); readable without a lock.
   uint64_t committed() const { return committed_.load(std::memory_order_acquire); }
   // What the start took back from the former daemon, for Stats.
-  void NoteRecovery(uint64_t recovered, uint64_t dropped, bool refused) ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteRecovery(uint64_t recovered, uint64_t dropped, bool refused, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // The pool dropped slab `id` (its worker, after the punch): it leaves the store.
   void SlabGone(uint64_t id) ABSL_LOCKS_EXCLUDED(slabs_mu_);
 
@@ -123,6 +123,7 @@ class RequestJournal {
     uint64_t recovered_requests = 0;
     uint64_t dropped_requests = 0;
     bool refused = false;
+    double recovery_seconds = 0;
   };
   Stats GetStats() const ABSL_LOCKS_EXCLUDED(mu_, slabs_mu_);
 
@@ -158,6 +159,7 @@ class RequestJournal {
   uint64_t recovered_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   bool refused_ ABSL_GUARDED_BY(mu_) = false;
+  double recovery_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 
   mutable absl::Mutex slabs_mu_;                                      // a leaf: never held across I/O
   absl::flat_hash_set<uint64_t> claimed_ ABSL_GUARDED_BY(slabs_mu_);  // in the store, or on the way

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 42 on the GPU host: a daemon's restart against pool size (hisparse-bench restart at 1, 16
+# and 64 GiB, and 16 GiB of 2 MiB slabs), durable admit latency with the journal on and off, the
+# restart tests, and the GPU tests that run over the daemon and its pool. Built here, run there:
+#   tools/gpu/make-bundle.sh .bundle-gpu        # here
+#   tools/gpu/restart-plan.sh .bundle-gpu       # there, from the repo root (about 3 minutes)
+B=$(cd "${1:?bundle dir}" && pwd)
+R=$B/run
+export HISPARSE_DAEMON_BIN=$B/bin/hisparsed
+nvidia-smi -L; nproc; free -g | head -2; uname -r
+echo "== link"
+$R hisparse-bench resolve --batch 1 --slots 4096 --k 2048 --record-bytes 1152 --miss 0.2 --smoke 2>/dev/null | grep '"kind":"link"'
+echo "== session_journal_test"; $R session_journal_test 2>&1 | tail -3
+echo "== daemon_restart_test"; $R daemon_restart_test 2>&1 | grep -E "^\[ *(OK|FAILED|PASSED)|Failure" | head
+for pool in 1GiB 16GiB 64GiB; do
+  echo "== restart --pool $pool"
+  $R hisparse-bench restart --pool $pool 2>/tmp/restart_$pool.err | tail -1
+  tail -3 /tmp/restart_$pool.err | grep -v "^hisparse-keeper" | head -3
+done
+echo "== restart --pool 16GiB --slab-size 2MiB (many slabs)"
+$R hisparse-bench restart --pool 16GiB --slab-size 2MiB 2>/tmp/restart_small.err | tail -1
+echo "== gpu tests over the daemon"
+for t in gpu_arena_session_test gpu_two_process_test gpu_store_test gpu_park_share_test gpu_tp_group_test; do
+  echo "-- $t"; $R $t 2>&1 | grep -E "^\[  (PASSED|FAILED)|tests ran|Failure" | head -4
+done
+echo "-- gpu_engine"; $R gpu_engine 2>&1 | tail -2
+echo "== control, cuda backend (journal off: no store)"
+$R hisparse-bench control --backend cuda --sessions 8 --seconds 3 2>/dev/null | tail -1 | cut -c1-600
