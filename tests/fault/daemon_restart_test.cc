@@ -10,7 +10,8 @@
 // never served), adopts it and decodes on: every step's slots and gathered bytes equal an
 // uninterrupted run that parks and resumes at the same step (what adoption does to its row), and
 // the gathered bytes equal the plain uninterrupted run's. When the adopter is done, no page is
-// held and the keeper holds no slab, only the journal.
+// held and the keeper holds no slab, only the journal. HISPARSE_RESTART_BACKEND=cuda runs the
+// engines on the CUDA backend (tools/gpu/restart-plan.sh does on the GPU host).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -160,8 +161,11 @@ class DaemonRestartTest : public ::testing::Test {
     ASSERT_TRUE(WaitUntil([&] { return DaemonPid() != old && DaemonPid() > 0 && Serving(); }))
         << "the keeper did not start the daemon again";
   }
+  // HISPARSE_RESTART_BACKEND=cuda (a GPU host, a CUDA build): the engines use the CUDA backend.
   std::vector<std::string> Engine(std::vector<std::string> args) {
     args.insert(args.begin(), {BinDir() + "/hisparse-durable-engine", address_});
+    const char* backend = std::getenv("HISPARSE_RESTART_BACKEND");
+    if (backend != nullptr && std::string(backend) == "cuda") args.insert(args.end(), {"--backend", "cuda"});
     return args;
   }
   std::string Out(const std::string& name) const { return dir_ + "/" + name; }

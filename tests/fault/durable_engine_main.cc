@@ -10,6 +10,8 @@
 //       --park-at K: parks and resumes the request before step K (what an adoption does to its row);
 //       --hold-at K: before step K, writes OUT.held and waits (for the test to kill the daemon);
 //       --plain: admits request 8 too, not durable, and stores its prompt (a daemon's restart loses it).
+//   --backend cuda (any mode, CUDA builds): the CUDA backend on GPU 0, every data-path argument in
+//   device memory and the slot arena read back from the GPU; the lines are the same.
 //   hisparse-durable-engine ADDRESS OUT adopt STEPS FROM
 //       adopts the request from the ended session of the same engine name, resumes it, decodes
 //       steps FROM..STEPS-1, releases it.
@@ -23,6 +25,10 @@
 #include <vector>
 
 #include "hisparse/hisparse.h"
+
+#ifdef HISPARSE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -58,40 +64,106 @@ int Fail(const char* what) {
   return 1;
 }
 
+// Where the data path's arguments live: this process's memory on the host backend, the GPU's on
+// the CUDA backend (hisparse.h: "Pointers are device pointers on the CUDA backend").
+struct Memory {
+  bool cuda = false;
+  std::vector<void*> owned;
+  // `bytes` holding a copy of `src`, valid until Clear.
+  void* Put(const void* src, size_t bytes) {
+#ifdef HISPARSE_HAVE_CUDA
+    if (cuda) {
+      void* d = nullptr;
+      if (cudaMalloc(&d, bytes) != cudaSuccess || cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        fprintf(stderr, "cuda copy failed\n");
+        exit(1);
+      }
+      owned.push_back(d);
+      return d;
+    }
+#endif
+    void* h = malloc(bytes);
+    memcpy(h, src, bytes);
+    owned.push_back(h);
+    return h;
+  }
+  // `bytes` of `src` (a pointer Put made, or into the slot arena) into `dst`, after the stream's work.
+  void Get(void* dst, const void* src, size_t bytes) const {
+#ifdef HISPARSE_HAVE_CUDA
+    if (cuda) {
+      if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        fprintf(stderr, "cuda read failed\n");
+        exit(1);
+      }
+      return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+  }
+  void Sync() const {
+#ifdef HISPARSE_HAVE_CUDA
+    if (cuda) cudaDeviceSynchronize();
+#endif
+  }
+  void Clear() {
+    for (void* p : owned) {
+#ifdef HISPARSE_HAVE_CUDA
+      if (cuda) {
+        cudaFree(p);
+        continue;
+      }
+#endif
+      free(p);
+    }
+    owned.clear();
+  }
+};
+
 // One decode step: append to every layer, then RESOLVE every layer and write its line.
-int Step(hs_session* s, const hs_session_info& info, int32_t row, int step, int die_at, FILE* out) {
+int Step(hs_session* s, const hs_session_info& info, int32_t row, int step, int die_at, Memory& mem, FILE* out) {
   const int32_t seq_len = kPrompt + step + 1;
   std::vector<uint8_t> rec(kRecordBytes);
+  const auto* row_p = static_cast<const int32_t*>(mem.Put(&row, sizeof(row)));
+  const auto* seq_p = static_cast<const int32_t*>(mem.Put(&seq_len, sizeof(seq_len)));
   for (uint32_t l = 0; l < kLayers; ++l) {
     Record(l, seq_len - 1, rec.data());
-    if (hs_append(s, l, 1, nullptr, &row, &seq_len, rec.data(), kRecordBytes, nullptr) != HS_OK) return Fail("append");
+    if (hs_append(s, l, 1, nullptr, row_p, seq_p, mem.Put(rec.data(), kRecordBytes), kRecordBytes, nullptr) != HS_OK) {
+      return Fail("append");
+    }
   }
+  mem.Sync();  // the appends have reached the host pool
   if (step == die_at) raise(SIGKILL);
   for (uint32_t l = 0; l < kLayers; ++l) {
     const std::vector<int32_t> positions = Select(step, l, seq_len);
     std::vector<int32_t> slots(kK, -1);
+    auto* slots_p = static_cast<int32_t*>(mem.Put(slots.data(), slots.size() * sizeof(int32_t)));
     hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
     a.layer = l;
     a.max_batch = 1;
-    a.rows = &row;
-    a.seq_lens = &seq_len;
-    a.positions = positions.data();
-    a.out_slots = slots.data();
-    if (hs_resolve(s, &a) != HS_OK) return Fail("resolve");
+    a.rows = row_p;
+    a.seq_lens = seq_p;
+    a.positions = static_cast<const int32_t*>(mem.Put(positions.data(), positions.size() * sizeof(int32_t)));
+    a.out_slots = slots_p;
+    if (hs_resolve(s, &a) != HS_OK || (mem.cuda && hs_check_errors(s) != HS_OK)) return Fail("resolve");
+    mem.Get(slots.data(), slots_p, slots.size() * sizeof(int32_t));
     uint64_t hash = 0xcbf29ce484222325ull;
     int exact = 1;
     fprintf(out, "%d %u", step, l);
     for (uint32_t j = 0; j < kK; ++j) {
-      const uint8_t* got = static_cast<const uint8_t*>(info.slot_base) +
-                           ((static_cast<uint64_t>(row) * kLayers + l) * (kSlots + 1) + slots[j]) * info.record_stride;
+      std::vector<uint8_t> got(kRecordBytes);
+      mem.Get(got.data(),
+              static_cast<const uint8_t*>(info.slot_base) +
+                  ((static_cast<uint64_t>(row) * kLayers + l) * (kSlots + 1) + slots[j]) * info.record_stride,
+              kRecordBytes);
       Record(l, positions[j], rec.data());
-      exact = exact && memcmp(got, rec.data(), kRecordBytes) == 0;
+      exact = exact && memcmp(got.data(), rec.data(), kRecordBytes) == 0;
       for (uint32_t i = 0; i < kRecordBytes; ++i) hash = (hash ^ got[i]) * 0x100000001b3ull;
       fprintf(out, " %d", slots[j]);
     }
     fprintf(out, " %016llx %d\n", static_cast<unsigned long long>(hash), exact);
   }
   fflush(out);
+  mem.Clear();
   return 0;
 }
 
@@ -106,6 +178,7 @@ int main(int argc, char** argv) {
   const int steps = atoi(argv[4]);
   int die_at = -1, park_at = -1, hold_at = -1, from = 0;
   bool plain = false;
+  Memory mem;
   uint32_t lease = 60;
   for (int i = 5; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -113,6 +186,7 @@ int main(int argc, char** argv) {
     if (arg == "--park-at" && i + 1 < argc) park_at = atoi(argv[++i]);
     if (arg == "--hold-at" && i + 1 < argc) hold_at = atoi(argv[++i]);
     if (arg == "--plain") plain = true;
+    if (arg == "--backend" && i + 1 < argc) mem.cuda = std::string(argv[++i]) == "cuda";
     if (arg == "--lease" && i + 1 < argc) lease = static_cast<uint32_t>(atoi(argv[++i]));
     if (mode == "adopt" && i == 5) from = atoi(argv[i]);
   }
@@ -126,7 +200,8 @@ int main(int argc, char** argv) {
   o.k = kK;
   o.slots = kSlots;
   o.max_requests = 2;
-  o.backend = HS_BACKEND_HOST;
+  o.backend = mem.cuda ? HS_BACKEND_CUDA : HS_BACKEND_HOST;
+  o.gpu = mem.cuda ? 0 : -1;
   hs_session* s = nullptr;
   if (hs_session_open(&o, &s) != HS_OK) return Fail("open");
   hs_session_info info = HS_SESSION_INFO_INIT;
@@ -138,14 +213,17 @@ int main(int argc, char** argv) {
     for (uint32_t l = 0; l < kLayers; ++l) {
       for (int32_t p = 0; p < kPrompt; ++p) Record(l, p, &prompt[(l * kPrompt + p) * kRecordBytes]);
     }
-    if (hs_store(s, kRequest, 0, kPrompt, kPrompt, prompt.data(), int64_t{kPrompt} * kRecordBytes, kRecordBytes,
-                 nullptr) != HS_OK) {
+    const void* prompt_p = mem.Put(prompt.data(), prompt.size());
+    if (hs_store(s, kRequest, 0, kPrompt, kPrompt, prompt_p, int64_t{kPrompt} * kRecordBytes, kRecordBytes, nullptr) !=
+            HS_OK ||
+        (mem.cuda && hs_check_errors(s) != HS_OK)) {
       return Fail("store");
     }
     hs_request_info plain_info = HS_REQUEST_INFO_INIT;
     if (plain && (hs_admit(s, kRequest + 1, kPrompt, kPrompt + steps, &plain_info) != HS_OK ||
-                  hs_store(s, kRequest + 1, 0, kPrompt, kPrompt, prompt.data(), int64_t{kPrompt} * kRecordBytes,
-                           kRecordBytes, nullptr) != HS_OK)) {
+                  hs_store(s, kRequest + 1, 0, kPrompt, kPrompt, prompt_p, int64_t{kPrompt} * kRecordBytes,
+                           kRecordBytes, nullptr) != HS_OK ||
+                  (mem.cuda && hs_check_errors(s) != HS_OK))) {
       return Fail("admit and store the plain request");
     }
   } else if (mode == "adopt") {
@@ -173,7 +251,7 @@ int main(int argc, char** argv) {
       if (hs_park(s, kRequest) != HS_OK || hs_resume(s, kRequest, &ri) != HS_OK) return Fail("park and resume");
       row = static_cast<int32_t>(ri.row);
     }
-    if (Step(s, info, row, step, die_at, out) != 0) return 1;
+    if (Step(s, info, row, step, die_at, mem, out) != 0) return 1;
   }
   if (hs_release(s, kRequest) != HS_OK) return Fail("release");
   hs_session_close(s);
