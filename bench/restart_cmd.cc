@@ -74,18 +74,9 @@ struct Config {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
+std::string BinDir() { return ExecutableDir(); }
 
-std::string DaemonBinary() {
-  const char* env = std::getenv("HISPARSE_DAEMON_BIN");
-  return env != nullptr && *env != 0 ? env : BinDir() + "/hisparsed";
-}
+std::string DaemonBinary() { return FindDaemonBinary().value_or(BinDir() + "/hisparsed"); }
 
 struct Signature {
   uint64_t magic, request, layer, position;

@@ -112,18 +112,21 @@ bool WaitForChildExit(pid_t pid, int timeout_ms, int* status, struct rusage* usa
   return false;
 }
 
+std::string ExecutableDir() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  const std::string path(self, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
 absl::StatusOr<std::string> FindDaemonBinary() {
   if (const char* env = std::getenv("HISPARSE_DAEMON_BIN"); env != nullptr && *env) {
     if (::access(env, X_OK) != 0)
       return absl::NotFoundError(absl::StrCat("HISPARSE_DAEMON_BIN=", env, " is not executable"));
     return std::string(env);
   }
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n > 0) {
-    self[n] = '\0';
-    std::string dir(self);
-    dir = dir.substr(0, dir.rfind('/'));
+  if (const std::string dir = ExecutableDir(); !dir.empty()) {
     const std::string candidate = dir + "/hisparsed";
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
     return absl::NotFoundError(

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "hisparse/common/unix_socket.h"
 
 namespace hisparse {
 namespace {
@@ -113,26 +114,9 @@ absl::StatusOr<std::unique_ptr<FdStore>> FdStore::Connect(const std::string& not
 }
 
 absl::Status FdStore::Send(absl::string_view what, absl::string_view payload, int fd_to_pass) {
-  iovec iov{const_cast<char*>(payload.data()), payload.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd_to_pass >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
-  }
-  ssize_t n;
-  do {
-    n = ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return FdStoreErrno(absl::StrCat(what, ": sendmsg to ", address_));
-  return absl::OkStatus();
+  absl::Status st = SendPacket(sock_.get(), payload, fd_to_pass);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat(what, ": to ", address_, ": ", st.message()));
 }
 
 absl::Status FdStore::Put(absl::string_view name, int fd) {

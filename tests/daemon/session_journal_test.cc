@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/fd_store.h"
+#include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/request_journal.h"
 #include "hisparse/keeper/notify_protocol.h"
 #include "session_test_util.h"
@@ -81,31 +82,13 @@ class FakeManager {
  private:
   void Serve() {
     for (;;) {
-      char buf[4096];
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-      iovec iov{buf, sizeof(buf)};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      const ssize_t n = ::recvmsg(sock_.get(), &msg, MSG_CMSG_CLOEXEC);
-      if (n <= 0) return;
-      std::vector<UniqueFd> fds;
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds.emplace_back(fd);
-        }
-      }
-      const NotifyMessage m = ParseNotifyMessage(absl::string_view(buf, static_cast<size_t>(n)));
+      absl::StatusOr<Packet> p = RecvPacket(sock_.get(), 4096);  // the store's messages carry one fd
+      if (!p.ok()) return;
+      const NotifyMessage m = ParseNotifyMessage(p->payload);
       if (m.fdname == "stop") return;
       absl::MutexLock lock(&mu_);
-      if (m.fdstore) {
-        for (UniqueFd& fd : fds) EXPECT_TRUE(stored_.Add(m.fdname, std::move(fd)).ok());
+      if (m.fdstore && p->fd.valid()) {
+        EXPECT_TRUE(stored_.Add(m.fdname, std::move(p->fd)).ok());
       } else if (m.fdstore_remove) {
         stored_.Remove(m.fdname);
       }
@@ -125,13 +108,7 @@ constexpr uint64_t kBudget = 16 * kMiB;
 constexpr uint32_t kUid = 4242;
 
 PagePool::Options PoolOptions(uint64_t first_slab_id) {
-  PagePool::Options po;
-  po.budget_bytes = kBudget;
-  po.page_bytes = kPage;
-  po.slab_bytes = kMiB;
-  po.reserve_slabs = 0;
-  po.hugepages = PagePool::Hugepages::kOff;
-  po.pretouch_threads = 1;
+  PagePool::Options po = session_test::TestPoolOptions(kBudget);
   po.first_slab_id = first_slab_id;
   return po;
 }

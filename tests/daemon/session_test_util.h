@@ -27,10 +27,9 @@ namespace session_test {
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kPage = 4096;  // 256 records of 16 bytes
 
-// A SessionManager of `options` over a host pool of `pool_bytes` in kPage pages and 1 MiB slabs,
-// none reserved (every byte of the budget is the sessions' to take), no hugepages. Null, with a
-// test failure, when the pool cannot be made.
-inline std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::Options& options = {}) {
+// A host pool of `pool_bytes` in kPage pages and 1 MiB slabs, none reserved (every byte of the
+// budget is the sessions' to take), no hugepages.
+inline PagePool::Options TestPoolOptions(uint64_t pool_bytes) {
   PagePool::Options po;
   po.budget_bytes = pool_bytes;
   po.page_bytes = kPage;
@@ -38,7 +37,13 @@ inline std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const Se
   po.reserve_slabs = 0;
   po.hugepages = PagePool::Hugepages::kOff;
   po.pretouch_threads = 1;
-  auto pool = PagePool::Create(po);
+  return po;
+}
+
+// A SessionManager of `options` over TestPoolOptions(pool_bytes). Null, with a test failure, when
+// the pool cannot be made.
+inline std::unique_ptr<SessionManager> MakeManager(uint64_t pool_bytes, const SessionManager::Options& options = {}) {
+  auto pool = PagePool::Create(TestPoolOptions(pool_bytes));
   EXPECT_TRUE(pool.ok()) << pool.status();
   if (!pool.ok()) return nullptr;
   return std::make_unique<SessionManager>(options, std::move(*pool));

@@ -30,19 +30,17 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "engine_runs.h"
 #include "gtest/gtest.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
 
 namespace hisparse {
 namespace daemon_restart_test {
 
-std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
+using fault::BinDir;
+using fault::HashOf;
+using fault::Lines;
+using fault::WaitUntil;
 
 pid_t Spawn(const std::vector<std::string>& args) {
   std::vector<char*> argv;
@@ -65,32 +63,7 @@ int Wait(pid_t pid) {
   return status;
 }
 
-std::vector<std::string> Lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-// "STEP LAYER SLOT... HASH EXACT" -> its hash.
-std::string HashOf(const std::string& line) {
-  std::istringstream in(line);
-  std::vector<std::string> f;
-  for (std::string w; in >> w;) f.push_back(w);
-  return f.size() >= 2 ? f[f.size() - 2] : "";
-}
-
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
-
-template <typename Done>
-bool WaitUntil(Done&& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
 
 // The memfds a process holds, by name ("hisparse-slab", "hisparse-journal"), counted.
 int MemfdsOf(pid_t pid, const std::string& name) {
@@ -186,16 +159,7 @@ class DaemonRestartTest : public ::testing::Test {
     ASSERT_EQ(Wait(Spawn(Engine({Out("adopted"), "adopt", std::to_string(steps), std::to_string(hold)}))), 0);
     const std::vector<std::string> straight = Lines(Out("straight")), parked = Lines(Out("parked")),
                                    before = Lines(Out("held")), after = Lines(Out("adopted"));
-    const size_t layers = 2, cut = static_cast<size_t>(hold) * layers;
-    ASSERT_EQ(straight.size(), static_cast<size_t>(steps) * layers);
-    ASSERT_EQ(before.size(), cut);
-    ASSERT_EQ(after.size(), straight.size() - cut);
-    for (size_t i = 0; i < cut; ++i) EXPECT_EQ(before[i], straight[i]) << "line " << i;
-    for (size_t i = 0; i < after.size(); ++i) {
-      EXPECT_EQ(after[i], parked[cut + i]) << "line " << cut + i;
-      EXPECT_EQ(HashOf(after[i]), HashOf(straight[cut + i])) << "line " << cut + i;
-      EXPECT_EQ(after[i].back(), '1') << after[i];
-    }
+    fault::ExpectAdoptedRunExact(straight, parked, before, after, steps, hold);
   }
   // Nothing held once the adopter released its request: no page, no orphan, and the keeper keeps
   // the journal alone.

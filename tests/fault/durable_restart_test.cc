@@ -28,6 +28,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "engine_runs.h"
 #include "gtest/gtest.h"
 #include "hisparse/common/daemon_process.h"
 #include "hisparse/v1/hisparse.grpc.pb.h"
@@ -35,13 +36,10 @@
 namespace hisparse {
 namespace durable_restart_test {
 
-std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
+using fault::BinDir;
+using fault::HashOf;
+using fault::Lines;
+using fault::WaitUntil;
 
 int Steps() {
   const char* env = std::getenv("HISPARSE_DURABLE_STEPS");
@@ -65,21 +63,6 @@ int RunEngine(const std::vector<std::string>& args) {
   return status;
 }
 
-std::vector<std::string> Lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-// "STEP LAYER SLOT... HASH EXACT" -> its hash and exact fields.
-std::string HashOf(const std::string& line) {
-  std::istringstream in(line);
-  std::vector<std::string> f;
-  for (std::string w; in >> w;) f.push_back(w);
-  return f.size() >= 2 ? f[f.size() - 2] : "";
-}
-
 // hisparse-ctl --daemon ADDRESS ARGS: its stdout.
 std::string Ctl(const std::string& address, const std::string& args) {
   std::string out;
@@ -99,17 +82,6 @@ v1::StatsResponse Stats(const std::string& address) {
   v1::StatsResponse r;
   EXPECT_TRUE(stub->Stats(&ctx, v1::StatsRequest(), &r).ok());
   return r;
-}
-
-// Polls (bounded) for what the daemon does after a peer died; nothing is asserted about timing.
-template <typename Done>
-bool WaitUntil(Done&& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
 }
 
 class DurableRestartTest : public ::testing::Test {
@@ -154,18 +126,7 @@ TEST_F(DurableRestartTest, AKilledEngineIsAdoptedAndDecodesOnExactly) {
 
   const std::vector<std::string> straight = Lines(Out("straight")), parked = Lines(Out("parked")),
                                  before = Lines(Out("killed")), after = Lines(Out("adopted"));
-  const size_t layers = 2, cut = static_cast<size_t>(kill_at) * layers;
-  ASSERT_EQ(straight.size(), static_cast<size_t>(steps) * layers);
-  ASSERT_EQ(parked.size(), straight.size());
-  ASSERT_EQ(before.size(), cut);
-  ASSERT_EQ(after.size(), straight.size() - cut);
-  for (size_t i = 0; i < cut; ++i) EXPECT_EQ(before[i], straight[i]) << "line " << i;
-  for (size_t i = 0; i < after.size(); ++i) {
-    EXPECT_EQ(after[i], parked[cut + i]) << "line " << cut + i;
-    EXPECT_EQ(HashOf(after[i]), HashOf(straight[cut + i])) << "line " << cut + i;
-    EXPECT_EQ(after[i].back(), '1') << after[i];
-  }
-  for (const std::string& line : straight) EXPECT_EQ(line.back(), '1') << line;
+  ASSERT_NO_FATAL_FAILURE(fault::ExpectAdoptedRunExact(straight, parked, before, after, steps, kill_at));
   // The adopter released it: nothing is held.
   ASSERT_TRUE(WaitUntil([&] {
     const v1::StatsResponse st = Stats(a);

@@ -22,13 +22,7 @@
 namespace hisparse::testing {
 
 // The folder of the running test binary: the daemon, the CLI and the test client live beside it.
-inline std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
+inline std::string BinDir() { return ExecutableDir(); }
 
 struct CommandResult {
   int exit_code = -1;

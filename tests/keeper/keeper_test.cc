@@ -37,13 +37,7 @@ using ::testing::StartsWith;
 constexpr int kWaitMs = 60000;
 
 // Test binaries and executables share build/bin (the top-level CMakeLists.txt).
-std::string BinDir() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  self[n > 0 ? n : 0] = 0;
-  std::string dir(self);
-  return dir.substr(0, dir.rfind('/'));
-}
+std::string BinDir() { return ExecutableDir(); }
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -176,7 +170,8 @@ void ExpectStoppedWithZero(Keeper& keeper) {
 
 // The brief's scenario: stored, SIGKILLed, restarted with the memfd, removed, stopped.
 void RunKillOnce(bool barrier) {
-  Keeper keeper({"--restart-delay-ms", "10", "--verbose"}, barrier ? Probe({"kill-once"}) : Probe({"kill-once", "nobarrier"}));
+  Keeper keeper({"--restart-delay-ms", "10", "--verbose"},
+                barrier ? Probe({"kill-once"}) : Probe({"kill-once", "nobarrier"}));
   const std::string first = keeper.WaitFor("start");
   EXPECT_EQ(Field(first, "names"), "");
   EXPECT_EQ(Field(first, "open"), "0");

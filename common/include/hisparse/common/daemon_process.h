@@ -65,6 +65,10 @@ bool WaitForChildExit(pid_t pid, int timeout_ms, int* status, struct rusage* usa
 // $HISPARSE_DAEMON_BIN, else "hisparsed" beside /proc/self/exe. NotFound with what was tried.
 absl::StatusOr<std::string> FindDaemonBinary();
 
+// The directory of this process's executable (/proc/self/exe): where the build puts hisparsed,
+// hisparse-keeper and the test programs beside each other. Empty when it cannot be read.
+std::string ExecutableDir();
+
 }  // namespace hisparse
 
 #endif  // HISPARSE_COMMON_DAEMON_PROCESS_H_
