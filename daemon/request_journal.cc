@@ -283,18 +283,25 @@ bool RequestJournal::ClaimSlab(uint64_t id) {
     return false;
   }
   claimed_.insert(id);
+  unstored_claims_.insert(id);
   return true;
+}
+
+void RequestJournal::UnclaimSlab(uint64_t id) {
+  absl::MutexLock lock(&slabs_mu_);
+  claimed_.erase(id);
+  unstored_claims_.erase(id);
 }
 
 void RequestJournal::SlabGone(uint64_t id) {
   {
     absl::MutexLock lock(&slabs_mu_);
     if (claimed_.erase(id) == 0) return;
-  }
-  // Claimed: stored, or about to be (StoreSlabs removes it again once it sees it gone).
-  {
-    absl::MutexLock lock(&slabs_mu_);
-    gone_while_claimed_.insert(id);
+    // Claimed but not stored yet: StoreSlabs removes it once its Put is done.
+    if (unstored_claims_.count(id) != 0) {
+      gone_before_stored_.insert(id);
+      return;
+    }
   }
   if (absl::Status st = store_->Remove(SlabName(id)); !st.ok()) {
     LOG(WARNING) << "fd store: removing slab " << id << ": " << st;
@@ -311,7 +318,8 @@ absl::Status RequestJournal::StoreSlabs(std::vector<JournalBatch::NewSlab>& slab
     bool gone = false;
     {
       absl::MutexLock lock(&slabs_mu_);
-      gone = gone_while_claimed_.erase(slab.id) != 0;
+      unstored_claims_.erase(slab.id);
+      gone = gone_before_stored_.erase(slab.id) != 0;
     }
     if (gone) (void)store_->Remove(SlabName(slab.id));
   }

@@ -105,6 +105,7 @@ JournalBatch SessionManager::DecideJournalLocked() {
         absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(s->id, slab);
         if (!fd.ok()) {
           LOG(ERROR) << "journal: slab " << slab << " of session " << s->id << ": " << fd.status();
+          options_.journal->UnclaimSlab(slab);  // the next record that names it tries again
           continue;
         }
         batch.slabs.push_back(JournalBatch::NewSlab{slab, *std::move(fd)});

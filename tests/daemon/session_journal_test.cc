@@ -318,5 +318,49 @@ TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
   EXPECT_EQ(names[0].rfind("journal-", 0), 0u) << names[0];
 }
 
+// A lease renewed over and over writes a Put each time: the journal compacts itself into new
+// generations (the store keeps only the newest), and a restart still finds the request as it is.
+TEST(SessionJournalTest, TheJournalCompactsAndStillRecovers) {
+  FakeManager manager;
+  std::unique_ptr<Life> first = Life::Start(manager);
+  ASSERT_NE(first, nullptr);
+  SessionManager& sm = *first->sm;
+  const v1::SessionRef ref = OpenHost(sm, Engine(), kUid);
+  v1::AdmitRequest a = AdmitOf(ref, 7, 300);
+  a.set_lease_seconds(600);
+  ASSERT_TRUE(sm.Admit(a).ok());
+  ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 7, 300));
+  v1::SetLeaseRequest renew;
+  *renew.mutable_session() = ref;
+  renew.set_request_id(7);
+  const uint64_t generation = first->journal->GetStats().generation;
+  for (int i = 0; i < 20000 && first->journal->GetStats().compactions < 2; ++i) {
+    renew.set_lease_seconds(600 + i % 7);
+    ASSERT_TRUE(sm.SetLease(renew).ok());
+  }
+  const RequestJournal::Stats js = first->journal->GetStats();
+  EXPECT_GE(js.compactions, 2u);
+  EXPECT_EQ(js.generation, generation + js.compactions);
+  EXPECT_EQ(js.live_requests, 1u);
+  EXPECT_LT(js.bytes, 3u << 20);  // compacted: bounded by twice the live size plus 1 MiB
+  ASSERT_TRUE(manager.Client()->Barrier().ok());
+  int journals = 0;
+  for (const std::string& name : manager.Names()) journals += name.rfind("journal-", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(journals, 1);
+  first.reset();
+
+  std::unique_ptr<Life> second = Life::Start(manager);
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(second->plan.refused.empty()) << second->plan.refused;
+  ASSERT_EQ(second->plan.puts.size(), 1u);
+  const v1::SessionRef heir = OpenHost(*second->sm, Engine(), kUid);
+  v1::AdoptRequest adopt;
+  *adopt.mutable_session() = heir;
+  adopt.set_dead_session_id(ref.session_id());
+  ASSERT_TRUE(second->sm->Adopt(adopt).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRecords(*second->sm, heir.session_id(), 7, 300));
+  EXPECT_INVARIANTS(*second->sm);
+}
+
 }  // namespace session_journal_test
 }  // namespace hisparse

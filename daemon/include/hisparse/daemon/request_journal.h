@@ -96,6 +96,8 @@ class RequestJournal {
   // Whether slab `id` is new to the store and fits in it (kMaxStoredSlabs); the first caller to
   // ask claims it and adds its fd to its batch.
   bool ClaimSlab(uint64_t id) ABSL_LOCKS_EXCLUDED(slabs_mu_);
+  // A claim whose fd could not be had: the slab is new to the store again.
+  void UnclaimSlab(uint64_t id) ABSL_LOCKS_EXCLUDED(slabs_mu_);
 
   // ---- After it ----
   // Waits for the batches of earlier tickets, stores the batch's slabs (and waits until the
@@ -163,7 +165,10 @@ class RequestJournal {
 
   mutable absl::Mutex slabs_mu_;                                      // a leaf: never held across I/O
   absl::flat_hash_set<uint64_t> claimed_ ABSL_GUARDED_BY(slabs_mu_);  // in the store, or on the way
-  absl::flat_hash_set<uint64_t> gone_while_claimed_ ABSL_GUARDED_BY(slabs_mu_);
+  // Claimed by a batch whose Put has not happened yet, and those of them the pool dropped meanwhile
+  // (StoreSlabs removes those again right after their Put).
+  absl::flat_hash_set<uint64_t> unstored_claims_ ABSL_GUARDED_BY(slabs_mu_);
+  absl::flat_hash_set<uint64_t> gone_before_stored_ ABSL_GUARDED_BY(slabs_mu_);
   uint64_t unstored_slabs_ ABSL_GUARDED_BY(slabs_mu_) = 0;
 };
 
