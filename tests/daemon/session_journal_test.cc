@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -360,6 +362,172 @@ TEST(SessionJournalTest, TheJournalCompactsAndStillRecovers) {
   ASSERT_TRUE(second->sm->Adopt(adopt).ok());
   ASSERT_NO_FATAL_FAILURE(ExpectRecords(*second->sm, heir.session_id(), 7, 300));
   EXPECT_INVARIANTS(*second->sm);
+}
+
+// Random admissions (durable or not, some sharing a prefix), extensions, releases, lease changes,
+// session ends and adoptions, against a shadow model kept from the answers alone: after a crash at
+// the end, a new manager holds exactly the requests the shadow says are durable, each under the
+// session the shadow says, with the pages its last answer gave and the signatures written there.
+TEST(SessionJournalTest, PropertyRandomLivesRecoverWhatTheShadowSaysIsDurable) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE(seed);
+    std::mt19937_64 rng(seed);
+    FakeManager manager;
+    std::unique_ptr<Life> life = Life::Start(manager);
+    ASSERT_NE(life, nullptr);
+    SessionManager& sm = *life->sm;
+    struct Shadow {
+      uint64_t session = 0;
+      bool durable = false;
+      uint32_t capacity = 0;
+      std::vector<std::string> pages;
+    };
+    std::map<uint64_t, Shadow> requests;  // by request id (unique in the run)
+    std::vector<v1::SessionRef> open = {OpenHost(sm, Engine(), kUid), OpenHost(sm, Engine(), kUid)};
+    std::set<uint64_t> orphans;
+    uint64_t next_id = 1;
+    auto in_session = [&](uint64_t session) {
+      std::vector<uint64_t> ids;
+      for (const auto& [id, r] : requests) {
+        if (r.session == session) ids.push_back(id);
+      }
+      return ids;
+    };
+    auto pick = [&](const std::vector<uint64_t>& v) { return v[rng() % v.size()]; };
+    auto stamp = [&](uint64_t session, uint64_t id) {
+      const Shadow& r = requests.at(id);
+      // The last record: never on a page shared with another request (a prefix is at most one
+      // page here, a request is longer).
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        for (uint32_t pos : {r.capacity - 1}) {
+          auto rec = sm.RecordForTest(session, id, layer, pos);
+          ASSERT_TRUE(rec.ok()) << rec.status();
+          for (uint32_t i = 0; i < 16; ++i) (*rec)[i] = Byte(id, layer, pos, i);
+        }
+      }
+    };
+    for (int op = 0; op < 150; ++op) {
+      const v1::SessionRef& ref = open[rng() % open.size()];
+      const std::vector<uint64_t> mine = in_session(ref.session_id());
+      switch (rng() % 7) {
+        case 0:
+        case 1: {  // admit, durable or not, a shared-prefix child now and then
+          v1::AdmitRequest a = AdmitOf(ref, next_id, 300 + static_cast<uint32_t>(rng() % 300));
+          if (rng() % 2 == 0) a.set_lease_seconds(600);
+          if (!mine.empty() && rng() % 4 == 0) {
+            const uint64_t parent = pick(mine);
+            a.set_parent_request_id(parent);
+            a.set_prefix_tokens(std::min<uint32_t>(256, requests.at(parent).capacity));
+            a.set_token_budget(std::max<uint32_t>(a.token_budget(), a.prefix_tokens() + 1));
+          }
+          absl::StatusOr<v1::AdmitResponse> got = sm.Admit(a);
+          ASSERT_TRUE(got.ok()) << got.status();
+          requests[next_id] =
+              Shadow{ref.session_id(), a.lease_seconds() != 0, got->capacity_tokens(), PagesOf(got->layers())};
+          ASSERT_NO_FATAL_FAILURE(stamp(ref.session_id(), next_id));
+          ++next_id;
+          break;
+        }
+        case 2: {  // extend
+          if (mine.empty()) break;
+          const uint64_t id = pick(mine);
+          v1::ExtendRequest e;
+          *e.mutable_session() = ref;
+          e.set_request_id(id);
+          e.set_token_budget(requests.at(id).capacity + 256);
+          absl::StatusOr<v1::ExtendResponse> got = sm.Extend(e);
+          ASSERT_TRUE(got.ok()) << got.status();
+          requests[id].capacity = got->capacity_tokens();
+          requests[id].pages = PagesOf(got->layers());
+          ASSERT_NO_FATAL_FAILURE(stamp(ref.session_id(), id));
+          break;
+        }
+        case 3: {  // release
+          if (mine.empty()) break;
+          const uint64_t id = pick(mine);
+          ASSERT_TRUE(session_test::Release(sm, ref, id).ok());
+          requests.erase(id);
+          break;
+        }
+        case 4: {  // a lease set or cleared
+          if (mine.empty()) break;
+          const uint64_t id = pick(mine);
+          v1::SetLeaseRequest l;
+          *l.mutable_session() = ref;
+          l.set_request_id(id);
+          l.set_lease_seconds(rng() % 2 == 0 ? 600 : 0);
+          ASSERT_TRUE(sm.SetLease(l).ok());
+          requests[id].durable = l.lease_seconds() != 0;
+          break;
+        }
+        case 5: {  // a session ends (its durable requests an orphan) and another opens
+          const size_t which = rng() % open.size();
+          const uint64_t ended = open[which].session_id();
+          sm.CloseSession(ended);
+          bool kept = false;
+          for (uint64_t id : in_session(ended)) {
+            if (requests[id].durable) {
+              kept = true;
+            } else {
+              requests.erase(id);
+            }
+          }
+          if (kept) orphans.insert(ended);
+          open[which] = OpenHost(sm, Engine(), kUid);
+          break;
+        }
+        case 6: {  // an orphan adopted
+          if (orphans.empty()) break;
+          const uint64_t dead = *std::next(orphans.begin(), static_cast<long>(rng() % orphans.size()));
+          v1::AdoptRequest adopt;
+          *adopt.mutable_session() = ref;
+          adopt.set_dead_session_id(dead);
+          absl::StatusOr<v1::AdoptResponse> got = sm.Adopt(adopt);
+          ASSERT_TRUE(got.ok()) << got.status();
+          for (const v1::AdoptedRequest& r : got->requests()) {
+            EXPECT_EQ(PagesOf(r.layers()), requests.at(r.request_id()).pages);
+            requests[r.request_id()].session = ref.session_id();
+          }
+          orphans.erase(dead);
+          break;
+        }
+      }
+    }
+    EXPECT_INVARIANTS(sm);
+    life.reset();  // the crash
+
+    std::unique_ptr<Life> next = Life::Start(manager);
+    ASSERT_NE(next, nullptr);
+    EXPECT_TRUE(next->plan.refused.empty()) << next->plan.refused;
+    std::map<uint64_t, std::set<uint64_t>> want;  // session -> its durable requests
+    for (const auto& [id, r] : requests) {
+      if (r.durable) want[r.session].insert(id);
+    }
+    std::map<uint64_t, std::set<uint64_t>> got;
+    for (const journal::Put& put : next->plan.puts) got[put.session().id()].insert(put.request_id());
+    ASSERT_EQ(got, want);
+    for (const auto& [session, ids] : want) {
+      const v1::SessionRef heir = OpenHost(*next->sm, Engine(), kUid);
+      v1::AdoptRequest adopt;
+      *adopt.mutable_session() = heir;
+      adopt.set_dead_session_id(session);
+      absl::StatusOr<v1::AdoptResponse> adopted = next->sm->Adopt(adopt);
+      ASSERT_TRUE(adopted.ok()) << adopted.status();
+      for (const v1::AdoptedRequest& r : adopted->requests()) {
+        const Shadow& s = requests.at(r.request_id());
+        EXPECT_EQ(r.capacity_tokens(), s.capacity);
+        EXPECT_EQ(PagesOf(r.layers()), s.pages) << r.request_id();
+        for (uint32_t layer = 0; layer < 2; ++layer) {
+          for (uint32_t pos : {s.capacity - 1}) {
+            auto rec = next->sm->RecordForTest(heir.session_id(), r.request_id(), layer, pos);
+            ASSERT_TRUE(rec.ok()) << rec.status();
+            EXPECT_EQ((*rec)[5], Byte(r.request_id(), layer, pos, 5)) << r.request_id();
+          }
+        }
+      }
+    }
+    EXPECT_INVARIANTS(*next->sm);
+  }
 }
 
 }  // namespace session_journal_test
