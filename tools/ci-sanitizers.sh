@@ -6,7 +6,9 @@
 #               stage reuses this build: one ASan build, not two)
 #   build-tsan  TSan: the daemon's concurrency tests (integration and fault: a TSan-built hisparsed
 #               serving several client threads and processes; the hostile tenants of
-#               hardening_conn_test) and the daemon unit tests (the Session stream gate's watchdog)
+#               hardening_conn_test), the daemon unit tests (the Session stream gate's watchdog)
+#               and session_journal_test (the restart journal's ordered commits beside the pool's
+#               worker and an fd store served by another thread)
 # Both build at -O1 (what the sanitizers' own docs advise: usable stacks, a faster compile) with
 # line tables only (-gline-tables-only): reports keep file:line and inlined frames, and the
 # builds take about a third less time than -O2 with full debug info. Both are unity builds
@@ -114,6 +116,7 @@ stage_tsan() {
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
+    session_journal_test \
     hisparsed hisparse-test-client hisparse-ctl $(tsan_import_targets) -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }
   # The benchmarks' smoke runs need hisparse-bench, which this stage does not build (^bench_).
