@@ -364,8 +364,16 @@ absl::Status RequestJournal::Commit(JournalBatch batch) {
       }
     }
   }
-  if (absl::Status st = AppendLocked(bytes); !st.ok() && result.ok()) result = st;
-  if (end_ > 2 * live_bytes_ + kCompactSlackBytes) {
+  absl::Status appended = AppendLocked(bytes);
+  if (!appended.ok()) {
+    if (result.ok()) result = appended;
+    // A write cut short leaves part of a frame past end_, which a restart would read as damage
+    // before the end: cut it off. The file now lacks this batch: the whole live state is written
+    // afresh (a new generation), now or at a later commit.
+    (void)::ftruncate(fd_.get(), static_cast<off_t>(end_));
+    rewrite_ = true;
+  }
+  if (rewrite_ || end_ > 2 * live_bytes_ + kCompactSlackBytes) {
     if (absl::Status st = CompactLocked(); !st.ok() && result.ok()) result = st;
   }
   if (!result.ok()) ++failures_;
@@ -418,6 +426,7 @@ absl::Status RequestJournal::CompactLocked() {
   header_ = head.header();
   fd_ = std::move(fd);
   end_ = bytes.size();
+  rewrite_ = false;
   return absl::OkStatus();
 }
 

@@ -5,6 +5,8 @@
 // and a new session adopts the same pages with the same bytes. The recovery's refusals (a torn or
 // tampered journal, unsealed or missing slabs, expired leases, another page size) are
 // PlanRecovery's, tested on journals written here.
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -362,6 +364,60 @@ TEST(SessionJournalTest, TheJournalCompactsAndStillRecovers) {
   ASSERT_TRUE(second->sm->Adopt(adopt).ok());
   ASSERT_NO_FATAL_FAILURE(ExpectRecords(*second->sm, heir.session_id(), 7, 300));
   EXPECT_INVARIANTS(*second->sm);
+}
+
+// A journal write that fails (here RLIMIT_FSIZE, as a memory cgroup could) loses nothing: the
+// call succeeds, the failure is counted, and the next commit writes the whole live state as a new
+// generation, so a restart finds the request as its last answer left it.
+TEST(SessionJournalTest, AFailedJournalWriteIsRepairedByTheNextCommit) {
+  FakeManager manager;
+  std::unique_ptr<Life> first = Life::Start(manager);
+  ASSERT_NE(first, nullptr);
+  SessionManager& sm = *first->sm;
+  const v1::SessionRef ref = OpenHost(sm, Engine(), kUid);
+  v1::AdmitRequest a7 = AdmitOf(ref, 7, 300);
+  a7.set_lease_seconds(3000);
+  ASSERT_TRUE(sm.Admit(a7).ok());
+  ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 7, 300));
+  const RequestJournal::Stats before = first->journal->GetStats();
+  // The lease is shortened while the journal cannot grow (only its record changes).
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto previous = ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  rlimit tight = old;
+  tight.rlim_cur = before.bytes + 8;  // the next record does not fit
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tight), 0);
+  v1::SetLeaseRequest shorten;
+  *shorten.mutable_session() = ref;
+  shorten.set_request_id(7);
+  shorten.set_lease_seconds(600);
+  const absl::StatusOr<v1::SetLeaseResponse> shortened = sm.SetLease(shorten);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, previous);
+  ASSERT_TRUE(shortened.ok()) << shortened.status();
+  EXPECT_GT(first->journal->GetStats().failures, before.failures);
+  v1::AdmitRequest a8 = AdmitOf(ref, 8, 300);
+  a8.set_lease_seconds(600);
+  ASSERT_TRUE(sm.Admit(a8).ok());
+  // The failed append was cut off and the whole live state written anew (at once, or at this
+  // commit if that rewrite did not fit either).
+  EXPECT_GT(first->journal->GetStats().generation, before.generation);
+  first.reset();
+
+  std::unique_ptr<Life> second = Life::Start(manager);
+  ASSERT_NE(second, nullptr);
+  EXPECT_TRUE(second->plan.refused.empty()) << second->plan.refused;
+  ASSERT_EQ(second->plan.puts.size(), 2u);
+  for (const journal::Put& put : second->plan.puts) {
+    // Both leases end within 600 s: request 7's as the failed write left it, not 3000 s.
+    EXPECT_LT(absl::FromUnixNanos(put.lease_end_unix_nanos()), absl::Now() + absl::Seconds(601)) << put.request_id();
+  }
+  const v1::SessionRef heir = OpenHost(*second->sm, Engine(), kUid);
+  v1::AdoptRequest adopt;
+  *adopt.mutable_session() = heir;
+  adopt.set_dead_session_id(ref.session_id());
+  ASSERT_TRUE(second->sm->Adopt(adopt).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRecords(*second->sm, heir.session_id(), 7, 300));
 }
 
 // Random admissions (durable or not, some sharing a prefix), extensions, releases, lease changes,

@@ -146,6 +146,8 @@ class RequestJournal {
   journal::Header header_ ABSL_GUARDED_BY(mu_);
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;
+  // A batch failed to reach the file: the next commit writes a whole new generation.
+  bool rewrite_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> next_ticket_{1};          // the one to take next
   uint64_t committing_ ABSL_GUARDED_BY(mu_) = 1;  // the one whose turn it is
   std::atomic<uint64_t> committed_{0};            // committing_ - 1
