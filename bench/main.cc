@@ -33,7 +33,8 @@ const Command kCommands[] = {
     {"gen-trace", hisparse::bench::GenTraceMain, "write a synthetic selection trace (presets dsv32, stress, local)"},
     {"control", hisparse::bench::ControlMain, "load the daemon's control plane: concurrent sessions, call latency"},
     {"grpc-floor", hisparse::bench::GrpcFloorMain, "a trivial unary gRPC call's latency and rate: control's floor"},
-    {"restart", hisparse::bench::RestartMain, "durable requests across a SIGKILLed daemon: recovery time, admit latency"},
+    {"restart", hisparse::bench::RestartMain,
+     "durable requests across a SIGKILLed daemon: recovery time, admit latency"},
 #ifdef HISPARSE_HAVE_UCX
     {"import", hisparse::bench::ImportMain, "the prefill side of an import: put a grant's records over UCX, commit"},
 #else

@@ -413,8 +413,8 @@ TEST(ConfigTest, KeyTable) {
                  "access.admin_uids", "access.admin_gids", "quotas.host_bytes", "quotas.arena_bytes", "quotas.requests",
                  "quotas.sessions", "quotas.pages", "admission.on_pool_full", "metrics.listen", "import.enabled",
                  "import.grant_ttl", "import.ucx_tls", "import.ucx_net_devices", "import.worker_memory",
-                 "durability.max_lease_seconds", "durability.max_orphans_per_tenant", "durability.keep_across_restarts", "log_level", "log_format",
-                 "log_priority_prefix"));
+                 "durability.max_lease_seconds", "durability.max_orphans_per_tenant", "durability.keep_across_restarts",
+                 "log_level", "log_format", "log_priority_prefix"));
   EXPECT_EQ(keys[1].default_value, "1GiB");
   EXPECT_EQ(keys[2].default_value, "256KiB");
   EXPECT_EQ(keys[3].default_value, "64MiB");
