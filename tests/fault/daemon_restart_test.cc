@@ -38,7 +38,6 @@ namespace hisparse {
 namespace daemon_restart_test {
 
 using fault::BinDir;
-using fault::HashOf;
 using fault::Lines;
 using fault::WaitUntil;
 

@@ -37,7 +37,6 @@ namespace hisparse {
 namespace durable_restart_test {
 
 using fault::BinDir;
-using fault::HashOf;
 using fault::Lines;
 using fault::WaitUntil;
 
