@@ -178,9 +178,10 @@ StartRecovery TakeStoredFds(const DaemonConfig& config) {
   }
   out.plan = PlanRecovery(*std::move(fds), config.host_pool.page_size, config.host_pool.size, absl::Now());
   // The slabs nothing restored needs are freed before the pool's memory is checked.
-  for (auto& [name, fd] : out.plan.unused) {
-    (void)::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                      static_cast<off_t>(FileSize(fd.get()).value_or(0)));
+  for (const auto& [name, fd] : out.plan.unused) {
+    if (absl::StatusOr<uint64_t> left = PagePool::PunchOut(fd.get()); !left.ok()) {
+      LOG(WARNING) << "restart: scrubbing " << name << ": " << left.status();
+    }
   }
   return out;
 }
@@ -335,17 +336,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
                       CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff,
                                          recovery.HeldBytes(config.host_pool.page_size)));
   pool_options.first_slab_id = recovery.FirstId();
-  std::vector<journal::Put> restore = recovery.plan.puts;
-  absl::StatusOr<std::unique_ptr<PagePool>> created = PagePool::Create(pool_options, std::move(recovery.plan.slabs));
-  if (!created.ok() && !restore.empty()) {
+  RecoveryPlan& plan = recovery.plan;
+  std::vector<std::string> taken;  // the store's names of the slabs the pool takes back
+  for (const PagePool::RecoveredSlab& slab : plan.slabs) taken.push_back(RequestJournal::SlabName(slab.id));
+  absl::StatusOr<std::unique_ptr<PagePool>> created = PagePool::Create(pool_options, std::move(plan.slabs));
+  if (!created.ok() && !plan.puts.empty()) {
     LOG(ERROR) << "restart: the pool cannot take the recovered slabs back (" << created.status()
                << "): no durable request is recovered";
-    restore.clear();
+    plan.dropped_requests += plan.puts.size();
+    plan.puts.clear();
+    // Out of the store too, or their memory would wait there until the next restart.
+    plan.stale_names.insert(plan.stale_names.end(), taken.begin(), taken.end());
     created = PagePool::Create(pool_options);
   }
   HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, std::move(created));
   if (recovery.store != nullptr) {
-    recovery.plan.puts = restore;
     absl::StatusOr<std::unique_ptr<RequestJournal>> journal = StartJournal(recovery, config.host_pool.page_size);
     if (journal.ok()) {
       impl->journal = *std::move(journal);
@@ -385,8 +390,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   sm_options.first_session_id = recovery.FirstId();
   impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
   size_t recovered = 0;
-  if (!restore.empty()) {
-    absl::StatusOr<size_t> restored = impl->sessions->RestoreOrphans(restore);
+  if (!plan.puts.empty()) {
+    absl::StatusOr<size_t> restored = impl->sessions->RestoreOrphans(plan.puts);
     if (restored.ok()) {
       recovered = *restored;
       LOG(INFO) << "restart: " << recovered << " durable requests recovered from the former daemon";
@@ -396,11 +401,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   }
   if (impl->journal != nullptr) {
     // Requests found but not taken back: dropped by the plan, or by the restore (a tenant's cap).
-    const uint64_t found = recovery.plan.puts.size() + recovery.plan.dropped_requests;
+    const uint64_t found = plan.puts.size() + plan.dropped_requests;
     const double seconds = absl::ToDoubleSeconds(absl::Now() - recovery.started);
-    impl->journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !recovery.plan.refused.empty(),
-                                seconds);
-    if (recovery.plan.found) LOG(INFO) << "restart: recovery took " << seconds * 1e3 << " ms";
+    impl->journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !plan.refused.empty(), seconds);
+    if (plan.found) LOG(INFO) << "restart: recovery took " << seconds * 1e3 << " ms";
   }
   impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);

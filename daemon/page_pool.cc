@@ -49,7 +49,7 @@ void PretouchParallel(uint8_t* data, uint64_t bytes, int threads) {
 // again is new memory, charged to its own cgroup). Works for shmem and hugetlbfs memfds alike,
 // and the size seals allow it (KEEP_SIZE). Returns the bytes the file still has allocated after
 // the punch (st_blocks): 0 unless a holder touched a page again in between.
-absl::StatusOr<uint64_t> PunchOut(int fd, uint64_t bytes, const std::function<void()>& after_punch = nullptr) {
+absl::StatusOr<uint64_t> PunchOutRange(int fd, uint64_t bytes, const std::function<void()>& after_punch = nullptr) {
   if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) != 0) {
     return ErrnoStatus(errno, "punching a retired slab out of its memfd (fallocate PUNCH_HOLE)");
   }
@@ -65,6 +65,11 @@ int ResolveThreads(int requested) {
 }
 
 }  // namespace
+
+absl::StatusOr<uint64_t> PagePool::PunchOut(int fd) {
+  HS_ASSIGN_OR_RETURN(size_t bytes, FileSize(fd));
+  return PunchOutRange(fd, bytes);
+}
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const Options& options,
                                                            std::vector<RecoveredSlab> recovered) {
@@ -558,7 +563,7 @@ size_t PagePool::SweepRetired() {
   if (batch.empty()) return 0;
   std::vector<absl::StatusOr<uint64_t>> left;
   left.reserve(batch.size());
-  for (const Retained& r : batch) left.push_back(PunchOut(r.mem->fd.get(), r.bytes));
+  for (const Retained& r : batch) left.push_back(PunchOutRange(r.mem->fd.get(), r.bytes));
   std::vector<Retained> dropped;  // closed after the lock is dropped
   {
     absl::MutexLock lock(&mu_);
@@ -739,7 +744,7 @@ void PagePool::ScrubOne(std::shared_ptr<SlabMemory> mem) {
   const uint64_t id = mem->id;
   mu_.Unlock();
   // The memory is freed here, whoever else holds the memfd; then the daemon's mapping goes.
-  const absl::StatusOr<uint64_t> left = PunchOut(mem->fd.get(), bytes, after_punch);
+  const absl::StatusOr<uint64_t> left = PunchOutRange(mem->fd.get(), bytes, after_punch);
   mem->map.Reset();
   if (dropped && id != 0) dropped(id);
   const bool keep = tenant.has_value() && left.ok() && *left != 0;

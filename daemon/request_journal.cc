@@ -34,7 +34,6 @@ constexpr size_t kFrameHeader = 8;                 // u32 length, u32 crc32c
 constexpr uint32_t kMaxRecordBytes = 64u << 20;    // a 1M-token request of 256 layers is far less
 constexpr uint64_t kCompactSlackBytes = 1u << 20;  // compact once end > 2 * live + this
 
-std::string SlabName(uint64_t id) { return absl::StrCat(kSlabPrefix, absl::Hex(id)); }
 std::string JournalName(uint64_t generation) { return absl::StrCat(kJournalPrefix, generation); }
 
 // "PREFIX<number in `base`>" -> the number.
@@ -217,6 +216,8 @@ std::string ProblemOf(const journal::Put& put, uint64_t page_bytes, std::map<uin
 }
 
 }  // namespace
+
+std::string RequestJournal::SlabName(uint64_t id) { return absl::StrCat(kSlabPrefix, absl::Hex(id)); }
 
 uint32_t RequestJournal::Crc32c(const uint8_t* data, size_t size) {
   static const std::array<uint32_t, 256> table = MakeCrcTable();
@@ -560,7 +561,7 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
   for (auto& [id, slab] : slabs) {
     auto r = refs.find(id);
     if (r == refs.end()) {
-      plan.unused.emplace_back(SlabName(id), std::move(slab.fd));
+      plan.unused.emplace_back(RequestJournal::SlabName(id), std::move(slab.fd));
       continue;
     }
     PagePool::RecoveredSlab out;

@@ -55,7 +55,9 @@ void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
 void SessionManager::JournalTouchLocked(const Session& s, const Request& r) {
   if (options_.journal == nullptr) return;
   const JournalKey key{s.id, r.id};
-  if (!journaled_.contains(key) && (r.in_group || !DurableRequests::Durable(r, Now()))) return;
+  // Most requests never had a lease: no clock read for them.
+  const bool never_leased = r.lease_end == absl::InfinitePast();
+  if (!journaled_.contains(key) && (never_leased || r.in_group || !DurableRequests::Durable(r, Now()))) return;
   journal_touched_.push_back(key);
   journal_pending_.store(true, std::memory_order_release);
 }

@@ -235,6 +235,19 @@ TEST(PlanRecoveryTest, WholeSessionsOldestFirstWhileTheBudgetHolds) {
   EXPECT_EQ(plan.unused[0].first, "s6");
 }
 
+// What a start does to a slab nothing restored needs: its memory freed at once, its size kept.
+TEST(PlanRecoveryTest, AnUnusedSlabIsPunchedOut) {
+  UniqueFd slab = SealedSlab(4);
+  const std::string bytes(4 * kPage, 'x');
+  ASSERT_EQ(::pwrite(slab.get(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  absl::StatusOr<uint64_t> left = PagePool::PunchOut(slab.get());
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(*left, 0u);
+  std::string back(4 * kPage, 'y');
+  ASSERT_EQ(::pread(slab.get(), back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+  EXPECT_EQ(back, std::string(4 * kPage, '\0'));
+}
+
 TEST(PlanRecoveryTest, Crc32cIsCastagnoli) {
   const std::string check = "123456789";
   EXPECT_EQ(RequestJournal::Crc32c(reinterpret_cast<const uint8_t*>(check.data()), check.size()), 0xE3069283u);

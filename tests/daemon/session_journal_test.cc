@@ -208,6 +208,21 @@ std::vector<std::string> PagesOf(const google::protobuf::RepeatedPtrField<v1::La
   return out;
 }
 
+// An AdmitRequest of a durable request (a lease of `lease` seconds).
+v1::AdmitRequest DurableAdmit(const v1::SessionRef& ref, uint64_t id, uint32_t tokens, uint32_t lease = 600) {
+  v1::AdmitRequest a = AdmitOf(ref, id, tokens);
+  a.set_lease_seconds(lease);
+  return a;
+}
+
+// `heir` adopts every durable request of the ended session `dead`.
+absl::StatusOr<v1::AdoptResponse> AdoptInto(SessionManager& sm, const v1::SessionRef& heir, uint64_t dead) {
+  v1::AdoptRequest adopt;
+  *adopt.mutable_session() = heir;
+  adopt.set_dead_session_id(dead);
+  return sm.Adopt(adopt);
+}
+
 TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
   FakeManager manager;
   std::unique_ptr<Life> first = Life::Start(manager);
@@ -217,8 +232,7 @@ TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
   const v1::SessionRef ref = OpenHost(sm, Engine(), kUid);
   // 7: durable, extended (pages added after the journal first held it); 8: not durable; 9:
   // durable then released; 10: durable then its lease cleared; 11: a shared-prefix child of 7.
-  v1::AdmitRequest a7 = AdmitOf(ref, 7, 300);
-  a7.set_lease_seconds(600);
+  v1::AdmitRequest a7 = DurableAdmit(ref, 7, 300);
   ASSERT_TRUE(sm.Admit(a7).ok());
   v1::ExtendRequest ext;
   *ext.mutable_session() = ref;
@@ -227,22 +241,19 @@ TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
   absl::StatusOr<v1::ExtendResponse> extended = sm.Extend(ext);
   ASSERT_TRUE(extended.ok()) << extended.status();
   ASSERT_TRUE(sm.Admit(AdmitOf(ref, 8, 300)).ok());
-  v1::AdmitRequest a9 = AdmitOf(ref, 9, 300);
-  a9.set_lease_seconds(600);
+  v1::AdmitRequest a9 = DurableAdmit(ref, 9, 300);
   ASSERT_TRUE(sm.Admit(a9).ok());
   ASSERT_TRUE(session_test::Release(sm, ref, 9).ok());
-  v1::AdmitRequest a10 = AdmitOf(ref, 10, 300);
-  a10.set_lease_seconds(600);
+  v1::AdmitRequest a10 = DurableAdmit(ref, 10, 300);
   ASSERT_TRUE(sm.Admit(a10).ok());
   v1::SetLeaseRequest unlease;
   *unlease.mutable_session() = ref;
   unlease.set_request_id(10);
   unlease.set_lease_seconds(0);
   ASSERT_TRUE(sm.SetLease(unlease).ok());
-  v1::AdmitRequest a11 = AdmitOf(ref, 11, 600);
+  v1::AdmitRequest a11 = DurableAdmit(ref, 11, 600);
   a11.set_parent_request_id(7);
   a11.set_prefix_tokens(512);  // two whole pages of 256 records shared, per layer
-  a11.set_lease_seconds(600);
   absl::StatusOr<v1::AdmitResponse> admitted11 = sm.Admit(a11);
   ASSERT_TRUE(admitted11.ok()) << admitted11.status();
   ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 7, 700));
@@ -277,10 +288,7 @@ TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
   ASSERT_TRUE(adoptable.ok()) << adoptable.status();
   ASSERT_EQ(adoptable->requests_size(), 2);  // 7 and 11, of the dead session
   EXPECT_EQ(adoptable->requests(0).dead_session_id(), ref.session_id());
-  v1::AdoptRequest adopt;
-  *adopt.mutable_session() = heir;
-  adopt.set_dead_session_id(ref.session_id());
-  absl::StatusOr<v1::AdoptResponse> adopted = sm2.Adopt(adopt);
+  absl::StatusOr<v1::AdoptResponse> adopted = AdoptInto(sm2, heir, ref.session_id());
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   ASSERT_EQ(adopted->requests_size(), 2);
   for (const v1::AdoptedRequest& r : adopted->requests()) {
@@ -304,9 +312,7 @@ TEST(SessionJournalTest, DurableRequestsOutliveTheManagerWithTheirBytes) {
   EXPECT_EQ(third->plan.header.epoch(), 1u);
   const v1::SessionRef heir2 = OpenHost(*third->sm, Engine(), kUid);
   EXPECT_GT(heir2.session_id(), 2ull << 40);
-  adopt.mutable_session()->CopyFrom(heir2);
-  adopt.set_dead_session_id(heir.session_id());
-  ASSERT_TRUE(third->sm->Adopt(adopt).ok());
+  ASSERT_TRUE(AdoptInto(*third->sm, heir2, heir.session_id()).ok());
   ASSERT_NO_FATAL_FAILURE(ExpectRecords(*third->sm, heir2.session_id(), 7, 700));
   // Released: its slabs leave the pool and the store; only the journal is left there.
   ASSERT_TRUE(session_test::Release(*third->sm, heir2, 11).ok());
@@ -330,8 +336,7 @@ TEST(SessionJournalTest, TheJournalCompactsAndStillRecovers) {
   ASSERT_NE(first, nullptr);
   SessionManager& sm = *first->sm;
   const v1::SessionRef ref = OpenHost(sm, Engine(), kUid);
-  v1::AdmitRequest a = AdmitOf(ref, 7, 300);
-  a.set_lease_seconds(600);
+  v1::AdmitRequest a = DurableAdmit(ref, 7, 300);
   ASSERT_TRUE(sm.Admit(a).ok());
   ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 7, 300));
   v1::SetLeaseRequest renew;
@@ -358,10 +363,7 @@ TEST(SessionJournalTest, TheJournalCompactsAndStillRecovers) {
   EXPECT_TRUE(second->plan.refused.empty()) << second->plan.refused;
   ASSERT_EQ(second->plan.puts.size(), 1u);
   const v1::SessionRef heir = OpenHost(*second->sm, Engine(), kUid);
-  v1::AdoptRequest adopt;
-  *adopt.mutable_session() = heir;
-  adopt.set_dead_session_id(ref.session_id());
-  ASSERT_TRUE(second->sm->Adopt(adopt).ok());
+  ASSERT_TRUE(AdoptInto(*second->sm, heir, ref.session_id()).ok());
   ASSERT_NO_FATAL_FAILURE(ExpectRecords(*second->sm, heir.session_id(), 7, 300));
   EXPECT_INVARIANTS(*second->sm);
 }
@@ -375,8 +377,7 @@ TEST(SessionJournalTest, AFailedJournalWriteIsRepairedByTheNextCommit) {
   ASSERT_NE(first, nullptr);
   SessionManager& sm = *first->sm;
   const v1::SessionRef ref = OpenHost(sm, Engine(), kUid);
-  v1::AdmitRequest a7 = AdmitOf(ref, 7, 300);
-  a7.set_lease_seconds(3000);
+  v1::AdmitRequest a7 = DurableAdmit(ref, 7, 300, 3000);
   ASSERT_TRUE(sm.Admit(a7).ok());
   ASSERT_NO_FATAL_FAILURE(WriteRecords(sm, ref.session_id(), 7, 300));
   const RequestJournal::Stats before = first->journal->GetStats();
@@ -396,8 +397,7 @@ TEST(SessionJournalTest, AFailedJournalWriteIsRepairedByTheNextCommit) {
   ::signal(SIGXFSZ, previous);
   ASSERT_TRUE(shortened.ok()) << shortened.status();
   EXPECT_GT(first->journal->GetStats().failures, before.failures);
-  v1::AdmitRequest a8 = AdmitOf(ref, 8, 300);
-  a8.set_lease_seconds(600);
+  v1::AdmitRequest a8 = DurableAdmit(ref, 8, 300);
   ASSERT_TRUE(sm.Admit(a8).ok());
   // The failed append was cut off and the whole live state written anew (at once, or at this
   // commit if that rewrite did not fit either).
@@ -413,10 +413,7 @@ TEST(SessionJournalTest, AFailedJournalWriteIsRepairedByTheNextCommit) {
     EXPECT_LT(absl::FromUnixNanos(put.lease_end_unix_nanos()), absl::Now() + absl::Seconds(601)) << put.request_id();
   }
   const v1::SessionRef heir = OpenHost(*second->sm, Engine(), kUid);
-  v1::AdoptRequest adopt;
-  *adopt.mutable_session() = heir;
-  adopt.set_dead_session_id(ref.session_id());
-  ASSERT_TRUE(second->sm->Adopt(adopt).ok());
+  ASSERT_TRUE(AdoptInto(*second->sm, heir, ref.session_id()).ok());
   ASSERT_NO_FATAL_FAILURE(ExpectRecords(*second->sm, heir.session_id(), 7, 300));
 }
 
@@ -535,10 +532,7 @@ TEST(SessionJournalTest, PropertyRandomLivesRecoverWhatTheShadowSaysIsDurable) {
         case 6: {  // an orphan adopted
           if (orphans.empty()) break;
           const uint64_t dead = *std::next(orphans.begin(), static_cast<long>(rng() % orphans.size()));
-          v1::AdoptRequest adopt;
-          *adopt.mutable_session() = ref;
-          adopt.set_dead_session_id(dead);
-          absl::StatusOr<v1::AdoptResponse> got = sm.Adopt(adopt);
+          absl::StatusOr<v1::AdoptResponse> got = AdoptInto(sm, ref, dead);
           ASSERT_TRUE(got.ok()) << got.status();
           for (const v1::AdoptedRequest& r : got->requests()) {
             EXPECT_EQ(PagesOf(r.layers()), requests.at(r.request_id()).pages);
@@ -564,10 +558,7 @@ TEST(SessionJournalTest, PropertyRandomLivesRecoverWhatTheShadowSaysIsDurable) {
     ASSERT_EQ(got, want);
     for (const auto& [session, ids] : want) {
       const v1::SessionRef heir = OpenHost(*next->sm, Engine(), kUid);
-      v1::AdoptRequest adopt;
-      *adopt.mutable_session() = heir;
-      adopt.set_dead_session_id(session);
-      absl::StatusOr<v1::AdoptResponse> adopted = next->sm->Adopt(adopt);
+      absl::StatusOr<v1::AdoptResponse> adopted = AdoptInto(*next->sm, heir, session);
       ASSERT_TRUE(adopted.ok()) << adopted.status();
       for (const v1::AdoptedRequest& r : adopted->requests()) {
         const Shadow& s = requests.at(r.request_id());

@@ -114,6 +114,11 @@ class PagePool {
   };
   static constexpr uint64_t kNoOwner = 0;
 
+  // Frees the memory of a slab that is no pool's (a former daemon's nothing needs any more,
+  // request_journal.h) as the worker frees a retired slab's: every page punched out of the memfd
+  // at once, whoever else holds or maps it. Returns the bytes still allocated after the punch.
+  static absl::StatusOr<uint64_t> PunchOut(int fd);
+
   // Validates the options and starts the worker, which fills the reserve in the background.
   // `recovered` slabs (ids below first_slab_id, each owned, a whole number of pages, together
   // within the budget) are the pool's from the start, mapped, their pages referenced as given;

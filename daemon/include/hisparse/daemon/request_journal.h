@@ -129,6 +129,8 @@ class RequestJournal {
   };
   Stats GetStats() const ABSL_LOCKS_EXCLUDED(mu_, slabs_mu_);
 
+  // The store's name of slab `id`: "s<id in hex>".
+  static std::string SlabName(uint64_t id);
   // The framing of a record in the memfd: [u32 length][u32 crc32c of the bytes][the bytes].
   static std::string Frame(const journal::Record& record);
   static uint32_t Crc32c(const uint8_t* data, size_t size);
