@@ -2,8 +2,9 @@
 // under hisparse-keeper (the fd store; systemd's in production), both beside this binary. One
 // session (C ABI, host backend) admits durable requests until they hold --fill of the pool, and
 // stores every record (the pool's memory is really in use, as an engine's prompt would make it);
-// each request's first and last record of every layer carry a signature. Then the daemon is
-// SIGKILLed, and the clock runs until a new session of the same engine sees every request
+// each request's first and last record of every layer carry a signature. Then its session ends
+// (the requests become orphans, as after an engine's death), the daemon is SIGKILLed, and the
+// clock runs until a new session of the same engine sees every request
 // adoptable again ("kill_to_adoptable_s"; "kill_to_serving_s": until a session opens at all;
 // "kill_to_exit_s": until the killed daemon is gone, its mappings of the pool torn down by the
 // kernel; "daemon_recovery_s": the new daemon's own account, Stats.restart.recovery_seconds). The
@@ -347,6 +348,12 @@ int RestartMain(int argc, char** argv) {
     const uint64_t held =
         ids.size() * c.layers * ((uint64_t{c.tokens} * c.record_bytes + c.page - 1) / c.page) * c.page;
 
+    // The filling engine goes first (its session ends: the requests are the daemon's orphans, as
+    // after an engine's death), so that the adopter maps the pool alone, as a restarted engine
+    // would; closing it after the kill would count unmapping 58 GiB (at a 64 GiB pool) in this
+    // process into the restart, and an adopter sharing the process with those mappings took up to
+    // 10 s, the control call's deadline, to map them again.
+    hs_session_close(s);
     const pid_t old = kept.DaemonPid();
     const auto killed = Clock::now();
     ::kill(old, SIGKILL);
@@ -373,12 +380,11 @@ int RestartMain(int argc, char** argv) {
     const auto adoptable = Clock::now();
     size_t adopted = 0;
     const bool listed = n == ids.size();
-    if (listed) hs_adopt(heir, dead[0], rids.data(), rids.size(), &adopted);
+    if (listed && hs_adopt(heir, dead[0], rids.data(), rids.size(), &adopted) != HS_OK) {
+      std::fprintf(stderr, "restart: adopt: %s\n", hs_last_error());
+    }
     const auto adopted_at = Clock::now();
     const double daemon_recovery_s = DaemonRecoverySeconds(kept.address());
-    // The dead daemon's session goes only now: unmapping its slabs (58 GiB of them at a 64 GiB
-    // pool) takes this process seconds, which are the bench's, not the restart's.
-    hs_session_close(s);
     size_t intact = 0;
     for (uint64_t id : ids) intact += Stamp(heir, id, c, false) ? 1 : 0;
     const bool whole = WholeRequestIntact(heir, ids[ids.size() / 2], c);
