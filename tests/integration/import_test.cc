@@ -580,11 +580,18 @@ TEST_F(ImportTest, WritersKilledMidTransferNeverTakeTheDaemonDown) {
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_EQ(hs_release(session_, id), HS_OK) << hs_last_error();
+    // UCX 1.13 may abort the worker on a writer's broken connection (an assertion in its tcp
+    // transport); the daemon then aborts the worker's grants, and their requests with them.
+    const hs_result released = hs_release(session_, id);
+    const pid_t now = ImportWorkerPid(daemon_->pid());
+    if (now != worker) {
+      ++restarts;
+      EXPECT_TRUE(released == HS_OK || released == HS_ERR_NOT_FOUND) << hs_last_error();
+    } else {
+      EXPECT_EQ(released, HS_OK) << hs_last_error();
+    }
     int daemon_status = 0;
     ASSERT_FALSE(WaitForChildExit(daemon_->pid(), 0, &daemon_status)) << "hisparsed died after kill " << i;
-    const pid_t now = ImportWorkerPid(daemon_->pid());
-    if (now != worker) ++restarts;
     worker = now;
   }
   std::printf("%d writers killed; the import worker was restarted %d times\n", kills, restarts);
