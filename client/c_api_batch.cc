@@ -74,7 +74,7 @@ hs_result AdmitBatchItems(hs_session* s, const std::vector<hs_admit_args>& items
     }
     bool all_or_nothing = false;
     if (!ReadMode(mode, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
-    auto batch = s->impl->AdmitBatch(items, all_or_nothing);
+    auto batch = s->Get()->AdmitBatch(items, all_or_nothing);
     if (!batch.ok()) return ToResult(batch.status());
     for (size_t i = 0; i < items.size(); ++i) {
       const absl::StatusOr<hs_request_info>& item = batch->items[i];
@@ -185,7 +185,7 @@ hs_result hs_park_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
     bool all_or_nothing = false;
     if (!ReadMode(mode_value, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
-    auto parked = s->impl->ParkBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
+    auto parked = s->Get()->ParkBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
     if (!parked.ok()) return ToResult(parked.status());
     return BatchOutcome(parked->items, parked->failed_item, out_results);
   });
@@ -198,7 +198,7 @@ hs_result hs_resume_batch(hs_session* s, size_t n, const uint64_t* request_ids, 
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
     bool all_or_nothing = false;
     if (!ReadMode(mode_value, &all_or_nothing)) return Fail(HS_ERR_INVALID_ARGUMENT, kBadMode);
-    auto resumed = s->impl->ResumeBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
+    auto resumed = s->Get()->ResumeBatch(std::vector<uint64_t>(request_ids, request_ids + n), all_or_nothing);
     if (!resumed.ok()) return ToResult(resumed.status());
     for (size_t i = 0; i < n; ++i) {
       if (!resumed->items[i].ok()) continue;
@@ -212,7 +212,7 @@ hs_result hs_resume_batch(hs_session* s, size_t n, const uint64_t* request_ids, 
 hs_result hs_release_batch(hs_session* s, size_t n, const uint64_t* request_ids, hs_result* out_results) {
   return Guard([&] {
     if (const char* bad = BatchArgsError(s, n, request_ids, out_results)) return Fail(HS_ERR_INVALID_ARGUMENT, bad);
-    auto released = s->impl->ReleaseBatch(std::vector<uint64_t>(request_ids, request_ids + n));
+    auto released = s->Get()->ReleaseBatch(std::vector<uint64_t>(request_ids, request_ids + n));
     if (!released.ok()) return ToResult(released.status());
     for (size_t i = 0; i < n; ++i) out_results[i] = ItemCode((*released)[i]);
     return HS_OK;

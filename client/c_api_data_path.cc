@@ -21,7 +21,7 @@ extern "C" {
 hs_result hs_record_ptr(hs_session* s, uint64_t request_id, uint32_t layer, uint32_t position, void** out) {
   return Guard([&] {
     if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
-    auto p = s->impl->RecordPtr(request_id, layer, position);
+    auto p = s->Get()->RecordPtr(request_id, layer, position);
     if (!p.ok()) return ToResult(p.status());
     *out = *p;
     return HS_OK;
@@ -34,7 +34,7 @@ hs_result hs_resolve(hs_session* s, const hs_resolve_args* args) {
     if (!SizeOk(args->struct_size, kResolveArgsV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_resolve_args.struct_size is too small: use HS_RESOLVE_ARGS_INIT");
     }
-    return ToResult(s->impl->Resolve(ReadSized(*args)));
+    return ToResult(s->Get()->Resolve(ReadSized(*args)));
   });
 }
 
@@ -42,7 +42,7 @@ hs_result hs_store(hs_session* s, uint64_t request_id, int32_t start_pos, int32_
                    const void* src, int64_t src_layer_stride, int64_t src_token_stride, void* stream) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->Store(request_id, start_pos, num_tokens, seq_len_after, src, src_layer_stride,
+    return ToResult(s->Get()->Store(request_id, start_pos, num_tokens, seq_len_after, src, src_layer_stride,
                                    src_token_stride, stream));
   });
 }
@@ -54,7 +54,7 @@ hs_result hs_store_indexed(hs_session* s, const hs_store_indexed_args* args) {
       return Fail(HS_ERR_INVALID_ARGUMENT,
                   "hs_store_indexed_args.struct_size is too small: use HS_STORE_INDEXED_ARGS_INIT");
     }
-    return ToResult(s->impl->StoreIndexed(ReadSized(*args)));
+    return ToResult(s->Get()->StoreIndexed(ReadSized(*args)));
   });
 }
 
@@ -62,7 +62,7 @@ hs_result hs_append(hs_session* s, uint32_t layer, int32_t max_batch, const int3
                     const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, nullptr, src, src_stride, stream));
+    return ToResult(s->Get()->Append(layer, max_batch, batch_size, rows, seq_lens, nullptr, src, src_stride, stream));
   });
 }
 
@@ -72,21 +72,21 @@ hs_result hs_append_tokens(hs_session* s, uint32_t layer, int32_t max_batch, con
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
     return ToResult(
-        s->impl->Append(layer, max_batch, batch_size, rows, seq_lens, token_counts, src, src_stride, stream));
+        s->Get()->Append(layer, max_batch, batch_size, rows, seq_lens, token_counts, src, src_stride, stream));
   });
 }
 
 hs_result hs_prefetch(hs_session* s, uint32_t layer, void* stream) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session must not be NULL");
-    return ToResult(s->impl->Prefetch(layer, stream));
+    return ToResult(s->Get()->Prefetch(layer, stream));
   });
 }
 
 hs_result hs_check_errors(hs_session* s) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->CheckErrors());
+    return ToResult(s->Get()->CheckErrors());
   });
 }
 

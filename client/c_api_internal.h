@@ -18,14 +18,26 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "client_session.h"
 #include "hisparse/hisparse.h"
 
+// The handle holds the session now in place; hs_session_recover puts a new one there. Each call
+// takes the session it runs on once (Get), so a call that began before a swap finishes on the
+// session it began on, which lives until the last such call returns.
 struct hs_session {
-  std::unique_ptr<hisparse::ClientSession> impl;
+  explicit hs_session(std::unique_ptr<hisparse::ClientSession> session) : impl(std::move(session)) {}
+  std::shared_ptr<hisparse::ClientSession> Get() const { return std::atomic_load(&impl); }
+  void Set(std::shared_ptr<hisparse::ClientSession> session) { std::atomic_store(&impl, std::move(session)); }
+
+  std::shared_ptr<hisparse::ClientSession> impl;  // read and written through Get and Set only
+  absl::Mutex recovery_mu;                        // one hs_session_recover at a time
+  hisparse::ClientSession::Recovery last_recovery ABSL_GUARDED_BY(recovery_mu);
 };
 
 // Hidden visibility (see the top of this file), by pragma: clang-format 14 mangles a namespace
@@ -74,6 +86,7 @@ constexpr size_t kStatsV1 = sizeof(hs_stats);
 constexpr size_t kResolveArgsV1 = offsetof(hs_resolve_args, page_table);  // ABI 1.0
 constexpr size_t kStoreIndexedArgsV1 = sizeof(hs_store_indexed_args);     // ABI 1.3
 constexpr size_t kAdmitArgsV1 = sizeof(hs_admit_args);                    // ABI 1.10
+constexpr size_t kRecoveryV1 = sizeof(hs_recovery);                       // ABI 1.11
 
 inline bool SizeOk(uint32_t struct_size, size_t first_version) { return struct_size >= first_version; }
 

@@ -31,7 +31,7 @@ hs_result RequestInfoCall(hs_session* s, hs_request_info* out, Call&& call) {
     if (out != nullptr && !SizeOk(out->struct_size, kRequestInfoV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_request_info.struct_size is too small: use HS_REQUEST_INFO_INIT");
     }
-    absl::StatusOr<hs_request_info> r = call(*s->impl);
+    absl::StatusOr<hs_request_info> r = call(*s->Get());
     if (!r.ok()) return ToResult(r.status());
     if (out != nullptr) WriteSized(*r, out);
     return HS_OK;
@@ -78,7 +78,7 @@ hs_result hs_extend(hs_session* s, uint64_t request_id, uint32_t token_budget, h
 hs_result hs_release(hs_session* s, uint64_t request_id) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->Release(request_id));
+    return ToResult(s->Get()->Release(request_id));
   });
 }
 
@@ -100,7 +100,7 @@ hs_result hs_admit_group(hs_session* s, uint64_t request_id, uint32_t context_to
 hs_result hs_park(hs_session* s, uint64_t request_id) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->Park(request_id));
+    return ToResult(s->Get()->Park(request_id));
   });
 }
 
@@ -121,7 +121,7 @@ hs_result hs_import_grant(hs_session* s, uint64_t request_id, void* buf, size_t 
     if (s == nullptr || grant_bytes == nullptr || (buf == nullptr && capacity > 0)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "session and grant_bytes must not be NULL, nor buf when capacity > 0");
     }
-    auto grant = s->impl->ImportGrant(request_id);
+    auto grant = s->Get()->ImportGrant(request_id);
     if (!grant.ok()) return ToResult(grant.status());
     *grant_bytes = grant->size();
     if (capacity < grant->size()) {
@@ -148,7 +148,7 @@ hs_result hs_admit_durable(hs_session* s, uint64_t request_id, uint32_t context_
 hs_result hs_set_lease(hs_session* s, uint64_t request_id, uint32_t lease_seconds) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
-    return ToResult(s->impl->SetLease(request_id, lease_seconds).status());
+    return ToResult(s->Get()->SetLease(request_id, lease_seconds).status());
   });
 }
 
@@ -156,7 +156,7 @@ hs_result hs_list_adoptable(hs_session* s, uint64_t* dead_session_ids, uint64_t*
                             double* lease_seconds_left, size_t capacity, size_t* count) {
   return Guard([&] {
     if (s == nullptr || count == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL");
-    auto listed = s->impl->ListAdoptable();
+    auto listed = s->Get()->ListAdoptable();
     if (!listed.ok()) return ToResult(listed.status());
     *count = listed->size();
     for (size_t i = 0; i < listed->size() && i < capacity; ++i) {
@@ -176,7 +176,7 @@ hs_result hs_adopt(hs_session* s, uint64_t dead_session_id, uint64_t* out_reques
     if (s == nullptr || count == nullptr || (out_request_ids == nullptr && capacity > 0)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor out_request_ids when capacity > 0");
     }
-    auto ids = s->impl->Adopt(dead_session_id);
+    auto ids = s->Get()->Adopt(dead_session_id);
     if (!ids.ok()) return ToResult(ids.status());
     *count = ids->size();
     for (size_t i = 0; i < ids->size() && i < capacity; ++i) out_request_ids[i] = (*ids)[i];

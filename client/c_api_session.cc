@@ -3,15 +3,19 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "c_api_internal.h"
 #include "client_session.h"
 #include "hisparse/hisparse.h"
 
 using hisparse::c_api::Fail;
 using hisparse::c_api::Guard;
+using hisparse::c_api::kRecoveryV1;
 using hisparse::c_api::kSessionInfoV1;
 using hisparse::c_api::kSessionOptionsV1;
 using hisparse::c_api::kStatsV1;
@@ -19,6 +23,12 @@ using hisparse::c_api::ReadSized;
 using hisparse::c_api::SizeOk;
 using hisparse::c_api::ToResult;
 using hisparse::c_api::WriteSized;
+
+namespace {
+
+constexpr uint32_t kDefaultRecoverMs = 30000;  // hs_session_recover's timeout_ms 0
+
+}  // namespace
 
 extern "C" {
 
@@ -53,7 +63,7 @@ hs_result hs_session_get_info(hs_session* s, hs_session_info* out) {
     if (!SizeOk(out->struct_size, kSessionInfoV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_info.struct_size is too small: use HS_SESSION_INFO_INIT");
     }
-    WriteSized(s->impl->Info(), out);
+    WriteSized(s->Get()->Info(), out);
     return HS_OK;
   });
 }
@@ -64,7 +74,8 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
     if (!SizeOk(out->struct_size, kStatsV1)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_stats.struct_size is too small: use HS_STATS_INIT");
     }
-    auto st = s->impl->NodeStats();
+    const std::shared_ptr<hisparse::ClientSession> impl = s->Get();
+    auto st = impl->NodeStats();
     if (!st.ok()) return ToResult(st.status());
     hs_stats r = HS_STATS_INIT;
     r.pool_capacity_bytes = st->host_pool().capacity_bytes();
@@ -74,17 +85,17 @@ hs_result hs_stats_get(hs_session* s, hs_stats* out) {
     r.sessions = st->sessions();
     r.requests = st->requests();
     for (const auto& ss : st->session_stats()) {
-      if (ss.session_id() != s->impl->session_id()) continue;
+      if (ss.session_id() != impl->session_id()) continue;
       r.session_requests = ss.requests();
       r.session_host_bytes = ss.host_bytes();
       r.hits = ss.hits();
       r.misses = ss.misses();
       r.bytes_fetched = ss.bytes_fetched();
     }
-    if (s->impl->backend_kind() == HS_BACKEND_CUDA && s->impl->arena_kind() == hisparse::v1::ARENA_KIND_HOST) {
+    if (impl->backend_kind() == HS_BACKEND_CUDA && impl->arena_kind() == hisparse::v1::ARENA_KIND_HOST) {
       // The CUDA backend keeps a private GPU arena when the daemon serves host arenas (device
       // auto/host): its counters are only here. With daemon GPU arenas the daemon reads them.
-      auto c = s->impl->Counters();
+      auto c = impl->Counters();
       if (!c.ok()) return ToResult(c.status());
       r.hits = c->hits;
       r.misses = c->misses;
@@ -100,10 +111,75 @@ hs_result hs_poll_evicted(hs_session* s, uint64_t* ids, size_t capacity, size_t*
     if (s == nullptr || count == nullptr || (ids == nullptr && capacity > 0)) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor ids when capacity > 0");
     }
-    std::vector<uint64_t> evicted = s->impl->TakeEvicted();
+    const std::shared_ptr<hisparse::ClientSession> impl = s->Get();
+    std::vector<uint64_t> evicted = impl->TakeEvicted();
     const size_t n = std::min(capacity, evicted.size());
     std::copy(evicted.begin(), evicted.begin() + n, ids);
-    s->impl->ReturnEvicted(std::vector<uint64_t>(evicted.begin() + n, evicted.end()));
+    impl->ReturnEvicted(std::vector<uint64_t>(evicted.begin() + n, evicted.end()));
+    *count = n;
+    return HS_OK;
+  });
+}
+
+hs_result hs_session_get_state(hs_session* s, hs_session_state* out) {
+  return Guard([&] {
+    if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
+    *out = s->Get()->alive() ? HS_SESSION_LIVE : HS_SESSION_ENDED;
+    return HS_OK;
+  });
+}
+
+hs_result hs_session_recover(hs_session* s, uint32_t timeout_ms, hs_recovery* out) {
+  return Guard([&] {
+    if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session must not be NULL");
+    if (out != nullptr && !SizeOk(out->struct_size, kRecoveryV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_recovery.struct_size is too small: use HS_RECOVERY_INIT");
+    }
+    absl::MutexLock lock(&s->recovery_mu);
+    std::shared_ptr<hisparse::ClientSession> ended = s->Get();
+    auto recovered = ended->Recover(absl::Milliseconds(timeout_ms != 0 ? timeout_ms : kDefaultRecoverMs));
+    if (!recovered.ok()) return ToResult(recovered.status());
+    s->Set(std::move(recovered->session));
+    s->last_recovery = std::move(recovered->recovery);
+    ended.reset();  // the ended session goes here, or when the last call still running on it returns
+    if (out != nullptr) {
+      const hisparse::ClientSession::Recovery& r = s->last_recovery;
+      hs_recovery v = HS_RECOVERY_INIT;
+      v.attempts = r.attempts;
+      v.old_session_id = r.old_session_id;
+      v.new_session_id = r.new_session_id;
+      v.kept = r.kept.size();
+      v.lost = r.lost.size();
+      v.seconds = r.seconds;
+      WriteSized(v, out);
+    }
+    return HS_OK;
+  });
+}
+
+hs_result hs_recovery_kept(hs_session* s, hs_recovered_request* out, size_t capacity, size_t* count) {
+  return Guard([&] {
+    if (s == nullptr || count == nullptr || (out == nullptr && capacity > 0)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor out when capacity > 0");
+    }
+    absl::MutexLock lock(&s->recovery_mu);
+    const auto& kept = s->last_recovery.kept;
+    const size_t n = std::min(capacity, kept.size());
+    for (size_t i = 0; i < n; ++i) out[i] = hs_recovered_request{kept[i].request_id, kept[i].row, kept[i].capacity_tokens};
+    *count = n;
+    return HS_OK;
+  });
+}
+
+hs_result hs_recovery_lost(hs_session* s, uint64_t* ids, size_t capacity, size_t* count) {
+  return Guard([&] {
+    if (s == nullptr || count == nullptr || (ids == nullptr && capacity > 0)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor ids when capacity > 0");
+    }
+    absl::MutexLock lock(&s->recovery_mu);
+    const auto& lost = s->last_recovery.lost;
+    const size_t n = std::min(capacity, lost.size());
+    std::copy(lost.begin(), lost.begin() + n, ids);
     *count = n;
     return HS_OK;
   });

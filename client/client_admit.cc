@@ -48,6 +48,7 @@ absl::StatusOr<hs_request_info> ClientSession::Admit(const hs_admit_args& a) {
     info = InstallAdmitted(a.request_id, resp);
   }
   if (!info.ok()) return ReleaseUninstalled({a.request_id}, info.status());
+  if (a.lease_seconds != 0) NoteLease(a.request_id, a.lease_seconds);
   if (a.parent_request_id != 0) HS_RETURN_IF_ERROR(SealSharedPrefix(a.request_id, a.parent_request_id));
   return info;
 }

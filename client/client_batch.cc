@@ -66,6 +66,7 @@ absl::Status ClientSession::UninstallLocked(uint64_t request_id, std::vector<Sla
   absl::Status cleared = it->second.parked ? absl::OkStatus() : PublishRow(it->second.row, nullptr);
   DropSlabs(it->second, retired);
   requests_.erase(it);
+  lease_end_.erase(request_id);
   return cleared;
 }
 
@@ -117,6 +118,9 @@ absl::StatusOr<ClientSession::BatchAdmitted> ClientSession::AdmitBatch(const std
     mu_.AssertHeld();
     InstallBatchLocked(items, resp, all_or_nothing, errors, &out, &to_release, &retired);
   });
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (out.items[i].ok() && items[i].lease_seconds != 0) NoteLease(items[i].request_id, items[i].lease_seconds);
+  }
   if (out.failed_item >= 0) {
     absl::StatusOr<hs_request_info>& failed = out.items[out.failed_item];
     failed = ReleaseUninstalled(to_release, failed.status());

@@ -17,7 +17,21 @@ namespace {
 // ListAdoptable's page: the daemon's largest (SessionManager::kMaxPageSize), few round trips.
 constexpr uint32_t kAdoptablePageSize = 10000;
 
+std::chrono::steady_clock::time_point LeaseEnd(double seconds) {
+  return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                std::chrono::duration<double>(seconds));
+}
+
 }  // namespace
+
+void ClientSession::NoteLease(uint64_t request_id, double seconds) {
+  absl::MutexLock lock(&mu_);
+  if (seconds <= 0) {
+    lease_end_.erase(request_id);
+  } else if (requests_.contains(request_id)) {
+    lease_end_[request_id] = LeaseEnd(seconds);
+  }
+}
 
 absl::StatusOr<double> ClientSession::SetLease(uint64_t request_id, uint32_t lease_seconds) {
   HS_RETURN_IF_ERROR(CheckAlive());
@@ -27,6 +41,7 @@ absl::StatusOr<double> ClientSession::SetLease(uint64_t request_id, uint32_t lea
   req.set_lease_seconds(lease_seconds);
   v1::SetLeaseResponse resp;
   HS_RETURN_IF_ERROR(FromGrpc(stub_->SetLease(CallContext().get(), req, &resp), "set lease"));
+  NoteLease(request_id, resp.lease_seconds_left());
   return resp.lease_seconds_left();
 }
 
@@ -85,6 +100,7 @@ absl::StatusOr<std::vector<uint64_t>> ClientSession::InstallAdoptedLocked(const 
     }
     r->parked = true;
     requests_[a.request_id()] = *std::move(r);
+    lease_end_[a.request_id()] = LeaseEnd(a.lease_seconds_left());
     ids.push_back(a.request_id());
   }
   return ids;

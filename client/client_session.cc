@@ -79,6 +79,7 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
   const std::string address = DaemonAddress(o);
   HS_RETURN_IF_ERROR(UnixPathFromAddress(address).status());
   timeout_ms_ = o.timeout_ms ? o.timeout_ms : 10000;
+  saved_ = Save(o, address, wrap);
   SetGeometry(o);
   SetGroup(o);  // client_groups.cc
   HS_RETURN_IF_ERROR(OpenStream(address));
@@ -89,6 +90,24 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
   HS_RETURN_IF_ERROR(AttachArena(arena));
   open_phases_.total_s = SecondsSince(t_start);
   return absl::OkStatus();
+}
+
+ClientSession::SavedOptions ClientSession::Save(const hs_session_options& o, std::string address,
+                                               const BackendWrap& wrap) {
+  SavedOptions out;
+  out.options = o;
+  out.address = std::move(address);
+  out.engine_name = o.engine_name ? o.engine_name : "";
+  out.group = o.group ? o.group : "";
+  if (o.layer_anchor != nullptr) out.layer_anchor.assign(o.layer_anchor, o.layer_anchor + o.num_layers);
+  out.wrap = wrap;
+  // The copy's pointers: into the strings above (a moved std::string may move its buffer, so
+  // Recover points them again at the copy it opens with).
+  out.options.daemon_address = nullptr;
+  out.options.engine_name = nullptr;
+  out.options.group = nullptr;
+  out.options.layer_anchor = nullptr;
+  return out;
 }
 
 void ClientSession::SetGeometry(const hs_session_options& o) {
@@ -259,6 +278,10 @@ absl::Status ClientSession::AttachArena(const Fetched& arena) {
 ClientSession::~ClientSession() {
   // This process lets go of the daemon's GPU arena first: the daemon frees it when the session ends.
   if (backend_) backend_->ReleaseArena();
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;  // the watcher's end leaves the rows alone: the arena is gone already
+  }
   if (stream_ != nullptr) {
     // Ending the stream ends the session: the daemon releases everything it held but its durable
     // requests, which stay parked until their lease ends or a session adopts them.
@@ -304,8 +327,17 @@ void ClientSession::WatchStream() {
     }
     evicted_.push_back(id);
   }
-  alive_ = false;
-  absl::MutexLock wake(&mu_);  // AwaitImport waits on mu_ for alive_ too
+  alive_ = false;  // the data path refuses from here on
+  absl::MutexLock lock(&mu_);  // AwaitImport waits on mu_ for alive_ too
+  // Whatever ended the stream, what the daemon now holds for these rows is unknown (a restarted
+  // daemon may have kept a durable request, never a plain one): no row is served until Recover.
+  if (!closing_) UnpublishAllLocked();
+}
+
+void ClientSession::UnpublishAllLocked() {
+  for (const auto& [id, r] : requests_) {
+    if (!r.parked) (void)PublishRow(r.row, nullptr);  // a failure leaves the row as the kernel's check finds it
+  }
 }
 
 void ClientSession::ReturnEvicted(std::vector<uint64_t> ids) {
@@ -327,7 +359,11 @@ std::unique_ptr<grpc::ClientContext> ClientSession::CallContext() const {
 }
 
 absl::Status ClientSession::CheckAlive() const {
-  if (!alive_) return absl::UnavailableError("the session ended: the daemon stopped or closed it; open a new session");
+  if (!alive_) {
+    return absl::UnavailableError(
+        "the session ended: the daemon stopped, restarted or closed it; recover it (hs_session_recover) or open a new "
+        "session");
+  }
   return absl::OkStatus();
 }
 
@@ -504,6 +540,7 @@ hs_session_info ClientSession::Info() const {
 }
 
 absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
+  HS_RETURN_IF_ERROR(CheckAlive());  // a row's state is unknown once the session ended
   if (a.layer >= geometry_.num_layers())
     return absl::InvalidArgumentError(absl::StrCat("layer ", a.layer, " out of range"));
   if (a.max_batch < 0 || a.rows == nullptr || a.seq_lens == nullptr || a.positions == nullptr ||
@@ -554,6 +591,7 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
 }
 
 absl::Status ClientSession::Prefetch(uint32_t layer, void* stream) {
+  HS_RETURN_IF_ERROR(CheckAlive());
   if (layer >= geometry_.num_layers())
     return absl::InvalidArgumentError(absl::StrCat("prefetch: layer ", layer, " out of range"));
   const int32_t a = anchor_[layer];
@@ -584,6 +622,7 @@ absl::Status ClientSession::Prefetch(uint32_t layer, void* stream) {
 
 absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
                                   const void* src, int64_t layer_stride, int64_t token_stride, void* stream) {
+  HS_RETURN_IF_ERROR(CheckAlive());
   absl::ReaderMutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));
@@ -613,6 +652,7 @@ absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_
 }
 
 absl::Status ClientSession::StoreIndexed(const hs_store_indexed_args& a) {
+  HS_RETURN_IF_ERROR(CheckAlive());
   absl::ReaderMutexLock lock(&mu_);
   auto it = requests_.find(a.request_id);
   if (it == requests_.end()) {
@@ -662,6 +702,7 @@ absl::Status ClientSession::StoreIndexed(const hs_store_indexed_args& a) {
 absl::Status ClientSession::Append(uint32_t layer, int32_t max_batch, const int32_t* batch_size, const int32_t* rows,
                                    const int32_t* seq_lens, const int32_t* token_counts, const void* src,
                                    int64_t src_stride, void* stream) {
+  HS_RETURN_IF_ERROR(CheckAlive());
   if (layer >= geometry_.num_layers() || max_batch < 0 || rows == nullptr || seq_lens == nullptr || src == nullptr ||
       src_stride < static_cast<int64_t>(geometry_.record_bytes())) {
     return absl::InvalidArgumentError(

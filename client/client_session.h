@@ -27,6 +27,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "device_backend.h"
 #include "hisparse/common/fd_channel_codec.h"
@@ -135,6 +136,41 @@ class ClientSession {
   absl::StatusOr<std::vector<v1::AdoptableRequest>> ListAdoptable();
   absl::StatusOr<std::vector<uint64_t>> Adopt(uint64_t dead_session_id) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
   absl::StatusOr<uint8_t*> RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Riding through a daemon's restart (client_recover.cc; docs/DESIGN.md, "Engines ride through a
+  // restart"). Whether the session stream is up: false once the daemon ended it, went away, or
+  // restarted. From then on every call that needs the daemon, and every data-path call, is
+  // UNAVAILABLE, and every row is unpublished: a RESOLVE row whose state is unknown is refused
+  // (kResolveBadSeqLen), even from a captured graph, never served from stale memory.
+  bool alive() const { return alive_; }
+  // What Recover kept and lost, each list in request-id order.
+  struct Recovery {
+    struct Kept {
+      uint64_t request_id = 0;
+      int32_t row = -1;  // its row in the new session; -1: parked (as it was, or no row was free)
+      uint32_t capacity_tokens = 0;
+    };
+    uint64_t old_session_id = 0;
+    uint64_t new_session_id = 0;
+    std::vector<Kept> kept;      // durable requests of this session, adopted with the same pages
+    std::vector<uint64_t> lost;  // every other request this session held (or was importing)
+    uint32_t attempts = 0;       // sessions tried before one opened
+    double seconds = 0;          // Recover, end to end
+  };
+  struct Recovered {
+    std::unique_ptr<ClientSession> session;
+    Recovery recovery;
+  };
+  // After this session ended (!alive(); FailedPrecondition before): opens a new session with the
+  // same options on whatever daemon now answers at the address, retrying with backoff (20 ms
+  // doubling to 1 s) while it cannot be reached, until `timeout`; adopts this session's durable
+  // requests there (the same pages: nothing is prefilled again), resumes those that were live,
+  // and says which requests were kept and which were lost. This session is not changed: the
+  // caller puts the new one in its place once the kernels it launched on this one are done.
+  // A failed Recover returns its error with this session unchanged and may be called again: a
+  // session it opened and lost on the way (the daemon went away again) is adopted from next time.
+  absl::StatusOr<Recovered> Recover(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_, recover_mu_);
+
   absl::StatusOr<v1::StatsResponse> NodeStats();
   hs_session_info Info() const;
   // RESOLVE counters as the data path left them (the daemon reads the same for host arenas).
@@ -258,9 +294,50 @@ class ClientSession {
     std::string ipc_handle;
   };
 
+  // The options this session was opened with, owned (its pointers point into the strings here),
+  // for Recover to open the next session with.
+  struct SavedOptions {
+    hs_session_options options{};
+    std::string address;  // resolved: the option, $HISPARSE_DAEMON or the default
+    std::string engine_name;
+    std::string group;
+    std::vector<int32_t> layer_anchor;
+    BackendWrap wrap;
+  };
+  static SavedOptions Save(const hs_session_options& options, std::string address, const BackendWrap& wrap);
+
   ClientSession() = default;
   // Open: runs the steps below in their order and returns the first failure.
   absl::Status Connect(const hs_session_options& options, const BackendWrap& wrap);
+  // Recover's steps (client_recover.cc). Opens the next session, retrying while the daemon is
+  // unreachable until `deadline`.
+  absl::StatusOr<std::unique_ptr<ClientSession>> Reopen(absl::Time deadline, uint32_t* attempts) const;
+  // A session whose durable requests the next one adopts: this one, and any Recover opened and
+  // lost (its adoption may have happened before the daemon went away again).
+  struct Predecessor {
+    uint64_t session_id = 0;
+    std::string daemon_instance;  // SessionOpened.daemon_instance: which daemon process held it
+  };
+  // What this session held when it ended: each request (live, parked or importing) and whether
+  // it was parked, which had a lease (and whether one is running still), and eviction notices
+  // the engine has not taken yet.
+  struct Held {
+    absl::flat_hash_map<uint64_t, bool> parked;  // every request; true: parked
+    absl::flat_hash_set<uint64_t> leased;
+    bool lease_running = false;
+    std::vector<uint64_t> evicted;
+  };
+  Held HeldRequests() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Adopts every predecessor's durable requests into this (new) session, releases those `held`
+  // does not name (not this engine's), resumes those that were live, and fills `out`'s kept and
+  // lost. A predecessor of this same daemon process may not have ended yet when this session
+  // opened: NotFound is retried for a while then.
+  absl::Status AdoptPredecessors(const std::vector<Predecessor>& predecessors, const Held& held, absl::Time deadline,
+                                 Recovery* out) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // Unpublishes every live request's row (the stream ended: their state is unknown).
+  void UnpublishAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `request_id`'s lease has `seconds` left from now (0: none).
+  void NoteLease(uint64_t request_id, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // The geometry as the daemon gets it (geometry_), as kernels see it, and the layer anchors.
   void SetGeometry(const hs_session_options& options);
   // The TP group the options name (group_), if any (client_groups.cc).
@@ -412,6 +489,13 @@ class ClientSession {
   HostMapPhases host_map_phases_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> evicted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, PendingImport> imports_ ABSL_GUARDED_BY(mu_);
+  // When each leased request's lease ends (a request ended without one is lost with the session).
+  absl::flat_hash_map<uint64_t, std::chrono::steady_clock::time_point> lease_end_ ABSL_GUARDED_BY(mu_);
+  SavedOptions saved_;  // written once, in Connect
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs
+  // Recover's calls one at a time, and the sessions an earlier, failed one opened and lost.
+  absl::Mutex recover_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<Predecessor> lost_successors_ ABSL_GUARDED_BY(recover_mu_);
 };
 
 }  // namespace hisparse

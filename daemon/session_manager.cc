@@ -307,6 +307,7 @@ absl::StatusOr<v1::SessionOpened> SessionManager::OpenSession(const v1::OpenSess
       std::min<uint64_t>(uint64_t{session->records_per_page} * session->pages_per_entry, INT32_MAX)));
   opened.set_daemon_version(options_.version);
   opened.set_slab_retired_notices(true);
+  opened.set_daemon_instance(instance_);
   if (open.has_group()) {
     DEFERRED_LOG(log, INFO) << "session " << session->id << " joined group \"" << open.group().name() << "\" as rank "
                             << open.group().rank() << " of " << open.group().size();

@@ -12,6 +12,12 @@
 // the gathered bytes equal the plain uninterrupted run's. When the adopter is done, no page is
 // held and the keeper holds no slab, only the journal. HISPARSE_RESTART_BACKEND=cuda runs the
 // engines on the CUDA backend (tools/gpu/restart-plan.sh does on the GPU host).
+//
+// Issue 42, part 2: the engine rides through. It holds mid-decode and stays alive while the daemon
+// is SIGKILLed, or upgraded to a new binary; it sees its session end, finds RESOLVE refused on its
+// old row, recovers (hs_session_recover) and decodes on in the same process: request 7 is kept (a
+// new row, the same pages: every later step equals the uninterrupted run's), request 8 is reported
+// lost and refused, and nothing is held once the engine is done.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -172,9 +178,67 @@ class DaemonRestartTest : public ::testing::Test {
     EXPECT_EQ(MemfdsOf(keeper_, "hisparse-journal"), 1);
   }
 
+  // An engine that rides through at step `hold`: the uninterrupted runs first, then the riding
+  // engine, held; `restart` takes the daemon down and back; then the engine's lines and report are
+  // checked and nothing may stay held.
+  template <typename Restart>
+  void RideThrough(int steps, int hold, Restart&& restart) {
+    const std::string n = std::to_string(steps), h = std::to_string(hold);
+    ASSERT_EQ(Wait(Spawn(Engine({Out("straight"), "run", n}))), 0);
+    ASSERT_EQ(Wait(Spawn(Engine({Out("parked"), "run", n, "--park-at", h}))), 0);
+    const pid_t engine = Spawn(Engine({Out("riding"), "run", n, "--ride-through-at", h, "--plain"}));
+    ASSERT_TRUE(WaitUntil([&] { return Exists(Out("riding.held")); })) << "the engine did not reach its hold";
+    const uint64_t first_session = Stats().session_stats(0).session_id();
+    ASSERT_NO_FATAL_FAILURE(restart());
+    ASSERT_EQ(Wait(engine), 0) << "the engine did not ride through";
+    const std::vector<std::string> lines = Lines(Out("riding"));
+    const size_t cut = static_cast<size_t>(hold) * 2;
+    ASSERT_GE(lines.size(), cut);
+    fault::ExpectAdoptedRunExact(Lines(Out("straight")), Lines(Out("parked")),
+                                 std::vector<std::string>(lines.begin(), lines.begin() + cut),
+                                 std::vector<std::string>(lines.begin() + cut, lines.end()), steps, hold);
+    // Refused while its state was unknown (hs_result_string of HS_ERR_UNAVAILABLE); 7 kept (a row, its
+    // capacity); 8 lost, and a store into it refused (HS_ERR_NOT_FOUND).
+    const std::vector<std::string> ride = Lines(Out("riding.ride"));
+    ASSERT_EQ(ride.size(), 4u);
+    EXPECT_EQ(ride[0], "refused unavailable");
+    std::istringstream kept(ride[1]);
+    std::string word;
+    uint64_t id = 0;
+    int row = -1;
+    uint32_t capacity = 0;
+    kept >> word >> id >> row >> capacity;
+    EXPECT_EQ(word, "kept");
+    EXPECT_EQ(id, 7u);
+    EXPECT_GE(row, 0) << "kept, but parked: " << ride[1];
+    EXPECT_EQ(capacity, 40u + steps);
+    EXPECT_EQ(ride[2], "lost 8 not found");
+    EXPECT_EQ(ride[3].rfind("sessions " + std::to_string(first_session) + " ", 0), 0u) << ride[3];
+    ASSERT_NO_FATAL_FAILURE(ExpectNothingHeld());
+  }
+
   std::string dir_, address_;
   pid_t keeper_ = -1;
 };
+
+TEST_F(DaemonRestartTest, AnEngineRidesThroughASigkilledDaemon) {
+  ASSERT_NO_FATAL_FAILURE(StartKeeper());
+  RideThrough(24, 13, [&] {
+    const pid_t old = DaemonPid();
+    ASSERT_EQ(::kill(old, SIGKILL), 0);
+    ASSERT_NO_FATAL_FAILURE(WaitForRestart(old));
+  });
+}
+
+TEST_F(DaemonRestartTest, AnEngineRidesThroughAnUpgrade) {
+  ASSERT_NO_FATAL_FAILURE(StartKeeper());
+  RideThrough(24, 7, [&] {
+    ASSERT_NO_FATAL_FAILURE(InstallDaemon());  // the new binary
+    const pid_t old = DaemonPid();
+    ASSERT_EQ(::kill(keeper_, SIGUSR2), 0);
+    ASSERT_NO_FATAL_FAILURE(WaitForRestart(old));
+  });
+}
 
 TEST_F(DaemonRestartTest, ASigkilledDaemonComesBackWithEveryDurableRequest) {
   ASSERT_NO_FATAL_FAILURE(StartKeeper());

@@ -9,7 +9,11 @@
 //       --die-at K: SIGKILLs itself in step K after its appends, before its RESOLVEs (mid-decode);
 //       --park-at K: parks and resumes the request before step K (what an adoption does to its row);
 //       --hold-at K: before step K, writes OUT.held and waits (for the test to kill the daemon);
-//       --plain: admits request 8 too, not durable, and stores its prompt (a daemon's restart loses it).
+//       --plain: admits request 8 too, not durable, and stores its prompt (a daemon's restart loses it);
+//       --ride-through-at K: before step K, writes OUT.held and waits for its session to end (the
+//       test kills or upgrades the daemon), then rides through: checks that RESOLVE is refused,
+//       recovers the session (hs_session_recover), writes what it kept and lost to OUT.ride, and
+//       decodes on in the new session from step K.
 //   --backend cuda (any mode, CUDA builds): the CUDA backend on GPU 0, every data-path argument in
 //   device memory and the slot arena read back from the GPU; the lines are the same.
 //   hisparse-durable-engine ADDRESS OUT adopt STEPS FROM
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -62,6 +67,59 @@ std::vector<int32_t> Select(int step, uint32_t layer, int32_t seq_len) {
 int Fail(const char* what) {
   fprintf(stderr, "%s: %s\n", what, hs_last_error());
   return 1;
+}
+
+// --ride-through-at: waits (bounded: 60 s) until the daemon ended the session, then recovers it.
+// OUT.ride gets "refused R" (R: hs_resolve's result on the old row once the session ended), a
+// "kept ID ROW CAPACITY" line per kept request and a "lost ID STORE" line per lost one (STORE: what
+// hs_store into it now returns). Returns the durable request's new row, or -1.
+int32_t RideThrough(hs_session* s, hs_session_info* info, int32_t row, const std::string& out_path) {
+  FILE* f = fopen((out_path + ".held").c_str(), "w");
+  if (f != nullptr) fclose(f);
+  hs_session_state state = HS_SESSION_LIVE;
+  for (int i = 0; i < 6000 && state == HS_SESSION_LIVE; ++i) {
+    if (hs_session_get_state(s, &state) != HS_OK) return Fail("state"), -1;
+    if (state == HS_SESSION_LIVE) usleep(10000);
+  }
+  if (state != HS_SESSION_ENDED) return fprintf(stderr, "the session never ended\n"), -1;
+  FILE* ride = fopen((out_path + ".ride").c_str(), "w");
+  if (ride == nullptr) return -1;
+  // The old row's state is unknown now: RESOLVE must refuse it (host memory: the host backend's).
+  const int32_t seq_len = kPrompt, position = 0;
+  int32_t slot = -1;
+  hs_resolve_args a = HS_RESOLVE_ARGS_INIT;
+  a.max_batch = 1;
+  a.rows = &row;
+  a.seq_lens = &seq_len;
+  a.positions = &position;
+  a.out_slots = &slot;
+  fprintf(ride, "refused %s\n", hs_result_string(hs_resolve(s, &a)));
+  hs_recovery rec = HS_RECOVERY_INIT;
+  if (hs_session_recover(s, 30000, &rec) != HS_OK) return Fail("recover"), -1;
+  std::vector<hs_recovered_request> kept(rec.kept + 1);
+  std::vector<uint64_t> lost(rec.lost + 1);
+  size_t nk = 0, nl = 0;
+  if (hs_recovery_kept(s, kept.data(), kept.size(), &nk) != HS_OK ||
+      hs_recovery_lost(s, lost.data(), lost.size(), &nl) != HS_OK ||
+      hs_session_get_info(s, info) != HS_OK) {
+    return Fail("recovery report"), -1;
+  }
+  int32_t new_row = -1;
+  for (size_t i = 0; i < nk; ++i) {
+    fprintf(ride, "kept %llu %d %u\n", static_cast<unsigned long long>(kept[i].request_id), kept[i].row,
+            kept[i].capacity_tokens);
+    if (kept[i].request_id == kRequest) new_row = kept[i].row;
+  }
+  std::vector<uint8_t> rec_bytes(kRecordBytes);
+  Record(0, 0, rec_bytes.data());
+  for (size_t i = 0; i < nl; ++i) {
+    const hs_result stored = hs_store(s, lost[i], 0, 1, 1, rec_bytes.data(), kRecordBytes, kRecordBytes, nullptr);
+    fprintf(ride, "lost %llu %s\n", static_cast<unsigned long long>(lost[i]), hs_result_string(stored));
+  }
+  fprintf(ride, "sessions %llu %llu\n", static_cast<unsigned long long>(rec.old_session_id),
+          static_cast<unsigned long long>(rec.new_session_id));
+  fclose(ride);
+  return new_row;
 }
 
 // Where the data path's arguments live: this process's memory on the host backend, the GPU's on
@@ -176,7 +234,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[3];
   const int steps = atoi(argv[4]);
-  int die_at = -1, park_at = -1, hold_at = -1, from = 0;
+  int die_at = -1, park_at = -1, hold_at = -1, ride_at = -1, from = 0;
   bool plain = false;
   Memory mem;
   uint32_t lease = 60;
@@ -185,6 +243,7 @@ int main(int argc, char** argv) {
     if (arg == "--die-at" && i + 1 < argc) die_at = atoi(argv[++i]);
     if (arg == "--park-at" && i + 1 < argc) park_at = atoi(argv[++i]);
     if (arg == "--hold-at" && i + 1 < argc) hold_at = atoi(argv[++i]);
+    if (arg == "--ride-through-at" && i + 1 < argc) ride_at = atoi(argv[++i]);
     if (arg == "--plain") plain = true;
     if (arg == "--backend" && i + 1 < argc) mem.cuda = std::string(argv[++i]) == "cuda";
     if (arg == "--lease" && i + 1 < argc) lease = static_cast<uint32_t>(atoi(argv[++i]));
@@ -246,6 +305,11 @@ int main(int argc, char** argv) {
       FILE* f = fopen(held.c_str(), "w");
       if (f != nullptr) fclose(f);
       for (;;) pause();  // until the test kills it
+    }
+    if (step == ride_at) {
+      fflush(out);
+      row = RideThrough(s, &info, row, argv[2]);
+      if (row < 0) return 1;
     }
     if (step == park_at) {
       if (hs_park(s, kRequest) != HS_OK || hs_resume(s, kRequest, &ri) != HS_OK) return Fail("park and resume");

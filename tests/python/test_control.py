@@ -28,7 +28,8 @@ def test_library_loads_once_with_every_signature_declared():
 # The C types of hisparse.h's parameters, as ctypes declares them. Enums are ints.
 _C_SCALARS = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32,
               "int64_t": ctypes.c_int64, "size_t": ctypes.c_size_t, "int": ctypes.c_int, "double": ctypes.c_double,
-              "hs_result": ctypes.c_int, "hs_batch_mode": ctypes.c_int, "hs_backend": ctypes.c_int}
+              "hs_result": ctypes.c_int, "hs_batch_mode": ctypes.c_int, "hs_backend": ctypes.c_int,
+              "hs_session_state": ctypes.c_int}
 
 
 def _header_functions():
@@ -102,7 +103,8 @@ def test_version_is_the_projects():
 # The C name of each ctypes mirror in _lib.
 _C_STRUCTS = {"SessionOptions": "hs_session_options", "RequestInfo": "hs_request_info",
               "SessionInfo": "hs_session_info", "Stats": "hs_stats", "ResolveArgs": "hs_resolve_args",
-              "StoreIndexedArgs": "hs_store_indexed_args", "AdmitArgs": "hs_admit_args"}
+              "StoreIndexedArgs": "hs_store_indexed_args", "AdmitArgs": "hs_admit_args",
+              "Recovery": "hs_recovery", "RecoveredRequest": "hs_recovered_request"}
 
 
 def test_ctypes_structs_match_the_header(tmp_path):

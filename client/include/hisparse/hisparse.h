@@ -44,9 +44,11 @@ extern "C" {
  * hs_park_batch, hs_resume_batch, hs_admit_import_batch; 1.9: hs_resolve_args.launch_flags
  * (HS_RESOLVE_LAUNCH_PROGRAMMATIC); 1.10: one admission verb: hs_admit_args, hs_admit2 and
  * hs_admit_batch2 (the seven hs_admit* calls are wrappers over them), and every admission whose
- * install in this process fails is released in the daemon (before, a single hs_admit kept it). */
+ * install in this process fails is released in the daemon (before, a single hs_admit kept it); 1.11:
+ * riding through a daemon's restart: hs_session_get_state, hs_session_recover, hs_recovery_kept,
+ * hs_recovery_lost (and every data-path call is HS_ERR_UNAVAILABLE once the session ended). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 10
+#define HS_ABI_VERSION_MINOR 11
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -212,6 +214,67 @@ hs_result hs_stats_get(hs_session* session, hs_stats* out);
  * to `capacity` ids to `ids` and their number to *count; ids that did not fit stay for the next
  * call. */
 hs_result hs_poll_evicted(hs_session* session, uint64_t* ids, size_t capacity, size_t* count);
+
+/* ---- Riding through a daemon's restart (since ABI 1.11; docs/INTEGRATION.md, "When the daemon
+ * restarts") ----
+ * A session ends when its daemon stops, crashes, restarts or closes it. From then on every call
+ * that needs the daemon and every data-path call (hs_resolve, hs_prefetch, hs_store,
+ * hs_store_indexed, hs_append_tokens) returns HS_ERR_UNAVAILABLE, and every row is unpublished:
+ * a kernel already captured in a CUDA graph refuses its rows (HS_RESOLVE_ERR_BAD_SEQ_LEN in
+ * hs_check_errors), never serving memory whose state is unknown. The engine then, at a step
+ * boundary with the kernels it launched on this session done (cudaStreamSynchronize), calls
+ * hs_session_recover: the handle gets a new session on whatever daemon answers at the address, with
+ * the durable requests (hs_admit_durable, hs_set_lease) it held adopted on the same pages, and
+ * reports which requests were kept (with their new rows) and which were lost (re-prefill or fail
+ * them). The arena moves: read hs_session_get_info again. */
+typedef enum hs_session_state {
+  HS_SESSION_LIVE = 0,
+  HS_SESSION_ENDED = 1 /* recover it (hs_session_recover) or close it */
+} hs_session_state;
+
+/* The session's state: one atomic load, cheap enough to read every step. */
+hs_result hs_session_get_state(hs_session* session, hs_session_state* out);
+
+typedef struct hs_recovery {
+  uint32_t struct_size;    /* sizeof(hs_recovery) */
+  uint32_t attempts;       /* sessions tried before one opened (the daemon coming back) */
+  uint64_t old_session_id; /* the ended session */
+  uint64_t new_session_id; /* the handle's session now */
+  size_t kept;             /* requests kept: hs_recovery_kept */
+  size_t lost;             /* requests lost: hs_recovery_lost */
+  double seconds;          /* the recovery, end to end */
+} hs_recovery;
+
+#define HS_RECOVERY_INIT \
+  { sizeof(hs_recovery), 0, 0, 0, 0, 0, 0.0 }
+
+/* One kept request: its new row (-1: parked, as it was, or because no row was free: hs_resume
+ * it) and capacity, the same as before. Its pages are those it had: no record is prefilled again. */
+typedef struct hs_recovered_request {
+  uint64_t request_id;
+  int32_t row;
+  uint32_t capacity_tokens;
+} hs_recovered_request;
+
+/* After the session ended (else HS_ERR_FAILED_PRECONDITION): opens a session with the handle's
+ * options, retrying with backoff (20 ms doubling to 1 s) while no daemon answers, for at most
+ * timeout_ms (0: 30000; past it HS_ERR_UNAVAILABLE); adopts every durable
+ * request the ended session held, resumes those that were live into new rows (each reset: every
+ * slot EMPTY), and puts the new session in the handle. Every other request of the ended session
+ * (plain, importing, evicted and not yet polled, or a durable one the daemon did not keep) is
+ * lost. On failure the handle keeps the ended session and recover may be called again. The engine
+ * must have finished the kernels it launched on the session (their arena is released) and must
+ * not run other calls on the handle meanwhile; calls already running finish on the ended session.
+ * `out` may be NULL. */
+hs_result hs_session_recover(hs_session* session, uint32_t timeout_ms, hs_recovery* out);
+
+/* The last recovery's kept requests (in request-id order): up to `capacity` into `out`, their
+ * number into *count (hs_recovery.kept says how many there are). */
+hs_result hs_recovery_kept(hs_session* session, hs_recovered_request* out, size_t capacity, size_t* count);
+
+/* The last recovery's lost request ids (in order): up to `capacity` into `ids`, their number into
+ * *count. */
+hs_result hs_recovery_lost(hs_session* session, uint64_t* ids, size_t capacity, size_t* count);
 
 /* ---- Data path: kernels in the caller's stream (a cudaStream_t, or NULL; ignored on the host
  * backend). Pointers are device pointers on the CUDA backend, host pointers on the host backend. */

@@ -22,7 +22,7 @@ from ._lib import ABI_VERSION, ABI_VERSION_MINOR, library_path
 from .daemon import Daemon, find_daemon_binary
 from .errors import (Aborted, AdmissionError, AlreadyExists, FailedPrecondition, HisparseError, Internal,
                      InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
-from .session import RequestInfo, Session, SessionInfo, Stats
+from .session import Recovery, RequestInfo, Session, SessionInfo, Stats
 
 # The release. The one source is CMakeLists.txt's project(VERSION); this copy (which pip reads
 # when it builds the package without CMake, see pyproject.toml) is held equal to it, and to the
@@ -54,7 +54,7 @@ def version() -> str:
 
 __all__ = [
     "ABI_VERSION", "ABI_VERSION_MINOR", "Aborted", "AdmissionError", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError",
-    "Internal", "InvalidArgument", "NotFound", "PermissionDenied", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
+    "Internal", "InvalidArgument", "NotFound", "PermissionDenied", "Recovery", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
     "Unavailable", "Unimplemented", "abi_version", "abi_version_full", "find_daemon_binary", "library_path",
     "version",
 ]

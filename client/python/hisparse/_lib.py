@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 10
+ABI_VERSION_MINOR = 11
 
 # hs_result
 HS_OK = 0
@@ -125,6 +125,34 @@ class Stats(ctypes.Structure):
     ]
 
 
+class Recovery(ctypes.Structure):
+    """hs_recovery (ABI 1.11)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("attempts", ctypes.c_uint32),
+        ("old_session_id", ctypes.c_uint64),
+        ("new_session_id", ctypes.c_uint64),
+        ("kept", ctypes.c_size_t),
+        ("lost", ctypes.c_size_t),
+        ("seconds", ctypes.c_double),
+    ]
+
+
+class RecoveredRequest(ctypes.Structure):
+    """hs_recovered_request (ABI 1.11)."""
+
+    _fields_ = [
+        ("request_id", ctypes.c_uint64),
+        ("row", ctypes.c_int32),
+        ("capacity_tokens", ctypes.c_uint32),
+    ]
+
+
+# hs_session_state (ABI 1.11)
+HS_SESSION_LIVE = 0
+HS_SESSION_ENDED = 1
+
 # hs_resolve_args.launch_flags (ABI 1.9)
 HS_RESOLVE_LAUNCH_PROGRAMMATIC = 0x1
 
@@ -216,6 +244,10 @@ def new_stats() -> Stats:
     return _new(Stats)
 
 
+def new_recovery() -> Recovery:
+    return _new(Recovery)
+
+
 def new_resolve_args() -> ResolveArgs:
     return _new(ResolveArgs)
 
@@ -249,6 +281,12 @@ _SIGNATURES = {
     "hs_release": (ctypes.c_int, [SessionPtr, ctypes.c_uint64]),
     "hs_poll_evicted": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
                                        ctypes.POINTER(ctypes.c_size_t)]),
+    "hs_session_get_state": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ctypes.c_int)]),  # ABI 1.11
+    "hs_session_recover": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.POINTER(Recovery)]),  # ABI 1.11
+    "hs_recovery_kept": (ctypes.c_int, [SessionPtr, ctypes.POINTER(RecoveredRequest), ctypes.c_size_t,  # ABI 1.11
+                                        ctypes.POINTER(ctypes.c_size_t)]),
+    "hs_recovery_lost": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,  # ABI 1.11
+                                        ctypes.POINTER(ctypes.c_size_t)]),
     "hs_record_ptr": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
                                      ctypes.POINTER(ctypes.c_void_p)]),
     "hs_admit_import": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]),  # ABI 1.6

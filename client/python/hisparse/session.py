@@ -92,6 +92,19 @@ def _backend_code(backend: Union[str, int]) -> int:
         raise InvalidArgument(f"backend must be one of {sorted(_BACKENDS)}, got {backend!r}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """What Session.recover() kept and lost."""
+
+    old_session_id: int
+    new_session_id: int
+    kept: Dict[int, Optional[int]]  # request id -> its new row (None: parked; resume() it)
+    capacity_tokens: Dict[int, int]  # request id -> its capacity, as before
+    lost: List[int]  # every other request the ended session held: re-prefill or fail them
+    attempts: int  # sessions tried before one opened
+    seconds: float
+
+
 class Session:
     """An open hs_session. Use as a context manager, or call close().
 
@@ -201,6 +214,44 @@ class Session:
         if self._handle is None:
             raise Unavailable("the session is closed")
         return self._handle
+
+    # ---- riding through a daemon's restart (ABI 1.11) ----
+
+    @property
+    def alive(self) -> bool:
+        """False once the daemon ended the session (it stopped, crashed, restarted or closed it):
+        every call that needs the daemon and every data-path call then raises Unavailable, and every
+        row is unpublished (a captured graph's RESOLVE refuses it). One atomic load: cheap enough to
+        read every step. Recover with recover()."""
+        state = ctypes.c_int(0)
+        check(self._lib.hs_session_get_state(self._h(), ctypes.byref(state)), "session state")
+        return state.value == _lib.HS_SESSION_LIVE
+
+    def recover(self, timeout_ms: int = 0) -> Recovery:
+        """After the session ended (FailedPrecondition while it is alive): opens a session with the
+        same options on whatever daemon answers at the address, retrying with backoff while none
+        does, for at most timeout_ms (0: 30 s; then Unavailable); adopts every durable request
+        (lease_seconds) the ended session held, on the same pages, resumes those that were live into
+        new rows (every slot EMPTY), and makes that session this object's. Returns what was kept
+        ({request_id: row}, row None when parked) and lost (re-prefill or fail them). The slot arena
+        moves: views and addresses taken before (slot_view, info().slot_base) are stale. Call it at
+        a step boundary, with the kernels launched on the ended session finished (synchronize their
+        stream), and no other call on this session running. On failure the session stays ended and
+        recover() may be called again."""
+        r = _lib.new_recovery()
+        check(self._lib.hs_session_recover(self._h(), int(timeout_ms), ctypes.byref(r)), "recover")
+        self._views = {}
+        self._info = self.info()
+        kept_arr = (_lib.RecoveredRequest * max(1, r.kept))()
+        lost_arr = (ctypes.c_uint64 * max(1, r.lost))()
+        n_kept, n_lost = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        check(self._lib.hs_recovery_kept(self._h(), kept_arr, r.kept, ctypes.byref(n_kept)), "recovery kept")
+        check(self._lib.hs_recovery_lost(self._h(), lost_arr, r.lost, ctypes.byref(n_lost)), "recovery lost")
+        kept = {int(kept_arr[i].request_id): (None if kept_arr[i].row < 0 else int(kept_arr[i].row))
+                for i in range(n_kept.value)}
+        capacity = {int(kept_arr[i].request_id): int(kept_arr[i].capacity_tokens) for i in range(n_kept.value)}
+        return Recovery(int(r.old_session_id), int(r.new_session_id), kept, capacity,
+                        [int(lost_arr[i]) for i in range(n_lost.value)], int(r.attempts), float(r.seconds))
 
     # ---- control path ----
 

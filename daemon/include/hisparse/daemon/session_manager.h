@@ -39,6 +39,7 @@
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/common/secret.h"
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/arena.h"
@@ -493,6 +494,7 @@ class SessionManager {
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
   uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  const std::string instance_ = NewSecret128();  // SessionOpened.daemon_instance: this process's life
   uint64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rejections_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> rejections_by_reason_ ABSL_GUARDED_BY(mu_);
