@@ -151,6 +151,7 @@ hs_result hs_session_recover(hs_session* s, uint32_t timeout_ms, hs_recovery* ou
       v.kept = r.kept.size();
       v.lost = r.lost.size();
       v.seconds = r.seconds;
+      v.arena_moved = r.arena_moved ? 1 : 0;
       WriteSized(v, out);
     }
     return HS_OK;

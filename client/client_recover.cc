@@ -71,7 +71,12 @@ absl::StatusOr<ClientSession::Recovered> ClientSession::Recover(absl::Duration t
   out.recovery.old_session_id = session_id();
   while (true) {
     HS_ASSIGN_OR_RETURN(out.session, Reopen(deadline, &out.recovery.attempts));
+    HandSlabsTo(out.session.get());
     const absl::Status adopted = out.session->AdoptPredecessors(predecessors, held, deadline, &out.recovery);
+    {
+      absl::MutexLock lock(&out.session->reuse_mu_);
+      out.session->reusable_.clear();  // what the new daemon did not name: unregistered and unmapped
+    }
     if (adopted.ok()) break;
     // What it adopted before failing is its own now: the next session adopts it from there (once
     // this one is gone, an orphan of its id).
@@ -87,12 +92,14 @@ absl::StatusOr<ClientSession::Recovered> ClientSession::Recover(absl::Duration t
     out.recovery.old_session_id = session_id();
   }
   out.recovery.new_session_id = out.session->session_id();
+  out.recovery.arena_moved = out.session->arena_.records != arena_.records;
+  HandArenaTo(out.session.get());
   out.recovery.seconds = SecondsSince(t0);
   lost_successors_.clear();
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Reopen(absl::Time deadline, uint32_t* attempts) const {
+absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Reopen(absl::Time deadline, uint32_t* attempts) {
   hs_session_options o = saved_.options;
   o.daemon_address = saved_.address.c_str();
   o.engine_name = saved_.engine_name.c_str();
@@ -102,7 +109,8 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Reopen(absl::Time 
   while (true) {
     ++*attempts;
     o.timeout_ms = MillisLeft(deadline, timeout_ms_);  // each control call's own deadline, within ours
-    absl::StatusOr<std::unique_ptr<ClientSession>> fresh = Open(o, saved_.wrap);
+    absl::StatusOr<std::unique_ptr<ClientSession>> fresh = std::unique_ptr<ClientSession>(new ClientSession());
+    if (absl::Status st = (*fresh)->Connect(o, saved_.wrap, this); !st.ok()) fresh = st;
     if (fresh.ok()) {
       // The new session's control calls keep this one's deadline, not what was left of Recover's.
       (*fresh)->timeout_ms_ = timeout_ms_;
@@ -119,6 +127,31 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Reopen(absl::Time 
                                                       why.message()));
     }
     Backoff(&backoff);
+  }
+}
+
+void ClientSession::HandSlabsTo(ClientSession* successor) {
+  absl::flat_hash_map<uint64_t, Slab> slabs;
+  {
+    absl::MutexLock lock(&mu_);  // the session ended: nothing publishes a row from them again
+    slabs = std::move(slabs_);
+    slabs_.clear();
+  }
+  absl::MutexLock lock(&successor->reuse_mu_);
+  for (auto& [id, slab] : slabs) {
+    // Only a registration with the backend the successor uses is of use to it.
+    if (slab.registered_with == successor->backend_.get()) successor->reusable_.emplace(slab.file, std::move(slab));
+  }
+}
+
+void ClientSession::HandArenaTo(ClientSession* successor) {
+  if (successor->arena_in_place_) {
+    successor->arena_map_ = std::move(arena_map_);
+    successor->arena_in_place_ = false;
+  }
+  if (successor->backend_ == backend_) {
+    successor->owns_arena_ = owns_arena_;
+    owns_arena_ = false;
   }
 }
 

@@ -74,7 +74,7 @@ std::string DaemonAddress(const hs_session_options& o) {
 // backend, the arena over the fd channel, the miss plans, the arena's attachment. A failed step
 // returns its error; what the earlier steps set up is released by the destructor (Open drops
 // the half-open session).
-absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWrap& wrap) {
+absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWrap& wrap, ClientSession* predecessor) {
   const auto t_start = std::chrono::steady_clock::now();
   const std::string address = DaemonAddress(o);
   HS_RETURN_IF_ERROR(UnixPathFromAddress(address).status());
@@ -84,10 +84,10 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
   SetGroup(o);  // client_groups.cc
   HS_RETURN_IF_ERROR(OpenStream(address));
   HS_RETURN_IF_ERROR(AwaitOpened(o.engine_name ? o.engine_name : ""));
-  HS_RETURN_IF_ERROR(InitBackend(o, wrap));
+  HS_RETURN_IF_ERROR(InitBackend(o, wrap, predecessor));
   HS_ASSIGN_OR_RETURN(Fetched arena, FetchArena());
-  HS_RETURN_IF_ERROR(AllocMissPlans());
-  HS_RETURN_IF_ERROR(AttachArena(arena));
+  HS_RETURN_IF_ERROR(AllocMissPlans(predecessor));
+  HS_RETURN_IF_ERROR(AttachArena(arena, predecessor));
   open_phases_.total_s = SecondsSince(t_start);
   return absl::OkStatus();
 }
@@ -200,15 +200,30 @@ HostPageGeometry ClientSession::HostPages() const {
   return HostPageGeometry{opened_.records_per_page(), opened_.pages_per_entry()};
 }
 
-absl::Status ClientSession::InitBackend(const hs_session_options& o, const BackendWrap& wrap) {
+absl::Status ClientSession::InitBackend(const hs_session_options& o, const BackendWrap& wrap,
+                                        ClientSession* predecessor) {
   const auto t = std::chrono::steady_clock::now();
-  if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
-    auto cuda = MakeCudaBackend(o.gpu, arena_geometry_, HostPages());
-    if (!cuda.ok() && o.backend == HS_BACKEND_CUDA) return cuda.status();
-    if (cuda.ok()) backend_ = std::move(*cuda);
+  const HostPageGeometry pages = HostPages();
+  if (predecessor != nullptr && predecessor->backend_ != nullptr) {
+    const HostPageGeometry before = predecessor->HostPages();
+    if (before.records_per_page == pages.records_per_page && before.pages_per_entry == pages.pages_per_entry) {
+      // The same geometry (the options are the predecessor's) and page tables: its backend, whose
+      // host map the ended session cleared (WatchStream), and whose buffers graphs may hold.
+      backend_ = predecessor->backend_;
+      owns_arena_ = false;  // the predecessor's until Recover hands it on (HandArenaTo)
+      open_phases_.backend_init_s = SecondsSince(t);
+      return absl::OkStatus();
+    }
   }
-  if (backend_ == nullptr) backend_ = MakeHostBackend(arena_geometry_, HostPages());
-  if (wrap) backend_ = wrap(std::move(backend_));
+  std::unique_ptr<DeviceBackend> made;
+  if (o.backend == HS_BACKEND_CUDA || (o.backend == HS_BACKEND_AUTO && o.gpu >= 0)) {
+    auto cuda = MakeCudaBackend(o.gpu, arena_geometry_, pages);
+    if (!cuda.ok() && o.backend == HS_BACKEND_CUDA) return cuda.status();
+    if (cuda.ok()) made = std::move(*cuda);
+  }
+  if (made == nullptr) made = MakeHostBackend(arena_geometry_, pages);
+  if (wrap) made = wrap(std::move(made));
+  backend_ = std::move(made);
   open_phases_.backend_init_s = SecondsSince(t);
   return absl::OkStatus();
 }
@@ -223,11 +238,15 @@ absl::StatusOr<ClientSession::Fetched> ClientSession::FetchArena() {
   return arena;
 }
 
-absl::Status ClientSession::AllocMissPlans() {
+absl::Status ClientSession::AllocMissPlans(const ClientSession* predecessor) {
   // Kernel-visible memory, owned by the backend.
   const uint32_t layers = static_cast<uint32_t>(anchor_.size());
+  plan_max_batch_.assign(layers, -1);  // no plan recorded yet (a predecessor's is stale)
+  if (predecessor != nullptr && predecessor->backend_ == backend_) {
+    plans_ = predecessor->plans_;  // the backend's memory, where graphs may read it
+    return absl::OkStatus();
+  }
   plans_.assign(layers, MissPlan{});
-  plan_max_batch_.assign(layers, -1);
   for (uint32_t l = 0; l < layers; ++l) {
     const int32_t a = anchor_[l];
     if (a != static_cast<int32_t>(l) && plans_[a].summary == nullptr) {
@@ -237,7 +256,7 @@ absl::Status ClientSession::AllocMissPlans() {
   return absl::OkStatus();
 }
 
-absl::Status ClientSession::AttachArena(const Fetched& arena) {
+absl::Status ClientSession::AttachArena(const Fetched& arena, ClientSession* predecessor) {
   const v1::ArenaKind kind = arena_kind();
   const bool want_fd = kind != v1::ARENA_KIND_CUDA_IPC;
   if (want_fd != arena.fd.valid() || want_fd == !arena.ipc_handle.empty()) {
@@ -249,8 +268,15 @@ absl::Status ClientSession::AttachArena(const Fetched& arena) {
   attached.bytes = arena.bytes;
   switch (kind) {
     case v1::ARENA_KIND_HOST: {
-      HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena.fd.get(), arena.bytes));
       attached.form = AttachedArena::Form::kHostMapped;
+      if (predecessor != nullptr && predecessor->backend_ == backend_ && predecessor->arena_map_.size() == arena.bytes &&
+          predecessor->arena_map_.RemapShared(arena.fd.get()).ok()) {
+        // At the predecessor's address (Recover): its mapping becomes ours when the recovery is done.
+        arena_in_place_ = true;
+        attached.mapped = predecessor->arena_map_.data();
+        break;
+      }
+      HS_ASSIGN_OR_RETURN(arena_map_, MappedRegion::MapShared(arena.fd.get(), arena.bytes));
       attached.mapped = arena_map_.data();
       break;
     }
@@ -277,7 +303,8 @@ absl::Status ClientSession::AttachArena(const Fetched& arena) {
 
 ClientSession::~ClientSession() {
   // This process lets go of the daemon's GPU arena first: the daemon frees it when the session ends.
-  if (backend_) backend_->ReleaseArena();
+  // A session that handed its arena on (Recover), or one Recover opened and lost, has none to let go.
+  if (backend_ && owns_arena_) backend_->ReleaseArena();
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;  // the watcher's end leaves the rows alone: the arena is gone already
@@ -504,6 +531,7 @@ absl::Status ClientSession::Release(uint64_t request_id) {
 }
 
 absl::StatusOr<uint8_t*> ClientSession::RecordPtr(uint64_t request_id, uint32_t layer, uint32_t position) {
+  HS_RETURN_IF_ERROR(CheckAlive());  // an ended session's mappings may be its successor's (Recover)
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted here"));

@@ -154,6 +154,9 @@ class ClientSession {
     uint64_t new_session_id = 0;
     std::vector<Kept> kept;      // durable requests of this session, adopted with the same pages
     std::vector<uint64_t> lost;  // every other request this session held (or was importing)
+    // The slot arena is at another address (a daemon of another arena kind or page geometry, or a
+    // cuda-ipc arena): CUDA graphs captured over the old one must be captured again.
+    bool arena_moved = false;
     uint32_t attempts = 0;       // sessions tried before one opened
     double seconds = 0;          // Recover, end to end
   };
@@ -229,6 +232,7 @@ class ClientSession {
           kernel_addr(std::exchange(o.kernel_addr, nullptr)),
           live_pages(std::exchange(o.live_pages, 0)),
           left(o.left),
+          file(o.file),
           registered_with(std::exchange(o.registered_with, nullptr)) {}
     Slab& operator=(Slab&& o) noexcept {
       if (this != &o) {
@@ -237,6 +241,7 @@ class ClientSession {
         kernel_addr = std::exchange(o.kernel_addr, nullptr);
         live_pages = std::exchange(o.live_pages, 0);
         left = o.left;
+        file = o.file;
         registered_with = std::exchange(o.registered_with, nullptr);
       }
       return *this;
@@ -253,6 +258,7 @@ class ClientSession {
     // once when this daemon sends no such notice (SessionOpened.slab_retired_notices).
     uint64_t live_pages = 0;
     bool left = false;                         // the daemon's SlabRetired named it: dropped at 0
+    std::pair<uint64_t, uint64_t> file{0, 0};  // the memfd's (st_dev, st_ino): which memory it maps
     DeviceBackend* registered_with = nullptr;  // the backend holding its registration (none: null)
   };
   using SlabIds = absl::flat_hash_set<uint64_t>;
@@ -307,11 +313,19 @@ class ClientSession {
   static SavedOptions Save(const hs_session_options& options, std::string address, const BackendWrap& wrap);
 
   ClientSession() = default;
-  // Open: runs the steps below in their order and returns the first failure.
-  absl::Status Connect(const hs_session_options& options, const BackendWrap& wrap);
+  // Open: runs the steps below in their order and returns the first failure. `predecessor`
+  // (Recover's): the session this one follows, whose backend, miss plans and arena addresses it
+  // keeps where it can.
+  absl::Status Connect(const hs_session_options& options, const BackendWrap& wrap,
+                       ClientSession* predecessor = nullptr);
   // Recover's steps (client_recover.cc). Opens the next session, retrying while the daemon is
   // unreachable until `deadline`.
-  absl::StatusOr<std::unique_ptr<ClientSession>> Reopen(absl::Time deadline, uint32_t* attempts) const;
+  absl::StatusOr<std::unique_ptr<ClientSession>> Reopen(absl::Time deadline, uint32_t* attempts);
+  // Moves this (ended) session's slab mappings to `successor`, which takes those the new daemon
+  // names by the same memory (memfd inode) instead of mapping and registering them again.
+  void HandSlabsTo(ClientSession* successor) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends Recover's success: the arena (and its host mapping) is the successor's from now on.
+  void HandArenaTo(ClientSession* successor);
   // A session whose durable requests the next one adopts: this one, and any Recover opened and
   // lost (its adoption may have happened before the daemon went away again).
   struct Predecessor {
@@ -349,15 +363,16 @@ class ClientSession {
   // returned with its code.
   absl::Status AwaitOpened(const std::string& engine_name);
   // The device backend the options ask for (CUDA falls back to host under HS_BACKEND_AUTO).
-  absl::Status InitBackend(const hs_session_options& options, const BackendWrap& wrap);
+  absl::Status InitBackend(const hs_session_options& options, const BackendWrap& wrap, ClientSession* predecessor);
   // The page-table geometry the daemon's SessionOpened announced (records per page, table stride).
   HostPageGeometry HostPages() const;
   // The arena object from the fd channel, at least as large as the geometry needs.
   absl::StatusOr<Fetched> FetchArena();
   // One miss plan per anchor layer that has followers (plans_, plan_max_batch_).
-  absl::Status AllocMissPlans();
-  // Attaches the fetched arena as its kind (SessionOpened.arena.kind) says: arena_, arena_map_.
-  absl::Status AttachArena(const Fetched& arena);
+  absl::Status AllocMissPlans(const ClientSession* predecessor);
+  // Attaches the fetched arena as its kind (SessionOpened.arena.kind) says: arena_, arena_map_
+  // (a predecessor's host mapping, in place, when of the same size).
+  absl::Status AttachArena(const Fetched& arena, ClientSession* predecessor);
 
   void WatchStream() ABSL_LOCKS_EXCLUDED(mu_);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
@@ -381,6 +396,8 @@ class ClientSession {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fetches, maps and registers each slab of `ids` into work->fresh (or its error into work->failed).
   void MapSlabs(const std::vector<uint64_t>& ids, SlabWork* work) ABSL_LOCKS_EXCLUDED(mu_, fd_mu_);
+  // A predecessor's mapping of the memory `file` (Slab::file) of `bytes`, taken out of reusable_.
+  std::optional<Slab> TakeReusable(std::pair<uint64_t, uint64_t> file, uint64_t bytes) ABSL_LOCKS_EXCLUDED(reuse_mu_);
   // Moves work->fresh's slabs that slabs_ lacks into it, and returns their ids; those another
   // thread published first stay in work->fresh for the caller to release after the lock.
   std::vector<uint64_t> PublishSlabsLocked(SlabWork* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -480,7 +497,15 @@ class ClientSession {
   // mu_ also guards the backend's host map (SetHostMapRow: exclusive; host_map() for a data-path
   // step: shared), which lives in the backend, out of the analysis' view. Registering and
   // unregistering host segments touch no state of the backend's and run outside mu_.
-  std::unique_ptr<DeviceBackend> backend_;  // set once in Open
+  // Set once in Open; a session Recover opens shares its predecessor's (the same host map, miss
+  // plans and arena addresses: what captured graphs kept) when the geometry is the same.
+  std::shared_ptr<DeviceBackend> backend_;
+  // Whether this session lets go of the arena at its end (ReleaseArena): the one that opened it,
+  // until Recover hands it on to its successor.
+  bool owns_arena_ = true;
+  // Recover's successor mapped the new daemon's host arena in place of this session's mapping
+  // (arena_map_ of its predecessor), which it takes over once the recovery is done.
+  bool arena_in_place_ = false;
   MappedRegion arena_map_;
   ArenaView arena_{};
   absl::flat_hash_map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
@@ -489,6 +514,9 @@ class ClientSession {
   HostMapPhases host_map_phases_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> evicted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, PendingImport> imports_ ABSL_GUARDED_BY(mu_);
+  // A predecessor's slab mappings by memory (Slab::file), during Recover (HandSlabsTo).
+  absl::Mutex reuse_mu_;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, Slab> reusable_ ABSL_GUARDED_BY(reuse_mu_);
   // When each leased request's lease ends (a request ended without one is lost with the session).
   absl::flat_hash_map<uint64_t, std::chrono::steady_clock::time_point> lease_end_ ABSL_GUARDED_BY(mu_);
   SavedOptions saved_;  // written once, in Connect

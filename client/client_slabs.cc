@@ -17,7 +17,13 @@
 // released) is missing again at 3, and 2 runs again for it. Every Slab owns its mapping and its
 // registration, so whatever path a mapping takes (published, lost a race, left without a page,
 // the session closing) it is released exactly once; and releasing happens after the lock too.
+// After a daemon's restart (Recover) the new session takes over the old one's mapping of every
+// slab the new daemon names by the same memory (the memfd's inode: the fd store kept the file),
+// so recovering a large pool maps and registers nothing again.
+#include <sys/stat.h>
+
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -94,6 +100,14 @@ void ClientSession::MapSlabs(const std::vector<uint64_t>& ids, SlabWork* work) {
       work->failed.emplace(id, fd.status());
       continue;
     }
+    struct stat st {};
+    std::pair<uint64_t, uint64_t> file{0, 0};
+    if (::fstat(fd->get(), &st) == 0) file = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    if (std::optional<Slab> kept = TakeReusable(file, bytes)) {
+      // The same memory a predecessor mapped and registered (Recover): no mmap, no registration.
+      work->fresh.emplace_back(id, *std::move(kept));
+      continue;
+    }
     t = std::chrono::steady_clock::now();
     absl::StatusOr<MappedRegion> map = MappedRegion::MapShared(fd->get(), bytes);
     work->phases.mmap_s += SecondsSince(t);
@@ -109,7 +123,19 @@ void ClientSession::MapSlabs(const std::vector<uint64_t>& ids, SlabWork* work) {
       continue;  // `map` unmaps here: nothing was registered
     }
     work->fresh.emplace_back(id, Slab(*std::move(map), *addr, backend_.get()));
+    work->fresh.back().second.file = file;
   }
+}
+
+std::optional<ClientSession::Slab> ClientSession::TakeReusable(std::pair<uint64_t, uint64_t> file, uint64_t bytes) {
+  absl::MutexLock lock(&reuse_mu_);
+  auto it = reusable_.find(file);
+  if (file.second == 0 || it == reusable_.end() || it->second.map.size() != bytes) return std::nullopt;
+  Slab slab = std::move(it->second);
+  reusable_.erase(it);
+  slab.live_pages = 0;
+  slab.left = false;
+  return slab;
 }
 
 std::vector<uint64_t> ClientSession::PublishSlabsLocked(SlabWork* work) {

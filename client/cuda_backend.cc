@@ -209,8 +209,12 @@ class CudaBackend final : public DeviceBackend {
   absl::StatusOr<ArenaView> AttachPrivateArena(const ArenaGeometry& g) {
     if (absl::Status st = PrivateGpuArenaAllowed(std::getenv(kPrivateGpuArenaEnv)); !st.ok()) return st;
     cudaSetDevice(gpu_);
-    if (auto e = DeviceBuffer::Allocate(ComputeArenaOffsets(g).total_bytes, &arena_); e != cudaSuccess) {
-      return CudaError(e, "allocating the slot arena");
+    // A session recovered onto this backend (ClientSession::Recover) keeps the arena, cleared.
+    const uint64_t bytes = ComputeArenaOffsets(g).total_bytes;
+    if (arena_.bytes() != bytes) {
+      if (auto e = DeviceBuffer::Allocate(bytes, &arena_); e != cudaSuccess) {
+        return CudaError(e, "allocating the slot arena");
+      }
     }
     if (auto e = cudaMemset(arena_.get(), 0, arena_.bytes()); e != cudaSuccess) {
       return CudaError(e, "clearing the slot arena");
@@ -221,6 +225,15 @@ class CudaBackend final : public DeviceBackend {
   }
   // The daemon's GPU arena (already zeroed by the daemon).
   absl::StatusOr<ArenaView> AttachVmmArena(int fd, uint64_t bytes, const ArenaGeometry& g) {
+    if (shared_arena_ != nullptr && shared_arena_->bytes() == bytes) {
+      // A session recovered onto this backend (ClientSession::Recover): the new daemon's arena at
+      // the address kernels and captured graphs kept.
+      cudaSetDevice(gpu_);
+      cudaDeviceSynchronize();
+      if (absl::Status st = shared_arena_->Reimport(fd, bytes); st.ok()) return ViewOf(shared_arena_->ptr(), g);
+      shared_arena_.reset();  // an import at a new address, below
+    }
+    shared_arena_.reset();  // a mapping of another size goes first
     absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes, &import_times_);
     if (!m.ok()) return m.status();
     shared_arena_ = std::move(*m);

@@ -59,6 +59,17 @@ absl::StatusOr<MappedRegion> MappedRegion::MapShared(int fd, size_t size, uint64
   return r;
 }
 
+absl::Status MappedRegion::RemapShared(int fd) {
+  if (data_ == nullptr) return absl::FailedPreconditionError("remap of an empty region");
+  void* p = ::mmap(data_, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    Reset();  // what MAP_FIXED left of the old mapping goes too
+    return ErrnoStatus(err, absl::StrCat("mmap of ", size_, " bytes in place failed"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The size is the contract with every process that maps the memfd: with shrinking forbidden no

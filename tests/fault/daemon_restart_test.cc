@@ -200,7 +200,7 @@ class DaemonRestartTest : public ::testing::Test {
     // Refused while its state was unknown (hs_result_string of HS_ERR_UNAVAILABLE); 7 kept (a row, its
     // capacity); 8 lost, and a store into it refused (HS_ERR_NOT_FOUND).
     const std::vector<std::string> ride = Lines(Out("riding.ride"));
-    ASSERT_EQ(ride.size(), 4u);
+    ASSERT_EQ(ride.size(), 6u);
     EXPECT_EQ(ride[0], "refused unavailable");
     std::istringstream kept(ride[1]);
     std::string word;
@@ -214,6 +214,10 @@ class DaemonRestartTest : public ::testing::Test {
     EXPECT_EQ(capacity, 40u + steps);
     EXPECT_EQ(ride[2], "lost 8 not found");
     EXPECT_EQ(ride[3].rfind("sessions " + std::to_string(first_session) + " ", 0), 0u) << ride[3];
+    // The new daemon's arena in place of the old: what graphs captured kept is still the arena.
+    EXPECT_EQ(ride[4], "arena kept same");
+    // The request's slab: the mapping taken over from the ended session (the same memfd).
+    EXPECT_EQ(ride[5], "records same");
     ASSERT_NO_FATAL_FAILURE(ExpectNothingHeld());
   }
 

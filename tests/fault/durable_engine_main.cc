@@ -74,6 +74,9 @@ int Fail(const char* what) {
 // "kept ID ROW CAPACITY" line per kept request and a "lost ID STORE" line per lost one (STORE: what
 // hs_store into it now returns). Returns the durable request's new row, or -1.
 int32_t RideThrough(hs_session* s, hs_session_info* info, int32_t row, const std::string& out_path) {
+  const void* arena_before = info->slot_base;
+  void* record_before = nullptr;  // where this process maps the request's first record
+  if (hs_record_ptr(s, kRequest, 0, 0, &record_before) != HS_OK) return Fail("record ptr"), -1;
   FILE* f = fopen((out_path + ".held").c_str(), "w");
   if (f != nullptr) fclose(f);
   hs_session_state state = HS_SESSION_LIVE;
@@ -118,6 +121,11 @@ int32_t RideThrough(hs_session* s, hs_session_info* info, int32_t row, const std
   }
   fprintf(ride, "sessions %llu %llu\n", static_cast<unsigned long long>(rec.old_session_id),
           static_cast<unsigned long long>(rec.new_session_id));
+  fprintf(ride, "arena %s %s\n", rec.arena_moved ? "moved" : "kept", info->slot_base == arena_before ? "same" : "other");
+  // The slab's mapping (and CUDA registration) taken over, not made again: the same address.
+  void* record_after = nullptr;
+  if (hs_record_ptr(s, kRequest, 0, 0, &record_after) != HS_OK) return Fail("record ptr"), -1;
+  fprintf(ride, "records %s\n", record_after == record_before ? "same" : "other");
   fclose(ride);
   return new_row;
 }

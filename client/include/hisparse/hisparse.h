@@ -226,7 +226,7 @@ hs_result hs_poll_evicted(hs_session* session, uint64_t* ids, size_t capacity, s
  * hs_session_recover: the handle gets a new session on whatever daemon answers at the address, with
  * the durable requests (hs_admit_durable, hs_set_lease) it held adopted on the same pages, and
  * reports which requests were kept (with their new rows) and which were lost (re-prefill or fail
- * them). The arena moves: read hs_session_get_info again. */
+ * them). The arena stays where it was unless hs_recovery.arena_moved says otherwise. */
 typedef enum hs_session_state {
   HS_SESSION_LIVE = 0,
   HS_SESSION_ENDED = 1 /* recover it (hs_session_recover) or close it */
@@ -243,10 +243,15 @@ typedef struct hs_recovery {
   size_t kept;             /* requests kept: hs_recovery_kept */
   size_t lost;             /* requests lost: hs_recovery_lost */
   double seconds;          /* the recovery, end to end */
+  /* 0: the slot arena, the host page tables and the miss plans kept their device addresses (the
+   * new daemon's arena is mapped where the old one was), so CUDA graphs captured over them replay
+   * as they are. 1: the arena moved (the daemon now serves another arena kind or page geometry,
+   * or a cuda-ipc arena): read hs_session_get_info again and capture such graphs again. */
+  uint32_t arena_moved;
 } hs_recovery;
 
 #define HS_RECOVERY_INIT \
-  { sizeof(hs_recovery), 0, 0, 0, 0, 0, 0.0 }
+  { sizeof(hs_recovery), 0, 0, 0, 0, 0, 0.0, 0 }
 
 /* One kept request: its new row (-1: parked, as it was, or because no row was free: hs_resume
  * it) and capacity, the same as before. Its pages are those it had: no record is prefilled again. */

@@ -136,6 +136,7 @@ class Recovery(ctypes.Structure):
         ("kept", ctypes.c_size_t),
         ("lost", ctypes.c_size_t),
         ("seconds", ctypes.c_double),
+        ("arena_moved", ctypes.c_uint32),
     ]
 
 

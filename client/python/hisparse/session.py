@@ -103,6 +103,7 @@ class Recovery:
     lost: List[int]  # every other request the ended session held: re-prefill or fail them
     attempts: int  # sessions tried before one opened
     seconds: float
+    arena_moved: bool  # False: the slot arena kept its address (captured CUDA graphs replay as they are)
 
 
 class Session:
@@ -234,7 +235,9 @@ class Session:
         (lease_seconds) the ended session held, on the same pages, resumes those that were live into
         new rows (every slot EMPTY), and makes that session this object's. Returns what was kept
         ({request_id: row}, row None when parked) and lost (re-prefill or fail them). The slot arena
-        moves: views and addresses taken before (slot_view, info().slot_base) are stale. Call it at
+        keeps its address (the new daemon's is mapped in place) unless Recovery.arena_moved says
+        otherwise; then views and addresses taken before (slot_view, info().slot_base) are stale
+        and CUDA graphs captured over them must be captured again. Call it at
         a step boundary, with the kernels launched on the ended session finished (synchronize their
         stream), and no other call on this session running. On failure the session stays ended and
         recover() may be called again."""
@@ -251,7 +254,8 @@ class Session:
                 for i in range(n_kept.value)}
         capacity = {int(kept_arr[i].request_id): int(kept_arr[i].capacity_tokens) for i in range(n_kept.value)}
         return Recovery(int(r.old_session_id), int(r.new_session_id), kept, capacity,
-                        [int(lost_arr[i]) for i in range(n_lost.value)], int(r.attempts), float(r.seconds))
+                        [int(lost_arr[i]) for i in range(n_lost.value)], int(r.attempts), float(r.seconds),
+                        bool(r.arena_moved))
 
     # ---- control path ----
 

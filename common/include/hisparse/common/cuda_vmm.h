@@ -59,6 +59,11 @@ class VmmMapping {
   int gpu() const { return gpu_; }
   // A new close-on-exec fd for the allocation (exportable allocations only), for SCM_RIGHTS.
   absl::StatusOr<UniqueFd> Export() const;
+  // Maps another process's allocation (`fd`, not consumed, of `bytes`: this mapping's size) at this
+  // mapping's address in place of the one it maps, whose handle is released: kernels and graphs
+  // that kept the address read the new allocation. FailedPrecondition for another size (nothing
+  // changed); a driver error past the import leaves the range unmapped (reserved still).
+  absl::Status Reimport(int fd, uint64_t bytes);
   // Copies `n` bytes at `offset` of the allocation to host memory (synchronous).
   absl::Status Read(uint64_t offset, void* dst, size_t n) const;
 

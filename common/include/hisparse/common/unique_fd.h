@@ -46,6 +46,10 @@ class MappedRegion {
   // Maps `size` bytes of `fd` from `offset` (a multiple of the file's page size), shared and
   // read-write.
   static absl::StatusOr<MappedRegion> MapShared(int fd, size_t size, uint64_t offset = 0);
+  // Maps this region's size of `fd` (from offset 0) in place of what the region maps, at the same
+  // address (MAP_FIXED): whoever kept the address now reads the new file. A failure leaves the
+  // region empty (unmapped).
+  absl::Status RemapShared(int fd);
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
