@@ -9,63 +9,16 @@ session ended, and a later one against a daemon that kept nothing reports everyt
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
-import subprocess
-import tempfile
 
 import pytest
 
 import hisparse
-from conftest import _daemon_or_skip, _library_or_skip, wait_for
+from conftest import Keeper, wait_for
 
 np = pytest.importorskip("numpy")
 
 LAYERS, RECORD, K, B, PROMPT = 2, 64, 4, 8, 100
-
-
-class Keeper:
-    """hisparse-keeper running hisparsed on a private socket; the daemon's pid from its pid file."""
-
-    def __init__(self, folder: pathlib.Path) -> None:
-        daemon = pathlib.Path(hisparse.find_daemon_binary())
-        keeper = daemon.parent / "hisparse-keeper"
-        if not os.access(keeper, os.X_OK):
-            pytest.skip(f"hisparse-keeper is not built beside {daemon}")
-        self.folder = folder
-        self.address = f"unix:{folder}/d.sock"
-        self.log = open(folder / "keeper.log", "w")
-        self.proc = subprocess.Popen(
-            [str(keeper), "--restart-delay-ms", "50", "--child-pid-file", str(folder / "pid"), "--", str(daemon),
-             "--listen", self.address, "--metrics-listen", "", "--host-pool-size", "64MiB",
-             "--host-pool-page-size", "4KiB", "--host-pool-slab-size", "1MiB"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.daemon_pid() > 0 and os.path.exists(f"{folder}/d.sock.fd"), timeout_s=20,
-                 what="the daemon under the keeper")
-
-    def daemon_pid(self) -> int:
-        try:
-            return int((self.folder / "pid").read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        self.log.close()
-
-
-@pytest.fixture
-def keeper():
-    _library_or_skip()
-    _daemon_or_skip()
-    with tempfile.TemporaryDirectory(prefix="hs-ride-") as folder:
-        k = Keeper(pathlib.Path(folder))
-        try:
-            yield k
-        finally:
-            k.stop()
 
 
 def open_engine(address: str) -> hisparse.Session:

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 import hisparse
-from conftest import child_env, wait_for
+from conftest import child_env, keeper, wait_for  # noqa: F401 (keeper: a fixture)
 
 torch = pytest.importorskip("torch")
 from hisparse.integrations.vllm import HisparsedConnector  # noqa: E402
@@ -699,6 +699,50 @@ def test_refused_admission_is_reported_and_loses_nothing(engine):
     assert all((o == -1).all() for o in out["big"])
     assert e.metas[-1].windows[1].hid == -1
     finish_all(e, ok, big)
+
+
+# ---- riding through a restart of hisparsed (issue 42, part 2) ----
+
+def test_a_restart_of_hisparsed_mid_decode_keeps_durable_requests(keeper):
+    """lease_seconds makes every admission durable: hisparsed is SIGKILLed mid-decode (under
+    hisparse-keeper, whose fd store keeps the pool), the next step's metadata finds the session
+    ended and rides through (Session.recover), and the decode goes on in new rows, every index
+    swap_in returns checked byte for byte against the full-KV reference (Engine.check), with no
+    request refused and nothing prefilled again."""
+    e = Engine(keeper, lease_seconds=60)
+    a, b = Request("ra", seed=71, prompt_len=30), Request("rb", seed=72, prompt_len=18)
+    prefill(e, a, b)
+    e.step({"ra": [0, 29, 10, 5], "rb": [17, 1, 2, 3]})
+    stored = e.session.stats().session_host_bytes
+    keeper.kill_daemon()
+    wait_for(lambda: not e.session.alive, timeout_s=20, what="the worker's session to end")
+    e.step({"ra": [0, 30, 11, 6], "rb": [18, 2, 3, 4]})  # rides through, then decodes
+    assert e.sched.connector_scheduler.refused == {}
+    assert e.session.alive and {e.row(a), e.row(b)} <= set(range(MAX_SEQS))
+    assert e.session.stats().session_host_bytes >= stored  # the same pages, kept
+    e.step({"ra": [1, 31, 12, 7], "rb": [19, 3, 4, 5]})
+    e.base_pool = 0  # the restarted daemon's pool held nothing else
+    finish_all(e, a, b)
+    e.conn.shutdown()
+
+
+def test_a_restart_of_hisparsed_loses_plain_requests_and_says_so(keeper):
+    """Without a lease a request does not outlive hisparsed: after the restart the worker reports
+    it refused ("lost"), as an eviction is, so that vLLM computes it again; its entries publish
+    -1, never the old memory."""
+    e = Engine(keeper)
+    a = Request("la", seed=81, prompt_len=20)
+    prefill(e, a)
+    e.step({"la": [0, 19, 7, 3]})
+    keeper.kill_daemon()
+    wait_for(lambda: not e.session.alive, timeout_s=20, what="the worker's session to end")
+    out = e.step({"la": [0, 20, 8, 4]})
+    assert all((o == -1).all() for o in out["la"])
+    assert "lost in a restart" in e.sched.connector_scheduler.refused["la"]
+    assert "la" not in e.worker._live
+    e.base_pool = 0
+    finish_all(e, a)
+    e.conn.shutdown()
 
 
 def _import_word(request: int, layer: int, position: int, word: int) -> int:

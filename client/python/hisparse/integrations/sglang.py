@@ -65,7 +65,7 @@ class _Entry:
     request_id: int  # the hisparse request id
     pool_idx: int  # SGLang's req_pool_idx while it holds a row, else -1
     kv_len: int = 0  # positions whose records the host pool holds
-    state: str = "staging"  # staging | import | ready
+    state: str = "staging"  # staging | import | ready | lost (a restart of hisparsed took its KV)
     buffer: Any = None  # the physical slots alloc_device_buffer kept (ready requests)
 
 
@@ -89,7 +89,8 @@ class HisparsedCoordinator:
     def __init__(self, req_to_token_pool: Any, token_to_kv_pool_allocator: Any, top_k: int,
                  device_buffer_size: int, device: str, tp_group: Any = None, host_to_device_ratio: int = 2,
                  swap_in_block_size: int = 960, *, daemon: Any = None, backend: str = "auto",
-                 draft_tokens: int = 0, tp_group_name: Optional[str] = None) -> None:
+                 draft_tokens: int = 0, tp_group_name: Optional[str] = None,
+                 lease_seconds: Optional[int] = None) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.allocator = self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         for need in ("alloc_device_buffer", "free_hisparse_indices", "full_to_hisparse_device_index_mapping"):
@@ -107,6 +108,11 @@ class HisparsedCoordinator:
             group = dict(group=tp_group_name or self._agree_on_group_name(tp_group), rank=self.tp_rank,
                          group_size=self.tp_world_size)
         self._grouped = bool(group)
+        # Durable admissions (a restart of hisparsed keeps them: ride_through); $HISPARSE_LEASE_SECONDS
+        # when SGLang builds the coordinator. A TP group's requests are never durable.
+        if lease_seconds is None:
+            lease_seconds = int(os.environ.get("HISPARSE_LEASE_SECONDS", "0") or 0)
+        self.lease_seconds = 0 if self._grouped else int(lease_seconds)
         self._kv = [self._records(buf) for buf in self.mem_pool_device.kv_buffer]
         self.item_size_bytes = self._kv[0].shape[1]
         self.page_size = int(getattr(self.mem_pool_device, "page_size", 1) or 1)
@@ -386,7 +392,8 @@ class HisparsedCoordinator:
         if req.rid in self._entries:
             raise FailedPrecondition(f"request {req.rid!r} is already admitted ({self._entries[req.rid].state})")
         e = _Entry(self._next_id, -1)
-        info = self.session.admit(e.request_id, kv_len, self._budget(req, kv_len), group=self._grouped)
+        info = self.session.admit(e.request_id, kv_len, self._budget(req, kv_len), group=self._grouped,
+                                  lease_seconds=self.lease_seconds)
         self._next_id += 1
         self._entries[req.rid] = e
         self._stop_appends()
@@ -498,7 +505,8 @@ class HisparsedCoordinator:
             if n == 0 or bool((slots < 0).any()):
                 raise FailedPrecondition(f"request {req.rid!r}: no landed KV for {n} positions in req_to_host_pool")
             e = _Entry(self._next_id, -1)
-            info = self.session.admit(e.request_id, n, self._budget(req, n), group=self._grouped)
+            info = self.session.admit(e.request_id, n, self._budget(req, n), group=self._grouped,
+                                      lease_seconds=self.lease_seconds)
             self._next_id += 1
             self._entries[req.rid] = e
             self._bind(req, e, info.row)
@@ -561,7 +569,7 @@ class HisparsedCoordinator:
             self._free_landing(req)
             self._unbind(e)
             del self._entries[req.rid]
-        ids = [e.request_id for _, e in done]
+        ids = [e.request_id for _, e in done if e.state != "lost"]  # a lost one's daemon side is gone
         for i in range(0, len(ids), 1024):  # hs_release_batch's most items
             self.session.release_batch(ids[i:i + 1024])
 
@@ -584,7 +592,46 @@ class HisparsedCoordinator:
         self._free_landing(req)
         self._unbind(e)
         del self._entries[req.rid]
-        self.session.release(e.request_id)
+        if e.state != "lost":  # a lost request's daemon side is gone already
+            self.session.release(e.request_id)
+
+    # ---- riding through a restart of hisparsed ----
+
+    def ride_through(self) -> List[Any]:
+        """Once per scheduler iteration, before the decode batch is prepared (the plugin's hook):
+        when hisparsed went away (restarted, upgraded, crashed) the session has ended; this waits
+        for the forwards that read it, recovers it (Session.recover) and returns the rids whose KV
+        was lost, for the scheduler to retract (retract_req frees what SGLang holds for them; their
+        rows stay -1 meanwhile, so RESOLVE refuses them, never reading old memory). A request the
+        daemon kept (admitted with lease_seconds) continues in its new row with the same host pages
+        and the arena at its address (captured graphs replay as they are). [] while the session is
+        live: one atomic load."""
+        if self.session.alive:
+            return []
+        self._quiesce()
+        rec = self.session.recover()
+        if rec.arena_moved:
+            raise FailedPrecondition("hisparsed came back with another slot arena (kind or page geometry): the "
+                                     "captured decode cannot follow it; restart the engine")
+        self._append_count.zero_()
+        lost = []
+        for rid, e in self._entries.items():
+            row = rec.kept.get(e.request_id) if e.request_id in rec.kept else None
+            if row is None:  # not durable, or a lease that ran out: its KV is gone
+                if e.request_id in rec.kept:
+                    self.session.release(e.request_id)  # kept parked without a row: of no use here
+                self._unbind_row(e)
+                e.state = "lost"
+                lost.append(rid)
+            elif e.pool_idx >= 0:
+                self.row_of_pool_idx[e.pool_idx] = row  # its slots are EMPTY: the next RESOLVE fetches
+        self._staging = [(r, ev) for r, ev in self._staging if self._entries[r.rid].state != "lost"]
+        return lost
+
+    def _unbind_row(self, e: _Entry) -> None:
+        """The request keeps its req_pool_idx (SGLang's until it retracts it) but no row."""
+        if e.pool_idx >= 0:
+            self.row_of_pool_idx[e.pool_idx] = -1
 
     # ---- decode data path (graph-safe: fixed shapes, static buffers, no host sync on CUDA) ----
 

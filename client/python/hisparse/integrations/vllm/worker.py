@@ -64,6 +64,9 @@ class HisparsedConnectorWorker:
         # Tokens a step may hand swap_in (the decode ones first): vLLM's batch token budget.
         self.max_num_tokens = self.extra.get("max_num_tokens", getattr(sched, "max_num_batched_tokens", None))
         self.draft_tokens = _draft_tokens(vllm_config, self.extra)
+        # kv_connector_extra_config lease_seconds: every request is admitted durable with this lease
+        # (an import once it committed), so that a restart of hisparsed keeps it (ride_through).
+        self.lease_seconds = int(self.extra.get("lease_seconds", 0))
         self.session: Optional[Session] = None
         self.runtime: Optional[HisparsedRuntime] = None
         self.handles: Dict[str, HisparsedCacheHandle] = {}
@@ -194,6 +197,8 @@ class HisparsedConnectorWorker:
         self._applied = meta
         self.runtime.prepared = False  # until start_load_kv brings this step's batch order
         s = self._s()
+        if not s.alive:
+            self.ride_through()
         self._apply_lifecycle(s, meta)
         for w in meta.windows:
             live = self._live.get(w.req_id)
@@ -253,7 +258,9 @@ class HisparsedConnectorWorker:
                     self._live[rid].row, self._live[rid].state = r.row, "active"
         for import_ in (False, True):  # plain admissions, then the P/D imports: one batch each
             for chunk in _chunks([a for a in meta.admits if a.import_ == import_]):
-                results = s.admit_batch([(a.hid, a.context_tokens, a.token_budget) for a in chunk],
+                lease = 0 if import_ else self.lease_seconds  # an import takes its lease once committed
+                results = s.admit_batch([{"request_id": a.hid, "context_tokens": a.context_tokens,
+                                          "token_budget": a.token_budget, "lease_seconds": lease} for a in chunk],
                                         all_or_nothing=False, begin_import=import_)
                 for a, r in zip(chunk, results):
                     if isinstance(r, HisparseError):
@@ -263,6 +270,33 @@ class HisparsedConnectorWorker:
                         self._live[a.req_id] = _Live(a.hid, -1, "importing")
                     else:
                         self._live[a.req_id] = _Live(a.hid, r.row, "active")
+
+    def ride_through(self) -> None:
+        """The daemon went away (restarted, upgraded, crashed), so the session ended: at this step
+        boundary, once the forwards that read the old session are done, recover it
+        (Session.recover). A request the daemon kept (durable: lease_seconds) continues with its
+        pages in its new row; every other one is reported refused ("lost"), as an eviction is, and
+        vLLM computes it again. The arena keeps its address, so captured CUDA graphs replay as they
+        are; where it could not (Recovery.arena_moved) the engine must restart."""
+        s = self._s()
+        if s.backend == "cuda":
+            torch.cuda.current_stream(self.runtime.device).synchronize()
+        rec = s.recover()
+        if rec.arena_moved:
+            raise FailedPrecondition("hisparsed came back with another slot arena (kind or page geometry): the "
+                                     "captured forward cannot follow it; restart the engine")
+        for rid, live in list(self._live.items()):
+            if live.hid not in rec.kept:  # plain, importing, or a lease that ran out
+                del self._live[rid]
+                self._refused[rid] = "lost in a restart of hisparsed (it was not durable): compute it again"
+                continue
+            row = rec.kept[live.hid]  # None: parked (a parked request stays parked until resumed)
+            if live.state == "active" and row is not None:
+                live.row = row  # its slots are EMPTY: the next RESOLVE fetches what it selects
+            elif live.state == "active":  # kept, yet no row: free it rather than stall the batch
+                s.release(live.hid)
+                del self._live[rid]
+                self._refused[rid] = "kept in a restart of hisparsed, but no row was free: compute it again"
 
     def _refuse(self, rid: str, err: HisparseError) -> None:
         self._refused[rid] = f"{type(err).__name__}: {err}"
@@ -306,6 +340,8 @@ class HisparsedConnectorWorker:
                 continue
             try:
                 live.row, live.state = self._s().await_import(live.hid, 0).row, "active"
+                if self.lease_seconds:
+                    self._s().set_lease(live.hid, self.lease_seconds)
                 done.add(rid)
             except Unavailable:
                 pass  # the transfer is still running
