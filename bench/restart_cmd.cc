@@ -18,6 +18,15 @@
 //
 //   hisparse-bench restart [--pool SIZE] [--fill F] [--page-size SIZE] [--slab-size SIZE]
 //                          [--layers L] [--record-bytes R] [--tokens T] [--latency-calls N] [--smoke]
+//                          [--ride-through] [--backend host|cuda]
+//
+// --ride-through: the filling engine stays (issue 42, part 2): after the kill the same session
+// notices its end ("kill_to_noticed_s"), recovers (hs_session_recover: "recover_s", the client's
+// own account; "kill_to_recovered_s") and checks its requests through the recovered handle, which
+// took over its slab mappings (and, with --backend cuda, their registrations) and kept the
+// arena's address ("arena_moved"). --backend cuda (GPU 0): the rider is a CUDA-backend session
+// (its arena on the GPU, every slab registered with it), which adopts what the host-backend filler
+// left ("adopt_s": mapping and registering the pool once), parked, before the kill.
 //
 // Defaults: --pool 1GiB --fill 0.9 --page-size 2MiB --slab-size 64MiB --layers 8 --record-bytes
 // 1152 --tokens 8192 --latency-calls 2000. --smoke: a 32MiB pool of 64KiB pages, 64 tokens, 200
@@ -54,6 +63,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: hisparse-bench restart [--pool SIZE] [--fill F] [--page-size SIZE] [--slab-size SIZE]\n"
     "         [--layers L] [--record-bytes R] [--tokens T] [--latency-calls N] [--smoke]\n"
+    "         [--ride-through] [--backend host|cuda]\n"
     "  Fills the pool of a hisparsed run under hisparse-keeper with durable requests, SIGKILLs it,\n"
     "  and times until every request is adoptable again; checks their bytes; and times durable\n"
     "  admit+release with and without the journal.\n";
@@ -70,6 +80,8 @@ struct Config {
   uint32_t record_bytes = 1152;
   uint32_t tokens = 8192;
   int latency_calls = 2000;
+  bool ride_through = false;  // the filling session recovers itself (hs_session_recover)
+  bool cuda = false;          // the engine on the CUDA backend, GPU 0
 };
 
 using Clock = std::chrono::steady_clock;
@@ -85,17 +97,17 @@ struct Signature {
 
 // A session of the bench's engine against `address`, retried until the daemon answers (it may be
 // starting); null after `seconds`.
-hs_session* OpenSession(const Config& c, const std::string& address, double seconds) {
+hs_session* OpenSession(const Config& c, const std::string& address, double seconds, bool cuda = false) {
   hs_session_options o = HS_SESSION_OPTIONS_INIT;
   o.daemon_address = address.c_str();
   o.engine_name = kEngine;
-  o.gpu = -1;
+  o.gpu = cuda ? 0 : -1;
   o.num_layers = c.layers;
   o.record_bytes = c.record_bytes;
   o.k = 1;
   o.slots = 1;
   o.max_requests = 4096;
-  o.backend = HS_BACKEND_HOST;
+  o.backend = cuda ? HS_BACKEND_CUDA : HS_BACKEND_HOST;
   o.max_context_tokens = c.tokens;
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   for (;;) {
@@ -232,6 +244,10 @@ bool ParseArgs(int argc, char** argv, Config* c) {
       c->latency_calls = 200;
       continue;
     }
+    if (std::string(argv[i]) == "--ride-through") {
+      c->ride_through = true;
+      continue;
+    }
     if (!TakeFlag(argc, argv, &i, &name, &value)) return false;
     absl::StatusOr<uint64_t> size = ParseByteSize(value);
     if (name == "--pool" && size.ok()) {
@@ -250,6 +266,8 @@ bool ParseArgs(int argc, char** argv, Config* c) {
       c->tokens = static_cast<uint32_t>(std::atoi(value.c_str()));
     } else if (name == "--latency-calls") {
       c->latency_calls = std::atoi(value.c_str());
+    } else if (name == "--backend" && (value == "host" || value == "cuda")) {
+      c->cuda = value == "cuda";
     } else {
       return false;
     }
@@ -306,6 +324,45 @@ bool WholeRequestIntact(hs_session* s, uint64_t id, const Config& c) {
   return true;
 }
 
+// --ride-through, after the fill: the daemon SIGKILLed under the live session `s`, which notices,
+// recovers and checks its requests. Prints the JSON line; whether every request came back intact.
+bool RideThrough(const Config& c, KeptDaemon& kept, hs_session* s, const std::vector<uint64_t>& ids, double fill_s,
+                 uint64_t held, double adopt_s) {
+  hs_session_info before = HS_SESSION_INFO_INIT;
+  hs_session_get_info(s, &before);
+  const pid_t old = kept.DaemonPid();
+  const auto killed = Clock::now();
+  ::kill(old, SIGKILL);
+  hs_session_state state = HS_SESSION_LIVE;
+  while (hs_session_get_state(s, &state) == HS_OK && state == HS_SESSION_LIVE && Seconds(killed, Clock::now()) < 120) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const auto noticed = Clock::now();
+  hs_recovery rec = HS_RECOVERY_INIT;
+  const bool recovered = hs_session_recover(s, 120000, &rec) == HS_OK;
+  if (!recovered) std::fprintf(stderr, "restart: recover: %s\n", hs_last_error());
+  const auto done = Clock::now();
+  hs_session_info after = HS_SESSION_INFO_INIT;
+  hs_session_get_info(s, &after);
+  size_t intact = 0;
+  for (uint64_t id : ids) intact += recovered && Stamp(s, id, c, false) ? 1 : 0;
+  const bool whole = recovered && WholeRequestIntact(s, ids[ids.size() / 2], c);
+  for (uint64_t id : ids) hs_release(s, id);
+  const bool ok = recovered && rec.kept == ids.size() && rec.lost == 0 && intact == ids.size() && whole;
+  std::printf(
+      "{\"bench\":\"restart\",\"mode\":\"ride_through\",\"backend\":\"%s\",\"pool_bytes\":%llu,\"page_bytes\":%llu,"
+      "\"slab_bytes\":%llu,\"held_bytes\":%llu,\"requests\":%zu,\"layers\":%u,\"tokens\":%u,\"record_bytes\":%u,"
+      "\"fill_s\":%.3f,\"adopt_s\":%.4f,\"kill_to_noticed_s\":%.4f,\"recover_s\":%.4f,\"kill_to_recovered_s\":%.4f,"
+      "\"daemon_recovery_s\":%.4f,\"attempts\":%u,\"kept\":%zu,\"lost\":%zu,\"arena_moved\":%s,"
+      "\"arena_same_address\":%s,\"signatures_intact\":%zu,\"whole_request_intact\":%s,\"ok\":%s}\n",
+      c.cuda ? "cuda" : "host", static_cast<unsigned long long>(c.pool), static_cast<unsigned long long>(c.page),
+      static_cast<unsigned long long>(c.slab), static_cast<unsigned long long>(held), ids.size(), c.layers, c.tokens,
+      c.record_bytes, fill_s, adopt_s, Seconds(killed, noticed), rec.seconds, Seconds(killed, done),
+      DaemonRecoverySeconds(kept.address()), rec.attempts, rec.kept, rec.lost, rec.arena_moved ? "true" : "false",
+      before.slot_base == after.slot_base ? "true" : "false", intact, whole ? "true" : "false", ok ? "true" : "false");
+  return ok;
+}
+
 }  // namespace
 
 int RestartMain(int argc, char** argv) {
@@ -347,6 +404,31 @@ int RestartMain(int argc, char** argv) {
     const double fill_s = Seconds(fill_start, Clock::now());
     const uint64_t held =
         ids.size() * c.layers * ((uint64_t{c.tokens} * c.record_bytes + c.page - 1) / c.page) * c.page;
+    if (c.ride_through) {
+      double adopt_s = 0;
+      if (c.cuda) {  // the filler's requests, adopted by a CUDA-backend session (hs_store took host memory)
+        hs_session_close(s);  // its requests become orphans of this engine
+        s = OpenSession(c, kept.address(), 60, true);
+        if (s == nullptr) return 1;
+        std::vector<uint64_t> from(ids.size() + 1), rids(ids.size() + 1);
+        size_t n = 0, adopted = 0;
+        const auto t0 = Clock::now();
+        while (hs_list_adoptable(s, from.data(), rids.data(), nullptr, from.size(), &n) == HS_OK && n < ids.size()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (n != ids.size() || hs_adopt(s, from[0], rids.data(), rids.size(), &adopted) != HS_OK ||
+            adopted != ids.size()) {
+          std::fprintf(stderr, "restart: the CUDA session's adoption: %s\n", hs_last_error());
+          return 1;
+        }
+        adopt_s = Seconds(t0, Clock::now());
+      }
+      rc = RideThrough(c, kept, s, ids, fill_s, held, adopt_s) ? 0 : 1;
+      hs_session_close(s);
+      std::string rm = "rm -rf " + dir;
+      (void)std::system(rm.c_str());
+      return rc;
+    }
 
     // The filling engine goes first (its session ends: the requests are the daemon's orphans, as
     // after an engine's death), so that the adopter maps the pool alone, as a restarted engine
