@@ -352,12 +352,12 @@ bool RideThrough(const Config& c, KeptDaemon& kept, hs_session* s, const std::ve
   std::printf(
       "{\"bench\":\"restart\",\"mode\":\"ride_through\",\"backend\":\"%s\",\"pool_bytes\":%llu,\"page_bytes\":%llu,"
       "\"slab_bytes\":%llu,\"held_bytes\":%llu,\"requests\":%zu,\"layers\":%u,\"tokens\":%u,\"record_bytes\":%u,"
-      "\"fill_s\":%.3f,\"adopt_s\":%.4f,\"kill_to_noticed_s\":%.4f,\"recover_s\":%.4f,\"kill_to_recovered_s\":%.4f,"
+      "\"fill_s\":%.3f,\"adopt_s\":%.4f,\"kill_to_noticed_s\":%.4f,\"recover_s\":%.4f,\"reopen_s\":%.4f,\"kill_to_recovered_s\":%.4f,"
       "\"daemon_recovery_s\":%.4f,\"attempts\":%u,\"kept\":%zu,\"lost\":%zu,\"arena_moved\":%s,"
       "\"arena_same_address\":%s,\"signatures_intact\":%zu,\"whole_request_intact\":%s,\"ok\":%s}\n",
       c.cuda ? "cuda" : "host", static_cast<unsigned long long>(c.pool), static_cast<unsigned long long>(c.page),
       static_cast<unsigned long long>(c.slab), static_cast<unsigned long long>(held), ids.size(), c.layers, c.tokens,
-      c.record_bytes, fill_s, adopt_s, Seconds(killed, noticed), rec.seconds, Seconds(killed, done),
+      c.record_bytes, fill_s, adopt_s, Seconds(killed, noticed), rec.seconds, rec.reopen_seconds, Seconds(killed, done),
       DaemonRecoverySeconds(kept.address()), rec.attempts, rec.kept, rec.lost, rec.arena_moved ? "true" : "false",
       before.slot_base == after.slot_base ? "true" : "false", intact, whole ? "true" : "false", ok ? "true" : "false");
   return ok;

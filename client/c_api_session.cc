@@ -152,6 +152,7 @@ hs_result hs_session_recover(hs_session* s, uint32_t timeout_ms, hs_recovery* ou
       v.lost = r.lost.size();
       v.seconds = r.seconds;
       v.arena_moved = r.arena_moved ? 1 : 0;
+      v.reopen_seconds = r.reopen_seconds;
       WriteSized(v, out);
     }
     return HS_OK;

@@ -71,6 +71,7 @@ absl::StatusOr<ClientSession::Recovered> ClientSession::Recover(absl::Duration t
   out.recovery.old_session_id = session_id();
   while (true) {
     HS_ASSIGN_OR_RETURN(out.session, Reopen(deadline, &out.recovery.attempts));
+    out.recovery.reopen_seconds = SecondsSince(t0);
     HandSlabsTo(out.session.get());
     const absl::Status adopted = out.session->AdoptPredecessors(predecessors, held, deadline, &out.recovery);
     {

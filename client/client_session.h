@@ -159,6 +159,7 @@ class ClientSession {
     bool arena_moved = false;
     uint32_t attempts = 0;       // sessions tried before one opened
     double seconds = 0;          // Recover, end to end
+    double reopen_seconds = 0;   // of which until a session opened (the daemon coming back)
   };
   struct Recovered {
     std::unique_ptr<ClientSession> session;

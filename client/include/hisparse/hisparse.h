@@ -248,10 +248,12 @@ typedef struct hs_recovery {
    * as they are. 1: the arena moved (the daemon now serves another arena kind or page geometry,
    * or a cuda-ipc arena): read hs_session_get_info again and capture such graphs again. */
   uint32_t arena_moved;
+  double reopen_seconds; /* of `seconds`, until a session opened (the daemon coming back); the rest
+                          * is the adoption */
 } hs_recovery;
 
 #define HS_RECOVERY_INIT \
-  { sizeof(hs_recovery), 0, 0, 0, 0, 0, 0.0, 0 }
+  { sizeof(hs_recovery), 0, 0, 0, 0, 0, 0.0, 0, 0.0 }
 
 /* One kept request: its new row (-1: parked, as it was, or because no row was free: hs_resume
  * it) and capacity, the same as before. Its pages are those it had: no record is prefilled again. */

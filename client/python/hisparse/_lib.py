@@ -137,6 +137,7 @@ class Recovery(ctypes.Structure):
         ("lost", ctypes.c_size_t),
         ("seconds", ctypes.c_double),
         ("arena_moved", ctypes.c_uint32),
+        ("reopen_seconds", ctypes.c_double),
     ]
 
 
