@@ -331,7 +331,8 @@ class ReqToTokenPool:
 class Req:
     """managers/schedule_batch.py Req: what the coordinator reads (rid, origin_input_ids,
     output_ids, req_pool_idx, sampling_params.max_new_tokens, kv.kv_allocated_len,
-    kv_committed_len) and the flag it sets (hisparse_staging). seed names its KV (kv_record)."""
+    kv_committed_len, finished()) and the flag it sets (hisparse_staging). seed names its KV
+    (kv_record)."""
 
     class SamplingParams:
         def __init__(self, max_new_tokens: int) -> None:
@@ -354,6 +355,10 @@ class Req:
     @property
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        """Req.finished(): a finish reason is set. These requests finish only through finish()."""
+        return False
 
 
 class DeferredStream:

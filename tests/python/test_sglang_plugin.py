@@ -58,10 +58,15 @@ FAKE_SGLANG = {
                 cls.registered.append((target, hook, hook_type))
             @classmethod
             def apply_hooks(cls):
-                import pkgutil
-                for target, hook, _ in cls.registered:
+                import functools, pkgutil
+                for target, hook, kind in cls.registered:
                     mod, name = target.rsplit(".", 1)
-                    setattr(pkgutil.resolve_name(mod), name, hook)
+                    owner = pkgutil.resolve_name(mod)
+                    if kind == HookType.AROUND:  # upstream: hook(original, *args, **kwargs)
+                        original = getattr(owner, name)
+                        hook = functools.wraps(original)(
+                            lambda *a, _h=hook, _o=original, **kw: _h(_o, *a, **kw))
+                    setattr(owner, name, hook)
     ''',
     "sglang/srt/managers/__init__.py": "",
     "sglang/srt/managers/hisparse_coordinator.py": '''
@@ -70,6 +75,16 @@ FAKE_SGLANG = {
             def map_last_loc_to_buffer(self, *a): pass
             def admit_request_direct(self, req): pass
             def swap_in_selected_pages(self, *a): pass
+    ''',
+    "sglang/srt/managers/scheduler.py": '''
+        class Scheduler:
+            def get_next_batch_to_run(self, running_batch=None, last_batch=None): return "ran"
+            def _add_request_to_queue(self, req, is_retracted=False): pass
+    ''',
+    "sglang/srt/managers/schedule_batch.py": '''
+        class ScheduleBatch:
+            def release_req(self, idx, remaing_req_count, server_args): pass
+            def filter_batch(self, chunked_req_to_exclude=None, keep_indices=None): pass
     ''',
     "sglang/srt/mem_cache/__init__.py": "",
     "sglang/srt/mem_cache/allocator/__init__.py": "",
@@ -85,9 +100,11 @@ import json, sys
 from sglang.srt.plugins import load_plugins, FAILED
 from sglang.srt.plugins.hook_registry import HookRegistry
 import sglang.srt.managers.hisparse_coordinator as hc
+import sglang.srt.managers.scheduler as sch
 load_plugins()
 print(json.dumps({"failed": FAILED, "registered": [t for t, _, _ in HookRegistry.registered],
-                  "coordinator": hc.HiSparseCoordinator.__module__ + "." + hc.HiSparseCoordinator.__name__}))
+                  "coordinator": hc.HiSparseCoordinator.__module__ + "." + hc.HiSparseCoordinator.__name__,
+                  "next_batch": sch.Scheduler().get_next_batch_to_run(running_batch=None)}))
 '''
 
 
@@ -145,8 +162,10 @@ def test_a_supported_sglang_loads_the_plugin_and_swaps_the_coordinator(installed
     pytest.importorskip("torch")
     got = _probe(installed, _fake_sglang(tmp_path, "0.5.10"))
     assert got["failed"] == []
-    assert got["registered"] == ["sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator"]
+    assert got["registered"] == ["sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator",
+                                 "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"]
     assert got["coordinator"] == "hisparse.integrations.sglang.HisparsedCoordinator"
+    assert got["next_batch"] == "ran"  # the ride-through hook wraps the scheduler's step and calls it
 
 
 def test_an_unsupported_sglang_is_refused_with_the_supported_versions_named(installed, tmp_path):
@@ -169,6 +188,6 @@ def test_an_operator_may_allow_one_more_version_exactly(installed, tmp_path):
     pytest.importorskip("torch")
     fake = _fake_sglang(tmp_path, "0.6.1")
     got = _probe(installed, fake, {"HISPARSE_SGLANG_ALLOW_VERSION": "0.6.1"})
-    assert got["failed"] == [] and len(got["registered"]) == 1
+    assert got["failed"] == [] and len(got["registered"]) == 2
     got = _probe(installed, fake, {"HISPARSE_SGLANG_ALLOW_VERSION": "0.6.2"})
     assert got["registered"] == []

@@ -67,3 +67,69 @@ def test_a_plain_request_is_lost_retracted_and_prefilled_again(sglang, keeper): 
     st = engine.coord.session.stats()
     assert st.session_requests == 0 and st.session_host_bytes == 0
     assert (engine.coord.row_of_pool_idx == -1).all()
+
+
+# ---- the plugin's hook around SGLang's scheduler step ----
+
+class ScheduleBatch:
+    """Stand-in for sglang.srt.managers.schedule_batch.ScheduleBatch (sgl-project/sglang 0003215cf146)
+    as retraction uses it: reqs; release_req(idx, remaining, server_args) = the module's release_req
+    (hisparse_coordinator.retract_req for an unfinished request, its KV freed, reset_for_retract);
+    filter_batch(keep_indices=...) keeping those indices in order."""
+
+    def __init__(self, engine, reqs):
+        self.engine, self.reqs, self.batch_is_full = engine, list(reqs), True
+
+    def release_req(self, idx, remaing_req_count, server_args):
+        req = self.reqs[idx]
+        self.engine.retract(req)  # coordinator.retract_req, then SGLang's KV freed, output kept to 1
+
+    def filter_batch(self, chunked_req_to_exclude=None, keep_indices=None):
+        self.reqs = [self.reqs[i] for i in keep_indices]
+
+
+class Scheduler:
+    """Stand-in for sglang.srt.managers.scheduler.Scheduler (0003215cf146) as the hook meets it:
+    hisparse_coordinator, server_args, get_next_batch_to_run(running_batch, last_batch) (the hook
+    wraps it; here it hands back the running batch), _add_request_to_queue(req, is_retracted) into
+    the waiting queue."""
+
+    def __init__(self, engine):
+        self.hisparse_coordinator, self.server_args, self.waiting_queue = engine.coord, object(), []
+
+    def get_next_batch_to_run(self, running_batch=None, last_batch=None):
+        return running_batch
+
+    def _add_request_to_queue(self, req, is_retracted=False):
+        assert is_retracted
+        self.waiting_queue.append(req)
+
+
+def test_the_plugin_hook_retracts_what_was_lost_before_the_step(sglang, keeper):  # noqa: F811
+    from hisparse.integrations.sglang_plugin import ride_through_hook
+
+    engine = sglang()
+    kept, lost = Req("hk", 41, 40), Req("hl", 42, 36)
+    engine.coord.lease_seconds = 60  # kept is admitted durable, lost plain
+    engine.prefill(kept)
+    engine.coord.lease_seconds = 0
+    engine.prefill(lost)
+    assert engine.collect() == [kept, lost]
+    engine.decode([kept, lost])
+    sched, batch = Scheduler(engine), ScheduleBatch(engine, [kept, lost])
+    assert ride_through_hook(Scheduler.get_next_batch_to_run, sched, running_batch=batch, last_batch=None) is batch
+    assert batch.reqs == [kept, lost] and sched.waiting_queue == []  # live: nothing to do
+    keeper.kill_daemon()
+    wait_for(lambda: not engine.coord.session.alive, timeout_s=20, what="the coordinator's session to end")
+    ride_through_hook(Scheduler.get_next_batch_to_run, sched, running_batch=batch, last_batch=None)
+    assert batch.reqs == [kept] and not batch.batch_is_full
+    assert sched.waiting_queue == [lost]
+    engine.decode(batch.reqs)  # the kept request decodes on, every read checked
+    engine.prefill(lost)  # the retracted one is prefilled again
+    assert engine.collect() == [lost]
+    engine.decode([kept, lost])
+    engine.finish(kept)
+    engine.finish(lost)
+    st = engine.coord.session.stats()
+    assert st.session_requests == 0 and st.session_host_bytes == 0
+    assert engine.alloc.hisparse_attn_allocator.available_size() == PHYSICAL

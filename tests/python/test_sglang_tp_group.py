@@ -19,6 +19,8 @@ from hisparse.integrations.sglang import HisparsedCoordinator  # noqa: E402
 from sglang_standins import Engine as _Engine  # noqa: E402
 from sglang_standins import HiSparseAllocator, HiSparseDSAPool, ReqToTokenPool, Req  # noqa: E402
 
+from conftest import keeper  # noqa: E402,F401 (a fixture)
+
 LAYERS, RECORD, K, B, PHYSICAL = 2, 64, 4, 8, 256
 
 
@@ -99,3 +101,66 @@ def test_a_tp_group_holds_one_copy_and_every_rank_reads_its_records(daemon, tmp_
         assert admitted == one_copy, f"rank {rank}: {admitted} bytes in the pool for two ranks, one copy is {one_copy}"
         assert after == 0, f"rank {rank}: {after} bytes left in the pool"
     assert results[0][4] == results[1][4] and results[0][4].startswith("sglang-")
+
+
+def _riding_rank_main(rank: int, world: int, init_file: str, address: str, out, decoded, killed) -> None:
+    """A rank that decodes, waits while the parent SIGKILLs the daemon (under hisparse-keeper), then
+    rides through at its next iteration: the ranks agree, and both retract the same requests (a
+    group request is never durable), prefill them again into the restarted daemon's group and
+    decode on."""
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        eng = Engine(address, tp_group=dist.group.WORLD)
+        reqs = _requests()
+        for r in reqs:
+            eng.prefill(r)
+        assert eng.coord.collect_ready_reqs() == reqs
+        eng.decode(reqs)
+        assert eng.coord.ride_through() == []  # both live: the MAX all-reduce says so
+        decoded.put(rank)
+        if rank == 0:  # rank 1 goes on at once: its session may not have seen the kill yet
+            killed.get(timeout=60)
+            while eng.coord.session.alive:
+                pass
+        else:
+            killed.get(timeout=60)
+        lost = eng.coord.ride_through()
+        assert sorted(lost) == ["a", "b"], lost
+        for r in reqs:
+            eng.retract(r)
+        for r in reqs:
+            eng.prefill(r)
+        assert eng.coord.collect_ready_reqs() == reqs
+        eng.decode(reqs)
+        for r in reqs:
+            eng.finish(r)
+        dist.barrier()
+        _sizes_restored(eng)
+        eng.coord.destroy()
+        out.put((rank, "ok"))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.put((rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_tp_group_rides_through_a_restart_of_hisparsed_in_step(keeper, tmp_path):  # noqa: F811
+    ctx = mp.get_context("spawn")
+    out, decoded, killed = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    init_file = str(tmp_path / "dist_init")
+    procs = [ctx.Process(target=_riding_rank_main, args=(rank, 2, init_file, keeper.address, out, decoded, killed))
+             for rank in range(2)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        decoded.get(timeout=120)
+    keeper.kill_daemon()
+    for _ in procs:
+        killed.put(True)
+    results = sorted(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for rank, status in results:
+        assert status == "ok", f"rank {rank}:\n{status}"
+

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 import uuid
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -67,6 +68,7 @@ class _Entry:
     kv_len: int = 0  # positions whose records the host pool holds
     state: str = "staging"  # staging | import | ready | lost (a restart of hisparsed took its KV)
     buffer: Any = None  # the physical slots alloc_device_buffer kept (ready requests)
+    was_staging: bool = False  # lost while staging: its prompt's physical slots are still mapped
 
 
 class HisparsedCoordinator:
@@ -142,6 +144,7 @@ class HisparsedCoordinator:
         self._req_to_host_pool: Optional[torch.Tensor] = None
         self._req_to_host_pool_allocated_len: Optional[torch.Tensor] = None
         self._arena: Optional[torch.Tensor] = None
+        self.lost_staging: List[Any] = []  # ride_through: requests lost while staging, to retract
         self._init_step_buffers()
         # The DSA backend's decode reads this instance's get_key_buffer with the swap-in's indices;
         # every other reader with physical slots of the pool (see _pool_get_key_buffer).
@@ -542,8 +545,16 @@ class HisparsedCoordinator:
 
     def retract_req(self, req: Any) -> None:
         """As upstream: a staging request is aborted, any other released (request_finished). The
-        request is prefilled again if it comes back; if it is aborted instead, nothing is held."""
+        request is prefilled again if it comes back; if it is aborted instead, nothing is held. A
+        request lost while staging (ride_through) gives its prompt's physical slots back too."""
         e = self._entry(req)
+        if e.state == "lost" and e.was_staging:
+            self._quiesce()
+            self.allocator.free_hisparse(self._logical(req, 0, self._kv_len(req)))
+            self.lost_staging = [r for r in self.lost_staging if r.rid != req.rid]
+            req.hisparse_staging = False
+            self._forget(req, e)
+            return
         if e.state == "staging":
             self.abort_staging_request(req)
         else:
@@ -557,9 +568,9 @@ class HisparsedCoordinator:
             raise InvalidArgument("retract_reqs: a request is named twice")
         entries = [(req, self._entry(req)) for req in reqs]
         for req, e in entries:
-            if e.state == "staging":
-                self.abort_staging_request(req)
-        done = [(req, e) for req, e in entries if e.state != "staging"]
+            if e.state == "staging" or (e.state == "lost" and e.was_staging):
+                self.retract_req(req)
+        done = [(req, e) for req, e in entries if req.rid in self._entries and e.state != "staging"]
         if not done:
             return
         self._quiesce()
@@ -605,9 +616,21 @@ class HisparsedCoordinator:
         rows stay -1 meanwhile, so RESOLVE refuses them, never reading old memory). A request the
         daemon kept (admitted with lease_seconds) continues in its new row with the same host pages
         and the arena at its address (captured graphs replay as they are). [] while the session is
-        live: one atomic load."""
-        if self.session.alive:
+        live: one atomic load. With TP > 1 the ranks agree first (a MAX all-reduce over tp_group every
+        iteration): one rank's session may end a moment before another's sees it, and every rank
+        must retract the same requests in the same step."""
+        ended = not self.session.alive
+        if self.tp_world_size > 1:
+            flag = torch.tensor([1 if ended else 0], dtype=torch.int64)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.tp_group)
+            ended = bool(flag.item())
+        if not ended:
             return []
+        deadline = time.monotonic() + 30
+        while self.session.alive:  # another rank saw the daemon go first: this one's stream ends too
+            if time.monotonic() > deadline:
+                raise FailedPrecondition("another TP rank's hisparse session ended, this one's did not within 30 s")
+            time.sleep(0.005)
         self._quiesce()
         rec = self.session.recover()
         if rec.arena_moved:
@@ -621,11 +644,20 @@ class HisparsedCoordinator:
                 if e.request_id in rec.kept:
                     self.session.release(e.request_id)  # kept parked without a row: of no use here
                 self._unbind_row(e)
+                e.was_staging = e.state == "staging"
                 e.state = "lost"
                 lost.append(rid)
             elif e.pool_idx >= 0:
                 self.row_of_pool_idx[e.pool_idx] = row  # its slots are EMPTY: the next RESOLVE fetches
+        # A lost staging request is never handed out as ready: the scheduler retracts it (retract_req).
+        self.lost_staging = [r for r, _ in self._staging if self._entries[r.rid].state == "lost"]
         self._staging = [(r, ev) for r, ev in self._staging if self._entries[r.rid].state != "lost"]
+        if self.tp_world_size > 1:  # the same requests on every rank (they admit alike), or stop here
+            ids = [self._entries[rid].request_id for rid in lost]
+            got = torch.tensor([len(ids), sum(ids), -len(ids), -sum(ids)], dtype=torch.int64)
+            torch.distributed.all_reduce(got, op=torch.distributed.ReduceOp.MAX, group=self.tp_group)
+            if int(got[0]) != -int(got[2]) or int(got[1]) != -int(got[3]):
+                raise FailedPrecondition("the TP ranks lost different requests in a restart of hisparsed")
         return lost
 
     def _unbind_row(self, e: _Entry) -> None:

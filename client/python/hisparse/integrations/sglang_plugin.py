@@ -16,6 +16,16 @@ supported ones and what is missing, and registers nothing (SGLang logs the excep
 its own coordinator). HISPARSE_SGLANG_ALLOW_VERSION=<version> accepts one more version exactly,
 for an operator who has run the checks of docs/INTEGRATION.md against it; the mechanism check
 still applies.
+
+Riding through a restart of hisparsed: an AROUND hook on ``Scheduler.get_next_batch_to_run``
+(``ride_through_hook``) asks the coordinator, once per scheduler iteration and before the running
+batch is extended or prepared, whether the daemon went away (``HisparsedCoordinator.ride_through``)
+and retracts every request whose KV was lost the way SGLang's own retraction does
+(``retract_lost``); kept requests decode on. Read against sgl-project/sglang 0003215cf146
+(python/sglang/srt/managers/scheduler.py: get_next_batch_to_run(running_batch, last_batch),
+update_running_batch's retract_decode then _add_request_to_queue(req, is_retracted=True);
+schedule_batch.py: ScheduleBatch.release_req(idx, remaining, server_args), filter_batch(
+keep_indices=...), the module's release_req for a request in no batch).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import importlib
 import importlib.metadata
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 TARGET = "sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator"
@@ -42,7 +52,12 @@ REQUIRED: Tuple[Tuple[str, str], ...] = (
     ("sglang.srt.managers.hisparse_coordinator", "HiSparseCoordinator.swap_in_selected_pages"),
     ("sglang.srt.mem_cache.allocator.hisparse", "HiSparseTokenToKVPoolAllocator.alloc_device_buffer"),
     ("sglang.srt.mem_cache.allocator.hisparse", "HiSparseTokenToKVPoolAllocator.free_hisparse_indices"),
+    ("sglang.srt.managers.scheduler", "Scheduler.get_next_batch_to_run"),
+    ("sglang.srt.managers.scheduler", "Scheduler._add_request_to_queue"),
+    ("sglang.srt.managers.schedule_batch", "ScheduleBatch.release_req"),
+    ("sglang.srt.managers.schedule_batch", "ScheduleBatch.filter_batch"),
 )
+SCHEDULER_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
 
 
 class UnsupportedSGLang(RuntimeError):
@@ -95,6 +110,59 @@ def check_sglang(version: Optional[str] = None) -> str:
     return version
 
 
+def _running_batch(scheduler: Any, args: tuple, kwargs: dict) -> Any:
+    """get_next_batch_to_run's running batch: its argument (0003215c), else the scheduler's own."""
+    if "running_batch" in kwargs:
+        return kwargs["running_batch"]
+    return args[0] if args else getattr(scheduler, "running_batch", None)
+
+
+def retract_lost(scheduler: Any, coord: Any, batch: Any, lost: Any) -> List[Any]:
+    """Retracts the requests named in `lost` (rids) as ScheduleBatch.retract_decode does for those
+    it picks: release_req for each (the coordinator's retract_req, SGLang's KV freed, the request
+    reset), filter_batch keeping the others, and each back to the waiting queue
+    (_add_request_to_queue(req, is_retracted=True)), to be prefilled again. Requests lost while
+    staging (in no batch) go through the module's release_req. Returns the requests retracted."""
+    lost = set(lost)
+    reqs = list(getattr(batch, "reqs", None) or [])
+    gone = [i for i, r in enumerate(reqs) if r.rid in lost and not r.finished()]
+    retracted = [reqs[i] for i in gone]
+    if gone:
+        for n, i in enumerate(gone):  # release_req reads batch.reqs[i]: before filter_batch
+            batch.release_req(i, len(gone) - n - 1, scheduler.server_args)
+        drop = set(gone)
+        batch.filter_batch(keep_indices=[i for i in range(len(reqs)) if i not in drop])
+        batch.batch_is_full = False
+    staging = [r for r in getattr(coord, "lost_staging", []) if r.rid in lost]
+    if staging:
+        module = importlib.import_module("sglang.srt.managers.schedule_batch")
+        release = getattr(module, "release_req", None)
+        if release is None:
+            raise UnsupportedSGLang("hisparse's SGLang plugin: a request lost while staging needs "
+                                    "sglang.srt.managers.schedule_batch.release_req, which this sglang lacks")
+        for req in staging:
+            release(req=req, remaing_req_count=0, server_args=scheduler.server_args,
+                    req_to_token_pool=scheduler.req_to_token_pool,
+                    token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator, tree_cache=scheduler.tree_cache,
+                    hisparse_coordinator=coord)
+        retracted += staging
+    for req in retracted:
+        scheduler._add_request_to_queue(req, is_retracted=True)
+    return retracted
+
+
+def ride_through_hook(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND Scheduler.get_next_batch_to_run: before SGLang builds the step's batch, a coordinator
+    whose daemon went away recovers, and what it lost is retracted (retract_lost)."""
+    coord = getattr(scheduler, "hisparse_coordinator", None)
+    ride = getattr(coord, "ride_through", None)
+    if ride is not None:
+        lost = ride()
+        if lost:
+            retract_lost(scheduler, coord, _running_batch(scheduler, args, kwargs), lost)
+    return original(scheduler, *args, **kwargs)
+
+
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point (SGLang's load_plugins calls it with no argument)."""
     check_sglang()
@@ -103,6 +171,7 @@ def register() -> None:
     from .sglang import HisparsedCoordinator
 
     HookRegistry.register(TARGET, HisparsedCoordinator, HookType.REPLACE)
+    HookRegistry.register(SCHEDULER_TARGET, ride_through_hook, HookType.AROUND)
     upstream = importlib.import_module(TARGET.rsplit(".", 1)[0])
     if hasattr(upstream, MTP_TARGET.rsplit(".", 1)[1]):
         from .sglang_mtp import HisparsedMTPCoordinator
