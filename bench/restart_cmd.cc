@@ -28,6 +28,9 @@
 // (its arena on the GPU, every slab registered with it), which adopts what the host-backend filler
 // left ("adopt_s": mapping and registering the pool once), parked, before the kill.
 //
+// $HISPARSE_RESTART_LOG_LEVEL sets the kept daemon's log level (warning; info shows when it died,
+// started and served).
+//
 // Defaults: --pool 1GiB --fill 0.9 --page-size 2MiB --slab-size 64MiB --layers 8 --record-bytes
 // 1152 --tokens 8192 --latency-calls 2000. --smoke: a 32MiB pool of 64KiB pages, 64 tokens, 200
 // latency calls (ctest runs it). Output: one JSON object on stdout. Exit codes: 0 ok; 1 a failure,
@@ -40,6 +43,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -172,6 +176,12 @@ double Quantile(const std::vector<double>& sorted, double q) {
   return sorted.empty() ? 0 : sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * sorted.size()))];
 }
 
+// The kept daemon's log level: $HISPARSE_RESTART_LOG_LEVEL (info shows its timeline), else warning.
+std::string LogLevel() {
+  const char* level = std::getenv("HISPARSE_RESTART_LOG_LEVEL");
+  return level != nullptr && *level != '\0' ? level : "warning";
+}
+
 class KeptDaemon {
  public:
   KeptDaemon(const Config& c, const std::string& dir) : dir_(dir), address_("unix:" + dir + "/hisparsed.sock") {
@@ -187,7 +197,7 @@ class KeptDaemon {
                                            "--metrics-listen",
                                            "",
                                            "--log-level",
-                                           "warning",
+                                           LogLevel(),
                                            "--host-pool-size",
                                            std::to_string(c.pool),
                                            "--host-pool-page-size",
@@ -352,7 +362,8 @@ bool RideThrough(const Config& c, KeptDaemon& kept, hs_session* s, const std::ve
   std::printf(
       "{\"bench\":\"restart\",\"mode\":\"ride_through\",\"backend\":\"%s\",\"pool_bytes\":%llu,\"page_bytes\":%llu,"
       "\"slab_bytes\":%llu,\"held_bytes\":%llu,\"requests\":%zu,\"layers\":%u,\"tokens\":%u,\"record_bytes\":%u,"
-      "\"fill_s\":%.3f,\"adopt_s\":%.4f,\"kill_to_noticed_s\":%.4f,\"recover_s\":%.4f,\"reopen_s\":%.4f,\"kill_to_recovered_s\":%.4f,"
+      "\"fill_s\":%.3f,\"adopt_s\":%.4f,\"kill_to_noticed_s\":%.4f,\"recover_s\":%.4f,\"reopen_s\":%.4f,\"kill_to_"
+      "recovered_s\":%.4f,"
       "\"daemon_recovery_s\":%.4f,\"attempts\":%u,\"kept\":%zu,\"lost\":%zu,\"arena_moved\":%s,"
       "\"arena_same_address\":%s,\"signatures_intact\":%zu,\"whole_request_intact\":%s,\"ok\":%s}\n",
       c.cuda ? "cuda" : "host", static_cast<unsigned long long>(c.pool), static_cast<unsigned long long>(c.page),
@@ -406,7 +417,7 @@ int RestartMain(int argc, char** argv) {
         ids.size() * c.layers * ((uint64_t{c.tokens} * c.record_bytes + c.page - 1) / c.page) * c.page;
     if (c.ride_through) {
       double adopt_s = 0;
-      if (c.cuda) {  // the filler's requests, adopted by a CUDA-backend session (hs_store took host memory)
+      if (c.cuda) {           // the filler's requests, adopted by a CUDA-backend session (hs_store took host memory)
         hs_session_close(s);  // its requests become orphans of this engine
         s = OpenSession(c, kept.address(), 60, true);
         if (s == nullptr) return 1;

@@ -43,7 +43,7 @@ hs_result hs_store(hs_session* s, uint64_t request_id, int32_t start_pos, int32_
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session is NULL");
     return ToResult(s->Get()->Store(request_id, start_pos, num_tokens, seq_len_after, src, src_layer_stride,
-                                   src_token_stride, stream));
+                                    src_token_stride, stream));
   });
 }
 

@@ -28,6 +28,19 @@ namespace {
 
 constexpr uint32_t kDefaultRecoverMs = 30000;  // hs_session_recover's timeout_ms 0
 
+hs_recovery RecoveryOf(const hisparse::ClientSession::Recovery& r) {
+  hs_recovery v = HS_RECOVERY_INIT;
+  v.attempts = r.attempts;
+  v.old_session_id = r.old_session_id;
+  v.new_session_id = r.new_session_id;
+  v.kept = r.kept.size();
+  v.lost = r.lost.size();
+  v.seconds = r.seconds;
+  v.arena_moved = r.arena_moved ? 1 : 0;
+  v.reopen_seconds = r.reopen_seconds;
+  return v;
+}
+
 }  // namespace
 
 extern "C" {
@@ -142,19 +155,7 @@ hs_result hs_session_recover(hs_session* s, uint32_t timeout_ms, hs_recovery* ou
     s->Set(std::move(recovered->session));
     s->last_recovery = std::move(recovered->recovery);
     ended.reset();  // the ended session goes here, or when the last call still running on it returns
-    if (out != nullptr) {
-      const hisparse::ClientSession::Recovery& r = s->last_recovery;
-      hs_recovery v = HS_RECOVERY_INIT;
-      v.attempts = r.attempts;
-      v.old_session_id = r.old_session_id;
-      v.new_session_id = r.new_session_id;
-      v.kept = r.kept.size();
-      v.lost = r.lost.size();
-      v.seconds = r.seconds;
-      v.arena_moved = r.arena_moved ? 1 : 0;
-      v.reopen_seconds = r.reopen_seconds;
-      WriteSized(v, out);
-    }
+    if (out != nullptr) WriteSized(RecoveryOf(s->last_recovery), out);
     return HS_OK;
   });
 }
@@ -167,7 +168,8 @@ hs_result hs_recovery_kept(hs_session* s, hs_recovered_request* out, size_t capa
     absl::MutexLock lock(&s->recovery_mu);
     const auto& kept = s->last_recovery.kept;
     const size_t n = std::min(capacity, kept.size());
-    for (size_t i = 0; i < n; ++i) out[i] = hs_recovered_request{kept[i].request_id, kept[i].row, kept[i].capacity_tokens};
+    for (size_t i = 0; i < n; ++i)
+      out[i] = hs_recovered_request{kept[i].request_id, kept[i].row, kept[i].capacity_tokens};
     *count = n;
     return HS_OK;
   });

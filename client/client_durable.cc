@@ -18,8 +18,8 @@ namespace {
 constexpr uint32_t kAdoptablePageSize = 10000;
 
 std::chrono::steady_clock::time_point LeaseEnd(double seconds) {
-  return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                std::chrono::duration<double>(seconds));
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 }  // namespace

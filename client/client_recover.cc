@@ -124,8 +124,8 @@ absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Reopen(absl::Time 
     }
     if (absl::Now() + backoff >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("recover: no session opened at ", saved_.address, " in ",
-                                                      *attempts, " attempts before the deadline; the last said: ",
-                                                      why.message()));
+                                                      *attempts,
+                                                      " attempts before the deadline; the last said: ", why.message()));
     }
     Backoff(&backoff);
   }

@@ -93,7 +93,7 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
 }
 
 ClientSession::SavedOptions ClientSession::Save(const hs_session_options& o, std::string address,
-                                               const BackendWrap& wrap) {
+                                                const BackendWrap& wrap) {
   SavedOptions out;
   out.options = o;
   out.address = std::move(address);
@@ -269,8 +269,8 @@ absl::Status ClientSession::AttachArena(const Fetched& arena, ClientSession* pre
   switch (kind) {
     case v1::ARENA_KIND_HOST: {
       attached.form = AttachedArena::Form::kHostMapped;
-      if (predecessor != nullptr && predecessor->backend_ == backend_ && predecessor->arena_map_.size() == arena.bytes &&
-          predecessor->arena_map_.RemapShared(arena.fd.get()).ok()) {
+      if (predecessor != nullptr && predecessor->backend_ == backend_ &&
+          predecessor->arena_map_.size() == arena.bytes && predecessor->arena_map_.RemapShared(arena.fd.get()).ok()) {
         // At the predecessor's address (Recover): its mapping becomes ours when the recovery is done.
         arena_in_place_ = true;
         attached.mapped = predecessor->arena_map_.data();
@@ -354,7 +354,7 @@ void ClientSession::WatchStream() {
     }
     evicted_.push_back(id);
   }
-  alive_ = false;  // the data path refuses from here on
+  alive_ = false;              // the data path refuses from here on
   absl::MutexLock lock(&mu_);  // AwaitImport waits on mu_ for alive_ too
   // Whatever ended the stream, what the daemon now holds for these rows is unknown (a restarted
   // daemon may have kept a durable request, never a plain one): no row is served until Recover.

@@ -27,8 +27,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "device_backend.h"
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
@@ -157,9 +157,9 @@ class ClientSession {
     // The slot arena is at another address (a daemon of another arena kind or page geometry, or a
     // cuda-ipc arena): CUDA graphs captured over the old one must be captured again.
     bool arena_moved = false;
-    uint32_t attempts = 0;       // sessions tried before one opened
-    double seconds = 0;          // Recover, end to end
-    double reopen_seconds = 0;   // of which until a session opened (the daemon coming back)
+    uint32_t attempts = 0;      // sessions tried before one opened
+    double seconds = 0;         // Recover, end to end
+    double reopen_seconds = 0;  // of which until a session opened (the daemon coming back)
   };
   struct Recovered {
     std::unique_ptr<ClientSession> session;
@@ -520,7 +520,7 @@ class ClientSession {
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, Slab> reusable_ ABSL_GUARDED_BY(reuse_mu_);
   // When each leased request's lease ends (a request ended without one is lost with the session).
   absl::flat_hash_map<uint64_t, std::chrono::steady_clock::time_point> lease_end_ ABSL_GUARDED_BY(mu_);
-  SavedOptions saved_;  // written once, in Connect
+  SavedOptions saved_;                         // written once, in Connect
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs
   // Recover's calls one at a time, and the sessions an earlier, failed one opened and lost.
   absl::Mutex recover_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -248,19 +248,20 @@ absl::StatusOr<std::unique_ptr<VmmMapping>> VmmMapping::Import(int gpu, int fd, 
 
 absl::Status VmmMapping::Reimport(int fd, uint64_t bytes) {
   if (bytes != bytes_ || va_ == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("an allocation of ", bytes, " bytes cannot take the place of ",
-                                                      bytes_, " bytes"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("an allocation of ", bytes, " bytes cannot take the place of ", bytes_, " bytes"));
   }
   absl::StatusOr<Driver*> got = UseGpu(gpu_);
   if (!got.ok()) return got.status();
   Driver& d = **got;
   CUmemGenericAllocationHandle fresh = 0;
-  HS_RETURN_IF_ERROR(Check(d,
-                           d.Import(&fresh,
-                                    // The driver's API passes a POSIX fd through a void*.
-                                    reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),  // NOLINT(performance-no-int-to-ptr)
-                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                           "cuMemImportFromShareableHandle (the daemon's GPU arena, again)"));
+  HS_RETURN_IF_ERROR(
+      Check(d,
+            d.Import(&fresh,
+                     // The driver's API passes a POSIX fd through a void*.
+                     reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),  // NOLINT(performance-no-int-to-ptr)
+                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            "cuMemImportFromShareableHandle (the daemon's GPU arena, again)"));
   if (mapped_) {
     mapped_ = false;
     HS_RETURN_IF_ERROR(Check(d, d.Unmap(va_, bytes_), "cuMemUnmap (the former arena)"));

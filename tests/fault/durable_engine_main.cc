@@ -103,8 +103,7 @@ int32_t RideThrough(hs_session* s, hs_session_info* info, int32_t row, const std
   std::vector<uint64_t> lost(rec.lost + 1);
   size_t nk = 0, nl = 0;
   if (hs_recovery_kept(s, kept.data(), kept.size(), &nk) != HS_OK ||
-      hs_recovery_lost(s, lost.data(), lost.size(), &nl) != HS_OK ||
-      hs_session_get_info(s, info) != HS_OK) {
+      hs_recovery_lost(s, lost.data(), lost.size(), &nl) != HS_OK || hs_session_get_info(s, info) != HS_OK) {
     return Fail("recovery report"), -1;
   }
   int32_t new_row = -1;
@@ -121,7 +120,8 @@ int32_t RideThrough(hs_session* s, hs_session_info* info, int32_t row, const std
   }
   fprintf(ride, "sessions %llu %llu\n", static_cast<unsigned long long>(rec.old_session_id),
           static_cast<unsigned long long>(rec.new_session_id));
-  fprintf(ride, "arena %s %s\n", rec.arena_moved ? "moved" : "kept", info->slot_base == arena_before ? "same" : "other");
+  fprintf(ride, "arena %s %s\n", rec.arena_moved ? "moved" : "kept",
+          info->slot_base == arena_before ? "same" : "other");
   // The slab's mapping (and CUDA registration) taken over, not made again: the same address.
   void* record_after = nullptr;
   if (hs_record_ptr(s, kRequest, 0, 0, &record_after) != HS_OK) return Fail("record ptr"), -1;
