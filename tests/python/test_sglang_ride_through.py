@@ -12,17 +12,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import keeper, wait_for  # noqa: E402,F401 (keeper: a fixture)
+from conftest import wait_for  # noqa: E402
 from sglang_rig import PHYSICAL, engine_factory  # noqa: E402
 from sglang_standins import Req  # noqa: E402
 
 
 @pytest.fixture
-def sglang(keeper):  # noqa: F811 (the fixture above)
+def sglang(keeper):
     yield from engine_factory(keeper)
 
 
-def test_a_durable_request_decodes_on_after_a_restart(sglang, keeper):  # noqa: F811
+def test_a_durable_request_decodes_on_after_a_restart(sglang, keeper):
     engine = sglang(lease_seconds=60)
     a, b = Req("ka", 21, 40), Req("kb", 22, 30)
     engine.prefill(a)
@@ -48,7 +48,7 @@ def test_a_durable_request_decodes_on_after_a_restart(sglang, keeper):  # noqa: 
     assert engine.alloc.hisparse_attn_allocator.available_size() == PHYSICAL
 
 
-def test_a_plain_request_is_lost_retracted_and_prefilled_again(sglang, keeper):  # noqa: F811
+def test_a_plain_request_is_lost_retracted_and_prefilled_again(sglang, keeper):
     engine = sglang()
     a = Req("la", 31, 40)
     engine.prefill(a)
@@ -105,7 +105,7 @@ class Scheduler:
         self.waiting_queue.append(req)
 
 
-def test_the_plugin_hook_retracts_what_was_lost_before_the_step(sglang, keeper):  # noqa: F811
+def test_the_plugin_hook_retracts_what_was_lost_before_the_step(sglang, keeper):
     from hisparse.integrations.sglang_plugin import ride_through_hook
 
     engine = sglang()

@@ -19,8 +19,6 @@ from hisparse.integrations.sglang import HisparsedCoordinator  # noqa: E402
 from sglang_standins import Engine as _Engine  # noqa: E402
 from sglang_standins import HiSparseAllocator, HiSparseDSAPool, ReqToTokenPool, Req  # noqa: E402
 
-from conftest import keeper  # noqa: E402,F401 (a fixture)
-
 LAYERS, RECORD, K, B, PHYSICAL = 2, 64, 4, 8, 256
 
 
@@ -145,7 +143,7 @@ def _riding_rank_main(rank: int, world: int, init_file: str, address: str, out, 
             dist.destroy_process_group()
 
 
-def test_a_tp_group_rides_through_a_restart_of_hisparsed_in_step(keeper, tmp_path):  # noqa: F811
+def test_a_tp_group_rides_through_a_restart_of_hisparsed_in_step(keeper, tmp_path):
     ctx = mp.get_context("spawn")
     out, decoded, killed = ctx.Queue(), ctx.Queue(), ctx.Queue()
     init_file = str(tmp_path / "dist_init")

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 import hisparse
-from conftest import child_env, keeper, wait_for  # noqa: F401 (keeper: a fixture)
+from conftest import child_env, wait_for
 
 torch = pytest.importorskip("torch")
 from hisparse.integrations.vllm import HisparsedConnector  # noqa: E402
