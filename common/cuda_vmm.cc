@@ -269,19 +269,18 @@ absl::Status VmmMapping::Reimport(int fd, uint64_t bytes) {
   if (have_handle_) (void)d.Release(handle_);
   handle_ = fresh;
   have_handle_ = true;
-  HS_RETURN_IF_ERROR(Check(d, d.Map(va_, bytes_, 0, handle_, 0), "cuMemMap (in place)"));
-  mapped_ = true;
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = gpu_;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return Check(d, d.SetAccess(va_, bytes_, &access, 1), "cuMemSetAccess");
+  return MapReserved();
 }
 
 absl::Status VmmMapping::MapHere() {
   Driver& d = **GetDriver();
   HS_RETURN_IF_ERROR(Check(d, d.AddressReserve(&va_, bytes_, 0, 0, 0), "cuMemAddressReserve"));
-  if (auto st = Check(d, d.Map(va_, bytes_, 0, handle_, 0), "cuMemMap"); !st.ok()) return st;
+  return MapReserved();
+}
+
+absl::Status VmmMapping::MapReserved() {
+  Driver& d = **GetDriver();
+  HS_RETURN_IF_ERROR(Check(d, d.Map(va_, bytes_, 0, handle_, 0), "cuMemMap"));
   mapped_ = true;
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;

@@ -44,14 +44,20 @@ def _requests():
     return [Req("a", 3, 40), Req("b", 5, 20)]
 
 
+def _join_and_prefill(rank: int, world: int, init_file: str, address: str):
+    """A rank's process group and engine, with _requests() prefilled and collected."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    eng = Engine(address, tp_group=dist.group.WORLD)
+    reqs = _requests()
+    for r in reqs:
+        eng.prefill(r)
+    assert eng.coord.collect_ready_reqs() == reqs
+    return eng, reqs
+
+
 def _rank_main(rank: int, world: int, init_file: str, address: str, out) -> None:
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        eng = Engine(address, tp_group=dist.group.WORLD)
-        reqs = _requests()
-        for r in reqs:
-            eng.prefill(r)
-        assert eng.coord.collect_ready_reqs() == reqs
+        eng, reqs = _join_and_prefill(rank, world, init_file, address)
         dist.barrier()  # every rank has admitted and stored
         admitted = eng.coord.session.stats().pool_used_bytes
         dist.barrier()
@@ -107,12 +113,7 @@ def _riding_rank_main(rank: int, world: int, init_file: str, address: str, out, 
     group request is never durable), prefill them again into the restarted daemon's group and
     decode on."""
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        eng = Engine(address, tp_group=dist.group.WORLD)
-        reqs = _requests()
-        for r in reqs:
-            eng.prefill(r)
-        assert eng.coord.collect_ready_reqs() == reqs
+        eng, reqs = _join_and_prefill(rank, world, init_file, address)
         eng.decode(reqs)
         assert eng.coord.ride_through() == []  # both live: the MAX all-reduce says so
         decoded.put(rank)

@@ -70,6 +70,8 @@ class VmmMapping {
  private:
   VmmMapping() = default;
   absl::Status MapHere();
+  // Maps handle_ read-write for gpu_ into the reserved range va_.
+  absl::Status MapReserved();
 
   int gpu_ = -1;
   uint64_t bytes_ = 0;
