@@ -354,11 +354,13 @@ void ClientSession::WatchStream() {
     }
     evicted_.push_back(id);
   }
-  alive_ = false;              // the data path refuses from here on
   absl::MutexLock lock(&mu_);  // AwaitImport waits on mu_ for alive_ too
   // Whatever ended the stream, what the daemon now holds for these rows is unknown (a restarted
   // daemon may have kept a durable request, never a plain one): no row is served until Recover.
+  // Unpublished before the session reads as ended, so that Recover (which waits for that) and the
+  // session it opens on the same backend never race this thread for the host map.
   if (!closing_) UnpublishAllLocked();
+  alive_ = false;  // the data path refuses from here on
 }
 
 void ClientSession::UnpublishAllLocked() {

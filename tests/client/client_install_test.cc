@@ -413,6 +413,40 @@ TEST_F(ClientInstallTest, ASessionEndingDuringARegistrationLeaksNoMapping) {
   EXPECT_EQ(probe_->registered, 0) << "a registration outlived the session (its mapping leaked)";
 }
 
+// Issue 42, part 2: once the daemon ends the session (here it goes away), every row the client had
+// published is cleared, so that a RESOLVE of it (one a captured graph replays too) finds capacity 0
+// and refuses it (resolve.h: kResolveBadSeqLen), and every data-path call is Unavailable. A recovery
+// with no daemon to reach fails at its deadline and leaves the session as it was; one on a live
+// session is refused.
+TEST_F(ClientInstallTest, AnEndedSessionUnpublishesEveryRowAndRefusesTheDataPath) {
+  Start();
+  auto live = session_->Recover(absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsFailedPrecondition(live.status())) << live.status();
+  auto a = session_->Admit(1, 0, 100);
+  auto b = session_->Admit(2, 0, 100);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(session_->Park(2).ok());  // a parked request's row is not its own: left alone
+  EXPECT_GT(probe_->row_capacity[static_cast<int32_t>(a->row)], 0);
+  daemon_.reset();
+  const absl::Time deadline = absl::Now() + kHang;
+  while (session_->alive() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_FALSE(session_->alive());
+  EXPECT_EQ(probe_->row_capacity[static_cast<int32_t>(a->row)], 0) << "the ended session's row is still published";
+  const int32_t row = static_cast<int32_t>(a->row), seq = 10, pos = 0;
+  int32_t slot = -1;
+  hs_resolve_args r = HS_RESOLVE_ARGS_INIT;
+  r.max_batch = 1;
+  r.rows = &row;
+  r.seq_lens = &seq;
+  r.positions = &pos;
+  r.out_slots = &slot;
+  EXPECT_TRUE(absl::IsUnavailable(session_->Resolve(r)));
+  EXPECT_TRUE(absl::IsUnavailable(session_->RecordPtr(1, 0, 0).status()));
+  auto none = session_->Recover(absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(none.status()) || absl::IsUnavailable(none.status())) << none.status();
+  EXPECT_FALSE(session_->alive());
+}
+
 TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
 #ifndef HISPARSE_HAVE_UCX
   GTEST_SKIP() << "built without UCX (libucx-dev): imports are compiled out";
