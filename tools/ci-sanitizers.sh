@@ -8,7 +8,9 @@
 #               serving several client threads and processes; the hostile tenants of
 #               hardening_conn_test), the daemon unit tests (the Session stream gate's watchdog)
 #               and session_journal_test (the restart journal's ordered commits beside the pool's
-#               worker and an fd store served by another thread)
+#               worker and an fd store served by another thread); client_install_test and
+#               daemon_restart_test (the client's watcher against its callers, and engines riding
+#               through a SIGKILLed and an upgraded daemon, every process TSan-built)
 # Both build at -O1 (what the sanitizers' own docs advise: usable stacks, a faster compile) with
 # line tables only (-gline-tables-only): reports keep file:line and inlined frames, and the
 # builds take about a third less time than -O2 with full debug info. Both are unity builds
@@ -112,11 +114,11 @@ tsan_import_targets() {
 
 stage_tsan() {
   local start; start=$(now)
-  echo "== tsan: TSan build, daemon concurrency tests"
+  echo "== tsan: TSan build, daemon concurrency tests (and the client's riding through a restart)"
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
-    session_journal_test \
+    session_journal_test client_install_test daemon_restart_test hisparse-keeper hisparse-durable-engine \
     hisparsed hisparse-test-client hisparse-ctl $(tsan_import_targets) -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }
   # The benchmarks' smoke runs need hisparse-bench, which this stage does not build (^bench_).
