@@ -2,8 +2,9 @@
 // absl::Status into hs_result and hs_last_error(), the exception guard every entry point runs
 // its body in, and the reading and writing of size-prefixed structs.
 //
-// Ownership: an hs_session owns its ClientSession; hs_session_open makes one, hs_session_close
-// deletes it. hs_last_error()'s message belongs to the calling thread (thread_local), so these
+// Ownership: an hs_session owns its ClientSession; hs_session_open makes one, hs_session_recover
+// puts its successor in its place (the ended one goes when the last call on it returns), and
+// hs_session_close deletes it. hs_last_error()'s message belongs to the calling thread (thread_local), so these
 // helpers are as thread-safe as the ClientSession calls they wrap.
 //
 // Everything here has hidden visibility: libhisparse.so exports the hs_* functions of hisparse.h
