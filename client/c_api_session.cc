@@ -28,6 +28,14 @@ namespace {
 
 constexpr uint32_t kDefaultRecoverMs = 30000;  // hs_session_recover's timeout_ms 0
 
+// The first `capacity` of `items` into `out` (the last recovery's report); how many.
+template <typename T>
+size_t CopyPrefix(const std::vector<T>& items, T* out, size_t capacity) {
+  const size_t n = std::min(capacity, items.size());
+  std::copy(items.begin(), items.begin() + n, out);
+  return n;
+}
+
 hs_recovery RecoveryOf(const hisparse::ClientSession::Recovery& r) {
   hs_recovery v = HS_RECOVERY_INIT;
   v.attempts = r.attempts;
@@ -166,11 +174,7 @@ hs_result hs_recovery_kept(hs_session* s, hs_recovered_request* out, size_t capa
       return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor out when capacity > 0");
     }
     absl::MutexLock lock(&s->recovery_mu);
-    const auto& kept = s->last_recovery.kept;
-    const size_t n = std::min(capacity, kept.size());
-    for (size_t i = 0; i < n; ++i)
-      out[i] = hs_recovered_request{kept[i].request_id, kept[i].row, kept[i].capacity_tokens};
-    *count = n;
+    *count = CopyPrefix(s->last_recovery.kept, out, capacity);
     return HS_OK;
   });
 }
@@ -181,10 +185,7 @@ hs_result hs_recovery_lost(hs_session* s, uint64_t* ids, size_t capacity, size_t
       return Fail(HS_ERR_INVALID_ARGUMENT, "session and count must not be NULL, nor ids when capacity > 0");
     }
     absl::MutexLock lock(&s->recovery_mu);
-    const auto& lost = s->last_recovery.lost;
-    const size_t n = std::min(capacity, lost.size());
-    std::copy(lost.begin(), lost.begin() + n, ids);
-    *count = n;
+    *count = CopyPrefix(s->last_recovery.lost, ids, capacity);
     return HS_OK;
   });
 }

@@ -145,11 +145,9 @@ class ClientSession {
   bool alive() const { return alive_; }
   // What Recover kept and lost, each list in request-id order.
   struct Recovery {
-    struct Kept {
-      uint64_t request_id = 0;
-      int32_t row = -1;  // its row in the new session; -1: parked (as it was, or no row was free)
-      uint32_t capacity_tokens = 0;
-    };
+    // request_id; row, its row in the new session (-1: parked, as it was, or no row was free);
+    // capacity_tokens. The C ABI's struct: hs_recovery_kept copies it out as it is.
+    using Kept = hs_recovered_request;
     uint64_t old_session_id = 0;
     uint64_t new_session_id = 0;
     std::vector<Kept> kept;      // durable requests of this session, adopted with the same pages

@@ -231,9 +231,8 @@ class CudaBackend final : public DeviceBackend {
       cudaSetDevice(gpu_);
       cudaDeviceSynchronize();
       if (absl::Status st = shared_arena_->Reimport(fd, bytes); st.ok()) return ViewOf(shared_arena_->ptr(), g);
-      shared_arena_.reset();  // an import at a new address, below
     }
-    shared_arena_.reset();  // a mapping of another size goes first
+    shared_arena_.reset();  // another size, or a failed reimport: a fresh import at a new address
     absl::StatusOr<std::unique_ptr<cuvmm::VmmMapping>> m = cuvmm::VmmMapping::Import(gpu_, fd, bytes, &import_times_);
     if (!m.ok()) return m.status();
     shared_arena_ = std::move(*m);

@@ -639,7 +639,7 @@ class HisparsedCoordinator:
         self._append_count.zero_()
         lost = []
         for rid, e in self._entries.items():
-            row = rec.kept.get(e.request_id) if e.request_id in rec.kept else None
+            row = rec.kept.get(e.request_id)  # None: lost, or kept parked (no row)
             if row is None:  # not durable, or a lease that ran out: its KV is gone
                 if e.request_id in rec.kept:
                     self.session.release(e.request_id)  # kept parked without a row: of no use here
