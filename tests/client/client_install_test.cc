@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client_session.h"
@@ -43,7 +44,22 @@ struct Probe {
   // registers (a cudaHostRegister of a large slab, slowed down to forever).
   std::atomic<bool> block_next_register{false};
   absl::Notification entered, release;
-  std::map<int32_t, int32_t> row_capacity;  // the last SetHostMapRow capacity per row (0: cleared)
+  // The last SetHostMapRow capacity per row (0: cleared). The session's watcher thread writes it
+  // too (an ended session's rows), so it is read as a copy under the lock.
+  absl::Mutex rows_mu;
+  std::map<int32_t, int32_t> row_capacity ABSL_GUARDED_BY(rows_mu);
+  void SetRow(int32_t row, int32_t capacity) {
+    absl::MutexLock lock(&rows_mu);
+    row_capacity[row] = capacity;
+  }
+  std::map<int32_t, int32_t> Rows() {
+    absl::MutexLock lock(&rows_mu);
+    return row_capacity;
+  }
+  void ClearRows() {
+    absl::MutexLock lock(&rows_mu);
+    row_capacity.clear();
+  }
 };
 
 class ProbeBackend : public DeviceBackend {
@@ -73,7 +89,7 @@ class ProbeBackend : public DeviceBackend {
   absl::Status SetHostMapRow(int32_t row, const uint8_t* const* pages, uint32_t pages_given,
                              int32_t capacity) override {
     absl::Status s = inner_->SetHostMapRow(row, pages, pages_given, capacity);
-    if (s.ok()) probe_->row_capacity[row] = capacity;
+    if (s.ok()) probe_->SetRow(row, capacity);
     return s;
   }
   absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) override {
@@ -147,7 +163,7 @@ TEST_F(ClientInstallTest, AFailedResumeLeavesTheRequestParkedOnBothSides) {
   auto failed = session_->Resume(1);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
   // Not published with slots it never emptied, and its slabs still mapped once (it keeps its pages).
-  for (const auto& [row, capacity] : probe_->row_capacity) EXPECT_EQ(capacity, 0) << "row " << row;
+  for (const auto& [row, capacity] : probe_->Rows()) EXPECT_EQ(capacity, 0) << "row " << row;
   EXPECT_EQ(probe_->registered, slabs);
   // Parked here: a store is refused as for any parked request.
   std::vector<uint8_t> rec(2 * 64, 1);
@@ -156,7 +172,7 @@ TEST_F(ClientInstallTest, AFailedResumeLeavesTheRequestParkedOnBothSides) {
   probe_->fail_reset = false;
   auto resumed = session_->Resume(1);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  EXPECT_EQ(probe_->row_capacity[static_cast<int32_t>(resumed->row)], 200);
+  EXPECT_EQ(probe_->Rows()[static_cast<int32_t>(resumed->row)], 200);
   EXPECT_TRUE(session_->Store(1, 0, 1, 1, rec.data(), 64, 64, nullptr).ok());
   EXPECT_TRUE(session_->Release(1).ok());
 }
@@ -173,7 +189,7 @@ TEST_F(ClientInstallTest, ABatchResumeThatFailsToInstallAnItemLeavesItParkedOnBo
     SCOPED_TRACE(all_or_nothing ? "all or nothing" : "per item");
     auto parked = session_->ParkBatch(ids, /*all_or_nothing=*/true);
     ASSERT_TRUE(parked.ok()) << parked.status();
-    probe_->row_capacity.clear();
+    probe_->ClearRows();
     probe_->resets = 0;
     probe_->fail_nth = 2;
     auto resumed = session_->ResumeBatch(ids, all_or_nothing);
@@ -189,7 +205,7 @@ TEST_F(ClientInstallTest, ABatchResumeThatFailsToInstallAnItemLeavesItParkedOnBo
         EXPECT_EQ(session_->Store(ids[i], 0, 1, 1, rec.data(), 64, 64, nullptr).code(),
                   absl::StatusCode::kFailedPrecondition);
       }
-      for (const auto& [row, capacity] : probe_->row_capacity) EXPECT_EQ(capacity, 0) << "row " << row;
+      for (const auto& [row, capacity] : probe_->Rows()) EXPECT_EQ(capacity, 0) << "row " << row;
     } else {
       EXPECT_EQ(resumed->failed_item, -1);
       for (size_t i : {size_t{0}, size_t{2}}) {
@@ -245,7 +261,7 @@ TEST_F(ClientInstallTest, ASingleAdmitWhoseInstallFailsIsReleasedInTheDaemon) {
     EXPECT_EQ(DaemonRequests(*session_), 0u) << "the daemon still holds the request this process could not install";
     EXPECT_LE(probe_->registered, static_cast<int>(DaemonSlabs(*session_)))
         << "a slab stays registered that the daemon no longer keeps for this session";
-    for (const auto& [row, capacity] : probe_->row_capacity) EXPECT_EQ(capacity, 0) << "row " << row;
+    for (const auto& [row, capacity] : probe_->Rows()) EXPECT_EQ(capacity, 0) << "row " << row;
     EXPECT_EQ(session_->RecordPtr(1, 0, 0).status().code(), absl::StatusCode::kNotFound);
     // The id is free in the daemon again: the same admission now works (ALREADY_EXISTS before).
     auto again = session_->Admit(1, 100, 200);
@@ -426,12 +442,12 @@ TEST_F(ClientInstallTest, AnEndedSessionUnpublishesEveryRowAndRefusesTheDataPath
   auto b = session_->Admit(2, 0, 100);
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_TRUE(session_->Park(2).ok());  // a parked request's row is not its own: left alone
-  EXPECT_GT(probe_->row_capacity[static_cast<int32_t>(a->row)], 0);
+  EXPECT_GT(probe_->Rows()[static_cast<int32_t>(a->row)], 0);
   daemon_.reset();
   const absl::Time deadline = absl::Now() + kHang;
   while (session_->alive() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_FALSE(session_->alive());
-  EXPECT_EQ(probe_->row_capacity[static_cast<int32_t>(a->row)], 0) << "the ended session's row is still published";
+  EXPECT_EQ(probe_->Rows()[static_cast<int32_t>(a->row)], 0) << "the ended session's row is still published";
   const int32_t row = static_cast<int32_t>(a->row), seq = 10, pos = 0;
   int32_t slot = -1;
   hs_resolve_args r = HS_RESOLVE_ARGS_INIT;
@@ -475,7 +491,7 @@ TEST_F(ClientInstallTest, AFailedInstallOfACommittedImportLeavesNothingHere) {
   probe_->fail_reset = true;
   auto failed = session_->AwaitImport(7, 30000);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
-  for (const auto& [row, capacity] : probe_->row_capacity) EXPECT_EQ(capacity, 0) << "row " << row;
+  for (const auto& [row, capacity] : probe_->Rows()) EXPECT_EQ(capacity, 0) << "row " << row;
   EXPECT_LE(probe_->registered, std::max(slabs, static_cast<int>(DaemonSlabs(*session_))))
       << "a slab stays registered that the daemon no longer keeps for this session";
   auto rec = session_->RecordPtr(7, 0, 0);
