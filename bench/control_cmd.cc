@@ -36,6 +36,9 @@
 // anyone their data.
 //
 // Without --daemon it starts its own hisparsed (beside this binary, or $HISPARSE_DAEMON_BIN).
+// The lifecycle calls go over each session's control lane where the daemon serves one
+// (hisparse/common/control_lane.h); HISPARSE_CONTROL_LANE=0 sends them over gRPC instead, and
+// "control_lane_sessions" says how many sessions used a lane from open to end.
 // Output: one JSON object on stdout. At the end, with every session's requests released, Stats
 // must show an exactly empty pool and no requests (the daemon should serve only this run).
 // Exit codes: 0 ok; 1 an unexpected error, a corrupted record, a non-empty pool at the end, or
@@ -120,8 +123,9 @@ struct WorkerResult {
   std::map<std::string, uint64_t> errors;  // "kind: code" -> count
   uint64_t pool_full = 0;                  // RESOURCE_EXHAUSTED with rows to spare: the pool
   uint64_t corrupted = 0;
-  uint64_t requests = 0;  // admitted and released
-  std::string fatal;      // the session could not be opened
+  uint64_t requests = 0;      // admitted and released
+  std::string fatal;          // the session could not be opened
+  bool control_lane = false;  // its calls went over its control lane from open to end (hs_session_info)
 };
 
 // A held request's signature: its id and session at position 0 of layer 0, and again at the last
@@ -154,6 +158,7 @@ class Worker {
     hs_session_info info;
     session_.Info(&info);
     session_id_ = info.session_id;
+    result_.control_lane = info.control_lane != 0;
   }
 
   void Run(std::chrono::steady_clock::time_point until) {
@@ -169,6 +174,8 @@ class Worker {
       }
     }
     while (!held_.empty()) ReleaseOldest();
+    hs_session_info info;
+    if (session_.Info(&info) || info.control_lane == 0) result_.control_lane = false;  // it broke on the way
     session_.Close();
   }
 
@@ -486,8 +493,10 @@ int ControlMain(int argc, char** argv) {
 
   WorkerResult all;
   int rc = 0;
+  int on_lane = 0;
   for (auto& w : workers) {
     WorkerResult& r = w->result();
+    on_lane += r.control_lane ? 1 : 0;
     if (!r.fatal.empty()) {
       std::fprintf(stderr, "hisparse-bench control: %s\n", r.fatal.c_str());
       rc = 1;
@@ -524,6 +533,8 @@ int ControlMain(int argc, char** argv) {
   absl::StrAppendFormat(&out,
                         "  \"sessions\": %d,\n  \"layers\": %u,\n  \"record_bytes\": %u,\n  \"budget_tokens\": %u,\n",
                         config.sessions, config.layers, config.record_bytes, budget);
+  // How the lifecycle calls travelled: sessions whose every call went over a control lane.
+  absl::StrAppendFormat(&out, "  \"control_lane_sessions\": %d,\n", on_lane);
   absl::StrAppendFormat(&out, "  \"seconds\": %.3f,\n  \"calls\": %u,\n  \"calls_per_s\": %.0f,\n", elapsed, calls,
                         calls / elapsed);
   absl::StrAppendFormat(&out, "  \"requests\": %u,\n  \"requests_per_s\": %.0f,\n", all.requests,

@@ -39,7 +39,7 @@ absl::StatusOr<hs_request_info> ClientSession::Admit(const hs_admit_args& a) {
   req.set_group((a.flags & HS_ADMIT_GROUP) != 0);
   req.set_begin_import(import);
   v1::AdmitResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->Admit(CallContext().get(), req, &resp), import ? "admit import" : "admit"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kAdmit, &v1::HiSparse::Stub::Admit, req, &resp, import ? "admit import" : "admit"));
   absl::StatusOr<hs_request_info> info = absl::InternalError("not installed");
   if (import) {
     absl::MutexLock lock(&mu_);

@@ -96,7 +96,7 @@ absl::StatusOr<ClientSession::BatchAdmitted> ClientSession::AdmitBatch(const std
     it->set_lease_seconds(item.lease_seconds);
   }
   v1::AdmitBatchResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->AdmitBatch(CallContext().get(), req, &resp), "admit batch"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kAdmitBatch, &v1::HiSparse::Stub::AdmitBatch, req, &resp, "admit batch"));
   if (static_cast<size_t>(resp.results_size()) != items.size()) {
     return absl::InternalError(
         absl::StrCat("the daemon answered ", resp.results_size(), " results for a batch of ", items.size(), " items"));
@@ -177,7 +177,7 @@ absl::StatusOr<v1::ReleaseBatchResponse> ClientSession::ReleaseBatchRpc(const st
   *req.mutable_session() = ref_;
   for (uint64_t id : request_ids) req.add_request_ids(id);
   v1::ReleaseBatchResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->ReleaseBatch(CallContext().get(), req, &resp), "release batch"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kReleaseBatch, &v1::HiSparse::Stub::ReleaseBatch, req, &resp, "release batch"));
   if (static_cast<size_t>(resp.results_size()) != request_ids.size()) {
     return absl::InternalError(
         absl::StrCat("the daemon answered ", resp.results_size(), " results for ", request_ids.size(), " ids"));

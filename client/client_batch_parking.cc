@@ -146,7 +146,7 @@ absl::StatusOr<v1::ParkBatchResponse> ClientSession::ParkBatchRpc(const std::vec
                                                                   bool all_or_nothing) {
   const v1::ParkBatchRequest req = MakeBatch<v1::ParkBatchRequest>(ref_, request_ids, all_or_nothing);
   v1::ParkBatchResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->ParkBatch(CallContext().get(), req, &resp), "park batch"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kParkBatch, &v1::HiSparse::Stub::ParkBatch, req, &resp, "park batch"));
   if (static_cast<size_t>(resp.results_size()) != request_ids.size()) {
     return absl::InternalError(
         absl::StrCat("the daemon answered ", resp.results_size(), " results for ", request_ids.size(), " ids"));
@@ -156,7 +156,7 @@ absl::StatusOr<v1::ParkBatchResponse> ClientSession::ParkBatchRpc(const std::vec
 
 absl::StatusOr<v1::ResumeBatchResponse> ClientSession::ResumeBatchRpc(const v1::ResumeBatchRequest& req) {
   v1::ResumeBatchResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->ResumeBatch(CallContext().get(), req, &resp), "resume batch"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kResumeBatch, &v1::HiSparse::Stub::ResumeBatch, req, &resp, "resume batch"));
   if (resp.results_size() != req.request_ids_size()) {
     return absl::InternalError(
         absl::StrCat("the daemon answered ", resp.results_size(), " results for ", req.request_ids_size(), " ids"));

@@ -22,7 +22,7 @@ absl::Status ClientSession::Park(uint64_t request_id) {
   *req.mutable_session() = ref_;
   req.set_request_id(request_id);
   v1::ParkResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->Park(CallContext().get(), req, &resp), "park"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kPark, &v1::HiSparse::Stub::Park, req, &resp, "park"));
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return absl::InternalError("parked a request this client does not know");
@@ -39,7 +39,7 @@ absl::StatusOr<hs_request_info> ClientSession::Resume(uint64_t request_id) {
   *req.mutable_session() = ref_;
   req.set_request_id(request_id);
   v1::ResumeResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->Resume(CallContext().get(), req, &resp), "resume"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kResume, &v1::HiSparse::Stub::Resume, req, &resp, "resume"));
   absl::Status failed;
   {
     absl::MutexLock lock(&mu_);
@@ -68,7 +68,7 @@ absl::StatusOr<hs_request_info> ClientSession::Resume(uint64_t request_id) {
   *park.mutable_session() = ref_;
   park.set_request_id(request_id);
   v1::ParkResponse parked;
-  absl::Status reparked = FromGrpc(stub_->Park(CallContext().get(), park, &parked), "park again");
+  absl::Status reparked = Call(LaneVerb::kPark, &v1::HiSparse::Stub::Park, park, &parked, "park again");
   return absl::Status(failed.code(), absl::StrCat("resume request ", request_id, ": ", failed.message(),
                                                   reparked.ok() ? " (it stays parked)"
                                                                 : absl::StrCat(" (and parking it again failed: ",

@@ -84,6 +84,7 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
   SetGroup(o);  // client_groups.cc
   HS_RETURN_IF_ERROR(OpenStream(address));
   HS_RETURN_IF_ERROR(AwaitOpened(o.engine_name ? o.engine_name : ""));
+  OpenLane();  // client_lane.cc: best effort; without it gRPC carries the lifecycle calls
   HS_RETURN_IF_ERROR(InitBackend(o, wrap, predecessor));
   HS_ASSIGN_OR_RETURN(Fetched arena, FetchArena());
   HS_RETURN_IF_ERROR(AllocMissPlans(predecessor));
@@ -490,7 +491,7 @@ absl::StatusOr<hs_request_info> ClientSession::Extend(uint64_t request_id, uint3
   req.set_request_id(request_id);
   req.set_token_budget(token_budget);
   v1::ExtendResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->Extend(CallContext().get(), req, &resp), "extend"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kExtend, &v1::HiSparse::Stub::Extend, req, &resp, "extend"));
   absl::StatusOr<hs_request_info> out = absl::InternalError("extend: not installed");
   std::vector<Slab> retired;  // released after the lock
   WithSlabsLocked(SlabsOf(resp.layers()), [&](const SlabErrors& errors) {
@@ -525,7 +526,7 @@ absl::Status ClientSession::Release(uint64_t request_id) {
   *req.mutable_session() = ref_;
   req.set_request_id(request_id);
   v1::ReleaseResponse resp;
-  HS_RETURN_IF_ERROR(FromGrpc(stub_->Release(CallContext().get(), req, &resp), "release"));
+  HS_RETURN_IF_ERROR(Call(LaneVerb::kRelease, &v1::HiSparse::Stub::Release, req, &resp, "release"));
   std::vector<Slab> retired;  // released after the lock
   absl::MutexLock lock(&mu_);
   imports_.erase(request_id);  // releasing an importing request aborts the import
@@ -566,6 +567,7 @@ hs_session_info ClientSession::Info() const {
   info.max_tokens_per_request = opened_.max_tokens_per_request();
   info.arena_bytes = opened_.arena().bytes();
   info.arena_kind = ToCArenaKind(arena_kind(), backend_->kind());
+  info.control_lane = on_lane_.load() ? 1 : 0;
   return info;
 }
 

@@ -30,6 +30,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "device_backend.h"
+#include "grpc_status.h"
+#include "hisparse/common/control_lane.h"
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/unique_fd.h"
 #include "hisparse/hisparse.h"
@@ -375,6 +377,22 @@ class ClientSession {
 
   void WatchStream() ABSL_LOCKS_EXCLUDED(mu_);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
+  // A lifecycle call (client_lane.cc): over the session's control lane when it has one
+  // (hisparse/common/control_lane.h), else as the gRPC call `rpc`; errors as FromGrpc makes them.
+  template <typename Req, typename Resp>
+  absl::Status Call(LaneVerb verb, grpc::Status (v1::HiSparse::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
+                    const Req& req, Resp* resp, absl::string_view what) ABSL_LOCKS_EXCLUDED(lane_mu_) {
+    if (std::optional<absl::Status> done = CallOnLane(verb, req, resp, what)) return *done;
+    return FromGrpc((stub_.get()->*rpc)(CallContext().get(), req, resp), what);
+  }
+  // The call on the lane; nullopt when it did not reach the daemon (no lane, or its send failed,
+  // which drops the lane): then gRPC carries it. A reply that does not come drops the lane too.
+  std::optional<absl::Status> CallOnLane(LaneVerb verb, const google::protobuf::MessageLite& req,
+                                         google::protobuf::MessageLite* resp, absl::string_view what)
+      ABSL_LOCKS_EXCLUDED(lane_mu_);
+  // Opens the control lane after the session opened; where the daemon refuses it (an older one,
+  // or HISPARSE_CONTROL_LANE=0 here), gRPC carries every call. Never fails the open.
+  void OpenLane() ABSL_LOCKS_EXCLUDED(lane_mu_);
   absl::Status CheckAlive() const;
   // One exchange on the fd channel (fd_channel_codec.h); an ERR reply keeps the daemon's code.
   absl::StatusOr<Fetched> Fetch(const FdObject& object) ABSL_LOCKS_EXCLUDED(fd_mu_);
@@ -492,6 +510,11 @@ class ClientSession {
   mutable absl::Mutex mu_;
   absl::Mutex fd_mu_;
   UniqueFd fd_channel_ ABSL_GUARDED_BY(fd_mu_);
+  // The control lane (client_lane.cc): one call at a time, held across its exchange; never held
+  // with mu_ or fd_mu_. Invalid: gRPC carries the lifecycle calls.
+  absl::Mutex lane_mu_;
+  UniqueFd lane_ ABSL_GUARDED_BY(lane_mu_);
+  std::atomic<bool> on_lane_{false};  // lane_.valid(), readable without lane_mu_ (Info)
 
   // mu_ also guards the backend's host map (SetHostMapRow: exclusive; host_map() for a data-path
   // step: shared), which lives in the backend, out of the analysis' view. Registering and

@@ -28,6 +28,7 @@
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/access.h"
+#include "hisparse/daemon/control_lanes.h"
 #include "hisparse/daemon/device_choice.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/memory_headroom.h"
@@ -232,6 +233,9 @@ struct Daemon::Impl {
   grpc::ResourceQuota grpc_threads{"hisparsed-grpc-threads"};
   uint64_t auto_host_arena_bytes = UINT64_MAX;  // limits.host_arena_bytes: 0 (auto) means this
   std::unique_ptr<grpc::Server> server;
+  // Control lanes (control_lanes.h): after the manager and metrics they serve, before the fd
+  // server that hands them connections, so that each goes in the right order.
+  std::unique_ptr<ControlLanes> lanes;
   std::unique_ptr<FdServer> fd_server;
   std::unique_ptr<PeerAcceptor> acceptor;  // feeds admitted control connections to `server`
   absl::Notification shutdown;
@@ -448,6 +452,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   fd_options.max_connections_per_peer = config.limits.max_fd_connections_per_peer;
   fd_options.in_flight = FdInFlightFrom(config.limits);
   fd_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kFdChannel, up); };
+  impl->lanes = std::make_unique<ControlLanes>(impl->sessions.get(), impl->metrics.get());
+  fd_options.lanes = impl->lanes.get();
   // From here a start that fails removes the sockets it made (Shutdown does, once started): the
   // next start, or an engine, must not find a stale one.
   struct RemoveOnFailure {
@@ -470,6 +476,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     absl::MutexLock lock(&raw->config_mu);
     return raw->reload;
   };
+  hooks.session_ended = [raw](uint64_t session_id) { raw->lanes->SessionEnded(session_id); };
   // Drain is wired after the Daemon object exists (it needs `this`); see below.
   // Atomic: the server may take a Drain call before Start has stored the Daemon (TSan saw it).
   auto drain_target = std::make_shared<std::atomic<Daemon*>>(nullptr);
@@ -671,6 +678,7 @@ void Daemon::Shutdown() {
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     impl_->server->Wait();
     impl_->fd_server->Stop();
+    impl_->lanes->Stop();  // after the fd server, the only one that opens lanes
     impl_->metrics_server.reset();
     ::unlink(ListenSocketPath(impl_->grpc_address).data());
     ::unlink(impl_->fd_socket_path.c_str());

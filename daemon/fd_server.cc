@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "hisparse/common/control_lane.h"
 #include "hisparse/common/fd_channel_codec.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/unix_socket.h"
@@ -194,6 +195,7 @@ void FdServer::ServeOne(int fd) {
     if (!absl::IsDeadlineExceeded(packet.status())) Drop(fd);  // else a spurious wake-up
     return;                                                    // peer gone or garbage: drop the connection
   }
+  if (IsLaneHello(packet->payload)) return OpenLane(fd, packet->payload);
   UniqueFd out;
   std::string reply = HandleRequest(*sessions_, packet->payload, it->second.peer, &out);
   if (out.valid()) {
@@ -206,6 +208,27 @@ void FdServer::ServeOne(int fd) {
   }
   if (!SendPacket(fd, reply, out.get()).ok()) return Drop(fd);  // gone, or not reading its replies
   if (out.valid()) CountSent(fd, it->second);
+}
+
+void FdServer::OpenLane(int fd, absl::string_view hello_packet) {
+  auto it = conns_.find(fd);
+  Conn& c = it->second;
+  auto answer = [&](const absl::Status& why) {
+    if (!SendPacket(fd, EncodeLaneHelloReply(why), -1).ok()) Drop(fd);
+  };
+  if (options_.lanes == nullptr) return answer(absl::FailedPreconditionError("this daemon serves no control lanes"));
+  absl::StatusOr<LaneHello> hello = DecodeLaneHello(hello_packet);
+  if (!hello.ok()) return answer(hello.status());
+  Settle(fd, c);
+  if (c.in_flight != 0) {
+    return answer(absl::FailedPreconditionError(
+        "descriptors sent on this connection are still unread: open a control lane on a connection of its own"));
+  }
+  // Handed over: out of this loop and its uid's count (lanes are bounded by sessions instead).
+  UniqueFd conn = std::move(c.fd);
+  const PeerCredentials peer = c.peer;
+  Close(fd);                                                  // forgets the connection; `conn` keeps it open
+  (void)options_.lanes->Open(std::move(conn), *hello, peer);  // answers the hello itself
 }
 
 void FdServer::Drop(int fd) {

@@ -198,6 +198,7 @@ grpc::Status HiSparseService::Session(grpc::ServerContext* context,
   if (context->IsCancelled()) LOG(INFO) << "session " << id << ": peer went away";
   notifier->Close();
   sessions_->CloseSession(id);
+  if (hooks_.session_ended) hooks_.session_ended(id);
   return result;
 }
 

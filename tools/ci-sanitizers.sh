@@ -10,7 +10,9 @@
 #               and session_journal_test (the restart journal's ordered commits beside the pool's
 #               worker and an fd store served by another thread); client_install_test and
 #               daemon_restart_test (the client's watcher against its callers, and engines riding
-#               through a SIGKILLed and an upgraded daemon, every process TSan-built)
+#               through a SIGKILLed and an upgraded daemon, every process TSan-built);
+#               control_lane_test (lanes opened, replaced, dropped and ended under the daemon's
+#               threads)
 # Both build at -O1 (what the sanitizers' own docs advise: usable stacks, a faster compile) with
 # line tables only (-gline-tables-only): reports keep file:line and inlined frames, and the
 # builds take about a third less time than -O2 with full debug info. Both are unity builds
@@ -118,7 +120,8 @@ stage_tsan() {
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
-    session_journal_test client_install_test daemon_restart_test hisparse-keeper hisparse-durable-engine \
+    session_journal_test client_install_test daemon_restart_test control_lane_test control_lane_codec_test \
+    hisparse-keeper hisparse-durable-engine \
     hisparsed hisparse-test-client hisparse-ctl $(tsan_import_targets) -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }
   # The benchmarks' smoke runs need hisparse-bench, which this stage does not build (^bench_).

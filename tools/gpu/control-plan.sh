@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Control-plane plan: `hisparse-bench control` with a base daemon and this one, on the host and the
+# Control-plane plan: `hisparse-bench control` with its lifecycle calls over gRPC and over the
+# sessions' control lanes (HISPARSE_CONTROL_LANE=0 / 1, the same binaries), on the host and the
 # CUDA backend, alternated, beside the floor of a trivial gRPC service in the same run. Built here,
 # run there:
-#   tools/gpu/make-bundle.sh .bundle-gpu      # here; then the base build's hisparsed and
-#                                             # hisparse-import-worker into .bundle-gpu/base/
+#   tools/gpu/make-bundle.sh .bundle-gpu      # here
 #   tools/gpu/control-plan.sh .bundle-gpu     # there, from the repo root ($OUT collects logs)
-# One bench binary (this build's) drives both daemons: the client adapts to what the daemon
-# announces (SessionOpened), so the base daemon shows what this client did before the change.
-# Writes $OUT/summary.txt and $OUT/control.log (every run's JSON line, labelled). About 3 minutes.
+# With BASE=1 a base build's hisparsed in .bundle-gpu/base/ runs too (its sessions use gRPC if it
+# serves no lanes). Writes $OUT/summary.txt and $OUT/control.log (every run's JSON, labelled).
+# About 2 minutes.
 set -uo pipefail
 B=$(cd "${1:?bundle dir}" && pwd)
 OUT=${OUT:-$PWD/out}
@@ -33,19 +33,25 @@ lat = j["latency"]
 end = j.get("end", {})
 print(f"{label}: admit p50 {lat['admit']['p50_us']:.0f} us, release p50 {lat['release']['p50_us']:.0f} us, "
       f"admit+release p50 {lat['admit_release']['p50_us']:.0f} us p99 {lat['admit_release']['p99_us']:.0f} us, "
-      f"{j['calls_per_s']} calls/s, errors {j.get('errors', {})}, pool empty {end.get('empty')}")
+      f"{j['calls_per_s']} calls/s, errors {j.get('errors', {})}, pool empty {end.get('empty')}, "
+      f"sessions on a lane {j.get('control_lane_sessions')}")
 PY
 }
+daemons=(new)
+[[ ${BASE:-0} == 1 ]] && daemons=(base new)
 for round in 1 2; do
-  for daemon in base new; do
+  for daemon in "${daemons[@]}"; do
     bin="$B/bin/hisparsed"; [[ $daemon == base ]] && bin="$B/base/hisparsed"
     for backend in host cuda; do
-      for s in 1 8 64; do
-        f="$OUT/run.json"
-        HISPARSE_DAEMON_BIN=$bin timeout 120 "$B/bin/hisparse-bench" control --sessions "$s" --seconds "$SECS" \
-          --backend "$backend" > "$f" 2>> "$L"
-        { echo "# round $round $daemon $backend sessions $s"; cat "$f"; } >> "$L"
-        summarize "r$round $daemon $backend s=$s" "$f"
+      for transport in grpc lane; do
+        lane=0; [[ $transport == lane ]] && lane=1
+        for s in 1 8 64; do
+          f="$OUT/run.json"
+          HISPARSE_CONTROL_LANE=$lane HISPARSE_DAEMON_BIN=$bin timeout 120 "$B/bin/hisparse-bench" control \
+            --sessions "$s" --seconds "$SECS" --backend "$backend" > "$f" 2>> "$L"
+          { echo "# round $round $daemon $backend $transport sessions $s"; cat "$f"; } >> "$L"
+          summarize "r$round $daemon $backend $transport s=$s" "$f"
+        done
       done
     done
   done

@@ -46,9 +46,11 @@ extern "C" {
  * hs_admit_batch2 (the seven hs_admit* calls are wrappers over them), and every admission whose
  * install in this process fails is released in the daemon (before, a single hs_admit kept it); 1.11:
  * riding through a daemon's restart: hs_session_get_state, hs_session_recover, hs_recovery_kept,
- * hs_recovery_lost (and every data-path call is HS_ERR_UNAVAILABLE once the session ended). */
+ * hs_recovery_lost (and every data-path call is HS_ERR_UNAVAILABLE once the session ended); 1.12:
+ * the control lane: lifecycle calls leave gRPC for a connection of the session's own where the
+ * daemon serves one, and hs_session_info.control_lane says which carries them. */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 11
+#define HS_ABI_VERSION_MINOR 12
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -182,10 +184,15 @@ typedef struct hs_session_info {
   uint64_t arena_bytes;
   hs_arena_kind arena_kind; /* since ABI 1.1: how the arena reached this process */
   uint32_t draft_tokens;    /* since ABI 1.4: the session's n; tail slots B..B+n */
+  /* Since ABI 1.12: 1 while the lifecycle calls (admit, extend, release, park, resume and their
+   * batches) go over the session's control lane, a connection of its own to the daemon's fd
+   * socket; 0 when they go over gRPC (an older daemon, HISPARSE_CONTROL_LANE=0, or a lane that
+   * broke). Both give the same answers. */
+  uint32_t control_lane;
 } hs_session_info;
 
 #define HS_SESSION_INFO_INIT \
-  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0, HS_ARENA_HOST, 0 }
+  { sizeof(hs_session_info), 0, HS_BACKEND_AUTO, NULL, 0, 0, 0, 0, HS_ARENA_HOST, 0, 0 }
 
 hs_result hs_session_get_info(hs_session* session, hs_session_info* out);
 

@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 11
+ABI_VERSION_MINOR = 12
 
 # hs_result
 HS_OK = 0
@@ -103,6 +103,7 @@ class SessionInfo(ctypes.Structure):
         ("arena_bytes", ctypes.c_uint64),
         ("arena_kind", ctypes.c_int),
         ("draft_tokens", ctypes.c_uint32),  # ABI 1.4
+        ("control_lane", ctypes.c_uint32),  # ABI 1.12
     ]
 
 

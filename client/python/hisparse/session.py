@@ -57,6 +57,7 @@ class SessionInfo:
     arena_bytes: int
     arena_kind: str  # "host", "cuda-vmm", "cuda-ipc" or "private-gpu" (hs_arena_kind)
     draft_tokens: int = 0  # n: tail slots B..B+n of each (row, layer) (ABI 1.4)
+    control_lane: bool = False  # lifecycle calls go over the session's control lane, not gRPC (ABI 1.12)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -545,7 +546,8 @@ class Session:
         check(self._lib.hs_session_get_info(self._h(), ctypes.byref(i)), "session info")
         return SessionInfo(i.session_id, _BACKEND_NAMES.get(i.backend, str(i.backend)), i.slot_base or 0,
                            i.record_stride, i.slots, i.max_tokens_per_request, i.arena_bytes,
-                           _ARENA_KIND_NAMES.get(i.arena_kind, str(i.arena_kind)), i.draft_tokens)
+                           _ARENA_KIND_NAMES.get(i.arena_kind, str(i.arena_kind)), i.draft_tokens,
+                           bool(i.control_lane))
 
     def stats(self) -> Stats:
         s = _lib.new_stats()

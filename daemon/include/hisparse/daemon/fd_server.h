@@ -43,6 +43,10 @@
 // its descriptors are still in flight, and counting them is the point. Lingering connections are
 // looked at again when their uid or the daemon is at a bound, and once a second.
 //
+// Control lanes. A connection whose first packet is a lane's hello ("HSLANE1 ...",
+// hisparse/common/control_lane.h) leaves this loop, and its uid's connection count, for
+// ControlLanes, which serves it on a thread of its own; it must have no descriptor in flight.
+//
 // Thread-safe. One thread serves the listener and every connection from one epoll loop (requests
 // are tiny and answered at once); the connection table is that thread's alone. Stop() ends it.
 #ifndef HISPARSE_DAEMON_FD_SERVER_H_
@@ -62,6 +66,7 @@
 #include "hisparse/common/unix_socket.h"
 #include "hisparse/daemon/accept_guard.h"
 #include "hisparse/daemon/access.h"
+#include "hisparse/daemon/control_lanes.h"
 #include "hisparse/daemon/session_manager.h"
 
 namespace hisparse {
@@ -76,6 +81,9 @@ class FdServer {
     int max_connections_per_peer = 1024;                  // limits.max_fd_connections_per_peer
     InFlightLimits in_flight;                             // descriptors sent and not yet read
     std::function<void(bool serving)> on_serving_change;  // runs on the server's thread
+    // Where a control lane's hello hands its connection (control_lanes.h); null: hellos are
+    // refused with FAILED_PRECONDITION. Not owned; must outlive the server.
+    ControlLanes* lanes = nullptr;
   };
   // Listens on `path` with socket mode `mode` and group `gid` (-1: unchanged), admitting peers
   // by `policy`. `sessions` must outlive the server.
@@ -126,6 +134,8 @@ class FdServer {
   void Admit(UniqueFd conn);
   bool Watch(UniqueFd conn, const PeerCredentials& peer, bool refused);
   void ServeOne(int fd);
+  // A lane's hello: the connection leaves this loop for `options_.lanes`, or is answered ERR.
+  void OpenLane(int fd, absl::string_view hello);
   void Drop(int fd);
   void Close(int fd);
   void Refuse(const std::string& why);

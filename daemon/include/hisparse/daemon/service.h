@@ -43,6 +43,8 @@ class HiSparseService final : public v1::HiSparse::Service {
     std::function<absl::Status()> cancel_drain;      // admit again, health SERVING, no exit once idle
     std::function<std::string()> config_yaml;        // the effective configuration
     std::function<v1::ConfigReloadStatus()> reload;  // the last reload, the keys pending a restart
+    // A session's stream has ended and the session is closed (its control lane ends with it).
+    std::function<void(uint64_t session_id)> session_ended;
   };
   // `peers` (who is at the other end of each connection) must outlive the service; `policy`
   // says who among them is an admin.
