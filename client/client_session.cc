@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "client_version.h"
 #include "grpc_status.h"
+#include "hisparse/common/mutex_mode.h"
 #include "hisparse/common/socket_access.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/unix_socket.h"
@@ -51,6 +52,8 @@ absl::Status FdChannelError(const absl::Status& s, absl::string_view object) {
 
 absl::StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(const hs_session_options& o,
                                                                    const BackendWrap& wrap) {
+  static const bool release_mutexes = (UseReleaseMutexMode(), true);  // mutex_mode.h: once, first
+  (void)release_mutexes;
   std::unique_ptr<ClientSession> s(new ClientSession());
   HS_RETURN_IF_ERROR(s->Connect(o, wrap));
   return s;
@@ -71,7 +74,7 @@ std::string DaemonAddress(const hs_session_options& o) {
 }  // namespace
 
 // Open, step by step: the options, the channel, the session stream and its SessionOpened, the
-// backend, the arena over the fd channel, the miss plans, the arena's attachment. A failed step
+// backend, the arena over the fd channel, the miss plans, the arena's attachment, the control lane. A failed step
 // returns its error; what the earlier steps set up is released by the destructor (Open drops
 // the half-open session).
 absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWrap& wrap, ClientSession* predecessor) {
@@ -84,11 +87,13 @@ absl::Status ClientSession::Connect(const hs_session_options& o, const BackendWr
   SetGroup(o);  // client_groups.cc
   HS_RETURN_IF_ERROR(OpenStream(address));
   HS_RETURN_IF_ERROR(AwaitOpened(o.engine_name ? o.engine_name : ""));
-  OpenLane();  // client_lane.cc: best effort; without it gRPC carries the lifecycle calls
   HS_RETURN_IF_ERROR(InitBackend(o, wrap, predecessor));
   HS_ASSIGN_OR_RETURN(Fetched arena, FetchArena());
   HS_RETURN_IF_ERROR(AllocMissPlans(predecessor));
   HS_RETURN_IF_ERROR(AttachArena(arena, predecessor));
+  // Last, once the fd socket has answered the arena's fetch (a silent one fails the open there, in
+  // one timeout): best effort, gRPC carries the lifecycle calls without it (client_lane.cc).
+  OpenLane();
   open_phases_.total_s = SecondsSince(t_start);
   return absl::OkStatus();
 }

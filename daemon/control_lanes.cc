@@ -25,11 +25,11 @@ LaneMessage Run(Metrics* metrics, Metrics::Method method, uint64_t session_id, c
   Request req;
   LaneMessage out;
   if (!req.ParseFromString(m.body)) {
-    out = Reply(absl::InvalidArgumentError(absl::StrCat("control lane: the ", LaneVerbName(LaneVerb{m.tag}),
-                                                        " request does not parse")));
+    out = Reply(absl::InvalidArgumentError(
+        absl::StrCat("control lane: the ", LaneVerbName(LaneVerb{m.tag}), " request does not parse")));
   } else if (req.session().session_id() != session_id) {
-    out = Reply(absl::PermissionDeniedError(absl::StrCat("this control lane serves session ", session_id,
-                                                         ", not session ", req.session().session_id())));
+    out = Reply(absl::PermissionDeniedError(
+        absl::StrCat("this control lane serves session ", session_id, ", not session ", req.session().session_id())));
   } else if (auto resp = std::forward<Call>(call)(req); !resp.ok()) {
     out = Reply(resp.status());
   } else {
@@ -154,7 +154,7 @@ void ControlLanes::Finish(Lane* lane) {
   }
   auto it = live_.find(lane);
   if (it == live_.end()) return;  // cannot happen: only Finish takes a lane out of live_
-  lane->fd.Reset();  // under mu_: nobody shuts a closed descriptor's number down
+  lane->fd.Reset();               // under mu_: nobody shuts a closed descriptor's number down
   finished_.push_back(std::move(it->second));
   live_.erase(it);
 }

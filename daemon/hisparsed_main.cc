@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "hisparse/common/log.h"
+#include "hisparse/common/mutex_mode.h"
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/config.h"
@@ -44,6 +45,7 @@ hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  hisparse::UseReleaseMutexMode();  // before any thread: Abseil's per-lock deadlock graph, off (mutex_mode.h)
   CLI::App app{"hisparsed: per-node KV memory daemon for sparse-attention LLM serving"};
   app.set_version_flag("--version", "hisparsed " HISPARSE_VERSION);
   std::string config_path;

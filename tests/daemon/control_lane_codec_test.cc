@@ -53,8 +53,8 @@ TEST(ControlLaneCodecTest, HellosRoundTripAndOnlyExactOnesDecode) {
 }
 
 TEST(ControlLaneCodecTest, MessagesOfEverySizeSplitAndGatherBack) {
-  for (size_t n : {size_t{0}, size_t{1}, kLaneChunkBytes - 1, kLaneChunkBytes, kLaneChunkBytes + 1,
-                   3 * kLaneChunkBytes + 17}) {
+  for (size_t n :
+       {size_t{0}, size_t{1}, kLaneChunkBytes - 1, kLaneChunkBytes, kLaneChunkBytes + 1, 3 * kLaneChunkBytes + 17}) {
     SCOPED_TRACE(n);
     const std::string body = Body(n);
     const std::vector<std::string> packets = EncodeLaneMessage(5, body);
@@ -84,10 +84,10 @@ TEST(ControlLaneCodecTest, TheAssemblerRefusesWhatCannotBelong) {
     return false;
   };
   EXPECT_TRUE(refused(100, {"short"}));
-  EXPECT_TRUE(refused(100, {Header(2, 1, 0)}));                               // a reserved flag
-  EXPECT_TRUE(refused(100, {std::string("\0\1\1\0\0\0\0\0", 8)}));            // a reserved byte
-  EXPECT_TRUE(refused(two.size() - 1, ok));                                   // above the bound
-  EXPECT_TRUE(refused(two.size(), {ok[0], Header(0, 4, two.size()) + "x"}));  // another tag
+  EXPECT_TRUE(refused(100, {Header(2, 1, 0)}));                                       // a reserved flag
+  EXPECT_TRUE(refused(100, {std::string("\0\1\1\0\0\0\0\0", 8)}));                    // a reserved byte
+  EXPECT_TRUE(refused(two.size() - 1, ok));                                           // above the bound
+  EXPECT_TRUE(refused(two.size(), {ok[0], Header(0, 4, two.size()) + "x"}));          // another tag
   EXPECT_TRUE(refused(two.size() + 1, {ok[0], Header(0, 3, two.size() + 1) + "x"}));  // another total
   EXPECT_TRUE(refused(100, {Header(0, 1, 3) + "abcd"}));                              // more than the total
   EXPECT_TRUE(refused(100, {Header(0, 1, 3) + "ab"}));                                // short of it

@@ -244,8 +244,9 @@ TEST(ControlLaneTest, AConnectionWithDescriptorsUnreadCannotBecomeALane) {
   auto conn = ConnectUnixSeqpacket(s.fd_socket, 10000);
   ASSERT_TRUE(conn.ok());
   // The arena's descriptor is sent and left unread in the socket.
-  ASSERT_TRUE(SendPacket(conn->get(), EncodeFdRequest({FdVersion::kV2, s.ref.session_id(), s.ref.token(), FdArena{}}), -1)
-                  .ok());
+  ASSERT_TRUE(
+      SendPacket(conn->get(), EncodeFdRequest({FdVersion::kV2, s.ref.session_id(), s.ref.token(), FdArena{}}), -1)
+          .ok());
   // The bytes of every packet waiting in this end's receive queue (SIOCINQ sums them all on a
   // SOCK_SEQPACKET socket): a second packet shows as growth, where a peek would see only the first.
   auto queued = [&] {

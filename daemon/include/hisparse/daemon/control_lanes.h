@@ -61,7 +61,8 @@ class ControlLanes {
   // One request message of the lane of `session_id` to its reply: the whole protocol but the
   // socket (tests and the fuzzer drive it). The reply's tag is an absl::StatusCode; its body the
   // serialized response (OK) or the error's message.
-  static LaneMessage Handle(SessionManager& sessions, Metrics* metrics, uint64_t session_id, const LaneMessage& request);
+  static LaneMessage Handle(SessionManager& sessions, Metrics* metrics, uint64_t session_id,
+                            const LaneMessage& request);
 
  private:
   struct Lane {
