@@ -5,8 +5,8 @@
 # run there:
 #   tools/gpu/make-bundle.sh .bundle-gpu      # here
 #   tools/gpu/control-plan.sh .bundle-gpu     # there, from the repo root ($OUT collects logs)
-# With BASE=1 a base build's hisparsed in .bundle-gpu/base/ runs too (its sessions use gRPC if it
-# serves no lanes). Writes $OUT/summary.txt and $OUT/control.log (every run's JSON, labelled).
+# With BASE=1 a base build's hisparsed and hisparse-bench in .bundle-gpu/base/ (the bench links the
+# client statically) run too, as "base": what the code did before, over the transport it had. Writes $OUT/summary.txt and $OUT/control.log (every run's JSON, labelled).
 # About 2 minutes.
 set -uo pipefail
 B=$(cd "${1:?bundle dir}" && pwd)
@@ -41,13 +41,14 @@ daemons=(new)
 [[ ${BASE:-0} == 1 ]] && daemons=(base new)
 for round in 1 2; do
   for daemon in "${daemons[@]}"; do
-    bin="$B/bin/hisparsed"; [[ $daemon == base ]] && bin="$B/base/hisparsed"
+    bin="$B/bin/hisparsed" bench="$B/bin/hisparse-bench" transports=(grpc lane)
+    [[ $daemon == base ]] && bin="$B/base/hisparsed" bench="$B/base/hisparse-bench" transports=(grpc)
     for backend in host cuda; do
-      for transport in grpc lane; do
+      for transport in "${transports[@]}"; do
         lane=0; [[ $transport == lane ]] && lane=1
         for s in 1 8 64; do
           f="$OUT/run.json"
-          HISPARSE_CONTROL_LANE=$lane HISPARSE_DAEMON_BIN=$bin timeout 120 "$B/bin/hisparse-bench" control \
+          HISPARSE_CONTROL_LANE=$lane HISPARSE_DAEMON_BIN=$bin timeout 120 "$bench" control \
             --sessions "$s" --seconds "$SECS" --backend "$backend" > "$f" 2>> "$L"
           { echo "# round $round $daemon $backend $transport sessions $s"; cat "$f"; } >> "$L"
           summarize "r$round $daemon $backend $transport s=$s" "$f"
