@@ -277,6 +277,12 @@ const std::vector<KeySpec>& Specs() {
        HS_SET_WITH(ParseInt, limits.max_control_connections_per_peer),
        [](const DaemonConfig& c) { return absl::StrCat(c.limits.max_control_connections_per_peer); },
        [](const DaemonConfig& c) { return CheckAtLeast(c.limits.max_control_connections_per_peer, 1); }},
+      {"limits.control_lanes", "bool",
+       "Serve control lanes: each session's admissions, releases, parks and resumes on a connection of its own to "
+       "the fd socket instead of gRPC (docs/DESIGN.md, \"The control lane\"). Off, clients keep gRPC; lanes open "
+       "already stay until their sessions end. Changes on reload.",
+       false, HS_SET_WITH(ParseBool, limits.control_lanes),
+       [](const DaemonConfig& c) { return std::string(c.limits.control_lanes ? "true" : "false"); }, nullptr},
       {"limits.max_opening_sessions_per_peer", "integer >= 1",
        "Most Session streams one peer uid may hold before their `open` arrives; admins have no cap.", false,
        HS_SET_WITH(ParseInt, limits.max_opening_sessions_per_peer),

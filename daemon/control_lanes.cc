@@ -101,6 +101,9 @@ absl::Status ControlLanes::Start(std::unique_ptr<Lane> lane, const LaneHello& he
   if (flags < 0 || ::fcntl(raw->fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
     return refuse(absl::InternalError("control lane: cannot make its socket blocking"));
   }
+  if (!enabled_.load()) {
+    return refuse(absl::FailedPreconditionError("this daemon serves no control lanes now (limits.control_lanes)"));
+  }
   absl::MutexLock lock(&mu_);
   if (stopped_) return refuse(absl::UnavailableError("the daemon is stopping"));
   // Checked here, under mu_, so that a session ending now either fails this check or finds the lane

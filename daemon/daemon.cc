@@ -453,6 +453,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
   fd_options.in_flight = FdInFlightFrom(config.limits);
   fd_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kFdChannel, up); };
   impl->lanes = std::make_unique<ControlLanes>(impl->sessions.get(), impl->metrics.get());
+  impl->lanes->SetEnabled(config.limits.control_lanes);
   fd_options.lanes = impl->lanes.get();
   // From here a start that fails removes the sockets it made (Shutdown does, once started): the
   // next start, or an engine, must not find a stale one.
@@ -616,6 +617,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   impl_->sessions->SetMaxOrphansPerTenant(static_cast<uint32_t>(next.durability.max_orphans_per_tenant));
   impl_->fd_server->SetMaxConnectionsPerPeer(next.limits.max_fd_connections_per_peer);
   impl_->fd_server->SetInFlightLimits(FdInFlightFrom(next.limits));
+  impl_->lanes->SetEnabled(next.limits.control_lanes);
   impl_->acceptor->SetMaxConnectionsPerPeer(next.limits.max_control_connections_per_peer);
   impl_->stream_gate->SetLimits(GateLimitsFrom(next.limits));
   impl_->grpc_threads.SetMaxThreads(GrpcThreadLimit(next.limits.max_sessions));

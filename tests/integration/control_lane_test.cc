@@ -297,5 +297,24 @@ TEST(ControlLaneTest, TheClientUsesTheLaneAndAnswersAsOverGrpc) {
   EXPECT_EQ(Stats(a).host_pool().used_bytes(), 0u);
 }
 
+// limits.control_lanes=false: hellos are refused, and the client keeps gRPC without a word to it.
+TEST(ControlLaneTest, ADaemonWithLanesOffServesOverGrpc) {
+  auto daemon = StartDaemon({"--host-pool-size", "64MiB", "--host-pool-page-size", "4KiB", "--host-pool-slab-size",
+                             "4MiB", "--set", "limits.control_lanes=false"});
+  ASSERT_NE(daemon, nullptr);
+  RawSession raw(daemon->address());
+  absl::Status answer;
+  (void)Hello(raw.fd_socket, EncodeLaneHello({raw.ref.session_id(), raw.ref.token()}), &answer);
+  EXPECT_EQ(answer.code(), absl::StatusCode::kFailedPrecondition) << answer;
+  hs_session_options o = SmallGeometry(daemon->address());
+  Session s;
+  ASSERT_FALSE(Session::Open(o, &s));
+  hs_session_info info;
+  ASSERT_FALSE(s.Info(&info));
+  EXPECT_EQ(info.control_lane, 0u);
+  ASSERT_FALSE(s.Admit(1, 100, 200));
+  ASSERT_FALSE(s.Release(1));
+}
+
 }  // namespace
 }  // namespace hisparse::testing

@@ -164,6 +164,25 @@ def test_admit_extend_release_and_stats(open_session):
     assert end.pool_used_bytes == base.pool_used_bytes
 
 
+@pytest.mark.parametrize("lane", [True, False])
+def test_lifecycle_calls_answer_the_same_over_the_lane_and_grpc(open_session, monkeypatch, lane):
+    # The library reads HISPARSE_CONTROL_LANE when a session opens (client/client_lane.cc).
+    if not lane:
+        monkeypatch.setenv("HISPARSE_CONTROL_LANE", "0")
+    s = open_session(max_requests=2)
+    assert s.info().control_lane is lane
+    s.admit(1, context_tokens=10, token_budget=64)
+    with pytest.raises(hisparse.AlreadyExists, match="admit: request 1"):
+        s.admit(1, context_tokens=10, token_budget=64)
+    s.park(1)
+    s.resume(1)
+    assert s.extend(1, token_budget=1024).capacity_tokens >= 1024
+    s.release(1)
+    with pytest.raises(hisparse.NotFound, match="release: "):
+        s.release(1)
+    assert s.stats().session_requests == 0
+
+
 def test_errors_carry_the_daemons_message(open_session):
     s = open_session()
     s.admit(1, 10, 16)

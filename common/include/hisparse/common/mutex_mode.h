@@ -11,9 +11,9 @@
 
 namespace hisparse {
 
-// Idempotent and thread-safe; a no-op in builds without NDEBUG and in sanitizer builds. The daemon calls it first thing;
-// the client library when it opens its first session (its own copy of Abseil, in the wheel's
-// self-contained library).
+// Idempotent and thread-safe; a no-op in builds without NDEBUG and in sanitizer builds. The daemon calls it first
+// thing; the client library when it opens its first session (its own copy of Abseil, in the wheel's self-contained
+// library).
 void UseReleaseMutexMode();
 
 }  // namespace hisparse

@@ -79,6 +79,9 @@ struct LimitsConfig {
   int max_fds_in_flight_per_peer = 64;
   // Control-socket (gRPC) connections one peer uid may hold open at once; admins have no cap.
   int max_control_connections_per_peer = 1024;
+  // Serve control lanes (a session's lifecycle calls on a connection of its own to the fd socket,
+  // hisparse/common/control_lane.h); off, sessions' clients keep gRPC.
+  bool control_lanes = true;
   // Session streams one peer uid may hold before their first message (`open`) arrives; admins
   // have no cap. Every Session stream, opening or open, also takes one of max_sessions.
   int max_opening_sessions_per_peer = 16;

@@ -19,6 +19,7 @@
 #ifndef HISPARSE_DAEMON_CONTROL_LANES_H_
 #define HISPARSE_DAEMON_CONTROL_LANES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,6 +52,9 @@ class ControlLanes {
   // for a wrong token or tenant or an ended session, Unavailable after Stop or without a thread;
   // `conn` is closed then. A lane the session had is replaced.
   absl::Status Open(UniqueFd conn, const LaneHello& hello, const PeerCredentials& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  // limits.control_lanes: off, Open refuses (FAILED_PRECONDITION, so clients keep gRPC); lanes
+  // open stay.
+  void SetEnabled(bool enabled) { enabled_.store(enabled); }
   // The session has ended: its lane, if any, is shut down.
   void SessionEnded(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Shuts every lane down and joins every thread; Open is refused from then on. Idempotent.
@@ -80,6 +84,7 @@ class ControlLanes {
 
   SessionManager* const sessions_;
   Metrics* const metrics_;
+  std::atomic<bool> enabled_{true};
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   // Every lane whose thread runs, by its address; `by_session_` names the current one of each session.
