@@ -54,7 +54,7 @@ COMMON=(-G Ninja -DHISPARSE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPIL
 # The ASan build: ASan + UBSan, and the fuzz targets beside the tests (coverage instrumentation
 # everywhere, which the tests do not notice).
 ASAN_ARGS=(-DHISPARSE_SANITIZE=address -DHISPARSE_FUZZ=ON)
-FUZZ_TARGETS=(session_manager fd_channel fd_channel_codec config trace_reader import_message)
+FUZZ_TARGETS=(session_manager fd_channel fd_channel_codec control_lane config trace_reader import_message)
 SUMMARY=()
 FAILED=0
 
