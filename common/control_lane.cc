@@ -1,7 +1,6 @@
 #include "hisparse/common/control_lane.h"
 
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "hisparse/common/fd_channel_codec.h"
+#include "hisparse/common/unique_fd.h"
+#include "hisparse/common/unix_socket.h"
 
 namespace hisparse {
 namespace {
@@ -196,36 +197,11 @@ absl::StatusOr<LaneMessage> RecvLaneMessage(int sock, size_t max_body) {
   thread_local std::unique_ptr<char[]> buffer(new char[kLanePacketBytes + 1]);
   char* const packet = buffer.get();
   while (!assembler.done()) {
-    iovec iov{packet, kLanePacketBytes + 1};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n;
-    do {
-      n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) return LaneErrno("receive");
-    bool descriptors = false;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        ::close(fd);
-        descriptors = true;
-      }
-    }
-    if (n == 0) return absl::UnavailableError("control lane: the peer closed it");
-    if (descriptors) return absl::InvalidArgumentError("control lane: a packet carried a descriptor");
-    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || static_cast<size_t>(n) > kLanePacketBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("control lane: a packet longer than ", kLanePacketBytes, " bytes"));
-    }
-    if (absl::Status st = assembler.Add(absl::string_view(packet, static_cast<size_t>(n))); !st.ok()) return st;
+    UniqueFd fd;
+    absl::StatusOr<size_t> n = RecvPacketInto(sock, packet, kLanePacketBytes, &fd);
+    if (!n.ok()) return absl::Status(n.status().code(), absl::StrCat("control lane: ", n.status().message()));
+    if (fd.valid()) return absl::InvalidArgumentError("control lane: a packet carried a descriptor");
+    if (absl::Status st = assembler.Add(absl::string_view(packet, *n)); !st.ok()) return st;
   }
   return assembler.Take();
 }

@@ -115,9 +115,10 @@ absl::Status SendPacket(int sock, absl::string_view payload, int fd_to_pass) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes) {
-  std::vector<char> buf(max_bytes + 1);
-  iovec iov{buf.data(), buf.size()};
+absl::StatusOr<size_t> RecvPacketInto(int sock, char* buf, size_t max_bytes, UniqueFd* fd) {
+  fd->Reset();
+  // One byte more than allowed: a packet that fills it is too long (MSG_TRUNC says so too).
+  iovec iov{buf, max_bytes + 1};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -129,18 +130,17 @@ absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes) {
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return Errno("recvmsg");
-  Packet p;
   // Take ownership of every descriptor that arrived before judging the packet, so none leaks.
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (!p.fd.valid()) {
-        p.fd.Reset(fd);
+      int received;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (!fd->valid()) {
+        fd->Reset(received);
       } else {
-        ::close(fd);  // the protocol passes one descriptor a packet
+        ::close(received);  // the protocols pass at most one descriptor a packet
       }
     }
   }
@@ -148,7 +148,15 @@ absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes) {
   if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || static_cast<size_t>(n) > max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("packet longer than ", max_bytes, " bytes"));
   }
-  p.payload.assign(buf.data(), static_cast<size_t>(n));
+  return static_cast<size_t>(n);
+}
+
+absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes) {
+  std::vector<char> buf(max_bytes + 1);
+  Packet p;
+  absl::StatusOr<size_t> n = RecvPacketInto(sock, buf.data(), max_bytes, &p.fd);
+  if (!n.ok()) return n.status();
+  p.payload.assign(buf.data(), *n);
   return p;
 }
 

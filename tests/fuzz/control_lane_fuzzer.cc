@@ -39,8 +39,8 @@ void Packets(FuzzInput& in) {
   for (int i = 0; i < n && !a.done(); ++i) {
     const absl::Status st = a.Add(PickPacket(in));
     if (!st.ok()) {
-      Expect(absl::IsInvalidArgument(st) && !st.message().empty(), "a refusal that is not InvalidArgument: " +
-                                                                       st.ToString());
+      Expect(absl::IsInvalidArgument(st) && !st.message().empty(),
+             "a refusal that is not InvalidArgument: " + st.ToString());
       Expect(a.done(), "a refused message still takes packets");
       refused = true;
       break;
@@ -51,7 +51,8 @@ void Packets(FuzzInput& in) {
   const LaneMessage m = a.Take();
   Expect(m.body.size() <= max_body, "a gathered message above the bound");
   LaneAssembler again(max_body);
-  for (const std::string& p : EncodeLaneMessage(m.tag, m.body)) Expect(again.Add(p).ok(), "a re-encoded packet refused");
+  for (const std::string& p : EncodeLaneMessage(m.tag, m.body))
+    Expect(again.Add(p).ok(), "a re-encoded packet refused");
   Expect(again.done(), "a re-encoded message left unfinished");
   const LaneMessage back = again.Take();
   Expect(back.tag == m.tag && back.body == m.body, "a gathered message does not survive its own encoding");

@@ -37,6 +37,9 @@ struct Packet {
 // Receives one packet (at most max_bytes; longer ones are an error). Closed peer -> Unavailable;
 // nothing to read on a non-blocking socket, or SO_RCVTIMEO ran out -> DeadlineExceeded.
 absl::StatusOr<Packet> RecvPacket(int sock, size_t max_bytes);
+// The same into `buf`, which must hold max_bytes + 1 bytes: the packet's length, and in `fd` the
+// descriptor that came with it (reset when none did; a packet's further ones are closed).
+absl::StatusOr<size_t> RecvPacketInto(int sock, char* buf, size_t max_bytes, UniqueFd* fd);
 
 struct PeerCredentials {
   pid_t pid = 0;
