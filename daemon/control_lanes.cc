@@ -85,7 +85,9 @@ absl::Status ControlLanes::Open(UniqueFd conn, const LaneHello& hello, const Pee
   auto lane = std::make_unique<Lane>();
   lane->fd = std::move(conn);
   lane->session_id = hello.session_id;
-  return Start(std::move(lane), hello, peer);
+  absl::Status st = Start(std::move(lane), hello, peer);
+  if (metrics_ != nullptr) metrics_->ObserveLaneHello(st.ok());
+  return st;
 }
 
 absl::Status ControlLanes::Start(std::unique_ptr<Lane> lane, const LaneHello& hello, const PeerCredentials& peer) {
@@ -130,6 +132,7 @@ absl::Status ControlLanes::Start(std::unique_ptr<Lane> lane, const LaneHello& he
   }
   by_session_[hello.session_id] = raw;
   live_.emplace(raw, std::move(lane));
+  if (metrics_ != nullptr) metrics_->SetControlLanes(live_.size());
   return absl::OkStatus();
 }
 
@@ -160,6 +163,7 @@ void ControlLanes::Finish(Lane* lane) {
   lane->fd.Reset();               // under mu_: nobody shuts a closed descriptor's number down
   finished_.push_back(std::move(it->second));
   live_.erase(it);
+  if (metrics_ != nullptr) metrics_->SetControlLanes(live_.size());
 }
 
 void ControlLanes::Reap() {

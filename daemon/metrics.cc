@@ -128,6 +128,12 @@ const std::vector<MetricInfo>& MetricCatalog() {
        "Config keys only a restart applies whose value in the file (at the last applied reload) differs from the "
        "running one; hisparse-ctl config lists them. 0: the file and the running config agree."},
       {"hisparse_uptime_seconds", "gauge", "Seconds since the daemon started."},
+      {"hisparse_control_lanes", "gauge",
+       "Control lanes served now: sessions whose lifecycle calls come on a connection of their own (one daemon "
+       "thread each), not over gRPC."},
+      {"hisparse_control_lane_hellos_total", "counter",
+       "Control lane hellos since start, by result (opened; refused: a wrong token or tenant, an ended session, "
+       "limits.control_lanes off, or the daemon stopping)."},
       {"hisparse_host_pool_bytes", "gauge", "Host KV pool bytes by state (used, free)."},
       {"hisparse_host_pool_capacity_bytes", "gauge", "Host KV pool capacity in bytes."},
       {"hisparse_host_pool_fragmentation_ratio", "gauge",
@@ -241,6 +247,10 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   fb.Add("hisparse_config_reloads_total", static_cast<double>(reloads_failed_.load()), {{"result", "failure"}});
   fb.Add("hisparse_config_restart_pending_keys", static_cast<double>(restart_pending_keys_.load()));
   fb.Add("hisparse_uptime_seconds", st.uptime_seconds());
+  fb.Add("hisparse_control_lanes", static_cast<double>(control_lanes_.load(std::memory_order_relaxed)));
+  fb.Add("hisparse_control_lane_hellos_total", static_cast<double>(lane_hellos_opened_.load()), {{"result", "opened"}});
+  fb.Add("hisparse_control_lane_hellos_total", static_cast<double>(lane_hellos_refused_.load()),
+         {{"result", "refused"}});
   const auto& p = st.host_pool();
   fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.used_bytes()), {{"state", "used"}});
   fb.Add("hisparse_host_pool_bytes", static_cast<double>(p.free_bytes()), {{"state", "free"}});

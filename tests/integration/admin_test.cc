@@ -208,7 +208,9 @@ TEST(AdminTest, MetricsScrapeIsValidPrometheusExposition) {
   for (const char* want :
        {"hisparse_host_pool_bytes{state=\"used\"} 262144", "hisparse_sessions 1", "hisparse_requests 1",
         "hisparse_admissions_total 1", "hisparse_rejections_total{reason=\"pool_full\"} 0",
-        "hisparse_rpc_duration_seconds_bucket{method=\"Admit\"",
+        "hisparse_rpc_duration_seconds_bucket{method=\"Admit\"", "hisparse_control_lanes 1",
+        "hisparse_control_lane_hellos_total{result=\"opened\"} 1",
+        "hisparse_control_lane_hellos_total{result=\"refused\"} 0",
         "hisparse_resolve_hits_total{gpu=\"-1\",session=\"1\"} 0",
         "hisparse_resolve_rejected_rows_total{gpu=\"-1\",session=\"1\"} 0", "# TYPE hisparse_evictions_total counter",
         "hisparse_build_info{version=\"" HISPARSE_VERSION "\"} 1"}) {

@@ -70,6 +70,11 @@ class Metrics final : public prometheus::Collectable {
   void ObserveReload(bool ok);
   // Restart-only keys whose file value differs from the running one (hisparse_config_restart_pending_keys).
   void SetRestartPendingKeys(size_t keys) { restart_pending_keys_.store(keys, std::memory_order_relaxed); }
+  // Control lanes (control_lanes.h): how many are served now, and each hello's outcome.
+  void SetControlLanes(size_t lanes) { control_lanes_.store(lanes, std::memory_order_relaxed); }
+  void ObserveLaneHello(bool opened) {
+    (opened ? lane_hellos_opened_ : lane_hellos_refused_).fetch_add(1, std::memory_order_relaxed);
+  }
   // What grpc.health.v1 reports: SERVING (true) or NOT_SERVING.
   void SetServing(bool serving) { serving_.store(serving, std::memory_order_relaxed); }
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -90,6 +95,9 @@ class Metrics final : public prometheus::Collectable {
   std::atomic<uint64_t> reloads_ok_{0};
   std::atomic<uint64_t> reloads_failed_{0};
   std::atomic<size_t> restart_pending_keys_{0};
+  std::atomic<size_t> control_lanes_{0};
+  std::atomic<uint64_t> lane_hellos_opened_{0};
+  std::atomic<uint64_t> lane_hellos_refused_{0};
 };
 
 // Serves /metrics on `listen` ("127.0.0.1:9464"). Keeps `metrics` alive while serving.
