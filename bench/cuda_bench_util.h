@@ -6,6 +6,7 @@
 #define HISPARSE_BENCH_CUDA_BENCH_UTIL_H_
 
 #include <cuda_runtime.h>
+#include "hisparse/hisparse.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +26,21 @@
   } while (0)
 
 namespace hisparse::bench {
+
+// hs_arena_kind as hisparse-ctl and the logs spell it ("host", "cuda-vmm", "cuda-ipc", "private-gpu").
+inline const char* ArenaKindName(hs_arena_kind kind) {
+  switch (kind) {
+    case HS_ARENA_HOST:
+      return "host";
+    case HS_ARENA_CUDA_VMM:
+      return "cuda-vmm";
+    case HS_ARENA_CUDA_IPC:
+      return "cuda-ipc";
+    case HS_ARENA_PRIVATE_GPU:
+      return "private-gpu";
+  }
+  return "unknown";
+}
 
 // Launches a one-thread kernel that spins `cycles` GPU clocks on `stream`.
 void LaunchSpin(cudaStream_t stream, long long cycles);

@@ -23,9 +23,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench_cmd.h"
-#include "client_session.h"
 #include "cuda_bench_util.h"
 #include "hisparse/common/daemon_process.h"
+#include "hisparse/hisparse.hpp"
 #include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse::bench {
@@ -36,12 +36,15 @@ struct Options {
   int batch = 64, slots = 4096, k = 2048, record_bytes = 656;
   std::vector<double> miss{0, 0.05, 0.2};
   int runs = 300;
+  bool smoke = false;
 };
 
 void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench resolve-shared [--mode auto|vmm|cuda_ipc] [--batch 64] [--slots 4096]\n"
-               "       [--k 2048] [--record-bytes 656] [--miss 0,0.05,0.2] [--runs 300]\n");
+               "       [--k 2048] [--record-bytes 656] [--miss 0,0.05,0.2] [--runs 300] [--smoke]\n"
+               "  --smoke: batch 4, 256 slots, k 128, misses 0 and 0.2, 5 runs (what ctest runs); exits 77 without a\n"
+               "  GPU.\n");
 }
 
 // One arena's tables and their pristine copy.
@@ -69,6 +72,12 @@ Arena Prepare(const ArenaView& view, const ArenaGeometry& g) {
 bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--smoke") {
+      o->smoke = true;
+      o->batch = 4, o->slots = 256, o->k = 128, o->runs = 5;
+      o->miss = {0, 0.2};
+      continue;
+    }
     if (i + 1 >= argc) return false;
     const char* v = argv[++i];
     bool ok = true;
@@ -113,8 +122,8 @@ int ResolveSharedMain(int argc, char** argv) {
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::fprintf(stderr, "hisparse-bench resolve-shared: no CUDA device\n");
-    return 1;
+    std::fprintf(stderr, "hisparse-bench resolve-shared: no CUDA device%s\n", o.smoke ? " (smoke: skipped)" : "");
+    return o.smoke ? 77 : 1;
   }
   BENCH_CUDA(cudaSetDevice(0));
   const double link = PrintLinkLine();
@@ -138,18 +147,27 @@ int ResolveSharedMain(int argc, char** argv) {
   so.slots = static_cast<uint32_t>(o.slots);
   so.max_requests = static_cast<uint32_t>(o.batch);
   so.backend = HS_BACKEND_CUDA;
-  auto session = ClientSession::Open(so);
-  if (!session.ok()) {
-    std::fprintf(stderr, "hisparse-bench resolve-shared: session: %s\n", session.status().ToString().c_str());
+  Session session;
+  hs_session_info info;
+  if (Error e = Session::Open(so, &session); e || (e = session.Info(&info))) {
+    std::fprintf(stderr, "hisparse-bench resolve-shared: session: %s\n", e.message.c_str());
     return 1;
   }
-  const std::string kind = v1::ArenaKindName((*session)->arena_kind());
+  const std::string kind = ArenaKindName(info.arena_kind);
   const ArenaGeometry g{o.batch, 1, o.slots, o.k, static_cast<uint32_t>(o.record_bytes)};
   const ArenaOffsets off = ComputeArenaOffsets(g);
+  // The daemon's arena as this process mapped it: its layout is the geometry's (arena_layout.h), so
+  // the records' address (hs_session_info.slot_base) places the whole arena.
+  if (info.arena_bytes < off.total_bytes) {
+    std::fprintf(stderr, "hisparse-bench resolve-shared: the session's arena is %llu bytes, its layout needs %zu\n",
+                 static_cast<unsigned long long>(info.arena_bytes), off.total_bytes);
+    return 1;
+  }
+  void* const shared_base = static_cast<uint8_t*>(info.slot_base) - off.records;
   void* own_mem = nullptr;
   BENCH_CUDA(cudaMalloc(&own_mem, off.total_bytes));
   BENCH_CUDA(cudaMemset(own_mem, 0, off.total_bytes));
-  Arena arenas[2] = {Prepare((*session)->arena_view(), g), Prepare(ArenaView::Of(own_mem, g), g)};
+  Arena arenas[2] = {Prepare(ArenaView::Of(shared_base, g), g), Prepare(ArenaView::Of(own_mem, g), g)};
 
   // The host pool and everything else RESOLVE reads: shared by both arenas.
   const int B = o.slots, k = o.k, batch = o.batch, rb = o.record_bytes, seq = B + k + 1;
@@ -236,7 +254,7 @@ int ResolveSharedMain(int argc, char** argv) {
   for (Arena& a : arenas) cudaFree(a.saved);
   cudaFree(own_mem);
   cudaStreamDestroy(st);
-  session->reset();
+  session.Close();
   return rc;
 }
 

@@ -11,7 +11,7 @@
 //     --segment-gib GiB memfd segments (pre-faulted at its start, timed as daemon_start_s); one
 //     session admits one request per segment, each holding a whole segment, so every segment is
 //     fetched, mmap'ed and cudaHostRegister'ed (mapped, portable): the sums of each phase.
-// Uses the client's C++ internals (ClientSession) for the phase times, not the C ABI.
+// Everything through the C ABI (hisparse.hpp): the phase times are hs_session_get_timings'.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -25,9 +25,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench_cmd.h"
-#include "client_session.h"
 #include "cuda_bench_util.h"
 #include "hisparse/common/daemon_process.h"
+#include "hisparse/hisparse.hpp"
 #include "hisparse/kernels/arena_layout.h"
 
 namespace hisparse::bench {
@@ -45,8 +45,9 @@ struct Options {
 void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench session-open [--modes vmm,cuda_ipc] [--arena-gib 1,16] [--repeats 3]\n"
-               "       [--pool-gib 64] [--segment-gib 1] [--gpu 0]\n"
-               "  --pool-gib 0 skips the host-pool part.\n");
+               "       [--pool-gib 64] [--segment-gib 1] [--gpu 0] [--smoke]\n"
+               "  --pool-gib 0 skips the host-pool part. --smoke: 64 MiB arenas once per mode and a 256 MiB pool of\n"
+               "  64 MiB slabs (what ctest runs); exits 77 without a GPU.\n");
 }
 
 double Since(std::chrono::steady_clock::time_point t0) {
@@ -98,17 +99,21 @@ int ArenaPart(const Options& o) {
         const std::string address = (*d)->address();
         hs_session_options opts = GeometryFor(gib * (1 << 30), o.gpu, address.c_str());
         const size_t free_before = FreeGpuBytes();
-        auto s = ClientSession::Open(opts);
-        if (!s.ok()) {
-          std::fprintf(stderr, "hisparse-bench session-open: %s, %.0f GiB: %s\n", mode.c_str(), gib,
-                       s.status().ToString().c_str());
+        Session s;
+        if (Error e = Session::Open(opts, &s)) {
+          std::fprintf(stderr, "hisparse-bench session-open: %s, %.0f GiB: %s: %s\n", mode.c_str(), gib,
+                       hs_result_string(e.code), e.message.c_str());
           return 1;
         }
-        const ClientSession::OpenPhases p = (*s)->open_phases();
-        const hs_session_info info = (*s)->Info();
-        const std::string kind = v1::ArenaKindName((*s)->arena_kind());
+        hs_session_timings p;
+        hs_session_info info;
+        if (Error e = s.Timings(&p); e || (e = s.Info(&info))) {
+          std::fprintf(stderr, "hisparse-bench session-open: %s\n", e.message.c_str());
+          return 1;
+        }
+        const std::string kind = ArenaKindName(info.arena_kind);
         const auto t_close = std::chrono::steady_clock::now();
-        s->reset();
+        s.Close();
         double close_s = Since(t_close);
         // The daemon frees on session end, which it learns from the stream: wait for the memory.
         double freed_s = -1;
@@ -124,7 +129,7 @@ int ArenaPart(const Options& o) {
             "\"close_s\":%.6f,\"gpu_memory_back_s\":%.6f}\n",
             mode.c_str(), kind.c_str(), gib, static_cast<unsigned long long>(info.arena_bytes), opts.max_requests, rep,
             p.daemon_create_s, p.open_rpc_s, p.backend_init_s, p.fetch_arena_s, p.import_s, p.map_s, p.attach_s,
-            p.total_s, close_s, freed_s);
+            p.open_total_s, close_s, freed_s);
         std::fflush(stdout);
       }
     }
@@ -158,35 +163,38 @@ int PoolPart(const Options& o) {
   opts.slots = 1;
   opts.max_requests = segments;
   opts.backend = HS_BACKEND_CUDA;
-  auto s = ClientSession::Open(opts);
-  if (!s.ok()) {
-    std::fprintf(stderr, "hisparse-bench session-open: pool session: %s\n", s.status().ToString().c_str());
+  Session s;
+  if (Error e = Session::Open(opts, &s)) {
+    std::fprintf(stderr, "hisparse-bench session-open: pool session: %s\n", e.message.c_str());
     return 1;
   }
   const uint32_t tokens = static_cast<uint32_t>(seg / opts.record_bytes);  // a whole segment
   const auto t1 = std::chrono::steady_clock::now();
   uint32_t admitted = 0;
   for (uint32_t i = 0; i < segments; ++i) {
-    auto r = (*s)->Admit(i + 1, tokens, tokens);
-    if (!r.ok()) {
-      std::fprintf(stderr, "hisparse-bench session-open: admit %u of %u: %s\n", i + 1, segments,
-                   r.status().ToString().c_str());
+    if (Error e = s.Admit(i + 1, tokens, tokens)) {
+      std::fprintf(stderr, "hisparse-bench session-open: admit %u of %u: %s\n", i + 1, segments, e.message.c_str());
       break;
     }
     ++admitted;
   }
   const double admit_s = Since(t1);
-  const ClientSession::HostMapPhases h = (*s)->host_map_phases();
+  hs_session_timings h;
+  if (Error e = s.Timings(&h)) {
+    std::fprintf(stderr, "hisparse-bench session-open: timings: %s\n", e.message.c_str());
+    return 1;
+  }
   std::printf(
       "{\"kind\":\"host_pool\",\"pool_bytes\":%llu,\"segment_bytes\":%llu,\"segments\":%u,\"admitted\":%u,"
       "\"mapped_segments\":%u,\"mapped_bytes\":%llu,\"daemon_start_s\":%.3f,\"fetch_s\":%.6f,\"mmap_s\":%.6f,"
       "\"register_s\":%.6f,\"register_s_per_gib\":%.6f,\"admit_total_s\":%.6f}\n",
-      static_cast<unsigned long long>(pool), static_cast<unsigned long long>(seg), segments, admitted, h.slabs,
-      static_cast<unsigned long long>(h.bytes), daemon_start_s, h.fetch_s, h.mmap_s, h.register_s,
-      h.bytes ? h.register_s / (static_cast<double>(h.bytes) / (1 << 30)) : 0.0, admit_s);
+      static_cast<unsigned long long>(pool), static_cast<unsigned long long>(seg), segments, admitted, h.slabs_mapped,
+      static_cast<unsigned long long>(h.slab_bytes_mapped), daemon_start_s, h.slab_fetch_s, h.slab_mmap_s,
+      h.slab_register_s,
+      h.slab_bytes_mapped ? h.slab_register_s / (static_cast<double>(h.slab_bytes_mapped) / (1 << 30)) : 0.0, admit_s);
   std::fflush(stdout);
   const auto t2 = std::chrono::steady_clock::now();
-  s->reset();
+  s.Close();
   std::printf("{\"kind\":\"host_pool_close\",\"close_s\":%.6f}\n", Since(t2));
   return admitted == segments ? 0 : 1;
 }
@@ -210,11 +218,16 @@ bool ParseList(const char* text, std::vector<T>* out) {
 
 int SessionOpenMain(int argc, char** argv) {
   Options o;
+  bool smoke = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       Usage();
       return 0;
+    }
+    if (a == "--smoke") {
+      smoke = true;
+      continue;
     }
     if (i + 1 >= argc) {
       Usage();
@@ -243,10 +256,16 @@ int SessionOpenMain(int argc, char** argv) {
       return 2;
     }
   }
+  if (smoke) {
+    o.arena_gib = {1.0 / 16};
+    o.repeats = 1;
+    o.pool_gib = 0.25;
+    o.segment_gib = 1.0 / 16;
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count <= o.gpu) {
-    std::fprintf(stderr, "hisparse-bench session-open: no CUDA device %d\n", o.gpu);
-    return 1;
+    std::fprintf(stderr, "hisparse-bench session-open: no CUDA device %d%s\n", o.gpu, smoke ? " (smoke: skipped)" : "");
+    return smoke ? 77 : 1;
   }
   // This process's own CUDA context first, so that it is in no measured phase or memory baseline.
   BENCH_CUDA(cudaSetDevice(o.gpu));

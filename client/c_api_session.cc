@@ -76,6 +76,17 @@ void hs_session_close(hs_session* session) {
   }
 }
 
+hs_result hs_session_get_timings(hs_session* s, hs_session_timings* out) {
+  return Guard([&] {
+    if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");
+    if (!SizeOk(out->struct_size, sizeof(hs_session_timings))) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_session_timings.struct_size is too small: use HS_SESSION_TIMINGS_INIT");
+    }
+    WriteSized(s->Get()->Timings(), out);
+    return HS_OK;
+  });
+}
+
 hs_result hs_session_get_info(hs_session* s, hs_session_info* out) {
   return Guard([&] {
     if (s == nullptr || out == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and out must not be NULL");

@@ -561,6 +561,26 @@ absl::StatusOr<v1::StatsResponse> ClientSession::NodeStats() {
   return resp;
 }
 
+hs_session_timings ClientSession::Timings() const {
+  hs_session_timings t = HS_SESSION_TIMINGS_INIT;
+  const OpenPhases& o = open_phases_;
+  t.open_rpc_s = o.open_rpc_s;
+  t.daemon_create_s = o.daemon_create_s;
+  t.backend_init_s = o.backend_init_s;
+  t.fetch_arena_s = o.fetch_arena_s;
+  t.import_s = o.import_s;
+  t.map_s = o.map_s;
+  t.attach_s = o.attach_s;
+  t.open_total_s = o.total_s;
+  const HostMapPhases h = host_map_phases();
+  t.slabs_mapped = h.slabs;
+  t.slab_bytes_mapped = h.bytes;
+  t.slab_fetch_s = h.fetch_s;
+  t.slab_mmap_s = h.mmap_s;
+  t.slab_register_s = h.register_s;
+  return t;
+}
+
 hs_session_info ClientSession::Info() const {
   hs_session_info info = HS_SESSION_INFO_INIT;
   info.session_id = opened_.session_id();

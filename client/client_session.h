@@ -48,6 +48,8 @@ inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
 class ClientSession {
  public:
   // Where Open spent its time (seconds), for the session-open benchmark (bench/session_open_cmd).
+  // Both, as the C ABI reports them (hs_session_get_timings).
+  hs_session_timings Timings() const ABSL_LOCKS_EXCLUDED(mu_);
   struct OpenPhases {
     double open_rpc_s = 0;       // the OpenSession round trip (includes the daemon's arena creation)
     double daemon_create_s = 0;  // of which the daemon allocated, cleared and exported the arena

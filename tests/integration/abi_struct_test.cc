@@ -124,6 +124,22 @@ TEST_F(AbiStructTest, StatsFromTheFirstVersionUp) {
   EXPECT_EQ(hs_stats_get(session_.get(), &small), HS_ERR_INVALID_ARGUMENT);
 }
 
+TEST_F(AbiStructTest, SessionTimingsAsTheLibraryKnowsThem) {
+  ASSERT_EQ(hs_admit(session_.get(), 1, 10, 100, nullptr), HS_OK) << hs_last_error();
+  Grown<hs_session_timings> grown;
+  ASSERT_EQ(hs_session_get_timings(session_.get(), grown.get()), HS_OK) << hs_last_error();
+  EXPECT_GT(grown.get()->open_total_s, 0.0);
+  EXPECT_LE(grown.get()->open_rpc_s, grown.get()->open_total_s);
+  EXPECT_GE(grown.get()->slabs_mapped, 1u);  // the admission's slab
+  EXPECT_EQ(grown.get()->struct_size, sizeof(grown.bytes));
+  EXPECT_TRUE(grown.TailUntouched());
+
+  hs_session_timings small = HS_SESSION_TIMINGS_INIT;
+  small.struct_size = sizeof(hs_session_timings) - 8;
+  EXPECT_EQ(hs_session_get_timings(session_.get(), &small), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(hs_session_get_timings(session_.get(), nullptr), HS_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   hs_request_info ri = HS_REQUEST_INFO_INIT;
   ASSERT_EQ(hs_admit(session_.get(), 1, 20, 40, &ri), HS_OK) << hs_last_error();

@@ -104,7 +104,8 @@ def test_version_is_the_projects():
 _C_STRUCTS = {"SessionOptions": "hs_session_options", "RequestInfo": "hs_request_info",
               "SessionInfo": "hs_session_info", "Stats": "hs_stats", "ResolveArgs": "hs_resolve_args",
               "StoreIndexedArgs": "hs_store_indexed_args", "AdmitArgs": "hs_admit_args",
-              "Recovery": "hs_recovery", "RecoveredRequest": "hs_recovered_request"}
+              "Recovery": "hs_recovery", "RecoveredRequest": "hs_recovered_request",
+              "SessionTimings": "hs_session_timings"}
 
 
 def test_ctypes_structs_match_the_header(tmp_path):
@@ -143,6 +144,18 @@ def test_open_reports_geometry_and_host_backend(open_session):
     assert info.arena_bytes >= 2 * 3 * 7 * 80
     assert info.arena_kind == "host"  # a host-emulated daemon shares a memfd arena
     assert s.slot_view().shape == (2, 3, 7, info.record_stride)
+
+
+def test_timings_say_where_the_open_and_the_slabs_went(open_session):
+    s = open_session()
+    before = s.timings()
+    assert before["open_total_s"] > 0 and before["open_rpc_s"] > 0
+    assert before["open_rpc_s"] <= before["open_total_s"]
+    s.admit(1, context_tokens=10, token_budget=64)
+    after = s.timings()
+    assert after["slabs_mapped"] >= 1 and after["slab_bytes_mapped"] > 0
+    assert after["open_total_s"] == before["open_total_s"]
+    s.release(1)
 
 
 def test_admit_extend_release_and_stats(open_session):

@@ -48,7 +48,8 @@ extern "C" {
  * riding through a daemon's restart: hs_session_get_state, hs_session_recover, hs_recovery_kept,
  * hs_recovery_lost (and every data-path call is HS_ERR_UNAVAILABLE once the session ended); 1.12:
  * the control lane: lifecycle calls leave gRPC for a connection of the session's own where the
- * daemon serves one, and hs_session_info.control_lane says which carries them. */
+ * daemon serves one, and hs_session_info.control_lane says which carries them;
+ * hs_session_get_timings. */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 12
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
@@ -215,6 +216,31 @@ typedef struct hs_stats {
   { sizeof(hs_stats), 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0 }
 
 hs_result hs_stats_get(hs_session* session, hs_stats* out);
+
+/* Since ABI 1.12. Where this session's time went, in seconds: its open phase by phase, and the
+ * host-pool slabs it has mapped so far (on admissions and extends). For benchmarks and
+ * diagnosis; nothing in it changes what the session does. */
+typedef struct hs_session_timings {
+  uint32_t struct_size;
+  double open_rpc_s;      /* the OpenSession round trip (includes the daemon's arena creation) */
+  double daemon_create_s; /* of which the daemon allocated, cleared and exported the arena */
+  double backend_init_s;  /* the device backend's setup (CUDA context, workspace) */
+  double fetch_arena_s;   /* the fd channel round trip for the arena (fd or cudaIpc handle) */
+  double import_s;        /* cuMemImportFromShareableHandle / cuIpcOpenMemHandle */
+  double map_s;           /* cuMemAddressReserve + cuMemMap + cuMemSetAccess (VMM only) */
+  double attach_s;        /* the whole attach: import + map (+ mmap for a host arena) */
+  double open_total_s;    /* hs_session_open, end to end */
+  uint32_t slabs_mapped;  /* host-pool slabs mapped (mmap) and registered with the device */
+  uint64_t slab_bytes_mapped;
+  double slab_fetch_s;    /* their fd channel round trips */
+  double slab_mmap_s;     /* their mmap */
+  double slab_register_s; /* their cudaHostRegister (mapped, portable); about 0 on the host backend */
+} hs_session_timings;
+
+#define HS_SESSION_TIMINGS_INIT \
+  { sizeof(hs_session_timings), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+hs_result hs_session_get_timings(hs_session* session, hs_session_timings* out);
 
 /* Requests the daemon evicted (an operator's `hisparse-ctl evict`, or admission under pressure)
  * since the last call: their memory is gone and the engine must re-prefill or fail them. Writes up

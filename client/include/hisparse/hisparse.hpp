@@ -88,6 +88,10 @@ class Session {
     *out = HS_SESSION_INFO_INIT;
     return Error::From(hs_session_get_info(s_, out));
   }
+  Error Timings(hs_session_timings* out) {
+    *out = HS_SESSION_TIMINGS_INIT;
+    return Error::From(hs_session_get_timings(s_, out));
+  }
   Error Stats(hs_stats* out) {
     *out = HS_STATS_INIT;
     return Error::From(hs_stats_get(s_, out));

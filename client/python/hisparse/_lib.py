@@ -126,6 +126,27 @@ class Stats(ctypes.Structure):
     ]
 
 
+class SessionTimings(ctypes.Structure):
+    """hs_session_timings (ABI 1.12)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("open_rpc_s", ctypes.c_double),
+        ("daemon_create_s", ctypes.c_double),
+        ("backend_init_s", ctypes.c_double),
+        ("fetch_arena_s", ctypes.c_double),
+        ("import_s", ctypes.c_double),
+        ("map_s", ctypes.c_double),
+        ("attach_s", ctypes.c_double),
+        ("open_total_s", ctypes.c_double),
+        ("slabs_mapped", ctypes.c_uint32),
+        ("slab_bytes_mapped", ctypes.c_uint64),
+        ("slab_fetch_s", ctypes.c_double),
+        ("slab_mmap_s", ctypes.c_double),
+        ("slab_register_s", ctypes.c_double),
+    ]
+
+
 class Recovery(ctypes.Structure):
     """hs_recovery (ABI 1.11)."""
 
@@ -243,6 +264,10 @@ def new_session_info() -> SessionInfo:
     return _new(SessionInfo)
 
 
+def new_session_timings() -> SessionTimings:
+    return _new(SessionTimings)
+
+
 def new_stats() -> Stats:
     return _new(Stats)
 
@@ -299,6 +324,7 @@ _SIGNATURES = {
                                        ctypes.POINTER(RequestInfo)]),
     "hs_session_get_info": (ctypes.c_int, [SessionPtr, ctypes.POINTER(SessionInfo)]),
     "hs_stats_get": (ctypes.c_int, [SessionPtr, ctypes.POINTER(Stats)]),
+    "hs_session_get_timings": (ctypes.c_int, [SessionPtr, ctypes.POINTER(SessionTimings)]),  # ABI 1.12
     "hs_resolve": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ResolveArgs)]),
     "hs_store": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]),

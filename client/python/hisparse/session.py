@@ -549,6 +549,13 @@ class Session:
                            _ARENA_KIND_NAMES.get(i.arena_kind, str(i.arena_kind)), i.draft_tokens,
                            bool(i.control_lane))
 
+    def timings(self) -> Dict[str, float]:
+        """hs_session_timings (ABI 1.12): where this session's open and its slab mappings spent their
+        time, in seconds (and slabs_mapped, slab_bytes_mapped as counts)."""
+        t = _lib.new_session_timings()
+        check(self._lib.hs_session_get_timings(self._h(), ctypes.byref(t)), "session timings")
+        return {name: getattr(t, name) for name, _ in t._fields_ if name != "struct_size"}
+
     def stats(self) -> Stats:
         s = _lib.new_stats()
         check(self._lib.hs_stats_get(self._h(), ctypes.byref(s)), "stats")
