@@ -7,10 +7,8 @@
 #include <cstring>
 #include <memory>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "hisparse/common/fd_channel_codec.h"
@@ -87,10 +85,7 @@ absl::StatusOr<LaneHello> DecodeLaneHello(absl::string_view packet) {
   }
   const std::vector<absl::string_view> fields = absl::StrSplit(rest, ' ');
   LaneHello hello;
-  const bool decimal = !fields.empty() && !fields[0].empty() && fields[0].size() <= 20 &&
-                       std::all_of(fields[0].begin(), fields[0].end(),
-                                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); });
-  if (fields.size() != 2 || !decimal || !absl::SimpleAtoi(fields[0], &hello.session_id) || fields[1].empty()) {
+  if (fields.size() != 2 || !ParseWireDecimal(fields[0], &hello.session_id) || fields[1].empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad lane hello \"", absl::CHexEscape(packet.substr(0, 128)), "\" (want HSLANE1 <id> <token>)"));
   }

@@ -10,19 +10,18 @@
 #include "absl/strings/strip.h"
 
 namespace hisparse {
-namespace {
 
-constexpr char kWant[] = "malformed request: want \"HSFD2 <session_id> <token> <object>\"";
-
-// Plain decimal digits only (no sign, no spaces), fitting the type: the wire has one spelling.
-template <typename T>
-bool ParseDecimal(absl::string_view s, T* out) {
+bool ParseWireDecimal(absl::string_view s, uint64_t* out) {
   if (s.empty() || s.size() > 20) return false;
   for (char c : s) {
     if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
   }
   return absl::SimpleAtoi(s, out);
 }
+
+namespace {
+
+constexpr char kWant[] = "malformed request: want \"HSFD2 <session_id> <token> <object>\"";
 
 // The code an absl::StatusCodeToString name spells, or false; kOk is no error's code.
 bool StatusCodeFromName(absl::string_view name, absl::StatusCode* code) {
@@ -41,7 +40,7 @@ absl::StatusOr<FdObject> DecodeFdObject(absl::string_view object) {
   if (object == "arena") return FdObject(FdArena{});
   if (absl::string_view rest = object; absl::ConsumePrefix(&rest, "slab ")) {
     FdSlab slab;
-    if (!ParseDecimal(rest, &slab.n)) {
+    if (!ParseWireDecimal(rest, &slab.n)) {
       return absl::InvalidArgumentError(absl::StrCat("bad slab number in \"", absl::CHexEscape(object), "\""));
     }
     return FdObject(slab);
@@ -59,7 +58,7 @@ absl::StatusOr<FdReply> DecodeOk(absl::string_view text, bool has_fd) {
   if (absl::ConsumePrefix(&text, "cuda-ipc ")) {
     if (has_fd) return absl::InvalidArgumentError("a cuda-ipc reply came with a descriptor");
     std::vector<absl::string_view> f = absl::StrSplit(text, ' ');
-    if (f.size() != 2 || !ParseDecimal(f[0], &ok.bytes) || f[1].size() != 2 * kCudaIpcHandleBytes ||
+    if (f.size() != 2 || !ParseWireDecimal(f[0], &ok.bytes) || f[1].size() != 2 * kCudaIpcHandleBytes ||
         !IsLowerHex(f[1])) {
       return absl::InvalidArgumentError("malformed cuda-ipc reply: want \"OK cuda-ipc <bytes> <128 hex digits>\"");
     }
@@ -68,7 +67,7 @@ absl::StatusOr<FdReply> DecodeOk(absl::string_view text, bool has_fd) {
     return FdReply(std::move(ok));
   }
   (void)absl::ConsumePrefix(&text, "fd ");  // version 2; version 1 says "OK <bytes>"
-  if (!ParseDecimal(text, &ok.bytes)) {
+  if (!ParseWireDecimal(text, &ok.bytes)) {
     return absl::InvalidArgumentError("malformed reply: want \"OK fd <bytes>\" or \"OK cuda-ipc <bytes> <handle>\"");
   }
   if (!has_fd) return absl::InvalidArgumentError("an fd reply came without a descriptor");
@@ -90,7 +89,7 @@ std::string EncodeFdRequest(const FdRequest& r) {
 absl::StatusOr<FdRequest> DecodeFdRequest(absl::string_view packet) {
   std::vector<absl::string_view> parts = absl::StrSplit(packet, absl::MaxSplits(' ', 3));
   FdRequest r;
-  if (parts.size() != 4 || (parts[0] != "HSFD1" && parts[0] != "HSFD2") || !ParseDecimal(parts[1], &r.session_id)) {
+  if (parts.size() != 4 || (parts[0] != "HSFD1" && parts[0] != "HSFD2") || !ParseWireDecimal(parts[1], &r.session_id)) {
     return absl::InvalidArgumentError(kWant);
   }
   r.version = parts[0] == "HSFD1" ? FdVersion::kV1 : FdVersion::kV2;

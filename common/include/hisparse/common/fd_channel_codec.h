@@ -68,6 +68,10 @@ struct FdErr {
 };
 using FdReply = std::variant<FdOk, FdErr>;
 
+// A wire number: plain decimal digits only (no sign, no spaces), fitting a uint64. The fd socket's
+// packets (these and the control lane's hello, control_lane.h) have one spelling of a number.
+bool ParseWireDecimal(absl::string_view s, uint64_t* out);
+
 // The request's packet. `r.token` must hold no space (it would not decode back).
 std::string EncodeFdRequest(const FdRequest& r);
 // InvalidArgument naming what is wrong for anything that is not exactly a request above (an
