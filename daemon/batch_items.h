@@ -1,5 +1,5 @@
-// What every batched lifecycle call of SessionManager shares (session_batch.cc,
-// session_batch_parking.cc): the item-count check, an item's status on the wire, the duplicate
+// What every batched lifecycle call of SessionManager shares (batches.cc,
+// batches.cc): the item-count check, an item's status on the wire, the duplicate
 // check, and ALL_OR_NOTHING's answer for the items a failing one stopped. Internal to the daemon.
 // Stateless but SeenIds, which one call owns and uses from one thread.
 #ifndef HISPARSE_DAEMON_BATCH_ITEMS_H_

@@ -1,4 +1,4 @@
-// SessionManager::ParkBatch / ResumeBatch (daemon/session_batch_parking.cc): each item gets the
+// SessionManager::ParkBatch / ResumeBatch (daemon/batches.cc): each item gets the
 // code a single Park / Resume of it would (NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED) and
 // INVALID_ARGUMENT for a repeated id; an all-or-nothing batch that fails leaves every request in
 // the state and row it had (parks undone into their old rows, resumes parked again) and the

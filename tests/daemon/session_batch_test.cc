@@ -1,4 +1,4 @@
-// SessionManager::AdmitBatch / ReleaseBatch (daemon/session_batch.cc): an all-or-nothing batch that
+// SessionManager::AdmitBatch / ReleaseBatch (daemon/batches.cc): an all-or-nothing batch that
 // fails leaves the pool, the ledger and every counter as they were; a per-item batch gives each
 // item what a single Admit would (duplicates and over-quota items refused, the rest admitted);
 // evict_lru_idle evicts for a per-item batch but never one of its own requests, and never for an

@@ -1,4 +1,4 @@
-// SessionManager's durable requests (session_durable.cc): a leased request outlives its session's
+// SessionManager's durable requests (durability.cc): a leased request outlives its session's
 // end as an orphan (parked, pages kept byte for byte, still in its tenant's quotas), a session of
 // the same tenant and engine name lists and adopts it (slabs handed over, fd channel follows),
 // every refusal's code changes nothing, leases end by the injected clock and leave the pool empty,

@@ -1,4 +1,4 @@
-// SessionManager's TP groups (session_groups.cc): joining and every refusal's code, one set of
+// SessionManager's TP groups (group_requests.cc): joining and every refusal's code, one set of
 // pages for every rank, admission all or nothing across the group (a full pool, one rank's full
 // arena, a missing rank), attaching, releasing share by share, a member's death, the fd channel's
 // group slabs, and stats counting the pages once. CheckInvariants runs after every step.

@@ -1,4 +1,4 @@
-// SessionManager's import grants (session_import.cc) against a fake ImportTarget: a grant's
+// SessionManager's import grants (imports.cc) against a fake ImportTarget: a grant's
 // memory is registered as the grant says and revoked before its pages are freed (commit, abort,
 // expiry by the injected clock, session end), every call to the target is made outside the
 // session manager's lock (the fake calls back into it), refusals change nothing, and the

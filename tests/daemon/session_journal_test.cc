@@ -1,4 +1,4 @@
-// Restarts without loss, in one process (request_journal.h, session_journal.cc): a session
+// Restarts without loss, in one process (request_journal.h, request_journaling.cc): a session
 // manager journals its durable requests into an fd store (a service manager played by this test
 // with hisparse-keeper's own protocol pieces, on a real datagram socket); the manager and its pool
 // are destroyed, as a killed daemon's are; a new pool and manager take back what the store kept,

@@ -1,4 +1,4 @@
-// SessionManager's park/resume and shared prefixes (session_parking.cc, session_sharing.cc):
+// SessionManager's park/resume and shared prefixes (parking.cc, shared_prefixes.cc):
 // rows freed and retaken, pages kept byte for byte, quotas, parked requests evicted first, shared
 // pages referenced and charged once, the charge passing on as holders leave, and every refusal's
 // code. CheckInvariants runs after every step.

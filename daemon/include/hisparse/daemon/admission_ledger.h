@@ -81,7 +81,7 @@ class AdmissionLedger {
   // Forgets the session and every request it held. No-op for an unknown id.
   void RemoveSession(uint64_t session_id);
   bool HasSession(uint64_t session_id) const { return sessions_.count(session_id) != 0; }
-  // Durable requests (SessionManager, session_durable.cc). OrphanSession: the session has ended
+  // Durable requests (SessionManager, durability.cc). OrphanSession: the session has ended
   // but keeps its requests, every one parked (a live one is parked here): it stops counting as
   // one of its tenant's sessions and its arena bytes are returned; its requests and pages still
   // count against the tenant's quotas. An orphan is never a victim (PickVictim) nor a row holder.

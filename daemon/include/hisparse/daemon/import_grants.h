@@ -11,7 +11,7 @@
 // kSpent spent grants are remembered, so that a second use of one gets its own refusal (committed
 // already, expired, aborted) rather than "no such grant". The request's state (importing) is its
 // RequestTable's (request_table.h); the memory's registration is the ImportTarget's
-// (import_target.h); SessionManager (session_import.cc) orders the three.
+// (import_target.h); SessionManager (imports.cc) orders the three.
 //
 // Not thread-safe: SessionManager calls it under its mutex.
 #ifndef HISPARSE_DAEMON_IMPORT_GRANTS_H_

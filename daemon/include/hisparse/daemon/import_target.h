@@ -1,4 +1,4 @@
-// ImportTarget: the seam between the session manager's import grants (session_import.cc) and the
+// ImportTarget: the seam between the session manager's import grants (imports.cc) and the
 // transport that takes a remote writer's records into granted pages.
 //
 // The session manager decides which pages a grant covers and when it stops being writable; the

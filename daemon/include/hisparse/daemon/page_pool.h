@@ -144,7 +144,7 @@ class PagePool {
   absl::Status Release(uint64_t owner, const Page& page);
   // Retires every idle slab of `owner` (all of them once it holds no page: a session's end).
   void RetireIdleOf(uint64_t owner);
-  // Durable requests adopted by a new session (session_durable.cc): every slab of `from`, with
+  // Durable requests adopted by a new session (durability.cc): every slab of `from`, with
   // its pages, references and free pages as they are, becomes `to`'s (which may own slabs
   // already). The caller vouches that both owners are one tenant, so no byte changes hands
   // between tenants. Returns the slabs moved; InvalidArgument for owner 0 or from == to.

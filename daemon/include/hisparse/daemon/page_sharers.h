@@ -1,5 +1,5 @@
 // PageSharers: one session's pages held by more than one of its requests (shared prefixes;
-// docs/DESIGN.md, "Shared prefixes"; session_sharing.cc admits them). Each shared page has its
+// docs/DESIGN.md, "Shared prefixes"; shared_prefixes.cc admits them). Each shared page has its
 // holders in the order they took it; the first pays for it (RequestEntry::charged_pages, the
 // ledger's count), and when it lets go the next one pays. A page held by one request is not here.
 //

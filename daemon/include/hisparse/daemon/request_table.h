@@ -12,15 +12,15 @@
 // rows and parked flags with the state in the same call, so the two cannot disagree):
 //
 //   (none)     -> kLive       Admit          Admit, a shared-prefix Admit, a TP group's reservation
-//                                            (session_manager.cc, session_sharing.cc, session_groups.cc)
-//   kLive      -> kImporting  BeginImport    Admit with begin_import (session_import.cc)
-//   kImporting -> kLive       CommitImport   CommitImport (session_import.cc)
-//   kLive      -> kParked     Park           Park, ParkBatch, ResumeBatch's undo (session_parking.cc,
-//                                            session_batch_parking.cc)
+//                                            (session_manager.cc, shared_prefixes.cc, group_requests.cc)
+//   kLive      -> kImporting  BeginImport    Admit with begin_import (imports.cc)
+//   kImporting -> kLive       CommitImport   CommitImport (imports.cc)
+//   kLive      -> kParked     Park           Park, ParkBatch, ResumeBatch's undo (parking.cc,
+//                                            batches.cc)
 //   kParked    -> kLive       Resume         Resume, ResumeBatch, ParkBatch's undo
 //   kLive,
 //   kParked    -> kOrphaned   Orphan         the end of a session that keeps durable requests: every
-//                                            request it keeps, at once (session_durable.cc)
+//                                            request it keeps, at once (durability.cc)
 //   kOrphaned  -> kParked     AdoptFrom      Adopt: every request of the orphan, into the adopter
 //   any        -> (none)      Erase          Release, eviction, an import's abort or expiry, a lease's
 //                                            end, a session's end, a batch's rollback
@@ -68,7 +68,7 @@ struct RequestEntry {
   uint32_t capacity_tokens = 0;
   // Per layer, in position order: page i holds positions [i * R, (i + 1) * R), R the session's
   // records_per_page. Each holds one reference in the pool; a page another request of the
-  // session holds too is in the session's sharers (session_sharing.cc).
+  // session holds too is in the session's sharers (shared_prefixes.cc).
   std::vector<std::vector<PagePool::Page>> pages;
   // The pages the ledger charges this request: its own, and the shared ones it is first of.
   uint64_t charged_pages = 0;
@@ -80,7 +80,7 @@ struct RequestEntry {
   // Durable while the clock is before it (SetLease, AdmitRequest.lease_seconds): the request
   // then outlives its session's end as an orphan. Never set on an importing request.
   absl::Time lease_end = absl::InfinitePast();
-  // A TP-group request (session_groups.cc): its pages are the group's (one set for every rank,
+  // A TP-group request (group_requests.cc): its pages are the group's (one set for every rank,
   // owned in the pool by the group's owner) and this is the session's share, its row. `attached`:
   // this rank's engine admitted it (false: reserved for it by another rank's admission).
   bool in_group = false;

@@ -1,4 +1,4 @@
-// TpGroups: the node's tensor-parallel groups (docs/DESIGN.md, "TP groups"; session_groups.cc is
+// TpGroups: the node's tensor-parallel groups (docs/DESIGN.md, "TP groups"; group_requests.cc is
 // SessionManager's side, which admits, extends and releases group requests in the pool).
 //
 // A group is sessions of one tenant, one per rank, whose group requests share one set of host

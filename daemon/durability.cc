@@ -1,6 +1,6 @@
-// SessionManager's durable requests: leases, orphans, adoption. Part of SessionManager
-// (session_manager.h): the pool's side (pages released, slabs handed over); the orphans, limits,
-// counters and policy are DurableRequests' (durable_requests.h). docs/DESIGN.md, "Durable requests".
+// Durability: leases, orphans, adoption (durability.h). Here the pool's side (pages released,
+// slabs handed over); the orphans, limits, counters and policy are DurableRequests'
+// (durable_requests.h). docs/DESIGN.md, "Durable requests".
 //
 // A lease is a time: SetLease (or AdmitRequest.lease_seconds) makes the request durable until now
 // + lease_seconds, at most durability.max_lease_seconds; the engine renews it as it likes, and 0
@@ -35,7 +35,7 @@
 // releases what ran out; Adopt and ListAdoptable also skip (and Adopt first releases) requests
 // whose lease has ended though the sweep has not run yet. Across the daemon's own restarts, durable
 // requests are kept where the daemon runs under a service manager's fd store (request_journal.h,
-// session_journal.cc); without one, the daemon's end ends everything.
+// request_journaling.cc); without one, the daemon's end ends everything.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -46,26 +46,31 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/deferred_log.h"
-#include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/durability.h"
+#include "hisparse/daemon/shared_prefixes.h"
 
 namespace hisparse {
 
-absl::Time SessionManager::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+Durability::Durability(SessionCore& core)
+    : core_(core), durable_(core.options_.max_lease_seconds, core.options_.max_orphans_per_tenant) {}
 
-void SessionManager::SetMaxLeaseSeconds(uint32_t seconds) {
-  absl::MutexLock lock(&mu_);
+absl::Status Durability::CheckLeaseLocked(uint32_t lease_seconds, bool importing) const {
+  return durable_.CheckLease(lease_seconds, importing);
+}
+
+void Durability::SetMaxLeaseSeconds(uint32_t seconds) {
+  absl::MutexLock lock(&core_.mu_);
   durable_.SetMaxLeaseSeconds(seconds);
 }
 
-void SessionManager::SetMaxOrphansPerTenant(uint32_t orphans) {
-  absl::MutexLock lock(&mu_);
+void Durability::SetMaxOrphansPerTenant(uint32_t orphans) {
+  absl::MutexLock lock(&core_.mu_);
   durable_.SetMaxOrphansPerTenant(orphans);
 }
 
-absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLeaseRequest& req) {
-  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
-  absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
+absl::StatusOr<v1::SetLeaseResponse> Durability::SetLease(const v1::SetLeaseRequest& req) {
+  absl::MutexLock lock(&core_.mu_);
+  HS_ASSIGN_OR_RETURN(Request * r, core_.FindRequestLocked(req.session(), req.request_id()));
   if (r->importing()) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", r->id,
@@ -77,16 +82,16 @@ absl::StatusOr<v1::SetLeaseResponse> SessionManager::SetLease(const v1::SetLease
         absl::StrCat("request ", r->id, " is a TP-group request: a group request is never durable"));
   }
   HS_RETURN_IF_ERROR(durable_.CheckLease(req.lease_seconds(), /*importing=*/false));
-  const absl::Time now = Now();
+  const absl::Time now = core_.Now();
   r->lease_end = DurableRequests::LeaseEnd(now, req.lease_seconds());
-  JournalTouchLocked(*sessions_.at(req.session().session_id()), *r);
+  core_.TouchedLocked(*core_.sessions_.at(req.session().session_id()), *r);
   v1::SetLeaseResponse resp;
   resp.set_lease_seconds_left(DurableRequests::LeaseLeft(*r, now));
   return resp;
 }
 
-size_t SessionManager::EndSessionLocked(Session& dead, DeferredLog& log) {
-  const absl::Time now = Now();
+size_t Durability::EndSessionLocked(Session& dead, DeferredLog& log) {
+  const absl::Time now = core_.Now();
   const auto durable = [now](const Request& r) { return DurableRequests::Durable(r, now); };
   bool keep_durable = true;
   if (std::any_of(dead.requests.begin(), dead.requests.end(),
@@ -101,10 +106,10 @@ size_t SessionManager::EndSessionLocked(Session& dead, DeferredLog& log) {
   for (uint64_t id : dead.requests.Ids()) {
     Request& r = *dead.requests.Find(id);
     if (keep_durable && durable(r)) continue;
-    ReleaseRequestLocked(dead, r);  // a page it shared passes its charge on to the next holder
+    core_.ReleaseRequestLocked(dead, r);  // a page it shared passes its charge on to the next holder
     ++released;
   }
-  pool_->RetireIdleOf(dead.id);
+  core_.pool_->RetireIdleOf(dead.id);
   if (dead.requests.empty()) {
     dead.requests.Close();
     return released;
@@ -119,7 +124,7 @@ size_t SessionManager::EndSessionLocked(Session& dead, DeferredLog& log) {
   return released;
 }
 
-size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
+size_t Durability::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
   Session* found = durable_.Find(orphan_id);
   if (found == nullptr) return 0;
   Session& o = *found;
@@ -127,11 +132,11 @@ size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
   for (uint64_t id : o.requests.Ids()) {
     Request& r = *o.requests.Find(id);
     if (r.lease_end > now) continue;
-    ReleaseRequestLocked(o, r);
+    core_.ReleaseRequestLocked(o, r);
     ++released;
   }
   durable_.CountExpiries(released);
-  pool_->RetireIdleOf(orphan_id);  // slabs it emptied leave it (dropped outside the lock)
+  core_.pool_->RetireIdleOf(orphan_id);  // slabs it emptied leave it (dropped outside the lock)
   if (o.requests.empty()) {
     o.requests.Close();
     durable_.Forget(orphan_id);
@@ -139,22 +144,20 @@ size_t SessionManager::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
   return released;
 }
 
-size_t SessionManager::ExpireLeases() {
-  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
-  DeferredLog log;                         // written once the lock is released
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = Now();
+size_t Durability::ExpireLeases() {
+  DeferredLog log;  // written once the lock is released
+  absl::MutexLock lock(&core_.mu_);
+  const absl::Time now = core_.Now();
   size_t released = 0;
   for (uint64_t id : durable_.Ids()) released += ExpireOrphanLocked(id, now);
   if (released != 0) DEFERRED_LOG(log, INFO) << "leases ended: released " << released << " orphaned durable requests";
   return released;
 }
 
-absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& req) {
-  const FlushJournalOnReturn flush{this};  // a durable request's change is journaled before the answer
-  DeferredLog log;                         // written once the lock is released
-  absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Session * me, FindLocked(req.session()));
+absl::StatusOr<v1::AdoptResponse> Durability::Adopt(const v1::AdoptRequest& req) {
+  DeferredLog log;  // written once the lock is released
+  absl::MutexLock lock(&core_.mu_);
+  HS_ASSIGN_OR_RETURN(Session * me, core_.FindLocked(req.session()));
   const uint64_t orphan_id = req.dead_session_id();
   const Session* found = durable_.Find(orphan_id);
   if (found == nullptr) {
@@ -170,14 +173,14 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   }
   // What has run out by now is released first (the sweep may not have come yet): it is not the
   // adopter's to have, and a refusal below must not count it.
-  const absl::Time now = Now();
+  const absl::Time now = core_.Now();
   ExpireOrphanLocked(orphan_id, now);
   if (!durable_.contains(orphan_id)) {
     return absl::NotFoundError(absl::StrCat("every lease of ended session ", orphan_id, " has ended"));
   }
-  HS_RETURN_IF_ERROR(DurableRequests::CheckAdopt(*me, *durable_.Find(orphan_id), draining_));
+  HS_RETURN_IF_ERROR(DurableRequests::CheckAdopt(*me, *durable_.Find(orphan_id), core_.draining_));
   std::unique_ptr<Session> orphan = durable_.Take(orphan_id);
-  absl::StatusOr<uint32_t> slabs = pool_->HandOverSlabs(orphan_id, me->id);
+  absl::StatusOr<uint32_t> slabs = core_.pool_->HandOverSlabs(orphan_id, me->id);
   if (!slabs.ok()) LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
   // Pages of different slabs: the sharers maps never collide.
   me->sharers.Merge(orphan->sharers);
@@ -188,22 +191,21 @@ absl::StatusOr<v1::AdoptResponse> SessionManager::Adopt(const v1::AdoptRequest& 
   v1::AdoptResponse resp;
   for (uint64_t rid : rids) {
     const Request& r = *me->requests.Find(rid);
-    JournalTouchLocked(orphan_id, rid);  // its Forget there, its Put here
-    JournalTouchLocked(*me, r);
+    core_.LeftLocked(orphan_id, rid);  // its Forget there, its Put here
+    core_.TouchedLocked(*me, r);
     v1::AdoptedRequest* a = resp.add_requests();
     a->set_request_id(rid);
     a->set_capacity_tokens(r.capacity_tokens);
     a->set_lease_seconds_left(DurableRequests::LeaseLeft(r, now));
-    FillLayers(*me, r, a->mutable_layers());
+    core_.FillLayers(*me, r, a->mutable_layers());
   }
   DEFERRED_LOG(log, INFO) << "session " << me->id << " adopted " << rids.size() << " durable requests of ended session "
                           << orphan_id << " (" << slabs.value_or(0) << " slabs)";
   return resp;
 }
 
-absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::EvictRequest& req,
-                                                                    std::optional<uint32_t> only_uid,
-                                                                    DeferredLog& log) {
+absl::StatusOr<v1::EvictResponse> Durability::EvictOrphanLocked(const v1::EvictRequest& req,
+                                                                std::optional<uint32_t> only_uid, DeferredLog& log) {
   Session& o = *durable_.Find(req.session_id());  // the caller found it
   if (only_uid.has_value() && o.tenant_uid != *only_uid) {
     return absl::PermissionDeniedError(
@@ -213,10 +215,10 @@ absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::Ev
   if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
   }
-  const uint64_t freed = (r->PageCount() - SharedPagesOf(o, *r)) * pool_->page_bytes();
-  ReleaseRequestLocked(o, *r);
-  ++evictions_;
-  pool_->RetireIdleOf(o.id);
+  const uint64_t freed = (r->PageCount() - SharedPrefixes::SharedPagesOf(o, *r)) * core_.pool_->page_bytes();
+  core_.ReleaseRequestLocked(o, *r);
+  ++core_.evictions_;
+  core_.pool_->RetireIdleOf(o.id);
   DEFERRED_LOG(log, INFO) << "evicted orphaned durable request " << req.request_id() << " of ended session " << o.id
                           << " (" << freed << " bytes; "
                           << (req.reason().empty() ? "evicted by an operator" : req.reason()) << ")";
@@ -230,34 +232,36 @@ absl::StatusOr<v1::EvictResponse> SessionManager::EvictOrphanLocked(const v1::Ev
   return resp;
 }
 
-absl::StatusOr<uint64_t> SessionManager::CheckOrphansLocked() const {
+absl::StatusOr<uint64_t> Durability::CheckOrphansLocked() const {
   uint64_t total = 0;
   for (const auto& [id, o] : durable_.all()) {
-    if (sessions_.contains(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is also a live session"));
-    if (!ledger_.IsOrphan(id)) return absl::InternalError(absl::StrCat("orphan ", id, " is not one in the ledger"));
+    if (core_.sessions_.contains(id))
+      return absl::InternalError(absl::StrCat("orphan ", id, " is also a live session"));
+    if (!core_.ledger_.IsOrphan(id))
+      return absl::InternalError(absl::StrCat("orphan ", id, " is not one in the ledger"));
     if (o->requests.empty()) return absl::InternalError(absl::StrCat("orphan ", id, " holds no request"));
     // Every request kOrphaned, none holding a row, as the ledger says: request_table.h.
     HS_RETURN_IF_ERROR(o->requests.CheckInvariants());
     uint64_t pages = 0;
-    HS_RETURN_IF_ERROR(CheckSharingLocked(*o, &pages));
-    if (ledger_.PagesOf(id) != pages || pool_->PagesOf(id) != pages) {
+    HS_RETURN_IF_ERROR(SharedPrefixes::CheckLocked(core_, *o, &pages));
+    if (core_.ledger_.PagesOf(id) != pages || core_.pool_->PagesOf(id) != pages) {
       return absl::InternalError(absl::StrCat("orphan ", id, ": requests hold ", pages, " pages, the ledger counts ",
-                                              ledger_.PagesOf(id), ", the pool ", pool_->PagesOf(id)));
+                                              core_.ledger_.PagesOf(id), ", the pool ", core_.pool_->PagesOf(id)));
     }
     total += pages;
   }
   return total;
 }
 
-void SessionManager::OrphanStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
-  const absl::Time now = Now();
+void Durability::FillStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
+  const absl::Time now = core_.Now();
   uint32_t durable = 0;
-  for (const auto& [id, s] : sessions_) {
+  for (const auto& [id, s] : core_.sessions_) {
     if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
     for (const auto& [rid, r] : s->requests) durable += r.lease_end > now ? 1 : 0;
   }
   out->set_durable_requests(durable);
-  durable_.FillStats(only_uid, ledger_, out);
+  durable_.FillStats(only_uid, core_.ledger_, out);
 }
 
 }  // namespace hisparse

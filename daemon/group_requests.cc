@@ -1,6 +1,6 @@
-// SessionManager's tensor-parallel groups: one host copy of a request for every rank. Part of
-// SessionManager (session_manager.h): group requests' pages, shares and charges; the groups and
-// their membership are TpGroups' (tp_groups.h). docs/DESIGN.md, "TP groups".
+// GroupRequests: one host copy of a request for every rank of a TP group (group_requests.h):
+// group requests' pages, shares and charges; the groups and their membership are TpGroups'
+// (tp_groups.h). docs/DESIGN.md, "TP groups".
 //
 // The models hisparse serves (MLA: DeepSeek DSA, GLM-5) replicate the latent KV record on every
 // TP rank, so plain TP keeps world_size identical host copies. A group removes them: sessions of
@@ -44,11 +44,12 @@
 #include "absl/strings/str_join.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
-#include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/group_requests.h"
+#include "hisparse/daemon/shared_prefixes.h"
 
 namespace hisparse {
 
-SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const v1::AdmitRequest& req) {
+SessionCore::AdmitOutcome GroupRequests::AdmitLocked(SessionCore& core, Session& s, const v1::AdmitRequest& req) {
   const uint64_t id = req.request_id();
   if (s.group.empty()) {
     return {absl::FailedPreconditionError(absl::StrCat(
@@ -57,7 +58,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0 || req.begin_import()) {
     return {absl::InvalidArgumentError("a group admission takes no parent_request_id, prefix_tokens or begin_import")};
   }
-  TpGroup& group = *groups_.Find(s);  // a member's: the group lives while it does
+  TpGroup& group = *core.groups_.Find(s);  // a member's: the group lives while it does
   const std::string name = absl::StrCat("group \"", s.group, "\"");
   if (Request* found = s.requests.Find(id); found != nullptr) {
     Request& r = *found;
@@ -70,8 +71,8 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
                                                       " tokens)"))};
     }
     r.attached = true;
-    ledger_.Touch(s.id, id);
-    return {AdmitAnswerLocked(s, r)};
+    core.ledger_.Touch(s.id, id);
+    return {core.AdmitAnswerLocked(s, r)};
   }
   if (group.requests.count(id) != 0) {
     return {absl::FailedPreconditionError(absl::StrCat(name, " holds request ", id, " without a row of rank ",
@@ -89,18 +90,18 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
   // Every rank gets a share under this id: a rank whose session already uses it for a request of
   // its own (admitted without group) would be given a second request of that name.
   for (size_t rank = 0; rank < group.ranks.size(); ++rank) {
-    if (sessions_.at(group.ranks[rank])->requests.contains(id)) {
+    if (core.sessions_.at(group.ranks[rank])->requests.contains(id)) {
       return {absl::AlreadyExistsError(absl::StrCat("request ", id, " is already admitted in rank ", rank,
                                                     "'s session ", group.ranks[rank], " (without group): ", name,
                                                     " cannot reserve it for every rank; nothing was reserved"))};
     }
   }
   const uint32_t size = static_cast<uint32_t>(group.ranks.size());
-  const uint64_t per_layer = PagesFor(s, req.token_budget());
+  const uint64_t per_layer = core.PagesFor(s, req.token_budget());
   const uint64_t total = per_layer * s.geometry.num_layers();
   // Reserve as every admission does (request_table.h): the caller's tenant charged for the pages
   // and one request per rank, a free row in every rank's session, the pages the group's.
-  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s.id, group.ranks, group.owner, total});
+  ReserveOutcome reserved = Reserve(core.ledger_, core.pages_, ReserveSpec{s.id, group.ranks, group.owner, total});
   if (!reserved.reservation.has_value()) {
     if (reserved.failed_row >= 0) {
       const auto rank = static_cast<uint32_t>(reserved.failed_row);
@@ -108,14 +109,14 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
           absl::ResourceExhaustedError(absl::StrCat(name, " rank ", rank, " (session ", group.ranks[rank],
                                                     "): ", reserved.status.message(), "; nothing was reserved"));
     }
-    return {RefusedLocked(std::move(reserved)).result};  // a group admission never evicts: no lacked_room
+    return {core.RefusedLocked(std::move(reserved)).result};  // a group admission never evicts: no lacked_room
   }
   const std::vector<uint32_t> rows = reserved.reservation->rows();
   const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
   for (const PagePool::Page& p : pages) {
     for (uint32_t extra = 1; extra < size; ++extra) {
       // The group holds the page: AddRef fails only at the reference limit.
-      if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+      if (absl::Status st = core.pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
     }
   }
   TpGroup::Held& held = group.requests[id];
@@ -137,27 +138,27 @@ SessionManager::AdmitOutcome SessionManager::AdmitGroupLocked(Session& s, const 
     r.in_group = true;
     r.attached = member == s.id;
     r.charged_pages = member == s.id ? total : 0;
-    sessions_.at(member)->requests.Admit(std::move(r), rows[rank]);
+    core.sessions_.at(member)->requests.Admit(std::move(r), rows[rank]);
   }
-  ++admissions_;
-  return {AdmitAnswerLocked(s, *s.requests.Find(id))};
+  ++core.admissions_;
+  return {core.AdmitAnswerLocked(s, *s.requests.Find(id))};
 }
 
-absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s, Request& r,
-                                                                     const v1::ExtendRequest& req) {
-  HS_RETURN_IF_ERROR(CheckBudget(s, req.token_budget()));
-  TpGroup& group = *groups_.Find(s);
+absl::StatusOr<v1::ExtendResponse> GroupRequests::ExtendLocked(SessionCore& core, Session& s, Request& r,
+                                                               const v1::ExtendRequest& req) {
+  HS_RETURN_IF_ERROR(core.CheckBudget(s, req.token_budget()));
+  TpGroup& group = *core.groups_.Find(s);
   TpGroup::Held& held = group.requests.at(r.id);
   auto answer = [&] {
-    mu_.AssertHeld();  // called below, under the lock ExtendGroupLocked holds
+    core.mu_.AssertHeld();  // called below, under the lock ExtendGroupLocked holds
     v1::ExtendResponse resp;
     resp.set_capacity_tokens(r.capacity_tokens);
     resp.set_moved(false);
-    FillLayers(s, r, resp.mutable_layers());
+    core.FillLayers(s, r, resp.mutable_layers());
     return resp;
   };
   if (req.token_budget() == r.capacity_tokens) {
-    ledger_.Touch(s.id, r.id);
+    core.ledger_.Touch(s.id, r.id);
     return answer();  // another rank extended it: this rank's half
   }
   if (req.token_budget() < r.capacity_tokens) {
@@ -165,19 +166,19 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
                                                    ") is below the group request's capacity (", r.capacity_tokens,
                                                    "): extend to it, or beyond"));
   }
-  const uint64_t extra = PagesFor(s, req.token_budget()) - r.pages[0].size();
+  const uint64_t extra = core.PagesFor(s, req.token_budget()) - r.pages[0].size();
   const uint64_t payer = held.holders.front();
-  if (std::optional<Refusal> refusal = ledger_.CheckGrow(payer, extra * r.pages.size(), 0)) {
-    return Reject(*std::move(refusal));
+  if (std::optional<Refusal> refusal = core.ledger_.CheckGrow(payer, extra * r.pages.size(), 0)) {
+    return core.Reject(*std::move(refusal));
   }
-  ledger_.Touch(s.id, r.id);
+  core.ledger_.Touch(s.id, r.id);
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
     // The same allocation as a session's Extend, under the group's owner (a full pool counted).
     absl::StatusOr<std::vector<PagePool::Page>> got =
-        AllocatePagesLocked(group.owner, extra, &held.pages[layer].back());
+        core.AllocatePagesLocked(group.owner, extra, &held.pages[layer].back());
     if (!got.ok()) {
-      for (const auto& done : added) (void)pool_->ReleaseAll(group.owner, done);
+      for (const auto& done : added) (void)core.pool_->ReleaseAll(group.owner, done);
       return got.status();
     }
     added[layer] = *std::move(got);
@@ -185,32 +186,32 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::ExtendGroupLocked(Session& s,
   for (size_t layer = 0; layer < added.size(); ++layer) {
     for (const PagePool::Page& p : added[layer]) {
       for (size_t extra_holder = 1; extra_holder < held.holders.size(); ++extra_holder) {
-        if (absl::Status st = pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+        if (absl::Status st = core.pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
       }
     }
     held.pages[layer].insert(held.pages[layer].end(), added[layer].begin(), added[layer].end());
   }
   for (uint64_t member : held.holders) {
-    Request& share = *sessions_.at(member)->requests.Find(r.id);
+    Request& share = *core.sessions_.at(member)->requests.Find(r.id);
     share.pages = held.pages;
     share.capacity_tokens = req.token_budget();
     if (member == payer) {
       share.charged_pages += extra * share.pages.size();
-      ledger_.SetPages(member, r.id, share.charged_pages);
+      core.ledger_.SetPages(member, r.id, share.charged_pages);
     }
   }
   return answer();
 }
 
-void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
-  TpGroup* found = groups_.Find(s);
+void GroupRequests::ReleaseShareLocked(SessionCore& core, Session& s, Request& r) {
+  TpGroup* found = core.groups_.Find(s);
   if (found == nullptr) {
     LOG(ERROR) << "accounting error: session " << s.id << " holds a share of request " << r.id << " of no group";
     return;
   }
   TpGroup& group = *found;
   for (const std::vector<PagePool::Page>& layer : r.pages) {
-    absl::Status st = pool_->ReleaseAll(group.owner, layer);
+    absl::Status st = core.pool_->ReleaseAll(group.owner, layer);
     if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of group \"" << s.group << "\": " << st;
   }
   r.pages.clear();  // the share itself leaves the session's table in ReleaseRequestLocked
@@ -224,25 +225,26 @@ void SessionManager::ReleaseGroupShareLocked(Session& s, Request& r) {
     return;
   }
   if (was_payer) {
-    Request& next = *sessions_.at(holders.front())->requests.Find(r.id);
+    Request& next = *core.sessions_.at(holders.front())->requests.Find(r.id);
     next.charged_pages = r.charged_pages;
-    ledger_.SetPages(holders.front(), r.id, next.charged_pages);
+    core.ledger_.SetPages(holders.front(), r.id, next.charged_pages);
   }
 }
 
-uint64_t SessionManager::UnfreedPagesOfLocked(const Session& s, const Request& r) const {
-  if (!r.in_group) return SharedPagesOf(s, r);
-  const TpGroup* group = groups_.Find(s);
+uint64_t GroupRequests::UnfreedPagesOfLocked(const SessionCore& core, const Session& s, const Request& r) {
+  if (!r.in_group) return SharedPrefixes::SharedPagesOf(s, r);
+  const TpGroup* group = core.groups_.Find(s);
   if (group == nullptr) return 0;
   auto hit = group->requests.find(r.id);
   return hit != group->requests.end() && hit->second.holders.size() > 1 ? r.PageCount() : 0;
 }
 
-absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, uint64_t slab, uint64_t* bytes) const {
-  const TpGroup* group = groups_.Find(s);
+absl::StatusOr<UniqueFd> GroupRequests::DupSlabLocked(const SessionCore& core, const Session& s, uint64_t slab,
+                                                      uint64_t* bytes) {
+  const TpGroup* group = core.groups_.Find(s);
   if (group == nullptr) return absl::PermissionDeniedError(absl::StrCat("slab ", slab, " is not this session's"));
   // Leaves the daemon for this tenant's engine, as DupFdFor's own slabs do.
-  absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(group->owner, slab, bytes, s.tenant_uid);
+  absl::StatusOr<UniqueFd> fd = core.pool_->DupSlabFd(group->owner, slab, bytes, s.tenant_uid);
   if (absl::IsPermissionDenied(fd.status())) {
     return absl::PermissionDeniedError(
         absl::StrCat("slab ", slab, " belongs neither to this session nor to its group \"", s.group, "\""));
@@ -250,11 +252,11 @@ absl::StatusOr<UniqueFd> SessionManager::DupGroupSlabLocked(const Session& s, ui
   return fd;
 }
 
-void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const {
-  const uint64_t page_bytes = pool_->page_bytes();
+void GroupRequests::FillStatsLocked(const SessionCore& core, std::optional<uint32_t> only_uid, v1::StatsResponse* out) {
+  const uint64_t page_bytes = core.pool_->page_bytes();
   uint64_t group_pages = 0;
-  for (const auto& [key, group] : groups_.all()) {
-    const uint64_t pages = pool_->PagesOf(group.owner);
+  for (const auto& [key, group] : core.groups_.all()) {
+    const uint64_t pages = core.pool_->PagesOf(group.owner);
     group_pages += pages;
     if (only_uid.has_value() && group.tenant_uid != *only_uid) continue;
     v1::GroupStats* gs = out->add_groups();
@@ -267,22 +269,23 @@ void SessionManager::FillGroupStatsLocked(std::optional<uint32_t> only_uid, v1::
     uint32_t shares = 0;
     for (const auto& [id, held] : group.requests) shares += static_cast<uint32_t>(held.holders.size());
     gs->set_shares(shares);
-    gs->set_slabs(pool_->SlabsOf(group.owner));
+    gs->set_slabs(core.pool_->SlabsOf(group.owner));
   }
   out->mutable_host_pool()->set_group_bytes(group_pages * page_bytes);
   for (v1::SessionStats& ss : *out->mutable_session_stats()) {
-    const Session& s = *sessions_.at(ss.session_id());
+    const Session& s = *core.sessions_.at(ss.session_id());
     if (s.group.empty()) continue;
     ss.mutable_group()->set_name(s.group);
     ss.mutable_group()->set_rank(s.group_rank);
-    ss.mutable_group()->set_size(static_cast<uint32_t>(groups_.Find(s)->ranks.size()));
+    ss.mutable_group()->set_size(static_cast<uint32_t>(core.groups_.Find(s)->ranks.size()));
   }
 }
 
-absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uint64_t>* paid, uint64_t* pages) const {
+absl::Status GroupRequests::CheckLocked(const SessionCore& core, absl::flat_hash_map<uint64_t, uint64_t>* paid,
+                                        uint64_t* pages) {
   auto bad = [](auto... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   *pages = 0;
-  for (const auto& [key, group] : groups_.all()) {
+  for (const auto& [key, group] : core.groups_.all()) {
     const std::string& name = key.second;
     if (group.tenant_uid != key.first) {
       return bad("group \"", name, "\" of uid ", key.first, " has tenant ", group.tenant_uid);
@@ -291,8 +294,8 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
     for (uint32_t rank = 0; rank < group.ranks.size(); ++rank) {
       const uint64_t member = group.ranks[rank];
       if (member == 0) continue;
-      auto it = sessions_.find(member);
-      if (it == sessions_.end() || TpGroups::KeyOf(*it->second) != key || it->second->group_rank != rank) {
+      auto it = core.sessions_.find(member);
+      if (it == core.sessions_.end() || TpGroups::KeyOf(*it->second) != key || it->second->group_rank != rank) {
         return bad("group \"", name, "\" rank ", rank, " names session ", member, ", which is not that member");
       }
       for (const auto& [rid, r] : it->second->requests) {
@@ -305,9 +308,9 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
       if (held.holders.empty()) return bad("group \"", name, "\" request ", rid, " has no holder");
       for (size_t i = 0; i < held.holders.size(); ++i) {
         const uint64_t member = held.holders[i];
-        auto it = sessions_.find(member);
+        auto it = core.sessions_.find(member);
         const Request* r = nullptr;
-        if (it != sessions_.end() && TpGroups::KeyOf(*it->second) == key) {
+        if (it != core.sessions_.end() && TpGroups::KeyOf(*it->second) == key) {
           const Request* share = it->second->requests.Find(rid);
           if (share != nullptr && share->in_group) r = share;
         }
@@ -322,17 +325,17 @@ absl::Status SessionManager::CheckGroupsLocked(absl::flat_hash_map<uint64_t, uin
       }
       for (const auto& layer : held.pages) {
         for (const PagePool::Page& p : layer) {
-          if (pool_->RefCount(p) != held.holders.size()) {
+          if (core.pool_->RefCount(p) != held.holders.size()) {
             return bad("group \"", name, "\" request ", rid, ": page ", p.index, " of slab ", p.slab, " has ",
-                       pool_->RefCount(p), " references, ", held.holders.size(), " holders");
+                       core.pool_->RefCount(p), " references, ", held.holders.size(), " holders");
           }
           ++distinct;
         }
       }
     }
-    if (pool_->PagesOf(group.owner) != distinct) {
+    if (core.pool_->PagesOf(group.owner) != distinct) {
       return bad("group \"", name, "\" requests hold ", distinct, " pages, the pool counts ",
-                 pool_->PagesOf(group.owner));
+                 core.pool_->PagesOf(group.owner));
     }
     *pages += distinct;
   }

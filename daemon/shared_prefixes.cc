@@ -1,5 +1,5 @@
-// SessionManager's shared prefixes: Admit naming a parent request, and the bookkeeping that keeps
-// both exact whichever is released first. Part of SessionManager (session_manager.h).
+// SharedPrefixes: Admit naming a parent request, and the bookkeeping that keeps both exact
+// whichever is released first (shared_prefixes.h).
 //
 // A child admitted with (parent, prefix_tokens = P) references, in every layer, the parent's full
 // pages below P (pages [0, P / R), R records per page) with one more reference each in the pool;
@@ -21,6 +21,7 @@
 // NOT_FOUND, as for any request id of another session.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -30,11 +31,12 @@
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
-#include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/durable_requests.h"
+#include "hisparse/daemon/shared_prefixes.h"
 
 namespace hisparse {
 
-SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const v1::AdmitRequest& req) {
+SessionCore::AdmitOutcome SharedPrefixes::AdmitLocked(SessionCore& core, Session& s, const v1::AdmitRequest& req) {
   const uint64_t id = req.request_id();
   const uint32_t prefix = req.prefix_tokens();
   if (req.parent_request_id() == 0) {
@@ -71,17 +73,17 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   const uint32_t layers = s.geometry.num_layers();
   const uint64_t shared = prefix / s.records_per_page;  // full pages per layer
   const uint64_t tail_records = prefix % s.records_per_page;
-  const uint64_t fresh = PagesFor(s, req.token_budget()) - shared;  // per layer
+  const uint64_t fresh = core.PagesFor(s, req.token_budget()) - shared;  // per layer
   const uint64_t total = fresh * layers;
   // Reserve (the quota, a row, the fresh pages: none when the child lies inside its parent's).
-  ReserveOutcome reserved = Reserve(ledger_, pages_, ReserveSpec{s.id, {s.id}, s.id, total});
-  if (!reserved.reservation.has_value()) return RefusedLocked(std::move(reserved));
+  ReserveOutcome reserved = Reserve(core.ledger_, core.pages_, ReserveSpec{s.id, {s.id}, s.id, total});
+  if (!reserved.reservation.has_value()) return core.RefusedLocked(std::move(reserved));
   const std::vector<PagePool::Page>& got = reserved.reservation->pages();
   // The partial page's prefix records, copied before anything is shared: a failure leaves nothing
   // (the reservation gives its pages back).
   for (uint32_t layer = 0; tail_records != 0 && layer < layers; ++layer) {
-    absl::StatusOr<uint8_t*> src = pool_->PageData(s.id, parent.pages[layer][shared]);
-    absl::StatusOr<uint8_t*> dst = pool_->PageData(s.id, got[layer * fresh]);
+    absl::StatusOr<uint8_t*> src = core.pool_->PageData(s.id, parent.pages[layer][shared]);
+    absl::StatusOr<uint8_t*> dst = core.pool_->PageData(s.id, got[layer * fresh]);
     if (!src.ok() || !dst.ok()) {
       return {absl::InternalError(
           absl::StrCat("copying the prefix's partial page: ", (src.ok() ? dst.status() : src.status()).message()))};
@@ -93,7 +95,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   r.admitted_at = absl::Now();
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
-  r.lease_end = DurableRequests::LeaseEnd(Now(), req.lease_seconds());
+  r.lease_end = DurableRequests::LeaseEnd(core.Now(), req.lease_seconds());
   for (uint32_t layer = 0; layer < layers; ++layer) {
     std::vector<PagePool::Page> pages(parent.pages[layer].begin(), parent.pages[layer].begin() + shared);
     pages.insert(pages.end(), got.begin() + layer * fresh, got.begin() + (layer + 1) * fresh);
@@ -103,7 +105,7 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
     for (uint64_t i = 0; i < shared; ++i) {
       const PagePool::Page& p = r.pages[layer][i];
       // The parent holds it: AddRef fails only at the reference limit, 2^32 tables of one page.
-      if (absl::Status st = pool_->AddRef(s.id, p); !st.ok()) {
+      if (absl::Status st = core.pool_->AddRef(s.id, p); !st.ok()) {
         LOG(ERROR) << "accounting error sharing a page of session " << s.id << ": " << st;
       }
       s.sharers.Share(p, parent.id, id);
@@ -111,29 +113,29 @@ SessionManager::AdmitOutcome SessionManager::AdmitSharedLocked(Session& s, const
   }
   (void)reserved.reservation->TakePages();  // committed: the request holds them now
   const Request& added = s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
-  JournalTouchLocked(s, added);
-  ++admissions_;
-  return {AdmitAnswerLocked(s, added)};
+  core.TouchedLocked(s, added);
+  ++core.admissions_;
+  return {core.AdmitAnswerLocked(s, added)};
 }
 
-void SessionManager::UnshareLocked(Session& s, const Request& r) {
+void SharedPrefixes::UnshareLocked(SessionCore& core, Session& s, const Request& r) {
   // A page whose payer `r` was is charged to its next holder (page_sharers.h).
   for (uint64_t payer : s.sharers.Unshare(r.id, r.pages)) {
     if (Request* next = s.requests.Find(payer); next != nullptr) {
       ++next->charged_pages;
-      ledger_.SetPages(s.id, next->id, next->charged_pages);
+      core.ledger_.SetPages(s.id, next->id, next->charged_pages);
     }
   }
 }
 
-uint64_t SessionManager::SharedPagesOf(const Session& s, const Request& r) { return s.sharers.SharedOf(r.pages); }
+uint64_t SharedPrefixes::SharedPagesOf(const Session& s, const Request& r) { return s.sharers.SharedOf(r.pages); }
 
-absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* distinct) const {
+absl::Status SharedPrefixes::CheckLocked(const SessionCore& core, const Session& s, uint64_t* distinct) {
   // Every page's holders among the session's requests, in no particular order.
   std::map<PagePool::Page, std::vector<uint64_t>> holders;
   uint64_t charged = 0;
   for (const auto& [rid, r] : s.requests) {
-    if (r.in_group) continue;  // the group's pages: CheckGroupsLocked (session_groups.cc)
+    if (r.in_group) continue;  // the group's pages: CheckGroupsLocked (group_requests.cc)
     for (const auto& layer : r.pages) {
       for (const PagePool::Page& p : layer) holders[p].push_back(rid);
     }
@@ -146,9 +148,10 @@ absl::Status SessionManager::CheckSharingLocked(const Session& s, uint64_t* dist
   }
   absl::flat_hash_map<uint64_t, uint64_t> pays;
   for (const auto& [p, who] : holders) {
-    if (pool_->RefCount(p) != who.size()) {
+    if (core.pool_->RefCount(p) != who.size()) {
       return absl::InternalError(absl::StrCat("session ", s.id, ": page ", p.index, " of slab ", p.slab, " has ",
-                                              pool_->RefCount(p), " references, ", who.size(), " requests hold it"));
+                                              core.pool_->RefCount(p), " references, ", who.size(),
+                                              " requests hold it"));
     }
     auto it = s.sharers.all().find(p);
     if ((who.size() > 1) != (it != s.sharers.all().end())) {

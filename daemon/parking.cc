@@ -1,4 +1,4 @@
-// SessionManager::Park and Resume: preemption without re-prefill. Part of SessionManager
+// X::Park and Resume: preemption without re-prefill. Part of SessionManager
 // (session_manager.h).
 //
 // A parked request gives its row of the session's slot arena back to the ledger (another request
@@ -14,28 +14,18 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/status_macros.h"
-#include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/parking.h"
 
 namespace hisparse {
 
-absl::StatusOr<SessionManager::Request*> SessionManager::FindRequestLocked(const v1::SessionRef& ref,
-                                                                           uint64_t request_id) {
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
-  Request* r = s->requests.Find(request_id);
-  if (r == nullptr) {
-    return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted in this session"));
-  }
-  return r;
+absl::StatusOr<v1::ParkResponse> Parking::Park(SessionCore& core, const v1::ParkRequest& req) {
+  absl::MutexLock lock(&core.mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, core.FindLocked(req.session()));
+  HS_ASSIGN_OR_RETURN(Request * r, core.FindRequestLocked(req.session(), req.request_id()));
+  return ParkLocked(core, *s, *r);
 }
 
-absl::StatusOr<v1::ParkResponse> SessionManager::Park(const v1::ParkRequest& req) {
-  absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  return ParkLocked(*s, *r);
-}
-
-absl::StatusOr<v1::ParkResponse> SessionManager::ParkLocked(Session& s, Request& r) {
+absl::StatusOr<v1::ParkResponse> Parking::ParkLocked(SessionCore& /*core*/, Session& s, Request& r) {
   if (r.parked()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is parked already"));
   }
@@ -49,22 +39,22 @@ absl::StatusOr<v1::ParkResponse> SessionManager::ParkLocked(Session& s, Request&
   return resp;
 }
 
-absl::StatusOr<v1::ResumeResponse> SessionManager::Resume(const v1::ResumeRequest& req) {
-  absl::MutexLock lock(&mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, FindLocked(req.session()));
-  HS_ASSIGN_OR_RETURN(Request * r, FindRequestLocked(req.session(), req.request_id()));
-  return ResumeLocked(*s, *r);
+absl::StatusOr<v1::ResumeResponse> Parking::Resume(SessionCore& core, const v1::ResumeRequest& req) {
+  absl::MutexLock lock(&core.mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, core.FindLocked(req.session()));
+  HS_ASSIGN_OR_RETURN(Request * r, core.FindRequestLocked(req.session(), req.request_id()));
+  return ResumeLocked(core, *s, *r);
 }
 
-absl::StatusOr<v1::ResumeResponse> SessionManager::ResumeLocked(Session& s, Request& r) {
+absl::StatusOr<v1::ResumeResponse> Parking::ResumeLocked(SessionCore& core, Session& s, Request& r) {
   if (!r.parked()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is not parked (it holds row ", r.row(), ")"));
   }
   uint32_t row = 0;
-  if (std::optional<Refusal> refusal = ledger_.FreeRow(s.id, &row)) {
-    return Reject(Refusal{refusal->reason,
-                          absl::ResourceExhaustedError(absl::StrCat("cannot resume request ", r.id, ": ",
-                                                                    refusal->status.message(), "; it stays parked"))});
+  if (std::optional<Refusal> refusal = core.ledger_.FreeRow(s.id, &row)) {
+    return core.Reject(Refusal{
+        refusal->reason, absl::ResourceExhaustedError(absl::StrCat("cannot resume request ", r.id, ": ",
+                                                                   refusal->status.message(), "; it stays parked"))});
   }
   HS_RETURN_IF_ERROR(s.requests.Resume(r, row));
   v1::ResumeResponse resp;

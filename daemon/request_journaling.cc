@@ -1,9 +1,9 @@
-// SessionManager's side of the request journal (request_journal.h; docs/DESIGN.md, "Restarts
-// without loss"): what each call decides for the journal under the lock, its commit after it, and
-// the durable requests a former life journaled, restored as orphans at start.
+// RequestJournaling: the request journal's side here (request_journaling.h, request_journal.h;
+// docs/DESIGN.md, "Restarts without loss"): what each call decides for the journal under the lock, its commit after it,
+// and the durable requests a former life journaled, restored as orphans at start.
 //
-// A call that may change a durable request touches it (JournalTouchLocked: admission with a lease,
-// Extend, SetLease, any release, adoption) and declares FlushJournalOnReturn first. The flush
+// A call that may change a durable request touches it (SessionCore::TouchedLocked: admission with a lease,
+// Extend, SetLease, any release, adoption) and SessionManager flushes as the call returns. The flush
 // decides, under the lock, a record per touched request from what it is now (a Put when it is
 // durable, a Forget when the journal held it and it is not), takes a ticket, and commits the batch
 // after the lock; then it waits until every batch decided before is committed too, so that no call
@@ -19,7 +19,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/deferred_log.h"
-#include "hisparse/daemon/session_manager.h"
+#include "hisparse/daemon/request_journaling.h"
 
 namespace hisparse {
 namespace {
@@ -37,6 +37,9 @@ journal::Session SessionRecord(const SessionEntry& s) {
 
 }  // namespace
 
+RequestJournaling::RequestJournaling(SessionCore& core, Durability& durability, RequestJournal* journal)
+    : core_(core), durability_(durability), journal_(journal) {}
+
 void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
   const RequestJournal::Stats j = journal.GetStats();
   out->set_journal(true);
@@ -52,38 +55,41 @@ void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
   out->set_recovery_seconds(j.recovery_seconds);
 }
 
-void SessionManager::JournalTouchLocked(const Session& s, const Request& r) {
-  if (options_.journal == nullptr) return;
+void RequestJournaling::TouchedLocked(const SessionEntry& s, const RequestEntry& r) {
+  core_.mu_.AssertHeld();
+  if (journal_ == nullptr) return;
   const JournalKey key{s.id, r.id};
   // Most requests never had a lease: no clock read for them.
   const bool never_leased = r.lease_end == absl::InfinitePast();
-  if (!journaled_.contains(key) && (never_leased || r.in_group || !DurableRequests::Durable(r, Now()))) return;
-  journal_touched_.push_back(key);
-  journal_pending_.store(true, std::memory_order_release);
+  if (!journaled_.contains(key) && (never_leased || r.in_group || !DurableRequests::Durable(r, core_.Now()))) return;
+  touched_.push_back(key);
+  pending_.store(true, std::memory_order_release);
 }
 
-void SessionManager::JournalTouchLocked(uint64_t session_id, uint64_t request_id) {
+void RequestJournaling::LeftLocked(uint64_t session_id, uint64_t request_id) {
+  core_.mu_.AssertHeld();
   const JournalKey key{session_id, request_id};
-  if (options_.journal == nullptr || !journaled_.contains(key)) return;
-  journal_touched_.push_back(key);
-  journal_pending_.store(true, std::memory_order_release);
+  if (journal_ == nullptr || !journaled_.contains(key)) return;
+  touched_.push_back(key);
+  pending_.store(true, std::memory_order_release);
 }
 
-JournalBatch SessionManager::DecideJournalLocked() {
+JournalBatch RequestJournaling::DecideLocked() {
   JournalBatch batch;
-  batch.ticket = options_.journal->TakeTicket();
-  std::vector<JournalKey> touched = std::exchange(journal_touched_, {});
-  const absl::Time now = Now();
+  batch.ticket = journal_->TakeTicket();
+  durability_.AssertHeld();
+  std::vector<JournalKey> touched = std::exchange(touched_, {});
+  const absl::Time now = core_.Now();
   absl::flat_hash_set<JournalKey> seen;
   for (const JournalKey& key : touched) {
     if (!seen.insert(key).second) continue;
-    const Session* s = nullptr;
-    if (auto it = sessions_.find(key.session_id); it != sessions_.end()) {
+    const SessionEntry* s = nullptr;
+    if (auto it = core_.sessions_.find(key.session_id); it != core_.sessions_.end()) {
       s = it->second.get();
     } else {
-      s = durable_.Find(key.session_id);
+      s = durability_.orphans().Find(key.session_id);
     }
-    const Request* r = s != nullptr ? s->requests.Find(key.request_id) : nullptr;
+    const RequestEntry* r = s != nullptr ? s->requests.Find(key.request_id) : nullptr;
     const bool durable = r != nullptr && !r->in_group && DurableRequests::Durable(*r, now);
     journal::Record record;
     if (durable) {
@@ -103,11 +109,11 @@ JournalBatch SessionManager::DecideJournalLocked() {
         }
       }
       for (uint64_t slab : slabs) {
-        if (!options_.journal->ClaimSlab(slab)) continue;
-        absl::StatusOr<UniqueFd> fd = pool_->DupSlabFd(s->id, slab);
+        if (!journal_->ClaimSlab(slab)) continue;
+        absl::StatusOr<UniqueFd> fd = core_.pool_->DupSlabFd(s->id, slab);
         if (!fd.ok()) {
           LOG(ERROR) << "journal: slab " << slab << " of session " << s->id << ": " << fd.status();
-          options_.journal->UnclaimSlab(slab);  // the next record that names it tries again
+          journal_->UnclaimSlab(slab);  // the next record that names it tries again
           continue;
         }
         batch.slabs.push_back(JournalBatch::NewSlab{slab, *std::move(fd)});
@@ -119,29 +125,28 @@ JournalBatch SessionManager::DecideJournalLocked() {
     } else {
       continue;
     }
-    record.set_seq(++journal_seq_);
+    record.set_seq(++seq_);
     batch.records.push_back(std::move(record));
   }
-  journal_decided_.store(batch.ticket, std::memory_order_release);
-  journal_pending_.store(false, std::memory_order_release);
+  decided_.store(batch.ticket, std::memory_order_release);
+  pending_.store(false, std::memory_order_release);
   return batch;
 }
 
-void SessionManager::FlushJournal() {
-  RequestJournal* const journal = options_.journal;
+void RequestJournaling::Flush() {
+  RequestJournal* const journal = journal_;
   if (journal == nullptr) return;
   // pending is read before decided: a flush that took this call's records stored its ticket in
   // decided before it cleared pending.
-  if (!journal_pending_.load(std::memory_order_acquire) &&
-      journal->committed() >= journal_decided_.load(std::memory_order_acquire)) {
+  if (!pending_.load(std::memory_order_acquire) && journal->committed() >= decided_.load(std::memory_order_acquire)) {
     return;
   }
   std::optional<JournalBatch> batch;
   uint64_t wait_for = 0;
   {
-    absl::MutexLock lock(&mu_);
-    if (!journal_touched_.empty()) batch = DecideJournalLocked();
-    wait_for = journal_decided_.load(std::memory_order_relaxed);
+    absl::MutexLock lock(&core_.mu_);
+    if (!touched_.empty()) batch = DecideLocked();
+    wait_for = decided_.load(std::memory_order_relaxed);
   }
   if (batch.has_value()) {
     const size_t records = batch->records.size();
@@ -153,13 +158,13 @@ void SessionManager::FlushJournal() {
   journal->WaitCommitted(wait_for);
 }
 
-absl::StatusOr<size_t> SessionManager::RestoreOrphans(const std::vector<journal::Put>& puts) {
+absl::StatusOr<size_t> RequestJournaling::RestoreOrphans(const std::vector<journal::Put>& puts) {
   std::map<uint64_t, std::vector<const journal::Put*>> by_session;
   for (const journal::Put& put : puts) by_session[put.session().id()].push_back(&put);
-  const FlushJournalOnReturn flush{this};  // the releases below are forgotten
-  DeferredLog log;                         // written once the lock is released
-  absl::MutexLock lock(&mu_);
-  if (!sessions_.empty() || !durable_.all().empty()) {
+  DeferredLog log;  // written once the lock is released
+  absl::MutexLock lock(&core_.mu_);
+  durability_.AssertHeld();
+  if (!core_.sessions_.empty() || !durability_.orphans().all().empty()) {
     return absl::FailedPreconditionError("orphans are restored at start, before any session");
   }
   size_t restored = 0;
@@ -168,14 +173,14 @@ absl::StatusOr<size_t> SessionManager::RestoreOrphans(const std::vector<journal:
     std::sort(group.begin(), group.end(),
               [](const journal::Put* a, const journal::Put* b) { return a->order() < b->order(); });
     const journal::Session& rec = group.front()->session();
-    Session dead;
+    SessionEntry dead;
     dead.id = id;
     dead.engine_name = rec.engine_name();
     dead.geometry = rec.geometry();
     dead.records_per_page = rec.records_per_page();
     dead.pages_per_entry = rec.pages_per_entry();
     dead.tenant_uid = rec.tenant_uid();
-    dead.requests = RequestTable::Open(&ledger_, id, rec.tenant_uid(), static_cast<uint32_t>(group.size()), 0);
+    dead.requests = RequestTable::Open(&core_.ledger_, id, rec.tenant_uid(), static_cast<uint32_t>(group.size()), 0);
     std::map<PagePool::Page, std::vector<uint64_t>> holders;
     for (const journal::Put* put : group) {
       for (const journal::Layer& layer : put->layers()) {
@@ -185,7 +190,7 @@ absl::StatusOr<size_t> SessionManager::RestoreOrphans(const std::vector<journal:
     }
     uint32_t row = 0;
     for (const journal::Put* put : group) {
-      Request r;
+      RequestEntry r;
       r.id = put->request_id();
       r.admitted_at = absl::Now();
       r.capacity_tokens = put->capacity_tokens();
@@ -205,18 +210,18 @@ absl::StatusOr<size_t> SessionManager::RestoreOrphans(const std::vector<journal:
       for (size_t i = 1; i < who.size(); ++i) dead.sharers.Share(page, who.front(), who[i]);
     }
     restored += group.size();
-    next_session_id_ = std::max(next_session_id_, id + 1);
-    if (absl::Status may = durable_.MayKeep(dead.tenant_uid); !may.ok()) {
+    core_.next_session_id_ = std::max(core_.next_session_id_, id + 1);
+    if (absl::Status may = durability_.orphans().MayKeep(dead.tenant_uid); !may.ok()) {
       DEFERRED_LOG(log, WARNING) << "restart: session " << id << " of uid " << dead.tenant_uid << " kept "
                                  << group.size() << " durable requests, but " << may.message() << ": released them";
-      for (uint64_t rid : dead.requests.Ids()) ReleaseRequestLocked(dead, *dead.requests.Find(rid));
+      for (uint64_t rid : dead.requests.Ids()) core_.ReleaseRequestLocked(dead, *dead.requests.Find(rid));
       restored -= group.size();
-      pool_->RetireIdleOf(id);
+      core_.pool_->RetireIdleOf(id);
       dead.requests.Close();
       continue;
     }
-    pool_->RetireIdleOf(id);  // slabs whose every page died with the former life
-    HS_RETURN_IF_ERROR(durable_.Keep(dead));
+    core_.pool_->RetireIdleOf(id);  // slabs whose every page died with the former life
+    HS_RETURN_IF_ERROR(durability_.orphans().Keep(dead));
     DEFERRED_LOG(log, INFO) << "restart: session " << id << " of uid " << dead.tenant_uid << " (" << dead.engine_name
                             << "): " << group.size()
                             << " durable requests kept, parked, for a session of the same tenant and engine to adopt";

@@ -1,0 +1,202 @@
+// Admissions: a request admitted, extended, released or evicted (admissions.h).
+#include "hisparse/daemon/admissions.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "hisparse/common/log.h"
+#include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
+#include "hisparse/daemon/durable_requests.h"
+#include "hisparse/daemon/group_requests.h"
+#include "hisparse/daemon/shared_prefixes.h"
+
+namespace hisparse {
+
+Admissions::Admissions(SessionCore& core, Durability& durability) : core_(core), durability_(durability) {}
+
+// Admission: a request gets a free row of the session's arena and, for every layer, the pages
+// that hold token_budget records. All or nothing. Order of checks: the session, draining,
+// the request itself, the tenant's quotas, a free row, then the pool. With
+// admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
+// admitted (or extended) request — its session is told first, outside the lock — and retries.
+absl::StatusOr<v1::AdmitResponse> Admissions::Admit(const v1::AdmitRequest& req) {
+  constexpr int kMaxEvictionsPerAdmit = 64;
+  for (int evictions = 0;; ++evictions) {
+    SessionCore::Victim victim;
+    {
+      absl::MutexLock lock(&core_.mu_);
+      SessionCore::AdmitOutcome outcome = AdmitLocked(req);
+      if (outcome.result.ok() || !outcome.lacked_room || !core_.options_.evict_on_pool_full ||
+          evictions == kMaxEvictionsPerAdmit) {
+        return std::move(outcome.result);
+      }
+      // Only when evicting can make this admission succeed: else it fails with nothing evicted.
+      auto it = core_.sessions_.find(req.session().session_id());
+      if (evictions == 0 &&
+          (it == core_.sessions_.end() || !core_.EvictionCouldAdmitLocked(*it->second, core_.PagesFor(*it->second, req.token_budget()) *
+                                                                               it->second->geometry.num_layers()))) {
+        return std::move(outcome.result);
+      }
+      auto found = core_.PickVictimLocked(req.session().session_id());
+      if (!found.has_value()) return std::move(outcome.result);
+      // A shared prefix's parent is never evicted for its child: the admission fails instead.
+      if (req.parent_request_id() != 0 && found->session_id == req.session().session_id() &&
+          found->request_id == req.parent_request_id()) {
+        return std::move(outcome.result);
+      }
+      victim = *found;
+    }
+    (void)core_.EvictVictim(victim, "evicted to admit another request of the same tenant (host pool full)");
+  }
+}
+
+SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
+  absl::StatusOr<Session*> found = core_.FindLocked(req.session());
+  if (!found.ok()) return {found.status()};
+  Session* s = *found;
+  if (core_.draining_)
+    return {
+        core_.Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new admissions"))};
+  if (req.request_id() == 0) return {absl::InvalidArgumentError("request_id must be non-zero")};
+  if (absl::Status budget = core_.CheckBudget(*s, req.token_budget()); !budget.ok()) return {budget};
+  if (req.context_tokens() > req.token_budget()) {
+    return {absl::InvalidArgumentError(
+        absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"))};
+  }
+  if (req.group()) {
+    if (req.lease_seconds() != 0) {
+      return {absl::InvalidArgumentError(
+          "lease_seconds with group: a TP-group request is never durable (its pages are the group's, which no "
+          "adopter could take over)")};
+    }
+    return GroupRequests::AdmitLocked(core_, *s, req);
+  }
+  if (s->requests.contains(req.request_id())) {
+    return {
+        absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
+  }
+  durability_.AssertHeld();
+  if (absl::Status lease = durability_.CheckLeaseLocked(req.lease_seconds(), req.begin_import()); !lease.ok()) {
+    return {lease};
+  }
+  if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return SharedPrefixes::AdmitLocked(core_, *s, req);
+  // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
+  const uint64_t per_layer = core_.PagesFor(*s, req.token_budget());
+  const uint64_t total = per_layer * s->geometry.num_layers();
+  ReserveOutcome reserved = Reserve(core_.ledger_, core_.pages_, ReserveSpec{s->id, {s->id}, s->id, total});
+  if (!reserved.reservation.has_value()) return core_.RefusedLocked(std::move(reserved));
+  const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
+  Request r;
+  r.id = req.request_id();
+  r.admitted_at = absl::Now();
+  r.capacity_tokens = req.token_budget();
+  r.charged_pages = total;
+  r.lease_end = DurableRequests::LeaseEnd(core_.Now(), req.lease_seconds());
+  // One allocation for every layer, split in layer order: a fresh slab gives each layer
+  // consecutive pages.
+  for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
+    r.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
+  }
+  const Request& added = s->requests.Admit(std::move(r), reserved.reservation->rows()[0]);
+  core_.TouchedLocked(*s, added);
+  ++core_.admissions_;
+  return {core_.AdmitAnswerLocked(*s, added)};
+}
+
+
+// Extend appends pages to every layer (after the layer's last page where that page's slab has the
+// next pages free) and never moves a record: the engine's tables keep every page they had. All or
+// nothing: a full pool leaves the request exactly as it was.
+absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& req) {
+  absl::MutexLock lock(&core_.mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
+  Request* found = s->requests.Find(req.request_id());
+  if (found == nullptr)
+    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  Request& r = *found;
+  if (r.importing()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
+  }
+  if (r.in_group) return GroupRequests::ExtendLocked(core_, *s, r, req);
+  HS_RETURN_IF_ERROR(core_.CheckBudget(*s, req.token_budget()));
+  if (req.token_budget() <= r.capacity_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
+                                                   ") must exceed the current capacity (", r.capacity_tokens, ")"));
+  }
+  const uint64_t extra = core_.PagesFor(*s, req.token_budget()) - r.pages[0].size();
+  if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r.pages.size(), 0)) {
+    return core_.Reject(*std::move(refusal));
+  }
+  core_.ledger_.Touch(s->id, r.id);
+  std::vector<std::vector<PagePool::Page>> added(r.pages.size());
+  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s->id, extra, &r.pages[layer].back());
+    if (!got.ok()) {
+      for (const auto& done : added) (void)core_.pool_->ReleaseAll(s->id, done);
+      return got.status();
+    }
+    added[layer] = *std::move(got);
+  }
+  for (size_t layer = 0; layer < r.pages.size(); ++layer) {
+    r.pages[layer].insert(r.pages[layer].end(), added[layer].begin(), added[layer].end());
+  }
+  r.capacity_tokens = req.token_budget();
+  r.charged_pages += extra * r.pages.size();
+  core_.ledger_.SetPages(s->id, r.id, r.charged_pages);
+  core_.TouchedLocked(*s, r);
+  v1::ExtendResponse resp;
+  resp.set_capacity_tokens(r.capacity_tokens);
+  resp.set_moved(false);
+  core_.FillLayers(*s, r, resp.mutable_layers());
+  return resp;
+}
+
+absl::Status Admissions::Release(const v1::ReleaseRequest& req) {
+  absl::MutexLock lock(&core_.mu_);
+  HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
+  Request* r = s->requests.Find(req.request_id());
+  if (r == nullptr)
+    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
+  core_.ReleaseRequestLocked(*s, *r);
+  return absl::OkStatus();
+}
+
+
+// Eviction by an operator: the session hears of it before its memory is released.
+absl::StatusOr<v1::EvictResponse> Admissions::Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid) {
+  SessionCore::Victim v;
+  DeferredLog log;  // written once the lock is released
+  {
+    absl::MutexLock lock(&core_.mu_);
+    durability_.AssertHeld();
+    if (durability_.orphans().contains(req.session_id())) return durability_.EvictOrphanLocked(req, only_uid, log);
+    auto it = core_.sessions_.find(req.session_id());
+    if (it != core_.sessions_.end() && only_uid.has_value() && it->second->tenant_uid != *only_uid) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session ", req.session_id(), " belongs to another tenant; only an admin may evict from it"));
+    }
+    if (it == core_.sessions_.end() || !it->second->requests.contains(req.request_id())) {
+      return absl::NotFoundError(absl::StrCat("no request ", req.request_id(), " in session ", req.session_id()));
+    }
+    const Request& r = *it->second->requests.Find(req.request_id());
+    if (r.importing()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("request ", req.request_id(), " is importing: abort its import (AbortImport) instead"));
+    }
+    v = SessionCore::Victim{req.session_id(), req.request_id(), r.generation, it->second->sink};
+  }
+  HS_ASSIGN_OR_RETURN(uint64_t freed, core_.EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
+  v1::EvictResponse resp;
+  resp.set_freed_bytes(freed);
+  return resp;
+}
+
+
+}  // namespace hisparse

@@ -1,0 +1,49 @@
+// Admissions: a request admitted, extended, released or evicted (admissions.cc says in what order
+// it checks). A module over SessionCore (session_core.h): the request's state is its session's
+// RequestTable's, its quota the ledger's, its pages the pool's; a request naming a parent is
+// SharedPrefixes', one of a TP group GroupRequests'. An import's admission is Imports' (imports.h).
+#ifndef HISPARSE_DAEMON_ADMISSIONS_H_
+#define HISPARSE_DAEMON_ADMISSIONS_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "hisparse/daemon/durability.h"
+#include "hisparse/daemon/session_core.h"
+#include "hisparse/v1/hisparse.pb.h"
+
+namespace hisparse {
+
+class Admissions {
+ public:
+  using Session = SessionEntry;
+  using Request = RequestEntry;
+  Admissions(SessionCore& core, Durability& durability);
+  // Every module shares the core's one mutex. A module that holds it and calls a *Locked function
+  // here says so first (clang's analysis cannot see that two modules' cores are one object).
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_) { core_.mu_.AssertHeld(); }
+
+  // A request that is not an import: a free row of the session's arena and, per layer, the pages
+  // of token_budget records; all or nothing. Under admission.on_pool_full = evict_lru_idle a full
+  // pool evicts the tenant's least recently used request (its session told first) and tries again.
+  absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // One try of Admit (an import's too, which Imports marks importing after it): no eviction.
+  SessionCore::AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  // Extend appends pages to every layer and never moves a record; all or nothing.
+  absl::StatusOr<v1::ExtendResponse> Extend(const v1::ExtendRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // Release of a request that is not importing (an importing one's is Imports' abort).
+  absl::Status Release(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // An operator's (or, with `only_uid`, a tenant's) eviction: the session hears of it before its
+  // memory is released. An orphan's request is Durability's.
+  absl::StatusOr<v1::EvictResponse> Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid)
+      ABSL_LOCKS_EXCLUDED(core_.mu_);
+
+ private:
+  SessionCore& core_;
+  Durability& durability_;
+};
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_DAEMON_ADMISSIONS_H_
