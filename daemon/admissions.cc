@@ -25,12 +25,18 @@ Admissions::Admissions(SessionCore& core, Durability& durability) : core_(core),
 // the request itself, the tenant's quotas, a free row, then the pool. With
 // admission.on_pool_full = evict_lru_idle, a full pool evicts the same tenant's least recently
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
+// A plain request (no group, no parent) is first tried hot: under its session's lock and the node's
+// mutex held shared, so sessions do not wait on each other; the exclusive path below does the rest.
 absl::StatusOr<v1::AdmitResponse> Admissions::Admit(const v1::AdmitRequest& req) {
+  if (!req.group() && req.parent_request_id() == 0 && req.prefix_tokens() == 0 && !req.begin_import()) {
+    SessionCore::AdmitOutcome hot = AdmitHot(req);
+    if (!hot.deferred) return std::move(hot.result);
+  }
   constexpr int kMaxEvictionsPerAdmit = 64;
   for (int evictions = 0;; ++evictions) {
     SessionCore::Victim victim;
     {
-      absl::MutexLock lock(&core_.mu_);
+      NodeLock lock(core_);
       SessionCore::AdmitOutcome outcome = AdmitLocked(req);
       if (outcome.result.ok() || !outcome.lacked_room || !core_.options_.evict_on_pool_full ||
           evictions == kMaxEvictionsPerAdmit) {
@@ -39,8 +45,9 @@ absl::StatusOr<v1::AdmitResponse> Admissions::Admit(const v1::AdmitRequest& req)
       // Only when evicting can make this admission succeed: else it fails with nothing evicted.
       auto it = core_.sessions_.find(req.session().session_id());
       if (evictions == 0 &&
-          (it == core_.sessions_.end() || !core_.EvictionCouldAdmitLocked(*it->second, core_.PagesFor(*it->second, req.token_budget()) *
-                                                                               it->second->geometry.num_layers()))) {
+          (it == core_.sessions_.end() ||
+           !core_.EvictionCouldAdmitLocked(
+               *it->second, core_.PagesFor(*it->second, req.token_budget()) * it->second->geometry.num_layers()))) {
         return std::move(outcome.result);
       }
       auto found = core_.PickVictimLocked(req.session().session_id());
@@ -56,19 +63,23 @@ absl::StatusOr<v1::AdmitResponse> Admissions::Admit(const v1::AdmitRequest& req)
   }
 }
 
+SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
+  absl::ReaderMutexLock lock(&core_.mu_);
+  absl::StatusOr<Session*> found = core_.FindLocked(req.session());
+  if (!found.ok()) return {found.status()};
+  Session& s = **found;
+  absl::MutexLock session(s.mu.get());
+  absl::MutexLock ledger(&core_.ledger_mu_);
+  if (absl::Status checked = CheckRequestLocked(s, req); !checked.ok()) return {checked};
+  if (absl::Status checked = CheckOwnLocked(s, req); !checked.ok()) return {checked};
+  return CommitOwnLocked(s, req, /*defer_room=*/core_.options_.evict_on_pool_full);
+}
+
 SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
   absl::StatusOr<Session*> found = core_.FindLocked(req.session());
   if (!found.ok()) return {found.status()};
   Session* s = *found;
-  if (core_.draining_)
-    return {
-        core_.Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new admissions"))};
-  if (req.request_id() == 0) return {absl::InvalidArgumentError("request_id must be non-zero")};
-  if (absl::Status budget = core_.CheckBudget(*s, req.token_budget()); !budget.ok()) return {budget};
-  if (req.context_tokens() > req.token_budget()) {
-    return {absl::InvalidArgumentError(
-        absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"))};
-  }
+  if (absl::Status checked = CheckRequestLocked(*s, req); !checked.ok()) return {checked};
   if (req.group()) {
     if (req.lease_seconds() != 0) {
       return {absl::InvalidArgumentError(
@@ -77,20 +88,42 @@ SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
     }
     return GroupRequests::AdmitLocked(core_, *s, req);
   }
-  if (s->requests.contains(req.request_id())) {
-    return {
-        absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"))};
-  }
-  durability_.AssertHeld();
-  if (absl::Status lease = durability_.CheckLeaseLocked(req.lease_seconds(), req.begin_import()); !lease.ok()) {
-    return {lease};
-  }
+  if (absl::Status checked = CheckOwnLocked(*s, req); !checked.ok()) return {checked};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return SharedPrefixes::AdmitLocked(core_, *s, req);
+  return CommitOwnLocked(*s, req, /*defer_room=*/false);
+}
+
+absl::Status Admissions::CheckRequestLocked(const Session& s, const v1::AdmitRequest& req) {
+  if (core_.draining_) {
+    return core_.Reject(RejectReason::kDraining,
+                        absl::FailedPreconditionError("the daemon is draining: no new admissions"));
+  }
+  if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
+  HS_RETURN_IF_ERROR(SessionCore::CheckBudget(s, req.token_budget()));
+  if (req.context_tokens() > req.token_budget()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context_tokens (", req.context_tokens(), ") exceeds token_budget (", req.token_budget(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Admissions::CheckOwnLocked(const Session& s, const v1::AdmitRequest& req) {
+  if (s.requests.contains(req.request_id())) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", req.request_id(), " is already admitted in this session"));
+  }
+  durability_.AssertReaderHeld();
+  return durability_.CheckLeaseLocked(req.lease_seconds(), req.begin_import());
+}
+
+SessionCore::AdmitOutcome Admissions::CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room) {
   // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
-  const uint64_t per_layer = core_.PagesFor(*s, req.token_budget());
-  const uint64_t total = per_layer * s->geometry.num_layers();
-  ReserveOutcome reserved = Reserve(core_.ledger_, core_.pages_, ReserveSpec{s->id, {s->id}, s->id, total});
-  if (!reserved.reservation.has_value()) return core_.RefusedLocked(std::move(reserved));
+  const uint64_t per_layer = core_.PagesFor(s, req.token_budget());
+  const uint64_t total = per_layer * s.geometry.num_layers();
+  ReserveOutcome reserved = Reserve(core_.ledger_, core_.pages_, ReserveSpec{s.id, {s.id}, s.id, total});
+  if (!reserved.reservation.has_value()) {
+    if (defer_room && reserved.lacked_room) return {std::move(reserved.status), true, /*deferred=*/true};
+    return core_.RefusedLocked(std::move(reserved));
+  }
   const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
   Request r;
   r.id = req.request_id();
@@ -100,46 +133,60 @@ SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
   r.lease_end = DurableRequests::LeaseEnd(core_.Now(), req.lease_seconds());
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
-  for (uint32_t layer = 0; layer < s->geometry.num_layers(); ++layer) {
+  for (uint32_t layer = 0; layer < s.geometry.num_layers(); ++layer) {
     r.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
   }
-  const Request& added = s->requests.Admit(std::move(r), reserved.reservation->rows()[0]);
-  core_.TouchedLocked(*s, added);
+  const Request& added = s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
+  core_.TouchedLocked(s, added);
   ++core_.admissions_;
-  return {core_.AdmitAnswerLocked(*s, added)};
+  return {core_.AdmitAnswerLocked(s, added)};
 }
-
 
 // Extend appends pages to every layer (after the layer's last page where that page's slab has the
 // next pages free) and never moves a record: the engine's tables keep every page they had. All or
-// nothing: a full pool leaves the request exactly as it was.
+// nothing: a full pool leaves the request exactly as it was. Hot (the session's lock and the node's
+// mutex shared) but for a TP group's request, whose Extend grows every rank's share.
 absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& req) {
-  absl::MutexLock lock(&core_.mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
-  Request* found = s->requests.Find(req.request_id());
-  if (found == nullptr)
-    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  Request& r = *found;
-  if (r.importing()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("request ", req.request_id(), " is importing: extend it after CommitImport"));
+  {
+    absl::ReaderMutexLock lock(&core_.mu_);
+    HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
+    absl::MutexLock session(s->mu.get());
+    HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
+    HS_RETURN_IF_ERROR(NotImporting(*r));
+    if (!r->in_group) {
+      absl::MutexLock ledger(&core_.ledger_mu_);
+      return ExtendOwnLocked(*s, *r, req);
+    }
   }
-  if (r.in_group) return GroupRequests::ExtendLocked(core_, *s, r, req);
-  HS_RETURN_IF_ERROR(core_.CheckBudget(*s, req.token_budget()));
+  NodeLock lock(core_);
+  HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
+  HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
+  HS_RETURN_IF_ERROR(NotImporting(*r));                   // the lock was dropped: it may be another one now
+  if (!r->in_group) return ExtendOwnLocked(*s, *r, req);  // released and admitted again meanwhile
+  return GroupRequests::ExtendLocked(core_, *s, *r, req);
+}
+
+absl::Status Admissions::NotImporting(const Request& r) {
+  if (!r.importing()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is importing: extend it after CommitImport"));
+}
+
+absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOwnLocked(Session& s, Request& r, const v1::ExtendRequest& req) {
+  HS_RETURN_IF_ERROR(SessionCore::CheckBudget(s, req.token_budget()));
   if (req.token_budget() <= r.capacity_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
                                                    ") must exceed the current capacity (", r.capacity_tokens, ")"));
   }
-  const uint64_t extra = core_.PagesFor(*s, req.token_budget()) - r.pages[0].size();
-  if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r.pages.size(), 0)) {
+  const uint64_t extra = core_.PagesFor(s, req.token_budget()) - r.pages[0].size();
+  if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s.id, extra * r.pages.size(), 0)) {
     return core_.Reject(*std::move(refusal));
   }
-  core_.ledger_.Touch(s->id, r.id);
+  core_.ledger_.Touch(s.id, r.id);
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s->id, extra, &r.pages[layer].back());
+    absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s.id, extra, &r.pages[layer].back());
     if (!got.ok()) {
-      for (const auto& done : added) (void)core_.pool_->ReleaseAll(s->id, done);
+      for (const auto& done : added) (void)core_.pool_unlocked_->ReleaseAll(s.id, done);
       return got.status();
     }
     added[layer] = *std::move(got);
@@ -149,32 +196,42 @@ absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& r
   }
   r.capacity_tokens = req.token_budget();
   r.charged_pages += extra * r.pages.size();
-  core_.ledger_.SetPages(s->id, r.id, r.charged_pages);
-  core_.TouchedLocked(*s, r);
+  core_.ledger_.SetPages(s.id, r.id, r.charged_pages);
+  core_.TouchedLocked(s, r);
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
   resp.set_moved(false);
-  core_.FillLayers(*s, r, resp.mutable_layers());
+  core_.FillLayers(s, r, resp.mutable_layers());
   return resp;
 }
 
-absl::Status Admissions::Release(const v1::ReleaseRequest& req) {
-  absl::MutexLock lock(&core_.mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
-  Request* r = s->requests.Find(req.request_id());
-  if (r == nullptr)
-    return absl::NotFoundError(absl::StrCat("request ", req.request_id(), " is not admitted in this session"));
-  core_.ReleaseRequestLocked(*s, *r);
+std::optional<absl::Status> Admissions::ReleaseHot(const v1::ReleaseRequest& req) {
+  absl::ReaderMutexLock lock(&core_.mu_);
+  absl::StatusOr<Session*> s = core_.FindLocked(req.session());
+  if (!s.ok()) return s.status();
+  absl::MutexLock session((*s)->mu.get());
+  absl::StatusOr<Request*> r = SessionCore::RequestOf(**s, req.request_id());
+  if (!r.ok()) return r.status();
+  if ((*r)->importing() || (*r)->in_group) return std::nullopt;  // an abort, or every rank's pages
+  absl::MutexLock ledger(&core_.ledger_mu_);
+  core_.ReleaseOwnLocked(**s, **r);
   return absl::OkStatus();
 }
 
+absl::Status Admissions::Release(const v1::ReleaseRequest& req) {
+  NodeLock lock(core_);
+  HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
+  HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
+  core_.ReleaseRequestLocked(*s, *r);
+  return absl::OkStatus();
+}
 
 // Eviction by an operator: the session hears of it before its memory is released.
 absl::StatusOr<v1::EvictResponse> Admissions::Evict(const v1::EvictRequest& req, std::optional<uint32_t> only_uid) {
   SessionCore::Victim v;
   DeferredLog log;  // written once the lock is released
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     durability_.AssertHeld();
     if (durability_.orphans().contains(req.session_id())) return durability_.EvictOrphanLocked(req, only_uid, log);
     auto it = core_.sessions_.find(req.session_id());
@@ -192,11 +249,11 @@ absl::StatusOr<v1::EvictResponse> Admissions::Evict(const v1::EvictRequest& req,
     }
     v = SessionCore::Victim{req.session_id(), req.request_id(), r.generation, it->second->sink};
   }
-  HS_ASSIGN_OR_RETURN(uint64_t freed, core_.EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
+  HS_ASSIGN_OR_RETURN(uint64_t freed,
+                      core_.EvictVictim(v, req.reason().empty() ? "evicted by an operator" : req.reason()));
   v1::EvictResponse resp;
   resp.set_freed_bytes(freed);
   return resp;
 }
-
 
 }  // namespace hisparse

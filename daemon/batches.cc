@@ -75,7 +75,7 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitBatch(const v1::AdmitBatchR
   if (req.mode() == v1::BATCH_MODE_PER_ITEM) {
     HS_ASSIGN_OR_RETURN(resp, AdmitEachItem(req, &opened));
   } else {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
     resp = AdmitAllOrNothingLocked(*s, req, &opened);
   }
@@ -163,7 +163,7 @@ void Batches::FinishImports(const v1::AdmitBatchRequest& req, const OpenedImport
       if (regions[k].ok()) opened[k].second.target->Unregister(opened[k].second.grant_id);
     }
   }
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   imports_.AssertHeld();
   Session& s = *core_.sessions_.at(req.session().session_id());  // it waits for the busy grants
   if (all_or_nothing && failed >= 0) {
@@ -208,7 +208,7 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitEachItem(const v1::AdmitBat
   while (i < req.items_size()) {
     std::optional<SessionCore::Victim> victim;
     {
-      absl::MutexLock lock(&core_.mu_);
+      NodeLock lock(core_);
       absl::StatusOr<Session*> found = core_.FindLocked(req.session());
       if (!found.ok() && i == 0) return found.status();
       for (; !found.ok() && i < req.items_size(); ++i) {
@@ -255,7 +255,7 @@ absl::StatusOr<std::vector<std::optional<absl::Status>>> Batches::AbortImporting
   std::vector<std::optional<absl::Status>> aborted(req.request_ids_size());
   std::vector<std::pair<int, std::string>> importing;  // (item, grant id): first naming only
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
     absl::flat_hash_set<uint64_t> named;
     for (int i = 0; i < req.request_ids_size(); ++i) {
@@ -280,7 +280,7 @@ absl::StatusOr<v1::ReleaseBatchResponse> Batches::ReleaseBatch(const v1::Release
   v1::ReleaseBatchResponse resp;
   SeenIds seen;
   uint32_t released = 0;
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
   for (int i = 0; i < req.request_ids_size(); ++i) {
     const uint64_t id = req.request_ids(i);
@@ -369,16 +369,18 @@ absl::Status CheckBatch(const BatchRequest& req) {
 
 absl::StatusOr<v1::ParkBatchResponse> Batches::ParkBatch(const v1::ParkBatchRequest& req) {
   HS_RETURN_IF_ERROR(CheckBatch(req));
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
   const auto apply = [this, s](uint64_t id) -> absl::StatusOr<v1::ParkResponse> {
     core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
     Request* r = s->requests.Find(id);
     if (r == nullptr) return absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
     return Parking::ParkLocked(core_, *s, *r);
   };
   const auto undo = [this, s](uint64_t id, const v1::ParkResponse& parked) {
     core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
     // The row it gave back under this lock: still free. Parked by apply, so resumable.
     absl::Status undone = s->requests.Resume(*s->requests.Find(id), parked.row());
     if (!undone.ok()) LOG(ERROR) << "accounting error undoing a park: " << undone;
@@ -392,16 +394,18 @@ absl::StatusOr<v1::ParkBatchResponse> Batches::ParkBatch(const v1::ParkBatchRequ
 
 absl::StatusOr<v1::ResumeBatchResponse> Batches::ResumeBatch(const v1::ResumeBatchRequest& req) {
   HS_RETURN_IF_ERROR(CheckBatch(req));
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
   const auto apply = [this, s](uint64_t id) -> absl::StatusOr<v1::ResumeResponse> {
     core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
     Request* r = s->requests.Find(id);
     if (r == nullptr) return absl::NotFoundError(absl::StrCat("request ", id, " is not admitted in this session"));
     return Parking::ResumeLocked(core_, *s, *r);
   };
   const auto undo = [this, s](uint64_t id, const v1::ResumeResponse&) {
     core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
     absl::Status undone = s->requests.Park(*s->requests.Find(id));  // resumed by apply, so live
     if (!undone.ok()) LOG(ERROR) << "accounting error undoing a resume: " << undone;
   };

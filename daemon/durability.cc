@@ -59,17 +59,17 @@ absl::Status Durability::CheckLeaseLocked(uint32_t lease_seconds, bool importing
 }
 
 void Durability::SetMaxLeaseSeconds(uint32_t seconds) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   durable_.SetMaxLeaseSeconds(seconds);
 }
 
 void Durability::SetMaxOrphansPerTenant(uint32_t orphans) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   durable_.SetMaxOrphansPerTenant(orphans);
 }
 
 absl::StatusOr<v1::SetLeaseResponse> Durability::SetLease(const v1::SetLeaseRequest& req) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(Request * r, core_.FindRequestLocked(req.session(), req.request_id()));
   if (r->importing()) {
     return absl::FailedPreconditionError(
@@ -146,7 +146,7 @@ size_t Durability::ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) {
 
 size_t Durability::ExpireLeases() {
   DeferredLog log;  // written once the lock is released
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   const absl::Time now = core_.Now();
   size_t released = 0;
   for (uint64_t id : durable_.Ids()) released += ExpireOrphanLocked(id, now);
@@ -156,7 +156,7 @@ size_t Durability::ExpireLeases() {
 
 absl::StatusOr<v1::AdoptResponse> Durability::Adopt(const v1::AdoptRequest& req) {
   DeferredLog log;  // written once the lock is released
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(Session * me, core_.FindLocked(req.session()));
   const uint64_t orphan_id = req.dead_session_id();
   const Session* found = durable_.Find(orphan_id);

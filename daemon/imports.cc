@@ -24,26 +24,26 @@ Imports::Imports(SessionCore& core, Admissions& admissions, Durability& durabili
     : core_(core), admissions_(admissions), durability_(durability) {}
 
 void Imports::SetTarget(ImportTarget* target) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   target_ = target;
 }
 
 absl::StatusOr<v1::AdmitResponse> Imports::Admit(const v1::AdmitRequest& req) {
   if (req.lease_seconds() != 0) {  // before any import check: bad input, whatever the target
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     durability_.AssertHeld();
     return durability_.CheckLeaseLocked(req.lease_seconds(), /*importing=*/true);
   }
   v1::AdmitResponse resp;
   absl::StatusOr<Opened> opened;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     opened = OpenLocked(req, &resp);
   }
   if (!opened.ok()) return opened.status();
   const absl::Status registered = Register(*opened);
   // The grant is busy: nobody else removes it, and its session waits for it before closing.
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   if (!registered.ok()) {
     DropLocked(*opened);
     return registered;
@@ -147,7 +147,7 @@ absl::Status Imports::Finish(const std::string& grant_id, uint64_t session_id, u
                              std::optional<uint32_t> caller_uid, Outcome outcome, const std::string& reason) {
   ImportTarget* target;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     HS_RETURN_IF_ERROR(grants_.Check(grant_id, session_id, request_id, caller_uid));
     grants_.MarkBusy(grant_id);
     target = target_;
@@ -157,7 +157,7 @@ absl::Status Imports::Finish(const std::string& grant_id, uint64_t session_id, u
   std::shared_ptr<SessionEventSink> sink;
   v1::SessionEvent event;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     const bool commit = outcome == Outcome::kCommit;
     const ImportGrants::Grant g = grants_.Finish(grant_id, commit                        ? ImportGrants::End::kCommitted
                                                            : outcome == Outcome::kExpire ? ImportGrants::End::kExpired
@@ -180,7 +180,7 @@ absl::Status Imports::Finish(const std::string& grant_id, uint64_t session_id, u
   LOG(INFO) << "import grant " << ShortGrantId(grant_id) << " of request " << request_id << " of session " << session_id
             << ": " << reason;
   if (sink != nullptr && !(*sink)(event)) {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     ++core_.undelivered_notices_;
   }
   return absl::OkStatus();
@@ -198,7 +198,7 @@ absl::Status Imports::Abort(const v1::AbortImportRequest& req, uint32_t caller_u
 size_t Imports::Expire() {
   std::vector<ImportGrants::Ref> due;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     if (grants_.empty()) return 0;
     due = grants_.Due(core_.options_.clock ? core_.options_.clock() : absl::Now());
   }
@@ -208,7 +208,7 @@ size_t Imports::Expire() {
 size_t Imports::AbortLost(const std::vector<std::string>& grant_ids, const std::string& reason) {
   std::vector<ImportGrants::Ref> lost;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     lost = grants_.StillOpen(grant_ids);
   }
   return FinishEach(lost, Outcome::kAbort, absl::StrCat("aborted: ", reason));
@@ -226,7 +226,7 @@ size_t Imports::FinishEach(const std::vector<ImportGrants::Ref>& grants, Outcome
 std::optional<absl::Status> Imports::ReleaseIfImporting(const v1::ReleaseRequest& req) {
   std::string grant_id;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     auto sit = core_.sessions_.find(req.session().session_id());
     if (sit == core_.sessions_.end()) return std::nullopt;  // Release answers that
     const Request* r = sit->second->requests.Find(req.request_id());
@@ -253,6 +253,8 @@ void Imports::RevokeOf(uint64_t session_id) {
   std::vector<std::string> revoked;
   ImportTarget* target;
   {
+    // The node's mutex alone: Await releases it while busy grants finish, and no other lock may be
+    // held meanwhile.
     absl::MutexLock lock(&core_.mu_);
     auto sit = core_.sessions_.find(session_id);
     if (sit == core_.sessions_.end()) return;

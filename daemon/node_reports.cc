@@ -67,7 +67,7 @@ absl::StatusOr<v1::ListRequestsResponse> NodeReports::ListRequests(const v1::Lis
   HS_ASSIGN_OR_RETURN(const auto after, ParsePageToken(req.page_token()));
   const uint32_t page_size = PageSize(req.page_size());
   const uint64_t session_id = req.session_id();
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   durability_.AssertHeld();
   // Orphans (ended sessions' durable requests, durability.cc) are listed under their ended
   // session's id, which no live session has.
@@ -137,7 +137,7 @@ absl::StatusOr<v1::ListRequestsResponse> NodeReports::ListRequests(const v1::Lis
 absl::StatusOr<v1::ListAdoptableResponse> NodeReports::ListAdoptable(const v1::ListAdoptableRequest& req) const {
   HS_ASSIGN_OR_RETURN(const auto after, ParsePageToken(req.page_token()));
   const uint32_t page_size = PageSize(req.page_size());
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   durability_.AssertHeld();
   HS_ASSIGN_OR_RETURN(const Session* found, core_.FindLocked(req.session()));
   const Session& me = *found;
@@ -179,7 +179,7 @@ v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
   // wait on the GPU.
   std::vector<std::pair<int, std::shared_ptr<const Arena>>> counters;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     out.set_version(core_.options_.version);
     out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - core_.start_time_));
     out.set_device(std::string(DeviceKindName(core_.options_.device)));
@@ -284,7 +284,7 @@ v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
 }
 
 absl::Status NodeReports::CheckInvariants() const {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_RETURN_IF_ERROR(core_.pool_->CheckInvariants());
   HS_RETURN_IF_ERROR(core_.ledger_.CheckInvariants());
   absl::flat_hash_map<uint64_t, uint64_t> group_paid;  // session -> group pages it is charged for
@@ -330,7 +330,7 @@ absl::Status NodeReports::CheckInvariants() const {
 
 absl::StatusOr<uint8_t*> NodeReports::RecordForTest(uint64_t session_id, uint64_t request_id, uint32_t layer,
                                                     uint32_t position) const {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   auto it = core_.sessions_.find(session_id);
   if (it == core_.sessions_.end()) return absl::NotFoundError("no such session");
   const Session& s = *it->second;

@@ -56,7 +56,7 @@ void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
 }
 
 void RequestJournaling::TouchedLocked(const SessionEntry& s, const RequestEntry& r) {
-  core_.mu_.AssertHeld();
+  absl::MutexLock lock(&mu_);
   if (journal_ == nullptr) return;
   const JournalKey key{s.id, r.id};
   // Most requests never had a lease: no clock read for them.
@@ -67,7 +67,7 @@ void RequestJournaling::TouchedLocked(const SessionEntry& s, const RequestEntry&
 }
 
 void RequestJournaling::LeftLocked(uint64_t session_id, uint64_t request_id) {
-  core_.mu_.AssertHeld();
+  absl::MutexLock lock(&mu_);
   const JournalKey key{session_id, request_id};
   if (journal_ == nullptr || !journaled_.contains(key)) return;
   touched_.push_back(key);
@@ -144,7 +144,8 @@ void RequestJournaling::Flush() {
   std::optional<JournalBatch> batch;
   uint64_t wait_for = 0;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
+    absl::MutexLock touched(&mu_);
     if (!touched_.empty()) batch = DecideLocked();
     wait_for = decided_.load(std::memory_order_relaxed);
   }
@@ -162,7 +163,7 @@ absl::StatusOr<size_t> RequestJournaling::RestoreOrphans(const std::vector<journ
   std::map<uint64_t, std::vector<const journal::Put*>> by_session;
   for (const journal::Put& put : puts) by_session[put.session().id()].push_back(&put);
   DeferredLog log;  // written once the lock is released
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   durability_.AssertHeld();
   if (!core_.sessions_.empty() || !durability_.orphans().all().empty()) {
     return absl::FailedPreconditionError("orphans are restored at start, before any session");
@@ -204,6 +205,7 @@ absl::StatusOr<size_t> RequestJournaling::RestoreOrphans(const std::vector<journ
         }
       }
       dead.requests.Admit(std::move(r), row++);
+      absl::MutexLock touched(&mu_);
       journaled_.insert(JournalKey{id, put->request_id()});
     }
     for (const auto& [page, who] : holders) {

@@ -30,7 +30,6 @@ bool TokenEquals(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-
 SessionCore::SessionCore(const SessionOptions& options, std::unique_ptr<PagePool> pool)
     : options_(options),
       pool_(std::move(pool)),
@@ -83,10 +82,13 @@ absl::StatusOr<SessionCore::Session*> SessionCore::FindLocked(const v1::SessionR
   return it->second.get();
 }
 
-absl::StatusOr<SessionCore::Request*> SessionCore::FindRequestLocked(const v1::SessionRef& ref,
-                                                                           uint64_t request_id) {
+absl::StatusOr<SessionCore::Request*> SessionCore::FindRequestLocked(const v1::SessionRef& ref, uint64_t request_id) {
   HS_ASSIGN_OR_RETURN(Session * s, FindLocked(ref));
-  Request* r = s->requests.Find(request_id);
+  return RequestOf(*s, request_id);
+}
+
+absl::StatusOr<SessionCore::Request*> SessionCore::RequestOf(Session& s, uint64_t request_id) {
+  Request* r = s.requests.Find(request_id);
   if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("request ", request_id, " is not admitted in this session"));
   }
@@ -94,23 +96,27 @@ absl::StatusOr<SessionCore::Request*> SessionCore::FindRequestLocked(const v1::S
 }
 
 void SessionCore::ReleaseRequestLocked(Session& s, Request& r) {
+  if (!r.in_group) return ReleaseOwnLocked(s, r);
   const uint64_t id = r.id;
   TouchedLocked(s, r);  // a Forget, when the journal holds it
-  if (r.in_group) {
-    GroupRequests::ReleaseShareLocked(*this, s, r);
-  } else {
-    SharedPrefixes::UnshareLocked(*this, s, r);
-    for (const std::vector<PagePool::Page>& layer : r.pages) {
-      absl::Status st = pool_->ReleaseAll(s.id, layer);
-      if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
-    }
-    r.pages.clear();
+  GroupRequests::ReleaseShareLocked(*this, s, r);
+  s.requests.Erase(id);
+}
+
+void SessionCore::ReleaseOwnLocked(Session& s, Request& r) {
+  const uint64_t id = r.id;
+  TouchedLocked(s, r);  // a Forget, when the journal holds it
+  SharedPrefixes::UnshareLocked(*this, s, r);
+  for (const std::vector<PagePool::Page>& layer : r.pages) {
+    absl::Status st = pool_->ReleaseAll(s.id, layer);
+    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
   }
+  r.pages.clear();
   s.requests.Erase(id);
 }
 
 void SessionCore::FillLayers(const Session& s, const Request& r,
-                                google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const {
+                             google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const {
   const uint64_t page_bytes = pool_->page_bytes();  // const in the pool
   for (size_t layer = 0; layer < r.pages.size(); ++layer) {
     v1::LayerPages* lp = out->Add();
@@ -128,7 +134,7 @@ uint64_t SessionCore::PagesFor(const Session& s, uint64_t tokens) {
   return (tokens + s.records_per_page - 1) / s.records_per_page;
 }
 
-absl::Status SessionCore::CheckBudget(const Session& s, uint32_t token_budget) const {
+absl::Status SessionCore::CheckBudget(const Session& s, uint32_t token_budget) {
   const uint64_t max_tokens = std::min<uint64_t>(uint64_t{s.records_per_page} * s.pages_per_entry, INT32_MAX);
   if (token_budget == 0 || token_budget > max_tokens) {
     return absl::InvalidArgumentError(
@@ -155,7 +161,7 @@ absl::StatusOr<uint64_t> SessionCore::EvictVictim(const Victim& v, const std::st
   // the stream (the service queues it), so an engine that does not read cannot stall this.
   const bool told = v.sink != nullptr && (*v.sink)(event);
   DeferredLog log;  // written once the lock is released
-  absl::MutexLock lock(&mu_);
+  NodeLock lock(*this);
   auto it = sessions_.find(v.session_id);
   if (it == sessions_.end()) return absl::NotFoundError("the session ended while evicting");
   // The lock was dropped since the victim was chosen: only that very request may go. Its id may
@@ -168,7 +174,8 @@ absl::StatusOr<uint64_t> SessionCore::EvictVictim(const Victim& v, const std::st
   if (r->importing()) {
     return absl::FailedPreconditionError(absl::StrCat("request ", v.request_id, " is importing: it is not evicted"));
   }
-  const uint64_t freed = (r->PageCount() - GroupRequests::UnfreedPagesOfLocked(*this, *it->second, *r)) * pool_->page_bytes();
+  const uint64_t freed =
+      (r->PageCount() - GroupRequests::UnfreedPagesOfLocked(*this, *it->second, *r)) * pool_->page_bytes();
   ReleaseRequestLocked(*it->second, *r);
   ++evictions_;
   if (!told) ++undelivered_notices_;
@@ -181,7 +188,7 @@ absl::StatusOr<uint64_t> SessionCore::EvictVictim(const Victim& v, const std::st
 absl::Status SessionCore::Reject(Refusal refusal) { return Reject(refusal.reason, std::move(refusal.status)); }
 
 absl::StatusOr<std::vector<PagePool::Page>> SessionCore::AllocatePagesLocked(uint64_t owner, uint64_t count,
-                                                                                const PagePool::Page* after) {
+                                                                             const PagePool::Page* after) {
   if (count > UINT32_MAX) {
     return Reject(RejectReason::kPoolFull,
                   absl::ResourceExhaustedError(absl::StrCat("a request of ", count, " pages exceeds any host pool")));

@@ -48,7 +48,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
   std::function<void()> on_idle;
   DeferredLog log;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     auto it = core_.sessions_.find(session_id);
     if (it == core_.sessions_.end()) return;
     dead = std::move(it->second);
@@ -106,6 +106,7 @@ absl::StatusOr<v1::ExtendResponse> SessionManager::Extend(const v1::ExtendReques
 
 absl::Status SessionManager::Release(const v1::ReleaseRequest& req) {
   const OnReturn on_return{this, false};
+  if (std::optional<absl::Status> released = admissions_.ReleaseHot(req)) return *released;
   if (std::optional<absl::Status> aborted = imports_.ReleaseIfImporting(req)) return *aborted;
   return admissions_.Release(req);
 }
@@ -203,7 +204,7 @@ absl::StatusOr<uint8_t*> SessionManager::RecordForTest(uint64_t session_id, uint
 void SessionManager::SetDraining(bool draining, std::function<void()> on_idle) {
   std::function<void()> run_now;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     core_.draining_ = draining;
     core_.on_idle_ = std::move(on_idle);
     run_now = core_.TakeIdleCallbackLocked();
@@ -213,7 +214,7 @@ void SessionManager::SetDraining(bool draining, std::function<void()> on_idle) {
 
 void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_session, const QuotaOptions& quotas,
                                bool evict_on_pool_full) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   core_.options_.max_sessions = max_sessions;
   core_.options_.max_requests_per_session = max_requests_per_session;
   core_.ledger_.SetQuotas(quotas);
@@ -221,7 +222,7 @@ void SessionManager::SetLimits(uint32_t max_sessions, uint32_t max_requests_per_
 }
 
 void SessionManager::SetHostArenaBudget(uint64_t bytes) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   core_.options_.host_arena_budget_bytes = bytes;
 }
 

@@ -132,13 +132,14 @@ absl::StatusOr<int> SessionOpener::DaemonGpuOf(const v1::Geometry& g, bool on_gp
     if (core_.options_.gpu_uuids[i] == g.gpu_uuid()) return static_cast<int>(i);
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "the engine's GPU ", g.gpu(), " (", GpuUuidText(g.gpu_uuid()), ") is not one of the ", core_.options_.gpu_uuids.size(),
+      "the engine's GPU ", g.gpu(), " (", GpuUuidText(g.gpu_uuid()), ") is not one of the ",
+      core_.options_.gpu_uuids.size(),
       " GPUs this daemon sees: give the daemon every GPU of the node (its pod no GPU limit, "
       "NVIDIA_VISIBLE_DEVICES=all), or have the engine keep a private arena (HISPARSE_PRIVATE_GPU_ARENA=1)"));
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> SessionOpener::CreateArena(bool on_gpu, int gpu,
-                                                                   const ArenaOffsets& layout) const {
+                                                                  const ArenaOffsets& layout) const {
   // A host memfd's pages materialize as the engine uses them; a GPU arena is allocated, zeroed and
   // exported now.
   if (!on_gpu) return MakeHostArena(layout);
@@ -146,12 +147,11 @@ absl::StatusOr<std::unique_ptr<Arena>> SessionOpener::CreateArena(bool on_gpu, i
   if (!allocated.ok()) return allocated.status();
   return WrapGpuArena(std::move(*allocated), layout.counters);
 }
-absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& open,
-                                                              const PeerCredentials& owner) {
+absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& open, const PeerCredentials& owner) {
   uint32_t max_requests_limit;
   uint64_t page_bytes;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     max_requests_limit = core_.options_.max_requests_per_session;
     page_bytes = core_.ledger_.page_bytes();
   }
@@ -191,35 +191,38 @@ absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& ope
   session->tenant_uid = owner.uid;
   session->device = device;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     if (core_.draining_)
-      return core_.Reject(RejectReason::kDraining, absl::FailedPreconditionError("the daemon is draining: no new sessions"));
+      return core_.Reject(RejectReason::kDraining,
+                          absl::FailedPreconditionError("the daemon is draining: no new sessions"));
     if (core_.sessions_.size() >= core_.options_.max_sessions) {
       return core_.Reject(RejectReason::kSessionLimit,
-                    absl::ResourceExhaustedError(
-                        absl::StrCat("the daemon holds its limit of ", core_.options_.max_sessions, " sessions")));
+                          absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ",
+                                                                    core_.options_.max_sessions, " sessions")));
     }
     if (open.has_group()) HS_RETURN_IF_ERROR(core_.groups_.CheckJoin(*session, open.group(), max_context));
     if (std::optional<Refusal> refusal = core_.ledger_.CheckOpenSession(owner.uid, layout.total_bytes)) {
       return core_.Reject(*std::move(refusal));
     }
     // The budget may have been lowered (SIGHUP) below what is held already.
-    const uint64_t host_arena_left =
-        core_.options_.host_arena_budget_bytes - std::min(core_.host_arena_bytes_, core_.options_.host_arena_budget_bytes);
+    const uint64_t host_arena_left = core_.options_.host_arena_budget_bytes -
+                                     std::min(core_.host_arena_bytes_, core_.options_.host_arena_budget_bytes);
     if (!on_gpu && layout.total_bytes > host_arena_left) {
-      return core_.Reject(RejectReason::kHostArenaBudget,
-                    absl::ResourceExhaustedError(absl::StrCat("the host slot arena (", layout.total_bytes,
-                                                              " bytes) exceeds what is left of the node's "
-                                                              "host-arena budget: ",
-                                                              host_arena_left, " of ", core_.options_.host_arena_budget_bytes,
-                                                              " bytes (limits.host_arena_bytes)")));
+      return core_.Reject(
+          RejectReason::kHostArenaBudget,
+          absl::ResourceExhaustedError(absl::StrCat("the host slot arena (", layout.total_bytes,
+                                                    " bytes) exceeds what is left of the node's "
+                                                    "host-arena budget: ",
+                                                    host_arena_left, " of ", core_.options_.host_arena_budget_bytes,
+                                                    " bytes (limits.host_arena_bytes)")));
     }
     uint64_t& device_bytes = core_.arena_bytes_by_device_[device];
-    if (core_.options_.arena_budget_bytes != 0 && device_bytes + layout.total_bytes > core_.options_.arena_budget_bytes) {
+    if (core_.options_.arena_budget_bytes != 0 &&
+        device_bytes + layout.total_bytes > core_.options_.arena_budget_bytes) {
       return core_.Reject(RejectReason::kArenaBudget,
-                    absl::ResourceExhaustedError(
-                        absl::StrCat("the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ",
-                                     device, "'s budget (", core_.options_.arena_budget_bytes - device_bytes, " bytes)")));
+                          absl::ResourceExhaustedError(absl::StrCat(
+                              "the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ", device,
+                              "'s budget (", core_.options_.arena_budget_bytes - device_bytes, " bytes)")));
     }
     device_bytes += layout.total_bytes;
     if (!on_gpu) core_.host_arena_bytes_ += layout.total_bytes;
@@ -239,7 +242,7 @@ absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& ope
   }
   const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
   DeferredLog log;  // written once the lock is released
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   if (!arena_status.ok()) {
     core_.arena_bytes_by_device_[device] -= layout.total_bytes;
     if (!on_gpu) core_.host_arena_bytes_ -= layout.total_bytes;
@@ -253,8 +256,9 @@ absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& ope
     return core_.Reject(*std::move(refusal));
   }
   // Checked again, atomically with the insertion: two sessions racing for one rank.
-  if (absl::Status joined =
-          open.has_group() ? core_.groups_.Join(*session, open.group(), max_context, &core_.next_session_id_) : absl::OkStatus();
+  if (absl::Status joined = open.has_group()
+                                ? core_.groups_.Join(*session, open.group(), max_context, &core_.next_session_id_)
+                                : absl::OkStatus();
       !joined.ok()) {
     core_.arena_bytes_by_device_[device] -= layout.total_bytes;
     if (!on_gpu) core_.host_arena_bytes_ -= layout.total_bytes;
@@ -303,7 +307,7 @@ absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& ope
 }
 
 absl::Status SessionOpener::CheckOwner(const v1::SessionRef& ref, uint32_t uid) const {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(const SessionEntry* s, core_.FindLocked(ref));
   if (s->tenant_uid != uid) {
     return absl::PermissionDeniedError(absl::StrCat("session ", ref.session_id(), " belongs to uid ", s->tenant_uid,
@@ -313,13 +317,13 @@ absl::Status SessionOpener::CheckOwner(const v1::SessionRef& ref, uint32_t uid) 
 }
 
 absl::StatusOr<UniqueFd> SessionOpener::DupFdFor(uint64_t session_id, const std::string& token, const FdObject& object,
-                                                  const PeerCredentials& peer, uint64_t* bytes,
-                                                  std::string* ipc_handle) {
+                                                 const PeerCredentials& peer, uint64_t* bytes,
+                                                 std::string* ipc_handle) {
   if (bytes != nullptr) *bytes = 0;
   if (ipc_handle != nullptr) ipc_handle->clear();
   std::shared_ptr<const Arena> arena;
   {
-    absl::MutexLock lock(&core_.mu_);
+    NodeLock lock(core_);
     v1::SessionRef ref;
     ref.set_session_id(session_id);
     ref.set_token(token);
@@ -336,7 +340,8 @@ absl::StatusOr<UniqueFd> SessionOpener::DupFdFor(uint64_t session_id, const std:
       // The descriptor leaves the daemon: when the slab retires, what the engine may still hold of
       // it counts against this tenant until the pool sees it freed.
       absl::StatusOr<UniqueFd> fd = core_.pool_->DupSlabFd(session_id, slab->n, bytes, s->tenant_uid);
-      if (absl::IsPermissionDenied(fd.status()) && !s->group.empty()) return GroupRequests::DupSlabLocked(core_, *s, slab->n, bytes);
+      if (absl::IsPermissionDenied(fd.status()) && !s->group.empty())
+        return GroupRequests::DupSlabLocked(core_, *s, slab->n, bytes);
       return fd;
     }
     arena = s->arena;
@@ -357,7 +362,7 @@ absl::StatusOr<UniqueFd> SessionOpener::DupFdFor(uint64_t session_id, const std:
 }
 
 void SessionOpener::SetEventSink(uint64_t session_id, SessionEventSink sink) {
-  absl::MutexLock lock(&core_.mu_);
+  NodeLock lock(core_);
   auto it = core_.sessions_.find(session_id);
   if (it != core_.sessions_.end()) it->second->sink = std::make_shared<SessionEventSink>(std::move(sink));
 }

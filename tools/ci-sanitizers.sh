@@ -120,7 +120,8 @@ stage_tsan() {
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
-    session_journal_test client_install_test daemon_restart_test control_lane_test control_lane_codec_test \
+    session_journal_test session_concurrency_test client_install_test daemon_restart_test control_lane_test \
+    control_lane_codec_test \
     hisparse-keeper hisparse-durable-engine \
     hisparsed hisparse-test-client hisparse-ctl $(tsan_import_targets) -- -DHISPARSE_SANITIZE=thread || built=1
   [[ -f build-tsan/CTestTestfile.cmake ]] || { record tsan "$start" 1 "configure failed"; return; }

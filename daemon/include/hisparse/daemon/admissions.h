@@ -22,17 +22,24 @@ class Admissions {
   Admissions(SessionCore& core, Durability& durability);
   // Every module shares the core's one mutex. A module that holds it and calls a *Locked function
   // here says so first (clang's analysis cannot see that two modules' cores are one object).
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_) { core_.mu_.AssertHeld(); }
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_, core_.ledger_mu_) {
+    core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
+  }
 
   // A request that is not an import: a free row of the session's arena and, per layer, the pages
   // of token_budget records; all or nothing. Under admission.on_pool_full = evict_lru_idle a full
   // pool evicts the tenant's least recently used request (its session told first) and tries again.
   absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
   // One try of Admit (an import's too, which Imports marks importing after it): no eviction.
-  SessionCore::AdmitOutcome AdmitLocked(const v1::AdmitRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  SessionCore::AdmitOutcome AdmitLocked(const v1::AdmitRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Extend appends pages to every layer and never moves a record; all or nothing.
   absl::StatusOr<v1::ExtendResponse> Extend(const v1::ExtendRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
-  // Release of a request that is not importing (an importing one's is Imports' abort).
+  // Release, hot (session_core.h, "Locks"): answered, or unset for a request that is importing
+  // (its release is Imports' abort) or a TP group's share (Release below).
+  std::optional<absl::Status> ReleaseHot(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // Release of a request that is not importing, under the node's lock.
   absl::Status Release(const v1::ReleaseRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
   // An operator's (or, with `only_uid`, a tenant's) eviction: the session hears of it before its
   // memory is released. An orphan's request is Durability's.
@@ -40,6 +47,24 @@ class Admissions {
       ABSL_LOCKS_EXCLUDED(core_.mu_);
 
  private:
+  // A plain request's Admit under its session's lock (the node's mutex shared); deferred when it
+  // lacked room and evicting may make some.
+  SessionCore::AdmitOutcome AdmitHot(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // The checks every admission makes first, in order: draining, the id, the budget, the context.
+  absl::Status CheckRequestLocked(const Session& s, const v1::AdmitRequest& req) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+  // Then, for a request of the session's own pages: its id is free, its lease allowed.
+  absl::Status CheckOwnLocked(const Session& s, const v1::AdmitRequest& req) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
+  // Reserve, then commit, a request of `s`'s own pages (no parent, no group). With `defer_room`, a
+  // want of room is answered deferred (uncounted), for the exclusive path.
+  SessionCore::AdmitOutcome CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room)
+      ABSL_SHARED_LOCKS_REQUIRED(core_.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+  // FailedPrecondition for an importing request, which is extended after its commit.
+  static absl::Status NotImporting(const Request& r);
+  // Extend of a request of `s`'s own pages (not importing).
+  absl::StatusOr<v1::ExtendResponse> ExtendOwnLocked(Session& s, Request& r, const v1::ExtendRequest& req)
+      ABSL_SHARED_LOCKS_REQUIRED(core_.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+
   SessionCore& core_;
   Durability& durability_;
 };

@@ -31,25 +31,24 @@ class Batches {
   absl::StatusOr<v1::ReleaseBatchResponse> ReleaseBatch(const v1::ReleaseBatchRequest& req)
       ABSL_LOCKS_EXCLUDED(core_.mu_);
   absl::StatusOr<v1::ParkBatchResponse> ParkBatch(const v1::ParkBatchRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
-  absl::StatusOr<v1::ResumeBatchResponse> ResumeBatch(const v1::ResumeBatchRequest& req)
-      ABSL_LOCKS_EXCLUDED(core_.mu_);
+  absl::StatusOr<v1::ResumeBatchResponse> ResumeBatch(const v1::ResumeBatchRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
 
  private:
   // The import items a batch admitted (item index, opened grant), for FinishImports.
   using OpenedImports = std::vector<std::pair<int, Imports::Opened>>;
   v1::AdmitBatchResponse AdmitAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req, OpenedImports* opened)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   absl::StatusOr<v1::AdmitBatchResponse> AdmitEachItem(const v1::AdmitBatchRequest& req, OpenedImports* opened)
       ABSL_LOCKS_EXCLUDED(core_.mu_);
   // One item: Admissions::AdmitLocked, or for an import item Imports::OpenLocked, recorded in
   // `opened` under `index`.
   SessionCore::AdmitOutcome AdmitItemLocked(const v1::AdmitRequest& one, int index, OpenedImports* opened)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // ALL_OR_NOTHING failed at item `failed` (with `why`): every other item the batch admitted is
   // released again and every result rewritten, the others ABORTED.
   void FailAllOrNothingLocked(Session& s, const v1::AdmitBatchRequest& req, int failed, const absl::Status& why,
-                              v1::AdmitBatchResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
-  void UndoItemLocked(Session& s, uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+                              v1::AdmitBatchResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+  void UndoItemLocked(Session& s, uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Registers the batch's opened imports outside the lock, then publishes them (PER_ITEM: a failed
   // one is freed; ALL_OR_NOTHING: any failure revokes them all and rolls the batch back).
   void FinishImports(const v1::AdmitBatchRequest& req, const OpenedImports& opened, v1::AdmitBatchResponse* resp)
@@ -58,7 +57,7 @@ class Batches {
   // tries, or none. Never a request in `batch` (admitted by it).
   std::optional<SessionCore::Victim> VictimLocked(const Session& s, const v1::AdmitItem& item, int evictions,
                                                   const absl::flat_hash_set<uint64_t>& batch) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // ReleaseBatch's importing items, each aborted as Release aborts it: per item the abort's result,
   // or nullopt for an item that is not importing.
   absl::StatusOr<std::vector<std::optional<absl::Status>>> AbortImportingItems(const v1::ReleaseBatchRequest& req)

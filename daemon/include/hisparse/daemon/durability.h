@@ -26,7 +26,12 @@ class Durability {
   explicit Durability(SessionCore& core);
   // Every module shares the core's one mutex. A module that holds it and calls a *Locked function
   // here says so first (clang's analysis cannot see that two modules' cores are one object).
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_) { core_.mu_.AssertHeld(); }
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_, core_.ledger_mu_) {
+    core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
+  }
+  // The same for the node's mutex held shared (a hot call).
+  void AssertReaderHeld() const ABSL_ASSERT_SHARED_LOCK(core_.mu_) { core_.mu_.AssertReaderHeld(); }
 
   // durability.max_lease_seconds and max_orphans_per_tenant, live (SIGHUP): leases already granted
   // and orphans already kept stay.
@@ -38,28 +43,30 @@ class Durability {
   // returns how many.
   size_t ExpireLeases() ABSL_LOCKS_EXCLUDED(core_.mu_);
   // A lease an admission asks for: bad input, or beyond the limit.
-  absl::Status CheckLeaseLocked(uint32_t lease_seconds, bool importing) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  absl::Status CheckLeaseLocked(uint32_t lease_seconds, bool importing) const ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
 
   // A session that has ended (out of the core's sessions, its imports revoked): releases every
   // request that is not durable now (every one, when its tenant holds max_orphans_per_tenant
   // orphans already), then, when durable ones are left, parks them and moves them (with their
   // sharers) into a new orphan of the same id; else the session leaves the ledger. Returns the
   // requests released.
-  size_t EndSessionLocked(Session& dead, DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  size_t EndSessionLocked(Session& dead, DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Releases the orphan's requests whose lease ended by `now` and forgets the orphan once empty.
-  size_t ExpireOrphanLocked(uint64_t orphan_id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  size_t ExpireOrphanLocked(uint64_t orphan_id, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Evict of an orphaned request (an operator's, or its tenant's): released at once, nobody to tell.
   absl::StatusOr<v1::EvictResponse> EvictOrphanLocked(const v1::EvictRequest& req, std::optional<uint32_t> only_uid,
-                                                      DeferredLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+                                                      DeferredLog& log)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // CheckInvariants' part for orphans: ledger, pool and requests agree; returns their pages.
-  absl::StatusOr<uint64_t> CheckOrphansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  absl::StatusOr<uint64_t> CheckOrphansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Stats' durable and orphan figures (of `only_uid`'s sessions alone, when set).
   void FillStatsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
 
   // The orphans themselves, for the listings and the journal.
-  DurableRequests& orphans() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_) { return durable_; }
-  const DurableRequests& orphans() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_) { return durable_; }
+  DurableRequests& orphans() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_) { return durable_; }
+  const DurableRequests& orphans() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_) { return durable_; }
 
  private:
   SessionCore& core_;

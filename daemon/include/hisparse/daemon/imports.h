@@ -30,7 +30,10 @@ class Imports {
   Imports(SessionCore& core, Admissions& admissions, Durability& durability);
   // Every module shares the core's one mutex. A module that holds it and calls a *Locked function
   // here says so first (clang's analysis cannot see that two modules' cores are one object).
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_) { core_.mu_.AssertHeld(); }
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_.mu_, core_.ledger_mu_) {
+    core_.mu_.AssertHeld();
+    core_.ledger_mu_.AssertHeld();
+  }
 
   // Where granted memory is registered for remote writes; null (the default): imports are
   // refused with FailedPrecondition. Not owned; must outlive every call that can reach it.
@@ -73,19 +76,20 @@ class Imports {
   // Refuses where imports are off or the session closes, admits as Admissions::AdmitLocked (never
   // evicting), marks the request importing under a new busy grant and fills resp (the grant's header).
   absl::StatusOr<Opened> OpenLocked(const v1::AdmitRequest& req, v1::AdmitResponse* resp)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Opens the grant's pages for checked writes at its target (outside the lock): hands it a dup
   // of each slab's memfd and the pages' offsets (the target's worker maps them itself).
   static absl::Status Register(const Opened& o);
   // After Register, under the lock again: Publish makes the grant usable (not busy) and adds the
   // worker address to resp; Drop forgets the grant and frees the request (its pages no longer
   // open to writes: never registered, or unregistered by the caller first).
-  void PublishLocked(const Opened& o, v1::AdmitResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
-  void DropLocked(const Opened& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  void PublishLocked(const Opened& o, v1::AdmitResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+  void DropLocked(const Opened& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Forgets an unregistered grant whose request the caller releases itself (a batch's rollback).
-  void ForgetLocked(const std::string& grant_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  void ForgetLocked(const std::string& grant_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Stats' import figures.
-  void FillStatsLocked(v1::StatsResponse* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  void FillStatsLocked(v1::StatsResponse* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
 
  private:
   enum class Outcome { kCommit, kAbort, kExpire };

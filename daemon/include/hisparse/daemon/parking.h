@@ -19,11 +19,11 @@ class Parking {
       ABSL_LOCKS_EXCLUDED(core.mu_);
   static absl::StatusOr<v1::ResumeResponse> Resume(SessionCore& core, const v1::ResumeRequest& req)
       ABSL_LOCKS_EXCLUDED(core.mu_);
-  // Park and Resume of one found request of `s`.
+  // Park and Resume of one found request of `s`, under `s`'s lock (or the node's mutex exclusively).
   static absl::StatusOr<v1::ParkResponse> ParkLocked(SessionCore& core, Session& s, Request& r)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(core.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.ledger_mu_);
   static absl::StatusOr<v1::ResumeResponse> ResumeLocked(SessionCore& core, Session& s, Request& r)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(core.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.ledger_mu_);
 };
 
 }  // namespace hisparse

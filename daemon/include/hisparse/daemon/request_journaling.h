@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "hisparse/daemon/durability.h"
 #include "hisparse/daemon/request_journal.h"
 #include "hisparse/daemon/session_core.h"
@@ -25,7 +26,7 @@ class RequestJournaling final : public RequestChanges {
   // `journal` (not owned) null: every call is a no-op.
   RequestJournaling(SessionCore& core, Durability& durability, RequestJournal* journal);
 
-  // RequestChanges, under the core's mutex.
+  // RequestChanges, under the core's mutex (shared, for a hot call).
   void TouchedLocked(const SessionEntry& s, const RequestEntry& r) override;
   void LeftLocked(uint64_t session_id, uint64_t request_id) override;
 
@@ -39,15 +40,18 @@ class RequestJournaling final : public RequestChanges {
 
  private:
   // The records for the touched requests, and the new slabs they reference.
-  JournalBatch DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
+  JournalBatch DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_, mu_);
 
   SessionCore& core_;
   Durability& durability_;
   RequestJournal* const journal_;
+  // Its own, last in the order (session_core.h, "Locks"): hot calls touch requests under the
+  // node's mutex held shared.
+  absl::Mutex mu_ ABSL_ACQUIRED_AFTER(core_.ledger_mu_);
   // Requests touched since the last decision, those the journal holds, the records' sequence.
-  std::vector<JournalKey> touched_ ABSL_GUARDED_BY(core_.mu_);
-  absl::flat_hash_set<JournalKey> journaled_ ABSL_GUARDED_BY(core_.mu_);
-  uint64_t seq_ ABSL_GUARDED_BY(core_.mu_) = 0;
+  std::vector<JournalKey> touched_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<JournalKey> journaled_ ABSL_GUARDED_BY(mu_);
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> pending_{false};  // !touched_.empty(), readable without the lock
   std::atomic<uint64_t> decided_{0};  // the ticket of the newest batch decided
 };

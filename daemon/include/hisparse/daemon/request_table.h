@@ -12,7 +12,7 @@
 // rows and parked flags with the state in the same call, so the two cannot disagree):
 //
 //   (none)     -> kLive       Admit          Admit, a shared-prefix Admit, a TP group's reservation
-//                                            (session_manager.cc, shared_prefixes.cc, group_requests.cc)
+//                                            (admissions.cc, shared_prefixes.cc, group_requests.cc)
 //   kLive      -> kImporting  BeginImport    Admit with begin_import (imports.cc)
 //   kImporting -> kLive       CommitImport   CommitImport (imports.cc)
 //   kLive      -> kParked     Park           Park, ParkBatch, ResumeBatch's undo (parking.cc,

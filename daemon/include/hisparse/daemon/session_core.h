@@ -21,9 +21,20 @@
 //
 // SharedPrefixes and GroupRequests are how a request holds pages, so the core's release and
 // eviction call them too; RequestJournaling hears of every change to a durable request through
-// RequestChanges below. tests/daemon/check_layering.py holds the modules to this map. Everything
-// marked guarded is under `mu_`, the one lock every module shares; a *Locked function runs with it
-// held.
+// RequestChanges below. tests/daemon/check_layering.py holds the modules to this map.
+//
+// Locks (issue 41, item 2), in this order:
+//   mu_          the node's: the sessions map, the TP groups, the modules' own state. Held
+//                exclusively by every call but the hot ones below, so they see the node still.
+//   a session's  SessionEntry::mu: its RequestTable, sharers and requests' data, for the hot calls,
+//                which hold mu_ shared and their session's lock: Admit of a plain request,
+//                Extend, Release, Park and Resume. Sessions no longer wait on each other there.
+//   ledger_mu_   the AdmissionLedger (tenant sums, rows, LRU) and the admission counters, node-wide
+//                and short: held from a reservation's quota check to its commit.
+// A session's contents are thus written under mu_ exclusively, or under mu_ shared with the
+// session's own lock; clang's analysis checks mu_ and ledger_mu_ (NodeLock takes both, for the
+// exclusive calls), the session lock is this rule. The pool is thread-safe itself. A *Locked
+// function says in its annotation which it needs.
 #ifndef HISPARSE_DAEMON_SESSION_CORE_H_
 #define HISPARSE_DAEMON_SESSION_CORE_H_
 
@@ -82,7 +93,7 @@ struct SessionOptions {
   // (version_compat.h) that OpenSession holds a client's client_version to.
   std::string version = HISPARSE_VERSION;
   // The time of the LRU order of evict_lru_idle, leases and grants (unset: absl::Now). Tests
-  // inject a fake one.
+  // inject a fake one. Read under the ledger's lock or the node's mutex held exclusively.
   AdmissionLedger::Clock clock;
   // import.grant_ttl: how long an import grant stays open before the daemon expires it.
   absl::Duration import_grant_ttl = absl::Seconds(30);
@@ -132,44 +143,54 @@ class SessionCore {
   struct AdmitOutcome {
     absl::StatusOr<v1::AdmitResponse> result;
     bool lacked_room = false;
+    // A hot try (Admissions) that lacked room where evicting may make some: not counted, for the
+    // exclusive path to try again, evict, and count.
+    bool deferred = false;
   };
 
   // The clock (options.clock, else absl::Now).
   absl::Time Now() const;
-  absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Session*> FindLocked(const v1::SessionRef& ref) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The request `request_id` of the session `ref` names, or PermissionDenied / NotFound.
   absl::StatusOr<Request*> FindRequestLocked(const v1::SessionRef& ref, uint64_t request_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Request `request_id` of `s`, or NotFound (under `s`'s lock, or mu_ exclusively).
+  static absl::StatusOr<Request*> RequestOf(Session& s, uint64_t request_id);
   // Counts a refused admission under `reason` and returns `status`.
-  absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Reject(Refusal refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Reject(RejectReason reason, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
+  absl::Status Reject(Refusal refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
   // A Reserve (request_table.h) that failed, as an admission answers it: its refusal counted (when
   // it is one), and whether it lacked room in the pool.
-  AdmitOutcome RefusedLocked(ReserveOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  AdmitOutcome RefusedLocked(ReserveOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
   // Pages a request of `s` needs per layer to hold `tokens` positions.
   static uint64_t PagesFor(const Session& s, uint64_t tokens);
-  absl::Status CheckBudget(const Session& s, uint32_t token_budget) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status CheckBudget(const Session& s, uint32_t token_budget);
   // `count` more pages of pool owner `owner` (a session, or a TP group's owner), continuing after
   // `after`: an Extend's. A full pool is counted as a kPoolFull refusal. An admission's pages come
   // from Reserve (request_table.h) instead.
   absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(uint64_t owner, uint64_t count,
                                                                   const PagePool::Page* after)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
   // The request's pages as the wire lists them (slab, offset), one LayerPages per layer.
   // A page shared with another request now is read_only there.
   void FillLayers(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // An admitted request's answer: its row, capacity and pages.
-  v1::AdmitResponse AdmitAnswerLocked(const Session& s, const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::AdmitResponse AdmitAnswerLocked(const Session& s, const Request& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Releases `r`'s pages (its group share, its shared pages' charges) and forgets it: `r` is gone.
-  void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, ledger_mu_);
+  // The same for a request that is not a TP group's share (its pages are its session's): the part
+  // a hot Release runs under its session's lock.
+  void ReleaseOwnLocked(Session& s, Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
   // `r` of `s` may have changed as a durable request: RequestChanges hears of it (a no-op without one).
-  void TouchedLocked(const Session& s, const Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LeftLocked(uint64_t session_id, uint64_t request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchedLocked(const Session& s, const Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void LeftLocked(uint64_t session_id, uint64_t request_id) ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // evict_lru_idle: whether evicting the tenant's requests could make room for `need_pages`.
-  bool EvictionCouldAdmitLocked(const Session& s, uint64_t need_pages) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EvictionCouldAdmitLocked(const Session& s, uint64_t need_pages) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, ledger_mu_);
+  std::optional<Victim> PickVictimLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, ledger_mu_);
   // Tells the victim's session, then releases the request: the same request that was chosen (its
   // generation), and one that is not importing. NotFound when it was released (or released and
   // admitted again, or its session ended) meanwhile, FailedPrecondition when it is importing
@@ -186,6 +207,7 @@ class SessionCore {
   void SetRequestChanges(RequestChanges* changes) ABSL_LOCKS_EXCLUDED(mu_);
 
   mutable absl::Mutex mu_;
+  mutable absl::Mutex ledger_mu_ ABSL_ACQUIRED_AFTER(mu_);
   // The limits SetLimits changes are written under mu_; the rest is fixed at construction.
   SessionOptions options_;
   const absl::Time start_time_ = absl::Now();
@@ -196,18 +218,18 @@ class SessionCore {
   // need none of the core's state: HasDepartures, SweepRetired, WaitIdle.
   PagePool* const pool_unlocked_;
   // Tenants' sums, rows, LRU order and quota decisions; pool_ and sessions_ are its edges.
-  AdmissionLedger ledger_ ABSL_GUARDED_BY(mu_);
+  AdmissionLedger ledger_ ABSL_GUARDED_BY(ledger_mu_);
   // pool_ as the PageSource admissions reserve from (Reserve, request_table.h).
-  PoolPages pages_ ABSL_GUARDED_BY(mu_);
+  PoolPages pages_ ABSL_GUARDED_BY(ledger_mu_);
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   // TP groups and their members (tp_groups.h); their requests' pages are GroupRequests'.
   TpGroups groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, uint64_t> arena_bytes_by_device_ ABSL_GUARDED_BY(mu_);
   uint64_t host_arena_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // against options_.host_arena_budget_bytes
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t rejections_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, uint64_t> rejections_by_reason_ ABSL_GUARDED_BY(mu_);
+  uint64_t admissions_ ABSL_GUARDED_BY(ledger_mu_) = 0;
+  uint64_t rejections_ ABSL_GUARDED_BY(ledger_mu_) = 0;
+  std::map<std::string, uint64_t> rejections_by_reason_ ABSL_GUARDED_BY(ledger_mu_);
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t undelivered_notices_ ABSL_GUARDED_BY(mu_) = 0;  // eviction notices the sink turned away
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
@@ -215,6 +237,24 @@ class SessionCore {
 
  private:
   RequestChanges* changes_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// The lock of every call but the hot ones: the node's mutex exclusively, then the ledger's.
+class ABSL_SCOPED_LOCKABLE NodeLock {
+ public:
+  explicit NodeLock(SessionCore& core) ABSL_EXCLUSIVE_LOCK_FUNCTION(core.mu_, core.ledger_mu_) : core_(core) {
+    core.mu_.Lock();
+    core.ledger_mu_.Lock();
+  }
+  ~NodeLock() ABSL_UNLOCK_FUNCTION() {
+    core_.ledger_mu_.Unlock();
+    core_.mu_.Unlock();
+  }
+  NodeLock(const NodeLock&) = delete;
+  NodeLock& operator=(const NodeLock&) = delete;
+
+ private:
+  SessionCore& core_;
 };
 
 }  // namespace hisparse

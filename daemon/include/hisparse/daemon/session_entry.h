@@ -1,7 +1,7 @@
 // SessionEntry: what the daemon keeps of one session (or, once it ended keeping durable requests,
 // of its orphan): its identity, geometry, tenant, arena, requests and shared pages. Plain data;
-// SessionManager (session_manager.h) and the feature modules over it (durable_requests.h) change
-// it under the manager's mutex. A request's state is its RequestTable's (request_table.h).
+// The modules over SessionCore change it under the core's mutex, or under its shared side and the
+// session's own lock (session_core.h, "Locks"). A request's state is its RequestTable's (request_table.h).
 #ifndef HISPARSE_DAEMON_SESSION_ENTRY_H_
 #define HISPARSE_DAEMON_SESSION_ENTRY_H_
 
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "hisparse/daemon/arena.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/page_sharers.h"
@@ -27,6 +28,9 @@ namespace hisparse {
 using SessionEventSink = std::function<bool(const v1::SessionEvent&)>;
 
 struct SessionEntry {
+  // The session's own lock, for the hot calls, which hold the node's mutex shared
+  // (session_core.h, "Locks"): its requests, sharers and their data. Apart, so the entry moves.
+  std::unique_ptr<absl::Mutex> mu = std::make_unique<absl::Mutex>();
   uint64_t id = 0;
   std::string token;
   std::string engine_name;
