@@ -69,10 +69,16 @@ SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
   if (!found.ok()) return {found.status()};
   Session& s = **found;
   absl::MutexLock session(s.mu.get());
-  absl::MutexLock ledger(&core_.ledger_mu_);
-  if (absl::Status checked = CheckRequestLocked(s, req); !checked.ok()) return {checked};
-  if (absl::Status checked = CheckOwnLocked(s, req); !checked.ok()) return {checked};
-  return CommitOwnLocked(s, req, /*defer_room=*/core_.options_.evict_on_pool_full);
+  Committed committed;
+  {
+    // The ledger's lock is every session's: held for the checks and the commit alone.
+    absl::MutexLock ledger(&core_.ledger_mu_);
+    if (absl::Status checked = CheckRequestLocked(s, req); !checked.ok()) return {checked};
+    if (absl::Status checked = CheckOwnLocked(s, req); !checked.ok()) return {checked};
+    committed = CommitOwnLocked(s, req, /*defer_room=*/core_.options_.evict_on_pool_full);
+    if (committed.request == nullptr) return std::move(committed.refused);
+  }
+  return {AnswerLocked(s, committed)};
 }
 
 SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
@@ -90,7 +96,9 @@ SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
   }
   if (absl::Status checked = CheckOwnLocked(*s, req); !checked.ok()) return {checked};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return SharedPrefixes::AdmitLocked(core_, *s, req);
-  return CommitOwnLocked(*s, req, /*defer_room=*/false);
+  Committed committed = CommitOwnLocked(*s, req, /*defer_room=*/false);
+  if (committed.request == nullptr) return std::move(committed.refused);
+  return {AnswerLocked(*s, committed)};
 }
 
 absl::Status Admissions::CheckRequestLocked(const Session& s, const v1::AdmitRequest& req) {
@@ -115,31 +123,42 @@ absl::Status Admissions::CheckOwnLocked(const Session& s, const v1::AdmitRequest
   return durability_.CheckLeaseLocked(req.lease_seconds(), req.begin_import());
 }
 
-SessionCore::AdmitOutcome Admissions::CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room) {
+Admissions::Committed Admissions::CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room) {
   // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
-  const uint64_t per_layer = core_.PagesFor(s, req.token_budget());
-  const uint64_t total = per_layer * s.geometry.num_layers();
+  const uint64_t total = core_.PagesFor(s, req.token_budget()) * s.geometry.num_layers();
   ReserveOutcome reserved = Reserve(core_.ledger_, core_.pages_, ReserveSpec{s.id, {s.id}, s.id, total});
+  Committed out;
   if (!reserved.reservation.has_value()) {
-    if (defer_room && reserved.lacked_room) return {std::move(reserved.status), true, /*deferred=*/true};
-    return core_.RefusedLocked(std::move(reserved));
+    if (defer_room && reserved.lacked_room) {
+      out.refused = {std::move(reserved.status), true, /*deferred=*/true};
+    } else {
+      out.refused = core_.RefusedLocked(std::move(reserved));
+    }
+    return out;
   }
-  const std::vector<PagePool::Page> pages = reserved.reservation->TakePages();
+  out.pages = reserved.reservation->TakePages();
   Request r;
   r.id = req.request_id();
   r.admitted_at = absl::Now();
   r.capacity_tokens = req.token_budget();
   r.charged_pages = total;
   r.lease_end = DurableRequests::LeaseEnd(core_.Now(), req.lease_seconds());
+  out.request = &s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
+  core_.TouchedLocked(s, *out.request);
+  ++core_.admissions_;
+  return out;
+}
+
+v1::AdmitResponse Admissions::AnswerLocked(Session& s, const Committed& committed) {
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
+  Request& r = *committed.request;
+  const uint64_t per_layer = committed.pages.size() / s.geometry.num_layers();
   for (uint32_t layer = 0; layer < s.geometry.num_layers(); ++layer) {
-    r.pages.emplace_back(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer);
+    r.pages.emplace_back(committed.pages.begin() + layer * per_layer,
+                         committed.pages.begin() + (layer + 1) * per_layer);
   }
-  const Request& added = s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
-  core_.TouchedLocked(s, added);
-  ++core_.admissions_;
-  return {core_.AdmitAnswerLocked(s, added)};
+  return core_.AdmitAnswerLocked(s, r);
 }
 
 // Extend appends pages to every layer (after the layer's last page where that page's slab has the
@@ -213,8 +232,9 @@ std::optional<absl::Status> Admissions::ReleaseHot(const v1::ReleaseRequest& req
   absl::StatusOr<Request*> r = SessionCore::RequestOf(**s, req.request_id());
   if (!r.ok()) return r.status();
   if ((*r)->importing() || (*r)->in_group) return std::nullopt;  // an abort, or every rank's pages
+  core_.ReleasePagesLocked(**s, **r);                            // the pool's own lock, not the ledger's
   absl::MutexLock ledger(&core_.ledger_mu_);
-  core_.ReleaseOwnLocked(**s, **r);
+  core_.ForgetOwnLocked(**s, **r);
   return absl::OkStatus();
 }
 

@@ -436,6 +436,10 @@ absl::Status PagePool::AddRef(uint64_t owner, const Page& page) {
 
 absl::Status PagePool::Release(uint64_t owner, const Page& page) {
   absl::MutexLock lock(&mu_);
+  return ReleaseLocked(owner, page);
+}
+
+absl::Status PagePool::ReleaseLocked(uint64_t owner, const Page& page) {
   HS_ASSIGN_OR_RETURN(Slab * s, HeldSlabLocked(owner, page));
   uint32_t& refs = s->refs[page.index];
   if (refs-- == 2) --pages_shared_;
@@ -486,8 +490,19 @@ uint64_t PagePool::ReclaimablePagesFor(uint64_t owner) const {
 }
 
 absl::Status PagePool::ReleaseAll(uint64_t owner, const std::vector<Page>& pages) {
+  // One lock for them all: the pool's lock is every session's (issue 41, item 2).
   absl::Status first;
-  for (const Page& p : pages) first.Update(Release(owner, p));
+  absl::MutexLock lock(&mu_);
+  for (const Page& p : pages) first.Update(ReleaseLocked(owner, p));
+  return first;
+}
+
+absl::Status PagePool::ReleaseAll(uint64_t owner, const std::vector<std::vector<Page>>& layers) {
+  absl::Status first;
+  absl::MutexLock lock(&mu_);
+  for (const std::vector<Page>& pages : layers) {
+    for (const Page& p : pages) first.Update(ReleaseLocked(owner, p));
+  }
   return first;
 }
 

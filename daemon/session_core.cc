@@ -104,13 +104,21 @@ void SessionCore::ReleaseRequestLocked(Session& s, Request& r) {
 }
 
 void SessionCore::ReleaseOwnLocked(Session& s, Request& r) {
+  ReleasePagesLocked(s, r);
+  ForgetOwnLocked(s, r);
+}
+
+void SessionCore::ReleasePagesLocked(const Session& s, const Request& r) {
+  // A page another request shares keeps that request's reference; the charge moves in ForgetOwnLocked.
+  if (absl::Status st = pool_->ReleaseAll(s.id, r.pages); !st.ok()) {
+    LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
+  }
+}
+
+void SessionCore::ForgetOwnLocked(Session& s, Request& r) {
   const uint64_t id = r.id;
   TouchedLocked(s, r);  // a Forget, when the journal holds it
   SharedPrefixes::UnshareLocked(*this, s, r);
-  for (const std::vector<PagePool::Page>& layer : r.pages) {
-    absl::Status st = pool_->ReleaseAll(s.id, layer);
-    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
-  }
   r.pages.clear();
   s.requests.Erase(id);
 }

@@ -168,7 +168,8 @@ TEST(SessionConcurrencyTest, HotCallsOfManySessionsStayExactBesideTheNodesOwnCal
     const v1::StatsResponse now = sm->Stats();
     for (const auto& ss : now.session_stats()) tenant_bytes[tenants.Of(ss.session_id())] += ss.host_bytes();
     for (const auto& [tenant, bytes] : tenant_bytes) {
-      if (tenant != 0 && bytes > kTenantQuota) problems.Add(absl::StrCat("tenant ", tenant, " holds ", bytes, " bytes"));
+      if (tenant != 0 && bytes > kTenantQuota)
+        problems.Add(absl::StrCat("tenant ", tenant, " holds ", bytes, " bytes"));
     }
     auto listed = sm->ListRequests(v1::ListRequestsRequest());
     if (!listed.ok()) {

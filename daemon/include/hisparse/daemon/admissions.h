@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "hisparse/daemon/durability.h"
@@ -55,10 +56,19 @@ class Admissions {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
   // Then, for a request of the session's own pages: its id is free, its lease allowed.
   absl::Status CheckOwnLocked(const Session& s, const v1::AdmitRequest& req) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
-  // Reserve, then commit, a request of `s`'s own pages (no parent, no group). With `defer_room`, a
-  // want of room is answered deferred (uncounted), for the exclusive path.
-  SessionCore::AdmitOutcome CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room)
+  // Reserve, then commit, a request of `s`'s own pages (no parent, no group): the request, in its
+  // table with its pages not yet laid out by layer (AnswerLocked does, after the ledger's lock), or
+  // why not. With `defer_room`, a want of room is answered deferred (uncounted), for the exclusive
+  // path.
+  struct Committed {
+    Request* request = nullptr;  // null: refused
+    std::vector<PagePool::Page> pages;
+    SessionCore::AdmitOutcome refused;
+  };
+  Committed CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room)
       ABSL_SHARED_LOCKS_REQUIRED(core_.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+  // The committed request's pages laid out by layer, and its answer (under `s`'s lock).
+  v1::AdmitResponse AnswerLocked(Session& s, const Committed& committed) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
   // FailedPrecondition for an importing request, which is extended after its commit.
   static absl::Status NotImporting(const Request& r);
   // Extend of a request of `s`'s own pages (not importing).

@@ -149,8 +149,10 @@ class PagePool {
   // already). The caller vouches that both owners are one tenant, so no byte changes hands
   // between tenants. Returns the slabs moved; InvalidArgument for owner 0 or from == to.
   absl::StatusOr<uint32_t> HandOverSlabs(uint64_t from, uint64_t to);
-  // Releases every page of `pages` (each once), reporting the first error.
+  // Releases every page of `pages` (each once), reporting the first error; under one lock.
   absl::Status ReleaseAll(uint64_t owner, const std::vector<Page>& pages);
+  // The same for a request's pages, layer by layer.
+  absl::Status ReleaseAll(uint64_t owner, const std::vector<std::vector<Page>>& layers);
   // The page's references (0: free, or not a page of a live slab).
   uint32_t RefCount(const Page& page) const;
 
@@ -282,6 +284,7 @@ class PagePool {
   Slab* FindOwnedLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FindOwnedLocked, or NotFound naming the page.
   absl::StatusOr<Slab*> HeldSlabLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -179,9 +179,13 @@ class SessionCore {
   v1::AdmitResponse AdmitAnswerLocked(const Session& s, const Request& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Releases `r`'s pages (its group share, its shared pages' charges) and forgets it: `r` is gone.
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, ledger_mu_);
-  // The same for a request that is not a TP group's share (its pages are its session's): the part
-  // a hot Release runs under its session's lock.
+  // The same for a request that is not a TP group's share (its pages are its session's), in two
+  // steps a hot Release runs under its session's lock: the pages back to the pool (the pool's lock
+  // only), then the request forgotten (its charges passed on, its row freed: the ledger's lock).
   void ReleaseOwnLocked(Session& s, Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
+  void ReleasePagesLocked(const Session& s, const Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void ForgetOwnLocked(Session& s, Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
   // `r` of `s` may have changed as a durable request: RequestChanges hears of it (a no-op without one).
   void TouchedLocked(const Session& s, const Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_);
