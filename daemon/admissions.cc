@@ -69,13 +69,24 @@ SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
   if (!found.ok()) return {found.status()};
   Session& s = **found;
   absl::MutexLock session(s.mu.get());
+  if (core_.draining_) {  // refused, and counted
+    absl::MutexLock ledger(&core_.ledger_mu_);
+    return {CheckRequestLocked(s, req)};
+  }
+  if (absl::Status checked = ValidRequest(s, req); !checked.ok()) return {checked};
+  if (absl::Status checked = CheckOwnLocked(s, req); !checked.ok()) return {checked};
+  // The pages first, outside the ledger's lock: they may need a new slab (a few syscalls), and the
+  // ledger's lock is every session's. Reserve gives them back if the quota or a row refuses.
+  const uint64_t total = SessionCore::PagesFor(s, req.token_budget()) * s.geometry.num_layers();
+  absl::StatusOr<std::vector<PagePool::Page>> taken =
+      total > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any pool")  // Reserve refuses it first
+                         : core_.pool_unlocked_->Allocate(s.id, static_cast<uint32_t>(total));
   Committed committed;
   {
-    // The ledger's lock is every session's: held for the checks and the commit alone.
     absl::MutexLock ledger(&core_.ledger_mu_);
-    if (absl::Status checked = CheckRequestLocked(s, req); !checked.ok()) return {checked};
-    if (absl::Status checked = CheckOwnLocked(s, req); !checked.ok()) return {checked};
-    committed = CommitOwnLocked(s, req, /*defer_room=*/core_.options_.evict_on_pool_full);
+    // A want of room always goes to the exclusive path: other sessions' pages taken a moment ago
+    // may be on their way back, and only there is the pool still.
+    committed = CommitOwnLocked(s, req, /*defer_room=*/true, &taken);
     if (committed.request == nullptr) return std::move(committed.refused);
   }
   return {AnswerLocked(s, committed)};
@@ -96,7 +107,7 @@ SessionCore::AdmitOutcome Admissions::AdmitLocked(const v1::AdmitRequest& req) {
   }
   if (absl::Status checked = CheckOwnLocked(*s, req); !checked.ok()) return {checked};
   if (req.parent_request_id() != 0 || req.prefix_tokens() != 0) return SharedPrefixes::AdmitLocked(core_, *s, req);
-  Committed committed = CommitOwnLocked(*s, req, /*defer_room=*/false);
+  Committed committed = CommitOwnLocked(*s, req, /*defer_room=*/false, /*taken=*/nullptr);
   if (committed.request == nullptr) return std::move(committed.refused);
   return {AnswerLocked(*s, committed)};
 }
@@ -106,6 +117,10 @@ absl::Status Admissions::CheckRequestLocked(const Session& s, const v1::AdmitReq
     return core_.Reject(RejectReason::kDraining,
                         absl::FailedPreconditionError("the daemon is draining: no new admissions"));
   }
+  return ValidRequest(s, req);
+}
+
+absl::Status Admissions::ValidRequest(const Session& s, const v1::AdmitRequest& req) {
   if (req.request_id() == 0) return absl::InvalidArgumentError("request_id must be non-zero");
   HS_RETURN_IF_ERROR(SessionCore::CheckBudget(s, req.token_budget()));
   if (req.context_tokens() > req.token_budget()) {
@@ -123,10 +138,11 @@ absl::Status Admissions::CheckOwnLocked(const Session& s, const v1::AdmitRequest
   return durability_.CheckLeaseLocked(req.lease_seconds(), req.begin_import());
 }
 
-Admissions::Committed Admissions::CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room) {
+Admissions::Committed Admissions::CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room,
+                                                  absl::StatusOr<std::vector<PagePool::Page>>* taken) {
   // Charged in whole pages. Reserve (the quota, a row, the pages), then commit.
   const uint64_t total = core_.PagesFor(s, req.token_budget()) * s.geometry.num_layers();
-  ReserveOutcome reserved = Reserve(core_.ledger_, core_.pages_, ReserveSpec{s.id, {s.id}, s.id, total});
+  ReserveOutcome reserved = Reserve(core_.ledger_, core_.pages_, ReserveSpec{s.id, {s.id}, s.id, total}, taken);
   Committed out;
   if (!reserved.reservation.has_value()) {
     if (defer_room && reserved.lacked_room) {

@@ -233,18 +233,21 @@ void Reservation::Release() {
   pages_.clear();
 }
 
-ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec) {
+ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec,
+                       absl::StatusOr<std::vector<PagePool::Page>>* taken) {
   ReserveOutcome out;
   const auto refuse = [&out](Refusal refusal) {
     out.status = std::move(refusal.status);
     out.counted = refusal.reason;
     return std::move(out);
   };
+  // Pages taken beforehand are the reservation's from here: a refusal below gives them back.
+  Reservation held(&source, spec.owner);
+  if (taken != nullptr && taken->ok()) held.pages_ = std::move(**taken);
   const auto requests = static_cast<uint32_t>(spec.row_sessions.size());
   if (std::optional<Refusal> refusal = ledger.CheckGrow(spec.charged_session, spec.pages, requests)) {
     return refuse(*std::move(refusal));
   }
-  Reservation held(&source, spec.owner);
   held.rows_.resize(spec.row_sessions.size());
   for (size_t i = 0; i < spec.row_sessions.size(); ++i) {
     if (std::optional<Refusal> refusal = ledger.FreeRow(spec.row_sessions[i], &held.rows_[i])) {
@@ -259,7 +262,7 @@ ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const 
                                                   "a request of ", spec.pages, " pages exceeds any host pool"))});
     }
     absl::StatusOr<std::vector<PagePool::Page>> pages =
-        source.Allocate(spec.owner, static_cast<uint32_t>(spec.pages), nullptr);
+        taken != nullptr ? std::move(*taken) : source.Allocate(spec.owner, static_cast<uint32_t>(spec.pages), nullptr);
     if (!pages.ok()) {
       if (!absl::IsResourceExhausted(pages.status())) {
         out.status = pages.status();  // not a refusal: an error of the pool's
@@ -268,7 +271,7 @@ ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const 
       out.lacked_room = true;
       return refuse({RejectReason::kPoolFull, pages.status()});
     }
-    held.pages_ = *std::move(pages);
+    if (taken == nullptr) held.pages_ = *std::move(pages);
   }
   out.reservation = std::move(held);
   return out;

@@ -51,9 +51,11 @@ class Admissions {
   // A plain request's Admit under its session's lock (the node's mutex shared); deferred when it
   // lacked room and evicting may make some.
   SessionCore::AdmitOutcome AdmitHot(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
-  // The checks every admission makes first, in order: draining, the id, the budget, the context.
+  // The checks every admission makes first, in order: draining (a refusal, counted), then
+  // ValidRequest's: the id, the budget, the context.
   absl::Status CheckRequestLocked(const Session& s, const v1::AdmitRequest& req) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+  static absl::Status ValidRequest(const Session& s, const v1::AdmitRequest& req);
   // Then, for a request of the session's own pages: its id is free, its lease allowed.
   absl::Status CheckOwnLocked(const Session& s, const v1::AdmitRequest& req) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
   // Reserve, then commit, a request of `s`'s own pages (no parent, no group): the request, in its
@@ -65,8 +67,10 @@ class Admissions {
     std::vector<PagePool::Page> pages;
     SessionCore::AdmitOutcome refused;
   };
-  Committed CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room)
-      ABSL_SHARED_LOCKS_REQUIRED(core_.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+  // `taken`: its pages, taken beforehand (Reserve's); null: Reserve takes them.
+  Committed CommitOwnLocked(Session& s, const v1::AdmitRequest& req, bool defer_room,
+                            absl::StatusOr<std::vector<PagePool::Page>>* taken) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
   // The committed request's pages laid out by layer, and its answer (under `s`'s lock).
   v1::AdmitResponse AnswerLocked(Session& s, const Committed& committed) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
   // FailedPrecondition for an importing request, which is extended after its commit.

@@ -239,7 +239,8 @@ class Reservation {
   std::vector<PagePool::Page> TakePages() { return std::exchange(pages_, {}); }
 
  private:
-  friend ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec);
+  friend ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec,
+                                absl::StatusOr<std::vector<PagePool::Page>>* taken);
   void Release();
 
   PageSource* source_ = nullptr;
@@ -259,8 +260,12 @@ struct ReserveOutcome {
   bool lacked_room = false;
 };
 // In order: the quota (CheckGrow: spec.pages, one request per row), a free row in each session,
-// then the pages. Changes nothing in the ledger.
-ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec);
+// then the pages. Changes nothing in the ledger. `taken` (may be null): the spec.pages pages the
+// caller already took from `source` for this (or why it could not), answered at the page step as
+// an allocation would be, and given back on any refusal: a hot admission takes its pages before
+// the ledger's lock (session_core.h, "Locks").
+ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec,
+                       absl::StatusOr<std::vector<PagePool::Page>>* taken = nullptr);
 
 }  // namespace hisparse
 

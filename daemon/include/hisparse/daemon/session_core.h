@@ -143,8 +143,8 @@ class SessionCore {
   struct AdmitOutcome {
     absl::StatusOr<v1::AdmitResponse> result;
     bool lacked_room = false;
-    // A hot try (Admissions) that lacked room where evicting may make some: not counted, for the
-    // exclusive path to try again, evict, and count.
+    // A hot try (Admissions) that lacked room: not counted, for the exclusive path, where the pool
+    // is still, to try again (evicting, under evict_lru_idle) and count.
     bool deferred = false;
   };
 
