@@ -64,11 +64,9 @@ absl::StatusOr<v1::AdmitResponse> Admissions::Admit(const v1::AdmitRequest& req)
 }
 
 SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
-  absl::ReaderMutexLock lock(&core_.mu_);
-  absl::StatusOr<Session*> found = core_.FindLocked(req.session());
-  if (!found.ok()) return {found.status()};
-  Session& s = **found;
-  absl::MutexLock session(s.mu.get());
+  HotSession hot(core_, req.session());
+  if (!hot.session().ok()) return {hot.session().status()};
+  Session& s = **hot.session();
   if (core_.draining_) {  // refused, and counted
     absl::MutexLock ledger(&core_.ledger_mu_);
     return {CheckRequestLocked(s, req)};
@@ -183,9 +181,8 @@ v1::AdmitResponse Admissions::AnswerLocked(Session& s, const Committed& committe
 // mutex shared) but for a TP group's request, whose Extend grows every rank's share.
 absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& req) {
   {
-    absl::ReaderMutexLock lock(&core_.mu_);
-    HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
-    absl::MutexLock session(s->mu.get());
+    HotSession hot(core_, req.session());
+    HS_ASSIGN_OR_RETURN(Session * s, hot.session());
     HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
     HS_RETURN_IF_ERROR(NotImporting(*r));
     if (!r->in_group) {
@@ -241,10 +238,9 @@ absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOwnLocked(Session& s, Reque
 }
 
 std::optional<absl::Status> Admissions::ReleaseHot(const v1::ReleaseRequest& req) {
-  absl::ReaderMutexLock lock(&core_.mu_);
-  absl::StatusOr<Session*> s = core_.FindLocked(req.session());
+  HotSession hot(core_, req.session());
+  const absl::StatusOr<Session*>& s = hot.session();
   if (!s.ok()) return s.status();
-  absl::MutexLock session((*s)->mu.get());
   absl::StatusOr<Request*> r = SessionCore::RequestOf(**s, req.request_id());
   if (!r.ok()) return r.status();
   if ((*r)->importing() || (*r)->in_group) return std::nullopt;  // an abort, or every rank's pages

@@ -338,6 +338,17 @@ void PagePool::TakePagesLocked(uint64_t owner, uint32_t count, const Page* after
 }
 
 absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, uint32_t count, const Page* after) {
+  // A plan made under the lock can be overtaken while its new slabs are made outside it: another
+  // owner's allocation may reclaim this owner's idle slab meanwhile. The slabs made stay this
+  // owner's, free, and the allocation is planned again (a few times at most).
+  constexpr int kTries = 8;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, count, after);
+    if (!absl::IsAborted(got.status()) || attempt == kTries) return got;
+  }
+}
+
+absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owner, uint32_t count, const Page* after) {
   if (owner == kNoOwner) return absl::InvalidArgumentError("page owner must be non-zero");
   if (count == 0) return absl::InvalidArgumentError("cannot allocate zero pages");
   std::vector<Page> out;
@@ -405,7 +416,10 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, u
     TakePagesFromLocked(added, count, &out);
     return out;
   }
-  if (FreePagesOfLocked(owner) < count) return absl::AbortedError("a concurrent allocation took this owner's pages");
+  if (FreePagesOfLocked(owner) < count) {
+    for (uint64_t id : added) idle_.insert(id);  // made for this call, nothing taken: idle, the owner's
+    return absl::AbortedError("a concurrent allocation took this owner's pages");
+  }
   TakePagesLocked(owner, count, after, &out);
   return out;
 }

@@ -19,9 +19,8 @@
 namespace hisparse {
 
 absl::StatusOr<v1::ParkResponse> Parking::Park(SessionCore& core, const v1::ParkRequest& req) {
-  absl::ReaderMutexLock lock(&core.mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, core.FindLocked(req.session()));
-  absl::MutexLock session(s->mu.get());
+  HotSession hot(core, req.session());
+  HS_ASSIGN_OR_RETURN(Session * s, hot.session());
   HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
   absl::MutexLock ledger(&core.ledger_mu_);
   return ParkLocked(core, *s, *r);
@@ -42,9 +41,8 @@ absl::StatusOr<v1::ParkResponse> Parking::ParkLocked(SessionCore& /*core*/, Sess
 }
 
 absl::StatusOr<v1::ResumeResponse> Parking::Resume(SessionCore& core, const v1::ResumeRequest& req) {
-  absl::ReaderMutexLock lock(&core.mu_);
-  HS_ASSIGN_OR_RETURN(Session * s, core.FindLocked(req.session()));
-  absl::MutexLock session(s->mu.get());
+  HotSession hot(core, req.session());
+  HS_ASSIGN_OR_RETURN(Session * s, hot.session());
   HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
   absl::MutexLock ledger(&core.ledger_mu_);
   return ResumeLocked(core, *s, *r);

@@ -285,6 +285,9 @@ class PagePool {
   // FindOwnedLocked, or NotFound naming the page.
   absl::StatusOr<Slab*> HeldSlabLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleaseLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One try of Allocate: Aborted when another allocation overtook its plan (Allocate tries again).
+  absl::StatusOr<std::vector<Page>> AllocateOnce(uint64_t owner, uint32_t count, const Page* after)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

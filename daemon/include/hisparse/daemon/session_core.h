@@ -261,6 +261,29 @@ class ABSL_SCOPED_LOCKABLE NodeLock {
   SessionCore& core_;
 };
 
+// A hot call's locks (see "Locks"): the node's mutex held shared, then the session `ref` names
+// under its own lock, both for the scope. session() is that session, or FindLocked's refusal.
+class ABSL_SCOPED_LOCKABLE HotSession {
+ public:
+  HotSession(SessionCore& core, const v1::SessionRef& ref) ABSL_SHARED_LOCK_FUNCTION(core.mu_) : core_(core) {
+    core.mu_.ReaderLock();
+    session_ = core.FindLocked(ref);
+    if (session_.ok()) (*session_)->mu->Lock();
+  }
+  ~HotSession() ABSL_UNLOCK_FUNCTION() {
+    if (session_.ok()) (*session_)->mu->Unlock();
+    core_.mu_.ReaderUnlock();
+  }
+  HotSession(const HotSession&) = delete;
+  HotSession& operator=(const HotSession&) = delete;
+
+  const absl::StatusOr<SessionEntry*>& session() const { return session_; }
+
+ private:
+  SessionCore& core_;
+  absl::StatusOr<SessionEntry*> session_;
+};
+
 }  // namespace hisparse
 
 #endif  // HISPARSE_DAEMON_SESSION_CORE_H_
