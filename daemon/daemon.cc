@@ -550,7 +550,7 @@ void Daemon::Drain(bool exit_when_idle) {
   LOG(INFO) << "draining: no new sessions or admissions" << (exit_when_idle ? "; exiting once idle" : "");
   std::function<void()> on_idle;
   if (exit_when_idle) {
-    // Shutdown waits for RPC handlers, so it must not run on one (or under the manager's lock).
+    // Shutdown waits for RPC handlers, so it must not run on one (or under the session core's lock).
     on_idle = [this] {
       absl::MutexLock lock(&impl_->drain_mu);
       // Cancelled (CancelDrain) since this callback was taken, or stopping already: nothing to do.

@@ -1,5 +1,5 @@
-// X::Park and Resume: preemption without re-prefill. Part of SessionManager
-// (session_manager.h).
+// Parking (parking.h): Park and Resume, preemption without re-prefill. Both are hot calls: the
+// session's lock under the node's mutex held shared, then the ledger's (session_core.h, "Locks").
 //
 // A parked request gives its row of the session's slot arena back to the ledger (another request
 // may take it) and keeps every host page, so resuming costs no prefill: the engine resets the new

@@ -5,11 +5,11 @@
 // it decides the quota refusals (host bytes and pages, charged in whole pages; requests, sessions,
 // arena bytes), the free row, the victim of admission.on_pool_full = evict_lru_idle and whether
 // evicting could admit at all. It touches no pool, fd, arena, proto or
-// socket: SessionManager (session_manager.h) makes the pool calls at the edges and records their
+// socket: the modules over SessionCore (session_core.h) make the pool calls at the edges and records their
 // outcome here. Time comes from an injected clock, so the LRU order is deterministic in tests;
 // ties are broken by (last_used, session_id, request_id).
 //
-// Not thread-safe: SessionManager consults it under its one mutex.
+// Not thread-safe: SessionCore keeps it under its ledger_mu_ (session_core.h, "Locks").
 #ifndef HISPARSE_DAEMON_ADMISSION_LEDGER_H_
 #define HISPARSE_DAEMON_ADMISSION_LEDGER_H_
 

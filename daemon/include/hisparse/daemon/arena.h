@@ -11,7 +11,7 @@
 //
 // Ownership: an Arena owns its memory (the memfd and the mapping, or the GpuArena) and releases it
 // when destroyed; a session holds it in a shared_ptr so that Stats and the fd channel may use it
-// outside the session manager's lock. Every method is const and thread-safe.
+// outside the session core's lock. Every method is const and thread-safe.
 #ifndef HISPARSE_DAEMON_ARENA_H_
 #define HISPARSE_DAEMON_ARENA_H_
 

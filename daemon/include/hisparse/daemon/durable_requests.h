@@ -1,5 +1,5 @@
 // DurableRequests: leases and the orphans that keep durable requests past their session's end
-// (docs/DESIGN.md, "Durable requests"; durability.cc is SessionManager's side of it).
+// (docs/DESIGN.md, "Durable requests"; durability.cc, the Durability module, is the pool's side of it).
 //
 // A lease is a time: a request is durable while the clock is before its lease_end, set by
 // SetLease or AdmitRequest.lease_seconds, at most max_lease_seconds ahead. When a session ends,

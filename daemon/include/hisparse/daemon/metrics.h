@@ -8,7 +8,7 @@
 // config reloads by the Daemon as they happen; process_* (descriptors, memory, CPU, start time)
 // are read from /proc at scrape time (process_stats.h).
 //
-// Thread-safe: ObserveRpc is lock-free (atomics); Collect takes the SessionManager's lock once.
+// Thread-safe: ObserveRpc is lock-free (atomics); Collect takes the session core's lock once (Stats).
 #ifndef HISPARSE_DAEMON_METRICS_H_
 #define HISPARSE_DAEMON_METRICS_H_
 

@@ -40,8 +40,9 @@
 // waits for the worker and never fails because of it.
 //
 // Thread-safe: one mutex guards the bookkeeping; memfd creation, pre-touching, populating and
-// scrubbing run outside it. Calls for one owner must not race each other (SessionManager
-// serializes them); calls for different owners may.
+// scrubbing run outside it. Calls for one owner must not race each other (a session's
+// lock, or the node's, serializes them: session_core.h, "Locks"); calls for different owners may,
+// and an allocation another owner's reclaim overtakes is planned again.
 #ifndef HISPARSE_DAEMON_PAGE_POOL_H_
 #define HISPARSE_DAEMON_PAGE_POOL_H_
 

@@ -66,7 +66,7 @@ struct JournalBatch {
     uint64_t id = 0;
     UniqueFd fd;  // a dup of the slab's memfd
   };
-  uint64_t ticket = 0;                   // RequestJournal::TakeTicket, under the manager's lock
+  uint64_t ticket = 0;                   // RequestJournal::TakeTicket, under the node's lock
   std::vector<NewSlab> slabs;            // slabs the records reference that the store lacks
   std::vector<journal::Record> records;  // in decision order, seq set
 };
@@ -90,7 +90,7 @@ class RequestJournal {
                                                                const std::vector<std::string>& stale_names);
   ~RequestJournal();
 
-  // ---- Under the session manager's lock ----
+  // ---- Under the node's lock (SessionCore's mutex, held exclusively) ----
   // The next batch's ticket: batches commit in ticket order.
   uint64_t TakeTicket() { return next_ticket_.fetch_add(1, std::memory_order_relaxed); }
   // Whether slab `id` is new to the store and fits in it (kMaxStoredSlabs); the first caller to

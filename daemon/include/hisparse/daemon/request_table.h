@@ -33,7 +33,9 @@
 // RemoveSession). What a request holds besides its state (pages, charges, lease, group share) is
 // plain data in RequestEntry that its owner module keeps.
 //
-// Not thread-safe: SessionManager calls it under its mutex.
+// Not thread-safe: a session's table changes under the node's mutex held exclusively, or under its
+// shared side and the session's own lock, with the ledger's lock for the calls that move the
+// ledger (session_core.h, "Locks").
 #ifndef HISPARSE_DAEMON_REQUEST_TABLE_H_
 #define HISPARSE_DAEMON_REQUEST_TABLE_H_
 

@@ -1,5 +1,5 @@
-// TpGroups: the node's tensor-parallel groups (docs/DESIGN.md, "TP groups"; group_requests.cc is
-// SessionManager's side, which admits, extends and releases group requests in the pool).
+// TpGroups: the node's tensor-parallel groups (docs/DESIGN.md, "TP groups"; GroupRequests,
+// group_requests.h, admits, extends and releases group requests in the pool).
 //
 // A group is sessions of one tenant, one per rank, whose group requests share one set of host
 // pages. It lives while a member does. Groups are their tenant's: named by (tenant uid, name), so
