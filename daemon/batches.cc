@@ -43,6 +43,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/daemon/batches.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/parking.h"
 
 namespace hisparse {
@@ -163,6 +164,7 @@ void Batches::FinishImports(const v1::AdmitBatchRequest& req, const OpenedImport
       if (regions[k].ok()) opened[k].second.target->Unregister(opened[k].second.grant_id);
     }
   }
+  DeferredLog log;  // written once the lock is released
   NodeLock lock(core_);
   imports_.AssertHeld();
   Session& s = *core_.sessions_.at(req.session().session_id());  // it waits for the busy grants
@@ -174,7 +176,7 @@ void Batches::FinishImports(const v1::AdmitBatchRequest& req, const OpenedImport
   for (size_t k = 0; k < opened.size(); ++k) {
     v1::AdmitResult* result = resp->mutable_results(opened[k].first);
     if (regions[k].ok()) {
-      imports_.PublishLocked(opened[k].second, result->mutable_admitted());
+      imports_.PublishLocked(opened[k].second, result->mutable_admitted(), log);
       continue;
     }
     imports_.DropLocked(opened[k].second);

@@ -16,6 +16,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/secret.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/imports.h"
 
 namespace hisparse {
@@ -42,13 +43,14 @@ absl::StatusOr<v1::AdmitResponse> Imports::Admit(const v1::AdmitRequest& req) {
   }
   if (!opened.ok()) return opened.status();
   const absl::Status registered = Register(*opened);
+  DeferredLog log;  // written once the lock is released
   // The grant is busy: nobody else removes it, and its session waits for it before closing.
   NodeLock lock(core_);
   if (!registered.ok()) {
     DropLocked(*opened);
     return registered;
   }
-  PublishLocked(*opened, &resp);
+  PublishLocked(*opened, &resp, log);
   return resp;
 }
 
@@ -133,14 +135,15 @@ void Imports::DropLocked(const Opened& o) {
   core_.ReleaseRequestLocked(*sit->second, *sit->second->requests.Find(o.request_id));
 }
 
-void Imports::PublishLocked(const Opened& o, v1::AdmitResponse* resp) {
+void Imports::PublishLocked(const Opened& o, v1::AdmitResponse* resp, DeferredLog& log) {
   grants_.Publish(o.grant_id);
   v1::ImportGrant* g = resp->mutable_grant();
   g->set_worker_address(o.target->WorkerAddress());
   g->set_max_write_bytes(kMaxImportWriteBytes);
-  LOG(INFO) << "import grant " << ShortGrantId(o.grant_id) << " for request " << o.request_id << " of session "
-            << o.session_id << ": " << o.layout.num_layers << " layers of " << o.layout.capacity_tokens
-            << " positions, expires in " << absl::FormatDuration(core_.options_.import_grant_ttl);
+  DEFERRED_LOG(log, INFO) << "import grant " << ShortGrantId(o.grant_id) << " for request " << o.request_id
+                          << " of session " << o.session_id << ": " << o.layout.num_layers << " layers of "
+                          << o.layout.capacity_tokens << " positions, expires in "
+                          << absl::FormatDuration(core_.options_.import_grant_ttl);
 }
 
 absl::Status Imports::Finish(const std::string& grant_id, uint64_t session_id, uint64_t request_id,

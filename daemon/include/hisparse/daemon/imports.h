@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "hisparse/daemon/admissions.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/durability.h"
 #include "hisparse/daemon/import_grants.h"
 #include "hisparse/daemon/import_target.h"
@@ -81,9 +82,10 @@ class Imports {
   // of each slab's memfd and the pages' offsets (the target's worker maps them itself).
   static absl::Status Register(const Opened& o);
   // After Register, under the lock again: Publish makes the grant usable (not busy) and adds the
-  // worker address to resp; Drop forgets the grant and frees the request (its pages no longer
-  // open to writes: never registered, or unregistered by the caller first).
-  void PublishLocked(const Opened& o, v1::AdmitResponse* resp)
+  // worker address to resp (its log line joins `log`, written after the lock); Drop forgets the
+  // grant and frees the request (its pages no longer open to writes: never registered, or
+  // unregistered by the caller first).
+  void PublishLocked(const Opened& o, v1::AdmitResponse* resp, DeferredLog& log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   void DropLocked(const Opened& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // Forgets an unregistered grant whose request the caller releases itself (a batch's rollback).
