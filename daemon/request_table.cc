@@ -233,6 +233,21 @@ void Reservation::Release() {
   pages_.clear();
 }
 
+std::optional<Refusal> CheckReserve(const AdmissionLedger& ledger, const ReserveSpec& spec, std::vector<uint32_t>* rows,
+                                    int* failed_row) {
+  const auto requests = static_cast<uint32_t>(spec.row_sessions.size());
+  if (std::optional<Refusal> refusal = ledger.CheckGrow(spec.charged_session, spec.pages, requests)) return refusal;
+  for (size_t i = 0; i < spec.row_sessions.size(); ++i) {
+    uint32_t row = 0;
+    if (std::optional<Refusal> refusal = ledger.FreeRow(spec.row_sessions[i], &row)) {
+      if (failed_row != nullptr) *failed_row = static_cast<int>(i);
+      return refusal;
+    }
+    if (rows != nullptr) rows->push_back(row);
+  }
+  return std::nullopt;
+}
+
 ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const ReserveSpec& spec,
                        absl::StatusOr<std::vector<PagePool::Page>>* taken) {
   ReserveOutcome out;
@@ -244,16 +259,8 @@ ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const 
   // Pages taken beforehand are the reservation's from here: a refusal below gives them back.
   Reservation held(&source, spec.owner);
   if (taken != nullptr && taken->ok()) held.pages_ = std::move(**taken);
-  const auto requests = static_cast<uint32_t>(spec.row_sessions.size());
-  if (std::optional<Refusal> refusal = ledger.CheckGrow(spec.charged_session, spec.pages, requests)) {
+  if (std::optional<Refusal> refusal = CheckReserve(ledger, spec, &held.rows_, &out.failed_row)) {
     return refuse(*std::move(refusal));
-  }
-  held.rows_.resize(spec.row_sessions.size());
-  for (size_t i = 0; i < spec.row_sessions.size(); ++i) {
-    if (std::optional<Refusal> refusal = ledger.FreeRow(spec.row_sessions[i], &held.rows_[i])) {
-      out.failed_row = static_cast<int>(i);
-      return refuse(*std::move(refusal));
-    }
   }
   if (spec.pages != 0) {
     if (spec.pages > UINT32_MAX) {
@@ -261,17 +268,24 @@ ReserveOutcome Reserve(const AdmissionLedger& ledger, PageSource& source, const 
       return refuse({RejectReason::kPoolFull, absl::ResourceExhaustedError(absl::StrCat(
                                                   "a request of ", spec.pages, " pages exceeds any host pool"))});
     }
-    absl::StatusOr<std::vector<PagePool::Page>> pages =
-        taken != nullptr ? std::move(*taken) : source.Allocate(spec.owner, static_cast<uint32_t>(spec.pages), nullptr);
-    if (!pages.ok()) {
-      if (!absl::IsResourceExhausted(pages.status())) {
-        out.status = pages.status();  // not a refusal: an error of the pool's
+    absl::Status room;  // the pages' own answer: taken beforehand, or allocated now
+    if (taken != nullptr) {
+      room = taken->status();
+    } else if (absl::StatusOr<std::vector<PagePool::Page>> pages =
+                   source.Allocate(spec.owner, static_cast<uint32_t>(spec.pages), nullptr);
+               pages.ok()) {
+      held.pages_ = *std::move(pages);
+    } else {
+      room = pages.status();
+    }
+    if (!room.ok()) {
+      if (!absl::IsResourceExhausted(room)) {
+        out.status = room;  // not a refusal: an error of the pool's
         return out;
       }
       out.lacked_room = true;
-      return refuse({RejectReason::kPoolFull, pages.status()});
+      return refuse({RejectReason::kPoolFull, room});
     }
-    if (taken == nullptr) held.pages_ = *std::move(pages);
   }
   out.reservation = std::move(held);
   return out;

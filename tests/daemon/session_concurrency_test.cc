@@ -246,5 +246,31 @@ TEST(SessionConcurrencyTest, ConcurrentAdmissionsOfOneTenantNeverPassItsQuota) {
   EXPECT_EQ(session_test::PagesUsed(*sm), 0u);
 }
 
+// A hot admission takes its pages before the ledger's lock, but only once its quota and a row are
+// there: a request its quota refuses takes nothing from the pool, so it cannot make the pool
+// reclaim another tenant's idle slab.
+TEST(SessionConcurrencyTest, AQuotaRefusedAdmissionTakesNoPages) {
+  SessionManager::Options options;
+  options.quotas.host_bytes = kMiB;          // one slab of 4 KiB pages
+  auto sm = MakeManager(2 * kMiB, options);  // two 1 MiB slabs: the whole budget
+  ASSERT_NE(sm, nullptr);
+  constexpr uint32_t kSlabTokens = 256 * 256;  // 16-byte records, 4 KiB pages: 256 pages, one slab
+  HostSession hs;
+  hs.max_context_tokens = kSlabTokens;
+  const v1::SessionRef other = OpenHost(*sm, hs, /*uid=*/8);
+  ASSERT_TRUE(sm->Admit(AdmitOf(other, 1, kSlabTokens)).ok());
+  ASSERT_TRUE(session_test::Release(*sm, other, 1).ok());  // its slab idle, still its own
+  const v1::SessionRef full = OpenHost(*sm, hs, /*uid=*/7);
+  ASSERT_TRUE(sm->Admit(AdmitOf(full, 1, kSlabTokens)).ok());  // the other slab: at its quota now
+  auto refused = sm->Admit(AdmitOf(full, 2, 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  const auto slabs = sm->Stats().host_pool().slabs_by_session();
+  ASSERT_TRUE(slabs.contains(other.session_id()));
+  EXPECT_EQ(slabs.at(other.session_id()), 1u) << "the refused request reclaimed the other tenant's idle slab";
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+  sm->CloseSession(full.session_id());
+  sm->CloseSession(other.session_id());
+}
+
 }  // namespace
 }  // namespace hisparse

@@ -261,6 +261,11 @@ struct ReserveOutcome {
   int failed_row = -1;
   bool lacked_room = false;
 };
+// Reserve's checks before any page: the quota (CheckGrow: spec.pages, one request per row), then a
+// free row in each session (into `rows`, when given); the refusal, and which row failed. A hot
+// admission asks it before taking pages, so that a refused request takes none.
+std::optional<Refusal> CheckReserve(const AdmissionLedger& ledger, const ReserveSpec& spec,
+                                    std::vector<uint32_t>* rows = nullptr, int* failed_row = nullptr);
 // In order: the quota (CheckGrow: spec.pages, one request per row), a free row in each session,
 // then the pages. Changes nothing in the ledger. `taken` (may be null): the spec.pages pages the
 // caller already took from `source` for this (or why it could not), answered at the page step as
