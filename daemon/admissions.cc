@@ -194,15 +194,31 @@ absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& r
     HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
     HS_RETURN_IF_ERROR(NotImporting(*r));
     if (!r->in_group) {
-      absl::MutexLock ledger(&core_.ledger_mu_);
-      return ExtendOwnLocked(*s, *r, req);
+      HS_ASSIGN_OR_RETURN(const uint64_t extra, ExtraPages(*s, *r, req));
+      // The pages first, outside the ledger's lock (they may need a new slab); without room they
+      // go back and the exclusive path answers, where the pool is still.
+      if (std::optional<Layers> added = TakeExtraPages(*s, *r, extra)) {
+        {
+          absl::MutexLock ledger(&core_.ledger_mu_);
+          std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r->pages.size(), 0);
+          if (!refusal.has_value()) {
+            core_.ledger_.Touch(s->id, r->id);
+            CommitExtendLocked(*s, *r, req.token_budget(), extra, *added);
+          } else {
+            const absl::Status refused = core_.Reject(*std::move(refusal));
+            ReturnPages(*s, *added);
+            return refused;
+          }
+        }
+        return ExtendAnswerLocked(*s, *r);
+      }
     }
   }
   NodeLock lock(core_);
   HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
   HS_ASSIGN_OR_RETURN(Request * r, SessionCore::RequestOf(*s, req.request_id()));
   HS_RETURN_IF_ERROR(NotImporting(*r));                   // the lock was dropped: it may be another one now
-  if (!r->in_group) return ExtendOwnLocked(*s, *r, req);  // released and admitted again meanwhile
+  if (!r->in_group) return ExtendOwnLocked(*s, *r, req);  // no room above, or released and admitted again
   return GroupRequests::ExtendLocked(core_, *s, *r, req);
 }
 
@@ -211,38 +227,70 @@ absl::Status Admissions::NotImporting(const Request& r) {
   return absl::FailedPreconditionError(absl::StrCat("request ", r.id, " is importing: extend it after CommitImport"));
 }
 
-absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOwnLocked(Session& s, Request& r, const v1::ExtendRequest& req) {
+absl::StatusOr<uint64_t> Admissions::ExtraPages(const Session& s, const Request& r, const v1::ExtendRequest& req) {
   HS_RETURN_IF_ERROR(SessionCore::CheckBudget(s, req.token_budget()));
   if (req.token_budget() <= r.capacity_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("token_budget (", req.token_budget(),
                                                    ") must exceed the current capacity (", r.capacity_tokens, ")"));
   }
-  const uint64_t extra = core_.PagesFor(s, req.token_budget()) - r.pages[0].size();
-  if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s.id, extra * r.pages.size(), 0)) {
-    return core_.Reject(*std::move(refusal));
-  }
-  core_.ledger_.Touch(s.id, r.id);
-  std::vector<std::vector<PagePool::Page>> added(r.pages.size());
+  return SessionCore::PagesFor(s, req.token_budget()) - r.pages[0].size();
+}
+
+std::optional<Admissions::Layers> Admissions::TakeExtraPages(const Session& s, const Request& r, uint64_t extra) {
+  if (extra > UINT32_MAX) return std::nullopt;  // the exclusive path refuses it
+  Layers added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s.id, extra, &r.pages[layer].back());
+    absl::StatusOr<std::vector<PagePool::Page>> got =
+        core_.pool_unlocked_->Allocate(s.id, static_cast<uint32_t>(extra), &r.pages[layer].back());
     if (!got.ok()) {
-      for (const auto& done : added) (void)core_.pool_unlocked_->ReleaseAll(s.id, done);
-      return got.status();
+      ReturnPages(s, added);
+      return std::nullopt;
     }
     added[layer] = *std::move(got);
   }
+  return added;
+}
+
+void Admissions::ReturnPages(const Session& s, const Layers& pages) {
+  (void)core_.pool_unlocked_->ReleaseAll(s.id, pages);
+}
+
+void Admissions::CommitExtendLocked(Session& s, Request& r, uint32_t token_budget, uint64_t extra,
+                                    const Layers& added) {
   for (size_t layer = 0; layer < r.pages.size(); ++layer) {
     r.pages[layer].insert(r.pages[layer].end(), added[layer].begin(), added[layer].end());
   }
-  r.capacity_tokens = req.token_budget();
+  r.capacity_tokens = token_budget;
   r.charged_pages += extra * r.pages.size();
   core_.ledger_.SetPages(s.id, r.id, r.charged_pages);
   core_.TouchedLocked(s, r);
+}
+
+v1::ExtendResponse Admissions::ExtendAnswerLocked(const Session& s, const Request& r) {
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
   resp.set_moved(false);
   core_.FillLayers(s, r, resp.mutable_layers());
   return resp;
+}
+
+absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOwnLocked(Session& s, Request& r, const v1::ExtendRequest& req) {
+  HS_ASSIGN_OR_RETURN(const uint64_t extra, ExtraPages(s, r, req));
+  if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s.id, extra * r.pages.size(), 0)) {
+    return core_.Reject(*std::move(refusal));
+  }
+  core_.ledger_.Touch(s.id, r.id);
+  Layers added(r.pages.size());
+  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
+    absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s.id, extra, &r.pages[layer].back());
+    if (!got.ok()) {
+      ReturnPages(s, added);
+      return got.status();
+    }
+    added[layer] = *std::move(got);
+  }
+  CommitExtendLocked(s, r, req.token_budget(), extra, added);
+  return ExtendAnswerLocked(s, r);
 }
 
 std::optional<absl::Status> Admissions::ReleaseHot(const v1::ReleaseRequest& req) {

@@ -75,9 +75,20 @@ class Admissions {
   v1::AdmitResponse AnswerLocked(Session& s, const Committed& committed) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
   // FailedPrecondition for an importing request, which is extended after its commit.
   static absl::Status NotImporting(const Request& r);
-  // Extend of a request of `s`'s own pages (not importing).
+  // Extend of a request of `s`'s own pages (not importing), under the node's lock.
   absl::StatusOr<v1::ExtendResponse> ExtendOwnLocked(Session& s, Request& r, const v1::ExtendRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+  // Its parts, which a hot Extend runs with the pages taken before the ledger's lock: the pages
+  // each layer needs more (or why the budget is refused); those pages from the pool (unset without
+  // room: they went back); the pages back; the commit; the answer.
+  using Layers = std::vector<std::vector<PagePool::Page>>;
+  static absl::StatusOr<uint64_t> ExtraPages(const Session& s, const Request& r, const v1::ExtendRequest& req);
+  std::optional<Layers> TakeExtraPages(const Session& s, const Request& r, uint64_t extra)
+      ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
+  void ReturnPages(const Session& s, const Layers& pages);
+  void CommitExtendLocked(Session& s, Request& r, uint32_t token_budget, uint64_t extra, const Layers& added)
       ABSL_SHARED_LOCKS_REQUIRED(core_.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
+  v1::ExtendResponse ExtendAnswerLocked(const Session& s, const Request& r) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
 
   SessionCore& core_;
   Durability& durability_;
