@@ -385,7 +385,7 @@ absl::StatusOr<v1::ParkBatchResponse> Batches::ParkBatch(const v1::ParkBatchRequ
     core_.ledger_mu_.AssertHeld();
     // The row it gave back under this lock: still free. Parked by apply, so resumable.
     absl::Status undone = s->requests.Resume(*s->requests.Find(id), parked.row());
-    if (!undone.ok()) LOG(ERROR) << "accounting error undoing a park: " << undone;
+    if (!undone.ok()) LOCKED_LOG(ERROR) << "accounting error undoing a park: " << undone;
   };
   const auto set = [](v1::ParkResult* result, const v1::ParkResponse& parked) { *result->mutable_parked() = parked; };
   auto [resp, parked] = RunBatch<v1::ParkBatchResponse>(req.request_ids(), req.mode() == v1::BATCH_MODE_ALL_OR_NOTHING,
@@ -409,7 +409,7 @@ absl::StatusOr<v1::ResumeBatchResponse> Batches::ResumeBatch(const v1::ResumeBat
     core_.mu_.AssertHeld();
     core_.ledger_mu_.AssertHeld();
     absl::Status undone = s->requests.Park(*s->requests.Find(id));  // resumed by apply, so live
-    if (!undone.ok()) LOG(ERROR) << "accounting error undoing a resume: " << undone;
+    if (!undone.ok()) LOCKED_LOG(ERROR) << "accounting error undoing a resume: " << undone;
   };
   const auto set = [](v1::ResumeResult* result, const v1::ResumeResponse& resumed) {
     *result->mutable_resumed() = resumed;

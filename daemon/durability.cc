@@ -117,7 +117,7 @@ size_t Durability::EndSessionLocked(Session& dead, DeferredLog& log) {
   // Into an orphan of the same id (durable_requests.h). None is importing (durable() above), so
   // orphaning cannot fail.
   const size_t kept = dead.requests.size();
-  if (absl::Status st = durable_.Keep(dead); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+  if (absl::Status st = durable_.Keep(dead); !st.ok()) LOCKED_LOG(ERROR) << "accounting error: " << st;
   DEFERRED_LOG(log, INFO) << "session " << dead.id << " ended with " << kept
                           << " durable requests: kept, parked, for a session of uid " << dead.tenant_uid << " ("
                           << dead.engine_name << ") to adopt";
@@ -181,13 +181,15 @@ absl::StatusOr<v1::AdoptResponse> Durability::Adopt(const v1::AdoptRequest& req)
   HS_RETURN_IF_ERROR(DurableRequests::CheckAdopt(*me, *durable_.Find(orphan_id), core_.draining_));
   std::unique_ptr<Session> orphan = durable_.Take(orphan_id);
   absl::StatusOr<uint32_t> slabs = core_.pool_->HandOverSlabs(orphan_id, me->id);
-  if (!slabs.ok()) LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
+  if (!slabs.ok())
+    LOCKED_LOG(ERROR) << "accounting error adopting ended session " << orphan_id << ": " << slabs.status();
   // Pages of different slabs: the sharers maps never collide.
   me->sharers.Merge(orphan->sharers);
   std::vector<uint64_t> rids = orphan->requests.Ids();
   std::sort(rids.begin(), rids.end());
   // kOrphaned -> kParked here, and in the ledger; CheckAdopt found every id free.
-  if (absl::Status st = me->requests.AdoptFrom(orphan->requests); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+  if (absl::Status st = me->requests.AdoptFrom(orphan->requests); !st.ok())
+    LOCKED_LOG(ERROR) << "accounting error: " << st;
   v1::AdoptResponse resp;
   for (uint64_t rid : rids) {
     const Request& r = *me->requests.Find(rid);

@@ -44,6 +44,7 @@
 #include "absl/strings/str_join.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/group_requests.h"
 #include "hisparse/daemon/shared_prefixes.h"
 
@@ -116,7 +117,8 @@ SessionCore::AdmitOutcome GroupRequests::AdmitLocked(SessionCore& core, Session&
   for (const PagePool::Page& p : pages) {
     for (uint32_t extra = 1; extra < size; ++extra) {
       // The group holds the page: AddRef fails only at the reference limit.
-      if (absl::Status st = core.pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+      if (absl::Status st = core.pool_->AddRef(group.owner, p); !st.ok())
+        LOCKED_LOG(ERROR) << "accounting error: " << st;
     }
   }
   TpGroup::Held& held = group.requests[id];
@@ -186,7 +188,8 @@ absl::StatusOr<v1::ExtendResponse> GroupRequests::ExtendLocked(SessionCore& core
   for (size_t layer = 0; layer < added.size(); ++layer) {
     for (const PagePool::Page& p : added[layer]) {
       for (size_t extra_holder = 1; extra_holder < held.holders.size(); ++extra_holder) {
-        if (absl::Status st = core.pool_->AddRef(group.owner, p); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+        if (absl::Status st = core.pool_->AddRef(group.owner, p); !st.ok())
+          LOCKED_LOG(ERROR) << "accounting error: " << st;
       }
     }
     held.pages[layer].insert(held.pages[layer].end(), added[layer].begin(), added[layer].end());
@@ -206,13 +209,13 @@ absl::StatusOr<v1::ExtendResponse> GroupRequests::ExtendLocked(SessionCore& core
 void GroupRequests::ReleaseShareLocked(SessionCore& core, Session& s, Request& r) {
   TpGroup* found = core.groups_.Find(s);
   if (found == nullptr) {
-    LOG(ERROR) << "accounting error: session " << s.id << " holds a share of request " << r.id << " of no group";
+    LOCKED_LOG(ERROR) << "accounting error: session " << s.id << " holds a share of request " << r.id << " of no group";
     return;
   }
   TpGroup& group = *found;
   for (const std::vector<PagePool::Page>& layer : r.pages) {
     absl::Status st = core.pool_->ReleaseAll(group.owner, layer);
-    if (!st.ok()) LOG(ERROR) << "accounting error releasing pages of group \"" << s.group << "\": " << st;
+    if (!st.ok()) LOCKED_LOG(ERROR) << "accounting error releasing pages of group \"" << s.group << "\": " << st;
   }
   r.pages.clear();  // the share itself leaves the session's table in ReleaseRequestLocked
   auto hit = group.requests.find(r.id);

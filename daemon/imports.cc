@@ -170,7 +170,7 @@ absl::Status Imports::Finish(const std::string& grant_id, uint64_t session_id, u
     Request& r = *s.requests.Find(g.request_id);
     if (commit) {
       // kImporting -> kLive, used now (request_table.h); it is importing: the grant was open.
-      if (absl::Status st = s.requests.CommitImport(r); !st.ok()) LOG(ERROR) << "accounting error: " << st;
+      if (absl::Status st = s.requests.CommitImport(r); !st.ok()) LOCKED_LOG(ERROR) << "accounting error: " << st;
     } else {
       core_.ReleaseRequestLocked(s, r);
     }
@@ -180,8 +180,8 @@ absl::Status Imports::Finish(const std::string& grant_id, uint64_t session_id, u
     f->set_committed(commit);
     f->set_reason(reason);
   }
-  LOG(INFO) << "import grant " << ShortGrantId(grant_id) << " of request " << request_id << " of session " << session_id
-            << ": " << reason;
+  LOCKED_LOG(INFO) << "import grant " << ShortGrantId(grant_id) << " of request " << request_id << " of session "
+                   << session_id << ": " << reason;
   if (sink != nullptr && !(*sink)(event)) {
     NodeLock lock(core_);
     ++core_.undelivered_notices_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/group_requests.h"
 #include "hisparse/daemon/node_reports.h"
 #include "hisparse/daemon/request_journal.h"
@@ -271,7 +272,7 @@ v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
     ArenaCounters c{};
     absl::Status st = arena->ReadCounters(&c);
     if (!st.ok()) {
-      LOG(WARNING) << "reading a slot arena's counters: " << st;
+      LOCKED_LOG(WARNING) << "reading a slot arena's counters: " << st;
       continue;
     }
     v1::SessionStats* ss = out.mutable_session_stats(index);

@@ -112,7 +112,7 @@ JournalBatch RequestJournaling::DecideLocked() {
         if (!journal_->ClaimSlab(slab)) continue;
         absl::StatusOr<UniqueFd> fd = core_.pool_->DupSlabFd(s->id, slab);
         if (!fd.ok()) {
-          LOG(ERROR) << "journal: slab " << slab << " of session " << s->id << ": " << fd.status();
+          LOCKED_LOG(ERROR) << "journal: slab " << slab << " of session " << s->id << ": " << fd.status();
           journal_->UnclaimSlab(slab);  // the next record that names it tries again
           continue;
         }
@@ -152,8 +152,8 @@ void RequestJournaling::Flush() {
   if (batch.has_value()) {
     const size_t records = batch->records.size();
     if (absl::Status st = journal->Commit(*std::move(batch)); !st.ok()) {
-      LOG(ERROR) << "request journal: committing " << records << " records: " << st
-                 << "; a restart may not find these durable requests as they are now";
+      LOCKED_LOG(ERROR) << "request journal: committing " << records << " records: " << st
+                        << "; a restart may not find these durable requests as they are now";
     }
   }
   journal->WaitCommitted(wait_for);

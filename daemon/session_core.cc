@@ -111,7 +111,7 @@ void SessionCore::ReleaseOwnLocked(Session& s, Request& r) {
 void SessionCore::ReleasePagesLocked(const Session& s, const Request& r) {
   // A page another request shares keeps that request's reference; the charge moves in ForgetOwnLocked.
   if (absl::Status st = pool_->ReleaseAll(s.id, r.pages); !st.ok()) {
-    LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
+    LOCKED_LOG(ERROR) << "accounting error releasing pages of session " << s.id << ": " << st;
   }
 }
 

@@ -68,7 +68,7 @@ void SessionManager::CloseSession(uint64_t session_id) {
   // daemon's GPU memory is released here, and the GPU's once the engine's import is gone too (an
   // engine that died has lost it already). A Stats call in flight may hold the GPU arena a moment.
   dead.reset();
-  LOG(INFO) << "session " << session_id << " closed: released " << released << " requests";
+  LOCKED_LOG(INFO) << "session " << session_id << " closed: released " << released << " requests";
   if (on_idle) on_idle();
 }
 

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/durable_requests.h"
 #include "hisparse/daemon/shared_prefixes.h"
 
@@ -106,7 +107,7 @@ SessionCore::AdmitOutcome SharedPrefixes::AdmitLocked(SessionCore& core, Session
       const PagePool::Page& p = r.pages[layer][i];
       // The parent holds it: AddRef fails only at the reference limit, 2^32 tables of one page.
       if (absl::Status st = core.pool_->AddRef(s.id, p); !st.ok()) {
-        LOG(ERROR) << "accounting error sharing a page of session " << s.id << ": " << st;
+        LOCKED_LOG(ERROR) << "accounting error sharing a page of session " << s.id << ": " << st;
       }
       s.sharers.Share(p, parent.id, id);
     }

@@ -7,7 +7,10 @@ that owns them. This holds the shape to what the map says:
   - no module (a header or source named in the map) includes session_manager.h, and outside the
     facade's own file only the transports (the edges that serve the public calls) do;
   - the daemon's headers include each other without a cycle;
-  - a module includes another module's header only where the map draws its arrow.
+  - a module includes another module's header only where the map draws its arrow;
+  - the modules' sources (and session_core.cc, session_manager.cc) never LOG: they run under the
+    daemon's locks, so their lines go through LOCKED_LOG or DEFERRED_LOG (deferred_log.h), which
+    write them once the locks are released (issue 41, item 2: nothing logged under a lock).
 Exit status 0 when it holds; else each violation is printed and the status is 1.
 """
 import os
@@ -64,6 +67,17 @@ for directory in (inc_dir, src_dir):
             for other in used:
                 if other in modules and other != stem and other != "session_core" and other not in modules[stem]:
                     problems.append(f"daemon/{name} includes {other}.h: the map draws no arrow {stem} -> {other}")
+
+# Nothing logged under a lock: a plain LOG( in a module's source (comments aside).
+for stem in sorted(set(modules) | {"session_core", "session_manager"}):
+    path = os.path.join(src_dir, stem + ".cc")
+    if not os.path.exists(path):
+        continue
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            code = line.split("//", 1)[0]
+            if re.search(r"(?<![A-Z_])LOG\(", code):
+                problems.append(f"daemon/{stem}.cc:{number} writes a LOG line: use LOCKED_LOG or DEFERRED_LOG")
 
 graph = {n[:-2]: includes(os.path.join(inc_dir, n)) for n in os.listdir(inc_dir) if n.endswith(".h")}
 state = {}

@@ -60,6 +60,33 @@ class DeferredLog {
   std::vector<Entry> lines_;
 };
 
+// LogDeferral: while one lives on a thread, LOCKED_LOG's lines on that thread join its log, which
+// is written when the outermost one goes; with none alive they are written at once. The daemon's
+// lock guards hold one (NodeLock and HotSession, session_core.h), declared before their locks are
+// taken and gone after they are released, so a line reached deep under a lock (an accounting
+// error in a shared primitive, a module's notice) never makes the lock's holder wait on stderr.
+// Nested deferrals share the outermost's log: nothing is written while any lock of the thread is
+// held.
+class LogDeferral {
+ public:
+  LogDeferral() : outer_(active_ != nullptr) {
+    if (!outer_) active_ = &log_;
+  }
+  ~LogDeferral() {
+    if (!outer_) active_ = nullptr;  // log_ is written next, by its own destructor
+  }
+  LogDeferral(const LogDeferral&) = delete;
+  LogDeferral& operator=(const LogDeferral&) = delete;
+
+  // The thread's active log, or null when no deferral lives on it.
+  static DeferredLog* Active() { return active_; }
+
+ private:
+  inline static thread_local DeferredLog* active_ = nullptr;
+  const bool outer_;  // another deferral was active: this one's log stays unused
+  DeferredLog log_;
+};
+
 }  // namespace hisparse
 
 // NOLINTBEGIN(bugprone-macro-parentheses): a stream expression, used as DEFERRED_LOG(log, x) << ...
@@ -68,6 +95,18 @@ class DeferredLog {
       ? (void)0                                       \
       : ::hisparse::LogVoidify() &                    \
             ::hisparse::DeferredLog::Line(&(deferred), HS_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
+// LOCKED_LOG(x) << ...: into the thread's LogDeferral when one lives (written once its locks are
+// released), else at once, as LOG(x). The daemon's request-lifecycle modules log only this way or
+// through DEFERRED_LOG (tests/daemon/check_layering.py holds them to it).
+#define LOCKED_LOG(severity)                                                                                    \
+  !::hisparse::LogEnabled(HS_LOG_SEVERITY_##severity)                                                           \
+      ? (void)0                                                                                                 \
+      : ::hisparse::LogVoidify() &                                                                              \
+            (::hisparse::LogDeferral::Active() != nullptr                                                       \
+                 ? ::hisparse::DeferredLog::Line(::hisparse::LogDeferral::Active(), HS_LOG_SEVERITY_##severity, \
+                                                 __FILE__, __LINE__)                                            \
+                       .stream()                                                                                \
+                 : ::hisparse::LogMessage(HS_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream())
 // NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // HISPARSE_DAEMON_DEFERRED_LOG_H_

@@ -54,6 +54,7 @@
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/admission_ledger.h"
 #include "hisparse/daemon/config.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/gpu_arena.h"
 #include "hisparse/daemon/page_pool.h"
 #include "hisparse/daemon/request_table.h"
@@ -258,6 +259,7 @@ class ABSL_SCOPED_LOCKABLE NodeLock {
   NodeLock& operator=(const NodeLock&) = delete;
 
  private:
+  LogDeferral deferral_;  // before the locks, gone after them: LOCKED_LOG lines wait for the release
   SessionCore& core_;
 };
 
@@ -280,6 +282,7 @@ class ABSL_SCOPED_LOCKABLE HotSession {
   const absl::StatusOr<SessionEntry*>& session() const { return session_; }
 
  private:
+  LogDeferral deferral_;  // as NodeLock's
   SessionCore& core_;
   absl::StatusOr<SessionEntry*> session_;
 };
