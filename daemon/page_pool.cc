@@ -137,9 +137,12 @@ absl::StatusOr<std::shared_ptr<PagePool::SlabMemory>> PagePool::MakeMemory(uint6
 void PagePool::Populate(SlabMemory& mem) {
   if (options_.mlock) {
     if (::mlock(mem.map.data(), mem.map.size()) == 0) return;  // mlock populates too
-    absl::MutexLock lock(&mu_);
-    if (locked_) LOG(WARNING) << "mlock of a host pool slab failed (raise LimitMEMLOCK): pages may be swapped";
-    locked_ = false;
+    bool first = false;
+    {
+      absl::MutexLock lock(&mu_);
+      first = std::exchange(locked_, false);
+    }
+    if (first) LOG(WARNING) << "mlock of a host pool slab failed (raise LimitMEMLOCK): pages may be swapped";
   }
   // Content-preserving: the engine may be writing the slab already.
   (void)::madvise(mem.map.data(), mem.map.size(), MADV_POPULATE_WRITE);
@@ -840,10 +843,14 @@ void PagePool::WorkerLoop() {
         hugepages_ = hugepages_ && (*made)->hugetlb;
         ready_.push_back(*std::move(made));
       } else {
-        LOG(WARNING) << "refilling the host pool's reserve: " << made.status();
         refill_failed_ = true;
       }
       refill_cancelled_ = false;
+      if (!made.ok()) {
+        mu_.Unlock();  // not logged under the lock
+        LOG(WARNING) << "refilling the host pool's reserve: " << made.status();
+        mu_.Lock();
+      }
     }
     worker_busy_ = false;
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 
 namespace hisparse {
 namespace {
@@ -101,7 +102,7 @@ std::optional<uint64_t> TpGroups::Leave(const SessionEntry& s) {
     return std::nullopt;
   }
   // The last member: its shares were released first, so the group holds no page now.
-  if (!group.requests.empty()) LOG(ERROR) << "group \"" << s.group << "\" ends holding requests";
+  if (!group.requests.empty()) LOCKED_LOG(ERROR) << "group \"" << s.group << "\" ends holding requests";
   const uint64_t owner = group.owner;
   groups_.erase(it);
   return owner;
