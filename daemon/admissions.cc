@@ -27,7 +27,12 @@ Admissions::Admissions(SessionCore& core, Durability& durability) : core_(core),
 // admitted (or extended) request — its session is told first, outside the lock — and retries.
 // A plain request (no group, no parent) is first tried hot: under its session's lock and the node's
 // mutex held shared, so sessions do not wait on each other; the exclusive path below does the rest.
+// A new slab the admission needs is made with no lock held (SessionCore::WithSlabsOutsideLocks).
 absl::StatusOr<v1::AdmitResponse> Admissions::Admit(const v1::AdmitRequest& req) {
+  return core_.WithSlabsOutsideLocks([&](PagePool::SlabsOutsideLocks&) { return AdmitOnce(req); });
+}
+
+absl::StatusOr<v1::AdmitResponse> Admissions::AdmitOnce(const v1::AdmitRequest& req) {
   if (!req.group() && req.parent_request_id() == 0 && req.prefix_tokens() == 0 && !req.begin_import()) {
     SessionCore::AdmitOutcome hot = AdmitHot(req);
     if (!hot.deferred) return std::move(hot.result);
@@ -87,6 +92,7 @@ SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
   absl::StatusOr<std::vector<PagePool::Page>> taken =
       total > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any pool")  // Reserve refuses it first
                          : core_.pool_unlocked_->Allocate(s.id, static_cast<uint32_t>(total));
+  if (absl::IsUnavailable(taken.status())) return {taken.status()};  // a new slab, made outside the locks first
   Committed committed;
   {
     absl::MutexLock ledger(&core_.ledger_mu_);
@@ -188,6 +194,10 @@ v1::AdmitResponse Admissions::AnswerLocked(Session& s, const Committed& committe
 // nothing: a full pool leaves the request exactly as it was. Hot (the session's lock and the node's
 // mutex shared) but for a TP group's request, whose Extend grows every rank's share.
 absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& req) {
+  return core_.WithSlabsOutsideLocks([&](PagePool::SlabsOutsideLocks&) { return ExtendOnce(req); });
+}
+
+absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOnce(const v1::ExtendRequest& req) {
   {
     HotSession hot(core_, req.session());
     HS_ASSIGN_OR_RETURN(Session * s, hot.session());
@@ -195,8 +205,17 @@ absl::StatusOr<v1::ExtendResponse> Admissions::Extend(const v1::ExtendRequest& r
     HS_RETURN_IF_ERROR(NotImporting(*r));
     if (!r->in_group) {
       HS_ASSIGN_OR_RETURN(const uint64_t extra, ExtraPages(*s, *r, req));
-      // The pages first, outside the ledger's lock (they may need a new slab); without room they
-      // go back and the exclusive path answers, where the pool is still.
+      if (absl::Status room = PrepareExtraPages(s->id, *r, extra); !room.ok()) {
+        // A new slab, made outside the locks first; none for a request its quota refuses.
+        absl::MutexLock ledger(&core_.ledger_mu_);
+        if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r->pages.size(), 0)) {
+          PagePool::SlabsOutsideLocks::DropWant();
+          return core_.Reject(*std::move(refusal));
+        }
+        return room;
+      }
+      // The pages first, outside the ledger's lock; without room they go back and the exclusive
+      // path answers, where the pool is still.
       if (std::optional<Layers> added = TakeExtraPages(*s, *r, extra)) {
         {
           absl::MutexLock ledger(&core_.ledger_mu_);
@@ -234,6 +253,11 @@ absl::StatusOr<uint64_t> Admissions::ExtraPages(const Session& s, const Request&
                                                    ") must exceed the current capacity (", r.capacity_tokens, ")"));
   }
   return SessionCore::PagesFor(s, req.token_budget()) - r.pages[0].size();
+}
+
+absl::Status Admissions::PrepareExtraPages(uint64_t owner, const Request& r, uint64_t extra) {
+  absl::Status room = core_.pool_unlocked_->Prepare(owner, extra * r.pages.size());
+  return absl::IsUnavailable(room) ? room : absl::OkStatus();  // a full pool: the allocations answer
 }
 
 std::optional<Admissions::Layers> Admissions::TakeExtraPages(const Session& s, const Request& r, uint64_t extra) {
@@ -280,6 +304,7 @@ absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOwnLocked(Session& s, Reque
     return core_.Reject(*std::move(refusal));
   }
   core_.ledger_.Touch(s.id, r.id);
+  HS_RETURN_IF_ERROR(PrepareExtraPages(s.id, r, extra));
   Layers added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
     absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s.id, extra, &r.pages[layer].back());

@@ -76,9 +76,16 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitBatch(const v1::AdmitBatchR
   if (req.mode() == v1::BATCH_MODE_PER_ITEM) {
     HS_ASSIGN_OR_RETURN(resp, AdmitEachItem(req, &opened));
   } else {
-    NodeLock lock(core_);
-    HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
-    resp = AdmitAllOrNothingLocked(*s, req, &opened);
+    // An item that wanted a new slab rolled the batch back: the slabs for every item are made with
+    // no lock held, and the batch is tried again (SessionCore::WithSlabsOutsideLocks).
+    HS_ASSIGN_OR_RETURN(resp, core_.WithSlabsOutsideLocks(
+                                  [&](PagePool::SlabsOutsideLocks& outside) -> absl::StatusOr<v1::AdmitBatchResponse> {
+                                    NodeLock lock(core_);
+                                    HS_ASSIGN_OR_RETURN(Session * s, core_.FindLocked(req.session()));
+                                    v1::AdmitBatchResponse tried = AdmitAllOrNothingLocked(*s, req, &opened);
+                                    if (outside.HasWant()) WantAllItemsLocked(*s, req, 0, outside);
+                                    return tried;
+                                  }));
   }
   if (!opened.empty()) FinishImports(req, opened, &resp);
   return resp;
@@ -201,14 +208,37 @@ std::optional<SessionCore::Victim> Batches::VictimLocked(const Session& s, const
   return victim;
 }
 
+uint64_t Batches::ItemPages(const Session& s, const v1::AdmitBatchRequest& req, int from) {
+  uint64_t pages = 0;
+  for (int i = from; i < req.items_size(); ++i) {
+    if (!SessionCore::CheckBudget(s, req.items(i).token_budget()).ok()) continue;  // refused without pages
+    pages += SessionCore::PagesFor(s, req.items(i).token_budget()) * s.geometry.num_layers();
+    if (pages > UINT32_MAX) return UINT32_MAX;  // more than any pool: Prepare refuses it
+  }
+  return pages;
+}
+
+void Batches::WantAllItemsLocked(const Session& s, const v1::AdmitBatchRequest& req, int from,
+                                 PagePool::SlabsOutsideLocks& outside) {
+  const uint64_t pages = ItemPages(s, req, from);
+  // Only what the tenant's quota would let it hold: a batch never has more made than it may take.
+  if (!core_.ledger_.CheckGrow(s.id, pages, 0).has_value()) outside.WantedLarger({s.id, pages});
+}
+
 absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitEachItem(const v1::AdmitBatchRequest& req, OpenedImports* opened) {
   v1::AdmitBatchResponse resp;
   SeenIds seen;
   absl::flat_hash_set<uint64_t> admitted;  // by this batch: never a victim for it
   int i = 0;
   int evictions = 0;  // for item i
+  // An item that wants a new slab has it made for the rest of the batch with no lock held, then is
+  // tried again (SessionCore::WithSlabsOutsideLocks, here by hand: the items before it stay).
+  PagePool::SlabsOutsideLocks outside;
+  int slab_rounds = 0;
+  bool again = false;  // item i is tried again: its id is in `seen` already
   while (i < req.items_size()) {
     std::optional<SessionCore::Victim> victim;
+    bool wants_slab = false;
     {
       NodeLock lock(core_);
       absl::StatusOr<Session*> found = core_.FindLocked(req.session());
@@ -229,13 +259,19 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitEachItem(const v1::AdmitBat
           SetItemStatus(outcome.status(), result->mutable_error());
         }
       };
-      for (; i < req.items_size(); ++i, evictions = 0) {
+      for (; i < req.items_size(); ++i, evictions = 0, again = false) {
         const v1::AdmitItem& item = req.items(i);
-        if (absl::Status dup = evictions == 0 ? seen.Add(item.request_id(), i) : absl::OkStatus(); !dup.ok()) {
+        if (absl::Status dup = evictions == 0 && !again ? seen.Add(item.request_id(), i) : absl::OkStatus();
+            !dup.ok()) {
           record(item, dup);
           continue;
         }
         SessionCore::AdmitOutcome tried = AdmitItemLocked(SingleAdmit(req.session(), item), i, opened);
+        if (outside.HasWant()) {
+          WantAllItemsLocked(**found, req, i, outside);
+          wants_slab = again = true;
+          break;  // made outside the lock, then item i again
+        }
         if (!tried.result.ok() && tried.lacked_room) {
           victim = VictimLocked(**found, item, evictions, admitted);
           if (victim.has_value()) break;  // evict outside the lock, then try item i again
@@ -243,9 +279,14 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitEachItem(const v1::AdmitBat
         record(item, std::move(tried.result));
       }
     }
+    if (wants_slab) {
+      if (++slab_rounds == SessionCore::kSlabRounds - 1) outside.Lift();
+      (void)core_.MakeWantedSlabs(outside);
+    }
     if (victim.has_value()) {
       (void)core_.EvictVictim(*victim, "evicted to admit another request of the same tenant (host pool full)");
       ++evictions;
+      again = false;  // counted as an eviction's retry
     }
   }
   resp.set_admitted(static_cast<uint32_t>(admitted.size()));

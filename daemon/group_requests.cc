@@ -174,6 +174,11 @@ absl::StatusOr<v1::ExtendResponse> GroupRequests::ExtendLocked(SessionCore& core
     return core.Reject(*std::move(refusal));
   }
   core.ledger_.Touch(s.id, r.id);
+  // Every layer's pages free in the group's slabs first; a new slab is made with no lock held
+  // (Unavailable: SessionCore::WithSlabsOutsideLocks makes it and Extend tries again).
+  if (absl::Status room = core.pool_->Prepare(group.owner, extra * r.pages.size()); absl::IsUnavailable(room)) {
+    return room;
+  }
   std::vector<std::vector<PagePool::Page>> added(r.pages.size());
   for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
     // The same allocation as a session's Extend, under the group's owner (a full pool counted).

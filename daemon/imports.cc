@@ -36,11 +36,11 @@ absl::StatusOr<v1::AdmitResponse> Imports::Admit(const v1::AdmitRequest& req) {
     return durability_.CheckLeaseLocked(req.lease_seconds(), /*importing=*/true);
   }
   v1::AdmitResponse resp;
-  absl::StatusOr<Opened> opened;
-  {
+  // A new slab for its pages is made with no lock held (SessionCore::WithSlabsOutsideLocks).
+  absl::StatusOr<Opened> opened = core_.WithSlabsOutsideLocks([&](PagePool::SlabsOutsideLocks&) {
     NodeLock lock(core_);
-    opened = OpenLocked(req, &resp);
-  }
+    return OpenLocked(req, &resp);
+  });
   if (!opened.ok()) return opened.status();
   const absl::Status registered = Register(*opened);
   DeferredLog log;  // written once the lock is released

@@ -143,6 +143,9 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {"hisparse_host_pool_shared_pages", "gauge", "Host pool pages with more than one reference."},
       {"hisparse_host_pool_slabs", "gauge", "Host pool slabs held, per session."},
       {"hisparse_host_pool_scrub_queue", "gauge", "Slabs their sessions left, waiting to be dropped."},
+      {"hisparse_host_pool_slabs_made_inline_total", "counter",
+       "Slabs an admission made on its own thread with the daemon's locks held (0 unless prepared slabs were "
+       "taken again meanwhile)."},
       {"hisparse_host_pool_retired_bytes", "gauge",
        "Bytes of retired slabs an engine was handed and may still hold, not yet seen freed; charged to their "
        "tenants' host quotas."},
@@ -264,6 +267,7 @@ std::vector<prometheus::MetricFamily> Metrics::Collect() const {
     fb.Add("hisparse_host_pool_slabs", slabs, {{"session", absl::StrCat(session)}});
   }
   fb.Add("hisparse_host_pool_scrub_queue", p.scrub_queue());
+  fb.Add("hisparse_host_pool_slabs_made_inline_total", static_cast<double>(p.slabs_made_inline()));
   fb.Add("hisparse_host_pool_retired_bytes", static_cast<double>(p.retired_bytes()));
   fb.Add("hisparse_host_pool_retired_slabs", p.retired_slabs());
   for (const auto& [gpu, bytes] : st.arena_bytes_by_device()) {

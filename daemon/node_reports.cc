@@ -206,6 +206,7 @@ v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
     hp->set_slabs(ps.slabs);
     hp->set_ready_slabs(ps.ready_slabs);
     hp->set_scrub_queue(ps.scrub_queue);
+    hp->set_slabs_made_inline(ps.slabs_made_inline);
     if (only_uid.has_value()) {
       const PagePool::Retired mine = core_.pool_->RetiredOf(*only_uid);
       hp->set_retired_bytes(mine.bytes);

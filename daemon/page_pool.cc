@@ -161,7 +161,29 @@ uint64_t PagePool::FreePagesOfLocked(uint64_t owner) const {
   return n;
 }
 
-absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_t owner, uint64_t need) {
+bool PagePool::SlabsOutsideLocks::MayMake(const Want& want) {
+  SlabsOutsideLocks* scope = active_;
+  if (scope == nullptr || scope->lifted_) return true;
+  scope->want_ = want;
+  return false;
+}
+
+bool PagePool::SlabsOutsideLocks::MakeWanted(PagePool& pool) {
+  std::optional<Want> larger = larger_;
+  std::optional<Want> want = TakeWant();
+  if (!want.has_value()) return false;
+  const bool lifted = std::exchange(lifted_, true);
+  // Its answer is the next try's to give: under the holder's locks, the allocation decides.
+  if (!larger.has_value() || !pool.Prepare(larger->owner, larger->pages).ok()) {
+    (void)pool.Prepare(want->owner, want->pages);
+  }
+  lifted_ = lifted;
+  made_for_ = want->owner;
+  return true;
+}
+
+absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_t owner, uint64_t need,
+                                                                         const SlabsOutsideLocks::Want& want) {
   uint64_t held = 0;  // pages of the owner's slabs: a new slab doubles it, up to a full slab
   if (auto it = slabs_by_owner_.find(owner); it != slabs_by_owner_.end()) {
     for (uint64_t id : it->second) held += slabs_.at(id).refs.size();
@@ -208,6 +230,10 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
     }
     held += plan.back().pages;
     remaining -= std::min<uint64_t>(plan.back().pages, remaining);
+  }
+  const bool makes = std::any_of(plan.begin(), plan.end(), [](const NewSlab& ns) { return !ns.from_reserve; });
+  if (makes && !SlabsOutsideLocks::MayMake(want)) {
+    return absl::UnavailableError(absl::StrCat("a new slab for ", need, " pages is made outside the caller's locks"));
   }
   // Apply: nothing above changed the pool. Until Allocate adds them, the plan's slabs (ready ones
   // included) are charged as being made.
@@ -346,12 +372,25 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, u
   // owner's, free, and the allocation is planned again (a few times at most).
   constexpr int kTries = 8;
   for (int attempt = 1;; ++attempt) {
-    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, count, after);
+    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, count, after, /*take=*/true);
     if (!absl::IsAborted(got.status()) || attempt == kTries) return got;
   }
 }
 
-absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owner, uint32_t count, const Page* after) {
+absl::Status PagePool::Prepare(uint64_t owner, uint64_t count) {
+  if (count == 0) return absl::OkStatus();
+  if (count > UINT32_MAX) {
+    return absl::ResourceExhaustedError(absl::StrCat("host pool cannot hold ", count, " more pages"));
+  }
+  constexpr int kTries = 8;  // as Allocate's
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, static_cast<uint32_t>(count), nullptr, /*take=*/false);
+    if (!absl::IsAborted(got.status()) || attempt == kTries) return got.status();
+  }
+}
+
+absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owner, uint32_t count, const Page* after,
+                                                                   bool take) {
   if (owner == kNoOwner) return absl::InvalidArgumentError("page owner must be non-zero");
   if (count == 0) return absl::InvalidArgumentError("cannot allocate zero pages");
   std::vector<Page> out;
@@ -366,17 +405,19 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owne
     }
     const uint64_t free = FreePagesOfLocked(owner);
     if (free >= count || (after != nullptr && FreeAfterLocked(*after) >= count)) {
-      TakePagesLocked(owner, count, after, &out);
+      if (take) TakePagesLocked(owner, count, after, &out);
       return out;
     }
     // New slabs for the whole allocation keep its pages consecutive (one run per slab); when the
     // budget cannot, the owner's free pages make up the difference.
-    absl::StatusOr<std::vector<NewSlab>> whole = PlanSlabsLocked(owner, count);
+    const SlabsOutsideLocks::Want want{owner, count};
+    absl::StatusOr<std::vector<NewSlab>> whole = PlanSlabsLocked(owner, count, want);
+    if (absl::IsUnavailable(whole.status())) return whole.status();
     fresh = whole.ok();
     if (fresh) {
       plan = *std::move(whole);
     } else {
-      HS_ASSIGN_OR_RETURN(plan, PlanSlabsLocked(owner, count - free));
+      HS_ASSIGN_OR_RETURN(plan, PlanSlabsLocked(owner, count - free, want));
     }
   }
   // New slabs are made outside the pool's lock: a few syscalls each, no page touched.
@@ -412,8 +453,13 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owne
     added.push_back(AddSlabLocked(owner, ns.mem, ns.pages));
     if (!ns.from_reserve) {
       ++slabs_made_;
+      if (take) ++slabs_made_inline_;
       populate_.push_back(std::move(ns.mem));  // the worker populates it (a ready slab is already)
     }
+  }
+  if (!take) {
+    for (uint64_t id : added) idle_.insert(id);  // prepared: free, the owner's
+    return out;
   }
   if (fresh) {
     TakePagesFromLocked(added, count, &out);
@@ -687,6 +733,7 @@ PagePool::Stats PagePool::GetStats() const {
   st.scrub_queue = static_cast<uint32_t>(scrub_.size());
   st.populate_queue = static_cast<uint32_t>(populate_.size());
   st.slabs_made = slabs_made_;
+  st.slabs_made_inline = slabs_made_inline_;
   st.slabs_scrubbed = slabs_scrubbed_;
   for (const auto& [tenant, r] : retired_by_tenant_) {
     st.retired_bytes += r.bytes;

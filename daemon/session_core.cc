@@ -231,6 +231,21 @@ std::optional<SessionCore::Victim> SessionCore::PickVictimLocked(uint64_t sessio
   return Victim{key->session_id, key->request_id, r->generation, it->second->sink};
 }
 
+bool SessionCore::MakeWantedSlabs(PagePool::SlabsOutsideLocks& outside) {
+  if (!outside.MakeWanted(*pool_unlocked_)) return false;
+  absl::ReaderMutexLock lock(&mu_);
+  if (!OwnerLiveLocked(outside.made_for())) pool_->RetireIdleOf(outside.made_for());
+  return true;
+}
+
+bool SessionCore::OwnerLiveLocked(uint64_t owner) const {
+  if (sessions_.contains(owner)) return true;
+  for (const auto& [key, group] : groups_.all()) {
+    if (group.owner == owner) return true;
+  }
+  return false;
+}
+
 void SessionCore::NotifySlabDepartures() {
   if (!pool_unlocked_->HasDepartures()) return;  // the common case, without the lock
   std::vector<std::pair<std::shared_ptr<EventSink>, v1::SessionEvent>> notices;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -232,6 +233,79 @@ TEST(PagePoolTest, AFullSlabComesFromTheReserveWhichRefills) {
   EXPECT_EQ(st.slabs_made, 3u);
   EXPECT_EQ(st.owned_bytes + st.ready_bytes + st.unallocated_bytes, st.budget_bytes);
   EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// Prepare makes what an Allocate of the same count would, and takes nothing: the Allocate after
+// it finds the pages free, in the same one slab, and makes none itself.
+TEST(PagePoolTest, PrepareMakesTheSlabsAnAllocationThenTakesWithoutMakingAny) {
+  auto pool = MustCreate(SmallOptions(64, 16));
+  ASSERT_TRUE(pool->Prepare(3, 6).ok());
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+  PagePool::Stats st = pool->GetStats();
+  EXPECT_EQ(st.pages_used, 0u);
+  EXPECT_EQ(pool->FreePagesOf(3), 6u);
+  EXPECT_EQ(st.idle_slabs, 1u) << "prepared pages are free: their slab is idle, the owner's";
+  EXPECT_EQ(st.slabs_made, 1u);
+  EXPECT_TRUE(pool->Prepare(3, 6).ok());  // there already
+  EXPECT_TRUE(pool->Prepare(3, 0).ok());
+  EXPECT_EQ(pool->GetStats().slabs_made, 1u);
+  const std::vector<Page> pages = MustAllocate(*pool, 3, 6);
+  for (const Page& p : pages) EXPECT_EQ(p.slab, pages[0].slab);
+  st = pool->GetStats();
+  EXPECT_EQ(st.slabs_made, 1u);
+  EXPECT_EQ(st.slabs_made_inline, 0u);
+  EXPECT_EQ(st.pages_used, 6u);
+  // Past the budget: refused, nothing changed.
+  EXPECT_EQ(pool->Prepare(4, 64).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->Prepare(PagePool::kNoOwner, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->GetStats().slabs, 1u);
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+}
+
+// Under SlabsOutsideLocks an allocation that needs a slab made changes nothing and says what it
+// wanted; made outside (MakeWant), the same allocation then takes it. Ready slabs are taken as
+// before, and a lifted scope makes slabs inline.
+TEST(PagePoolTest, UnderSlabsOutsideLocksNoSlabIsMadeInline) {
+  auto pool = MustCreate(SmallOptions(64, 16, /*reserve=*/1));
+  pool->WaitIdle();
+  const PagePool::Stats before = pool->GetStats();
+  ASSERT_EQ(before.ready_slabs, 1u);
+  PagePool::SlabsOutsideLocks outside;
+  absl::StatusOr<std::vector<Page>> wanted = pool->Allocate(5, 3);
+  EXPECT_EQ(wanted.status().code(), absl::StatusCode::kUnavailable) << wanted.status();
+  PagePool::Stats st = pool->GetStats();
+  EXPECT_EQ(st.slabs, before.slabs);
+  EXPECT_EQ(st.slabs_made, before.slabs_made);
+  EXPECT_EQ(st.ready_slabs, 1u);
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+  ASSERT_TRUE(outside.HasWant());
+  ASSERT_TRUE(outside.MakeWanted(*pool));
+  EXPECT_EQ(outside.made_for(), 5u);
+  EXPECT_FALSE(outside.HasWant());
+  EXPECT_FALSE(outside.MakeWanted(*pool));
+  EXPECT_EQ(pool->FreePagesOf(5), 3u);
+  std::vector<Page> three = MustAllocate(*pool, 5, 3);
+  EXPECT_FALSE(outside.HasWant());
+  // A full slab comes from the reserve: no syscall, so the scope lets it be taken.
+  std::vector<Page> full = MustAllocate(*pool, 6, 16);
+  EXPECT_FALSE(outside.HasWant());
+  EXPECT_EQ(pool->GetStats().slabs_made_inline, 0u);
+  // Prepare obeys the scope too; lifted, the scope lets an allocation make its slab.
+  EXPECT_EQ(pool->Prepare(7, 2).code(), absl::StatusCode::kUnavailable);
+  // A larger want is made in its stead, unless the budget cannot hold it.
+  outside.WantedLarger({7, 5});
+  ASSERT_TRUE(outside.MakeWanted(*pool));
+  EXPECT_EQ(pool->FreePagesOf(7), 5u);
+  EXPECT_EQ(pool->Allocate(8, 1).status().code(), absl::StatusCode::kUnavailable);
+  outside.WantedLarger({8, 1000});
+  ASSERT_TRUE(outside.MakeWanted(*pool));
+  EXPECT_EQ(pool->FreePagesOf(8), 1u);
+  EXPECT_EQ(pool->Prepare(9, 2).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(outside.HasWant());
+  outside.Lift();
+  std::vector<Page> two = MustAllocate(*pool, 9, 2);
+  EXPECT_EQ(pool->GetStats().slabs_made_inline, 1u);
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
 }
 
 TEST(PagePoolTest, AfterContinuesALayerInPlace) {

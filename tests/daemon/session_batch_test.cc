@@ -287,5 +287,72 @@ TEST(SessionBatchTest, LeaseItemsAreCheckedAsAdmitChecksThem) {
   EXPECT_EQ(no_leases->Stats().requests(), 0u);
 }
 
+// Issue 41, item 2: no slab is made from the OS under the daemon's locks. The pool keeps no
+// reserve, so every allocation below needs slabs made on demand: each call has them made with no
+// lock held and takes them under its locks (HostPoolStats.slabs_made_inline counts those made
+// under the locks instead, as every one was before). A batch has the slabs of all its items made
+// at once, as far as its tenant's quota goes.
+TEST(SessionBatchTest, EveryNewSlabIsMadeOutsideTheLocks) {
+  auto sm = MakeManager(64 * kMiB);
+  session_test::HostSession host;
+  host.layers = 4;
+  const v1::SessionRef a = session_test::OpenHost(*sm, host, 1000);
+  const v1::SessionRef b = session_test::OpenHost(*sm, host, 1001);
+  // A plain admission (the hot path), and a shared prefix's child (the exclusive one).
+  ASSERT_TRUE(Admit(*sm, a, 1, 3 * kPageTokens).ok());
+  v1::AdmitRequest child = AdmitOf(a, 2, 40 * kPageTokens);
+  child.set_parent_request_id(1);
+  child.set_prefix_tokens(2 * kPageTokens);
+  absl::StatusOr<v1::AdmitResponse> admitted = sm->Admit(child);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  // Extend: every layer's new pages.
+  v1::ExtendRequest ext;
+  *ext.mutable_session() = a;
+  ext.set_request_id(1);
+  ext.set_token_budget(300 * kPageTokens);
+  absl::StatusOr<v1::ExtendResponse> extended = sm->Extend(ext);
+  ASSERT_TRUE(extended.ok()) << extended.status();
+  // Batches, in both modes.
+  absl::StatusOr<v1::AdmitBatchResponse> all = sm->AdmitBatch(
+      Batch(b, v1::BATCH_MODE_ALL_OR_NOTHING, {{10, 30 * kPageTokens}, {11, 70 * kPageTokens}, {12, 5 * kPageTokens}}));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->admitted(), 3u);
+  absl::StatusOr<v1::AdmitBatchResponse> each = sm->AdmitBatch(
+      Batch(b, v1::BATCH_MODE_PER_ITEM, {{20, 100 * kPageTokens}, {21, 300 * kPageTokens}, {22, kPageTokens}}));
+  ASSERT_TRUE(each.ok()) << each.status();
+  EXPECT_EQ(each->admitted(), 3u);
+  const v1::HostPoolStats& hp = sm->Stats().host_pool();
+  EXPECT_GE(hp.slabs(), 6u) << "the calls above needed slabs made";
+  EXPECT_EQ(hp.slabs_made_inline(), 0u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
+// A tenant at its quota has nothing made for it: a batch that wants more than its quota lets it
+// hold has only its failing item's slab made, and an Extend the quota refuses none at all.
+TEST(SessionBatchTest, NoSlabIsMadeForWhatTheQuotaRefuses) {
+  SessionManager::QuotaOptions q;
+  q.pages = 20;
+  auto sm = MakeManager(64 * kMiB, q);
+  const v1::SessionRef s = Open(*sm);
+  ASSERT_TRUE(Admit(*sm, s, 1, kPageTokens).ok());
+  const uint64_t slabs_before = sm->Stats().host_pool().slabs();
+  v1::ExtendRequest ext;
+  *ext.mutable_session() = s;
+  ext.set_request_id(1);
+  ext.set_token_budget(30 * kPageTokens);
+  EXPECT_TRUE(absl::IsResourceExhausted(sm->Extend(ext).status()));
+  EXPECT_EQ(sm->Stats().host_pool().slabs(), slabs_before) << "a slab made for an extend the quota refused";
+  // Items of 8 pages each: the first fits (9 of 20), the batch of three does not (25).
+  absl::StatusOr<v1::AdmitBatchResponse> each = sm->AdmitBatch(
+      Batch(s, v1::BATCH_MODE_PER_ITEM, {{10, 8 * kPageTokens}, {11, 8 * kPageTokens}, {12, 8 * kPageTokens}}));
+  ASSERT_TRUE(each.ok()) << each.status();
+  EXPECT_EQ(each->admitted(), 2u);
+  const v1::HostPoolStats& hp = sm->Stats().host_pool();
+  EXPECT_EQ(hp.pages_used(), 17u);
+  EXPECT_LE(hp.pages_used() + hp.pages_free(), 20u + 1) << "slabs made past the quota";
+  EXPECT_EQ(hp.slabs_made_inline(), 0u);
+  EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
+}
+
 }  // namespace session_batch_test
 }  // namespace hisparse

@@ -48,6 +48,13 @@ class Admissions {
       ABSL_LOCKS_EXCLUDED(core_.mu_);
 
  private:
+  // One try of Admit or Extend: Unavailable when it wanted a slab made outside the locks.
+  absl::StatusOr<v1::AdmitResponse> AdmitOnce(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  absl::StatusOr<v1::ExtendResponse> ExtendOnce(const v1::ExtendRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // An Extend's `extra` pages for every layer, free in `owner`'s slabs before the layers take them
+  // (PagePool::Prepare, under the caller's SlabsOutsideLocks): Unavailable when a slab must be made
+  // first; a full pool is left to the allocations to answer.
+  absl::Status PrepareExtraPages(uint64_t owner, const Request& r, uint64_t extra);
   // A plain request's Admit under its session's lock (the node's mutex shared); deferred when it
   // lacked room and evicting may make some.
   SessionCore::AdmitOutcome AdmitHot(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);

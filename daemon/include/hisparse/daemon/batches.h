@@ -40,6 +40,14 @@ class Batches {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   absl::StatusOr<v1::AdmitBatchResponse> AdmitEachItem(const v1::AdmitBatchRequest& req, OpenedImports* opened)
       ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // The pages items `from`.. of the batch take in `s`'s own slabs (those of a valid budget), at most
+  // UINT32_MAX: what a batch that wanted a new slab has made before it tries again.
+  static uint64_t ItemPages(const Session& s, const v1::AdmitBatchRequest& req, int from);
+  // An item wanted a new slab: the slabs for items `from`.. are made instead, when the tenant's
+  // quota would let it hold them all.
+  void WantAllItemsLocked(const Session& s, const v1::AdmitBatchRequest& req, int from,
+                          PagePool::SlabsOutsideLocks& outside)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
   // One item: Admissions::AdmitLocked, or for an import item Imports::OpenLocked, recorded in
   // `opened` under `index`.
   SessionCore::AdmitOutcome AdmitItemLocked(const v1::AdmitRequest& one, int index, OpenedImports* opened)

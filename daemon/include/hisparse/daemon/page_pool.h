@@ -55,6 +55,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -107,6 +108,9 @@ class PagePool {
     uint32_t scrub_queue = 0;     // slabs left by their owners, not yet dropped
     uint32_t populate_queue = 0;  // slabs made on demand, not yet populated
     uint64_t slabs_made = 0, slabs_scrubbed = 0;
+    // Slabs an Allocate made on its caller's thread (not the worker's reserve, not Prepare's): the
+    // syscalls its caller waited on, maybe under its own locks.
+    uint64_t slabs_made_inline = 0;
     // Retired slabs charged to tenants (handed out by the fd channel) whose memory is not yet
     // seen freed, and their charge: whole slabs before the punch, st_blocks after it.
     uint32_t retired_slabs = 0;
@@ -139,6 +143,66 @@ class PagePool {
   // free pages lack. InvalidArgument for owner 0 or count 0; ResourceExhausted when the budget cannot hold them
   // (nothing changes then).
   absl::StatusOr<std::vector<Page>> Allocate(uint64_t owner, uint32_t count, const Page* after = nullptr);
+  // Makes sure `owner`'s slabs hold `count` free pages, as Allocate would for `count` (new slabs
+  // for all of them when the budget allows, else for what its free pages lack), and takes none:
+  // they stay the owner's, free (its idle slabs, which another owner's allocation may reclaim).
+  // OK at once when they are there; ResourceExhausted, with nothing changed, when the budget
+  // cannot hold them. For a caller that allocates next under locks of its own: the new slabs'
+  // syscalls happen here (SlabsOutsideLocks).
+  absl::Status Prepare(uint64_t owner, uint64_t count);
+
+  // While one lives on a thread, Allocate and Prepare there make no slab from the OS: where one
+  // would (memfd_create, ftruncate and mmap of a slab the reserve cannot give), it changes
+  // nothing and answers Unavailable, and the scope keeps what was wanted. Its holder releases its
+  // own locks, has the want made (MakeWanted) and tries again. Ready slabs are still taken (no
+  // syscall). The daemon's admissions and extends hold one around their locks (session_core.h,
+  // "Locks"), so no session waits on those syscalls. A scope made inside another is the active one
+  // until it ends.
+  class SlabsOutsideLocks {
+   public:
+    struct Want {
+      uint64_t owner = kNoOwner;
+      uint64_t pages = 0;
+    };
+    SlabsOutsideLocks() : outer_(active_) { active_ = this; }
+    ~SlabsOutsideLocks() { active_ = outer_; }
+    SlabsOutsideLocks(const SlabsOutsideLocks&) = delete;
+    SlabsOutsideLocks& operator=(const SlabsOutsideLocks&) = delete;
+
+    // Whether an allocation in the scope wanted a slab made since the last MakeWanted.
+    bool HasWant() const { return want_.has_value(); }
+    // Forgets the want of the thread's active scope, if any: its call was refused after all (its
+    // quota), and nothing is to be made for it.
+    static void DropWant() {
+      if (active_ != nullptr) active_->TakeWant();
+    }
+    // A caller that knows its whole need (a batch's items, of which an allocation wanted one):
+    // MakeWanted makes `larger` instead, or the allocation's own want where the budget cannot.
+    void WantedLarger(const Want& larger) { larger_ = larger; }
+    // Makes the want (Prepare), outside the holder's locks, with the scope lifted meanwhile; the
+    // want is taken. False when there was none.
+    bool MakeWanted(PagePool& pool);
+    // The owner of the last want made (kNoOwner before any).
+    uint64_t made_for() const { return made_for_; }
+    // From here on, allocations in the scope make slabs as they would without it (a holder that
+    // has tried often enough: progress before purity).
+    void Lift() { lifted_ = true; }
+
+   private:
+    friend class PagePool;
+    std::optional<Want> TakeWant() {
+      larger_.reset();
+      return std::exchange(want_, std::nullopt);
+    }
+    // Whether an allocation on this thread may make a slab now; if not, it records `want`.
+    static bool MayMake(const Want& want);
+    inline static thread_local SlabsOutsideLocks* active_ = nullptr;
+    SlabsOutsideLocks* const outer_;
+    std::optional<Want> want_, larger_;
+    uint64_t made_for_ = kNoOwner;
+    bool lifted_ = false;
+  };
+
   // One more reference to a page `owner` holds. NotFound when it holds no such page.
   absl::Status AddRef(uint64_t owner, const Page& page);
   // Drops one reference to a page `owner` holds. NotFound when it holds no such page.
@@ -261,7 +325,10 @@ class PagePool {
   absl::StatusOr<std::shared_ptr<SlabMemory>> MakeMemory(uint64_t bytes, int threads) const;
   // The slabs an allocation of `need` more pages for `owner` takes, budget charged (making_)
   // and ready slabs taken; ResourceExhausted, with nothing changed, when the budget cannot.
-  absl::StatusOr<std::vector<NewSlab>> PlanSlabsLocked(uint64_t owner, uint64_t need)
+  // Unavailable, with nothing changed, when the plan needs a slab made and the thread's
+  // SlabsOutsideLocks forbids it (which then keeps `want`).
+  absl::StatusOr<std::vector<NewSlab>> PlanSlabsLocked(uint64_t owner, uint64_t need,
+                                                       const SlabsOutsideLocks::Want& want)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t FreePagesOfLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t UnallocatedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -286,8 +353,9 @@ class PagePool {
   // FindOwnedLocked, or NotFound naming the page.
   absl::StatusOr<Slab*> HeldSlabLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleaseLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One try of Allocate: Aborted when another allocation overtook its plan (Allocate tries again).
-  absl::StatusOr<std::vector<Page>> AllocateOnce(uint64_t owner, uint32_t count, const Page* after)
+  // One try of Allocate (or, without `take`, of Prepare: the pages stay free): Aborted when another
+  // allocation overtook its plan (the caller tries again).
+  absl::StatusOr<std::vector<Page>> AllocateOnce(uint64_t owner, uint32_t count, const Page* after, bool take)
       ABSL_LOCKS_EXCLUDED(mu_);
   bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -330,6 +398,7 @@ class PagePool {
   uint64_t pages_free_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t slabs_made_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t slabs_made_inline_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t slabs_scrubbed_ ABSL_GUARDED_BY(mu_) = 0;
   bool worker_busy_ ABSL_GUARDED_BY(mu_) = false;
   bool refill_failed_ ABSL_GUARDED_BY(mu_) = false;  // stops retrying a reserve the host cannot back

@@ -34,7 +34,9 @@
 // A session's contents are thus written under mu_ exclusively, or under mu_ shared with the
 // session's own lock; clang's analysis checks mu_ and ledger_mu_ (NodeLock takes both, for the
 // exclusive calls), the session lock is this rule. The pool is thread-safe itself. A *Locked
-// function says in its annotation which it needs.
+// function says in its annotation which it needs. Under none of them is a slab made from the OS
+// (WithSlabsOutsideLocks below) or a line written (NodeLock and HotSession defer LOCKED_LOG lines
+// until they are released: deferred_log.h).
 #ifndef HISPARSE_DAEMON_SESSION_CORE_H_
 #define HISPARSE_DAEMON_SESSION_CORE_H_
 
@@ -201,6 +203,27 @@ class SessionCore {
   // admitted again, or its session ended) meanwhile, FailedPrecondition when it is importing
   // now. Takes the lock itself; returns the bytes freed.
   absl::StatusOr<uint64_t> EvictVictim(const Victim& v, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // New slabs are made outside the node's locks (PagePool::SlabsOutsideLocks): a call whose
+  // allocation under its locks wanted one answers Unavailable; this runs `attempt(outside)` (which
+  // takes and releases its locks) and, while it wanted a slab, makes it with no lock held and runs
+  // it again; the last of kSlabRounds tries makes slabs inline, as before. An attempt that knows its
+  // whole need (a batch's items) records it in `outside` itself (SlabsOutsideLocks::Wanted).
+  static constexpr int kSlabRounds = 3;
+  template <typename Attempt>
+  auto WithSlabsOutsideLocks(Attempt&& attempt) ABSL_LOCKS_EXCLUDED(mu_) {
+    PagePool::SlabsOutsideLocks outside;
+    for (int round = 1;; ++round) {
+      if (round == kSlabRounds) outside.Lift();
+      auto result = attempt(outside);
+      if (!MakeWantedSlabs(outside)) return result;
+    }
+  }
+  // The want of `outside`, made (PagePool::Prepare) with no lock held; an owner that ended
+  // meanwhile has its idle slabs retired again (nobody else would). False when there was none.
+  bool MakeWantedSlabs(PagePool::SlabsOutsideLocks& outside) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether pool owner `owner` is a session or a TP group's.
+  bool OwnerLiveLocked(uint64_t owner) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Tells each engine which slabs left its session (or its TP group) since the last call
   // (PagePool::Departure): one SlabRetired on the session's stream, sent outside the lock.
