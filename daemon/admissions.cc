@@ -78,21 +78,23 @@ SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
   }
   if (absl::Status checked = ValidRequest(s, req); !checked.ok()) return {checked};
   if (absl::Status checked = CheckOwnLocked(s, req); !checked.ok()) return {checked};
-  // The pages are taken outside the ledger's lock: they may need a new slab (a few syscalls), and
-  // that lock is every session's. The quota and a row are checked first, so that a refused request
-  // takes no pages (nor another owner's idle slab); Reserve checks them again at the commit (another
-  // session of the tenant may have taken the room meanwhile) and gives the pages back if refused.
+  // The pages are taken outside the ledger's lock, which is every session's. Under the caller's
+  // SlabsOutsideLocks (Admit's) the pool gives only the session's own free pages or ready slabs
+  // and touches no other owner's; a new slab is made outside every lock and the admission tried
+  // again (Unavailable), but not for a request its quota refuses. Reserve checks the quota and a
+  // row at the commit and gives the pages back if refused, in the same order of refusals.
   const uint64_t total = SessionCore::PagesFor(s, req.token_budget()) * s.geometry.num_layers();
-  {
-    absl::MutexLock ledger(&core_.ledger_mu_);
-    if (std::optional<Refusal> refusal = CheckReserve(core_.ledger_, ReserveSpec{s.id, {s.id}, s.id, total})) {
-      return {core_.Reject(*std::move(refusal))};
-    }
-  }
   absl::StatusOr<std::vector<PagePool::Page>> taken =
       total > UINT32_MAX ? absl::ResourceExhaustedError("more pages than any pool")  // Reserve refuses it first
                          : core_.pool_unlocked_->Allocate(s.id, static_cast<uint32_t>(total));
-  if (absl::IsUnavailable(taken.status())) return {taken.status()};  // a new slab, made outside the locks first
+  if (absl::IsUnavailable(taken.status())) {
+    absl::MutexLock ledger(&core_.ledger_mu_);
+    if (std::optional<Refusal> refusal = CheckReserve(core_.ledger_, ReserveSpec{s.id, {s.id}, s.id, total})) {
+      PagePool::SlabsOutsideLocks::DropWant();
+      return {core_.Reject(*std::move(refusal))};
+    }
+    return {taken.status()};
+  }
   Committed committed;
   {
     absl::MutexLock ledger(&core_.ledger_mu_);
