@@ -192,7 +192,8 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
   size_t ready_left = ready_.size(), drop = 0;
   bool cancel_refill = false;
   std::vector<uint64_t> reclaim;  // other owners' idle slabs whose budget this plan takes
-  auto next_idle = idle_.begin();
+  const std::vector<uint64_t> idle = IdleSlabsLocked();
+  auto next_idle = idle.begin();
   std::vector<NewSlab> plan;
   for (uint64_t remaining = need; remaining > 0;) {
     uint64_t pages =
@@ -213,7 +214,7 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
         budget_left += refill_bytes_;
       }
       // Then other owners' idle slabs, oldest first.
-      for (; pages * options_.page_bytes > budget_left && next_idle != idle_.end(); ++next_idle) {
+      for (; pages * options_.page_bytes > budget_left && next_idle != idle.end(); ++next_idle) {
         const Slab& idle = slabs_.at(*next_idle);
         if (idle.owner == owner) continue;
         reclaim.push_back(*next_idle);
@@ -262,11 +263,22 @@ uint64_t PagePool::FreeAfterLocked(const Page& after) const {
   return n;
 }
 
-void PagePool::TakePagesFromLocked(const std::vector<uint64_t>& slab_ids, uint32_t count, std::vector<Page>* out) {
+std::vector<uint64_t> PagePool::IdleSlabsLocked() const {
+  std::vector<uint64_t> idle;
+  for (Shard& sh : shards_) {
+    absl::MutexLock shard(&sh.mu);
+    idle.insert(idle.end(), sh.idle.begin(), sh.idle.end());
+  }
+  std::sort(idle.begin(), idle.end());
+  return idle;
+}
+
+void PagePool::TakePagesFromLocked(Shard& sh, const std::vector<uint64_t>& slab_ids, uint32_t count,
+                                   std::vector<Page>* out) {
   uint32_t left = count;
   for (uint64_t id : slab_ids) {
     Slab& s = slabs_.at(id);
-    for (; left > 0 && !s.free.empty(); --left) TakePageLocked(s, id, *s.free.begin(), out);
+    for (; left > 0 && !s.free.empty(); --left) TakePageLocked(sh, s, id, *s.free.begin(), out);
   }
 }
 
@@ -322,7 +334,11 @@ absl::Status PagePool::AdoptRecoveredLocked(RecoveredSlab slab) {
       if (s.refs[i] > 1) ++pages_shared_;
     }
   }
-  if (s.free.size() == s.refs.size()) idle_.insert(slab.id);
+  if (s.free.size() == s.refs.size()) {
+    Shard& sh = ShardOf(slab.owner);
+    absl::MutexLock shard(&sh.mu);
+    sh.idle.insert(slab.id);
+  }
   slabs_by_owner_[slab.owner].push_back(slab.id);
   owned_bytes_ += bytes;
   // mlocked (host_pool.mlock) as every slab is, contents kept. Without mlock it is not populated:
@@ -333,8 +349,8 @@ absl::Status PagePool::AdoptRecoveredLocked(RecoveredSlab slab) {
   return absl::OkStatus();
 }
 
-void PagePool::TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out) {
-  if (slab.free.size() == slab.refs.size()) idle_.erase(slab_id);
+void PagePool::TakePageLocked(Shard& sh, Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out) {
+  if (slab.free.size() == slab.refs.size()) sh.idle.erase(slab_id);
   slab.free.erase(index);
   slab.refs[index] = 1;
   --pages_free_;
@@ -342,26 +358,28 @@ void PagePool::TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std:
   out->push_back(Page{slab_id, index});
 }
 
-void PagePool::TakePagesLocked(uint64_t owner, uint32_t count, const Page* after, std::vector<Page>* out) {
+void PagePool::TakePagesLocked(Shard& sh, uint64_t owner, uint32_t count, const Page* after, std::vector<Page>* out) {
   uint32_t left = count;
   if (after != nullptr) {
     Slab& s = slabs_.at(after->slab);
     for (uint32_t i = after->index + 1; left > 0 && i < s.refs.size() && s.refs[i] == 0; ++i, --left) {
-      TakePageLocked(s, after->slab, i, out);
+      TakePageLocked(sh, s, after->slab, i, out);
     }
   }
   if (left == 0) return;
   // The slabs with the most free pages first, so the pages land in the fewest slabs: a slab is
   // the unit of host locality the GPU's fetch cares about (bench/RESULTS.md, "Pages in slabs").
   std::vector<std::pair<size_t, uint64_t>> order;  // (free pages, slab), most free first
-  for (uint64_t id : slabs_by_owner_[owner]) {
-    const size_t free = slabs_.at(id).free.size();
-    if (free > 0) order.emplace_back(free, id);
+  if (auto mine = slabs_by_owner_.find(owner); mine != slabs_by_owner_.end()) {
+    for (uint64_t id : mine->second) {
+      const size_t free = slabs_.at(id).free.size();
+      if (free > 0) order.emplace_back(free, id);
+    }
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   for (const auto& [free, id] : order) {
     Slab& s = slabs_.at(id);
-    for (; left > 0 && !s.free.empty(); --left) TakePageLocked(s, id, *s.free.begin(), out);
+    for (; left > 0 && !s.free.empty(); --left) TakePageLocked(sh, s, id, *s.free.begin(), out);
     if (left == 0) break;
   }
 }
@@ -389,25 +407,43 @@ absl::Status PagePool::Prepare(uint64_t owner, uint64_t count) {
   }
 }
 
+std::optional<absl::StatusOr<std::vector<PagePool::Page>>> PagePool::TakeFreeLocked(Shard& sh, uint64_t owner,
+                                                                                    uint32_t count, const Page* after,
+                                                                                    bool take) {
+  if (after != nullptr && FindOwnedLocked(owner, *after) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", after->index, " of slab ", after->slab, " is not a page of this owner"));
+  }
+  if (FreePagesOfLocked(owner) < count && (after == nullptr || FreeAfterLocked(*after) < count)) return std::nullopt;
+  std::vector<Page> out;
+  if (take) {
+    out.reserve(count);
+    TakePagesLocked(sh, owner, count, after, &out);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owner, uint32_t count, const Page* after,
                                                                    bool take) {
   if (owner == kNoOwner) return absl::InvalidArgumentError("page owner must be non-zero");
   if (count == 0) return absl::InvalidArgumentError("cannot allocate zero pages");
+  Shard& sh = ShardOf(owner);
+  {
+    // The owner's free pages: the pool's lock shared, so that other owners' page calls go on.
+    absl::ReaderMutexLock lock(&mu_);
+    absl::MutexLock shard(&sh.mu);
+    if (auto done = TakeFreeLocked(sh, owner, count, after, take)) return *std::move(done);
+  }
   std::vector<Page> out;
-  out.reserve(count);
   std::vector<NewSlab> plan;
   bool fresh = false;
   {
-    absl::MutexLock lock(&mu_);
-    if (after != nullptr && FindOwnedLocked(owner, *after) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("page ", after->index, " of slab ", after->slab, " is not a page of this owner"));
+    absl::MutexLock lock(&mu_);  // exclusively: the plan changes the slabs and the budget
+    {
+      absl::MutexLock shard(&sh.mu);
+      if (auto done = TakeFreeLocked(sh, owner, count, after, take)) return *std::move(done);
     }
     const uint64_t free = FreePagesOfLocked(owner);
-    if (free >= count || (after != nullptr && FreeAfterLocked(*after) >= count)) {
-      if (take) TakePagesLocked(owner, count, after, &out);
-      return out;
-    }
     // New slabs for the whole allocation keep its pages consecutive (one run per slab); when the
     // budget cannot, the owner's free pages make up the difference.
     const SlabsOutsideLocks::Want want{owner, count};
@@ -447,6 +483,7 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owne
     }
     return made;
   }
+  absl::MutexLock shard(&sh.mu);
   std::vector<uint64_t> added;
   for (NewSlab& ns : plan) {
     hugepages_ = hugepages_ && ns.mem->hugetlb;
@@ -458,18 +495,18 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateOnce(uint64_t owne
     }
   }
   if (!take) {
-    for (uint64_t id : added) idle_.insert(id);  // prepared: free, the owner's
+    for (uint64_t id : added) sh.idle.insert(id);  // prepared: free, the owner's
     return out;
   }
   if (fresh) {
-    TakePagesFromLocked(added, count, &out);
+    TakePagesFromLocked(sh, added, count, &out);
     return out;
   }
   if (FreePagesOfLocked(owner) < count) {
-    for (uint64_t id : added) idle_.insert(id);  // made for this call, nothing taken: idle, the owner's
+    for (uint64_t id : added) sh.idle.insert(id);  // made for this call, nothing taken: idle, the owner's
     return absl::AbortedError("a concurrent allocation took this owner's pages");
   }
-  TakePagesLocked(owner, count, after, &out);
+  TakePagesLocked(sh, owner, count, after, &out);
   return out;
 }
 
@@ -489,7 +526,8 @@ absl::StatusOr<PagePool::Slab*> PagePool::HeldSlabLocked(uint64_t owner, const P
 }
 
 absl::Status PagePool::AddRef(uint64_t owner, const Page& page) {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
+  absl::MutexLock shard(&ShardOf(owner).mu);
   HS_ASSIGN_OR_RETURN(Slab * s, HeldSlabLocked(owner, page));
   uint32_t& refs = s->refs[page.index];
   if (refs == UINT32_MAX) return absl::ResourceExhaustedError("page reference count at its limit");
@@ -498,11 +536,13 @@ absl::Status PagePool::AddRef(uint64_t owner, const Page& page) {
 }
 
 absl::Status PagePool::Release(uint64_t owner, const Page& page) {
-  absl::MutexLock lock(&mu_);
-  return ReleaseLocked(owner, page);
+  absl::ReaderMutexLock lock(&mu_);
+  Shard& sh = ShardOf(owner);
+  absl::MutexLock shard(&sh.mu);
+  return ReleaseLocked(sh, owner, page);
 }
 
-absl::Status PagePool::ReleaseLocked(uint64_t owner, const Page& page) {
+absl::Status PagePool::ReleaseLocked(Shard& sh, uint64_t owner, const Page& page) {
   HS_ASSIGN_OR_RETURN(Slab * s, HeldSlabLocked(owner, page));
   uint32_t& refs = s->refs[page.index];
   if (refs-- == 2) --pages_shared_;
@@ -510,7 +550,7 @@ absl::Status PagePool::ReleaseLocked(uint64_t owner, const Page& page) {
   s->free.insert(page.index);
   --pages_used_;
   ++pages_free_;
-  if (s->free.size() == s->refs.size()) idle_.insert(page.slab);  // kept for the owner's next request
+  if (s->free.size() == s->refs.size()) sh.idle.insert(page.slab);  // kept for the owner's next request
   return absl::OkStatus();
 }
 
@@ -519,8 +559,12 @@ void PagePool::RetireIdleOf(uint64_t owner) {
   auto it = slabs_by_owner_.find(owner);
   if (it == slabs_by_owner_.end()) return;
   std::vector<uint64_t> idle;
-  for (uint64_t id : it->second) {
-    if (idle_.count(id) != 0) idle.push_back(id);
+  {
+    Shard& sh = ShardOf(owner);
+    absl::MutexLock shard(&sh.mu);
+    for (uint64_t id : it->second) {
+      if (sh.idle.count(id) != 0) idle.push_back(id);
+    }
   }
   for (uint64_t id : idle) RetireSlabLocked(id);
 }
@@ -535,6 +579,19 @@ absl::StatusOr<uint32_t> PagePool::HandOverSlabs(uint64_t from, uint64_t to) {
   const std::vector<uint64_t> moved = std::move(it->second);
   slabs_by_owner_.erase(it);
   std::vector<uint64_t>& mine = slabs_by_owner_[to];
+  std::vector<uint64_t> idle;  // moved from `from`'s shard to `to`'s
+  {
+    Shard& sh = ShardOf(from);
+    absl::MutexLock shard(&sh.mu);
+    for (uint64_t id : moved) {
+      if (sh.idle.erase(id) != 0) idle.push_back(id);
+    }
+  }
+  {
+    Shard& sh = ShardOf(to);
+    absl::MutexLock shard(&sh.mu);
+    sh.idle.insert(idle.begin(), idle.end());
+  }
   for (uint64_t id : moved) {
     slabs_.at(id).owner = to;
     mine.push_back(id);
@@ -545,7 +602,7 @@ absl::StatusOr<uint32_t> PagePool::HandOverSlabs(uint64_t from, uint64_t to) {
 uint64_t PagePool::ReclaimablePagesFor(uint64_t owner) const {
   absl::MutexLock lock(&mu_);
   uint64_t n = 0;
-  for (uint64_t id : idle_) {
+  for (uint64_t id : IdleSlabsLocked()) {
     const Slab& s = slabs_.at(id);
     if (s.owner != owner) n += s.refs.size();
   }
@@ -555,16 +612,20 @@ uint64_t PagePool::ReclaimablePagesFor(uint64_t owner) const {
 absl::Status PagePool::ReleaseAll(uint64_t owner, const std::vector<Page>& pages) {
   // One lock for them all: the pool's lock is every session's (issue 41, item 2).
   absl::Status first;
-  absl::MutexLock lock(&mu_);
-  for (const Page& p : pages) first.Update(ReleaseLocked(owner, p));
+  absl::ReaderMutexLock lock(&mu_);
+  Shard& sh = ShardOf(owner);
+  absl::MutexLock shard(&sh.mu);
+  for (const Page& p : pages) first.Update(ReleaseLocked(sh, owner, p));
   return first;
 }
 
 absl::Status PagePool::ReleaseAll(uint64_t owner, const std::vector<std::vector<Page>>& layers) {
   absl::Status first;
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
+  Shard& sh = ShardOf(owner);
+  absl::MutexLock shard(&sh.mu);
   for (const std::vector<Page>& pages : layers) {
-    for (const Page& p : pages) first.Update(ReleaseLocked(owner, p));
+    for (const Page& p : pages) first.Update(ReleaseLocked(sh, owner, p));
   }
   return first;
 }
@@ -577,7 +638,11 @@ void PagePool::RetireSlabLocked(uint64_t slab_id) {
   if (mine.empty()) slabs_by_owner_.erase(s.owner);
   owned_bytes_ -= s.refs.size() * options_.page_bytes;
   pages_free_ -= s.refs.size();
-  idle_.erase(slab_id);
+  {
+    Shard& sh = ShardOf(s.owner);
+    absl::MutexLock shard(&sh.mu);
+    sh.idle.erase(slab_id);
+  }
   // An engine may hold the memfd: the whole slab is its tenant's until the worker's punch. It may
   // keep it mapped while idle, too: it is told (Departure).
   if (s.mem->charged_to.has_value()) {
@@ -624,7 +689,7 @@ absl::StatusOr<UniqueFd> PagePool::DupSlabFd(uint64_t owner, uint64_t slab, uint
 }
 
 PagePool::Retired PagePool::RetiredOf(uint32_t tenant) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);  // under the ledger's lock, on every quota check
   auto it = retired_by_tenant_.find(tenant);
   return it == retired_by_tenant_.end() ? Retired{} : it->second;
 }
@@ -666,7 +731,8 @@ size_t PagePool::SweepRetired() {
 }
 
 absl::StatusOr<uint8_t*> PagePool::PageData(uint64_t owner, const Page& page) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
+  absl::MutexLock shard(&ShardOf(owner).mu);
   auto it = slabs_.find(page.slab);
   if (owner == kNoOwner || it == slabs_.end() || it->second.owner != owner || page.index >= it->second.refs.size() ||
       it->second.refs[page.index] == 0) {
@@ -683,13 +749,14 @@ uint8_t* PagePool::PageDataForTest(const Page& page) const {
 }
 
 uint32_t PagePool::SlabsOf(uint64_t owner) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   auto it = slabs_by_owner_.find(owner);
   return it == slabs_by_owner_.end() ? 0 : static_cast<uint32_t>(it->second.size());
 }
 
 uint64_t PagePool::PagesOf(uint64_t owner) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
+  absl::MutexLock shard(&ShardOf(owner).mu);
   auto it = slabs_by_owner_.find(owner);
   if (it == slabs_by_owner_.end()) return 0;
   uint64_t n = 0;
@@ -701,12 +768,13 @@ uint64_t PagePool::PagesOf(uint64_t owner) const {
 }
 
 uint64_t PagePool::FreePagesOf(uint64_t owner) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
+  absl::MutexLock shard(&ShardOf(owner).mu);
   return FreePagesOfLocked(owner);
 }
 
 std::map<uint64_t, uint32_t> PagePool::SlabsByOwner() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   std::map<uint64_t, uint32_t> out;
   for (const auto& [owner, ids] : slabs_by_owner_) out[owner] = static_cast<uint32_t>(ids.size());
   return out;
@@ -729,7 +797,7 @@ PagePool::Stats PagePool::GetStats() const {
   st.slabs = static_cast<uint32_t>(slabs_.size());
   st.ready_slabs = static_cast<uint32_t>(ready_.size());
   st.owners = static_cast<uint32_t>(slabs_by_owner_.size());
-  st.idle_slabs = static_cast<uint32_t>(idle_.size());
+  st.idle_slabs = static_cast<uint32_t>(IdleSlabsLocked().size());
   st.scrub_queue = static_cast<uint32_t>(scrub_.size());
   st.populate_queue = static_cast<uint32_t>(populate_.size());
   st.slabs_made = slabs_made_;
@@ -758,9 +826,16 @@ absl::Status PagePool::CheckInvariants() const {
     listed += ids.size();
   }
   if (listed != slabs_.size()) return bad(slabs_.size(), " slabs, ", listed, " listed by owners");
-  for (uint64_t id : idle_) {
-    if (slabs_.count(id) == 0) return bad("idle slab ", id, " is not a slab");
+  for (size_t i = 0; i < kShards; ++i) {
+    absl::MutexLock shard(&shards_[i].mu);
+    for (uint64_t id : shards_[i].idle) {
+      auto it = slabs_.find(id);
+      if (it == slabs_.end()) return bad("idle slab ", id, " is not a slab");
+      if (it->second.owner % kShards != i) return bad("idle slab ", id, " is in another owner's shard");
+    }
   }
+  const std::vector<uint64_t> idle_list = IdleSlabsLocked();
+  const std::set<uint64_t> idle(idle_list.begin(), idle_list.end());
   for (const auto& [id, s] : slabs_) {
     if (s.owner == kNoOwner || s.mem == nullptr) return bad("slab ", id, " has no owner or memory");
     if (s.refs.size() * options_.page_bytes != s.mem->map.size()) return bad("slab ", id, ": pages != its size");
@@ -773,13 +848,14 @@ absl::Status PagePool::CheckInvariants() const {
       shared += s.refs[i] > 1 ? 1 : 0;
     }
     if (slab_free != s.free.size()) return bad("slab ", id, ": free set names pages past its end");
-    if ((slab_free == s.refs.size()) != (idle_.count(id) != 0)) return bad("slab ", id, ": idle set disagrees");
+    if ((slab_free == s.refs.size()) != (idle.count(id) != 0)) return bad("slab ", id, ": idle set disagrees");
     free += slab_free;
     owned += s.mem->map.size();
   }
-  if (used != pages_used_ || free != pages_free_ || shared != pages_shared_ || owned != owned_bytes_) {
-    return bad("counters (used ", pages_used_, ", free ", pages_free_, ", shared ", pages_shared_, ", owned ",
-               owned_bytes_, ") != sums (", used, ", ", free, ", ", shared, ", ", owned, ")");
+  if (used != pages_used_.load() || free != pages_free_.load() || shared != pages_shared_.load() ||
+      owned != owned_bytes_) {
+    return bad("counters (used ", pages_used_.load(), ", free ", pages_free_.load(), ", shared ", pages_shared_.load(),
+               ", owned ", owned_bytes_, ") != sums (", used, ", ", free, ", ", shared, ", ", owned, ")");
   }
   for (const auto& mem : ready_) {
     if (mem->map.size() != options_.slab_bytes) return bad("a ready slab is not full-size");

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -547,6 +548,80 @@ TEST(PagePoolTest, AllocationsOvertakenByAnotherOwnersReclaimAreMadeAgain) {
   EXPECT_EQ(other_errors.load(), 0);
   EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
   for (uint64_t owner = 1; owner <= 8; ++owner) pool->RetireIdleOf(owner);
+  pool->WaitIdle();
+  EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
+  EXPECT_EQ(pool->GetStats().pages_used, 0u);
+  EXPECT_EQ(pool->GetStats().slabs, 0u);
+}
+
+// Owners' page calls hold the pool's lock shared and their shard's lock (page_pool.h): owners of
+// one shard (1 and 17) and of others take free pages, share, read and release them, and name each
+// other's pages (refused, never touched), while allocations make and reclaim slabs and another
+// thread reads Stats and checks the invariants. Exact at the end; CI runs it under TSan.
+TEST(PagePoolTest, OwnersPageCallsRunBesideEachOtherAndThePoolsOwnCalls) {
+  auto pool = MustCreate(SmallOptions(/*budget_pages=*/96, /*slab_pages=*/8, /*reserve=*/1));
+  const std::vector<uint64_t> owners = {1, 17, 2, 3};
+  std::atomic<bool> done{false};
+  std::atomic<int> errors{0};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (!pool->CheckInvariants().ok()) errors.fetch_add(1);
+      const PagePool::Stats st = pool->GetStats();
+      if (st.pages_used > 96) errors.fetch_add(1);
+      (void)pool->ReclaimablePagesFor(2);
+      (void)pool->SlabsByOwner();
+    }
+  });
+  std::vector<std::vector<Page>> last(owners.size());  // each owner's pages a moment ago
+  absl::Mutex last_mu;
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < owners.size(); ++k) {
+    threads.emplace_back([&, k] {
+      const uint64_t owner = owners[k];
+      std::mt19937 rng(static_cast<uint32_t>(owner));
+      std::vector<Page> held;
+      for (int i = 0; i < 2000; ++i) {
+        const uint32_t op = rng() % 8;
+        if (held.size() < 16 && op < 3) {
+          absl::StatusOr<std::vector<Page>> got = pool->Allocate(owner, 1 + rng() % 5);
+          if (got.ok()) {
+            held.insert(held.end(), got->begin(), got->end());
+          } else if (!absl::IsResourceExhausted(got.status())) {
+            errors.fetch_add(1);
+          }
+        } else if (op == 3 && !held.empty()) {
+          const Page p = held[rng() % held.size()];
+          if (!pool->AddRef(owner, p).ok() || !pool->PageData(owner, p).ok()) errors.fetch_add(1);
+          if (!pool->Release(owner, p).ok()) errors.fetch_add(1);
+        } else if (op == 4) {
+          // Another owner's pages (maybe released, maybe another's again by now): never ours.
+          std::vector<Page> theirs;
+          {
+            absl::MutexLock lock(&last_mu);
+            theirs = last[(k + 1) % owners.size()];
+          }
+          for (const Page& p : theirs) {
+            if (pool->Release(owner, p).ok() || pool->AddRef(owner, p).ok() || pool->PageData(owner, p).ok()) {
+              errors.fetch_add(1);
+            }
+          }
+        } else if (op == 5) {
+          if (pool->FreePagesOf(owner) > 96 || pool->PagesOf(owner) != held.size()) errors.fetch_add(1);
+        } else if (!held.empty()) {
+          if (!pool->ReleaseAll(owner, held).ok()) errors.fetch_add(1);
+          held.clear();
+        }
+        absl::MutexLock lock(&last_mu);
+        last[k] = held;
+      }
+      if (!pool->ReleaseAll(owner, held).ok()) errors.fetch_add(1);
+      pool->RetireIdleOf(owner);
+    });
+  }
+  for (auto& t : threads) t.join();
+  done.store(true);
+  watcher.join();
+  EXPECT_EQ(errors.load(), 0);
   pool->WaitIdle();
   EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
   EXPECT_EQ(pool->GetStats().pages_used, 0u);

@@ -39,13 +39,21 @@
 // while the worker was making it (the worker drops it): an allocation that fits the budget never
 // waits for the worker and never fails because of it.
 //
-// Thread-safe: one mutex guards the bookkeeping; memfd creation, pre-touching, populating and
-// scrubbing run outside it. Calls for one owner must not race each other (a session's
-// lock, or the node's, serializes them: session_core.h, "Locks"); calls for different owners may,
-// and an allocation another owner's reclaim overtakes is planned again.
+// Thread-safe, with locks that match the data (issue 41, item 2). The pool's mutex (mu_) is held
+// exclusively by whatever changes the set of slabs or the budget (a new slab, a retired or
+// reclaimed one, a hand-over, the reserve, the worker's queues, Stats, the invariants), and
+// *shared* by an owner's own page calls (Allocate from its free pages, AddRef, Release,
+// ReleaseAll, PageData, the per-owner counts), which also take their owner's shard lock (owner
+// modulo kShards): a slab's references, free set and idleness are its owner's shard's. So the
+// sessions' admissions and releases that need no new slab do not wait on each other here. The
+// node-wide page counters are atomics. memfd creation, pre-touching, populating and scrubbing run
+// outside every lock. Calls for one owner must not race each other (a session's lock, or the
+// node's, serializes them: session_core.h, "Locks"); calls for different owners may, and an
+// allocation another owner's reclaim overtakes is planned again. Lock order: mu_, then a shard.
 #ifndef HISPARSE_DAEMON_PAGE_POOL_H_
 #define HISPARSE_DAEMON_PAGE_POOL_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -330,7 +338,7 @@ class PagePool {
   absl::StatusOr<std::vector<NewSlab>> PlanSlabsLocked(uint64_t owner, uint64_t need,
                                                        const SlabsOutsideLocks::Want& want)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t FreePagesOfLocked(uint64_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t FreePagesOfLocked(uint64_t owner) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t UnallocatedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new slab of `owner`, all pages free; returns its id.
   uint64_t AddSlabLocked(uint64_t owner, std::shared_ptr<SlabMemory> mem, uint32_t pages)
@@ -338,21 +346,37 @@ class PagePool {
   // Create's: a recovered slab, mapped, with its pages' references.
   absl::Status AdoptRecoveredLocked(RecoveredSlab slab) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free pages right after `after` in its slab.
-  uint64_t FreeAfterLocked(const Page& after) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes `count` free pages from `slab_ids`, in order (the caller knows they hold them).
-  void TakePagesFromLocked(const std::vector<uint64_t>& slab_ids, uint32_t count, std::vector<Page>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a free page of `owner` (slab, index) and references it.
-  void TakePageLocked(Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TakePagesLocked(uint64_t owner, uint32_t count, const Page* after, std::vector<Page>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t FreeAfterLocked(const Page& after) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // An owner's shard: the idleness of its slabs, under the shard's lock (with mu_ held at least
+  // shared; see the top of this file).
+  static constexpr size_t kShards = 16;
+  struct Shard {
+    absl::Mutex mu;
+    std::set<uint64_t> idle ABSL_GUARDED_BY(mu);  // its owners' slabs with no referenced page
+  };
+  Shard& ShardOf(uint64_t owner) const { return shards_[owner % kShards]; }
+  // Every shard's idle slabs, oldest (lowest id) first.
+  std::vector<uint64_t> IdleSlabsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `count` free pages from `slab_ids` (the caller's new slabs, of `sh`'s owner), in order.
+  void TakePagesFromLocked(Shard& sh, const std::vector<uint64_t>& slab_ids, uint32_t count, std::vector<Page>* out)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
+  // Takes a free page of the owner of `sh` (slab, index) and references it.
+  void TakePageLocked(Shard& sh, Slab& slab, uint64_t slab_id, uint32_t index, std::vector<Page>* out)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
+  void TakePagesLocked(Shard& sh, uint64_t owner, uint32_t count, const Page* after, std::vector<Page>* out)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
+  // Allocate's first step, from the owner's free pages: the answer (the pages, or an `after` the
+  // owner does not hold; none taken without `take`), or unset when its free pages do not suffice.
+  std::optional<absl::StatusOr<std::vector<Page>>> TakeFreeLocked(Shard& sh, uint64_t owner, uint32_t count,
+                                                                  const Page* after, bool take)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
   // Unlinks a slab whose pages are all free: its budget returns, its memory joins the scrub queue.
   void RetireSlabLocked(uint64_t slab_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Slab* FindOwnedLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Slab* FindOwnedLocked(uint64_t owner, const Page& page) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // FindOwnedLocked, or NotFound naming the page.
-  absl::StatusOr<Slab*> HeldSlabLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReleaseLocked(uint64_t owner, const Page& page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Slab*> HeldSlabLocked(uint64_t owner, const Page& page) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseLocked(Shard& sh, uint64_t owner, const Page& page) ABSL_SHARED_LOCKS_REQUIRED(mu_)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sh.mu);
   // One try of Allocate (or, without `take`, of Prepare: the pages stay free): Aborted when another
   // allocation overtook its plan (the caller tries again).
   absl::StatusOr<std::vector<Page>> AllocateOnce(uint64_t owner, uint32_t count, const Page* after, bool take)
@@ -376,7 +400,6 @@ class PagePool {
   const uint32_t slab_pages_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
-  std::set<uint64_t> idle_ ABSL_GUARDED_BY(mu_);  // owned slabs with no referenced page, oldest first
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> slabs_by_owner_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SlabMemory>> ready_ ABSL_GUARDED_BY(mu_);    // full-size, zeroed
   std::deque<std::shared_ptr<SlabMemory>> scrub_ ABSL_GUARDED_BY(mu_);     // to drop
@@ -394,9 +417,12 @@ class PagePool {
   // refill_cancelled_ then tells the worker to drop that slab instead of keeping it.
   uint64_t refill_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool refill_cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t pages_free_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;
+  // Changed under mu_ shared and a shard's lock, or mu_ exclusively: exact whenever mu_ is held
+  // exclusively (no page call runs then).
+  std::atomic<uint64_t> pages_used_{0};
+  std::atomic<uint64_t> pages_free_{0};
+  std::atomic<uint64_t> pages_shared_{0};
+  mutable std::array<Shard, kShards> shards_;
   uint64_t slabs_made_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t slabs_made_inline_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t slabs_scrubbed_ ABSL_GUARDED_BY(mu_) = 0;
