@@ -174,7 +174,6 @@ Admissions::Committed Admissions::CommitOwnLocked(Session& s, const v1::AdmitReq
   r.charged_pages = total;
   r.lease_end = DurableRequests::LeaseEnd(core_.Now(), req.lease_seconds());
   out.request = &s.requests.Admit(std::move(r), reserved.reservation->rows()[0]);
-  core_.TouchedLocked(s, *out.request);
   ++core_.admissions_;
   return out;
 }
@@ -183,6 +182,7 @@ v1::AdmitResponse Admissions::AnswerLocked(Session& s, const Committed& committe
   // One allocation for every layer, split in layer order: a fresh slab gives each layer
   // consecutive pages.
   Request& r = *committed.request;
+  core_.TouchedLocked(s, r);  // the journal's own lock, after the ledger's on the hot path
   const uint64_t per_layer = committed.pages.size() / s.geometry.num_layers();
   for (uint32_t layer = 0; layer < s.geometry.num_layers(); ++layer) {
     r.pages.emplace_back(committed.pages.begin() + layer * per_layer,
@@ -289,10 +289,10 @@ void Admissions::CommitExtendLocked(Session& s, Request& r, uint32_t token_budge
   r.capacity_tokens = token_budget;
   r.charged_pages += extra * r.pages.size();
   core_.ledger_.SetPages(s.id, r.id, r.charged_pages);
-  core_.TouchedLocked(s, r);
 }
 
 v1::ExtendResponse Admissions::ExtendAnswerLocked(const Session& s, const Request& r) {
+  core_.TouchedLocked(s, r);  // the journal's own lock, after the ledger's on the hot path
   v1::ExtendResponse resp;
   resp.set_capacity_tokens(r.capacity_tokens);
   resp.set_moved(false);
@@ -328,6 +328,7 @@ std::optional<absl::Status> Admissions::ReleaseHot(const v1::ReleaseRequest& req
   if (!r.ok()) return r.status();
   if ((*r)->importing() || (*r)->in_group) return std::nullopt;  // an abort, or every rank's pages
   core_.ReleasePagesLocked(**s, **r);                            // the pool's own lock, not the ledger's
+  core_.TouchedLocked(**s, **r);                                 // a Forget, when the journal holds it
   absl::MutexLock ledger(&core_.ledger_mu_);
   core_.ForgetOwnLocked(**s, **r);
   return absl::OkStatus();

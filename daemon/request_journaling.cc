@@ -56,8 +56,8 @@ void FillRestartStats(const RequestJournal& journal, v1::RestartStats* out) {
 }
 
 void RequestJournaling::TouchedLocked(const SessionEntry& s, const RequestEntry& r) {
+  if (journal_ == nullptr) return;  // fixed at construction: no lock for a daemon without one
   absl::MutexLock lock(&mu_);
-  if (journal_ == nullptr) return;
   const JournalKey key{s.id, r.id};
   // Most requests never had a lease: no clock read for them.
   const bool never_leased = r.lease_end == absl::InfinitePast();
@@ -67,9 +67,10 @@ void RequestJournaling::TouchedLocked(const SessionEntry& s, const RequestEntry&
 }
 
 void RequestJournaling::LeftLocked(uint64_t session_id, uint64_t request_id) {
+  if (journal_ == nullptr) return;
   absl::MutexLock lock(&mu_);
   const JournalKey key{session_id, request_id};
-  if (journal_ == nullptr || !journaled_.contains(key)) return;
+  if (!journaled_.contains(key)) return;
   touched_.push_back(key);
   pending_.store(true, std::memory_order_release);
 }

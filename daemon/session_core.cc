@@ -105,6 +105,7 @@ void SessionCore::ReleaseRequestLocked(Session& s, Request& r) {
 
 void SessionCore::ReleaseOwnLocked(Session& s, Request& r) {
   ReleasePagesLocked(s, r);
+  TouchedLocked(s, r);  // a Forget, when the journal holds it
   ForgetOwnLocked(s, r);
 }
 
@@ -117,7 +118,6 @@ void SessionCore::ReleasePagesLocked(const Session& s, const Request& r) {
 
 void SessionCore::ForgetOwnLocked(Session& s, Request& r) {
   const uint64_t id = r.id;
-  TouchedLocked(s, r);  // a Forget, when the journal holds it
   SharedPrefixes::UnshareLocked(*this, s, r);
   r.pages.clear();
   s.requests.Erase(id);

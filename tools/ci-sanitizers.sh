@@ -8,7 +8,8 @@
 #               serving several client threads and processes; the hostile tenants of
 #               hardening_conn_test), the daemon unit tests (the Session stream gate's watchdog)
 #               and session_journal_test (the restart journal's ordered commits beside the pool's
-#               worker and an fd store served by another thread); client_install_test and
+#               worker and an fd store served by another thread); page_pool_test (owners' page
+#               calls under the pool's shared lock and their shard's, beside its own); client_install_test and
 #               daemon_restart_test (the client's watcher against its callers, and engines riding
 #               through a SIGKILLed and an upgraded daemon, every process TSan-built);
 #               control_lane_test (lanes opened, replaced, dropped and ended under the daemon's
@@ -120,7 +121,8 @@ stage_tsan() {
   mkdir -p build-tsan
   local built=0
   configure_and_build build-tsan integration_test fault_test daemon_core_test daemon_access_test hardening_conn_test \
-    session_journal_test session_concurrency_test client_install_test daemon_restart_test control_lane_test \
+    session_journal_test session_concurrency_test page_pool_test client_install_test daemon_restart_test \
+    control_lane_test \
     control_lane_codec_test \
     hisparse-keeper hisparse-durable-engine \
     hisparsed hisparse-test-client hisparse-ctl $(tsan_import_targets) -- -DHISPARSE_SANITIZE=thread || built=1

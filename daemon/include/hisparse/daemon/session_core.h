@@ -184,7 +184,8 @@ class SessionCore {
   void ReleaseRequestLocked(Session& s, Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, ledger_mu_);
   // The same for a request that is not a TP group's share (its pages are its session's), in two
   // steps a hot Release runs under its session's lock: the pages back to the pool (the pool's lock
-  // only), then the request forgotten (its charges passed on, its row freed: the ledger's lock).
+  // only) and the journal told (TouchedLocked: its own lock), then the request forgotten (its
+  // charges passed on, its row freed: the ledger's lock).
   void ReleaseOwnLocked(Session& s, Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
   void ReleasePagesLocked(const Session& s, const Request& r) ABSL_SHARED_LOCKS_REQUIRED(mu_);
