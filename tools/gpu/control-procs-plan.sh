@@ -26,7 +26,7 @@ PORT=${PORT:-19464}
 cpu_of() {  # the daemon's CPU seconds so far
   awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$daemon/stat"
 }
-for round in 1 2; do
+for round in ${ROUNDS:-1 2}; do
  # DAEMONS="new base": the same layouts against .bundle-gpu/base/hisparsed too (a base build's),
  # alternated, with this bundle's bench as the client.
  for label in ${DAEMONS:-new}; do
