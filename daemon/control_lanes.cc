@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "hisparse/common/log.h"
+#include "hisparse/daemon/deferred_log.h"
 
 namespace hisparse {
 namespace {
@@ -106,6 +107,7 @@ absl::Status ControlLanes::Start(std::unique_ptr<Lane> lane, const LaneHello& he
   if (!enabled_.load()) {
     return refuse(absl::FailedPreconditionError("this daemon serves no control lanes now (limits.control_lanes)"));
   }
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&mu_);
   if (stopped_) return refuse(absl::UnavailableError("the daemon is stopping"));
   // Checked here, under mu_, so that a session ending now either fails this check or finds the lane
@@ -124,7 +126,8 @@ absl::Status ControlLanes::Start(std::unique_ptr<Lane> lane, const LaneHello& he
     raw->thread = std::thread([this, raw] { Serve(raw); });
   } catch (const std::system_error& e) {
     // The peer was told OK; the lane closing tells it otherwise (it keeps gRPC).
-    LOG(WARNING) << "session " << hello.session_id << ": cannot start a control lane thread: " << e.what();
+    DEFERRED_LOG(log, WARNING) << "session " << hello.session_id
+                               << ": cannot start a control lane thread: " << e.what();
     return absl::UnavailableError("no thread for the control lane");
   }
   if (auto old = by_session_.find(hello.session_id); old != by_session_.end()) {

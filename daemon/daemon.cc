@@ -29,6 +29,7 @@
 #include "hisparse/common/version.h"
 #include "hisparse/daemon/access.h"
 #include "hisparse/daemon/control_lanes.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/device_choice.h"
 #include "hisparse/daemon/fd_server.h"
 #include "hisparse/daemon/memory_headroom.h"
@@ -552,6 +553,7 @@ void Daemon::Drain(bool exit_when_idle) {
   if (exit_when_idle) {
     // Shutdown waits for RPC handlers, so it must not run on one (or under the session core's lock).
     on_idle = [this] {
+      DeferredLog log;  // written once the lock is released
       absl::MutexLock lock(&impl_->drain_mu);
       // Cancelled (CancelDrain) since this callback was taken, or stopping already: nothing to do.
       if (!impl_->exit_when_idle || impl_->stopping) return;
@@ -564,7 +566,7 @@ void Daemon::Drain(bool exit_when_idle) {
         impl_->drained.store(false);
         impl_->stopping = false;
         impl_->exit_when_idle = false;
-        LOG(ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
+        DEFERRED_LOG(log, ERROR) << "drain: cannot start the thread that stops the daemon once idle: " << e.what();
       }
     };
   }
@@ -572,6 +574,7 @@ void Daemon::Drain(bool exit_when_idle) {
 }
 
 absl::Status Daemon::CancelDrain() {
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&impl_->drain_mu);
   if (impl_->stopping) {
     return absl::FailedPreconditionError(
@@ -582,12 +585,13 @@ absl::Status Daemon::CancelDrain() {
   impl_->exit_when_idle = false;
   impl_->sessions->SetDraining(false);  // drops the idle callback too
   impl_->SetReady(true);
-  LOG(INFO) << "drain cancelled: admitting sessions and requests again";
+  DEFERRED_LOG(log, INFO) << "drain cancelled: admitting sessions and requests again";
   return absl::OkStatus();
 }
 
 std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   std::vector<std::string> fixed;
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&impl_->config_mu);
   DaemonConfig& cur = impl_->config;
   // Every change a reload makes to the limits, quotas and admission policy is logged.
@@ -600,7 +604,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   live.admission = next.admission;
   live.durability.max_lease_seconds = next.durability.max_lease_seconds;
   live.durability.max_orphans_per_tenant = next.durability.max_orphans_per_tenant;
-  for (const std::string& change : DescribeConfigChanges(cur, live)) LOG(INFO) << "reload: " << change;
+  for (const std::string& change : DescribeConfigChanges(cur, live)) DEFERRED_LOG(log, INFO) << "reload: " << change;
   if (next.log_level != cur.log_level) {
     cur.log_level = next.log_level;
     SetLogThreshold(static_cast<LogSeverity>(static_cast<int>(next.log_level)));
@@ -634,7 +638,7 @@ std::vector<std::string> Daemon::Reload(const DaemonConfig& next) {
   reload.set_time_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   reload.set_ok(true);
   for (std::string& key : DiffConfigKeys(cur, next)) {
-    LOG(WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
+    DEFERRED_LOG(log, WARNING) << "reload: " << key << " cannot change while running; restart hisparsed to apply it";
     v1::PendingRestartKey* pending = reload.add_pending_restart();
     pending->set_key(key);
     pending->set_running(ConfigKeyValue(cur, key));

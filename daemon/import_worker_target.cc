@@ -42,6 +42,7 @@
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
 #include "hisparse/common/unix_socket.h"
+#include "hisparse/daemon/deferred_log.h"
 #include "hisparse/daemon/import_target.h"
 
 extern char** environ;
@@ -252,14 +253,15 @@ class WorkerProcessTarget final : public ImportTarget {
       sent = SendPacket(channel->get(), bytes, fd);
       if (!sent.ok()) break;
     }
+    DeferredLog log;  // written once the lock is released
     absl::MutexLock lock(&mu_);
     if (sent.ok()) {
       const auto answered = [this, seq, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return (ack_.has_value() && ack_->seq == seq) || epoch_ != epoch;
       };
       if (!mu_.AwaitWithTimeout(absl::Condition(&answered), kCallTimeout)) {
-        LOG(WARNING) << "import: worker " << child_.pid << " did not answer in " << absl::FormatDuration(kCallTimeout)
-                     << "; killing it";
+        DEFERRED_LOG(log, WARNING) << "import: worker " << child_.pid << " did not answer in "
+                                   << absl::FormatDuration(kCallTimeout) << "; killing it";
         ::kill(child_.pid, SIGKILL);  // the reader reaps it and moves the epoch on
       }
     } else {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/status_macros.h"
+#include "hisparse/daemon/deferred_log.h"
 
 namespace hisparse {
 namespace {
@@ -255,6 +256,7 @@ absl::StatusOr<std::unique_ptr<RequestJournal>> RequestJournal::Start(std::uniqu
     absl::MutexLock lock(&j->slabs_mu_);
     j->claimed_.insert(stored_slabs.begin(), stored_slabs.end());
   }
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&j->mu_);
   for (const journal::Put& put : initial) {
     journal::Record r;
@@ -266,20 +268,22 @@ absl::StatusOr<std::unique_ptr<RequestJournal>> RequestJournal::Start(std::uniqu
   HS_RETURN_IF_ERROR(j->CompactLocked());
   for (const std::string& name : stale_names) {
     if (absl::Status st = j->store_->Remove(name); !st.ok())
-      LOG(WARNING) << "fd store: removing " << name << ": " << st;
+      DEFERRED_LOG(log, WARNING) << "fd store: removing " << name << ": " << st;
   }
   return j;
 }
 
 bool RequestJournal::ClaimSlab(uint64_t id) {
+  DeferredLog log;  // written once the lock is released
   absl::MutexLock lock(&slabs_mu_);
   if (claimed_.count(id) != 0) return false;
   if (claimed_.size() >= kMaxStoredSlabs) {
     // Its requests are journaled, but a restart will not find this slab: they are lost then.
     if (unstored_slabs_++ == 0) {
-      LOG(WARNING) << "request journal: " << kMaxStoredSlabs
-                   << " slabs are in the fd store already; durable requests on newer slabs will not survive a "
-                      "restart of the daemon (hisparse_journal_unstored_slabs_total counts them)";
+      DEFERRED_LOG(log, WARNING)
+          << "request journal: " << kMaxStoredSlabs
+          << " slabs are in the fd store already; durable requests on newer slabs will not survive a "
+             "restart of the daemon (hisparse_journal_unstored_slabs_total counts them)";
     }
     return false;
   }
