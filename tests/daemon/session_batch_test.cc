@@ -321,7 +321,8 @@ TEST(SessionBatchTest, EveryNewSlabIsMadeOutsideTheLocks) {
       Batch(b, v1::BATCH_MODE_PER_ITEM, {{20, 100 * kPageTokens}, {21, 300 * kPageTokens}, {22, kPageTokens}}));
   ASSERT_TRUE(each.ok()) << each.status();
   EXPECT_EQ(each->admitted(), 3u);
-  const v1::HostPoolStats& hp = sm->Stats().host_pool();
+  const v1::StatsResponse stats = sm->Stats();
+  const v1::HostPoolStats& hp = stats.host_pool();
   EXPECT_GE(hp.slabs(), 6u) << "the calls above needed slabs made";
   EXPECT_EQ(hp.slabs_made_inline(), 0u);
   EXPECT_TRUE(sm->CheckInvariants().ok()) << sm->CheckInvariants();
@@ -347,7 +348,8 @@ TEST(SessionBatchTest, NoSlabIsMadeForWhatTheQuotaRefuses) {
       Batch(s, v1::BATCH_MODE_PER_ITEM, {{10, 8 * kPageTokens}, {11, 8 * kPageTokens}, {12, 8 * kPageTokens}}));
   ASSERT_TRUE(each.ok()) << each.status();
   EXPECT_EQ(each->admitted(), 2u);
-  const v1::HostPoolStats& hp = sm->Stats().host_pool();
+  const v1::StatsResponse stats = sm->Stats();
+  const v1::HostPoolStats& hp = stats.host_pool();
   EXPECT_EQ(hp.pages_used(), 17u);
   EXPECT_LE(hp.pages_used() + hp.pages_free(), 20u + 1) << "slabs made past the quota";
   EXPECT_EQ(hp.slabs_made_inline(), 0u);
