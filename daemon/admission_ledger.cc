@@ -66,11 +66,20 @@ std::optional<Refusal> AdmissionLedger::CheckOpenSession(uint32_t tenant, uint64
   return std::nullopt;
 }
 
+uint32_t AdmissionLedger::RowSet::LowestFree() const {
+  for (size_t w = 0; w < words_.size(); ++w) {
+    if (~words_[w] == 0) continue;
+    const uint32_t row = static_cast<uint32_t>(w * 64) + static_cast<uint32_t>(__builtin_ctzll(~words_[w]));
+    return row < size_ ? row : size_;  // a free bit past the end is no row
+  }
+  return size_;
+}
+
 void AdmissionLedger::AddSession(uint64_t session_id, uint32_t tenant, uint32_t rows, uint64_t arena_bytes) {
   Session& s = sessions_[session_id];
   s.tenant = tenant;
   s.arena_bytes = arena_bytes;
-  s.row_used.assign(rows, false);
+  s.row_used.Assign(rows);
   TenantUsage& u = tenants_[tenant];
   ++u.sessions;
   u.arena_bytes += arena_bytes;
@@ -95,7 +104,7 @@ void AdmissionLedger::OrphanSession(uint64_t session_id) {
   --u.sessions;
   u.arena_bytes -= s->arena_bytes;
   s->arena_bytes = 0;
-  s->row_used.clear();
+  s->row_used.Clear();
   s->orphan = true;
 }
 
@@ -150,12 +159,10 @@ std::optional<Refusal> AdmissionLedger::CheckGrow(uint64_t session_id, uint64_t 
 
 std::optional<Refusal> AdmissionLedger::FreeRow(uint64_t session_id, uint32_t* row) const {
   const Session* s = Find(session_id);
-  const size_t rows = s == nullptr ? 0 : s->row_used.size();
-  for (uint32_t r = 0; r < rows; ++r) {
-    if (!s->row_used[r]) {
-      *row = r;
-      return std::nullopt;
-    }
+  const uint32_t rows = s == nullptr ? 0 : s->row_used.size();
+  if (const uint32_t free = rows == 0 ? 0 : s->row_used.LowestFree(); free < rows) {
+    *row = free;
+    return std::nullopt;
   }
   return Refusal{RejectReason::kRowsFull,
                  absl::ResourceExhaustedError(absl::StrCat("all ", rows, " request rows of this session are in use"))};
@@ -163,12 +170,12 @@ std::optional<Refusal> AdmissionLedger::FreeRow(uint64_t session_id, uint32_t* r
 
 void AdmissionLedger::Admit(uint64_t session_id, uint64_t request_id, uint32_t row, uint64_t pages) {
   Session* s = Find(session_id);
-  if (s == nullptr || row >= s->row_used.size() || s->row_used[row] || s->requests.count(request_id) != 0) return;
+  if (s == nullptr || row >= s->row_used.size() || s->row_used.Used(row) || s->requests.count(request_id) != 0) return;
   Request& r = s->requests[request_id];
   r.row = row;
   r.last_used = clock_();
   r.pages = pages;
-  s->row_used[row] = true;
+  s->row_used.Set(row, true);
   TenantUsage& u = tenants_[s->tenant];
   ++u.requests;
   u.pages += pages;
@@ -203,7 +210,7 @@ void AdmissionLedger::Release(uint64_t session_id, uint64_t request_id) {
   --u.requests;
   u.pages -= it->second.pages;
   used_pages_ -= it->second.pages;
-  if (!it->second.parked) s->row_used[it->second.row] = false;
+  if (!it->second.parked) s->row_used.Set(it->second.row, false);
   s->requests.erase(it);
 }
 
@@ -212,16 +219,16 @@ void AdmissionLedger::Park(uint64_t session_id, uint64_t request_id) {
   if (s == nullptr) return;
   auto it = s->requests.find(request_id);
   if (it == s->requests.end() || it->second.parked) return;
-  s->row_used[it->second.row] = false;
+  s->row_used.Set(it->second.row, false);
   it->second.parked = true;
 }
 
 void AdmissionLedger::Resume(uint64_t session_id, uint64_t request_id, uint32_t row) {
   Session* s = Find(session_id);
-  if (s == nullptr || row >= s->row_used.size() || s->row_used[row]) return;
+  if (s == nullptr || row >= s->row_used.size() || s->row_used.Used(row)) return;
   auto it = s->requests.find(request_id);
   if (it == s->requests.end() || !it->second.parked) return;
-  s->row_used[row] = true;
+  s->row_used.Set(row, true);
   it->second.row = row;
   it->second.parked = false;
   it->second.last_used = clock_();
@@ -293,7 +300,8 @@ absl::Status AdmissionLedger::CheckInvariants() const {
     if (s.orphan && (s.arena_bytes != 0 || !s.row_used.empty())) {
       return absl::InternalError(absl::StrCat("orphan ", sid, " keeps an arena or rows"));
     }
-    std::vector<bool> rows(s.row_used.size(), false);
+    RowSet rows;
+    rows.Assign(s.row_used.size());
     for (const auto& [rid, r] : s.requests) {
       ++u.requests;
       u.pages += r.pages;
@@ -301,8 +309,8 @@ absl::Status AdmissionLedger::CheckInvariants() const {
       if (r.parked) continue;
       if (r.row >= rows.size())
         return absl::InternalError(absl::StrCat("session ", sid, ": row ", r.row, " out of range"));
-      if (rows[r.row]) return absl::InternalError(absl::StrCat("session ", sid, ": row ", r.row, " held twice"));
-      rows[r.row] = true;
+      if (rows.Used(r.row)) return absl::InternalError(absl::StrCat("session ", sid, ": row ", r.row, " held twice"));
+      rows.Set(r.row, true);
     }
     if (rows != s.row_used)
       return absl::InternalError(absl::StrCat("session ", sid, ": row table disagrees with requests"));

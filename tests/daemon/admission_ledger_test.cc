@@ -52,6 +52,35 @@ TEST_F(AdmissionLedgerTest, RowsAreLowestFreeAndRefusedWhenFull) {
   EXPECT_EQ(ledger_.RowOf(1, 11), 1u);
 }
 
+// Rows past the first 64-row word, and a last word only partly rows: the lowest free row is found
+// in any word, a bit past the end is never a row, and a full session is refused.
+TEST_F(AdmissionLedgerTest, RowsPastTheFirstWordAreFoundAndAFullSessionIsRefused) {
+  for (const uint32_t rows : {1u, 63u, 64u, 65u, 200u}) {
+    const uint64_t sid = 10 + rows;
+    ledger_.AddSession(sid, 100, rows, 0);
+    for (uint32_t i = 0; i < rows; ++i) AdmitIn(sid, 1000 + i);
+    for (uint32_t i = 0; i < rows; ++i) EXPECT_EQ(ledger_.RowOf(sid, 1000 + i), i);
+    uint32_t row = 0;
+    std::optional<Refusal> full = ledger_.FreeRow(sid, &row);
+    ASSERT_TRUE(full.has_value()) << rows << " rows, all used: row " << row << " offered";
+    EXPECT_EQ(full->reason, RejectReason::kRowsFull);
+    // Free two rows, the higher first: the lower is offered, then the higher.
+    const uint32_t low = rows / 2, high = rows - 1;
+    ledger_.Release(sid, 1000 + high);
+    if (low != high) ledger_.Release(sid, 1000 + low);
+    Check();
+    ASSERT_EQ(ledger_.FreeRow(sid, &row), std::nullopt);
+    EXPECT_EQ(row, low) << rows << " rows";
+    AdmitIn(sid, 5000);
+    if (low != high) {
+      ASSERT_EQ(ledger_.FreeRow(sid, &row), std::nullopt);
+      EXPECT_EQ(row, high) << rows << " rows";
+    }
+    ledger_.RemoveSession(sid);
+    Check();
+  }
+}
+
 TEST_F(AdmissionLedgerTest, PagesAndRequestsSumPerTenant) {
   ledger_.AddSession(1, 100, 8, 64);
   ledger_.AddSession(2, 100, 8, 32);

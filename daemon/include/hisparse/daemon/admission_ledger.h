@@ -140,11 +140,37 @@ class AdmissionLedger {
     uint64_t pages = 0;
     bool parked = false;
   };
+  // A session's request rows, used or free, as a bitmap: the lowest free row is a scan of 64-row
+  // words (FreeRow runs under the ledger's lock on every admission, and a session may have
+  // thousands of rows).
+  class RowSet {
+   public:
+    void Assign(uint32_t rows) {
+      size_ = rows;
+      words_.assign((rows + 63) / 64, 0);
+    }
+    void Clear() { Assign(0); }
+    uint32_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    bool Used(uint32_t row) const { return (words_[row / 64] >> (row % 64)) & 1; }
+    void Set(uint32_t row, bool used) {
+      const uint64_t bit = uint64_t{1} << (row % 64);
+      words_[row / 64] = used ? words_[row / 64] | bit : words_[row / 64] & ~bit;
+    }
+    // The lowest free row, or size() when every row is used.
+    uint32_t LowestFree() const;
+    bool operator==(const RowSet& o) const { return size_ == o.size_ && words_ == o.words_; }
+    bool operator!=(const RowSet& o) const { return !(*this == o); }
+
+   private:
+    uint32_t size_ = 0;
+    std::vector<uint64_t> words_;  // bits past size_ stay 0
+  };
   struct Session {
     uint32_t tenant = 0;
     bool orphan = false;  // ended, keeping its durable (parked) requests
     uint64_t arena_bytes = 0;
-    std::vector<bool> row_used;
+    RowSet row_used;
     std::map<uint64_t, Request> requests;
   };
   Session* Find(uint64_t session_id);
