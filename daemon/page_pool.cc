@@ -959,6 +959,7 @@ void PagePool::WorkerLoop() {
       }
       mu_.Lock();
       refill_bytes_ = 0;
+      const absl::Status refilled = made.status();  // logged after the lock, below
       if (made.ok() && refill_cancelled_) {
         scrub_.push_back(*std::move(made));  // an allocation took its budget meanwhile
       } else if (made.ok()) {
@@ -969,9 +970,9 @@ void PagePool::WorkerLoop() {
         refill_failed_ = true;
       }
       refill_cancelled_ = false;
-      if (!made.ok()) {
+      if (!refilled.ok()) {
         mu_.Unlock();  // not logged under the lock
-        LOG(WARNING) << "refilling the host pool's reserve: " << made.status();
+        LOG(WARNING) << "refilling the host pool's reserve: " << refilled;
         mu_.Lock();
       }
     }
