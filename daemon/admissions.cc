@@ -89,11 +89,7 @@ SessionCore::AdmitOutcome Admissions::AdmitHot(const v1::AdmitRequest& req) {
                          : core_.pool_unlocked_->Allocate(s.id, static_cast<uint32_t>(total));
   if (absl::IsUnavailable(taken.status())) {
     absl::MutexLock ledger(&core_.ledger_mu_);
-    if (std::optional<Refusal> refusal = CheckReserve(core_.ledger_, ReserveSpec{s.id, {s.id}, s.id, total})) {
-      PagePool::SlabsOutsideLocks::DropWant();
-      return {core_.Reject(*std::move(refusal))};
-    }
-    return {taken.status()};
+    return {UnlessRefusedLocked(taken.status(), CheckReserve(core_.ledger_, ReserveSpec{s.id, {s.id}, s.id, total}))};
   }
   Committed committed;
   {
@@ -207,29 +203,22 @@ absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOnce(const v1::ExtendReques
     HS_RETURN_IF_ERROR(NotImporting(*r));
     if (!r->in_group) {
       HS_ASSIGN_OR_RETURN(const uint64_t extra, ExtraPages(*s, *r, req));
-      if (absl::Status room = PrepareExtraPages(s->id, *r, extra); !room.ok()) {
-        // A new slab, made outside the locks first; none for a request its quota refuses.
+      // The pages first, outside the ledger's lock; without room the exclusive path answers, where
+      // the pool is still.
+      absl::StatusOr<Layers> added = core_.TakeLayerPages(s->id, r->pages, extra);
+      if (absl::IsUnavailable(added.status())) {
         absl::MutexLock ledger(&core_.ledger_mu_);
-        if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r->pages.size(), 0)) {
-          PagePool::SlabsOutsideLocks::DropWant();
-          return core_.Reject(*std::move(refusal));
-        }
-        return room;
+        return UnlessRefusedLocked(added.status(), core_.ledger_.CheckGrow(s->id, extra * r->pages.size(), 0));
       }
-      // The pages first, outside the ledger's lock; without room they go back and the exclusive
-      // path answers, where the pool is still.
-      if (std::optional<Layers> added = TakeExtraPages(*s, *r, extra)) {
+      if (added.ok()) {
         {
           absl::MutexLock ledger(&core_.ledger_mu_);
-          std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r->pages.size(), 0);
-          if (!refusal.has_value()) {
-            core_.ledger_.Touch(s->id, r->id);
-            CommitExtendLocked(*s, *r, req.token_budget(), extra, *added);
-          } else {
-            const absl::Status refused = core_.Reject(*std::move(refusal));
-            ReturnPages(*s, *added);
-            return refused;
+          if (std::optional<Refusal> refusal = core_.ledger_.CheckGrow(s->id, extra * r->pages.size(), 0)) {
+            (void)core_.pool_unlocked_->ReleaseAll(s->id, *added);
+            return core_.Reject(*std::move(refusal));
           }
+          core_.ledger_.Touch(s->id, r->id);
+          CommitExtendLocked(*s, *r, req.token_budget(), extra, *added);
         }
         return ExtendAnswerLocked(*s, *r);
       }
@@ -257,28 +246,10 @@ absl::StatusOr<uint64_t> Admissions::ExtraPages(const Session& s, const Request&
   return SessionCore::PagesFor(s, req.token_budget()) - r.pages[0].size();
 }
 
-absl::Status Admissions::PrepareExtraPages(uint64_t owner, const Request& r, uint64_t extra) {
-  absl::Status room = core_.pool_unlocked_->Prepare(owner, extra * r.pages.size());
-  return absl::IsUnavailable(room) ? room : absl::OkStatus();  // a full pool: the allocations answer
-}
-
-std::optional<Admissions::Layers> Admissions::TakeExtraPages(const Session& s, const Request& r, uint64_t extra) {
-  if (extra > UINT32_MAX) return std::nullopt;  // the exclusive path refuses it
-  Layers added(r.pages.size());
-  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    absl::StatusOr<std::vector<PagePool::Page>> got =
-        core_.pool_unlocked_->Allocate(s.id, static_cast<uint32_t>(extra), &r.pages[layer].back());
-    if (!got.ok()) {
-      ReturnPages(s, added);
-      return std::nullopt;
-    }
-    added[layer] = *std::move(got);
-  }
-  return added;
-}
-
-void Admissions::ReturnPages(const Session& s, const Layers& pages) {
-  (void)core_.pool_unlocked_->ReleaseAll(s.id, pages);
+absl::Status Admissions::UnlessRefusedLocked(absl::Status wanted, std::optional<Refusal> refusal) {
+  if (!refusal.has_value()) return wanted;
+  PagePool::SlabsOutsideLocks::DropWant();
+  return core_.Reject(*std::move(refusal));
 }
 
 void Admissions::CommitExtendLocked(Session& s, Request& r, uint32_t token_budget, uint64_t extra,
@@ -306,17 +277,10 @@ absl::StatusOr<v1::ExtendResponse> Admissions::ExtendOwnLocked(Session& s, Reque
     return core_.Reject(*std::move(refusal));
   }
   core_.ledger_.Touch(s.id, r.id);
-  HS_RETURN_IF_ERROR(PrepareExtraPages(s.id, r, extra));
-  Layers added(r.pages.size());
-  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    absl::StatusOr<std::vector<PagePool::Page>> got = core_.AllocatePagesLocked(s.id, extra, &r.pages[layer].back());
-    if (!got.ok()) {
-      ReturnPages(s, added);
-      return got.status();
-    }
-    added[layer] = *std::move(got);
-  }
-  CommitExtendLocked(s, r, req.token_budget(), extra, added);
+  absl::StatusOr<Layers> added = core_.TakeLayerPages(s.id, r.pages, extra);
+  if (absl::IsResourceExhausted(added.status())) return core_.Reject(RejectReason::kPoolFull, added.status());
+  HS_RETURN_IF_ERROR(added.status());
+  CommitExtendLocked(s, r, req.token_budget(), extra, *added);
   return ExtendAnswerLocked(s, r);
 }
 

@@ -174,22 +174,11 @@ absl::StatusOr<v1::ExtendResponse> GroupRequests::ExtendLocked(SessionCore& core
     return core.Reject(*std::move(refusal));
   }
   core.ledger_.Touch(s.id, r.id);
-  // Every layer's pages free in the group's slabs first; a new slab is made with no lock held
-  // (Unavailable: SessionCore::WithSlabsOutsideLocks makes it and Extend tries again).
-  if (absl::Status room = core.pool_->Prepare(group.owner, extra * r.pages.size()); absl::IsUnavailable(room)) {
-    return room;
-  }
-  std::vector<std::vector<PagePool::Page>> added(r.pages.size());
-  for (size_t layer = 0; extra != 0 && layer < r.pages.size(); ++layer) {
-    // The same allocation as a session's Extend, under the group's owner (a full pool counted).
-    absl::StatusOr<std::vector<PagePool::Page>> got =
-        core.AllocatePagesLocked(group.owner, extra, &held.pages[layer].back());
-    if (!got.ok()) {
-      for (const auto& done : added) (void)core.pool_->ReleaseAll(group.owner, done);
-      return got.status();
-    }
-    added[layer] = *std::move(got);
-  }
+  // The same pages as a session's Extend, under the group's owner (a full pool counted).
+  absl::StatusOr<SessionCore::Layers> taken = core.TakeLayerPages(group.owner, held.pages, extra);
+  if (absl::IsResourceExhausted(taken.status())) return core.Reject(RejectReason::kPoolFull, taken.status());
+  HS_RETURN_IF_ERROR(taken.status());
+  const SessionCore::Layers& added = *taken;
   for (size_t layer = 0; layer < added.size(); ++layer) {
     for (const PagePool::Page& p : added[layer]) {
       for (size_t extra_holder = 1; extra_holder < held.holders.size(); ++extra_holder) {

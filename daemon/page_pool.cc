@@ -192,8 +192,8 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
   size_t ready_left = ready_.size(), drop = 0;
   bool cancel_refill = false;
   std::vector<uint64_t> reclaim;  // other owners' idle slabs whose budget this plan takes
-  const std::vector<uint64_t> idle = IdleSlabsLocked();
-  auto next_idle = idle.begin();
+  std::vector<uint64_t> idle;     // every owner's idle slabs, gathered once a plan needs to reclaim
+  size_t next_idle = 0;
   std::vector<NewSlab> plan;
   for (uint64_t remaining = need; remaining > 0;) {
     uint64_t pages =
@@ -214,11 +214,12 @@ absl::StatusOr<std::vector<PagePool::NewSlab>> PagePool::PlanSlabsLocked(uint64_
         budget_left += refill_bytes_;
       }
       // Then other owners' idle slabs, oldest first.
-      for (; pages * options_.page_bytes > budget_left && next_idle != idle.end(); ++next_idle) {
-        const Slab& idle = slabs_.at(*next_idle);
-        if (idle.owner == owner) continue;
-        reclaim.push_back(*next_idle);
-        budget_left += idle.refs.size() * options_.page_bytes;
+      if (pages * options_.page_bytes > budget_left && idle.empty()) idle = IdleSlabsLocked();
+      for (; pages * options_.page_bytes > budget_left && next_idle < idle.size(); ++next_idle) {
+        const Slab& slab = slabs_.at(idle[next_idle]);
+        if (slab.owner == owner) continue;
+        reclaim.push_back(idle[next_idle]);
+        budget_left += slab.refs.size() * options_.page_bytes;
       }
       if (pages * options_.page_bytes > budget_left) {
         return absl::ResourceExhaustedError(
@@ -388,9 +389,14 @@ absl::StatusOr<std::vector<PagePool::Page>> PagePool::Allocate(uint64_t owner, u
   // A plan made under the lock can be overtaken while its new slabs are made outside it: another
   // owner's allocation may reclaim this owner's idle slab meanwhile. The slabs made stay this
   // owner's, free, and the allocation is planned again (a few times at most).
+  return AllocateRetrying(owner, count, after, /*take=*/true);
+}
+
+absl::StatusOr<std::vector<PagePool::Page>> PagePool::AllocateRetrying(uint64_t owner, uint32_t count,
+                                                                       const Page* after, bool take) {
   constexpr int kTries = 8;
   for (int attempt = 1;; ++attempt) {
-    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, count, after, /*take=*/true);
+    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, count, after, take);
     if (!absl::IsAborted(got.status()) || attempt == kTries) return got;
   }
 }
@@ -400,11 +406,7 @@ absl::Status PagePool::Prepare(uint64_t owner, uint64_t count) {
   if (count > UINT32_MAX) {
     return absl::ResourceExhaustedError(absl::StrCat("host pool cannot hold ", count, " more pages"));
   }
-  constexpr int kTries = 8;  // as Allocate's
-  for (int attempt = 1;; ++attempt) {
-    absl::StatusOr<std::vector<Page>> got = AllocateOnce(owner, static_cast<uint32_t>(count), nullptr, /*take=*/false);
-    if (!absl::IsAborted(got.status()) || attempt == kTries) return got.status();
-  }
+  return AllocateRetrying(owner, static_cast<uint32_t>(count), nullptr, /*take=*/false).status();
 }
 
 std::optional<absl::StatusOr<std::vector<PagePool::Page>>> PagePool::TakeFreeLocked(Shard& sh, uint64_t owner,
@@ -797,7 +799,10 @@ PagePool::Stats PagePool::GetStats() const {
   st.slabs = static_cast<uint32_t>(slabs_.size());
   st.ready_slabs = static_cast<uint32_t>(ready_.size());
   st.owners = static_cast<uint32_t>(slabs_by_owner_.size());
-  st.idle_slabs = static_cast<uint32_t>(IdleSlabsLocked().size());
+  for (Shard& sh : shards_) {
+    absl::MutexLock shard(&sh.mu);
+    st.idle_slabs += static_cast<uint32_t>(sh.idle.size());
+  }
   st.scrub_queue = static_cast<uint32_t>(scrub_.size());
   st.populate_queue = static_cast<uint32_t>(populate_.size());
   st.slabs_made = slabs_made_;

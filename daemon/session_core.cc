@@ -195,15 +195,24 @@ absl::StatusOr<uint64_t> SessionCore::EvictVictim(const Victim& v, const std::st
 
 absl::Status SessionCore::Reject(Refusal refusal) { return Reject(refusal.reason, std::move(refusal.status)); }
 
-absl::StatusOr<std::vector<PagePool::Page>> SessionCore::AllocatePagesLocked(uint64_t owner, uint64_t count,
-                                                                             const PagePool::Page* after) {
-  if (count > UINT32_MAX) {
-    return Reject(RejectReason::kPoolFull,
-                  absl::ResourceExhaustedError(absl::StrCat("a request of ", count, " pages exceeds any host pool")));
+absl::StatusOr<SessionCore::Layers> SessionCore::TakeLayerPages(uint64_t owner, const Layers& layers,
+                                                                uint64_t extra) const {
+  if (extra > UINT32_MAX) {
+    return absl::ResourceExhaustedError(absl::StrCat("a request of ", extra, " pages exceeds any host pool"));
   }
-  absl::StatusOr<std::vector<PagePool::Page>> pages = pages_.Allocate(owner, static_cast<uint32_t>(count), after);
-  if (pages.ok() || !absl::IsResourceExhausted(pages.status())) return pages;
-  return Reject(RejectReason::kPoolFull, pages.status());
+  Layers added(layers.size());
+  for (size_t layer = 0; extra != 0 && layer < layers.size(); ++layer) {
+    absl::StatusOr<std::vector<PagePool::Page>> got =
+        pool_unlocked_->Allocate(owner, static_cast<uint32_t>(extra), &layers[layer].back());
+    if (!got.ok()) {
+      (void)pool_unlocked_->ReleaseAll(owner, added);  // taken a moment ago: giving them back cannot fail
+      // The first layer that wants a slab made asks for every layer's: one slab, one try more.
+      if (absl::IsUnavailable(got.status())) PagePool::SlabsOutsideLocks::WidenWant({owner, extra * layers.size()});
+      return got.status();
+    }
+    added[layer] = *std::move(got);
+  }
+  return added;
 }
 
 SessionCore::AdmitOutcome SessionCore::RefusedLocked(ReserveOutcome outcome) {

@@ -51,10 +51,10 @@ class Admissions {
   // One try of Admit or Extend: Unavailable when it wanted a slab made outside the locks.
   absl::StatusOr<v1::AdmitResponse> AdmitOnce(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
   absl::StatusOr<v1::ExtendResponse> ExtendOnce(const v1::ExtendRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
-  // An Extend's `extra` pages for every layer, free in `owner`'s slabs before the layers take them
-  // (PagePool::Prepare, under the caller's SlabsOutsideLocks): Unavailable when a slab must be made
-  // first; a full pool is left to the allocations to answer.
-  absl::Status PrepareExtraPages(uint64_t owner, const Request& r, uint64_t extra);
+  // A hot call whose pages `wanted` a slab made outside the locks (Unavailable): that answer, or,
+  // when its quota refuses it (`refusal`), the refusal, counted, and nothing made for it.
+  absl::Status UnlessRefusedLocked(absl::Status wanted, std::optional<Refusal> refusal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
   // A plain request's Admit under its session's lock (the node's mutex shared); deferred when it
   // lacked room and evicting may make some.
   SessionCore::AdmitOutcome AdmitHot(const v1::AdmitRequest& req) ABSL_LOCKS_EXCLUDED(core_.mu_);
@@ -85,14 +85,11 @@ class Admissions {
   // Extend of a request of `s`'s own pages (not importing), under the node's lock.
   absl::StatusOr<v1::ExtendResponse> ExtendOwnLocked(Session& s, Request& r, const v1::ExtendRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
-  // Its parts, which a hot Extend runs with the pages taken before the ledger's lock: the pages
-  // each layer needs more (or why the budget is refused); those pages from the pool (unset without
-  // room: they went back); the pages back; the commit; the answer.
-  using Layers = std::vector<std::vector<PagePool::Page>>;
+  // Its parts, which a hot Extend runs with the pages taken before the ledger's lock
+  // (SessionCore::TakeLayerPages): the pages each layer needs more (or why the budget is refused);
+  // the commit; the answer.
+  using Layers = SessionCore::Layers;
   static absl::StatusOr<uint64_t> ExtraPages(const Session& s, const Request& r, const v1::ExtendRequest& req);
-  std::optional<Layers> TakeExtraPages(const Session& s, const Request& r, uint64_t extra)
-      ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);
-  void ReturnPages(const Session& s, const Layers& pages);
   void CommitExtendLocked(Session& s, Request& r, uint32_t token_budget, uint64_t extra, const Layers& added)
       ABSL_SHARED_LOCKS_REQUIRED(core_.mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.ledger_mu_);
   v1::ExtendResponse ExtendAnswerLocked(const Session& s, const Request& r) ABSL_SHARED_LOCKS_REQUIRED(core_.mu_);

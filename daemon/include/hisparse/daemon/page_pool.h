@@ -184,6 +184,11 @@ class PagePool {
     static void DropWant() {
       if (active_ != nullptr) active_->TakeWant();
     }
+    // The active scope's want, if it has one, is to be made as `larger` (WantedLarger): a caller
+    // whose first allocation of several wanted a slab has the slabs for them all made at once.
+    static void WidenWant(const Want& larger) {
+      if (active_ != nullptr && active_->want_.has_value()) active_->WantedLarger(larger);
+    }
     // A caller that knows its whole need (a batch's items, of which an allocation wanted one):
     // MakeWanted makes `larger` instead, or the allocation's own want where the budget cannot.
     void WantedLarger(const Want& larger) { larger_ = larger; }
@@ -380,6 +385,9 @@ class PagePool {
   // One try of Allocate (or, without `take`, of Prepare: the pages stay free): Aborted when another
   // allocation overtook its plan (the caller tries again).
   absl::StatusOr<std::vector<Page>> AllocateOnce(uint64_t owner, uint32_t count, const Page* after, bool take)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // AllocateOnce, planned again (a few times at most) while another owner's reclaim overtakes it.
+  absl::StatusOr<std::vector<Page>> AllocateRetrying(uint64_t owner, uint32_t count, const Page* after, bool take)
       ABSL_LOCKS_EXCLUDED(mu_);
   bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

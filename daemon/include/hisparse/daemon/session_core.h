@@ -168,12 +168,15 @@ class SessionCore {
   // Pages a request of `s` needs per layer to hold `tokens` positions.
   static uint64_t PagesFor(const Session& s, uint64_t tokens);
   static absl::Status CheckBudget(const Session& s, uint32_t token_budget);
-  // `count` more pages of pool owner `owner` (a session, or a TP group's owner), continuing after
-  // `after`: an Extend's. A full pool is counted as a kPoolFull refusal. An admission's pages come
-  // from Reserve (request_table.h) instead.
-  absl::StatusOr<std::vector<PagePool::Page>> AllocatePagesLocked(uint64_t owner, uint64_t count,
-                                                                  const PagePool::Page* after)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ledger_mu_);
+  // An Extend's pages: `extra` more for every layer of `layers` (a request's, of pool owner
+  // `owner`: a session, or a TP group's owner), each continuing after its layer's last page where
+  // that slab has the next ones free; all or nothing. ResourceExhausted without room (an exclusive
+  // caller counts it as kPoolFull, a hot one leaves it to the exclusive path); Unavailable when a
+  // slab must be made outside the locks first (WithSlabsOutsideLocks), and then the slabs for every
+  // layer are what is made. The pool's own locks only. An admission's pages come from Reserve
+  // (request_table.h) instead.
+  using Layers = std::vector<std::vector<PagePool::Page>>;
+  absl::StatusOr<Layers> TakeLayerPages(uint64_t owner, const Layers& layers, uint64_t extra) const;
   // The request's pages as the wire lists them (slab, offset), one LayerPages per layer.
   // A page shared with another request now is read_only there.
   void FillLayers(const Session& s, const Request& r, google::protobuf::RepeatedPtrField<v1::LayerPages>* out) const
@@ -209,7 +212,8 @@ class SessionCore {
   // allocation under its locks wanted one answers Unavailable; this runs `attempt(outside)` (which
   // takes and releases its locks) and, while it wanted a slab, makes it with no lock held and runs
   // it again; the last of kSlabRounds tries makes slabs inline, as before. An attempt that knows its
-  // whole need (a batch's items) records it in `outside` itself (SlabsOutsideLocks::Wanted).
+  // whole need (a batch's items) records it in `outside` itself (SlabsOutsideLocks::WantedLarger; an Extend,
+  // TakeLayerPages).
   static constexpr int kSlabRounds = 3;
   template <typename Attempt>
   auto WithSlabsOutsideLocks(Attempt&& attempt) ABSL_LOCKS_EXCLUDED(mu_) {
