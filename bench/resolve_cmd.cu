@@ -44,6 +44,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cmd.h"
@@ -75,6 +76,7 @@ struct Options {
   bool scrub_l2 = true;
   bool smoke = false;
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
+  std::vector<int> max_blocks{0};         // ResolveLaunchConfig::max_blocks per point (0: no budget)
   std::vector<ProducerStart> producers;   // --producer: also time RESOLVE behind a producer
 };
 
@@ -84,12 +86,23 @@ void Usage() {
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
                "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
                "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
-               "       [--fetch-order address,selection] [--producer exit,early] [--smoke]\n"
+               "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--producer exit,early] [--smoke]\n"
+               "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
+               "  what an engine that hides RESOLVE beside its own kernels gives it\n"
                "  --producer: per point, also RESOLVE behind the kernel that writes its selections,\n"
                "  launched plainly and as its programmatic dependent; the producer lets dependents\n"
                "  launch as its blocks exit, or early (one JSON line of kind resolve_after_producer each)\n"
                "  --smoke: a few tiny points of every layout and pattern (what ctest runs); exits 77\n"
                "  without a CUDA device, 1 when a check fails\n");
+}
+
+// Every (fetch order, block budget) a point runs with.
+std::vector<std::pair<bool, int>> LaunchVariants(const Options& o) {
+  std::vector<std::pair<bool, int>> out;
+  for (const bool ordered : o.address_order) {
+    for (const int blocks : o.max_blocks) out.emplace_back(ordered, blocks);
+  }
+  return out;
 }
 
 int SeqLen(const Options& o, Pattern p, int B) {
@@ -288,6 +301,13 @@ int ResolveMain(int argc, char** argv) {
         ok = ok && (w == "address" || w == "selection");
         o.address_order.push_back(w == "address");
       }
+    } else if (a == "--max-blocks") {
+      o.max_blocks.clear();
+      for (const std::string& w : ParseWords(next())) {
+        const int n = std::atoi(w.c_str());
+        ok = ok && n >= 0 && std::to_string(n) == w;
+        o.max_blocks.push_back(n);
+      }
     } else if (a == "--producer") {
       o.producers.clear();
       for (const std::string& w : ParseWords(next())) {
@@ -336,9 +356,11 @@ int ResolveMain(int argc, char** argv) {
     o.pool_bytes = size_t{16} << 20;
     o.context = 4096;
     o.producers = {ProducerStart::kAtExit, ProducerStart::kEarly};
+    o.max_blocks = {0, 1};  // one block: the planner walks every row and fetches alone
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
-      o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.k < 1 || o.runs < 1) {
+      o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.max_blocks.empty() || o.k < 1 ||
+      o.runs < 1) {
     Usage();
     return 2;
   }
@@ -437,10 +459,11 @@ int ResolveMain(int argc, char** argv) {
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
               std::optional<DeviceSelections> pos_src;  // the producer's source, when timed behind one
               if (!o.producers.empty()) pos_src.emplace(pos);
-              for (const bool ordered : o.address_order) {
+              for (const auto& [ordered, max_blocks] : LaunchVariants(o)) {
                 ResolveLaunchConfig config;
                 BENCH_CUDA(PrepareResolveLaunch(g, &config));
                 config.address_order = ordered;
+                config.max_blocks = max_blocks;
                 ResolveDesc d{};
                 d.arena = view;
                 d.host = in.host();
@@ -503,7 +526,8 @@ int ResolveMain(int argc, char** argv) {
                     "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
                     "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"memory_floor_us\":%.2f,"
                     "\"link_gbps\":%.2f,\"bound_us\":%.2f,"
-                    "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"check\":\"%s\"}\n",
+                    "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"max_blocks\":%d,"
+                    "\"check\":\"%s\"}\n",
                     batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                     pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
                     v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
@@ -511,7 +535,7 @@ int ResolveMain(int argc, char** argv) {
                     miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], med[3],
                     link, bound, med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
-                    ok ? "ok" : "FAILED");
+                    max_blocks, ok ? "ok" : "FAILED");
                 for (size_t x = 0; x < behind.size(); ++x) {
                   const BehindProducer& bp = behind[x];
                   std::printf(

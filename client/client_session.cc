@@ -615,8 +615,14 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
     return absl::InvalidArgumentError(absl::StrCat("resolve launch_flags 0x", absl::Hex(a.launch_flags),
                                                    ": unknown bits (known: HS_RESOLVE_LAUNCH_PROGRAMMATIC)"));
   }
-  const StreamOrder order =
+  if (a.max_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resolve max_blocks ", a.max_blocks, ": must be >= 0 (0: no budget)"));
+  }
+  ResolvePlacement placement;
+  placement.order =
       (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? StreamOrder::kProgrammatic : StreamOrder::kAfterCompletion;
+  placement.max_blocks = a.max_blocks;  // zero for callers built before ABI 1.13
   ResolveDesc d{};
   d.arena = arena_;
   d.layer = static_cast<int32_t>(a.layer);
@@ -642,7 +648,7 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
   }
   absl::ReaderMutexLock lock(&mu_);  // the host map must not change under a host-backend step
   d.host = backend_->host_map();
-  HS_RETURN_IF_ERROR(backend_->Resolve(d, order, a.stream));
+  HS_RETURN_IF_ERROR(backend_->Resolve(d, placement, a.stream));
   if (plan.summary != nullptr) plan_max_batch_[a.layer] = a.max_batch;
   return absl::OkStatus();
 }

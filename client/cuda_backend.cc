@@ -145,14 +145,15 @@ class CudaBackend final : public DeviceBackend {
     }
     return CudaError(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "reset row");
   }
-  absl::Status Resolve(const ResolveDesc& desc, StreamOrder order, void* stream) override {
+  absl::Status Resolve(const ResolveDesc& desc, const ResolvePlacement& placement, void* stream) override {
     ResolveDesc d = desc;
     if (d.batch_size == nullptr) {
       if (d.max_batch > g_.max_rows) return absl::InvalidArgumentError("max_batch exceeds the session's rows");
       d.batch_size = counts_.as<int32_t>() + d.max_batch;
     }
     ResolveLaunchConfig how = launch_;
-    how.programmatic_launch = order == StreamOrder::kProgrammatic;
+    how.programmatic_launch = placement.order == StreamOrder::kProgrammatic;
+    how.max_blocks = placement.max_blocks;
     return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), how, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");
   }

@@ -40,6 +40,14 @@ struct AttachedArena {
 // the same; the host backend runs in order either way.
 enum class StreamOrder { kAfterCompletion, kProgrammatic };
 
+// How a RESOLVE launch places itself (hs_resolve_args.launch_flags and .max_blocks): its order after
+// the previous kernel, and the most thread blocks it may occupy (0: as many as the device holds).
+// Neither changes a result; the host backend ignores both.
+struct ResolvePlacement {
+  StreamOrder order = StreamOrder::kAfterCompletion;
+  int32_t max_blocks = 0;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -76,7 +84,7 @@ class DeviceBackend {
 
   virtual absl::Status ResetRow(const ArenaView& arena, int32_t row, void* stream) = 0;
   // Returns InvalidArgument naming the error bits when the backend can tell at once (host).
-  virtual absl::Status Resolve(const ResolveDesc& d, StreamOrder order, void* stream) = 0;
+  virtual absl::Status Resolve(const ResolveDesc& d, const ResolvePlacement& placement, void* stream) = 0;
   virtual absl::Status Store(const StoreDesc& d, void* stream) = 0;
   // Indexed store (hs_store_indexed). The backend supplies d.check (CUDA: a device word of its
   // own) and d.error_flags; an index outside the pool is InvalidArgument at once on host, a flag

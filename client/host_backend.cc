@@ -117,7 +117,7 @@ class HostBackend final : public DeviceBackend {
     ResetRowReference(arena, row);
     return absl::OkStatus();
   }
-  absl::Status Resolve(const ResolveDesc& desc, StreamOrder, void*) override {
+  absl::Status Resolve(const ResolveDesc& desc, const ResolvePlacement&, void*) override {
     ResolveDesc d = desc;
     const int32_t all = d.max_batch;
     if (d.batch_size == nullptr) d.batch_size = &all;

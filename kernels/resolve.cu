@@ -1084,10 +1084,12 @@ bool PreparedFor(const ResolveLaunchConfig& c, int device, const ArenaGeometry& 
 
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
 // so planners are capped at the device's capacity for this kernel and loop over rows; helpers
-// fill what capacity is left, one per SM at most. Returns the grid; *planners gets the row blocks.
+// fill what capacity is left, one per SM at most; a budget (ResolveLaunchConfig::max_blocks) lowers
+// the capacity. Returns the grid; *planners gets the row blocks.
 int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
   const int sms = c.sms;
-  const int capacity = c.blocks_per_sm * sms;
+  int capacity = c.blocks_per_sm * sms;
+  if (c.max_blocks > 0 && c.max_blocks < capacity) capacity = c.max_blocks;  // the caller's budget
   *planners = max_batch < capacity ? max_batch : capacity;
   int helpers = capacity - *planners;
   if (helpers > sms) helpers = sms;

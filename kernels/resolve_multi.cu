@@ -826,6 +826,7 @@ cudaError_t LaunchMultiQueryResolve(const ResolveDesc& d, void* workspace, size_
       static_cast<int>((MissPlan::EntriesPerRow(d.arena.geometry) + kFetchRecords - 1) / kFetchRecords);
   int gx = (4 * c.sms + d.max_batch - 1) / d.max_batch;
   gx = std::max(1, std::min(gx, (max_chunks + kFetchWarps - 1) / kFetchWarps));
+  if (c.max_blocks > 0) gx = std::max(1, std::min(gx, c.max_blocks / d.max_batch));  // the caller's budget
   // A programmatic dependent of the planner wherever the device allows it: its launch overlaps
   // the planner's tail, and it waits for the planner's lists before reading them.
   e = LaunchInOrder(FetchKernelFor(d.arena.geometry.record_bytes), dim3(gx, d.max_batch), dim3(kFetchThreads), 0,

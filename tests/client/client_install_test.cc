@@ -99,8 +99,8 @@ class ProbeBackend : public DeviceBackend {
     }
     return inner_->ResetRow(arena, row, stream);
   }
-  absl::Status Resolve(const ResolveDesc& d, StreamOrder order, void* stream) override {
-    return inner_->Resolve(d, order, stream);
+  absl::Status Resolve(const ResolveDesc& d, const ResolvePlacement& placement, void* stream) override {
+    return inner_->Resolve(d, placement, stream);
   }
   absl::Status Store(const StoreDesc& d, void* stream) override { return inner_->Store(d, stream); }
   absl::Status StoreIndexed(const IndexedStoreDesc& d, void* stream) override {

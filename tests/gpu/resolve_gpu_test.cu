@@ -1064,6 +1064,53 @@ TEST(ResolveGpu, PreparedLaunchConfigMatchesReference) {
   EXPECT_NE(std::string(LastLaunchError()).find("unsupported record_bytes: 24"), std::string::npos);
 }
 
+// A budget of blocks (ResolveLaunchConfig::max_blocks, ABI 1.13's hs_resolve_args.max_blocks):
+// fewer row blocks than rows, each planning several and fetching with few consumers, and no
+// helpers at budgets below the batch; every step still equals the reference, in a graph too.
+TEST(ResolveGpu, ABudgetOfBlocksMatchesReference) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 656, 16, 24};
+  World w(c, 2, 6160);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig cfg;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &cfg));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int budgets[] = {1, 2, 5, 16, 24};
+  cudaGraphExec_t exec;
+  w.layer_ = 1;
+  {
+    ResolveLaunchConfig three = cfg;
+    three.max_blocks = 3;
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, three, s));
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  for (int step = 0; step < c.steps; ++step) {
+    const bool graph = step % 4 == 3;
+    const int budget = graph ? 3 : budgets[step % 5];
+    w.layer_ = graph ? 1 : step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), step % 2 ? 0.1 : 0.03);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    if (graph) {
+      CUDA_OK(cudaGraphLaunch(exec, s));
+    } else {
+      ResolveLaunchConfig how = cfg;
+      how.max_blocks = budget;
+      CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, how, s));
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_NO_FATAL_FAILURE(
+        w.CompareStep(batch, 0, "budget " + std::to_string(budget) + " blocks, step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("budget of blocks"));
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(s);
+}
+
 // The benchmark's memory floor (LaunchResolveMemoryFloor) reads and writes back a no-IO step's
 // tables and changes nothing: the arena still equals the reference's, and a RESOLVE step after it
 // matches the reference as usual. Null scratch and an unprepared config are refused on the host.

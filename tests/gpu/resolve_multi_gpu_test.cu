@@ -36,6 +36,7 @@ struct MqConfig {
   // Every launch programmatic (ResolveLaunchConfig::programmatic_launch) behind a kernel that
   // writes the selections only ~30 us after it let RESOLVE launch (late_producer.cuh).
   bool programmatic = false;
+  int max_blocks = 0;  // ResolveLaunchConfig::max_blocks: bounds the fetch kernel's grid
 };
 
 // Device buffer freed on scope exit.
@@ -174,6 +175,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
   ResolveLaunchConfig config;
   CUDA_OK(PrepareResolveLaunch(g, &config));
   config.programmatic_launch = c.programmatic;
+  config.max_blocks = c.max_blocks;
   DevBuf d_src;  // programmatic: the producer's source of the selections
   if (c.programmatic) CUDA_OK(cudaMalloc(&d_src.p, sel_n * 4));
 
@@ -446,6 +448,20 @@ TEST(ResolveMultiQueryGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
     c.programmatic = true;
     SCOPED_TRACE("n " + std::to_string(n));
     ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 31000u * n));
+  }
+}
+
+// A budget of blocks (ABI 1.13's max_blocks) bounds the fetch kernel's grid to one column of
+// blocks (budget 1) or a few; the planner keeps its block a row, and every step equals the reference.
+TEST(ResolveMultiQueryGpu, ABudgetOfBlocksMatchesReference) {
+  REQUIRE_GPU();
+  for (int n : {1, 4}) {
+    for (int budget : {1, 12}) {
+      MqConfig c{n, 256, 256 * (n + 2), 656, 6};
+      c.max_blocks = budget;
+      SCOPED_TRACE("n " + std::to_string(n) + ", budget " + std::to_string(budget));
+      ASSERT_NO_FATAL_FAILURE(RunMultiQuery(c, 52000u * n + budget));
+    }
   }
 }
 

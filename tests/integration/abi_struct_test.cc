@@ -169,6 +169,24 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(hs_last_error()).find("launch_flags"), std::string::npos) << hs_last_error();
   EXPECT_EQ(out, std::vector<int32_t>(8, -7));
+  // ABI 1.13's block budget: any budget gives the same outputs; a negative one is refused and
+  // changes nothing; ABI 1.12 callers end before it, so what lies there is not read.
+  a.launch_flags = 0;
+  a.max_blocks = 3;
+  std::fill(out.begin(), out.end(), -7);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, plain);
+  a.max_blocks = -1;
+  std::fill(out.begin(), out.end(), -7);
+  EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hs_last_error()).find("max_blocks"), std::string::npos) << hs_last_error();
+  EXPECT_EQ(out, std::vector<int32_t>(8, -7));
+  a.struct_size = offsetof(hs_resolve_args, max_blocks);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, plain);
+  a.struct_size = sizeof(hs_resolve_args);
+  a.max_blocks = 0;
+  a.launch_flags = 0x6;
   // ABI 1.8 callers end before launch_flags: bits past their struct are not read.
   a.struct_size = offsetof(hs_resolve_args, launch_flags);
   ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();

@@ -150,6 +150,13 @@ def test_batch_size_limits_the_rows_resolved(session):
     assert (out[0] >= 0).all() and (out[1:] == -1).all()
     after = s.stats()
     assert (after.hits - before.hits) + (after.misses - before.misses) == K
+    # max_blocks (ABI 1.13) bounds a CUDA launch's grid; the host backend takes it and runs alike,
+    # and a negative budget is refused before anything runs.
+    again = np.full((ROWS, K), 77, np.int32)
+    s.resolve(0, rows, seq_lens, positions, again, batch_size=np.array([1], np.int32), max_blocks=1)
+    assert (again == out).all()
+    with pytest.raises(hisparse.InvalidArgument, match="max_blocks"):
+        s.resolve(0, rows, seq_lens, positions, again, max_blocks=-1)
 
 
 def test_page_table_names_each_selections_record(session):

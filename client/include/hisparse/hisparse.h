@@ -49,9 +49,10 @@ extern "C" {
  * hs_recovery_lost (and every data-path call is HS_ERR_UNAVAILABLE once the session ended); 1.12:
  * the control lane: lifecycle calls leave gRPC for a connection of the session's own where the
  * daemon serves one, and hs_session_info.control_lane says which carries them;
- * hs_session_get_timings. */
+ * hs_session_get_timings; 1.13: hs_resolve_args.max_blocks (a RESOLVE launch's budget of thread
+ * blocks, for running it beside the engine's kernels). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 12
+#define HS_ABI_VERSION_MINOR 13
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -363,6 +364,14 @@ typedef struct hs_resolve_args {
    * HS_RESOLVE_LAUNCH_* bits (0: an ordinary launch; other bits: HS_ERR_INVALID_ARGUMENT). The
    * results are the same either way; ignored on the host backend. */
   uint32_t launch_flags;
+  /* Since ABI 1.13: the most thread blocks this launch may occupy (0: as many as the GPU holds at
+   * once; negative: HS_ERR_INVALID_ARGUMENT). RESOLVE otherwise spreads its fetch over the whole
+   * GPU. An engine that hides the misses by running RESOLVE on a side stream beside its own kernels
+   * (docs/INTEGRATION.md, "Hiding the misses") gives it a few SMs' worth and leaves the rest to
+   * them. The results are the same with any value; fewer blocks fetch more slowly. With draft
+   * tokens it bounds the fetch kernel's grid (the planner keeps one block a row). Ignored on the
+   * host backend. */
+  int32_t max_blocks;
 } hs_resolve_args;
 
 /* Launch RESOLVE as a programmatic dependent of the previous kernel in the stream (CUDA's
@@ -375,7 +384,7 @@ typedef struct hs_resolve_args {
 #define HS_RESOLVE_LAUNCH_PROGRAMMATIC 0x1u
 
 #define HS_RESOLVE_ARGS_INIT \
-  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL, 0 }
+  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL, 0, 0 }
 
 /* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
  * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);

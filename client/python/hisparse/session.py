@@ -654,7 +654,7 @@ class Session:
     def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
                 batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
                 page_table: Any = None, page_records: int = 1, page_offset: int = 0,
-                query_counts: Any = None, programmatic: bool = False) -> None:
+                query_counts: Any = None, programmatic: bool = False, max_blocks: int = 0) -> None:
         """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
 
         rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding),
@@ -676,6 +676,9 @@ class Session:
         stream (compute capability 9.0+, an ordinary launch elsewhere): its launch overlaps that
         kernel's tail and it waits for that kernel before touching memory; same results, 1.0-2.2 us
         (median 1.6) less per layer on an H200 (bench/RESULTS.md). Ignored on the host backend.
+        max_blocks (ABI 1.13): the most thread blocks the launch may occupy (0: the whole GPU's
+        worth). For RESOLVE on a side stream beside the engine's own kernels, which then keep the
+        rest of the SMs (docs/INTEGRATION.md, "Hiding the misses"); same results, a slower fetch.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -699,6 +702,9 @@ class Session:
         args.query_counts = self._data_ptr(query_counts, "query_counts", int32=True, min_items=max_batch) \
             if query_counts is not None else None
         args.launch_flags = _lib.HS_RESOLVE_LAUNCH_PROGRAMMATIC if programmatic else 0
+        if max_blocks < 0:
+            raise InvalidArgument(f"max_blocks {max_blocks}: must be >= 0 (0: no budget)")
+        args.max_blocks = max_blocks
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 
     def prefetch(self, layer: int, *, stream: Any = None) -> None:

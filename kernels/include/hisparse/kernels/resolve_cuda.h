@@ -74,6 +74,13 @@ struct ResolveLaunchConfig {
   // first global access, so outputs and tables are the same either way, whatever the kernel
   // before did. bench/RESULTS.md, "RESOLVE as a programmatic dependent", has what it buys.
   bool programmatic_launch = false;
+  // The most thread blocks the launch may occupy (0: as many as the device holds at once). The grid
+  // otherwise fills the GPU with helper blocks that fetch; an engine that runs RESOLVE on a side
+  // stream beside its own kernels, to hide the misses under them, gives it a few SMs' worth and
+  // leaves the rest to those kernels. Fewer row blocks than rows plan several rows each; the
+  // outputs and tables are the same with any budget. With draft tokens (the multi-query form) it
+  // bounds the fetch kernel's grid; the planner keeps one block a row.
+  int max_blocks = 0;
   int cc_major = 0;  // cudaDevAttrComputeCapabilityMajor
 };
 // On the H200 the address order bought 0.01-0.12 of the link at batch 64 and 128 with scattered

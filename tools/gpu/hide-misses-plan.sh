@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 44 plan: hiding RESOLVE's misses, in one device call.
+#   tools/gpu/make-bundle.sh .bundle-gpu            # here
+#   tools/gpu/hide-misses-plan.sh .bundle-gpu       # there, from the repo root ($OUT collects the files)
+# Steps (each skipped when its variable is 0):
+#   TESTS=1   gpu_resolve_test's budget, graph and prepared-config cases; pytest of the serve
+#             benchmark (kernels, the CPU smoke runs: sweep and curve) and of the CUDA data path
+#   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages at batch 8 and 128, both
+#             record sizes, 20% and 100% misses, per RESOLVE budget of blocks (FETCH_BLOCKS)
+#   CURVE=1   serve_bench.py's hit-rate curve (HIT_RATES, CONTEXTS) with the overlap variants
+#             (OVERLAP: specs of dsv32.Overlap.parse), exact against full HBM at every point; the link
+#             measured first
+#   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
+# Writes under $OUT: summary.txt and one log (and JSON lines) per step.
+set -uo pipefail
+B=$(cd "${1:?bundle dir}" && pwd)
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export HISPARSE_DAEMON_BIN="$B/bin/hisparsed" HISPARSE_LIB="$B/bin/libhisparse.so" HISPARSE_CTL_BIN="$B/bin/hisparse-ctl"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+S="$OUT/summary.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u
+  $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$S" 2>&1
+# shellcheck source=tools/gpu/plan-lib.sh
+source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
+if [ "${TESTS:-1}" != 0 ]; then
+  step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
+    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
+    > "$OUT/gpu_resolve_test.log" 2>&1
+  tail -3 "$OUT/gpu_resolve_test.log" >> "$S"
+  step 300 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py tests/python/test_gpu.py \
+    > "$OUT/pytest.log" 2>&1
+  tail -3 "$OUT/pytest.log" >> "$S"
+fi
+if [ "${FETCH:-1}" != 0 ]; then
+  step 240 fetch "$B/run" hisparse-bench resolve --pattern scattered --host-layout paged --batch 8,128 \
+    --slots 4096 --record-bytes 656,1152 --miss 0.2,1 --runs "${FETCH_RUNS:-30}" --max-blocks "${FETCH_BLOCKS:-0,16,32}" \
+    > "$OUT/fetch.jsonl" 2> "$OUT/fetch.err"
+  grep -c '"check":"ok"' "$OUT/fetch.jsonl" >> "$S"
+fi
+if [ "${CURVE:-1}" != 0 ]; then
+  step "${CURVE_LIMIT:-420}" curve "$PY" examples/engine/serve_bench.py --layers 8 --contexts "${CONTEXTS:-131072,32768}" \
+    --host-pool-size 40GiB --hit-rates "${HIT_RATES:-0.4,0.5,0.6,0.7,0.78,0.87,0.95}" --steps "${STEPS:-32}" \
+    --overlap "${OVERLAP:-4}" --calibrate-localities "${LOCALITIES:-0,0.5,1,1.5,2,2.5,3,3.5}" \
+    --time-budget-s "${CURVE_BUDGET:-380}" ${CURVE_ARGS:-} --json "$OUT/curve.jsonl" > "$OUT/curve.log" 2>&1
+  grep -E '"kind": "(link|calibration)"|^\|.*\| (True|False|[0-9]+\+[0-9]+/[0-9]+) \|$|Error|error' "$OUT/curve.log" | tail -40 >> "$S"
+fi
+if [ "${LOW:-0}" != 0 ]; then
+  step 200 low "$PY" examples/engine/serve_bench.py --layers 8 --contexts 131072 --levels 1,2,4 --max-concurrency 4 \
+    --slots 4096 --hybrid-slots '' --steps 48 --probe-steps 0 --host-pool-size 16GiB \
+    --overlap "${OVERLAP_LOW:-${OVERLAP:-4}}" --json "$OUT/low.jsonl" > "$OUT/low.log" 2>&1
+  grep -E '^\| (baseline|hisparse)|exactness|Error' "$OUT/low.log" >> "$S"
+fi
+exit 0
