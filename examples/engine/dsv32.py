@@ -37,6 +37,7 @@ sparse_kernels.py, the KV backends (full HBM, hisparse, hybrid) in kv_backends.p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -96,6 +97,85 @@ class V32Config:
     @property
     def index_key_bytes(self) -> int:  # fp8 key + one float32 scale
         return self.idx_dim + 4
+
+
+@dataclasses.dataclass
+class Overlap:
+    """Hiding RESOLVE's misses under attention (hisparse mode; bench/RESULTS.md, issue 44).
+
+    A layer's RESOLVE needs its selections and attention needs RESOLVE's records, so for one batch
+    the fetch sits on the critical path. Cut into row chunks it need not: chunk c's RESOLVE runs on
+    a side stream while the main stream runs chunk c-1's sparse attention, and only the first
+    chunk's fetch stays exposed. The indexer and top-k still run on the whole batch (their kernels
+    and torch.topk's algorithm choice depend on the row count, so chunking them could reorder a
+    selection), and every attention chunk uses the whole batch's split count: each row's logits
+    stay bit-identical to full HBM's. max_blocks is RESOLVE's budget of thread blocks
+    (hs_resolve_args.max_blocks; 0: the whole GPU), so that attention keeps the other SMs."""
+
+    chunks: int = 4
+    min_rows: int = 4  # rows a chunk at least: fewer chunks at small batches (batch < 2 * min_rows: none)
+    max_blocks: int = 0
+    helpers: int = -1  # >= 0: each chunk's budget is its rows + this many (one planner a row), not max_blocks
+    priority: int = -1  # the side stream's (torch: lower is higher; -1 ahead of attention's blocks)
+    growth: float = 1.0  # each chunk this many times the one before: a small first chunk, whose fetch is exposed
+    side_stream: bool = True  # False: the chunks in order on the main stream (what the chunking alone costs)
+    waves: bool = False  # chunks of whole waves of attention's grid (the remainder first): no tail wave per chunk
+    single: bool = False  # one range, on the side stream all the same (what the fork and join alone cost)
+
+    @staticmethod
+    def parse(spec: str, min_rows: int = 4) -> "Overlap":
+        """"4", "4/b32", "4/b32/p0/g1.8", "4/h16", "4/w", "4/main": chunks, then b (max_blocks), h (helpers),
+        p (priority), g (growth), w (whole waves), main (no side stream), one (a single range, forked)."""
+        words = spec.split("/")
+        o = Overlap(chunks=int(words[0]), min_rows=min_rows)
+        for w in words[1:]:
+            if w == "main":
+                o.side_stream = False
+            elif w == "w":
+                o.waves = True
+            elif w == "one":
+                o.single = True
+            elif w[:1] in ("b", "p", "h") and w[1:].lstrip("-").isdigit():
+                setattr(o, {"b": "max_blocks", "p": "priority", "h": "helpers"}[w[0]], int(w[1:]))
+            elif w[:1] == "g":
+                o.growth = float(w[1:])
+            else:
+                raise ValueError(f"overlap spec {spec!r}: unknown part {w!r}")
+        return o
+
+    @property
+    def tag(self) -> str:
+        parts = [str(self.chunks)] + ([f"b{self.max_blocks}"] if self.max_blocks else []) + \
+            ([f"h{self.helpers}"] if self.helpers >= 0 else []) + \
+            ([f"p{self.priority}"] if self.priority != -1 else []) + ([f"g{self.growth:g}"] if self.growth != 1 else []) + \
+            (["w"] if self.waves else []) + (["one"] if self.single else []) + ([] if self.side_stream else ["main"])
+        return "_".join(parts)
+
+    def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
+        """Row ranges [a, b) of an M-row batch (sizes growing by `growth`, each of at least min_rows),
+        one range when chunking would not pay. With waves, every range but the first is a whole number
+        of wave_rows (the rows whose attention fills the GPU once) and the first takes the remainder,
+        so attention in ranges runs no more waves than over the whole batch."""
+        if self.single:
+            return [(0, M)]
+        if self.waves and M >= 2 * max(1, self.min_rows):
+            q = max(1, wave_rows)
+            first = M % q or min(q, M)
+            waves = (M - first) // q
+            rest = max(1, min(self.chunks - 1, waves))
+            sizes = [first] + [q * (waves * (i + 1) // rest - waves * i // rest) for i in range(rest)]
+            edges = [0]
+            for s in sizes:
+                if s > 0:
+                    edges.append(edges[-1] + s)
+            return list(zip(edges, edges[1:]))
+        n = max(1, min(self.chunks, M // max(1, self.min_rows)))
+        weights = [self.growth ** i for i in range(n)]
+        edges = [0] + [round(M * sum(weights[:i + 1]) / sum(weights)) for i in range(n)]
+        for i in range(1, n):  # every chunk at least min_rows (and one row)
+            edges[i] = max(edges[i], edges[i - 1] + max(1, min(self.min_rows, M // n)))
+        edges = [min(e, M) for e in edges]
+        return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
 
 SMOKE = dict(hidden=256, q_lora=128, heads=4, nope_head=32, v_head=32, idx_heads=4, idx_dim=32, topk=16,
@@ -312,6 +392,9 @@ class Model:
         self.sm_scale = 1.0 / math.sqrt(cfg.nope_head + cfg.rope)
         self.idx_fp8 = fp8_weights  # index keys and queries in fp8 on the GPU, bf16 on a CPU
         self.events: Optional[List] = None  # probe mode: [(part, start, end)] recorded inside the step
+        self.overlap: Optional[Overlap] = None  # hisparse mode: RESOLVE in row chunks beside attention
+        self._side = None  # the overlap's side stream (CUDA), made once, before any capture
+        self._chunk_consts: Dict[tuple, tuple] = {}  # row ranges -> (starts, sizes) on the device
 
     def weight_bytes(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
@@ -367,12 +450,75 @@ class Model:
         y = y.transpose(0, 1).reshape(cap * E, c.hidden)[:n].view(M, c.active, c.hidden)
         return shared + (y.float() * top_w.unsqueeze(-1)).sum(1).to(torch.bfloat16)
 
+    def overlap_ranges(self, overlap: Overlap, M: int) -> List[tuple]:
+        """overlap's row ranges of an M-row batch on this model's attention (its wave: the rows whose
+        sparse MLA grid, at the whole batch's split count, fills the GPU once)."""
+        c = self.cfg
+        splits = self.kernels.mla_splits(M, c.heads, c.topk)
+        blocks = (c.heads // min(self.kernels.mla_block_h, c.heads)) * splits
+        return overlap.ranges(M, wave_rows=self.kernels.sms // blocks)
+
+    def _chunk_plan(self, kv, st, M: int):
+        """The overlap's row ranges and each one's batch size on the device (rows of the range below
+        *st.batch_size, read at run time like the whole batch's), or None: no overlap this step."""
+        if self.overlap is None or not hasattr(kv, "resolve_rows"):
+            return None
+        ranges = self.overlap_ranges(self.overlap, M)
+        if len(ranges) < 2 and not self.overlap.single:
+            return None
+        if self.device.type == "cuda" and self.overlap.side_stream and \
+                (self._side is None or self._side.priority != self.overlap.priority):
+            self._side = torch.cuda.Stream(device=self.device, priority=self.overlap.priority)
+        key = tuple(ranges)
+        if key not in self._chunk_consts:  # made by the eager step 0, before a capture (no copy in one)
+            self._chunk_consts[key] = (torch.tensor([a for a, _ in ranges], dtype=torch.int32, device=self.device),
+                                       torch.tensor([b - a for a, b in ranges], dtype=torch.int32, device=self.device))
+        lo, size = self._chunk_consts[key]
+        bs = torch.minimum(torch.clamp(st.batch_size - lo, min=0), size).to(torch.int32)
+        return [(a, b, bs[i:i + 1]) for i, (a, b) in enumerate(ranges)]
+
+    def _resolve_chunks(self, kv, l: int, st, chunks):
+        """RESOLVE of each row range on the side stream, after the main stream's selections; returns
+        the records base, the page table, the stride and one event per range (None on a CPU)."""
+        cuda = self.device.type == "cuda" and self.overlap.side_stream
+        side = self._side
+        if cuda:
+            side.wait_stream(torch.cuda.current_stream())  # the selections and the append are written
+        ready = []
+        with (torch.cuda.stream(side) if cuda else contextlib.nullcontext()), self._part("resolve"):
+            for a, b, bs in chunks:
+                o = self.overlap
+                budget = (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
+                records, rec_idx, stride = kv.resolve_rows(l, st, a, b, bs, max_blocks=budget)
+                if cuda:
+                    ev = torch.cuda.Event()
+                    ev.record(side)
+                    ready.append(ev)
+                else:
+                    ready.append(None)
+        return records, rec_idx, stride, ready
+
+    def _attend_chunks(self, qf, records, rec_idx, stride, fmt, st, chunks, ready) -> None:
+        """Sparse attention of each row range once its RESOLVE is done, with the whole batch's split
+        count (the per-row arithmetic of one full-batch launch); then the side stream rejoins."""
+        M, heads, _ = qf.shape
+        splits = self.kernels.mla_splits(M, heads, rec_idx.shape[1])
+        main = torch.cuda.current_stream() if self.device.type == "cuda" and self.overlap.side_stream else None
+        for (a, b, bs), ev in zip(chunks, ready):
+            if ev is not None:
+                main.wait_event(ev)
+            self.kernels.sparse_mla(qf[a:b], records, rec_idx[a:b], stride, fmt, bs, st.att_out[a:b], self.sm_scale,
+                                    splits=splits)
+        if main is not None:
+            main.wait_stream(self._side)  # joins the side stream's last work (a capture needs it)
+
     @torch.no_grad()
     def step(self, kv, st) -> torch.Tensor:
         """One decode step of every row of st (DecodeState): float32 logits [M, vocab]."""
         c, K = self.cfg, self.kernels
         M = st.tokens.shape[0]
         pos = (st.seq_lens - 1).long()
+        chunks = self._chunk_plan(kv, st, M)
         h = self.embed[st.tokens]
         for l, L in enumerate(self.layers):
             with self._part("proj"):
@@ -401,12 +547,18 @@ class Model:
             with self._part("topk"):
                 top_v, top_i = st.scores.topk(c.topk, dim=1, sorted=False)
                 st.positions.copy_(top_i.masked_fill(torch.isinf(top_v), -1))
-            with self._part("resolve"):
-                records, rec_idx, stride = kv.resolve(l, st)
+            if chunks is None:
+                with self._part("resolve"):
+                    records, rec_idx, stride = kv.resolve(l, st)
+            else:
+                records, rec_idx, stride, ready = self._resolve_chunks(kv, l, st, chunks)
             with self._part("attention"):
                 q_lat = torch.bmm(q[..., :c.nope_head].transpose(0, 1), L.w_uk).transpose(0, 1)  # [M, heads, 512]
                 qf = torch.cat([q_lat, _rope(q[..., c.nope_head:], pos)], dim=-1).contiguous()
-                K.sparse_mla(qf, records, rec_idx, stride, kv.fmt, st.batch_size, st.att_out, self.sm_scale)
+                if chunks is None:
+                    K.sparse_mla(qf, records, rec_idx, stride, kv.fmt, st.batch_size, st.att_out, self.sm_scale)
+                else:
+                    self._attend_chunks(qf, records, rec_idx, stride, kv.fmt, st, chunks, ready)
                 o = torch.bmm(st.att_out.transpose(0, 1), L.w_uv).transpose(0, 1).reshape(M, c.heads * c.v_head)
                 h = h + L.wo(o)
             with self._part("moe"):

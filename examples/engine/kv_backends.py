@@ -127,6 +127,13 @@ class HisparseKV:
                              batch_size=st.batch_size)
         return self.arena, self.page_table, self.stride
 
+    def resolve_rows(self, layer: int, st: DecodeState, a: int, b: int, batch_size, max_blocks: int = 0):
+        """RESOLVE of rows [a, b) alone (the overlap's chunks, dsv32.Overlap): views of the step's
+        tensors, batch_size the range's own device count; the page table's rows [a, b) are written."""
+        self.session.resolve(layer, self.rows[a:b], st.seq_lens[a:b], st.positions[a:b], None,
+                             page_table=self.page_table[a:b], batch_size=batch_size, max_blocks=max_blocks)
+        return self.arena, self.page_table, self.stride
+
     def close(self) -> None:
         for rid in list(self.rows_of):
             self.release(0, rid)

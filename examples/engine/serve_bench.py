@@ -59,7 +59,7 @@ import sparse_kernels  # noqa: E402
 GIB = 1 << 30
 PARTS = ["proj", "append", "indexer", "topk", "resolve", "attention", "moe", "lm_head"]
 LEVELS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512]
-SMOKE = dict(layers=2, contexts="96,mix:48:160", slots="24", hybrid_slots="24", steps=6, sample_every=2, out_len="3:6", gpu_hbm="4MiB",
+SMOKE = dict(layers=2, contexts="96,mix:48:160", slots="24", hybrid_slots="24", curve_slots=24, calibrate_steps=6, steps=6, sample_every=2, out_len="3:6", gpu_hbm="4MiB",
              reserve="0", host_pool_size="64MiB", host_pool_segment_size="8MiB", records="bf16", levels="1,2,4",
              probe_steps=0, max_concurrency=8)
 
@@ -253,6 +253,7 @@ class Point:
         rec = dict(kind="point", mode=self.mode, context=self.ctx, concurrency=self.N, steps=len(step_ms),
                    mean_context=round(sum(self.ctxs) / self.N),
                    tokens_per_s=round(self.N * 1e3 * len(step_ms) / sum(step_ms), 1),
+                   step_ms_mean=round(sum(step_ms) / len(step_ms), 4),
                    tpot_ms_p50=round(pct(step_ms, 0.5), 3), tpot_ms_p99=round(pct(step_ms, 0.99), 3),
                    finished=finished, admit_ms_p50=round(pct(self.admit_ms, 0.5), 2) if self.admit_ms else None,
                    kv_hbm_bytes=self.kv.kv_bytes(), index_hbm_bytes=self.st.index_bytes())
@@ -307,6 +308,143 @@ class Point:
             self.kv.close()
 
 
+def overlaps_of(args):
+    """Every overlap variant of --overlap (chunk counts <= 1 left out)."""
+    specs = [dsv32.Overlap.parse(x, args.overlap_min_rows) for x in str(args.overlap).split(",") if x]
+    return [o for o in specs if o.chunks > 1]
+
+
+def overlap_tag(ov):
+    return f"_overlap{ov.tag}"
+
+
+def overlap_of(args):
+    """The overlap of the sweep's hisparse points (the first variant), or None."""
+    return next(iter(overlaps_of(args)), None)
+
+
+def run_point(args, model, fmt, address, mode, name, ctx, N, B, n_res=0, overlap=None):
+    """One point of the closed loop in its own session (hisparse rows) and graph; its record and samples.
+    overlap applies to hisparse mode only (dsv32.Overlap)."""
+    import hisparse
+    cuda = model.device.type == "cuda"
+    session = None
+    if mode != "baseline" and N > n_res:
+        session = hisparse.Session(address, num_layers=model.cfg.layers, record_bytes=fmt.record_bytes,
+                                   k=model.cfg.topk, slots=B, max_requests=N - n_res, gpu=0 if cuda else -1,
+                                   backend="cuda" if cuda else "host", engine_name="serve_bench")
+    model.overlap = overlap if mode == "hisparse" else None
+    t0 = time.monotonic()
+    p = Point(args, model, fmt, mode, ctx, N, session, n_res)
+    try:
+        rec, samp = p.run(None)  # each graph its own pool: a handle outliving its graphs trips torch's allocator
+    finally:
+        model.overlap = None
+        p.close()
+        if session is not None:
+            session.close()
+    del p
+    if cuda:
+        rec["peak_hbm_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    rec["wall_s"] = round(time.monotonic() - t0, 1)
+    rec["mode"], rec["slots"], rec["locality"] = name, B, model.cfg.locality
+    if overlap is not None and mode == "hisparse":
+        rec["overlap"] = dict(spec=overlap.tag, ranges=[b - a for a, b in model.overlap_ranges(overlap, N)])
+    return rec, samp
+
+
+def locality_for(cal, target):
+    """The locality whose hit rate the calibration puts at target: linear between the two measured
+    points around it (hit rates made non-decreasing in locality first: the measurements are noisy),
+    the nearest end outside the measured range."""
+    pts = sorted(cal)
+    best, mono = 0.0, []
+    for loc, hit in pts:
+        best = max(best, hit)
+        mono.append((loc, best))
+    if target <= mono[0][1]:
+        return mono[0][0]
+    for (l0, h0), (l1, h1) in zip(mono, mono[1:]):
+        if h0 <= target <= h1:
+            return l0 if h1 == h0 else l0 + (l1 - l0) * (target - h0) / (h1 - h0)
+    return mono[-1][0]
+
+
+def calibrate(args, model, fmt, address, ctx, B, emit):
+    """Hit rate against locality at this context and B: short hisparse points of --calibrate-rows
+    requests (the hit rate is a request's, whatever the batch), one per --calibrate-localities."""
+    sub = argparse.Namespace(**vars(args))
+    sub.steps, sub.probe_steps, sub.sample_every = args.calibrate_steps, 0, 1 << 30
+    cal = []
+    for loc in (float(x) for x in args.calibrate_localities.split(",")):
+        model.cfg.locality = loc
+        rec, _ = run_point(sub, model, fmt, address, "hisparse", f"hisparse_B{B}", ctx, args.calibrate_rows, B)
+        cal.append((loc, rec["hit_rate"]))
+        emit(dict(kind="calibration", context=ctx, slots=B, locality=loc, hit_rate=rec["hit_rate"],
+                  rows=args.calibrate_rows, steps=rec["steps"]))
+    return cal
+
+
+def exact(ref, samp):
+    return sum(bool(torch.equal(ref[s], samp[s])) for s in ref), len(ref)
+
+
+def curve(args, model, fmt, address, contexts, budget, pool, emit, t_start):
+    """Peak throughput at equal HBM against the hit rate (issue 44): per context, the full-HBM peak
+    (the baseline at its capacity), a calibration of hit rate against locality, then per target hit
+    rate, at hisparse's capacity N: full HBM at N (the budget ignored: the step with nothing to fetch,
+    for RESOLVE's exposed time and the exactness check), hisparse, and hisparse with the overlap."""
+    cfg, B = model.cfg, args.curve_slots
+    max_out = int(args.out_len.split(":")[1])
+    overlaps = overlaps_of(args) or [dsv32.Overlap(min_rows=args.overlap_min_rows)]
+    targets = [float(x) for x in args.hit_rates.split(",")]
+    for ctx in contexts:
+        caps = capacity(cfg, fmt, ctx, max_out, B, budget, pool)
+        nb = min(caps["baseline"]["capacity"], args.max_concurrency)
+        nh = min(caps["hisparse"]["capacity"], args.max_concurrency)
+        emit(dict(kind="capacity", context=ctx, mode="baseline", slots=None, **caps["baseline"]))
+        emit(dict(kind="capacity", context=ctx, mode=f"hisparse_B{B}", slots=B, **caps["hisparse"]))
+        cfg.locality = args.locality
+        base, _ = run_point(args, model, fmt, address, "baseline", "baseline", ctx, nb, None)
+        emit(base)
+        cal = calibrate(args, model, fmt, address, ctx, B, emit)
+        for target in targets:
+            if time.monotonic() - t_start > args.time_budget_s:
+                emit(dict(kind="skipped", mode="curve", context=ctx, target_hit_rate=target, reason="time budget"))
+                continue
+            cfg.locality = round(locality_for(cal, target), 4)
+            full, ref = run_point(args, model, fmt, address, "baseline", "full_at_N", ctx, nh, None)
+            off, s_off = run_point(args, model, fmt, address, "hisparse", f"hisparse_B{B}", ctx, nh, B)
+            for r in (full, off):
+                r["target_hit_rate"] = target
+                emit(r)
+            same_off, n = exact(ref, s_off)
+            exp_off = off["step_ms_mean"] - full["step_ms_mean"]
+            for ov in overlaps:  # one curve record per overlap variant, beside the same full and plain points
+                on, s_on = run_point(args, model, fmt, address, "hisparse", f"hisparse_B{B}{overlap_tag(ov)}", ctx, nh, B,
+                                     overlap=ov)
+                on["target_hit_rate"] = target
+                emit(on)
+                same_on, _ = exact(ref, s_on)
+                exp_on = on["step_ms_mean"] - full["step_ms_mean"]
+                emit(dict(kind="curve", context=ctx, slots=B, target_hit_rate=target, locality=cfg.locality,
+                          concurrency=nh, hit_rate=off["hit_rate"], hit_rate_overlap=on["hit_rate"],
+                          misses_per_step=off["misses_per_step"], baseline_peak_tokens_per_s=base["tokens_per_s"],
+                          baseline_peak_concurrency=nb, tokens_per_s=off["tokens_per_s"],
+                          tokens_per_s_overlap=on["tokens_per_s"],
+                          ratio=round(off["tokens_per_s"] / base["tokens_per_s"], 3),
+                          ratio_overlap=round(on["tokens_per_s"] / base["tokens_per_s"], 3),
+                          step_ms_full=full["step_ms_mean"], step_ms=off["step_ms_mean"],
+                          step_ms_overlap=on["step_ms_mean"], exposed_ms=round(exp_off, 3),
+                          exposed_ms_overlap=round(exp_on, 3),
+                          exposed_cut=round(1 - exp_on / exp_off, 3) if exp_off > 0 else None,
+                          overlap=on["overlap"],
+                          sampled_steps=n, identical=same_off, identical_overlap=same_on,
+                          exact=same_off == n and same_on == n))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8, help="layers of the 61-layer model to run (all sizes scale)")
@@ -328,6 +466,19 @@ def main(argv=None) -> int:
     ap.add_argument("--host-pool-size", default="48GiB")
     ap.add_argument("--host-pool-segment-size", default="1GiB")
     ap.add_argument("--locality", type=float, default=2.8)
+    ap.add_argument("--overlap", default="",
+                    help="hisparse points: RESOLVE in row chunks on a side stream, under the previous chunk's attention "
+                         "(dsv32.Overlap.parse: CHUNKS[/bBLOCKS][/pPRIORITY][/gGROWTH][/main], e.g. 4/b32/g1.8; empty "
+                         "or 1: off); the curve runs every spec of a comma list (default 4), the sweep the first")
+    ap.add_argument("--overlap-min-rows", type=int, default=4, help="rows a chunk at least (fewer chunks at small batches)")
+    ap.add_argument("--hit-rates", default=None,
+                    help="the hit-rate curve instead of the concurrency sweep: target hit rates (e.g. "
+                         "0.4,0.5,0.6,0.7,0.78,0.87,0.95), each reached by a calibrated locality, at hisparse's capacity")
+    ap.add_argument("--curve-slots", type=int, default=4096, help="B of the hit-rate curve")
+    ap.add_argument("--calibrate-localities", default="0,0.5,1,1.5,2,2.5,3,3.5",
+                    help="localities the calibration measures the hit rate at")
+    ap.add_argument("--calibrate-rows", type=int, default=2)
+    ap.add_argument("--calibrate-steps", type=int, default=12)
     ap.add_argument("--tune-mla", type=int, default=32, help="tune the sparse MLA tiles at this batch (0: defaults)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="skip the remaining points after this long")
@@ -390,14 +541,17 @@ def main(argv=None) -> int:
     modes += [("hybrid", int(B)) for B in args.hybrid_slots.split(",") if B]
     levels = [int(x) for x in args.levels.split(",")]
     max_out = int(args.out_len.split(":")[1])
-    pool_handle = None  # each graph its own pool: a handle outliving its graphs trips torch's allocator
+    overlap = overlap_of(args)
     samples = {}
     try:
+        if args.hit_rates:
+            curve(args, model, fmt, daemon.address, contexts, budget, pool, emit, t_start)
+            contexts = []  # the curve replaces the concurrency sweep
         for ctx in contexts:
             for mode, B in modes:
                 caps = capacity(cfg, fmt, ctx, max_out, B or slots[0], budget, pool)
                 cap = caps["baseline" if mode == "baseline" else "hisparse"]
-                name = mode if B is None else f"{mode}_B{B}"
+                name = mode if B is None else f"{mode}_B{B}" + (overlap_tag(overlap) if overlap and mode == "hisparse" else "")
                 emit(dict(kind="capacity", context=ctx, mode=name, slots=B, **cap))
                 c = min(cap["capacity"], args.max_concurrency)
                 todo = sorted({n for n in levels if n <= c} | ({c} if c > 0 else set()))
@@ -405,27 +559,8 @@ def main(argv=None) -> int:
                     if time.monotonic() - t_start > args.time_budget_s:
                         emit(dict(kind="skipped", mode=name, context=ctx, concurrency=N, reason="time budget"))
                         continue
-                    session = None
                     n_res = resident_rows(cfg, fmt, ctx, N, max_out, B, budget) if mode == "hybrid" else 0
-                    if mode != "baseline" and N > n_res:
-                        session = hisparse.Session(daemon.address, num_layers=cfg.layers, record_bytes=fmt.record_bytes,
-                                                   k=cfg.topk, slots=B, max_requests=N - n_res, gpu=0 if cuda else -1,
-                                                   backend="cuda" if cuda else "host", engine_name="serve_bench")
-                    t0 = time.monotonic()
-                    p = Point(args, model, fmt, mode, ctx, N, session, n_res)
-                    try:
-                        rec, samp = p.run(pool_handle)
-                    finally:
-                        p.close()
-                        if session is not None:
-                            session.close()
-                    del p
-                    if cuda:
-                        rec["peak_hbm_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
-                        torch.cuda.empty_cache()
-                        torch.cuda.reset_peak_memory_stats()
-                    rec["wall_s"] = round(time.monotonic() - t0, 1)
-                    rec["mode"], rec["slots"] = name, B
+                    rec, samp = run_point(args, model, fmt, daemon.address, mode, name, ctx, N, B, n_res, overlap)
                     emit(rec)
                     samples[(name, ctx, N)] = samp
                 emit(dict(kind="stop", mode=name, context=ctx, last=c, limit=cap["limit"] if c == cap["capacity"]
@@ -433,7 +568,7 @@ def main(argv=None) -> int:
         for (name, ctx, N), samp in samples.items():
             # Against the full-HBM run of the same schedule, else (a hybrid point past the baseline's
             # capacity: resident and hisparse rows in one batch) against the all-hisparse run.
-            ref_name = "baseline" if ("baseline", ctx, N) in samples else name.replace("hybrid", "hisparse")
+            ref_name = "baseline" if ("baseline", ctx, N) in samples else name.replace("hybrid", "hisparse").split("_overlap")[0]
             ref = samples.get((ref_name, ctx, N))
             if name in ("baseline", ref_name) or ref is None:
                 continue
@@ -450,7 +585,7 @@ def main(argv=None) -> int:
     report(lines)
     if args.plot:
         plot(lines, args.plot)
-    bad = [x for x in lines if x["kind"] == "exactness" and not x["exact"]]
+    bad = [x for x in lines if x["kind"] in ("exactness", "curve") and not x["exact"]]
     print(f"device-side wall time {time.monotonic() - t_start:.0f} s")
     return 1 if bad else 0
 
@@ -464,12 +599,24 @@ def report(lines):
               f"{r['tpot_ms_p99']:.3f} | {r.get('hit_rate', '-')} | {r.get('misses_per_step', '-')} | "
               f"{r.get('fetched_gb_per_s', '-')} | {r['admit_ms_p50']} |")
     for ctx in sorted({r["context"] for r in pts}, key=str):
-        names = sorted({r["mode"] for r in pts if r["context"] == ctx})
+        names = sorted({r["mode"] for r in pts if r["context"] == ctx and r["mode"] != "full_at_N"})
         best = {m: max(r["tokens_per_s"] for r in pts if r["context"] == ctx and r["mode"] == m) for m in names}
         for m in names:
             if m != "baseline" and best.get("baseline"):
                 print(f"context {ctx}: peak tokens/s baseline {best['baseline']:.0f}, {m} {best[m]:.0f}: "
                       f"x{best[m] / best['baseline']:.2f}")
+    cur = [x for x in lines if x["kind"] == "curve"]
+    if cur:
+        print("\n| context | target | hit rate (overlap) | N | misses/step | ratio | ratio, overlap | step ms full / "
+              "hisparse / overlap | RESOLVE exposed ms | exposed, overlap | cut | exact |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for c in cur:
+            mark = {0.78: " (real text)", 0.87: " (paper)"}.get(c["target_hit_rate"], "")
+            print(f"| {c['context']} | {c['target_hit_rate']}{mark} | {c['hit_rate']} ({c['hit_rate_overlap']}) | "
+                  f"{c['concurrency']} | {c['misses_per_step']} | {c['ratio']} | {c['ratio_overlap']} | "
+                  f"{c['step_ms_full']} / {c['step_ms']} / {c['step_ms_overlap']} | {c['exposed_ms']} | "
+                  f"{c['exposed_ms_overlap']} | {c['exposed_cut']} | {c['identical']}+{c['identical_overlap']}/"
+                  f"{2 * c['sampled_steps']} |")
 
 
 def plot(lines, path):

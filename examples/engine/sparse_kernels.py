@@ -206,14 +206,16 @@ class Kernels:
         out.copy_(sc.masked_fill(t.unsqueeze(0) >= seq_lens.unsqueeze(1), float("-inf")))
         return out
 
-    def sparse_mla(self, q, records, idx, rec_stride, fmt: RecordFormat, batch_size, out, sm_scale):
+    def sparse_mla(self, q, records, idx, rec_stride, fmt: RecordFormat, batch_size, out, sm_scale, splits=None):
         """q bf16 [M, heads, 576]; records: uint8 tensor whose record i starts at byte i * rec_stride;
-        idx int32/int64 [M, k] (-1: padding); out bf16 [M, heads, 512]."""
+        idx int32/int64 [M, k] (-1: padding); out bf16 [M, heads, 512]. splits: the selection's splits
+        (None: mla_splits(M)); a row's result depends on it, not on M, so rows attended in chunks
+        with the whole batch's count equal the whole batch's."""
         M, heads, _ = q.shape
         k = idx.shape[1]
         if self.triton and not isinstance(records, list):
             bh = min(self.mla_block_h, heads)
-            ns = self.mla_splits(M, heads, k)
+            ns = splits if splits is not None else self.mla_splits(M, heads, k)
             key = (M, heads, ns, bh, q.device)
             if key not in self._parts:  # allocated once per shape, before graph capture reuses it
                 self._parts[key] = (torch.empty(M, ns, heads, 512, dtype=torch.float32, device=q.device),

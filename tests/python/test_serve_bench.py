@@ -56,6 +56,44 @@ def test_smoke_run_on_the_cpu(capsys):
     assert all(48 <= p["mean_context"] <= 160 for p in mix)
 
 
+def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys):
+    # The curve (issue 44): calibration, full HBM at hisparse's capacity, hisparse without and with
+    # RESOLVE in row chunks (two), each exact against full HBM.
+    argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap", "2,2/b1/g2,2/main", "--overlap-min-rows", "2",
+            "--calibrate-localities", "0,2,6"]
+    assert serve_bench.main(argv) == 0
+    lines = json_lines(capsys.readouterr().out)
+    cal = [x for x in lines if x["kind"] == "calibration"]
+    assert len(cal) == 2 * 3 and all(0 <= x["hit_rate"] <= 1 for x in cal)
+    cur = [x for x in lines if x["kind"] == "curve"]
+    assert len(cur) == 2 * 2 * 3, "two contexts, two targets, three overlap variants"
+    for c in cur:
+        assert c["exact"] and c["identical"] == c["identical_overlap"] == c["sampled_steps"] > 0
+        assert c["concurrency"] >= 4 and len(c["overlap"]["ranges"]) == 2
+        assert 0 < c["hit_rate"] < 1 and c["ratio"] > 0 and c["ratio_overlap"] > 0
+    modes = {x["mode"] for x in lines if x["kind"] == "point"}
+    assert modes == {"baseline", "full_at_N", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
+                     "hisparse_B24_overlap2_main"}
+    # A higher target asks for more locality, and more locality gives more hits (on these sizes).
+    by = {(c["context"], c["target_hit_rate"]): c for c in cur}
+    assert by[(96, 0.8)]["locality"] >= by[(96, 0.3)]["locality"]
+
+
+def test_overlap_cuts_a_batch_into_row_ranges():
+    o = dsv32.Overlap(chunks=4, min_rows=4)
+    assert o.ranges(29) == [(0, 7), (7, 14), (14, 22), (22, 29)]
+    g = dsv32.Overlap.parse("4/b32/p0/g2/main")
+    assert (g.chunks, g.max_blocks, g.priority, g.growth, g.side_stream) == (4, 32, 0, 2.0, False)
+    assert g.tag == "4_b32_p0_g2_main"
+    assert [b - a for a, b in g.ranges(30)] == [4, 4, 6, 16], "a small first chunk, then growing"
+    assert o.ranges(8) == [(0, 4), (4, 8)]
+    assert o.ranges(7) == [(0, 7)], "a batch below two chunks of min_rows is not cut"
+    assert o.ranges(1) == [(0, 1)]
+    assert serve_bench.locality_for([(0, 0.1), (1, 0.5), (2, 0.4), (3, 0.9)], 0.7) == pytest.approx(2.5)
+    assert serve_bench.locality_for([(0, 0.1), (1, 0.5)], 0.05) == 0
+    assert serve_bench.locality_for([(0, 0.1), (1, 0.5)], 0.95) == 1
+
+
 def test_length_mix_is_log_uniform_and_fixed_per_client():
     lens = serve_bench.slot_contexts("mix", 200)
     assert lens[:10] == serve_bench.slot_contexts("mix", 10), "a client's length does not depend on N"
@@ -103,6 +141,30 @@ def test_triton_sparse_mla_matches_the_reference(records):
     sparse_kernels.Kernels(False).sparse_mla(q, recs, idx, stride, fmt, bs, out_r, scale)
     assert torch.all(out_t[4] == 7.0), "a row past *batch_size was written"
     torch.testing.assert_close(out_t[:4].float(), out_r[:4].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_triton_sparse_mla_in_row_chunks_equals_one_launch():
+    # The overlap attends row ranges as their RESOLVE finishes, with the whole batch's split count:
+    # every row's output must equal one launch over the batch bit for bit (the exactness it keeps).
+    _gpu_or_skip()
+    dev = torch.device("cuda")
+    cfg = dsv32.V32Config(layers=1)
+    fmt = dsv32.record_format("fp8", cfg)
+    g = torch.Generator(device=dev).manual_seed(5)
+    M, k, n = 29, 2048, 20000
+    recs = fmt.encode(torch.randn(n, 576, generator=g, device=dev).to(torch.bfloat16))
+    q = torch.randn(M, cfg.heads, 576, generator=g, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(n, generator=g, device=dev)[:k] for _ in range(M)]).to(torch.int32)
+    idx[3, 1000:] = -1
+    K = sparse_kernels.Kernels(True)
+    whole = torch.empty(M, cfg.heads, 512, dtype=torch.bfloat16, device=dev)
+    K.sparse_mla(q, recs, idx, fmt.record_bytes, fmt, torch.tensor([M], dtype=torch.int32, device=dev), whole, 0.05)
+    parts = torch.empty_like(whole)
+    splits = K.mla_splits(M, cfg.heads, k)
+    for a, b in dsv32.Overlap(chunks=4).ranges(M):
+        bs = torch.tensor([b - a], dtype=torch.int32, device=dev)
+        K.sparse_mla(q[a:b], recs, idx[a:b], fmt.record_bytes, fmt, bs, parts[a:b], 0.05, splits=splits)
+    assert torch.equal(parts, whole)
 
 
 def test_triton_index_scores_match_the_reference():
