@@ -15,6 +15,23 @@ eta = 0.53 (random 656-B misses gather at 29.4 of 55.5 GB/s: FACTS.md), both fro
 runs. Nothing is fitted to a hisparse point.
 
     python3 bench/serve_model.py serve.jsonl
+
+On a hit-rate curve (serve_bench.py --hit-rates, issue 44) it projects instead what a FlashMLA-class
+sparse attention would make of each curve point (--flashmla-tflops, default 410: DeepSeek's figure
+for FlashMLA's fp8 sparse decode on an H800, whose tensor rate the H200 shares):
+
+    a_row      = (attention(N) - attention(n)) / (N - n)     per row and step, this engine's, from
+                 the full-HBM points at the baseline's capacity n and hisparse's N (probe events)
+    f_row      = L * 2 * heads * k * (576 + 512) / flashmla_flops
+                 (QK over the 576-wide latent, PV over its 512; the 656-B records read in ~0.5 us
+                 a row and layer at HBM speed, below this compute time)
+    T'(b)      = T(b) - b * (a_row - f_row)                  every measured step, either mode
+    exposed    = T_hisparse(N) - T_full(N)                   RESOLVE's, measured: it does not depend
+                                                             on attention's speed
+    hideable   = N * f_row * (r - 1) / r                     at most what r row ranges of the overlap
+                                                             can hide under attention
+
+    python3 bench/serve_model.py bench/results/hide-misses-2026-12-04-curve.jsonl
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ import sys
 
 T_PLAN_MS = 0.015
 ETA = 0.53
+FLASHMLA_TFLOPS = 410.0  # FlashMLA's README: fp8 sparse decoding "up to 410 TFlops" (H800)
 
 
 def fit(rows, cols):
@@ -40,8 +58,59 @@ def fit(rows, cols):
 CONTEXT_PARTS = {"indexer", "topk"}
 
 
-def main(path: str) -> int:
+def flashmla_row_ms(model, tflops: float, heads: int = 128, latent: int = 576, v: int = 512) -> float:
+    """One row's sparse attention over the k selections, every layer of a step, at tflops."""
+    return model["layers"] * 2.0 * heads * model["k"] * (latent + v) / (tflops * 1e12) * 1e3
+
+
+def project_curve(lines, tflops: float):
+    """The hit-rate curve with this engine's attention replaced by a FlashMLA-class one: rows of
+    (context, hit rate, measured and projected full-HBM peak ratio without and with hiding, what
+    the overlap could hide at most, and what it hid)."""
+    model = next(x for x in lines if x["kind"] == "model")
+    pts = [x for x in lines if x["kind"] == "point"]
+    f_row = flashmla_row_ms(model, tflops)
+    out = []
+    for c in (x for x in lines if x["kind"] == "curve"):
+        ctx, N, n = c["context"], c["concurrency"], c["baseline_peak_concurrency"]
+        base = next(p for p in pts if p["context"] == ctx and p["mode"] == "baseline" and p["concurrency"] == n)
+        full = next(p for p in pts if p["context"] == ctx and p["mode"] == "full_at_N" and p.get("target_hit_rate")
+                    == c["target_hit_rate"])
+        a_row = (full["parts_ms"]["attention"] - base["parts_ms"]["attention"]) / (N - n)
+        cut = a_row - f_row
+        t_base = base["step_ms_mean"] - n * cut
+        t_full = c["step_ms_full"] - N * cut
+        exposed = c["step_ms"] - c["step_ms_full"]
+        ranges = len(c["overlap"]["ranges"])
+        peak = n / t_base
+        out.append(dict(context=ctx, hit_rate=c["hit_rate"], overlap=c["overlap"]["spec"], a_row_us=a_row * 1e3,
+                        f_row_us=f_row * 1e3, ratio=c["ratio"], ratio_overlap=c["ratio_overlap"],
+                        projected_ratio=N / (t_full + exposed) / peak,
+                        projected_ratio_all_hidden=N / t_full / peak,
+                        hideable_ms=N * f_row * (ranges - 1) / ranges,
+                        hidden_ms=c["exposed_ms"] - c["exposed_ms_overlap"], exposed_ms=exposed))
+    return out
+
+
+def main_curve(lines, tflops: float) -> int:
+    rows = project_curve(lines, tflops)
+    ours = ", ".join(sorted({"%.0f" % r["a_row_us"] for r in rows}))
+    print(f"FlashMLA-class attention at {tflops:g} TFLOP/s: {rows[0]['f_row_us']:.1f} us a row and step "
+          f"(this engine's: {ours} us)\n")
+    print("| context | hit rate | overlap | ratio measured: hisparse / overlap | projected: hisparse / all hidden | "
+          "exposed ms | overlap hid (measured) | could hide under a FlashMLA-class attention |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['context']} | {r['hit_rate']} | {r['overlap']} | {r['ratio']:.2f}x / {r['ratio_overlap']:.2f}x | "
+              f"{r['projected_ratio']:.2f}x / {r['projected_ratio_all_hidden']:.2f}x | {r['exposed_ms']:.2f} | "
+              f"{r['hidden_ms']:.2f} | {r['hideable_ms']:.2f} |")
+    return 0
+
+
+def main(path: str, tflops: float = FLASHMLA_TFLOPS) -> int:
     lines = [json.loads(x) for x in open(path)]
+    if any(x["kind"] == "curve" for x in lines):
+        return main_curve(lines, tflops)
     model = next(x for x in lines if x["kind"] == "model")
     link = next(x["h2d_gbps"] for x in lines if x["kind"] == "link")
     L, R = model["layers"], model["record_bytes"]
@@ -81,4 +150,10 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    tf = FLASHMLA_TFLOPS
+    if "--flashmla-tflops" in args:
+        i = args.index("--flashmla-tflops")
+        tf = float(args[i + 1])
+        del args[i:i + 2]
+    sys.exit(main(args[0], tf))
