@@ -702,9 +702,7 @@ class Session:
         args.query_counts = self._data_ptr(query_counts, "query_counts", int32=True, min_items=max_batch) \
             if query_counts is not None else None
         args.launch_flags = _lib.HS_RESOLVE_LAUNCH_PROGRAMMATIC if programmatic else 0
-        if max_blocks < 0:
-            raise InvalidArgument(f"max_blocks {max_blocks}: must be >= 0 (0: no budget)")
-        args.max_blocks = max_blocks
+        args.max_blocks = max_blocks  # the library refuses a negative budget
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 
     def prefetch(self, layer: int, *, stream: Any = None) -> None:
