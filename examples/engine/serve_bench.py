@@ -468,8 +468,9 @@ def main(argv=None) -> int:
     ap.add_argument("--locality", type=float, default=2.8)
     ap.add_argument("--overlap", default="",
                     help="hisparse points: RESOLVE in row chunks on a side stream, under the previous chunk's attention "
-                         "(dsv32.Overlap.parse: CHUNKS[/bBLOCKS][/pPRIORITY][/gGROWTH][/main], e.g. 4/b32/g1.8; empty "
-                         "or 1: off); the curve runs every spec of a comma list (default 4), the sweep the first")
+                         "(dsv32.Overlap.parse: CHUNKS[/bBLOCKS|/hHELPERS][/pPRIORITY][/gGROWTH][/w][/one][/main], e.g. 4/b16 "
+                         "or 4/w/h8; empty or 1: off); the curve runs every spec of a comma list (default 4), the "
+                         "sweep the first")
     ap.add_argument("--overlap-min-rows", type=int, default=4, help="rows a chunk at least (fewer chunks at small batches)")
     ap.add_argument("--hit-rates", default=None,
                     help="the hit-rate curve instead of the concurrency sweep: target hit rates (e.g. "
