@@ -54,3 +54,21 @@ def test_the_committed_h200_curve_projects():
         # can only help; what an overlap under it could hide shrinks with it.
         assert r["projected_ratio_all_hidden"] >= r["projected_ratio"] > 0
         assert r["f_row_us"] < r["a_row_us"]
+
+
+def test_the_curve_plot_draws_every_series(tmp_path):
+    # bench/plot_curve.py (no plotting library): per context, the ratio and the exposed time, one
+    # line each for hisparse and every overlap variant.
+    spec = importlib.util.spec_from_file_location("plot_curve", REPO / "bench" / "plot_curve.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "curve.svg"
+    src = REPO / "bench" / "results" / "hide-misses-2026-12-04-curve.jsonl"
+    assert mod.main([str(src), str(out)]) == 0
+    svg = out.read_text()
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    assert svg.count("<polyline") == 2 * 2 * 3  # 2 contexts x (ratio, exposed) x (hisparse + 2 variants)
+    assert "overlap 4/b16" in svg and "overlap 4/h8/w" in svg and "real text 78%" in svg
+    bad = tmp_path / "sweep.jsonl"
+    bad.write_text('{"kind": "point"}\n')
+    assert mod.main([str(bad), str(out)]) == 1
