@@ -234,7 +234,6 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitEachItem(const v1::AdmitBat
   // An item that wants a new slab has it made for the rest of the batch with no lock held, then is
   // tried again (SessionCore::WithSlabsOutsideLocks, here by hand: the items before it stay).
   PagePool::SlabsOutsideLocks outside;
-  int slab_rounds = 0;
   bool again = false;  // item i is tried again: its id is in `seen` already
   while (i < req.items_size()) {
     std::optional<SessionCore::Victim> victim;
@@ -279,10 +278,7 @@ absl::StatusOr<v1::AdmitBatchResponse> Batches::AdmitEachItem(const v1::AdmitBat
         record(item, std::move(tried.result));
       }
     }
-    if (wants_slab) {
-      if (++slab_rounds == SessionCore::kSlabRounds - 1) outside.Lift();
-      (void)core_.MakeWantedSlabs(outside);
-    }
+    if (wants_slab) (void)core_.MakeWantedSlabs(outside);
     if (victim.has_value()) {
       (void)core_.EvictVictim(*victim, "evicted to admit another request of the same tenant (host pool full)");
       ++evictions;

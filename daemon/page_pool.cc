@@ -179,6 +179,7 @@ bool PagePool::SlabsOutsideLocks::MakeWanted(PagePool& pool) {
   }
   lifted_ = lifted;
   made_for_ = want->owner;
+  ++made_;
   return true;
 }
 

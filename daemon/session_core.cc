@@ -242,6 +242,7 @@ std::optional<SessionCore::Victim> SessionCore::PickVictimLocked(uint64_t sessio
 
 bool SessionCore::MakeWantedSlabs(PagePool::SlabsOutsideLocks& outside) {
   if (!outside.MakeWanted(*pool_unlocked_)) return false;
+  if (outside.made() == kSlabRounds - 1) outside.Lift();
   absl::ReaderMutexLock lock(&mu_);
   if (!OwnerLiveLocked(outside.made_for())) pool_->RetireIdleOf(outside.made_for());
   return true;

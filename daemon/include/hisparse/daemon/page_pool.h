@@ -195,8 +195,9 @@ class PagePool {
     // Makes the want (Prepare), outside the holder's locks, with the scope lifted meanwhile; the
     // want is taken. False when there was none.
     bool MakeWanted(PagePool& pool);
-    // The owner of the last want made (kNoOwner before any).
+    // The owner of the last want made (kNoOwner before any), and how many wants were made.
     uint64_t made_for() const { return made_for_; }
+    int made() const { return made_; }
     // From here on, allocations in the scope make slabs as they would without it (a holder that
     // has tried often enough: progress before purity).
     void Lift() { lifted_ = true; }
@@ -213,6 +214,7 @@ class PagePool {
     SlabsOutsideLocks* const outer_;
     std::optional<Want> want_, larger_;
     uint64_t made_for_ = kNoOwner;
+    int made_ = 0;
     bool lifted_ = false;
   };
 

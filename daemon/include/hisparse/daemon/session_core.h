@@ -211,21 +211,22 @@ class SessionCore {
   // New slabs are made outside the node's locks (PagePool::SlabsOutsideLocks): a call whose
   // allocation under its locks wanted one answers Unavailable; this runs `attempt(outside)` (which
   // takes and releases its locks) and, while it wanted a slab, makes it with no lock held and runs
-  // it again; the last of kSlabRounds tries makes slabs inline, as before. An attempt that knows its
-  // whole need (a batch's items) records it in `outside` itself (SlabsOutsideLocks::WantedLarger; an Extend,
-  // TakeLayerPages).
+  // it again; the last of kSlabRounds tries makes slabs inline, as before (MakeWantedSlabs counts
+  // them). An attempt that knows its whole need (a batch's items) records it in `outside` itself
+  // (SlabsOutsideLocks::WantedLarger; an Extend, TakeLayerPages).
   static constexpr int kSlabRounds = 3;
   template <typename Attempt>
   auto WithSlabsOutsideLocks(Attempt&& attempt) ABSL_LOCKS_EXCLUDED(mu_) {
     PagePool::SlabsOutsideLocks outside;
-    for (int round = 1;; ++round) {
-      if (round == kSlabRounds) outside.Lift();
+    for (;;) {
       auto result = attempt(outside);
       if (!MakeWantedSlabs(outside)) return result;
     }
   }
   // The want of `outside`, made (PagePool::Prepare) with no lock held; an owner that ended
-  // meanwhile has its idle slabs retired again (nobody else would). False when there was none.
+  // meanwhile has its idle slabs retired again (nobody else would). After kSlabRounds - 1 wants
+  // made in one scope it lifts the scope: the next try makes its slabs inline (progress before
+  // purity). False when there was no want.
   bool MakeWantedSlabs(PagePool::SlabsOutsideLocks& outside) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether pool owner `owner` is a session or a TP group's.
   bool OwnerLiveLocked(uint64_t owner) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
