@@ -611,17 +611,24 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
                                                      ", page_offset ", a.page_offset, ")"));
     }
   }
-  if ((a.launch_flags & ~HS_RESOLVE_LAUNCH_PROGRAMMATIC) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("resolve launch_flags 0x", absl::Hex(a.launch_flags),
-                                                   ": unknown bits (known: HS_RESOLVE_LAUNCH_PROGRAMMATIC)"));
+  constexpr uint32_t kKnownFlags = HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE;
+  if ((a.launch_flags & ~kKnownFlags) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resolve launch_flags 0x", absl::Hex(a.launch_flags),
+                     ": unknown bits (known: HS_RESOLVE_LAUNCH_PROGRAMMATIC, HS_RESOLVE_LAUNCH_BESIDE)"));
+  }
+  if (a.launch_flags == kKnownFlags) {
+    return absl::InvalidArgumentError(
+        "resolve launch_flags: HS_RESOLVE_LAUNCH_PROGRAMMATIC and HS_RESOLVE_LAUNCH_BESIDE exclude each other");
   }
   if (a.max_blocks < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("resolve max_blocks ", a.max_blocks, ": must be >= 0 (0: no budget)"));
   }
   ResolvePlacement placement;
-  placement.order =
-      (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? StreamOrder::kProgrammatic : StreamOrder::kAfterCompletion;
+  placement.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? StreamOrder::kBeside
+                    : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? StreamOrder::kProgrammatic
+                                                                        : StreamOrder::kAfterCompletion;
   placement.max_blocks = a.max_blocks;  // zero for callers built before ABI 1.13
   ResolveDesc d{};
   d.arena = arena_;

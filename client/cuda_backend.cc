@@ -152,7 +152,9 @@ class CudaBackend final : public DeviceBackend {
       d.batch_size = counts_.as<int32_t>() + d.max_batch;
     }
     ResolveLaunchConfig how = launch_;
-    how.programmatic_launch = placement.order == StreamOrder::kProgrammatic;
+    how.order = placement.order == StreamOrder::kBeside         ? LaunchOrder::kBeside
+                : placement.order == StreamOrder::kProgrammatic ? LaunchOrder::kProgrammatic
+                                                                : LaunchOrder::kAfterCompletion;
     how.max_blocks = placement.max_blocks;
     return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), how, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");

@@ -35,10 +35,10 @@ struct AttachedArena {
 };
 
 // How a data-path launch orders itself after the previous kernel in the caller's stream
-// (hs_resolve_args.launch_flags): once that kernel has completed, or as its programmatic
-// dependent (scheduled during its tail, waiting for it before touching memory). The results are
-// the same; the host backend runs in order either way.
-enum class StreamOrder { kAfterCompletion, kProgrammatic };
+// (hs_resolve_args.launch_flags): once that kernel has completed, as its programmatic dependent
+// (scheduled during its tail, waiting for it before touching memory), or beside it (running while
+// it runs, completing after it). The results are the same; the host backend runs in order anyway.
+enum class StreamOrder { kAfterCompletion, kProgrammatic, kBeside };
 
 // How a RESOLVE launch places itself (hs_resolve_args.launch_flags and .max_blocks): its order after
 // the previous kernel, and the most thread blocks it may occupy (0: as many as the device holds).

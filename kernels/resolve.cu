@@ -53,10 +53,14 @@
 //   * The workspace resets itself: consumers clear the entries they take, the last planner zeroes
 //     the publish counter and the warp that takes the very last entry the take counter. Graph
 //     replays need nothing in between.
-//   * Stream order (ResolveLaunchConfig::programmatic_launch): launched as a programmatic
-//     dependent of the kernel before it, the grid is scheduled during that kernel's tail, and
-//     every block waits for it (griddepcontrol.wait) before its first global access: the launch
-//     latency leaves the layer's critical path, nothing else changes (stream_order.cuh).
+//   * Stream order (ResolveLaunchConfig::order): launched as a programmatic dependent of the
+//     kernel before it, the grid is scheduled during that kernel's tail, and every block waits for
+//     it (griddepcontrol.wait) before its first global access: the launch latency leaves the
+//     layer's critical path, nothing else changes (stream_order.cuh). Beside it (kBeside), the grid
+//     is scheduled once that kernel's blocks have all asked for their dependents, runs its whole
+//     step while that kernel runs, and every block waits for it last: an engine hides the misses
+//     of one range of rows under another range's attention on one stream, and its CUDA graph stays
+//     one chain (a side stream's fork and join slowed every other kernel of a captured step).
 //   * Forward progress: consumers wait for the last planner, so every block of the grid must be
 //     able to be resident at once: the grid never exceeds the occupancy-derived capacity, row
 //     blocks have the lowest indices and never wait before they have published. (A kernel that
@@ -193,12 +197,14 @@ struct ResolveParams {
   int2* plan;                 // [max_batch][k] (position, slot) of miss m of batch entry i
   unsigned long long* queue;  // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
-  int chunk_records;   // records of a queue chunk (ChunkRecords)
-  int direct_records;  // records of a row block's own chunk (DirectRecords)
-  int end_count;       // END entries a launch writes: one per consumer warp of the grid (W)
-  int planner_blocks;  // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
-  int seg_k, seg_b;    // selections / LRU entries per warp segment (multiples of 32)
-  bool address_order;  // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
+  int chunk_records;    // records of a queue chunk (ChunkRecords)
+  int direct_records;   // records of a row block's own chunk (DirectRecords)
+  int end_count;        // END entries a launch writes: one per consumer warp of the grid (W)
+  int planner_blocks;   // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
+  int consumer_blocks;  // blocks [0, consumer_blocks) take queue chunks (ResolveLaunchConfig)
+  bool beside;          // LaunchOrder::kBeside: wait for the kernel before last, not first
+  int seg_k, seg_b;     // selections / LRU entries per warp segment (multiples of 32)
+  bool address_order;   // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
   // Shared-memory carve-up of a row block (byte offsets, 16-byte aligned).
   unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot, off_miss_pos, off_masks, off_tot,
       off_misc, off_filter;
@@ -1043,7 +1049,7 @@ template <int UPR>
 __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int b = blockIdx.x;
-  internal::WaitForPriorGrid();  // before any global access (a programmatic launch)
+  if (!p.beside) internal::WaitForPriorGrid();  // before any global access (a programmatic launch)
   // A row block's first row and seq_len are loaded together with the batch size (b < max_batch,
   // so the loads are in bounds whatever the batch).
   int row = 0, seq = 0;
@@ -1067,7 +1073,10 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
   }
   if (batch == 0 && b == 0 && threadIdx.x < 32) WriteEnds(p, 0u);
   const int consumer = static_cast<int>(threadIdx.x >> 5) - (kWarps - kConsumerWarps);  // the block's last warps
-  if (consumer >= 0) Consume<UPR>(p, static_cast<unsigned>(b * kConsumerWarps + consumer));
+  if (consumer >= 0 && b < p.consumer_blocks) Consume<UPR>(p, static_cast<unsigned>(b * kConsumerWarps + consumer));
+  // Beside the kernel before (LaunchOrder::kBeside): this grid completes only after that one, so
+  // the stream's order holds for whatever comes next.
+  if (p.beside) internal::WaitForPriorGrid();
 }
 
 // The RESOLVE kernel for a record size (its 16-byte units per record, 0: any size).
@@ -1085,8 +1094,9 @@ bool PreparedFor(const ResolveLaunchConfig& c, int device, const ArenaGeometry& 
 // Grid: every block must be able to be resident at once (consumers wait for the last planner),
 // so planners are capped at the device's capacity for this kernel and loop over rows; helpers
 // fill what capacity is left, one per SM at most; a budget (ResolveLaunchConfig::max_blocks) lowers
-// the capacity. Returns the grid; *planners gets the row blocks.
-int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
+// the capacity. Helpers only consume, so none is added past ResolveLaunchConfig::consumer_blocks.
+// Returns the grid; *planners gets the row blocks and *consumers the blocks that take queue chunks.
+int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners, int* consumers) {
   const int sms = c.sms;
   int capacity = c.blocks_per_sm * sms;
   if (c.max_blocks > 0 && c.max_blocks < capacity) capacity = c.max_blocks;  // the caller's budget
@@ -1094,12 +1104,18 @@ int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners) {
   int helpers = capacity - *planners;
   if (helpers > sms) helpers = sms;
   if (helpers > kMaxHelperBlocks) helpers = kMaxHelperBlocks;
-  return *planners + helpers;
+  if (c.consumer_blocks > 0 && *planners + helpers > c.consumer_blocks) {
+    helpers = c.consumer_blocks > *planners ? c.consumer_blocks - *planners : 0;
+  }
+  const int grid = *planners + helpers;
+  *consumers = c.consumer_blocks > 0 && c.consumer_blocks < grid ? c.consumer_blocks : grid;
+  return grid;
 }
 
 cudaError_t LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
-  const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks);
-  p.end_count = grid * kConsumerWarps;
+  const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks, &p.consumer_blocks);
+  p.end_count = p.consumer_blocks * kConsumerWarps;
+  p.beside = internal::Beside(c);
   const cudaError_t e = internal::LaunchInOrder(ResolveKernelFor(p.d.arena.geometry.record_bytes), dim3(grid),
                                                 dim3(kThreads), c.smem, stream, internal::Programmatic(c), p);
   return e != cudaSuccess ? internal::LaunchCallFailed(e) : internal::CheckLaunched();
@@ -1312,7 +1328,9 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   if (!PreparedFor(config, dev, g)) {
     if ((e = PrepareResolveLaunch(g, &asked)) != cudaSuccess) return e;
     asked.address_order = config.address_order;
-    asked.programmatic_launch = config.programmatic_launch;
+    asked.order = config.order;
+    asked.max_blocks = config.max_blocks;
+    asked.consumer_blocks = config.consumer_blocks;
     c = &asked;
   }
   // Multi-query steps (rule 8) have their own kernels (resolve_multi.cu); this one stays n = 0's.
@@ -1362,8 +1380,8 @@ cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_ba
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
   }
-  int planners = 0;
-  ShapeOnlyKernel<<<GridBlocks(config, max_batch, &planners), kThreads, config.smem, stream>>>();
+  int planners = 0, consumers = 0;
+  ShapeOnlyKernel<<<GridBlocks(config, max_batch, &planners, &consumers), kThreads, config.smem, stream>>>();
   return internal::CheckLaunched();
 }
 
@@ -1387,8 +1405,8 @@ cudaError_t LaunchResolveMemoryFloor(const ResolveDesc& d, const ResolveLaunchCo
     internal::SetLaunchError(cudaGetErrorName(e));
     return e;
   }
-  int planners = 0;
-  const int grid = GridBlocks(config, d.max_batch, &planners);
+  int planners = 0, consumers = 0;
+  const int grid = GridBlocks(config, d.max_batch, &planners, &consumers);
   e = internal::LaunchInOrder(MemoryFloorKernel, dim3(grid), dim3(kThreads), config.smem, stream,
                               internal::Programmatic(config), d, planners, static_cast<int*>(scratch));
   return e != cudaSuccess ? internal::LaunchCallFailed(e) : internal::CheckLaunched();

@@ -19,8 +19,14 @@ cudaError_t FailLaunch(const std::string& msg);
 cudaError_t CheckLaunched();
 // A launch call's own error, e.g. cudaLaunchKernelEx's (cleared from cudaGetLastError, returned).
 cudaError_t LaunchCallFailed(cudaError_t e);
-// Whether to launch as a programmatic dependent: asked for, on a device that supports it.
-inline bool Programmatic(const ResolveLaunchConfig& c) { return c.programmatic_launch && c.cc_major >= 9; }
+// Whether to launch as a programmatic dependent: asked for (either programmatic order), on a device
+// that supports it.
+inline bool Programmatic(const ResolveLaunchConfig& c) {
+  return c.order != LaunchOrder::kAfterCompletion && c.cc_major >= 9;
+}
+// Whether RESOLVE runs beside the kernel before (LaunchOrder::kBeside): it waits for that kernel
+// last, not first. Only where the launch is programmatic; otherwise that kernel has completed.
+inline bool Beside(const ResolveLaunchConfig& c) { return c.order == LaunchOrder::kBeside && Programmatic(c); }
 
 // Workspace of a multi-query launch: one scratch block per batch entry (hash tables over the
 // (draft_tokens + 1) * k selections and the B slots, ranks, victims).

@@ -30,6 +30,40 @@ inline void LaunchLateProducer(int32_t* dst, const int32_t* src, size_t n, doubl
   LateProducerKernel<<<1, 256, 0, stream>>>(dst, src, n, static_cast<unsigned long long>(spin_us * 1000.0));
 }
 
+// The kernel a RESOLVE launched beside it (LaunchOrder::kBeside) runs next to. One thread: it
+// reads `counter` (the arena's step counter, which RESOLVE advances before its end), lets its
+// dependents launch, and watches the counter for up to watch_ns: out[0] = 1 if it advanced while
+// this kernel ran, i.e. RESOLVE did its step beside it. It then runs on for tail_ns more and
+// writes out[1] = 1 last, so that a kernel after RESOLVE in the stream finds out[1] set only if
+// RESOLVE completed after this kernel (FollowerKernel).
+__global__ void NeighbourKernel(const uint64_t* counter, unsigned long long watch_ns, unsigned long long tail_ns,
+                                int* out) {
+  if (threadIdx.x != 0) return;
+  const uint64_t before = *reinterpret_cast<const volatile uint64_t*>(counter);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  int seen = 0;
+  do {
+    seen = *reinterpret_cast<const volatile uint64_t*>(counter) != before;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (!seen && t - t0 < watch_ns);
+  out[0] = seen;
+  t0 = t;
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < tail_ns);
+  __threadfence();
+  *reinterpret_cast<volatile int*>(&out[1]) = 1;
+}
+
+// The kernel after it: out[2] = out[1] (0 if it ran before NeighbourKernel ended).
+__global__ void FollowerKernel(int* out) {
+  if (threadIdx.x == 0) out[2] = *reinterpret_cast<const volatile int*>(&out[1]);
+}
+
 // Whether the current device can launch programmatic dependents (compute capability 9.0+).
 inline bool CanLaunchProgrammatic() {
   int dev = 0, major = 0;

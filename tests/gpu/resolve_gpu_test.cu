@@ -805,7 +805,7 @@ TEST(ResolveGpu, GraphReplayMatchesEagerAndReference) {
   cudaStreamDestroy(s);
 }
 
-// A programmatic launch (ResolveLaunchConfig::programmatic_launch) behind a kernel that lets it
+// A programmatic launch (ResolveLaunchConfig::order = LaunchOrder::kProgrammatic) behind a kernel that lets it
 // launch at once but writes the selections only ~30 us later: every block must wait for that
 // kernel before it reads anything, so each step, eager or replayed from a graph that captured
 // both kernels, equals the reference for the selections the producer wrote (the positions buffer
@@ -818,7 +818,7 @@ TEST(ResolveGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
   ASSERT_NO_FATAL_FAILURE(w.Init());
   ResolveLaunchConfig config;
   CUDA_OK(PrepareResolveLaunch(w.g_, &config));
-  config.programmatic_launch = true;
+  config.order = LaunchOrder::kProgrammatic;
   const size_t n = w.pos_.size();
   int32_t* src = nullptr;
   CUDA_OK(cudaMalloc(&src, n * 4));
@@ -842,6 +842,52 @@ TEST(ResolveGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
   for (auto e : execs) cudaGraphExecDestroy(e);
   cudaStreamDestroy(s);
   cudaFree(src);
+}
+
+// RESOLVE beside the kernel before it (LaunchOrder::kBeside), as an engine runs one range's RESOLVE
+// beside another range's attention: the kernel before (NeighbourKernel) lets its dependents launch
+// at once and then watches the arena's step counter. Each step, eager or replayed from a graph that
+// captured the three kernels, RESOLVE must do its step while that kernel still runs (the counter
+// advances under it), complete only after it (the kernel after RESOLVE finds its last write), and
+// equal the reference. The budget of blocks leaves SMs to the kernel before, as an engine would.
+TEST(ResolveGpu, BesideLaunchRunsBesideTheKernelBeforeIt) {
+  REQUIRE_GPU();
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+  const Config c{2048, 4096, 656, 8, 16};
+  World w(c, 2, 616);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig config;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &config));
+  config.order = LaunchOrder::kBeside;
+  config.max_blocks = 12;
+  int* out = nullptr;
+  CUDA_OK(cudaMalloc(&out, 3 * sizeof(int)));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto enqueue = [&] {
+    const ResolveDesc d = w.GpuDesc(0);
+    testing::NeighbourKernel<<<1, 32, 0, s>>>(&d.arena.counters->steps, 20'000'000ull, 100'000ull, out);
+    const cudaError_t e = LaunchResolve(d, w.ws_, w.ws_bytes_, config, s);
+    testing::FollowerKernel<<<1, 32, 0, s>>>(out);
+    return e != cudaSuccess ? e : cudaGetLastError();
+  };
+  std::vector<cudaGraphExec_t> execs;
+  ASSERT_NO_FATAL_FAILURE(CaptureLayerGraphs(w, s, enqueue, &execs));
+  for (int step = 0; step < c.steps; ++step) {
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(cudaMemset(out, 0, 3 * sizeof(int)));
+    ASSERT_NO_FATAL_FAILURE(RunStep(w, s, step % 4 < 2, enqueue, execs, batch, step));
+    int got[3];
+    CUDA_OK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got[0], 1) << "step " << step << ": RESOLVE did not run while the kernel before it ran";
+    EXPECT_EQ(got[2], 1) << "step " << step << ": the kernel after RESOLVE ran before the kernel before it ended";
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("beside"));
+  for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(s);
+  cudaFree(out);
 }
 
 // One workspace under launches of different max_batch in turn, as an engine's graphs per padded
@@ -1109,6 +1155,33 @@ TEST(ResolveGpu, ABudgetOfBlocksMatchesReference) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("budget of blocks"));
   cudaGraphExecDestroy(exec);
   cudaStreamDestroy(s);
+}
+
+// Fewer consumer blocks (ResolveLaunchConfig::consumer_blocks): every row keeps its planner, only
+// the first blocks take queue chunks, alone or under a budget of blocks; every step equals the
+// reference, over random steps as the budget test's.
+TEST(ResolveGpu, FewerConsumerBlocksMatchReference) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 656, 16, 24};
+  World w(c, 2, 6161);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig cfg;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &cfg));
+  const int consumers[] = {1, 2, 7, 16, 40};
+  for (int step = 0; step < c.steps; ++step) {
+    ResolveLaunchConfig how = cfg;
+    how.consumer_blocks = consumers[step % 5];
+    how.max_blocks = step % 3 == 2 ? 5 : 0;
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), step % 2 ? 0.1 : 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, how, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0,
+                                          "consumer blocks " + std::to_string(how.consumer_blocks) + ", budget " +
+                                              std::to_string(how.max_blocks) + ", step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("fewer consumer blocks"));
 }
 
 // The benchmark's memory floor (LaunchResolveMemoryFloor) reads and writes back a no-IO step's

@@ -33,7 +33,7 @@ struct MqConfig {
   int pt_records = 0;   // rule 9's page table in pages of this many records; 0: not written
   int pt_offset = 0;    // its page offset
   bool no_out = false;  // with a page table: out_slots null (the page table alone)
-  // Every launch programmatic (ResolveLaunchConfig::programmatic_launch) behind a kernel that
+  // Every launch programmatic (ResolveLaunchConfig::order = LaunchOrder::kProgrammatic) behind a kernel that
   // writes the selections only ~30 us after it let RESOLVE launch (late_producer.cuh).
   bool programmatic = false;
   int max_blocks = 0;  // ResolveLaunchConfig::max_blocks: bounds the fetch kernel's grid
@@ -174,7 +174,7 @@ void RunMultiQuery(const MqConfig& c, uint32_t seed, uint32_t R = kContiguousRec
   CUDA_OK(cudaMemset(d_plan.p, 0, plan_bytes));
   ResolveLaunchConfig config;
   CUDA_OK(PrepareResolveLaunch(g, &config));
-  config.programmatic_launch = c.programmatic;
+  config.order = c.programmatic ? LaunchOrder::kProgrammatic : LaunchOrder::kAfterCompletion;
   config.max_blocks = c.max_blocks;
   DevBuf d_src;  // programmatic: the producer's source of the selections
   if (c.programmatic) CUDA_OK(cudaMalloc(&d_src.p, sel_n * 4));

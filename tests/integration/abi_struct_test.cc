@@ -164,11 +164,18 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   std::fill(out.begin(), out.end(), -7);
   ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
   EXPECT_EQ(out, plain);
-  a.launch_flags = 0x6;
+  // ABI 1.14's beside launch: the same outputs; with the programmatic bit it is refused.
+  a.launch_flags = HS_RESOLVE_LAUNCH_BESIDE;
   std::fill(out.begin(), out.end(), -7);
-  EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(hs_last_error()).find("launch_flags"), std::string::npos) << hs_last_error();
-  EXPECT_EQ(out, std::vector<int32_t>(8, -7));
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, plain);
+  for (const uint32_t bad : {0x4u, 0x6u, HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE}) {
+    a.launch_flags = bad;
+    std::fill(out.begin(), out.end(), -7);
+    EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(hs_last_error()).find("launch_flags"), std::string::npos) << hs_last_error();
+    EXPECT_EQ(out, std::vector<int32_t>(8, -7));
+  }
   // ABI 1.13's block budget: any budget gives the same outputs; a negative one is refused and
   // changes nothing; ABI 1.12 callers end before it, so what lies there is not read.
   a.launch_flags = 0;

@@ -78,6 +78,7 @@ def test_store_append_resolve_on_the_current_stream(cuda_session):
     rows, _ = admit_and_prefill(s, context, context + steps, gen)
     seq_lens = torch.full((ROWS,), context, dtype=torch.int32, device=DEV)
     out = torch.empty(ROWS, K, dtype=torch.int32, device=DEV)
+    scratch = torch.ones(1 << 20, device=DEV)  # what a beside launch runs next to
     stream = torch.cuda.Stream()
     before, selections = s.stats(), 0
     with torch.cuda.stream(stream):  # the data path follows torch's current stream
@@ -90,9 +91,14 @@ def test_store_append_resolve_on_the_current_stream(cuda_session):
                 selections += int((pos >= 0).sum())
                 # Odd layers launch as the append kernel's programmatic dependent (ABI 1.9): they
                 # must still see the record it wrote. Odd steps run on a budget of one or two
-                # blocks (ABI 1.13): fewer row blocks than rows, each planning several.
+                # blocks (ABI 1.13): fewer row blocks than rows, each planning several. Even layers
+                # of every third step launch beside a kernel that touches none of RESOLVE's data
+                # (ABI 1.14).
+                beside = layer % 2 == 0 and step % 3 == 1
+                if beside:
+                    scratch.mul_(1.0001)
                 s.resolve(layer, rows, seq_lens, pos, out, programmatic=layer % 2 == 1,
-                          max_blocks=1 + layer if step % 2 else 0)
+                          max_blocks=1 + layer if step % 2 else 0, beside=beside)
                 check_exact(s, rows, seq_lens.cpu(), pos, out, layer)
     s.check_errors()
     after = s.stats()

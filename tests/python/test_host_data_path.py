@@ -157,6 +157,12 @@ def test_batch_size_limits_the_rows_resolved(session):
     assert (again == out).all()
     with pytest.raises(hisparse.InvalidArgument, match="max_blocks"):
         s.resolve(0, rows, seq_lens, positions, again, max_blocks=-1)
+    # beside (ABI 1.14) too; with programmatic it is refused before anything runs.
+    again[:] = 77
+    s.resolve(0, rows, seq_lens, positions, again, batch_size=np.array([1], np.int32), beside=True)
+    assert (again == out).all()
+    with pytest.raises(hisparse.InvalidArgument, match="exclude each other"):
+        s.resolve(0, rows, seq_lens, positions, again, programmatic=True, beside=True)
 
 
 def test_page_table_names_each_selections_record(session):

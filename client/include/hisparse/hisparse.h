@@ -50,9 +50,10 @@ extern "C" {
  * the control lane: lifecycle calls leave gRPC for a connection of the session's own where the
  * daemon serves one, and hs_session_info.control_lane says which carries them;
  * hs_session_get_timings; 1.13: hs_resolve_args.max_blocks (a RESOLVE launch's budget of thread
- * blocks, for running it beside the engine's kernels). */
+ * blocks, for running it beside the engine's kernels); 1.14: HS_RESOLVE_LAUNCH_BESIDE (RESOLVE
+ * beside the previous kernel in the stream, one stream for the whole overlap). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 13
+#define HS_ABI_VERSION_MINOR 14
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -382,6 +383,22 @@ typedef struct hs_resolve_args {
  * time in the stream on an H200 (bench/RESULTS.md); after a copy or an event it is an ordinary
  * launch. */
 #define HS_RESOLVE_LAUNCH_PROGRAMMATIC 0x1u
+
+/* Since ABI 1.14. Launch RESOLVE beside the previous kernel in the stream (programmatic dependent
+ * launch, compute capability 9.0 and later; an ordinary launch on others, and after a copy or an
+ * event): it starts once that kernel's blocks have all started and asked for their dependents
+ * (griddepcontrol.launch_dependents; a kernel that never asks lets it start at its end), does its
+ * whole step while that kernel runs, and completes only after it, so what follows in the stream
+ * sees both complete. The caller guarantees that the previous kernel neither writes what this
+ * RESOLVE reads (its rows, seq_lens, batch size and selections must be written before that
+ * kernel) nor touches what it writes (its rows' slots and records, out_slots, page_table, and the
+ * session's RESOLVE workspace: the previous kernel must not be another of its RESOLVE launches): the
+ * sparse attention of other rows, say. An engine hides one range of rows' misses under another
+ * range's attention this way on one stream, and its CUDA graph stays one chain
+ * (docs/INTEGRATION.md, "Hiding the misses"). Pair it with max_blocks, so that the previous kernel
+ * keeps its SMs. With draft tokens it launches as HS_RESOLVE_LAUNCH_PROGRAMMATIC (waiting first).
+ * Not with HS_RESOLVE_LAUNCH_PROGRAMMATIC (HS_ERR_INVALID_ARGUMENT). The results are the same. */
+#define HS_RESOLVE_LAUNCH_BESIDE 0x2u
 
 #define HS_RESOLVE_ARGS_INIT \
   { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL, 0, 0 }

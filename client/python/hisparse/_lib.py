@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 13
+ABI_VERSION_MINOR = 14
 
 # hs_result
 HS_OK = 0
@@ -179,6 +179,7 @@ HS_SESSION_ENDED = 1
 
 # hs_resolve_args.launch_flags (ABI 1.9)
 HS_RESOLVE_LAUNCH_PROGRAMMATIC = 0x1
+HS_RESOLVE_LAUNCH_BESIDE = 0x2  # ABI 1.14
 
 
 class ResolveArgs(ctypes.Structure):

@@ -654,7 +654,8 @@ class Session:
     def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
                 batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
                 page_table: Any = None, page_records: int = 1, page_offset: int = 0,
-                query_counts: Any = None, programmatic: bool = False, max_blocks: int = 0) -> None:
+                query_counts: Any = None, programmatic: bool = False, max_blocks: int = 0,
+                beside: bool = False) -> None:
         """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
 
         rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding),
@@ -679,6 +680,11 @@ class Session:
         max_blocks (ABI 1.13): the most thread blocks the launch may occupy (0: the whole GPU's
         worth). For RESOLVE on a side stream beside the engine's own kernels, which then keep the
         rest of the SMs (docs/INTEGRATION.md, "Hiding the misses"); same results, a slower fetch.
+        beside (ABI 1.14): launch beside the previous kernel in the stream (compute capability
+        9.0+): RESOLVE runs while that kernel runs, once its blocks have asked for their dependents,
+        and completes after it. That kernel must neither write this RESOLVE's inputs nor touch its
+        rows or outputs (another range's sparse attention, say); hisparse.h,
+        HS_RESOLVE_LAUNCH_BESIDE. Not with programmatic. Ignored on the host backend.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -701,7 +707,8 @@ class Session:
         args.stream = self._stream(stream) or None
         args.query_counts = self._data_ptr(query_counts, "query_counts", int32=True, min_items=max_batch) \
             if query_counts is not None else None
-        args.launch_flags = _lib.HS_RESOLVE_LAUNCH_PROGRAMMATIC if programmatic else 0
+        args.launch_flags = (_lib.HS_RESOLVE_LAUNCH_PROGRAMMATIC if programmatic else 0) | \
+            (_lib.HS_RESOLVE_LAUNCH_BESIDE if beside else 0)  # both: the library refuses them
         args.max_blocks = max_blocks  # the library refuses a negative budget
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 
