@@ -32,7 +32,7 @@
 // (the indexer's top-k) writes the selections; here LaunchProducer copies them into the positions
 // buffer, which every run first fills with padding. The events bracket the producer and RESOLVE;
 // the line reports each median less the producer's alone ("*_after_us"), with RESOLVE launched
-// plainly and as a programmatic dependent (ResolveLaunchConfig::programmatic_launch), no-IO and
+// plainly and as a programmatic dependent (ResolveLaunchConfig::order = LaunchOrder::kProgrammatic), no-IO and
 // full, and the producer letting dependents launch as its blocks exit or at its start.
 #include <cuda_runtime.h>
 
@@ -77,6 +77,7 @@ struct Options {
   bool smoke = false;
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
   std::vector<int> max_blocks{0};         // ResolveLaunchConfig::max_blocks per point (0: no budget)
+  std::vector<int> consumer_blocks{0};    // ResolveLaunchConfig::consumer_blocks per point (0: every block)
   std::vector<ProducerStart> producers;   // --producer: also time RESOLVE behind a producer
 };
 
@@ -86,9 +87,11 @@ void Usage() {
                "       [--record-bytes 512,656,1152] [--miss 0,0.001,0.05,0.2,1] [--k 2048]\n"
                "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
                "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
-               "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--producer exit,early] [--smoke]\n"
+               "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--consumer-blocks 0,16,32]\n"
+               "       [--producer exit,early] [--smoke]\n"
                "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
                "  what an engine that hides RESOLVE beside its own kernels gives it\n"
+               "  --consumer-blocks: per point, the blocks whose consumer warps take queued chunks (0: all)\n"
                "  --producer: per point, also RESOLVE behind the kernel that writes its selections,\n"
                "  launched plainly and as its programmatic dependent; the producer lets dependents\n"
                "  launch as its blocks exit, or early (one JSON line of kind resolve_after_producer each)\n"
@@ -96,11 +99,20 @@ void Usage() {
                "  without a CUDA device, 1 when a check fails\n");
 }
 
-// Every (fetch order, block budget) a point runs with.
-std::vector<std::pair<bool, int>> LaunchVariants(const Options& o) {
-  std::vector<std::pair<bool, int>> out;
+// What a point's launch is tuned with: ResolveLaunchConfig's tuning fields.
+struct LaunchVariant {
+  bool ordered;         // address_order
+  int max_blocks;       // the budget of blocks
+  int consumer_blocks;  // the blocks that take queued chunks
+};
+
+// Every (fetch order, block budget, consumer blocks) a point runs with.
+std::vector<LaunchVariant> LaunchVariants(const Options& o) {
+  std::vector<LaunchVariant> out;
   for (const bool ordered : o.address_order) {
-    for (const int blocks : o.max_blocks) out.emplace_back(ordered, blocks);
+    for (const int blocks : o.max_blocks) {
+      for (const int consumers : o.consumer_blocks) out.push_back({ordered, blocks, consumers});
+    }
   }
   return out;
 }
@@ -233,7 +245,7 @@ BehindProducer TimeBehindProducer(const Timer& timer, ResolveDesc d, ResolveLaun
   auto producer = [&] { LaunchProducer(positions, src, batch, k, start == ProducerStart::kEarly, timer.st); };
   auto behind = [&](bool no_fetch, bool programmatic) {
     d.flags = no_fetch ? static_cast<uint32_t>(kResolveFlagNoFetch) : 0u;
-    config.programmatic_launch = programmatic;
+    config.order = programmatic ? LaunchOrder::kProgrammatic : LaunchOrder::kAfterCompletion;
     return timer
         .Time(pad,
               [&] {
@@ -301,12 +313,13 @@ int ResolveMain(int argc, char** argv) {
         ok = ok && (w == "address" || w == "selection");
         o.address_order.push_back(w == "address");
       }
-    } else if (a == "--max-blocks") {
-      o.max_blocks.clear();
+    } else if (a == "--max-blocks" || a == "--consumer-blocks") {
+      std::vector<int>& list = a == "--max-blocks" ? o.max_blocks : o.consumer_blocks;
+      list.clear();
       for (const std::string& w : ParseWords(next())) {
         const int n = std::atoi(w.c_str());
         ok = ok && n >= 0 && std::to_string(n) == w;
-        o.max_blocks.push_back(n);
+        list.push_back(n);
       }
     } else if (a == "--producer") {
       o.producers.clear();
@@ -356,11 +369,12 @@ int ResolveMain(int argc, char** argv) {
     o.pool_bytes = size_t{16} << 20;
     o.context = 4096;
     o.producers = {ProducerStart::kAtExit, ProducerStart::kEarly};
-    o.max_blocks = {0, 1};  // one block: the planner walks every row and fetches alone
+    o.max_blocks = {0, 1};       // one block: the planner walks every row and fetches alone
+    o.consumer_blocks = {0, 1};  // one consumer block: one block's two warps take every queued chunk
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
-      o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.max_blocks.empty() || o.k < 1 ||
-      o.runs < 1) {
+      o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.max_blocks.empty() ||
+      o.consumer_blocks.empty() || o.k < 1 || o.runs < 1) {
     Usage();
     return 2;
   }
@@ -459,11 +473,12 @@ int ResolveMain(int argc, char** argv) {
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
               std::optional<DeviceSelections> pos_src;  // the producer's source, when timed behind one
               if (!o.producers.empty()) pos_src.emplace(pos);
-              for (const auto& [ordered, max_blocks] : LaunchVariants(o)) {
+              for (const auto& [ordered, max_blocks, consumer_blocks] : LaunchVariants(o)) {
                 ResolveLaunchConfig config;
                 BENCH_CUDA(PrepareResolveLaunch(g, &config));
                 config.address_order = ordered;
                 config.max_blocks = max_blocks;
+                config.consumer_blocks = consumer_blocks;
                 ResolveDesc d{};
                 d.arena = view;
                 d.host = in.host();
@@ -527,7 +542,7 @@ int ResolveMain(int argc, char** argv) {
                     "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"memory_floor_us\":%.2f,"
                     "\"link_gbps\":%.2f,\"bound_us\":%.2f,"
                     "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"max_blocks\":%d,"
-                    "\"check\":\"%s\"}\n",
+                    "\"consumer_blocks\":%d,\"check\":\"%s\"}\n",
                     batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                     pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
                     v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
@@ -535,7 +550,7 @@ int ResolveMain(int argc, char** argv) {
                     miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], med[3],
                     link, bound, med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
-                    max_blocks, ok ? "ok" : "FAILED");
+                    max_blocks, consumer_blocks, ok ? "ok" : "FAILED");
                 for (size_t x = 0; x < behind.size(); ++x) {
                   const BehindProducer& bp = behind[x];
                   std::printf(

@@ -3,13 +3,16 @@
 #   tools/gpu/make-bundle.sh .bundle-gpu            # here
 #   tools/gpu/hide-misses-plan.sh .bundle-gpu       # there, from the repo root ($OUT collects the files)
 # Steps (each skipped when its variable is 0):
-#   TESTS=1   gpu_resolve_test's budget, graph and prepared-config cases; pytest of the serve
-#             benchmark (kernels, the CPU smoke runs: sweep and curve) and of the CUDA data path
-#   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages at batch 8 and 128, both
-#             record sizes, 20% and 100% misses, per RESOLVE budget of blocks (FETCH_BLOCKS)
+#   TESTS=1   gpu_resolve_test's budget, consumer-block, beside, graph and prepared-config cases;
+#             pytest of the serve benchmark (kernels, the CPU smoke runs: sweep and curve) and of the
+#             CUDA data path
+#   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages (FETCH_LAYOUT) at batch 8
+#             and 128 (FETCH_BATCH), both record sizes, 20% and 100% misses (FETCH_MISS), per RESOLVE
+#             budget of blocks (FETCH_BLOCKS) and per count of consumer blocks (FETCH_CONSUMERS)
 #   CURVE=1   serve_bench.py's hit-rate curve (HIT_RATES, CONTEXTS) with the overlap variants
 #             (OVERLAP: specs of dsv32.Overlap.parse), exact against full HBM at every point; the link
-#             measured first
+#             measured first. Once per value of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS; "-": unset,
+#             the default), into curve.jsonl, or curve-N.jsonl for each N
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
 # Writes under $OUT: summary.txt and one log (and JSON lines) per step.
 set -uo pipefail
@@ -27,7 +30,7 @@ S="$OUT/summary.txt"
 source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
 if [ "${TESTS:-1}" != 0 ]; then
   step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
-    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
+    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.Beside*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
     > "$OUT/gpu_resolve_test.log" 2>&1
   tail -3 "$OUT/gpu_resolve_test.log" >> "$S"
   step 300 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py tests/python/test_gpu.py \
@@ -35,17 +38,24 @@ if [ "${TESTS:-1}" != 0 ]; then
   tail -3 "$OUT/pytest.log" >> "$S"
 fi
 if [ "${FETCH:-1}" != 0 ]; then
-  step 240 fetch "$B/run" hisparse-bench resolve --pattern scattered --host-layout paged --batch 8,128 \
-    --slots 4096 --record-bytes 656,1152 --miss 0.2,1 --runs "${FETCH_RUNS:-30}" --max-blocks "${FETCH_BLOCKS:-0,16,32}" \
-    > "$OUT/fetch.jsonl" 2> "$OUT/fetch.err"
+  step "${FETCH_LIMIT:-240}" fetch "$B/run" hisparse-bench resolve --pattern scattered \
+    --host-layout "${FETCH_LAYOUT:-paged}" --batch "${FETCH_BATCH:-8,128}" --slots 4096 --record-bytes 656,1152 \
+    --miss "${FETCH_MISS:-0.2,1}" --runs "${FETCH_RUNS:-30}" --max-blocks "${FETCH_BLOCKS:-0,16,32}" \
+    --consumer-blocks "${FETCH_CONSUMERS:-0}" > "$OUT/fetch.jsonl" 2> "$OUT/fetch.err"
   grep -c '"check":"ok"' "$OUT/fetch.jsonl" >> "$S"
 fi
 if [ "${CURVE:-1}" != 0 ]; then
-  step "${CURVE_LIMIT:-420}" curve "$PY" examples/engine/serve_bench.py --layers 8 --contexts "${CONTEXTS:-131072,32768}" \
-    --host-pool-size 40GiB --hit-rates "${HIT_RATES:-0.4,0.5,0.6,0.7,0.78,0.87,0.95}" --steps "${STEPS:-32}" \
-    --overlap "${OVERLAP:-4}" --calibrate-localities "${LOCALITIES:-0,0.5,1,1.5,2,2.5,3,3.5}" \
-    --time-budget-s "${CURVE_BUDGET:-380}" ${CURVE_ARGS:-} --json "$OUT/curve.jsonl" > "$OUT/curve.log" 2>&1
-  grep -E '"kind": "(link|calibration)"|^\|.*\| (True|False|[0-9]+\+[0-9]+/[0-9]+) \|$|Error|error' "$OUT/curve.log" | tail -40 >> "$S"
+  for conn in ${CONNECTIONS:--}; do
+    name=curve${conn#-}; [ "$conn" = - ] || name=curve-$conn
+    echo "== $name (CUDA_DEVICE_MAX_CONNECTIONS ${conn/#-/unset})" >> "$S"
+    ( [ "$conn" = - ] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
+      step "${CURVE_LIMIT:-420}" "$name" "$PY" examples/engine/serve_bench.py --layers 8 \
+        --contexts "${CONTEXTS:-131072,32768}" --host-pool-size 40GiB \
+        --hit-rates "${HIT_RATES:-0.4,0.5,0.6,0.7,0.78,0.87,0.95}" --steps "${STEPS:-32}" --overlap "${OVERLAP:-4}" \
+        --calibrate-localities "${LOCALITIES:-0,0.5,1,1.5,2,2.5,3,3.5}" --time-budget-s "${CURVE_BUDGET:-380}" \
+        ${CURVE_ARGS:-} --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1 )
+    grep -E '"kind": "(link|calibration)"|^\|.*\| (True|False|[0-9]+\+[0-9]+/[0-9]+) \|$|Error|error' "$OUT/$name.log" | tail -40 >> "$S"
+  done
 fi
 if [ "${LOW:-0}" != 0 ]; then
   step 200 low "$PY" examples/engine/serve_bench.py --layers 8 --contexts 131072 --levels 1,2,4 --max-concurrency 4 \
