@@ -121,16 +121,23 @@ class Overlap:
     side_stream: bool = True  # False: the chunks in order on the main stream (what the chunking alone costs)
     waves: bool = False  # chunks of whole waves of attention's grid (the remainder first): no tail wave per chunk
     single: bool = False  # one range, on the side stream all the same (what the fork and join alone cost)
+    # One stream, no fork: range c+1's RESOLVE launched beside range c's attention kernel
+    # (hs_resolve_args.launch_flags = HS_RESOLVE_LAUNCH_BESIDE, ABI 1.14), which lets it start at once
+    # (griddepcontrol.launch_dependents); the captured graph stays one chain.
+    beside: bool = False
 
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
-        """"4", "4/b32", "4/b32/p0/g1.8", "4/h16", "4/w", "4/main": chunks, then b (max_blocks), h (helpers),
-        p (priority), g (growth), w (whole waves), main (no side stream), one (a single range, forked)."""
+        """"4", "4/b32", "4/b32/p0/g1.8", "4/h16", "4/w", "4/main", "4/b16/beside": chunks, then b (max_blocks),
+        h (helpers), p (priority), g (growth), w (whole waves), main (no side stream), one (a single range,
+        forked), beside (one stream: each RESOLVE beside the attention before it)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
             if w == "main":
                 o.side_stream = False
+            elif w == "beside":
+                o.beside, o.side_stream = True, False
             elif w == "w":
                 o.waves = True
             elif w == "one":
@@ -148,7 +155,8 @@ class Overlap:
         parts = [str(self.chunks)] + ([f"b{self.max_blocks}"] if self.max_blocks else []) + \
             ([f"h{self.helpers}"] if self.helpers >= 0 else []) + \
             ([f"p{self.priority}"] if self.priority != -1 else []) + ([f"g{self.growth:g}"] if self.growth != 1 else []) + \
-            (["w"] if self.waves else []) + (["one"] if self.single else []) + ([] if self.side_stream else ["main"])
+            (["w"] if self.waves else []) + (["one"] if self.single else []) + \
+            (["beside"] if self.beside else [] if self.side_stream else ["main"])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
@@ -452,11 +460,13 @@ class Model:
 
     def overlap_ranges(self, overlap: Overlap, M: int) -> List[tuple]:
         """overlap's row ranges of an M-row batch on this model's attention (its wave: the rows whose
-        sparse MLA grid, at the whole batch's split count, fills the GPU once)."""
+        sparse MLA grid, at the whole batch's split count, fills the GPU once; beside, the SMs that
+        RESOLVE's budget leaves it)."""
         c = self.cfg
         splits = self.kernels.mla_splits(M, c.heads, c.topk)
         blocks = (c.heads // min(self.kernels.mla_block_h, c.heads)) * splits
-        return overlap.ranges(M, wave_rows=self.kernels.sms // blocks)
+        sms = self.kernels.sms - (overlap.max_blocks if overlap.beside and overlap.helpers < 0 else 0)
+        return overlap.ranges(M, wave_rows=max(1, sms // blocks))
 
     def _chunk_plan(self, kv, st, M: int):
         """The overlap's row ranges and each one's batch size on the device (rows of the range below
@@ -477,19 +487,31 @@ class Model:
         bs = torch.minimum(torch.clamp(st.batch_size - lo, min=0), size).to(torch.int32)
         return [(a, b, bs[i:i + 1]) for i, (a, b) in enumerate(ranges)]
 
+    def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False):
+        """RESOLVE of one row range on the current stream, on the overlap's budget of blocks; alone (the
+        first range of a beside schedule, which nothing runs beside): on the whole GPU, as the
+        programmatic dependent of the kernel before it."""
+        a, b, bs = chunk
+        o = self.overlap
+        budget = 0 if alone else (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
+        return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone)
+
     def _resolve_chunks(self, kv, l: int, st, chunks):
         """RESOLVE of each row range on the side stream, after the main stream's selections; returns
-        the records base, the page table, the stride and one event per range (None on a CPU)."""
+        the records base, the page table, the stride and one event per range (None on a CPU). Beside
+        (Overlap.beside): only the first range's, on the main stream; _attend_chunks launches the rest."""
+        if self.overlap.beside:
+            with self._part("resolve"):
+                records, rec_idx, stride = self._resolve_range(kv, l, st, chunks[0], alone=True)
+            return records, rec_idx, stride, [None] * len(chunks)
         cuda = self.device.type == "cuda" and self.overlap.side_stream
         side = self._side
         if cuda:
             side.wait_stream(torch.cuda.current_stream())  # the selections and the append are written
         ready = []
         with (torch.cuda.stream(side) if cuda else contextlib.nullcontext()), self._part("resolve"):
-            for a, b, bs in chunks:
-                o = self.overlap
-                budget = (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
-                records, rec_idx, stride = kv.resolve_rows(l, st, a, b, bs, max_blocks=budget)
+            for chunk in chunks:
+                records, rec_idx, stride = self._resolve_range(kv, l, st, chunk)
                 if cuda:
                     ev = torch.cuda.Event()
                     ev.record(side)
@@ -498,17 +520,22 @@ class Model:
                     ready.append(None)
         return records, rec_idx, stride, ready
 
-    def _attend_chunks(self, qf, records, rec_idx, stride, fmt, st, chunks, ready) -> None:
+    def _attend_chunks(self, kv, l, qf, records, rec_idx, stride, fmt, st, chunks, ready) -> None:
         """Sparse attention of each row range once its RESOLVE is done, with the whole batch's split
-        count (the per-row arithmetic of one full-batch launch); then the side stream rejoins."""
+        count (the per-row arithmetic of one full-batch launch); then the side stream rejoins. Beside
+        (Overlap.beside): range c+1's RESOLVE is launched right after range c's attention kernel,
+        beside it, and range c's combine kernel, an ordinary launch, waits for both."""
         M, heads, _ = qf.shape
         splits = self.kernels.mla_splits(M, heads, rec_idx.shape[1])
         main = torch.cuda.current_stream() if self.device.type == "cuda" and self.overlap.side_stream else None
-        for (a, b, bs), ev in zip(chunks, ready):
+        for c, ((a, b, bs), ev) in enumerate(zip(chunks, ready)):
             if ev is not None:
                 main.wait_event(ev)
+            nxt = None
+            if self.overlap.beside and c + 1 < len(chunks):
+                nxt = lambda n=chunks[c + 1]: self._resolve_range(kv, l, st, n, beside=True)  # noqa: E731
             self.kernels.sparse_mla(qf[a:b], records, rec_idx[a:b], stride, fmt, bs, st.att_out[a:b], self.sm_scale,
-                                    splits=splits)
+                                    splits=splits, after_split=nxt)
         if main is not None:
             main.wait_stream(self._side)  # joins the side stream's last work (a capture needs it)
 
@@ -558,7 +585,7 @@ class Model:
                 if chunks is None:
                     K.sparse_mla(qf, records, rec_idx, stride, kv.fmt, st.batch_size, st.att_out, self.sm_scale)
                 else:
-                    self._attend_chunks(qf, records, rec_idx, stride, kv.fmt, st, chunks, ready)
+                    self._attend_chunks(kv, l, qf, records, rec_idx, stride, kv.fmt, st, chunks, ready)
                 o = torch.bmm(st.att_out.transpose(0, 1), L.w_uv).transpose(0, 1).reshape(M, c.heads * c.v_head)
                 h = h + L.wo(o)
             with self._part("moe"):

@@ -127,11 +127,15 @@ class HisparseKV:
                              batch_size=st.batch_size)
         return self.arena, self.page_table, self.stride
 
-    def resolve_rows(self, layer: int, st: DecodeState, a: int, b: int, batch_size, max_blocks: int = 0):
+    def resolve_rows(self, layer: int, st: DecodeState, a: int, b: int, batch_size, max_blocks: int = 0,
+                     beside: bool = False, programmatic: bool = False):
         """RESOLVE of rows [a, b) alone (the overlap's chunks, dsv32.Overlap): views of the step's
-        tensors, batch_size the range's own device count; the page table's rows [a, b) are written."""
+        tensors, batch_size the range's own device count; the page table's rows [a, b) are written.
+        beside: launched beside the kernel before it (HS_RESOLVE_LAUNCH_BESIDE); programmatic: as
+        its programmatic dependent (HS_RESOLVE_LAUNCH_PROGRAMMATIC)."""
         self.session.resolve(layer, self.rows[a:b], st.seq_lens[a:b], st.positions[a:b], None,
-                             page_table=self.page_table[a:b], batch_size=batch_size, max_blocks=max_blocks)
+                             page_table=self.page_table[a:b], batch_size=batch_size, max_blocks=max_blocks,
+                             beside=beside, programmatic=programmatic)
         return self.arena, self.page_table, self.stride
 
     def close(self) -> None:

@@ -20,6 +20,14 @@ except ImportError:  # pragma: no cover - the CPU smoke run
     triton = None
     tl = None
 
+if triton is not None:
+    try:  # griddepcontrol.launch_dependents (Triton 3.4+): lets a RESOLVE launched beside a kernel start
+        from triton.language.extra.cuda import gdc_launch_dependents
+    except ImportError:  # pragma: no cover - an older Triton: a beside launch then starts at the kernel's end
+        @triton.jit
+        def gdc_launch_dependents():
+            pass
+
 # ---- Triton kernels (GPU) ----
 
 if triton is not None:
@@ -62,6 +70,9 @@ if triton is not None:
         V_j its first 512. fp8 records are dequantized in registers (4 tiles of 128, float32 scales
         at byte 512, bf16 rotary at 528); bf16 records are 576 bf16. Writes acc [b, sp, h, 512] and
         (max, sum) [b, sp, h, 2] for _mla_combine_kernel. Rows at and past *bs do nothing."""
+        # A RESOLVE launched beside this kernel (the overlap's next range) may start once every block
+        # has started: it touches none of this kernel's rows.
+        gdc_launch_dependents()
         b = tl.program_id(0)
         hb = tl.program_id(1)
         sp = tl.program_id(2)
@@ -206,11 +217,16 @@ class Kernels:
         out.copy_(sc.masked_fill(t.unsqueeze(0) >= seq_lens.unsqueeze(1), float("-inf")))
         return out
 
-    def sparse_mla(self, q, records, idx, rec_stride, fmt: RecordFormat, batch_size, out, sm_scale, splits=None):
+    def sparse_mla(self, q, records, idx, rec_stride, fmt: RecordFormat, batch_size, out, sm_scale, splits=None,
+                   after_split=None):
         """q bf16 [M, heads, 576]; records: uint8 tensor whose record i starts at byte i * rec_stride;
         idx int32/int64 [M, k] (-1: padding); out bf16 [M, heads, 512]. splits: the selection's splits
         (None: mla_splits(M)); a row's result depends on it, not on M, so rows attended in chunks
-        with the whole batch's count equal the whole batch's."""
+        with the whole batch's count equal the whole batch's. after_split: called right after the
+        split kernel's launch, before the combine's (what launches beside that kernel); on a CPU
+        first."""
+        if after_split is not None and not (self.triton and not isinstance(records, list)):
+            after_split()
         M, heads, _ = q.shape
         k = idx.shape[1]
         if self.triton and not isinstance(records, list):
@@ -227,6 +243,8 @@ class Kernels:
             _sparse_mla_kernel[(M, heads // bh, ns)](q, records, idx, batch_size, acc, ml, rec_stride, sm_scale, k,
                                                      split_len, HEADS=heads, BLOCK_H=bh, BLOCK_N=bn, FP8=fmt.fp8,
                                                      num_warps=self.mla_warps)
+            if after_split is not None:
+                after_split()
             _mla_combine_kernel[(M, heads // 16)](acc, ml, batch_size, out, ns, HEADS=heads, BLOCK_H=16, num_warps=4)
             return out
         if isinstance(records, list):  # HybridKV on a CPU: [(tensor, idx, stride)] gathered and concatenated

@@ -58,22 +58,24 @@ def test_smoke_run_on_the_cpu(capsys):
 
 def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys):
     # The curve (issue 44): calibration, full HBM at hisparse's capacity, hisparse without and with
-    # RESOLVE in row chunks (two), each exact against full HBM.
-    argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap", "2,2/b1/g2,2/main", "--overlap-min-rows", "2",
+    # RESOLVE in row chunks (two), each exact against full HBM; one variant launches the second range's
+    # RESOLVE beside the first range's attention (HS_RESOLVE_LAUNCH_BESIDE: in order on the host backend).
+    argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap", "2,2/b1/g2,2/main,2/b1/beside", "--overlap-min-rows", "2",
             "--calibrate-localities", "0,2,6"]
     assert serve_bench.main(argv) == 0
     lines = json_lines(capsys.readouterr().out)
     cal = [x for x in lines if x["kind"] == "calibration"]
     assert len(cal) == 2 * 3 and all(0 <= x["hit_rate"] <= 1 for x in cal)
     cur = [x for x in lines if x["kind"] == "curve"]
-    assert len(cur) == 2 * 2 * 3, "two contexts, two targets, three overlap variants"
+    assert len(cur) == 2 * 2 * 4, "two contexts, two targets, four overlap variants"
     for c in cur:
         assert c["exact"] and c["identical"] == c["identical_overlap"] == c["sampled_steps"] > 0
         assert c["concurrency"] >= 4 and len(c["overlap"]["ranges"]) == 2
         assert 0 < c["hit_rate"] < 1 and c["ratio"] > 0 and c["ratio_overlap"] > 0
+        assert c["step_ms_full"] == pytest.approx((c["step_ms_full_before"] + c["step_ms_full_after"]) / 2, abs=1e-3)
     modes = {x["mode"] for x in lines if x["kind"] == "point"}
-    assert modes == {"baseline", "full_at_N", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
-                     "hisparse_B24_overlap2_main"}
+    assert modes == {"baseline", "full_at_N", "full_at_N_after", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
+                     "hisparse_B24_overlap2_main", "hisparse_B24_overlap2_b1_beside"}
     # A higher target asks for more locality, and more locality gives more hits (on these sizes).
     by = {(c["context"], c["target_hit_rate"]): c for c in cur}
     assert by[(96, 0.8)]["locality"] >= by[(96, 0.3)]["locality"]
@@ -85,6 +87,9 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     g = dsv32.Overlap.parse("4/b32/p0/g2/main")
     assert (g.chunks, g.max_blocks, g.priority, g.growth, g.side_stream) == (4, 32, 0, 2.0, False)
     assert g.tag == "4_b32_p0_g2_main"
+    s = dsv32.Overlap.parse("4/b16/beside")
+    assert (s.beside, s.side_stream, s.max_blocks, s.tag) == (True, False, 16, "4_b16_beside")
+
     assert [b - a for a, b in g.ranges(30)] == [4, 4, 6, 16], "a small first chunk, then growing"
     assert o.ranges(8) == [(0, 4), (4, 8)]
     assert o.ranges(7) == [(0, 7)], "a batch below two chunks of min_rows is not cut"
