@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - the CPU smoke run
     tl = None
 
 if triton is not None:
-    try:  # griddepcontrol.launch_dependents (Triton 3.4+): lets a RESOLVE launched beside a kernel start
+    try:  # griddepcontrol.launch_dependents (Triton 3.6 has it): lets a RESOLVE launched beside a kernel start
         from triton.language.extra.cuda import gdc_launch_dependents
     except ImportError:  # pragma: no cover - an older Triton: a beside launch then starts at the kernel's end
         @triton.jit
