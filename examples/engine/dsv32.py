@@ -493,7 +493,10 @@ class Model:
         programmatic dependent of the kernel before it."""
         a, b, bs = chunk
         o = self.overlap
-        budget = 0 if alone else (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
+        if alone:
+            budget = 0
+        else:
+            budget = (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
         return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone)
 
     def _resolve_chunks(self, kv, l: int, st, chunks):
