@@ -626,9 +626,9 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
         absl::StrCat("resolve max_blocks ", a.max_blocks, ": must be >= 0 (0: no budget)"));
   }
   ResolvePlacement placement;
-  placement.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? StreamOrder::kBeside
-                    : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? StreamOrder::kProgrammatic
-                                                                        : StreamOrder::kAfterCompletion;
+  placement.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? LaunchOrder::kBeside
+                    : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? LaunchOrder::kProgrammatic
+                                                                        : LaunchOrder::kAfterCompletion;
   placement.max_blocks = a.max_blocks;  // zero for callers built before ABI 1.13
   ResolveDesc d{};
   d.arena = arena_;

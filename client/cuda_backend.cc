@@ -152,9 +152,7 @@ class CudaBackend final : public DeviceBackend {
       d.batch_size = counts_.as<int32_t>() + d.max_batch;
     }
     ResolveLaunchConfig how = launch_;
-    how.order = placement.order == StreamOrder::kBeside         ? LaunchOrder::kBeside
-                : placement.order == StreamOrder::kProgrammatic ? LaunchOrder::kProgrammatic
-                                                                : LaunchOrder::kAfterCompletion;
+    how.order = placement.order;
     how.max_blocks = placement.max_blocks;
     return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), how, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");

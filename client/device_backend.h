@@ -34,17 +34,11 @@ struct AttachedArena {
   std::string handle;
 };
 
-// How a data-path launch orders itself after the previous kernel in the caller's stream
-// (hs_resolve_args.launch_flags): once that kernel has completed, as its programmatic dependent
-// (scheduled during its tail, waiting for it before touching memory), or beside it (running while
-// it runs, completing after it). The results are the same; the host backend runs in order anyway.
-enum class StreamOrder { kAfterCompletion, kProgrammatic, kBeside };
-
 // How a RESOLVE launch places itself (hs_resolve_args.launch_flags and .max_blocks): its order after
 // the previous kernel, and the most thread blocks it may occupy (0: as many as the device holds).
 // Neither changes a result; the host backend ignores both.
 struct ResolvePlacement {
-  StreamOrder order = StreamOrder::kAfterCompletion;
+  LaunchOrder order = LaunchOrder::kAfterCompletion;  // resolve.h
   int32_t max_blocks = 0;
 };
 

@@ -16,18 +16,9 @@
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
 # Writes under $OUT: summary.txt and one log (and JSON lines) per step.
 set -uo pipefail
-B=$(cd "${1:?bundle dir}" && pwd)
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export HISPARSE_DAEMON_BIN="$B/bin/hisparsed" HISPARSE_LIB="$B/bin/libhisparse.so" HISPARSE_CTL_BIN="$B/bin/hisparse-ctl"
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-S="$OUT/summary.txt"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u
-  $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$S" 2>&1
 # shellcheck source=tools/gpu/plan-lib.sh
-source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
+source "$(dirname "$0")/plan-lib.sh"  # plan_begin BUNDLE; step LIMIT_S NAME CMD...
+plan_begin "${1:-}"
 if [ "${TESTS:-1}" != 0 ]; then
   step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
     --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.Beside*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \

@@ -6,18 +6,9 @@
 # (fp8 records; link measured by the benchmark itself), a bf16-record exactness run.
 # Writes under $OUT: summary.txt, pytest.log, serve.log, serve.jsonl, serve.png, ctl_watch.json, bf16.log.
 set -uo pipefail
-B=$(cd "${1:?bundle dir}" && pwd)
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export HISPARSE_DAEMON_BIN="$B/bin/hisparsed" HISPARSE_LIB="$B/bin/libhisparse.so" HISPARSE_CTL_BIN="$B/bin/hisparse-ctl"
-export PYTHONUNBUFFERED=1
-PY=${PY:-python3}
-S="$OUT/summary.txt"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u
-  $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$S" 2>&1
 # shellcheck source=tools/gpu/plan-lib.sh
-source "$(dirname "$0")/plan-lib.sh"  # step LIMIT_S NAME CMD...
+source "$(dirname "$0")/plan-lib.sh"  # plan_begin BUNDLE; step LIMIT_S NAME CMD...
+plan_begin "${1:-}"
 step 120 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py > "$OUT/pytest.log" 2>&1
 tail -3 "$OUT/pytest.log" >> "$S"
 step "${SERVE_LIMIT:-380}" serve "$PY" examples/engine/serve_bench.py --layers "${LAYERS:-8}" \

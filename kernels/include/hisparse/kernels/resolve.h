@@ -235,6 +235,31 @@ struct ReplayDesc {
                       // runs beside compute, so it takes few SMs (a few suffice for the link)
 };
 
+// How a RESOLVE launch orders itself after the kernel before it in the stream
+// (hs_resolve_args.launch_flags; ResolveLaunchConfig::order). The programmatic orders use
+// programmatic dependent launch (PDL; compute capability 9.0 and later, an ordinary launch before,
+// and after a copy or an event). Results are the same in every order; the CPU reference and the
+// host backend run in order.
+enum class LaunchOrder {
+  // An ordinary launch: RESOLVE starts once that kernel has completed.
+  kAfterCompletion,
+  // RESOLVE's launch and block scheduling overlap that kernel's tail. Every block waits for that
+  // kernel to complete before its first global access, so nothing it writes can be missed.
+  // bench/RESULTS.md, "RESOLVE as a programmatic dependent", has what it buys.
+  kProgrammatic,
+  // RESOLVE runs beside that kernel: it starts once that kernel's blocks have all started and
+  // asked for their dependents (griddepcontrol.launch_dependents), does its whole step without
+  // waiting for it, and completes only after it (every block waits for it last). What follows in
+  // the stream therefore sees both complete, and a CUDA graph of such a stream stays one chain.
+  // The caller guarantees that the kernel before neither writes what this RESOLVE reads (its
+  // selections, rows, seq_lens and batch size, written before that kernel) nor reads or writes
+  // what it writes (its rows' slot tables and records, its outputs, the workspace, so it is not
+  // another RESOLVE on the same workspace): e.g. the sparse attention of other rows
+  // (docs/INTEGRATION.md, "Hiding the misses"). The multi-query form (draft tokens) launches as
+  // kProgrammatic: its planner waits first.
+  kBeside,
+};
+
 enum ResolveFlags : uint32_t {
   // Plan and update tables and outputs exactly as usual but move no record bytes. Only for the
   // benchmark's no-IO bound; never in the data path (slots would not hold their positions).

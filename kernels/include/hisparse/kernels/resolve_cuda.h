@@ -43,29 +43,6 @@ size_t ResolveWorkspaceBytes(const ArenaGeometry& g, int max_batch);
 // Zeroes a workspace (once after allocation, or after a failed launch).
 cudaError_t InitResolveWorkspace(void* workspace, size_t bytes, cudaStream_t stream);
 
-// How a RESOLVE launch orders itself after the kernel before it in the stream. The programmatic
-// orders use programmatic dependent launch (PDL; compute capability 9.0 and later, an ordinary
-// launch before, and after a copy or an event).
-enum class LaunchOrder {
-  // An ordinary launch: RESOLVE starts once that kernel has completed.
-  kAfterCompletion,
-  // RESOLVE's launch and block scheduling overlap that kernel's tail. Every block waits for that
-  // kernel to complete before its first global access, so nothing it writes can be missed.
-  // bench/RESULTS.md, "RESOLVE as a programmatic dependent", has what it buys.
-  kProgrammatic,
-  // RESOLVE runs beside that kernel: it starts once that kernel's blocks have all started and
-  // asked for their dependents (griddepcontrol.launch_dependents), does its whole step without
-  // waiting for it, and completes only after it (every block waits for it last). What follows in
-  // the stream therefore sees both complete, and a CUDA graph of such a stream stays one chain.
-  // The caller guarantees that the kernel before neither writes what this RESOLVE reads (its
-  // selections, rows, seq_lens and batch size, written before that kernel) nor reads or writes
-  // what it writes (its rows' slot tables and records, its outputs, the workspace, so it is not
-  // another RESOLVE on the same workspace): e.g. the sparse attention of other rows
-  // (docs/INTEGRATION.md, "Hiding the misses"). The multi-query form (draft tokens) launches as
-  // kProgrammatic: its planner waits first.
-  kBeside,
-};
-
 // What RESOLVE and replay launches need to know of the device and of the RESOLVE kernel for one
 // geometry: the SM count, the opt-in shared memory per block and the kernel's occupancy. Asking
 // the driver for these at every step costs host time on the decode path, and none of them changes
@@ -91,7 +68,7 @@ struct ResolveLaunchConfig {
   // max_batch >= kAddressOrderMinBatch. bench/RESULTS.md, "Address-ordered fetch", has what it
   // buys and costs.
   bool address_order = true;
-  // How the launch orders itself after the kernel before it in the stream (LaunchOrder, above).
+  // How the launch orders itself after the kernel before it in the stream (LaunchOrder, resolve.h).
   // Outputs and tables are the same in every order; only what may run at once differs.
   LaunchOrder order = LaunchOrder::kAfterCompletion;
   // The most thread blocks the launch may occupy (0: as many as the device holds at once). The grid
