@@ -125,12 +125,28 @@ class Overlap:
     # (hs_resolve_args.launch_flags = HS_RESOLVE_LAUNCH_BESIDE, ABI 1.14), which lets it start at once
     # (griddepcontrol.launch_dependents); the captured graph stays one chain.
     beside: bool = False
+    # With beside, j > 0: the first j ranges' RESOLVE run beside the indexer of the rows after them,
+    # not beside attention (the first range's would otherwise run alone). The indexer and top-k run
+    # in j + 1 segments: ranges 0 .. j-1 one by one, then every row after them. Segment c + 1's
+    # indexer runs on a grid resident at once (indexer_ctas programs an SM that RESOLVE's budget
+    # leaves), which asks for its dependents at its start, and range c's RESOLVE is launched beside
+    # it; segment c + 1's top-k then waits for both. Attention starts with the rows of those j ranges
+    # in one launch, range j's RESOLVE beside it, and goes on range by range as plain beside does.
+    # j = 1 covers the one RESOLVE that nothing hid; j = chunks - 1 ("chained") hides all but the
+    # last under indexers, which stay large under a FlashMLA-class attention (bench/serve_model.py).
+    # Per row the indexer's arithmetic is the same in every segment, and torch.topk's output for a
+    # row does not depend on the rows beside it in the call (test_serve_bench holds both).
+    indexer_chain: int = 0
+    indexer_ctas: int = 1
+    ascending: bool = False  # the ranges' sizes in ascending order: the largest last, with nothing beside it
 
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
-        """"4", "4/b32", "4/b32/p0/g1.8", "4/h16", "4/w", "4/main", "4/b16/beside": chunks, then b (max_blocks),
-        h (helpers), p (priority), g (growth), w (whole waves), main (no side stream), one (a single range,
-        forked), beside (one stream: each RESOLVE beside the attention before it)."""
+        """"4", "4/b32", "4/b32/p0/g1.8", "4/h16", "4/w", "4/main", "4/b16/beside", "4/b16/beside/ix2/asc":
+        chunks, then b (max_blocks), h (helpers), p (priority), g (growth), w (whole waves), main (no side
+        stream), one (a single range, forked), beside (one stream: each RESOLVE beside the attention before
+        it), ixJ (with beside: the first J ranges' RESOLVE beside the indexer of the rows after them; ix:
+        1), icN (that indexer's programs an SM; 1), asc (the ranges' sizes ascending)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -142,12 +158,18 @@ class Overlap:
                 o.waves = True
             elif w == "one":
                 o.single = True
+            elif w == "asc":
+                o.ascending = True
+            elif w[:2] in ("ix", "ic") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
+                setattr(o, "indexer_chain" if w[:2] == "ix" else "indexer_ctas", int(w[2:] or 1))
             elif w[:1] in ("b", "p", "h") and w[1:].lstrip("-").isdigit():
                 setattr(o, {"b": "max_blocks", "p": "priority", "h": "helpers"}[w[0]], int(w[1:]))
             elif w[:1] == "g":
                 o.growth = float(w[1:])
             else:
                 raise ValueError(f"overlap spec {spec!r}: unknown part {w!r}")
+        if o.indexer_chain and not o.beside:
+            raise ValueError(f"overlap spec {spec!r}: ix needs beside (a RESOLVE launched beside the indexer)")
         return o
 
     @property
@@ -156,14 +178,26 @@ class Overlap:
             ([f"h{self.helpers}"] if self.helpers >= 0 else []) + \
             ([f"p{self.priority}"] if self.priority != -1 else []) + ([f"g{self.growth:g}"] if self.growth != 1 else []) + \
             (["w"] if self.waves else []) + (["one"] if self.single else []) + \
-            (["beside"] if self.beside else [] if self.side_stream else ["main"])
+            (["beside"] if self.beside else [] if self.side_stream else ["main"]) + \
+            ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + \
+            ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + (["asc"] if self.ascending else [])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
         """Row ranges [a, b) of an M-row batch (sizes growing by `growth`, each of at least min_rows),
         one range when chunking would not pay. With waves, every range but the first is a whole number
         of wave_rows (the rows whose attention fills the GPU once) and the first takes the remainder,
-        so attention in ranges runs no more waves than over the whole batch."""
+        so attention in ranges runs no more waves than over the whole batch. With ascending, the same
+        sizes smallest first."""
+        cut = self._cut(M, wave_rows)
+        if not self.ascending:
+            return cut
+        edges = [0]
+        for s in sorted(b - a for a, b in cut):
+            edges.append(edges[-1] + s)
+        return list(zip(edges, edges[1:]))
+
+    def _cut(self, M: int, wave_rows: int) -> List[tuple]:
         if self.single:
             return [(0, M)]
         if self.waves and M >= 2 * max(1, self.min_rows):
@@ -184,6 +218,19 @@ class Overlap:
             edges[i] = max(edges[i], edges[i - 1] + max(1, min(self.min_rows, M // n)))
         edges = [min(e, M) for e in edges]
         return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+@dataclasses.dataclass
+class ChunkPlan:
+    """One step's overlap schedule (Model._chunk_plan): (first row, end row, device batch size) triples.
+    chunks: the overlap's ranges, one RESOLVE each; segments: the indexer's and top-k's parts when
+    Overlap.indexer_chain = j > 0 (ranges 0 .. j-1, then every row after them), else none (one
+    launch each); attend: attention's launches in order (with a chain, the rows of ranges 0 .. j-1
+    first, then ranges j ..), each one's successor's RESOLVE beside it when Overlap.beside."""
+
+    chunks: List[tuple]
+    segments: List[tuple]
+    attend: List[tuple]
 
 
 SMOKE = dict(hidden=256, q_lora=128, heads=4, nope_head=32, v_head=32, idx_heads=4, idx_dim=32, topk=16,
@@ -469,8 +516,9 @@ class Model:
         return overlap.ranges(M, wave_rows=max(1, sms // blocks))
 
     def _chunk_plan(self, kv, st, M: int):
-        """The overlap's row ranges and each one's batch size on the device (rows of the range below
-        *st.batch_size, read at run time like the whole batch's), or None: no overlap this step."""
+        """The overlap's schedule of this step (ChunkPlan), or None: no overlap. Every range of rows
+        gets its batch size on the device (rows of the range below *st.batch_size, read at run time
+        like the whole batch's)."""
         if self.overlap is None or not hasattr(kv, "resolve_rows"):
             return None
         ranges = self.overlap_ranges(self.overlap, M)
@@ -479,13 +527,22 @@ class Model:
         if self.device.type == "cuda" and self.overlap.side_stream and \
                 (self._side is None or self._side.priority != self.overlap.priority):
             self._side = torch.cuda.Stream(device=self.device, priority=self.overlap.priority)
-        key = tuple(ranges)
+        j = min(self.overlap.indexer_chain, len(ranges) - 1)
+        # With a chain: the indexer's last segment (the rows after range j - 1) and attention's first
+        # launch (the rows of ranges 0 .. j-1).
+        extra = [(ranges[j][0], M), (0, ranges[j][0])] if j > 0 else []
+        key = tuple(ranges + extra)
         if key not in self._chunk_consts:  # made by the eager step 0, before a capture (no copy in one)
-            self._chunk_consts[key] = (torch.tensor([a for a, _ in ranges], dtype=torch.int32, device=self.device),
-                                       torch.tensor([b - a for a, b in ranges], dtype=torch.int32, device=self.device))
+            self._chunk_consts[key] = (torch.tensor([a for a, _ in key], dtype=torch.int32, device=self.device),
+                                       torch.tensor([b - a for a, b in key], dtype=torch.int32, device=self.device))
         lo, size = self._chunk_consts[key]
         bs = torch.minimum(torch.clamp(st.batch_size - lo, min=0), size).to(torch.int32)
-        return [(a, b, bs[i:i + 1]) for i, (a, b) in enumerate(ranges)]
+        with_bs = [(a, b, bs[i:i + 1]) for i, (a, b) in enumerate(key)]
+        chunks = with_bs[:len(ranges)]
+        if j == 0:
+            return ChunkPlan(chunks=chunks, segments=[], attend=chunks)
+        rest, head = with_bs[len(ranges):]
+        return ChunkPlan(chunks=chunks, segments=chunks[:j] + [rest], attend=[head] + chunks[j:])
 
     def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False):
         """RESOLVE of one row range on the current stream, on the overlap's budget of blocks; alone (the
@@ -499,13 +556,48 @@ class Model:
             budget = (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
         return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone)
 
-    def _resolve_chunks(self, kv, l: int, st, chunks):
+    def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0) -> None:
+        """The indexer's scores of rows [a, b) (bs: how many of them are in the batch, on the device)."""
+        self.kernels.index_scores(iq[a:b], iw[a:b], st.idx_keys[l], st.idx_scale[l], st.seq_lens[a:b], bs,
+                                  st.scores[a:b], st.row_base[a:b], ctas=ctas)
+
+    def _topk(self, st, a: int, b: int) -> None:
+        """Rows [a, b)'s selections: the top-k of their scores, -inf ones as padding."""
+        top_v, top_i = st.scores[a:b].topk(self.cfg.topk, dim=1, sorted=False)
+        st.positions[a:b].copy_(top_i.masked_fill(torch.isinf(top_v), -1))
+
+    def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan"):
+        """Overlap.indexer_chain: the indexer and top-k segment by segment, range c's RESOLVE launched
+        beside segment c + 1's indexer, on the overlap's budget (that indexer on a grid resident at
+        once: it asks for its dependents first). Returns the last such RESOLVE's (records base, page
+        table, stride)."""
+        o, K = self.overlap, self.kernels
+        segs = plan.segments
+        with self._part("indexer"):
+            self._select(st, iq, iw, l, *segs[0])
+        with self._part("topk"):
+            self._topk(st, segs[0][0], segs[0][1])
+        first = None
+        for c, (a, b, bs) in enumerate(segs[1:]):
+            ra, rb, _ = plan.chunks[c]
+            budget = (rb - ra) + o.helpers if o.helpers >= 0 else o.max_blocks
+            with self._part("indexer"):  # one part: a timing event between the two would order them
+                self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - budget))
+                first = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
+            with self._part("topk"):
+                self._topk(st, a, b)
+        return first
+
+    def _resolve_chunks(self, kv, l: int, st, chunks, first=None):
         """RESOLVE of each row range on the side stream, after the main stream's selections; returns
         the records base, the page table, the stride and one event per range (None on a CPU). Beside
-        (Overlap.beside): only the first range's, on the main stream; _attend_chunks launches the rest."""
+        (Overlap.beside): only the first range's, on the main stream, unless it ran beside the indexer
+        (first: its result, _select_chained); _attend_chunks launches the rest."""
         if self.overlap.beside:
-            with self._part("resolve"):
-                records, rec_idx, stride = self._resolve_range(kv, l, st, chunks[0], alone=True)
+            if first is None:
+                with self._part("resolve"):
+                    first = self._resolve_range(kv, l, st, chunks[0], alone=True)
+            records, rec_idx, stride = first
             return records, rec_idx, stride, [None] * len(chunks)
         cuda = self.device.type == "cuda" and self.overlap.side_stream
         side = self._side
@@ -548,7 +640,7 @@ class Model:
         c, K = self.cfg, self.kernels
         M = st.tokens.shape[0]
         pos = (st.seq_lens - 1).long()
-        chunks = self._chunk_plan(kv, st, M)
+        plan = self._chunk_plan(kv, st, M)
         h = self.embed[st.tokens]
         for l, L in enumerate(self.layers):
             with self._part("proj"):
@@ -571,24 +663,26 @@ class Model:
                 at = st.row_base + pos
                 st.idx_keys[l].view(torch.uint8).index_put_((at,), key.view(torch.uint8))
                 st.idx_scale[l].index_put_((at,), kscale)
-            with self._part("indexer"):
-                K.index_scores(iq, iw, st.idx_keys[l], st.idx_scale[l], st.seq_lens, st.batch_size, st.scores,
-                               st.row_base)
-            with self._part("topk"):
-                top_v, top_i = st.scores.topk(c.topk, dim=1, sorted=False)
-                st.positions.copy_(top_i.masked_fill(torch.isinf(top_v), -1))
-            if chunks is None:
+            first = None
+            if plan is not None and plan.segments:
+                first = self._select_chained(kv, l, st, iq, iw, plan)
+            else:
+                with self._part("indexer"):
+                    self._select(st, iq, iw, l, 0, M, st.batch_size)
+                with self._part("topk"):
+                    self._topk(st, 0, M)
+            if plan is None:
                 with self._part("resolve"):
                     records, rec_idx, stride = kv.resolve(l, st)
             else:
-                records, rec_idx, stride, ready = self._resolve_chunks(kv, l, st, chunks)
+                records, rec_idx, stride, ready = self._resolve_chunks(kv, l, st, plan.attend, first=first)
             with self._part("attention"):
                 q_lat = torch.bmm(q[..., :c.nope_head].transpose(0, 1), L.w_uk).transpose(0, 1)  # [M, heads, 512]
                 qf = torch.cat([q_lat, _rope(q[..., c.nope_head:], pos)], dim=-1).contiguous()
-                if chunks is None:
+                if plan is None:
                     K.sparse_mla(qf, records, rec_idx, stride, kv.fmt, st.batch_size, st.att_out, self.sm_scale)
                 else:
-                    self._attend_chunks(kv, l, qf, records, rec_idx, stride, kv.fmt, st, chunks, ready)
+                    self._attend_chunks(kv, l, qf, records, rec_idx, stride, kv.fmt, st, plan.attend, ready)
                 o = torch.bmm(st.att_out.transpose(0, 1), L.w_uv).transpose(0, 1).reshape(M, c.heads * c.v_head)
                 h = h + L.wo(o)
             with self._part("moe"):

@@ -56,26 +56,45 @@ def test_smoke_run_on_the_cpu(capsys):
     assert all(48 <= p["mean_context"] <= 160 for p in mix)
 
 
-def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys):
+def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     # The curve (issue 44): calibration, full HBM at hisparse's capacity, hisparse without and with
     # RESOLVE in row chunks (two), each exact against full HBM; one variant launches the second range's
-    # RESOLVE beside the first range's attention (HS_RESOLVE_LAUNCH_BESIDE: in order on the host backend).
-    argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap", "2,2/b1/g2,2/main,2/b1/beside", "--overlap-min-rows", "2",
-            "--calibrate-localities", "0,2,6"]
+    # RESOLVE beside the first range's attention (HS_RESOLVE_LAUNCH_BESIDE: in order on the host backend),
+    # one also the first range's RESOLVE beside the other rows' indexer, with the indexer and top-k in
+    # two parts (ix), and one chains three ranges' RESOLVE under the indexer's three parts (3/.../ix2).
+    argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap",
+            "2,2/b1/g2,2/main,2/b1/beside,2/b1/beside/ix2/asc,3/b1/beside/ix2",
+            "--overlap-min-rows", "2", "--calibrate-localities", "0,2,6"]
+    chained = []
+    plain = dsv32.Model._select_chained
+
+    def counted(self, kv, l, st, iq, iw, plan):
+        chained.append([seg[:2] for seg in plan.segments])
+        return plain(self, kv, l, st, iq, iw, plan)
+
+    monkeypatch.setattr(dsv32.Model, "_select_chained", counted)
     assert serve_bench.main(argv) == 0
+    assert {len(s) for s in chained} == {2, 3}, "both ix variants took their path"
+    assert all(s[0][0] == 0 and all(x[1] == y[0] < y[1] for x, y in zip(s, s[1:])) for s in chained)
     lines = json_lines(capsys.readouterr().out)
     cal = [x for x in lines if x["kind"] == "calibration"]
     assert len(cal) == 2 * 3 and all(0 <= x["hit_rate"] <= 1 for x in cal)
     cur = [x for x in lines if x["kind"] == "curve"]
-    assert len(cur) == 2 * 2 * 4, "two contexts, two targets, four overlap variants"
+    assert len(cur) == 2 * 2 * 6, "two contexts, two targets, six overlap variants"
     for c in cur:
         assert c["exact"] and c["identical"] == c["identical_overlap"] == c["sampled_steps"] > 0
-        assert c["concurrency"] >= 4 and len(c["overlap"]["ranges"]) == 2
+        assert c["concurrency"] >= 6 and len(c["overlap"]["ranges"]) == int(c["overlap"]["spec"][0])
         assert 0 < c["hit_rate"] < 1 and c["ratio"] > 0 and c["ratio_overlap"] > 0
         assert c["step_ms_full"] == pytest.approx((c["step_ms_full_before"] + c["step_ms_full_after"]) / 2, abs=1e-3)
     modes = {x["mode"] for x in lines if x["kind"] == "point"}
     assert modes == {"baseline", "full_at_N", "full_at_N_after", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
-                     "hisparse_B24_overlap2_main", "hisparse_B24_overlap2_b1_beside"}
+                     "hisparse_B24_overlap2_main", "hisparse_B24_overlap2_b1_beside", "hisparse_B24_overlap2_b1_beside_ix2_asc",
+                     "hisparse_B24_overlap3_b1_beside_ix2"}
+    # The ix variant fetched what plain beside fetched: the same selections, another launch order.
+    by_spec = {(c["context"], c["target_hit_rate"], c["overlap"]["spec"]): c for c in cur}
+    for (ctx, t, spec), c in by_spec.items():
+        if spec == "2_b1_beside_ix2_asc":
+            assert c["hit_rate_overlap"] == by_spec[(ctx, t, "2_b1_beside")]["hit_rate_overlap"]
     # A higher target asks for more locality, and more locality gives more hits (on these sizes).
     by = {(c["context"], c["target_hit_rate"]): c for c in cur}
     assert by[(96, 0.8)]["locality"] >= by[(96, 0.3)]["locality"]
@@ -89,6 +108,14 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert g.tag == "4_b32_p0_g2_main"
     s = dsv32.Overlap.parse("4/b16/beside")
     assert (s.beside, s.side_stream, s.max_blocks, s.tag) == (True, False, 16, "4_b16_beside")
+    x = dsv32.Overlap.parse("4/b16/beside/ix/asc")
+    assert (x.indexer_chain, x.indexer_ctas, x.ascending, x.tag) == (1, 1, True, "4_b16_beside_ix1_asc")
+    y = dsv32.Overlap.parse("4/b16/beside/ix3/ic2")
+    assert (y.indexer_chain, y.indexer_ctas, y.tag) == (3, 2, "4_b16_beside_ix3_ic2")
+    assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
+    for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0"):
+        with pytest.raises(ValueError):
+            dsv32.Overlap.parse(bad)
 
     assert [b - a for a, b in g.ranges(30)] == [4, 4, 6, 16], "a small first chunk, then growing"
     assert o.ranges(8) == [(0, 4), (4, 8)]
@@ -97,6 +124,35 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert serve_bench.locality_for([(0, 0.1), (1, 0.5), (2, 0.4), (3, 0.9)], 0.7) == pytest.approx(2.5)
     assert serve_bench.locality_for([(0, 0.1), (1, 0.5)], 0.05) == 0
     assert serve_bench.locality_for([(0, 0.1), (1, 0.5)], 0.95) == 1
+
+
+def test_an_indexer_chain_plans_segments_and_attention_launches():
+    """Overlap.indexer_chain's schedule (Model._chunk_plan): with 4 ranges of a 29-row batch, j = 1
+    takes the indexer in [range 0 | the rest] and attention in [range 0 | 1 | 2 | 3]; j = 3 (chained)
+    takes the indexer in [0 | 1 | 2 | 3] and attention in [ranges 0-2 | 3]. Each part's batch size is
+    its rows below the step's, on the device."""
+    cfg = dsv32.V32Config(**{**dsv32.SMOKE, "layers": 1})
+    model = dsv32.Model(cfg, "cpu", fp8_weights=False, kernels=sparse_kernels.Kernels(False))
+    kv = type("KV", (), {"resolve_rows": None})()
+    st = type("St", (), {"batch_size": torch.tensor([20], dtype=torch.int32)})()
+
+    def spans(parts):
+        return [(a, b, int(bs)) for a, b, bs in parts]
+
+    model.overlap = dsv32.Overlap.parse("4/b16/beside/ix")
+    p = model._chunk_plan(kv, st, 29)
+    assert spans(p.chunks) == [(0, 7, 7), (7, 14, 7), (14, 22, 6), (22, 29, 0)]
+    assert spans(p.segments) == [(0, 7, 7), (7, 29, 13)]
+    assert spans(p.attend) == [(0, 7, 7), (7, 14, 7), (14, 22, 6), (22, 29, 0)]
+    model.overlap = dsv32.Overlap.parse("4/b16/beside/ix3")
+    p = model._chunk_plan(kv, st, 29)
+    assert spans(p.segments) == [(0, 7, 7), (7, 14, 7), (14, 22, 6), (22, 29, 0)]
+    assert spans(p.attend) == [(0, 22, 20), (22, 29, 0)]
+    model.overlap = dsv32.Overlap.parse("4/b16/beside/ix9")  # more than the ranges allow: chained
+    assert spans(model._chunk_plan(kv, st, 29).attend) == [(0, 22, 20), (22, 29, 0)]
+    model.overlap = dsv32.Overlap.parse("4/b16/beside")
+    p = model._chunk_plan(kv, st, 29)
+    assert p.segments == [] and spans(p.attend) == spans(p.chunks)
 
 
 def test_length_mix_is_log_uniform_and_fixed_per_client():
@@ -203,6 +259,52 @@ def test_triton_index_scores_match_the_reference():
     a = set(out_t[0].topk(256).indices.tolist())
     b = set(out_r[0].topk(256).indices.tolist())
     assert len(a & b) >= 250
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_topk_of_row_ranges_equals_one_call(device):
+    """Overlap.indexer_chain takes the top-k of a batch in parts (ranges, then the rest). The selections
+    are exact only if torch.topk's output for a row (its values and their order, unsorted) does not
+    depend on the rows beside it in the call: held here at the serving shapes (128k: 29 rows in
+    ranges of 7-8 rows and 7 + 22; 32k: 82 rows in ranges of 24-29 and 24 + 58), with -inf tails of
+    shorter rows as the indexer writes them."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(11)
+    for M, T, edges in ((29, 131072, [0, 7, 14, 22, 29]), (82, 32768, [0, 24, 53, 82])):
+        scores = torch.randn(M, T, generator=g, device=dev)
+        scores[3, T // 2:] = float("-inf")
+        scores[edges[1] + 1, 1000:] = float("-inf")  # shorter than k: padding selected
+        whole_v, whole_i = scores.topk(2048, dim=1, sorted=False)
+        for a, b in list(zip(edges, edges[1:])) + [(edges[1], M)]:
+            v, i = scores[a:b].topk(2048, dim=1, sorted=False)
+            assert torch.equal(i, whole_i[a:b]) and torch.equal(v, whole_v[a:b]), (M, a, b)
+
+
+def test_triton_persistent_index_scores_equal_the_grid_kernel():
+    """The indexer on a grid resident at once (Overlap.indexer_chain's) writes the same bits as the
+    grid kernel, for rows taken as a slice of a larger buffer, any grid size, and rows past *bs left
+    alone."""
+    _gpu_or_skip()
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(6)
+    M, H, D, T = 6, 64, 128, 9000
+    keys, ks = dsv32.quantize_keys(torch.randn(M * T, D, generator=g, device=dev), True)
+    q = torch.randn(M, H, D, generator=g, device=dev).to(torch.float8_e4m3fn)
+    w = torch.rand(M, H, generator=g, device=dev)
+    seq = torch.tensor([9000, 4321, 77, 9000, 128, 8999], dtype=torch.int32, device=dev)
+    base = torch.arange(M, dtype=torch.int64, device=dev) * T
+    K = sparse_kernels.Kernels(True)
+    whole = torch.full((M, T), 5.0, device=dev)
+    K.index_scores(q, w, keys, ks, seq, torch.tensor([M], dtype=torch.int32, device=dev), whole, base)
+    a = 2  # rows [2, 6) of the buffer, of which the first 3 are in the batch
+    for ctas in (1, 7, 264):
+        part = torch.full((M, T), 5.0, device=dev)
+        K.index_scores(q[a:], w[a:], keys, ks, seq[a:], torch.tensor([3], dtype=torch.int32, device=dev), part[a:],
+                       base[a:], ctas=ctas)
+        assert torch.equal(part[a:a + 3], whole[a:a + 3]), ctas
+        assert torch.all(part[:a] == 5.0) and torch.all(part[a + 3:] == 5.0), "a row outside the slice's batch"
 
 
 def test_triton_sparse_mla_reads_two_allocations_through_one_base():
