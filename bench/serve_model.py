@@ -31,6 +31,18 @@ for FlashMLA's fp8 sparse decode on an H800, whose tensor rate the H200 shares):
     hideable   = N * f_row * (r - 1) / r                     at most what r row ranges of the overlap
                                                              can hide under attention
 
+and, with the leaner floor of issue 44's item 4 (--moe-lean, default 2.1/3.3: the grouped expert
+GEMM streaming 3.3 TB/s as a plain fp8 GEMM does, not 2.1), what each schedule of r even ranges
+could hide at most, E = exposed, A = N * f_row, I = the indexer's time at N (both per step):
+
+    T''(b)     = T'(b) - moe(b) * (1 - moe_lean)             every step, either mode
+    attention  = (r - 1) * min(E, A) / r                     range c + 1's RESOLVE beside range c's
+                                                             attention (Overlap.beside)
+    cover      = min(E / r, I * (r - 1) / r) + attention     and the first range's beside the other
+                                                             rows' indexer (Overlap.indexer_chain = 1)
+    chained    = (r - 1) * min(E, I) / r                     range c's beside range c + 1's indexer,
+                 + min(E / r, A * (r - 1) / r)               the last beside the others' attention
+
     python3 bench/serve_model.py bench/results/hide-misses-2026-12-04-curve.jsonl
 """
 
@@ -42,6 +54,7 @@ import sys
 T_PLAN_MS = 0.015
 ETA = 0.53
 FLASHMLA_TFLOPS = 410.0  # FlashMLA's README: fp8 sparse decoding "up to 410 TFlops" (H800)
+MOE_LEAN = 2.1 / 3.3  # issue 44, item 4: the grouped expert GEMM at 2.1 TB/s where a plain fp8 GEMM streams 3.3
 
 
 def fit(rows, cols):
@@ -63,10 +76,20 @@ def flashmla_row_ms(model, tflops: float, heads: int = 128, latent: int = 576, v
     return model["layers"] * 2.0 * heads * model["k"] * (latent + v) / (tflops * 1e12) * 1e3
 
 
-def project_curve(lines, tflops: float):
+def hideable(exposed: float, ranges: int, attention: float, indexer: float):
+    """At most what each schedule of `ranges` even row ranges hides of `exposed` ms a step, with
+    `attention` and `indexer` ms a step of cover (the formulas atop this file)."""
+    r = max(1, ranges)
+    att = (r - 1) * min(exposed, attention) / r
+    return dict(attention=att, cover=min(exposed / r, indexer * (r - 1) / r) + att,
+                chained=(r - 1) * min(exposed, indexer) / r + min(exposed / r, attention * (r - 1) / r))
+
+
+def project_curve(lines, tflops: float, moe_lean: float = MOE_LEAN):
     """The hit-rate curve with this engine's attention replaced by a FlashMLA-class one: rows of
     (context, hit rate, measured and projected full-HBM peak ratio without and with hiding, what
-    the overlap could hide at most, and what it hid)."""
+    the overlap could hide at most, and what it hid); then with the leaner MoE too (lean_*), the
+    peak ratio each schedule of hideable() would reach at most."""
     model = next(x for x in lines if x["kind"] == "model")
     pts = [x for x in lines if x["kind"] == "point"]
     f_row = flashmla_row_ms(model, tflops)
@@ -83,17 +106,26 @@ def project_curve(lines, tflops: float):
         exposed = c["step_ms"] - c["step_ms_full"]
         ranges = len(c["overlap"]["ranges"])
         peak = n / t_base
-        out.append(dict(context=ctx, hit_rate=c["hit_rate"], overlap=c["overlap"]["spec"], a_row_us=a_row * 1e3,
-                        f_row_us=f_row * 1e3, ratio=c["ratio"], ratio_overlap=c["ratio_overlap"],
-                        projected_ratio=N / (t_full + exposed) / peak,
-                        projected_ratio_all_hidden=N / t_full / peak,
-                        hideable_ms=N * f_row * (ranges - 1) / ranges,
-                        hidden_ms=c["exposed_ms"] - c["exposed_ms_overlap"], exposed_ms=exposed))
+        row = dict(context=ctx, hit_rate=c["hit_rate"], overlap=c["overlap"]["spec"], a_row_us=a_row * 1e3,
+                   f_row_us=f_row * 1e3, ratio=c["ratio"], ratio_overlap=c["ratio_overlap"],
+                   projected_ratio=N / (t_full + exposed) / peak,
+                   projected_ratio_all_hidden=N / t_full / peak,
+                   hideable_ms=N * f_row * (ranges - 1) / ranges,
+                   hidden_ms=c["exposed_ms"] - c["exposed_ms_overlap"], exposed_ms=exposed)
+        lean_base = t_base - base["parts_ms"].get("moe", 0.0) * (1 - moe_lean)
+        lean_full = t_full - full["parts_ms"].get("moe", 0.0) * (1 - moe_lean)
+        lean_peak = n / lean_base
+        row["lean_ratio"] = N / (lean_full + exposed) / lean_peak
+        row["lean_ratio_all_hidden"] = N / lean_full / lean_peak
+        for k, v in hideable(exposed, ranges, N * f_row, full["parts_ms"].get("indexer", 0.0)).items():
+            row[f"lean_ratio_{k}"] = N / (lean_full + exposed - v) / lean_peak
+            row[f"hideable_{k}_ms"] = v
+        out.append(row)
     return out
 
 
-def main_curve(lines, tflops: float) -> int:
-    rows = project_curve(lines, tflops)
+def main_curve(lines, tflops: float, moe_lean: float = MOE_LEAN) -> int:
+    rows = project_curve(lines, tflops, moe_lean)
     ours = ", ".join(sorted({"%.0f" % r["a_row_us"] for r in rows}))
     print(f"FlashMLA-class attention at {tflops:g} TFLOP/s: {rows[0]['f_row_us']:.1f} us a row and step "
           f"(this engine's: {ours} us)\n")
@@ -104,13 +136,27 @@ def main_curve(lines, tflops: float) -> int:
         print(f"| {r['context']} | {r['hit_rate']} | {r['overlap']} | {r['ratio']:.2f}x / {r['ratio_overlap']:.2f}x | "
               f"{r['projected_ratio']:.2f}x / {r['projected_ratio_all_hidden']:.2f}x | {r['exposed_ms']:.2f} | "
               f"{r['hidden_ms']:.2f} | {r['hideable_ms']:.2f} |")
+    print(f"\nWith the MoE {1 / moe_lean:.2f}x faster too (the leaner floor): peak ratio at most, by what is hidden\n")
+    print("| context | hit rate | ranges | nothing | beside attention | + first range beside the indexer | "
+          "chained under the indexer | everything | hideable ms: attention / cover / chained of |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    seen = set()
+    for r in rows:
+        key = (r["context"], r["hit_rate"])
+        if key in seen:  # one line a point: the schedules' bounds need only the range count
+            continue
+        seen.add(key)
+        print(f"| {r['context']} | {r['hit_rate']} | {r['overlap']} | {r['lean_ratio']:.2f}x | "
+              f"{r['lean_ratio_attention']:.2f}x | {r['lean_ratio_cover']:.2f}x | {r['lean_ratio_chained']:.2f}x | "
+              f"{r['lean_ratio_all_hidden']:.2f}x | {r['hideable_attention_ms']:.2f} / {r['hideable_cover_ms']:.2f} / "
+              f"{r['hideable_chained_ms']:.2f} of {r['exposed_ms']:.2f} |")
     return 0
 
 
-def main(path: str, tflops: float = FLASHMLA_TFLOPS) -> int:
+def main(path: str, tflops: float = FLASHMLA_TFLOPS, moe_lean: float = MOE_LEAN) -> int:
     lines = [json.loads(x) for x in open(path)]
     if any(x["kind"] == "curve" for x in lines):
-        return main_curve(lines, tflops)
+        return main_curve(lines, tflops, moe_lean)
     model = next(x for x in lines if x["kind"] == "model")
     link = next(x["h2d_gbps"] for x in lines if x["kind"] == "link")
     L, R = model["layers"], model["record_bytes"]
@@ -151,9 +197,10 @@ def main(path: str, tflops: float = FLASHMLA_TFLOPS) -> int:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    tf = FLASHMLA_TFLOPS
-    if "--flashmla-tflops" in args:
-        i = args.index("--flashmla-tflops")
-        tf = float(args[i + 1])
-        del args[i:i + 2]
-    sys.exit(main(args[0], tf))
+    opts = {"--flashmla-tflops": FLASHMLA_TFLOPS, "--moe-lean": MOE_LEAN}
+    for flag in opts:
+        if flag in args:
+            i = args.index(flag)
+            opts[flag] = float(args[i + 1])
+            del args[i:i + 2]
+    sys.exit(main(args[0], opts["--flashmla-tflops"], opts["--moe-lean"]))

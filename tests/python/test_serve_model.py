@@ -41,6 +41,42 @@ def test_projection_arithmetic_on_a_hand_made_curve():
     assert r["projected_ratio_all_hidden"] == pytest.approx(10 / t_full / (2 / t_base))
     assert r["hideable_ms"] == pytest.approx(10 * f_row * 3 / 4)
     assert r["hidden_ms"] == pytest.approx(1.0)
+    # Without MoE or indexer parts the leaner floor changes nothing and only attention can hide.
+    assert r["lean_ratio"] == pytest.approx(r["projected_ratio"])
+    assert r["hideable_cover_ms"] == pytest.approx(r["hideable_attention_ms"])
+
+
+def test_the_leaner_floor_and_what_each_schedule_hides():
+    sm = _serve_model()
+    # E = 2 ms exposed, 4 ranges, attention A = 0.4 ms, indexer I = 1.2 ms a step.
+    h = sm.hideable(2.0, 4, 0.4, 1.2)
+    assert h["attention"] == pytest.approx(3 * 0.4 / 4)  # each later range's RESOLVE under an attention range
+    assert h["cover"] == pytest.approx(min(0.5, 1.2 * 3 / 4) + 3 * 0.4 / 4)
+    assert h["chained"] == pytest.approx(3 * 1.2 / 4 + min(0.5, 0.4 * 3 / 4))
+    assert sm.hideable(0.2, 4, 5.0, 5.0) == pytest.approx(dict(attention=0.15, cover=0.2, chained=0.2)), \
+        "never more than there is"
+    model = dict(kind="model", layers=2, k=1000)
+    lines = [model,
+             dict(kind="point", context=64, mode="baseline", concurrency=2, step_ms_mean=10.0,
+                  parts_ms=dict(attention=1.0, moe=3.3, indexer=0.1)),
+             dict(kind="point", context=64, mode="full_at_N", concurrency=10, step_ms_mean=14.0, target_hit_rate=0.8,
+                  parts_ms=dict(attention=5.0, moe=3.3, indexer=1.2)),
+             dict(kind="curve", context=64, concurrency=10, baseline_peak_concurrency=2, target_hit_rate=0.8,
+                  hit_rate=0.81, step_ms_full=14.0, step_ms=16.0, ratio=1.0, ratio_overlap=1.1, exposed_ms=2.0,
+                  exposed_ms_overlap=1.0, overlap=dict(spec="4", ranges=[3, 3, 2, 2]))]
+    (r,) = sm.project_curve(lines, 100.0, moe_lean=2.1 / 3.3)
+    f_row = sm.flashmla_row_ms(model, 100.0)
+    cut = (5.0 - 1.0) / 8 - f_row
+    lean_base = 10.0 - 2 * cut - 3.3 * (1 - 2.1 / 3.3)  # the MoE at 3.3 TB/s instead of 2.1: 1.2 ms less
+    lean_full = 14.0 - 10 * cut - 3.3 * (1 - 2.1 / 3.3)
+    peak = 2 / lean_base
+    assert r["lean_ratio"] == pytest.approx(10 / (lean_full + 2.0) / peak)
+    assert r["lean_ratio_all_hidden"] == pytest.approx(10 / lean_full / peak)
+    hid = sm.hideable(2.0, 4, 10 * f_row, 1.2)
+    for k in ("attention", "cover", "chained"):
+        assert r[f"lean_ratio_{k}"] == pytest.approx(10 / (lean_full + 2.0 - hid[k]) / peak)
+    assert r["lean_ratio"] < r["lean_ratio_attention"] < r["lean_ratio_cover"] < r["lean_ratio_chained"] \
+        <= r["lean_ratio_all_hidden"]
 
 
 def test_the_committed_h200_curve_projects():
@@ -54,6 +90,8 @@ def test_the_committed_h200_curve_projects():
         # can only help; what an overlap under it could hide shrinks with it.
         assert r["projected_ratio_all_hidden"] >= r["projected_ratio"] > 0
         assert r["f_row_us"] < r["a_row_us"]
+        assert r["lean_ratio"] <= r["lean_ratio_attention"] <= r["lean_ratio_cover"] <= r["lean_ratio_all_hidden"]
+        assert r["lean_ratio_chained"] <= r["lean_ratio_all_hidden"] + 1e-9
 
 
 def test_the_curve_plot_draws_every_series(tmp_path):
