@@ -170,6 +170,10 @@ class Overlap:
                 raise ValueError(f"overlap spec {spec!r}: unknown part {w!r}")
         if o.indexer_chain and not o.beside:
             raise ValueError(f"overlap spec {spec!r}: ix needs beside (a RESOLVE launched beside the indexer)")
+        if o.indexer_chain and o.max_blocks <= 0 and o.helpers < 0:
+            # A RESOLVE block takes a whole SM (docs/INTEGRATION.md, "The budget"): the indexer leaves
+            # the budget's SMs idle, so there must be one.
+            raise ValueError(f"overlap spec {spec!r}: ix needs a budget of blocks (bN or hN)")
         return o
 
     @property

@@ -113,7 +113,7 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     y = dsv32.Overlap.parse("4/b16/beside/ix3/ic2")
     assert (y.indexer_chain, y.indexer_ctas, y.tag) == (3, 2, "4_b16_beside_ix3_ic2")
     assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
-    for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0"):
+    for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix"):
         with pytest.raises(ValueError):
             dsv32.Overlap.parse(bad)
 
