@@ -101,16 +101,19 @@ class V32Config:
 
 @dataclasses.dataclass
 class Overlap:
-    """Hiding RESOLVE's misses under attention (hisparse mode; bench/RESULTS.md, issue 44).
+    """Hiding RESOLVE's misses under attention, or under the indexer (hisparse mode; bench/RESULTS.md,
+    issue 44).
 
     A layer's RESOLVE needs its selections and attention needs RESOLVE's records, so for one batch
     the fetch sits on the critical path. Cut into row chunks it need not: chunk c's RESOLVE runs on
-    a side stream while the main stream runs chunk c-1's sparse attention, and only the first
-    chunk's fetch stays exposed. The indexer and top-k still run on the whole batch (their kernels
-    and torch.topk's algorithm choice depend on the row count, so chunking them could reorder a
-    selection), and every attention chunk uses the whole batch's split count: each row's logits
-    stay bit-identical to full HBM's. max_blocks is RESOLVE's budget of thread blocks
-    (hs_resolve_args.max_blocks; 0: the whole GPU), so that attention keeps the other SMs."""
+    a side stream (or beside, on one stream) while chunk c-1's sparse attention runs, and only the
+    first chunk's fetch stays exposed, unless it runs beside the indexer of later rows
+    (indexer_chain). The indexer and top-k run on the whole batch unless indexer_chain cuts them
+    too; then each row's scores and selection are the same bits as in one launch (one tile function;
+    torch.topk per row independent of the rows beside it, held by test_serve_bench). Every attention
+    chunk uses the whole batch's split count. So each row's logits stay bit-identical to full
+    HBM's. max_blocks is RESOLVE's budget of thread blocks (hs_resolve_args.max_blocks; 0: the whole
+    GPU), so that attention keeps the other SMs."""
 
     chunks: int = 4
     min_rows: int = 4  # rows a chunk at least: fewer chunks at small batches (batch < 2 * min_rows: none)
@@ -581,27 +584,28 @@ class Model:
             self._select(st, iq, iw, l, *segs[0])
         with self._part("topk"):
             self._topk(st, segs[0][0], segs[0][1])
-        first = None
+        resolved = None
         for c, (a, b, bs) in enumerate(segs[1:]):
             ra, rb, _ = plan.chunks[c]
             budget = (rb - ra) + o.helpers if o.helpers >= 0 else o.max_blocks
             with self._part("indexer"):  # one part: a timing event between the two would order them
                 self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - budget))
-                first = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
+                resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
             with self._part("topk"):
                 self._topk(st, a, b)
-        return first
+        return resolved
 
-    def _resolve_chunks(self, kv, l: int, st, chunks, first=None):
+    def _resolve_chunks(self, kv, l: int, st, chunks, resolved=None):
         """RESOLVE of each row range on the side stream, after the main stream's selections; returns
         the records base, the page table, the stride and one event per range (None on a CPU). Beside
-        (Overlap.beside): only the first range's, on the main stream, unless it ran beside the indexer
-        (first: its result, _select_chained); _attend_chunks launches the rest."""
+        (Overlap.beside): only the first range's, on the main stream, unless the ranges before
+        attention's second launch ran beside the indexer (resolved: the last one's result,
+        _select_chained); _attend_chunks launches the rest."""
         if self.overlap.beside:
-            if first is None:
+            if resolved is None:
                 with self._part("resolve"):
-                    first = self._resolve_range(kv, l, st, chunks[0], alone=True)
-            records, rec_idx, stride = first
+                    resolved = self._resolve_range(kv, l, st, chunks[0], alone=True)
+            records, rec_idx, stride = resolved
             return records, rec_idx, stride, [None] * len(chunks)
         cuda = self.device.type == "cuda" and self.overlap.side_stream
         side = self._side
@@ -667,9 +671,9 @@ class Model:
                 at = st.row_base + pos
                 st.idx_keys[l].view(torch.uint8).index_put_((at,), key.view(torch.uint8))
                 st.idx_scale[l].index_put_((at,), kscale)
-            first = None
+            resolved = None
             if plan is not None and plan.segments:
-                first = self._select_chained(kv, l, st, iq, iw, plan)
+                resolved = self._select_chained(kv, l, st, iq, iw, plan)
             else:
                 with self._part("indexer"):
                     self._select(st, iq, iw, l, 0, M, st.batch_size)
@@ -679,7 +683,7 @@ class Model:
                 with self._part("resolve"):
                     records, rec_idx, stride = kv.resolve(l, st)
             else:
-                records, rec_idx, stride, ready = self._resolve_chunks(kv, l, st, plan.attend, first=first)
+                records, rec_idx, stride, ready = self._resolve_chunks(kv, l, st, plan.attend, resolved=resolved)
             with self._part("attention"):
                 q_lat = torch.bmm(q[..., :c.nope_head].transpose(0, 1), L.w_uk).transpose(0, 1)  # [M, heads, 512]
                 qf = torch.cat([q_lat, _rope(q[..., c.nope_head:], pos)], dim=-1).contiguous()
