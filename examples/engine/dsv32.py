@@ -46,6 +46,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+import expert_gemm
 from engine import Bf16Records, Fp8Records, RecordFormat  # one definition of the record layouts
 from sparse_kernels import Kernels
 
@@ -310,8 +311,9 @@ def probe_fp8_rows(device) -> int:
 
 class Experts:
     """This GPU's routed experts: w13 [E, 2I, H] and w2 [E, H, I], applied to x [E, cap, H] (expert e
-    takes x[e]). fp8 grouped GEMMs (torch._scaled_grouped_mm when it works here, else one _scaled_mm a
-    expert), bf16 bmm on a CPU."""
+    takes x[e]). fp8 on a GPU by one of three GEMMs (gemm): "loop" (one torch._scaled_mm an expert),
+    "grouped" (torch._scaled_grouped_mm) or "triton" (expert_gemm.grouped_fp8 at triton_config);
+    choose_gemm keeps the fastest that agrees with the loop. bf16 bmm on a CPU."""
 
     def __init__(self, E: int, inter: int, hidden: int, gen, device, fp8: bool) -> None:
         self.E, self.inter, self.hidden, self.fp8 = E, inter, hidden, fp8
@@ -322,16 +324,20 @@ class Experts:
             self.w2_all = torch.stack([x.w for x in self.w2])
             for i in range(E):  # one copy of each weight, in the stacked tensors
                 self.w13[i].w, self.w2[i].w = self.w13_all[i], self.w2_all[i]
-        self.grouped = False  # set by probe_grouped()
+        self.gemm = "loop"  # set by choose_gemm
+        self.triton_config = expert_gemm.CONFIGS[0]
 
     @property
     def nbytes(self) -> int:
         return sum(x.nbytes for x in self.w13 + self.w2)
 
-    def choose_gemm(self, cap: int) -> Dict[str, Optional[float]]:
-        """Times one expert pass at cap rows an expert both ways (one _scaled_mm an expert, and
-        _scaled_grouped_mm where it runs here and agrees) and keeps the faster."""
-        out: Dict[str, Optional[float]] = dict(loop_ms=None, grouped_ms=None)
+    GEMMS = ("loop", "grouped", "triton")
+
+    def choose_gemm(self, cap: int, ways=GEMMS) -> Dict[str, object]:
+        """Times one expert pass at cap rows an expert each of `ways` (the loop, always; _scaled_grouped_mm
+        where it runs here; the Triton kernel at each of expert_gemm.CONFIGS), drops a way whose result
+        does not agree with the loop's, and keeps the fastest. Returns the times (ms) and the choice."""
+        out: Dict[str, object] = dict(loop_ms=None, grouped_ms=None, triton_ms=None)
         if not self.fp8:
             return out
         x = torch.randn(self.E, cap, self.hidden, device=self.w13_all.device).to(torch.bfloat16)
@@ -347,21 +353,40 @@ class Experts:
             b.synchronize()
             return a.elapsed_time(b) / 10
 
-        self.grouped = False
-        ref = self(x)
-        out["loop_ms"] = round(timed(), 4)
-        if hasattr(torch, "_scaled_grouped_mm"):
+        def tried(gemm: str, config=None) -> Optional[float]:
+            """The pass's time the given way, None where it fails or disagrees with the loop's."""
+            self.gemm = gemm
+            if config is not None:
+                self.triton_config = config
             try:
-                self.grouped = True
                 same = bool(torch.allclose(self(x).float(), ref.float(), rtol=2e-2, atol=2e-2))
-                out["grouped_ms"] = round(timed(), 4) if same else None
-            except Exception as e:  # noqa: BLE001 - any failure means: use the loop
-                print(f"_scaled_grouped_mm unusable here ({type(e).__name__}: {str(e)[:120]})")
-        self.grouped = out["grouped_ms"] is not None and out["grouped_ms"] < out["loop_ms"]
-        out["grouped"] = self.grouped
+                return round(timed(), 4) if same else None
+            except Exception as e:  # noqa: BLE001 - any failure means: not this way
+                print(f"expert GEMM {gemm} {config or ''} unusable here ({type(e).__name__}: {str(e)[:120]})")
+                return None
+
+        self.gemm = "loop"
+        ref = self(x)
+        times = {("loop", None): round(timed(), 4)}
+        if "grouped" in ways and hasattr(torch, "_scaled_grouped_mm"):
+            times[("grouped", None)] = tried("grouped")
+        if "triton" in ways and expert_gemm.available():
+            for config in expert_gemm.CONFIGS:
+                times[("triton", config)] = tried("triton", config)
+            out["triton_configs_ms"] = {"%dx%d/%dw/%ds" % c: t for (g, c), t in times.items() if g == "triton"}
+        for (g, _), t in times.items():
+            if t is not None and (out[f"{g}_ms"] is None or t < out[f"{g}_ms"]):
+                out[f"{g}_ms"] = t
+        (self.gemm, config), _ = min(((k, t) for k, t in times.items() if t is not None), key=lambda kt: kt[1])
+        if config is not None:
+            self.triton_config = config
+        out["gemm"] = self.gemm
+        out["grouped"] = self.gemm == "grouped"  # the field earlier runs recorded
         return out
 
     def _gemm_all(self, xq: torch.Tensor, ws: torch.Tensor, scale: float, cap: int) -> torch.Tensor:
+        if self.gemm == "triton":
+            return expert_gemm.grouped_fp8(xq, ws, scale, cap, self.triton_config)
         E = ws.shape[0]
         offs = torch.arange(1, E + 1, device=xq.device, dtype=torch.int32) * cap
         sa = torch.ones(xq.shape[0], device=xq.device, dtype=torch.float32)
@@ -375,13 +400,13 @@ class Experts:
             a = F.silu(gu[..., :self.inter].float()) * gu[..., self.inter:].float()
             return torch.bmm(a.to(torch.bfloat16), torch.stack([w.w for w in self.w2]).transpose(1, 2))
         xq = x.reshape(E * cap, H).clamp(-448, 448).to(torch.float8_e4m3fn)
-        if self.grouped:
+        if self.gemm != "loop":
             gu = self._gemm_all(xq, self.w13_all, self.w13[0].scale, cap).view(E, cap, 2 * self.inter)
         else:
             gu = torch.stack([_mm(xq[e * cap:(e + 1) * cap], self.w13[e]) for e in range(E)])
         a = (F.silu(gu[..., :self.inter].float()) * gu[..., self.inter:].float()).to(torch.bfloat16)
         aq = a.reshape(E * cap, self.inter).clamp(-448, 448).to(torch.float8_e4m3fn)
-        if self.grouped:
+        if self.gemm != "loop":
             return self._gemm_all(aq, self.w2_all, self.w2[0].scale, cap).view(E, cap, H)
         return torch.stack([_mm(aq[e * cap:(e + 1) * cap], self.w2[e]) for e in range(E)])
 

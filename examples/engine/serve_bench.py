@@ -496,6 +496,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ctl-watch", default=None, help="run `hisparse-ctl --json watch` on the daemon into this file")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG of throughput and TPOT against concurrency (matplotlib)")
+    ap.add_argument("--expert-gemm", choices=("auto", "torch"), default="auto",
+                    help="the routed experts' fp8 GEMM: the fastest of torch's and the Triton one (expert_gemm.py, "
+                         "issue 44's leaner floor), or of torch's only (the floor of runs before 2026-12-05)")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model, host backend, a few steps")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -523,12 +526,13 @@ def main(argv=None) -> int:
     budget = int(max(0, parse_size(args.gpu_hbm) - full_weights - parse_size(args.reserve)) * cfg.layers / cfg.full_layers)
     pool = parse_size(args.host_pool_size)
     grouped = {}
-    if cuda:  # grouped expert GEMM or one a expert: whichever is faster here, at 8 rows an expert (N = 32)
+    if cuda:  # the fastest expert GEMM of --expert-gemm here, at 8 rows an expert (N = 32)
         moe = next((L for L in model.layers if not L.dense), None)
-        grouped = moe.experts.choose_gemm(8) if moe else {}
+        ways = ("loop", "grouped") if args.expert_gemm == "torch" else dsv32.Experts.GEMMS
+        grouped = moe.experts.choose_gemm(8, ways) if moe else {}
         for L in model.layers:
             if not L.dense:
-                L.experts.grouped = grouped.get("grouped", False)
+                L.experts.gemm, L.experts.triton_config = moe.experts.gemm, moe.experts.triton_config
     mla = model.kernels.tune_mla(fmt, args.tune_mla) if cuda and args.tune_mla > 0 else {}
     emit(dict(kind="model", layers=cfg.layers, dense_layers=cfg.dense_layers, vocab=cfg.vocab,
               weight_bytes=wb, full_model_weight_bytes=int(full_weights), kv_budget_bytes=budget,

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 serve_bench = pytest.importorskip("serve_bench")  # examples/engine, put on sys.path by conftest
 dsv32 = pytest.importorskip("dsv32")
 sparse_kernels = pytest.importorskip("sparse_kernels")
+expert_gemm = pytest.importorskip("expert_gemm")
 
 
 def json_lines(text):
@@ -305,6 +306,33 @@ def test_triton_persistent_index_scores_equal_the_grid_kernel():
                        base[a:], ctas=ctas)
         assert torch.equal(part[a:a + 3], whole[a:a + 3]), ctas
         assert torch.all(part[:a] == 5.0) and torch.all(part[a + 3:] == 5.0), "a row outside the slice's batch"
+
+
+def test_expert_gemm_tiles_follow_the_rows_and_refuse_odd_shapes():
+    assert [expert_gemm.block_m(c) for c in (1, 2, 16, 17, 21, 33, 64, 200)] == [16, 16, 16, 32, 32, 64, 64, 64]
+    x = torch.zeros(4 * 3, 100)
+    with pytest.raises(ValueError):  # K = 100 is no multiple of a 128 tile
+        expert_gemm.grouped_fp8(x, torch.zeros(4, 64, 100), 1.0, 3)
+    with pytest.raises(ValueError):  # x holds 2 rows an expert, not 3
+        expert_gemm.grouped_fp8(torch.zeros(8, 128), torch.zeros(4, 64, 128), 1.0, 3)
+
+
+@pytest.mark.parametrize("cap", [1, 8, 21])
+def test_triton_expert_gemm_matches_fp32(cap):
+    """expert_gemm.grouped_fp8, every config choose_gemm tries, against the fp32 product of the same
+    fp8 operands; each expert reads its own rows and writes only them."""
+    _gpu_or_skip()
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(7)
+    E, N, K = 4, 256, 512
+    w = torch.randn(E, N, K, generator=g, device=dev).to(torch.float8_e4m3fn)
+    x = torch.randn(E * cap, K, generator=g, device=dev).to(torch.float8_e4m3fn)
+    scale = K ** -0.5
+    ref = torch.bmm(x.float().view(E, cap, K), w.float().transpose(1, 2)).reshape(E * cap, N) * scale
+    for config in expert_gemm.CONFIGS:
+        y = expert_gemm.grouped_fp8(x, w, scale, cap, config)
+        assert y.dtype == torch.bfloat16 and y.shape == (E * cap, N)
+        torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2, msg=lambda m: f"{config}: {m}")
 
 
 def test_triton_sparse_mla_reads_two_allocations_through_one_base():
