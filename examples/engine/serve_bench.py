@@ -478,8 +478,9 @@ def main(argv=None) -> int:
     ap.add_argument("--locality", type=float, default=2.8)
     ap.add_argument("--overlap", default="",
                     help="hisparse points: RESOLVE in row chunks on a side stream, under the previous chunk's attention "
-                         "(dsv32.Overlap.parse: CHUNKS[/bBLOCKS|/hHELPERS][/pPRIORITY][/gGROWTH][/w][/one][/main|/beside], e.g. 4/b16 "
-                         "or 4/w/h8; empty or 1: off); the curve runs every spec of a comma list (default 4), the "
+                         "(dsv32.Overlap.parse: CHUNKS[/bBLOCKS|/hHELPERS][/pPRIORITY][/gGROWTH][/w][/one][/main|/beside]"
+                         "[/ixJ][/icN][/asc], e.g. 4/b16, 4/w/h8 or 4/b16/beside/ix3 (ranges 0-2 beside the indexer of "
+                         "later rows); empty or 1: off); the curve runs every spec of a comma list (default 4), the "
                          "sweep the first")
     ap.add_argument("--overlap-min-rows", type=int, default=4, help="rows a chunk at least (fewer chunks at small batches)")
     ap.add_argument("--hit-rates", default=None,
