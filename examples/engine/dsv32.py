@@ -180,6 +180,11 @@ class Overlap:
             raise ValueError(f"overlap spec {spec!r}: ix needs a budget of blocks (bN or hN)")
         return o
 
+    def budget(self, rows: int) -> int:
+        """RESOLVE's blocks for a range of `rows` rows beside other work: rows + helpers, else
+        max_blocks (0: the whole GPU)."""
+        return rows + self.helpers if self.helpers >= 0 else self.max_blocks
+
     @property
     def tag(self) -> str:
         parts = [str(self.chunks)] + ([f"b{self.max_blocks}"] if self.max_blocks else []) + \
@@ -581,11 +586,7 @@ class Model:
         first range of a beside schedule, which nothing runs beside): on the whole GPU, as the
         programmatic dependent of the kernel before it."""
         a, b, bs = chunk
-        o = self.overlap
-        if alone:
-            budget = 0
-        else:
-            budget = (b - a) + o.helpers if o.helpers >= 0 else o.max_blocks
+        budget = 0 if alone else self.overlap.budget(b - a)
         return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone)
 
     def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0) -> None:
@@ -612,9 +613,8 @@ class Model:
         resolved = None
         for c, (a, b, bs) in enumerate(segs[1:]):
             ra, rb, _ = plan.chunks[c]
-            budget = (rb - ra) + o.helpers if o.helpers >= 0 else o.max_blocks
             with self._part("indexer"):  # one part: a timing event between the two would order them
-                self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - budget))
+                self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - o.budget(rb - ra)))
                 resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
             with self._part("topk"):
                 self._topk(st, a, b)

@@ -123,9 +123,7 @@ class HisparseKV:
     def resolve(self, layer: int, st: DecodeState):
         # RESOLVE writes each selection's record index in the arena (resolve.h rule 9, the page-table
         # output): attention reads it as is, with no index kernel in between.
-        self.session.resolve(layer, self.rows, st.seq_lens, st.positions, None, page_table=self.page_table,
-                             batch_size=st.batch_size)
-        return self.arena, self.page_table, self.stride
+        return self.resolve_rows(layer, st, 0, self.rows.shape[0], st.batch_size)
 
     def resolve_rows(self, layer: int, st: DecodeState, a: int, b: int, batch_size, max_blocks: int = 0,
                      beside: bool = False, programmatic: bool = False):

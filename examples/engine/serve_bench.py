@@ -526,11 +526,11 @@ def main(argv=None) -> int:
     full_weights = sum(wb.values()) * cfg.full_layers / cfg.layers
     budget = int(max(0, parse_size(args.gpu_hbm) - full_weights - parse_size(args.reserve)) * cfg.layers / cfg.full_layers)
     pool = parse_size(args.host_pool_size)
-    grouped = {}
+    gemm = {}
     if cuda:  # the fastest expert GEMM of --expert-gemm here, at 8 rows an expert (N = 32)
         moe = next((L for L in model.layers if not L.dense), None)
         ways = ("loop", "grouped") if args.expert_gemm == "torch" else dsv32.Experts.GEMMS
-        grouped = moe.experts.choose_gemm(8, ways) if moe else {}
+        gemm = moe.experts.choose_gemm(8, ways) if moe else {}
         for L in model.layers:
             if not L.dense:
                 L.experts.gemm, L.experts.triton_config = moe.experts.gemm, moe.experts.triton_config
@@ -538,7 +538,7 @@ def main(argv=None) -> int:
     emit(dict(kind="model", layers=cfg.layers, dense_layers=cfg.dense_layers, vocab=cfg.vocab,
               weight_bytes=wb, full_model_weight_bytes=int(full_weights), kv_budget_bytes=budget,
               records=fmt.name, record_bytes=fmt.record_bytes, index_key_bytes=cfg.index_key_bytes, k=cfg.topk,
-              slots=args.slots, locality=cfg.locality, grouped_expert_gemm=grouped, mla_tiles_us=mla,
+              slots=args.slots, locality=cfg.locality, grouped_expert_gemm=gemm, mla_tiles_us=mla,
               mla_tile=[model.kernels.mla_block_h, model.kernels.mla_block_n, model.kernels.mla_warps],
               device=torch.cuda.get_device_name(dev) if cuda else "cpu", build_s=round(time.monotonic() - t, 1)))
 
