@@ -69,6 +69,8 @@ int RestartMain(int argc, char** argv);        // restart_cmd.cc: durable reques
 int SessionOpenMain(int argc, char** argv);    // session_open_cmd.cc: GPU session open phases (CUDA)
 int ResolveSharedMain(int argc, char** argv);  // resolve_shared_cmd.cc: daemon's arena vs own (CUDA)
 int ImportMain(int argc, char** argv);         // import_cmd.cc: write a grant's records over UCX (UCX builds)
+int ServeMain(int argc, char** argv);          // script_cmd.cc: examples/engine/serve_bench.py (PyTorch)
+int DecodeMain(int argc, char** argv);         // script_cmd.cc: examples/engine/decode_bench.py (PyTorch)
 
 }  // namespace hisparse::bench
 

@@ -35,6 +35,9 @@ const Command kCommands[] = {
     {"grpc-floor", hisparse::bench::GrpcFloorMain, "a trivial unary gRPC call's latency and rate: control's floor"},
     {"restart", hisparse::bench::RestartMain,
      "durable requests across a SIGKILLed daemon: recovery time, admit latency"},
+    {"serve", hisparse::bench::ServeMain,
+     "a DeepSeek-V3.2-class decode node, full HBM vs hisparse: throughput, hit-rate curve (PyTorch)"},
+    {"decode", hisparse::bench::DecodeMain, "the engine's decode step, full HBM vs hisparse, by batch (PyTorch)"},
 #ifdef HISPARSE_HAVE_UCX
     {"import", hisparse::bench::ImportMain, "the prefill side of an import: put a grant's records over UCX, commit"},
 #else
