@@ -44,9 +44,10 @@ std::string FindScript(const std::string& name, std::string* tried) {
 #endif
   }
   for (const std::string& root : roots) {
-    const std::string path = root + "/examples/engine/" + name;
+    std::string path = root;
+    path.append("/examples/engine/").append(name);
     if (IsFile(path)) return path;
-    *tried += "\n  " + path;
+    tried->append("\n  ").append(path);
   }
   return {};
 }
