@@ -100,8 +100,10 @@ stage_asan() {
   # which then fails, so it reports every virtual call as on an "invalid vptr". ASan and the rest
   # of UBSan stay on for them.
   local no_fds='^(BatchAdmissionTest[.]MappingFailureAfterTheDaemonAdmittedReleasesTheBatch|Admit2Test[.]ASingleAdmitWhoseMappingFailsIsReleasedInTheDaemon)$'
+  # The Python-labelled tests run a python that would load this build's instrumented libhisparse
+  # (ASan's runtime must come first in a process): they run in the plain build's ctest.
   ASAN_OPTIONS=$asan UBSAN_OPTIONS=$ubsan HISPARSE_KILL_CYCLES=$KILL_CYCLES \
-    ctest --test-dir build-asan --output-on-failure -j"$JOBS" -LE gpu -E "^Install|^python\$|$no_fds"
+    ctest --test-dir build-asan --output-on-failure -j"$JOBS" -LE 'gpu|python' -E "^Install|^python\$|$no_fds"
   local tested=$?
   ASAN_OPTIONS=$asan UBSAN_OPTIONS=$ubsan:suppressions=$ROOT/tools/ubsan-no-fds.supp \
     ctest --test-dir build-asan --output-on-failure -j1 -R "$no_fds" || tested=1
