@@ -272,12 +272,209 @@ struct Daemon::Impl {
     if (health != nullptr) health->SetServingStatus(ready && channels_down == 0);
     metrics->SetServing(health != nullptr && ready && channels_down == 0);  // hisparse_serving
   }
+
+  // Start's phases, in the order it runs them (Daemon::Start).
+  // The host pool, with the slabs a former daemon left (or without them, if it cannot take them
+  // back), and the request journal of this life; sets auto_host_arena_bytes.
+  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(const DaemonConfig& config, StartRecovery& recovery);
+  // The session manager over `pool`, the durable requests restored into it, the lease sweeper.
+  void StartSessions(SessionManager::Options options, std::unique_ptr<PagePool> pool, StartRecovery& recovery);
+  // The import target (import.enabled), or a log line saying why imports are off.
+  void StartImports(const DaemonConfig& config);
+  // The service's hooks into the daemon: config, reload status, lanes, and drain through
+  // `drain_target` (the Daemon, once Start has made it).
+  HiSparseService::Hooks ServiceHooks(const std::shared_ptr<std::atomic<Daemon*>>& drain_target);
+  // The control socket: gRPC served on the connections that `policy` admits.
+  absl::Status StartControlSocket(const DaemonConfig& config, const std::string& socket_path, gid_t socket_gid,
+                                  const AccessPolicy& policy);
 };
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Daemon::~Daemon() {
   Shutdown();
   if (impl_->drainer.joinable()) impl_->drainer.join();
+}
+
+namespace {
+
+// The options the session manager takes from the config and this start (its GPU ones aside).
+SessionManager::Options SessionOptionsFrom(const DaemonConfig& config, const std::string& fd_socket_path,
+                                           uint64_t auto_host_arena_bytes, const StartRecovery& recovery) {
+  SessionManager::Options o;
+  o.max_sessions = static_cast<uint32_t>(config.limits.max_sessions);
+  o.max_requests_per_session = static_cast<uint32_t>(config.limits.max_requests_per_session);
+  o.max_tokens_per_request = static_cast<uint32_t>(config.limits.max_tokens_per_request);
+  o.fd_socket_path = fd_socket_path;
+  o.arena_budget_bytes = config.gpu_memory_budget;
+  o.host_arena_budget_bytes =
+      config.limits.host_arena_bytes != 0 ? config.limits.host_arena_bytes : auto_host_arena_bytes;
+  o.quotas = QuotasFrom(config);
+  o.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
+  o.version = kVersion;
+  o.import_grant_ttl = absl::Seconds(config.import.grant_ttl);
+  o.max_lease_seconds = static_cast<uint32_t>(config.durability.max_lease_seconds);
+  o.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
+  o.first_session_id = recovery.FirstId();
+  return o;
+}
+
+PagePool::Options PoolOptionsFrom(const HostPoolConfig& c) {
+  PagePool::Options o;
+  o.budget_bytes = c.size;
+  o.page_bytes = c.page_size;
+  o.slab_bytes = c.slab_size;
+  o.reserve_slabs = static_cast<uint32_t>(c.reserve_slabs);
+  o.hugepages = c.hugepages == HugePagesMode::kOn    ? PagePool::Hugepages::kOn
+                : c.hugepages == HugePagesMode::kOff ? PagePool::Hugepages::kOff
+                                                     : PagePool::Hugepages::kAuto;
+  o.pretouch_threads = c.pretouch_threads;
+  o.mlock = c.mlock;
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PagePool>> Daemon::Impl::CreatePool(const DaemonConfig& config,
+                                                                   StartRecovery& recovery) {
+  PagePool::Options pool_options = PoolOptionsFrom(config.host_pool);
+  HS_ASSIGN_OR_RETURN(auto_host_arena_bytes,
+                      CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff,
+                                         recovery.HeldBytes(config.host_pool.page_size)));
+  pool_options.first_slab_id = recovery.FirstId();
+  RecoveryPlan& plan = recovery.plan;
+  std::vector<std::string> taken;  // the store's names of the slabs the pool takes back
+  for (const PagePool::RecoveredSlab& slab : plan.slabs) taken.push_back(RequestJournal::SlabName(slab.id));
+  absl::StatusOr<std::unique_ptr<PagePool>> created = PagePool::Create(pool_options, std::move(plan.slabs));
+  if (!created.ok() && !plan.puts.empty()) {
+    LOG(ERROR) << "restart: the pool cannot take the recovered slabs back (" << created.status()
+               << "): no durable request is recovered";
+    plan.dropped_requests += plan.puts.size();
+    plan.puts.clear();
+    // Out of the store too, or their memory would wait there until the next restart.
+    plan.stale_names.insert(plan.stale_names.end(), taken.begin(), taken.end());
+    created = PagePool::Create(pool_options);
+  }
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, std::move(created));
+  if (recovery.store != nullptr) {
+    absl::StatusOr<std::unique_ptr<RequestJournal>> started = StartJournal(recovery, config.host_pool.page_size);
+    if (started.ok()) {
+      journal = *std::move(started);
+    } else {
+      LOG(ERROR) << "the request journal cannot start (" << started.status()
+                 << "): durable requests will not outlive this process";
+    }
+  }
+  return pool;
+}
+
+void Daemon::Impl::StartSessions(SessionManager::Options options, std::unique_ptr<PagePool> pool,
+                                 StartRecovery& recovery) {
+  options.journal = journal.get();
+  sessions = std::make_unique<SessionManager>(options, std::move(pool));
+  const RecoveryPlan& plan = recovery.plan;
+  size_t recovered = 0;
+  if (!plan.puts.empty()) {
+    absl::StatusOr<size_t> restored = sessions->RestoreOrphans(plan.puts);
+    if (restored.ok()) {
+      recovered = *restored;
+      LOG(INFO) << "restart: " << recovered << " durable requests recovered from the former daemon";
+    } else {
+      LOG(ERROR) << "restart: restoring the recovered requests failed: " << restored.status();
+    }
+  }
+  if (journal != nullptr) {
+    // Requests found but not taken back: dropped by the plan, or by the restore (a tenant's cap).
+    const uint64_t found = plan.puts.size() + plan.dropped_requests;
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - recovery.started);
+    journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !plan.refused.empty(), seconds);
+    if (plan.found) LOG(INFO) << "restart: recovery took " << seconds * 1e3 << " ms";
+  }
+  lease_sweeper = std::make_unique<LeaseSweeper>(sessions.get());
+}
+
+void Daemon::Impl::StartImports(const DaemonConfig& config) {
+  if (!config.import.enabled) {
+    LOG(INFO) << "imports are off: import.enabled is false";
+    return;
+  }
+  SessionManager* manager = sessions.get();
+  ImportTargetOptions import_options;
+  import_options.worker_binary = ImportWorkerBinary();
+  import_options.ucx_tls = config.import.ucx_tls;
+  import_options.ucx_net_devices = config.import.ucx_net_devices;
+  import_options.worker_memory_bytes = config.import.worker_memory;
+  import_options.on_tick = [manager] { manager->ExpireImports(); };
+  import_options.on_lost = [manager](const std::vector<std::string>& ids, const std::string& reason) {
+    manager->AbortLostImports(ids, reason);
+  };
+  auto target = StartImportTarget(import_options);
+  if (target.ok()) {
+    import_target = std::move(*target);
+    manager->SetImportTarget(import_target.get());
+  } else if (absl::IsUnimplemented(target.status())) {
+    LOG(INFO) << "imports are off: " << target.status().message();
+  } else {
+    LOG(WARNING) << "imports are off (import.enabled is true): " << target.status().message();
+  }
+}
+
+HiSparseService::Hooks Daemon::Impl::ServiceHooks(const std::shared_ptr<std::atomic<Daemon*>>& drain_target) {
+  HiSparseService::Hooks hooks;
+  hooks.config_yaml = [this] {
+    absl::MutexLock lock(&config_mu);
+    return RenderConfigYaml(config);
+  };
+  hooks.reload = [this] {
+    absl::MutexLock lock(&config_mu);
+    return reload;
+  };
+  hooks.session_ended = [this](uint64_t session_id) { lanes->SessionEnded(session_id); };
+  // Atomic: the server may take a Drain call before Start has stored the Daemon (TSan saw it).
+  hooks.drain = [drain_target](bool exit_when_idle) {
+    Daemon* d = drain_target->load(std::memory_order_acquire);
+    if (d == nullptr) return false;  // still starting: the caller is told to retry
+    d->Drain(exit_when_idle);
+    return true;
+  };
+  hooks.cancel_drain = [drain_target]() -> absl::Status {
+    Daemon* d = drain_target->load(std::memory_order_acquire);
+    if (d == nullptr) return absl::UnavailableError("the daemon is still starting; retry");
+    return d->CancelDrain();
+  };
+  return hooks;
+}
+
+absl::Status Daemon::Impl::StartControlSocket(const DaemonConfig& config, const std::string& socket_path,
+                                              gid_t socket_gid, const AccessPolicy& policy) {
+  // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
+  // and hands only admitted connections to gRPC: no RPC, admin ones included, is reachable by a
+  // peer the access policy refuses.
+  auto listener = ListenUnixStream(socket_path, kSocketMode, socket_gid);
+  if (!listener.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", grpc_address, ": ", listener.status().message(),
+                                               " (does the directory exist and is it writable?)"));
+  }
+  grpc::ServerBuilder builder;
+  grpc_threads.SetMaxThreads(GrpcThreadLimit(config.limits.max_sessions));
+  builder.SetResourceQuota(grpc_threads);
+  builder.RegisterService(service.get());
+  server = builder.BuildAndStart();
+  if (server == nullptr) return absl::InternalError("the gRPC server did not start");
+  grpc::Server* grpc_server = server.get();
+  PeerAcceptor::Options acceptor_options;
+  acceptor_options.max_connections_per_peer = config.limits.max_control_connections_per_peer;
+  acceptor_options.on_serving_change = [this](bool up) { SetChannelUp(kControlSocket, up); };
+  // The acceptor has recorded the connection's peer in `peers` (and counted it) before this runs:
+  // its first RPC may arrive as soon as gRPC has it.
+  HS_ASSIGN_OR_RETURN(acceptor, PeerAcceptor::Start(
+                                    std::move(*listener), policy, &peers,
+                                    [grpc_server](int fd, const PeerCredentials&) {
+                                      // gRPC's event engine drives the connection with non-blocking I/O.
+                                      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+                                      grpc::AddInsecureChannelFromFd(grpc_server, fd);
+                                    },
+                                    std::move(acceptor_options)));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config, const std::string& node) {
@@ -326,55 +523,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     LOG(INFO) << choice.why;
   }
 
-  PagePool::Options pool_options;
-  pool_options.budget_bytes = config.host_pool.size;
-  pool_options.page_bytes = config.host_pool.page_size;
-  pool_options.slab_bytes = config.host_pool.slab_size;
-  pool_options.reserve_slabs = static_cast<uint32_t>(config.host_pool.reserve_slabs);
-  pool_options.hugepages = config.host_pool.hugepages == HugePagesMode::kOn    ? PagePool::Hugepages::kOn
-                           : config.host_pool.hugepages == HugePagesMode::kOff ? PagePool::Hugepages::kOff
-                                                                               : PagePool::Hugepages::kAuto;
-  pool_options.pretouch_threads = config.host_pool.pretouch_threads;
-  pool_options.mlock = config.host_pool.mlock;
   StartRecovery recovery = TakeStoredFds(config);
-  HS_ASSIGN_OR_RETURN(impl->auto_host_arena_bytes,
-                      CheckMemoryAtStart(config.host_pool.size, pool_options.hugepages != PagePool::Hugepages::kOff,
-                                         recovery.HeldBytes(config.host_pool.page_size)));
-  pool_options.first_slab_id = recovery.FirstId();
-  RecoveryPlan& plan = recovery.plan;
-  std::vector<std::string> taken;  // the store's names of the slabs the pool takes back
-  for (const PagePool::RecoveredSlab& slab : plan.slabs) taken.push_back(RequestJournal::SlabName(slab.id));
-  absl::StatusOr<std::unique_ptr<PagePool>> created = PagePool::Create(pool_options, std::move(plan.slabs));
-  if (!created.ok() && !plan.puts.empty()) {
-    LOG(ERROR) << "restart: the pool cannot take the recovered slabs back (" << created.status()
-               << "): no durable request is recovered";
-    plan.dropped_requests += plan.puts.size();
-    plan.puts.clear();
-    // Out of the store too, or their memory would wait there until the next restart.
-    plan.stale_names.insert(plan.stale_names.end(), taken.begin(), taken.end());
-    created = PagePool::Create(pool_options);
-  }
-  HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, std::move(created));
-  if (recovery.store != nullptr) {
-    absl::StatusOr<std::unique_ptr<RequestJournal>> journal = StartJournal(recovery, config.host_pool.page_size);
-    if (journal.ok()) {
-      impl->journal = *std::move(journal);
-    } else {
-      LOG(ERROR) << "the request journal cannot start (" << journal.status()
-                 << "): durable requests will not outlive this process";
-    }
-  }
-
-  SessionManager::Options sm_options;
-  sm_options.max_sessions = static_cast<uint32_t>(config.limits.max_sessions);
-  sm_options.max_requests_per_session = static_cast<uint32_t>(config.limits.max_requests_per_session);
-  sm_options.max_tokens_per_request = static_cast<uint32_t>(config.limits.max_tokens_per_request);
-  sm_options.fd_socket_path = impl->fd_socket_path;
-  sm_options.arena_budget_bytes = config.gpu_memory_budget;
-  sm_options.host_arena_budget_bytes =
-      config.limits.host_arena_bytes != 0 ? config.limits.host_arena_bytes : impl->auto_host_arena_bytes;
-  sm_options.quotas = QuotasFrom(config);
-  sm_options.evict_on_pool_full = config.admission.on_pool_full == OnPoolFull::kEvictLruIdle;
+  HS_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, impl->CreatePool(config, recovery));
+  SessionManager::Options sm_options =
+      SessionOptionsFrom(config, impl->fd_socket_path, impl->auto_host_arena_bytes, recovery);
   sm_options.device = choice.gpu_arenas ? DeviceKind::kCuda : DeviceKind::kHost;
   if (gpu_arena_allocator != nullptr) {
     // Sessions name their GPU by UUID too (an engine pod's ordinal 0 is any of the node's GPUs).
@@ -387,31 +539,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     }
   }
   sm_options.gpu_arena_allocator = std::move(gpu_arena_allocator);
-  sm_options.version = kVersion;
-  sm_options.import_grant_ttl = absl::Seconds(config.import.grant_ttl);
-  sm_options.max_lease_seconds = static_cast<uint32_t>(config.durability.max_lease_seconds);
-  sm_options.max_orphans_per_tenant = static_cast<uint32_t>(config.durability.max_orphans_per_tenant);
-  sm_options.journal = impl->journal.get();
-  sm_options.first_session_id = recovery.FirstId();
-  impl->sessions = std::make_unique<SessionManager>(sm_options, std::move(pool));
-  size_t recovered = 0;
-  if (!plan.puts.empty()) {
-    absl::StatusOr<size_t> restored = impl->sessions->RestoreOrphans(plan.puts);
-    if (restored.ok()) {
-      recovered = *restored;
-      LOG(INFO) << "restart: " << recovered << " durable requests recovered from the former daemon";
-    } else {
-      LOG(ERROR) << "restart: restoring the recovered requests failed: " << restored.status();
-    }
-  }
-  if (impl->journal != nullptr) {
-    // Requests found but not taken back: dropped by the plan, or by the restore (a tenant's cap).
-    const uint64_t found = plan.puts.size() + plan.dropped_requests;
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - recovery.started);
-    impl->journal->NoteRecovery(recovered, found > recovered ? found - recovered : 0, !plan.refused.empty(), seconds);
-    if (plan.found) LOG(INFO) << "restart: recovery took " << seconds * 1e3 << " ms";
-  }
-  impl->lease_sweeper = std::make_unique<LeaseSweeper>(impl->sessions.get());
+  impl->StartSessions(std::move(sm_options), std::move(pool), recovery);
   impl->metrics = std::make_shared<Metrics>(impl->sessions.get(), node);
   // Before either socket exists: a metrics address that cannot be bound stops the start with
   // nothing left behind.
@@ -421,29 +549,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
     const std::string host = config.metrics.listen.substr(0, config.metrics.listen.rfind(':'));
     LOG(INFO) << "metrics on http://" << host << ":" << (ports.empty() ? 0 : ports.front()) << "/metrics";
   }
-  if (config.import.enabled) {
-    SessionManager* sessions = impl->sessions.get();
-    ImportTargetOptions import_options;
-    import_options.worker_binary = ImportWorkerBinary();
-    import_options.ucx_tls = config.import.ucx_tls;
-    import_options.ucx_net_devices = config.import.ucx_net_devices;
-    import_options.worker_memory_bytes = config.import.worker_memory;
-    import_options.on_tick = [sessions] { sessions->ExpireImports(); };
-    import_options.on_lost = [sessions](const std::vector<std::string>& ids, const std::string& reason) {
-      sessions->AbortLostImports(ids, reason);
-    };
-    auto target = StartImportTarget(import_options);
-    if (target.ok()) {
-      impl->import_target = std::move(*target);
-      sessions->SetImportTarget(impl->import_target.get());
-    } else if (absl::IsUnimplemented(target.status())) {
-      LOG(INFO) << "imports are off: " << target.status().message();
-    } else {
-      LOG(WARNING) << "imports are off (import.enabled is true): " << target.status().message();
-    }
-  } else {
-    LOG(INFO) << "imports are off: import.enabled is false";
-  }
+  impl->StartImports(config);
 
   HS_ASSIGN_OR_RETURN(const gid_t socket_gid, ResolveGroup(config.access.socket_group));
   const AccessPolicy policy(config.access.allowed_uids, config.access.allowed_gids, config.access.admin_uids,
@@ -469,63 +575,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  HiSparseService::Hooks hooks;
-  hooks.config_yaml = [raw] {
-    absl::MutexLock lock(&raw->config_mu);
-    return RenderConfigYaml(raw->config);
-  };
-  hooks.reload = [raw] {
-    absl::MutexLock lock(&raw->config_mu);
-    return raw->reload;
-  };
-  hooks.session_ended = [raw](uint64_t session_id) { raw->lanes->SessionEnded(session_id); };
-  // Drain is wired after the Daemon object exists (it needs `this`); see below.
-  // Atomic: the server may take a Drain call before Start has stored the Daemon (TSan saw it).
+  // Drain is wired to the Daemon once it exists (it needs `this`), below.
   auto drain_target = std::make_shared<std::atomic<Daemon*>>(nullptr);
-  hooks.drain = [drain_target](bool exit_when_idle) {
-    Daemon* d = drain_target->load(std::memory_order_acquire);
-    if (d == nullptr) return false;  // still starting: the caller is told to retry
-    d->Drain(exit_when_idle);
-    return true;
-  };
-  hooks.cancel_drain = [drain_target]() -> absl::Status {
-    Daemon* d = drain_target->load(std::memory_order_acquire);
-    if (d == nullptr) return absl::UnavailableError("the daemon is still starting; retry");
-    return d->CancelDrain();
-  };
   impl->stream_gate = std::make_unique<SessionStreamGate>(GateLimitsFrom(config.limits));
   impl->service = std::make_unique<HiSparseService>(impl->sessions.get(), impl->metrics.get(), &impl->peers, policy,
-                                                    std::move(hooks), impl->stream_gate.get());
-  // The daemon accepts on the control socket itself, reads each peer's credentials (SO_PEERCRED),
-  // and hands only admitted connections to gRPC: no RPC, admin ones included, is reachable by a
-  // peer the access policy refuses.
-  auto listener = ListenUnixStream(socket_path, kSocketMode, socket_gid);
-  if (!listener.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", impl->grpc_address, ": ",
-                                               listener.status().message(),
-                                               " (does the directory exist and is it writable?)"));
-  }
-  grpc::ServerBuilder builder;
-  impl->grpc_threads.SetMaxThreads(GrpcThreadLimit(config.limits.max_sessions));
-  builder.SetResourceQuota(impl->grpc_threads);
-  builder.RegisterService(impl->service.get());
-  impl->server = builder.BuildAndStart();
-  if (impl->server == nullptr) return absl::InternalError("the gRPC server did not start");
-  grpc::Server* server = impl->server.get();
-  PeerRegistry* peers = &impl->peers;
-  PeerAcceptor::Options acceptor_options;
-  acceptor_options.max_connections_per_peer = config.limits.max_control_connections_per_peer;
-  acceptor_options.on_serving_change = [raw](bool up) { raw->SetChannelUp(Impl::kControlSocket, up); };
-  // The acceptor has recorded the connection's peer in `peers` (and counted it) before this runs:
-  // its first RPC may arrive as soon as gRPC has it.
-  HS_ASSIGN_OR_RETURN(impl->acceptor, PeerAcceptor::Start(
-                                          std::move(*listener), policy, peers,
-                                          [server](int fd, const PeerCredentials&) {
-                                            // gRPC's event engine drives the connection with non-blocking I/O.
-                                            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-                                            grpc::AddInsecureChannelFromFd(server, fd);
-                                          },
-                                          std::move(acceptor_options)));
+                                                    impl->ServiceHooks(drain_target), impl->stream_gate.get());
+  HS_RETURN_IF_ERROR(impl->StartControlSocket(config, socket_path, socket_gid, policy));
   // Pools are ready: only now do health checks see SERVING.
   {
     absl::MutexLock lock(&impl->health_mu);
