@@ -116,6 +116,28 @@ ArenaGeometry ToArenaGeometry(const v1::Geometry& g) {
                        static_cast<int32_t>(g.draft_tokens())};
 }
 
+// The lines a session's opening leaves in the log (written once the node's lock is released).
+void LogOpened(DeferredLog& log, const v1::OpenSession& open, const SessionEntry& session, const PeerCredentials& owner,
+               bool on_gpu, double create_seconds) {
+  const v1::Geometry& g = open.geometry();
+  if (open.has_group()) {
+    DEFERRED_LOG(log, INFO) << "session " << session.id << " joined group \"" << open.group().name() << "\" as rank "
+                            << open.group().rank() << " of " << open.group().size();
+  }
+  const std::string where =
+      on_gpu ? absl::StrCat("on GPU ", session.device,
+                            g.gpu_uuid().empty()
+                                ? std::string()
+                                : absl::StrCat(" (", GpuUuidText(g.gpu_uuid()), ", the engine's GPU ", g.gpu(), ")"))
+             : std::string("in host memory");
+  DEFERRED_LOG(log, INFO) << "session " << session.id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
+                          << session.engine_name << "): layers " << g.num_layers() << ", record " << g.record_bytes()
+                          << " B, k " << g.k() << ", B " << g.slots() << ", rows " << g.max_requests() << ", arena "
+                          << session.arena_bytes << " B " << where << " shared as "
+                          << v1::ArenaKindName(session.arena->kind()) << " (created in " << create_seconds * 1e3
+                          << " ms)";
+}
+
 }  // namespace
 
 SessionOpener::SessionOpener(SessionCore& core) : core_(core) {}
@@ -147,7 +169,16 @@ absl::StatusOr<std::unique_ptr<Arena>> SessionOpener::CreateArena(bool on_gpu, i
   if (!allocated.ok()) return allocated.status();
   return WrapGpuArena(std::move(*allocated), layout.counters);
 }
-absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& open, const PeerCredentials& owner) {
+struct SessionOpener::OpenPlan {
+  uint64_t page_bytes;
+  uint32_t max_context;  // tokens a request may hold
+  std::string engine_name;
+  ArenaOffsets layout;
+  bool on_gpu;  // the arena in GPU `device`'s memory, else a host memfd
+  int device;
+};
+
+absl::StatusOr<SessionOpener::OpenPlan> SessionOpener::PlanOpen(const v1::OpenSession& open) const {
   uint32_t max_requests_limit;
   uint64_t page_bytes;
   {
@@ -179,127 +210,122 @@ absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& ope
   // Set at construction only: readable without the lock.
   const bool on_gpu = open.geometry().gpu() >= 0 && core_.options_.gpu_arena_allocator != nullptr;
   HS_ASSIGN_OR_RETURN(const int device, DaemonGpuOf(open.geometry(), on_gpu));
+  return OpenPlan{page_bytes, max_context, std::move(engine_name), layout, on_gpu, device};
+}
+
+absl::Status SessionOpener::ReserveArenaLocked(const v1::OpenSession& open, const OpenPlan& plan,
+                                               const SessionEntry& session, uint32_t uid) {
+  const uint64_t bytes = plan.layout.total_bytes;
+  if (core_.draining_)
+    return core_.Reject(RejectReason::kDraining,
+                        absl::FailedPreconditionError("the daemon is draining: no new sessions"));
+  if (core_.sessions_.size() >= core_.options_.max_sessions) {
+    return core_.Reject(RejectReason::kSessionLimit,
+                        absl::ResourceExhaustedError(
+                            absl::StrCat("the daemon holds its limit of ", core_.options_.max_sessions, " sessions")));
+  }
+  if (open.has_group()) HS_RETURN_IF_ERROR(core_.groups_.CheckJoin(session, open.group(), plan.max_context));
+  if (std::optional<Refusal> refusal = core_.ledger_.CheckOpenSession(uid, bytes)) {
+    return core_.Reject(*std::move(refusal));
+  }
+  // The budget may have been lowered (SIGHUP) below what is held already.
+  const uint64_t host_arena_left = core_.options_.host_arena_budget_bytes -
+                                   std::min(core_.host_arena_bytes_, core_.options_.host_arena_budget_bytes);
+  if (!plan.on_gpu && bytes > host_arena_left) {
+    return core_.Reject(RejectReason::kHostArenaBudget,
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "the host slot arena (", bytes,
+                            " bytes) exceeds what is left of the node's host-arena budget: ", host_arena_left, " of ",
+                            core_.options_.host_arena_budget_bytes, " bytes (limits.host_arena_bytes)")));
+  }
+  uint64_t& device_bytes = core_.arena_bytes_by_device_[plan.device];
+  if (core_.options_.arena_budget_bytes != 0 && device_bytes + bytes > core_.options_.arena_budget_bytes) {
+    return core_.Reject(RejectReason::kArenaBudget,
+                        absl::ResourceExhaustedError(absl::StrCat(
+                            "the slot arena (", bytes, " bytes) exceeds what is left of device ", plan.device,
+                            "'s budget (", core_.options_.arena_budget_bytes - device_bytes, " bytes)")));
+  }
+  device_bytes += bytes;
+  if (!plan.on_gpu) core_.host_arena_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void SessionOpener::ReturnArenaLocked(const OpenPlan& plan) {
+  core_.arena_bytes_by_device_[plan.device] -= plan.layout.total_bytes;
+  if (!plan.on_gpu) core_.host_arena_bytes_ -= plan.layout.total_bytes;
+}
+
+v1::SessionOpened SessionOpener::OpenedLocked(const SessionEntry& session, uint64_t page_bytes,
+                                              double create_seconds) const {
+  v1::SessionOpened opened;
+  opened.set_session_id(session.id);
+  opened.set_token(session.token);
+  opened.set_fd_socket(core_.options_.fd_socket_path);
+  v1::SetArenaKind(session.arena->kind(), opened.mutable_arena());
+  opened.mutable_arena()->set_bytes(session.arena_bytes);
+  opened.mutable_arena()->set_create_seconds(create_seconds);
+  opened.set_page_bytes(page_bytes);
+  opened.set_records_per_page(session.records_per_page);
+  opened.set_pages_per_entry(session.pages_per_entry);
+  opened.set_max_tokens_per_request(static_cast<uint32_t>(
+      std::min<uint64_t>(uint64_t{session.records_per_page} * session.pages_per_entry, INT32_MAX)));
+  opened.set_daemon_version(core_.options_.version);
+  opened.set_slab_retired_notices(true);
+  opened.set_daemon_instance(core_.instance_);
+  return opened;
+}
+
+absl::StatusOr<v1::SessionOpened> SessionOpener::Open(const v1::OpenSession& open, const PeerCredentials& owner) {
+  HS_ASSIGN_OR_RETURN(OpenPlan plan, PlanOpen(open));
   auto session = std::make_unique<SessionEntry>();
   session->token = NewSecret128();
-  session->engine_name = std::move(engine_name);
+  session->engine_name = std::move(plan.engine_name);
   session->geometry = open.geometry();
   session->records_per_page =
-      static_cast<uint32_t>(std::min<uint64_t>(page_bytes / open.geometry().record_bytes(), INT32_MAX));
+      static_cast<uint32_t>(std::min<uint64_t>(plan.page_bytes / open.geometry().record_bytes(), INT32_MAX));
   session->pages_per_entry =
-      static_cast<uint32_t>((uint64_t{max_context} + session->records_per_page - 1) / session->records_per_page);
+      static_cast<uint32_t>((uint64_t{plan.max_context} + session->records_per_page - 1) / session->records_per_page);
   session->peer_pid = owner.pid;
   session->tenant_uid = owner.uid;
-  session->device = device;
+  session->device = plan.device;
   {
     NodeLock lock(core_);
-    if (core_.draining_)
-      return core_.Reject(RejectReason::kDraining,
-                          absl::FailedPreconditionError("the daemon is draining: no new sessions"));
-    if (core_.sessions_.size() >= core_.options_.max_sessions) {
-      return core_.Reject(RejectReason::kSessionLimit,
-                          absl::ResourceExhaustedError(absl::StrCat("the daemon holds its limit of ",
-                                                                    core_.options_.max_sessions, " sessions")));
-    }
-    if (open.has_group()) HS_RETURN_IF_ERROR(core_.groups_.CheckJoin(*session, open.group(), max_context));
-    if (std::optional<Refusal> refusal = core_.ledger_.CheckOpenSession(owner.uid, layout.total_bytes)) {
-      return core_.Reject(*std::move(refusal));
-    }
-    // The budget may have been lowered (SIGHUP) below what is held already.
-    const uint64_t host_arena_left = core_.options_.host_arena_budget_bytes -
-                                     std::min(core_.host_arena_bytes_, core_.options_.host_arena_budget_bytes);
-    if (!on_gpu && layout.total_bytes > host_arena_left) {
-      return core_.Reject(
-          RejectReason::kHostArenaBudget,
-          absl::ResourceExhaustedError(absl::StrCat("the host slot arena (", layout.total_bytes,
-                                                    " bytes) exceeds what is left of the node's "
-                                                    "host-arena budget: ",
-                                                    host_arena_left, " of ", core_.options_.host_arena_budget_bytes,
-                                                    " bytes (limits.host_arena_bytes)")));
-    }
-    uint64_t& device_bytes = core_.arena_bytes_by_device_[device];
-    if (core_.options_.arena_budget_bytes != 0 &&
-        device_bytes + layout.total_bytes > core_.options_.arena_budget_bytes) {
-      return core_.Reject(RejectReason::kArenaBudget,
-                          absl::ResourceExhaustedError(absl::StrCat(
-                              "the slot arena (", layout.total_bytes, " bytes) exceeds what is left of device ", device,
-                              "'s budget (", core_.options_.arena_budget_bytes - device_bytes, " bytes)")));
-    }
-    device_bytes += layout.total_bytes;
-    if (!on_gpu) core_.host_arena_bytes_ += layout.total_bytes;
+    HS_RETURN_IF_ERROR(ReserveArenaLocked(open, plan, *session, owner.uid));
     session->id = core_.next_session_id_++;
   }
   // The arena is created outside the lock: it can take a while and touches no shared state. A
   // host memfd's pages materialize as the engine uses them; a GPU arena is allocated, zeroed and
   // exported now.
-  absl::Status arena_status;
   const absl::Time create_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<Arena>> arena = CreateArena(on_gpu, device, layout);
-  if (arena.ok()) {
-    session->arena = std::move(*arena);
-    session->arena_bytes = session->arena->bytes();
-  } else {
-    arena_status = arena.status();
-  }
+  absl::StatusOr<std::unique_ptr<Arena>> arena = CreateArena(plan.on_gpu, plan.device, plan.layout);
   const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
   DeferredLog log;  // written once the lock is released
   NodeLock lock(core_);
-  if (!arena_status.ok()) {
-    core_.arena_bytes_by_device_[device] -= layout.total_bytes;
-    if (!on_gpu) core_.host_arena_bytes_ -= layout.total_bytes;
-    return arena_status;
+  if (!arena.ok()) {
+    ReturnArenaLocked(plan);
+    return arena.status();
   }
+  session->arena = *std::move(arena);
+  session->arena_bytes = session->arena->bytes();
   // Checked again with what the allocator took, atomically with the session's insertion below:
   // two sessions opened at once by one tenant cannot both slip under its quota.
   if (std::optional<Refusal> refusal = core_.ledger_.CheckOpenSession(owner.uid, session->arena_bytes)) {
-    core_.arena_bytes_by_device_[device] -= layout.total_bytes;
-    if (!on_gpu) core_.host_arena_bytes_ -= layout.total_bytes;
+    ReturnArenaLocked(plan);
     return core_.Reject(*std::move(refusal));
   }
   // Checked again, atomically with the insertion: two sessions racing for one rank.
   if (absl::Status joined = open.has_group()
-                                ? core_.groups_.Join(*session, open.group(), max_context, &core_.next_session_id_)
+                                ? core_.groups_.Join(*session, open.group(), plan.max_context, &core_.next_session_id_)
                                 : absl::OkStatus();
       !joined.ok()) {
-    core_.arena_bytes_by_device_[device] -= layout.total_bytes;
-    if (!on_gpu) core_.host_arena_bytes_ -= layout.total_bytes;
+    ReturnArenaLocked(plan);
     return joined;
   }
   // The budget was checked against the geometry's bytes; account what the allocator really took
   // (a GPU arena is rounded up to the VMM granularity, 2 MiB on current GPUs).
-  core_.arena_bytes_by_device_[device] += session->arena_bytes - layout.total_bytes;
-  v1::SessionOpened opened;
-  opened.set_session_id(session->id);
-  opened.set_token(session->token);
-  opened.set_fd_socket(core_.options_.fd_socket_path);
-  v1::SetArenaKind(session->arena->kind(), opened.mutable_arena());
-  opened.mutable_arena()->set_bytes(session->arena_bytes);
-  opened.mutable_arena()->set_create_seconds(create_seconds);
-  opened.set_page_bytes(page_bytes);
-  opened.set_records_per_page(session->records_per_page);
-  opened.set_pages_per_entry(session->pages_per_entry);
-  opened.set_max_tokens_per_request(static_cast<uint32_t>(
-      std::min<uint64_t>(uint64_t{session->records_per_page} * session->pages_per_entry, INT32_MAX)));
-  opened.set_daemon_version(core_.options_.version);
-  opened.set_slab_retired_notices(true);
-  opened.set_daemon_instance(core_.instance_);
-  if (open.has_group()) {
-    DEFERRED_LOG(log, INFO) << "session " << session->id << " joined group \"" << open.group().name() << "\" as rank "
-                            << open.group().rank() << " of " << open.group().size();
-  }
-  DEFERRED_LOG(log, INFO) << "session " << session->id << " opened by pid " << owner.pid << " uid " << owner.uid << " ("
-                          << session->engine_name << "): layers " << open.geometry().num_layers() << ", record "
-                          << open.geometry().record_bytes() << " B, k " << open.geometry().k() << ", B "
-                          << open.geometry().slots() << ", rows " << open.geometry().max_requests() << ", arena "
-                          << session->arena_bytes << " B "
-                          << (on_gpu
-                                  ? absl::StrCat("on GPU ", device,
-                                                 open.geometry().gpu_uuid().empty()
-                                                     ? std::string()
-                                                     : absl::StrCat(" (", GpuUuidText(open.geometry().gpu_uuid()),
-                                                                    ", the engine's GPU ", open.geometry().gpu(), ")"))
-                                  : std::string("in host memory"))
-                          << " shared as " << v1::ArenaKindName(session->arena->kind()) << " (created in "
-                          << create_seconds * 1e3 << " ms)";
+  core_.arena_bytes_by_device_[plan.device] += session->arena_bytes - plan.layout.total_bytes;
+  v1::SessionOpened opened = OpenedLocked(*session, plan.page_bytes, create_seconds);
+  LogOpened(log, open, *session, owner, plan.on_gpu, create_seconds);
   session->requests =
       RequestTable::Open(&core_.ledger_, session->id, owner.uid, open.geometry().max_requests(), session->arena_bytes);
   core_.sessions_.emplace(session->id, std::move(session));

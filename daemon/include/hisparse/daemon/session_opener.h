@@ -37,6 +37,20 @@ class SessionOpener {
   void SetEventSink(uint64_t session_id, SessionEventSink sink) ABSL_LOCKS_EXCLUDED(core_.mu_);
 
  private:
+  // What Open decided from an OpenSession before taking a lock: the checked geometry's arena, its
+  // device and the session's limits (session_opener.cc).
+  struct OpenPlan;
+  // Checks `open` against the daemon's limits (no lock held, none of its state changed).
+  absl::StatusOr<OpenPlan> PlanOpen(const v1::OpenSession& open) const ABSL_LOCKS_EXCLUDED(core_.mu_);
+  // Whether the node takes the session (draining, the session limit, its group, the tenant's quota,
+  // the host-arena and device budgets); reserves the arena's bytes on its device if so.
+  absl::Status ReserveArenaLocked(const v1::OpenSession& open, const OpenPlan& plan, const SessionEntry& session,
+                                  uint32_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+  // Gives back what ReserveArenaLocked reserved (an open that failed after it).
+  void ReturnArenaLocked(const OpenPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+  // The answer to the engine: the session, its arena, its pages and the daemon.
+  v1::SessionOpened OpenedLocked(const SessionEntry& session, uint64_t page_bytes, double create_seconds) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_);
   // The session's slot arena of `layout`: on GPU `gpu` from the allocator, else a host memfd.
   // Touches no shared state: called outside the lock.
   absl::StatusOr<std::unique_ptr<Arena>> CreateArena(bool on_gpu, int gpu, const ArenaOffsets& layout) const;
