@@ -463,53 +463,75 @@ RequestJournal::Stats RequestJournal::GetStats() const {
   return out;
 }
 
-RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64_t budget_bytes, absl::Time now) {
-  RecoveryPlan plan;
+namespace {
+
+using RequestKey = std::pair<uint64_t, uint64_t>;  // (session, request)
+
+// The fds a former daemon left, by kind: its slabs by id, each checked, and its journals, newest
+// first. An unknown or duplicate name goes to plan.stale_names (its fd closes with the vector).
+struct StoredFds {
   std::map<uint64_t, SlabFd> slabs;
-  std::map<uint64_t, ListenFd, std::greater<>> journals;  // newest first
+  std::map<uint64_t, ListenFd, std::greater<>> journals;
+};
+
+StoredFds SortStoredFds(std::vector<ListenFd> fds, uint64_t page_bytes, RecoveryPlan& plan) {
+  StoredFds out;
   for (ListenFd& f : fds) {
     uint64_t n = 0;
-    if (NumberAfter(f.name, kSlabPrefix, 16, &n) && n != 0 && slabs.count(n) == 0) {
-      slabs[n] = CheckSlab(std::move(f.fd), page_bytes);
-    } else if (NumberAfter(f.name, kJournalPrefix, 10, &n) && journals.count(n) == 0) {
-      journals.emplace(n, std::move(f));
+    if (NumberAfter(f.name, kSlabPrefix, 16, &n) && n != 0 && out.slabs.count(n) == 0) {
+      out.slabs[n] = CheckSlab(std::move(f.fd), page_bytes);
+    } else if (NumberAfter(f.name, kJournalPrefix, 10, &n) && out.journals.count(n) == 0) {
+      out.journals.emplace(n, std::move(f));
     } else {
       plan.stale_names.push_back(f.name);  // unknown, or a duplicate: its fd closes here
     }
   }
-  // The newest journal whose records read whole; the others are stale.
+  return out;
+}
+
+// The live requests of the newest journal, if it reads whole and was written for this daemon;
+// sets plan.found, plan.header and, for a journal it cannot take, plan.refused. Every journal is
+// stale after this: the new life writes its own generation.
+std::map<RequestKey, journal::Put> ReadNewestJournal(std::map<uint64_t, ListenFd, std::greater<>>& journals,
+                                                     uint64_t page_bytes, RecoveryPlan& plan) {
   absl::StatusOr<ReadJournal> taken = absl::NotFoundError("no journal");
   for (auto& [generation, f] : journals) {
-    if (plan.found) {
-      plan.stale_names.push_back(f.name);
-      continue;
-    }
+    plan.stale_names.push_back(f.name);
+    if (plan.found) continue;
     plan.found = true;
     absl::StatusOr<std::string> bytes = ReadAll(f.fd.get());
     taken = bytes.ok() ? ParseFrames(*bytes) : bytes.status();
     if (taken.ok()) plan.header = taken->records.front().header();
-    plan.stale_names.push_back(f.name);  // the new life writes its own generation
     if (!taken.ok()) plan.refused = absl::StrCat(f.name, " cannot be read: ", taken.status().message());
   }
-  std::map<std::pair<uint64_t, uint64_t>, journal::Put> live;
-  if (plan.found && plan.refused.empty()) {
-    if (plan.header.format() != RequestJournal::kFormat) {
-      plan.refused =
-          absl::StrCat("its format is ", plan.header.format(), ", this daemon reads ", RequestJournal::kFormat);
-    } else if (plan.header.page_bytes() != page_bytes) {
-      plan.refused = absl::StrCat("it was written for pages of ", plan.header.page_bytes(),
-                                  " bytes and host_pool.page_size is ", page_bytes, " now");
-    } else if (absl::StatusOr<std::map<std::pair<uint64_t, uint64_t>, journal::Put>> replayed = Replay(taken->records);
-               !replayed.ok()) {
-      plan.refused = std::string(replayed.status().message());
-    } else {
-      live = *std::move(replayed);
-      if (taken->torn_tail) plan.dropped.push_back("the journal's last commit was cut short by the end; ignored");
-    }
+  if (!plan.found || !plan.refused.empty()) return {};
+  if (plan.header.format() != RequestJournal::kFormat) {
+    plan.refused =
+        absl::StrCat("its format is ", plan.header.format(), ", this daemon reads ", RequestJournal::kFormat);
+    return {};
   }
-  // Each request against its lease, its layout and its slabs; each slab to one session.
+  if (plan.header.page_bytes() != page_bytes) {
+    plan.refused = absl::StrCat("it was written for pages of ", plan.header.page_bytes(),
+                                " bytes and host_pool.page_size is ", page_bytes, " now");
+    return {};
+  }
+  absl::StatusOr<std::map<RequestKey, journal::Put>> replayed = Replay(taken->records);
+  if (!replayed.ok()) {
+    plan.refused = std::string(replayed.status().message());
+    return {};
+  }
+  if (taken->torn_tail) plan.dropped.push_back("the journal's last commit was cut short by the end; ignored");
+  return *std::move(replayed);
+}
+
+// Each request against its lease, its layout and its slabs, by session; each slab to one session
+// (*slab_owner). A slab two sessions claim refuses the journal: then no request is kept. The
+// requests are moved out of `live`.
+std::map<uint64_t, std::vector<journal::Put>> CheckRequests(std::map<RequestKey, journal::Put>& live,
+                                                            uint64_t page_bytes, std::map<uint64_t, SlabFd>& slabs,
+                                                            absl::Time now, RecoveryPlan& plan,
+                                                            std::map<uint64_t, uint64_t>* slab_owner) {
   std::map<uint64_t, std::vector<journal::Put>> by_session;
-  std::map<uint64_t, uint64_t> slab_owner;
   for (auto& [key, put] : live) {
     const auto [session, request] = key;
     if (absl::FromUnixNanos(put.lease_end_unix_nanos()) <= now) {
@@ -525,7 +547,7 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
     }
     for (const journal::Layer& layer : put.layers()) {
       for (uint64_t slab : layer.slab()) {
-        auto [it, added] = slab_owner.emplace(slab, session);
+        auto [it, added] = slab_owner->emplace(slab, session);
         if (!added && it->second != session && plan.refused.empty()) {
           plan.refused = absl::StrCat("slab ", slab, " holds pages of sessions ", it->second, " and ", session);
         }
@@ -537,7 +559,15 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
     for (const auto& [session, puts] : by_session) plan.dropped_requests += puts.size();
     by_session.clear();
   }
-  // Whole sessions, oldest first, while the budget holds their slabs.
+  return by_session;
+}
+
+// Whole sessions, oldest first, while `budget_bytes` holds their slabs: their requests go to
+// plan.puts (moved out of `by_session`). Returns, for each slab taken, how many of them hold each
+// of its pages.
+std::map<uint64_t, std::vector<uint32_t>> TakeWithinBudget(std::map<uint64_t, std::vector<journal::Put>>& by_session,
+                                                           const std::map<uint64_t, SlabFd>& slabs, uint64_t page_bytes,
+                                                           uint64_t budget_bytes, RecoveryPlan& plan) {
   uint64_t bytes = 0;
   std::map<uint64_t, std::vector<uint32_t>> refs;
   for (auto& [session, puts] : by_session) {
@@ -562,7 +592,22 @@ RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64
       plan.puts.push_back(std::move(put));
     }
   }
-  for (auto& [id, slab] : slabs) {
+  return refs;
+}
+
+}  // namespace
+
+RecoveryPlan PlanRecovery(std::vector<ListenFd> fds, uint64_t page_bytes, uint64_t budget_bytes, absl::Time now) {
+  RecoveryPlan plan;
+  StoredFds stored = SortStoredFds(std::move(fds), page_bytes, plan);
+  std::map<RequestKey, journal::Put> live = ReadNewestJournal(stored.journals, page_bytes, plan);
+  std::map<uint64_t, uint64_t> slab_owner;
+  std::map<uint64_t, std::vector<journal::Put>> by_session =
+      CheckRequests(live, page_bytes, stored.slabs, now, plan, &slab_owner);
+  std::map<uint64_t, std::vector<uint32_t>> refs =
+      TakeWithinBudget(by_session, stored.slabs, page_bytes, budget_bytes, plan);
+  // The slabs a kept request holds go back to the pool; the others are unused.
+  for (auto& [id, slab] : stored.slabs) {
     auto r = refs.find(id);
     if (r == refs.end()) {
       plan.unused.emplace_back(RequestJournal::SlabName(id), std::move(slab.fd));
