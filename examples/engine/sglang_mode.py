@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import RecordFormat, SparseDecoder, _rms, _rope
-from sglang_standins import DeferredStream, HiSparseAllocator, HiSparseDSAPool
+from sglang_standins import DeferredStream, HiSparseAllocator, HiSparseDSAPool, ReqToTokenPool
 
 LOGICAL_RATIO = 4  # HiSparseTokenToKVPoolAllocator's host_to_device_ratio: logical locations per slot
 
@@ -72,24 +72,6 @@ class Req:
 
     def finished(self) -> bool:
         return len(self.output_ids) >= self.sampling_params.max_new_tokens
-
-
-class ReqToTokenPool:
-    """sglang.srt.mem_cache.memory_pool.ReqToTokenPool (@ 009e640a): req_to_token int32
-    [size, max_context_len] on the device (the KV location of each request slot and position;
-    0 where none) and a free list of slots."""
-
-    def __init__(self, size: int, max_context_len: int, device) -> None:
-        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
-        self.max_context_len = max_context_len
-        self.free_slots = list(range(size))
-
-    def alloc(self) -> int:
-        return self.free_slots.pop(0)
-
-    def free(self, idx: int) -> None:
-        self.req_to_token[idx].zero_()
-        self.free_slots.append(idx)
 
 
 class TokenToKVPool:

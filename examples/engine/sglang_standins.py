@@ -313,7 +313,9 @@ class HiSparseAllocator:
 
 
 class ReqToTokenPool:
-    """mem_cache/memory_pool.py ReqToTokenPool: req_to_token int32 [size, max_context_len]."""
+    """mem_cache/memory_pool.py ReqToTokenPool: req_to_token int32 [size, max_context_len] on the
+    device (the KV location of each request slot and position; 0 where none) and a free list of
+    slots. The example engine's SGLang mode (sglang_mode.py) uses it too."""
 
     def __init__(self, size: int, max_context_len: int, device="cpu") -> None:
         self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
