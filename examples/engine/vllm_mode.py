@@ -54,6 +54,22 @@ def flat_kv_row_view(kv_cache: torch.Tensor, block_size: int):
     return kv_cache.as_strided(((num_blocks - 1) * stride_rows + block_size, head), (head, 1)), stride_rows
 
 
+def finish_connector_step(conn, sched, so) -> None:
+    """A step's end on both sides of the connector, after its forward (and after the worker's
+    start_load_kv): wait_for_save, the transfer results and the worker's metadata handed to the
+    scheduler (update_connector_output), the bound metadata cleared. RuntimeError when the
+    scheduler's side has refused or evicted requests."""
+    conn.wait_for_save()
+    results = conn.get_transfer_results(so.finished_req_ids)
+    out = SimpleNamespace(finished_recving=results.finished_recving or None,
+                          kv_connector_worker_meta=conn.build_connector_worker_meta())
+    conn.clear_connector_metadata()
+    sched.update_connector_output(out)
+    refused = sched.connector_scheduler.refused
+    if refused:
+        raise RuntimeError(f"the daemon refused or evicted requests: {refused}")
+
+
 class Request:
     """vllm.v1.request.Request: the fields the connector's scheduler role reads."""
 
@@ -170,15 +186,7 @@ class VllmKV:
         self.rt.FORWARD_CONTEXT = None
         if self.pending is not None:
             self.conn.start_load_kv(None, **self.pending)
-        self.conn.wait_for_save()
-        results = self.conn.get_transfer_results(so.finished_req_ids)
-        out = SimpleNamespace(finished_recving=results.finished_recving or None,
-                              kv_connector_worker_meta=self.conn.build_connector_worker_meta())
-        self.conn.clear_connector_metadata()
-        self.sched.update_connector_output(out)
-        refused = self.sched.connector_scheduler.refused
-        if refused:
-            raise RuntimeError(f"the daemon refused requests: {refused}")
+        finish_connector_step(self.conn, self.sched, so)
 
     # ---- prefill: the engine's records, written by a prefill forward ----
 

@@ -70,7 +70,7 @@ from engine import RecordFormat, SparseDecoder
 from mtp import DraftHead
 from sglang_mode import DecodeBuffers, ReqToTokenPool, SGLangRun, Workload, forward_decode
 from sglang_mtp_mode import VerifyBuffers, forward_verify
-from vllm_mode import BLOCK, flat_kv_row_view
+from vllm_mode import BLOCK, finish_connector_step, flat_kv_row_view
 
 POISON = 0x3C  # a finite byte pattern in every record format (bf16 0x3C3C ~ 0.0115)
 
@@ -273,15 +273,7 @@ class VllmServeEngine:
             self.rt.FORWARD_CONTEXT = None
         if not so.has_sync_kv_loads:
             self.conn.start_load_kv(None, **kwargs)  # ActiveKVConnector.post_forward
-        self.conn.wait_for_save()
-        results = self.conn.get_transfer_results(so.finished_req_ids)
-        out = SimpleNamespace(finished_recving=results.finished_recving or None,
-                              kv_connector_worker_meta=self.conn.build_connector_worker_meta())
-        self.conn.clear_connector_metadata()
-        self.sched.update_connector_output(out)
-        refused = self.sched.connector_scheduler.refused
-        if refused:
-            raise RuntimeError(f"the daemon refused or evicted requests: {refused}")
+        finish_connector_step(self.conn, self.sched, so)
 
     def _write(self, layer: int, loc: torch.Tensor, rec: torch.Tensor) -> None:
         """MLAAttention.forward up to the attention: the leader's prepare_group_for_batch,
