@@ -174,6 +174,73 @@ absl::StatusOr<v1::ListAdoptableResponse> NodeReports::ListAdoptable(const v1::L
   return out;
 }
 
+void NodeReports::FillHostPoolLocked(std::optional<uint32_t> only_uid, v1::HostPoolStats* hp) const {
+  const PagePool::Stats ps = core_.pool_->GetStats();
+  const uint64_t used = ps.pages_used * ps.page_bytes;
+  hp->set_capacity_bytes(ps.budget_bytes);
+  hp->set_used_bytes(used);
+  hp->set_free_bytes(ps.budget_bytes - std::min(used, ps.budget_bytes));
+  hp->set_fragmentation(used >= ps.budget_bytes ? 0.0
+                                                : static_cast<double>(ps.pages_free * ps.page_bytes) /
+                                                      static_cast<double>(ps.budget_bytes - used));
+  hp->set_largest_free_run_bytes(ps.ready_bytes + ps.unallocated_bytes);
+  hp->set_hugepages(ps.hugepages);
+  hp->set_locked(ps.locked);
+  hp->set_page_bytes(ps.page_bytes);
+  hp->set_slab_bytes(ps.slab_bytes);
+  hp->set_pages_used(ps.pages_used);
+  hp->set_pages_free(ps.pages_free);
+  hp->set_pages_reserved(ps.pages_reserved);
+  hp->set_pages_shared(ps.pages_shared);
+  hp->set_shared_bytes(ps.pages_shared * ps.page_bytes);
+  hp->set_slabs(ps.slabs);
+  hp->set_ready_slabs(ps.ready_slabs);
+  hp->set_scrub_queue(ps.scrub_queue);
+  hp->set_slabs_made_inline(ps.slabs_made_inline);
+  if (only_uid.has_value()) {
+    const PagePool::Retired mine = core_.pool_->RetiredOf(*only_uid);
+    hp->set_retired_bytes(mine.bytes);
+    hp->set_retired_slabs(mine.slabs);
+  } else {
+    hp->set_retired_bytes(ps.retired_bytes);
+    hp->set_retired_slabs(ps.retired_slabs);
+  }
+  for (const auto& [owner, slabs] : core_.pool_->SlabsByOwner()) {
+    if (core_.groups_.IsOwner(owner)) continue;  // in GroupStats.slabs
+    if (!only_uid.has_value() ||
+        (core_.sessions_.contains(owner) && core_.sessions_.at(owner)->tenant_uid == *only_uid)) {
+      (*hp->mutable_slabs_by_session())[owner] = slabs;
+    }
+  }
+}
+
+void NodeReports::FillSessionsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out,
+                                     std::vector<std::pair<int, std::shared_ptr<const Arena>>>* counters) const {
+  const uint64_t page_bytes = core_.pool_->page_bytes();
+  uint32_t sessions = 0, requests = 0, parked = 0, importing = 0;
+  for (const auto& [id, s] : core_.sessions_) {
+    if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
+    ++sessions;
+    requests += static_cast<uint32_t>(s->requests.size());
+    v1::SessionStats* ss = out->add_session_stats();
+    ss->set_session_id(id);
+    ss->set_engine_name(s->engine_name);
+    *ss->mutable_geometry() = s->geometry;
+    ss->set_requests(static_cast<uint32_t>(s->requests.size()));
+    parked += static_cast<uint32_t>(s->requests.Count(RequestState::kParked));
+    importing += static_cast<uint32_t>(s->requests.Count(RequestState::kImporting));
+    ss->set_host_bytes(core_.ledger_.PagesOf(id) * page_bytes);  // distinct pages: shared ones once
+    ss->set_arena_bytes(s->arena_bytes);
+    ss->set_peer_pid(s->peer_pid);
+    v1::SetArenaKind(s->arena->kind(), ss);
+    counters->emplace_back(out->session_stats_size() - 1, s->arena);
+  }
+  out->set_sessions(sessions);
+  out->set_requests(requests);
+  out->set_parked_requests(parked);
+  out->set_importing_requests(importing);
+}
+
 v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
   v1::StatsResponse out;
   // Arenas' counters are read after the lock is dropped: a GPU arena's is a device copy, which may
@@ -184,45 +251,7 @@ v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
     out.set_version(core_.options_.version);
     out.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - core_.start_time_));
     out.set_device(std::string(DeviceKindName(core_.options_.device)));
-    const PagePool::Stats ps = core_.pool_->GetStats();
-    v1::HostPoolStats* hp = out.mutable_host_pool();
-    const uint64_t used = ps.pages_used * ps.page_bytes;
-    hp->set_capacity_bytes(ps.budget_bytes);
-    hp->set_used_bytes(used);
-    hp->set_free_bytes(ps.budget_bytes - std::min(used, ps.budget_bytes));
-    hp->set_fragmentation(used >= ps.budget_bytes ? 0.0
-                                                  : static_cast<double>(ps.pages_free * ps.page_bytes) /
-                                                        static_cast<double>(ps.budget_bytes - used));
-    hp->set_largest_free_run_bytes(ps.ready_bytes + ps.unallocated_bytes);
-    hp->set_hugepages(ps.hugepages);
-    hp->set_locked(ps.locked);
-    hp->set_page_bytes(ps.page_bytes);
-    hp->set_slab_bytes(ps.slab_bytes);
-    hp->set_pages_used(ps.pages_used);
-    hp->set_pages_free(ps.pages_free);
-    hp->set_pages_reserved(ps.pages_reserved);
-    hp->set_pages_shared(ps.pages_shared);
-    hp->set_shared_bytes(ps.pages_shared * ps.page_bytes);
-    hp->set_slabs(ps.slabs);
-    hp->set_ready_slabs(ps.ready_slabs);
-    hp->set_scrub_queue(ps.scrub_queue);
-    hp->set_slabs_made_inline(ps.slabs_made_inline);
-    if (only_uid.has_value()) {
-      const PagePool::Retired mine = core_.pool_->RetiredOf(*only_uid);
-      hp->set_retired_bytes(mine.bytes);
-      hp->set_retired_slabs(mine.slabs);
-    } else {
-      hp->set_retired_bytes(ps.retired_bytes);
-      hp->set_retired_slabs(ps.retired_slabs);
-    }
-    for (const auto& [owner, slabs] : core_.pool_->SlabsByOwner()) {
-      if (core_.groups_.IsOwner(owner)) continue;  // in GroupStats.slabs
-      if (!only_uid.has_value() ||
-          (core_.sessions_.contains(owner) && core_.sessions_.at(owner)->tenant_uid == *only_uid)) {
-        (*hp->mutable_slabs_by_session())[owner] = slabs;
-      }
-    }
-    uint32_t sessions = 0;
+    FillHostPoolLocked(only_uid, out.mutable_host_pool());
     out.set_admissions(core_.admissions_);
     out.set_rejections(core_.rejections_);
     out.set_draining(core_.draining_);
@@ -236,29 +265,7 @@ v1::StatsResponse NodeReports::Stats(std::optional<uint32_t> only_uid) const {
     for (const auto& [device, bytes] : core_.arena_bytes_by_device_)
       (*out.mutable_arena_bytes_by_device())[device] = bytes;
     out.set_arena_budget_bytes(core_.options_.arena_budget_bytes);
-    uint32_t requests = 0;
-    uint32_t parked = 0, importing = 0;
-    for (const auto& [id, s] : core_.sessions_) {
-      if (only_uid.has_value() && s->tenant_uid != *only_uid) continue;
-      ++sessions;
-      requests += static_cast<uint32_t>(s->requests.size());
-      v1::SessionStats* ss = out.add_session_stats();
-      ss->set_session_id(id);
-      ss->set_engine_name(s->engine_name);
-      *ss->mutable_geometry() = s->geometry;
-      ss->set_requests(static_cast<uint32_t>(s->requests.size()));
-      parked += static_cast<uint32_t>(s->requests.Count(RequestState::kParked));
-      importing += static_cast<uint32_t>(s->requests.Count(RequestState::kImporting));
-      ss->set_host_bytes(core_.ledger_.PagesOf(id) * ps.page_bytes);  // distinct pages: shared ones once
-      ss->set_arena_bytes(s->arena_bytes);
-      ss->set_peer_pid(s->peer_pid);
-      v1::SetArenaKind(s->arena->kind(), ss);
-      counters.emplace_back(out.session_stats_size() - 1, s->arena);
-    }
-    out.set_sessions(sessions);
-    out.set_requests(requests);
-    out.set_parked_requests(parked);
-    out.set_importing_requests(importing);
+    FillSessionsLocked(only_uid, &out, &counters);
     imports_.AssertHeld();
     durability_.AssertHeld();
     imports_.FillStatsLocked(&out);

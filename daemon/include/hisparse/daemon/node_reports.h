@@ -47,6 +47,15 @@ class NodeReports {
                                          uint32_t position) const ABSL_LOCKS_EXCLUDED(core_.mu_);
 
  private:
+  // Stats' parts: the host pool (slabs and retired bytes of only_uid's sessions alone, when set),
+  // and the sessions with their requests (each arena whose counters Stats reads after the lock, by
+  // its index in session_stats, into *counters).
+  void FillHostPoolLocked(std::optional<uint32_t> only_uid, v1::HostPoolStats* hp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+  void FillSessionsLocked(std::optional<uint32_t> only_uid, v1::StatsResponse* out,
+                          std::vector<std::pair<int, std::shared_ptr<const Arena>>>* counters) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu_, core_.ledger_mu_);
+
   SessionCore& core_;
   const Durability& durability_;
   const Imports& imports_;
