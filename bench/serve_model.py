@@ -43,6 +43,9 @@ could hide at most, E = exposed, A = N * f_row, I = the indexer's time at N (bot
     chained    = (r - 1) * min(E, I) / r                     range c's beside range c + 1's indexer,
                  + min(E / r, A * (r - 1) / r)               the last beside the others' attention
 
+(the same three bounds are printed with this engine's own attention for A, what a measured run of
+these schedules can show at most);
+
 and the option issue 44 named first, two micro-batches a step (one's RESOLVE under the other's
 layer), whose cost is what a step spends whatever its batch, paid twice: the weights every part
 streams and its launches (W = the sum over the parts that scale with b of their intercept
@@ -147,6 +150,10 @@ def project_curve(lines, tflops: float, moe_lean: float = MOE_LEAN):
         for k, v in hideable(exposed, ranges, N * f_row, full["parts_ms"].get("indexer", 0.0)).items():
             row[f"lean_ratio_{k}"] = N / (lean_full + exposed - v) / lean_peak
             row[f"hideable_{k}_ms"] = v
+        # The same bounds with this engine's own attention (what the measured curve can show).
+        for k, v in hideable(exposed, ranges, full["parts_ms"].get("attention", 0.0),
+                             full["parts_ms"].get("indexer", 0.0)).items():
+            row[f"hideable_here_{k}_ms"] = v
         row["fixed_ms"] = fixed_ms(base, full, n, N, moe_lean)
         row["net_micro_ms"] = two_microbatches(exposed, lean_full, row["fixed_ms"])
         row["lean_ratio_micro"] = N / (lean_full + exposed - row["net_micro_ms"]) / lean_peak
@@ -182,6 +189,21 @@ def main_curve(lines, tflops: float, moe_lean: float = MOE_LEAN) -> int:
               f"{r['lean_ratio_all_hidden']:.2f}x | {r['hideable_attention_ms']:.2f} / {r['hideable_cover_ms']:.2f} / "
               f"{r['hideable_chained_ms']:.2f} of {r['exposed_ms']:.2f} | {r['lean_ratio_micro']:.2f}x, "
               f"{r['net_micro_ms']:+.2f} ({r['fixed_ms']:.2f}) |")
+    print("\nWith this engine's attention (the measured steps): exposed ms a step each schedule could hide at "
+          "most, and the cut\n")
+    print("| context | hit rate | ranges | exposed ms | beside attention | + first range beside the indexer | "
+          "chained under the indexer |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    seen.clear()
+    for r in rows:
+        key = (r["context"], r["hit_rate"])
+        if key in seen:
+            continue
+        seen.add(key)
+        e = r["exposed_ms"]
+        cells = " | ".join(f"{r[f'hideable_here_{k}_ms']:.2f} ({r[f'hideable_here_{k}_ms'] / e:.0%})" if e > 0 else "-"
+                           for k in ("attention", "cover", "chained"))
+        print(f"| {r['context']} | {r['hit_rate']} | {r['overlap']} | {e:.2f} | {cells} |")
     return 0
 
 

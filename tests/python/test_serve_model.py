@@ -105,6 +105,8 @@ def test_the_committed_h200_curve_projects():
         assert r["f_row_us"] < r["a_row_us"]
         assert r["lean_ratio"] <= r["lean_ratio_attention"] <= r["lean_ratio_cover"] <= r["lean_ratio_all_hidden"]
         assert r["lean_ratio_chained"] <= r["lean_ratio_all_hidden"] + 1e-9
+        for k in ("attention", "cover", "chained"):  # with this engine's attention: never more than exposed
+            assert 0 <= r[f"hideable_here_{k}_ms"] <= max(0.0, r["exposed_ms"]) + 1e-9
         # This MoE streams its experts whatever the batch: a second micro-batch pays ~6 ms a step
         # again, more than the misses to hide at 128k at every hit rate measured.
         assert 5.0 < r["fixed_ms"] < 7.5
