@@ -6,13 +6,16 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "hisparse/common/log.h"
 #include "hisparse/common/mutex_mode.h"
 #include "hisparse/common/version.h"
@@ -42,6 +45,85 @@ hisparse::LogSeverity ToSeverity(hisparse::LogLevel level) {
   return hisparse::LogSeverity::kInfo;
 }
 
+using Overrides = std::vector<std::pair<std::string, std::string>>;
+
+// The config a start (or --check-config) reads: the file, if any, then the overrides on top.
+// Prints what is refused and returns the exit status in *exit_code.
+std::optional<hisparse::DaemonConfig> LoadStartConfig(const std::string& path, bool check_only,
+                                                      const Overrides& overrides, int* exit_code) {
+  hisparse::DaemonConfig config;
+  if (!path.empty()) {
+    // --check-config refuses an empty file as a reload does: ExecReload runs it before SIGHUP,
+    // and must not pass a file the reload would refuse.
+    auto loaded = hisparse::LoadConfigFile(path, /*allow_empty=*/!check_only);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "hisparsed: %s\n", std::string(loaded.status().message()).c_str());
+      *exit_code = kExitConfig;
+      return std::nullopt;
+    }
+    config = *loaded;
+  }
+  for (const auto& [key, value] : overrides) {
+    if (auto st = hisparse::ApplyConfigOverride(config, key, value); !st.ok()) {
+      std::fprintf(stderr, "hisparsed: %s\n", std::string(st.message()).c_str());
+      *exit_code = kExitConfig;
+      return std::nullopt;
+    }
+  }
+  return config;
+}
+
+// --check-config: what Daemon::Start refuses before it makes anything (keys that do not go
+// together, a socket group that does not exist), or ok and the keys that differ from their
+// defaults. Nothing is started: no socket, no lock, no pool.
+int CheckConfigOnly(const hisparse::DaemonConfig& config, const std::string& path) {
+  absl::Status st = hisparse::ValidateConfig(config);
+  if (st.ok()) st = hisparse::ResolveGroup(config.access.socket_group).status();
+  if (!st.ok()) {
+    std::fprintf(stderr, "hisparsed: %s: %s\n", path.c_str(), std::string(st.message()).c_str());
+    return kExitConfig;
+  }
+  const std::vector<std::string> changes = hisparse::DescribeConfigChanges(hisparse::DaemonConfig{}, config);
+  std::printf("ok: %s\n", path.c_str());
+  if (changes.empty()) {
+    std::printf("every key has its default\n");
+  } else {
+    std::printf("%zu keys differ from their defaults (default -> this config):\n", changes.size());
+    for (const std::string& change : changes) std::printf("  %s\n", change.c_str());
+  }
+  return 0;
+}
+
+// The log's threshold and shape, fixed for the process's life (a reload that changes the shape
+// asks for a restart). Returns the options set.
+hisparse::LogOptions ConfigureLogging(const hisparse::DaemonConfig& config) {
+  hisparse::SetLogThreshold(ToSeverity(config.log_level));
+  hisparse::LogOptions log;
+  log.format =
+      config.log_format == hisparse::LogFormatKind::kJson ? hisparse::LogFormat::kJson : hisparse::LogFormat::kText;
+  log.priority_prefix = config.log_priority_prefix == hisparse::LogPrefixMode::kOn ||
+                        (config.log_priority_prefix == hisparse::LogPrefixMode::kAuto && hisparse::StderrIsJournal());
+  // Kubernetes' downward API (deploy/kubernetes/base/daemonset.yaml): the node this daemon serves.
+  if (const char* node = std::getenv("NODE_NAME"); node != nullptr) log.node = node;
+  hisparse::SetLogOptions(log);
+  return log;
+}
+
+// What SIGHUP reloads: the file, then the same command-line overrides on top, as at start. An
+// empty file (one being rewritten, or truncated by mistake) is refused rather than read as all
+// defaults.
+absl::StatusOr<hisparse::DaemonConfig> ReloadConfig(const std::string& path, const Overrides& overrides) {
+  auto next = hisparse::LoadConfigFile(path, /*allow_empty=*/false);
+  for (const auto& [key, value] : overrides) {
+    if (!next.ok()) break;
+    if (auto st = hisparse::ApplyConfigOverride(*next, key, value); !st.ok()) next = st;
+  }
+  if (next.ok()) {
+    if (auto st = hisparse::ValidateConfig(*next); !st.ok()) next = st;
+  }
+  return next;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,7 +131,6 @@ int main(int argc, char** argv) {
   CLI::App app{"hisparsed: per-node KV memory daemon for sparse-attention LLM serving"};
   app.set_version_flag("--version", "hisparsed " HISPARSE_VERSION);
   std::string config_path;
-  std::vector<std::pair<std::string, std::string>> overrides;
   CLI::Option* config_option = app.add_option("--config", config_path, "YAML config file (see deploy/hisparsed.yaml)");
   std::string check_path;
   app.add_option("--check-config", check_path,
@@ -57,7 +138,7 @@ int main(int argc, char** argv) {
                  "what is wrong, or ok and the keys that differ from their defaults; exit 0 or 78 without starting")
       ->excludes(config_option);
   // Each flag overrides the config key of the same meaning.
-  const std::vector<std::pair<std::string, std::string>> flag_keys = {
+  const Overrides flag_keys = {
       {"--listen", "listen"},
       {"--host-pool-size", "host_pool.size"},
       {"--host-pool-page-size", "host_pool.page_size"},
@@ -85,23 +166,9 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);  // prints the help, the version, or what was wrong
     return rc == 0 ? 0 : kExitUsage;
   }
-
-  // --check-config reads its file as a start reads --config, but refuses an empty file as a reload
-  // does: ExecReload runs it before SIGHUP, and must not pass a file the reload would refuse.
-  const bool check_only = app.count("--check-config") > 0;
-  if (check_only) config_path = check_path;
-  hisparse::DaemonConfig config;
-  if (!config_path.empty()) {
-    auto loaded = hisparse::LoadConfigFile(config_path, /*allow_empty=*/!check_only);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "hisparsed: %s\n", std::string(loaded.status().message()).c_str());
-      return kExitConfig;
-    }
-    config = *loaded;
-  }
+  Overrides overrides;
   for (size_t i = 0; i < flag_keys.size(); ++i) {
-    if (app.count(flag_keys[i].first) == 0) continue;
-    overrides.emplace_back(flag_keys[i].second, values[i]);
+    if (app.count(flag_keys[i].first) != 0) overrides.emplace_back(flag_keys[i].second, values[i]);
   }
   for (const std::string& s : sets) {
     const size_t eq = s.find('=');
@@ -111,41 +178,15 @@ int main(int argc, char** argv) {
     }
     overrides.emplace_back(s.substr(0, eq), s.substr(eq + 1));
   }
-  for (const auto& [key, value] : overrides) {
-    if (auto st = hisparse::ApplyConfigOverride(config, key, value); !st.ok()) {
-      std::fprintf(stderr, "hisparsed: %s\n", std::string(st.message()).c_str());
-      return kExitConfig;
-    }
-  }
-  if (check_only) {
-    // What Daemon::Start refuses before it makes anything: keys that do not go together, and a
-    // socket group that does not exist. Nothing is started: no socket, no lock, no pool.
-    absl::Status st = hisparse::ValidateConfig(config);
-    if (st.ok()) st = hisparse::ResolveGroup(config.access.socket_group).status();
-    if (!st.ok()) {
-      std::fprintf(stderr, "hisparsed: %s: %s\n", config_path.c_str(), std::string(st.message()).c_str());
-      return kExitConfig;
-    }
-    const std::vector<std::string> changes = hisparse::DescribeConfigChanges(hisparse::DaemonConfig{}, config);
-    std::printf("ok: %s\n", config_path.c_str());
-    if (changes.empty()) {
-      std::printf("every key has its default\n");
-    } else {
-      std::printf("%zu keys differ from their defaults (default -> this config):\n", changes.size());
-      for (const std::string& change : changes) std::printf("  %s\n", change.c_str());
-    }
-    return 0;
-  }
-  hisparse::SetLogThreshold(ToSeverity(config.log_level));
-  // The log's shape is fixed for the process's life (a reload that changes it asks for a restart).
-  hisparse::LogOptions log;
-  log.format =
-      config.log_format == hisparse::LogFormatKind::kJson ? hisparse::LogFormat::kJson : hisparse::LogFormat::kText;
-  log.priority_prefix = config.log_priority_prefix == hisparse::LogPrefixMode::kOn ||
-                        (config.log_priority_prefix == hisparse::LogPrefixMode::kAuto && hisparse::StderrIsJournal());
-  // Kubernetes' downward API (deploy/kubernetes/base/daemonset.yaml): the node this daemon serves.
-  if (const char* node = std::getenv("NODE_NAME"); node != nullptr) log.node = node;
-  hisparse::SetLogOptions(log);
+
+  const bool check_only = app.count("--check-config") > 0;
+  if (check_only) config_path = check_path;
+  int exit_code = 0;
+  const std::optional<hisparse::DaemonConfig> loaded = LoadStartConfig(config_path, check_only, overrides, &exit_code);
+  if (!loaded.has_value()) return exit_code;
+  const hisparse::DaemonConfig& config = *loaded;
+  if (check_only) return CheckConfigOnly(config, config_path);
+  const hisparse::LogOptions log = ConfigureLogging(config);
 
   // Block the signals in every thread; one thread waits for them. SIGHUP reloads the config file.
   sigset_t stop;
@@ -179,16 +220,7 @@ int main(int argc, char** argv) {
         LOG(WARNING) << "SIGHUP: no --config file to reload";
         continue;
       }
-      // The file, then the same command-line overrides on top, as at start. An empty file (one
-      // being rewritten, or truncated by mistake) is refused rather than read as all defaults.
-      auto next = hisparse::LoadConfigFile(config_path, /*allow_empty=*/false);
-      for (const auto& [key, value] : overrides) {
-        if (!next.ok()) break;
-        if (auto st = hisparse::ApplyConfigOverride(*next, key, value); !st.ok()) next = st;
-      }
-      if (next.ok()) {
-        if (auto st = hisparse::ValidateConfig(*next); !st.ok()) next = st;
-      }
+      absl::StatusOr<hisparse::DaemonConfig> next = ReloadConfig(config_path, overrides);
       if (!next.ok()) {
         (*daemon)->ReloadRefused(next.status());
         continue;
