@@ -359,13 +359,22 @@ class Experts:
             return a.elapsed_time(b) / 10
 
         def tried(gemm: str, config=None) -> Optional[float]:
-            """The pass's time the given way, None where it fails or disagrees with the loop's."""
+            """The pass's time the given way, None where it fails or disagrees with the loop's. Two GEMMs
+            with an fp8 requantization between them: another summation order flips a few fp8 roundings
+            of the activation, so elementwise closeness is too strict; the relative error of the whole
+            pass is what says it computes the same thing (recorded in out["rel_err"])."""
             self.gemm = gemm
             if config is not None:
                 self.triton_config = config
             try:
-                same = bool(torch.allclose(self(x).float(), ref.float(), rtol=2e-2, atol=2e-2))
-                return round(timed(), 4) if same else None
+                y = self(x).float()
+                err = float((y - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
+                out.setdefault("rel_err", {})["%s %s" % (gemm, "%dx%d/%dw/%ds" % config if config else "")] = \
+                    round(err, 6)
+                if not err <= 1e-2:
+                    print(f"expert GEMM {gemm} {config or ''} disagrees with the loop: relative error {err:.3g}")
+                    return None
+                return round(timed(), 4)
             except Exception as e:  # noqa: BLE001 - any failure means: not this way
                 print(f"expert GEMM {gemm} {config or ''} unusable here ({type(e).__name__}: {str(e)[:120]})")
                 return None
