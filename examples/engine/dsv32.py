@@ -142,6 +142,7 @@ class Overlap:
     # row does not depend on the rows beside it in the call (test_serve_bench holds both).
     indexer_chain: int = 0
     indexer_ctas: int = 1
+    indexer_unroll: int = 1  # tiles each of that indexer's programs takes at a time (their loads in flight together)
     ascending: bool = False  # the ranges' sizes in ascending order: the largest last, with nothing beside it
 
     @staticmethod
@@ -150,7 +151,8 @@ class Overlap:
         chunks, then b (max_blocks), h (helpers), p (priority), g (growth), w (whole waves), main (no side
         stream), one (a single range, forked), beside (one stream: each RESOLVE beside the attention before
         it), ixJ (with beside: the first J ranges' RESOLVE beside the indexer of the rows after them; ix:
-        1), icN (that indexer's programs an SM; 1), asc (the ranges' sizes ascending)."""
+        1), icN (that indexer's programs an SM; 1), iuN (the tiles each of its programs takes at a time; 1),
+        asc (the ranges' sizes ascending)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -164,8 +166,8 @@ class Overlap:
                 o.single = True
             elif w == "asc":
                 o.ascending = True
-            elif w[:2] in ("ix", "ic") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
-                setattr(o, "indexer_chain" if w[:2] == "ix" else "indexer_ctas", int(w[2:] or 1))
+            elif w[:2] in ("ix", "ic", "iu") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
+                setattr(o, {"ix": "indexer_chain", "ic": "indexer_ctas", "iu": "indexer_unroll"}[w[:2]], int(w[2:] or 1))
             elif w[:1] in ("b", "p", "h") and w[1:].lstrip("-").isdigit():
                 setattr(o, {"b": "max_blocks", "p": "priority", "h": "helpers"}[w[0]], int(w[1:]))
             elif w[:1] == "g":
@@ -193,7 +195,8 @@ class Overlap:
             (["w"] if self.waves else []) + (["one"] if self.single else []) + \
             (["beside"] if self.beside else [] if self.side_stream else ["main"]) + \
             ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + \
-            ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + (["asc"] if self.ascending else [])
+            ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + \
+            ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else [])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
@@ -598,10 +601,10 @@ class Model:
         budget = 0 if alone else self.overlap.budget(b - a)
         return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone)
 
-    def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0) -> None:
+    def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0, unroll: int = 1) -> None:
         """The indexer's scores of rows [a, b) (bs: how many of them are in the batch, on the device)."""
         self.kernels.index_scores(iq[a:b], iw[a:b], st.idx_keys[l], st.idx_scale[l], st.seq_lens[a:b], bs,
-                                  st.scores[a:b], st.row_base[a:b], ctas=ctas)
+                                  st.scores[a:b], st.row_base[a:b], ctas=ctas, unroll=unroll)
 
     def _topk(self, st, a: int, b: int) -> None:
         """Rows [a, b)'s selections: the top-k of their scores, -inf ones as padding."""
@@ -623,7 +626,8 @@ class Model:
         for c, (a, b, bs) in enumerate(segs[1:]):
             ra, rb, _ = plan.chunks[c]
             with self._part("indexer"):  # one part: a timing event between the two would order them
-                self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - o.budget(rb - ra)))
+                self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - o.budget(rb - ra)),
+                             unroll=o.indexer_unroll)
                 resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
             with self._part("topk"):
                 self._topk(st, a, b)

@@ -33,54 +33,66 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
-    def _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tb, b,
+    def _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tb, b, live,
                     H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
         """Tile tb of row b: score[b, t] = scale[b, t] * sum_h w[b, h] * relu(q[b, h] . k[b, t]) for t <
         seq_len[b], else -inf, over t in [tb * BLOCK_T, +BLOCK_T); row b's keys are the pool's entries
-        base[b] + t. q, k fp8 e4m3. Both indexer kernels run it, so their scores are the same bits."""
+        base[b] + t. q, k fp8 e4m3. Stored only where live. No branch: a key past seq_len is read at
+        seq_len - 1 and its score masked, so that a caller can have several tiles' loads in flight at
+        once. Both indexer kernels run it, so their scores are the same bits."""
         seq = tl.load(seq_ptr + b)
         t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
-        out = out_ptr + b.to(tl.int64) * max_len + t
-        if tb * BLOCK_T >= seq:
-            tl.store(out, tl.full([BLOCK_T], float("-inf"), tl.float32), mask=t < max_len)
-        else:
-            h = tl.arange(0, H)
-            d = tl.arange(0, D)
-            q = tl.load(q_ptr + b.to(tl.int64) * (H * D) + h[:, None] * D + d[None, :])
-            tc = tl.load(base_ptr + b) + tl.minimum(t, seq - 1).to(tl.int64)
-            kk = tl.load(k_ptr + tc[:, None] * D + d[None, :])
-            s = tl.dot(q, tl.trans(kk))  # [H, BLOCK_T] fp32
-            s = tl.maximum(s, 0.0)
-            w = tl.load(w_ptr + b * H + h)
-            sc = tl.sum(s * w[:, None], axis=0)
-            ks = tl.load(ks_ptr + tc)
-            sc = tl.where(t < seq, sc * ks, float("-inf"))
-            tl.store(out, sc, mask=t < max_len)
+        h = tl.arange(0, H)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + b.to(tl.int64) * (H * D) + h[:, None] * D + d[None, :])
+        tc = tl.load(base_ptr + b) + tl.minimum(t, tl.maximum(seq - 1, 0)).to(tl.int64)
+        kk = tl.load(k_ptr + tc[:, None] * D + d[None, :])
+        s = tl.dot(q, tl.trans(kk))  # [H, BLOCK_T] fp32
+        s = tl.maximum(s, 0.0)
+        w = tl.load(w_ptr + b * H + h)
+        sc = tl.sum(s * w[:, None], axis=0)
+        ks = tl.load(ks_ptr + tc)
+        sc = tl.where(t < seq, sc * ks, float("-inf"))
+        tl.store(out_ptr + b.to(tl.int64) * max_len + t, sc, mask=(t < max_len) & live)
 
     @triton.jit
     def _index_scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
                              H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
         """The indexer's scores (_index_tile), one program a tile: grid (tiles a row, rows). Rows at and
-        past *bs do nothing. Reads each key once (132 B a token)."""
+        past *bs do nothing; a tile wholly past its row's seq_len stores -inf without reading a key.
+        Reads each key once (132 B a token)."""
         tb = tl.program_id(0)
         b = tl.program_id(1)
         if b < tl.load(bs_ptr):
-            _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tb, b, H, D, BLOCK_T)
+            if tb * BLOCK_T >= tl.load(seq_ptr + b):
+                t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+                tl.store(out_ptr + b.to(tl.int64) * max_len + t, tl.full([BLOCK_T], float("-inf"), tl.float32),
+                         mask=t < max_len)
+            else:
+                _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tb, b, b >= 0, H, D,
+                            BLOCK_T)
 
     @triton.jit
     def _index_scores_persistent_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
-                                        n_tb, n_tiles, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+                                        n_tb, n_tiles, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                                        UNROLL: tl.constexpr):
         """The same scores from a grid that is resident at once: program p takes tiles p, p + grid, ...
-        (tile = row * n_tb + tb). It asks for its dependents first thing, so a RESOLVE launched beside
-        it (an earlier range's, dsv32.Overlap.indexer_chain) starts at once on the SMs this grid leaves;
-        the grid kernel's thousands of programs would let it start only at their last wave."""
+        (tile = row * n_tb + tb), UNROLL of them at a time with no branch between, so that their loads
+        can be in flight together (one program an SM has few otherwise). It asks for its dependents
+        first thing, so a RESOLVE launched beside it (an earlier range's, dsv32.Overlap.indexer_chain)
+        starts at once on the SMs this grid leaves; the grid kernel's thousands of programs would let
+        it start only at their last wave."""
         gdc_launch_dependents()
         bs = tl.load(bs_ptr)
-        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-            b = tile // n_tb
-            if b < bs:
-                _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tile % n_tb, b, H, D,
-                            BLOCK_T)
+        step = tl.num_programs(0)
+        for first in range(tl.program_id(0), n_tiles, step * UNROLL):
+            for u in tl.static_range(UNROLL):
+                tile = first + u * step
+                live = tile < n_tiles
+                tile = tl.minimum(tile, n_tiles - 1)
+                b = tile // n_tb
+                _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tile % n_tb,
+                            tl.maximum(tl.minimum(b, bs - 1), 0), live & (b < bs), H, D, BLOCK_T)
 
     @triton.jit
     def _sparse_mla_kernel(q_ptr, rec_ptr, idx_ptr, bs_ptr, acc_ptr, ml_ptr, rec_stride, sm_scale, K_SEL, SPLIT_LEN,
@@ -222,12 +234,12 @@ class Kernels:
             s *= 2
         return s
 
-    def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out, row_base, ctas: int = 0):
+    def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out, row_base, ctas: int = 0, unroll: int = 1):
         """q [M, H, D], w float32 [M, H], keys [P, D] and kscale float32 [P]: a pool in which row b's
         token t is entry row_base[b] + t (int64 [M]); out float32 [M, T] (rows T floats apart: a
         slice of rows of a larger buffer will do). ctas > 0: a grid of at most that many programs,
         resident at once, that asks for its dependents at its start (what a RESOLVE launched beside
-        it needs); the scores are the same bits either way."""
+        it needs), each taking `unroll` tiles at a time; the scores are the same bits either way."""
         M, H, D = q.shape
         T = out.shape[1]
         if self.triton:
@@ -236,7 +248,8 @@ class Kernels:
             if ctas > 0:
                 grid = max(1, min(ctas, n_tb * M))
                 _index_scores_persistent_kernel[(grid,)](q, w, keys, kscale, seq_lens, batch_size, row_base, out, T,
-                                                         n_tb, n_tb * M, H=H, D=D, BLOCK_T=BT, num_warps=4)
+                                                         n_tb, n_tb * M, H=H, D=D, BLOCK_T=BT, UNROLL=unroll,
+                                                         num_warps=4)
             else:
                 _index_scores_kernel[(n_tb, M)](q, w, keys, kscale, seq_lens, batch_size, row_base, out, T,
                                                 H=H, D=D, BLOCK_T=BT, num_warps=4)

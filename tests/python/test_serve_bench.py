@@ -64,7 +64,7 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     # one also the first range's RESOLVE beside the other rows' indexer, with the indexer and top-k in
     # two parts (ix), and one chains three ranges' RESOLVE under the indexer's three parts (3/.../ix2).
     argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap",
-            "2,2/b1/g2,2/main,2/b1/beside,2/b1/beside/ix2/asc,3/b1/beside/ix2",
+            "2,2/b1/g2,2/main,2/b1/beside,2/b1/beside/ix2/asc,3/b1/beside/ix2/iu2",
             "--overlap-min-rows", "2", "--calibrate-localities", "0,2,6"]
     chained = []
     plain = dsv32.Model._select_chained
@@ -90,7 +90,7 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     modes = {x["mode"] for x in lines if x["kind"] == "point"}
     assert modes == {"baseline", "full_at_N", "full_at_N_after", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
                      "hisparse_B24_overlap2_main", "hisparse_B24_overlap2_b1_beside", "hisparse_B24_overlap2_b1_beside_ix2_asc",
-                     "hisparse_B24_overlap3_b1_beside_ix2"}
+                     "hisparse_B24_overlap3_b1_beside_ix2_iu2"}
     # The ix variant fetched what plain beside fetched: the same selections, another launch order.
     by_spec = {(c["context"], c["target_hit_rate"], c["overlap"]["spec"]): c for c in cur}
     for (ctx, t, spec), c in by_spec.items():
@@ -113,6 +113,8 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert (x.indexer_chain, x.indexer_ctas, x.ascending, x.tag) == (1, 1, True, "4_b16_beside_ix1_asc")
     y = dsv32.Overlap.parse("4/b16/beside/ix3/ic2")
     assert (y.indexer_chain, y.indexer_ctas, y.tag) == (3, 2, "4_b16_beside_ix3_ic2")
+    z = dsv32.Overlap.parse("4/b16/beside/ix1/iu4/asc")
+    assert (z.indexer_chain, z.indexer_unroll, z.tag) == (1, 4, "4_b16_beside_ix1_iu4_asc")
     assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
     for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix"):
         with pytest.raises(ValueError):
@@ -300,12 +302,16 @@ def test_triton_persistent_index_scores_equal_the_grid_kernel():
     whole = torch.full((M, T), 5.0, device=dev)
     K.index_scores(q, w, keys, ks, seq, torch.tensor([M], dtype=torch.int32, device=dev), whole, base)
     a = 2  # rows [2, 6) of the buffer, of which the first 3 are in the batch
-    for ctas in (1, 7, 264):
+    for ctas, unroll in ((1, 1), (7, 1), (264, 1), (1, 4), (7, 4), (264, 4), (5, 3)):
         part = torch.full((M, T), 5.0, device=dev)
         K.index_scores(q[a:], w[a:], keys, ks, seq[a:], torch.tensor([3], dtype=torch.int32, device=dev), part[a:],
-                       base[a:], ctas=ctas)
-        assert torch.equal(part[a:a + 3], whole[a:a + 3]), ctas
+                       base[a:], ctas=ctas, unroll=unroll)
+        assert torch.equal(part[a:a + 3], whole[a:a + 3]), (ctas, unroll)
         assert torch.all(part[:a] == 5.0) and torch.all(part[a + 3:] == 5.0), "a row outside the slice's batch"
+    none = torch.full((M, T), 5.0, device=dev)  # a batch of none: nothing written, whatever the unroll
+    K.index_scores(q[a:], w[a:], keys, ks, seq[a:], torch.tensor([0], dtype=torch.int32, device=dev), none[a:],
+                   base[a:], ctas=7, unroll=4)
+    assert torch.all(none == 5.0)
 
 
 def test_expert_gemm_tiles_follow_the_rows_and_refuse_odd_shapes():
