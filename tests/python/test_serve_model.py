@@ -92,6 +92,15 @@ def test_two_microbatches_pay_the_fixed_cost_twice():
     assert sm.two_microbatches(20.0, 12.0, 4.5) == pytest.approx((12.0 + 4.5) / 2 - 4.5)
 
 
+def test_a_run_on_the_lean_floor_is_not_made_leaner_again():
+    sm = _serve_model()
+    lean = [dict(kind="model", grouped_expert_gemm=dict(gemm="triton"))]
+    old = [dict(kind="model", grouped_expert_gemm=dict(gemm="grouped", grouped=True))]
+    assert sm.run_moe_lean(lean, None) == 1.0
+    assert sm.run_moe_lean(old, None) == sm.MOE_LEAN
+    assert sm.run_moe_lean(lean, 0.5) == 0.5  # what is asked for wins
+
+
 def test_the_committed_h200_curve_projects():
     sm = _serve_model()
     import json
