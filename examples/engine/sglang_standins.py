@@ -313,14 +313,20 @@ class HiSparseAllocator:
 
 
 class ReqToTokenPool:
-    """mem_cache/memory_pool.py ReqToTokenPool: req_to_token int32 [size, max_context_len] on the
+    """mem_cache/memory_pool.py ReqToTokenPool: req_to_token int32 [size + 1, max_context_len] on the
     device (the KV location of each request slot and position; 0 where none) and a free list of
-    slots. The example engine's SGLang mode (sglang_mode.py) uses it too."""
+    slots 1 .. size. Row 0 is the pad row: a CUDA-graph batch padded past its real requests carries
+    req_pool_idx 0 in those entries, so their reads and writes land there, never on a request's
+    row, and admission never hands it out (ReqToTokenPool.__init__'s "+1 padding row at index 0",
+    sgl-project/sglang 4a55fdba, the newest copy read on 2026-12-05; the example engine pads its
+    batches with req_pool_idx 0 the same way). alloc and free take one slot, as at 009e640a. The
+    example engine's SGLang mode (sglang_mode.py) uses it too."""
 
     def __init__(self, size: int, max_context_len: int, device="cpu") -> None:
-        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int32, device=device)
+        self.size = size
+        self.req_to_token = torch.zeros(size + 1, max_context_len, dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
-        self.free_slots = list(range(size))
+        self.free_slots = list(range(1, size + 1))
 
     def alloc(self) -> int:
         return self.free_slots.pop(0)

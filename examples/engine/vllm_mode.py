@@ -56,12 +56,20 @@ def flat_kv_row_view(kv_cache: torch.Tensor, block_size: int):
 
 def finish_connector_step(conn, sched, so) -> None:
     """A step's end on both sides of the connector, after its forward (and after the worker's
-    start_load_kv): wait_for_save, the transfer results and the worker's metadata handed to the
-    scheduler (update_connector_output), the bound metadata cleared. RuntimeError when the
-    scheduler's side has refused or evicted requests."""
+    start_load_kv), in ActiveKVConnector.post_forward's order (vllm/v1/worker/gpu/kv_connector.py @
+    00f4240e; the newest copy read on 2026-12-05 calls the same, in the same order): wait_for_save,
+    get_transfer_results, get_block_ids_with_load_errors, get_kv_connector_stats,
+    get_kv_connector_kv_cache_events, build_connector_worker_meta, clear_connector_metadata; then the
+    scheduler's update_connector_output of that KVConnectorOutput. RuntimeError when the scheduler's
+    side has refused or evicted requests."""
     conn.wait_for_save()
     results = conn.get_transfer_results(so.finished_req_ids)
-    out = SimpleNamespace(finished_recving=results.finished_recving or None,
+    out = SimpleNamespace(finished_sending=results.finished_sending or None,
+                          finished_recving=results.finished_recving or None,
+                          failed_recving=getattr(results, "failed_recving", set()),
+                          invalid_block_ids=conn.get_block_ids_with_load_errors(),
+                          kv_connector_stats=conn.get_kv_connector_stats(),
+                          kv_cache_events=conn.get_kv_connector_kv_cache_events(),
                           kv_connector_worker_meta=conn.build_connector_worker_meta())
     conn.clear_connector_metadata()
     sched.update_connector_output(out)

@@ -37,7 +37,7 @@ def Engine(address, tp_group=None) -> _Engine:
 def _sizes_restored(eng: _Engine) -> None:
     assert eng.alloc.hisparse_attn_allocator.available_size() == PHYSICAL
     assert eng.alloc.logical_attn_allocator.available_size() == eng.alloc.size_full
-    assert len(eng.r2t.free_slots) == eng.r2t.req_to_token.shape[0]
+    assert len(eng.r2t.free_slots) == eng.r2t.size  # every slot back (row 0 is the pad row)
 
 
 def _requests():
