@@ -161,6 +161,16 @@ def project_curve(lines, tflops: float, moe_lean: float = MOE_LEAN):
     return out
 
 
+def one_a_point(rows):
+    """The rows of project_curve, one a (context, hit rate): the schedules' bounds depend on the
+    range count only, not on which overlap variant ran."""
+    seen = set()
+    for r in rows:
+        if (r["context"], r["hit_rate"]) not in seen:
+            seen.add((r["context"], r["hit_rate"]))
+            yield r
+
+
 def main_curve(lines, tflops: float, moe_lean: float = MOE_LEAN) -> int:
     rows = project_curve(lines, tflops, moe_lean)
     ours = ", ".join(sorted({"%.0f" % r["a_row_us"] for r in rows}))
@@ -181,12 +191,7 @@ def main_curve(lines, tflops: float, moe_lean: float = MOE_LEAN) -> int:
           "chained under the indexer | everything | hideable ms: attention / cover / chained of | "
           "two micro-batches: ratio, net ms (fixed cost paid twice) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    seen = set()
-    for r in rows:
-        key = (r["context"], r["hit_rate"])
-        if key in seen:  # one line a point: the schedules' bounds need only the range count
-            continue
-        seen.add(key)
+    for r in one_a_point(rows):
         print(f"| {r['context']} | {r['hit_rate']} | {r['overlap']} | {r['lean_ratio']:.2f}x | "
               f"{r['lean_ratio_attention']:.2f}x | {r['lean_ratio_cover']:.2f}x | {r['lean_ratio_chained']:.2f}x | "
               f"{r['lean_ratio_all_hidden']:.2f}x | {r['hideable_attention_ms']:.2f} / {r['hideable_cover_ms']:.2f} / "
@@ -197,12 +202,7 @@ def main_curve(lines, tflops: float, moe_lean: float = MOE_LEAN) -> int:
     print("| context | hit rate | ranges | exposed ms | beside attention | + first range beside the indexer | "
           "chained under the indexer |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    seen.clear()
-    for r in rows:
-        key = (r["context"], r["hit_rate"])
-        if key in seen:
-            continue
-        seen.add(key)
+    for r in one_a_point(rows):
         e = r["exposed_ms"]
         cells = " | ".join(f"{r[f'hideable_here_{k}_ms']:.2f} ({r[f'hideable_here_{k}_ms'] / e:.0%})" if e > 0 else "-"
                            for k in ("attention", "cover", "chained"))

@@ -372,7 +372,7 @@ class Experts:
             try:
                 y = self(x).float()
                 err = float((y - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
-                out.setdefault("rel_err", {})["%s %s" % (gemm, "%dx%d/%dw/%ds" % config if config else "")] = \
+                out.setdefault("rel_err", {})[f"{gemm} {expert_gemm.config_tag(config) if config else ''}"] = \
                     round(err, 6)
                 if not err <= 1e-2:
                     print(f"expert GEMM {gemm} {config or ''} disagrees with the loop: relative error {err:.3g}")
@@ -390,7 +390,7 @@ class Experts:
         if "triton" in ways and expert_gemm.available():
             for config in expert_gemm.CONFIGS:
                 times[("triton", config)] = tried("triton", config)
-            out["triton_configs_ms"] = {"%dx%d/%dw/%ds" % c: t for (g, c), t in times.items() if g == "triton"}
+            out["triton_configs_ms"] = {expert_gemm.config_tag(c): t for (g, c), t in times.items() if g == "triton"}
         for (g, _), t in times.items():
             if t is not None and (out[f"{g}_ms"] is None or t < out[f"{g}_ms"]):
                 out[f"{g}_ms"] = t

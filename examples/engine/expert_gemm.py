@@ -32,6 +32,11 @@ except ImportError:  # pragma: no cover - the CPU smoke run has no Triton
 CONFIGS = [(64, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3)]  # few: each is compiled at start-up
 
 
+def config_tag(config: Tuple[int, int, int, int]) -> str:
+    """A config's name in the benchmark's records: BLOCK_NxBLOCK_K/warps w/stages s."""
+    return "%dx%d/%dw/%ds" % config
+
+
 def available() -> bool:
     return triton is not None and torch.cuda.is_available()
 

@@ -479,8 +479,8 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap", default="",
                     help="hisparse points: RESOLVE in row chunks on a side stream, under the previous chunk's attention "
                          "(dsv32.Overlap.parse: CHUNKS[/bBLOCKS|/hHELPERS][/pPRIORITY][/gGROWTH][/w][/one][/main|/beside]"
-                         "[/ixJ][/icN][/asc], e.g. 4/b16, 4/w/h8 or 4/b16/beside/ix3 (ranges 0-2 beside the indexer of "
-                         "later rows); empty or 1: off); the curve runs every spec of a comma list (default 4), the "
+                         "[/ixJ][/icN][/iuN][/asc], e.g. 4/b16, 4/w/h8, 4/b16/beside/asc or 4/b16/beside/ix3 (ranges 0-2 "
+                         "beside the indexer of later rows); empty or 1: off); the curve runs every spec of a comma list (default 4), the "
                          "sweep the first")
     ap.add_argument("--overlap-min-rows", type=int, default=4, help="rows a chunk at least (fewer chunks at small batches)")
     ap.add_argument("--hit-rates", default=None,
