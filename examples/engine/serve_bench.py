@@ -539,7 +539,7 @@ def main(argv=None) -> int:
               weight_bytes=wb, full_model_weight_bytes=int(full_weights), kv_budget_bytes=budget,
               records=fmt.name, record_bytes=fmt.record_bytes, index_key_bytes=cfg.index_key_bytes, k=cfg.topk,
               slots=args.slots, locality=cfg.locality, grouped_expert_gemm=gemm, mla_tiles_us=mla,
-              mla_tile=[model.kernels.mla_block_h, model.kernels.mla_block_n, model.kernels.mla_warps],
+              mla_tile=model.kernels.mla_tag(model.kernels.mla_config),
               device=torch.cuda.get_device_name(dev) if cuda else "cpu", build_s=round(time.monotonic() - t, 1)))
 
     import hisparse

@@ -1,7 +1,8 @@
 """The two attention-side kernels of the DeepSeek-V3.2-class model (dsv32.py), each with a torch
 reference beside it: the DSA indexer's scores (one fused Triton kernel that reads every 132-B fp8
 key once) and sparse MLA decode over k selected records read by index (a split-K Triton kernel
-that dequantizes FlashMLA's fp8 records in registers, and a combine kernel). Kernels picks Triton on
+and a combine kernel; FlashMLA's fp8 records dequantized either in the split's loop or once, into
+bf16 latents the split then reads contiguously: Kernels.MLA_CONFIGS). Kernels picks Triton on
 a GPU and the references elsewhere; tests/python/test_serve_bench.py holds the one to the other.
 """
 
@@ -95,15 +96,49 @@ if triton is not None:
                             tl.maximum(tl.minimum(b, bs - 1), 0), live & (b < bs), H, D, BLOCK_T)
 
     @triton.jit
-    def _sparse_mla_kernel(q_ptr, rec_ptr, idx_ptr, bs_ptr, acc_ptr, ml_ptr, rec_stride, sm_scale, K_SEL, SPLIT_LEN,
-                           HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):
+    def _latent(base, valid, FP8: tl.constexpr):
+        """The 576-element latents of the records at base [N] (pointers to uint8) where valid, zeros
+        elsewhere, as bf16 (its first 512, its rotary 64). fp8 records are dequantized (4 tiles of 128,
+        float32 scales at byte 512, bf16 rotary at 528); bf16 records are 576 bf16."""
+        dn = tl.arange(0, 512)
+        dr = tl.arange(0, 64)
+        m = valid[:, None]
+        if FP8:
+            kf = tl.load(base[:, None] + dn[None, :], mask=m, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            sc = tl.load((base + 512).to(tl.pointer_type(tl.float32))[:, None] + (dn // 128)[None, :], mask=m, other=0.0)
+            kn = (kf * sc).to(tl.bfloat16)
+            kr = tl.load((base + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=m, other=0.0)
+        else:
+            kn = tl.load(base.to(tl.pointer_type(tl.bfloat16))[:, None] + dn[None, :], mask=m, other=0.0)
+            kr = tl.load((base + 1024).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=m, other=0.0)
+        return kn, kr
+
+    @triton.jit
+    def _attend_tile(qn, qr, kn, kr, valid, sm_scale, m, l_sum, acc):
+        """One tile of the online softmax: the latents kn | kr (rows where valid) against the heads' qn |
+        qr; returns the running (max, sum, unnormalised output)."""
+        s = tl.dot(qn, tl.trans(kn)) + tl.dot(qr, tl.trans(kr))
+        s = tl.where(valid[None, :], s * sm_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kn)
+        return m_new, l_sum, acc
+
+    @triton.jit
+    def _mla_split(q_ptr, src_ptr, idx_ptr, bs_ptr, acc_ptr, ml_ptr, src_stride, sm_scale, K_SEL, SPLIT_LEN,
+                   HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
+                   GATHERED: tl.constexpr):
         """Sparse MLA decode, absorbed form, one split of the selection: for (row b, heads hb, split sp),
-        the unnormalised softmax(q . K_j) V_j over selections [sp * SPLIT_LEN, +SPLIT_LEN) of the
-        records rec_ptr + idx[b, j] * rec_stride (idx == -1: padding; other negative values are
-        legal offsets, so one base can address two allocations); K_j is the 576-element latent,
-        V_j its first 512. fp8 records are dequantized in registers (4 tiles of 128, float32 scales
-        at byte 512, bf16 rotary at 528); bf16 records are 576 bf16. Writes acc [b, sp, h, 512] and
-        (max, sum) [b, sp, h, 2] for _mla_combine_kernel. Rows at and past *bs do nothing."""
+        the unnormalised softmax(q . K_j) V_j over selections [sp * SPLIT_LEN, +SPLIT_LEN); K_j is the
+        576-element latent, V_j its first 512. Not GATHERED: the records src_ptr + idx[b, j] *
+        src_stride, dequantized in the loop (idx == -1: padding; other negative values are legal
+        offsets, so one base can address two allocations). GATHERED: the bf16 latents
+        _mla_gather_kernel wrote, row b's at src_ptr + (b * K_SEL + j) * 1152 B, read straight into
+        the dots. Writes acc [b, sp, h, 512] and (max, sum) [b, sp, h, 2] for _mla_combine_kernel.
+        Rows at and past *bs do nothing."""
         # A RESOLVE launched beside this kernel (the overlap's next range) may start once every block
         # has started: it touches none of this kernel's rows.
         gdc_launch_dependents()
@@ -126,30 +161,36 @@ if triton is not None:
                 j = n0 + tl.arange(0, BLOCK_N)
                 idx = tl.load(idx_ptr + b.to(tl.int64) * K_SEL + j, mask=j < K_SEL, other=-1).to(tl.int64)
                 valid = idx != -1
-                base = rec_ptr + tl.where(valid, idx, 0) * rec_stride
-                if FP8:
-                    raw = tl.load(base[:, None] + dn[None, :])
-                    kf = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                    scp = (base + 512).to(tl.pointer_type(tl.float32))
-                    sc = tl.load(scp[:, None] + (dn // 128)[None, :])
-                    kn = (kf * sc).to(tl.bfloat16)
-                    kr = tl.load((base + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :])
+                if GATHERED:  # padding is zeros there; a tile past K_SEL reads the row's last latent
+                    t = src_ptr.to(tl.pointer_type(tl.bfloat16)) + \
+                        (b.to(tl.int64) * K_SEL + tl.minimum(j, K_SEL - 1))[:, None] * 576
+                    kn = tl.load(t + dn[None, :])
+                    kr = tl.load(t + 512 + dr[None, :])
                 else:
-                    kn = tl.load(base.to(tl.pointer_type(tl.bfloat16))[:, None] + dn[None, :])
-                    kr = tl.load((base + 1024).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :])
-                s = tl.dot(qn, tl.trans(kn)) + tl.dot(qr, tl.trans(kr))
-                s = tl.where(valid[None, :], s * sm_scale, float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m - m_safe)
-                p = tl.exp(s - m_safe[:, None])
-                l_sum = l_sum * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kn)
-                m = m_new
+                    kn, kr = _latent(src_ptr + tl.where(valid, idx, 0) * src_stride, valid, FP8)
+                m, l_sum, acc = _attend_tile(qn, qr, kn, kr, valid, sm_scale, m, l_sum, acc)
             part = (b.to(tl.int64) * nsplit + sp) * HEADS + h
             tl.store(acc_ptr + part[:, None] * 512 + dn[None, :], acc)
             tl.store(ml_ptr + part * 2, m)
             tl.store(ml_ptr + part * 2 + 1, l_sum)
+
+    @triton.jit
+    def _mla_gather_kernel(rec_ptr, idx_ptr, bs_ptr, lat_ptr, rec_stride, K_SEL, BLOCK_J: tl.constexpr,
+                           FP8: tl.constexpr):
+        """The selected records of row b as bf16 latents, once: lat[b, j] = _latent of record idx[b, j]
+        (rec_ptr + idx * rec_stride), zeros for padding (idx == -1). Grid (rows, selections /
+        BLOCK_J); rows at and past *bs do nothing. _mla_split (GATHERED) then reads them
+        contiguously, with no conversion in its loop, however many head blocks read the same row."""
+        b = tl.program_id(0)
+        if b < tl.load(bs_ptr):
+            j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+            live = j < K_SEL
+            idx = tl.load(idx_ptr + b.to(tl.int64) * K_SEL + j, mask=live, other=-1).to(tl.int64)
+            valid = idx != -1
+            kn, kr = _latent(rec_ptr + tl.where(valid, idx, 0) * rec_stride, valid, FP8)
+            dst = lat_ptr + (b.to(tl.int64) * K_SEL + j)[:, None] * 576
+            tl.store(dst + tl.arange(0, 512)[None, :], kn, mask=live[:, None])
+            tl.store(dst + 512 + tl.arange(0, 64)[None, :], kr, mask=live[:, None])
 
     @triton.jit
     def _mla_combine_kernel(acc_ptr, ml_ptr, bs_ptr, out_ptr, NSPLIT, HEADS: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -183,17 +224,37 @@ class Kernels:
     Both modes of the benchmark call the same implementation on the same records in the same order,
     so their logits are bit-identical whichever is used."""
 
-    MLA_CONFIGS = [(16, 32, 4), (32, 32, 4), (32, 32, 8), (64, 32, 8), (32, 64, 8), (64, 16, 8), (16, 64, 4)]
+    # (way, heads a block, records a step, warps, stages): "fused" dequantizes each tile of records in
+    # the loop of every head block (_mla_split); "gathered" writes the selected latents once
+    # (_mla_gather_kernel) and _mla_split attends over them. stages 0: Triton's default.
+    MLA_CONFIGS = [("fused", 32, 32, 4, 0), ("fused", 32, 64, 8, 0),
+                   ("gathered", 32, 64, 4, 3), ("gathered", 32, 64, 8, 3), ("gathered", 64, 64, 8, 2),
+                   ("gathered", 64, 32, 8, 3), ("gathered", 16, 64, 4, 3)]
 
-    def __init__(self, use_triton: bool, mla_block_h: int = 32, mla_warps: int = 8, sms: int = 132) -> None:
+    def __init__(self, use_triton: bool, sms: int = 132) -> None:
         self.triton = use_triton and triton is not None
-        self.mla_block_h, self.mla_warps, self.sms = mla_block_h, mla_warps, sms
-        self.mla_block_n = 32
+        self.sms = sms
+        # The H200's pick at 32 rows (tune_mla; bench/RESULTS.md, "Sparse MLA over gathered latents").
+        self.mla_way, self.mla_block_h, self.mla_block_n, self.mla_warps, self.mla_stages = "gathered", 32, 64, 4, 3
         self._parts: Dict[tuple, tuple] = {}  # (M, heads, splits) -> split workspaces
 
+    @property
+    def mla_config(self) -> tuple:
+        return (self.mla_way, self.mla_block_h, self.mla_block_n, self.mla_warps, self.mla_stages)
+
+    @mla_config.setter
+    def mla_config(self, c: tuple) -> None:
+        self.mla_way, self.mla_block_h, self.mla_block_n, self.mla_warps, self.mla_stages = c
+        self._parts.clear()
+
+    @staticmethod
+    def mla_tag(c: tuple) -> str:
+        way, bh, bn, warps, stages = c
+        return f"{way} {bh}x{bn}/{warps}w" + (f"/{stages}s" if stages else "")
+
     def tune_mla(self, fmt: RecordFormat, M: int, heads: int = 128, k: int = 2048) -> Dict[str, float]:
-        """Times the sparse MLA kernel's tile shapes (heads a block, records a step, warps) at M rows on
-        random records and keeps the fastest. Both modes then run the same kernel."""
+        """Times the sparse MLA kernels' ways and tile shapes (MLA_CONFIGS) at M rows on random records
+        and keeps the fastest. Both modes then run the same kernels."""
         dev = torch.device("cuda")
         n = 200000
         recs = torch.zeros(n, fmt.record_bytes, dtype=torch.uint8, device=dev)
@@ -204,8 +265,8 @@ class Kernels:
         out = torch.empty(M, heads, 512, dtype=torch.bfloat16, device=dev)
         times: Dict[str, float] = {}
         best = None
-        for bh, bn, warps in self.MLA_CONFIGS:
-            self.mla_block_h, self.mla_block_n, self.mla_warps = bh, bn, warps
+        for config in self.MLA_CONFIGS:
+            self.mla_config = config
             try:
                 for _ in range(2):
                     self.sparse_mla(q, recs, idx, fmt.record_bytes, fmt, bs, out, 0.05)
@@ -216,14 +277,13 @@ class Kernels:
                 b.record()
                 b.synchronize()
             except Exception as e:  # noqa: BLE001 - a shape that does not compile here is skipped
-                print(f"mla tile {bh}x{bn}/{warps}w: {type(e).__name__}")
+                print(f"mla {self.mla_tag(config)}: {type(e).__name__}")
                 continue
             t = a.elapsed_time(b) / 10
-            times[f"{bh}x{bn}/{warps}w"] = round(t * 1e3, 1)  # µs
+            times[self.mla_tag(config)] = round(t * 1e3, 1)  # µs
             if best is None or t < best[0]:
-                best = (t, bh, bn, warps)
-        _, self.mla_block_h, self.mla_block_n, self.mla_warps = best
-        self._parts.clear()
+                best = (t, config)
+        self.mla_config = best[1]
         return times
 
     def mla_splits(self, M: int, heads: int, k: int) -> int:
@@ -276,17 +336,23 @@ class Kernels:
         if self.triton and not isinstance(records, list):
             bh = min(self.mla_block_h, heads)
             ns = splits if splits is not None else self.mla_splits(M, heads, k)
-            key = (M, heads, ns, bh, q.device)
+            gathered = self.mla_way == "gathered"
+            key = (M, heads, ns, bh, k if gathered else 0, q.device)
             if key not in self._parts:  # allocated once per shape, before graph capture reuses it
                 self._parts[key] = (torch.empty(M, ns, heads, 512, dtype=torch.float32, device=q.device),
-                                    torch.empty(M, ns, heads, 2, dtype=torch.float32, device=q.device))
-            acc, ml = self._parts[key]
+                                    torch.empty(M, ns, heads, 2, dtype=torch.float32, device=q.device),
+                                    torch.empty(M, k, 576, dtype=torch.bfloat16, device=q.device) if gathered else None)
+            acc, ml, lat = self._parts[key]
             split_len = (k + ns - 1) // ns
             bn = self.mla_block_n
             split_len = (split_len + bn - 1) // bn * bn
-            _sparse_mla_kernel[(M, heads // bh, ns)](q, records, idx, batch_size, acc, ml, rec_stride, sm_scale, k,
-                                                     split_len, HEADS=heads, BLOCK_H=bh, BLOCK_N=bn, FP8=fmt.fp8,
-                                                     num_warps=self.mla_warps)
+            opts = dict(num_warps=self.mla_warps, **({"num_stages": self.mla_stages} if self.mla_stages else {}))
+            if gathered:
+                _mla_gather_kernel[(M, triton.cdiv(k, 32))](records, idx, batch_size, lat, rec_stride, k, BLOCK_J=32,
+                                                            FP8=fmt.fp8, num_warps=4)
+            _mla_split[(M, heads // bh, ns)](q, lat if gathered else records, idx, batch_size, acc, ml, rec_stride,
+                                             sm_scale, k, split_len, HEADS=heads, BLOCK_H=bh, BLOCK_N=bn, FP8=fmt.fp8,
+                                             GATHERED=gathered, **opts)
             if after_split is not None:
                 after_split()
             _mla_combine_kernel[(M, heads // 16)](acc, ml, batch_size, out, ns, HEADS=heads, BLOCK_H=16, num_warps=4)

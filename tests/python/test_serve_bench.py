@@ -184,8 +184,13 @@ def _gpu_or_skip():
         pytest.skip("no triton")
 
 
-@pytest.mark.parametrize("records", ["fp8", "bf16"])
-def test_triton_sparse_mla_matches_the_reference(records):
+_MLA_CASES = [("bf16", next(c for c in sparse_kernels.Kernels.MLA_CONFIGS if c[0] == way)) for way in
+              ("fused", "gathered")] + [("fp8", c) for c in sparse_kernels.Kernels.MLA_CONFIGS]
+
+
+@pytest.mark.parametrize("records,config", _MLA_CASES, ids=lambda v: v if isinstance(v, str) else
+                         sparse_kernels.Kernels.mla_tag(v).replace(" ", "-"))
+def test_triton_sparse_mla_matches_the_reference(records, config):
     _gpu_or_skip()
     dev = torch.device("cuda")
     cfg = dsv32.V32Config(layers=1)
@@ -201,13 +206,16 @@ def test_triton_sparse_mla_matches_the_reference(records):
     out_t = torch.full((M, cfg.heads, 512), 7.0, dtype=torch.bfloat16, device=dev)
     out_r = torch.empty_like(out_t)
     scale = 1.0 / 24.0
-    sparse_kernels.Kernels(True).sparse_mla(q, recs, idx, stride, fmt, bs, out_t, scale)
+    K = sparse_kernels.Kernels(True)
+    K.mla_config = config
+    K.sparse_mla(q, recs, idx, stride, fmt, bs, out_t, scale)
     sparse_kernels.Kernels(False).sparse_mla(q, recs, idx, stride, fmt, bs, out_r, scale)
     assert torch.all(out_t[4] == 7.0), "a row past *batch_size was written"
     torch.testing.assert_close(out_t[:4].float(), out_r[:4].float(), rtol=2e-2, atol=2e-2)
 
 
-def test_triton_sparse_mla_in_row_chunks_equals_one_launch():
+@pytest.mark.parametrize("way", ["fused", "gathered"])
+def test_triton_sparse_mla_in_row_chunks_equals_one_launch(way):
     # The overlap attends row ranges as their RESOLVE finishes, with the whole batch's split count:
     # every row's output must equal one launch over the batch bit for bit (the exactness it keeps).
     _gpu_or_skip()
@@ -221,6 +229,7 @@ def test_triton_sparse_mla_in_row_chunks_equals_one_launch():
     idx = torch.stack([torch.randperm(n, generator=g, device=dev)[:k] for _ in range(M)]).to(torch.int32)
     idx[3, 1000:] = -1
     K = sparse_kernels.Kernels(True)
+    K.mla_config = next(c for c in K.MLA_CONFIGS if c[0] == way)
     whole = torch.empty(M, cfg.heads, 512, dtype=torch.bfloat16, device=dev)
     K.sparse_mla(q, recs, idx, fmt.record_bytes, fmt, torch.tensor([M], dtype=torch.int32, device=dev), whole, 0.05)
     parts = torch.empty_like(whole)
@@ -341,7 +350,8 @@ def test_triton_expert_gemm_matches_fp32(cap):
         torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2, msg=lambda m: f"{config}: {m}")
 
 
-def test_triton_sparse_mla_reads_two_allocations_through_one_base():
+@pytest.mark.parametrize("way", ["fused", "gathered"])
+def test_triton_sparse_mla_reads_two_allocations_through_one_base(way):
     """The hybrid mode's rows: resident rows read the HBM cache, hisparse rows the slot arena, both as
     offsets in 16-byte units from the arena (negative ones included); -1 stays padding."""
     _gpu_or_skip()
@@ -361,6 +371,8 @@ def test_triton_sparse_mla_reads_two_allocations_through_one_base():
     bs = torch.tensor([2], dtype=torch.int32, device=dev)
     out_t = torch.empty(2, cfg.heads, 512, dtype=torch.bfloat16, device=dev)
     out_r = torch.empty_like(out_t)
-    sparse_kernels.Kernels(True).sparse_mla(q, arena, off, 16, fmt, bs, out_t, 0.05)
+    K = sparse_kernels.Kernels(True)
+    K.mla_config = next(c for c in K.MLA_CONFIGS if c[0] == way)
+    K.sparse_mla(q, arena, off, 16, fmt, bs, out_t, 0.05)
     sparse_kernels.Kernels(False).sparse_mla(q, [(cache, ia, R), (arena, ib, R)], off, 16, fmt, bs, out_r, 0.05)
     torch.testing.assert_close(out_t.float(), out_r.float(), rtol=2e-2, atol=2e-2)
