@@ -236,7 +236,7 @@ class Kernels:
         self.sms = sms
         # The H200's pick at 32 rows (tune_mla; bench/RESULTS.md, "Sparse MLA over gathered latents").
         self.mla_way, self.mla_block_h, self.mla_block_n, self.mla_warps, self.mla_stages = "gathered", 32, 64, 4, 3
-        self._parts: Dict[tuple, tuple] = {}  # (M, heads, splits) -> split workspaces
+        self._parts: Dict[tuple, tuple] = {}  # a launch shape -> its split partials (and gathered latents)
 
     @property
     def mla_config(self) -> tuple:
