@@ -1,51 +1,18 @@
 // A client killed with SIGKILL while it holds requests has all its memory reclaimed: the daemon
 // notices the dead peer from its socket at once, not from a timeout.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "test_support.h"
 
 namespace hisparse::testing {
 namespace peer_death_test {
-
-// Starts hisparse-test-client (beside this test binary) and waits for its READY line.
-pid_t StartClient(const std::vector<std::string>& args) {
-  std::string bin = BinDir() + "/hisparse-test-client";
-  int pipefd[2];
-  if (::pipe(pipefd) != 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(pipefd[1], STDOUT_FILENO);
-    ::close(pipefd[0]);
-    std::vector<char*> argv = {bin.data()};
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(pipefd[1]);
-  FILE* f = ::fdopen(pipefd[0], "r");
-  char line[128] = {};
-  const bool ready = std::fgets(line, sizeof(line), f) != nullptr && std::strncmp(line, "READY", 5) == 0;
-  std::fclose(f);
-  if (!ready) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    return -1;
-  }
-  return pid;
-}
 
 // The harness leaves nothing behind either: a DaemonProcess removes its private folder whole,
 // with files that neither it nor the daemon made (a test's socket moved aside, say).
@@ -64,19 +31,28 @@ TEST(PeerDeathTest, DaemonProcessRemovesItsWholeFolder) {
   EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
 }
 
+// A test client that exits before its READY line (here: an unknown mode) gives no handle, and the
+// failure says why; the child is reaped, not left to the test's process.
+TEST(PeerDeathTest, AClientThatNeverSaysReadyGivesNoHandle) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  std::unique_ptr<TestClient> client;
+  EXPECT_NONFATAL_FAILURE(client = TestClient::Start({daemon->address(), "no-such-mode"}), "did not print READY");
+  EXPECT_EQ(client, nullptr);
+}
+
 TEST(PeerDeathTest, KilledClientsMemoryIsReclaimed) {
   auto daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
   for (int round = 0; round < 5; ++round) {
-    const pid_t pid = StartClient({daemon->address(), "hold", "10"});
-    ASSERT_GT(pid, 0) << "test client did not start";
+    const auto client = TestClient::Start({daemon->address(), "hold", "10"});
+    ASSERT_NE(client, nullptr);
     v1::StatsResponse st = Stats(daemon->address());
     ASSERT_EQ(st.sessions(), 1u);
     ASSERT_EQ(st.requests(), 10u);
     ASSERT_GT(st.host_pool().used_bytes(), 0u);
     const auto t0 = std::chrono::steady_clock::now();
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    client->Kill();
     // Liveness bound only (not a timing assertion): the reclaim time is printed.
     WaitUntil([&] {
       st = Stats(daemon->address());
@@ -97,11 +73,10 @@ TEST(PeerDeathTest, ChurningClientsKilledAtRandomPointsLeaveNothing) {
   ASSERT_NE(daemon, nullptr);
   std::mt19937 rng(11);
   for (int round = 0; round < 10; ++round) {
-    const pid_t pid = StartClient({daemon->address(), "churn"});
-    ASSERT_GT(pid, 0);
+    const auto client = TestClient::Start({daemon->address(), "churn"});
+    ASSERT_NE(client, nullptr);
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    client->Kill();
   }
   v1::StatsResponse st;
   WaitUntil([&] {

@@ -1,14 +1,19 @@
-// Shared helpers of the integration tests: a daemon process per test, raw gRPC stubs for calls
-// the client library does not make (bad tokens, health, reflection), and stats.
+// Shared helpers of the integration tests: a daemon process per test, the test client as a child
+// process, raw gRPC stubs for calls the client library does not make (bad tokens, health,
+// reflection), and stats.
 #ifndef HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_
 #define HISPARSE_TESTS_INTEGRATION_TEST_SUPPORT_H_
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -71,6 +76,66 @@ inline std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> args 
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? std::move(*d) : nullptr;
 }
+
+// hisparse-test-client (beside the test binary) as a child process with `args`, once it printed its
+// READY line. The handle owns the child: it is killed (SIGKILL) and reaped when the handle goes, on
+// every path, a failed assertion's early return included, or earlier by Kill(). The child's
+// argument vector is built before fork(), so that between fork() and exec() the child (of a
+// process with gRPC's threads) calls only async-signal-safe functions.
+class TestClient {
+ public:
+  // Null (with a failure recorded) when the pipe, the fork or the exec fails or no READY comes.
+  static std::unique_ptr<TestClient> Start(const std::vector<std::string>& args) {
+    std::vector<std::string> words = {BinDir() + "/hisparse-test-client"};
+    words.insert(words.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+      return nullptr;
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);  // the duplicate stays open across exec
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      ::close(fds[0]);
+      return nullptr;
+    }
+    std::unique_ptr<TestClient> child(new TestClient(pid));
+    char line[128] = {};  // its first line, up to the newline, EOF (the child died) or 127 bytes
+    size_t got = 0;
+    for (char c = 0; got + 1 < sizeof line && ::read(fds[0], &c, 1) == 1 && c != '\n';) line[got++] = c;
+    ::close(fds[0]);
+    if (std::strncmp(line, "READY", 5) != 0) {
+      ADD_FAILURE() << "hisparse-test-client did not print READY (read \"" << line << "\")";
+      return nullptr;  // killed and reaped by the handle
+    }
+    return child;
+  }
+  TestClient(const TestClient&) = delete;
+  TestClient& operator=(const TestClient&) = delete;
+  ~TestClient() { Kill(); }
+
+  pid_t pid() const { return pid_; }
+  // SIGKILL and reap now; nothing the second time.
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  explicit TestClient(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+};
 
 inline std::unique_ptr<v1::HiSparse::Stub> RawStub(const std::string& address) {
   return v1::HiSparse::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

@@ -5,12 +5,7 @@
 // the node's stats count the pages once (1x, not 4x); the ranks admitting at once from their own
 // threads each get a row over one set of pages; a rank's death keeps the others exact; a rank
 // twice and a call before the group is complete keep their codes.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -264,35 +259,6 @@ TEST_F(TpGroupTest, AnOlderCallersOptionsJoinNoGroup) {
   EXPECT_TRUE(old.Admit(1, 10, 64).ok());
 }
 
-// Starts hisparse-test-client (beside this test binary) and waits for its READY line.
-pid_t StartClient(const std::vector<std::string>& args) {
-  std::string bin = BinDir() + "/hisparse-test-client";
-  int pipefd[2];
-  if (::pipe(pipefd) != 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(pipefd[1], STDOUT_FILENO);
-    ::close(pipefd[0]);
-    std::vector<char*> argv = {bin.data()};
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(pipefd[1]);
-  FILE* f = ::fdopen(pipefd[0], "r");
-  char line[128] = {};
-  const bool ready = std::fgets(line, sizeof(line), f) != nullptr && std::strncmp(line, "READY", 5) == 0;
-  std::fclose(f);
-  if (!ready) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    return -1;
-  }
-  return pid;
-}
-
 // Rank 1 is another process (hisparse-test-client, 4 layers of 128-byte records): it reserves N
 // group requests, which this process's rank 0 attaches to and reads through the same pages. Killed
 // with SIGKILL, it drops its shares; rank 0 keeps its rows over the pages, byte for byte.
@@ -308,8 +274,8 @@ TEST(TpGroupProcessTest, AKilledRankDropsItsSharesTheOthersKeepThePages) {
   Session rank0;
   ASSERT_TRUE(Session::Open(o, &rank0).ok()) << hs_last_error();
   constexpr int kRequests = 6;
-  const pid_t pid = StartClient({address, "group", "tp-kill", "1", "2", std::to_string(kRequests)});
-  ASSERT_GT(pid, 0) << "test client did not start";
+  const auto rank1 = TestClient::Start({address, "group", "tp-kill", "1", "2", std::to_string(kRequests)});
+  ASSERT_NE(rank1, nullptr);
   const uint64_t one_copy = Stats(address).host_pool().used_bytes();
   EXPECT_EQ(one_copy, uint64_t{kRequests} * 4 * ((1000 * 128 + 4095) / 4096) * 4096);
   for (uint64_t id = 1; id <= kRequests; ++id) {
@@ -319,8 +285,7 @@ TEST(TpGroupProcessTest, AKilledRankDropsItsSharesTheOthersKeepThePages) {
     EXPECT_EQ(static_cast<uint8_t*>(rec)[127], 0xAB);  // written by the other process's rank
   }
   EXPECT_EQ(Stats(address).host_pool().used_bytes(), one_copy);
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
+  rank1->Kill();
   ASSERT_TRUE(WaitUntil([&] { return Stats(address).sessions() == 1; }));
   const v1::StatsResponse st = Stats(address);
   EXPECT_EQ(st.host_pool().used_bytes(), one_copy);  // rank 0 holds every request still
