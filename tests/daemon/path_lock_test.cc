@@ -70,14 +70,24 @@ TEST_F(PathLockTest, AStaleFileFromAKilledHolderDoesNotBlock) {
     ::pause();
     ::_exit(0);
   }
+  // The child waits in pause() until killed: on every path out, a failed assertion's too.
+  struct Reaper {
+    pid_t pid;
+    void Kill() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    ~Reaper() { Kill(); }
+  } holder{child};
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   ASSERT_EQ(c, 'y');
   auto while_alive = PathLock::Acquire(path_);
   ASSERT_FALSE(while_alive.ok());
   EXPECT_THAT(while_alive.status().message(), HasSubstr(absl::StrCat("pid ", child)));
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
+  holder.Kill();
   EXPECT_EQ(::access(path_.c_str(), F_OK), 0);  // the file stays behind: SIGKILL ran no cleanup
   auto after = PathLock::Acquire(path_);
   EXPECT_TRUE(after.ok()) << after.status();

@@ -24,9 +24,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -59,13 +61,25 @@ pid_t Spawn(const std::vector<std::string>& args) {
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
+  if (pid < 0) ADD_FAILURE() << "fork: " << std::strerror(errno);
   return pid;
 }
 
+// The wait status of child `pid`; -1 for no child (a failed Spawn): waitpid(-1) would reap any
+// child, the keeper too.
 int Wait(pid_t pid) {
+  if (pid <= 0) return -1;
   int status = 0;
   ::waitpid(pid, &status, 0);
   return status;
+}
+
+// SIGKILL to child `pid` and its reaping; nothing for no child (kill(-1) signals every process the
+// test may signal, kill(0) its own group).
+void KillAndWait(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  Wait(pid);
 }
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
@@ -229,6 +243,7 @@ TEST_F(DaemonRestartTest, AnEngineRidesThroughASigkilledDaemon) {
   ASSERT_NO_FATAL_FAILURE(StartKeeper());
   RideThrough(24, 13, [&] {
     const pid_t old = DaemonPid();
+    ASSERT_GT(old, 0);
     ASSERT_EQ(::kill(old, SIGKILL), 0);
     ASSERT_NO_FATAL_FAILURE(WaitForRestart(old));
   });
@@ -250,11 +265,11 @@ TEST_F(DaemonRestartTest, ASigkilledDaemonComesBackWithEveryDurableRequest) {
   const pid_t engine = RunToHold(steps, hold);
   EXPECT_GT(MemfdsOf(keeper_, "hisparse-slab"), 0);  // the durable request's slabs are in the store
   const pid_t old = DaemonPid();
+  ASSERT_GT(old, 0);
   ASSERT_EQ(::kill(old, SIGKILL), 0);
   ASSERT_NO_FATAL_FAILURE(WaitForRestart(old));
   // The engine cannot go on with the daemon it knew (riding through is issue 42, part 2).
-  ::kill(engine, SIGKILL);
-  Wait(engine);
+  KillAndWait(engine);
   const v1::StatsResponse st = Stats();
   EXPECT_EQ(st.orphaned_requests(), 1u) << st.DebugString();  // 7; 8 was not durable
   EXPECT_TRUE(st.restart().journal());
@@ -269,8 +284,7 @@ TEST_F(DaemonRestartTest, AnUpgradeKeepsTheOrphanOfAnEngineThatDiedBefore) {
   ASSERT_NO_FATAL_FAILURE(StartKeeper());
   const int steps = 24, hold = 9;
   const pid_t engine = RunToHold(steps, hold);
-  ::kill(engine, SIGKILL);
-  Wait(engine);
+  KillAndWait(engine);
   ASSERT_TRUE(WaitUntil([&] { return Stats().orphaned_requests() == 1 && Stats().sessions() == 0; }))
       << Stats().DebugString();
   ASSERT_NO_FATAL_FAILURE(InstallDaemon());  // the new binary

@@ -57,6 +57,7 @@ int RunEngine(const std::vector<std::string>& args) {
     ::execv(bin.c_str(), argv.data());
     ::_exit(127);
   }
+  if (pid < 0) return -1;  // no child to wait for: waitpid(-1) would reap any
   int status = 0;
   ::waitpid(pid, &status, 0);
   return status;

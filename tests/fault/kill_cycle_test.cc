@@ -6,13 +6,16 @@
 //
 // HISPARSE_KILL_CYCLES sets the number of cycles (default 200, about 20 s here); the seed is
 // printed so that a failing sequence can be replayed with HISPARSE_KILL_SEED.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -43,19 +46,23 @@ std::string ClientBinary() {
 }
 
 // Starts a client with stdout and stderr discarded: it is killed, and what it says is noise.
+// Its argument vector is built before fork(): between fork() and exec() the child of a process with
+// gRPC's threads may call only async-signal-safe functions (no malloc, no stdio).
 pid_t Spawn(const std::string& binary, const std::vector<std::string>& args) {
-  std::fflush(nullptr);  // else the child's freopen writes our buffered output a second time
+  std::vector<char*> argv = {const_cast<char*>(binary.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    std::freopen("/dev/null", "w", stdout);
-    std::freopen("/dev/null", "w", stderr);
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv = {const_cast<char*>(binary.c_str())};
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+    }
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
+  if (pid < 0) ADD_FAILURE() << "fork: " << std::strerror(errno);
   return pid;
 }
 
@@ -102,7 +109,9 @@ TEST(KillCycleTest, NodeIsEmptyAfterManyKilledClients) {
       // At most 16 requests of 512 KB: three holders fit the 64 MiB pool, so no client is refused.
       args.push_back(std::to_string(1 + rng() % 16));
     }
-    alive.push_back(Spawn(client, args));
+    const pid_t pid = Spawn(client, args);
+    if (pid <= 0) break;  // Spawn recorded the failure; kill(-1) below would signal every process
+    alive.push_back(pid);
     // Kill at a random point: 0..30 ms covers exec, library load, Session open, the fd channel
     // and the first admits; longer lives reach steady churn or the hold.
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));

@@ -85,6 +85,7 @@ TEST_F(AccessTest, AnotherUidCannotSquatATpGroupName) {
   int out[2];
   ASSERT_EQ(::pipe(out), 0);
   const pid_t squatter = ::fork();
+  ASSERT_GE(squatter, 0) << "fork";  // no Reaper for -1: kill(-1) signals every process we may
   if (squatter == 0) {
     ::dup2(out[1], STDOUT_FILENO);
     const int null = ::open("/dev/null", O_WRONLY);  // nothing of ours stays open in it

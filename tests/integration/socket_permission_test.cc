@@ -47,6 +47,10 @@ ChildResult RunAsNobody(const std::vector<std::string>& args) {
     ::_exit(127);
   }
   ::close(pipefd[1]);
+  if (pid < 0) {  // no child: waitpid(-1) below would reap any, the test's daemon too
+    ::close(pipefd[0]);
+    return r;
+  }
   char buf[4096];
   for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof(buf))) > 0;) r.out.append(buf, n);
   ::close(pipefd[0]);

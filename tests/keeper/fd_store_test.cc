@@ -279,6 +279,7 @@ std::string InChild(const std::function<std::string()>& body) {
   ::close(ends[0]);
   ::close(ends[1]);
   const pid_t pid = ::fork();
+  if (pid < 0) return "fork failed";  // no child: waitpid(-1) below would reap any
   if (pid == 0) {
     const std::string failure = body();
     (void)!::write(write_end.get(), failure.data(), failure.size());
