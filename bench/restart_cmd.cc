@@ -235,6 +235,14 @@ class KeptDaemon {
     in >> pid;
     return pid;
   }
+  // The keeper's daemon of now, to be killed: its pid, or 0 (and why, on stderr) when the pid file
+  // names none: kill(0) would signal this process's group, kill(-1) every process it may.
+  pid_t DaemonToKill() const {
+    const pid_t pid = DaemonPid();
+    if (pid > 0) return pid;
+    std::fprintf(stderr, "restart: %s/pid names no daemon (read %d)\n", dir_.c_str(), static_cast<int>(pid));
+    return 0;
+  }
 
  private:
   std::string dir_, address_;
@@ -340,7 +348,8 @@ bool RideThrough(const Config& c, KeptDaemon& kept, hs_session* s, const std::ve
                  uint64_t held, double adopt_s) {
   hs_session_info before = HS_SESSION_INFO_INIT;
   hs_session_get_info(s, &before);
-  const pid_t old = kept.DaemonPid();
+  const pid_t old = kept.DaemonToKill();
+  if (old == 0) return false;
   const auto killed = Clock::now();
   ::kill(old, SIGKILL);
   hs_session_state state = HS_SESSION_LIVE;
@@ -386,7 +395,8 @@ bool AdoptAfterTheKill(const Config& c, KeptDaemon& kept, hs_session* s, const s
   // process into the restart, and an adopter sharing the process with those mappings took up to
   // 10 s, the control call's deadline, to map them again.
   hs_session_close(s);
-  const pid_t old = kept.DaemonPid();
+  const pid_t old = kept.DaemonToKill();
+  if (old == 0) return false;
   const auto killed = Clock::now();
   ::kill(old, SIGKILL);
   // Until the kernel has torn the killed daemon down (its mappings of the pool) and the keeper
