@@ -171,10 +171,17 @@ class Keeper:
         except (OSError, ValueError):
             return 0
 
+    def sigkill_daemon(self) -> int:
+        """SIGKILLs the keeper's daemon of now; returns its pid. A pid file that names none fails the
+        test: os.kill(0) would signal pytest's own process group."""
+        old = self.daemon_pid()
+        assert old > 0, f"{self.folder}/pid names no daemon"
+        os.kill(old, signal.SIGKILL)
+        return old
+
     def kill_daemon(self) -> None:
         """SIGKILLs the daemon and waits until the keeper started the next one."""
-        old = self.daemon_pid()
-        os.kill(old, signal.SIGKILL)
+        old = self.sigkill_daemon()
         wait_for(lambda: self.daemon_pid() not in (0, old), timeout_s=20, what="the keeper to start the daemon again")
 
     def stop(self) -> None:

@@ -8,9 +8,6 @@ session ended, and a later one against a daemon that kept nothing reports everyt
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 import hisparse
@@ -53,8 +50,7 @@ def test_a_session_rides_through_a_sigkilled_daemon(keeper):
         s.recover()  # nothing to recover from while the session is live
     slot_base, old_id = s.info().slot_base, s.session_id
 
-    old = keeper.daemon_pid()
-    os.kill(old, signal.SIGKILL)
+    old = keeper.sigkill_daemon()
     wait_for(lambda: not s.alive, timeout_s=20, what="the session to see its daemon go")
     with pytest.raises(hisparse.Unavailable):  # a row's state is unknown now: refused
         gather(s, info.row, positions)
