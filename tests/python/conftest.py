@@ -111,6 +111,17 @@ def import_daemon():
         yield d
 
 
+@pytest.fixture(scope="module")
+def small_page_daemon():
+    """A small pool of 4 KiB host pages (64 records of 64 bytes a page), imports off: the tests of
+    what pages hold (TP groups, parking and shared prefixes)."""
+    _library_or_skip()
+    _daemon_or_skip()
+    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
+                         extra_args=["--host-pool-page-size", "4KiB"]) as d:
+        yield d
+
+
 @pytest.fixture
 def open_session(daemon):
     """open_session(**geometry) -> Session on the module's daemon (host backend unless told);

@@ -23,15 +23,6 @@ def records(seed: int, start: int, end: int) -> np.ndarray:
     return out
 
 
-@pytest.fixture(scope="module")
-def small_page_daemon():
-    _library_or_skip()
-    _daemon_or_skip()
-    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
-                         extra_args=["--host-pool-page-size", "4KiB"]) as d:
-        yield d
-
-
 def open_rank(daemon, name, rank):
     return hisparse.Session(daemon, num_layers=LAYERS, record_bytes=RECORD, k=K, slots=B, max_requests=2,
                             backend="host", group=name, rank=rank, group_size=RANKS)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 import hisparse
-from conftest import _daemon_or_skip, _library_or_skip
 
 np = pytest.importorskip("numpy")
 
@@ -21,15 +20,6 @@ def records(seed: int, start: int, end: int) -> np.ndarray:
         for i, pos in enumerate(range(start, end)):
             out[layer, i] = (seed * 5 + layer * 11 + pos * 31 + np.arange(RECORD)) % 256
     return out
-
-
-@pytest.fixture(scope="module")
-def small_page_daemon():
-    _library_or_skip()
-    _daemon_or_skip()
-    with hisparse.Daemon(host_pool_size="64MiB", host_pool_slab_size="4MiB",
-                         extra_args=["--host-pool-page-size", "4KiB"]) as d:
-        yield d
 
 
 @pytest.fixture
