@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,16 +110,27 @@ class TestClient {
       return nullptr;
     }
     std::unique_ptr<TestClient> child(new TestClient(pid));
-    char line[128] = {};  // its first line, up to the newline, EOF (the child died) or 127 bytes
+    // Its first line, up to the newline, EOF (the child died), 127 bytes or kReadyMs of silence.
+    char line[128] = {};
     size_t got = 0;
-    for (char c = 0; got + 1 < sizeof line && ::read(fds[0], &c, 1) == 1 && c != '\n';) line[got++] = c;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReadyMs);
+    for (char c = 0; got + 1 < sizeof line;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{fds[0], POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) != 1) break;
+      if (::read(fds[0], &c, 1) != 1 || c == '\n') break;
+      line[got++] = c;
+    }
     ::close(fds[0]);
     if (std::strncmp(line, "READY", 5) != 0) {
-      ADD_FAILURE() << "hisparse-test-client did not print READY (read \"" << line << "\")";
+      ADD_FAILURE() << "hisparse-test-client did not print READY within " << kReadyMs << " ms (read \"" << line
+                    << "\")";
       return nullptr;  // killed and reaped by the handle
     }
     return child;
   }
+  static constexpr int kReadyMs = 30000;  // generous, for sanitizer builds
   TestClient(const TestClient&) = delete;
   TestClient& operator=(const TestClient&) = delete;
   ~TestClient() { Kill(); }
