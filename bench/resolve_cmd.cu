@@ -78,6 +78,7 @@ struct Options {
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
   std::vector<int> max_blocks{0};         // ResolveLaunchConfig::max_blocks per point (0: no budget)
   std::vector<int> consumer_blocks{0};    // ResolveLaunchConfig::consumer_blocks per point (0: every block)
+  std::vector<int> consumer_warps{0};     // ResolveLaunchConfig::consumer_warps per point (0: the default)
   std::vector<ProducerStart> producers;   // --producer: also time RESOLVE behind a producer
 };
 
@@ -88,10 +89,12 @@ void Usage() {
                "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
                "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
                "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--consumer-blocks 0,16,32]\n"
-               "       [--producer exit,early] [--smoke]\n"
+               "       [--consumer-warps 0,2,4,16] [--producer exit,early] [--smoke]\n"
                "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
                "  what an engine that hides RESOLVE beside its own kernels gives it\n"
                "  --consumer-blocks: per point, the blocks whose consumer warps take queued chunks (0: all)\n"
+               "  --consumer-warps: per point, the warps of each such block that take them (1-16; 0: two,\n"
+               "  or under a budget as many as give the grid the whole GPU's count)\n"
                "  --producer: per point, also RESOLVE behind the kernel that writes its selections,\n"
                "  launched plainly and as its programmatic dependent; the producer lets dependents\n"
                "  launch as its blocks exit, or early (one JSON line of kind resolve_after_producer each)\n"
@@ -104,14 +107,17 @@ struct LaunchVariant {
   bool ordered;         // address_order
   int max_blocks;       // the budget of blocks
   int consumer_blocks;  // the blocks that take queued chunks
+  int consumer_warps;   // the warps of each of those that take them
 };
 
-// Every (fetch order, block budget, consumer blocks) a point runs with.
+// Every (fetch order, block budget, consumer blocks, consumer warps) a point runs with.
 std::vector<LaunchVariant> LaunchVariants(const Options& o) {
   std::vector<LaunchVariant> out;
   for (const bool ordered : o.address_order) {
     for (const int blocks : o.max_blocks) {
-      for (const int consumers : o.consumer_blocks) out.push_back({ordered, blocks, consumers});
+      for (const int consumers : o.consumer_blocks) {
+        for (const int warps : o.consumer_warps) out.push_back({ordered, blocks, consumers, warps});
+      }
     }
   }
   return out;
@@ -313,12 +319,14 @@ int ResolveMain(int argc, char** argv) {
         ok = ok && (w == "address" || w == "selection");
         o.address_order.push_back(w == "address");
       }
-    } else if (a == "--max-blocks" || a == "--consumer-blocks") {
-      std::vector<int>& list = a == "--max-blocks" ? o.max_blocks : o.consumer_blocks;
+    } else if (a == "--max-blocks" || a == "--consumer-blocks" || a == "--consumer-warps") {
+      std::vector<int>& list = a == "--max-blocks"        ? o.max_blocks
+                               : a == "--consumer-blocks" ? o.consumer_blocks
+                                                          : o.consumer_warps;
       list.clear();
       for (const std::string& w : ParseWords(next())) {
         const int n = std::atoi(w.c_str());
-        ok = ok && n >= 0 && std::to_string(n) == w;
+        ok = ok && n >= 0 && std::to_string(n) == w && (a != "--consumer-warps" || n <= 16);
         list.push_back(n);
       }
     } else if (a == "--producer") {
@@ -371,10 +379,11 @@ int ResolveMain(int argc, char** argv) {
     o.producers = {ProducerStart::kAtExit, ProducerStart::kEarly};
     o.max_blocks = {0, 1};       // one block: the planner walks every row and fetches alone
     o.consumer_blocks = {0, 1};  // one consumer block: one block's two warps take every queued chunk
+    o.consumer_warps = {0, 16};  // every warp of each block consumes
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
       o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.max_blocks.empty() ||
-      o.consumer_blocks.empty() || o.k < 1 || o.runs < 1) {
+      o.consumer_blocks.empty() || o.consumer_warps.empty() || o.k < 1 || o.runs < 1) {
     Usage();
     return 2;
   }
@@ -473,12 +482,13 @@ int ResolveMain(int argc, char** argv) {
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
               std::optional<DeviceSelections> pos_src;  // the producer's source, when timed behind one
               if (!o.producers.empty()) pos_src.emplace(pos);
-              for (const auto& [ordered, max_blocks, consumer_blocks] : LaunchVariants(o)) {
+              for (const auto& [ordered, max_blocks, consumer_blocks, consumer_warps] : LaunchVariants(o)) {
                 ResolveLaunchConfig config;
                 BENCH_CUDA(PrepareResolveLaunch(g, &config));
                 config.address_order = ordered;
                 config.max_blocks = max_blocks;
                 config.consumer_blocks = consumer_blocks;
+                config.consumer_warps = consumer_warps;
                 ResolveDesc d{};
                 d.arena = view;
                 d.host = in.host();
@@ -542,7 +552,7 @@ int ResolveMain(int argc, char** argv) {
                     "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"memory_floor_us\":%.2f,"
                     "\"link_gbps\":%.2f,\"bound_us\":%.2f,"
                     "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"max_blocks\":%d,"
-                    "\"consumer_blocks\":%d,\"check\":\"%s\"}\n",
+                    "\"consumer_blocks\":%d,\"consumer_warps\":%d,\"check\":\"%s\"}\n",
                     batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                     pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
                     v.page_bytes, layout == HostLayout::kSlabs ? o.slab_bytes : 0,
@@ -550,7 +560,7 @@ int ResolveMain(int argc, char** argv) {
                     miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], med[3],
                     link, bound, med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
-                    max_blocks, consumer_blocks, ok ? "ok" : "FAILED");
+                    max_blocks, consumer_blocks, consumer_warps, ok ? "ok" : "FAILED");
                 for (size_t x = 0; x < behind.size(); ++x) {
                   const BehindProducer& bp = behind[x];
                   std::printf(

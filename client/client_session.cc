@@ -625,11 +625,16 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
     return absl::InvalidArgumentError(
         absl::StrCat("resolve max_blocks ", a.max_blocks, ": must be >= 0 (0: no budget)"));
   }
+  if (a.consumer_warps < 0 || a.consumer_warps > kMaxConsumerWarps) {
+    return absl::InvalidArgumentError(absl::StrCat("resolve consumer_warps ", a.consumer_warps, ": must be in [0, ",
+                                                   kMaxConsumerWarps, "] (0: the library's choice)"));
+  }
   ResolvePlacement placement;
   placement.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? LaunchOrder::kBeside
                     : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? LaunchOrder::kProgrammatic
                                                                         : LaunchOrder::kAfterCompletion;
-  placement.max_blocks = a.max_blocks;  // zero for callers built before ABI 1.13
+  placement.max_blocks = a.max_blocks;          // zero for callers built before ABI 1.13
+  placement.consumer_warps = a.consumer_warps;  // zero for callers built before ABI 1.15
   ResolveDesc d{};
   d.arena = arena_;
   d.layer = static_cast<int32_t>(a.layer);

@@ -154,6 +154,7 @@ class CudaBackend final : public DeviceBackend {
     ResolveLaunchConfig how = launch_;
     how.order = placement.order;
     how.max_blocks = placement.max_blocks;
+    how.consumer_warps = placement.consumer_warps;
     return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), how, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");
   }

@@ -34,12 +34,14 @@ struct AttachedArena {
   std::string handle;
 };
 
-// How a RESOLVE launch places itself (hs_resolve_args.launch_flags and .max_blocks): its order after
-// the previous kernel, and the most thread blocks it may occupy (0: as many as the device holds).
-// Neither changes a result; the host backend ignores both.
+// How a RESOLVE launch places itself (hs_resolve_args.launch_flags, .max_blocks and .consumer_warps):
+// its order after the previous kernel, the most thread blocks it may occupy (0: as many as the
+// device holds) and the warps of each that fetch (0: the kernels' choice). None changes a result;
+// the host backend ignores them.
 struct ResolvePlacement {
   LaunchOrder order = LaunchOrder::kAfterCompletion;  // resolve.h
   int32_t max_blocks = 0;
+  int32_t consumer_warps = 0;  // ResolveLaunchConfig::consumer_warps
 };
 
 class DeviceBackend {

@@ -44,7 +44,9 @@
 //     consumer warps (the last kConsumerWarps of every block) pull chunks from the queue and copy
 //     them with 16-byte non-coherent loads from mapped host memory and 16-byte stores. Few
 //     consumers on purpose: the chunks in flight then come from a few rows' address-ordered
-//     misses, a narrow span of host addresses, which is what scattered reads need. The warp that
+//     misses, a narrow span of host addresses, which is what scattered reads need. (A launch on a
+//     budget of blocks gives more warps of each block, so that its few blocks keep as many loads
+//     in flight as the whole GPU's consumers: ConsumerWarps.) The warp that
 //     publishes the last row writes one END entry for every consumer warp of the grid, so every
 //     consumer waits only on its own queue entry and the queue drains exactly. A consumer's
 //     first entry is fixed (consumer w of W takes entry W - 1 - w: the helpers, which start idle,
@@ -163,8 +165,14 @@ constexpr int kPublishWarp = kWarps - 1;
 // requests in flight cover (hisparse-bench gather), and 20% scattered misses of a 128k context
 // run 0.65 -> 0.86 of the link at 1152 B, 0.40 -> 0.51 at 656 B, with the consecutive points
 // unchanged (bench/RESULTS.md, "RESOLVE: two consumer warps a block").
+// That is the default of a launch on the whole GPU. A launch on a budget of blocks (max_blocks, to
+// run beside the engine's kernels) has too few blocks for it: 16 blocks' 32 consumer warps keep
+// ~128 KB in flight and fetched at half the rate of 32 blocks (bench/RESULTS.md, "RESOLVE's budget
+// of blocks, alone"). There each consumer block gives more of its warps (ConsumerWarps), up to the
+// whole GPU's count of consumers.
 constexpr int kConsumerWarps = 2;
 static_assert(kConsumerWarps >= 1 && kConsumerWarps <= kWarps, "consumers are warps of a block");
+static_assert(kMaxConsumerWarps == kWarps, "the contract's bound on consumer warps is a block's warps");
 // A consumer polls its queue entry with sleeps doubling from 32 ns up to this. Against 256 ns the
 // launch's END reaches the waiting warps a little sooner: no-IO planning 0.07 us faster in the
 // median of 348 points on the H200, copy rates unchanged (bench/RESULTS.md, "RESOLVE: a row's
@@ -202,6 +210,7 @@ struct ResolveParams {
   int end_count;        // END entries a launch writes: one per consumer warp of the grid (W)
   int planner_blocks;   // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
   int consumer_blocks;  // blocks [0, consumer_blocks) take queue chunks (ResolveLaunchConfig)
+  int consumer_warps;   // the last consumer_warps warps of each of those blocks take them (ConsumerWarps)
   bool beside;          // LaunchOrder::kBeside: wait for the kernel before last, not first
   int seg_k, seg_b;     // selections / LRU entries per warp segment (multiples of 32)
   bool address_order;   // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
@@ -1072,8 +1081,8 @@ __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams
     PadEntries(p, b, batch);
   }
   if (batch == 0 && b == 0 && threadIdx.x < 32) WriteEnds(p, 0u);
-  const int consumer = static_cast<int>(threadIdx.x >> 5) - (kWarps - kConsumerWarps);  // the block's last warps
-  if (consumer >= 0 && b < p.consumer_blocks) Consume<UPR>(p, static_cast<unsigned>(b * kConsumerWarps + consumer));
+  const int consumer = static_cast<int>(threadIdx.x >> 5) - (kWarps - p.consumer_warps);  // the block's last warps
+  if (consumer >= 0 && b < p.consumer_blocks) Consume<UPR>(p, static_cast<unsigned>(b * p.consumer_warps + consumer));
   // Beside the kernel before (LaunchOrder::kBeside): this grid completes only after that one, so
   // the stream's order holds for whatever comes next.
   if (p.beside) internal::WaitForPriorGrid();
@@ -1112,9 +1121,28 @@ int GridBlocks(const ResolveLaunchConfig& c, int max_batch, int* planners, int* 
   return grid;
 }
 
-cudaError_t LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, cudaStream_t stream) {
+// Consumer warps a consumer block gives (kConsumerWarps above): the config's where set, else the
+// default, raised under a budget of blocks (max_blocks) until the grid has as many consumers as a
+// launch on the whole GPU would (fewer consumer blocks, asked for, stay fewer consumers). A
+// workspace has END entries for kConsumerWarps a block of the grid it was sized for: `end_room`.
+int ConsumerWarps(const ResolveLaunchConfig& c, int consumer_blocks, int end_room) {
+  int w = c.consumer_warps;
+  if (w <= 0) {
+    w = kConsumerWarps;
+    if (c.max_blocks > 0 && c.consumer_blocks <= 0) {
+      const int whole = kConsumerWarps * c.sms;
+      w = (whole + consumer_blocks - 1) / consumer_blocks;
+    }
+  }
+  if (w > kMaxConsumerWarps) w = kMaxConsumerWarps;
+  if (w * consumer_blocks > end_room) w = end_room / consumer_blocks;
+  return w < 1 ? 1 : w;
+}
+
+cudaError_t LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, int ws_capacity, cudaStream_t stream) {
   const int grid = GridBlocks(c, p.d.max_batch, &p.planner_blocks, &p.consumer_blocks);
-  p.end_count = p.consumer_blocks * kConsumerWarps;
+  p.consumer_warps = ConsumerWarps(c, p.consumer_blocks, (ws_capacity + kMaxHelperBlocks) * kConsumerWarps);
+  p.end_count = p.consumer_blocks * p.consumer_warps;
   p.beside = internal::Beside(c);
   const cudaError_t e = internal::LaunchInOrder(ResolveKernelFor(p.d.arena.geometry.record_bytes), dim3(grid),
                                                 dim3(kThreads), c.smem, stream, internal::Programmatic(c), p);
@@ -1331,6 +1359,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     asked.order = config.order;
     asked.max_blocks = config.max_blocks;
     asked.consumer_blocks = config.consumer_blocks;
+    asked.consumer_warps = config.consumer_warps;
     c = &asked;
   }
   // Multi-query steps (rule 8) have their own kernels (resolve_multi.cu); this one stays n = 0's.
@@ -1368,7 +1397,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
   p.seg_k = SegmentItems(g.k);
   p.seg_b = SegmentItems(g.slots);
   p.address_order = c->address_order && d.max_batch >= kAddressOrderMinBatch;
-  return LaunchResolveGrid(p, *c, stream);
+  return LaunchResolveGrid(p, *c, capacity, stream);
 }
 
 cudaError_t LaunchResolveShapeOnly(const ResolveLaunchConfig& config, int max_batch, cudaStream_t stream) {

@@ -144,6 +144,9 @@ class Overlap:
     indexer_ctas: int = 1
     indexer_unroll: int = 1  # tiles each of that indexer's programs takes at a time (their loads in flight together)
     ascending: bool = False  # the ranges' sizes in ascending order: the largest last, with nothing beside it
+    # The warps of each of a budgeted RESOLVE's blocks that fetch (hs_resolve_args.consumer_warps,
+    # 1-16; 0: the library's choice, which on a budget gives the grid the whole GPU's consumers).
+    consumer_warps: int = 0
 
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
@@ -152,7 +155,7 @@ class Overlap:
         stream), one (a single range, forked), beside (one stream: each RESOLVE beside the attention before
         it), ixJ (with beside: the first J ranges' RESOLVE beside the indexer of the rows after them; ix:
         1), icN (that indexer's programs an SM; 1), iuN (the tiles each of its programs takes at a time; 1),
-        asc (the ranges' sizes ascending)."""
+        asc (the ranges' sizes ascending), cwN (consumer_warps of each budgeted RESOLVE block, 0-16; 0)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -166,6 +169,8 @@ class Overlap:
                 o.single = True
             elif w == "asc":
                 o.ascending = True
+            elif w[:2] == "cw" and w[2:].isdigit() and int(w[2:]) <= 16:
+                o.consumer_warps = int(w[2:])
             elif w[:2] in ("ix", "ic", "iu") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
                 setattr(o, {"ix": "indexer_chain", "ic": "indexer_ctas", "iu": "indexer_unroll"}[w[:2]], int(w[2:] or 1))
             elif w[:1] in ("b", "p", "h") and w[1:].lstrip("-").isdigit():
@@ -196,7 +201,8 @@ class Overlap:
             (["beside"] if self.beside else [] if self.side_stream else ["main"]) + \
             ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + \
             ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + \
-            ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else [])
+            ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else []) + \
+            ([f"cw{self.consumer_warps}"] if self.consumer_warps else [])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
@@ -599,7 +605,8 @@ class Model:
         programmatic dependent of the kernel before it."""
         a, b, bs = chunk
         budget = 0 if alone else self.overlap.budget(b - a)
-        return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone)
+        return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone,
+                               consumer_warps=self.overlap.consumer_warps)
 
     def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0, unroll: int = 1) -> None:
         """The indexer's scores of rows [a, b) (bs: how many of them are in the batch, on the device)."""

@@ -1184,6 +1184,37 @@ TEST(ResolveGpu, FewerConsumerBlocksMatchReference) {
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("fewer consumer blocks"));
 }
 
+// More consumer warps a block (ResolveLaunchConfig::consumer_warps): one to all sixteen of each
+// consumer block's warps take queue chunks, those a budget of blocks gets by default (0), and
+// sixteen on the whole GPU, for which a workspace sized for this batch holds too few END entries
+// (the launcher lowers the count to what it holds). Every step equals the reference.
+TEST(ResolveGpu, ConsumerWarpsMatchReference) {
+  REQUIRE_GPU();
+  const Config c{2048, 4096, 656, 16, 24};
+  World w(c, 2, 7272);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig cfg;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &cfg));
+  const int warps[] = {1, 3, 16, 0};
+  const int budgets[] = {0, 5, 16};
+  for (int step = 0; step < c.steps; ++step) {
+    ResolveLaunchConfig how = cfg;
+    how.consumer_warps = warps[step % 4];
+    how.max_blocks = budgets[step % 3];
+    how.consumer_blocks = step % 5 == 4 ? 3 : 0;
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), step % 2 ? 0.1 : 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, how, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0,
+                                          "consumer warps " + std::to_string(how.consumer_warps) + ", budget " +
+                                              std::to_string(how.max_blocks) + ", consumer blocks " +
+                                              std::to_string(how.consumer_blocks) + ", step " + std::to_string(step)));
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("consumer warps"));
+}
+
 // The benchmark's memory floor (LaunchResolveMemoryFloor) reads and writes back a no-IO step's
 // tables and changes nothing: the arena still equals the reference's, and a RESOLVE step after it
 // matches the reference as usual. Null scratch and an unprepared config are refused on the host.

@@ -193,6 +193,26 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   EXPECT_EQ(out, plain);
   a.struct_size = sizeof(hs_resolve_args);
   a.max_blocks = 0;
+  // ABI 1.15's consumer warps: any count in [0, 16] gives the same outputs; one outside is refused
+  // and changes nothing; ABI 1.14 callers end before it, so what lies there is not read.
+  for (const int32_t warps : {1, 16, 0}) {
+    a.consumer_warps = warps;
+    std::fill(out.begin(), out.end(), -7);
+    ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << warps << ": " << hs_last_error();
+    EXPECT_EQ(out, plain) << warps;
+  }
+  for (const int32_t bad : {-1, 17}) {
+    a.consumer_warps = bad;
+    std::fill(out.begin(), out.end(), -7);
+    EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(hs_last_error()).find("consumer_warps"), std::string::npos) << hs_last_error();
+    EXPECT_EQ(out, std::vector<int32_t>(8, -7));
+  }
+  a.struct_size = offsetof(hs_resolve_args, consumer_warps);
+  ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, plain);
+  a.struct_size = sizeof(hs_resolve_args);
+  a.consumer_warps = 0;
   a.launch_flags = 0x6;
   // ABI 1.8 callers end before launch_flags: bits past their struct are not read.
   a.struct_size = offsetof(hs_resolve_args, launch_flags);

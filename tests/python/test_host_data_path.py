@@ -157,6 +157,13 @@ def test_batch_size_limits_the_rows_resolved(session):
     assert (again == out).all()
     with pytest.raises(hisparse.InvalidArgument, match="max_blocks"):
         s.resolve(0, rows, seq_lens, positions, again, max_blocks=-1)
+    # consumer_warps (ABI 1.15) is a CUDA launch's tuning too: taken in [0, 16], refused outside.
+    again[:] = 77
+    s.resolve(0, rows, seq_lens, positions, again, batch_size=np.array([1], np.int32), consumer_warps=16)
+    assert (again == out).all()
+    for bad in (-1, 17):
+        with pytest.raises(hisparse.InvalidArgument, match="consumer_warps"):
+            s.resolve(0, rows, seq_lens, positions, again, consumer_warps=bad)
     # beside (ABI 1.14) too; with programmatic it is refused before anything runs.
     again[:] = 77
     s.resolve(0, rows, seq_lens, positions, again, batch_size=np.array([1], np.int32), beside=True)

@@ -115,8 +115,12 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert (y.indexer_chain, y.indexer_ctas, y.tag) == (3, 2, "4_b16_beside_ix3_ic2")
     z = dsv32.Overlap.parse("4/b16/beside/ix1/iu4/asc")
     assert (z.indexer_chain, z.indexer_unroll, z.tag) == (1, 4, "4_b16_beside_ix1_iu4_asc")
+    w = dsv32.Overlap.parse("4/b16/beside/asc/cw8")
+    assert (w.consumer_warps, w.tag) == (8, "4_b16_beside_asc_cw8")
+    assert x.consumer_warps == 0, "the library's choice unless asked"
     assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
-    for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix"):
+    for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix",
+                "4/b16/beside/cw17", "4/b16/beside/cw", "4/b16/beside/cw-1"):
         with pytest.raises(ValueError):
             dsv32.Overlap.parse(bad)
 

@@ -51,9 +51,10 @@ extern "C" {
  * daemon serves one, and hs_session_info.control_lane says which carries them;
  * hs_session_get_timings; 1.13: hs_resolve_args.max_blocks (a RESOLVE launch's budget of thread
  * blocks, for running it beside the engine's kernels); 1.14: HS_RESOLVE_LAUNCH_BESIDE (RESOLVE
- * beside the previous kernel in the stream, one stream for the whole overlap). */
+ * beside the previous kernel in the stream, one stream for the whole overlap); 1.15:
+ * hs_resolve_args.consumer_warps (the warps of each of RESOLVE's blocks that fetch). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 14
+#define HS_ABI_VERSION_MINOR 15
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -373,6 +374,12 @@ typedef struct hs_resolve_args {
    * tokens it bounds the fetch kernel's grid (the planner keeps one block a row). Ignored on the
    * host backend. */
   int32_t max_blocks;
+  /* Since ABI 1.15: the warps of each of the launch's blocks that take its fetch's queued chunks,
+   * 1 to 16 (0: the library's choice: two on the whole GPU, more on a budget of max_blocks, so that
+   * its few blocks keep as many loads in flight as the whole GPU; other values:
+   * HS_ERR_INVALID_ARGUMENT). Tuning, not contract: the results are the same with any value. Without
+   * draft tokens only; ignored on the host backend. */
+  int32_t consumer_warps;
 } hs_resolve_args;
 
 /* Launch RESOLVE as a programmatic dependent of the previous kernel in the stream (CUDA's
@@ -401,7 +408,7 @@ typedef struct hs_resolve_args {
 #define HS_RESOLVE_LAUNCH_BESIDE 0x2u
 
 #define HS_RESOLVE_ARGS_INIT \
-  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL, 0, 0 }
+  { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL, 0, 0, 0 }
 
 /* RESOLVE for one layer: after it, out_slots[i][j] names the slot that holds positions[i][j]. On
  * the host backend, invalid rows fail the call with HS_ERR_INVALID_ARGUMENT (other rows proceed);

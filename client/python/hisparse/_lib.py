@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 14
+ABI_VERSION_MINOR = 15
 
 # hs_result
 HS_OK = 0
@@ -201,6 +201,7 @@ class ResolveArgs(ctypes.Structure):
         ("query_counts", ctypes.c_void_p),  # ABI 1.4
         ("launch_flags", ctypes.c_uint32),  # ABI 1.9
         ("max_blocks", ctypes.c_int32),  # ABI 1.13
+        ("consumer_warps", ctypes.c_int32),  # ABI 1.15
     ]
 
 

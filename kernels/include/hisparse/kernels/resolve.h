@@ -260,6 +260,10 @@ enum class LaunchOrder {
   kBeside,
 };
 
+// The most warps of one RESOLVE block that take its fetch's queued chunks (a block's warps;
+// hs_resolve_args.consumer_warps, ResolveLaunchConfig::consumer_warps).
+inline constexpr int kMaxConsumerWarps = 16;
+
 enum ResolveFlags : uint32_t {
   // Plan and update tables and outputs exactly as usual but move no record bytes. Only for the
   // benchmark's no-IO bound; never in the data path (slots would not hold their positions).

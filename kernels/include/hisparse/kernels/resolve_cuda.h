@@ -85,6 +85,13 @@ struct ResolveLaunchConfig {
   // bench/RESULTS.md, "Fewer consumer blocks"; the default stays every block until a default that
   // depends on the host layout has run through the GPU suite.
   int consumer_blocks = 0;
+  // Launch tuning, not contract: the warps of each consumer block that take the work queue's chunks
+  // (1 to 16, the block's last ones; 0: two, or under a budget of blocks (max_blocks) as many as
+  // give the grid the whole GPU's count of consumer warps, since a budget's few blocks with two
+  // each keep too few loads in flight: bench/RESULTS.md, "RESOLVE's budget of blocks, alone"). A
+  // workspace's END entries bound the total to two a block of the grid it was sized for. The
+  // single-query kernel only; the multi-query fetch keeps its own.
+  int consumer_warps = 0;
   int cc_major = 0;  // cudaDevAttrComputeCapabilityMajor
 };
 // On the H200 the address order bought 0.01-0.12 of the link at batch 64 and 128 with scattered
