@@ -8,7 +8,8 @@
 #             CUDA data path
 #   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages (FETCH_LAYOUT) at batch 8
 #             and 128 (FETCH_BATCH), both record sizes, 20% and 100% misses (FETCH_MISS), per RESOLVE
-#             budget of blocks (FETCH_BLOCKS) and per count of consumer blocks (FETCH_CONSUMERS)
+#             budget of blocks (FETCH_BLOCKS), per count of consumer blocks (FETCH_CONSUMERS) and per
+#             count of consumer warps a block (FETCH_WARPS; 0: the library's choice)
 #   CURVE=1   serve_bench.py's hit-rate curve (HIT_RATES, CONTEXTS) with the overlap variants
 #             (OVERLAP: specs of dsv32.Overlap.parse), exact against full HBM at every point; the link
 #             measured first. Once per value of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS; "-": unset,
@@ -21,7 +22,7 @@ source "$(dirname "$0")/plan-lib.sh"  # plan_begin BUNDLE; step LIMIT_S NAME CMD
 plan_begin "${1:-}"
 if [ "${TESTS:-1}" != 0 ]; then
   step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
-    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.Beside*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
+    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.ConsumerWarps*:ResolveGpu.Beside*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
     > "$OUT/gpu_resolve_test.log" 2>&1
   tail -3 "$OUT/gpu_resolve_test.log" >> "$S"
   step 300 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py tests/python/test_gpu.py \
@@ -32,7 +33,7 @@ if [ "${FETCH:-1}" != 0 ]; then
   step "${FETCH_LIMIT:-240}" fetch "$B/run" hisparse-bench resolve --pattern scattered \
     --host-layout "${FETCH_LAYOUT:-paged}" --batch "${FETCH_BATCH:-8,128}" --slots 4096 --record-bytes 656,1152 \
     --miss "${FETCH_MISS:-0.2,1}" --runs "${FETCH_RUNS:-30}" --max-blocks "${FETCH_BLOCKS:-0,16,32}" \
-    --consumer-blocks "${FETCH_CONSUMERS:-0}" > "$OUT/fetch.jsonl" 2> "$OUT/fetch.err"
+    --consumer-blocks "${FETCH_CONSUMERS:-0}" --consumer-warps "${FETCH_WARPS:-0}" > "$OUT/fetch.jsonl" 2> "$OUT/fetch.err"
   grep -c '"check":"ok"' "$OUT/fetch.jsonl" >> "$S"
 fi
 if [ "${CURVE:-1}" != 0 ]; then
