@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -1157,62 +1158,61 @@ TEST(ResolveGpu, ABudgetOfBlocksMatchesReference) {
   cudaStreamDestroy(s);
 }
 
-// Fewer consumer blocks (ResolveLaunchConfig::consumer_blocks): every row keeps its planner, only
-// the first blocks take queue chunks, alone or under a budget of blocks; every step equals the
-// reference, over random steps as the budget test's.
-TEST(ResolveGpu, FewerConsumerBlocksMatchReference) {
-  REQUIRE_GPU();
+// Random steps (as the budget test's) each launched with its own tuning, `tune(step)` applied to
+// the prepared config; every step and then the whole arena equal the reference.
+void ExpectTunedStepsMatchReference(uint64_t seed, const std::function<void(int, ResolveLaunchConfig*)>& tune,
+                                    const std::string& what) {
   const Config c{2048, 4096, 656, 16, 24};
-  World w(c, 2, 6161);
+  World w(c, 2, seed);
   ASSERT_NO_FATAL_FAILURE(w.Init());
   ResolveLaunchConfig cfg;
   CUDA_OK(PrepareResolveLaunch(w.g_, &cfg));
-  const int consumers[] = {1, 2, 7, 16, 40};
   for (int step = 0; step < c.steps; ++step) {
     ResolveLaunchConfig how = cfg;
-    how.consumer_blocks = consumers[step % 5];
-    how.max_blocks = step % 3 == 2 ? 5 : 0;
+    tune(step, &how);
     w.layer_ = step % 2;
     const int batch = w.MakeStep(RandomBatch(w), step % 2 ? 0.1 : 0.0);
     ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
     CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, how, 0));
     CUDA_OK(cudaDeviceSynchronize());
     ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0,
-                                          "consumer blocks " + std::to_string(how.consumer_blocks) + ", budget " +
+                                          what + ": consumer blocks " + std::to_string(how.consumer_blocks) +
+                                              ", consumer warps " + std::to_string(how.consumer_warps) + ", budget " +
                                               std::to_string(how.max_blocks) + ", step " + std::to_string(step)));
   }
-  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("fewer consumer blocks"));
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(what));
+}
+
+// Fewer consumer blocks (ResolveLaunchConfig::consumer_blocks): every row keeps its planner, only
+// the first blocks take queue chunks, alone or under a budget of blocks.
+TEST(ResolveGpu, FewerConsumerBlocksMatchReference) {
+  REQUIRE_GPU();
+  ExpectTunedStepsMatchReference(
+      6161,
+      [](int step, ResolveLaunchConfig* how) {
+        const int consumers[] = {1, 2, 7, 16, 40};
+        how->consumer_blocks = consumers[step % 5];
+        how->max_blocks = step % 3 == 2 ? 5 : 0;
+      },
+      "fewer consumer blocks");
 }
 
 // More consumer warps a block (ResolveLaunchConfig::consumer_warps): one to all sixteen of each
 // consumer block's warps take queue chunks, those a budget of blocks gets by default (0), and
 // sixteen on the whole GPU, for which a workspace sized for this batch holds too few END entries
-// (the launcher lowers the count to what it holds). Every step equals the reference.
+// (the launcher lowers the count to what it holds).
 TEST(ResolveGpu, ConsumerWarpsMatchReference) {
   REQUIRE_GPU();
-  const Config c{2048, 4096, 656, 16, 24};
-  World w(c, 2, 7272);
-  ASSERT_NO_FATAL_FAILURE(w.Init());
-  ResolveLaunchConfig cfg;
-  CUDA_OK(PrepareResolveLaunch(w.g_, &cfg));
-  const int warps[] = {1, 3, 16, 0};
-  const int budgets[] = {0, 5, 16};
-  for (int step = 0; step < c.steps; ++step) {
-    ResolveLaunchConfig how = cfg;
-    how.consumer_warps = warps[step % 4];
-    how.max_blocks = budgets[step % 3];
-    how.consumer_blocks = step % 5 == 4 ? 3 : 0;
-    w.layer_ = step % 2;
-    const int batch = w.MakeStep(RandomBatch(w), step % 2 ? 0.1 : 0.0);
-    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
-    CUDA_OK(LaunchResolve(w.GpuDesc(0), w.ws_, w.ws_bytes_, how, 0));
-    CUDA_OK(cudaDeviceSynchronize());
-    ASSERT_NO_FATAL_FAILURE(w.CompareStep(batch, 0,
-                                          "consumer warps " + std::to_string(how.consumer_warps) + ", budget " +
-                                              std::to_string(how.max_blocks) + ", consumer blocks " +
-                                              std::to_string(how.consumer_blocks) + ", step " + std::to_string(step)));
-  }
-  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("consumer warps"));
+  ExpectTunedStepsMatchReference(
+      7272,
+      [](int step, ResolveLaunchConfig* how) {
+        const int warps[] = {1, 3, 16, 0};
+        const int budgets[] = {0, 5, 16};
+        how->consumer_warps = warps[step % 4];
+        how->max_blocks = budgets[step % 3];
+        how->consumer_blocks = step % 5 == 4 ? 3 : 0;
+      },
+      "consumer warps");
 }
 
 // The benchmark's memory floor (LaunchResolveMemoryFloor) reads and writes back a no-IO step's
