@@ -611,13 +611,15 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
                                                      ", page_offset ", a.page_offset, ")"));
     }
   }
-  constexpr uint32_t kKnownFlags = HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE;
+  constexpr uint32_t kOrderFlags = HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE;
+  constexpr uint32_t kKnownFlags = kOrderFlags | HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS;
   if ((a.launch_flags & ~kKnownFlags) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("resolve launch_flags 0x", absl::Hex(a.launch_flags),
-                     ": unknown bits (known: HS_RESOLVE_LAUNCH_PROGRAMMATIC, HS_RESOLVE_LAUNCH_BESIDE)"));
+                     ": unknown bits (known: HS_RESOLVE_LAUNCH_PROGRAMMATIC, HS_RESOLVE_LAUNCH_BESIDE, "
+                     "HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS)"));
   }
-  if (a.launch_flags == kKnownFlags) {
+  if ((a.launch_flags & kOrderFlags) == kOrderFlags) {
     return absl::InvalidArgumentError(
         "resolve launch_flags: HS_RESOLVE_LAUNCH_PROGRAMMATIC and HS_RESOLVE_LAUNCH_BESIDE exclude each other");
   }
@@ -635,6 +637,7 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
                                                                         : LaunchOrder::kAfterCompletion;
   placement.max_blocks = a.max_blocks;          // zero for callers built before ABI 1.13
   placement.consumer_warps = a.consumer_warps;  // zero for callers built before ABI 1.15
+  placement.early_dependents = (a.launch_flags & HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS) != 0;
   ResolveDesc d{};
   d.arena = arena_;
   d.layer = static_cast<int32_t>(a.layer);

@@ -155,6 +155,7 @@ class CudaBackend final : public DeviceBackend {
     how.order = placement.order;
     how.max_blocks = placement.max_blocks;
     how.consumer_warps = placement.consumer_warps;
+    how.early_dependents = placement.early_dependents;
     return CudaError(LaunchResolve(d, workspace_.get(), workspace_.bytes(), how, static_cast<cudaStream_t>(stream)),
                      "RESOLVE launch");
   }

@@ -41,7 +41,8 @@ struct AttachedArena {
 struct ResolvePlacement {
   LaunchOrder order = LaunchOrder::kAfterCompletion;  // resolve.h
   int32_t max_blocks = 0;
-  int32_t consumer_warps = 0;  // ResolveLaunchConfig::consumer_warps
+  int32_t consumer_warps = 0;     // ResolveLaunchConfig::consumer_warps
+  bool early_dependents = false;  // HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS
 };
 
 class DeviceBackend {

@@ -62,7 +62,11 @@
 //     is scheduled once that kernel's blocks have all asked for their dependents, runs its whole
 //     step while that kernel runs, and every block waits for it last: an engine hides the misses
 //     of one range of rows under another range's attention on one stream, and its CUDA graph stays
-//     one chain (a side stream's fork and join slowed every other kernel of a captured step).
+//     one chain (a side stream's fork and join slowed every other kernel of a captured step). The
+//     other way round (ResolveLaunchConfig::early_dependents), every block first lets the next
+//     kernel launch: launched as RESOLVE's programmatic dependent, it runs beside RESOLVE on the
+//     SMs a budget leaves (an engine's indexer of later rows), and starts only once every RESOLVE
+//     block has started, so it cannot keep one from an SM.
 //   * Forward progress: consumers wait for the last planner, so every block of the grid must be
 //     able to be resident at once: the grid never exceeds the occupancy-derived capacity, row
 //     blocks have the lowest indices and never wait before they have published. (A kernel that
@@ -205,15 +209,16 @@ struct ResolveParams {
   int2* plan;                 // [max_batch][k] (position, slot) of miss m of batch entry i
   unsigned long long* queue;  // entries: lo = batch index + 1, hi = start << 6 | count; END
   int hash_bits;
-  int chunk_records;    // records of a queue chunk (ChunkRecords)
-  int direct_records;   // records of a row block's own chunk (DirectRecords)
-  int end_count;        // END entries a launch writes: one per consumer warp of the grid (W)
-  int planner_blocks;   // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
-  int consumer_blocks;  // blocks [0, consumer_blocks) take queue chunks (ResolveLaunchConfig)
-  int consumer_warps;   // the last consumer_warps warps of each of those blocks take them (ConsumerWarps)
-  bool beside;          // LaunchOrder::kBeside: wait for the kernel before last, not first
-  int seg_k, seg_b;     // selections / LRU entries per warp segment (multiples of 32)
-  bool address_order;   // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
+  int chunk_records;      // records of a queue chunk (ChunkRecords)
+  int direct_records;     // records of a row block's own chunk (DirectRecords)
+  int end_count;          // END entries a launch writes: one per consumer warp of the grid (W)
+  int planner_blocks;     // blocks [0, planner_blocks) plan rows b, b + planner_blocks, ...
+  int consumer_blocks;    // blocks [0, consumer_blocks) take queue chunks (ResolveLaunchConfig)
+  int consumer_warps;     // the last consumer_warps warps of each of those blocks take them (ConsumerWarps)
+  bool beside;            // LaunchOrder::kBeside: wait for the kernel before last, not first
+  bool early_dependents;  // let the next kernel, a programmatic dependent, launch at once
+  int seg_k, seg_b;       // selections / LRU entries per warp segment (multiples of 32)
+  bool address_order;     // step 5a: fetch a row's misses in position order (ResolveLaunchConfig)
   // Shared-memory carve-up of a row block (byte offsets, 16-byte aligned).
   unsigned off_hit, off_tab_sp, off_tab_lru, off_sel_pos, off_sel_out, off_miss_slot, off_miss_pos, off_masks, off_tot,
       off_misc, off_filter;
@@ -1058,7 +1063,8 @@ template <int UPR>
 __global__ void __launch_bounds__(kThreads, 1) ResolveKernel(const ResolveParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int b = blockIdx.x;
-  if (!p.beside) internal::WaitForPriorGrid();  // before any global access (a programmatic launch)
+  if (p.early_dependents) internal::LetDependentsLaunch();  // ResolveLaunchConfig::early_dependents
+  if (!p.beside) internal::WaitForPriorGrid();              // before any global access (a programmatic launch)
   // A row block's first row and seq_len are loaded together with the batch size (b < max_batch,
   // so the loads are in bounds whatever the batch).
   int row = 0, seq = 0;
@@ -1144,6 +1150,7 @@ cudaError_t LaunchResolveGrid(ResolveParams p, const ResolveLaunchConfig& c, int
   p.consumer_warps = ConsumerWarps(c, p.consumer_blocks, (ws_capacity + kMaxHelperBlocks) * kConsumerWarps);
   p.end_count = p.consumer_blocks * p.consumer_warps;
   p.beside = internal::Beside(c);
+  p.early_dependents = c.early_dependents;
   const cudaError_t e = internal::LaunchInOrder(ResolveKernelFor(p.d.arena.geometry.record_bytes), dim3(grid),
                                                 dim3(kThreads), c.smem, stream, internal::Programmatic(c), p);
   return e != cudaSuccess ? internal::LaunchCallFailed(e) : internal::CheckLaunched();
@@ -1360,6 +1367,7 @@ cudaError_t LaunchResolve(const ResolveDesc& d, void* workspace, size_t workspac
     asked.max_blocks = config.max_blocks;
     asked.consumer_blocks = config.consumer_blocks;
     asked.consumer_warps = config.consumer_warps;
+    asked.early_dependents = config.early_dependents;
     c = &asked;
   }
   // Multi-query steps (rule 8) have their own kernels (resolve_multi.cu); this one stays n = 0's.

@@ -20,6 +20,16 @@ __device__ __forceinline__ void WaitForPriorGrid() {
 #endif
 }
 
+// Lets the stream's next kernel, where it was launched as this one's programmatic dependent, be
+// scheduled once every block of this grid has called this (or exited), instead of at this grid's
+// end. Only scheduling changes: a dependent that waits (WaitForPriorGrid) still sees this grid
+// complete, so a kernel calls it where whatever comes next may run beside it.
+__device__ __forceinline__ void LetDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the
 // stream's previous kernel when `programmatic` (the kernel must call WaitForPriorGrid first). The
 // attribute is only asked for when set, so ordinary launches stay ordinary launches.

@@ -141,6 +141,11 @@ class Overlap:
     # Per row the indexer's arithmetic is the same in every segment, and torch.topk's output for a
     # row does not depend on the rows beside it in the call (test_serve_bench holds both).
     indexer_chain: int = 0
+    # With indexer_chain: range c's RESOLVE goes first, on the budget, letting its dependents start at
+    # once (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS), and segment c + 1's indexer is the grid kernel launched
+    # as its programmatic dependent: it runs at its full rate on the SMs the budget leaves, where the
+    # resident grid that RESOLVE otherwise runs beside took 2-3 times as long (bench/RESULTS.md).
+    resolve_first: bool = False
     indexer_ctas: int = 1
     indexer_unroll: int = 1  # tiles each of that indexer's programs takes at a time (their loads in flight together)
     ascending: bool = False  # the ranges' sizes in ascending order: the largest last, with nothing beside it
@@ -155,7 +160,8 @@ class Overlap:
         stream), one (a single range, forked), beside (one stream: each RESOLVE beside the attention before
         it), ixJ (with beside: the first J ranges' RESOLVE beside the indexer of the rows after them; ix:
         1), icN (that indexer's programs an SM; 1), iuN (the tiles each of its programs takes at a time; 1),
-        asc (the ranges' sizes ascending), cwN (consumer_warps of each budgeted RESOLVE block, 0-16; 0)."""
+        asc (the ranges' sizes ascending), cwN (consumer_warps of each budgeted RESOLVE block, 0-16; 0), rf
+        (with ix: each RESOLVE first, the next segment's grid indexer beside it)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -169,6 +175,8 @@ class Overlap:
                 o.single = True
             elif w == "asc":
                 o.ascending = True
+            elif w == "rf":
+                o.resolve_first = True
             elif w[:2] == "cw" and w[2:].isdigit() and int(w[2:]) <= 16:
                 o.consumer_warps = int(w[2:])
             elif w[:2] in ("ix", "ic", "iu") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
@@ -181,6 +189,8 @@ class Overlap:
                 raise ValueError(f"overlap spec {spec!r}: unknown part {w!r}")
         if o.indexer_chain and not o.beside:
             raise ValueError(f"overlap spec {spec!r}: ix needs beside (a RESOLVE launched beside the indexer)")
+        if o.resolve_first and not o.indexer_chain:
+            raise ValueError(f"overlap spec {spec!r}: rf needs ix (the indexer that runs beside RESOLVE)")
         if o.indexer_chain and o.max_blocks <= 0 and o.helpers < 0:
             # A RESOLVE block takes a whole SM (docs/INTEGRATION.md, "The budget"): the indexer leaves
             # the budget's SMs idle, so there must be one.
@@ -199,7 +209,7 @@ class Overlap:
             ([f"p{self.priority}"] if self.priority != -1 else []) + ([f"g{self.growth:g}"] if self.growth != 1 else []) + \
             (["w"] if self.waves else []) + (["one"] if self.single else []) + \
             (["beside"] if self.beside else [] if self.side_stream else ["main"]) + \
-            ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + \
+            ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + (["rf"] if self.resolve_first else []) + \
             ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + \
             ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else []) + \
             ([f"cw{self.consumer_warps}"] if self.consumer_warps else [])
@@ -599,19 +609,23 @@ class Model:
         rest, head = with_bs[len(ranges):]
         return ChunkPlan(chunks=chunks, segments=chunks[:j] + [rest], attend=[head] + chunks[j:])
 
-    def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False):
+    def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False,
+                       first: bool = False):
         """RESOLVE of one row range on the current stream, on the overlap's budget of blocks; alone (the
         first range of a beside schedule, which nothing runs beside): on the whole GPU, as the
-        programmatic dependent of the kernel before it."""
+        programmatic dependent of the kernel before it; first (Overlap.resolve_first): as that
+        dependent too, letting the kernel after it start at once."""
         a, b, bs = chunk
         budget = 0 if alone else self.overlap.budget(b - a)
-        return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone,
-                               consumer_warps=self.overlap.consumer_warps)
+        return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone or first,
+                               consumer_warps=self.overlap.consumer_warps, early_dependents=first)
 
-    def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0, unroll: int = 1) -> None:
+    def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0, unroll: int = 1,
+                after_resolve: bool = False) -> None:
         """The indexer's scores of rows [a, b) (bs: how many of them are in the batch, on the device)."""
         self.kernels.index_scores(iq[a:b], iw[a:b], st.idx_keys[l], st.idx_scale[l], st.seq_lens[a:b], bs,
-                                  st.scores[a:b], st.row_base[a:b], ctas=ctas, unroll=unroll)
+                                  st.scores[a:b], st.row_base[a:b], ctas=ctas, unroll=unroll,
+                                  after_resolve=after_resolve)
 
     def _topk(self, st, a: int, b: int) -> None:
         """Rows [a, b)'s selections: the top-k of their scores, -inf ones as padding (Kernels.topk)."""
@@ -620,7 +634,8 @@ class Model:
     def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan"):
         """Overlap.indexer_chain: the indexer and top-k segment by segment, range c's RESOLVE launched
         beside segment c + 1's indexer, on the overlap's budget (that indexer on a grid resident at
-        once: it asks for its dependents first). Returns the last such RESOLVE's (records base, page
+        once: it asks for its dependents first), or, with resolve_first, RESOLVE first and the grid
+        indexer as its programmatic dependent. Returns the last such RESOLVE's (records base, page
         table, stride)."""
         o, K = self.overlap, self.kernels
         segs = plan.segments
@@ -632,9 +647,13 @@ class Model:
         for c, (a, b, bs) in enumerate(segs[1:]):
             ra, rb, _ = plan.chunks[c]
             with self._part("indexer"):  # one part: a timing event between the two would order them
-                self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - o.budget(rb - ra)),
-                             unroll=o.indexer_unroll)
-                resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
+                if o.resolve_first:
+                    resolved = self._resolve_range(kv, l, st, plan.chunks[c], first=True)
+                    self._select(st, iq, iw, l, a, b, bs, after_resolve=True)
+                else:
+                    self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - o.budget(rb - ra)),
+                                 unroll=o.indexer_unroll)
+                    resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
             with self._part("topk"):
                 self._topk(st, a, b)
         return resolved

@@ -126,15 +126,19 @@ class HisparseKV:
         return self.resolve_rows(layer, st, 0, self.rows.shape[0], st.batch_size)
 
     def resolve_rows(self, layer: int, st: DecodeState, a: int, b: int, batch_size, max_blocks: int = 0,
-                     beside: bool = False, programmatic: bool = False, consumer_warps: int = 0):
+                     beside: bool = False, programmatic: bool = False, consumer_warps: int = 0,
+                     early_dependents: bool = False):
         """RESOLVE of rows [a, b) alone (the overlap's chunks, dsv32.Overlap): views of the step's
         tensors, batch_size the range's own device count; the page table's rows [a, b) are written.
         beside: launched beside the kernel before it (HS_RESOLVE_LAUNCH_BESIDE); programmatic: as
         its programmatic dependent (HS_RESOLVE_LAUNCH_PROGRAMMATIC); consumer_warps: the warps of
-        each block that fetch (hs_resolve_args.consumer_warps; 0: the library's choice)."""
+        each block that fetch (hs_resolve_args.consumer_warps; 0: the library's choice);
+        early_dependents: the next kernel, launched as its programmatic dependent, may start at
+        once (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS)."""
         self.session.resolve(layer, self.rows[a:b], st.seq_lens[a:b], st.positions[a:b], None,
                              page_table=self.page_table[a:b], batch_size=batch_size, max_blocks=max_blocks,
-                             beside=beside, programmatic=programmatic, consumer_warps=consumer_warps)
+                             beside=beside, programmatic=programmatic, consumer_warps=consumer_warps,
+                             early_dependents=early_dependents)
         return self.arena, self.page_table, self.stride
 
     def close(self) -> None:

@@ -28,6 +28,12 @@ if triton is not None:
         @triton.jit
         def gdc_launch_dependents():
             pass
+    try:  # griddepcontrol.wait: a kernel launched as a programmatic dependent waits for the one before
+        from triton.language.extra.cuda import gdc_wait
+    except ImportError:  # pragma: no cover - an older Triton launches no programmatic dependents either
+        @triton.jit
+        def gdc_wait():
+            pass
 
 # ---- Triton kernels (GPU) ----
 
@@ -58,10 +64,13 @@ if triton is not None:
 
     @triton.jit
     def _index_scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
-                             H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+                             H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WAIT_LAST: tl.constexpr):
         """The indexer's scores (_index_tile), one program a tile: grid (tiles a row, rows). Rows at and
         past *bs do nothing; a tile wholly past its row's seq_len stores -inf without reading a key.
-        Reads each key once (132 B a token)."""
+        Reads each key once (132 B a token). WAIT_LAST (launched as the programmatic dependent of a
+        RESOLVE that lets it start at once): it reads nothing that RESOLVE writes, and its last
+        program waits for RESOLVE before it exits, so that the grid completes only after RESOLVE
+        and what follows in the stream finds both complete; the others never wait."""
         tb = tl.program_id(0)
         b = tl.program_id(1)
         if b < tl.load(bs_ptr):
@@ -72,6 +81,9 @@ if triton is not None:
             else:
                 _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tb, b, b >= 0, H, D,
                             BLOCK_T)
+        if WAIT_LAST:
+            if (tb == tl.num_programs(0) - 1) & (b == tl.num_programs(1) - 1):
+                gdc_wait()
 
     @triton.jit
     def _index_scores_persistent_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
@@ -364,12 +376,16 @@ class Kernels:
             s *= 2
         return s
 
-    def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out, row_base, ctas: int = 0, unroll: int = 1):
+    def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out, row_base, ctas: int = 0, unroll: int = 1,
+                     after_resolve: bool = False):
         """q [M, H, D], w float32 [M, H], keys [P, D] and kscale float32 [P]: a pool in which row b's
         token t is entry row_base[b] + t (int64 [M]); out float32 [M, T] (rows T floats apart: a
         slice of rows of a larger buffer will do). ctas > 0: a grid of at most that many programs,
         resident at once, that asks for its dependents at its start (what a RESOLVE launched beside
-        it needs), each taking `unroll` tiles at a time; the scores are the same bits either way."""
+        it needs), each taking `unroll` tiles at a time; the scores are the same bits either way.
+        after_resolve (the grid kernel): launched as the programmatic dependent of the RESOLVE just
+        before it, which let its dependents start early (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS): it runs
+        beside that RESOLVE, and completes after it."""
         M, H, D = q.shape
         T = out.shape[1]
         if self.triton:
@@ -382,7 +398,8 @@ class Kernels:
                                                          num_warps=4)
             else:
                 _index_scores_kernel[(n_tb, M)](q, w, keys, kscale, seq_lens, batch_size, row_base, out, T,
-                                                H=H, D=D, BLOCK_T=BT, num_warps=4)
+                                                H=H, D=D, BLOCK_T=BT, WAIT_LAST=after_resolve, num_warps=4,
+                                                **({"launch_pdl": True} if after_resolve else {}))
             return out
         at = (row_base.unsqueeze(1) + torch.arange(T, device=keys.device)).clamp(max=keys.shape[0] - 1)
         s = torch.einsum("bhd,btd->bht", q.float(), keys[at].float()).clamp(min=0)

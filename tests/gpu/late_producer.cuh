@@ -64,6 +64,20 @@ __global__ void FollowerKernel(int* out) {
   if (threadIdx.x == 0) out[2] = *reinterpret_cast<const volatile int*>(&out[1]);
 }
 
+// The kernel after a RESOLVE that lets its dependents launch early (early_dependents), launched
+// as its programmatic dependent, behind a RESOLVE beside NeighbourKernel (which completes only
+// after that kernel). One thread: out[3] = 1 if NeighbourKernel had not ended when it started,
+// i.e. it started before RESOLVE completed; then it waits for RESOLVE (griddepcontrol.wait) and
+// out[4] = 1 if NeighbourKernel had ended by then, as RESOLVE's completion implies.
+__global__ void EarlyWatcherKernel(int* out) {
+  if (threadIdx.x != 0) return;
+  out[3] = *reinterpret_cast<const volatile int*>(&out[1]) == 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  out[4] = *reinterpret_cast<const volatile int*>(&out[1]);
+}
+
 // Whether the current device can launch programmatic dependents (compute capability 9.0+).
 inline bool CanLaunchProgrammatic() {
   int dev = 0, major = 0;

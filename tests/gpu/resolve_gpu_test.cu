@@ -19,6 +19,7 @@
 #include "gpu_test_util.h"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "late_producer.cuh"
+#include "stream_order.cuh"  // kernels/: LaunchInOrder, for the dependent of a RESOLVE
 
 namespace hisparse {
 namespace {
@@ -886,6 +887,57 @@ TEST(ResolveGpu, BesideLaunchRunsBesideTheKernelBeforeIt) {
     EXPECT_EQ(got[2], 1) << "step " << step << ": the kernel after RESOLVE ran before the kernel before it ended";
   }
   ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("beside"));
+  for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(s);
+  cudaFree(out);
+}
+
+// A RESOLVE that lets its dependents launch early (ResolveLaunchConfig::early_dependents), beside
+// a long kernel before it and followed by a programmatic dependent: the dependent starts while
+// RESOLVE has not completed (it runs beside RESOLVE, as an engine's indexer of the next rows
+// would), its wait still returns only after RESOLVE's completion, the kernel after it finds both
+// complete, and every step and the arena equal the reference, eager and from graphs.
+TEST(ResolveGpu, EarlyDependentsRunBesideResolve) {
+  REQUIRE_GPU();
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+  const Config c{2048, 4096, 656, 8, 16};
+  World w(c, 2, 717);
+  ASSERT_NO_FATAL_FAILURE(w.Init());
+  ResolveLaunchConfig config;
+  CUDA_OK(PrepareResolveLaunch(w.g_, &config));
+  config.order = LaunchOrder::kBeside;
+  config.max_blocks = 12;
+  config.early_dependents = true;
+  int* out = nullptr;
+  CUDA_OK(cudaMalloc(&out, 5 * sizeof(int)));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto enqueue = [&] {
+    const ResolveDesc d = w.GpuDesc(0);
+    // 5 ms after RESOLVE's step, so that the watcher, launched when RESOLVE's blocks have all
+    // started, finds the kernel before still running.
+    testing::NeighbourKernel<<<1, 32, 0, s>>>(&d.arena.counters->steps, 20'000'000ull, 5'000'000ull, out);
+    cudaError_t e = LaunchResolve(d, w.ws_, w.ws_bytes_, config, s);
+    if (e == cudaSuccess) e = internal::LaunchInOrder(testing::EarlyWatcherKernel, dim3(1), dim3(32), 0, s, true, out);
+    testing::FollowerKernel<<<1, 32, 0, s>>>(out);
+    return e != cudaSuccess ? e : cudaGetLastError();
+  };
+  std::vector<cudaGraphExec_t> execs;
+  ASSERT_NO_FATAL_FAILURE(CaptureLayerGraphs(w, s, enqueue, &execs));
+  for (int step = 0; step < c.steps; ++step) {
+    w.layer_ = step % 2;
+    const int batch = w.MakeStep(RandomBatch(w), 0.0);
+    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
+    CUDA_OK(cudaMemset(out, 0, 5 * sizeof(int)));
+    ASSERT_NO_FATAL_FAILURE(RunStep(w, s, step % 4 < 2, enqueue, execs, batch, step));
+    int got[5];
+    CUDA_OK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got[0], 1) << "step " << step << ": RESOLVE did not run while the kernel before it ran";
+    EXPECT_EQ(got[3], 1) << "step " << step << ": the dependent did not start before RESOLVE completed";
+    EXPECT_EQ(got[4], 1) << "step " << step << ": the dependent's wait returned before RESOLVE completed";
+    EXPECT_EQ(got[2], 1) << "step " << step << ": the kernel after ran before the kernel before RESOLVE ended";
+  }
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("early dependents"));
   for (auto e : execs) cudaGraphExecDestroy(e);
   cudaStreamDestroy(s);
   cudaFree(out);

@@ -169,7 +169,18 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   std::fill(out.begin(), out.end(), -7);
   ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << hs_last_error();
   EXPECT_EQ(out, plain);
-  for (const uint32_t bad : {0x4u, 0x6u, HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE}) {
+  // ABI 1.15's early dependents, alone or with either order: the same outputs.
+  for (const uint32_t flags :
+       {HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS, HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS | HS_RESOLVE_LAUNCH_PROGRAMMATIC,
+        HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS | HS_RESOLVE_LAUNCH_BESIDE}) {
+    a.launch_flags = flags;
+    std::fill(out.begin(), out.end(), -7);
+    ASSERT_EQ(hs_resolve(session_.get(), &a), HS_OK) << flags << ": " << hs_last_error();
+    EXPECT_EQ(out, plain) << flags;
+  }
+  for (const uint32_t bad :
+       {0x8u, 0xau, HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE,
+        HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE | HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS}) {
     a.launch_flags = bad;
     std::fill(out.begin(), out.end(), -7);
     EXPECT_EQ(hs_resolve(session_.get(), &a), HS_ERR_INVALID_ARGUMENT) << bad;

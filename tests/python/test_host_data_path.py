@@ -164,6 +164,10 @@ def test_batch_size_limits_the_rows_resolved(session):
     for bad in (-1, 17):
         with pytest.raises(hisparse.InvalidArgument, match="consumer_warps"):
             s.resolve(0, rows, seq_lens, positions, again, consumer_warps=bad)
+    # early_dependents (ABI 1.15) schedules a CUDA launch's successor; the host backend runs alike.
+    again[:] = 77
+    s.resolve(0, rows, seq_lens, positions, again, batch_size=np.array([1], np.int32), early_dependents=True)
+    assert (again == out).all()
     # beside (ABI 1.14) too; with programmatic it is refused before anything runs.
     again[:] = 77
     s.resolve(0, rows, seq_lens, positions, again, batch_size=np.array([1], np.int32), beside=True)

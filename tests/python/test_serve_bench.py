@@ -62,9 +62,10 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     # RESOLVE in row chunks (two), each exact against full HBM; one variant launches the second range's
     # RESOLVE beside the first range's attention (HS_RESOLVE_LAUNCH_BESIDE: in order on the host backend),
     # one also the first range's RESOLVE beside the other rows' indexer, with the indexer and top-k in
-    # two parts (ix), and one chains three ranges' RESOLVE under the indexer's three parts (3/.../ix2).
+    # two parts (ix), and one chains three ranges' RESOLVE under the indexer's three parts, each RESOLVE
+    # first and the grid indexer as its programmatic dependent (3/.../ix2/rf: in order on the host).
     argv = ["--smoke", "--hit-rates", "0.3,0.8", "--overlap",
-            "2,2/b1/g2,2/main,2/b1/beside,2/b1/beside/ix2/asc,3/b1/beside/ix2/iu2",
+            "2,2/b1/g2,2/main,2/b1/beside,2/b1/beside/ix2/asc,3/b1/beside/ix2/rf",
             "--overlap-min-rows", "2", "--calibrate-localities", "0,2,6"]
     chained = []
     plain = dsv32.Model._select_chained
@@ -90,7 +91,7 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     modes = {x["mode"] for x in lines if x["kind"] == "point"}
     assert modes == {"baseline", "full_at_N", "full_at_N_after", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
                      "hisparse_B24_overlap2_main", "hisparse_B24_overlap2_b1_beside", "hisparse_B24_overlap2_b1_beside_ix2_asc",
-                     "hisparse_B24_overlap3_b1_beside_ix2_iu2"}
+                     "hisparse_B24_overlap3_b1_beside_ix2_rf"}
     # The ix variant fetched what plain beside fetched: the same selections, another launch order.
     by_spec = {(c["context"], c["target_hit_rate"], c["overlap"]["spec"]): c for c in cur}
     for (ctx, t, spec), c in by_spec.items():
@@ -115,12 +116,14 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert (y.indexer_chain, y.indexer_ctas, y.tag) == (3, 2, "4_b16_beside_ix3_ic2")
     z = dsv32.Overlap.parse("4/b16/beside/ix1/iu4/asc")
     assert (z.indexer_chain, z.indexer_unroll, z.tag) == (1, 4, "4_b16_beside_ix1_iu4_asc")
+    f = dsv32.Overlap.parse("4/b16/beside/ix3/rf")
+    assert (f.indexer_chain, f.resolve_first, f.tag) == (3, True, "4_b16_beside_ix3_rf")
     w = dsv32.Overlap.parse("4/b16/beside/asc/cw8")
     assert (w.consumer_warps, w.tag) == (8, "4_b16_beside_asc_cw8")
     assert x.consumer_warps == 0, "the library's choice unless asked"
     assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
     for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix",
-                "4/b16/beside/cw17", "4/b16/beside/cw", "4/b16/beside/cw-1"):
+                "4/b16/beside/cw17", "4/b16/beside/cw", "4/b16/beside/cw-1", "4/b16/beside/rf"):
         with pytest.raises(ValueError):
             dsv32.Overlap.parse(bad)
 

@@ -52,7 +52,8 @@ extern "C" {
  * hs_session_get_timings; 1.13: hs_resolve_args.max_blocks (a RESOLVE launch's budget of thread
  * blocks, for running it beside the engine's kernels); 1.14: HS_RESOLVE_LAUNCH_BESIDE (RESOLVE
  * beside the previous kernel in the stream, one stream for the whole overlap); 1.15:
- * hs_resolve_args.consumer_warps (the warps of each of RESOLVE's blocks that fetch). */
+ * hs_resolve_args.consumer_warps (the warps of each of RESOLVE's blocks that fetch) and
+ * HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS (the next kernel may run beside RESOLVE). */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 15
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
@@ -406,6 +407,18 @@ typedef struct hs_resolve_args {
  * keeps its SMs. With draft tokens it launches as HS_RESOLVE_LAUNCH_PROGRAMMATIC (waiting first).
  * Not with HS_RESOLVE_LAUNCH_PROGRAMMATIC (HS_ERR_INVALID_ARGUMENT). The results are the same. */
 #define HS_RESOLVE_LAUNCH_BESIDE 0x2u
+
+/* Since ABI 1.15. Let the next kernel in the stream, where the engine launches it as RESOLVE's
+ * programmatic dependent (compute capability 9.0 and later), start as soon as every RESOLVE block
+ * has started (griddepcontrol.launch_dependents first thing), not at RESOLVE's end: it then runs
+ * beside RESOLVE on the SMs that max_blocks leaves, as an engine's indexer of the next rows would
+ * (docs/INTEGRATION.md, "Hiding the misses"). A dependent that waits for RESOLVE
+ * (griddepcontrol.wait) sees it complete as ever; one that does not must neither read what this
+ * RESOLVE writes nor write what it reads, and should make its own completion wait for RESOLVE's
+ * (one of its blocks waits last), so that what follows it in the stream finds both complete.
+ * Combines with either flag above; without draft tokens only (ignored with them, and on the host
+ * backend). The results are the same. */
+#define HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS 0x4u
 
 #define HS_RESOLVE_ARGS_INIT \
   { sizeof(hs_resolve_args), 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, NULL, 0, 0, 0 }

@@ -180,6 +180,7 @@ HS_SESSION_ENDED = 1
 # hs_resolve_args.launch_flags (ABI 1.9)
 HS_RESOLVE_LAUNCH_PROGRAMMATIC = 0x1
 HS_RESOLVE_LAUNCH_BESIDE = 0x2  # ABI 1.14
+HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS = 0x4  # ABI 1.15
 
 
 class ResolveArgs(ctypes.Structure):

@@ -655,7 +655,7 @@ class Session:
                 batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
                 page_table: Any = None, page_records: int = 1, page_offset: int = 0,
                 query_counts: Any = None, programmatic: bool = False, max_blocks: int = 0,
-                beside: bool = False, consumer_warps: int = 0) -> None:
+                beside: bool = False, consumer_warps: int = 0, early_dependents: bool = False) -> None:
         """RESOLVE for one layer: afterwards out_slots[i][j] is the slot holding positions[i][j].
 
         rows, seq_lens: int32 [max_batch]; positions, out_slots: int32 [max_batch, k] (-1 = padding),
@@ -688,6 +688,10 @@ class Session:
         consumer_warps (ABI 1.15): the warps of each of the launch's blocks that fetch queued
         chunks, 1 to 16 (0: the library's choice, more of them on a budget of max_blocks); same
         results. Ignored on the host backend.
+        early_dependents (ABI 1.15): let the next kernel in the stream, launched as RESOLVE's
+        programmatic dependent, start once every RESOLVE block has started (HS_RESOLVE_LAUNCH_
+        EARLY_DEPENDENTS), to run beside it on the SMs max_blocks leaves; same results. Ignored on
+        the host backend.
         """
         if max_batch is None:
             max_batch = len(rows)
@@ -711,7 +715,8 @@ class Session:
         args.query_counts = self._data_ptr(query_counts, "query_counts", int32=True, min_items=max_batch) \
             if query_counts is not None else None
         args.launch_flags = (_lib.HS_RESOLVE_LAUNCH_PROGRAMMATIC if programmatic else 0) | \
-            (_lib.HS_RESOLVE_LAUNCH_BESIDE if beside else 0)  # both: the library refuses them
+            (_lib.HS_RESOLVE_LAUNCH_BESIDE if beside else 0) | \
+            (_lib.HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS if early_dependents else 0)  # the first two: refused
         args.max_blocks = max_blocks  # the library refuses a negative budget
         args.consumer_warps = consumer_warps  # and a count outside [0, 16]
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")

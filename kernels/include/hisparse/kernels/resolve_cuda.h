@@ -92,6 +92,13 @@ struct ResolveLaunchConfig {
   // workspace's END entries bound the total to two a block of the grid it was sized for. The
   // single-query kernel only; the multi-query fetch keeps its own.
   int consumer_warps = 0;
+  // Launch tuning, not contract: every block lets the stream's next kernel, where that one is
+  // launched as RESOLVE's programmatic dependent, be scheduled at once (griddepcontrol.
+  // launch_dependents first thing), so that it runs beside RESOLVE on the SMs a budget
+  // (max_blocks) leaves: an engine's indexer for later rows, say. A dependent that waits for
+  // RESOLVE still sees it complete; one that does not wait must neither read what RESOLVE writes
+  // nor write what it reads. The single-query kernel only.
+  bool early_dependents = false;
   int cc_major = 0;  // cudaDevAttrComputeCapabilityMajor
 };
 // On the H200 the address order bought 0.01-0.12 of the link at batch 64 and 128 with scattered
