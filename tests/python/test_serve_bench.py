@@ -278,6 +278,12 @@ def test_triton_index_scores_match_the_reference():
     a = set(out_t[0].topk(256).indices.tolist())
     b = set(out_r[0].topk(256).indices.tolist())
     assert len(a & b) >= 250
+    # Launched as the programmatic dependent of the kernel before it, its last program waiting for
+    # that kernel (after_resolve, Overlap.resolve_first): the same bits.
+    out_p = torch.full((M, T), 5.0, device=dev)
+    sparse_kernels.Kernels(True).index_scores(q, w, pool_k, pool_s, seq, bs, out_p, base, after_resolve=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out_p, out_t)
 
 
 @pytest.mark.parametrize("way", sparse_kernels.Kernels.TOPK_WAYS)
