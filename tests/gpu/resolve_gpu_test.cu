@@ -852,73 +852,30 @@ TEST(ResolveGpu, ProgrammaticLaunchWaitsForTheKernelBeforeIt) {
 // captured the three kernels, RESOLVE must do its step while that kernel still runs (the counter
 // advances under it), complete only after it (the kernel after RESOLVE finds its last write), and
 // equal the reference. The budget of blocks leaves SMs to the kernel before, as an engine would.
-TEST(ResolveGpu, BesideLaunchRunsBesideTheKernelBeforeIt) {
-  REQUIRE_GPU();
-  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+// With early_dependents, a programmatic dependent of RESOLVE follows it (EarlyWatcherKernel).
+void ExpectResolveBesideTheKernelBefore(uint64_t seed, bool early_dependents) {
   const Config c{2048, 4096, 656, 8, 16};
-  World w(c, 2, 616);
+  World w(c, 2, seed);
   ASSERT_NO_FATAL_FAILURE(w.Init());
   ResolveLaunchConfig config;
   CUDA_OK(PrepareResolveLaunch(w.g_, &config));
   config.order = LaunchOrder::kBeside;
   config.max_blocks = 12;
-  int* out = nullptr;
-  CUDA_OK(cudaMalloc(&out, 3 * sizeof(int)));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  auto enqueue = [&] {
-    const ResolveDesc d = w.GpuDesc(0);
-    testing::NeighbourKernel<<<1, 32, 0, s>>>(&d.arena.counters->steps, 20'000'000ull, 100'000ull, out);
-    const cudaError_t e = LaunchResolve(d, w.ws_, w.ws_bytes_, config, s);
-    testing::FollowerKernel<<<1, 32, 0, s>>>(out);
-    return e != cudaSuccess ? e : cudaGetLastError();
-  };
-  std::vector<cudaGraphExec_t> execs;
-  ASSERT_NO_FATAL_FAILURE(CaptureLayerGraphs(w, s, enqueue, &execs));
-  for (int step = 0; step < c.steps; ++step) {
-    w.layer_ = step % 2;
-    const int batch = w.MakeStep(RandomBatch(w), 0.0);
-    ASSERT_NO_FATAL_FAILURE(w.Upload(batch));
-    CUDA_OK(cudaMemset(out, 0, 3 * sizeof(int)));
-    ASSERT_NO_FATAL_FAILURE(RunStep(w, s, step % 4 < 2, enqueue, execs, batch, step));
-    int got[3];
-    CUDA_OK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(got[0], 1) << "step " << step << ": RESOLVE did not run while the kernel before it ran";
-    EXPECT_EQ(got[2], 1) << "step " << step << ": the kernel after RESOLVE ran before the kernel before it ended";
-  }
-  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("beside"));
-  for (auto e : execs) cudaGraphExecDestroy(e);
-  cudaStreamDestroy(s);
-  cudaFree(out);
-}
-
-// A RESOLVE that lets its dependents launch early (ResolveLaunchConfig::early_dependents), beside
-// a long kernel before it and followed by a programmatic dependent: the dependent starts while
-// RESOLVE has not completed (it runs beside RESOLVE, as an engine's indexer of the next rows
-// would), its wait still returns only after RESOLVE's completion, the kernel after it finds both
-// complete, and every step and the arena equal the reference, eager and from graphs.
-TEST(ResolveGpu, EarlyDependentsRunBesideResolve) {
-  REQUIRE_GPU();
-  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
-  const Config c{2048, 4096, 656, 8, 16};
-  World w(c, 2, 717);
-  ASSERT_NO_FATAL_FAILURE(w.Init());
-  ResolveLaunchConfig config;
-  CUDA_OK(PrepareResolveLaunch(w.g_, &config));
-  config.order = LaunchOrder::kBeside;
-  config.max_blocks = 12;
-  config.early_dependents = true;
+  config.early_dependents = early_dependents;
   int* out = nullptr;
   CUDA_OK(cudaMalloc(&out, 5 * sizeof(int)));
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   auto enqueue = [&] {
     const ResolveDesc d = w.GpuDesc(0);
-    // 5 ms after RESOLVE's step, so that the watcher, launched when RESOLVE's blocks have all
-    // started, finds the kernel before still running.
-    testing::NeighbourKernel<<<1, 32, 0, s>>>(&d.arena.counters->steps, 20'000'000ull, 5'000'000ull, out);
+    // With the watcher: 5 ms after RESOLVE's step, so that the watcher, launched when RESOLVE's
+    // blocks have all started, finds the kernel before still running.
+    testing::NeighbourKernel<<<1, 32, 0, s>>>(&d.arena.counters->steps, 20'000'000ull,
+                                              early_dependents ? 5'000'000ull : 100'000ull, out);
     cudaError_t e = LaunchResolve(d, w.ws_, w.ws_bytes_, config, s);
-    if (e == cudaSuccess) e = internal::LaunchInOrder(testing::EarlyWatcherKernel, dim3(1), dim3(32), 0, s, true, out);
+    if (e == cudaSuccess && early_dependents) {
+      e = internal::LaunchInOrder(testing::EarlyWatcherKernel, dim3(1), dim3(32), 0, s, true, out);
+    }
     testing::FollowerKernel<<<1, 32, 0, s>>>(out);
     return e != cudaSuccess ? e : cudaGetLastError();
   };
@@ -933,14 +890,32 @@ TEST(ResolveGpu, EarlyDependentsRunBesideResolve) {
     int got[5];
     CUDA_OK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
     EXPECT_EQ(got[0], 1) << "step " << step << ": RESOLVE did not run while the kernel before it ran";
-    EXPECT_EQ(got[3], 1) << "step " << step << ": the dependent did not start before RESOLVE completed";
-    EXPECT_EQ(got[4], 1) << "step " << step << ": the dependent's wait returned before RESOLVE completed";
-    EXPECT_EQ(got[2], 1) << "step " << step << ": the kernel after ran before the kernel before RESOLVE ended";
+    EXPECT_EQ(got[2], 1) << "step " << step << ": the kernel after RESOLVE ran before the kernel before it ended";
+    if (early_dependents) {
+      EXPECT_EQ(got[3], 1) << "step " << step << ": the dependent did not start before RESOLVE completed";
+      EXPECT_EQ(got[4], 1) << "step " << step << ": the dependent's wait returned before RESOLVE completed";
+    }
   }
-  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena("early dependents"));
+  ASSERT_NO_FATAL_FAILURE(w.CompareWholeArena(early_dependents ? "early dependents" : "beside"));
   for (auto e : execs) cudaGraphExecDestroy(e);
   cudaStreamDestroy(s);
   cudaFree(out);
+}
+
+TEST(ResolveGpu, BesideLaunchRunsBesideTheKernelBeforeIt) {
+  REQUIRE_GPU();
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+  ExpectResolveBesideTheKernelBefore(616, false);
+}
+
+// The same RESOLVE letting its dependents launch early (ResolveLaunchConfig::early_dependents),
+// followed by a programmatic dependent (EarlyWatcherKernel): the dependent starts while RESOLVE has
+// not completed (it runs beside RESOLVE, as an engine's indexer of the next rows would), its wait
+// still returns only after RESOLVE's completion, and the kernel after finds everything complete.
+TEST(ResolveGpu, EarlyDependentsRunBesideResolve) {
+  REQUIRE_GPU();
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic launches need compute capability 9.0";
+  ExpectResolveBesideTheKernelBefore(717, true);
 }
 
 // One workspace under launches of different max_batch in turn, as an engine's graphs per padded
