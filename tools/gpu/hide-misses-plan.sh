@@ -22,7 +22,7 @@ source "$(dirname "$0")/plan-lib.sh"  # plan_begin BUNDLE; step LIMIT_S NAME CMD
 plan_begin "${1:-}"
 if [ "${TESTS:-1}" != 0 ]; then
   step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
-    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.ConsumerWarps*:ResolveGpu.Beside*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
+    --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.ConsumerWarps*:ResolveGpu.Beside*:ResolveGpu.EarlyDependents*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
     > "$OUT/gpu_resolve_test.log" 2>&1
   tail -3 "$OUT/gpu_resolve_test.log" >> "$S"
   step 300 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py tests/python/test_gpu.py \
