@@ -15,6 +15,10 @@
 #             measured first. Once per value of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS; "-": unset,
 #             the default), into curve.jsonl, or curve-N.jsonl for each N
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
+#   DENSITY=1 (item 3) hisparse-bench gather of 656- and 1152-B records over DENSITY_SPAN (8G) of
+#             registered host memory, DENSITY_RECORDS of them (16384 65536 262144), random and in
+#             address order: whether the rate of scattered reads follows how many records a page
+#             holds at a fixed span
 # Writes under $OUT: summary.txt and one log (and JSON lines) per step.
 set -uo pipefail
 # shellcheck source=tools/gpu/plan-lib.sh
@@ -54,5 +58,12 @@ if [ "${LOW:-0}" != 0 ]; then
     --slots 4096 --hybrid-slots '' --steps 48 --probe-steps 0 --host-pool-size 16GiB \
     --overlap "${OVERLAP_LOW:-${OVERLAP:-4}}" --json "$OUT/low.jsonl" > "$OUT/low.log" 2>&1
   grep -E '^\| (baseline|hisparse)|exactness|Error' "$OUT/low.log" >> "$S"
+fi
+if [ "${DENSITY:-0}" != 0 ]; then
+  for n in ${DENSITY_RECORDS:-16384 65536 262144}; do
+    step 120 "density-$n" "$B/run" hisparse-bench gather --pool register --span "${DENSITY_SPAN:-8G}" --records "$n" \
+      --record-bytes 656,1152 --order random,address --method warp --runs 10 >> "$OUT/density.jsonl" 2>> "$OUT/density.err"
+  done
+  grep -c '"check":"ok"' "$OUT/density.jsonl" >> "$S"
 fi
 exit 0
