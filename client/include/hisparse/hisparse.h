@@ -414,8 +414,10 @@ typedef struct hs_resolve_args {
  * beside RESOLVE on the SMs that max_blocks leaves, as an engine's indexer of the next rows would
  * (docs/INTEGRATION.md, "Hiding the misses"). A dependent that waits for RESOLVE
  * (griddepcontrol.wait) sees it complete as ever; one that does not must neither read what this
- * RESOLVE writes nor write what it reads, and should make its own completion wait for RESOLVE's
- * (one of its blocks waits last), so that what follows it in the stream finds both complete.
+ * RESOLVE writes nor write what it reads, nor touch what the kernel before RESOLVE writes (with
+ * HS_RESOLVE_LAUNCH_PROGRAMMATIC RESOLVE's blocks start, and let it launch, before that kernel has
+ * completed), and should make its own completion wait for RESOLVE's (one of its blocks waits
+ * last), so that what follows it in the stream finds both complete.
  * Combines with either flag above; without draft tokens only (ignored with them, and on the host
  * backend). The results are the same. */
 #define HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS 0x4u

@@ -97,7 +97,8 @@ struct ResolveLaunchConfig {
   // launch_dependents first thing), so that it runs beside RESOLVE on the SMs a budget
   // (max_blocks) leaves: an engine's indexer for later rows, say. A dependent that waits for
   // RESOLVE still sees it complete; one that does not wait must neither read what RESOLVE writes
-  // nor write what it reads. The single-query kernel only.
+  // nor write what it reads, nor touch what the kernel before RESOLVE writes (a programmatic
+  // RESOLVE lets it launch before that kernel has completed). The single-query kernel only.
   bool early_dependents = false;
   int cc_major = 0;  // cudaDevAttrComputeCapabilityMajor
 };
