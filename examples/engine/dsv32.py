@@ -628,8 +628,9 @@ class Model:
                                   after_resolve=after_resolve)
 
     def _topk(self, st, a: int, b: int) -> None:
-        """Rows [a, b)'s selections: the top-k of their scores, -inf ones as padding (Kernels.topk)."""
-        self.kernels.topk(st.scores[a:b], self.cfg.topk, st.positions[a:b])
+        """Rows [a, b)'s selections: the top-k of their scores, -inf ones as padding."""
+        top_v, top_i = st.scores[a:b].topk(self.cfg.topk, dim=1, sorted=False)
+        st.positions[a:b].copy_(top_i.masked_fill(torch.isinf(top_v), -1))
 
     def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan"):
         """Overlap.indexer_chain: the indexer and top-k segment by segment, range c's RESOLVE launched

@@ -88,15 +88,6 @@ def slot_contexts(spec, N):
     return [int(round(lo * (hi / lo) ** ((i * 0.6180339887) % 1.0) / q)) * q for i in range(N)]
 
 
-def longest_row(args) -> int:
-    """The longest row of scores any sweep makes: its longest prompt (a mix's upper bound) plus the
-    most tokens a request writes."""
-    longest = 0
-    for c in args.contexts.split(","):
-        longest = max(longest, max(slot_contexts(c, 64)) if c.startswith("mix") else int(c))
-    return longest + int(args.out_len.split(":")[1])
-
-
 def per_request(cfg, fmt, ctx, max_out, B):
     """HBM bytes a request of this context keeps in each mode, and its host-pool bytes."""
     L, n, R, I = cfg.layers, ctx + max_out + 1, fmt.record_bytes, cfg.index_key_bytes
@@ -501,9 +492,6 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-rows", type=int, default=2)
     ap.add_argument("--calibrate-steps", type=int, default=12)
     ap.add_argument("--tune-mla", type=int, default=32, help="tune the sparse MLA tiles at this batch (0: defaults)")
-    ap.add_argument("--topk", default="tune", choices=("tune",) + sparse_kernels.Kernels.TOPK_WAYS,
-                    help="how the indexer's top-k is taken (Kernels.topk): tune times every way on a GPU at the "
-                         "--tune-mla batch and the longest context and keeps the fastest (torch on a CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="skip the remaining points after this long")
     ap.add_argument("--ctl-watch", default=None, help="run `hisparse-ctl --json watch` on the daemon into this file")
@@ -547,15 +535,11 @@ def main(argv=None) -> int:
             if not L.dense:
                 L.experts.gemm, L.experts.triton_config = moe.experts.gemm, moe.experts.triton_config
     mla = model.kernels.tune_mla(fmt, args.tune_mla) if cuda and args.tune_mla > 0 else {}
-    if args.topk != "tune":
-        model.kernels.topk_way = args.topk
-    topk = model.kernels.tune_topk(args.tune_mla or 32, longest_row(args), cfg.topk) \
-        if cuda and args.topk == "tune" else {}
     emit(dict(kind="model", layers=cfg.layers, dense_layers=cfg.dense_layers, vocab=cfg.vocab,
               weight_bytes=wb, full_model_weight_bytes=int(full_weights), kv_budget_bytes=budget,
               records=fmt.name, record_bytes=fmt.record_bytes, index_key_bytes=cfg.index_key_bytes, k=cfg.topk,
               slots=args.slots, locality=cfg.locality, grouped_expert_gemm=gemm, mla_tiles_us=mla,
-              mla_tile=model.kernels.mla_tag(model.kernels.mla_config), topk_us=topk, topk=model.kernels.topk_way,
+              mla_tile=model.kernels.mla_tag(model.kernels.mla_config),
               device=torch.cuda.get_device_name(dev) if cuda else "cpu", build_s=round(time.monotonic() - t, 1)))
 
     import hisparse

@@ -249,8 +249,6 @@ class Kernels:
         # The H200's pick at 32 rows (tune_mla; bench/RESULTS.md, "Sparse MLA over gathered latents").
         self.mla_way, self.mla_block_h, self.mla_block_n, self.mla_warps, self.mla_stages = "gathered", 32, 64, 4, 3
         self._parts: Dict[tuple, tuple] = {}  # a launch shape -> its split partials (and gathered latents)
-        self.topk_way = "torch"  # TOPK_WAYS; tune_topk picks on a GPU
-        self._seg_base: Dict[tuple, torch.Tensor] = {}  # (segments, length, device) -> each segment's first index
 
     @property
     def mla_config(self) -> tuple:
@@ -298,74 +296,6 @@ class Kernels:
             if best is None or t < best[0]:
                 best = (t, config)
         self.mla_config = best[1]
-        return times
-
-    # How the indexer's top-k is taken: "torch", one torch.topk over each row; "segments", exact in two
-    # stages: each row cut into up to TOPK_SEGMENTS segments, the top-k of each (one torch.topk over
-    # M * segments short rows), then the top-k of those candidates. The k largest of a row are among its
-    # segments' k largest, so both ways select the same values (ties at the k-th value may be broken
-    # differently, which both modes share). On a GPU torch.topk of [M, 131072] rows runs several
-    # kernels a pass over the row; short rows take its one-kernel path (bench/RESULTS.md).
-    TOPK_WAYS = ("torch", "segments")
-    TOPK_SEGMENTS = 16
-
-    def topk(self, scores, k: int, out) -> None:
-        """out [M, k] (int32 or int64) = the positions of each row's k largest scores, unordered; -1
-        where the score is -inf (a row's padding past its seq_len). scores float32 [M, T] (a slice of
-        rows of a larger buffer will do); each row's result depends on that row alone, whichever way
-        (TOPK_WAYS). The segments way cuts a row into S = min(TOPK_SEGMENTS, T // k) segments of T // S
-        and keeps the T % S scores past them as candidates too; below two segments it is torch's."""
-        M, T = scores.shape
-        S = min(self.TOPK_SEGMENTS, T // k)
-        if self.topk_way != "segments" or S < 2:
-            top_v, top_i = scores.topk(k, dim=1, sorted=False)
-            out.copy_(top_i.masked_fill(torch.isinf(top_v), -1))
-            return
-        L = T // S
-        key = (S, L, T, scores.device)
-        if key not in self._seg_base:  # made before a capture reuses them (the eager step 0)
-            dev = scores.device
-            self._seg_base[key] = ((torch.arange(S, device=dev) * L).view(1, S, 1),
-                                   torch.arange(S * L, T, device=dev).view(1, T - S * L))
-        base, tail = self._seg_base[key]
-        v1, i1 = scores[:, :S * L].view(M, S, L).topk(k, dim=2, sorted=False)  # [M, S, k]
-        cand_v = torch.cat([v1.reshape(M, S * k), scores[:, S * L:]], dim=1)
-        cand_i = torch.cat([(i1 + base).reshape(M, S * k), tail.expand(M, -1)], dim=1)
-        top_v, at = cand_v.topk(k, dim=1, sorted=False)
-        out.copy_(cand_i.gather(1, at).masked_fill(torch.isinf(top_v), -1))
-
-    def tune_topk(self, M: int, T: int, k: int) -> Dict[str, float]:
-        """Times each way of topk (TOPK_WAYS) on M rows of T random scores, eight calls replayed from a
-        CUDA graph (the engine's steps are replayed graphs; eager timing would measure the launches),
-        and keeps the fastest. Both modes then run it."""
-        dev = torch.device("cuda")
-        scores = torch.randn(M, T, device=dev)
-        out = torch.empty(M, k, dtype=torch.int32, device=dev)
-        times: Dict[str, float] = {}
-        best = None
-        for way in self.TOPK_WAYS:
-            self.topk_way = way
-            side = torch.cuda.Stream(device=dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                self.topk(scores, k, out)  # warm-up (and the segment bases) before the capture
-            torch.cuda.current_stream(dev).wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(8):
-                    self.topk(scores, k, out)
-            g.replay()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(5):
-                g.replay()
-            b.record()
-            b.synchronize()
-            t = a.elapsed_time(b) / 40
-            times[way] = round(t * 1e3, 1)  # µs a call
-            if best is None or t < best[0]:
-                best = (t, way)
-        self.topk_way = best[1]
         return times
 
     def mla_splits(self, M: int, heads: int, k: int) -> int:

@@ -286,56 +286,25 @@ def test_triton_index_scores_match_the_reference():
     assert torch.equal(out_p, out_t)
 
 
-@pytest.mark.parametrize("way", sparse_kernels.Kernels.TOPK_WAYS)
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_topk_of_row_ranges_equals_one_call(device, way):
+def test_topk_of_row_ranges_equals_one_call(device):
     """Overlap.indexer_chain takes the top-k of a batch in parts (ranges, then the rest). The selections
-    are exact only if a row's (its positions and their order, unsorted) does not depend on the rows
-    beside it in the call: held here for each way of Kernels.topk at the serving shapes (128k: 29 rows
-    in ranges of 7-8 rows and 7 + 22; 32k: 82 rows in ranges of 24-29 and 24 + 58; rows as long as
-    the context plus the output), with -inf tails of shorter rows as the indexer writes them."""
+    are exact only if torch.topk's output for a row (its values and their order, unsorted) does not
+    depend on the rows beside it in the call: held here at the serving shapes (128k: 29 rows in
+    ranges of 7-8 rows and 7 + 22; 32k: 82 rows in ranges of 24-29 and 24 + 58), with -inf tails of
+    shorter rows as the indexer writes them."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     dev = torch.device(device)
-    K = sparse_kernels.Kernels(False)
-    K.topk_way = way
     g = torch.Generator(device=dev).manual_seed(11)
-    for M, T, edges in ((29, 131072 + 64, [0, 7, 14, 22, 29]), (82, 32768 + 64, [0, 24, 53, 82])):
+    for M, T, edges in ((29, 131072, [0, 7, 14, 22, 29]), (82, 32768, [0, 24, 53, 82])):
         scores = torch.randn(M, T, generator=g, device=dev)
         scores[3, T // 2:] = float("-inf")
         scores[edges[1] + 1, 1000:] = float("-inf")  # shorter than k: padding selected
-        whole = torch.empty(M, 2048, dtype=torch.int32, device=dev)
-        K.topk(scores, 2048, whole)
+        whole_v, whole_i = scores.topk(2048, dim=1, sorted=False)
         for a, b in list(zip(edges, edges[1:])) + [(edges[1], M)]:
-            part = torch.empty(b - a, 2048, dtype=torch.int32, device=dev)
-            K.topk(scores[a:b], 2048, part)
-            assert torch.equal(part, whole[a:b]), (M, a, b)
-
-
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_topk_ways_select_the_same_scores(device):
-    """Kernels.topk's ways (one torch.topk a row, or the top-k of each segment's top-k) select the same
-    scores: the same values and as many padding entries (-1 for -inf), with ties at the k-th value
-    and rows shorter than k, at a serving shape and at a row length the segments do not divide."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(5)
-    K = sparse_kernels.Kernels(False)
-    for M, T, k in ((5, 131072 + 64, 2048), (3, 4100, 1024), (2, 777, 64)):
-        scores = torch.randn(M, T, generator=g, device=dev)
-        scores[0, 300:] = float("-inf")  # fewer than k scores
-        scores[1, ::5] = 0.25  # ties across the k-th value
-        got = {}
-        for way in K.TOPK_WAYS:
-            K.topk_way = way
-            got[way] = torch.empty(M, k, dtype=torch.int32, device=dev)
-            K.topk(scores, k, got[way])
-        for r in range(M):
-            picked = {w: o[r][o[r] >= 0].long() for w, o in got.items()}
-            assert len(set(picked["segments"].tolist())) == len(picked["segments"]), "a position twice"
-            values = {w: torch.sort(scores[r][p])[0] for w, p in picked.items()}
-            assert torch.equal(values["torch"], values["segments"]), (M, T, r)
+            v, i = scores[a:b].topk(2048, dim=1, sorted=False)
+            assert torch.equal(i, whole_i[a:b]) and torch.equal(v, whole_v[a:b]), (M, a, b)
 
 
 def test_triton_persistent_index_scores_equal_the_grid_kernel():
