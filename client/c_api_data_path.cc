@@ -1,17 +1,22 @@
 // The C ABI's data-path calls (hisparse.h): RESOLVE, the prefill stores, the decode appends,
-// prefetch, a record's address, and the device's deferred errors (hs_check_errors). Each checks
+// prefetch, a record's address, the device's deferred errors (hs_check_errors), and TOP-K, the
+// one of them without a session. Each checks
 // its arguments and hands them to ClientSession, whose device backend does the work (on the
 // caller's stream where the call takes one); none of them makes an RPC.
 #include <cstdint>
+#include <string>
 
 #include "c_api_internal.h"
 #include "client_session.h"
+#include "device_backend.h"
 #include "hisparse/hisparse.h"
+#include "hisparse/kernels/topk.h"
 
 using hisparse::c_api::Fail;
 using hisparse::c_api::Guard;
 using hisparse::c_api::kResolveArgsV1;
 using hisparse::c_api::kStoreIndexedArgsV1;
+using hisparse::c_api::kTopkArgsV1;
 using hisparse::c_api::ReadSized;
 using hisparse::c_api::SizeOk;
 using hisparse::c_api::ToResult;
@@ -35,6 +40,34 @@ hs_result hs_resolve(hs_session* s, const hs_resolve_args* args) {
       return Fail(HS_ERR_INVALID_ARGUMENT, "hs_resolve_args.struct_size is too small: use HS_RESOLVE_ARGS_INIT");
     }
     return ToResult(s->Get()->Resolve(ReadSized(*args)));
+  });
+}
+
+hs_result hs_topk(const hs_topk_args* args) {
+  return Guard([&] {
+    if (args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "args must not be NULL");
+    if (!SizeOk(args->struct_size, kTopkArgsV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_topk_args.struct_size is too small: use HS_TOPK_ARGS_INIT");
+    }
+    const hs_topk_args a = ReadSized(*args);
+    if (a.device < -1) return Fail(HS_ERR_INVALID_ARGUMENT, "hs_topk_args.device must be -1 (host) or a CUDA device");
+    hisparse::TopkDesc d;
+    d.scores = a.scores;
+    d.ld = a.ld;
+    d.cols = a.cols;
+    d.rows = a.max_batch;
+    d.k = a.k;
+    d.batch_size = a.batch_size;
+    d.seq_lens = a.seq_lens;
+    d.positions = a.positions;
+    if (const std::string why = hisparse::CheckTopkDesc(d); !why.empty()) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, ("hs_topk: " + why).c_str());
+    }
+    if (a.device == -1) {
+      hisparse::TopkReference(d);
+      return HS_OK;
+    }
+    return ToResult(hisparse::LaunchTopkOn(a.device, d, a.stream));
   });
 }
 

@@ -22,6 +22,7 @@
 #include "hisparse/common/cuda_vmm.h"
 #include "hisparse/common/device_buffer.h"
 #include "hisparse/kernels/resolve_cuda.h"
+#include "hisparse/kernels/topk_cuda.h"
 
 namespace hisparse {
 namespace {
@@ -283,6 +284,20 @@ absl::StatusOr<std::string> CudaGpuUuid(int gpu) {
     return absl::UnavailableError(absl::StrCat("cudaGetDeviceProperties(", gpu, "): ", cudaGetErrorString(e)));
   }
   return std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+}
+
+absl::Status LaunchTopkOn(int gpu, const TopkDesc& d, void* stream) {
+  int current = -1;
+  if (cudaError_t e = cudaGetDevice(&current); e != cudaSuccess) return CudaError(e, "cudaGetDevice");
+  if (current != gpu) {
+    if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::InvalidArgumentError(absl::StrCat("cudaSetDevice(", gpu, "): ", cudaGetErrorString(e)));
+    }
+  }
+  const absl::Status st = CudaError(LaunchTopk(d, static_cast<cudaStream_t>(stream)), "top-k launch");
+  if (current != gpu) cudaSetDevice(current);
+  return st;
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "hisparse/hisparse.h"
 #include "hisparse/kernels/resolve.h"
+#include "hisparse/kernels/topk.h"
 
 namespace hisparse {
 
@@ -123,6 +124,11 @@ std::unique_ptr<DeviceBackend> MakeHostBackend(const ArenaGeometry& g, const Hos
 // Available in CUDA builds (HISPARSE_HAVE_CUDA); elsewhere returns Unimplemented.
 absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int gpu, const ArenaGeometry& g,
                                                                const HostPageGeometry& pages = {});
+
+// TOP-K (kernels/include/hisparse/kernels/topk.h) enqueued on `stream` of CUDA device `gpu`, which
+// is made current for the launch and the caller's current device restored after. `d` must pass
+// CheckTopkDesc. Unimplemented in builds without CUDA. No session: hs_topk's device path.
+absl::Status LaunchTopkOn(int gpu, const TopkDesc& d, void* stream);
 
 // GPU `gpu`'s UUID (16 bytes; Geometry.gpu_uuid), as the CUDA runtime reports it. Unimplemented
 // in builds without CUDA; an error where the runtime sees no such device.

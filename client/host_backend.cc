@@ -170,6 +170,10 @@ absl::StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend(int, const ArenaG
 absl::StatusOr<std::string> CudaGpuUuid(int) {
   return absl::UnimplementedError("this libhisparse was built without CUDA");
 }
+
+absl::Status LaunchTopkOn(int, const TopkDesc&, void*) {
+  return absl::UnimplementedError("this libhisparse was built without CUDA: pass device -1 and host memory");
+}
 #endif
 
 }  // namespace hisparse

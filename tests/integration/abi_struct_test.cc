@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -279,6 +280,45 @@ TEST_F(AbiStructTest, StoreIndexedArgsFromTheFirstVersionUp) {  // ABI 1.3
 
   a.struct_size = sizeof(hs_store_indexed_args) - 8;
   EXPECT_EQ(hs_store_indexed(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+}
+
+// ABI 1.16: hs_topk needs no session. Host memory (device -1) runs the CPU reference; a larger
+// caller's struct is read only to this library's sizeof; bad input is refused and writes nothing.
+TEST_F(AbiStructTest, TopkArgsFromTheFirstVersionUp) {
+  const std::vector<float> scores = {0.5f, 3.0f, -1.0f, 3.0f, 2.0f, 9.0f, 1.0f, 1.0f};  // 2 rows of 4
+  const int32_t lens[2] = {4, 2};
+  std::vector<int32_t> out(2 * 3, 77);
+  hs_topk_args a = HS_TOPK_ARGS_INIT;
+  a.max_batch = 2;
+  a.k = 3;
+  a.cols = 4;
+  a.ld = 4;
+  a.scores = scores.data();
+  a.seq_lens = lens;
+  a.positions = out.data();
+  Grown<hs_topk_args> grown;
+  const uint32_t size = grown.get()->struct_size;
+  *grown.get() = a;
+  grown.get()->struct_size = size;
+  ASSERT_EQ(hs_topk(grown.get()), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 3, 0, 1, -1})) << "row 0: 0.5, 3, 3 ascending; row 1: its first 2";
+
+  std::vector<int32_t> untouched(out.size(), 77);
+  out = untouched;
+  a.k = 0;
+  EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hs_last_error()).find("k must"), std::string::npos) << hs_last_error();
+  a.k = 3;
+  a.ld = 3;
+  EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
+  a.ld = 4;
+  a.device = -2;
+  EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
+  a.device = -1;
+  a.struct_size = sizeof(hs_topk_args) - 8;
+  EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(hs_topk(nullptr), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, untouched);
 }
 
 TEST_F(AbiStructTest, AdmitArgsFromTheFirstVersionUp) {  // ABI 1.10

@@ -53,9 +53,10 @@ extern "C" {
  * blocks, for running it beside the engine's kernels); 1.14: HS_RESOLVE_LAUNCH_BESIDE (RESOLVE
  * beside the previous kernel in the stream, one stream for the whole overlap); 1.15:
  * hs_resolve_args.consumer_warps (the warps of each of RESOLVE's blocks that fetch) and
- * HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS (the next kernel may run beside RESOLVE). */
+ * HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS (the next kernel may run beside RESOLVE); 1.16: hs_topk (the
+ * top-k of rows of scores as RESOLVE's positions, no session needed). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 15
+#define HS_ABI_VERSION_MINOR 16
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -472,6 +473,41 @@ typedef struct hs_store_indexed_args {
   { sizeof(hs_store_indexed_args), 0, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0, NULL }
 
 hs_result hs_store_indexed(hs_session* session, const hs_store_indexed_args* args);
+
+/* Since ABI 1.16. TOP-K: for every row of a batch of float32 scores (an indexer's, one per earlier
+ * position), the positions of its k largest, as RESOLVE's positions list. No session: the engine
+ * may run it in every mode it compares, full HBM included, so that their selections are the same
+ * bits. For an engine that cuts a layer's rows into ranges to hide RESOLVE's misses
+ * (docs/INTEGRATION.md, "Hiding the misses"): each row gets one thread block, so a call of a few
+ * rows costs about one row's time. The contract (kernels/include/hisparse/kernels/topk.h), per row
+ * i < *batch_size: the first min(seq_lens[i], cols) scores are considered (cols each when
+ * seq_lens is NULL); -inf and NaN are never selected; scores compare by the IEEE total order of
+ * their bits (-0 below +0); of more than k selectable scores the k largest are taken, and of those
+ * equal to the k-th largest the lowest positions; positions[i] holds them ascending, then -1 to
+ * column k. Rows past *batch_size get -1 in every column. A row's list depends on its scores alone,
+ * and the CUDA kernel and the CPU reference write the same bits. */
+typedef struct hs_topk_args {
+  uint32_t struct_size;      /* sizeof(hs_topk_args) */
+  int32_t device;            /* -1: every pointer is host memory, and the CPU reference runs on the
+                                calling thread; >= 0: the CUDA device whose memory they are, and one
+                                kernel is enqueued on `stream` (graph-capturable; a library built
+                                without CUDA: HS_ERR_UNIMPLEMENTED) */
+  int32_t max_batch;         /* rows of the arrays below, >= 0 */
+  int32_t k;                 /* >= 1 */
+  int32_t cols;              /* scores a row may hold, 0 .. 2^30 */
+  int64_t ld;                /* elements between rows of scores, >= cols */
+  const float* scores;       /* [max_batch][ld] */
+  const int32_t* batch_size; /* int32 [1] read at run time (one CUDA graph serves every batch), or
+                                NULL: all max_batch rows */
+  const int32_t* seq_lens;   /* int32 [max_batch] or NULL */
+  int32_t* positions;        /* [max_batch][k], written */
+  void* stream;              /* a cudaStream_t, or NULL; ignored for device -1 */
+} hs_topk_args;
+
+#define HS_TOPK_ARGS_INIT \
+  { sizeof(hs_topk_args), -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL }
+
+hs_result hs_topk(const hs_topk_args* args);
 
 /* Decode append: the newest token (position seq_len-1) of every row of the batch, one layer; record
  * of batch entry i at src + i*src_stride. */

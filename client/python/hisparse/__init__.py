@@ -23,6 +23,7 @@ from .daemon import Daemon, find_daemon_binary
 from .errors import (Aborted, AdmissionError, AlreadyExists, FailedPrecondition, HisparseError, Internal,
                      InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, Unavailable, Unimplemented)
 from .session import Recovery, RequestInfo, Session, SessionInfo, Stats
+from .topk import topk
 
 # The release. The one source is CMakeLists.txt's project(VERSION); this copy (which pip reads
 # when it builds the package without CMake, see pyproject.toml) is held equal to it, and to the
@@ -56,5 +57,5 @@ __all__ = [
     "ABI_VERSION", "ABI_VERSION_MINOR", "Aborted", "AdmissionError", "AlreadyExists", "Daemon", "FailedPrecondition", "HisparseError",
     "Internal", "InvalidArgument", "NotFound", "PermissionDenied", "Recovery", "RequestInfo", "ResourceExhausted", "Session", "SessionInfo", "Stats",
     "Unavailable", "Unimplemented", "abi_version", "abi_version_full", "find_daemon_binary", "library_path",
-    "version",
+    "topk", "version",
 ]

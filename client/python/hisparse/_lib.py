@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 15
+ABI_VERSION_MINOR = 16
 
 # hs_result
 HS_OK = 0
@@ -292,6 +292,28 @@ def new_admit_args() -> AdmitArgs:
     return _new(AdmitArgs)
 
 
+class TopkArgs(ctypes.Structure):
+    """hs_topk_args (ABI 1.16)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("device", ctypes.c_int32),
+        ("max_batch", ctypes.c_int32),
+        ("k", ctypes.c_int32),
+        ("cols", ctypes.c_int32),
+        ("ld", ctypes.c_int64),
+        ("scores", ctypes.c_void_p),
+        ("batch_size", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p),
+        ("positions", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+def new_topk_args() -> TopkArgs:
+    return _new(TopkArgs)
+
+
 class _SessionHandle(ctypes.Structure):
     """The opaque hs_session (only pointers to it are used)."""
 
@@ -330,6 +352,7 @@ _SIGNATURES = {
     "hs_stats_get": (ctypes.c_int, [SessionPtr, ctypes.POINTER(Stats)]),
     "hs_session_get_timings": (ctypes.c_int, [SessionPtr, ctypes.POINTER(SessionTimings)]),  # ABI 1.12
     "hs_resolve": (ctypes.c_int, [SessionPtr, ctypes.POINTER(ResolveArgs)]),
+    "hs_topk": (ctypes.c_int, [ctypes.POINTER(TopkArgs)]),  # ABI 1.16
     "hs_store": (ctypes.c_int, [SessionPtr, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]),
     "hs_store_indexed": (ctypes.c_int, [SessionPtr, ctypes.POINTER(StoreIndexedArgs)]),  # ABI 1.3
