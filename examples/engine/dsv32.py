@@ -14,7 +14,8 @@ What one decode step does per layer, for a batch of b rows (`Model.step`):
   proj      two fp8 GEMMs (_scaled_mm), fused as SGLang fuses them: x -> [q_a | kv_a | indexer k] and
             q_a -> [q_b | indexer q]; norms, rotary, the index key's fp8 quantization
   indexer   scores of every earlier position: sum_h w_h ReLU(q_h . k_t) * scale_t (one Triton
-            kernel reading the 132-B keys once), then top-2048 (torch.topk, unsorted)
+            kernel reading the 132-B keys once), then top-2048 (hisparse.topk, one thread block a
+            row, as production DSA engines' own top-k kernels; Model.topk "torch": torch.topk)
   resolve   hisparse only: RESOLVE makes the k selected records resident in the slot arena
   attention sparse MLA over the k records, absorbed form: one Triton kernel that reads each
             selected 656-B record by index (FlashMLA's fp8 layout, dequantized in registers),
@@ -43,6 +44,7 @@ import math
 import types
 from typing import Dict, List, Optional
 
+import hisparse
 import torch
 import torch.nn.functional as F
 
@@ -111,7 +113,7 @@ class Overlap:
     first chunk's fetch stays exposed, unless it runs beside the indexer of later rows
     (indexer_chain). The indexer and top-k run on the whole batch unless indexer_chain cuts them
     too; then each row's scores and selection are the same bits as in one launch (one tile function;
-    torch.topk per row independent of the rows beside it, held by test_serve_bench). Every attention
+    the top-k per row independent of the rows beside it, held by test_serve_bench). Every attention
     chunk uses the whole batch's split count. So each row's logits stay bit-identical to full
     HBM's. max_blocks is RESOLVE's budget of thread blocks (hs_resolve_args.max_blocks; 0: the whole
     GPU), so that attention keeps the other SMs."""
@@ -138,8 +140,9 @@ class Overlap:
     # in one launch, range j's RESOLVE beside it, and goes on range by range as plain beside does.
     # j = 1 covers the one RESOLVE that nothing hid; j = chunks - 1 ("chained") hides all but the
     # last under indexers, which stay large under a FlashMLA-class attention (bench/serve_model.py).
-    # Per row the indexer's arithmetic is the same in every segment, and torch.topk's output for a
-    # row does not depend on the rows beside it in the call (test_serve_bench holds both).
+    # Per row the indexer's arithmetic is the same in every segment, and the top-k's output for a row
+    # does not depend on the rows beside it in the call (hisparse.topk's contract; for torch.topk,
+    # measured: test_serve_bench holds both).
     indexer_chain: int = 0
     # With indexer_chain: range c's RESOLVE goes first, on the budget, letting its dependents start at
     # once (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS), and segment c + 1's indexer is the grid kernel launched
@@ -515,6 +518,10 @@ class Model:
         self.overlap: Optional[Overlap] = None  # hisparse mode: RESOLVE in row chunks beside attention
         self._side = None  # the overlap's side stream (CUDA), made once, before any capture
         self._chunk_consts: Dict[tuple, tuple] = {}  # row ranges -> (starts, sizes) on the device
+        # The top-k: "hisparse" (hs_topk: one thread block a row, so a call of a few rows costs about
+        # one row's time; ascending positions) or "torch" (torch.topk, the floor of runs before
+        # 2026-12-05). Both modes of a run use the same one, so their logits stay bit-identical.
+        self.topk = "hisparse"
 
     def weight_bytes(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
@@ -627,10 +634,15 @@ class Model:
                                   st.scores[a:b], st.row_base[a:b], ctas=ctas, unroll=unroll,
                                   after_resolve=after_resolve)
 
-    def _topk(self, st, a: int, b: int) -> None:
-        """Rows [a, b)'s selections: the top-k of their scores, -inf ones as padding."""
-        top_v, top_i = st.scores[a:b].topk(self.cfg.topk, dim=1, sorted=False)
-        st.positions[a:b].copy_(top_i.masked_fill(torch.isinf(top_v), -1))
+    def _topk(self, st, a: int, b: int, bs=None) -> None:
+        """Rows [a, b)'s selections: the top-k of their first seq_len scores, -inf ones never, -1 as
+        padding (bs: how many of the rows are in the batch, on the device; None: the whole batch's)."""
+        if self.topk == "torch":
+            top_v, top_i = st.scores[a:b].topk(self.cfg.topk, dim=1, sorted=False)
+            st.positions[a:b].copy_(top_i.masked_fill(torch.isinf(top_v), -1))
+            return
+        hisparse.topk(st.scores[a:b], st.positions[a:b], seq_lens=st.seq_lens[a:b],
+                      batch_size=st.batch_size if bs is None else bs)
 
     def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan"):
         """Overlap.indexer_chain: the indexer and top-k segment by segment, range c's RESOLVE launched
@@ -643,7 +655,7 @@ class Model:
         with self._part("indexer"):
             self._select(st, iq, iw, l, *segs[0])
         with self._part("topk"):
-            self._topk(st, segs[0][0], segs[0][1])
+            self._topk(st, *segs[0])
         resolved = None
         for c, (a, b, bs) in enumerate(segs[1:]):
             ra, rb, _ = plan.chunks[c]
@@ -656,7 +668,7 @@ class Model:
                                  unroll=o.indexer_unroll)
                     resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
             with self._part("topk"):
-                self._topk(st, a, b)
+                self._topk(st, a, b, bs)
         return resolved
 
     def _resolve_chunks(self, kv, l: int, st, chunks, resolved=None):

@@ -318,6 +318,41 @@ def overlap_tag(ov):
     return f"_overlap{ov.tag}"
 
 
+def time_topk(dev, k: int, cols: int = 131136, rows=(1, 5, 7, 22, 29, 32), calls: int = 10, reps: int = 5):
+    """µs a call of each top-k at `rows` rows of `cols` scores (the 128k shape), replayed from a graph of
+    `calls` calls (as the step runs them): {rows: {"torch": us, "hisparse": us}}, the median of reps."""
+    import hisparse
+    out = {}
+    for m in rows:
+        scores = torch.randn(m, cols, device=dev)
+        positions = torch.empty(m, k, dtype=torch.int32, device=dev)
+        seq = torch.full((m,), cols, dtype=torch.int32, device=dev)
+        bs = torch.tensor([m], dtype=torch.int32, device=dev)
+        ways = {"torch": lambda: positions.copy_(scores.topk(k, dim=1, sorted=False)[1]),
+                "hisparse": lambda: hisparse.topk(scores, positions, seq_lens=seq, batch_size=bs)}
+        out[m] = {}
+        for name, fn in ways.items():
+            s = torch.cuda.Stream(device=dev)
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()  # warm (allocations, module load) outside the capture
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(calls):
+                    fn()
+            times = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1000 / calls)
+            out[m][name] = round(sorted(times)[reps // 2], 1)
+    return out
+
+
 def overlap_of(args):
     """The overlap of the sweep's hisparse points (the first variant), or None."""
     return next(iter(overlaps_of(args)), None)
@@ -500,6 +535,9 @@ def main(argv=None) -> int:
     ap.add_argument("--expert-gemm", choices=("auto", "torch"), default="auto",
                     help="the routed experts' fp8 GEMM: the fastest of torch's and the Triton one (expert_gemm.py, "
                          "issue 44's leaner floor), or of torch's only (the floor of runs before 2026-12-05)")
+    ap.add_argument("--topk", choices=("hisparse", "torch"), default="hisparse",
+                    help="the selection's top-k: hisparse.topk (hs_topk, one thread block a row; issue 44's leaner "
+                         "floor) or torch.topk (the floor of runs before 2026-12-05). Both are timed on the GPU first")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model, host backend, a few steps")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -535,11 +573,13 @@ def main(argv=None) -> int:
             if not L.dense:
                 L.experts.gemm, L.experts.triton_config = moe.experts.gemm, moe.experts.triton_config
     mla = model.kernels.tune_mla(fmt, args.tune_mla) if cuda and args.tune_mla > 0 else {}
+    model.topk = args.topk
+    topk_us = time_topk(dev, cfg.topk) if cuda else {}
     emit(dict(kind="model", layers=cfg.layers, dense_layers=cfg.dense_layers, vocab=cfg.vocab,
               weight_bytes=wb, full_model_weight_bytes=int(full_weights), kv_budget_bytes=budget,
               records=fmt.name, record_bytes=fmt.record_bytes, index_key_bytes=cfg.index_key_bytes, k=cfg.topk,
               slots=args.slots, locality=cfg.locality, grouped_expert_gemm=gemm, mla_tiles_us=mla,
-              mla_tile=model.kernels.mla_tag(model.kernels.mla_config),
+              mla_tile=model.kernels.mla_tag(model.kernels.mla_config), topk=model.topk, topk_us=topk_us,
               device=torch.cuda.get_device_name(dev) if cuda else "cpu", build_s=round(time.monotonic() - t, 1)))
 
     import hisparse

@@ -13,6 +13,7 @@ import json
 import pytest
 
 torch = pytest.importorskip("torch")
+hisparse = pytest.importorskip("hisparse")
 serve_bench = pytest.importorskip("serve_bench")  # examples/engine, put on sys.path by conftest
 dsv32 = pytest.importorskip("dsv32")
 sparse_kernels = pytest.importorskip("sparse_kernels")
@@ -305,6 +306,41 @@ def test_topk_of_row_ranges_equals_one_call(device):
         for a, b in list(zip(edges, edges[1:])) + [(edges[1], M)]:
             v, i = scores[a:b].topk(2048, dim=1, sorted=False)
             assert torch.equal(i, whole_i[a:b]) and torch.equal(v, whole_v[a:b]), (M, a, b)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_hisparse_topk_of_row_ranges_equals_one_call_and_torch(device):
+    """The engine's default top-k (Model.topk "hisparse": hs_topk, the CUDA kernel on a GPU, the CPU
+    reference on a CPU) at the same serving shapes: a range's lists equal the whole call's, rows past
+    the batch size get -1, and each row selects the set torch.topk selects (random scores: no ties),
+    ascending, padded with -1 where a row holds fewer than k finite scores."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(12)
+    for M, T, edges in ((29, 131072, [0, 7, 14, 22, 29]), (82, 32768, [0, 24, 53, 82])):
+        scores = torch.randn(M, T, generator=g, device=dev)
+        scores[3, T // 2:] = float("-inf")
+        scores[edges[1] + 1, 1000:] = float("-inf")  # fewer than k finite scores
+        seq = torch.full((M,), T, dtype=torch.int32, device=dev)
+        seq[5] = 3000  # a row cut by its length: what lies past it is never read
+        scores[5, 3000:] = float("inf")
+        bs = torch.tensor([M - 2], dtype=torch.int32, device=dev)
+        whole = torch.full((M, 2048), 7, dtype=torch.int32, device=dev)
+        hisparse.topk(scores, whole, seq_lens=seq, batch_size=bs)
+        assert torch.equal(whole[M - 2:].cpu(), torch.full((2, 2048), -1, dtype=torch.int32))
+        for a, b in list(zip(edges, edges[1:])) + [(edges[1], M)]:
+            part = torch.full((b - a, 2048), 9, dtype=torch.int32, device=dev)
+            n = torch.clamp(bs - a, min=0, max=b - a).to(torch.int32)
+            hisparse.topk(scores[a:b], part, seq_lens=seq[a:b], batch_size=n)
+            assert torch.equal(part, whole[a:b]), (M, a, b)
+        for i in (0, 3, 5, edges[1] + 1, M - 3):
+            row = scores[i, :int(seq[i])]
+            v, idx = row.topk(min(2048, row.numel()), sorted=False)
+            want = torch.sort(idx[torch.isfinite(v)].to(torch.int32)).values
+            got = whole[i]
+            assert torch.equal(got[:want.numel()], want), (M, i)
+            assert bool((got[want.numel():] == -1).all()), (M, i)
 
 
 def test_triton_persistent_index_scores_equal_the_grid_kernel():

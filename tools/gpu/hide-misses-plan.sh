@@ -3,9 +3,9 @@
 #   tools/gpu/make-bundle.sh .bundle-gpu            # here
 #   tools/gpu/hide-misses-plan.sh .bundle-gpu       # there, from the repo root ($OUT collects the files)
 # Steps (each skipped when its variable is 0):
-#   TESTS=1   gpu_resolve_test's budget, consumer-block, beside, graph and prepared-config cases;
-#             pytest of the serve benchmark (kernels, the CPU smoke runs: sweep and curve) and of the
-#             CUDA data path
+#   TESTS=1   gpu_topk_test (TOP-K against its reference); gpu_resolve_test's budget, consumer-block,
+#             beside, graph and prepared-config cases; pytest of the serve benchmark (kernels, the top-k,
+#             the CPU smoke runs: sweep and curve) and of the CUDA data path (PYTEST: the files)
 #   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages (FETCH_LAYOUT) at batch 8
 #             and 128 (FETCH_BATCH), both record sizes, 20% and 100% misses (FETCH_MISS), per RESOLVE
 #             budget of blocks (FETCH_BLOCKS), per count of consumer blocks (FETCH_CONSUMERS) and per
@@ -25,11 +25,14 @@ set -uo pipefail
 source "$(dirname "$0")/plan-lib.sh"  # plan_begin BUNDLE; step LIMIT_S NAME CMD...
 plan_begin "${1:-}"
 if [ "${TESTS:-1}" != 0 ]; then
+  step 120 gpu_topk_test "$B/run" gpu_topk_test > "$OUT/gpu_topk_test.log" 2>&1
+  tail -3 "$OUT/gpu_topk_test.log" >> "$S"
   step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
     --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.ConsumerWarps*:ResolveGpu.Beside*:ResolveGpu.EarlyDependents*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
     > "$OUT/gpu_resolve_test.log" 2>&1
   tail -3 "$OUT/gpu_resolve_test.log" >> "$S"
-  step 300 pytest "$PY" -m pytest -q -p no:cacheprovider tests/python/test_serve_bench.py tests/python/test_gpu.py \
+  # shellcheck disable=SC2086  # PYTEST is a list of files
+  step 300 pytest "$PY" -m pytest -q -p no:cacheprovider ${PYTEST:-tests/python/test_serve_bench.py tests/python/test_topk.py tests/python/test_gpu.py} \
     > "$OUT/pytest.log" 2>&1
   tail -3 "$OUT/pytest.log" >> "$S"
 fi
