@@ -295,7 +295,7 @@ absl::Status LaunchTopkOn(int gpu, const TopkDesc& d, void* stream) {
       return absl::InvalidArgumentError(absl::StrCat("cudaSetDevice(", gpu, "): ", cudaGetErrorString(e)));
     }
   }
-  const absl::Status st = CudaError(LaunchTopk(d, static_cast<cudaStream_t>(stream)), "top-k launch");
+  absl::Status st = CudaError(LaunchTopk(d, static_cast<cudaStream_t>(stream)), "top-k launch");
   if (current != gpu) cudaSetDevice(current);
   return st;
 }
