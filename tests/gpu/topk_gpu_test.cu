@@ -149,7 +149,11 @@ TEST(TopkGpu, ARowAloneEqualsItInABatch) {
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<int32_t> all = dev.Out();
   for (int32_t i = 0; i < b.rows; ++i) {
-    Batch one{1, b.cols, b.k, b.ld, std::vector<float>(b.scores.begin() + i * b.ld, b.scores.begin() + (i + 1) * b.ld),
+    Batch one{1,
+              b.cols,
+              b.k,
+              b.ld,
+              std::vector<float>(b.scores.begin() + i * b.ld, b.scores.begin() + (i + 1) * b.ld),
               {b.seq_lens[i]}};
     DeviceBatch d1(one);
     d1.SetBatch(1, nullptr);

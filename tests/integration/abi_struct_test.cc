@@ -22,6 +22,11 @@ struct Grown {
     std::memset(bytes, 0xab, sizeof(bytes));
     get()->struct_size = sizeof(bytes);
   }
+  // An input struct `v` as such a caller passes it: v's fields, the caller's larger struct_size.
+  explicit Grown(const T& v) : Grown() {
+    *get() = v;
+    get()->struct_size = sizeof(bytes);
+  }
   T* get() { return reinterpret_cast<T*>(bytes); }
   bool TailUntouched() const {
     for (size_t i = sizeof(T); i < sizeof(bytes); ++i) {
@@ -64,10 +69,7 @@ TEST_F(AbiStructTest, SessionOptionsFromTheFirstVersionUp) {
   ASSERT_EQ(hs_session_open(&o, &s), HS_OK) << hs_last_error();
   hs_session_close(s);
 
-  Grown<hs_session_options> grown;
-  const uint32_t size = grown.get()->struct_size;
-  *grown.get() = SmallGeometry(address_);
-  grown.get()->struct_size = size;
+  Grown<hs_session_options> grown(SmallGeometry(address_));
   ASSERT_EQ(hs_session_open(grown.get(), &s), HS_OK) << hs_last_error();
   hs_session_close(s);
 
@@ -149,11 +151,8 @@ TEST_F(AbiStructTest, ResolveArgsFromTheFirstVersionUp) {
   const int32_t row = static_cast<int32_t>(ri.row), seq = 20;
   std::vector<int32_t> pos = {19, 0, 1, 2, -1, -1, -1, -1}, out(8, -7);
   // A newer caller's larger struct: the bytes past this library's fields are not read.
-  Grown<hs_resolve_args> grown;
-  const uint32_t size = grown.get()->struct_size;
   hs_resolve_args a = ResolveArgs(0, 1, &row, &seq, pos.data(), out.data());
-  *grown.get() = a;
-  grown.get()->struct_size = size;
+  Grown<hs_resolve_args> grown(a);
   ASSERT_EQ(hs_resolve(session_.get(), grown.get()), HS_OK) << hs_last_error();
   EXPECT_NE(out[0], -7);
   EXPECT_EQ(out[4], -1);
@@ -269,10 +268,7 @@ TEST_F(AbiStructTest, StoreIndexedArgsFromTheFirstVersionUp) {  // ABI 1.3
   a.src_layer_stride = 8 * 64;
   a.src_token_stride = 64;
   // A newer caller's larger struct: the bytes past this library's fields are not read.
-  Grown<hs_store_indexed_args> grown;
-  const uint32_t size = grown.get()->struct_size;
-  *grown.get() = a;
-  grown.get()->struct_size = size;
+  Grown<hs_store_indexed_args> grown(a);
   ASSERT_EQ(hs_store_indexed(session_.get(), grown.get()), HS_OK) << hs_last_error();
   void* rec = nullptr;
   ASSERT_EQ(hs_record_ptr(session_.get(), 1, 3, 2, &rec), HS_OK) << hs_last_error();
@@ -296,10 +292,7 @@ TEST_F(AbiStructTest, TopkArgsFromTheFirstVersionUp) {
   a.scores = scores.data();
   a.seq_lens = lens;
   a.positions = out.data();
-  Grown<hs_topk_args> grown;
-  const uint32_t size = grown.get()->struct_size;
-  *grown.get() = a;
-  grown.get()->struct_size = size;
+  Grown<hs_topk_args> grown(a);
   ASSERT_EQ(hs_topk(grown.get()), HS_OK) << hs_last_error();
   EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 3, 0, 1, -1})) << "row 0: 0.5, 3, 3 ascending; row 1: its first 2";
 
@@ -327,10 +320,7 @@ TEST_F(AbiStructTest, AdmitArgsFromTheFirstVersionUp) {  // ABI 1.10
   a.token_budget = 100;
   // A newer caller's larger struct: the bytes past this library's fields (0xab, which as flags
   // would be refused) are not read.
-  Grown<hs_admit_args> grown;
-  const uint32_t size = grown.get()->struct_size;
-  *grown.get() = a;
-  grown.get()->struct_size = size;
+  Grown<hs_admit_args> grown(a);
   hs_request_info ri = HS_REQUEST_INFO_INIT;
   ASSERT_EQ(hs_admit2(session_.get(), grown.get(), &ri), HS_OK) << hs_last_error();
   EXPECT_GE(ri.capacity_tokens, 100u);

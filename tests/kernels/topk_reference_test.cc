@@ -54,7 +54,7 @@ TEST(TopkReference, NeverMinusInfOrNaNAndPaddedWithMinusOne) {
 }
 
 TEST(TopkReference, TotalOrderOfBits) {
-  EXPECT_THAT(One({-0.0f, 0.0f}, 1), ElementsAre(1));           // -0 below +0
+  EXPECT_THAT(One({-0.0f, 0.0f}, 1), ElementsAre(1));            // -0 below +0
   EXPECT_THAT(One({3, kInf, -5, 1e30f}, 2), ElementsAre(1, 3));  // +inf is selectable
   EXPECT_THAT(One({-1, -3, -2}, 2), ElementsAre(0, 2));
 }

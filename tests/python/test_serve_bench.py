@@ -287,6 +287,22 @@ def test_triton_index_scores_match_the_reference():
     assert torch.equal(out_p, out_t)
 
 
+def _serving_score_rows(device, seed):
+    """Score rows at the serving shapes, as the overlap's top-k sees them: (M, T, edges, ranges,
+    scores) for 128k (29 rows in ranges of 7-8 rows, and 7 + 22) and 32k (82 rows in ranges of
+    24-29, and 24 + 58), with the -inf tail of a shorter row as the indexer writes it and one row
+    of fewer than k finite scores."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for M, T, edges in ((29, 131072, [0, 7, 14, 22, 29]), (82, 32768, [0, 24, 53, 82])):
+        scores = torch.randn(M, T, generator=g, device=dev)
+        scores[3, T // 2:] = float("-inf")
+        scores[edges[1] + 1, 1000:] = float("-inf")  # fewer than k finite scores: padding selected
+        yield M, T, edges, list(zip(edges, edges[1:])) + [(edges[1], M)], scores
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_topk_of_row_ranges_equals_one_call(device):
     """Overlap.indexer_chain takes the top-k of a batch in parts (ranges, then the rest). The selections
@@ -294,16 +310,9 @@ def test_topk_of_row_ranges_equals_one_call(device):
     depend on the rows beside it in the call: held here at the serving shapes (128k: 29 rows in
     ranges of 7-8 rows and 7 + 22; 32k: 82 rows in ranges of 24-29 and 24 + 58), with -inf tails of
     shorter rows as the indexer writes them."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(11)
-    for M, T, edges in ((29, 131072, [0, 7, 14, 22, 29]), (82, 32768, [0, 24, 53, 82])):
-        scores = torch.randn(M, T, generator=g, device=dev)
-        scores[3, T // 2:] = float("-inf")
-        scores[edges[1] + 1, 1000:] = float("-inf")  # shorter than k: padding selected
+    for M, T, edges, ranges, scores in _serving_score_rows(device, 11):
         whole_v, whole_i = scores.topk(2048, dim=1, sorted=False)
-        for a, b in list(zip(edges, edges[1:])) + [(edges[1], M)]:
+        for a, b in ranges:
             v, i = scores[a:b].topk(2048, dim=1, sorted=False)
             assert torch.equal(i, whole_i[a:b]) and torch.equal(v, whole_v[a:b]), (M, a, b)
 
@@ -314,14 +323,8 @@ def test_hisparse_topk_of_row_ranges_equals_one_call_and_torch(device):
     reference on a CPU) at the same serving shapes: a range's lists equal the whole call's, rows past
     the batch size get -1, and each row selects the set torch.topk selects (random scores: no ties),
     ascending, padded with -1 where a row holds fewer than k finite scores."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(12)
-    for M, T, edges in ((29, 131072, [0, 7, 14, 22, 29]), (82, 32768, [0, 24, 53, 82])):
-        scores = torch.randn(M, T, generator=g, device=dev)
-        scores[3, T // 2:] = float("-inf")
-        scores[edges[1] + 1, 1000:] = float("-inf")  # fewer than k finite scores
+    for M, T, edges, ranges, scores in _serving_score_rows(device, 12):
+        dev = scores.device
         seq = torch.full((M,), T, dtype=torch.int32, device=dev)
         seq[5] = 3000  # a row cut by its length: what lies past it is never read
         scores[5, 3000:] = float("inf")
@@ -329,7 +332,7 @@ def test_hisparse_topk_of_row_ranges_equals_one_call_and_torch(device):
         whole = torch.full((M, 2048), 7, dtype=torch.int32, device=dev)
         hisparse.topk(scores, whole, seq_lens=seq, batch_size=bs)
         assert torch.equal(whole[M - 2:].cpu(), torch.full((2, 2048), -1, dtype=torch.int32))
-        for a, b in list(zip(edges, edges[1:])) + [(edges[1], M)]:
+        for a, b in ranges:
             part = torch.full((b - a, 2048), 9, dtype=torch.int32, device=dev)
             n = torch.clamp(bs - a, min=0, max=b - a).to(torch.int32)
             hisparse.topk(scores[a:b], part, seq_lens=seq[a:b], batch_size=n)

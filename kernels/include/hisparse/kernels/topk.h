@@ -32,11 +32,11 @@
 namespace hisparse {
 
 struct TopkDesc {
-  const float* scores = nullptr;       // [rows][ld]
-  int64_t ld = 0;                      // elements between rows, >= cols
-  int32_t cols = 0;                    // scores a row may hold, >= 0
-  int32_t rows = 0;                    // capacity of the arrays (max_batch), >= 0
-  int32_t k = 0;                       // >= 1
+  const float* scores = nullptr;        // [rows][ld]
+  int64_t ld = 0;                       // elements between rows, >= cols
+  int32_t cols = 0;                     // scores a row may hold, >= 0
+  int32_t rows = 0;                     // capacity of the arrays (max_batch), >= 0
+  int32_t k = 0;                        // >= 1
   const int32_t* batch_size = nullptr;  // int32 [1], or null: all rows
   const int32_t* seq_lens = nullptr;    // int32 [rows], or null: cols each
   int32_t* positions = nullptr;         // int32 [rows][k], written
