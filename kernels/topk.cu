@@ -14,10 +14,11 @@
 // What a row costs. The first two passes read the whole row (512 KB for 128k scores, mostly from
 // L2, which the indexer has just written). When the bucket the first pass leaves holds at most
 // kCap keys, the second pass also copies them to shared memory, and the rest of the search reads
-// only those: a row is then three reads of its scores. The byte counts go to 32 copies of the 256
-// counters, one per lane, laid out so that a warp's 32 lanes always hit 32 different banks: scores
-// crowd into a few values of the leading bytes (every positive float of one octave shares its top
-// nine bits), and one set of counters would serialize a warp's increments on them.
+// only those: a row is then three reads of its scores, and a fourth to write the list. Scores crowd
+// into a few values of the leading bytes (every positive float of one octave shares its top nine
+// bits), so the counting is shaped against queues on one counter: each thread holds the counts of
+// the two bytes it met last in registers (ByteCounts), and the shared counters come in 32 copies,
+// one per lane, laid out so that a warp's 32 lanes always hit 32 different banks.
 //
 // One block a row means a call of a few rows costs about what one row costs, which an engine that
 // cuts a layer's rows into ranges, one top-k call each, needs (topk.h). Rows of one call run in
@@ -87,24 +88,67 @@ __device__ __forceinline__ void LoadTile(const float* x, int n, bool vec, int ba
   }
 }
 
+// Calls f(base, key) for every tile of the row in order, the next tile's loads issued before f
+// runs on this one, so that two tiles' loads are in flight (a block's one SM reads the row).
+template <typename F>
+__device__ __forceinline__ void ForEachTile(const float* x, int n, bool vec, F&& f) {
+  uint32_t key[kLoads][4], next[kLoads][4];
+  if (n > 0) LoadTile(x, n, vec, 0, key);
+  for (int base = 0; base < n; base += kTile) {
+    if (base + kTile < n) LoadTile(x, n, vec, base + kTile, next);
+    f(base, key);
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) key[j][e] = next[j][e];
+    }
+  }
+}
+
+// A thread's counts of the two bytes it met last, added to the shared counters only when a third
+// byte displaces one (and at the end). Every increment of one counter is a read-modify-write that
+// waits for the one before, so a byte that most keys share (the leading byte of scores within a
+// few octaves, or an indexer's many zeros) would otherwise queue the block's whole row on 32
+// counters.
+struct ByteCounts {
+  uint32_t d0 = 0xFFFFFFFFu, c0 = 0, d1 = 0xFFFFFFFFu, c1 = 0;
+  __device__ __forceinline__ void Add(uint32_t d, uint32_t* row_of_lane) {
+    if (d == d0) {
+      ++c0;
+    } else if (d == d1) {
+      ++c1;
+    } else {
+      if (c1 != 0) atomicAdd(row_of_lane + 32 * d1, c1);
+      d1 = d0;
+      c1 = c0;
+      d0 = d;
+      c0 = 1;
+    }
+  }
+  __device__ __forceinline__ void Flush(uint32_t* row_of_lane) const {
+    if (c0 != 0) atomicAdd(row_of_lane + 32 * d0, c0);
+    if (c1 != 0) atomicAdd(row_of_lane + 32 * d1, c1);
+  }
+};
+
 // Counts the next byte (at `shift`) of the bucket's keys in the row; with `keep`, also copies the
 // bucket's keys (at most kCap of them: the caller knows the bucket's size) to shared memory.
 __device__ void CountRow(const float* x, int n, bool vec, const Search& s, int shift, bool keep, Smem& sm) {
-  const int lane = threadIdx.x & 31;
-  for (int base = 0; base < n; base += kTile) {
-    uint32_t key[kLoads][4];
-    LoadTile(x, n, vec, base, key);
+  uint32_t* mine = &sm.hist[0][threadIdx.x & 31];  // byte b's counter of this lane: mine[32 * b]
+  ByteCounts counts;
+  ForEachTile(x, n, vec, [&](int, const uint32_t(&key)[kLoads][4]) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t k = key[j][e];
         if (k == 0u || (k & s.mask) != s.prefix) continue;
-        atomicAdd(&sm.hist[(k >> shift) & 0xFFu][lane], 1u);
+        counts.Add((k >> shift) & 0xFFu, mine);
         if (keep) sm.kept[atomicAdd(&sm.nkept, 1u)] = k;
       }
     }
-  }
+  });
+  counts.Flush(mine);
 }
 
 // The same over the keys kept in shared memory.
@@ -144,6 +188,7 @@ __device__ void Choose(int shift, bool first, Smem& sm) {
     }
     const uint32_t total = __shfl_sync(kFull, suffix, 0);
     const uint32_t want = sm.s.want;
+    __syncwarp();  // every lane has read sm.s before one of them writes it
     if (first && total <= want) {
       if (t == 0) sm.s.done = 1;  // prefix and mask stay 0: every selectable key is in the bucket
     } else {
@@ -205,9 +250,7 @@ __device__ __forceinline__ uint32_t Field(unsigned long long v, int j) {
 // bucket's first `want` (in position order). Returns how many it wrote.
 __device__ uint32_t WriteSelected(const float* x, int n, bool vec, const Search& s, int32_t* out, Smem& sm) {
   uint32_t sure_before = 0, tie_before = 0;
-  for (int base = 0; base < n; base += kTile) {
-    uint32_t key[kLoads][4];
-    LoadTile(x, n, vec, base, key);
+  ForEachTile(x, n, vec, [&](int base, const uint32_t(&key)[kLoads][4]) {
     unsigned long long a = 0, c = 0;
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
@@ -250,7 +293,7 @@ __device__ uint32_t WriteSelected(const float* x, int n, bool vec, const Search&
       sure_before += Field(ta, j);
       tie_before += Field(tc, j);
     }
-  }
+  });
   return sure_before + min(tie_before, s.want);
 }
 
@@ -301,7 +344,12 @@ cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream) {
     internal::SetLaunchError("");
     return cudaSuccess;
   }
+#ifndef HISPARSE_CUDA_EMULATION
   TopkKernel<<<d.rows, kThreads, 0, stream>>>(d);
+#else  // tests/kernels/topk_emulated_test.cc: the device code on the host
+  (void)stream;
+  EmulateLaunch(d.rows, kThreads, [&] { TopkKernel(d); });
+#endif
   return internal::CheckLaunched();
 }
 

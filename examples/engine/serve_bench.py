@@ -318,13 +318,17 @@ def overlap_tag(ov):
     return f"_overlap{ov.tag}"
 
 
-def time_topk(dev, k: int, cols: int = 131136, rows=(1, 5, 7, 22, 29, 32), calls: int = 10, reps: int = 5):
+def time_topk(dev, k: int, cols: int = 131136, rows=(1, 5, 7, 22, 29, 32), calls: int = 10, reps: int = 5,
+              zeros: float = 0.0):
     """µs a call of each top-k at `rows` rows of `cols` scores (the 128k shape), replayed from a graph of
-    `calls` calls (as the step runs them): {rows: {"torch": us, "hisparse": us}}, the median of reps."""
+    `calls` calls (as the step runs them): {rows: {"torch": us, "hisparse": us}}, the median of reps.
+    Scores are normal; zeros > 0 clamps that fraction of them to 0, as an indexer's ReLU leaves them."""
     import hisparse
     out = {}
     for m in rows:
         scores = torch.randn(m, cols, device=dev)
+        if zeros > 0:
+            scores = torch.clamp(scores - torch.quantile(scores[0, :65536], zeros), min=0)
         positions = torch.empty(m, k, dtype=torch.int32, device=dev)
         seq = torch.full((m,), cols, dtype=torch.int32, device=dev)
         bs = torch.tensor([m], dtype=torch.int32, device=dev)

@@ -16,43 +16,14 @@
 namespace hisparse {
 namespace {
 
-struct Batch {
-  int32_t rows = 0, cols = 0, k = 0;
-  int64_t ld = 0;
-  std::vector<float> scores;
-  std::vector<int32_t> seq_lens;
-};
-
-// Row i is kinds[i % kinds] with its own seed; seq_lens cut some rows (and one below zero).
-Batch MakeBatch(int32_t rows, int32_t cols, int64_t ld, int32_t k, uint32_t seed) {
-  Batch b{rows, cols, k, ld, std::vector<float>(static_cast<size_t>(rows) * ld, -1.0f), {}};
-  const auto& kinds = testing::TopkKinds();
-  for (int32_t i = 0; i < rows; ++i) {
-    const std::vector<float> row = testing::TopkRow(kinds[i % kinds.size()], cols, seed + i);
-    std::memcpy(&b.scores[static_cast<size_t>(i) * ld], row.data(), row.size() * sizeof(float));
-    b.seq_lens.push_back(i % 5 == 3 ? cols / 2 + i : i % 7 == 6 ? -1 : cols + 3);
-  }
-  return b;
-}
-
-std::vector<int32_t> Reference(const Batch& b, int32_t batch_size, bool with_lens) {
-  std::vector<int32_t> out(static_cast<size_t>(b.rows) * b.k);
-  TopkDesc d;
-  d.scores = b.scores.data();
-  d.ld = b.ld;
-  d.cols = b.cols;
-  d.rows = b.rows;
-  d.k = b.k;
-  d.batch_size = &batch_size;
-  d.seq_lens = with_lens ? b.seq_lens.data() : nullptr;
-  d.positions = out.data();
-  TopkReference(d);
-  return out;
-}
+using testing::MakeTopkBatch;
+using testing::TopkBatch;
+using testing::TopkBatchDesc;
+using testing::TopkBatchReference;
 
 class DeviceBatch {
  public:
-  explicit DeviceBatch(const Batch& b) : b_(b) {
+  explicit DeviceBatch(const TopkBatch& b) : b_(b) {
     EXPECT_EQ(cudaMalloc(&scores_, b.scores.size() * sizeof(float) + 16), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&lens_, b.seq_lens.size() * sizeof(int32_t) + 4), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&batch_, sizeof(int32_t)), cudaSuccess);
@@ -68,18 +39,7 @@ class DeviceBatch {
     cudaFree(batch_);
     cudaFree(out_);
   }
-  TopkDesc Desc(bool with_lens) const {
-    TopkDesc d;
-    d.scores = scores_;
-    d.ld = b_.ld;
-    d.cols = b_.cols;
-    d.rows = b_.rows;
-    d.k = b_.k;
-    d.batch_size = batch_;
-    d.seq_lens = with_lens ? lens_ : nullptr;
-    d.positions = out_;
-    return d;
-  }
+  TopkDesc Desc(bool with_lens) const { return TopkBatchDesc(b_, scores_, batch_, with_lens ? lens_ : nullptr, out_); }
   void SetBatch(int32_t n, cudaStream_t s) const {
     ASSERT_EQ(cudaMemcpyAsync(batch_, &n, sizeof n, cudaMemcpyHostToDevice, s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -95,14 +55,14 @@ class DeviceBatch {
   }
 
  private:
-  const Batch& b_;
+  const TopkBatch& b_;
   float* scores_ = nullptr;
   int32_t* lens_ = nullptr;
   int32_t* batch_ = nullptr;
   int32_t* out_ = nullptr;
 };
 
-void ExpectRowsEqual(const std::vector<int32_t>& got, const std::vector<int32_t>& want, const Batch& b,
+void ExpectRowsEqual(const std::vector<int32_t>& got, const std::vector<int32_t>& want, const TopkBatch& b,
                      const char* what) {
   for (int32_t i = 0; i < b.rows; ++i) {
     for (int32_t j = 0; j < b.k; ++j) {
@@ -112,18 +72,18 @@ void ExpectRowsEqual(const std::vector<int32_t>& got, const std::vector<int32_t>
   }
 }
 
-void RunAndCompare(const Batch& b, int32_t batch_size, bool with_lens, const char* what) {
+void RunAndCompare(const TopkBatch& b, int32_t batch_size, bool with_lens, const char* what) {
   DeviceBatch dev(b);
   dev.SetBatch(batch_size, nullptr);
   dev.Poison(nullptr);
   CUDA_OK(LaunchTopk(dev.Desc(with_lens), nullptr));
   CUDA_OK(cudaDeviceSynchronize());
-  ExpectRowsEqual(dev.Out(), Reference(b, batch_size, with_lens), b, what);
+  ExpectRowsEqual(dev.Out(), TopkBatchReference(b, batch_size, with_lens), b, what);
 }
 
 TEST(TopkGpu, EngineShapeMatchesReference) {
   REQUIRE_GPU();
-  const Batch b = MakeBatch(/*rows=*/16, /*cols=*/131136, /*ld=*/131136, /*k=*/2048, 7);
+  const TopkBatch b = MakeTopkBatch(/*rows=*/16, /*cols=*/131136, /*ld=*/131136, /*k=*/2048, 7);
   RunAndCompare(b, 16, false, "all rows");
   RunAndCompare(b, 16, true, "seq_lens");
   RunAndCompare(b, 11, true, "batch 11 of 16");
@@ -131,30 +91,27 @@ TEST(TopkGpu, EngineShapeMatchesReference) {
 
 TEST(TopkGpu, OddShapesMatchReference) {
   REQUIRE_GPU();
-  // An unaligned row stride (rows start off 16 bytes), k past most rows, a short tile's tail.
-  RunAndCompare(MakeBatch(9, 4099, 4101, 300, 3), 9, true, "ld 4101, k 300");
-  RunAndCompare(MakeBatch(9, 1000, 1001, 2048, 5), 9, true, "k past the row");
-  RunAndCompare(MakeBatch(8, 40000, 40000, 1, 9), 8, false, "k 1");
-  RunAndCompare(MakeBatch(8, 9000, 9000, 5000, 11), 8, false, "k 5000");
-  RunAndCompare(MakeBatch(3, 0, 4, 16, 13), 3, false, "no columns");
+  for (const auto& o : testing::TopkOddShapes()) {
+    RunAndCompare(MakeTopkBatch(o.rows, o.cols, o.ld, o.k, o.seed), o.rows, true, o.what);
+  }
 }
 
 // A row's list does not depend on the rows launched beside it.
 TEST(TopkGpu, ARowAloneEqualsItInABatch) {
   REQUIRE_GPU();
-  const Batch b = MakeBatch(8, 20000, 20000, 700, 21);
+  const TopkBatch b = MakeTopkBatch(8, 20000, 20000, 700, 21);
   DeviceBatch dev(b);
   dev.SetBatch(8, nullptr);
   CUDA_OK(LaunchTopk(dev.Desc(true), nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<int32_t> all = dev.Out();
   for (int32_t i = 0; i < b.rows; ++i) {
-    Batch one{1,
-              b.cols,
-              b.k,
-              b.ld,
-              std::vector<float>(b.scores.begin() + i * b.ld, b.scores.begin() + (i + 1) * b.ld),
-              {b.seq_lens[i]}};
+    TopkBatch one{1,
+                  b.cols,
+                  b.k,
+                  b.ld,
+                  std::vector<float>(b.scores.begin() + i * b.ld, b.scores.begin() + (i + 1) * b.ld),
+                  {b.seq_lens[i]}};
     DeviceBatch d1(one);
     d1.SetBatch(1, nullptr);
     CUDA_OK(LaunchTopk(d1.Desc(true), nullptr));
@@ -167,7 +124,7 @@ TEST(TopkGpu, ARowAloneEqualsItInABatch) {
 // One graph captured for 16 rows serves batches of 16, 5 and 0: the batch size is read at run time.
 TEST(TopkGpu, OneGraphServesEveryBatchSize) {
   REQUIRE_GPU();
-  const Batch b = MakeBatch(16, 50000, 50000, 2048, 31);
+  const TopkBatch b = MakeTopkBatch(16, 50000, 50000, 2048, 31);
   DeviceBatch dev(b);
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -182,7 +139,7 @@ TEST(TopkGpu, OneGraphServesEveryBatchSize) {
     dev.Poison(s);
     CUDA_OK(cudaGraphLaunch(exec, s));
     CUDA_OK(cudaStreamSynchronize(s));
-    ExpectRowsEqual(dev.Out(), Reference(b, n, true), b, "graph");
+    ExpectRowsEqual(dev.Out(), TopkBatchReference(b, n, true), b, "graph");
   }
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));

@@ -5,12 +5,16 @@
 #ifndef HISPARSE_TESTS_KERNELS_TOPK_CASES_H_
 #define HISPARSE_TESTS_KERNELS_TOPK_CASES_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "hisparse/kernels/topk.h"
 
 namespace hisparse::testing {
 
@@ -53,6 +57,65 @@ inline const std::vector<std::string>& TopkKinds() {
   static const std::vector<std::string> kinds = {"normal", "relu",     "ties",   "equal",
                                                  "narrow", "specials", "padded", "wide"};
   return kinds;
+}
+
+// A batch of rows for the kernel's tests, in host memory.
+struct TopkBatch {
+  int32_t rows = 0, cols = 0, k = 0;
+  int64_t ld = 0;
+  std::vector<float> scores;
+  std::vector<int32_t> seq_lens;
+};
+
+// Row i is kinds[i % kinds] with its own seed; seq_lens cut some rows (and one below zero).
+inline TopkBatch MakeTopkBatch(int32_t rows, int32_t cols, int64_t ld, int32_t k, uint32_t seed) {
+  TopkBatch b{rows, cols, k, ld, std::vector<float>(static_cast<size_t>(rows) * ld, -1.0f), {}};
+  const auto& kinds = TopkKinds();
+  for (int32_t i = 0; i < rows; ++i) {
+    const std::vector<float> row = TopkRow(kinds[i % kinds.size()], cols, seed + i);
+    std::memcpy(&b.scores[static_cast<size_t>(i) * ld], row.data(), row.size() * sizeof(float));
+    b.seq_lens.push_back(i % 5 == 3 ? cols / 2 + i : i % 7 == 6 ? -1 : cols + 3);
+  }
+  return b;
+}
+
+// b's descriptor over these arrays (host or device copies of b's), writing `out`.
+inline TopkDesc TopkBatchDesc(const TopkBatch& b, const float* scores, const int32_t* batch_size,
+                              const int32_t* seq_lens, int32_t* out) {
+  TopkDesc d;
+  d.scores = scores;
+  d.ld = b.ld;
+  d.cols = b.cols;
+  d.rows = b.rows;
+  d.k = b.k;
+  d.batch_size = batch_size;
+  d.seq_lens = seq_lens;
+  d.positions = out;
+  return d;
+}
+
+inline std::vector<int32_t> TopkBatchReference(const TopkBatch& b, int32_t batch_size, bool with_lens) {
+  std::vector<int32_t> out(static_cast<size_t>(b.rows) * b.k);
+  TopkReference(TopkBatchDesc(b, b.scores.data(), &batch_size, with_lens ? b.seq_lens.data() : nullptr, out.data()));
+  return out;
+}
+
+// The shapes both kernel tests run besides the engine's: an unaligned row stride (rows start off
+// 16 bytes), k past most rows, k 1, k larger than a kept bucket, and no columns at all.
+struct TopkShape {
+  int32_t rows, cols;
+  int64_t ld;
+  int32_t k;
+  uint32_t seed;
+  const char* what;
+};
+inline const std::vector<TopkShape>& TopkOddShapes() {
+  static const std::vector<TopkShape> shapes = {{9, 4099, 4101, 300, 3, "ld 4101, k 300"},
+                                                {9, 1000, 1001, 2048, 5, "k past the row"},
+                                                {8, 40000, 40000, 1, 9, "k 1"},
+                                                {8, 9000, 9000, 5000, 11, "k 5000"},
+                                                {3, 0, 4, 16, 13, "no columns"}};
+  return shapes;
 }
 
 }  // namespace hisparse::testing

@@ -6,6 +6,8 @@
 #   TESTS=1   gpu_topk_test (TOP-K against its reference); gpu_resolve_test's budget, consumer-block,
 #             beside, graph and prepared-config cases; pytest of the serve benchmark (kernels, the top-k,
 #             the CPU smoke runs: sweep and curve) and of the CUDA data path (PYTEST: the files)
+#   TOPK=1    the top-k's time a call, torch.topk against hisparse.topk, at 1-32 rows of 131,136 scores,
+#             normal and half of them zero (serve_bench.time_topk)
 #   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages (FETCH_LAYOUT) at batch 8
 #             and 128 (FETCH_BATCH), both record sizes, 20% and 100% misses (FETCH_MISS), per RESOLVE
 #             budget of blocks (FETCH_BLOCKS), per count of consumer blocks (FETCH_CONSUMERS) and per
@@ -35,6 +37,13 @@ if [ "${TESTS:-1}" != 0 ]; then
   step 300 pytest "$PY" -m pytest -q -p no:cacheprovider ${PYTEST:-tests/python/test_serve_bench.py tests/python/test_topk.py tests/python/test_gpu.py} \
     > "$OUT/pytest.log" 2>&1
   tail -3 "$OUT/pytest.log" >> "$S"
+fi
+if [ "${TOPK:-0}" != 0 ]; then
+  step 120 topk "$PY" -c "import sys, json, torch; sys.path.insert(0, 'examples/engine'); import serve_bench
+for z in (0.0, 0.5):
+    print(json.dumps(dict(kind='topk_us', zeros=z, us=serve_bench.time_topk(torch.device('cuda'), 2048, zeros=z))))" \
+    > "$OUT/topk.jsonl" 2> "$OUT/topk.err"
+  cat "$OUT/topk.jsonl" >> "$S"
 fi
 if [ "${FETCH:-1}" != 0 ]; then
   step "${FETCH_LIMIT:-240}" fetch "$B/run" hisparse-bench resolve --pattern scattered \
