@@ -46,14 +46,13 @@ void ExpectEqual(const TopkBatch& b, int32_t batch_size, bool with_lens, bool al
   const size_t off = aligned ? 0 : 1;
   std::copy(b.scores.begin(), b.scores.end(), scores.begin() + off);
   std::vector<int32_t> got(static_cast<size_t>(b.rows) * b.k, 0x5a5a5a5a);
-  const TopkDesc d = TopkBatchDesc(b, scores.data() + off, &batch_size, with_lens ? b.seq_lens.data() : nullptr,
-                                   got.data());
+  const TopkDesc d =
+      TopkBatchDesc(b, scores.data() + off, &batch_size, with_lens ? b.seq_lens.data() : nullptr, got.data());
   ASSERT_EQ(LaunchTopk(d, nullptr), cudaSuccess) << LastLaunchError();
   const std::vector<int32_t> want = TopkBatchReference(b, batch_size, with_lens);
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_EQ(got[i], want[i]) << what << (aligned ? "" : ", unaligned") << ": row " << i / b.k << " ("
-                               << testing::TopkKinds()[(i / b.k) % testing::TopkKinds().size()] << ") col "
-                               << i % b.k;
+                               << testing::TopkKinds()[(i / b.k) % testing::TopkKinds().size()] << ") col " << i % b.k;
   }
 }
 

@@ -31,8 +31,12 @@ typedef void* cudaStream_t;
 constexpr int cudaSuccess = 0, cudaErrorInvalidValue = 1;
 inline const char* cudaGetErrorName(int) { return "err"; }
 inline int cudaGetLastError() { return 0; }
-struct dim3 { unsigned x = 0, y = 0, z = 0; };
-struct float4 { float x, y, z, w; };
+struct dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct float4 {
+  float x, y, z, w;
+};
 inline thread_local dim3 threadIdx, blockIdx;
 struct EmuBlock {
   std::unique_ptr<std::barrier<>> all;
@@ -56,18 +60,30 @@ T EmuShfl(T v, int src_lane) {
   std::memcpy(&out, &r, sizeof out);
   return out;
 }
-template <typename T> T __shfl_down_sync(unsigned, T v, int off) {
+template <typename T>
+T __shfl_down_sync(unsigned, T v, int off) {
   int lane = threadIdx.x & 31;
   return EmuShfl(v, lane + off < 32 ? lane + off : lane);
 }
-template <typename T> T __shfl_up_sync(unsigned, T v, int off) {
+template <typename T>
+T __shfl_up_sync(unsigned, T v, int off) {
   int lane = threadIdx.x & 31;
   return EmuShfl(v, lane - off >= 0 ? lane - off : lane);
 }
-template <typename T> T __shfl_sync(unsigned, T v, int src) { return EmuShfl(v, src); }
+template <typename T>
+T __shfl_sync(unsigned, T v, int src) {
+  return EmuShfl(v, src);
+}
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-template <typename T> T __ldg(const T* p) { return *p; }
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
 using std::max;
 using std::min;
 // Runs body() as `threads` threads of each of `blocks` blocks, one block after another.
