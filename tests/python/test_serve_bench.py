@@ -103,6 +103,27 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     assert by[(96, 0.8)]["locality"] >= by[(96, 0.3)]["locality"]
 
 
+def test_the_hisparse_topk_through_the_chain_on_the_cpu(capsys, monkeypatch):
+    # --topk hisparse: every selection through hs_topk (the CPU reference on the host), the chained
+    # ranges' calls with their own batch sizes, every point exact against full HBM.
+    calls = []
+    plain = hisparse.topk
+
+    def counted(scores, positions, **kw):
+        calls.append(scores.shape[0])
+        return plain(scores, positions, **kw)
+
+    monkeypatch.setattr(hisparse, "topk", counted)
+    argv = ["--smoke", "--topk", "hisparse", "--hit-rates", "0.8", "--overlap", "3/b1/beside/ix2/rf",
+            "--overlap-min-rows", "2", "--calibrate-localities", "0,6"]
+    assert serve_bench.main(argv) == 0
+    lines = json_lines(capsys.readouterr().out)
+    assert [x["topk"] for x in lines if x["kind"] == "model"] == ["hisparse"]
+    cur = [x for x in lines if x["kind"] == "curve"]
+    assert cur and all(c["exact"] and c["identical"] == c["identical_overlap"] == c["sampled_steps"] > 0 for c in cur)
+    assert len(set(calls)) > 1, "the chain called it on ranges as well as on whole batches"
+
+
 def test_overlap_cuts_a_batch_into_row_ranges():
     o = dsv32.Overlap(chunks=4, min_rows=4)
     assert o.ranges(29) == [(0, 7), (7, 14), (14, 22), (22, 29)]
