@@ -478,14 +478,15 @@ hs_result hs_store_indexed(hs_session* session, const hs_store_indexed_args* arg
  * position), the positions of its k largest, as RESOLVE's positions list. No session: the engine
  * may run it in every mode it compares, full HBM included, so that their selections are the same
  * bits. For an engine that cuts a layer's rows into ranges to hide RESOLVE's misses
- * (docs/INTEGRATION.md, "Hiding the misses"): each row gets one thread block, so a call of a few
- * rows costs about one row's time. The contract (kernels/include/hisparse/kernels/topk.h), per row
- * i < *batch_size: the first min(seq_lens[i], cols) scores are considered (cols each when
- * seq_lens is NULL); -inf and NaN are never selected; scores compare by the IEEE total order of
- * their bits (-0 below +0); of more than k selectable scores the k largest are taken, and of those
- * equal to the k-th largest the lowest positions; positions[i] holds them ascending, then -1 to
- * column k. Rows past *batch_size get -1 in every column. A row's list depends on its scores alone,
- * and the CUDA kernel and the CPU reference write the same bits. */
+ * (docs/INTEGRATION.md, "Hiding the misses"): each row gets one thread block, so a call costs about
+ * one row's time at any row count (~185 us for k 2048 of 131,136 scores on an H100 today, 3.4x a
+ * whole torch.topk call: bench/RESULTS.md, "A top-k of one block a row"). The contract
+ * (kernels/include/hisparse/kernels/topk.h), per row i < *batch_size: the first min(seq_lens[i], cols) scores are
+ * considered (cols each when seq_lens is NULL); -inf and NaN are never selected; scores compare by the IEEE total order
+ * of their bits (-0 below +0); of more than k selectable scores the k largest are taken, and of those equal to the k-th
+ * largest the lowest positions; positions[i] holds them ascending, then -1 to column k. Rows past *batch_size get -1 in
+ * every column. A row's list depends on its scores alone, and the CUDA kernel and the CPU reference write the same
+ * bits. */
 typedef struct hs_topk_args {
   uint32_t struct_size;      /* sizeof(hs_topk_args) */
   int32_t device;            /* -1: every pointer is host memory, and the CPU reference runs on the

@@ -7,9 +7,11 @@
 // (docs/INTEGRATION.md, "Hiding the misses") runs the top-k once per range, and a top-k whose cost
 // is mostly fixed per call (torch.topk: ~60 us for a few rows of 128k scores, ~100 us for 32) eats
 // what the ranges hide. This one gives each row one thread block, so a call costs about one row's
-// time whatever the number of rows (bench/RESULTS.md, "A top-k of a few rows"). An engine with its
-// own (SGLang's DSA top-k) keeps it; the selection needs only to be the same bits in every mode
-// that is compared.
+// time whatever the number of rows, and a row's list is a function of its scores alone, which
+// cutting the call into ranges needs. Its rate is not there yet: ~185 us a call on an H100, 3.4x
+// torch.topk's whole call (bench/RESULTS.md, "A top-k of one block a row"), so the serving
+// benchmark keeps torch.topk by default. An engine with its own per-row top-k (SGLang's DSA one)
+// keeps it; the selection needs only to be the same bits in every mode that is compared.
 //
 // The contract, per row i of the batch:
 //  1. Rows i >= *batch_size (when batch_size is given; read at run time, clamped to [0, rows], so
