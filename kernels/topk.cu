@@ -1,4 +1,5 @@
-// TOP-K (topk.h) on the GPU: one thread block a row, an exact radix select over ordered keys.
+// TOP-K (topk.h) on the GPU: a cluster of thread blocks a row, an exact radix select over ordered
+// keys.
 //
 // How a row is selected. Its scores become 32-bit keys that order as the floats do (topk.h, rule
 // 3), unselectable ones (-inf, NaN, past the row's length) key 0. The k-th largest key is found a
@@ -11,23 +12,32 @@
 // selected (a block-wide scan a tile): the list comes out ascending, ties go to the lower
 // positions, and the bits equal the reference's (kernels/topk_reference.cc).
 //
-// What a row costs. Each pass reads the whole row (512 KB for 128k scores, mostly from L2, which
-// the indexer has just written) until the bucket holds at most kCap keys; the pass that finds so
+// A row among the blocks of a cluster. One block a row (the first version) cost ~185 us a row on an
+// H100 whatever the row count (bench/RESULTS.md, "A top-k of one block a row"): one SM did all of a
+// row's counting. So the row is cut into `blocks` contiguous shares, one a block of a thread-block
+// cluster (sm_90), and the launcher gives a call of few rows up to 8 blocks a row, as many as keep
+// the call's blocks resident at once (TopkBlocksPerRow). Each pass, every block counts its share,
+// the cluster barrier publishes the counts, and every block adds all blocks' counts from their
+// shared memory (distributed shared memory) in rank order, so every block chooses the same byte
+// without a broadcast; counts alternate between two buffers by pass, so a block that runs ahead
+// never overwrites what a slower one is still adding. The counts also give each block, for free,
+// how many of its keys lie above the final bucket (`sure`) and in it (`tie`); once the search ends,
+// the lower ranks' sums say where a block's positions start in the row's list and how many of the
+// bucket's ties the lower positions took, so each block writes its share's positions on its own.
+//
+// What a row costs. Each pass reads the block's share (from L2, which the indexer has just
+// written) until the block's part of the bucket holds at most kCap keys; the pass that finds so
 // copies them to shared memory, and the rest of the search reads only those. Scores within a few
 // octaves share their leading byte, so that is typically passes 0-2 and the list's pass: four
-// reads. Scores crowd into a few values of the leading bytes, so the counting is shaped against
+// reads. A whole tile's float4 loads go out back to back, and the next tile's before this one is
+// counted. Scores crowd into a few values of the leading bytes, so the counting is shaped against
 // queues on one counter: each thread holds the counts of the two bytes it met last in registers
 // (ByteCounts), and the shared counters come in 32 copies, one per lane, laid out so that a warp's
-// 32 lanes always hit 32 different banks. Measured (bench/RESULTS.md, "A top-k of one block a
-// row"): ~185 us a row on an H100 whatever the scores, ~11 GB/s of reads for the block, far below
-// what one SM can stream; LoadTile's per-float4 bounds test, which lets each load issue only after
-// the one before is used, is the likely cause, not yet measured.
-//
-// One block a row means a call of a few rows costs about what one row costs, which an engine that
-// cuts a layer's rows into ranges, one top-k call each, needs (topk.h). Rows of one call run in
-// parallel up to the SM count.
+// 32 lanes always hit 32 different banks.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -38,17 +48,27 @@ namespace hisparse {
 namespace internal {
 void SetLaunchError(const char* msg);
 cudaError_t FailLaunch(const std::string& msg);
+cudaError_t LaunchCallFailed(cudaError_t e);
 cudaError_t CheckLaunched();
 }  // namespace internal
 
 namespace {
+
+namespace cg = cooperative_groups;
+
+// A block's shared variable. tests/kernels/cuda_emulation defines its own: a host build has no
+// per-block storage of its own.
+#ifndef HS_BLOCK_SHARED
+#define HS_BLOCK_SHARED(type, name) __shared__ type name
+#endif
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kLoads = 4;             // float4 loads of a thread in one tile
 constexpr int kSub = kThreads * 4;    // elements of one sub-tile (one float4 a thread)
 constexpr int kTile = kSub * kLoads;  // elements of one tile
-constexpr int kCap = 2048;            // bucket keys the search may keep in shared memory
+constexpr int kCap = 2048;            // bucket keys a block may keep in shared memory
+constexpr int kMaxCluster = 8;        // blocks a row: the portable cluster size
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 struct Search {
@@ -59,11 +79,17 @@ struct Search {
   int done;         // want == bucket: every key of the bucket is taken
 };
 
+// A block's shared memory. The blocks of a row's cluster read one another's `counts` and `part`
+// (distributed shared memory); everything else is the block's own.
 struct Smem {
-  uint32_t hist[256][32];  // [byte][lane]: a warp's lanes never share a bank
-  uint32_t counts[256];
-  uint32_t kept[kCap];  // the bucket's keys, once they fit
+  uint32_t hist[256][32];   // [byte][lane]: a warp's lanes never share a bank
+  uint32_t counts[2][256];  // this block's counts of a pass, [pass & 1]: the cluster sums them
+  uint32_t total[256];      // the cluster's counts of the pass
+  uint32_t kept[kCap];      // this block's share of the bucket's keys, once it fits
   uint32_t nkept;
+  uint32_t sure, tie;          // this block's keys above the bucket, and in it
+  uint32_t part[2];            // `sure` and `tie` once the search ends, for the cluster to read
+  uint32_t before[2], all[2];  // the sums of `part` over the lower ranks, and over the cluster
   unsigned long long scan[2][kWarps];
   Search s;
 };
@@ -73,38 +99,53 @@ __device__ __forceinline__ uint32_t KeyOf(float f) {
   return TopkSelectable(key) ? key : 0u;
 }
 
-// The keys of one tile: element (j, e) of this thread is base + j * kSub + 4 * threadIdx.x + e.
-__device__ __forceinline__ void LoadTile(const float* x, int n, bool vec, int base, uint32_t key[kLoads][4]) {
+__device__ __forceinline__ void KeysOf(const float4 (&v)[kLoads], uint32_t (&key)[kLoads][4]) {
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
-    const int i = base + j * kSub + 4 * static_cast<int>(threadIdx.x);
-    if (vec && i + 4 <= n) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(x + i));
-      key[j][0] = KeyOf(v.x);
-      key[j][1] = KeyOf(v.y);
-      key[j][2] = KeyOf(v.z);
-      key[j][3] = KeyOf(v.w);
-    } else {
+    key[j][0] = KeyOf(v[j].x);
+    key[j][1] = KeyOf(v[j].y);
+    key[j][2] = KeyOf(v[j].z);
+    key[j][3] = KeyOf(v[j].w);
+  }
+}
+
+// The scores of one tile, -inf past `end`: element (j, e) of this thread is
+// base + j * kSub + 4 * threadIdx.x + e. A whole aligned tile is kLoads float4 loads with no test
+// between them, so that all of them are in flight at once.
+__device__ __forceinline__ void LoadTile(const float* x, int end, bool vec, int base, float4 (&v)[kLoads]) {
+  const int t4 = 4 * static_cast<int>(threadIdx.x);
+  if (vec && base + kTile <= end) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) key[j][e] = i + e < n ? KeyOf(__ldg(x + i + e)) : 0u;
+    for (int j = 0; j < kLoads; ++j) v[j] = __ldg(reinterpret_cast<const float4*>(x + base + j * kSub + t4));
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = base + j * kSub + t4;
+    if (vec && i + 4 <= end) {
+      v[j] = __ldg(reinterpret_cast<const float4*>(x + i));
+    } else {
+      v[j].x = i < end ? __ldg(x + i) : -INFINITY;
+      v[j].y = i + 1 < end ? __ldg(x + i + 1) : -INFINITY;
+      v[j].z = i + 2 < end ? __ldg(x + i + 2) : -INFINITY;
+      v[j].w = i + 3 < end ? __ldg(x + i + 3) : -INFINITY;
     }
   }
 }
 
-// Calls f(base, key) for every tile of the row in order, the next tile's loads issued before f
-// runs on this one, so that two tiles' loads are in flight (a block's one SM reads the row).
+// Calls f(base, key) for every tile of [begin, end) in order. The next tile's loads are issued
+// before this tile's scores become keys, so that two tiles' loads are in flight while f counts.
 template <typename F>
-__device__ __forceinline__ void ForEachTile(const float* x, int n, bool vec, F&& f) {
-  uint32_t key[kLoads][4], next[kLoads][4];
-  if (n > 0) LoadTile(x, n, vec, 0, key);
-  for (int base = 0; base < n; base += kTile) {
-    if (base + kTile < n) LoadTile(x, n, vec, base + kTile, next);
+__device__ __forceinline__ void ForEachTile(const float* x, int begin, int end, bool vec, F&& f) {
+  float4 cur[kLoads], next[kLoads];
+  if (begin < end) LoadTile(x, end, vec, begin, cur);
+  for (int base = begin; base < end; base += kTile) {
+    if (base + kTile < end) LoadTile(x, end, vec, base + kTile, next);
+    uint32_t key[kLoads][4];
+    KeysOf(cur, key);
     f(base, key);
 #pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) key[j][e] = next[j][e];
-    }
+    for (int j = 0; j < kLoads; ++j) cur[j] = next[j];
   }
 }
 
@@ -134,12 +175,13 @@ struct ByteCounts {
   }
 };
 
-// Counts the next byte (at `shift`) of the bucket's keys in the row; with `keep`, also copies the
-// bucket's keys (at most kCap of them: the caller knows the bucket's size) to shared memory.
-__device__ void CountRow(const float* x, int n, bool vec, const Search& s, int shift, bool keep, Smem& sm) {
+// Counts the next byte (at `shift`) of the bucket's keys in [begin, end); with `keep`, also copies
+// them (at most kCap: the caller knows this block's share of the bucket) to shared memory.
+__device__ void CountRow(const float* x, int begin, int end, bool vec, const Search& s, int shift, bool keep,
+                         Smem& sm) {
   uint32_t* mine = &sm.hist[0][threadIdx.x & 31];  // byte b's counter of this lane: mine[32 * b]
   ByteCounts counts;
-  ForEachTile(x, n, vec, [&](int, const uint32_t(&key)[kLoads][4]) {
+  ForEachTile(x, begin, end, vec, [&](int, const uint32_t(&key)[kLoads][4]) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
 #pragma unroll
@@ -163,24 +205,42 @@ __device__ void CountKept(const Search& s, int shift, Smem& sm) {
   }
 }
 
-// After a count: narrows the bucket to the byte at `shift` where the count from the top reaches
-// `want` (pass 0: or ends the search with every selectable key when there are at most `want`).
-// Every thread calls it; it returns with sm.s updated and visible.
-__device__ void Choose(int shift, bool first, Smem& sm) {
+// This block's counts of the pass, its lanes' copies added, where the cluster can read them.
+__device__ void Tally(int parity, Smem& sm) {
   const int t = threadIdx.x;
   if (t < 256) {
     uint32_t c = 0;
 #pragma unroll 8
     for (int l = 0; l < 32; ++l) c += sm.hist[t][(l + t) & 31];
-    sm.counts[t] = c;
+    sm.counts[parity][t] = c;
+  }
+}
+
+// The cluster's counts of the pass: every block's Tally summed, in rank order. Called after a
+// cluster barrier; every block computes the same sums, so every block chooses the same byte.
+__device__ void SumCluster(const cg::cluster_group& cluster, int parity, Smem& sm) {
+  const int t = threadIdx.x;
+  if (t < 256) {
+    uint32_t c = 0;
+    const int blocks = static_cast<int>(cluster.num_blocks());
+    for (int r = 0; r < blocks; ++r) c += cluster.map_shared_rank(sm.counts[parity], r)[t];
+    sm.total[t] = c;
   }
   __syncthreads();
+}
+
+// After a pass: narrows the bucket to the byte at `shift` where the cluster's count from the top
+// reaches `want` (pass 0: or ends the search with every selectable key when there are at most
+// `want`), and this block's `sure` and `tie` with it. Every thread calls it; it returns with sm.s
+// updated and visible.
+__device__ void Choose(int shift, bool first, int parity, Smem& sm) {
+  const int t = threadIdx.x;
   if (t < 32) {
     uint32_t local[8];
     uint32_t sum = 0;
 #pragma unroll
     for (int d = 0; d < 8; ++d) {
-      local[d] = sm.counts[8 * t + d];
+      local[d] = sm.total[8 * t + d];
       sum += local[d];
     }
     uint32_t suffix = sum;  // this lane's bytes and every higher lane's
@@ -192,7 +252,8 @@ __device__ void Choose(int shift, bool first, Smem& sm) {
     const uint32_t total = __shfl_sync(kFull, suffix, 0);
     const uint32_t want = sm.s.want;
     __syncwarp();  // every lane has read sm.s before one of them writes it
-    if (first && total <= want) {
+    const bool all = first && total <= want;
+    if (all) {
       if (t == 0) sm.s.done = 1;  // prefix and mask stay 0: every selectable key is in the bucket
     } else {
       uint32_t above = suffix - sum;
@@ -205,6 +266,53 @@ __device__ void Choose(int shift, bool first, Smem& sm) {
         sm.s.bucket = local[d];
         sm.s.done = sm.s.want == sm.s.bucket;
       }
+    }
+    __syncwarp();  // the chosen byte written before every lane reads it
+    const uint32_t chosen = all ? 256u : (sm.s.prefix >> shift) & 0xFFu;
+    uint32_t sure = 0, tie = 0;  // this block's keys of the pass above the chosen byte, and at it
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      const uint32_t byte = 8 * t + d, c = sm.counts[parity][byte];
+      if (all || byte == chosen) {
+        tie += c;
+      } else if (byte > chosen) {
+        sure += c;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      sure += __shfl_down_sync(kFull, sure, off);
+      tie += __shfl_down_sync(kFull, tie, off);
+    }
+    if (t == 0) {
+      sm.sure += sure;
+      sm.tie = tie;
+    }
+  }
+  __syncthreads();
+}
+
+// Where this block's positions go in the row's list: the other blocks' `sure` and `tie` once the
+// search ends, summed over the lower ranks (`before`) and over the cluster (`all`).
+__device__ void PlaceBlock(const cg::cluster_group& cluster, Smem& sm) {
+  if (threadIdx.x == 0) {
+    sm.part[0] = sm.sure;
+    sm.part[1] = sm.tie;
+  }
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    const int rank = static_cast<int>(cluster.block_rank()), blocks = static_cast<int>(cluster.num_blocks());
+    uint32_t before[2] = {0, 0}, all[2] = {0, 0};
+    for (int r = 0; r < blocks; ++r) {
+      const uint32_t* part = cluster.map_shared_rank(sm.part, r);
+      for (int i = 0; i < 2; ++i) {
+        all[i] += part[i];
+        if (r < rank) before[i] += part[i];
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      sm.before[i] = before[i];
+      sm.all[i] = all[i];
     }
   }
   __syncthreads();
@@ -249,11 +357,12 @@ __device__ __forceinline__ uint32_t Field(unsigned long long v, int j) {
   return static_cast<uint32_t>(v >> (16 * j)) & 0xFFFFu;
 }
 
-// Writes the selected positions ascending, each at its rank: the keys above the bucket all, the
-// bucket's first `want` (in position order). Returns how many it wrote.
-__device__ uint32_t WriteSelected(const float* x, int n, bool vec, const Search& s, int32_t* out, Smem& sm) {
-  uint32_t sure_before = 0, tie_before = 0;
-  ForEachTile(x, n, vec, [&](int base, const uint32_t(&key)[kLoads][4]) {
+// Writes this block's selected positions of [begin, end), each at its rank in the row's list: the
+// keys above the bucket all, the bucket's first `want` in the row's position order. The lower ranks'
+// blocks hold the lower positions, so their counts (PlaceBlock) start this block's.
+__device__ void WriteSelected(const float* x, int begin, int end, bool vec, const Search& s, int32_t* out, Smem& sm) {
+  uint32_t sure_before = sm.before[0], tie_before = sm.before[1];
+  ForEachTile(x, begin, end, vec, [&](int base, const uint32_t(&key)[kLoads][4]) {
     unsigned long long a = 0, c = 0;
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
@@ -297,61 +406,105 @@ __device__ uint32_t WriteSelected(const float* x, int n, bool vec, const Search&
       tie_before += Field(tc, j);
     }
   });
-  return sure_before + min(tie_before, s.want);
 }
 
 __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
-  __shared__ Smem sm;
-  const int row = blockIdx.x;
+  HS_BLOCK_SHARED(Smem, sm);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int blocks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int row = static_cast<int>(blockIdx.x) / blocks;
   int32_t* out = d.positions + static_cast<int64_t>(row) * d.k;
   const int active = d.batch_size ? max(0, min(*d.batch_size, d.rows)) : d.rows;
   uint32_t written = 0;
-  if (row < active) {
+  if (row < active) {  // the same for every block of the cluster, as is every branch on sm.s below
     const int n = d.seq_lens ? max(0, min(d.seq_lens[row], d.cols)) : d.cols;
     const float* x = d.scores + static_cast<int64_t>(row) * d.ld;
     const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+    // This block's share of the row: a multiple of 4 scores, so that its float4 loads stay aligned.
+    const int64_t share = ((static_cast<int64_t>(n) + blocks - 1) / blocks + 3) / 4 * 4;
+    const int begin = static_cast<int>(min(static_cast<int64_t>(n), rank * share));
+    const int end = static_cast<int>(min(static_cast<int64_t>(n), begin + share));
     if (threadIdx.x == 0) {
       sm.s = Search{0u, 0u, static_cast<uint32_t>(d.k), 0u, 0};
       sm.nkept = 0;
+      sm.sure = sm.tie = 0;
     }
     bool kept = false;
     for (int pass = 0; pass < 4; ++pass) {
       for (int i = threadIdx.x; i < 256 * 32; i += kThreads) (&sm.hist[0][0])[i] = 0;
-      __syncthreads();  // the counters zeroed, sm.s and sm.nkept set
+      __syncthreads();  // the counters zeroed, sm.s, sm.tie and sm.nkept set
       const Search s = sm.s;
       if (s.done) break;
       const int shift = 24 - 8 * pass;
       if (kept) {
         CountKept(s, shift, sm);
       } else {
-        const bool keep = pass > 0 && s.bucket <= kCap;
-        CountRow(x, n, vec, s, shift, keep, sm);
+        const bool keep = pass > 0 && sm.tie <= kCap;  // sm.tie: this block's share of the bucket
+        CountRow(x, begin, end, vec, s, shift, keep, sm);
         kept = keep;
       }
       __syncthreads();
-      Choose(shift, pass == 0, sm);
+      Tally(pass & 1, sm);
+      cluster.sync();  // every block's counts of this pass written (and the pass before last's read)
+      SumCluster(cluster, pass & 1, sm);
+      Choose(shift, pass == 0, pass & 1, sm);
     }
-    __syncthreads();
+    PlaceBlock(cluster, sm);
     const Search s = sm.s;
-    written = WriteSelected(x, n, vec, s, out, sm);
+    WriteSelected(x, begin, end, vec, s, out, sm);
+    written = sm.all[0] + min(sm.all[1], s.want);
+    cluster.sync();  // no block exits while another may still read its shared memory
   }
-  for (uint32_t i = written + threadIdx.x; i < static_cast<uint32_t>(d.k); i += kThreads) out[i] = -1;
+  for (uint32_t i = written + rank * kThreads + threadIdx.x; i < static_cast<uint32_t>(d.k); i += blocks * kThreads) {
+    out[i] = -1;
+  }
 }
 
 }  // namespace
 
-cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream) {
+int TopkBlocksPerRow(int rows, int sms) {
+  int blocks = 1;
+  while (blocks < kMaxCluster && static_cast<int64_t>(rows) * blocks * 2 <= sms) blocks *= 2;
+  return blocks;
+}
+
+cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_row) {
   const std::string why = CheckTopkDesc(d);
   if (!why.empty()) return internal::FailLaunch("top-k: " + why);
+  if (blocks_per_row != 0 && blocks_per_row != 1 && blocks_per_row != 2 && blocks_per_row != 4 && blocks_per_row != 8) {
+    return internal::FailLaunch("top-k: blocks_per_row " + std::to_string(blocks_per_row) +
+                                " is not 0 (chosen), 1, 2, 4 or 8");
+  }
   if (d.rows == 0) {
     internal::SetLaunchError("");
     return cudaSuccess;
   }
+  if (blocks_per_row == 0) {
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return internal::LaunchCallFailed(err);
+    blocks_per_row = TopkBlocksPerRow(d.rows, sms);
+  }
+  const int64_t grid = static_cast<int64_t>(d.rows) * blocks_per_row;
+  if (grid > 0x7FFFFFFF) return internal::FailLaunch("top-k: " + std::to_string(d.rows) + " rows are too many blocks");
 #ifndef HISPARSE_CUDA_EMULATION
-  TopkKernel<<<d.rows, kThreads, 0, stream>>>(d);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = static_cast<unsigned>(blocks_per_row);
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, TopkKernel, d);
+  if (err != cudaSuccess) return internal::LaunchCallFailed(err);
 #else  // tests/kernels/topk_emulated_test.cc: the device code on the host
   (void)stream;
-  EmulateLaunch(d.rows, kThreads, [&] { TopkKernel(d); });
+  EmulateLaunch(static_cast<int>(grid), kThreads, blocks_per_row, [&] { TopkKernel(d); });
 #endif
   return internal::CheckLaunched();
 }

@@ -72,12 +72,14 @@ void ExpectRowsEqual(const std::vector<int32_t>& got, const std::vector<int32_t>
   }
 }
 
-void RunAndCompare(const TopkBatch& b, int32_t batch_size, bool with_lens, const char* what) {
+// `blocks_per_row` 0: the launcher's choice on this GPU.
+void RunAndCompare(const TopkBatch& b, int32_t batch_size, bool with_lens, const char* what, int blocks_per_row = 0) {
   DeviceBatch dev(b);
   dev.SetBatch(batch_size, nullptr);
   dev.Poison(nullptr);
-  CUDA_OK(LaunchTopk(dev.Desc(with_lens), nullptr));
+  CUDA_OK(LaunchTopk(dev.Desc(with_lens), nullptr, blocks_per_row));
   CUDA_OK(cudaDeviceSynchronize());
+  SCOPED_TRACE(std::to_string(blocks_per_row) + " blocks a row");
   ExpectRowsEqual(dev.Out(), TopkBatchReference(b, batch_size, with_lens), b, what);
 }
 
@@ -85,18 +87,19 @@ TEST(TopkGpu, EngineShapeMatchesReference) {
   REQUIRE_GPU();
   const TopkBatch b = MakeTopkBatch(/*rows=*/16, /*cols=*/131136, /*ld=*/131136, /*k=*/2048, 7);
   RunAndCompare(b, 16, false, "all rows");
-  RunAndCompare(b, 16, true, "seq_lens");
   RunAndCompare(b, 11, true, "batch 11 of 16");
+  for (int blocks : {1, 2, 4, 8}) RunAndCompare(b, 16, true, "seq_lens", blocks);
 }
 
 TEST(TopkGpu, OddShapesMatchReference) {
   REQUIRE_GPU();
   for (const auto& o : testing::TopkOddShapes()) {
-    RunAndCompare(MakeTopkBatch(o.rows, o.cols, o.ld, o.k, o.seed), o.rows, true, o.what);
+    for (int blocks : {1, 8})
+      RunAndCompare(MakeTopkBatch(o.rows, o.cols, o.ld, o.k, o.seed), o.rows, true, o.what, blocks);
   }
 }
 
-// A row's list does not depend on the rows launched beside it.
+// A row's list does not depend on the rows launched beside it, nor on the blocks a row.
 TEST(TopkGpu, ARowAloneEqualsItInABatch) {
   REQUIRE_GPU();
   const TopkBatch b = MakeTopkBatch(8, 20000, 20000, 700, 21);
@@ -114,7 +117,7 @@ TEST(TopkGpu, ARowAloneEqualsItInABatch) {
                   {b.seq_lens[i]}};
     DeviceBatch d1(one);
     d1.SetBatch(1, nullptr);
-    CUDA_OK(LaunchTopk(d1.Desc(true), nullptr));
+    CUDA_OK(LaunchTopk(d1.Desc(true), nullptr, 1 << (i % 4)));
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<int32_t> alone = d1.Out();
     for (int32_t j = 0; j < b.k; ++j) ASSERT_EQ(alone[j], all[static_cast<size_t>(i) * b.k + j]) << i << " " << j;
@@ -151,6 +154,10 @@ TEST(TopkGpu, RefusesWhatItCannotRun) {
   TopkDesc d;
   EXPECT_EQ(LaunchTopk(d, nullptr), cudaErrorInvalidValue);
   EXPECT_NE(std::string(LastLaunchError()).find("top-k"), std::string::npos) << LastLaunchError();
+  const TopkBatch b = MakeTopkBatch(1, 100, 100, 8, 1);
+  DeviceBatch dev(b);
+  EXPECT_EQ(LaunchTopk(dev.Desc(true), nullptr, 3), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("blocks_per_row"), std::string::npos) << LastLaunchError();
 }
 
 }  // namespace

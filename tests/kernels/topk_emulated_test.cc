@@ -25,6 +25,10 @@ cudaError_t FailLaunch(const std::string& msg) {
   g_emulated_error = msg;
   return cudaErrorInvalidValue;
 }
+cudaError_t LaunchCallFailed(cudaError_t e) {
+  g_emulated_error = cudaGetErrorName(e);
+  return e;
+}
 cudaError_t CheckLaunched() { return cudaSuccess; }
 }  // namespace internal
 const char* LastLaunchError() { return internal::g_emulated_error.c_str(); }
@@ -40,18 +44,21 @@ using testing::TopkBatch;
 using testing::TopkBatchDesc;
 using testing::TopkBatchReference;
 
-// Rows start 16 bytes into the buffer or 4 bytes off it: both load paths.
-void ExpectEqual(const TopkBatch& b, int32_t batch_size, bool with_lens, bool aligned, const char* what) {
+// Rows start 16 bytes into the buffer or 4 bytes off it: both load paths. `blocks_per_row` 0: the
+// launcher's choice for the emulated device's g_emu_sms.
+void ExpectEqual(const TopkBatch& b, int32_t batch_size, bool with_lens, bool aligned, const char* what,
+                 int blocks_per_row = 0) {
   std::vector<float> scores(b.scores.size() + 4);
   const size_t off = aligned ? 0 : 1;
   std::copy(b.scores.begin(), b.scores.end(), scores.begin() + off);
   std::vector<int32_t> got(static_cast<size_t>(b.rows) * b.k, 0x5a5a5a5a);
   const TopkDesc d =
       TopkBatchDesc(b, scores.data() + off, &batch_size, with_lens ? b.seq_lens.data() : nullptr, got.data());
-  ASSERT_EQ(LaunchTopk(d, nullptr), cudaSuccess) << LastLaunchError();
+  ASSERT_EQ(LaunchTopk(d, nullptr, blocks_per_row), cudaSuccess) << LastLaunchError();
   const std::vector<int32_t> want = TopkBatchReference(b, batch_size, with_lens);
   for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i], want[i]) << what << (aligned ? "" : ", unaligned") << ": row " << i / b.k << " ("
+    ASSERT_EQ(got[i], want[i]) << what << (aligned ? "" : ", unaligned") << ", " << blocks_per_row
+                               << " blocks a row: row " << i / b.k << " ("
                                << testing::TopkKinds()[(i / b.k) % testing::TopkKinds().size()] << ") col " << i % b.k;
   }
 }
@@ -64,19 +71,48 @@ TEST(TopkEmulated, EveryKindOfRowMatchesReference) {
   }
 }
 
+// A row cut among the blocks of a cluster (4 a row: AnEngineRowMatchesReference): the shares cut
+// inside a tile and, with 20,000 scores among 8 blocks, short of one.
+TEST(TopkEmulated, EveryClusterSizeMatchesReference) {
+  const TopkBatch b = MakeTopkBatch(8, 20000, 20000, 2048, 3);
+  ExpectEqual(b, 8, true, false, "k 2048", 8);  // 2 a row: OddShapesMatchReference
+}
+
 TEST(TopkEmulated, AnEngineRowMatchesReference) {
-  ExpectEqual(MakeTopkBatch(2, 131136, 131136, 2048, 7), 2, true, true, "131,136 scores");
+  ExpectEqual(MakeTopkBatch(2, 131136, 131136, 2048, 7), 2, true, true, "131,136 scores");  // 4 blocks a row
+  ExpectEqual(MakeTopkBatch(1, 131136, 131136, 2048, 8), 1, true, false, "131,136 scores", 8);
 }
 
 TEST(TopkEmulated, OddShapesMatchReference) {
   for (const auto& o : testing::TopkOddShapes()) {
-    ExpectEqual(MakeTopkBatch(o.rows, o.cols, o.ld, o.k, o.seed), o.rows, true, true, o.what);
+    ExpectEqual(MakeTopkBatch(o.rows, o.cols, o.ld, o.k, o.seed), o.rows, true, true, o.what, 2);
   }
+}
+
+TEST(TopkEmulated, ChoosesBlocksARowThatKeepEveryBlockResident) {
+  EXPECT_EQ(TopkBlocksPerRow(1, 132), 8);
+  EXPECT_EQ(TopkBlocksPerRow(16, 132), 8);
+  EXPECT_EQ(TopkBlocksPerRow(17, 132), 4);
+  EXPECT_EQ(TopkBlocksPerRow(32, 132), 4);
+  EXPECT_EQ(TopkBlocksPerRow(33, 132), 4);
+  EXPECT_EQ(TopkBlocksPerRow(34, 132), 2);
+  EXPECT_EQ(TopkBlocksPerRow(133, 132), 1);
+  EXPECT_EQ(TopkBlocksPerRow(1, 1), 1);
+  EXPECT_EQ(TopkBlocksPerRow(1 << 30, 132), 1);
 }
 
 TEST(TopkEmulated, RefusesWhatItCannotRun) {
   EXPECT_EQ(LaunchTopk(TopkDesc{}, nullptr), cudaErrorInvalidValue);
   EXPECT_NE(std::string(LastLaunchError()).find("top-k"), std::string::npos) << LastLaunchError();
+  const TopkBatch b = MakeTopkBatch(1, 100, 100, 8, 1);
+  int32_t batch = 1;
+  std::vector<int32_t> got(8, 7);
+  const TopkDesc d = TopkBatchDesc(b, b.scores.data(), &batch, nullptr, got.data());
+  for (int blocks : {-1, 3, 16}) {
+    EXPECT_EQ(LaunchTopk(d, nullptr, blocks), cudaErrorInvalidValue) << blocks;
+    EXPECT_NE(std::string(LastLaunchError()).find("blocks_per_row"), std::string::npos) << LastLaunchError();
+  }
+  EXPECT_EQ(got, std::vector<int32_t>(8, 7)) << "a refused launch wrote";
 }
 
 }  // namespace

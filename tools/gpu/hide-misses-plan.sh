@@ -15,7 +15,8 @@
 #   CURVE=1   serve_bench.py's hit-rate curve (HIT_RATES, CONTEXTS) with the overlap variants
 #             (OVERLAP: specs of dsv32.Overlap.parse), exact against full HBM at every point; the link
 #             measured first. Once per value of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS; "-": unset,
-#             the default), into curve.jsonl, or curve-N.jsonl for each N
+#             the default), into curve.jsonl, or curve-N.jsonl for each N; and within that once per
+#             top-k of TOPKS ("torch hisparse": --topk each, into curve[-N]-torch.jsonl and so on)
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
 #   DENSITY=1 (item 3) hisparse-bench gather of 656- and 1152-B records over DENSITY_SPAN (8G) of
 #             registered host memory, DENSITY_RECORDS of them (16384 65536 262144), random and in
@@ -54,15 +55,19 @@ if [ "${FETCH:-1}" != 0 ]; then
 fi
 if [ "${CURVE:-1}" != 0 ]; then
   for conn in ${CONNECTIONS:--}; do
-    name=curve${conn#-}; [ "$conn" = - ] || name=curve-$conn
-    echo "== $name (CUDA_DEVICE_MAX_CONNECTIONS ${conn/#-/unset})" >> "$S"
-    ( [ "$conn" = - ] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
-      step "${CURVE_LIMIT:-420}" "$name" "$PY" examples/engine/serve_bench.py --layers 8 \
-        --contexts "${CONTEXTS:-131072,32768}" --host-pool-size 40GiB \
-        --hit-rates "${HIT_RATES:-0.4,0.5,0.6,0.7,0.78,0.87,0.95}" --steps "${STEPS:-32}" --overlap "${OVERLAP:-4}" \
-        --calibrate-localities "${LOCALITIES:-0,0.5,1,1.5,2,2.5,3,3.5}" --time-budget-s "${CURVE_BUDGET:-380}" \
-        ${CURVE_ARGS:-} --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1 )
-    grep -E '"kind": "(link|calibration)"|^\|.*\| (True|False|[0-9]+\+[0-9]+/[0-9]+) \|$|Error|error' "$OUT/$name.log" | tail -40 >> "$S"
+    for topk in ${TOPKS:--}; do
+      name=curve${conn#-}; [ "$conn" = - ] || name=curve-$conn
+      topk_args=(); [ "$topk" = - ] || { name=$name-$topk; topk_args=(--topk "$topk"); }
+      echo "== $name (CUDA_DEVICE_MAX_CONNECTIONS ${conn/#-/unset}, top-k ${topk/#-/default})" >> "$S"
+      ( [ "$conn" = - ] || export CUDA_DEVICE_MAX_CONNECTIONS=$conn
+        # shellcheck disable=SC2086  # CURVE_ARGS is a list of arguments
+        step "${CURVE_LIMIT:-420}" "$name" "$PY" examples/engine/serve_bench.py --layers 8 \
+          --contexts "${CONTEXTS:-131072,32768}" --host-pool-size 40GiB \
+          --hit-rates "${HIT_RATES:-0.4,0.5,0.6,0.7,0.78,0.87,0.95}" --steps "${STEPS:-32}" --overlap "${OVERLAP:-4}" \
+          --calibrate-localities "${LOCALITIES:-0,0.5,1,1.5,2,2.5,3,3.5}" --time-budget-s "${CURVE_BUDGET:-380}" \
+          "${topk_args[@]}" ${CURVE_ARGS:-} --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1 )
+      grep -E '"kind": "(link|calibration)"|^\|.*\| (True|False|[0-9]+\+[0-9]+/[0-9]+) \|$|Error|error' "$OUT/$name.log" | tail -40 >> "$S"
+    done
   done
 fi
 if [ "${LOW:-0}" != 0 ]; then

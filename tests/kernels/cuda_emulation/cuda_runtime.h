@@ -1,19 +1,22 @@
 // A host emulation of the CUDA features a kernel of kernels/ uses, so that its device code can run
-// on a machine without a GPU (CI) under a test: one block at a time, one std::thread per CUDA
-// thread, a std::barrier for __syncthreads, a barrier of 32 for __syncwarp and every shuffle.
+// on a machine without a GPU (CI) under a test: one cluster of blocks at a time (a block is a
+// cluster of one), one std::thread per CUDA thread, a std::barrier for __syncthreads, a barrier of
+// 32 for __syncwarp and every shuffle, one of the cluster's threads for its sync
+// (cooperative_groups.h beside this file).
 // Threads run truly concurrently and in no fixed order, which is stricter than a GPU's warps:
 // code that assumes a warp's lanes execute in step (a read of shared memory by some lanes racing
 // a write by another, with no __syncwarp between) fails here. That is how topk.cu's first
 // version, which passed on an H200, was found to race (tests/kernels/topk_emulated_test.cc).
-// Only what topk.cu uses is here; `__shared__` becomes `static`, so one launch must finish before
-// the next begins (EmulateLaunch runs the blocks in turn). It is found as <cuda_runtime.h> by that
-// test only (tests/kernels/CMakeLists.txt), and the kernel file compiled as C++ with
-// HISPARSE_CUDA_EMULATION defined launches through EmulateLaunch.
+// Only what topk.cu uses is here. A block's shared memory is its own buffer, which starts as
+// garbage, as a GPU's does; a kernel names its one shared variable with HS_BLOCK_SHARED. It is
+// found as <cuda_runtime.h> by that test only (tests/kernels/CMakeLists.txt), and the kernel file
+// compiled as C++ with HISPARSE_CUDA_EMULATION defined launches through EmulateLaunch.
 #ifndef HISPARSE_TESTS_KERNELS_CUDA_EMULATION_CUDA_RUNTIME_H_
 #define HISPARSE_TESTS_KERNELS_CUDA_EMULATION_CUDA_RUNTIME_H_
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -25,12 +28,21 @@
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(x)
-#define __shared__ static
 typedef int cudaError_t;
 typedef void* cudaStream_t;
 constexpr int cudaSuccess = 0, cudaErrorInvalidValue = 1;
 inline const char* cudaGetErrorName(int) { return "err"; }
 inline int cudaGetLastError() { return 0; }
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+inline int g_emu_sms = 8;  // the SM count the emulated device reports: a test sets it
+inline int cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+  *value = g_emu_sms;
+  return cudaSuccess;
+}
 struct dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
@@ -38,12 +50,26 @@ struct float4 {
   float x, y, z, w;
 };
 inline thread_local dim3 threadIdx, blockIdx;
+constexpr size_t kEmuSharedBytes = 48 * 1024;  // a block's static shared memory on a GPU
 struct EmuBlock {
   std::unique_ptr<std::barrier<>> all;
   std::vector<std::unique_ptr<std::barrier<>>> warp;
   std::vector<unsigned long long> xchg;  // [threads]
+  std::vector<char> shared;              // the block's shared memory
 };
-inline EmuBlock* g_emu = nullptr;
+struct EmuCluster {
+  std::unique_ptr<std::barrier<>> all;  // every thread of every block of the cluster
+  std::vector<EmuBlock*> blocks;        // by rank
+};
+inline thread_local EmuBlock* g_emu = nullptr;
+inline thread_local EmuCluster* g_emu_cluster = nullptr;
+inline thread_local unsigned g_emu_rank = 0;
+template <typename T>
+T& EmuShared() {
+  static_assert(sizeof(T) <= kEmuSharedBytes, "more shared memory than a block may declare");
+  return *reinterpret_cast<T*>(g_emu->shared.data());
+}
+#define HS_BLOCK_SHARED(type, name) type& name = EmuShared<type>()
 inline void __syncthreads() { g_emu->all->arrive_and_wait(); }
 inline void WarpSync() { g_emu->warp[threadIdx.x / 32]->arrive_and_wait(); }
 inline void __syncwarp() { WarpSync(); }
@@ -86,21 +112,32 @@ T __ldg(const T* p) {
 }
 using std::max;
 using std::min;
-// Runs body() as `threads` threads of each of `blocks` blocks, one block after another.
-inline void EmulateLaunch(int blocks, int threads, const std::function<void()>& body) {
-  for (int b = 0; b < blocks; ++b) {
-    EmuBlock blk;
-    blk.all = std::make_unique<std::barrier<>>(threads);
-    for (int w = 0; w < threads / 32; ++w) blk.warp.push_back(std::make_unique<std::barrier<>>(32));
-    blk.xchg.assign(threads, 0);
-    g_emu = &blk;
+// Runs body() as `threads` threads of each of `blocks` blocks, in clusters of `cluster` blocks
+// (which divides `blocks`): the threads of one cluster at once, one cluster after another.
+inline void EmulateLaunch(int blocks, int threads, int cluster, const std::function<void()>& body) {
+  for (int first = 0; first < blocks; first += cluster) {
+    std::vector<EmuBlock> blk(static_cast<size_t>(cluster));
+    EmuCluster cl;
+    cl.all = std::make_unique<std::barrier<>>(cluster * threads);
+    for (EmuBlock& b : blk) {
+      b.all = std::make_unique<std::barrier<>>(threads);
+      for (int w = 0; w < threads / 32; ++w) b.warp.push_back(std::make_unique<std::barrier<>>(32));
+      b.xchg.assign(static_cast<size_t>(threads), 0);
+      b.shared.assign(kEmuSharedBytes, static_cast<char>(0xA5));
+      cl.blocks.push_back(&b);
+    }
     std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t, b] {
-        threadIdx.x = t;
-        blockIdx.x = b;
-        body();
-      });
+    for (int r = 0; r < cluster; ++r) {
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, r, t] {
+          threadIdx.x = static_cast<unsigned>(t);
+          blockIdx.x = static_cast<unsigned>(first + r);
+          g_emu = &blk[static_cast<size_t>(r)];
+          g_emu_cluster = &cl;
+          g_emu_rank = static_cast<unsigned>(r);
+          body();
+        });
+      }
     }
     for (auto& th : ts) th.join();
   }

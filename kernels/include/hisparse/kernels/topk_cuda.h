@@ -1,7 +1,8 @@
 // The CUDA launcher of TOP-K (topk.h; kernels/topk.cu). For identical inputs it writes the lists
 // the CPU reference writes. It enqueues one kernel on the given stream and returns at once: no host
 // synchronization, no allocation, no workspace, so it can be captured in a CUDA graph; the batch
-// size is read from device memory, so one graph captured for max_batch serves every batch.
+// size is read from device memory, so one graph captured for max_batch serves every batch (the
+// blocks a row are chosen from d.rows, the capacity, not from the batch).
 #ifndef HISPARSE_KERNELS_TOPK_CUDA_H_
 #define HISPARSE_KERNELS_TOPK_CUDA_H_
 
@@ -11,10 +12,16 @@
 
 namespace hisparse {
 
-// One thread block a row (d.rows blocks). cudaSuccess, the launch's CUDA error, or
-// cudaErrorInvalidValue for a descriptor CheckTopkDesc rejects (LastLaunchError, resolve_cuda.h,
-// says why). Every pointer is device memory (or mapped host memory).
-cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream);
+// A cluster of `blocks_per_row` thread blocks a row, each reading its share of the row's scores
+// (sm_90 and later): 1, 2, 4 or 8, or 0 for TopkBlocksPerRow's choice on the current device.
+// The lists do not depend on it. cudaSuccess, the launch's CUDA error, or cudaErrorInvalidValue
+// for a descriptor CheckTopkDesc rejects or another blocks_per_row (LastLaunchError,
+// resolve_cuda.h, says why). Every pointer is device memory (or mapped host memory).
+cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_row = 0);
+
+// The blocks a row LaunchTopk chooses for `rows` rows on `sms` SMs: the most, up to 8, that keep
+// every block of the call resident at once (rows * blocks <= sms), at least 1.
+int TopkBlocksPerRow(int rows, int sms);
 
 }  // namespace hisparse
 
