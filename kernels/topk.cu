@@ -16,7 +16,7 @@
 // H100 whatever the row count (bench/RESULTS.md, "A top-k of one block a row"): one SM did all of a
 // row's counting. So the row is cut into `blocks` contiguous shares, one a block of a thread-block
 // cluster (sm_90), and the launcher gives a call of few rows up to 8 blocks a row, as many as keep
-// the call's blocks resident at once (TopkBlocksPerRow). Each pass, every block counts its share,
+// the call's clusters resident at once (TopkBlocksPerRow). Each pass, every block counts its share,
 // the cluster barrier publishes the counts, and every block adds all blocks' counts from their
 // shared memory (distributed shared memory) in rank order, so every block chooses the same byte
 // without a broadcast; counts alternate between two buffers by pass, so a block that runs ahead
@@ -37,6 +37,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -68,7 +69,6 @@ constexpr int kLoads = 4;             // float4 loads of a thread in one tile
 constexpr int kSub = kThreads * 4;    // elements of one sub-tile (one float4 a thread)
 constexpr int kTile = kSub * kLoads;  // elements of one tile
 constexpr int kCap = 2048;            // bucket keys a block may keep in shared memory
-constexpr int kMaxCluster = 8;        // blocks a row: the portable cluster size
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 struct Search {
@@ -462,11 +462,54 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
 
 }  // namespace
 
-int TopkBlocksPerRow(int rows, int sms) {
-  int blocks = 1;
-  while (blocks < kMaxCluster && static_cast<int64_t>(rows) * blocks * 2 <= sms) blocks *= 2;
-  return blocks;
+int TopkBlocksPerRow(int rows, const int (&resident)[4]) {
+  for (int i = 3; i > 0; --i) {
+    if (rows <= resident[i]) return 1 << i;
+  }
+  return 1;
 }
+
+namespace {
+
+// A launch of `rows` rows, a cluster of `blocks` blocks a row; `attr` holds the cluster's size.
+cudaLaunchConfig_t ClusterLaunch(int64_t rows, int blocks, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows * blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(blocks);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return config;
+}
+
+// How many clusters of 1, 2, 4 and 8 blocks the current device runs at once, asked once a device.
+// A cluster's blocks share a GPC, so this is not the SM count over the cluster's size: an H100's 132
+// SMs hold fewer than 33 clusters of 4 of these blocks.
+cudaError_t ResidentClusters(int (&resident)[4]) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices][4];  // the count + 1; 0: not yet asked
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  for (int i = 0; i < 4; ++i) {
+    int n = device < kDevices ? known[device][i].load(std::memory_order_relaxed) - 1 : -1;
+    if (n < 0) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t config = ClusterLaunch(1, 1 << i, nullptr, attr);
+      err = cudaOccupancyMaxActiveClusters(&n, TopkKernel, &config);
+      if (err != cudaSuccess) return err;
+      if (device < kDevices) known[device][i].store(n + 1, std::memory_order_relaxed);
+    }
+    resident[i] = n;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
 
 cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_row) {
   const std::string why = CheckTopkDesc(d);
@@ -480,32 +523,18 @@ cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_ro
     return cudaSuccess;
   }
   if (blocks_per_row == 0) {
-    int device = 0, sms = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    int resident[4];
+    const cudaError_t err = ResidentClusters(resident);
     if (err != cudaSuccess) return internal::LaunchCallFailed(err);
-    blocks_per_row = TopkBlocksPerRow(d.rows, sms);
+    blocks_per_row = TopkBlocksPerRow(d.rows, resident);
   }
-  const int64_t grid = static_cast<int64_t>(d.rows) * blocks_per_row;
-  if (grid > 0x7FFFFFFF) return internal::FailLaunch("top-k: " + std::to_string(d.rows) + " rows are too many blocks");
-#ifndef HISPARSE_CUDA_EMULATION
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = static_cast<unsigned>(blocks_per_row);
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
+  if (static_cast<int64_t>(d.rows) * blocks_per_row > 0x7FFFFFFF) {
+    return internal::FailLaunch("top-k: " + std::to_string(d.rows) + " rows are too many blocks");
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = ClusterLaunch(d.rows, blocks_per_row, stream, attr);
   const cudaError_t err = cudaLaunchKernelEx(&config, TopkKernel, d);
   if (err != cudaSuccess) return internal::LaunchCallFailed(err);
-#else  // tests/kernels/topk_emulated_test.cc: the device code on the host
-  (void)stream;
-  EmulateLaunch(static_cast<int>(grid), kThreads, blocks_per_row, [&] { TopkKernel(d); });
-#endif
   return internal::CheckLaunched();
 }
 

@@ -45,7 +45,7 @@ using testing::TopkBatchDesc;
 using testing::TopkBatchReference;
 
 // Rows start 16 bytes into the buffer or 4 bytes off it: both load paths. `blocks_per_row` 0: the
-// launcher's choice for the emulated device's g_emu_sms.
+// launcher's choice for the emulated device (8 SMs).
 void ExpectEqual(const TopkBatch& b, int32_t batch_size, bool with_lens, bool aligned, const char* what,
                  int blocks_per_row = 0) {
   std::vector<float> scores(b.scores.size() + 4);
@@ -89,16 +89,17 @@ TEST(TopkEmulated, OddShapesMatchReference) {
   }
 }
 
-TEST(TopkEmulated, ChoosesBlocksARowThatKeepEveryBlockResident) {
-  EXPECT_EQ(TopkBlocksPerRow(1, 132), 8);
-  EXPECT_EQ(TopkBlocksPerRow(16, 132), 8);
-  EXPECT_EQ(TopkBlocksPerRow(17, 132), 4);
-  EXPECT_EQ(TopkBlocksPerRow(32, 132), 4);
-  EXPECT_EQ(TopkBlocksPerRow(33, 132), 4);
-  EXPECT_EQ(TopkBlocksPerRow(34, 132), 2);
-  EXPECT_EQ(TopkBlocksPerRow(133, 132), 1);
-  EXPECT_EQ(TopkBlocksPerRow(1, 1), 1);
-  EXPECT_EQ(TopkBlocksPerRow(1 << 30, 132), 1);
+TEST(TopkEmulated, ChoosesTheMostBlocksARowWhoseClustersAllRunAtOnce) {
+  const int h100[4] = {132, 66, 32, 16};  // clusters of 1, 2, 4, 8 such blocks: fewer than 132 / size
+  EXPECT_EQ(TopkBlocksPerRow(1, h100), 8);
+  EXPECT_EQ(TopkBlocksPerRow(16, h100), 8);
+  EXPECT_EQ(TopkBlocksPerRow(17, h100), 4);
+  EXPECT_EQ(TopkBlocksPerRow(32, h100), 4);
+  EXPECT_EQ(TopkBlocksPerRow(33, h100), 2);
+  EXPECT_EQ(TopkBlocksPerRow(67, h100), 1);
+  EXPECT_EQ(TopkBlocksPerRow(1 << 30, h100), 1);
+  const int none[4] = {0, 0, 0, 0};  // a device that cannot run clusters at all still gets 1
+  EXPECT_EQ(TopkBlocksPerRow(1, none), 1);
 }
 
 TEST(TopkEmulated, RefusesWhatItCannotRun) {

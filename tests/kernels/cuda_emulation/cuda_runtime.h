@@ -10,7 +10,7 @@
 // Only what topk.cu uses is here. A block's shared memory is its own buffer, which starts as
 // garbage, as a GPU's does; a kernel names its one shared variable with HS_BLOCK_SHARED. It is
 // found as <cuda_runtime.h> by that test only (tests/kernels/CMakeLists.txt), and the kernel file
-// compiled as C++ with HISPARSE_CUDA_EMULATION defined launches through EmulateLaunch.
+// compiled as C++ launches through cudaLaunchKernelEx here, which runs EmulateLaunch.
 #ifndef HISPARSE_TESTS_KERNELS_CUDA_EMULATION_CUDA_RUNTIME_H_
 #define HISPARSE_TESTS_KERNELS_CUDA_EMULATION_CUDA_RUNTIME_H_
 #include <algorithm>
@@ -33,18 +33,15 @@ typedef void* cudaStream_t;
 constexpr int cudaSuccess = 0, cudaErrorInvalidValue = 1;
 inline const char* cudaGetErrorName(int) { return "err"; }
 inline int cudaGetLastError() { return 0; }
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
-inline int g_emu_sms = 8;  // the SM count the emulated device reports: a test sets it
+inline int g_emu_sms = 8;  // the SMs of the emulated device
 inline int cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
-  *value = g_emu_sms;
-  return cudaSuccess;
-}
 struct dim3 {
-  unsigned x = 0, y = 0, z = 0;
+  unsigned x = 1, y = 1, z = 1;
+  dim3() = default;
+  explicit dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct float4 {
   float x, y, z, w;
@@ -141,6 +138,42 @@ inline void EmulateLaunch(int blocks, int threads, int cluster, const std::funct
     }
     for (auto& th : ts) th.join();
   }
+}
+
+enum cudaLaunchAttributeID { cudaLaunchAttributeClusterDimension = 4 };
+union cudaLaunchAttributeValue {
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  size_t dynamicSmemBytes = 0;
+  cudaStream_t stream = nullptr;
+  cudaLaunchAttribute* attrs = nullptr;
+  unsigned numAttrs = 0;
+};
+inline int EmuClusterSize(const cudaLaunchConfig_t& c) {
+  for (unsigned i = 0; i < c.numAttrs; ++i) {
+    if (c.attrs[i].id == cudaLaunchAttributeClusterDimension) return static_cast<int>(c.attrs[i].val.clusterDim.x);
+  }
+  return 1;
+}
+// The emulated device holds g_emu_sms blocks at once, a cluster's anywhere.
+template <typename K>
+int cudaOccupancyMaxActiveClusters(int* n, K, const cudaLaunchConfig_t* c) {
+  *n = g_emu_sms / EmuClusterSize(*c);
+  return cudaSuccess;
+}
+template <typename... P, typename... A>
+int cudaLaunchKernelEx(const cudaLaunchConfig_t* c, void (*kernel)(P...), A&&... args) {
+  EmulateLaunch(static_cast<int>(c->gridDim.x), static_cast<int>(c->blockDim.x), EmuClusterSize(*c),
+                [&] { kernel(args...); });
+  return cudaSuccess;
 }
 
 #endif  // HISPARSE_TESTS_KERNELS_CUDA_EMULATION_CUDA_RUNTIME_H_

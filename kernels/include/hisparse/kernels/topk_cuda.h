@@ -19,9 +19,10 @@ namespace hisparse {
 // resolve_cuda.h, says why). Every pointer is device memory (or mapped host memory).
 cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_row = 0);
 
-// The blocks a row LaunchTopk chooses for `rows` rows on `sms` SMs: the most, up to 8, that keep
-// every block of the call resident at once (rows * blocks <= sms), at least 1.
-int TopkBlocksPerRow(int rows, int sms);
+// The blocks a row LaunchTopk chooses for `rows` rows on a device that runs resident[i] clusters of
+// 2^i blocks at once (cudaOccupancyMaxActiveClusters): the most, up to 8, whose clusters all run at
+// once (rows <= resident[i]), else 1.
+int TopkBlocksPerRow(int rows, const int (&resident)[4]);
 
 }  // namespace hisparse
 
