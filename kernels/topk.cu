@@ -33,7 +33,9 @@
 // counted. Scores crowd into a few values of the leading bytes, so the counting is shaped against
 // queues on one counter: each thread holds the counts of the two bytes it met last in registers
 // (ByteCounts), and the shared counters come in 32 copies, one per lane, laid out so that a warp's
-// 32 lanes always hit 32 different banks.
+// 32 lanes always hit 32 different banks. Measured on an H100, k 2048 of 131,136 scores
+// (bench/RESULTS.md, "A top-k of a cluster a row"): 33.4 us a call for one row at 8 blocks a row,
+// 52 us for 29 rows at 4; torch.topk 54 and 92.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 

@@ -478,9 +478,9 @@ hs_result hs_store_indexed(hs_session* session, const hs_store_indexed_args* arg
  * position), the positions of its k largest, as RESOLVE's positions list. No session: the engine
  * may run it in every mode it compares, full HBM included, so that their selections are the same
  * bits. For an engine that cuts a layer's rows into ranges to hide RESOLVE's misses
- * (docs/INTEGRATION.md, "Hiding the misses"): each row gets one thread block, so a call costs about
- * one row's time at any row count (~185 us for k 2048 of 131,136 scores on an H100 today, 3.4x a
- * whole torch.topk call: bench/RESULTS.md, "A top-k of one block a row"). The contract
+ * (docs/INTEGRATION.md, "Hiding the misses"): each row gets a cluster of up to 8 thread blocks, so a
+ * call of a few rows costs about one row's time (k 2048 of 131,136 scores on an H100: ~34 us at
+ * 1-7 rows, ~52 at 22-29, torch.topk 54-92: bench/RESULTS.md, "A top-k of a cluster a row"). The contract
  * (kernels/include/hisparse/kernels/topk.h), per row i < *batch_size: the first min(seq_lens[i], cols) scores are
  * considered (cols each when seq_lens is NULL); -inf and NaN are never selected; scores compare by the IEEE total order
  * of their bits (-0 below +0); of more than k selectable scores the k largest are taken, and of those equal to the k-th

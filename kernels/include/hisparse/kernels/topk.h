@@ -6,12 +6,12 @@
 // Why it is here: an engine that hides RESOLVE's misses by cutting a layer's rows into ranges
 // (docs/INTEGRATION.md, "Hiding the misses") runs the top-k once per range, and a top-k whose cost
 // is mostly fixed per call (torch.topk: ~60 us for a few rows of 128k scores, ~100 us for 32) eats
-// what the ranges hide. This one gives each row one thread block, so a call costs about one row's
-// time whatever the number of rows, and a row's list is a function of its scores alone, which
-// cutting the call into ranges needs. Its rate is not there yet: ~185 us a call on an H100, 3.4x
-// torch.topk's whole call (bench/RESULTS.md, "A top-k of one block a row"), so the serving
-// benchmark keeps torch.topk by default. An engine with its own per-row top-k (SGLang's DSA one)
-// keeps it; the selection needs only to be the same bits in every mode that is compared.
+// what the ranges hide. This one gives each row a cluster of up to 8 thread blocks, as many as the
+// call's rows leave room for, so a call of a few rows costs about one row's time, and a row's list
+// is a function of its scores alone, which cutting the call into ranges needs. On an H100, k 2048
+// of 131,136 scores: ~34 us a call at 1-7 rows, ~52 at 22-29, against torch.topk's 54-92
+// (bench/RESULTS.md, "A top-k of a cluster a row"). An engine with its own per-row top-k (SGLang's
+// DSA one) may keep it; the selection needs only to be the same bits in every mode compared.
 //
 // The contract, per row i of the batch:
 //  1. Rows i >= *batch_size (when batch_size is given; read at run time, clamped to [0, rows], so
