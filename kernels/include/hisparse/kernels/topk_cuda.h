@@ -19,6 +19,10 @@ namespace hisparse {
 // resolve_cuda.h, says why). Every pointer is device memory (or mapped host memory).
 cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_row = 0);
 
+// With blocks_per_row 0, the first call on a device asks the CUDA runtime how many clusters of each
+// size it runs at once (host-side, no stream work; remembered per device), so a call before any
+// capture (a warm-up) keeps that query out of a captured graph's first launch.
+
 // The blocks a row LaunchTopk chooses for `rows` rows on a device that runs resident[i] clusters of
 // 2^i blocks at once (cudaOccupancyMaxActiveClusters): the most, up to 8, whose clusters all run at
 // once (rows <= resident[i]), else 1.
