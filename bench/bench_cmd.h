@@ -62,6 +62,7 @@ int TraceMain(int argc, char** argv);          // trace_cmd.cc: replay a selecti
 int GenTraceMain(int argc, char** argv);       // gen_trace_cmd.cc: write a synthetic selection trace
 int ResolveMain(int argc, char** argv);        // resolve_cmd.cu: the RESOLVE kernel sweep (CUDA builds)
 int GatherMain(int argc, char** argv);         // gather_cmd.cu: host records to the GPU by copy method (CUDA)
+int TopkMain(int argc, char** argv);           // topk_cmd.cc: TOP-K's time a call by rows and blocks a row (CUDA)
 int ResolveDraftMain(int argc, char** argv);   // resolve_draft_cmd.cc: resolve --draft-tokens (CUDA builds)
 int ControlMain(int argc, char** argv);        // control_cmd.cc: load on the daemon's control plane
 int GrpcFloorMain(int argc, char** argv);      // grpc_floor_cmd.cc: a trivial unary call's cost, the floor

@@ -46,11 +46,13 @@ const Command kCommands[] = {
 #ifdef HISPARSE_HAVE_CUDA
     {"resolve", hisparse::bench::ResolveMain, "sweep the CUDA RESOLVE kernel (GPU)"},
     {"gather", hisparse::bench::GatherMain, "scattered host records to the GPU by copy method (GPU)"},
+    {"topk", hisparse::bench::TopkMain, "TOP-K's time a call by rows and blocks a row, checked (GPU)"},
     {"resolve-shared", hisparse::bench::ResolveSharedMain, "RESOLVE on the daemon's GPU arena vs an own one (GPU)"},
     {"session-open", hisparse::bench::SessionOpenMain, "time a GPU session's open: arena and host pool (GPU)"},
 #else
     {"resolve", NeedsCuda, "sweep the CUDA RESOLVE kernel (GPU; needs a CUDA build)"},
     {"gather", NeedsCuda, "scattered host records to the GPU by copy method (GPU; needs a CUDA build)"},
+    {"topk", NeedsCuda, "TOP-K's time a call by rows and blocks a row, checked (GPU; needs a CUDA build)"},
     {"resolve-shared", NeedsCuda, "RESOLVE on the daemon's GPU arena vs an own one (GPU; needs a CUDA build)"},
     {"session-open", NeedsCuda, "time a GPU session's open: arena and host pool (GPU; needs a CUDA build)"},
 #endif

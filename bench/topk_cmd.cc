@@ -1,0 +1,220 @@
+// hisparse-bench topk: TOP-K's time a call (kernels/topk.cu) by rows and blocks a row, each point's
+// lists checked against the CPU reference (kernels/topk_reference.cc). Scores are normal, or with
+// --zeros a fraction of them clamped to 0 as an indexer's ReLU leaves them. A point's calls are
+// captured in one CUDA graph and replayed, as a decode step replays them; its time is the median
+// replay over --runs, divided by --calls. --blocks 0 is the launcher's choice (TopkBlocksPerRow),
+// 1-8 forces that many blocks a row, so one run shows what the cluster gives at each row count.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_cmd.h"
+#include "cuda_bench_util.h"
+#include "hisparse/kernels/topk.h"
+#include "hisparse/kernels/topk_cuda.h"
+
+namespace hisparse::bench {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: hisparse-bench topk [--rows 1,5,7,22,29,32] [--cols 131136] [--k 2048] [--blocks 0,1,2,4,8]\n"
+    "       [--zeros 0,0.5] [--calls 10] [--runs 5] [--smoke]\n"
+    "  --blocks: blocks a row (0: the launcher's choice; 1, 2, 4 or 8)\n"
+    "  --zeros: the fraction of each row's scores clamped to 0\n"
+    "  --smoke: tiny sizes, every block count (what ctest runs); exits 77 without a CUDA device\n";
+
+void Usage() { std::fputs(kUsage, stderr); }
+
+struct Options {
+  std::vector<int> rows = {1, 5, 7, 22, 29, 32};
+  int cols = 131136;
+  int k = 2048;
+  std::vector<int> blocks = {0, 1, 2, 4, 8};
+  std::vector<double> zeros = {0.0, 0.5};
+  int calls = 10;
+  int runs = 5;
+  bool smoke = false;
+};
+
+bool ParseOptions(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--smoke")) {
+      o->smoke = true;
+      continue;
+    }
+    std::string name, value;
+    if (!TakeFlag(argc, argv, &i, &name, &value)) return false;
+    if (name == "--rows") {
+      o->rows = ParseList<int>(value.c_str());
+    } else if (name == "--cols") {
+      o->cols = std::atoi(value.c_str());
+    } else if (name == "--k") {
+      o->k = std::atoi(value.c_str());
+    } else if (name == "--blocks") {
+      o->blocks = ParseList<int>(value.c_str());
+    } else if (name == "--zeros") {
+      o->zeros = ParseList<double>(value.c_str());
+    } else if (name == "--calls") {
+      o->calls = std::atoi(value.c_str());
+    } else if (name == "--runs") {
+      o->runs = std::atoi(value.c_str());
+    } else {
+      std::fprintf(stderr, "hisparse-bench topk: unknown argument '%s'\n", name.c_str());
+      return false;
+    }
+  }
+  if (o->smoke) {
+    o->rows = {1, 3};
+    o->cols = 5000;
+    o->k = 64;
+    o->calls = 2;
+    o->runs = 1;
+  }
+  for (const int b : o->blocks) {
+    if (b != 0 && b != 1 && b != 2 && b != 4 && b != 8) {
+      std::fprintf(stderr, "hisparse-bench topk: --blocks %d is not 0, 1, 2, 4 or 8\n", b);
+      return false;
+    }
+  }
+  for (const int r : o->rows) {
+    if (r < 1) return false;
+  }
+  for (const double z : o->zeros) {
+    if (z < 0 || z >= 1) return false;
+  }
+  return !o->rows.empty() && !o->blocks.empty() && !o->zeros.empty() && o->cols > 0 && o->k > 0 && o->calls > 0 &&
+         o->runs > 0;
+}
+
+// rows x cols normal scores; with zeros > 0, less row 0's `zeros` quantile and clamped at 0.
+std::vector<float> MakeScores(int rows, int cols, double zeros, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> s(static_cast<size_t>(rows) * cols);
+  for (float& x : s) x = normal(rng);
+  if (zeros > 0) {
+    std::vector<float> row0(s.begin(), s.begin() + cols);
+    auto at = row0.begin() + static_cast<std::ptrdiff_t>(zeros * (cols - 1));
+    std::nth_element(row0.begin(), at, row0.end());
+    const float q = *at;
+    for (float& x : s) x = std::max(x - q, 0.0f);
+  }
+  return s;
+}
+
+// One (rows, zeros) batch on the device, timed at each block count.
+class Point {
+ public:
+  Point(const Options& o, int rows, double zeros) : o_(o), rows_(rows) {
+    host_ = MakeScores(rows, o.cols, zeros, 1000 + rows);
+    BENCH_CUDA(cudaMalloc(&scores_, host_.size() * sizeof(float)));
+    BENCH_CUDA(cudaMalloc(&out_, static_cast<size_t>(rows) * o.k * sizeof(int32_t)));
+    BENCH_CUDA(cudaMemcpy(scores_, host_.data(), host_.size() * sizeof(float), cudaMemcpyHostToDevice));
+    want_.assign(static_cast<size_t>(rows) * o.k, 0);
+    TopkReference(Desc(host_.data(), want_.data()));
+  }
+  ~Point() {
+    cudaFree(scores_);
+    cudaFree(out_);
+  }
+  Point(const Point&) = delete;
+  Point& operator=(const Point&) = delete;
+
+  // µs a call (median replay / calls), and whether the lists equal the reference's.
+  double Time(int blocks, cudaStream_t st, bool* exact) {
+    BENCH_CUDA(cudaMemsetAsync(out_, 0xFF, want_.size() * sizeof(int32_t), st));
+    BENCH_CUDA(LaunchTopk(Desc(scores_, out_), st, blocks));  // warm (the occupancy query) and check
+    std::vector<int32_t> got(want_.size());
+    BENCH_CUDA(cudaMemcpyAsync(got.data(), out_, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+    BENCH_CUDA(cudaStreamSynchronize(st));
+    *exact = got == want_;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    BENCH_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int c = 0; c < o_.calls; ++c) BENCH_CUDA(LaunchTopk(Desc(scores_, out_), st, blocks));
+    BENCH_CUDA(cudaStreamEndCapture(st, &graph));
+    BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    BENCH_CUDA(cudaGraphLaunch(exec, st));  // warm
+    cudaEvent_t a, b;
+    BENCH_CUDA(cudaEventCreate(&a));
+    BENCH_CUDA(cudaEventCreate(&b));
+    std::vector<float> us;
+    for (int r = 0; r < o_.runs; ++r) {
+      BENCH_CUDA(cudaEventRecord(a, st));
+      BENCH_CUDA(cudaGraphLaunch(exec, st));
+      BENCH_CUDA(cudaEventRecord(b, st));
+      BENCH_CUDA(cudaEventSynchronize(b));
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+      us.push_back(ms * 1000 / o_.calls);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return Median(us);
+  }
+
+ private:
+  TopkDesc Desc(const float* scores, int32_t* out) const {
+    TopkDesc d;
+    d.scores = scores;
+    d.positions = out;
+    d.rows = rows_;
+    d.cols = o_.cols;
+    d.ld = o_.cols;
+    d.k = o_.k;
+    return d;
+  }
+
+  const Options& o_;
+  const int rows_;
+  std::vector<float> host_;
+  std::vector<int32_t> want_;
+  float* scores_ = nullptr;
+  int32_t* out_ = nullptr;
+};
+
+}  // namespace
+
+int TopkMain(int argc, char** argv) {
+  Options o;
+  if (!ParseOptions(argc, argv, &o)) {
+    Usage();
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "hisparse-bench topk: no CUDA device: skipped\n");
+    return 77;
+  }
+  PrintLinkLine();
+  cudaStream_t st;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int failed = 0;
+  for (const double zeros : o.zeros) {
+    for (const int rows : o.rows) {
+      Point pt(o, rows, zeros);
+      for (const int blocks : o.blocks) {
+        bool exact = false;
+        const double us = pt.Time(blocks, st, &exact);
+        failed += !exact;
+        std::printf(
+            "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"zeros\":%.2f,\"blocks_per_row\":%d,"
+            "\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
+            rows, o.cols, o.k, zeros, blocks, o.calls, o.runs, us, exact ? "ok" : "FAILED");
+        std::fflush(stdout);
+      }
+    }
+  }
+  cudaStreamDestroy(st);
+  return failed ? 1 : 0;
+}
+
+}  // namespace hisparse::bench
