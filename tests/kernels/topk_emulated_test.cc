@@ -1,10 +1,10 @@
 // kernels/topk.cu's device code, run on the host (cuda_emulation/cuda_runtime.h) and held equal to
-// TopkReference on the cases the GPU test runs (topk_cases.h), at sizes a CI machine runs in
-// seconds. Every CUDA thread is a host thread, scheduled in no fixed order, so a race that a
-// GPU's warps rarely show fails here: it is how the kernel's first version, which had passed on an
-// H200, was found to let one lane of a warp write the search state while others still read it.
-// This does not replace tests/gpu/topk_gpu_test.cu (the real hardware, the float4 loads' alignment,
-// the launch), which the GPU plan runs.
+// TopkReference on the cases the GPU test runs (topk_cases.h), at 1, 2, 4 and 8 blocks a row, at
+// sizes a CI machine runs in about a minute and a half (mostly the cluster of 8: 4,096 threads). Every CUDA thread is a
+// host thread, scheduled in no fixed order, so a race that a GPU's warps rarely show fails here: it is how the kernel's
+// first version, which had passed on an H200, was found to let one lane of a warp write the search state while others
+// still read it. This does not replace tests/gpu/topk_gpu_test.cu (the real hardware, the float4 loads' alignment, the
+// launch), which the GPU plan runs.
 #include <cuda_runtime.h>  // cuda_emulation/cuda_runtime.h
 
 #include <string>

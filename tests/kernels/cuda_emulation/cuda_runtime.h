@@ -1,7 +1,7 @@
 // A host emulation of the CUDA features a kernel of kernels/ uses, so that its device code can run
 // on a machine without a GPU (CI) under a test: one cluster of blocks at a time (a block is a
 // cluster of one), one std::thread per CUDA thread, a std::barrier for __syncthreads, a barrier of
-// 32 for __syncwarp and every shuffle, one of the cluster's threads for its sync
+// 32 for __syncwarp and every shuffle, and a barrier of all the cluster's threads for its sync
 // (cooperative_groups.h beside this file).
 // Threads run truly concurrently and in no fixed order, which is stricter than a GPU's warps:
 // code that assumes a warp's lanes execute in step (a read of shared memory by some lanes racing
