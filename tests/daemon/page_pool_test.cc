@@ -523,9 +523,11 @@ TEST(PagePoolTest, OwnersOnDifferentThreads) {
 TEST(PagePoolTest, AllocationsOvertakenByAnotherOwnersReclaimAreMadeAgain) {
   auto pool = MustCreate(SmallOptions(/*budget_pages=*/64, /*slab_pages=*/8));
   std::atomic<int> other_errors{0};
+  absl::Mutex first_mu;
+  absl::Status first_other;  // the first error that is not the pool being full, for the failure message
   std::vector<std::thread> threads;
   for (uint64_t owner = 1; owner <= 8; ++owner) {
-    threads.emplace_back([&pool, &other_errors, owner] {
+    threads.emplace_back([&pool, &other_errors, &first_mu, &first_other, owner] {
       std::mt19937 rng(static_cast<uint32_t>(owner));
       std::vector<Page> held;
       for (int i = 0; i < 3000; ++i) {
@@ -534,7 +536,10 @@ TEST(PagePoolTest, AllocationsOvertakenByAnotherOwnersReclaimAreMadeAgain) {
           if (got.ok()) {
             held.insert(held.end(), got->begin(), got->end());
           } else if (!absl::IsResourceExhausted(got.status())) {
-            other_errors.fetch_add(1);
+            if (other_errors.fetch_add(1) == 0) {
+              absl::MutexLock lock(&first_mu);
+              first_other = got.status();
+            }
           }
         } else {
           EXPECT_TRUE(pool->ReleaseAll(owner, held).ok());  // its slabs idle: another's to reclaim
@@ -545,7 +550,7 @@ TEST(PagePoolTest, AllocationsOvertakenByAnotherOwnersReclaimAreMadeAgain) {
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(other_errors.load(), 0);
+  EXPECT_EQ(other_errors.load(), 0) << first_other;
   EXPECT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants();
   for (uint64_t owner = 1; owner <= 8; ++owner) pool->RetireIdleOf(owner);
   pool->WaitIdle();

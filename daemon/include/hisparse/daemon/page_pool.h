@@ -388,7 +388,8 @@ class PagePool {
   // allocation overtook its plan (the caller tries again).
   absl::StatusOr<std::vector<Page>> AllocateOnce(uint64_t owner, uint32_t count, const Page* after, bool take)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // AllocateOnce, planned again (a few times at most) while another owner's reclaim overtakes it.
+  // AllocateOnce, planned again (a few times at most) while another owner's reclaim overtakes it;
+  // overtaken every time, ResourceExhausted (only a spent budget makes others reclaim).
   absl::StatusOr<std::vector<Page>> AllocateRetrying(uint64_t owner, uint32_t count, const Page* after, bool take)
       ABSL_LOCKS_EXCLUDED(mu_);
   bool WantsRefillLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
