@@ -167,7 +167,8 @@ class Point:
         cfg, dev = model.cfg, model.device
         self.max_out = int(args.out_len.split(":")[1])
         self.ctxs = slot_contexts(ctx, N)
-        self.lens = [c + self.max_out + 2 + args.probe_steps for c in self.ctxs]  # probe replays run past the end
+        # The probe's and the trace's replays run past the end.
+        self.lens = [c + self.max_out + 2 + args.probe_steps + (TRACE_REPLAYS if args.trace else 0) for c in self.ctxs]
         self.st = kv_backends.DecodeState(cfg, N, self.lens, dev, model.idx_fp8)
         if mode == "baseline":
             self.kv = kv_backends.FullKV(cfg, fmt, self.lens, dev)
@@ -269,6 +270,10 @@ class Point:
             self.session.check_errors()
         if cuda and args.probe_steps > 0:
             rec["parts_ms"] = self._probe_parts(pool)
+        if cuda and args.trace:
+            with open(args.trace, "a") as f:
+                f.write(json.dumps(dict(kind="trace", mode=self.mode, context=self.ctx, concurrency=self.N,
+                                        kernels=trace_graph(graph))) + "\n")
         del graph
         return rec, samples
 
@@ -306,6 +311,32 @@ class Point:
     def close(self):
         if self.mode != "baseline":
             self.kv.close()
+
+
+TRACE_REPLAYS = 2
+
+
+def trace_graph(graph) -> list:
+    """The kernels of one replay of graph, as the GPU ran them (torch.profiler's CUPTI activity records):
+    [name (80 chars at most), start µs from the replay's first kernel, duration µs, stream, grid], in start
+    order. One untraced replay first, so that the traced one finds the link and the caches as a step does."""
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        data = json.load(open(f.name))
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    ks = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if not ks:
+        return []
+    t0 = ks[0]["ts"]
+    return [[e["name"][:80], round(e["ts"] - t0, 2), round(e.get("dur", 0), 2), e.get("args", {}).get("stream"),
+             e.get("args", {}).get("grid")] for e in ks]
 
 
 def overlaps_of(args):
@@ -415,7 +446,7 @@ def calibrate(args, model, fmt, address, ctx, B, emit):
     """Hit rate against locality at this context and B: short hisparse points of --calibrate-rows
     requests (the hit rate is a request's, whatever the batch), one per --calibrate-localities."""
     sub = argparse.Namespace(**vars(args))
-    sub.steps, sub.probe_steps, sub.sample_every = args.calibrate_steps, 0, 1 << 30
+    sub.steps, sub.probe_steps, sub.sample_every, sub.trace = args.calibrate_steps, 0, 1 << 30, None
     cal = []
     for loc in (float(x) for x in args.calibrate_localities.split(",")):
         model.cfg.locality = loc
@@ -535,6 +566,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="skip the remaining points after this long")
     ap.add_argument("--ctl-watch", default=None, help="run `hisparse-ctl --json watch` on the daemon into this file")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace", default=None,
+                    help="append each point's kernel timeline (one replay of its graph, torch.profiler) to this file")
     ap.add_argument("--plot", default=None, help="PNG of throughput and TPOT against concurrency (matplotlib)")
     ap.add_argument("--expert-gemm", choices=("auto", "torch"), default="auto",
                     help="the routed experts' fp8 GEMM: the fastest of torch's and the Triton one (expert_gemm.py, "
