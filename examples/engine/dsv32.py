@@ -155,6 +155,17 @@ class Overlap:
     # The warps of each of a budgeted RESOLVE's blocks that fetch (hs_resolve_args.consumer_warps,
     # 1-16; 0: the library's choice, which on a budget gives the grid the whole GPU's consumers).
     consumer_warps: int = 0
+    # With beside: range c+1's RESOLVE runs under all of range c's attention, not only beside its
+    # split kernel. RESOLVE is launched first, an ordinary launch that lets its dependents start at
+    # once (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS), and range c's attention follows as a chain of
+    # programmatic dependents (Kernels.sparse_mla's chained): its first kernel never waits for that
+    # RESOLVE (it reads range c's records, resolved before), each later one waits for the programs of
+    # the one before through counters, since griddepcontrol.wait would wait for RESOLVE too. What
+    # follows (range c+1's RESOLVE or attention) is an ordinary launch, which starts only after every
+    # grid before it, that RESOLVE included (both measured on the H100: bench/RESULTS.md). The
+    # attention query is made before the indexer, so that nothing but RESOLVE sits between the last
+    # top-k and attention.
+    under: bool = False
 
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
@@ -164,7 +175,8 @@ class Overlap:
         it), ixJ (with beside: the first J ranges' RESOLVE beside the indexer of the rows after them; ix:
         1), icN (that indexer's programs an SM; 1), iuN (the tiles each of its programs takes at a time; 1),
         asc (the ranges' sizes ascending), cwN (consumer_warps of each budgeted RESOLVE block, 0-16; 0), rf
-        (with ix: each RESOLVE first, the next segment's grid indexer beside it)."""
+        (with ix: each RESOLVE first, the next segment's grid indexer beside it), under (with beside: each
+        RESOLVE under all of the attention of the range before it)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -180,6 +192,8 @@ class Overlap:
                 o.ascending = True
             elif w == "rf":
                 o.resolve_first = True
+            elif w == "under":
+                o.under = True
             elif w[:2] == "cw" and w[2:].isdigit() and int(w[2:]) <= 16:
                 o.consumer_warps = int(w[2:])
             elif w[:2] in ("ix", "ic", "iu") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
@@ -192,6 +206,8 @@ class Overlap:
                 raise ValueError(f"overlap spec {spec!r}: unknown part {w!r}")
         if o.indexer_chain and not o.beside:
             raise ValueError(f"overlap spec {spec!r}: ix needs beside (a RESOLVE launched beside the indexer)")
+        if o.under and not o.beside:
+            raise ValueError(f"overlap spec {spec!r}: under needs beside (one stream)")
         if o.resolve_first and not o.indexer_chain:
             raise ValueError(f"overlap spec {spec!r}: rf needs ix (the indexer that runs beside RESOLVE)")
         if o.indexer_chain and o.max_blocks <= 0 and o.helpers < 0:
@@ -215,7 +231,7 @@ class Overlap:
             ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + (["rf"] if self.resolve_first else []) + \
             ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + \
             ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else []) + \
-            ([f"cw{self.consumer_warps}"] if self.consumer_warps else [])
+            ([f"cw{self.consumer_warps}"] if self.consumer_warps else []) + (["under"] if self.under else [])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
@@ -618,15 +634,16 @@ class Model:
         return ChunkPlan(chunks=chunks, segments=chunks[:j] + [rest], attend=[head] + chunks[j:])
 
     def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False,
-                       first: bool = False):
+                       first: bool = False, early: bool = False):
         """RESOLVE of one row range on the current stream, on the overlap's budget of blocks; alone (the
         first range of a beside schedule, which nothing runs beside): on the whole GPU, as the
         programmatic dependent of the kernel before it; first (Overlap.resolve_first): as that
-        dependent too, letting the kernel after it start at once."""
+        dependent too, letting the kernel after it start at once; early (Overlap.under): an ordinary
+        launch that lets the kernel after it start at once."""
         a, b, bs = chunk
         budget = 0 if alone else self.overlap.budget(b - a)
         return kv.resolve_rows(l, st, a, b, bs, max_blocks=budget, beside=beside, programmatic=alone or first,
-                               consumer_warps=self.overlap.consumer_warps, early_dependents=first)
+                               consumer_warps=self.overlap.consumer_warps, early_dependents=first or early)
 
     def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0, unroll: int = 1,
                 after_resolve: bool = False) -> None:
@@ -711,13 +728,21 @@ class Model:
         for c, ((a, b, bs), ev) in enumerate(zip(chunks, ready)):
             if ev is not None:
                 main.wait_event(ev)
-            nxt = None
-            if self.overlap.beside and c + 1 < len(chunks):
+            nxt, more = None, c + 1 < len(chunks)
+            if self.overlap.under and more:  # range c+1's RESOLVE first, range c's attention under it
+                self._resolve_range(kv, l, st, chunks[c + 1], early=True)
+            elif self.overlap.beside and more:
                 nxt = lambda n=chunks[c + 1]: self._resolve_range(kv, l, st, n, beside=True)  # noqa: E731
             self.kernels.sparse_mla(qf[a:b], records, rec_idx[a:b], stride, fmt, bs, st.att_out[a:b], self.sm_scale,
-                                    splits=splits, after_split=nxt)
+                                    splits=splits, after_split=nxt, chained=self.overlap.under and more)
         if main is not None:
             main.wait_stream(self._side)  # joins the side stream's last work (a capture needs it)
+
+    def _query(self, L: "Layer", q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The absorbed attention query [M, heads, 576]: q's no-RoPE part through w_uk, then its RoPE part."""
+        c = self.cfg
+        q_lat = torch.bmm(q[..., :c.nope_head].transpose(0, 1), L.w_uk).transpose(0, 1)  # [M, heads, 512]
+        return torch.cat([q_lat, _rope(q[..., c.nope_head:], pos)], dim=-1).contiguous()
 
     @torch.no_grad()
     def step(self, kv, st) -> torch.Tensor:
@@ -748,6 +773,10 @@ class Model:
                 at = st.row_base + pos
                 st.idx_keys[l].view(torch.uint8).index_put_((at,), key.view(torch.uint8))
                 st.idx_scale[l].index_put_((at,), kscale)
+            qf = None
+            if plan is not None and self.overlap.under:  # nothing but RESOLVE between the last top-k and attention
+                with self._part("attention"):
+                    qf = self._query(L, q, pos)
             resolved = None
             if plan is not None and plan.segments:
                 resolved = self._select_chained(kv, l, st, iq, iw, plan)
@@ -762,8 +791,8 @@ class Model:
             else:
                 records, rec_idx, stride, ready = self._resolve_chunks(kv, l, st, plan.attend, resolved=resolved)
             with self._part("attention"):
-                q_lat = torch.bmm(q[..., :c.nope_head].transpose(0, 1), L.w_uk).transpose(0, 1)  # [M, heads, 512]
-                qf = torch.cat([q_lat, _rope(q[..., c.nope_head:], pos)], dim=-1).contiguous()
+                if qf is None:
+                    qf = self._query(L, q, pos)
                 if plan is None:
                     K.sparse_mla(qf, records, rec_idx, stride, kv.fmt, st.batch_size, st.att_out, self.sm_scale)
                 else:

@@ -40,6 +40,26 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
+    def _chain_wait(sync_ptr, target):
+        """Spins until *sync_ptr reaches target (an acquire: what the signalling programs wrote before
+        their release is visible after it). sparse_mla's chain: griddepcontrol.wait would also wait for
+        the RESOLVE launched before the chain, since it waits for every grid still in flight before this
+        one (measured on the H100: bench/RESULTS.md), so the chain's kernels wait for each other this way.
+        No deadlock: a kernel of the chain starts only once every program of the one before has started
+        (they ask for their dependents first), so the programs it waits for hold their SMs already."""
+        n = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        while n < target:
+            n = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+
+    @triton.jit
+    def _chain_signal(sync_ptr):
+        """This program's writes are done: one more on *sync_ptr (a release, after every thread's stores)."""
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+
+if triton is not None:
+
+    @triton.jit
     def _index_tile(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, base_ptr, out_ptr, max_len, tb, b, live,
                     H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
         """Tile tb of row b: score[b, t] = scale[b, t] * sum_h w[b, h] * relu(q[b, h] . k[b, t]) for t <
@@ -142,7 +162,7 @@ if triton is not None:
     @triton.jit
     def _mla_split(q_ptr, src_ptr, idx_ptr, bs_ptr, acc_ptr, ml_ptr, src_stride, sm_scale, K_SEL, SPLIT_LEN,
                    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
-                   GATHERED: tl.constexpr):
+                   GATHERED: tl.constexpr, sync_ptr=None, wait_for=0, CHAINED: tl.constexpr = False):
         """Sparse MLA decode, absorbed form, one split of the selection: for (row b, heads hb, split sp),
         the unnormalised softmax(q . K_j) V_j over selections [sp * SPLIT_LEN, +SPLIT_LEN); K_j is the
         576-element latent, V_j its first 512. Not GATHERED: the records src_ptr + idx[b, j] *
@@ -150,10 +170,14 @@ if triton is not None:
         offsets, so one base can address two allocations). GATHERED: the bf16 latents
         _mla_gather_kernel wrote, row b's at src_ptr + (b * K_SEL + j) * 1152 B, read straight into
         the dots. Writes acc [b, sp, h, 512] and (max, sum) [b, sp, h, 2] for _mla_combine_kernel.
-        Rows at and past *bs do nothing."""
+        Rows at and past *bs do nothing. CHAINED (sparse_mla's chain): waits until sync_ptr[0] counts
+        wait_for programs of the gather kernel (0: none, the chain's first kernel) and counts itself on
+        sync_ptr[1] when done."""
         # A RESOLVE launched beside this kernel (the overlap's next range) may start once every block
         # has started: it touches none of this kernel's rows.
         gdc_launch_dependents()
+        if CHAINED:
+            _chain_wait(sync_ptr, wait_for)
         b = tl.program_id(0)
         hb = tl.program_id(1)
         sp = tl.program_id(2)
@@ -185,14 +209,20 @@ if triton is not None:
             tl.store(acc_ptr + part[:, None] * 512 + dn[None, :], acc)
             tl.store(ml_ptr + part * 2, m)
             tl.store(ml_ptr + part * 2 + 1, l_sum)
+        if CHAINED:
+            _chain_signal(sync_ptr + 1)
 
     @triton.jit
     def _mla_gather_kernel(rec_ptr, idx_ptr, bs_ptr, lat_ptr, rec_stride, K_SEL, BLOCK_J: tl.constexpr,
-                           FP8: tl.constexpr):
+                           FP8: tl.constexpr, sync_ptr=None, CHAINED: tl.constexpr = False):
         """The selected records of row b as bf16 latents, once: lat[b, j] = _latent of record idx[b, j]
         (rec_ptr + idx * rec_stride), zeros for padding (idx == -1). Grid (rows, selections /
         BLOCK_J); rows at and past *bs do nothing. _mla_split (GATHERED) then reads them
-        contiguously, with no conversion in its loop, however many head blocks read the same row."""
+        contiguously, with no conversion in its loop, however many head blocks read the same row.
+        CHAINED (sparse_mla's chain): lets the split kernel after it start at once, and counts itself on
+        sync_ptr[0] when done."""
+        if CHAINED:
+            gdc_launch_dependents()
         b = tl.program_id(0)
         if b < tl.load(bs_ptr):
             j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -203,10 +233,18 @@ if triton is not None:
             dst = lat_ptr + (b.to(tl.int64) * K_SEL + j)[:, None] * 576
             tl.store(dst + tl.arange(0, 512)[None, :], kn, mask=live[:, None])
             tl.store(dst + 512 + tl.arange(0, 64)[None, :], kr, mask=live[:, None])
+        if CHAINED:
+            _chain_signal(sync_ptr)
 
     @triton.jit
-    def _mla_combine_kernel(acc_ptr, ml_ptr, bs_ptr, out_ptr, NSPLIT, HEADS: tl.constexpr, BLOCK_H: tl.constexpr):
-        """out[b, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits of row b."""
+    def _mla_combine_kernel(acc_ptr, ml_ptr, bs_ptr, out_ptr, NSPLIT, HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
+                            sync_ptr=None, wait_for=0, CHAINED: tl.constexpr = False):
+        """out[b, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits of row b.
+        CHAINED (sparse_mla's chain): waits until sync_ptr[1] counts the wait_for programs of the split
+        kernel; the last of its own programs to finish sets sync_ptr[0..2] back to 0 for the next chain
+        (every program of the chain has passed its wait by then)."""
+        if CHAINED:
+            _chain_wait(sync_ptr + 1, wait_for)
         b = tl.program_id(0)
         hb = tl.program_id(1)
         if b < tl.load(bs_ptr):
@@ -229,6 +267,13 @@ if triton is not None:
                 mx = m_new
             o = o / tl.maximum(den, 1e-30)[:, None]
             tl.store(out_ptr + (b.to(tl.int64) * HEADS + h[:, None]) * 512 + dn[None, :], o.to(tl.bfloat16))
+        if CHAINED:
+            tl.debug_barrier()
+            done = tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel", scope="gpu")
+            if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+                tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(sync_ptr + 2, 0, sem="relaxed", scope="gpu")
 
 
 class Kernels:
@@ -249,6 +294,7 @@ class Kernels:
         # The H200's pick at 32 rows (tune_mla; bench/RESULTS.md, "Sparse MLA over gathered latents").
         self.mla_way, self.mla_block_h, self.mla_block_n, self.mla_warps, self.mla_stages = "gathered", 32, 64, 4, 3
         self._parts: Dict[tuple, tuple] = {}  # a launch shape -> its split partials (and gathered latents)
+        self._chain_sync = None  # sparse_mla's chain: its kernels' counters (int32 [3]), made at the first chain
 
     @property
     def mla_config(self) -> tuple:
@@ -339,13 +385,21 @@ class Kernels:
         return out
 
     def sparse_mla(self, q, records, idx, rec_stride, fmt: RecordFormat, batch_size, out, sm_scale, splits=None,
-                   after_split=None):
+                   after_split=None, chained: bool = False):
         """q bf16 [M, heads, 576]; records: uint8 tensor whose record i starts at byte i * rec_stride;
         idx int32/int64 [M, k] (-1: padding); out bf16 [M, heads, 512]. splits: the selection's splits
         (None: mla_splits(M)); a row's result depends on it, not on M, so rows attended in chunks
         with the whole batch's count equal the whole batch's. after_split: called right after the
         split kernel's launch, before the combine's (what launches beside that kernel); on a CPU
-        first."""
+        first. chained: every kernel is launched as the programmatic dependent of the one before it;
+        the first starts as soon as the kernel before it in the stream lets it (a RESOLVE launched
+        with HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS) and never waits for that kernel, so it must read
+        nothing that kernel writes; each later one waits for the programs of the one before through a
+        counter (_chain_wait), not griddepcontrol.wait, which would wait for that kernel too. The
+        kernel before the chain must be an ordinary launch (it then starts after everything before
+        it, so the chain's buffers, shared by launches of the same size, are free), and whatever reads
+        that kernel's results must come after an ordinary launch, which waits for every grid before
+        it (dsv32.Overlap.under). The first chain is eager: it makes the counters."""
         if after_split is not None and not (self.triton and not isinstance(records, list)):
             after_split()
         M, heads, _ = q.shape
@@ -364,15 +418,24 @@ class Kernels:
             bn = self.mla_block_n
             split_len = (split_len + bn - 1) // bn * bn
             opts = dict(num_warps=self.mla_warps, **({"num_stages": self.mla_stages} if self.mla_stages else {}))
+            chain = {}
+            if chained:  # three counters, zero between chains (the combine kernel leaves them so)
+                if self._chain_sync is None or self._chain_sync.device != q.device:
+                    self._chain_sync = torch.zeros(3, dtype=torch.int32, device=q.device)
+                chain = dict(sync_ptr=self._chain_sync, CHAINED=True, launch_pdl=True)
+            g_grid = (M, triton.cdiv(k, 32))
             if gathered:
-                _mla_gather_kernel[(M, triton.cdiv(k, 32))](records, idx, batch_size, lat, rec_stride, k, BLOCK_J=32,
-                                                            FP8=fmt.fp8, num_warps=4)
-            _mla_split[(M, heads // bh, ns)](q, lat if gathered else records, idx, batch_size, acc, ml, rec_stride,
-                                             sm_scale, k, split_len, HEADS=heads, BLOCK_H=bh, BLOCK_N=bn, FP8=fmt.fp8,
-                                             GATHERED=gathered, **opts)
+                _mla_gather_kernel[g_grid](records, idx, batch_size, lat, rec_stride, k, BLOCK_J=32, FP8=fmt.fp8,
+                                           num_warps=4, **chain)
+            s_grid = (M, heads // bh, ns)
+            _mla_split[s_grid](q, lat if gathered else records, idx, batch_size, acc, ml, rec_stride, sm_scale, k,
+                               split_len, HEADS=heads, BLOCK_H=bh, BLOCK_N=bn, FP8=fmt.fp8, GATHERED=gathered,
+                               **opts, **chain, **({"wait_for": g_grid[0] * g_grid[1]} if chained and gathered else {}))
             if after_split is not None:
                 after_split()
-            _mla_combine_kernel[(M, heads // 16)](acc, ml, batch_size, out, ns, HEADS=heads, BLOCK_H=16, num_warps=4)
+            _mla_combine_kernel[(M, heads // 16)](acc, ml, batch_size, out, ns, HEADS=heads, BLOCK_H=16, num_warps=4,
+                                                  **chain, **({"wait_for": s_grid[0] * s_grid[1] * s_grid[2]}
+                                                              if chained else {}))
             return out
         if isinstance(records, list):  # HybridKV on a CPU: [(tensor, idx, stride)] gathered and concatenated
             lat = fmt.decode(torch.cat([t.reshape(-1)[i.clamp(min=0).long().unsqueeze(-1) * st +

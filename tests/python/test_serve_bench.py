@@ -124,6 +124,42 @@ def test_the_hisparse_topk_through_the_chain_on_the_cpu(capsys, monkeypatch):
     assert len(set(calls)) > 1, "the chain called it on ranges as well as on whole batches"
 
 
+def test_under_launches_each_resolve_before_the_attention_it_hides_under(capsys, monkeypatch):
+    # Overlap.under (issue 44): range c+1's RESOLVE is an ordinary launch that lets its dependents start
+    # at once (early_dependents, not programmatic), and right after it comes range c's attention as a
+    # chain of programmatic dependents; the last range's attention is an ordinary launch. On the host
+    # backend the flags change nothing, so every point is exact; the order is what this holds.
+    kv_backends = pytest.importorskip("kv_backends")
+    events = []
+    plain_mla = sparse_kernels.Kernels.sparse_mla
+    plain_rows = kv_backends.HisparseKV.resolve_rows
+
+    def mla(self, q, *a, chained=False, **kw):
+        events.append(("attend", q.shape[0], chained))
+        return plain_mla(self, q, *a, chained=chained, **kw)
+
+    def rows(self, layer, st, a, b, bs, **kw):
+        events.append(("resolve", b - a, kw.get("early_dependents", False), kw.get("programmatic", False)))
+        return plain_rows(self, layer, st, a, b, bs, **kw)
+
+    monkeypatch.setattr(sparse_kernels.Kernels, "sparse_mla", mla)
+    monkeypatch.setattr(kv_backends.HisparseKV, "resolve_rows", rows)
+    argv = ["--smoke", "--hit-rates", "0.8", "--overlap", "3/b1/beside/ix1/rf/under",
+            "--overlap-min-rows", "2", "--calibrate-localities", "0,6"]
+    assert serve_bench.main(argv) == 0
+    cur = [x for x in json_lines(capsys.readouterr().out) if x["kind"] == "curve"]
+    assert cur and all(c["exact"] and c["identical"] == c["identical_overlap"] == c["sampled_steps"] > 0 for c in cur)
+    assert {c["overlap"]["spec"] for c in cur} == {"3_b1_beside_ix1_rf_under"}
+    chained = [i for i, e in enumerate(events) if e[0] == "attend" and e[2]]
+    assert chained, "the under schedule ran"
+    for i in chained:  # each chained attention right after the RESOLVE it hides, an early ordinary launch
+        assert events[i - 1][0] == "resolve" and events[i - 1][2:] == (True, False)
+        assert events[i + 1][0] == "resolve" or events[i + 1] == ("attend", events[i + 1][1], False)
+    early = [i for i, e in enumerate(events) if e[0] == "resolve" and e[2:] == (True, False)]
+    assert all(events[i + 1][0] == "attend" and events[i + 1][2] for i in early)
+    assert any(e[0] == "resolve" and e[2:] == (True, True) for e in events), "range 0's RESOLVE first, beside the indexer"
+
+
 def test_overlap_cuts_a_batch_into_row_ranges():
     o = dsv32.Overlap(chunks=4, min_rows=4)
     assert o.ranges(29) == [(0, 7), (7, 14), (14, 22), (22, 29)]
@@ -140,12 +176,14 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert (z.indexer_chain, z.indexer_unroll, z.tag) == (1, 4, "4_b16_beside_ix1_iu4_asc")
     f = dsv32.Overlap.parse("4/b16/beside/ix3/rf")
     assert (f.indexer_chain, f.resolve_first, f.tag) == (3, True, "4_b16_beside_ix3_rf")
+    u = dsv32.Overlap.parse("2/b16/beside/ix1/rf/under")
+    assert (u.under, u.tag) == (True, "2_b16_beside_ix1_rf_under") and not f.under
     w = dsv32.Overlap.parse("4/b16/beside/asc/cw8")
     assert (w.consumer_warps, w.tag) == (8, "4_b16_beside_asc_cw8")
     assert x.consumer_warps == 0, "the library's choice unless asked"
     assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
     for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix",
-                "4/b16/beside/cw17", "4/b16/beside/cw", "4/b16/beside/cw-1", "4/b16/beside/rf"):
+                "4/b16/beside/cw17", "4/b16/beside/cw", "4/b16/beside/cw-1", "4/b16/beside/rf", "4/b16/under"):
         with pytest.raises(ValueError):
             dsv32.Overlap.parse(bad)
 
@@ -261,12 +299,15 @@ def test_triton_sparse_mla_in_row_chunks_equals_one_launch(way):
     K.mla_config = next(c for c in K.MLA_CONFIGS if c[0] == way)
     whole = torch.empty(M, cfg.heads, 512, dtype=torch.bfloat16, device=dev)
     K.sparse_mla(q, recs, idx, fmt.record_bytes, fmt, torch.tensor([M], dtype=torch.int32, device=dev), whole, 0.05)
-    parts = torch.empty_like(whole)
     splits = K.mla_splits(M, cfg.heads, k)
-    for a, b in dsv32.Overlap(chunks=4).ranges(M):
-        bs = torch.tensor([b - a], dtype=torch.int32, device=dev)
-        K.sparse_mla(q[a:b], recs, idx[a:b], fmt.record_bytes, fmt, bs, parts[a:b], 0.05, splits=splits)
-    assert torch.equal(parts, whole)
+    for chained in (False, True):  # chained: each kernel a programmatic dependent (Overlap.under)
+        parts = torch.empty_like(whole)
+        for a, b in dsv32.Overlap(chunks=4).ranges(M):
+            bs = torch.tensor([b - a], dtype=torch.int32, device=dev)
+            K.sparse_mla(q[a:b], recs, idx[a:b], fmt.record_bytes, fmt, bs, parts[a:b], 0.05, splits=splits,
+                         chained=chained)
+        assert torch.equal(parts, whole), f"chained={chained}"
+
 
 
 def test_triton_index_scores_match_the_reference():
