@@ -60,8 +60,13 @@ hs_result hs_topk(const hs_topk_args* args) {
     d.batch_size = a.batch_size;
     d.seq_lens = a.seq_lens;
     d.positions = a.positions;
+    d.after_count = a.after_count;
+    d.after_target = a.after_target;
     if (const std::string why = hisparse::CheckTopkDesc(d); !why.empty()) {
       return Fail(HS_ERR_INVALID_ARGUMENT, ("hs_topk: " + why).c_str());
+    }
+    if (a.device == -1 && a.after_count != nullptr) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_topk: after_count is for device memory (a kernel's count)");
     }
     if (a.device == -1) {
       hisparse::TopkReference(d);

@@ -410,8 +410,28 @@ __device__ void WriteSelected(const float* x, int begin, int end, bool vec, cons
   });
 }
 
+// TopkDesc::after_count: every block waits until the kernels writing the scores have counted
+// after_target programs (an acquire, so their writes are visible to the whole block after the
+// barrier), instead of waiting for every grid before it in the stream.
+__device__ __forceinline__ void WaitForCount(const int32_t* count, int32_t target) {
+  if (threadIdx.x == 0) {
+    for (;;) {
+#if defined(__CUDA_ARCH__)
+      int32_t n;
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(count) : "memory");
+      if (n >= target) break;
+      __nanosleep(64);
+#else
+      if (__atomic_load_n(count, __ATOMIC_ACQUIRE) >= target) break;
+#endif
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
   HS_BLOCK_SHARED(Smem, sm);
+  if (d.after_count != nullptr) WaitForCount(d.after_count, d.after_target);
   const cg::cluster_group cluster = cg::this_cluster();
   const int blocks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
   const int row = static_cast<int>(blockIdx.x) / blocks;
@@ -533,8 +553,14 @@ cudaError_t LaunchTopk(const TopkDesc& d, cudaStream_t stream, int blocks_per_ro
   if (static_cast<int64_t>(d.rows) * blocks_per_row > 0x7FFFFFFF) {
     return internal::FailLaunch("top-k: " + std::to_string(d.rows) + " rows are too many blocks");
   }
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = ClusterLaunch(d.rows, blocks_per_row, stream, attr);
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t config = ClusterLaunch(d.rows, blocks_per_row, stream, attr[0]);
+  if (d.after_count != nullptr) {  // a programmatic dependent that waits for the count, not for the grids before
+    config.attrs = attr;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
   const cudaError_t err = cudaLaunchKernelEx(&config, TopkKernel, d);
   if (err != cudaSuccess) return internal::LaunchCallFailed(err);
   return internal::CheckLaunched();

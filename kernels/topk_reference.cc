@@ -17,6 +17,7 @@ std::string CheckTopkDesc(const TopkDesc& d) {
   if (d.cols > kTopkMaxCols) return "cols must be at most 2^30";
   if (d.ld < d.cols) return "ld must be at least cols";
   if (d.rows > 0 && d.ld > std::numeric_limits<int64_t>::max() / d.rows) return "rows * ld overflows";
+  if (d.after_target < 0) return "after_target must not be negative";
   return "";
 }
 

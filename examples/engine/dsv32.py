@@ -533,6 +533,7 @@ class Model:
         self.events: Optional[List] = None  # probe mode: [(part, start, end)] recorded inside the step
         self.overlap: Optional[Overlap] = None  # hisparse mode: RESOLVE in row chunks beside attention
         self._side = None  # the overlap's side stream (CUDA), made once, before any capture
+        self._idx_count = None  # Overlap.under: the chained indexer's count of finished programs (int32 [1])
         self._chunk_consts: Dict[tuple, tuple] = {}  # row ranges -> (starts, sizes) on the device
         # The top-k: "torch" (torch.topk) or "hisparse" (hs_topk: a cluster of thread blocks a row,
         # ascending positions, a row's list a function of its scores alone; 1.6-2x faster a call
@@ -646,21 +647,23 @@ class Model:
                                consumer_warps=self.overlap.consumer_warps, early_dependents=first or early)
 
     def _select(self, st, iq, iw, l: int, a: int, b: int, bs, ctas: int = 0, unroll: int = 1,
-                after_resolve: bool = False) -> None:
+                after_resolve: bool = False, count=None) -> None:
         """The indexer's scores of rows [a, b) (bs: how many of them are in the batch, on the device)."""
         self.kernels.index_scores(iq[a:b], iw[a:b], st.idx_keys[l], st.idx_scale[l], st.seq_lens[a:b], bs,
                                   st.scores[a:b], st.row_base[a:b], ctas=ctas, unroll=unroll,
-                                  after_resolve=after_resolve)
+                                  after_resolve=after_resolve, count=count)
 
-    def _topk(self, st, a: int, b: int, bs=None) -> None:
+    def _topk(self, st, a: int, b: int, bs=None, after=None) -> None:
         """Rows [a, b)'s selections: the top-k of their first seq_len scores, -inf ones never, -1 as
-        padding (bs: how many of the rows are in the batch, on the device; None: the whole batch's)."""
+        padding (bs: how many of the rows are in the batch, on the device; None: the whole batch's).
+        after: (count, target) of the indexer that wrote the scores (hisparse.topk's after_count)."""
         if self.topk == "torch":
             top_v, top_i = st.scores[a:b].topk(self.cfg.topk, dim=1, sorted=False)
             st.positions[a:b].copy_(top_i.masked_fill(torch.isinf(top_v), -1))
             return
         hisparse.topk(st.scores[a:b], st.positions[a:b], seq_lens=st.seq_lens[a:b],
-                      batch_size=st.batch_size if bs is None else bs)
+                      batch_size=st.batch_size if bs is None else bs,
+                      **({} if after is None else dict(after_count=after[0], after_target=after[1])))
 
     def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan"):
         """Overlap.indexer_chain: the indexer and top-k segment by segment, range c's RESOLVE launched
@@ -674,19 +677,30 @@ class Model:
             self._select(st, iq, iw, l, *segs[0])
         with self._part("topk"):
             self._topk(st, *segs[0])
+        # Overlap.under with resolve_first: the segment's top-k runs under RESOLVE too, waiting for the
+        # indexer's count (hs_topk_args.after_count) instead of for every grid before it.
+        count = None
+        if o.under and o.resolve_first and self.topk == "hisparse" and self.device.type == "cuda" and K.triton:
+            if self._idx_count is None:  # made by the eager step 0, before a capture
+                self._idx_count = torch.zeros(1, dtype=torch.int32, device=self.device)
+            count = self._idx_count
         resolved = None
         for c, (a, b, bs) in enumerate(segs[1:]):
             ra, rb, _ = plan.chunks[c]
             with self._part("indexer"):  # one part: a timing event between the two would order them
                 if o.resolve_first:
                     resolved = self._resolve_range(kv, l, st, plan.chunks[c], first=True)
-                    self._select(st, iq, iw, l, a, b, bs, after_resolve=True)
+                    self._select(st, iq, iw, l, a, b, bs, after_resolve=True, count=count)
+                    if count is not None:  # no event between: the top-k's part is the indexer's here
+                        self._topk(st, a, b, bs, after=(count, K.index_programs(st.scores.shape[1], b - a)))
+                        count.zero_()  # an ordinary launch: after RESOLVE, the indexer and the top-k
                 else:
                     self._select(st, iq, iw, l, a, b, bs, ctas=o.indexer_ctas * max(1, K.sms - o.budget(rb - ra)),
                                  unroll=o.indexer_unroll)
                     resolved = self._resolve_range(kv, l, st, plan.chunks[c], beside=True)
-            with self._part("topk"):
-                self._topk(st, a, b, bs)
+            if count is None:
+                with self._part("topk"):
+                    self._topk(st, a, b, bs)
         return resolved
 
     def _resolve_chunks(self, kv, l: int, st, chunks, resolved=None):

@@ -84,13 +84,16 @@ if triton is not None:
 
     @triton.jit
     def _index_scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
-                             H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WAIT_LAST: tl.constexpr):
+                             H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, WAIT_LAST: tl.constexpr,
+                             sync_ptr=None, SIGNAL: tl.constexpr = False):
         """The indexer's scores (_index_tile), one program a tile: grid (tiles a row, rows). Rows at and
         past *bs do nothing; a tile wholly past its row's seq_len stores -inf without reading a key.
         Reads each key once (132 B a token). WAIT_LAST (launched as the programmatic dependent of a
         RESOLVE that lets it start at once): it reads nothing that RESOLVE writes, and its last
         program waits for RESOLVE before it exits, so that the grid completes only after RESOLVE
-        and what follows in the stream finds both complete; the others never wait."""
+        and what follows in the stream finds both complete; the others never wait. SIGNAL (instead of
+        WAIT_LAST): every program adds 1 to *sync_ptr when its scores are written (a release), for a
+        top-k that waits for that count rather than for RESOLVE (hs_topk_args.after_count)."""
         tb = tl.program_id(0)
         b = tl.program_id(1)
         if b < tl.load(bs_ptr):
@@ -104,6 +107,8 @@ if triton is not None:
         if WAIT_LAST:
             if (tb == tl.num_programs(0) - 1) & (b == tl.num_programs(1) - 1):
                 gdc_wait()
+        if SIGNAL:
+            _chain_signal(sync_ptr)
 
     @triton.jit
     def _index_scores_persistent_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, seq_ptr, bs_ptr, base_ptr, out_ptr, max_len,
@@ -352,8 +357,13 @@ class Kernels:
             s *= 2
         return s
 
+    @staticmethod
+    def index_programs(T: int, M: int) -> int:
+        """Programs of the grid indexer over M rows of T scores (what its count reaches, index_scores)."""
+        return -(-T // 128) * M
+
     def index_scores(self, q, w, keys, kscale, seq_lens, batch_size, out, row_base, ctas: int = 0, unroll: int = 1,
-                     after_resolve: bool = False):
+                     after_resolve: bool = False, count=None):
         """q [M, H, D], w float32 [M, H], keys [P, D] and kscale float32 [P]: a pool in which row b's
         token t is entry row_base[b] + t (int64 [M]); out float32 [M, T] (rows T floats apart: a
         slice of rows of a larger buffer will do). ctas > 0: a grid of at most that many programs,
@@ -361,7 +371,9 @@ class Kernels:
         it needs), each taking `unroll` tiles at a time; the scores are the same bits either way.
         after_resolve (the grid kernel): launched as the programmatic dependent of the RESOLVE just
         before it, which let its dependents start early (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS): it runs
-        beside that RESOLVE, and completes after it."""
+        beside that RESOLVE, and completes after it; with count (an int32 [1] tensor) it does not wait
+        for that RESOLVE but adds its programs (index_programs) to count as they finish, for a top-k
+        launched after it with after_count (hisparse.topk), which then need not wait for RESOLVE either."""
         M, H, D = q.shape
         T = out.shape[1]
         if self.triton:
@@ -373,8 +385,10 @@ class Kernels:
                                                          n_tb, n_tb * M, H=H, D=D, BLOCK_T=BT, UNROLL=unroll,
                                                          num_warps=4)
             else:
+                signal = dict(sync_ptr=count, SIGNAL=True) if count is not None and after_resolve else {}
                 _index_scores_kernel[(n_tb, M)](q, w, keys, kscale, seq_lens, batch_size, row_base, out, T,
-                                                H=H, D=D, BLOCK_T=BT, WAIT_LAST=after_resolve, num_warps=4,
+                                                H=H, D=D, BLOCK_T=BT, WAIT_LAST=after_resolve and not signal,
+                                                num_warps=4, **signal,
                                                 **({"launch_pdl": True} if after_resolve else {}))
             return out
         at = (row_base.unsqueeze(1) + torch.arange(T, device=keys.device)).clamp(max=keys.shape[0] - 1)

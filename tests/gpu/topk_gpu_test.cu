@@ -40,6 +40,7 @@ class DeviceBatch {
     cudaFree(out_);
   }
   TopkDesc Desc(bool with_lens) const { return TopkBatchDesc(b_, scores_, batch_, with_lens ? lens_ : nullptr, out_); }
+  const float* Scores() const { return scores_; }
   void SetBatch(int32_t n, cudaStream_t s) const {
     ASSERT_EQ(cudaMemcpyAsync(batch_, &n, sizeof n, cudaMemcpyHostToDevice, s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -147,6 +148,66 @@ TEST(TopkGpu, OneGraphServesEveryBatchSize) {
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(s));
+}
+
+// The kernels that write the scores in TopkDesc::after_count's tests: each block lets its dependents
+// launch at once, spins, copies its part of the scores, and only then counts itself (a release).
+__global__ void LateScoresKernel(float* dst, const float* src, size_t n, unsigned long long spin_ns, int32_t* count) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < spin_ns);
+  const size_t part = (n + gridDim.x - 1) / gridDim.x, lo = part * blockIdx.x, hi = lo + part < n ? lo + part : n;
+  for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(count, 1);
+  }
+}
+
+// hs_topk_args.after_count: the top-k, a programmatic dependent of the kernel writing its scores,
+// starts while that kernel spins and reads nothing before the count reaches its target. A top-k
+// that read early would find the NaNs the scores start as, which it never selects. Twice, from a
+// graph, with the count reset between (as an engine does).
+TEST(TopkGpu, WaitsForTheCountOfTheKernelsWritingTheScores) {
+  REQUIRE_GPU();
+  const TopkBatch b = MakeTopkBatch(6, 131136, 131136, 2048, 41);
+  DeviceBatch dev(b);
+  dev.SetBatch(6, nullptr);
+  float* late = nullptr;
+  int32_t* count = nullptr;
+  CUDA_OK(cudaMalloc(&late, b.scores.size() * sizeof(float)));
+  CUDA_OK(cudaMalloc(&count, sizeof(int32_t)));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  TopkDesc d = dev.Desc(true);
+  d.scores = late;
+  d.after_count = count;
+  d.after_target = 12;  // the writing kernel's blocks
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CUDA_OK(cudaMemsetAsync(count, 0, sizeof(int32_t), s));
+  CUDA_OK(cudaMemsetAsync(late, 0xff, b.scores.size() * sizeof(float), s));  // NaN
+  LateScoresKernel<<<12, 256, 0, s>>>(late, dev.Scores(), b.scores.size(), 200000, count);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(LaunchTopk(d, s));
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    dev.Poison(s);
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    ExpectRowsEqual(dev.Out(), TopkBatchReference(b, 6, true), b, "after the count");
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(late));
+  CUDA_OK(cudaFree(count));
 }
 
 TEST(TopkGpu, RefusesWhatItCannotRun) {

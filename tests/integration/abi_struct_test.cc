@@ -308,10 +308,24 @@ TEST_F(AbiStructTest, TopkArgsFromTheFirstVersionUp) {
   a.device = -2;
   EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
   a.device = -1;
-  a.struct_size = sizeof(hs_topk_args) - 8;
+  a.struct_size = offsetof(hs_topk_args, after_count) - 8;  // short of ABI 1.16's
   EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(hs_topk(nullptr), HS_ERR_INVALID_ARGUMENT);
+  // ABI 1.17: after_count is a kernel's count, so host memory refuses it, as it does a negative
+  // target; a 1.16 caller's struct ends before them and reads them as NULL and 0.
+  const int32_t count = 0;
+  a.struct_size = sizeof(hs_topk_args);
+  a.after_count = &count;
+  EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hs_last_error()).find("after_count"), std::string::npos) << hs_last_error();
+  a.after_count = nullptr;
+  a.after_target = -1;
+  EXPECT_EQ(hs_topk(&a), HS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(out, untouched);
+  a.struct_size = offsetof(hs_topk_args, after_count);
+  a.after_count = &count;  // past a 1.16 struct: not read
+  ASSERT_EQ(hs_topk(&a), HS_OK) << hs_last_error();
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 3, 0, 1, -1}));
 }
 
 TEST_F(AbiStructTest, AdmitArgsFromTheFirstVersionUp) {  // ABI 1.10

@@ -7,7 +7,9 @@
 // launch), which the GPU plan runs.
 #include <cuda_runtime.h>  // cuda_emulation/cuda_runtime.h
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -100,6 +102,36 @@ TEST(TopkEmulated, ChoosesTheMostBlocksARowWhoseClustersAllRunAtOnce) {
   EXPECT_EQ(TopkBlocksPerRow(1 << 30, h100), 1);
   const int none[4] = {0, 0, 0, 0};  // a device that cannot run clusters at all still gets 1
   EXPECT_EQ(TopkBlocksPerRow(1, none), 1);
+}
+
+// TopkDesc::after_count: the kernel reads no score before the count reaches its target. Here the
+// scores are written, and counted, by another thread while the launch waits; a block that read
+// them early would select from the zeros they start as.
+TEST(TopkEmulated, WaitsForTheCountBeforeReadingScores) {
+  const TopkBatch b = MakeTopkBatch(2, 5000, 5000, 64, 11);
+  std::vector<float> scores(b.scores.size(), 0.0f);
+  std::vector<int32_t> got(static_cast<size_t>(b.rows) * b.k, 0x5a5a5a5a);
+  int32_t batch = b.rows;
+  int32_t count = 0;
+  TopkDesc d = TopkBatchDesc(b, scores.data(), &batch, b.seq_lens.data(), got.data());
+  d.after_count = &count;
+  d.after_target = 3;
+  std::thread writer([&] {
+    for (int part = 0; part < 3; ++part) {  // three "programs", each its third of the scores, then counted
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const size_t lo = scores.size() * part / 3, hi = scores.size() * (part + 1) / 3;
+      std::copy(b.scores.begin() + static_cast<std::ptrdiff_t>(lo), b.scores.begin() + static_cast<std::ptrdiff_t>(hi),
+                scores.begin() + static_cast<std::ptrdiff_t>(lo));
+      __atomic_add_fetch(&count, 1, __ATOMIC_RELEASE);
+    }
+  });
+  const cudaError_t err = LaunchTopk(d, nullptr, 2);
+  writer.join();
+  ASSERT_EQ(err, cudaSuccess) << LastLaunchError();
+  EXPECT_EQ(got, TopkBatchReference(b, batch, true));
+  d.after_target = -1;
+  EXPECT_EQ(LaunchTopk(d, nullptr), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(LastLaunchError()).find("after_target"), std::string::npos) << LastLaunchError();
 }
 
 TEST(TopkEmulated, RefusesWhatItCannotRun) {

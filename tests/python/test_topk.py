@@ -57,4 +57,6 @@ def test_bad_input_is_refused_and_writes_nothing():
         hisparse.topk(s, np.zeros((2, 0), dtype=np.int32))  # k 0
     with pytest.raises(hisparse.InvalidArgument):
         hisparse.topk(s, out, seq_lens=np.zeros(1, dtype=np.int32))  # shorter than the rows
+    with pytest.raises(hisparse.InvalidArgument, match="after_count"):
+        hisparse.topk(s, out, after_count=np.zeros(1, dtype=np.int32), after_target=1)  # a kernel's count only
     assert (out == 7).all()

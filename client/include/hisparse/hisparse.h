@@ -54,9 +54,10 @@ extern "C" {
  * beside the previous kernel in the stream, one stream for the whole overlap); 1.15:
  * hs_resolve_args.consumer_warps (the warps of each of RESOLVE's blocks that fetch) and
  * HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS (the next kernel may run beside RESOLVE); 1.16: hs_topk (the
- * top-k of rows of scores as RESOLVE's positions, no session needed). */
+ * top-k of rows of scores as RESOLVE's positions, no session needed); 1.17: hs_topk_args.after_count
+ * (the top-k waits for the kernels that count on it, not for every kernel before it). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 16
+#define HS_ABI_VERSION_MINOR 17
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -503,10 +504,25 @@ typedef struct hs_topk_args {
   const int32_t* seq_lens;   /* int32 [max_batch] or NULL */
   int32_t* positions;        /* [max_batch][k], written */
   void* stream;              /* a cudaStream_t, or NULL; ignored for device -1 */
+  /* Since ABI 1.17 (callers built against 1.16 pass a smaller struct_size and get NULL here).
+   * after_count: NULL, or an int32 in device memory that the programs of the kernels writing
+   * `scores` add 1 to as each finishes (a release: its writes before it). The top-k is then launched
+   * as the programmatic dependent of the previous kernel in `stream`, and its blocks read nothing
+   * until *after_count reaches after_target (an acquire), instead of waiting for that kernel and for
+   * every grid still running before it: a kernel launched before it that it does not depend on (a
+   * RESOLVE of other rows, HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS) goes on beside it. The caller
+   * guarantees that the counting kernels start before the top-k does (the previous kernel in the
+   * stream counts, or one before it), that nothing the top-k may run beside writes its scores,
+   * seq_lens or batch_size or touches its positions, and that the count is reset before its next use;
+   * an ordinary launch after the top-k waits for everything before it as ever (docs/INTEGRATION.md,
+   * "Hiding the misses"). Device memory only (device -1 with after_count: HS_ERR_INVALID_ARGUMENT);
+   * after_target >= 0. The lists are the same. */
+  const int32_t* after_count;
+  int32_t after_target;
 } hs_topk_args;
 
 #define HS_TOPK_ARGS_INIT \
-  { sizeof(hs_topk_args), -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL }
+  { sizeof(hs_topk_args), -1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0 }
 
 hs_result hs_topk(const hs_topk_args* args);
 

@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 16
+ABI_VERSION_MINOR = 17
 
 # hs_result
 HS_OK = 0
@@ -293,7 +293,7 @@ def new_admit_args() -> AdmitArgs:
 
 
 class TopkArgs(ctypes.Structure):
-    """hs_topk_args (ABI 1.16)."""
+    """hs_topk_args (ABI 1.16; after_count and after_target since 1.17)."""
 
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -307,6 +307,8 @@ class TopkArgs(ctypes.Structure):
         ("seq_lens", ctypes.c_void_p),
         ("positions", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
+        ("after_count", ctypes.c_void_p),
+        ("after_target", ctypes.c_int32),
     ]
 
 

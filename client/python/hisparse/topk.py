@@ -1,4 +1,5 @@
-"""TOP-K (ABI 1.16, hs_topk): the top-k of rows of scores, as RESOLVE's positions. No session."""
+"""TOP-K (ABI 1.16, hs_topk; after_count since 1.17): the top-k of rows of scores, as RESOLVE's positions.
+No session."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _scores(scores: Any):
     raise InvalidArgument(f"scores: expected a torch tensor or numpy array, got {type(scores).__name__}")
 
 
-def topk(scores: Any, positions: Any, *, seq_lens: Any = None, batch_size: Any = None, stream: Any = None) -> None:
+def topk(scores: Any, positions: Any, *, seq_lens: Any = None, batch_size: Any = None, stream: Any = None,
+         after_count: Any = None, after_target: int = 0) -> None:
     """positions[i] = the positions of row i's k largest scores (k = positions.shape[1]), ascending, then -1.
 
     scores: float32 [rows, cols] (rows may be strided, e.g. a slice of a wider buffer); positions:
@@ -46,6 +48,11 @@ def topk(scores: Any, positions: Any, *, seq_lens: Any = None, batch_size: Any =
     scores equal to the k-th largest the lowest positions are taken; a row's list depends on its
     scores alone, and the GPU and the host write the same bits (hisparse.h, hs_topk). CUDA tensors
     run one kernel on `stream` (None: torch's current stream); host ones the CPU reference.
+
+    after_count (CUDA only): an int32 [1] that the programs of the kernels writing the scores raise as
+    each finishes (a release); the kernel is then launched as the programmatic dependent of the
+    stream's previous kernel and reads nothing until the count reaches after_target, instead of
+    waiting for every kernel before it (hs_topk_args.after_count says what the caller guarantees).
     """
     addr, rows, cols, ld, device, keep = _scores(scores)
     if rows == 0:
@@ -56,8 +63,10 @@ def topk(scores: Any, positions: Any, *, seq_lens: Any = None, batch_size: Any =
         raise InvalidArgument(f"positions must be [rows, k] with rows {rows}, got {shape}")
     k = int(shape[1])
     ptrs = {}
+    if after_count is not None and device < 0:
+        raise InvalidArgument("after_count is for CUDA tensors (a kernel's count)")
     for name, obj, n, writable in (("positions", positions, rows * k, True), ("seq_lens", seq_lens, rows, False),
-                                   ("batch_size", batch_size, 1, False)):
+                                   ("batch_size", batch_size, 1, False), ("after_count", after_count, 1, False)):
         if obj is None:
             ptrs[name] = None
             continue
@@ -76,6 +85,8 @@ def topk(scores: Any, positions: Any, *, seq_lens: Any = None, batch_size: Any =
     args.positions = ptrs["positions"].ptr or None
     args.seq_lens = ptrs["seq_lens"].ptr if ptrs["seq_lens"] else None
     args.batch_size = ptrs["batch_size"].ptr if ptrs["batch_size"] else None
+    args.after_count = ptrs["after_count"].ptr if ptrs["after_count"] else None
+    args.after_target = int(after_target)
     if device >= 0:
         if stream is None:
             import torch

@@ -140,11 +140,16 @@ inline void EmulateLaunch(int blocks, int threads, int cluster, const std::funct
   }
 }
 
-enum cudaLaunchAttributeID { cudaLaunchAttributeClusterDimension = 4 };
+// Launches run in order here, so a programmatic dependent is an ordinary launch.
+enum cudaLaunchAttributeID {
+  cudaLaunchAttributeClusterDimension = 4,
+  cudaLaunchAttributeProgrammaticStreamSerialization = 6
+};
 union cudaLaunchAttributeValue {
   struct {
     unsigned x, y, z;
   } clusterDim;
+  int programmaticStreamSerializationAllowed;
 };
 struct cudaLaunchAttribute {
   cudaLaunchAttributeID id;

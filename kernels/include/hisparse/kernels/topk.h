@@ -42,6 +42,13 @@ struct TopkDesc {
   const int32_t* batch_size = nullptr;  // int32 [1], or null: all rows
   const int32_t* seq_lens = nullptr;    // int32 [rows], or null: cols each
   int32_t* positions = nullptr;         // int32 [rows][k], written
+  // Null, or a count that the kernels writing `scores` raise as their programs finish (a release):
+  // LaunchTopk then launches the top-k as the programmatic dependent of the stream's previous kernel,
+  // and its blocks read nothing until *after_count >= after_target (an acquire), not waiting for the
+  // kernels before it (hs_topk_args.after_count says what the caller guarantees). The CPU reference
+  // ignores it: on the host the scores are complete when it is called.
+  const int32_t* after_count = nullptr;
+  int32_t after_target = 0;  // >= 0
 };
 
 // Why `d` cannot be run ("" when it can): null arrays, k < 1, cols outside [0, kTopkMaxCols],
