@@ -272,8 +272,9 @@ class Point:
             rec["parts_ms"] = self._probe_parts(pool)
         if cuda and args.trace:
             with open(args.trace, "a") as f:
-                f.write(json.dumps(dict(kind="trace", mode=self.mode, context=self.ctx, concurrency=self.N,
-                                        kernels=trace_graph(graph))) + "\n")
+                ov = self.model.overlap
+                f.write(json.dumps(dict(kind="trace", mode=self.mode, overlap=ov.tag if ov is not None else None,
+                                        context=self.ctx, concurrency=self.N, kernels=trace_graph(graph))) + "\n")
         del graph
         return rec, samples
 
