@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""What a faster miss fetch would leave exposed: one serving run's kernel timelines (serve_bench.py
+--trace) projected to other fetch rates (issue 44, item 3 against the two-thirds cut).
+
+Every RESOLVE launch in a timeline is a window. Its cover is the indexer and sparse-MLA kernels that
+started inside it (the top-k and other RESOLVEs are not cover: they wait for what came before). A
+window lasts from its first start to its last end; the rest of the step is left as it ran.
+
+A cover whose recorded end lies within PINNED_US of RESOLVE's end is *pinned*: the covers that
+`Overlap.under` launches as RESOLVE's programmatic dependents are recorded as ending when RESOLVE
+ends, in every window of the H100 runs (to 0.0-0.5 µs), whatever their work. Such a cover finished
+at or before that end, and when is not in the timeline. A cover that ends later is *visible*. A
+cover launched *beside* RESOLVE starts within BESIDE_US of it; one that starts later inside the
+window waited for something else (a kernel of the range before).
+
+At a fetch rate eta' (fraction of the link) against the launch's own eta (the run's misses over
+the fetch time of all its RESOLVEs, t_plan = 15 µs a launch of planning, as bench/serve_model.py):
+
+    R'        = t_plan + (R - t_plan) * eta / eta'          the launch, shorter
+    W         = sum over the cover's kernels of rows * u     the cover alone: u, µs a row of each
+                                                             kernel family where it overlapped no
+                                                             RESOLVE (the same graph, else the
+                                                             run's no-overlap point)
+    s_f       = sum(ran) / sum(W) over family f's visible    how much RESOLVE beside it (and, for
+                windows launched beside RESOLVE in the       the MLA, its chain) slowed it
+                call's timelines
+    cover'    = alone:   W
+                slowed:  the recorded cover if visible, else min(W * s_f, the recorded one)
+    window'   = max(R', cover')
+    exposed'  = exposed - sum over windows (window - window')   for the overlap variant's step
+    serial'   = exposed - sum over launches (R - R')             for the no-overlap step
+
+both from the exposed times the run timed (its curve records). A faster fetch shortens the step
+without overlap too, so two cuts are printed: against serial' (what the overlap hides at that rate)
+and against the run's own serial exposed time (what the issue's work would cut altogether).
+
+    python3 bench/trace_model.py RUN.jsonl TRACES.jsonl [--call N] [--eta 0.65,0.75,0.85]
+
+RUN.jsonl is the serve_bench run (its link, model, curve records); TRACES.jsonl holds that run's
+"trace" records, those of --call when several calls were merged into one file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+T_PLAN_US = 15.0  # bench/serve_model.py's T_PLAN_MS: RESOLVE's planning a launch, no IO
+PINNED_US = 1.0
+BESIDE_US = 5.0
+RESOLVE = "ResolveKernel"
+COVER_FAMILIES = {"index_scores": 1, "mla": 0}  # kernel name -> which grid dimension counts its rows
+
+
+def rows_of(kernel) -> int:
+    name, _, _, _, grid = kernel
+    return int(grid[COVER_FAMILIES[name]])
+
+
+def per_row_us(kernels) -> dict:
+    """µs a row of each cover family over these kernels (summed over their launches)."""
+    out = {}
+    for fam in COVER_FAMILIES:
+        ks = [k for k in kernels if k[0] == fam]
+        rows = sum(rows_of(k) for k in ks)
+        if rows:
+            out[fam] = sum(k[2] for k in ks) / rows
+    return out
+
+
+def alone_us(trace, fallback: dict) -> dict:
+    """µs a row of each cover family when nothing ran beside it: from the timeline's own kernels that
+    overlapped no RESOLVE (the ranges that ran alone, in the same graph), else from fallback (the
+    no-overlap point's)."""
+    spans = [(k[1], k[1] + k[2]) for k in trace["kernels"] if k[0] == RESOLVE]
+    free = [k for k in trace["kernels"] if k[0] in COVER_FAMILIES
+            and not any(k[1] < e and k[1] + k[2] > s for s, e in spans)]
+    return {**fallback, **per_row_us(free)}
+
+
+class Window:
+    """One RESOLVE launch and its cover, times relative to the window's start."""
+
+    def __init__(self, resolve, cover, unit: dict):
+        self.resolve_us = resolve[2]
+        self.family = cover[0][0] if cover else None
+        start = min([resolve[1]] + [k[1] for k in cover])
+        self.resolve_off = resolve[1] - start
+        self.cover_us = max(k[1] + k[2] for k in cover) - start if cover else 0.0
+        self.alone_us = sum(rows_of(k) * unit[k[0]] for k in cover)
+        self.beside = bool(cover) and cover[0][1] - resolve[1] < BESIDE_US
+        self.pinned = bool(cover) and abs(max(k[1] + k[2] for k in cover) - (resolve[1] + resolve[2])) < PINNED_US
+
+    @property
+    def length(self) -> float:
+        return max(self.resolve_off + self.resolve_us, self.cover_us)
+
+
+def windows(trace, fallback: dict):
+    """Each RESOLVE launch with the cover kernels that started inside it."""
+    ks = trace["kernels"]
+    unit = alone_us(trace, fallback)
+    out = []
+    for r in (k for k in ks if k[0] == RESOLVE):
+        start, end = r[1], r[1] + r[2]
+        out.append(Window(r, [k for k in ks if k[0] in COVER_FAMILIES and start <= k[1] < end], unit))
+    return out
+
+
+def slowdowns(traces, fallback: dict) -> dict:
+    """Per cover family, over the windows whose cover was launched beside RESOLVE: {visible windows,
+    pinned windows, s (ran / alone over the visible ones)}."""
+    out = {f: dict(visible=0, pinned=0, ran=0.0, alone=0.0) for f in COVER_FAMILIES}
+    for t in traces:
+        for w in windows(t, fallback):
+            if not w.beside:
+                continue
+            d = out[w.family]
+            if w.pinned:
+                d["pinned"] += 1
+            else:
+                d["visible"] += 1
+                d["ran"] += w.cover_us
+                d["alone"] += w.alone_us
+    return {f: dict(visible=d["visible"], pinned=d["pinned"], s=d["ran"] / d["alone"] if d["alone"] else None)
+            for f, d in out.items()}
+
+
+def fetch_eta(trace, misses_per_step: float, record_bytes: int, link_gbps: float) -> float:
+    """The fraction of the link the run's RESOLVEs fetched at: bytes over their time less planning."""
+    fetch_us = sum(k[2] - T_PLAN_US for k in trace["kernels"] if k[0] == RESOLVE)
+    return misses_per_step * record_bytes / (fetch_us * 1e-6) / (link_gbps * 1e9)
+
+
+def shorter(r_us: float, eta: float, eta_new: float) -> float:
+    return T_PLAN_US + max(0.0, r_us - T_PLAN_US) * eta / eta_new
+
+
+def project(trace, eta: float, eta_new: float, fallback: dict, slow: dict) -> dict:
+    """µs a step that a fetch at eta_new saves in this timeline: serial (every launch on the path)
+    and windowed, with each cover alone and slowed (the header's cover')."""
+    saved = dict(serial=0.0, slowed=0.0, alone=0.0)
+    for w in windows(trace, fallback):
+        r_new = shorter(w.resolve_us, eta, eta_new)
+        saved["serial"] += w.resolve_us - r_new
+        if w.family is None:
+            saved["slowed"] += w.resolve_us - r_new
+            saved["alone"] += w.resolve_us - r_new
+            continue
+        s = slow.get(w.family, {}).get("s") or 1.0
+        slowed = min(w.alone_us * s, w.cover_us) if w.pinned else w.cover_us
+        for key, cover in (("slowed", slowed), ("alone", min(w.alone_us, w.cover_us))):
+            saved[key] += w.length - max(w.resolve_off + r_new, cover)
+    return saved
+
+
+def load(run_path: str, traces_path: str, call=None):
+    with open(run_path) as f:
+        run = [json.loads(x) for x in f]
+    with open(traces_path) as f:
+        traces = [t for t in (json.loads(x) for x in f) if t.get("kind") == "trace"
+                  and (call is None or t.get("call") == call)]
+    return run, traces
+
+
+def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) -> int:
+    run, traces = load(run_path, traces_path, call)
+    link = next(x["h2d_gbps"] for x in run if x["kind"] == "link")
+    model = next(x for x in run if x["kind"] == "model")
+    serial = next((t for t in traces if t["point"] == "hisparse"), None)
+    if serial is None:
+        print("no 'hisparse' (no-overlap) trace in", traces_path, file=sys.stderr)
+        return 1
+    unit = per_row_us(serial["kernels"])
+    slow = slowdowns(traces, unit)
+    print(f"link {link} GB/s, {model['record_bytes']}-B records, t_plan {T_PLAN_US:.0f} us; us a row without "
+          "overlap: " + ", ".join(f"{k} {v:.2f}" for k, v in unit.items()))
+    print("covers launched beside RESOLVE, over this call's timelines: " + "; ".join(
+        f"{f} {d['visible']} visible windows (ran {d['s']:.2f}x alone), {d['pinned']} pinned" if d["s"] else
+        f"{f} {d['visible']} visible, {d['pinned']} pinned" for f, d in slow.items()) + "\n")
+    print("| variant | hit rate | eta now (serial / variant) | eta' | serial exposed ms | variant exposed ms: "
+          "slowed / alone | cut at eta' | cut against today's serial |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for c in (x for x in run if x["kind"] == "curve"):
+        spec = c["overlap"]["spec"]
+        t = next((t for t in traces if t["point"] == spec), None)
+        if t is None or not any(k[0] == RESOLVE for k in t["kernels"]):
+            continue
+        e_serial = fetch_eta(serial, c["misses_per_step"], model["record_bytes"], link)
+        e_var = fetch_eta(t, c["misses_per_step"], model["record_bytes"], link)
+        for eta_new in (e_var, *etas):
+            s_ser = 0.0 if eta_new == e_var else project(serial, e_serial, max(eta_new, e_serial), unit, slow)["serial"]
+            saved = project(t, e_var, eta_new, unit, slow)
+            ser = c["exposed_ms"] - s_ser / 1e3
+            var = [c["exposed_ms_overlap"] - saved[k] / 1e3 for k in ("slowed", "alone")]
+            cuts = " / ".join(f"{1 - v / ser:.0%}" for v in var)
+            today = " / ".join(f"{1 - v / c['exposed_ms']:.0%}" for v in var)
+            label = f"{eta_new:.2f} (now)" if eta_new == e_var else f"{eta_new:.2f}"
+            print(f"| {spec} | {c['hit_rate']} | {e_serial:.2f} / {e_var:.2f} | {label} | {ser:.2f} | "
+                  + " / ".join(f"{v:.2f}" for v in var) + f" | {cuts} | {today} |")
+    print("\nEach variant's windows (µs, mean a window): RESOLVE, the cover as recorded, alone\n")
+    print("| variant | cover | windows (pinned) | RESOLVE | cover recorded | cover alone |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for t in traces:
+        ws = [w for w in windows(t, unit) if w.family]
+        for fam in COVER_FAMILIES:
+            f = [w for w in ws if w.family == fam]
+            if f:
+                n = len(f)
+                print(f"| {t['point']} | {fam} | {n} ({sum(w.pinned for w in f)}) | "
+                      f"{sum(w.resolve_us for w in f) / n:.1f} | {sum(w.cover_us for w in f) / n:.1f} | "
+                      f"{sum(w.alone_us for w in f) / n:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    opts = {"--call": None, "--eta": "0.65,0.75,0.85"}
+    for flag in opts:
+        if flag in args:
+            i = args.index(flag)
+            opts[flag] = args[i + 1]
+            del args[i:i + 2]
+    if len(args) != 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    call = int(opts["--call"]) if opts["--call"] is not None else None
+    sys.exit(main(args[0], args[1], call, tuple(float(x) for x in opts["--eta"].split(","))))
