@@ -9,7 +9,9 @@ window lasts from its first start to its last end; the rest of the step is left 
 A cover whose recorded end lies within PINNED_US of RESOLVE's end is *pinned*: the covers that
 `Overlap.under` launches as RESOLVE's programmatic dependents are recorded as ending when RESOLVE
 ends, in every window of the H100 runs (to 0.0-0.5 µs), whatever their work. Such a cover finished
-at or before that end, and when is not in the timeline. A cover that ends later is *visible*. A
+at or before that end, and when is not in the timeline, except for an indexer followed by a top-k
+launched with after_count (hs_topk_args, ABI 1.17): that top-k starts once every indexer program
+has exited, so its start is the indexer's end. A cover that ends later is *visible*. A
 cover launched *beside* RESOLVE starts within BESIDE_US of it; one that starts later inside the
 window waited for something else (a kernel of the range before).
 
@@ -49,6 +51,7 @@ T_PLAN_US = 15.0  # bench/serve_model.py's T_PLAN_MS: RESOLVE's planning a launc
 PINNED_US = 1.0
 BESIDE_US = 5.0
 RESOLVE = "ResolveKernel"
+TOPK = "TopkKernel"
 COVER_FAMILIES = {"index_scores": 1, "mla": 0}  # kernel name -> which grid dimension counts its rows
 
 
@@ -81,15 +84,23 @@ def alone_us(trace, fallback: dict) -> dict:
 class Window:
     """One RESOLVE launch and its cover, times relative to the window's start."""
 
-    def __init__(self, resolve, cover, unit: dict):
+    def __init__(self, resolve, cover, unit: dict, topk_starts=()):
         self.resolve_us = resolve[2]
         self.family = cover[0][0] if cover else None
         start = min([resolve[1]] + [k[1] for k in cover])
+        r_end = resolve[1] + resolve[2]
         self.resolve_off = resolve[1] - start
         self.cover_us = max(k[1] + k[2] for k in cover) - start if cover else 0.0
         self.alone_us = sum(rows_of(k) * unit[k[0]] for k in cover)
         self.beside = bool(cover) and cover[0][1] - resolve[1] < BESIDE_US
-        self.pinned = bool(cover) and abs(max(k[1] + k[2] for k in cover) - (resolve[1] + resolve[2])) < PINNED_US
+        self.pinned = bool(cover) and abs(start + self.cover_us - r_end) < PINNED_US
+        self.seen_by_topk = False
+        if self.pinned and self.family == "index_scores":
+            # A top-k launched after the indexer with after_count starts once every indexer program has
+            # exited: its start, before RESOLVE's end, is where the indexer's work ended (at most).
+            later = [t for t in topk_starts if cover[-1][1] < t < r_end - PINNED_US]
+            if later:
+                self.cover_us, self.pinned, self.seen_by_topk = min(later) - start, False, True
 
     @property
     def length(self) -> float:
@@ -101,9 +112,10 @@ def windows(trace, fallback: dict):
     ks = trace["kernels"]
     unit = alone_us(trace, fallback)
     out = []
+    topk = [k[1] for k in ks if k[0] == TOPK]
     for r in (k for k in ks if k[0] == RESOLVE):
         start, end = r[1], r[1] + r[2]
-        out.append(Window(r, [k for k in ks if k[0] in COVER_FAMILIES and start <= k[1] < end], unit))
+        out.append(Window(r, [k for k in ks if k[0] in COVER_FAMILIES and start <= k[1] < end], unit, topk))
     return out
 
 

@@ -44,6 +44,10 @@ def test_a_window_at_twice_the_fetch_rate():
     assert saved["slowed"] == pytest.approx(115 - 80 * 1.25)  # slowed as where it was seen
     # At the rate it ran at, nothing changes, whatever the cover.
     assert tm.project(trace, 0.5, 0.5, {}, slow) == pytest.approx(dict(serial=0, slowed=0, alone=0))
+    # A top-k that starts before RESOLVE's end (after_count) shows where the pinned indexer ended.
+    seen = dict(kernels=trace["kernels"][:3] + [k("TopkKernel", 196, 20, 0)])
+    (w,) = tm.windows(seen, {})
+    assert w.seen_by_topk and not w.pinned and w.cover_us == 96
     # A cover seen to end after RESOLVE is taken as it ran when slowed.
     visible = dict(kernels=trace["kernels"][:2] + [k("index_scores", 101, 129, 2)])
     (w,) = tm.windows(visible, {})
@@ -88,11 +92,16 @@ def test_the_committed_h100_traces_project(capsys):
     t = next(x for x in traces if x["point"] == "2_b16_beside_ix1_rf_under")
     serial = next(x for x in traces if x["point"] == "hisparse")
     unit = tm.per_row_us(serial["kernels"])
-    # The under schedule's covers are recorded as ending with RESOLVE: their own end is not seen.
+    # The under schedule's covers are recorded as ending with RESOLVE, the chained MLA's own end is not
+    # seen; the indexer's is, through the top-k launched after it with after_count (call 3).
     ws = tm.windows(t, unit)
-    assert len(ws) == 16 and sum(w.pinned for w in ws) >= 14
+    ix = [w for w in ws if w.family == "index_scores"]
+    mla = [w for w in ws if w.family == "mla"]
+    assert len(ix) == len(mla) == 8
+    assert all(w.seen_by_topk and not w.pinned and w.alone_us < w.cover_us < w.resolve_us for w in ix)
+    assert sum(w.pinned for w in mla) >= 7
     slow = tm.slowdowns(traces, unit)
-    assert 0.9 < slow["index_scores"]["s"] < 1.1  # where seen, RESOLVE beside the indexer does not slow it
+    assert 1.0 < slow["index_scores"]["s"] < 1.25  # RESOLVE's 8 or 16 SMs of 132 beside it
     assert slow["mla"]["s"] > 1.1  # the chained MLA is slower than alone
     eta = tm.fetch_eta(t, 94322.0, 656, 55.1)
     assert 0.45 < eta < 0.6  # item 3's half of the link
