@@ -194,8 +194,8 @@ def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) ->
           "slowed / alone | cut at eta' | cut against today's serial |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in (x for x in run if x["kind"] == "curve"):
-        spec = c["overlap"]["spec"]
-        t = next((t for t in traces if t["point"] == spec), None)
+        spec = (c.get("overlap") or {}).get("spec")
+        t = next((t for t in traces if t["point"] == spec), None) if spec else None
         if t is None or not any(k[0] == RESOLVE for k in t["kernels"]):
             continue
         e_serial = fetch_eta(serial, c["misses_per_step"], model["record_bytes"], link)

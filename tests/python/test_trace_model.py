@@ -107,3 +107,17 @@ def test_the_committed_h100_traces_project(capsys):
     assert 0.45 < eta < 0.6  # item 3's half of the link
     saved = tm.project(t, eta, 0.75, unit, slow)
     assert 0 < saved["slowed"] <= saved["alone"] < saved["serial"]
+
+
+def test_a_run_without_its_no_overlap_timeline_is_refused(tmp_path, capsys):
+    tm = _trace_model()
+    run = tmp_path / "run.jsonl"
+    run.write_text('{"kind": "link", "h2d_gbps": 50}\n{"kind": "model", "record_bytes": 656}\n'
+                   '{"kind": "curve", "exposed_ms": 1.0}\n')
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text('{"kind": "trace", "point": "2_b8_beside_ix1_rf_under", "kernels": []}\n')
+    assert tm.main(str(run), str(traces)) == 1
+    assert "no 'hisparse'" in capsys.readouterr().err
+    # With it, a curve record without an overlap variant (an older run) is passed over.
+    traces.write_text('{"kind": "trace", "point": "hisparse", "kernels": []}\n')
+    assert tm.main(str(run), str(traces)) == 0
