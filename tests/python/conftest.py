@@ -11,6 +11,7 @@ package, found the same way, in either mode.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import signal
@@ -54,6 +55,14 @@ def child_env(*prepend, **overrides) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     env.update(overrides)
     return env
+
+
+def bench_module(name: str):
+    """bench/NAME.py (a script beside the benchmarks, not a package), loaded as module NAME."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _source_tree_on_path() -> list:

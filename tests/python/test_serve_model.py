@@ -4,19 +4,12 @@ curve. No GPU and no torch: it runs wherever the Python tests run."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import REPO, bench_module
 
 
 def _serve_model():
-    spec = importlib.util.spec_from_file_location("serve_model", REPO / "bench" / "serve_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("serve_model")
 
 
 def test_projection_arithmetic_on_a_hand_made_curve():
@@ -126,9 +119,7 @@ def test_the_committed_h200_curve_projects():
 def test_the_curve_plot_draws_every_series(tmp_path):
     # bench/plot_curve.py (no plotting library): per context, the ratio and the exposed time, one
     # line each for hisparse and every overlap variant.
-    spec = importlib.util.spec_from_file_location("plot_curve", REPO / "bench" / "plot_curve.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_module("plot_curve")
     out = tmp_path / "curve.svg"
     src = REPO / "bench" / "results" / "hide-misses-2026-12-04-curve.jsonl"
     assert mod.main([str(src), str(out)]) == 0

@@ -4,19 +4,12 @@ GPU and no torch: it runs wherever the Python tests run."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import REPO, bench_module
 
 
 def _trace_model():
-    spec = importlib.util.spec_from_file_location("trace_model", REPO / "bench" / "trace_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("trace_model")
 
 
 def k(name, start, dur, rows):
