@@ -19,9 +19,10 @@
 #             top-k of TOPKS ("torch hisparse": --topk each, into curve[-N]-torch.jsonl and so on)
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
 #   DENSITY=1 (item 3) hisparse-bench gather of 656- and 1152-B records over DENSITY_SPAN (8G) of
-#             registered host memory, DENSITY_RECORDS of them (16384 65536 262144), random and in
-#             address order: whether the rate of scattered reads follows how many records a page
-#             holds at a fixed span
+#             registered host memory, DENSITY_RECORDS of them (16384 65536 262144: 4, 16 and 64 a
+#             2 MiB page), random and in address order, on DENSITY_BLOCKS blocks (0,8: one a SM, and
+#             the narrow window of stop 25): whether the rate of scattered reads follows how many
+#             records a page holds at a fixed span
 # Writes under $OUT: summary.txt and one log (and JSON lines) per step.
 set -uo pipefail
 # shellcheck source=tools/gpu/plan-lib.sh
@@ -79,7 +80,8 @@ fi
 if [ "${DENSITY:-0}" != 0 ]; then
   for n in ${DENSITY_RECORDS:-16384 65536 262144}; do
     step 120 "density-$n" "$B/run" hisparse-bench gather --pool register --span "${DENSITY_SPAN:-8G}" --records "$n" \
-      --record-bytes 656,1152 --order random,address --method warp --runs 10 >> "$OUT/density.jsonl" 2>> "$OUT/density.err"
+      --record-bytes 656,1152 --order random,address --method warp --blocks "${DENSITY_BLOCKS:-0,8}" --runs 10 \
+      >> "$OUT/density.jsonl" 2>> "$OUT/density.err"
   done
   grep -c '"check":"ok"' "$OUT/density.jsonl" >> "$S"
 fi
