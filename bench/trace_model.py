@@ -39,7 +39,11 @@ and against the run's own serial exposed time (what the issue's work would cut a
     python3 bench/trace_model.py RUN.jsonl TRACES.jsonl [--call N] [--eta 0.65,0.75,0.85]
 
 RUN.jsonl is the serve_bench run (its link, model, curve records); TRACES.jsonl holds that run's
-"trace" records, those of --call when several calls were merged into one file.
+"trace" records: as serve_bench.py --trace writes them (every kernel of a step, named as the
+profiler names them; `mode` and `overlap` say which point), or reduced to the four kernel families
+here with a `point` name (bench/results/hide-misses-2026-12-05-traces-h100.jsonl, whose `call` tags
+--call picks). A curve record is paired with the n-th timeline of its variant, and of the
+no-overlap point, at its context and row count, where it is the n-th target of that context.
 """
 
 from __future__ import annotations
@@ -53,6 +57,27 @@ BESIDE_US = 5.0
 RESOLVE = "ResolveKernel"
 TOPK = "TopkKernel"
 COVER_FAMILIES = {"index_scores": 1, "mla": 0}  # kernel name -> which grid dimension counts its rows
+
+
+# The kernels of a raw timeline that this model reads, by a piece of the profiler's name: the C ABI's
+# RESOLVE and top-k, and examples/engine's grid indexer and sparse MLA (gather, split, combine).
+# The persistent indexer's grid does not say its rows, so it is left out.
+FAMILY_OF = (("ResolveKernel", RESOLVE), ("TopkKernel", TOPK), ("_index_scores_kernel", "index_scores"),
+             ("_mla_", "mla"))
+
+
+def family(name: str):
+    return next((f for piece, f in FAMILY_OF if piece in name), None)
+
+
+def normalize(trace: dict) -> dict:
+    """A trace record with a `point` name and only the kernels of the four families, named by family;
+    a reduced record as it is."""
+    if "point" in trace:
+        return trace
+    point = trace.get("overlap") or trace.get("mode")
+    kernels = [[family(k[0])] + list(k[1:]) for k in trace["kernels"] if family(k[0])]
+    return dict(trace, point=point, kernels=kernels)
 
 
 def rows_of(kernel) -> int:
@@ -170,34 +195,54 @@ def load(run_path: str, traces_path: str, call=None):
     with open(run_path) as f:
         run = [json.loads(x) for x in f]
     with open(traces_path) as f:
-        traces = [t for t in (json.loads(x) for x in f) if t.get("kind") == "trace"
+        traces = [normalize(t) for t in (json.loads(x) for x in f) if t.get("kind") == "trace"
                   and (call is None or t.get("call") == call)]
     return run, traces
+
+
+def pair(run, traces):
+    """(curve record, its variant's timeline, the no-overlap point's timeline) for every curve record
+    whose timelines are there: the n-th timeline of each at the record's context and row count,
+    where the record's target is the n-th of its context (a timeline without a context or row count,
+    a reduced one, matches any)."""
+    targets = {}
+    out = []
+    for c in (x for x in run if x["kind"] == "curve"):
+        seen = targets.setdefault(c["context"], [])
+        if c.get("target_hit_rate") not in seen:
+            seen.append(c.get("target_hit_rate"))
+        n = seen.index(c.get("target_hit_rate"))
+
+        def nth(point):
+            ts = [t for t in traces if t["point"] == point and t.get("context", c["context"]) == c["context"]
+                  and t.get("concurrency", c["concurrency"]) == c["concurrency"]]
+            return ts[n] if n < len(ts) else None
+        spec = (c.get("overlap") or {}).get("spec")
+        t, serial = (nth(spec), nth("hisparse")) if spec else (None, None)
+        if t is not None and serial is not None and any(k[0] == RESOLVE for k in t["kernels"]):
+            out.append((c, t, serial))
+    return out
 
 
 def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) -> int:
     run, traces = load(run_path, traces_path, call)
     link = next(x["h2d_gbps"] for x in run if x["kind"] == "link")
     model = next(x for x in run if x["kind"] == "model")
-    serial = next((t for t in traces if t["point"] == "hisparse"), None)
-    if serial is None:
-        print("no 'hisparse' (no-overlap) trace in", traces_path, file=sys.stderr)
+    pairs = pair(run, traces)
+    if not pairs:
+        print(f"no curve record of {run_path} has its variant's and the no-overlap ('hisparse') timeline in "
+              f"{traces_path}", file=sys.stderr)
         return 1
-    unit = per_row_us(serial["kernels"])
-    slow = slowdowns(traces, unit)
-    print(f"link {link} GB/s, {model['record_bytes']}-B records, t_plan {T_PLAN_US:.0f} us; us a row without "
-          "overlap: " + ", ".join(f"{k} {v:.2f}" for k, v in unit.items()))
-    print("covers launched beside RESOLVE, over this call's timelines: " + "; ".join(
+    slow = slowdowns(traces, per_row_us(pairs[0][2]["kernels"]))
+    print(f"link {link} GB/s, {model['record_bytes']}-B records, t_plan {T_PLAN_US:.0f} us")
+    print("covers launched beside RESOLVE, over these timelines: " + "; ".join(
         f"{f} {d['visible']} visible windows (ran {d['s']:.2f}x alone), {d['pinned']} pinned" if d["s"] else
         f"{f} {d['visible']} visible, {d['pinned']} pinned" for f, d in slow.items()) + "\n")
-    print("| variant | hit rate | eta now (serial / variant) | eta' | serial exposed ms | variant exposed ms: "
-          "slowed / alone | cut at eta' | cut against today's serial |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for c in (x for x in run if x["kind"] == "curve"):
-        spec = (c.get("overlap") or {}).get("spec")
-        t = next((t for t in traces if t["point"] == spec), None) if spec else None
-        if t is None or not any(k[0] == RESOLVE for k in t["kernels"]):
-            continue
+    print("| context | variant | hit rate | eta now (serial / variant) | eta' | serial exposed ms | variant exposed "
+          "ms: slowed / alone | cut at eta' | cut against today's serial |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for c, t, serial in pairs:
+        unit = per_row_us(serial["kernels"])
         e_serial = fetch_eta(serial, c["misses_per_step"], model["record_bytes"], link)
         e_var = fetch_eta(t, c["misses_per_step"], model["record_bytes"], link)
         for eta_new in (e_var, *etas):
@@ -208,18 +253,18 @@ def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) ->
             cuts = " / ".join(f"{1 - v / ser:.0%}" for v in var)
             today = " / ".join(f"{1 - v / c['exposed_ms']:.0%}" for v in var)
             label = f"{eta_new:.2f} (now)" if eta_new == e_var else f"{eta_new:.2f}"
-            print(f"| {spec} | {c['hit_rate']} | {e_serial:.2f} / {e_var:.2f} | {label} | {ser:.2f} | "
-                  + " / ".join(f"{v:.2f}" for v in var) + f" | {cuts} | {today} |")
+            print(f"| {c['context']} | {t['point']} | {c['hit_rate']} | {e_serial:.2f} / {e_var:.2f} | {label} | "
+                  f"{ser:.2f} | " + " / ".join(f"{v:.2f}" for v in var) + f" | {cuts} | {today} |")
     print("\nEach variant's windows (µs, mean a window): RESOLVE, the cover as recorded, alone\n")
-    print("| variant | cover | windows (pinned) | RESOLVE | cover recorded | cover alone |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for t in traces:
-        ws = [w for w in windows(t, unit) if w.family]
+    print("| context | variant | hit rate | cover | windows (pinned) | RESOLVE | cover recorded | cover alone |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for c, t, serial in pairs:
+        ws = [w for w in windows(t, per_row_us(serial["kernels"])) if w.family]
         for fam in COVER_FAMILIES:
             f = [w for w in ws if w.family == fam]
             if f:
                 n = len(f)
-                print(f"| {t['point']} | {fam} | {n} ({sum(w.pinned for w in f)}) | "
+                print(f"| {c['context']} | {t['point']} | {c['hit_rate']} | {fam} | {n} ({sum(w.pinned for w in f)}) | "
                       f"{sum(w.resolve_us for w in f) / n:.1f} | {sum(w.cover_us for w in f) / n:.1f} | "
                       f"{sum(w.alone_us for w in f) / n:.1f} |")
     return 0

@@ -80,7 +80,7 @@ def test_the_committed_h100_traces_project(capsys):
     assert tm.main(str(res / "hide-misses-2026-12-05-under-h100-2.jsonl"),
                    str(res / "hide-misses-2026-12-05-traces-h100.jsonl"), call=8, etas=(0.75,)) == 0
     out = capsys.readouterr().out
-    rows = [x for x in out.splitlines() if x.startswith("| 2_b8_beside_ix1_rf_under |")]
+    rows = [x for x in out.splitlines() if x.startswith("| 131072 | 2_b8_beside_ix1_rf_under |")]
     assert len(rows) == 2 + 2  # now and 0.75; then its two covers (indexer, MLA)
     t = next(x for x in traces if x["point"] == "2_b16_beside_ix1_rf_under")
     serial = next(x for x in traces if x["point"] == "hisparse")
@@ -106,11 +106,41 @@ def test_a_run_without_its_no_overlap_timeline_is_refused(tmp_path, capsys):
     tm = _trace_model()
     run = tmp_path / "run.jsonl"
     run.write_text('{"kind": "link", "h2d_gbps": 50}\n{"kind": "model", "record_bytes": 656}\n'
-                   '{"kind": "curve", "exposed_ms": 1.0}\n')
+                   '{"kind": "curve", "context": 64, "concurrency": 4, "exposed_ms": 1.0}\n'
+                   '{"kind": "curve", "context": 64, "concurrency": 4, "overlap": {"spec": "2_b8_beside_ix1_rf_under"}}\n')
     traces = tmp_path / "traces.jsonl"
-    traces.write_text('{"kind": "trace", "point": "2_b8_beside_ix1_rf_under", "kernels": []}\n')
+    traces.write_text('{"kind": "trace", "point": "2_b8_beside_ix1_rf_under", "kernels": '
+                      '[["ResolveKernel", 0, 10, 7, [8, 1, 1]]]}\n')
     assert tm.main(str(run), str(traces)) == 1
-    assert "no 'hisparse'" in capsys.readouterr().err
-    # With it, a curve record without an overlap variant (an older run) is passed over.
-    traces.write_text('{"kind": "trace", "point": "hisparse", "kernels": []}\n')
-    assert tm.main(str(run), str(traces)) == 0
+    assert "'hisparse'" in capsys.readouterr().err
+
+
+def test_serve_bench_timelines_are_read_as_written_and_paired_by_target():
+    tm = _trace_model()
+    # serve_bench --trace writes every kernel of a step under the profiler's names, and says which point
+    # by mode and overlap; two targets at one context give two timelines of each point, in order.
+    def raw(mode, overlap, resolve_us, ctx=131072, n=29):
+        return dict(kind="trace", mode=mode, overlap=overlap, context=ctx, concurrency=n, kernels=[
+            ["_index_scores_kernel", 0.0, 100.0, 7, [1041, 14, 1]],
+            ["void at::native::elementwise_kernel<128, 4>(...)", 100.0, 2.0, 7, [1, 1, 1]],
+            ["void hisparse::(anonymous namespace)::TopkKernel<(bool)0>(hisparse::TopkDesc)", 102.0, 40.0, 7,
+             [112, 1, 1]],
+            ["void hisparse::(anonymous namespace)::ResolveKernel<656, (hisparse::internal::LaunchOrd",
+             142.0, resolve_us, 7, [8, 1, 1]],
+            ["_index_scores_kernel", 143.0, resolve_us - 1.0, 7, [1041, 15, 1]],
+            ["_index_scores_persistent_kernel", 400.0, 5.0, 7, [132, 1, 1]],
+            ["_mla_split", 500.0, 30.0, 7, [14, 4, 4]]])
+    traces = [tm.normalize(t) for t in (
+        raw("baseline", None, 0.0), raw("hisparse", None, 200.0), raw("hisparse", "2_b8_beside_ix1_rf_under", 150.0),
+        raw("hisparse", None, 120.0), raw("hisparse", "2_b8_beside_ix1_rf_under", 90.0),
+        raw("hisparse", None, 50.0, n=2))]  # a calibration run's few rows: never paired
+    t = traces[2]
+    assert t["point"] == "2_b8_beside_ix1_rf_under" and traces[1]["point"] == "hisparse"
+    assert [k[0] for k in t["kernels"]] == ["index_scores", "TopkKernel", "ResolveKernel", "index_scores", "mla"]
+    assert tm.normalize(t) is t  # a reduced record is kept as it is
+    curve = dict(kind="curve", context=131072, concurrency=29, overlap=dict(spec="2_b8_beside_ix1_rf_under"))
+    run = [dict(curve, target_hit_rate=0.78), dict(curve, target_hit_rate=0.95)]
+    (c0, t0, s0), (c1, t1, s1) = tm.pair(run, traces)
+    assert (c0["target_hit_rate"], t0["kernels"][2][2], s0["kernels"][2][2]) == (0.78, 150.0, 200.0)
+    assert (c1["target_hit_rate"], t1["kernels"][2][2], s1["kernels"][2][2]) == (0.95, 90.0, 120.0)
+    assert tm.pair([dict(curve, target_hit_rate=0.78, context=32768)], traces) == []
