@@ -13,15 +13,25 @@
 
 namespace hisparse::testing {
 
+// The GPU's global clock, in ns (%globaltimer): what the GPU tests' kernels spin and time by.
+__device__ __forceinline__ unsigned long long GlobalNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins the calling thread for about ns nanoseconds.
+__device__ __forceinline__ void SpinNs(unsigned long long ns) {
+  const unsigned long long t0 = GlobalNs();
+  while (GlobalNs() - t0 < ns) {
+  }
+}
+
 __global__ void LateProducerKernel(int32_t* dst, const int32_t* src, size_t n, unsigned long long spin_ns) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
-  unsigned long long t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < spin_ns);
+  SpinNs(spin_ns);
   for (size_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
@@ -43,18 +53,13 @@ __global__ void NeighbourKernel(const uint64_t* counter, unsigned long long watc
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
-  unsigned long long t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const unsigned long long t0 = GlobalNs();
   int seen = 0;
   do {
     seen = *reinterpret_cast<const volatile uint64_t*>(counter) != before;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (!seen && t - t0 < watch_ns);
+  } while (!seen && GlobalNs() - t0 < watch_ns);
   out[0] = seen;
-  t0 = t;
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < tail_ns);
+  SpinNs(tail_ns);
   __threadfence();
   *reinterpret_cast<volatile int*>(&out[1]) = 1;
 }

@@ -15,75 +15,52 @@
 #include <cstdint>
 
 #include "gpu_test_util.h"
+#include "late_producer.cuh"
+#include "stream_order.cuh"
 
 namespace hisparse {
 namespace {
 
-constexpr unsigned long long kLongNs = 200000;  // A spins 200 us; B and C far less
+using internal::LaunchInOrder;
+using internal::LetDependentsLaunch;
+using testing::GlobalNs;
+using testing::SpinNs;
 
-__device__ __forceinline__ unsigned long long Now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void Spin(unsigned long long ns) {
-  const unsigned long long t0 = Now();
-  while (Now() - t0 < ns) {
-  }
-}
-__device__ __forceinline__ void LetDependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void WaitPrior() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+constexpr unsigned long long kLongNs = 200000;  // A spins 200 us; B and C far less
 
 // ts: 0 A's start, 1 A's end, 2 B's end, 3 C's start, 4 C's wait returned, 5 D's start.
 __global__ void A(unsigned long long* ts) {
-  LetDependents();
-  ts[0] = Now();
-  Spin(kLongNs);
-  ts[1] = Now();
+  LetDependentsLaunch();
+  ts[0] = GlobalNs();
+  SpinNs(kLongNs);
+  ts[1] = GlobalNs();
 }
 __global__ void B(unsigned long long* ts) {
-  LetDependents();
-  Spin(20000);
-  ts[2] = Now();
+  LetDependentsLaunch();
+  SpinNs(20000);
+  ts[2] = GlobalNs();
 }
 __global__ void C(unsigned long long* ts, int wait) {
-  ts[3] = Now();
-  if (wait) WaitPrior();
-  ts[4] = Now();
-  LetDependents();
+  ts[3] = GlobalNs();
+  if (wait) internal::WaitForPriorGrid();
+  ts[4] = GlobalNs();
+  LetDependentsLaunch();
 }
-__global__ void D(unsigned long long* ts) { ts[5] = Now(); }
-
-template <typename... P, typename... Args>
-cudaError_t Programmatic(cudaStream_t s, void (*k)(P...), Args... args) {
-  cudaLaunchConfig_t c = {};
-  c.gridDim = 1;
-  c.blockDim = 32;
-  c.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  c.attrs = at;
-  c.numAttrs = 1;
-  return cudaLaunchKernelEx(&c, k, args...);
-}
+__global__ void D(unsigned long long* ts) { ts[5] = GlobalNs(); }
 
 void Enqueue(cudaStream_t s, unsigned long long* ts, int wait) {
-  A<<<1, 32, 0, s>>>(ts);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  CUDA_OK(Programmatic(s, B, ts));
-  CUDA_OK(Programmatic(s, C, ts, wait));
-  D<<<1, 32, 0, s>>>(ts);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const dim3 one(1), warp(32);
+  CUDA_OK(LaunchInOrder(A, one, warp, 0, s, /*programmatic=*/false, ts));
+  CUDA_OK(LaunchInOrder(B, one, warp, 0, s, /*programmatic=*/true, ts));
+  CUDA_OK(LaunchInOrder(C, one, warp, 0, s, /*programmatic=*/true, ts, wait));
+  CUDA_OK(LaunchInOrder(D, one, warp, 0, s, /*programmatic=*/false, ts));
 }
 
 class StreamOrderGpu : public ::testing::TestWithParam<bool> {};  // in a captured graph or not
 
 TEST_P(StreamOrderGpu, WaitCoversEveryGridInFlightAndAnOrdinaryLaunchWaitsForAll) {
   REQUIRE_GPU();
-  int major = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major < 9) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
+  if (!testing::CanLaunchProgrammatic()) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0";
   unsigned long long* ts = nullptr;
   CUDA_OK(cudaMallocManaged(&ts, 6 * sizeof(unsigned long long)));
   cudaStream_t s;

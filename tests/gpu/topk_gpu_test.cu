@@ -12,6 +12,8 @@
 #include "../kernels/topk_cases.h"
 #include "gpu_test_util.h"
 #include "hisparse/kernels/topk_cuda.h"
+#include "late_producer.cuh"
+#include "stream_order.cuh"
 
 namespace hisparse {
 namespace {
@@ -153,12 +155,8 @@ TEST(TopkGpu, OneGraphServesEveryBatchSize) {
 // The kernels that write the scores in TopkDesc::after_count's tests: each block lets its dependents
 // launch at once, spins, copies its part of the scores, and only then counts itself (a release).
 __global__ void LateScoresKernel(float* dst, const float* src, size_t n, unsigned long long spin_ns, int32_t* count) {
-  asm volatile("griddepcontrol.launch_dependents;");
-  unsigned long long t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < spin_ns);
+  internal::LetDependentsLaunch();
+  testing::SpinNs(spin_ns);
   const size_t part = (n + gridDim.x - 1) / gridDim.x, lo = part * blockIdx.x, hi = lo + part < n ? lo + part : n;
   for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) dst[i] = src[i];
   __syncthreads();
