@@ -330,7 +330,8 @@ def trace_graph(graph) -> list:
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        data = json.load(open(f.name))
+        with open(f.name) as g:
+            data = json.load(g)
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
     ks = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     if not ks:
