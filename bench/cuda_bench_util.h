@@ -52,6 +52,11 @@ long long SpinCycles(double us);
 // kernels written for programmatic launches do; otherwise only as its blocks exit.
 void LaunchProducer(int32_t* dst, const int32_t* src, int rows, int per_row, bool early, cudaStream_t stream);
 
+// Launches a kernel that reads `bytes` of device memory at buf and writes nothing (sink: a device
+// int it never writes in practice), leaving L2 full of clean lines of other data: what an indexer
+// streaming its keys leaves behind it for the top-k after it.
+void LaunchStreamRead(const void* buf, size_t bytes, int* sink, cudaStream_t stream);
+
 template <typename T>
 double Median(std::vector<T> v) {
   std::sort(v.begin(), v.end());

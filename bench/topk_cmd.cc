@@ -4,6 +4,9 @@
 // captured in one CUDA graph and replayed, as a decode step replays them; its time is the median
 // replay over --runs, divided by --calls. --blocks 0 is the launcher's choice (TopkBlocksPerRow),
 // 1-8 forces that many blocks a row, so one run shows what the cluster gives at each row count.
+// --l2 cold reads 128 MiB of other data before every call, as the indexer that writes the scores
+// streams its keys (the scores then come from HBM, not L2): the graph of reads alone is timed too
+// and taken off; warm (the default) replays the calls back to back, the scores in L2.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,8 +27,9 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: hisparse-bench topk [--rows 1,5,7,22,29,32] [--cols 131136] [--k 2048] [--blocks 0,1,2,4,8]\n"
-    "       [--zeros 0,0.5] [--calls 10] [--runs 5] [--smoke]\n"
+    "       [--zeros 0,0.5] [--l2 warm,cold] [--calls 10] [--runs 5] [--smoke]\n"
     "  --blocks: blocks a row (0: the launcher's choice; 1, 2, 4 or 8)\n"
+    "  --l2: warm (calls back to back) and/or cold (128 MiB of other data read before each call)\n"
     "  --zeros: the fraction of each row's scores clamped to 0\n"
     "  --smoke: tiny sizes, every block count (what ctest runs); exits 77 without a CUDA device\n";
 
@@ -37,6 +41,7 @@ struct Options {
   int k = 2048;
   std::vector<int> blocks = {0, 1, 2, 4, 8};
   std::vector<double> zeros = {0.0, 0.5};
+  std::vector<bool> cold = {false};
   int calls = 10;
   int runs = 5;
   bool smoke = false;
@@ -60,6 +65,15 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->blocks = ParseList<int>(value.c_str());
     } else if (name == "--zeros") {
       o->zeros = ParseList<double>(value.c_str());
+    } else if (name == "--l2") {
+      o->cold.clear();
+      for (const std::string& w : ParseWords(value.c_str())) {
+        if (w != "warm" && w != "cold") {
+          std::fprintf(stderr, "hisparse-bench topk: --l2 %s is not warm or cold\n", w.c_str());
+          return false;
+        }
+        o->cold.push_back(w == "cold");
+      }
     } else if (name == "--calls") {
       o->calls = std::atoi(value.c_str());
     } else if (name == "--runs") {
@@ -75,6 +89,7 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     o->k = 64;
     o->calls = 2;
     o->runs = 1;
+    o->cold = {false, true};
   }
   for (const int b : o->blocks) {
     if (b != 0 && b != 1 && b != 2 && b != 4 && b != 8) {
@@ -88,8 +103,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
   for (const double z : o->zeros) {
     if (z < 0 || z >= 1) return false;
   }
-  return !o->rows.empty() && !o->blocks.empty() && !o->zeros.empty() && o->cols > 0 && o->k > 0 && o->calls > 0 &&
-         o->runs > 0;
+  return !o->rows.empty() && !o->blocks.empty() && !o->zeros.empty() && !o->cold.empty() && o->cols > 0 && o->k > 0 &&
+         o->calls > 0 && o->runs > 0;
 }
 
 // rows x cols normal scores; with zeros > 0, less row 0's `zeros` quantile and clamped at 0.
@@ -126,18 +141,33 @@ class Point {
   Point(const Point&) = delete;
   Point& operator=(const Point&) = delete;
 
-  // µs a call (median replay / calls), and whether the lists equal the reference's.
-  double Time(int blocks, cudaStream_t st, bool* exact) {
+  // µs a call (median replay / calls), and whether the lists equal the reference's. With `scrub`
+  // (cold), each call follows a read of its 128 MiB, and the reads' own graph is taken off.
+  double Time(int blocks, const L2Scrubber* scrub, int* sink, cudaStream_t st, bool* exact) {
     BENCH_CUDA(cudaMemsetAsync(out_, 0xFF, want_.size() * sizeof(int32_t), st));
     BENCH_CUDA(LaunchTopk(Desc(scores_, out_), st, blocks));  // warm (the occupancy query) and check
     std::vector<int32_t> got(want_.size());
     BENCH_CUDA(cudaMemcpyAsync(got.data(), out_, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     BENCH_CUDA(cudaStreamSynchronize(st));
     *exact = got == want_;
+    auto read = [&] {
+      if (scrub != nullptr) LaunchStreamRead(scrub->buf, L2Scrubber::kBytes, sink, st);
+    };
+    const double both = ReplayUs(st, [&] {
+      read();
+      BENCH_CUDA(LaunchTopk(Desc(scores_, out_), st, blocks));
+    });
+    return (both - (scrub != nullptr ? ReplayUs(st, read) : 0.0)) / o_.calls;
+  }
+
+ private:
+  // The median over --runs of one replay of a graph of --calls calls of `call`, µs.
+  template <typename F>
+  double ReplayUs(cudaStream_t st, F call) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     BENCH_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int c = 0; c < o_.calls; ++c) BENCH_CUDA(LaunchTopk(Desc(scores_, out_), st, blocks));
+    for (int c = 0; c < o_.calls; ++c) call();
     BENCH_CUDA(cudaStreamEndCapture(st, &graph));
     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
     BENCH_CUDA(cudaGraphLaunch(exec, st));  // warm
@@ -152,7 +182,7 @@ class Point {
       BENCH_CUDA(cudaEventSynchronize(b));
       float ms = 0;
       BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
-      us.push_back(ms * 1000 / o_.calls);
+      us.push_back(ms * 1000);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -161,7 +191,6 @@ class Point {
     return Median(us);
   }
 
- private:
   TopkDesc Desc(const float* scores, int32_t* out) const {
     TopkDesc d;
     d.scores = scores;
@@ -197,22 +226,29 @@ int TopkMain(int argc, char** argv) {
   PrintLinkLine();
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  L2Scrubber scrub;
+  BENCH_CUDA(cudaMemsetAsync(scrub.buf, 0, L2Scrubber::kBytes, st));
+  int* sink = nullptr;
+  BENCH_CUDA(cudaMalloc(&sink, sizeof(int)));
   int failed = 0;
   for (const double zeros : o.zeros) {
     for (const int rows : o.rows) {
       Point pt(o, rows, zeros);
-      for (const int blocks : o.blocks) {
-        bool exact = false;
-        const double us = pt.Time(blocks, st, &exact);
-        failed += !exact;
-        std::printf(
-            "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"zeros\":%.2f,\"blocks_per_row\":%d,"
-            "\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
-            rows, o.cols, o.k, zeros, blocks, o.calls, o.runs, us, exact ? "ok" : "FAILED");
-        std::fflush(stdout);
+      for (const bool cold : o.cold) {
+        for (const int blocks : o.blocks) {
+          bool exact = false;
+          const double us = pt.Time(blocks, cold ? &scrub : nullptr, sink, st, &exact);
+          failed += !exact;
+          std::printf(
+              "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"zeros\":%.2f,\"blocks_per_row\":%d,"
+              "\"l2\":\"%s\",\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
+              rows, o.cols, o.k, zeros, blocks, cold ? "cold" : "warm", o.calls, o.runs, us, exact ? "ok" : "FAILED");
+          std::fflush(stdout);
+        }
       }
     }
   }
+  cudaFree(sink);
   cudaStreamDestroy(st);
   return failed ? 1 : 0;
 }

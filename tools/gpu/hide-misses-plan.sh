@@ -8,6 +8,9 @@
 #             the CPU smoke runs: sweep and curve) and of the CUDA data path (PYTEST: the files)
 #   TOPK=1    the top-k's time a call, torch.topk against hisparse.topk, at 1-32 rows of 131,136 scores,
 #             normal and half of them zero (serve_bench.time_topk)
+#   TOPKB=1   hisparse-bench topk at TOPKB_ROWS rows (7,14,15,29), the launcher's blocks, its scores in
+#             L2 and read from HBM after 128 MiB of other data (--l2 warm,cold): what a top-k call
+#             costs after an indexer that streamed its keys
 #   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages (FETCH_LAYOUT) at batch 8
 #             and 128 (FETCH_BATCH), both record sizes, 20% and 100% misses (FETCH_MISS), per RESOLVE
 #             budget of blocks (FETCH_BLOCKS), per count of consumer blocks (FETCH_CONSUMERS) and per
@@ -46,6 +49,11 @@ for z in (0.0, 0.5):
     print(json.dumps(dict(kind='topk_us', zeros=z, us=serve_bench.time_topk(torch.device('cuda'), 2048, zeros=z))))" \
     > "$OUT/topk.jsonl" 2> "$OUT/topk.err"
   cat "$OUT/topk.jsonl" >> "$S"
+fi
+if [ "${TOPKB:-0}" != 0 ]; then
+  step 120 topkb "$B/run" hisparse-bench topk --rows "${TOPKB_ROWS:-7,14,15,29}" --blocks 0 --zeros 0,0.5 \
+    --l2 warm,cold > "$OUT/topkb.jsonl" 2> "$OUT/topkb.err"
+  grep -c '"check":"ok"' "$OUT/topkb.jsonl" >> "$S"
 fi
 if [ "${FETCH:-1}" != 0 ]; then
   step "${FETCH_LIMIT:-240}" fetch "$B/run" hisparse-bench resolve --pattern scattered \
