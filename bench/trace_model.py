@@ -20,9 +20,11 @@ the fetch time of all its RESOLVEs, t_plan = 15 µs a launch of planning, as ben
 
     R'        = t_plan + (R - t_plan) * eta / eta'          the launch, shorter
     W         = sum over the cover's kernels of rows * u     the cover alone: u, µs a row of each
-                                                             kernel family where it overlapped no
-                                                             RESOLVE (the same graph, else the
-                                                             run's no-overlap point)
+                                                             kernel shape (family and grid but the
+                                                             rows: MLA's gather, split and combine
+                                                             apart) where it overlapped no RESOLVE
+                                                             (the same graph, else the run's
+                                                             no-overlap point)
     s_f       = sum(ran) / sum(W) over family f's visible    how much RESOLVE beside it (and, for
                 windows launched beside RESOLVE in the       the MLA, its chain) slowed it
                 call's timelines
@@ -36,7 +38,11 @@ both from the exposed times the run timed (its curve records). A faster fetch sh
 without overlap too, so two cuts are printed: against serial' (what the overlap hides at that rate)
 and against the run's own serial exposed time (what the issue's work would cut altogether).
 
-    python3 bench/trace_model.py RUN.jsonl TRACES.jsonl [--call N] [--eta 0.65,0.75,0.85]
+A point whose launches are mostly planning (at 96% hits a launch fetches a few µs' worth) gives an
+eta at or above the link: t_plan is a constant and there is no fetch left to scale, so such a point
+is named and not projected.
+
+    python3 bench/trace_model.py RUN.jsonl TRACES.jsonl[.xz] [--call N] [--eta 0.65,0.75,0.85] [--path]
 
 RUN.jsonl is the serve_bench run (its link, model, curve records); TRACES.jsonl holds that run's
 "trace" records: as serve_bench.py --trace writes them (every kernel of a step, named as the
@@ -44,11 +50,21 @@ profiler names them; `mode` and `overlap` say which point), or reduced to the fo
 here with a `point` name (bench/results/hide-misses-2026-12-05-traces-h100.jsonl, whose `call` tags
 --call picks). A curve record is paired with the n-th timeline of its variant, and of the
 no-overlap point, at its context and row count, where it is the n-th target of that context.
+
+--path adds where each step's time went, measured rather than projected: the timeline's kernels in
+order of start, each charged with how far it moved the step's frontier (the latest end so far) and
+the idle time before a start charged to gaps, so that the charges add up to the step. A kernel
+that ran wholly under another (a cover under RESOLVE) is charged nothing; RESOLVE is charged its
+windows less what started before it. µs a layer by group, for the variant, the no-overlap point and
+full HBM's timeline at the same rows (the last one before them). On a reduced timeline only the four
+families are there, and the rest of the step is charged to gaps.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import lzma
 import sys
 
 T_PLAN_US = 15.0  # bench/serve_model.py's T_PLAN_MS: RESOLVE's planning a launch, no IO
@@ -66,6 +82,15 @@ FAMILY_OF = (("ResolveKernel", RESOLVE), ("TopkKernel", TOPK), ("_index_scores_k
              ("_mla_", "mla"))
 
 
+# --path's groups, by a piece of the profiler's name (first match); the rest is "other" (torch's small
+# kernels, mostly).
+PATH_GROUPS = (("ResolveKernel", "RESOLVE"), ("TopkKernel", "top-k"), ("_index_scores", "indexer"),
+               ("index_scores", "indexer"), ("_mla_", "sparse MLA"), ("mla", "sparse MLA"),
+               ("AppendKernel", "append"), ("_expert_gemm", "MoE experts"), ("nvjet", "GEMMs"),
+               ("cublasLt", "GEMMs"))
+PATH_COLUMNS = ("indexer", "top-k", "RESOLVE", "sparse MLA", "append", "GEMMs", "MoE experts", "other", "gaps")
+
+
 def family(name: str):
     return next((f for piece, f in FAMILY_OF if piece in name), None)
 
@@ -77,7 +102,25 @@ def normalize(trace: dict) -> dict:
         return trace
     point = trace.get("overlap") or trace.get("mode")
     kernels = [[family(k[0])] + list(k[1:]) for k in trace["kernels"] if family(k[0])]
-    return dict(trace, point=point, kernels=kernels)
+    return dict(trace, point=point, kernels=kernels, all_kernels=trace["kernels"])
+
+
+def on_path(kernels) -> collections.Counter:
+    """µs of the step charged to each group (PATH_GROUPS): in order of start, a kernel is charged how far
+    it moved the frontier (the latest end so far), and the idle time before a start is charged to gaps.
+    The charges add up to the step's span."""
+    out = collections.Counter()
+    ks = sorted(kernels, key=lambda k: k[1])
+    frontier = ks[0][1] if ks else 0.0
+    for k in ks:
+        start, end = k[1], k[1] + k[2]
+        if start > frontier:
+            out["gaps"] += start - frontier
+            frontier = start
+        if end > frontier:
+            out[next((g for piece, g in PATH_GROUPS if piece in k[0]), "other")] += end - frontier
+            frontier = end
+    return out
 
 
 def rows_of(kernel) -> int:
@@ -85,15 +128,29 @@ def rows_of(kernel) -> int:
     return int(grid[COVER_FAMILIES[name]])
 
 
+def shape(kernel) -> tuple:
+    """A cover kernel's family and its grid less the rows' dimension: the sparse MLA's gather, split and
+    combine (grids [rows, 64, 1], [rows, 4, splits], [rows, 8, 1]) take different µs a row."""
+    name, _, _, _, grid = kernel
+    return (name, *(int(g) for i, g in enumerate(grid) if i != COVER_FAMILIES[name]))
+
+
 def per_row_us(kernels) -> dict:
-    """µs a row of each cover family over these kernels (summed over their launches)."""
+    """µs a row over these kernels (summed over their launches): of each shape, keyed by shape(), and of
+    each family, keyed by its name (what a shape seen nowhere alone falls back to)."""
     out = {}
-    for fam in COVER_FAMILIES:
-        ks = [k for k in kernels if k[0] == fam]
-        rows = sum(rows_of(k) for k in ks)
+    ks = [k for k in kernels if k[0] in COVER_FAMILIES]
+    for key in {shape(k) for k in ks} | {k[0] for k in ks}:
+        of = [k for k in ks if key in (k[0], shape(k))]
+        rows = sum(rows_of(k) for k in of)
         if rows:
-            out[fam] = sum(k[2] for k in ks) / rows
+            out[key] = sum(k[2] for k in of) / rows
     return out
+
+
+def unit_of(unit: dict, kernel) -> float:
+    """µs a row of this kernel alone: its shape's, else its family's."""
+    return unit.get(shape(kernel), unit.get(kernel[0], 0.0))
 
 
 def alone_us(trace, fallback: dict) -> dict:
@@ -116,7 +173,7 @@ class Window:
         r_end = resolve[1] + resolve[2]
         self.resolve_off = resolve[1] - start
         self.cover_us = max(k[1] + k[2] for k in cover) - start if cover else 0.0
-        self.alone_us = sum(rows_of(k) * unit[k[0]] for k in cover)
+        self.alone_us = sum(rows_of(k) * unit_of(unit, k) for k in cover)
         self.beside = bool(cover) and cover[0][1] - resolve[1] < BESIDE_US
         self.pinned = bool(cover) and abs(start + self.cover_us - r_end) < PINNED_US
         self.seen_by_topk = False
@@ -166,6 +223,8 @@ def slowdowns(traces, fallback: dict) -> dict:
 def fetch_eta(trace, misses_per_step: float, record_bytes: int, link_gbps: float) -> float:
     """The fraction of the link the run's RESOLVEs fetched at: bytes over their time less planning."""
     fetch_us = sum(k[2] - T_PLAN_US for k in trace["kernels"] if k[0] == RESOLVE)
+    if fetch_us <= 0:
+        return float("inf")
     return misses_per_step * record_bytes / (fetch_us * 1e-6) / (link_gbps * 1e9)
 
 
@@ -194,10 +253,33 @@ def project(trace, eta: float, eta_new: float, fallback: dict, slow: dict) -> di
 def load(run_path: str, traces_path: str, call=None):
     with open(run_path) as f:
         run = [json.loads(x) for x in f]
-    with open(traces_path) as f:
-        traces = [normalize(t) for t in (json.loads(x) for x in f) if t.get("kind") == "trace"
-                  and (call is None or t.get("call") == call)]
+    with (lzma.open if traces_path.endswith(".xz") else open)(traces_path, "rt") as f:
+        traces = [dict(normalize(t), order=i) for i, t in enumerate(json.loads(x) for x in f)
+                  if t.get("kind") == "trace" and (call is None or t.get("call") == call)]
     return run, traces
+
+
+def full_hbm_before(traces, serial):
+    """Full HBM's timeline at the no-overlap timeline's context and rows: the last one before it."""
+    before = [t for t in traces if t["point"] == "baseline" and t.get("order", 0) < serial.get("order", 0)
+              and t.get("context") == serial.get("context") and t.get("concurrency") == serial.get("concurrency")]
+    return before[-1] if before else None
+
+
+def print_path(pairs, traces, layers: int) -> None:
+    print(f"\nWhere each step's time went (µs a layer on the path, {layers} layers; --path in the header)\n")
+    print("| context | hit rate | point | " + " | ".join(PATH_COLUMNS) + " | layer |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in PATH_COLUMNS) + " | --- |")
+    shown = set()
+    for c, t, serial in pairs:
+        full = full_hbm_before(traces, serial)
+        for name, tl in (("full HBM", full), ("hisparse", serial), (t["point"], t)):
+            if tl is None or id(tl) in shown:  # a no-overlap timeline serves every variant of its target
+                continue
+            shown.add(id(tl))
+            p = on_path(tl.get("all_kernels", tl["kernels"]))
+            print(f"| {c['context']} | {c['hit_rate']} | {name} | " + " | ".join(
+                f"{p[g] / layers:.1f}" for g in PATH_COLUMNS) + f" | {sum(p.values()) / layers:.1f} |")
 
 
 def pair(run, traces):
@@ -224,7 +306,7 @@ def pair(run, traces):
     return out
 
 
-def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) -> int:
+def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85), path=False) -> int:
     run, traces = load(run_path, traces_path, call)
     link = next(x["h2d_gbps"] for x in run if x["kind"] == "link")
     model = next(x for x in run if x["kind"] == "model")
@@ -245,6 +327,10 @@ def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) ->
         unit = per_row_us(serial["kernels"])
         e_serial = fetch_eta(serial, c["misses_per_step"], model["record_bytes"], link)
         e_var = fetch_eta(t, c["misses_per_step"], model["record_bytes"], link)
+        if max(e_serial, e_var) >= 1:
+            print(f"| {c['context']} | {t['point']} | {c['hit_rate']} | {e_serial:.2f} / {e_var:.2f} | not projected: "
+                  f"its launches are mostly planning | {c['exposed_ms']:.2f} | {c['exposed_ms_overlap']:.2f} | | |")
+            continue
         for eta_new in (e_var, *etas):
             s_ser = 0.0 if eta_new == e_var else project(serial, e_serial, max(eta_new, e_serial), unit, slow)["serial"]
             saved = project(t, e_var, eta_new, unit, slow)
@@ -267,11 +353,16 @@ def main(run_path: str, traces_path: str, call=None, etas=(0.65, 0.75, 0.85)) ->
                 print(f"| {c['context']} | {t['point']} | {c['hit_rate']} | {fam} | {n} ({sum(w.pinned for w in f)}) | "
                       f"{sum(w.resolve_us for w in f) / n:.1f} | {sum(w.cover_us for w in f) / n:.1f} | "
                       f"{sum(w.alone_us for w in f) / n:.1f} |")
+    if path:
+        print_path(pairs, traces, model["layers"])
     return 0
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    path = "--path" in args
+    if path:
+        args.remove("--path")
     opts = {"--call": None, "--eta": "0.65,0.75,0.85"}
     for flag in opts:
         if flag in args:
@@ -282,4 +373,4 @@ if __name__ == "__main__":
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     call = int(opts["--call"]) if opts["--call"] is not None else None
-    sys.exit(main(args[0], args[1], call, tuple(float(x) for x in opts["--eta"].split(","))))
+    sys.exit(main(args[0], args[1], call, tuple(float(x) for x in opts["--eta"].split(",")), path))

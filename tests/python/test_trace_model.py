@@ -28,7 +28,8 @@ def test_a_window_at_twice_the_fetch_rate():
     (w,) = tm.windows(trace, {})
     assert w.family == "index_scores" and w.beside and w.pinned
     assert (w.resolve_off, w.resolve_us, w.cover_us, w.alone_us, w.length) == (0, 115, 115, 80, 115)
-    assert tm.alone_us(trace, {"index_scores": 99.0, "mla": 3.0}) == {"index_scores": 40.0, "mla": 3.0}
+    assert tm.alone_us(trace, {"index_scores": 99.0, "mla": 3.0}) == {
+        "index_scores": 40.0, ("index_scores", 1041, 1): 40.0, "mla": 3.0}
     slow = {"index_scores": dict(s=1.25)}
     saved = tm.project(trace, 0.5, 1.0, {}, slow)
     r_new = 15 + 100 / 2  # 65 µs
@@ -70,6 +71,48 @@ def test_the_slowdown_counts_only_visible_covers_launched_beside():
     assert (d["visible"], d["pinned"]) == (1, 1)
     assert d["s"] == pytest.approx(106 / (2 * 2 * 15.0))  # two MLA kernels of 2 rows, ran 106 µs
     assert tm.slowdowns([trace], {})["index_scores"]["s"] is None
+
+
+def test_a_cover_holding_part_of_the_mla_chain_is_taken_at_its_kernels_own_cost():
+    tm = _trace_model()
+
+    def mla(start, dur, rows, y, z=1):
+        return ["mla", start, dur, 7, [rows, y, z]]
+    # Alone, 4 rows: gather 10 µs (2.5 a row), split 40 (10 a row), combine 6 (1.5 a row). The family's
+    # average, 56 µs over 12 kernel-rows, would put a window holding only the split at 4.7 a row (and a
+    # split slowed beside RESOLVE at twice its cost); it must cost 10 a row, one holding only the combine
+    # 1.5.
+    alone = [mla(0, 10, 4, 64), mla(10, 40, 4, 4, 16), mla(50, 6, 4, 8)]
+    unit = tm.per_row_us(alone)
+    assert unit["mla"] == pytest.approx(56 / 12)
+    assert unit[("mla", 4, 16)] == pytest.approx(10.0) and unit[("mla", 8, 1)] == pytest.approx(1.5)
+    trace = dict(kernels=[k("ResolveKernel", 100, 200, 0), mla(101, 60, 5, 4, 16),
+                          k("ResolveKernel", 400, 50, 0), mla(401, 8, 5, 8)])
+    split, combine = tm.windows(trace, unit)
+    assert split.alone_us == pytest.approx(50.0) and combine.alone_us == pytest.approx(7.5)
+    # A shape never seen alone falls back to its family's average.
+    odd = dict(kernels=[k("ResolveKernel", 0, 100, 0), mla(1, 30, 2, 32)])
+    (w,) = tm.windows(odd, unit)
+    assert w.alone_us == pytest.approx(2 * 56 / 12)
+
+
+def test_a_point_whose_launches_are_mostly_planning_is_not_projected(tmp_path, capsys):
+    tm = _trace_model()
+    # 1,000 misses of 656 B a step at 50 GB/s take 13 µs at the link; two launches of 20 µs leave 10 µs
+    # of fetch past planning: an eta above 1, which says the planning constant, not the fetch, is what
+    # these launches are made of.
+    run = tmp_path / "run.jsonl"
+    run.write_text('{"kind": "link", "h2d_gbps": 50}\n{"kind": "model", "record_bytes": 656}\n'
+                   '{"kind": "curve", "context": 64, "concurrency": 4, "hit_rate": 0.96, "misses_per_step": 1000, '
+                   '"exposed_ms": 0.1, "exposed_ms_overlap": 0.05, "overlap": {"spec": "v"}}\n')
+    kernels = '[["ResolveKernel", 0, 20, 7, [8, 1, 1]], ["ResolveKernel", 50, 20, 7, [8, 1, 1]]]'
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(f'{{"kind": "trace", "point": "v", "kernels": {kernels}}}\n'
+                      f'{{"kind": "trace", "point": "hisparse", "kernels": {kernels}}}\n')
+    assert tm.fetch_eta(dict(kernels=[["ResolveKernel", 0, 15, 7, [8]]]), 1000, 656, 50) == float("inf")
+    assert tm.main(str(run), str(traces)) == 0
+    rows = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| 64 | v |")]
+    assert len(rows) == 1 and "not projected" in rows[0]
 
 
 def test_the_committed_h100_traces_project(capsys):
@@ -144,3 +187,48 @@ def test_serve_bench_timelines_are_read_as_written_and_paired_by_target():
     assert (c0["target_hit_rate"], t0["kernels"][2][2], s0["kernels"][2][2]) == (0.78, 150.0, 200.0)
     assert (c1["target_hit_rate"], t1["kernels"][2][2], s1["kernels"][2][2]) == (0.95, 90.0, 120.0)
     assert tm.pair([dict(curve, target_hit_rate=0.78, context=32768)], traces) == []
+
+
+def test_the_path_charges_each_kernel_how_far_it_moved_the_step():
+    tm = _trace_model()
+    # RESOLVE from 10 to 110 with an indexer under it (12-100) and a top-k that outlasts it (100-120); a
+    # gap of 5; a torch kernel; an append. The charges add up to the span, 0 to 140.
+    kernels = [["_index_scores_kernel", 0.0, 10.0, 7, [1041, 2, 1]],
+               ["void hisparse::(anonymous namespace)::ResolveKernel<656>", 10.0, 100.0, 7, [8, 1, 1]],
+               ["_index_scores_kernel", 12.0, 88.0, 7, [1041, 2, 1]],
+               ["hisparse::(anonymous namespace)::TopkKernel(hisparse::TopkDesc)", 100.0, 20.0, 7, [16, 1, 1]],
+               ["void at::native::vectorized_elementwise_kernel<4>", 125.0, 5.0, 7, [1, 1, 1]],
+               ["hisparse::(anonymous namespace)::AppendKernel(hisparse::AppendDesc)", 130.0, 10.0, 7, [1, 1, 1]]]
+    p = tm.on_path(kernels)
+    assert p == {"indexer": 10.0, "RESOLVE": 100.0, "top-k": 10.0, "gaps": 5.0, "other": 5.0, "append": 10.0}
+    assert sum(p.values()) == 140.0
+    # A reduced timeline's family names group the same way.
+    assert tm.on_path([["index_scores", 0, 4, 7, [1, 1, 1]], ["mla", 4, 6, 7, [1, 64, 1]]]) == {
+        "indexer": 4, "sparse MLA": 6}
+
+
+def test_the_raw_h100_timelines_say_where_the_under_step_went(capsys):
+    tm = _trace_model()
+    res = REPO / "bench" / "results"
+    run_path, raw = str(res / "hide-misses-2026-12-05-next-h100.jsonl"), str(
+        res / "hide-misses-2026-12-05-next-traces-raw-h100.jsonl.xz")
+    run, traces = tm.load(run_path, raw)
+    pairs = tm.pair(run, traces)
+    c, t, serial = pairs[0]
+    assert (c["hit_rate"], t["point"]) == (0.8015, "2_b8_beside_ix1_rf_under")
+    full = tm.full_hbm_before(traces, serial)
+    assert full["order"] < serial["order"] and full["concurrency"] == 29
+    timelines = dict(full=full, serial=serial, under=t)
+    layer = {name: tm.on_path(x["all_kernels"]) for name, x in timelines.items()}
+    for name, p in layer.items():  # the charges are the step
+        ks = timelines[name]["all_kernels"]
+        assert sum(p.values()) == pytest.approx(max(k[1] + k[2] for k in ks) - min(k[1] for k in ks))
+    # Without overlap, RESOLVE is on the path whole; under it, range 1's indexer and range 0's attention
+    # ran beneath it, so the path holds half the indexer and half the attention, and RESOLVE longer.
+    assert layer["serial"]["RESOLVE"] > 0.9 * sum(k[2] for k in serial["kernels"] if k[0] == tm.RESOLVE)
+    assert layer["under"]["indexer"] < 0.6 * layer["full"]["indexer"]
+    assert layer["under"]["sparse MLA"] < 0.6 * layer["full"]["sparse MLA"]
+    assert layer["under"]["RESOLVE"] > layer["serial"]["RESOLVE"]
+    assert tm.main(run_path, raw, etas=(0.65,), path=True) == 0
+    out = capsys.readouterr().out
+    assert "| 131072 | 0.8015 | full HBM |" in out and "| 131072 | 0.8015 | 2_b8_beside_ix1_rf_under |" in out
