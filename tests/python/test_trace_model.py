@@ -4,12 +4,24 @@ GPU and no torch: it runs wherever the Python tests run."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import REPO, bench_module
 
 
 def _trace_model():
     return bench_module("trace_model")
+
+
+def _files(tmp_path, curves, traces):
+    """A run (a 50 GB/s link, 656-B records, these curve records) and its timelines, as files: their paths."""
+    run, tl = tmp_path / "run.jsonl", tmp_path / "traces.jsonl"
+    run.write_text("".join(json.dumps(x) + "\n" for x in [dict(kind="link", h2d_gbps=50),
+                                                          dict(kind="model", record_bytes=656, layers=1)]
+                           + [dict(c, kind="curve") for c in curves]))
+    tl.write_text("".join(json.dumps(dict(t, kind="trace")) + "\n" for t in traces))
+    return str(run), str(tl)
 
 
 def k(name, start, dur, rows):
@@ -101,16 +113,12 @@ def test_a_point_whose_launches_are_mostly_planning_is_not_projected(tmp_path, c
     # 1,000 misses of 656 B a step at 50 GB/s take 13 µs at the link; two launches of 20 µs leave 10 µs
     # of fetch past planning: an eta above 1, which says the planning constant, not the fetch, is what
     # these launches are made of.
-    run = tmp_path / "run.jsonl"
-    run.write_text('{"kind": "link", "h2d_gbps": 50}\n{"kind": "model", "record_bytes": 656}\n'
-                   '{"kind": "curve", "context": 64, "concurrency": 4, "hit_rate": 0.96, "misses_per_step": 1000, '
-                   '"exposed_ms": 0.1, "exposed_ms_overlap": 0.05, "overlap": {"spec": "v"}}\n')
-    kernels = '[["ResolveKernel", 0, 20, 7, [8, 1, 1]], ["ResolveKernel", 50, 20, 7, [8, 1, 1]]]'
-    traces = tmp_path / "traces.jsonl"
-    traces.write_text(f'{{"kind": "trace", "point": "v", "kernels": {kernels}}}\n'
-                      f'{{"kind": "trace", "point": "hisparse", "kernels": {kernels}}}\n')
+    kernels = [["ResolveKernel", 0, 20, 7, [8, 1, 1]], ["ResolveKernel", 50, 20, 7, [8, 1, 1]]]
+    run, traces = _files(tmp_path, [dict(context=64, concurrency=4, hit_rate=0.96, misses_per_step=1000, exposed_ms=0.1,
+                                          exposed_ms_overlap=0.05, overlap=dict(spec="v"))],
+                         [dict(point="v", kernels=kernels), dict(point="hisparse", kernels=kernels)])
     assert tm.fetch_eta(dict(kernels=[["ResolveKernel", 0, 15, 7, [8]]]), 1000, 656, 50) == float("inf")
-    assert tm.main(str(run), str(traces)) == 0
+    assert tm.main(run, traces) == 0
     rows = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| 64 | v |")]
     assert len(rows) == 1 and "not projected" in rows[0]
 
@@ -147,14 +155,10 @@ def test_the_committed_h100_traces_project(capsys):
 
 def test_a_run_without_its_no_overlap_timeline_is_refused(tmp_path, capsys):
     tm = _trace_model()
-    run = tmp_path / "run.jsonl"
-    run.write_text('{"kind": "link", "h2d_gbps": 50}\n{"kind": "model", "record_bytes": 656}\n'
-                   '{"kind": "curve", "context": 64, "concurrency": 4, "exposed_ms": 1.0}\n'
-                   '{"kind": "curve", "context": 64, "concurrency": 4, "overlap": {"spec": "2_b8_beside_ix1_rf_under"}}\n')
-    traces = tmp_path / "traces.jsonl"
-    traces.write_text('{"kind": "trace", "point": "2_b8_beside_ix1_rf_under", "kernels": '
-                      '[["ResolveKernel", 0, 10, 7, [8, 1, 1]]]}\n')
-    assert tm.main(str(run), str(traces)) == 1
+    run, traces = _files(tmp_path, [dict(context=64, concurrency=4, exposed_ms=1.0),
+                                    dict(context=64, concurrency=4, overlap=dict(spec="2_b8_beside_ix1_rf_under"))],
+                         [dict(point="2_b8_beside_ix1_rf_under", kernels=[["ResolveKernel", 0, 10, 7, [8, 1, 1]]])])
+    assert tm.main(run, traces) == 1
     assert "'hisparse'" in capsys.readouterr().err
 
 
