@@ -4,9 +4,10 @@
 // there, and what scattered reads lose to; bench/RESULTS.md, "Scattered host reads").
 //
 // Every point gathers --records distinct records of --record-bytes, drawn at random from a host
-// pool of --span bytes, into a device buffer (record j to slot perm[j], a random permutation), in
-// random order or sorted by host address (--order). The pool (--pool) is pinned host memory that
-// the GPU reads over the link:
+// pool of --span bytes laid out every --stride bytes (0: packed, as the daemon's slabs hold them;
+// 768 puts every 656-B record at a 128-B line's start), into a device buffer (record j to slot
+// perm[j], a random permutation), in random order or sorted by host address (--order). The pool
+// (--pool) is pinned host memory that the GPU reads over the link:
 //   hostalloc  one cudaHostAlloc(mapped, portable) block;
 //   register   an anonymous mapping, madvise(MADV_HUGEPAGE), touched, then cudaHostRegister(mapped,
 //              portable): what the daemon's memfd slabs become in an engine ("anon_huge_mib" says
@@ -95,7 +96,8 @@ struct Options {
   std::vector<Order> orders{Order::kRandom, Order::kAddress};
   std::vector<Method> methods{Method::kWarp, Method::kTma, Method::kCe, Method::kMemcpy};
   std::vector<PoolKind> pools{PoolKind::kHostAlloc};
-  std::vector<int> blocks{0};  // grid of the warp and tma kernels; 0: one block per SM
+  std::vector<int> blocks{0};   // grid of the warp and tma kernels; 0: one block per SM
+  std::vector<int> strides{0};  // bytes from one record's start to the next's in the pool; 0: packed
   int records = 16384;
   size_t span = size_t{160} << 20;
   int runs = 20;
@@ -107,7 +109,9 @@ void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench gather [--record-bytes 656,1152] [--records 16384] [--span 160M]\n"
                "       [--order random,address] [--method warp,tma,ce,memcpy] [--runs 20] [--tma-stages 3]\n"
-               "       [--pool hostalloc,register,vmm] [--blocks 0,66] [--smoke]\n"
+               "       [--pool hostalloc,register,vmm] [--blocks 0,66] [--stride 0,768] [--smoke]\n"
+               "  --stride: bytes from one record's start to the next's in the pool (0: packed, the\n"
+               "  record's size)\n"
                "  --smoke: tiny sizes, every method (what ctest runs); exits 77 without a CUDA device,\n"
                "  1 when a check fails\n");
 }
@@ -351,9 +355,9 @@ class HostPool {
 // The host side of one point: pool, records, buffers, and the methods' launches.
 class GatherPoint {
  public:
-  GatherPoint(HostPool& pool, const Options& o, int rb, bool address_order, uint64_t seed)
+  GatherPoint(HostPool& pool, const Options& o, int rb, int stride, bool address_order, uint64_t seed)
       : pool_(pool), rb_(rb), n_(o.records), per_(ChunkRecordsOf(rb)) {
-    const size_t slots = pool.bytes() / rb;
+    const size_t slots = pool.bytes() / stride;
     std::mt19937_64 rng(seed);
     std::vector<size_t> recs(slots);  // a partial shuffle picks n distinct records
     std::iota(recs.begin(), recs.end(), size_t{0});
@@ -366,7 +370,7 @@ class GatherPoint {
     src_.resize(n_);
     dst_off_.resize(n_);
     for (int j = 0; j < n_; ++j) {
-      src_[j] = static_cast<long long>(recs[j] * rb);  // byte offset in the pool
+      src_[j] = static_cast<long long>(recs[j] * stride);  // byte offset in the pool
       dst_off_[j] = static_cast<long long>(perm[j]) * rb;
     }
     std::vector<long long> src_dev(n_);
@@ -534,6 +538,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       if (!ParseNames(value, kMethodNames, "method", &o->methods)) return false;
     } else if (name == "--blocks") {
       o->blocks = ParseList<int>(value.c_str());
+    } else if (name == "--stride") {
+      o->strides = ParseList<int>(value.c_str());
     } else if (name == "--pool") {
       if (!ParseNames(value, kPoolNames, "pool", &o->pools)) return false;
     } else if (name == "--runs") {
@@ -552,22 +558,62 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     o->record_bytes = {656, 1152, 4112};
     o->pools = {PoolKind::kHostAlloc, PoolKind::kRegister, PoolKind::kVmm};
     o->blocks = {0, 3};
+    o->strides = {0, 768};  // packed, and every 656-B record on a line's start (the larger ones skip it)
   }
   for (const int rb : o->record_bytes) {
     if (rb < 16 || rb > 16384 || rb % 16 != 0) {
       std::fprintf(stderr, "hisparse-bench gather: record size %d is not a multiple of 16 in [16, 16384]\n", rb);
       return false;
     }
-    if (o->span / rb < static_cast<size_t>(o->records)) {
-      std::fprintf(stderr, "hisparse-bench gather: --span holds fewer than --records records of %d B\n", rb);
-      return false;
+    for (const int stride : o->strides) {
+      const int step = std::max(stride, rb);  // a stride below a record's size skips that size
+      if (stride < 0 || stride % 16 != 0) {
+        std::fprintf(stderr, "hisparse-bench gather: --stride %d is not a multiple of 16\n", stride);
+        return false;
+      }
+      if (o->span / step < static_cast<size_t>(o->records)) {
+        std::fprintf(stderr, "hisparse-bench gather: --span holds fewer than --records records every %d B\n", step);
+        return false;
+      }
     }
   }
   for (const int b : o->blocks) {
     if (b < 0) return false;
   }
   return o->records > 0 && o->runs > 0 && !o->blocks.empty() && o->tma_stages >= 1 && o->tma_stages <= kMaxStages &&
-         !o->record_bytes.empty() && !o->methods.empty() && !o->orders.empty() && !o->pools.empty();
+         !o->record_bytes.empty() && !o->methods.empty() && !o->orders.empty() && !o->pools.empty() &&
+         !o->strides.empty();
+}
+
+// Times every method and grid of o on one point (records of rb bytes every `step` in the pool, in
+// `order`) and prints a line each; returns how many failed their check.
+int RunPoint(HostPool& pool, PoolKind kind, const Options& o, int rb, int step, Order order, double link,
+             L2Scrubber& scrub, cudaStream_t st) {
+  GatherPoint pt(pool, o, rb, step, order == Order::kAddress, 7 + rb);
+  int failed = 0;
+  for (const Method m : o.methods) {
+    if (const char* why = pt.Unsupported(m, o)) {
+      std::printf("{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"record_bytes\":%d,\"skipped\":\"%s\"}\n",
+                  Name(kind), Name(m), rb, why);
+      continue;
+    }
+    for (const int blocks : o.blocks) {
+      const bool grid = m == Method::kWarp || m == Method::kTma;
+      if (!grid && blocks != o.blocks.front()) continue;  // ce and memcpy have no grid
+      const Timing t = TimeMethod(pt, m, o, blocks, scrub, st);
+      failed += t.bad != 0;
+      const double gbps = pt.Bytes() / (t.median_us * 1e-6) / 1e9;
+      std::printf(
+          "{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"blocks\":%d,\"record_bytes\":%d,\"stride\":%d,"
+          "\"records\":%d,\"span_mib\":%.0f,\"order\":\"%s\",\"chunk_records\":%d,\"median_us\":%.2f,"
+          "\"min_us\":%.2f,\"gbps\":%.2f,\"link_fraction\":%.3f,\"enqueue_us\":%.1f,\"check\":\"%s\","
+          "\"bad_records\":%d}\n",
+          Name(kind), Name(m), grid ? pt.Grid(blocks) : 0, rb, step, o.records, pool.bytes() / 1048576.0, Name(order),
+          pt.ChunkRecords(), t.median_us, t.min_us, gbps, gbps / link, t.enqueue_us, t.bad ? "FAILED" : "ok", t.bad);
+      std::fflush(stdout);
+    }
+  }
+  return failed;
 }
 
 }  // namespace
@@ -596,32 +642,10 @@ int GatherMain(int argc, char** argv) {
         "\n",
         Name(kind), pool.bytes(), Since(t0) / 1e6, pool.granularity(), pool.anon_huge_mib());
     for (const int rb : o.record_bytes) {
-      for (const Order order : o.orders) {
-        GatherPoint pt(pool, o, rb, order == Order::kAddress, 7 + rb);
-        for (const Method m : o.methods) {
-          if (const char* why = pt.Unsupported(m, o)) {
-            std::printf(
-                "{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"record_bytes\":%d,\"skipped\":\"%s\"}\n",
-                Name(kind), Name(m), rb, why);
-            continue;
-          }
-          for (const int blocks : o.blocks) {
-            const bool grid = m == Method::kWarp || m == Method::kTma;
-            if (!grid && blocks != o.blocks.front()) continue;  // ce and memcpy have no grid
-            const Timing t = TimeMethod(pt, m, o, blocks, scrub, st);
-            failed += t.bad != 0;
-            const double gbps = pt.Bytes() / (t.median_us * 1e-6) / 1e9;
-            std::printf(
-                "{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"blocks\":%d,\"record_bytes\":%d,"
-                "\"records\":%d,\"span_mib\":%.0f,\"order\":\"%s\",\"chunk_records\":%d,\"median_us\":%.2f,"
-                "\"min_us\":%.2f,\"gbps\":%.2f,\"link_fraction\":%.3f,\"enqueue_us\":%.1f,\"check\":\"%s\","
-                "\"bad_records\":%d}\n",
-                Name(kind), Name(m), grid ? pt.Grid(blocks) : 0, rb, o.records, pool.bytes() / 1048576.0, Name(order),
-                pt.ChunkRecords(), t.median_us, t.min_us, gbps, gbps / link, t.enqueue_us, t.bad ? "FAILED" : "ok",
-                t.bad);
-            std::fflush(stdout);
-          }
-        }
+      for (const int stride : o.strides) {
+        if (stride != 0 && stride < rb) continue;  // this stride cannot hold this record
+        for (const Order order : o.orders)
+          failed += RunPoint(pool, kind, o, rb, stride ? stride : rb, order, link, scrub, st);
       }
     }
   }
