@@ -82,12 +82,11 @@ FAMILY_OF = (("ResolveKernel", RESOLVE), ("TopkKernel", TOPK), ("_index_scores_k
              ("_mla_", "mla"))
 
 
-# --path's groups, by a piece of the profiler's name (first match); the rest is "other" (torch's small
-# kernels, mostly).
-PATH_GROUPS = (("ResolveKernel", "RESOLVE"), ("TopkKernel", "top-k"), ("_index_scores", "indexer"),
-               ("index_scores", "indexer"), ("_mla_", "sparse MLA"), ("mla", "sparse MLA"),
-               ("AppendKernel", "append"), ("_expert_gemm", "MoE experts"), ("nvjet", "GEMMs"),
-               ("cublasLt", "GEMMs"))
+# --path's groups, by a piece of the profiler's name or of a reduced timeline's family name (first
+# match); the rest is "other" (torch's small kernels, mostly).
+PATH_GROUPS = (("ResolveKernel", "RESOLVE"), ("TopkKernel", "top-k"), ("index_scores", "indexer"),
+               ("mla", "sparse MLA"), ("AppendKernel", "append"), ("_expert_gemm", "MoE experts"),
+               ("nvjet", "GEMMs"), ("cublasLt", "GEMMs"))
 PATH_COLUMNS = ("indexer", "top-k", "RESOLVE", "sparse MLA", "append", "GEMMs", "MoE experts", "other", "gaps")
 
 
