@@ -12,7 +12,8 @@
 #             L2 and read from HBM after 128 MiB of other data (--l2 warm,cold): what a top-k call
 #             costs after an indexer that streamed its keys
 #   FETCH=1   hisparse-bench resolve: scattered misses through 2 MiB pages (FETCH_LAYOUT) at batch 8
-#             and 128 (FETCH_BATCH), both record sizes, 20% and 100% misses (FETCH_MISS), per RESOLVE
+#             and 128 (FETCH_BATCH), records of FETCH_RECORDS bytes (656,1152; 640: a record of five
+#             128-B lines, RESULTS "Scattered reads count lines"), 20% and 100% misses (FETCH_MISS), per RESOLVE
 #             budget of blocks (FETCH_BLOCKS), per count of consumer blocks (FETCH_CONSUMERS) and per
 #             count of consumer warps a block (FETCH_WARPS; 0: the library's choice)
 #   CURVE=1   serve_bench.py's hit-rate curve (HIT_RATES, CONTEXTS) with the overlap variants
@@ -57,7 +58,7 @@ if [ "${TOPKB:-0}" != 0 ]; then
 fi
 if [ "${FETCH:-1}" != 0 ]; then
   step "${FETCH_LIMIT:-240}" fetch "$B/run" hisparse-bench resolve --pattern scattered \
-    --host-layout "${FETCH_LAYOUT:-paged}" --batch "${FETCH_BATCH:-8,128}" --slots 4096 --record-bytes 656,1152 \
+    --host-layout "${FETCH_LAYOUT:-paged}" --batch "${FETCH_BATCH:-8,128}" --slots 4096 --record-bytes "${FETCH_RECORDS:-656,1152}" \
     --miss "${FETCH_MISS:-0.2,1}" --runs "${FETCH_RUNS:-30}" --max-blocks "${FETCH_BLOCKS:-0,16,32}" \
     --consumer-blocks "${FETCH_CONSUMERS:-0}" --consumer-warps "${FETCH_WARPS:-0}" > "$OUT/fetch.jsonl" 2> "$OUT/fetch.err"
   grep -c '"check":"ok"' "$OUT/fetch.jsonl" >> "$S"
