@@ -7,6 +7,9 @@
 // --l2 cold reads 128 MiB of other data before every call, as the indexer that writes the scores
 // streams its keys (the scores then come from HBM, not L2): the graph of reads alone is timed too
 // and taken off; warm (the default) replays the calls back to back, the scores in L2.
+// --scores FILE takes a serving run's own scores instead (serve_bench.py --dump-scores: raw float32,
+// rows of --cols, -inf past a row's length), the first `rows` rows of it at each --rows: whether
+// the top-k's time depends on how an indexer's scores are spread, which normal ones do not show.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,10 +30,12 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: hisparse-bench topk [--rows 1,5,7,22,29,32] [--cols 131136] [--k 2048] [--blocks 0,1,2,4,8]\n"
-    "       [--zeros 0,0.5] [--l2 warm,cold] [--calls 10] [--runs 5] [--smoke]\n"
+    "       [--zeros 0,0.5] [--scores FILE] [--l2 warm,cold] [--calls 10] [--runs 5] [--smoke]\n"
     "  --blocks: blocks a row (0: the launcher's choice; 1, 2, 4 or 8)\n"
     "  --l2: warm (calls back to back) and/or cold (128 MiB of other data read before each call)\n"
     "  --zeros: the fraction of each row's scores clamped to 0\n"
+    "  --scores: a file of float32 scores, rows of --cols (serve_bench.py --dump-scores), taken\n"
+    "  instead of normal ones (--zeros ignored)\n"
     "  --smoke: tiny sizes, every block count (what ctest runs); exits 77 without a CUDA device\n";
 
 void Usage() { std::fputs(kUsage, stderr); }
@@ -41,6 +46,8 @@ struct Options {
   int k = 2048;
   std::vector<int> blocks = {0, 1, 2, 4, 8};
   std::vector<double> zeros = {0.0, 0.5};
+  std::string scores_file;  // empty: normal scores (less --zeros)
+  size_t file_rows = 0;     // the rows of --cols that scores_file holds
   std::vector<bool> cold = {false};
   int calls = 10;
   int runs = 5;
@@ -65,6 +72,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->blocks = ParseList<int>(value.c_str());
     } else if (name == "--zeros") {
       o->zeros = ParseList<double>(value.c_str());
+    } else if (name == "--scores") {
+      o->scores_file = value;
     } else if (name == "--l2") {
       o->cold.clear();
       for (const std::string& w : ParseWords(value.c_str())) {
@@ -103,6 +112,31 @@ bool ParseOptions(int argc, char** argv, Options* o) {
   for (const double z : o->zeros) {
     if (z < 0 || z >= 1) return false;
   }
+  if (!o->scores_file.empty()) {
+    FILE* f = std::fopen(o->scores_file.c_str(), "rb");
+    if (f == nullptr || std::fseek(f, 0, SEEK_END) != 0) {
+      std::fprintf(stderr, "hisparse-bench topk: cannot read --scores %s\n", o->scores_file.c_str());
+      if (f != nullptr) std::fclose(f);
+      return false;
+    }
+    const long bytes = std::ftell(f);
+    std::fclose(f);
+    const size_t row_bytes = static_cast<size_t>(o->cols) * sizeof(float);
+    o->file_rows = bytes > 0 && o->cols > 0 ? static_cast<size_t>(bytes) / row_bytes : 0;
+    if (o->cols <= 0 || bytes <= 0 || static_cast<size_t>(bytes) % row_bytes != 0) {
+      std::fprintf(stderr, "hisparse-bench topk: --scores %s holds %ld bytes, not rows of --cols %d floats\n",
+                   o->scores_file.c_str(), bytes, o->cols);
+      return false;
+    }
+    for (const int r : o->rows) {
+      if (static_cast<size_t>(r) > o->file_rows) {
+        std::fprintf(stderr, "hisparse-bench topk: --rows %d but --scores %s holds %zu rows\n", r,
+                     o->scores_file.c_str(), o->file_rows);
+        return false;
+      }
+    }
+    o->zeros = {0.0};  // the file's scores, as they are
+  }
   return !o->rows.empty() && !o->blocks.empty() && !o->zeros.empty() && !o->cold.empty() && o->cols > 0 && o->k > 0 &&
          o->calls > 0 && o->runs > 0;
 }
@@ -123,11 +157,25 @@ std::vector<float> MakeScores(int rows, int cols, double zeros, unsigned seed) {
   return s;
 }
 
+// The first `rows` rows of cols floats of a --scores file (ParseOptions checked its size).
+std::vector<float> LoadScores(const std::string& path, int rows, int cols) {
+  std::vector<float> s(static_cast<size_t>(rows) * cols);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  const size_t got = f != nullptr ? std::fread(s.data(), sizeof(float), s.size(), f) : 0;
+  if (f != nullptr) std::fclose(f);
+  if (got != s.size()) {
+    std::fprintf(stderr, "hisparse-bench topk: --scores %s: read %zu of %zu floats\n", path.c_str(), got, s.size());
+    std::exit(1);
+  }
+  return s;
+}
+
 // One (rows, zeros) batch on the device, timed at each block count.
 class Point {
  public:
   Point(const Options& o, int rows, double zeros) : o_(o), rows_(rows) {
-    host_ = MakeScores(rows, o.cols, zeros, 1000 + rows);
+    host_ =
+        o.scores_file.empty() ? MakeScores(rows, o.cols, zeros, 1000 + rows) : LoadScores(o.scores_file, rows, o.cols);
     BENCH_CUDA(cudaMalloc(&scores_, host_.size() * sizeof(float)));
     BENCH_CUDA(cudaMalloc(&out_, static_cast<size_t>(rows) * o.k * sizeof(int32_t)));
     BENCH_CUDA(cudaMemcpy(scores_, host_.data(), host_.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -240,9 +288,10 @@ int TopkMain(int argc, char** argv) {
           const double us = pt.Time(blocks, cold ? &scrub : nullptr, sink, st, &exact);
           failed += !exact;
           std::printf(
-              "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"zeros\":%.2f,\"blocks_per_row\":%d,"
-              "\"l2\":\"%s\",\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
-              rows, o.cols, o.k, zeros, blocks, cold ? "cold" : "warm", o.calls, o.runs, us, exact ? "ok" : "FAILED");
+              "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"scores\":\"%s\",\"zeros\":%.2f,"
+              "\"blocks_per_row\":%d,\"l2\":\"%s\",\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
+              rows, o.cols, o.k, o.scores_file.empty() ? "normal" : "file", zeros, blocks, cold ? "cold" : "warm",
+              o.calls, o.runs, us, exact ? "ok" : "FAILED");
           std::fflush(stdout);
         }
       }

@@ -37,6 +37,7 @@ A curve stops at the first concurrency past the mode's capacity, and says which 
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import pathlib
@@ -270,6 +271,8 @@ class Point:
             self.session.check_errors()
         if cuda and args.probe_steps > 0:
             rec["parts_ms"] = self._probe_parts(pool)
+        if args.dump_scores and self.mode == "hisparse" and self.model.overlap is None:
+            self._dump_scores(args.dump_scores)
         if cuda and args.trace:
             with open(args.trace, "a") as f:
                 ov = self.model.overlap
@@ -277,6 +280,15 @@ class Point:
                                         context=self.ctx, concurrency=self.N, kernels=trace_graph(graph))) + "\n")
         del graph
         return rec, samples
+
+    def _dump_scores(self, prefix: str) -> None:
+        """The last step's last-layer indexer scores of every row, raw float32 [N, max_len] (-inf past a
+        row's length) in PREFIX-CONTEXT-NxCOLS-locL.f32: what `hisparse-bench topk --scores` reads, to
+        time the top-k on a serving run's own scores. Every mode computes the same scores."""
+        scores = self.st.scores[:self.N].float().cpu().contiguous()
+        path = f"{prefix}-{self.ctx}-{self.N}x{scores.shape[1]}-loc{self.model.cfg.locality:g}.f32"
+        with open(path, "wb") as f:
+            array.array("f", scores.flatten().tolist()).tofile(f)
 
     def _book(self, samples, s) -> int:
         """After step s: keep sampled logits, retire finished requests and admit the next ones."""
@@ -449,6 +461,7 @@ def calibrate(args, model, fmt, address, ctx, B, emit):
     requests (the hit rate is a request's, whatever the batch), one per --calibrate-localities."""
     sub = argparse.Namespace(**vars(args))
     sub.steps, sub.probe_steps, sub.sample_every, sub.trace = args.calibrate_steps, 0, 1 << 30, None
+    sub.dump_scores = None
     cal = []
     for loc in (float(x) for x in args.calibrate_localities.split(",")):
         model.cfg.locality = loc
@@ -570,6 +583,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace", default=None,
                     help="append each point's kernel timeline (one replay of its graph, torch.profiler) to this file")
+    ap.add_argument("--dump-scores", default=None,
+                    help="write each no-overlap hisparse point's last indexer scores to PREFIX-CONTEXT-NxCOLS-locL.f32 "
+                         "(for hisparse-bench topk --scores)")
     ap.add_argument("--plot", default=None, help="PNG of throughput and TPOT against concurrency (matplotlib)")
     ap.add_argument("--expert-gemm", choices=("auto", "torch"), default="auto",
                     help="the routed experts' fp8 GEMM: the fastest of torch's and the Triton one (expert_gemm.py, "

@@ -8,7 +8,9 @@ sparse MLA over records read by index) to the torch references beside them (skip
 
 from __future__ import annotations
 
+import array
 import json
+import math
 
 import pytest
 
@@ -101,6 +103,31 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     # A higher target asks for more locality, and more locality gives more hits (on these sizes).
     by = {(c["context"], c["target_hit_rate"]): c for c in cur}
     assert by[(96, 0.8)]["locality"] >= by[(96, 0.3)]["locality"]
+
+
+def test_the_scores_are_dumped_for_the_topk_bench(capsys, tmp_path):
+    # --dump-scores: each no-overlap hisparse point's last indexer scores, raw float32 rows of the score
+    # buffer's width, -inf past a row's length: what hisparse-bench topk --scores reads.
+    argv = ["--smoke", "--hit-rates", "0.8", "--overlap", "2/b1/beside", "--overlap-min-rows", "2",
+            "--calibrate-localities", "0,6", "--dump-scores", str(tmp_path / "s")]
+    assert serve_bench.main(argv) == 0
+    lines = json_lines(capsys.readouterr().out)
+    cur = [x for x in lines if x["kind"] == "curve"]
+    files = sorted(tmp_path.glob("s-*.f32"))
+    assert len(files) == len(cur) > 0, "one no-overlap hisparse point a curve point, calibrations excluded"
+    for f in files:
+        ctx, shape, loc = f.stem.split("-")[1:]
+        rows, cols = (int(x) for x in shape.split("x"))
+        assert ctx in {str(x["context"]) for x in cur} and loc.startswith("loc")
+        data = array.array("f")
+        data.frombytes(f.read_bytes())
+        assert len(data) == rows * cols and rows >= 2
+        for r in range(rows):
+            row = data[r * cols:(r + 1) * cols]
+            finite = [x for x in row if math.isfinite(x)]
+            assert len(finite) >= 1 and all(x == -math.inf for x in row if not math.isfinite(x))
+            n = len(finite)
+            assert all(math.isfinite(x) for x in row[:n]), "a row's scores, then -inf past its length"
 
 
 def test_the_hisparse_topk_through_the_chain_on_the_cpu(capsys, monkeypatch):

@@ -21,6 +21,9 @@
 #             measured first. Once per value of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS; "-": unset,
 #             the default), into curve.jsonl, or curve-N.jsonl for each N; and within that once per
 #             top-k of TOPKS ("torch hisparse": --topk each, into curve[-N]-torch.jsonl and so on)
+#   DUMP_SCORES=PREFIX (with CURVE_ARGS="--dump-scores PREFIX", a path outside $OUT: ~15 MB a point)
+#             hisparse-bench topk on each dumped point's own scores at 7, 14, 15 and all its rows, warm
+#             and cold: whether the serving top-k's extra 6-11 µs (bench/RESULTS.md) is its scores'
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
 #   DENSITY=1 (item 3) hisparse-bench gather of 656- and 1152-B records over DENSITY_SPAN (8G) of
 #             registered host memory, DENSITY_RECORDS of them (16384 65536 262144: 4, 16 and 64 a
@@ -78,6 +81,16 @@ if [ "${CURVE:-1}" != 0 ]; then
           "${topk_args[@]}" ${CURVE_ARGS:-} --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1 )
       grep -E '"kind": "(link|calibration)"|^\|.*\| (True|False|[0-9]+\+[0-9]+/[0-9]+) \|$|Error|error' "$OUT/$name.log" | tail -40 >> "$S"
     done
+  done
+fi
+if [ -n "${DUMP_SCORES:-}" ]; then  # with CURVE_ARGS="--dump-scores $DUMP_SCORES" (a prefix outside $OUT)
+  for f in "$DUMP_SCORES"-*.f32; do
+    [[ $f =~ -([0-9]+)x([0-9]+)-loc[^/]*\.f32$ ]] || continue  # PREFIX-CONTEXT-ROWSxCOLS-locL.f32
+    rows=${BASH_REMATCH[1]} cols=${BASH_REMATCH[2]}
+    step 120 "topk-scores" "$B/run" hisparse-bench topk --scores "$f" --cols "$cols" \
+      --rows "$(printf '%s\n' 7 14 15 "$rows" | awk -v n="$rows" '$1 <= n' | sort -nu | paste -sd,)" --blocks 0 \
+      --l2 warm,cold >> "$OUT/topk-scores.jsonl" 2>> "$OUT/topk-scores.err"
+    echo "$f" >> "$OUT/topk-scores.files"
   done
 fi
 if [ "${LOW:-0}" != 0 ]; then
