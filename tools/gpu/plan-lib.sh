@@ -7,7 +7,8 @@ step() {
   shift 2
   timeout -k 10 "$limit" "$@"
   local rc=$?
-  echo "$name: rc=$rc in $((SECONDS - t)) s" | tee -a "$S"
+  # To the summary and to stderr: a step's stdout is often its JSON lines' file.
+  echo "$name: rc=$rc in $((SECONDS - t)) s" | tee -a "$S" >&2
 }
 
 # plan_begin BUNDLE: what a Python-driven plan sets up first. B is the bundle's absolute path, OUT
