@@ -70,7 +70,8 @@ void ExpectRowsEqual(const std::vector<int32_t>& got, const std::vector<int32_t>
   for (int32_t i = 0; i < b.rows; ++i) {
     for (int32_t j = 0; j < b.k; ++j) {
       const size_t at = static_cast<size_t>(i) * b.k + j;
-      ASSERT_EQ(got[at], want[at]) << what << ": row " << i << " (" << testing::TopkKinds()[i % 8] << ") col " << j;
+      ASSERT_EQ(got[at], want[at]) << what << ": row " << i << " ("
+                                   << testing::TopkKinds()[i % testing::TopkKinds().size()] << ") col " << j;
     }
   }
 }

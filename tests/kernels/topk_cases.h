@@ -1,7 +1,9 @@
 // Score rows that exercise TOP-K's paths (topk.h), shared by the reference's test and the GPU
 // test that holds the kernel equal to it: spread and crowded values (the radix search's early
-// and late ends, and a bucket too large to keep), ties at the k-th score, -inf and NaN, rows
-// shorter than k, rows cut by seq_lens, and a row stride that breaks 16-byte alignment.
+// and late ends, and a bucket too large to keep), scores of one leading byte (pass 0 leaves the
+// whole row in the bucket), a rising row (the blocks of a cluster hold unlike leading bytes), ties
+// at the k-th score, -inf and NaN, rows shorter than k, rows cut by seq_lens, and a row stride
+// that breaks 16-byte alignment.
 #ifndef HISPARSE_TESTS_KERNELS_TOPK_CASES_H_
 #define HISPARSE_TESTS_KERNELS_TOPK_CASES_H_
 
@@ -30,6 +32,10 @@ inline std::vector<float> TopkRow(const std::string& kind, int n, uint32_t seed)
       x[j] = normal(rng);
     } else if (kind == "relu") {  // an indexer's: many exact zeros, the rest positive
       x[j] = std::max(0.0f, normal(rng) - 3.5f);
+    } else if (kind == "onebyte") {  // nonnegative, all of one leading byte: pass 0 keeps the whole row
+      x[j] = std::min(7.99f, 2.0f + 1.5f * std::fabs(normal(rng) - 3.0f));
+    } else if (kind == "ramp") {  // rising along the row: each block's share in other leading bytes
+      x[j] = 0.5f + 1000.0f * static_cast<float>(j) / static_cast<float>(n) + 0.01f * normal(rng);
     } else if (kind == "ties") {  // eight values: a bucket of ties far larger than what is kept
       x[j] = static_cast<float>(small(rng));
     } else if (kind == "equal") {
@@ -54,8 +60,8 @@ inline std::vector<float> TopkRow(const std::string& kind, int n, uint32_t seed)
 }
 
 inline const std::vector<std::string>& TopkKinds() {
-  static const std::vector<std::string> kinds = {"normal", "relu",     "ties",   "equal",
-                                                 "narrow", "specials", "padded", "wide"};
+  static const std::vector<std::string> kinds = {"normal", "onebyte",  "relu",   "ties", "equal",
+                                                 "narrow", "specials", "padded", "wide", "ramp"};
   return kinds;
 }
 
