@@ -28,10 +28,18 @@
 // What a row costs. Each pass reads the block's share (from L2, which the indexer has just
 // written) until the block's part of the bucket holds at most kCap keys; the pass that finds so
 // copies them to shared memory, and the rest of the search reads only those. Scores within a few
-// octaves share their leading byte, so that is typically passes 0-2 and the list's pass: four
-// reads. A whole tile's float4 loads go out back to back, and the next tile's before this one is
-// counted. Scores crowd into a few values of the leading bytes, so the counting is shaped against
-// queues on one counter: each thread holds the counts of the two bytes it met last in registers
+// octaves share their leading byte, so pass 0 alone rarely narrows the bucket that far: a serving
+// run's indexer scores (positive, nine in ten within [2, 8)) leave it nine tenths of the row
+// (bench/RESULTS.md, "How the serving scores' bytes crowd"). So pass 0 also counts the next byte
+// of the keys whose leading byte is the block's guess (CountFirst); when the cluster's guesses were
+// right, pass 0 chooses two bytes and pass 1, another read of the row, is skipped. That saved
+// 1.5-6.4 us a call on normal scores and 0-2.6 on the serving ones, which still take ~9 us more
+// than normal scores at 7 rows: counting nine tenths of the row over 256 values costs more than
+// the read (bench/RESULTS.md, "A two-byte pass 0, the second count on 32 copies").
+//
+// A whole tile's float4 loads go out back to back, and the next tile's before this one is counted.
+// Scores crowd into a few values of the leading bytes, so the counting is shaped against queues on
+// one counter: each thread holds the counts of the two bytes it met last in registers
 // (ByteCounts), and the shared counters come in 32 copies, one per lane, laid out so that a warp's
 // 32 lanes always hit 32 different banks. Measured on an H100, k 2048 of 131,136 scores
 // (bench/RESULTS.md, "A top-k of a cluster a row"): 33.4 us a call for one row at 8 blocks a row,
@@ -81,13 +89,20 @@ struct Search {
   int done;         // want == bucket: every key of the bucket is taken
 };
 
-// A block's shared memory. The blocks of a row's cluster read one another's `counts` and `part`
-// (distributed shared memory); everything else is the block's own.
+// A block's shared memory. The blocks of a row's cluster read one another's `counts`, `guess` and
+// `part` (distributed shared memory); everything else is the block's own.
 struct Smem {
-  uint32_t hist[256][32];   // [byte][lane]: a warp's lanes never share a bank
-  uint32_t counts[2][256];  // this block's counts of a pass, [pass & 1]: the cluster sums them
-  uint32_t total[256];      // the cluster's counts of the pass
-  uint32_t kept[kCap];      // this block's share of the bucket's keys, once it fits
+  uint32_t hist[256][32];  // [byte][lane]: a warp's lanes never share a bank
+  // This block's counts of a round, [round & 1], and pass 0's second ones, [2]: the cluster sums
+  // them.
+  uint32_t counts[3][256];
+  uint32_t total[256];  // the cluster's counts of the pass
+  union {
+    uint32_t kept[kCap];    // this block's share of the bucket's keys, once it fits
+    uint32_t lead[256][8];  // pass 0: the leading byte's counts, [byte][lane & 7] (hist: the next byte's)
+  };
+  uint32_t guess;  // pass 0: the leading byte of the largest key of this block's first tile
+  int two;         // pass 0 chose two bytes (SecondCountIsTheBuckets)
   uint32_t nkept;
   uint32_t sure, tie;          // this block's keys above the bucket, and in it
   uint32_t part[2];            // `sure` and `tie` once the search ends, for the cluster to read
@@ -156,6 +171,8 @@ __device__ __forceinline__ void ForEachTile(const float* x, int begin, int end, 
 // waits for the one before, so a byte that most keys share (the leading byte of scores within a
 // few octaves, or an indexer's many zeros) would otherwise queue the block's whole row on 32
 // counters.
+// `kStride`: the counters' copies a byte.
+template <int kStride = 32>
 struct ByteCounts {
   uint32_t d0 = 0xFFFFFFFFu, c0 = 0, d1 = 0xFFFFFFFFu, c1 = 0;
   __device__ __forceinline__ void Add(uint32_t d, uint32_t* row_of_lane) {
@@ -164,7 +181,7 @@ struct ByteCounts {
     } else if (d == d1) {
       ++c1;
     } else {
-      if (c1 != 0) atomicAdd(row_of_lane + 32 * d1, c1);
+      if (c1 != 0) atomicAdd(row_of_lane + kStride * d1, c1);
       d1 = d0;
       c1 = c0;
       d0 = d;
@@ -172,8 +189,8 @@ struct ByteCounts {
     }
   }
   __device__ __forceinline__ void Flush(uint32_t* row_of_lane) const {
-    if (c0 != 0) atomicAdd(row_of_lane + 32 * d0, c0);
-    if (c1 != 0) atomicAdd(row_of_lane + 32 * d1, c1);
+    if (c0 != 0) atomicAdd(row_of_lane + kStride * d0, c0);
+    if (c1 != 0) atomicAdd(row_of_lane + kStride * d1, c1);
   }
 };
 
@@ -182,7 +199,7 @@ struct ByteCounts {
 __device__ void CountRow(const float* x, int begin, int end, bool vec, const Search& s, int shift, bool keep,
                          Smem& sm) {
   uint32_t* mine = &sm.hist[0][threadIdx.x & 31];  // byte b's counter of this lane: mine[32 * b]
-  ByteCounts counts;
+  ByteCounts<> counts;
   ForEachTile(x, begin, end, vec, [&](int, const uint32_t(&key)[kLoads][4]) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
@@ -198,6 +215,55 @@ __device__ void CountRow(const float* x, int begin, int end, bool vec, const Sea
   counts.Flush(mine);
 }
 
+// Pass 0, whose bucket is every selectable key: counts the leading byte of the keys in [begin, end)
+// (sm.lead), and, of those whose leading byte is the block's guess, the next byte (sm.hist). The
+// guess is the leading byte of the largest key of the block's first tile. A serving run's indexer
+// scores (positive, nine in ten of one leading byte) leave pass 0's bucket almost the whole row; where
+// every block guessed its byte, the second count is what pass 1 would count, and pass 1's read of
+// the row is saved (SecondCountIsTheBuckets). The second count spreads over 256 bytes, so it gets
+// the 32 copies a byte; the leading bytes crowd into a few, which ByteCounts' registers absorb, so
+// 8 copies do for them.
+__device__ void CountFirst(const float* x, int begin, int end, bool vec, Smem& sm) {
+  uint32_t* lead = &sm.lead[0][threadIdx.x & 7];     // leading byte b's counter of this lane: lead[8 * b]
+  uint32_t* second = &sm.hist[0][threadIdx.x & 31];  // next byte b's: second[32 * b]
+  float4 cur[kLoads], next[kLoads];
+  uint32_t key[kLoads][4];
+  if (begin < end) {
+    LoadTile(x, end, vec, begin, cur);
+    KeysOf(cur, key);
+    uint32_t top = 0;  // an unselectable key is 0
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) top = max(top, key[j][e] >> 24);
+    }
+    atomicMax(&sm.guess, top);
+    if (begin + kTile < end) LoadTile(x, end, vec, begin + kTile, next);  // in flight across the barrier
+  }
+  __syncthreads();
+  const uint32_t guess = sm.guess;
+  ByteCounts<8> counts;
+  for (int base = begin; base < end; base += kTile) {
+    if (base != begin) {
+      if (base + kTile < end) LoadTile(x, end, vec, base + kTile, next);
+      KeysOf(cur, key);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t k = key[j][e];
+        if (k == 0u) continue;
+        counts.Add(k >> 24, lead);
+        if (k >> 24 == guess) atomicAdd(second + 32 * ((k >> 16) & 0xFFu), 1u);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) cur[j] = next[j];
+  }
+  counts.Flush(lead);
+}
+
 // The same over the keys kept in shared memory.
 __device__ void CountKept(const Search& s, int shift, Smem& sm) {
   const int lane = threadIdx.x & 31;
@@ -207,25 +273,32 @@ __device__ void CountKept(const Search& s, int shift, Smem& sm) {
   }
 }
 
-// This block's counts of the pass, its lanes' copies added, where the cluster can read them.
-__device__ void Tally(int parity, Smem& sm) {
+// This block's counts of a pass, its lanes' copies added, where the cluster can read them.
+template <int kCopies>
+__device__ void Tally(const uint32_t (&hist)[256][kCopies], uint32_t* counts) {
   const int t = threadIdx.x;
   if (t < 256) {
     uint32_t c = 0;
 #pragma unroll 8
-    for (int l = 0; l < 32; ++l) c += sm.hist[t][(l + t) & 31];
-    sm.counts[parity][t] = c;
+    for (int l = 0; l < kCopies; ++l) c += hist[t][(l + t) & (kCopies - 1)];
+    counts[t] = c;
   }
 }
 
-// The cluster's counts of the pass: every block's Tally summed, in rank order. Called after a
-// cluster barrier; every block computes the same sums, so every block chooses the same byte.
-__device__ void SumCluster(const cg::cluster_group& cluster, int parity, Smem& sm) {
+// The cluster's counts sm.counts[which]: every block's Tally summed, in rank order; with
+// `guessed`, only those of the blocks whose guess is `guessed` (the others' second counts are of
+// another byte). Called after a cluster barrier; every block computes the same sums, so every
+// block chooses the same byte.
+__device__ void SumCluster(const cg::cluster_group& cluster, int which, Smem& sm, uint32_t guessed = 256u) {
   const int t = threadIdx.x;
   if (t < 256) {
     uint32_t c = 0;
     const int blocks = static_cast<int>(cluster.num_blocks());
-    for (int r = 0; r < blocks; ++r) c += cluster.map_shared_rank(sm.counts[parity], r)[t];
+    for (int r = 0; r < blocks; ++r) {
+      if (guessed == 256u || *cluster.map_shared_rank(&sm.guess, r) == guessed) {
+        c += cluster.map_shared_rank(sm.counts[which], r)[t];
+      }
+    }
     sm.total[t] = c;
   }
   __syncthreads();
@@ -233,9 +306,9 @@ __device__ void SumCluster(const cg::cluster_group& cluster, int parity, Smem& s
 
 // After a pass: narrows the bucket to the byte at `shift` where the cluster's count from the top
 // reaches `want` (pass 0: or ends the search with every selectable key when there are at most
-// `want`), and this block's `sure` and `tie` with it. Every thread calls it; it returns with sm.s
-// updated and visible.
-__device__ void Choose(int shift, bool first, int parity, Smem& sm) {
+// `want`), and this block's `sure` and `tie` with it (its counts: sm.counts[which]). Every thread
+// calls it; it returns with sm.s updated and visible.
+__device__ void Choose(int shift, bool first, int which, Smem& sm) {
   const int t = threadIdx.x;
   if (t < 32) {
     uint32_t local[8];
@@ -274,7 +347,7 @@ __device__ void Choose(int shift, bool first, int parity, Smem& sm) {
     uint32_t sure = 0, tie = 0;  // this block's keys of the pass above the chosen byte, and at it
 #pragma unroll
     for (int d = 0; d < 8; ++d) {
-      const uint32_t byte = 8 * t + d, c = sm.counts[parity][byte];
+      const uint32_t byte = 8 * t + d, c = sm.counts[which][byte];
       if (all || byte == chosen) {
         tie += c;
       } else if (byte > chosen) {
@@ -292,6 +365,29 @@ __device__ void Choose(int shift, bool first, int parity, Smem& sm) {
     }
   }
   __syncthreads();
+}
+
+// After pass 0's Choose: whether the cluster's second counts (CountFirst) are pass 1's, so that
+// they choose the next byte without a read of the row. They are when the search goes on and every
+// block guessed the chosen leading byte or holds no key with it; such a block's second counts, of
+// another byte, are then zeroed here, and the cluster's sum leaves them out. Every block reads the
+// same values (the cluster's pass-0 counts and guesses, unchanged until round 2), so every block
+// decides alike.
+__device__ bool SecondCountIsTheBuckets(const cg::cluster_group& cluster, Smem& sm) {
+  const uint32_t chosen = sm.s.prefix >> 24;
+  if (threadIdx.x == 0) {
+    bool ok = !sm.s.done;
+    const int blocks = static_cast<int>(cluster.num_blocks());
+    for (int r = 0; r < blocks && ok; ++r) {
+      ok = *cluster.map_shared_rank(&sm.guess, r) == chosen || cluster.map_shared_rank(sm.counts[0], r)[chosen] == 0;
+    }
+    sm.two = ok;
+  }
+  __syncthreads();
+  if (sm.two == 0) return false;
+  if (sm.guess != chosen && threadIdx.x < 256) sm.counts[2][threadIdx.x] = 0;  // it holds none at `chosen`
+  __syncthreads();
+  return true;
 }
 
 // Where this block's positions go in the row's list: the other blocks' `sure` and `tie` once the
@@ -450,26 +546,47 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
       sm.s = Search{0u, 0u, static_cast<uint32_t>(d.k), 0u, 0};
       sm.nkept = 0;
       sm.sure = sm.tie = 0;
+      sm.guess = 0;
     }
     bool kept = false;
-    for (int pass = 0; pass < 4; ++pass) {
+    // A round is a pass that counts and the cluster barrier after it; its counts go to
+    // sm.counts[round & 1], so that a block a round ahead never overwrites what a slower one still
+    // adds. Pass 0's second counts go to sm.counts[2], and round 1 (pass 1, or pass 2 when pass 0
+    // chose two bytes) to [1]: neither overwrites them while they may be read.
+    int round = 0;
+    for (int pass = 0; pass < 4; ++pass, ++round) {
       for (int i = threadIdx.x; i < 256 * 32; i += kThreads) (&sm.hist[0][0])[i] = 0;
-      __syncthreads();  // the counters zeroed, sm.s, sm.tie and sm.nkept set
+      if (pass == 0) {
+        for (int i = threadIdx.x; i < 256 * 8; i += kThreads) (&sm.lead[0][0])[i] = 0;
+      }
+      __syncthreads();  // the counters zeroed, sm.s, sm.tie, sm.guess and sm.nkept set
       const Search s = sm.s;
       if (s.done) break;
       const int shift = 24 - 8 * pass;
       if (kept) {
         CountKept(s, shift, sm);
+      } else if (pass == 0) {
+        CountFirst(x, begin, end, vec, sm);
       } else {
-        const bool keep = pass > 0 && sm.tie <= kCap;  // sm.tie: this block's share of the bucket
+        const bool keep = sm.tie <= kCap;  // sm.tie: this block's share of the bucket
         CountRow(x, begin, end, vec, s, shift, keep, sm);
         kept = keep;
       }
       __syncthreads();
-      Tally(pass & 1, sm);
-      cluster.sync();  // every block's counts of this pass written (and the pass before last's read)
-      SumCluster(cluster, pass & 1, sm);
-      Choose(shift, pass == 0, pass & 1, sm);
+      if (pass == 0) {
+        Tally(sm.lead, sm.counts[0]);
+        Tally(sm.hist, sm.counts[2]);
+      } else {
+        Tally(sm.hist, sm.counts[round & 1]);
+      }
+      cluster.sync();  // every block's counts of this round written (and the round before last's read)
+      SumCluster(cluster, round & 1, sm);
+      Choose(shift, pass == 0, round & 1, sm);
+      if (pass == 0 && SecondCountIsTheBuckets(cluster, sm)) {
+        SumCluster(cluster, 2, sm, sm.s.prefix >> 24);
+        Choose(16, false, 2, sm);
+        pass = 1;  // the next pass counts the third byte
+      }
     }
     PlaceBlock(cluster, sm);
     const Search s = sm.s;
