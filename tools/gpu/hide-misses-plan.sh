@@ -23,7 +23,8 @@
 #             top-k of TOPKS ("torch hisparse": --topk each, into curve[-N]-torch.jsonl and so on)
 #   DUMP_SCORES=PREFIX (with CURVE_ARGS="--dump-scores PREFIX", a path outside $OUT: ~15 MB a point)
 #             hisparse-bench topk on each dumped point's own scores at 7, 14, 15 and all its rows, warm
-#             and cold: whether the serving top-k's extra 6-11 µs (bench/RESULTS.md) is its scores'
+#             and cold: the serving top-k's extra 7-12 µs a call are its scores' (bench/RESULTS.md, "How
+#             the serving scores' bytes crowd")
 #   LOW=1     TPOT at batch 1, 2, 4 (128k), full HBM against hisparse with the overlap asked for
 #   DENSITY=1 (item 3) hisparse-bench gather of 656- and 1152-B records over DENSITY_SPAN (8G) of
 #             registered host memory, DENSITY_RECORDS of them (16384 65536 262144: 4, 16 and 64 a
