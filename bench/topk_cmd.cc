@@ -1,6 +1,8 @@
 // hisparse-bench topk: TOP-K's time a call (kernels/topk.cu) by rows and blocks a row, each point's
 // lists checked against the CPU reference (kernels/topk_reference.cc). Scores are normal, or with
-// --zeros a fraction of them clamped to 0 as an indexer's ReLU leaves them. A point's calls are
+// --zeros a fraction of them clamped to 0 as an indexer's ReLU leaves them; --dist serving draws
+// them shaped as a serving run's indexer scores instead (a log-normal fitted to them, as
+// tests/kernels/topk_cases.h's "serving" rows), which crowd nine in ten into one leading byte. A point's calls are
 // captured in one CUDA graph and replayed, as a decode step replays them; its time is the median
 // replay over --runs, divided by --calls. --blocks 0 is the launcher's choice (TopkBlocksPerRow),
 // 1-8 forces that many blocks a row, so one run shows what the cluster gives at each row count.
@@ -30,10 +32,12 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: hisparse-bench topk [--rows 1,5,7,22,29,32] [--cols 131136] [--k 2048] [--blocks 0,1,2,4,8]\n"
-    "       [--zeros 0,0.5] [--scores FILE] [--l2 warm,cold] [--calls 10] [--runs 5] [--smoke]\n"
+    "       [--zeros 0,0.5] [--dist normal,serving] [--scores FILE] [--l2 warm,cold] [--calls 10] [--runs 5]\n"
+    "       [--smoke]\n"
     "  --blocks: blocks a row (0: the launcher's choice; 1, 2, 4 or 8)\n"
     "  --l2: warm (calls back to back) and/or cold (128 MiB of other data read before each call)\n"
     "  --zeros: the fraction of each row's scores clamped to 0\n"
+    "  --dist: normal scores, and/or serving ones (log-normal, shaped as a serving run's indexer's)\n"
     "  --scores: a file of float32 scores, rows of --cols (serve_bench.py --dump-scores), taken\n"
     "  instead of normal ones (--zeros ignored)\n"
     "  --smoke: tiny sizes, every block count (what ctest runs); exits 77 without a CUDA device\n";
@@ -46,8 +50,9 @@ struct Options {
   int k = 2048;
   std::vector<int> blocks = {0, 1, 2, 4, 8};
   std::vector<double> zeros = {0.0, 0.5};
-  std::string scores_file;  // empty: normal scores (less --zeros)
-  size_t file_rows = 0;     // the rows of --cols that scores_file holds
+  std::vector<std::string> dists = {"normal"};  // how the scores are drawn: normal or serving
+  std::string scores_file;                      // empty: drawn scores (less --zeros)
+  size_t file_rows = 0;                         // the rows of --cols that scores_file holds
   std::vector<bool> cold = {false};
   int calls = 10;
   int runs = 5;
@@ -72,6 +77,14 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->blocks = ParseList<int>(value.c_str());
     } else if (name == "--zeros") {
       o->zeros = ParseList<double>(value.c_str());
+    } else if (name == "--dist") {
+      o->dists = ParseWords(value.c_str());
+      for (const std::string& w : o->dists) {
+        if (w != "normal" && w != "serving") {
+          std::fprintf(stderr, "hisparse-bench topk: --dist %s is not normal or serving\n", w.c_str());
+          return false;
+        }
+      }
     } else if (name == "--scores") {
       o->scores_file = value;
     } else if (name == "--l2") {
@@ -99,6 +112,7 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     o->calls = 2;
     o->runs = 1;
     o->cold = {false, true};
+    o->dists = {"normal", "serving"};
   }
   for (const int b : o->blocks) {
     if (b != 0 && b != 1 && b != 2 && b != 4 && b != 8) {
@@ -136,17 +150,20 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       }
     }
     o->zeros = {0.0};  // the file's scores, as they are
+    o->dists = {"file"};
   }
-  return !o->rows.empty() && !o->blocks.empty() && !o->zeros.empty() && !o->cold.empty() && o->cols > 0 && o->k > 0 &&
-         o->calls > 0 && o->runs > 0;
+  return !o->rows.empty() && !o->blocks.empty() && !o->zeros.empty() && !o->dists.empty() && !o->cold.empty() &&
+         o->cols > 0 && o->k > 0 && o->calls > 0 && o->runs > 0;
 }
 
-// rows x cols normal scores; with zeros > 0, less row 0's `zeros` quantile and clamped at 0.
-std::vector<float> MakeScores(int rows, int cols, double zeros, unsigned seed) {
+// rows x cols scores, normal or (`serving`) log-normal with topk_cases.h's parameters; with
+// zeros > 0, less row 0's `zeros` quantile and clamped at 0.
+std::vector<float> MakeScores(int rows, int cols, bool serving, double zeros, unsigned seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
+  std::lognormal_distribution<float> lognormal(1.13f, 0.337f);
   std::vector<float> s(static_cast<size_t>(rows) * cols);
-  for (float& x : s) x = normal(rng);
+  for (float& x : s) x = serving ? lognormal(rng) : normal(rng);
   if (zeros > 0) {
     std::vector<float> row0(s.begin(), s.begin() + cols);
     auto at = row0.begin() + static_cast<std::ptrdiff_t>(zeros * (cols - 1));
@@ -173,9 +190,9 @@ std::vector<float> LoadScores(const std::string& path, int rows, int cols) {
 // One (rows, zeros) batch on the device, timed at each block count.
 class Point {
  public:
-  Point(const Options& o, int rows, double zeros) : o_(o), rows_(rows) {
-    host_ =
-        o.scores_file.empty() ? MakeScores(rows, o.cols, zeros, 1000 + rows) : LoadScores(o.scores_file, rows, o.cols);
+  Point(const Options& o, const std::string& dist, int rows, double zeros) : o_(o), rows_(rows) {
+    host_ = o.scores_file.empty() ? MakeScores(rows, o.cols, dist == "serving", zeros, 1000 + rows)
+                                  : LoadScores(o.scores_file, rows, o.cols);
     BENCH_CUDA(cudaMalloc(&scores_, host_.size() * sizeof(float)));
     BENCH_CUDA(cudaMalloc(&out_, static_cast<size_t>(rows) * o.k * sizeof(int32_t)));
     BENCH_CUDA(cudaMemcpy(scores_, host_.data(), host_.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -258,6 +275,26 @@ class Point {
   int32_t* out_ = nullptr;
 };
 
+// Times one batch at every --l2 and --blocks, a JSON line each; returns how many were not exact.
+int PrintPoint(const Options& o, const std::string& dist, int rows, double zeros, Point* pt, const L2Scrubber& scrub,
+               int* sink, cudaStream_t st) {
+  int failed = 0;
+  for (const bool cold : o.cold) {
+    for (const int blocks : o.blocks) {
+      bool exact = false;
+      const double us = pt->Time(blocks, cold ? &scrub : nullptr, sink, st, &exact);
+      failed += !exact;
+      std::printf(
+          "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"scores\":\"%s\",\"zeros\":%.2f,"
+          "\"blocks_per_row\":%d,\"l2\":\"%s\",\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
+          rows, o.cols, o.k, dist.c_str(), zeros, blocks, cold ? "cold" : "warm", o.calls, o.runs, us,
+          exact ? "ok" : "FAILED");
+      std::fflush(stdout);
+    }
+  }
+  return failed;
+}
+
 }  // namespace
 
 int TopkMain(int argc, char** argv) {
@@ -279,21 +316,11 @@ int TopkMain(int argc, char** argv) {
   int* sink = nullptr;
   BENCH_CUDA(cudaMalloc(&sink, sizeof(int)));
   int failed = 0;
-  for (const double zeros : o.zeros) {
-    for (const int rows : o.rows) {
-      Point pt(o, rows, zeros);
-      for (const bool cold : o.cold) {
-        for (const int blocks : o.blocks) {
-          bool exact = false;
-          const double us = pt.Time(blocks, cold ? &scrub : nullptr, sink, st, &exact);
-          failed += !exact;
-          std::printf(
-              "{\"kind\":\"topk\",\"rows\":%d,\"cols\":%d,\"k\":%d,\"scores\":\"%s\",\"zeros\":%.2f,"
-              "\"blocks_per_row\":%d,\"l2\":\"%s\",\"calls\":%d,\"runs\":%d,\"us_per_call\":%.2f,\"check\":\"%s\"}\n",
-              rows, o.cols, o.k, o.scores_file.empty() ? "normal" : "file", zeros, blocks, cold ? "cold" : "warm",
-              o.calls, o.runs, us, exact ? "ok" : "FAILED");
-          std::fflush(stdout);
-        }
+  for (const std::string& dist : o.dists) {
+    for (const double zeros : o.zeros) {
+      for (const int rows : o.rows) {
+        Point pt(o, dist, rows, zeros);
+        failed += PrintPoint(o, dist, rows, zeros, &pt, scrub, sink, st);
       }
     }
   }

@@ -32,10 +32,12 @@
 // run's indexer scores (positive, nine in ten within [2, 8)) leave it nine tenths of the row
 // (bench/RESULTS.md, "How the serving scores' bytes crowd"). So pass 0 also counts the next byte
 // of the keys whose leading byte is the block's guess (CountFirst); when the cluster's guesses were
-// right, pass 0 chooses two bytes and pass 1, another read of the row, is skipped. That saved
-// 1.5-6.4 us a call on normal scores and 0-2.6 on the serving ones, which still take ~9 us more
-// than normal scores at 7 rows: counting nine tenths of the row over 256 values costs more than
-// the read (bench/RESULTS.md, "A two-byte pass 0, the second count on 32 copies").
+// right, pass 0 chooses two bytes and pass 1, another read and count of the row, is skipped. That
+// saved 1.5-6.4 us a call on normal scores (bench/RESULTS.md, "A two-byte pass 0, the second count
+// on 32 copies"). On the serving scores it saved 5.7-11.7 us (7-29 rows) once the guess was the
+// byte where the row's k-th largest key likely lies rather than the first tile's largest byte,
+// which a few hundred scores one byte above the rest made wrong in every block (bench/RESULTS.md,
+// "The top-k's guess, and the append beside the indexer").
 //
 // A whole tile's float4 loads go out back to back, and the next tile's before this one is counted.
 // Scores crowd into a few values of the leading bytes, so the counting is shaped against queues on
@@ -101,8 +103,9 @@ struct Smem {
     uint32_t kept[kCap];    // this block's share of the bucket's keys, once it fits
     uint32_t lead[256][8];  // pass 0: the leading byte's counts, [byte][lane & 7] (hist: the next byte's)
   };
-  uint32_t guess;  // pass 0: the leading byte of the largest key of this block's first tile
-  int two;         // pass 0 chose two bytes (SecondCountIsTheBuckets)
+  uint32_t guess;   // pass 0: the leading byte where the row's k-th largest key likely lies (CountFirst)
+  uint32_t at_top;  // pass 0: the keys of the first tile's largest leading byte in that tile
+  int two;          // pass 0 chose two bytes (SecondCountIsTheBuckets)
   uint32_t nkept;
   uint32_t sure, tie;          // this block's keys above the bucket, and in it
   uint32_t part[2];            // `sure` and `tie` once the search ends, for the cluster to read
@@ -216,14 +219,20 @@ __device__ void CountRow(const float* x, int begin, int end, bool vec, const Sea
 }
 
 // Pass 0, whose bucket is every selectable key: counts the leading byte of the keys in [begin, end)
-// (sm.lead), and, of those whose leading byte is the block's guess, the next byte (sm.hist). The
-// guess is the leading byte of the largest key of the block's first tile. A serving run's indexer
-// scores (positive, nine in ten of one leading byte) leave pass 0's bucket almost the whole row; where
-// every block guessed its byte, the second count is what pass 1 would count, and pass 1's read of
-// the row is saved (SecondCountIsTheBuckets). The second count spreads over 256 bytes, so it gets
-// the 32 copies a byte; the leading bytes crowd into a few, which ByteCounts' registers absorb, so
-// 8 copies do for them.
-__device__ void CountFirst(const float* x, int begin, int end, bool vec, Smem& sm) {
+// (sm.lead), and, of those whose leading byte is the block's guess, the next byte (sm.hist). A
+// serving run's indexer scores (positive, nine in ten of one leading byte) leave pass 0's bucket
+// almost the whole row; where every block guessed its byte, the second count is what pass 1 would
+// count, and pass 1's read of the row is saved (SecondCountIsTheBuckets). The second count spreads
+// over 256 bytes, so it gets the 32 copies a byte; the leading bytes crowd into a few, which
+// ByteCounts' registers absorb, so 8 copies do for them.
+//
+// The guess is where the row's k-th largest key most likely lies, judged from the block's first
+// tile, which should hold about `expect` keys above it (k times the tile's share of the row): the
+// leading byte of the tile's largest key when the tile holds at least `expect` keys of that byte,
+// else the byte below. The largest key alone guessed wrong on the serving scores: a few hundred of
+// a row's 131,000 lie one byte above the rest (at 8 and more, where the k-th largest is ~6), so
+// most first tiles held one of them, and pass 1 was never skipped there.
+__device__ void CountFirst(const float* x, int begin, int end, bool vec, uint32_t expect, Smem& sm) {
   uint32_t* lead = &sm.lead[0][threadIdx.x & 7];     // leading byte b's counter of this lane: lead[8 * b]
   uint32_t* second = &sm.hist[0][threadIdx.x & 31];  // next byte b's: second[32 * b]
   float4 cur[kLoads], next[kLoads];
@@ -241,7 +250,23 @@ __device__ void CountFirst(const float* x, int begin, int end, bool vec, Smem& s
     if (begin + kTile < end) LoadTile(x, end, vec, begin + kTile, next);  // in flight across the barrier
   }
   __syncthreads();
-  const uint32_t guess = sm.guess;
+  const uint32_t top = sm.guess;
+  if (begin < end && top != 0u) {  // the tile's keys of its largest leading byte, one atomic a warp
+    uint32_t at_top = 0;
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) at_top += key[j][e] >> 24 == top ? 1u : 0u;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) at_top += __shfl_down_sync(kFull, at_top, off);
+    if ((threadIdx.x & 31) == 0 && at_top != 0) atomicAdd(&sm.at_top, at_top);
+  }
+  __syncthreads();
+  // Every thread reads the same count; thread 0 publishes the guess for the cluster, which reads it
+  // only after a cluster barrier.
+  const uint32_t guess = top <= 1u || sm.at_top >= expect ? top : top - 1u;
+  if (threadIdx.x == 0) sm.guess = guess;
   ByteCounts<8> counts;
   for (int base = begin; base < end; base += kTile) {
     if (base != begin) {
@@ -547,6 +572,7 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
       sm.nkept = 0;
       sm.sure = sm.tie = 0;
       sm.guess = 0;
+      sm.at_top = 0;
     }
     bool kept = false;
     // A round is a pass that counts and the cluster barrier after it; its counts go to
@@ -566,7 +592,11 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
       if (kept) {
         CountKept(s, shift, sm);
       } else if (pass == 0) {
-        CountFirst(x, begin, end, vec, sm);
+        // The first tile's expected share of the k largest keys (at least 1).
+        const int64_t tile = min(static_cast<int64_t>(kTile), static_cast<int64_t>(end - begin));
+        const int64_t share_of_k = n > 0 ? (static_cast<int64_t>(d.k) * tile + n - 1) / n : 1;
+        const uint32_t expect = static_cast<uint32_t>(share_of_k > 1 ? share_of_k : 1);
+        CountFirst(x, begin, end, vec, expect, sm);
       } else {
         const bool keep = sm.tie <= kCap;  // sm.tie: this block's share of the bucket
         CountRow(x, begin, end, vec, s, shift, keep, sm);

@@ -66,9 +66,9 @@ void ExpectEqual(const TopkBatch& b, int32_t batch_size, bool with_lens, bool al
 }
 
 TEST(TopkEmulated, EveryKindOfRowMatchesReference) {
-  const TopkBatch b = MakeTopkBatch(10, 20000, 20000, 2048, 1);
+  const TopkBatch b = MakeTopkBatch(11, 20000, 20000, 2048, 1);
   for (bool aligned : {true, false}) {
-    ExpectEqual(b, 10, false, aligned, "k 2048");
+    ExpectEqual(b, 11, false, aligned, "k 2048");
     ExpectEqual(b, 6, true, aligned, "batch 6, seq_lens");
   }
 }
@@ -76,8 +76,8 @@ TEST(TopkEmulated, EveryKindOfRowMatchesReference) {
 // A row cut among the blocks of a cluster (4 a row: AnEngineRowMatchesReference): the shares cut
 // inside a tile and, with 20,000 scores among 8 blocks, short of one.
 TEST(TopkEmulated, EveryClusterSizeMatchesReference) {
-  const TopkBatch b = MakeTopkBatch(10, 20000, 20000, 2048, 3);
-  ExpectEqual(b, 10, true, false, "k 2048", 8);  // 2 a row: OddShapesMatchReference
+  const TopkBatch b = MakeTopkBatch(11, 20000, 20000, 2048, 3);
+  ExpectEqual(b, 11, true, false, "k 2048", 8);  // 2 a row: OddShapesMatchReference
 }
 
 TEST(TopkEmulated, AnEngineRowMatchesReference) {
