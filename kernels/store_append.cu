@@ -15,6 +15,7 @@
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "stream_order.cuh"
 
 namespace hisparse {
 namespace internal {
@@ -122,6 +123,11 @@ __global__ void __launch_bounds__(kThreads) StoreKernel(const IndexedStoreDesc d
 // B + t; the block then scans the row's slot table for a regular slot holding one of the q
 // positions (rare) and refreshes it from the same source, as AppendReference does.
 __global__ void __launch_bounds__(kThreads) AppendKernel(const AppendDesc d) {
+  // A kernel launched as this one's programmatic dependent may start at once: an engine's indexer,
+  // which reads nothing the append writes, then runs beside it, and the append leaves the step's
+  // critical path (hisparse.h, hs_append). A dependent that waits (WaitForPriorGrid) still finds
+  // every record written; an ordinary launch after it is not affected.
+  internal::LetDependentsLaunch();
   const ArenaView& a = d.arena;
   int batch = *d.batch_size;
   if (batch > d.max_batch) batch = d.max_batch;

@@ -166,6 +166,16 @@ class Overlap:
     # attention query is made before the indexer, so that nothing but RESOLVE sits between the last
     # top-k and attention.
     under: bool = False
+    # The step's append (hs_append: its records into the host pool and the newest-token slots) is ~11
+    # us a layer on the path of every hisparse schedule (bench/RESULTS.md, "Where the `under` step's
+    # time went"), though only RESOLVE reads what it writes. With append_early it is launched last
+    # before the indexer (after the index keys' writes and, with under, the attention query), and the
+    # indexer (its grid kernel over range 0, or over the batch) as its programmatic dependent: the
+    # append lets its dependents start at once (AppendKernel), so the indexer, which reads nothing it
+    # writes, runs beside it; its last program waits for it, so the top-k after finds both done.
+    # (The append on a side stream, forked and joined before the top-k, lost 0.5-0.6 ms a step
+    # instead: bench/RESULTS.md, "The top-k's guess, and the append beside the indexer".)
+    append_early: bool = False
 
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
@@ -176,7 +186,8 @@ class Overlap:
         1), icN (that indexer's programs an SM; 1), iuN (the tiles each of its programs takes at a time; 1),
         asc (the ranges' sizes ascending), cwN (consumer_warps of each budgeted RESOLVE block, 0-16; 0), rf
         (with ix: each RESOLVE first, the next segment's grid indexer beside it), under (with beside: each
-        RESOLVE under all of the attention of the range before it)."""
+        RESOLVE under all of the attention of the range before it), ae (the append last before the
+        indexer, which runs beside it)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -194,6 +205,8 @@ class Overlap:
                 o.resolve_first = True
             elif w == "under":
                 o.under = True
+            elif w == "ae":
+                o.append_early = True
             elif w[:2] == "cw" and w[2:].isdigit() and int(w[2:]) <= 16:
                 o.consumer_warps = int(w[2:])
             elif w[:2] in ("ix", "ic", "iu") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
@@ -231,7 +244,8 @@ class Overlap:
             ([f"ix{self.indexer_chain}"] if self.indexer_chain else []) + (["rf"] if self.resolve_first else []) + \
             ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + \
             ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else []) + \
-            ([f"cw{self.consumer_warps}"] if self.consumer_warps else []) + (["under"] if self.under else [])
+            ([f"cw{self.consumer_warps}"] if self.consumer_warps else []) + (["under"] if self.under else []) + \
+            (["ae"] if self.append_early else [])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
@@ -665,16 +679,17 @@ class Model:
                       batch_size=st.batch_size if bs is None else bs,
                       **({} if after is None else dict(after_count=after[0], after_target=after[1])))
 
-    def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan"):
+    def _select_chained(self, kv, l: int, st, iq, iw, plan: "ChunkPlan", after_append: bool = False):
         """Overlap.indexer_chain: the indexer and top-k segment by segment, range c's RESOLVE launched
         beside segment c + 1's indexer, on the overlap's budget (that indexer on a grid resident at
         once: it asks for its dependents first), or, with resolve_first, RESOLVE first and the grid
-        indexer as its programmatic dependent. Returns the last such RESOLVE's (records base, page
-        table, stride)."""
+        indexer as its programmatic dependent. after_append (Overlap.append_early): the first
+        segment's indexer is the programmatic dependent of the append just launched. Returns the
+        last such RESOLVE's (records base, page table, stride)."""
         o, K = self.overlap, self.kernels
         segs = plan.segments
         with self._part("indexer"):
-            self._select(st, iq, iw, l, *segs[0])
+            self._select(st, iq, iw, l, *segs[0], after_resolve=after_append)
         with self._part("topk"):
             self._topk(st, *segs[0])
         # Overlap.under with resolve_first: the segment's top-k runs under RESOLVE too, waiting for the
@@ -782,8 +797,11 @@ class Model:
                 iw = torch.sigmoid((x @ L.w_idx_heads.t()).float()) * (1.0 / c.idx_heads)
                 sal = F.softplus((x.float() * L.u.float().repeat(c.hidden // c.idx_dim)).sum(-1) / math.sqrt(c.hidden // c.idx_dim))
                 key, kscale = self._index_key(L, xa[:, c.q_lora + c.latent:], sal)
+            early = plan is not None and self.overlap.append_early
             with self._part("append"):
-                kv.append(l, kv.fmt.encode(latent), st)
+                rec = kv.fmt.encode(latent)
+                if not early:
+                    kv.append(l, rec, st)
                 at = st.row_base + pos
                 st.idx_keys[l].view(torch.uint8).index_put_((at,), key.view(torch.uint8))
                 st.idx_scale[l].index_put_((at,), kscale)
@@ -791,12 +809,14 @@ class Model:
             if plan is not None and self.overlap.under:  # nothing but RESOLVE between the last top-k and attention
                 with self._part("attention"):
                     qf = self._query(L, q, pos)
+            if early:  # the last launch before the indexer, which is its programmatic dependent
+                kv.append(l, rec, st)
             resolved = None
             if plan is not None and plan.segments:
-                resolved = self._select_chained(kv, l, st, iq, iw, plan)
+                resolved = self._select_chained(kv, l, st, iq, iw, plan, after_append=early)
             else:
                 with self._part("indexer"):
-                    self._select(st, iq, iw, l, 0, M, st.batch_size)
+                    self._select(st, iq, iw, l, 0, M, st.batch_size, after_resolve=early)
                 with self._part("topk"):
                     self._topk(st, 0, M)
             if plan is None:

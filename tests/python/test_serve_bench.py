@@ -73,9 +73,9 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
     chained = []
     plain = dsv32.Model._select_chained
 
-    def counted(self, kv, l, st, iq, iw, plan):
+    def counted(self, kv, l, st, iq, iw, plan, **kw):
         chained.append([seg[:2] for seg in plan.segments])
-        return plain(self, kv, l, st, iq, iw, plan)
+        return plain(self, kv, l, st, iq, iw, plan, **kw)
 
     monkeypatch.setattr(dsv32.Model, "_select_chained", counted)
     assert serve_bench.main(argv) == 0
@@ -187,6 +187,43 @@ def test_under_launches_each_resolve_before_the_attention_it_hides_under(capsys,
     assert any(e[0] == "resolve" and e[2:] == (True, True) for e in events), "range 0's RESOLVE first, beside the indexer"
 
 
+def test_the_append_goes_last_before_an_indexer_that_runs_beside_it(capsys, monkeypatch):
+    # Overlap.append_early (ae): each layer's append is the last launch before its first indexer,
+    # which is launched as the append's programmatic dependent (after_resolve: launch_pdl, its last
+    # program waiting for the append), so that it runs beside the append; the step's logits stay
+    # exact. Without ae the append comes before the index keys' writes and the indexer is ordinary.
+    kv_backends = pytest.importorskip("kv_backends")
+    events = []
+    plain_append = kv_backends.HisparseKV.append
+    plain_index = sparse_kernels.Kernels.index_scores
+
+    def append(self, layer, rec, st):
+        events.append(("append", layer))
+        return plain_append(self, layer, rec, st)
+
+    def index(self, q, *a, after_resolve=False, **kw):
+        events.append(("indexer", q.shape[0], after_resolve))
+        return plain_index(self, q, *a, after_resolve=after_resolve, **kw)
+
+    monkeypatch.setattr(kv_backends.HisparseKV, "append", append)
+    monkeypatch.setattr(sparse_kernels.Kernels, "index_scores", index)
+    for spec in ("2/b1/beside/ix1/rf/under/ae", "2/b1/beside/ae", "2/b1/beside/ix1/rf/under"):
+        events.clear()
+        argv = ["--smoke", "--hit-rates", "0.8", "--overlap", spec, "--overlap-min-rows", "2",
+                "--calibrate-localities", "0,6"]
+        assert serve_bench.main(argv) == 0
+        cur = [x for x in json_lines(capsys.readouterr().out) if x["kind"] == "curve"]
+        assert cur and all(c["exact"] and c["identical"] == c["identical_overlap"] == c["sampled_steps"] > 0
+                           for c in cur), spec
+        assert cur[0]["overlap"]["spec"] == spec.replace("/", "_")
+        after = [events[i + 1] for i, e in enumerate(events) if e[0] == "append"]
+        assert after and all(e[0] == "indexer" for e in after), spec  # every mode: the indexer follows
+        programmatic = {e[2] for e in after}
+        # With ae, every append of an overlapped step is followed by a programmatic indexer (the
+        # curve's no-overlap points and the calibration run their steps without a plan: ordinary).
+        assert programmatic == ({False, True} if spec.endswith("ae") else {False}), spec
+
+
 def test_overlap_cuts_a_batch_into_row_ranges():
     o = dsv32.Overlap(chunks=4, min_rows=4)
     assert o.ranges(29) == [(0, 7), (7, 14), (14, 22), (22, 29)]
@@ -205,6 +242,8 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert (f.indexer_chain, f.resolve_first, f.tag) == (3, True, "4_b16_beside_ix3_rf")
     u = dsv32.Overlap.parse("2/b16/beside/ix1/rf/under")
     assert (u.under, u.tag) == (True, "2_b16_beside_ix1_rf_under") and not f.under
+    e = dsv32.Overlap.parse("2/b8/beside/ix1/rf/under/ae")
+    assert (e.append_early, e.tag) == (True, "2_b8_beside_ix1_rf_under_ae") and not u.append_early
     w = dsv32.Overlap.parse("4/b16/beside/asc/cw8")
     assert (w.consumer_warps, w.tag) == (8, "4_b16_beside_asc_cw8")
     assert x.consumer_warps == 0, "the library's choice unless asked"

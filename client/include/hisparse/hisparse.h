@@ -57,7 +57,7 @@ extern "C" {
  * top-k of rows of scores as RESOLVE's positions, no session needed); 1.17: hs_topk_args.after_count
  * (the top-k waits for the kernels that count on it, not for every kernel before it). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 17
+#define HS_ABI_VERSION_MINOR 18
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -527,7 +527,12 @@ typedef struct hs_topk_args {
 hs_result hs_topk(const hs_topk_args* args);
 
 /* Decode append: the newest token (position seq_len-1) of every row of the batch, one layer; record
- * of batch entry i at src + i*src_stride. */
+ * of batch entry i at src + i*src_stride. Since ABI 1.18 the append's kernel lets a kernel launched
+ * as its programmatic dependent start at once (griddepcontrol.launch_dependents at its start), so an
+ * engine's kernel that reads none of what it writes (an indexer) can run beside it; such a kernel
+ * must wait for it (griddepcontrol.wait) before the stream's next kernel may rely on the records,
+ * or complete only after that wait. An ordinary launch after it waits for it as before. The same
+ * holds for hs_append_tokens. */
 hs_result hs_append(hs_session* session, uint32_t layer, int32_t max_batch, const int32_t* batch_size,
                     const int32_t* rows, const int32_t* seq_lens, const void* src, int64_t src_stride, void* stream);
 /* Since ABI 1.4. Speculative decoding append: row i appends its token_counts[i] = q newest tokens
