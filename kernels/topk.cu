@@ -129,12 +129,13 @@ __device__ __forceinline__ void KeysOf(const float4 (&v)[kLoads], uint32_t (&key
   }
 }
 
-// The scores of one tile, -inf past `end`: element (j, e) of this thread is
-// base + j * kSub + 4 * threadIdx.x + e. A whole aligned tile is kLoads float4 loads with no test
-// between them, so that all of them are in flight at once.
-__device__ __forceinline__ void LoadTile(const float* x, int end, bool vec, int base, float4 (&v)[kLoads]) {
+// The scores of one tile, -inf outside the row's [lo, end): element (j, e) of this thread is
+// base + j * kSub + 4 * threadIdx.x + e. x is 16-byte aligned (TopkKernel starts it at the boundary
+// at or before the row's first score, lo scores before it), so a whole tile inside the row is kLoads
+// float4 loads with no test between them, all of them in flight at once.
+__device__ __forceinline__ void LoadTile(const float* x, int lo, int end, int base, float4 (&v)[kLoads]) {
   const int t4 = 4 * static_cast<int>(threadIdx.x);
-  if (vec && base + kTile <= end) {
+  if (base >= lo && base + kTile <= end) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) v[j] = __ldg(reinterpret_cast<const float4*>(x + base + j * kSub + t4));
     return;
@@ -142,13 +143,13 @@ __device__ __forceinline__ void LoadTile(const float* x, int end, bool vec, int 
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
     const int i = base + j * kSub + t4;
-    if (vec && i + 4 <= end) {
+    if (i >= lo && i + 4 <= end) {
       v[j] = __ldg(reinterpret_cast<const float4*>(x + i));
-    } else {
-      v[j].x = i < end ? __ldg(x + i) : -INFINITY;
-      v[j].y = i + 1 < end ? __ldg(x + i + 1) : -INFINITY;
-      v[j].z = i + 2 < end ? __ldg(x + i + 2) : -INFINITY;
-      v[j].w = i + 3 < end ? __ldg(x + i + 3) : -INFINITY;
+    } else {  // the row's first or last few scores
+      v[j].x = i >= lo && i < end ? __ldg(x + i) : -INFINITY;
+      v[j].y = i + 1 >= lo && i + 1 < end ? __ldg(x + i + 1) : -INFINITY;
+      v[j].z = i + 2 >= lo && i + 2 < end ? __ldg(x + i + 2) : -INFINITY;
+      v[j].w = i + 3 >= lo && i + 3 < end ? __ldg(x + i + 3) : -INFINITY;
     }
   }
 }
@@ -156,11 +157,11 @@ __device__ __forceinline__ void LoadTile(const float* x, int end, bool vec, int 
 // Calls f(base, key) for every tile of [begin, end) in order. The next tile's loads are issued
 // before this tile's scores become keys, so that two tiles' loads are in flight while f counts.
 template <typename F>
-__device__ __forceinline__ void ForEachTile(const float* x, int begin, int end, bool vec, F&& f) {
+__device__ __forceinline__ void ForEachTile(const float* x, int lo, int begin, int end, F&& f) {
   float4 cur[kLoads], next[kLoads];
-  if (begin < end) LoadTile(x, end, vec, begin, cur);
+  if (begin < end) LoadTile(x, lo, end, begin, cur);
   for (int base = begin; base < end; base += kTile) {
-    if (base + kTile < end) LoadTile(x, end, vec, base + kTile, next);
+    if (base + kTile < end) LoadTile(x, lo, end, base + kTile, next);
     uint32_t key[kLoads][4];
     KeysOf(cur, key);
     f(base, key);
@@ -199,11 +200,10 @@ struct ByteCounts {
 
 // Counts the next byte (at `shift`) of the bucket's keys in [begin, end); with `keep`, also copies
 // them (at most kCap: the caller knows this block's share of the bucket) to shared memory.
-__device__ void CountRow(const float* x, int begin, int end, bool vec, const Search& s, int shift, bool keep,
-                         Smem& sm) {
+__device__ void CountRow(const float* x, int lo, int begin, int end, const Search& s, int shift, bool keep, Smem& sm) {
   uint32_t* mine = &sm.hist[0][threadIdx.x & 31];  // byte b's counter of this lane: mine[32 * b]
   ByteCounts<> counts;
-  ForEachTile(x, begin, end, vec, [&](int, const uint32_t(&key)[kLoads][4]) {
+  ForEachTile(x, lo, begin, end, [&](int, const uint32_t(&key)[kLoads][4]) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
 #pragma unroll
@@ -232,13 +232,13 @@ __device__ void CountRow(const float* x, int begin, int end, bool vec, const Sea
 // else the byte below. The largest key alone guessed wrong on the serving scores: a few hundred of
 // a row's 131,000 lie one byte above the rest (at 8 and more, where the k-th largest is ~6), so
 // most first tiles held one of them, and pass 1 was never skipped there.
-__device__ void CountFirst(const float* x, int begin, int end, bool vec, uint32_t expect, Smem& sm) {
+__device__ void CountFirst(const float* x, int lo, int begin, int end, uint32_t expect, Smem& sm) {
   uint32_t* lead = &sm.lead[0][threadIdx.x & 7];     // leading byte b's counter of this lane: lead[8 * b]
   uint32_t* second = &sm.hist[0][threadIdx.x & 31];  // next byte b's: second[32 * b]
   float4 cur[kLoads], next[kLoads];
   uint32_t key[kLoads][4];
   if (begin < end) {
-    LoadTile(x, end, vec, begin, cur);
+    LoadTile(x, lo, end, begin, cur);
     KeysOf(cur, key);
     uint32_t top = 0;  // an unselectable key is 0
 #pragma unroll
@@ -247,7 +247,7 @@ __device__ void CountFirst(const float* x, int begin, int end, bool vec, uint32_
       for (int e = 0; e < 4; ++e) top = max(top, key[j][e] >> 24);
     }
     atomicMax(&sm.guess, top);
-    if (begin + kTile < end) LoadTile(x, end, vec, begin + kTile, next);  // in flight across the barrier
+    if (begin + kTile < end) LoadTile(x, lo, end, begin + kTile, next);  // in flight across the barrier
   }
   __syncthreads();
   const uint32_t top = sm.guess;
@@ -270,7 +270,7 @@ __device__ void CountFirst(const float* x, int begin, int end, bool vec, uint32_
   ByteCounts<8> counts;
   for (int base = begin; base < end; base += kTile) {
     if (base != begin) {
-      if (base + kTile < end) LoadTile(x, end, vec, base + kTile, next);
+      if (base + kTile < end) LoadTile(x, lo, end, base + kTile, next);
       KeysOf(cur, key);
     }
 #pragma unroll
@@ -483,9 +483,9 @@ __device__ __forceinline__ uint32_t Field(unsigned long long v, int j) {
 // Writes this block's selected positions of [begin, end), each at its rank in the row's list: the
 // keys above the bucket all, the bucket's first `want` in the row's position order. The lower ranks'
 // blocks hold the lower positions, so their counts (PlaceBlock) start this block's.
-__device__ void WriteSelected(const float* x, int begin, int end, bool vec, const Search& s, int32_t* out, Smem& sm) {
+__device__ void WriteSelected(const float* x, int lo, int begin, int end, const Search& s, int32_t* out, Smem& sm) {
   uint32_t sure_before = sm.before[0], tie_before = sm.before[1];
-  ForEachTile(x, begin, end, vec, [&](int base, const uint32_t(&key)[kLoads][4]) {
+  ForEachTile(x, lo, begin, end, [&](int base, const uint32_t(&key)[kLoads][4]) {
     unsigned long long a = 0, c = 0;
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
@@ -508,7 +508,7 @@ __device__ void WriteSelected(const float* x, int begin, int end, bool vec, cons
         sa += Field(ta, jj);
         tcount += Field(tc, jj);
       }
-      const int i = base + j * kSub + 4 * static_cast<int>(threadIdx.x);
+      const int i = base + j * kSub + 4 * static_cast<int>(threadIdx.x) - lo;  // the row's position of e = 0
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t k = key[j][e];
@@ -561,12 +561,17 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
   uint32_t written = 0;
   if (row < active) {  // the same for every block of the cluster, as is every branch on sm.s below
     const int n = d.seq_lens ? max(0, min(d.seq_lens[row], d.cols)) : d.cols;
-    const float* x = d.scores + static_cast<int64_t>(row) * d.ld;
-    const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
-    // This block's share of the row: a multiple of 4 scores, so that its float4 loads stay aligned.
-    const int64_t share = ((static_cast<int64_t>(n) + blocks - 1) / blocks + 3) / 4 * 4;
-    const int begin = static_cast<int>(min(static_cast<int64_t>(n), rank * share));
-    const int end = static_cast<int>(min(static_cast<int64_t>(n), begin + share));
+    // The row seen from the 16-byte boundary at or before its first score (lo scores before it,
+    // never selected): every float4 load is then aligned, whatever the row's stride. Positions below
+    // are from x; WriteSelected takes lo off.
+    const float* first = d.scores + static_cast<int64_t>(row) * d.ld;
+    const int lo = static_cast<int>((reinterpret_cast<uintptr_t>(first) & 15u) / sizeof(float));
+    const float* x = first - lo;
+    const int64_t span = static_cast<int64_t>(n) + lo;
+    // This block's share of the span: a multiple of 4 scores, so that its float4 loads stay aligned.
+    const int64_t share = ((span + blocks - 1) / blocks + 3) / 4 * 4;
+    const int begin = static_cast<int>(min(span, rank * share));
+    const int end = static_cast<int>(min(span, begin + share));
     if (threadIdx.x == 0) {
       sm.s = Search{0u, 0u, static_cast<uint32_t>(d.k), 0u, 0};
       sm.nkept = 0;
@@ -596,10 +601,10 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
         const int64_t tile = min(static_cast<int64_t>(kTile), static_cast<int64_t>(end - begin));
         const int64_t share_of_k = n > 0 ? (static_cast<int64_t>(d.k) * tile + n - 1) / n : 1;
         const uint32_t expect = static_cast<uint32_t>(share_of_k > 1 ? share_of_k : 1);
-        CountFirst(x, begin, end, vec, expect, sm);
+        CountFirst(x, lo, begin, end, expect, sm);
       } else {
         const bool keep = sm.tie <= kCap;  // sm.tie: this block's share of the bucket
-        CountRow(x, begin, end, vec, s, shift, keep, sm);
+        CountRow(x, lo, begin, end, s, shift, keep, sm);
         kept = keep;
       }
       __syncthreads();
@@ -620,7 +625,7 @@ __global__ void __launch_bounds__(kThreads) TopkKernel(TopkDesc d) {
     }
     PlaceBlock(cluster, sm);
     const Search s = sm.s;
-    WriteSelected(x, begin, end, vec, s, out, sm);
+    WriteSelected(x, lo, begin, end, s, out, sm);
     written = sm.all[0] + min(sm.all[1], s.want);
     cluster.sync();  // no block exits while another may still read its shared memory
   }

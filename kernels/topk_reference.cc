@@ -1,6 +1,7 @@
 // The CPU reference of TOP-K (topk.h): the oracle the CUDA kernel is held equal to, and what the
 // host backend runs. Written for obviousness: sort a row's selectable (key, position) pairs.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -12,6 +13,7 @@ namespace hisparse {
 
 std::string CheckTopkDesc(const TopkDesc& d) {
   if (d.scores == nullptr || d.positions == nullptr) return "scores and positions must not be null";
+  if (reinterpret_cast<uintptr_t>(d.scores) % alignof(float) != 0) return "scores must be 4-byte aligned";
   if (d.k < 1) return "k must be at least 1";
   if (d.cols < 0 || d.rows < 0) return "cols and rows must not be negative";
   if (d.cols > kTopkMaxCols) return "cols must be at most 2^30";

@@ -93,6 +93,10 @@ TEST(TopkGpu, EngineShapeMatchesReference) {
   RunAndCompare(b, 16, false, "all rows");
   RunAndCompare(b, 11, true, "batch 11 of 16");
   for (int blocks : {1, 2, 4, 8}) RunAndCompare(b, 16, true, "seq_lens", blocks);
+  // A serving engine's score rows, 133,125 floats wide: three rows in four start between 16-byte
+  // boundaries, where the kernel loads from the boundary before the row (TopkKernel's lo).
+  const TopkBatch w = MakeTopkBatch(/*rows=*/16, /*cols=*/133125, /*ld=*/133125, /*k=*/2048, 9);
+  for (int blocks : {0, 1, 8}) RunAndCompare(w, 16, true, "rows 133,125 wide", blocks);
 }
 
 TEST(TopkGpu, OddShapesMatchReference) {
