@@ -2,9 +2,9 @@
 // lists checked against the CPU reference (kernels/topk_reference.cc). Scores are normal, or with
 // --zeros a fraction of them clamped to 0 as an indexer's ReLU leaves them; --dist serving draws
 // them shaped as a serving run's indexer scores instead (a log-normal fitted to them, as
-// tests/kernels/topk_cases.h's "serving" rows), which crowd nine in ten into one leading byte. A point's calls are
-// captured in one CUDA graph and replayed, as a decode step replays them; its time is the median
-// replay over --runs, divided by --calls. --blocks 0 is the launcher's choice (TopkBlocksPerRow),
+// tests/kernels/topk_cases.h's "serving" rows), which crowd nine in ten into one leading byte. A
+// point's calls are captured in one CUDA graph and replayed, as a decode step replays them; its
+// time is the median replay over --runs, divided by --calls. --blocks 0 is the launcher's choice (TopkBlocksPerRow),
 // 1-8 forces that many blocks a row, so one run shows what the cluster gives at each row count.
 // --l2 cold reads 128 MiB of other data before every call, as the indexer that writes the scores
 // streams its keys (the scores then come from HBM, not L2): the graph of reads alone is timed too

@@ -371,9 +371,10 @@ class Kernels:
         it needs), each taking `unroll` tiles at a time; the scores are the same bits either way.
         after_resolve (the grid kernel): launched as the programmatic dependent of the kernel just
         before it, a RESOLVE that let its dependents start early (HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS)
-        or an append (hs_append always does): it runs beside that kernel, and completes after it; with count (an int32 [1] tensor) it does not wait
-        for that RESOLVE but adds its programs (index_programs) to count as they finish, for a top-k
-        launched after it with after_count (hisparse.topk), which then need not wait for RESOLVE either."""
+        or an append (hs_append always does): it runs beside that kernel, and completes after it;
+        with count (an int32 [1] tensor) it does not wait for that RESOLVE but adds its programs
+        (index_programs) to count as they finish, for a top-k launched after it with after_count
+        (hisparse.topk), which then need not wait for RESOLVE either."""
         M, H, D = q.shape
         T = out.shape[1]
         if self.triton:

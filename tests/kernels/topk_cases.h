@@ -1,9 +1,9 @@
 // Score rows that exercise TOP-K's paths (topk.h), shared by the reference's test and the GPU
 // test that holds the kernel equal to it: spread and crowded values (the radix search's early
 // and late ends, and a bucket too large to keep), scores shaped as a serving run's indexer's,
-// scores of one leading byte (pass 0 leaves the whole row in the bucket), a rising row (the blocks of a cluster hold
-// unlike leading bytes), ties at the k-th score, -inf and NaN, rows shorter than k, rows cut by seq_lens, and a row
-// stride that breaks 16-byte alignment.
+// scores of one leading byte (pass 0 leaves the whole row in the bucket), a rising row (the
+// blocks of a cluster hold unlike leading bytes), ties at the k-th score, -inf and NaN, rows
+// shorter than k, rows cut by seq_lens, and a row stride that breaks 16-byte alignment.
 #ifndef HISPARSE_TESTS_KERNELS_TOPK_CASES_H_
 #define HISPARSE_TESTS_KERNELS_TOPK_CASES_H_
 
@@ -34,7 +34,7 @@ inline std::vector<float> TopkRow(const std::string& kind, int n, uint32_t seed)
   for (int j = 0; j < n; ++j) {
     if (kind == "normal") {
       x[j] = normal(rng);
-    } else if (kind == "serving") {  // shaped as a serving run's indexer scores ("How the serving scores' bytes crowd")
+    } else if (kind == "serving") {  // shaped as a serving run's indexer scores (above)
       x[j] = serving(rng);
     } else if (kind == "relu") {  // an indexer's: many exact zeros, the rest positive
       x[j] = std::max(0.0f, normal(rng) - 3.5f);

@@ -55,7 +55,8 @@ extern "C" {
  * hs_resolve_args.consumer_warps (the warps of each of RESOLVE's blocks that fetch) and
  * HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS (the next kernel may run beside RESOLVE); 1.16: hs_topk (the
  * top-k of rows of scores as RESOLVE's positions, no session needed); 1.17: hs_topk_args.after_count
- * (the top-k waits for the kernels that count on it, not for every kernel before it). */
+ * (the top-k waits for the kernels that count on it, not for every kernel before it); 1.18:
+ * hs_append's kernel lets its programmatic dependent (an engine's indexer) start at once. */
 #define HS_ABI_VERSION_MAJOR 1
 #define HS_ABI_VERSION_MINOR 18
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */

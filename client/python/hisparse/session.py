@@ -837,7 +837,9 @@ class Session:
                token_counts: Any = None) -> None:
         """Decode append of one layer: the newest token (position seq_len - 1) of every row, into the
         host pool and the row's newest-token slot. Record of batch entry i at src + i*src_stride;
-        src_stride defaults to the row stride of a 2-D torch tensor, else record_bytes.
+        src_stride defaults to the row stride of a 2-D torch tensor, else record_bytes. The kernel lets
+        a kernel launched as its programmatic dependent start at once (ABI 1.18), so an engine's
+        indexer can run beside it (docs/INTEGRATION.md, "The append beside the indexer").
 
         With draft tokens, token_counts (int32 [max_batch], read at run time) gives the q newest
         tokens of each row (1..draft_tokens + 1): token t is position seq_len - q + t, goes to tail
