@@ -2,10 +2,11 @@
 // lists checked against the CPU reference (kernels/topk_reference.cc). Scores are normal, or with
 // --zeros a fraction of them clamped to 0 as an indexer's ReLU leaves them; --dist serving draws
 // them shaped as a serving run's indexer scores instead (a log-normal fitted to them, as
-// tests/kernels/topk_cases.h's "serving" rows), which crowd nine in ten into one leading byte. A
-// point's calls are captured in one CUDA graph and replayed, as a decode step replays them; its
-// time is the median replay over --runs, divided by --calls. --blocks 0 is the launcher's choice (TopkBlocksPerRow),
-// 1-8 forces that many blocks a row, so one run shows what the cluster gives at each row count.
+// tests/kernels/topk_cases.h's "serving" rows, drawn by the same code), which crowd nine in ten
+// into one leading byte. A point's calls are captured in one CUDA graph and replayed, as a decode
+// step replays them; its time is the median replay over --runs, divided by --calls. --blocks 0 is
+// the launcher's choice (TopkBlocksPerRow), 1-8 forces that many blocks a row, so one run shows
+// what the cluster gives at each row count.
 // --l2 cold reads 128 MiB of other data before every call, as the indexer that writes the scores
 // streams its keys (the scores then come from HBM, not L2): the graph of reads alone is timed too
 // and taken off; warm (the default) replays the calls back to back, the scores in L2.
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../tests/kernels/topk_cases.h"  // the "serving" rows the kernel's tests hold it to
 #include "bench_cmd.h"
 #include "cuda_bench_util.h"
 #include "hisparse/kernels/topk.h"
@@ -156,14 +158,20 @@ bool ParseOptions(int argc, char** argv, Options* o) {
          o->cols > 0 && o->k > 0 && o->calls > 0 && o->runs > 0;
 }
 
-// rows x cols scores, normal or (`serving`) log-normal with topk_cases.h's parameters; with
-// zeros > 0, less row 0's `zeros` quantile and clamped at 0.
+// rows x cols scores, normal or (`serving`) topk_cases.h's "serving" rows; with zeros > 0, less
+// row 0's `zeros` quantile and clamped at 0.
 std::vector<float> MakeScores(int rows, int cols, bool serving, double zeros, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::lognormal_distribution<float> lognormal(1.13f, 0.337f);
   std::vector<float> s(static_cast<size_t>(rows) * cols);
-  for (float& x : s) x = serving ? lognormal(rng) : normal(rng);
+  if (serving) {
+    for (int r = 0; r < rows; ++r) {
+      const std::vector<float> row = testing::TopkRow("serving", cols, seed + static_cast<unsigned>(r));
+      std::copy(row.begin(), row.end(), s.begin() + static_cast<std::ptrdiff_t>(r) * cols);
+    }
+  } else {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    for (float& x : s) x = normal(rng);
+  }
   if (zeros > 0) {
     std::vector<float> row0(s.begin(), s.begin() + cols);
     auto at = row0.begin() + static_cast<std::ptrdiff_t>(zeros * (cols - 1));
