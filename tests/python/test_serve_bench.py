@@ -91,8 +91,16 @@ def test_hit_rate_curve_and_the_overlap_on_the_cpu(capsys, monkeypatch):
         assert c["concurrency"] >= 6 and len(c["overlap"]["ranges"]) == int(c["overlap"]["spec"][0])
         assert 0 < c["hit_rate"] < 1 and c["ratio"] > 0 and c["ratio_overlap"] > 0
         assert c["step_ms_full"] == pytest.approx((c["step_ms_full_before"] + c["step_ms_full_after"]) / 2, abs=1e-3)
-    modes = {x["mode"] for x in lines if x["kind"] == "point"}
-    assert modes == {"baseline", "full_at_N", "full_at_N_after", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
+        # The ratios divide by the faster of the two full-HBM peaks, run first and last in the context.
+        peaks = (c["baseline_peak_tokens_per_s_before"], c["baseline_peak_tokens_per_s_after"])
+        assert c["baseline_peak_tokens_per_s"] == max(peaks)
+        assert c["ratio_overlap"] == round(c["tokens_per_s_overlap"] / max(peaks), 3)
+    points = [x for x in lines if x["kind"] == "point"]
+    for ctx in {x["context"] for x in points}:
+        order = [x["mode"] for x in points if x["context"] == ctx]
+        assert order[0] == "baseline" and order[-1] == "baseline_after", order
+    modes = {x["mode"] for x in points}
+    assert modes == {"baseline", "baseline_after", "full_at_N", "full_at_N_after", "hisparse_B24", "hisparse_B24_overlap2", "hisparse_B24_overlap2_b1_g2",
                      "hisparse_B24_overlap2_main", "hisparse_B24_overlap2_b1_beside", "hisparse_B24_overlap2_b1_beside_ix2_asc",
                      "hisparse_B24_overlap3_b1_beside_ix2_rf"}
     # The ix variant fetched what plain beside fetched: the same selections, another launch order.
@@ -296,6 +304,36 @@ def test_length_mix_is_log_uniform_and_fixed_per_client():
     assert lens[:10] == serve_bench.slot_contexts("mix", 10), "a client's length does not depend on N"
     assert min(lens) >= 8192 and max(lens) <= 131072
     assert sum(x < 32768 for x in lens) / 200 == pytest.approx(0.5, abs=0.05)  # log-uniform: half below 32k
+
+
+def test_modes_run_in_the_order_given_and_unknown_ones_are_refused(capsys):
+    # A graph can launch its kernels more slowly in a process that has not yet run hisparse's, so
+    # the baseline may be asked to run last (bench/RESULTS.md, "Full HBM's launch gaps").
+    assert serve_bench.main(["--smoke", "--modes", "hisparse,baseline"]) == 0
+    lines = json_lines(capsys.readouterr().out)
+    points = [x for x in lines if x["kind"] == "point"]
+    for ctx in {x["context"] for x in points}:
+        order = [x["mode"] for x in points if x["context"] == ctx]
+        assert order[0] == "hisparse_B24", order
+        assert order.index("baseline") > max(i for i, m in enumerate(order) if m == "hisparse_B24"), order
+    ex = [x for x in lines if x["kind"] == "exactness"]
+    assert ex and all(x["exact"] for x in ex)
+    assert {x["against"] for x in ex if x["mode"] == "hisparse_B24"} == {"baseline"}
+    # A second baseline runs after hisparse as baseline_after; the ratio takes the faster of the two.
+    assert serve_bench.main(["--smoke", "--modes", "baseline,hisparse,baseline"]) == 0
+    out = capsys.readouterr().out
+    points = [x for x in json_lines(out) if x["kind"] == "point" and x["context"] == 96]
+    runs = [x["mode"] for x in points if not x["mode"].startswith("hybrid")]
+    assert [m for i, m in enumerate(runs) if i == 0 or runs[i - 1] != m] == ["baseline", "hisparse_B24", "baseline_after"]
+    assert runs.count("baseline") == runs.count("baseline_after")
+    best = max(x["tokens_per_s"] for x in points if x["mode"].startswith("baseline"))
+    assert f"context 96: peak tokens/s baseline {best:.0f}," in out
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--smoke", "--modes", "baseline,hisprase"])
+    assert "unknown mode(s) hisprase" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serve_bench.main(["--smoke", "--modes", "baseline,baseline,baseline"])
+    assert "baseline at most twice" in capsys.readouterr().err
 
 
 def test_capacity_counts_the_index_keys_in_both_modes():
