@@ -12,6 +12,8 @@
 //   register   an anonymous mapping, madvise(MADV_HUGEPAGE), touched, then cudaHostRegister(mapped,
 //              portable): what the daemon's memfd slabs become in an engine ("anon_huge_mib" says
 //              how much of it the kernel backed with transparent huge pages);
+//   register4k the same with MADV_NOHUGEPAGE: 4 KiB pages, as the daemon's memfd slabs are where
+//              shmem gets no transparent huge pages (shmem_enabled "never", the common default);
 //   vmm        a CUDA VMM allocation on host NUMA node 0 (cuMemCreate, CU_MEM_LOCATION_TYPE_HOST_NUMA,
 //              the recommended granularity), mapped for the GPU and the CPU.
 // Each pool is filled by the GPU with a pattern of its byte offsets, which the check recomputes.
@@ -28,6 +30,19 @@
 //            to device pointers); "enqueue_us" is the host time of that call;
 //   memcpy   not a gather: one cudaMemcpyAsync of the same bytes from one contiguous run, the
 //            link's rate at this size.
+// Address translations (--translations): the GPU caches the translations of the host pages it
+// reads, and every run reads the same records, so a point's later runs find them cached. A serving
+// step's RESOLVEs each read another layer's records, 86 MB a row at 131,072 tokens, so they find
+// none. (On the lent H100s the GPU translates host memory 64 KiB at a time, whatever the host's
+// pages or the pool's kind, and keeps some 10,000-20,000 of them: bench/RESULTS.md, "Scattered
+// reads go cold".) Variants:
+//   warm     as above: each run after the one before (what every figure before 2026-12-06 was);
+//   cold     before each run, one 16-byte read every 4 KiB of a second pinned pool of
+//            --translation-scrub bytes, which evicts the cached translations;
+//   touched  cold, then one 16-byte read at every --touch-page bytes (4K, 64K, 2M...) that the
+//            point's records lie in (a kernel of one thread a read, timed apart as "touch_us"):
+//            whether reading the pages ahead, under other work, gives a cold fetch the warm rate,
+//            and how coarsely the GPU maps the pool (a read a mapped page suffices).
 // Timing: per run, L2 is scrubbed (128 MiB memset), a GPU spin hides the launch (and, for ce, a
 // spin longer than the measured enqueue), then CUDA events bracket the copy. Median and min of
 // --runs. After the timed runs one more copy into a zeroed buffer is checked: every record's slot
@@ -66,14 +81,18 @@ constexpr size_t kTmaSmemLimit = 220 * 1024;  // dynamic shared memory (sm_90 al
 
 // The copy methods, host pools and record orders of the header, parsed once from their names.
 enum class Method { kWarp, kTma, kCe, kMemcpy };
-enum class PoolKind { kHostAlloc, kRegister, kVmm };
+enum class PoolKind { kHostAlloc, kRegister, kRegisterSmall, kVmm };
 enum class Order { kRandom, kAddress };
+enum class Translations { kWarm, kCold, kTouched };
 constexpr const char* kMethodNames[] = {"warp", "tma", "ce", "memcpy"};
-constexpr const char* kPoolNames[] = {"hostalloc", "register", "vmm"};
+constexpr const char* kPoolNames[] = {"hostalloc", "register", "register4k", "vmm"};
 constexpr const char* kOrderNames[] = {"random", "address"};
+constexpr const char* kTranslationNames[] = {"warm", "cold", "touched"};
 const char* Name(Method m) { return kMethodNames[static_cast<int>(m)]; }
 const char* Name(PoolKind k) { return kPoolNames[static_cast<int>(k)]; }
 const char* Name(Order o) { return kOrderNames[static_cast<int>(o)]; }
+const char* Name(Translations t) { return kTranslationNames[static_cast<int>(t)]; }
+constexpr size_t kScrubPage = size_t{4} << 10;  // the cold variant reads every host page of its pool
 
 // Every word of a comma list as the E whose name it is (E's names are `names`, in order); false,
 // with a message, at the first unknown one.
@@ -100,6 +119,9 @@ struct Options {
   std::vector<int> strides{0};  // bytes from one record's start to the next's in the pool; 0: packed
   int records = 16384;
   size_t span = size_t{160} << 20;
+  std::vector<Translations> translations{Translations::kWarm};
+  size_t translation_scrub = size_t{8} << 30;  // cold and touched: the pool whose reads evict translations
+  size_t touch_page = size_t{64} << 10;        // touched: one read every touch_page bytes the records lie in
   int runs = 20;
   int tma_stages = 3;
   bool smoke = false;
@@ -109,7 +131,10 @@ void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench gather [--record-bytes 656,1152] [--records 16384] [--span 160M]\n"
                "       [--order random,address] [--method warp,tma,ce,memcpy] [--runs 20] [--tma-stages 3]\n"
-               "       [--pool hostalloc,register,vmm] [--blocks 0,66] [--stride 0,768] [--smoke]\n"
+               "       [--pool hostalloc,register,register4k,vmm] [--blocks 0,66] [--stride 0,768]\n"
+               "       [--translations warm,cold,touched] [--translation-scrub 8G] [--touch-page 64K] [--smoke]\n"
+               "  --translations: the host pages' translations cached from the run before (warm), evicted\n"
+               "  before each run (cold), or evicted and then read ahead (touched)\n"
                "  --stride: bytes from one record's start to the next's in the pool (0: packed, the\n"
                "  record's size)\n"
                "  --smoke: tiny sizes, every method (what ctest runs); exits 77 without a CUDA device,\n"
@@ -219,6 +244,30 @@ __global__ void __launch_bounds__(kThreads, 1) TmaGatherKernel(const GatherDesc 
 // The pattern every pool holds: the 8-byte word at byte offset o is PatternWord(o / 8).
 __host__ __device__ inline uint64_t PatternWord(uint64_t i) { return (i + 1) * 0x9E3779B97F4A7C15ull; }
 
+// One 16-byte read (cache-volatile, so that it reaches memory through the GPU's address
+// translation) at base + i * step for i < n: evicts cached translations when base is another pool,
+// caches them when it walks the pages ahead. `sink` keeps the reads from being dropped.
+__global__ void ReadEveryKernel(const uint8_t* base, size_t step, long long n, unsigned* sink) {
+  unsigned acc = 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(base + i * step));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+
+// The same, at each of `n` listed addresses.
+__global__ void ReadEachKernel(const long long* at, long long n, unsigned* sink) {
+  unsigned acc = 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(at[i]));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+
 __global__ void FillPatternKernel(uint64_t* p, size_t words) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -269,7 +318,7 @@ class HostPool {
     if (kind == PoolKind::kHostAlloc) {
       BENCH_CUDA(cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
       BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), host_, 0));
-    } else if (kind == PoolKind::kRegister) {
+    } else if (kind == PoolKind::kRegister || kind == PoolKind::kRegisterSmall) {
       constexpr size_t kHuge = size_t{2} << 20;
       map_bytes_ = bytes + kHuge;
       map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -278,7 +327,7 @@ class HostPool {
         std::exit(1);
       }
       host_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(map_) + kHuge - 1) / kHuge * kHuge);
-      madvise(host_, bytes, MADV_HUGEPAGE);
+      madvise(host_, bytes, kind == PoolKind::kRegister ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
       std::memset(host_, 0, bytes);
       BENCH_CUDA(cudaHostRegister(host_, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
       registered_ = true;
@@ -319,7 +368,7 @@ class HostPool {
   ~HostPool() {
     if (kind_ == PoolKind::kHostAlloc) {
       cudaFreeHost(host_);
-    } else if (kind_ == PoolKind::kRegister) {
+    } else if (kind_ == PoolKind::kRegister || kind_ == PoolKind::kRegisterSmall) {
       if (registered_) cudaHostUnregister(host_);
       munmap(map_, map_bytes_);
     } else {
@@ -375,6 +424,17 @@ class GatherPoint {
     }
     std::vector<long long> src_dev(n_);
     for (int j = 0; j < n_; ++j) src_dev[j] = reinterpret_cast<long long>(pool.dev()) + src_[j];
+    std::vector<long long> pages;  // every touch_page a record lies in, once
+    const size_t tp = o.touch_page;
+    for (int j = 0; j < n_; ++j) {
+      for (size_t q = src_[j] / tp; q <= (src_[j] + rb - 1) / tp; ++q)
+        pages.push_back(reinterpret_cast<long long>(pool.dev()) + static_cast<long long>(q * tp));
+    }
+    std::sort(pages.begin(), pages.end());
+    pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+    pages_ = static_cast<long long>(pages.size());
+    BENCH_CUDA(cudaMalloc(&d_pages_, pages.size() * sizeof(long long)));
+    BENCH_CUDA(cudaMemcpy(d_pages_, pages.data(), pages.size() * sizeof(long long), cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMalloc(&d_src_, n_ * sizeof(long long)));
     BENCH_CUDA(cudaMalloc(&d_dst_off_, n_ * sizeof(long long)));
     BENCH_CUDA(cudaMalloc(&dst_, static_cast<size_t>(n_) * rb));
@@ -390,6 +450,7 @@ class GatherPoint {
     ce_sizes_.assign(n_, static_cast<size_t>(rb));
   }
   ~GatherPoint() {
+    cudaFree(d_pages_);
     cudaFree(d_src_);
     cudaFree(d_dst_off_);
     cudaFree(dst_);
@@ -398,6 +459,13 @@ class GatherPoint {
   GatherPoint& operator=(const GatherPoint&) = delete;
 
   size_t Bytes() const { return static_cast<size_t>(n_) * rb_; }
+  long long Pages() const { return pages_; }
+
+  // One read at every page the records lie in (Translations::kTouched).
+  void Touch(unsigned* sink, cudaStream_t st) const {
+    ReadEachKernel<<<sms_, 256, 0, st>>>(d_pages_, pages_, sink);
+    BENCH_CUDA(cudaGetLastError());
+  }
   int Grid(int blocks) const { return blocks > 0 ? blocks : sms_; }
   int ChunkRecords() const { return per_; }
 
@@ -468,7 +536,8 @@ class GatherPoint {
   int rb_, n_, per_;
   int sms_ = 0;
   std::vector<long long> src_, dst_off_;
-  long long *d_src_ = nullptr, *d_dst_off_ = nullptr;
+  long long *d_src_ = nullptr, *d_dst_off_ = nullptr, *d_pages_ = nullptr;
+  long long pages_ = 0;
   uint8_t* dst_ = nullptr;
   std::vector<void*> ce_dst_;
   std::vector<const void*> ce_src_;
@@ -479,14 +548,38 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// What the cold and touched variants read besides the records: a second pool, whose pages' reads
+// evict the records' cached translations, and a word the reads' kernels may write.
+class TranslationScrubber {
+ public:
+  explicit TranslationScrubber(size_t bytes) : pool_(PoolKind::kHostAlloc, bytes) {
+    BENCH_CUDA(cudaMalloc(&sink_, sizeof(unsigned)));
+  }
+  ~TranslationScrubber() { cudaFree(sink_); }
+  TranslationScrubber(const TranslationScrubber&) = delete;
+  TranslationScrubber& operator=(const TranslationScrubber&) = delete;
+
+  void Scrub(int sms, cudaStream_t st) {
+    ReadEveryKernel<<<sms, 256, 0, st>>>(pool_.dev(), kScrubPage, static_cast<long long>(pool_.bytes() / kScrubPage),
+                                         sink_);
+    BENCH_CUDA(cudaGetLastError());
+  }
+  unsigned* sink() const { return sink_; }
+
+ private:
+  HostPool pool_;
+  unsigned* sink_ = nullptr;
+};
+
 // One method's figures at one point: median and min over --runs, the host time of its enqueue,
-// and the records the check found wrong.
+// the median time of the touched variant's reads ahead, and the records the check found wrong.
 struct Timing {
-  double median_us = 0, min_us = 0, enqueue_us = 0;
+  double median_us = 0, min_us = 0, enqueue_us = 0, touch_us = 0;
   int bad = 0;
 };
 
-Timing TimeMethod(GatherPoint& pt, Method m, const Options& o, int blocks, L2Scrubber& scrub, cudaStream_t st) {
+Timing TimeMethod(GatherPoint& pt, Method m, const Options& o, int blocks, Translations tr, L2Scrubber& scrub,
+                  TranslationScrubber* tlb, cudaStream_t st) {
   Timing t;
   for (int w = 0; w < 2; ++w) {  // warm-up; the second one's host time sizes the spin
     const auto t0 = std::chrono::steady_clock::now();
@@ -495,12 +588,23 @@ Timing TimeMethod(GatherPoint& pt, Method m, const Options& o, int blocks, L2Scr
     BENCH_CUDA(cudaStreamSynchronize(st));
   }
   const long long spin = SpinCycles(std::max(20.0, 2 * t.enqueue_us));
-  cudaEvent_t a, b;
+  cudaEvent_t a, b, c;
   BENCH_CUDA(cudaEventCreate(&a));
   BENCH_CUDA(cudaEventCreate(&b));
-  std::vector<float> us;
+  BENCH_CUDA(cudaEventCreate(&c));
+  std::vector<float> us, touch_us;
   for (int r = 0; r < o.runs; ++r) {
-    scrub.Scrub(r, st);
+    if (tr != Translations::kWarm) tlb->Scrub(pt.Grid(0), st);
+    if (tr == Translations::kTouched) {
+      BENCH_CUDA(cudaEventRecord(c, st));
+      pt.Touch(tlb->sink(), st);
+      BENCH_CUDA(cudaEventRecord(a, st));
+      BENCH_CUDA(cudaEventSynchronize(a));
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, c, a));
+      touch_us.push_back(ms * 1000);
+    }
+    scrub.Scrub(r, st);  // L2 (in HBM): the touch's lines too; translations stay cached
     LaunchSpin(st, spin);
     BENCH_CUDA(cudaEventRecord(a, st));
     pt.Launch(m, o, blocks, st);
@@ -512,7 +616,9 @@ Timing TimeMethod(GatherPoint& pt, Method m, const Options& o, int blocks, L2Scr
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  cudaEventDestroy(c);
   t.median_us = Median(us);
+  if (!touch_us.empty()) t.touch_us = Median(touch_us);
   t.min_us = *std::min_element(us.begin(), us.end());
   t.bad = pt.Check(m, o, blocks, st);
   return t;
@@ -542,6 +648,12 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->strides = ParseList<int>(value.c_str());
     } else if (name == "--pool") {
       if (!ParseNames(value, kPoolNames, "pool", &o->pools)) return false;
+    } else if (name == "--translations") {
+      if (!ParseNames(value, kTranslationNames, "translations", &o->translations)) return false;
+    } else if (name == "--translation-scrub") {
+      o->translation_scrub = ParseBytes(value);
+    } else if (name == "--touch-page") {
+      o->touch_page = ParseBytes(value);
     } else if (name == "--runs") {
       o->runs = std::atoi(value.c_str());
     } else if (name == "--tma-stages") {
@@ -556,9 +668,11 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     o->span = size_t{4} << 20;
     o->runs = 2;
     o->record_bytes = {656, 1152, 4112};
-    o->pools = {PoolKind::kHostAlloc, PoolKind::kRegister, PoolKind::kVmm};
+    o->pools = {PoolKind::kHostAlloc, PoolKind::kRegister, PoolKind::kRegisterSmall, PoolKind::kVmm};
     o->blocks = {0, 3};
     o->strides = {0, 768};  // packed, and every 656-B record on a line's start (the larger ones skip it)
+    o->translations = {Translations::kWarm, Translations::kCold, Translations::kTouched};
+    o->translation_scrub = size_t{16} << 20;
   }
   for (const int rb : o->record_bytes) {
     if (rb < 16 || rb > 16384 || rb % 16 != 0) {
@@ -580,15 +694,16 @@ bool ParseOptions(int argc, char** argv, Options* o) {
   for (const int b : o->blocks) {
     if (b < 0) return false;
   }
-  return o->records > 0 && o->runs > 0 && !o->blocks.empty() && o->tma_stages >= 1 && o->tma_stages <= kMaxStages &&
-         !o->record_bytes.empty() && !o->methods.empty() && !o->orders.empty() && !o->pools.empty() &&
-         !o->strides.empty();
+  return o->records > 0 && o->runs > 0 && !o->blocks.empty() && !o->translations.empty() &&
+         o->translation_scrub >= kScrubPage && o->touch_page >= 16 && o->touch_page % 16 == 0 && o->tma_stages >= 1 &&
+         o->tma_stages <= kMaxStages && !o->record_bytes.empty() && !o->methods.empty() && !o->orders.empty() &&
+         !o->pools.empty() && !o->strides.empty();
 }
 
 // Times every method and grid of o on one point (records of rb bytes every `step` in the pool, in
 // `order`) and prints a line each; returns how many failed their check.
 int RunPoint(HostPool& pool, PoolKind kind, const Options& o, int rb, int step, Order order, double link,
-             L2Scrubber& scrub, cudaStream_t st) {
+             L2Scrubber& scrub, TranslationScrubber* tlb, cudaStream_t st) {
   GatherPoint pt(pool, o, rb, step, order == Order::kAddress, 7 + rb);
   int failed = 0;
   for (const Method m : o.methods) {
@@ -600,17 +715,21 @@ int RunPoint(HostPool& pool, PoolKind kind, const Options& o, int rb, int step, 
     for (const int blocks : o.blocks) {
       const bool grid = m == Method::kWarp || m == Method::kTma;
       if (!grid && blocks != o.blocks.front()) continue;  // ce and memcpy have no grid
-      const Timing t = TimeMethod(pt, m, o, blocks, scrub, st);
-      failed += t.bad != 0;
-      const double gbps = pt.Bytes() / (t.median_us * 1e-6) / 1e9;
-      std::printf(
-          "{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"blocks\":%d,\"record_bytes\":%d,\"stride\":%d,"
-          "\"records\":%d,\"span_mib\":%.0f,\"order\":\"%s\",\"chunk_records\":%d,\"median_us\":%.2f,"
-          "\"min_us\":%.2f,\"gbps\":%.2f,\"link_fraction\":%.3f,\"enqueue_us\":%.1f,\"check\":\"%s\","
-          "\"bad_records\":%d}\n",
-          Name(kind), Name(m), grid ? pt.Grid(blocks) : 0, rb, step, o.records, pool.bytes() / 1048576.0, Name(order),
-          pt.ChunkRecords(), t.median_us, t.min_us, gbps, gbps / link, t.enqueue_us, t.bad ? "FAILED" : "ok", t.bad);
-      std::fflush(stdout);
+      for (const Translations tr : o.translations) {
+        const Timing t = TimeMethod(pt, m, o, blocks, tr, scrub, tlb, st);
+        failed += t.bad != 0;
+        const double gbps = pt.Bytes() / (t.median_us * 1e-6) / 1e9;
+        std::printf(
+            "{\"kind\":\"gather\",\"pool\":\"%s\",\"method\":\"%s\",\"blocks\":%d,\"record_bytes\":%d,\"stride\":%d,"
+            "\"records\":%d,\"span_mib\":%.0f,\"order\":\"%s\",\"translations\":\"%s\",\"touch_page\":%zu,\"touches\":%"
+            "lld,"
+            "\"chunk_records\":%d,\"median_us\":%.2f,\"min_us\":%.2f,\"gbps\":%.2f,\"link_fraction\":%.3f,"
+            "\"touch_us\":%.2f,\"enqueue_us\":%.1f,\"check\":\"%s\",\"bad_records\":%d}\n",
+            Name(kind), Name(m), grid ? pt.Grid(blocks) : 0, rb, step, o.records, pool.bytes() / 1048576.0, Name(order),
+            Name(tr), o.touch_page, pt.Pages(), pt.ChunkRecords(), t.median_us, t.min_us, gbps, gbps / link, t.touch_us,
+            t.enqueue_us, t.bad ? "FAILED" : "ok", t.bad);
+        std::fflush(stdout);
+      }
     }
   }
   return failed;
@@ -631,6 +750,10 @@ int GatherMain(int argc, char** argv) {
   }
   const double link = PrintLinkLine();
   L2Scrubber scrub;
+  const bool evict = std::any_of(o.translations.begin(), o.translations.end(),
+                                 [](Translations t) { return t != Translations::kWarm; });
+  std::unique_ptr<TranslationScrubber> tlb =
+      evict ? std::make_unique<TranslationScrubber>(o.translation_scrub) : nullptr;
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   int failed = 0;
@@ -645,7 +768,7 @@ int GatherMain(int argc, char** argv) {
       for (const int stride : o.strides) {
         if (stride != 0 && stride < rb) continue;  // this stride cannot hold this record
         for (const Order order : o.orders)
-          failed += RunPoint(pool, kind, o, rb, stride ? stride : rb, order, link, scrub, st);
+          failed += RunPoint(pool, kind, o, rb, stride ? stride : rb, order, link, scrub, tlb.get(), st);
       }
     }
   }
