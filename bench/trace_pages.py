@@ -1,0 +1,125 @@
+"""How many host pages a step's misses touch, by host layout, from selection traces (no GPU).
+
+Why: on the lent H100s a miss's fetch is bound by the GPU's translations of host memory, not by
+the link (bench/RESULTS.md, "Scattered reads go cold"): the GPU translates host memory 64 KiB at a
+time and a serving RESOLVE finds none of its pages' translations cached, so each distinct 64 KiB
+page a launch's misses touch costs one translation. The host pool lays a (request, layer)'s
+records out by position, so a layer's misses share a page only with that layer's neighbouring
+misses. Laying a request's layers side by side (token-major: a token's records of every layer
+together) would let a layer reuse the pages the layer before it just translated, if their misses
+are near each other. This counts, for a trace (bench/traces, ../shared/TRACE_FORMAT.md), the
+translations each layout needs.
+
+Replay: LRU with --slots-per-k * k slots per (request, layer), the newest token always a hit
+(RESOLVE's rule); a step's layers in order. Counted per (step, layer) launch over all requests:
+  layer_major  distinct (request, layer, page) of the launch's misses, a page --page bytes of one
+               layer's records (page / record_bytes tokens);
+  token_major  distinct (request, page) of the misses not already translated by the launch before
+               (the previous layer of the step; a cache that holds one launch's pages), a page
+               page / (record_bytes * layers) tokens of every layer;
+  token_major_step  distinct (request, page) over the whole step (a cache that holds a step).
+Also: the share of a layer's misses whose token the layer before also missed.
+
+Usage: python3 bench/trace_pages.py TRACE.gz... [--slots-per-k 2] [--record-bytes 656] [--page 64K]
+Prints one JSON line a trace and a sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import OrderedDict, defaultdict
+
+
+def read_trace(path: str):
+    """(k, layers, {(step, request): {layer: (seq_len, positions)}}) of a version 1 or 2 trace."""
+    k = layers = None
+    steps = defaultdict(dict)
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        for n, line in enumerate(f, 1):
+            p = line.split()
+            if not p or p[0].startswith("#"):
+                continue
+            if p[0] == "k":
+                k = int(p[1])
+            elif p[0] == "layers":
+                layers = int(p[1])
+            elif p[0] == "S":
+                if len(p) < 5:
+                    raise ValueError(f"{path}:{n}: an S line needs step, layer, request and seq_len")
+                step, layer, req, seq = map(int, p[1:5])
+                steps[(step, req)][layer] = (seq, [int(x) for x in p[5:]])
+    if k is None or layers is None:
+        raise ValueError(f"{path}: no k or layers in the header")
+    return k, layers, steps
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
+def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 64 << 10) -> dict:
+    k, layers, steps = read_trace(path)
+    slots = slots_per_k * k
+    lru = {}
+    per_lm = max(1, page // record_bytes)              # tokens a page, one layer's records
+    per_tm = max(1, page // (record_bytes * layers))   # tokens a page, every layer's records
+    misses = same_token = layer_major = token_major = token_major_step = 0
+    for step, req in sorted(steps):
+        launch = steps[(step, req)]
+        prev_tokens, prev_pages, step_pages = set(), set(), set()
+        for layer in sorted(launch):
+            seq, sel = launch[layer]
+            cache = lru.setdefault((req, layer), OrderedDict())
+            missed = []
+            for pos in sel:
+                if pos == seq - 1:
+                    continue  # the newest token: always a hit
+                if pos in cache:
+                    cache.move_to_end(pos)
+                else:
+                    missed.append(pos)
+                    cache[pos] = True
+                    if len(cache) > slots:
+                        cache.popitem(last=False)
+            pages = {p // per_tm for p in missed}
+            misses += len(missed)
+            same_token += sum(p in prev_tokens for p in missed)
+            layer_major += len({p // per_lm for p in missed})
+            token_major += len(pages - prev_pages)
+            step_pages |= pages
+            prev_tokens, prev_pages = set(missed), pages
+        token_major_step += len(step_pages)
+    return dict(kind="trace_pages", trace=path.rsplit("/", 1)[-1], k=k, layers=layers, slots=slots,
+                record_bytes=record_bytes, page=page, misses=misses,
+                missed_by_the_layer_before=round(same_token / max(1, misses), 4),
+                layer_major=layer_major, token_major=token_major, token_major_step=token_major_step,
+                tokens_a_page_layer_major=per_lm, tokens_a_page_token_major=per_tm)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--slots-per-k", type=int, default=2, help="B / k (4096 / 2048 in the serving runs)")
+    ap.add_argument("--record-bytes", type=int, default=656)
+    ap.add_argument("--page", default="64K", help="the GPU's translation page of host memory")
+    args = ap.parse_args(argv)
+    page = parse_bytes(args.page)
+    if page < args.record_bytes or args.slots_per_k < 1:
+        ap.error("--page must hold a record and --slots-per-k must be at least 1")
+    for path in args.traces:
+        r = count(path, args.slots_per_k, args.record_bytes, page)
+        print(json.dumps(r))
+        lm = max(1, r["layer_major"])
+        print(f"# {r['trace']}: {r['misses']} misses; layer-major {r['layer_major']} translations, token-major "
+              f"{r['token_major']} ({r['token_major'] / lm:.2f}x; {r['token_major_step'] / lm:.2f}x with a step "
+              f"cached); {r['missed_by_the_layer_before']:.1%} of a layer's misses the layer before missed too")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
