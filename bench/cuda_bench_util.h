@@ -95,6 +95,31 @@ struct L2Scrubber {
   void* buf = nullptr;
 };
 
+// Evicts the GPU's cached translations of host memory: one 16-byte read every 4 KiB of a pinned
+// pool of its own. The GPU translates host memory 64 KiB at a time and caches some 10,000-20,000
+// of them, so a bench that reads the same host records run after run finds them cached ("warm"),
+// where a serving RESOLVE, which reads another layer's records each launch, finds none
+// (bench/RESULTS.md, "Scattered reads go cold"). Owns the pool.
+class TranslationScrubber {
+ public:
+  explicit TranslationScrubber(size_t bytes);  // bytes: at least the GPU's reach (8 GiB is ample)
+  ~TranslationScrubber();
+  TranslationScrubber(const TranslationScrubber&) = delete;
+  TranslationScrubber& operator=(const TranslationScrubber&) = delete;
+  void Scrub(cudaStream_t stream);
+  // A word the reading kernels may write, so that their reads are kept.
+  unsigned* sink() const { return sink_; }
+
+ private:
+  MappedPool pool_;
+  int sms_ = 0;
+  unsigned* sink_ = nullptr;
+};
+
+// One 16-byte read, cache-volatile (so that it goes through the GPU's translation of its
+// address), at each of `n` device addresses of host memory; `sink` keeps them from being dropped.
+void LaunchReadEach(const long long* addresses, long long n, unsigned* sink, int blocks, cudaStream_t stream);
+
 // The device-side inputs of one RESOLVE launch over rows 0..batch-1, every row at seq_len `seq`:
 // host page tables (one layer), rows, seq_lens, batch size, positions / out_slots / error flags,
 // and a workspace zeroed on `stream`. Owns them all.

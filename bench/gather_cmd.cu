@@ -92,7 +92,6 @@ const char* Name(Method m) { return kMethodNames[static_cast<int>(m)]; }
 const char* Name(PoolKind k) { return kPoolNames[static_cast<int>(k)]; }
 const char* Name(Order o) { return kOrderNames[static_cast<int>(o)]; }
 const char* Name(Translations t) { return kTranslationNames[static_cast<int>(t)]; }
-constexpr size_t kScrubPage = size_t{4} << 10;  // the cold variant reads every host page of its pool
 
 // Every word of a comma list as the E whose name it is (E's names are `names`, in order); false,
 // with a message, at the first unknown one.
@@ -243,30 +242,6 @@ __global__ void __launch_bounds__(kThreads, 1) TmaGatherKernel(const GatherDesc 
 
 // The pattern every pool holds: the 8-byte word at byte offset o is PatternWord(o / 8).
 __host__ __device__ inline uint64_t PatternWord(uint64_t i) { return (i + 1) * 0x9E3779B97F4A7C15ull; }
-
-// One 16-byte read (cache-volatile, so that it reaches memory through the GPU's address
-// translation) at base + i * step for i < n: evicts cached translations when base is another pool,
-// caches them when it walks the pages ahead. `sink` keeps the reads from being dropped.
-__global__ void ReadEveryKernel(const uint8_t* base, size_t step, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(base + i * step));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
-}
-
-// The same, at each of `n` listed addresses.
-__global__ void ReadEachKernel(const long long* at, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(at[i]));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
-}
 
 __global__ void FillPatternKernel(uint64_t* p, size_t words) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
@@ -462,10 +437,7 @@ class GatherPoint {
   long long Pages() const { return pages_; }
 
   // One read at every page the records lie in (Translations::kTouched).
-  void Touch(unsigned* sink, cudaStream_t st) const {
-    ReadEachKernel<<<sms_, 256, 0, st>>>(d_pages_, pages_, sink);
-    BENCH_CUDA(cudaGetLastError());
-  }
+  void Touch(unsigned* sink, cudaStream_t st) const { LaunchReadEach(d_pages_, pages_, sink, sms_, st); }
   int Grid(int blocks) const { return blocks > 0 ? blocks : sms_; }
   int ChunkRecords() const { return per_; }
 
@@ -548,29 +520,6 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// What the cold and touched variants read besides the records: a second pool, whose pages' reads
-// evict the records' cached translations, and a word the reads' kernels may write.
-class TranslationScrubber {
- public:
-  explicit TranslationScrubber(size_t bytes) : pool_(PoolKind::kHostAlloc, bytes) {
-    BENCH_CUDA(cudaMalloc(&sink_, sizeof(unsigned)));
-  }
-  ~TranslationScrubber() { cudaFree(sink_); }
-  TranslationScrubber(const TranslationScrubber&) = delete;
-  TranslationScrubber& operator=(const TranslationScrubber&) = delete;
-
-  void Scrub(int sms, cudaStream_t st) {
-    ReadEveryKernel<<<sms, 256, 0, st>>>(pool_.dev(), kScrubPage, static_cast<long long>(pool_.bytes() / kScrubPage),
-                                         sink_);
-    BENCH_CUDA(cudaGetLastError());
-  }
-  unsigned* sink() const { return sink_; }
-
- private:
-  HostPool pool_;
-  unsigned* sink_ = nullptr;
-};
-
 // One method's figures at one point: median and min over --runs, the host time of its enqueue,
 // the median time of the touched variant's reads ahead, and the records the check found wrong.
 struct Timing {
@@ -594,7 +543,7 @@ Timing TimeMethod(GatherPoint& pt, Method m, const Options& o, int blocks, Trans
   BENCH_CUDA(cudaEventCreate(&c));
   std::vector<float> us, touch_us;
   for (int r = 0; r < o.runs; ++r) {
-    if (tr != Translations::kWarm) tlb->Scrub(pt.Grid(0), st);
+    if (tr != Translations::kWarm) tlb->Scrub(st);
     if (tr == Translations::kTouched) {
       BENCH_CUDA(cudaEventRecord(c, st));
       pt.Touch(tlb->sink(), st);
@@ -695,9 +644,9 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     if (b < 0) return false;
   }
   return o->records > 0 && o->runs > 0 && !o->blocks.empty() && !o->translations.empty() &&
-         o->translation_scrub >= kScrubPage && o->touch_page >= 16 && o->touch_page % 16 == 0 && o->tma_stages >= 1 &&
-         o->tma_stages <= kMaxStages && !o->record_bytes.empty() && !o->methods.empty() && !o->orders.empty() &&
-         !o->pools.empty() && !o->strides.empty();
+         o->translation_scrub >= (size_t{1} << 20) && o->touch_page >= 16 && o->touch_page % 16 == 0 &&
+         o->tma_stages >= 1 && o->tma_stages <= kMaxStages && !o->record_bytes.empty() && !o->methods.empty() &&
+         !o->orders.empty() && !o->pools.empty() && !o->strides.empty();
 }
 
 // Times every method and grid of o on one point (records of rb bytes every `step` in the pool, in

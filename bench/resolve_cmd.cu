@@ -18,7 +18,12 @@
 // Timing: per run, the pre-call slot tables are restored from a pristine copy (device to device),
 // L2 is scrubbed with a 128 MiB memset (so tables come from HBM, as in serving), a ~20 us GPU
 // spin kernel runs so that the host launch overhead is hidden as in a CUDA graph, then CUDA events
-// bracket the one RESOLVE launch. Median and min over --runs; the no-IO variant (flag NoFetch:
+// bracket the one RESOLVE launch. With --translations cold, each run first evicts the GPU's
+// cached translations of host memory (TranslationScrubber: reads over a second pinned pool of
+// --translation-scrub bytes), as a serving RESOLVE, which reads another layer's pages each launch,
+// finds them; warm (the default, and every figure before 2026-12-06) re-reads the pages the run
+// before translated (bench/RESULTS.md, "Scattered reads go cold"). Median and min over --runs;
+// the no-IO variant (flag NoFetch:
 // same planning, no bytes moved) is timed the same way, and so is an empty kernel of RESOLVE's
 // launch shape (LaunchResolveShapeOnly: same grid, block and shared memory), the launch floor
 // that no planning goes below ("launch_floor_us"), and the no-IO step's memory traffic with that
@@ -41,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -74,6 +80,8 @@ struct Options {
   int k = 2048;
   int runs = 200;
   bool scrub_l2 = true;
+  bool cold_translations = false;              // --translations cold
+  size_t translation_scrub = size_t{8} << 30;  // the pool whose reads evict them
   bool smoke = false;
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
   std::vector<int> max_blocks{0};         // ResolveLaunchConfig::max_blocks per point (0: no budget)
@@ -89,7 +97,10 @@ void Usage() {
                "       [--runs 200] [--warm-l2] [--host-layout contiguous,paged,slabs] [--page-size 2M,16M,64M]\n"
                "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
                "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--consumer-blocks 0,16,32]\n"
-               "       [--consumer-warps 0,2,4,16] [--producer exit,early] [--smoke]\n"
+               "       [--consumer-warps 0,2,4,16] [--producer exit,early] [--translations warm]\n"
+               "       [--translation-scrub 8G] [--smoke]\n"
+               "  --translations: warm (the host pages' translations cached by the run before) or cold\n"
+               "  (evicted before each run, as a serving RESOLVE finds them)\n"
                "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
                "  what an engine that hides RESOLVE beside its own kernels gives it\n"
                "  --consumer-blocks: per point, the blocks whose consumer warps take queued chunks (0: all)\n"
@@ -191,7 +202,8 @@ int CheckRecords(const ResolveDesc& d, const ResolveLaunchConfig& config, void* 
 struct Timer {
   cudaStream_t st;
   cudaEvent_t ev0, ev1;
-  L2Scrubber* scrub;  // null: warm L2
+  L2Scrubber* scrub;         // null: warm L2
+  TranslationScrubber* tlb;  // null: warm translations of host memory
   long long spin;
   int runs;
   void* tables;  // the arena's tables, restored from `saved` before every run
@@ -208,6 +220,7 @@ struct Timer {
     for (int run = 0; run < runs + 5; ++run) {
       BENCH_CUDA(cudaMemcpyAsync(tables, saved, table_span, cudaMemcpyDeviceToDevice, st));
       prepare();
+      if (tlb) tlb->Scrub(st);
       if (scrub) scrub->Scrub(run, st);
       LaunchSpin(st, spin);
       BENCH_CUDA(cudaEventRecord(ev0, st));
@@ -300,6 +313,12 @@ int ResolveMain(int argc, char** argv) {
       o.runs = std::atoi(next());
     } else if (a == "--warm-l2") {
       o.scrub_l2 = false;
+    } else if (a == "--translations") {
+      const std::string w = next();
+      ok = w == "warm" || w == "cold";
+      o.cold_translations = w == "cold";
+    } else if (a == "--translation-scrub") {
+      ok = (o.translation_scrub = ParseBytes(next())) >= (size_t{1} << 20);
     } else if (a == "--host-layout") {
       o.layouts.clear();
       for (const std::string& w : ParseWords(next())) {
@@ -380,6 +399,8 @@ int ResolveMain(int argc, char** argv) {
     o.max_blocks = {0, 1};       // one block: the planner walks every row and fetches alone
     o.consumer_blocks = {0, 1};  // one consumer block: one block's two warps take every queued chunk
     o.consumer_warps = {0, 16};  // every warp of each block consumes
+    o.cold_translations = true;  // the scrubber's path; the warm one is the plain launch
+    o.translation_scrub = size_t{16} << 20;
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
       o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.max_blocks.empty() ||
@@ -428,6 +449,8 @@ int ResolveMain(int argc, char** argv) {
   MappedPool pool(pool_bytes);
 
   L2Scrubber scrub;
+  std::unique_ptr<TranslationScrubber> tlb =
+      o.cold_translations ? std::make_unique<TranslationScrubber>(o.translation_scrub) : nullptr;
   cudaStream_t st;
   BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t ev0, ev1;
@@ -501,8 +524,9 @@ int ResolveMain(int argc, char** argv) {
                 d.out_slots = in.d_out;
                 d.error_flags = in.d_err;
 
-                const Timer timer{st,    ev0,       ev1, o.scrub_l2 ? &scrub : nullptr, spin, o.runs, view.slot_pos,
-                                  saved, table_span};
+                const Timer timer{st,        ev0,       ev1,    o.scrub_l2 ? &scrub : nullptr,
+                                  tlb.get(), spin,      o.runs, view.slot_pos,
+                                  saved,     table_span};
                 // Variants: 0 RESOLVE, 1 no-IO, 2 the launch shape alone, 3 the no-IO step's memory
                 // traffic alone (LaunchResolveMemoryFloor).
                 double med[4] = {0, 0, 0, 0}, mn[4] = {0, 0, 0, 0};
@@ -551,7 +575,8 @@ int ResolveMain(int argc, char** argv) {
                     "\"median_us\":%.2f,\"min_us\":%.2f,\"miss_gbps\":%.2f,\"link_fraction\":%.3f,"
                     "\"noio_median_us\":%.2f,\"noio_min_us\":%.2f,\"launch_floor_us\":%.2f,\"memory_floor_us\":%.2f,"
                     "\"link_gbps\":%.2f,\"bound_us\":%.2f,"
-                    "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"fetch_order\":\"%s\",\"max_blocks\":%d,"
+                    "\"ratio_to_bound\":%.3f,\"runs\":%d,\"l2\":\"%s\",\"translations\":\"%s\",\"fetch_order\":\"%s\","
+                    "\"max_blocks\":%d,"
                     "\"consumer_blocks\":%d,\"consumer_warps\":%d,\"check\":\"%s\"}\n",
                     batch, k, B, rb, miss, misses_row * batch, miss_bytes,
                     pattern == Pattern::kScattered ? "scattered" : "consecutive", seq, HostLayoutName(layout),
@@ -559,6 +584,7 @@ int ResolveMain(int argc, char** argv) {
                     layout == HostLayout::kContiguous ? 0u : t.records_per_page, pool.bytes, med[0], mn[0],
                     miss_bytes / (med[0] * 1e3), miss_bytes / (med[0] * 1e3) / link, med[1], mn[1], med[2], med[3],
                     link, bound, med[0] / bound, o.runs, o.scrub_l2 ? "cold" : "warm",
+                    o.cold_translations ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
                     max_blocks, consumer_blocks, consumer_warps, ok ? "ok" : "FAILED");
                 for (size_t x = 0; x < behind.size(); ++x) {
