@@ -326,6 +326,8 @@ def test_modes_run_in_the_order_given_and_unknown_ones_are_refused(capsys):
     runs = [x["mode"] for x in points if not x["mode"].startswith("hybrid")]
     assert [m for i, m in enumerate(runs) if i == 0 or runs[i - 1] != m] == ["baseline", "hisparse_B24", "baseline_after"]
     assert runs.count("baseline") == runs.count("baseline_after")
+    ex = [x for x in json_lines(out) if x["kind"] == "exactness" and x["mode"] == "baseline_after"]
+    assert ex and all(x["exact"] and x["against"] == "baseline" for x in ex), "full HBM again, bit for bit"
     best = max(x["tokens_per_s"] for x in points if x["mode"].startswith("baseline"))
     assert f"context 96: peak tokens/s baseline {best:.0f}," in out
     with pytest.raises(SystemExit):
