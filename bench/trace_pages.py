@@ -20,7 +20,13 @@ Replay: LRU with --slots-per-k * k slots per (request, layer), the newest token 
   token_major_step  distinct (request, page) over the whole step (a cache that holds a step).
 Also: the share of a layer's misses whose token the layer before also missed.
 
+--neighbours N: a miss also loads the N positions either side of it that lie in its page of the
+layer-major layout (the same translation), as the least recently used of the fetch. Whether
+spending the link on a translation's neighbours turns later misses into hits; "fetched" counts
+the records moved, "misses" and "layer_major" what was left to fetch.
+
 Usage: python3 bench/trace_pages.py TRACE.gz... [--slots-per-k 2] [--record-bytes 656] [--page 64K]
+       [--neighbours 0]
 Prints one JSON line a trace and a sentence.
 """
 
@@ -62,13 +68,13 @@ def parse_bytes(text: str) -> int:
     return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
 
 
-def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 64 << 10) -> dict:
+def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 64 << 10, neighbours: int = 0) -> dict:
     k, layers, steps = read_trace(path)
     slots = slots_per_k * k
     lru = {}
     per_lm = max(1, page // record_bytes)              # tokens a page, one layer's records
     per_tm = max(1, page // (record_bytes * layers))   # tokens a page, every layer's records
-    misses = same_token = layer_major = token_major = token_major_step = 0
+    misses = same_token = layer_major = token_major = token_major_step = fetched = 0
     for step, req in sorted(steps):
         launch = steps[(step, req)]
         prev_tokens, prev_pages, step_pages = set(), set(), set()
@@ -81,9 +87,13 @@ def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 
                     continue  # the newest token: always a hit
                 if pos in cache:
                     cache.move_to_end(pos)
-                else:
-                    missed.append(pos)
-                    cache[pos] = True
+                    continue
+                missed.append(pos)
+                near = [q for d in range(1, neighbours + 1) for q in (pos - d, pos + d)
+                        if 0 <= q < seq - 1 and q // per_lm == pos // per_lm and q not in cache]
+                for q in near + [pos]:  # the neighbours least recent, the miss most
+                    cache[q] = True
+                    fetched += 1
                     if len(cache) > slots:
                         cache.popitem(last=False)
             pages = {p // per_tm for p in missed}
@@ -95,7 +105,7 @@ def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 
             prev_tokens, prev_pages = set(missed), pages
         token_major_step += len(step_pages)
     return dict(kind="trace_pages", trace=path.rsplit("/", 1)[-1], k=k, layers=layers, slots=slots,
-                record_bytes=record_bytes, page=page, misses=misses,
+                record_bytes=record_bytes, page=page, neighbours=neighbours, misses=misses, fetched=fetched,
                 missed_by_the_layer_before=round(same_token / max(1, misses), 4),
                 layer_major=layer_major, token_major=token_major, token_major_step=token_major_step,
                 tokens_a_page_layer_major=per_lm, tokens_a_page_token_major=per_tm)
@@ -107,15 +117,17 @@ def main(argv=None) -> int:
     ap.add_argument("--slots-per-k", type=int, default=2, help="B / k (4096 / 2048 in the serving runs)")
     ap.add_argument("--record-bytes", type=int, default=656)
     ap.add_argument("--page", default="64K", help="the GPU's translation page of host memory")
+    ap.add_argument("--neighbours", type=int, default=0, help="positions either side a miss also loads, in its page")
     args = ap.parse_args(argv)
     page = parse_bytes(args.page)
-    if page < args.record_bytes or args.slots_per_k < 1:
-        ap.error("--page must hold a record and --slots-per-k must be at least 1")
+    if page < args.record_bytes or args.slots_per_k < 1 or args.neighbours < 0:
+        ap.error("--page must hold a record, --slots-per-k must be at least 1, --neighbours at least 0")
     for path in args.traces:
-        r = count(path, args.slots_per_k, args.record_bytes, page)
+        r = count(path, args.slots_per_k, args.record_bytes, page, args.neighbours)
         print(json.dumps(r))
         lm = max(1, r["layer_major"])
-        print(f"# {r['trace']}: {r['misses']} misses; layer-major {r['layer_major']} translations, token-major "
+        print(f"# {r['trace']} (neighbours {r['neighbours']}): {r['misses']} misses, {r['fetched']} records fetched; "
+              f"layer-major {r['layer_major']} translations, token-major "
               f"{r['token_major']} ({r['token_major'] / lm:.2f}x; {r['token_major_step'] / lm:.2f}x with a step "
               f"cached); {r['missed_by_the_layer_before']:.1%} of a layer's misses the layer before missed too")
     return 0

@@ -49,3 +49,15 @@ def test_the_real_text_trace_and_the_command_line(capsys):
     assert 0 < r["layer_major"] <= r["misses"] and r["token_major_step"] <= r["token_major"]
     with pytest.raises(SystemExit):
         tp.main([trace, "--page", "512"])
+
+
+def test_neighbours_in_the_page_come_with_a_miss(tmp_path):
+    tp = bench_module("trace_pages")
+    # Pages of 4 tokens (64 B / 16 B). Step 0 misses 5 (page 4-7); step 1 selects 4 and 6, step 2
+    # selects 3 and 8, which lie in the pages either side.
+    path = _write(tmp_path, "S 0 0 0 20 5\nS 1 0 0 21 4 6\nS 2 0 0 22 3 8\n", layers=1)
+    plain = tp.count(path, slots_per_k=4, record_bytes=16, page=64)
+    near = tp.count(path, slots_per_k=4, record_bytes=16, page=64, neighbours=1)
+    assert (plain["misses"], plain["fetched"]) == (5, 5)
+    # 5 brings 4 and 6 (not 3 or 8: other pages); 3 then brings 2 (page 0-3), and 8 brings 9.
+    assert (near["misses"], near["fetched"], near["layer_major"]) == (3, 3 + 2 + 2, 3)
