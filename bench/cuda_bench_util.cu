@@ -102,25 +102,28 @@ MappedPool::MappedPool(size_t n) : bytes(n) {
 namespace {
 constexpr size_t kScrubStep = size_t{4} << 10;
 
-__global__ void ReadEveryKernel(const uint8_t* base, size_t step, long long n, unsigned* sink) {
+// One 16-byte cache-volatile read at at(i) for each i < n (the grid strides over them).
+template <class At>
+__global__ void ReadKernel(At at, long long n, unsigned* sink) {
   unsigned acc = 0;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(base + i * step));
+    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(at(i)));
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9E3779B9u) *sink = acc;
 }
 
-__global__ void ReadEachKernel(const long long* at, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcv(reinterpret_cast<const uint4*>(at[i]));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
-}
+// Read i's address: base + i * step (every page of a pool), or list[i] (listed addresses).
+struct Strided {
+  const uint8_t* base;
+  size_t step;
+  __device__ const uint8_t* operator()(long long i) const { return base + i * step; }
+};
+struct Listed {
+  const long long* list;
+  __device__ const uint8_t* operator()(long long i) const { return reinterpret_cast<const uint8_t*>(list[i]); }
+};
 }  // namespace
 
 TranslationScrubber::TranslationScrubber(size_t bytes) : pool_(bytes) {
@@ -133,13 +136,13 @@ TranslationScrubber::TranslationScrubber(size_t bytes) : pool_(bytes) {
 TranslationScrubber::~TranslationScrubber() { cudaFree(sink_); }
 
 void TranslationScrubber::Scrub(cudaStream_t stream) {
-  ReadEveryKernel<<<sms_, 256, 0, stream>>>(pool_.dev, kScrubStep, static_cast<long long>(pool_.bytes / kScrubStep),
-                                            sink_);
+  ReadKernel<<<sms_, 256, 0, stream>>>(Strided{pool_.dev, kScrubStep}, static_cast<long long>(pool_.bytes / kScrubStep),
+                                       sink_);
   BENCH_CUDA(cudaGetLastError());
 }
 
 void LaunchReadEach(const long long* addresses, long long n, unsigned* sink, int blocks, cudaStream_t stream) {
-  ReadEachKernel<<<blocks, 256, 0, stream>>>(addresses, n, sink);
+  ReadKernel<<<blocks, 256, 0, stream>>>(Listed{addresses}, n, sink);
   BENCH_CUDA(cudaGetLastError());
 }
 
