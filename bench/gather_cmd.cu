@@ -14,6 +14,10 @@
 //              how much of it the kernel backed with transparent huge pages);
 //   register4k the same with MADV_NOHUGEPAGE: 4 KiB pages, as the daemon's memfd slabs are where
 //              shmem gets no transparent huge pages (shmem_enabled "never", the common default);
+//   hugetlb    an anonymous MAP_HUGETLB mapping of 2 MiB pages, then cudaHostRegister(mapped,
+//              portable): the daemon's slabs where the host reserves huge pages (host_pool.hugepages);
+//              the point is skipped, with the reason, where none are free;
+//   hugetlb1g  the same of 1 GiB pages (the span rounded up to 1 GiB);
 //   vmm        a CUDA VMM allocation on host NUMA node 0 (cuMemCreate, CU_MEM_LOCATION_TYPE_HOST_NUMA,
 //              the recommended granularity), mapped for the GPU and the CPU.
 // Each pool is filled by the GPU with a pattern of its byte offsets, which the check recomputes.
@@ -52,6 +56,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -81,11 +86,11 @@ constexpr size_t kTmaSmemLimit = 220 * 1024;  // dynamic shared memory (sm_90 al
 
 // The copy methods, host pools and record orders of the header, parsed once from their names.
 enum class Method { kWarp, kTma, kCe, kMemcpy };
-enum class PoolKind { kHostAlloc, kRegister, kRegisterSmall, kVmm };
+enum class PoolKind { kHostAlloc, kRegister, kRegisterSmall, kVmm, kHugetlb, kHugetlb1g };
 enum class Order { kRandom, kAddress };
 enum class Translations { kWarm, kCold, kTouched };
 constexpr const char* kMethodNames[] = {"warp", "tma", "ce", "memcpy"};
-constexpr const char* kPoolNames[] = {"hostalloc", "register", "register4k", "vmm"};
+constexpr const char* kPoolNames[] = {"hostalloc", "register", "register4k", "vmm", "hugetlb", "hugetlb1g"};
 constexpr const char* kOrderNames[] = {"random", "address"};
 constexpr const char* kTranslationNames[] = {"warm", "cold", "touched"};
 const char* Name(Method m) { return kMethodNames[static_cast<int>(m)]; }
@@ -130,7 +135,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: hisparse-bench gather [--record-bytes 656,1152] [--records 16384] [--span 160M]\n"
                "       [--order random,address] [--method warp,tma,ce,memcpy] [--runs 20] [--tma-stages 3]\n"
-               "       [--pool hostalloc,register,register4k,vmm] [--blocks 0,66] [--stride 0,768]\n"
+               "       [--pool hostalloc,register,register4k,vmm,hugetlb,hugetlb1g] [--blocks 0,66] [--stride 0,768]\n"
                "       [--translations warm,cold,touched] [--translation-scrub 8G] [--touch-page 64K] [--smoke]\n"
                "  --translations: the host pages' translations cached from the run before (warm), evicted\n"
                "  before each run (cold), or evicted and then read ahead (touched)\n"
@@ -308,6 +313,24 @@ class HostPool {
       registered_ = true;
       BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), host_, 0));
       anon_huge_mib_ = AnonHugeMib();
+    } else if (kind == PoolKind::kHugetlb || kind == PoolKind::kHugetlb1g) {
+      const bool gig = kind == PoolKind::kHugetlb1g;
+      const size_t page = gig ? size_t{1} << 30 : size_t{2} << 20;
+      bytes_ = map_bytes_ = (bytes + page - 1) / page * page;
+      const int flags =
+          MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | (gig ? (30 << MAP_HUGE_SHIFT) : (21 << MAP_HUGE_SHIFT));
+      map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, flags, -1, 0);
+      if (map_ == MAP_FAILED) {
+        map_ = nullptr;
+        why_not_ = std::string("mmap(MAP_HUGETLB) of ") + std::to_string(map_bytes_ >> 20) +
+                   " MiB failed: " + std::strerror(errno) + " (no huge pages of that size free?)";
+        return;
+      }
+      host_ = map_;
+      std::memset(host_, 0, bytes_);
+      BENCH_CUDA(cudaHostRegister(host_, bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable));
+      registered_ = true;
+      BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), host_, 0));
     } else {  // vmm
       auto create = DriverFn<decltype(&::cuMemCreate)>("cuMemCreate");
       auto granularity = DriverFn<decltype(&::cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
@@ -343,9 +366,9 @@ class HostPool {
   ~HostPool() {
     if (kind_ == PoolKind::kHostAlloc) {
       cudaFreeHost(host_);
-    } else if (kind_ == PoolKind::kRegister || kind_ == PoolKind::kRegisterSmall) {
+    } else if (kind_ != PoolKind::kVmm) {
       if (registered_) cudaHostUnregister(host_);
-      munmap(map_, map_bytes_);
+      if (map_ != nullptr) munmap(map_, map_bytes_);
     } else {
       cudaDeviceSynchronize();
       if (mapped_) DriverFn<decltype(&::cuMemUnmap)>("cuMemUnmap")(va_, bytes_);
@@ -356,6 +379,8 @@ class HostPool {
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
+  // Empty when the pool was made; else why not (a huge-page pool where none are free).
+  const std::string& why_not() const { return why_not_; }
   uint8_t* dev() const { return dev_; }
   size_t bytes() const { return bytes_; }
   size_t granularity() const { return granularity_; }
@@ -374,6 +399,7 @@ class HostPool {
   bool have_handle_ = false, mapped_ = false;
   CUdeviceptr va_ = 0;
   size_t granularity_ = 0;
+  std::string why_not_;
 };
 
 // The host side of one point: pool, records, buffers, and the methods' launches.
@@ -705,6 +731,10 @@ int GatherMain(int argc, char** argv) {
   for (const PoolKind kind : o.pools) {
     const auto t0 = std::chrono::steady_clock::now();
     HostPool pool(kind, o.span);
+    if (!pool.why_not().empty()) {
+      std::printf("{\"kind\":\"pool\",\"pool\":\"%s\",\"skipped\":\"%s\"}\n", Name(kind), pool.why_not().c_str());
+      continue;
+    }
     std::printf(
         "{\"kind\":\"pool\",\"pool\":\"%s\",\"bytes\":%zu,\"setup_s\":%.2f,\"granularity\":%zu,\"anon_huge_mib\":%ld}"
         "\n",
