@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <random>
+#include <unordered_set>
 #include <utility>
 
 #include "hisparse/kernels/arena_layout.h"
@@ -141,6 +142,42 @@ bool BuildHostTables(HostLayout layout, size_t pool_bytes, PageGeometry geo, int
   }
   *out = std::move(t);
   return true;
+}
+
+PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, const std::vector<int32_t>& pos, int batch, int k,
+                         int hits, int seq, uint32_t record_bytes, const PrewarmShape& shape, uint32_t seed) {
+  const long long tp = static_cast<long long>(shape.page);
+  const long long base = static_cast<long long>(pool_dev);
+  const auto page_of = [&](int r, int p) { return (base + static_cast<long long>(t.Offset(r, p, record_bytes))) / tp; };
+  const auto start = [&](long long pg) { return std::max(pg * tp, base); };
+  std::unordered_set<long long> needed;
+  std::vector<long long> order;  // the needed pages in first-seen order, then shuffled
+  for (int r = 0; r < batch; ++r) {
+    for (int j = hits; j < k; ++j) {
+      const long long pg = page_of(r, pos[static_cast<size_t>(r) * k + j]);
+      if (needed.insert(pg).second) order.push_back(pg);
+    }
+  }
+  std::mt19937_64 rng(seed);
+  std::shuffle(order.begin(), order.end(), rng);
+  PrewarmReads out;
+  out.needed = static_cast<long long>(order.size());
+  out.hit = std::min(out.needed, std::llround(shape.fraction * static_cast<double>(out.needed)));
+  for (long long i = 0; i < out.hit; ++i) out.first.push_back(start(order[i]));
+  std::unordered_set<long long> used;
+  std::uniform_int_distribution<int> any_row(0, batch - 1), any_pos(0, seq - 1);
+  const auto draw = [&](long long want, std::vector<long long>* into) {
+    for (long long tries = 0; want > 0 && tries < 64 * (want + 16); ++tries) {
+      const long long pg = page_of(any_row(rng), any_pos(rng));
+      if (needed.count(pg) == 0 && used.insert(pg).second) {
+        into->push_back(start(pg));
+        --want;
+      }
+    }
+  };
+  draw(std::llround(shape.extra * static_cast<double>(out.needed)), &out.first);
+  draw(std::llround(shape.gap * static_cast<double>(out.needed)), &out.gap);
+  return out;
 }
 
 }  // namespace hisparse::bench

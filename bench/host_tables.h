@@ -61,6 +61,28 @@ bool BuildHostTables(HostLayout layout, size_t pool_bytes, PageGeometry geo, int
 // The pool bytes `layout` needs for rows x seq records (paged: whole pages; slabs: whole slabs).
 size_t HostTablesBytes(HostLayout layout, PageGeometry geo, int rows, int seq, uint32_t record_bytes);
 
+// What hisparse-bench resolve --prewarm reads before a launch, to make part of its translations of
+// host memory ahead of it: device addresses, each the start of a translation page (`page` bytes of
+// address space, what the GPU caches one translation for; the pool's start where the pool begins
+// inside its first page).
+struct PrewarmShape {
+  size_t page = size_t{64} << 10;
+  double fraction = 0;  // of the distinct pages the launch's misses lie in, read in `first`
+  double extra = 0;     // pages no miss lies in, per needed page, read in `first` too (a prediction's misses)
+  double gap = 0;       // pages no miss lies in, per needed page, read after `first` (another launch's)
+};
+struct PrewarmReads {
+  std::vector<long long> first, gap;
+  long long needed = 0;  // distinct pages the launch's misses lie in
+  long long hit = 0;     // of those, read in `first` (its first `hit` addresses)
+};
+// The misses are selections hits..k-1 of each of `batch` rows (pos: k a row) at seq_len `seq`, their
+// records where `t` puts them in a pool at device address `pool_dev`. The needed pages are taken in
+// a seeded random order; the pages no miss lies in are drawn from the rows' own records (as another
+// step's or layer's would be), each at most once, as many as a bounded search finds.
+PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, const std::vector<int32_t>& pos, int batch, int k,
+                         int hits, int seq, uint32_t record_bytes, const PrewarmShape& shape, uint32_t seed);
+
 }  // namespace hisparse::bench
 
 #endif  // HISPARSE_BENCH_HOST_TABLES_H_

@@ -46,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -82,6 +83,14 @@ struct Options {
   bool scrub_l2 = true;
   bool cold_translations = false;              // --translations cold
   size_t translation_scrub = size_t{8} << 30;  // the pool whose reads evict them
+  // --prewarm (cold only): per value R, RESOLVE again after one read in each of R of the launch's
+  // distinct translation pages (translation_page bytes of host address space, what the GPU caches
+  // one entry for), then prewarm_extra pages per needed page that no miss reads (a predictor's
+  // false positives), then prewarm_gap such pages more (another launch's translations in between).
+  std::vector<double> prewarm;
+  double prewarm_extra = 0;
+  double prewarm_gap = 0;
+  size_t translation_page = size_t{64} << 10;
   bool smoke = false;
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
   std::vector<int> max_blocks{0};         // ResolveLaunchConfig::max_blocks per point (0: no budget)
@@ -98,9 +107,15 @@ void Usage() {
                "       [--slab-size 64M] [--pool 64G] [--pattern consecutive,scattered] [--context 131072]\n"
                "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--consumer-blocks 0,16,32]\n"
                "       [--consumer-warps 0,2,4,16] [--producer exit,early] [--translations warm]\n"
-               "       [--translation-scrub 8G] [--smoke]\n"
+               "       [--translation-scrub 8G] [--prewarm 0,0.5,1] [--prewarm-extra 0] [--prewarm-gap 0]\n"
+               "       [--translation-page 64K] [--smoke]\n"
                "  --translations: warm (the host pages' translations cached by the run before) or cold\n"
                "  (evicted before each run, as a serving RESOLVE finds them)\n"
+               "  --prewarm: with cold translations, per fraction R also time RESOLVE after one read in R of\n"
+               "  the distinct --translation-page pages its misses lie in (translations made ahead, as an\n"
+               "  engine could make them while the GPU translates nothing else), plus --prewarm-extra pages\n"
+               "  no miss needs per needed page (a prediction's misses), then --prewarm-gap more (another\n"
+               "  launch's translations between them and RESOLVE); one line of kind resolve_prewarm each\n"
                "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
                "  what an engine that hides RESOLVE beside its own kernels gives it\n"
                "  --consumer-blocks: per point, the blocks whose consumer warps take queued chunks (0: all)\n"
@@ -209,6 +224,7 @@ struct Timer {
   void* tables;  // the arena's tables, restored from `saved` before every run
   const void* saved;
   size_t table_span;
+  std::function<void()> touch;  // after the scrubs, before the spin (--prewarm); may be empty
 
   struct Times {
     double median, min;
@@ -222,6 +238,7 @@ struct Timer {
       prepare();
       if (tlb) tlb->Scrub(st);
       if (scrub) scrub->Scrub(run, st);
+      if (touch) touch();
       LaunchSpin(st, spin);
       BENCH_CUDA(cudaEventRecord(ev0, st));
       launch();
@@ -233,6 +250,20 @@ struct Timer {
     }
     return {Median(times), *std::min_element(times.begin(), times.end())};
   }
+};
+
+// A device copy of a list of addresses (--prewarm's reads). Owns it.
+struct DeviceAddresses {
+  explicit DeviceAddresses(const std::vector<long long>& v) : n(static_cast<long long>(v.size())) {
+    if (v.empty()) return;
+    BENCH_CUDA(cudaMalloc(&p, v.size() * sizeof(long long)));
+    BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(long long), cudaMemcpyHostToDevice));
+  }
+  ~DeviceAddresses() { cudaFree(p); }
+  DeviceAddresses(const DeviceAddresses&) = delete;
+  DeviceAddresses& operator=(const DeviceAddresses&) = delete;
+  long long* p = nullptr;
+  long long n;
 };
 
 // A device copy of a point's selections: the producer's source. Owns it.
@@ -317,6 +348,17 @@ int ResolveMain(int argc, char** argv) {
       const std::string w = next();
       ok = w == "warm" || w == "cold";
       o.cold_translations = w == "cold";
+    } else if (a == "--prewarm") {
+      o.prewarm = ParseList<double>(next());
+      ok = std::all_of(o.prewarm.begin(), o.prewarm.end(), [](double r) { return r >= 0 && r <= 1; });
+    } else if (a == "--prewarm-extra") {
+      ok = (o.prewarm_extra = std::atof(next())) >= 0;
+    } else if (a == "--prewarm-gap") {
+      ok = (o.prewarm_gap = std::atof(next())) >= 0;
+    } else if (a == "--translation-page") {
+      const size_t tp = ParseBytes(next());
+      ok = tp >= 16 && (tp & (tp - 1)) == 0;
+      o.translation_page = tp;
     } else if (a == "--translation-scrub") {
       ok = (o.translation_scrub = ParseBytes(next())) >= (size_t{1} << 20);
     } else if (a == "--host-layout") {
@@ -401,6 +443,14 @@ int ResolveMain(int argc, char** argv) {
     o.consumer_warps = {0, 16};  // every warp of each block consumes
     o.cold_translations = true;  // the scrubber's path; the warm one is the plain launch
     o.translation_scrub = size_t{16} << 20;
+    o.prewarm = {0.5};
+    o.prewarm_extra = 0.5;
+    o.prewarm_gap = 1;
+    o.translation_page = 4096;  // the smoke's rows are a few pages of 64 KiB
+  }
+  if (!o.prewarm.empty() && !o.cold_translations) {
+    std::fprintf(stderr, "hisparse-bench resolve: --prewarm needs --translations cold\n");
+    return 2;
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
       o.patterns.empty() || o.page_sizes.empty() || o.address_order.empty() || o.max_blocks.empty() ||
@@ -428,6 +478,8 @@ int ResolveMain(int argc, char** argv) {
   BENCH_CUDA(cudaGetDevice(&dev));
   int clock_khz = 0;
   BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  int sms = 0;  // --prewarm's reads: one block a SM
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
 
   const double link = PrintLinkLine();
 
@@ -524,9 +576,9 @@ int ResolveMain(int argc, char** argv) {
                 d.out_slots = in.d_out;
                 d.error_flags = in.d_err;
 
-                const Timer timer{st,        ev0,       ev1,    o.scrub_l2 ? &scrub : nullptr,
-                                  tlb.get(), spin,      o.runs, view.slot_pos,
-                                  saved,     table_span};
+                const Timer timer{st,        ev0,        ev1,    o.scrub_l2 ? &scrub : nullptr,
+                                  tlb.get(), spin,       o.runs, view.slot_pos,
+                                  saved,     table_span, {}};
                 // Variants: 0 RESOLVE, 1 no-IO, 2 the launch shape alone, 3 the no-IO step's memory
                 // traffic alone (LaunchResolveMemoryFloor).
                 double med[4] = {0, 0, 0, 0}, mn[4] = {0, 0, 0, 0};
@@ -547,6 +599,27 @@ int ResolveMain(int argc, char** argv) {
                   mn[variant] = t.min;
                 }
                 d.flags = 0;
+                // --prewarm: RESOLVE again with part of its translations made ahead.
+                struct Prewarmed {
+                  double frac;
+                  PrewarmReads reads;
+                  Timer::Times t;
+                };
+                std::vector<Prewarmed> prewarmed;
+                for (const double frac : o.prewarm) {
+                  PrewarmReads reads = PlanPrewarm(
+                      t, reinterpret_cast<uintptr_t>(pool.dev), pos, batch, k, hits, seq, static_cast<uint32_t>(rb),
+                      {o.translation_page, frac, o.prewarm_extra, o.prewarm_gap}, 7u + batch + hits);
+                  const DeviceAddresses first(reads.first), gap(reads.gap);
+                  Timer tw = timer;
+                  tw.touch = [&] {
+                    if (first.n) LaunchReadEach(first.p, first.n, tlb->sink(), sms, st);
+                    if (gap.n) LaunchReadEach(gap.p, gap.n, tlb->sink(), sms, st);
+                  };
+                  const Timer::Times tt =
+                      tw.Time([] {}, [&] { BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st)); });
+                  prewarmed.push_back({frac, std::move(reads), tt});
+                }
                 std::vector<BehindProducer> behind;
                 for (const ProducerStart start : o.producers) {
                   behind.push_back(TimeBehindProducer(timer, d, config, pos_src->p, start, in.ws, in.ws_bytes));
@@ -558,7 +631,7 @@ int ResolveMain(int argc, char** argv) {
                 BENCH_CUDA(cudaMemcpy(&err, in.d_err, 4, cudaMemcpyDeviceToHost));
                 ArenaCounters c{};
                 BENCH_CUDA(cudaMemcpy(&c, view.counters, sizeof c, cudaMemcpyDeviceToHost));
-                const uint64_t launches = (2ull + 4ull * o.producers.size()) * (o.runs + 5) + 1;
+                const uint64_t launches = (2ull + 4ull * o.producers.size() + o.prewarm.size()) * (o.runs + 5) + 1;
                 const bool ok = err == 0 && bad == 0 && c.misses == launches * misses_row * batch;
                 failed += ok ? 0 : 1;
                 BENCH_CUDA(cudaMemset(view.counters, 0, sizeof c));
@@ -587,6 +660,18 @@ int ResolveMain(int argc, char** argv) {
                     o.cold_translations ? "cold" : "warm",
                     ordered && batch >= kAddressOrderMinBatch && k >= kAddressOrderMinK ? "address" : "selection",
                     max_blocks, consumer_blocks, consumer_warps, ok ? "ok" : "FAILED");
+                for (const Prewarmed& pw : prewarmed) {
+                  std::printf(
+                      "{\"kind\":\"resolve_prewarm\",\"batch\":%d,\"k\":%d,\"slots\":%d,\"record_bytes\":%d,"
+                      "\"miss_rate\":%g,\"pattern\":\"%s\",\"host_layout\":\"%s\",\"max_blocks\":%d,"
+                      "\"consumer_warps\":%d,\"translation_page\":%zu,\"miss_pages\":%lld,\"prewarm\":%g,"
+                      "\"prewarmed_pages\":%lld,\"extra_pages\":%lld,\"gap_pages\":%zu,\"median_us\":%.2f,"
+                      "\"min_us\":%.2f,\"cold_us\":%.2f,\"link_gbps\":%.2f,\"runs\":%d,\"check\":\"%s\"}\n",
+                      batch, k, B, rb, miss, pattern == Pattern::kScattered ? "scattered" : "consecutive",
+                      HostLayoutName(layout), max_blocks, consumer_warps, o.translation_page, pw.reads.needed, pw.frac,
+                      pw.reads.hit, static_cast<long long>(pw.reads.first.size()) - pw.reads.hit, pw.reads.gap.size(),
+                      pw.t.median, pw.t.min, med[0], link, o.runs, ok ? "ok" : "FAILED");
+                }
                 for (size_t x = 0; x < behind.size(); ++x) {
                   const BehindProducer& bp = behind[x];
                   std::printf(

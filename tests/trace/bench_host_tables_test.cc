@@ -1,11 +1,13 @@
 // The RESOLVE bench's host layouts (bench/host_tables.h): the paged layout puts every page of
 // every row at a distinct page frame inside the pool, records never straddle a page, the slabs
 // layout keeps each row's pages inside its own slabs, and a pool too small for a layout is refused
-// with the reason.
+// with the reason. --prewarm's reads: the asked fraction of the pages a launch's misses lie in,
+// each once, and extra and gap pages that none lies in.
 #include "host_tables.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <set>
 #include <string>
 
@@ -87,6 +89,60 @@ TEST(BenchHostTables, RefusesWhatDoesNotFit) {
   EXPECT_EQ(ParseBytes("3280"), 3280u);
   EXPECT_EQ(ParseBytes("2MB"), 0u);
   EXPECT_EQ(ParseBytes("x"), 0u);
+}
+
+TEST(BenchHostTables, PrewarmReadsTheAskedShareOfTheMissesPagesAndOthersApart) {
+  // 4 rows of 20000 records in 64 KiB pages (99 records a page), the pool 4 KiB into a translation
+  // page.
+  const size_t page = size_t{64} << 10;
+  HostTables t;
+  std::string why;
+  ASSERT_TRUE(BuildHostTables(HostLayout::kPaged, size_t{64} << 20, {page, 0}, 4, 20000, 656, 5, &t, &why)) << why;
+  const uintptr_t base = (uintptr_t{1} << 40) + 4096;
+  const int k = 64, hits = 16;
+  std::vector<int32_t> pos(4 * k);
+  for (int r = 0; r < 4; ++r) {
+    for (int j = 0; j < k; ++j) pos[r * k + j] = j < hits ? j : 100 + 311 * j + r;  // misses from 5,072 on
+  }
+  std::set<long long> needed;
+  for (int r = 0; r < 4; ++r) {
+    for (int j = hits; j < k; ++j) {
+      needed.insert(static_cast<long long>((base + t.Offset(r, pos[r * k + j], 656)) / page));
+    }
+  }
+  const PrewarmReads all = PlanPrewarm(t, base, pos, 4, k, hits, 20000, 656, {page, 1.0, 0.5, 2.0}, 9);
+  EXPECT_EQ(all.needed, static_cast<long long>(needed.size()));
+  EXPECT_EQ(all.hit, all.needed);
+  std::set<long long> seen;
+  for (size_t i = 0; i < all.first.size(); ++i) {
+    const long long a = all.first[i];
+    EXPECT_GE(a, static_cast<long long>(base));
+    EXPECT_TRUE(a % static_cast<long long>(page) == 0 || a == static_cast<long long>(base)) << a;
+    const long long pg = a / static_cast<long long>(page);
+    EXPECT_TRUE(seen.insert(pg).second) << "page read twice: " << pg;
+    EXPECT_EQ(needed.count(pg) == 1, i < static_cast<size_t>(all.hit)) << i;  // needed first, then none
+  }
+  EXPECT_EQ(static_cast<long long>(all.first.size()) - all.hit, std::llround(0.5 * all.needed));
+  EXPECT_EQ(static_cast<long long>(all.gap.size()), 2 * all.needed);
+  for (const long long a : all.gap) {
+    const long long pg = a / static_cast<long long>(page);
+    EXPECT_EQ(needed.count(pg), 0u);
+    EXPECT_TRUE(seen.insert(pg).second) << "gap page read before: " << pg;
+  }
+  // A fraction reads that share of the needed pages and nothing else; the same seed, the same reads.
+  const PrewarmReads half = PlanPrewarm(t, base, pos, 4, k, hits, 20000, 656, {page, 0.5, 0, 0}, 9);
+  EXPECT_EQ(half.hit, std::llround(0.5 * half.needed));
+  EXPECT_EQ(static_cast<long long>(half.first.size()), half.hit);
+  EXPECT_TRUE(half.gap.empty());
+  EXPECT_EQ(PlanPrewarm(t, base, pos, 4, k, hits, 20000, 656, {page, 0.5, 0, 0}, 9).first, half.first);
+
+  // Contiguous: row 0's position 0 lies at the pool's start, inside a page that begins before it.
+  HostTables c;
+  ASSERT_TRUE(BuildHostTables(HostLayout::kContiguous, size_t{64} << 20, {}, 1, 20000, 656, 5, &c, &why)) << why;
+  const std::vector<int32_t> first_only{0};
+  const PrewarmReads clamped = PlanPrewarm(c, base, first_only, 1, 1, 0, 20000, 656, {page, 1.0, 0, 0}, 9);
+  ASSERT_EQ(clamped.first.size(), 1u);
+  EXPECT_EQ(clamped.first[0], static_cast<long long>(base));
 }
 
 }  // namespace bench_host_tables_test
