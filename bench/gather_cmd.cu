@@ -639,7 +639,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     o->span = size_t{4} << 20;
     o->runs = 2;
     o->record_bytes = {656, 1152, 4112};
-    o->pools = {PoolKind::kHostAlloc, PoolKind::kRegister, PoolKind::kRegisterSmall, PoolKind::kVmm};
+    o->pools = {PoolKind::kHostAlloc, PoolKind::kRegister, PoolKind::kRegisterSmall, PoolKind::kVmm,
+                PoolKind::kHugetlb};  // hugetlb: skipped, with the reason, where none are reserved
     o->blocks = {0, 3};
     o->strides = {0, 768};  // packed, and every 656-B record on a line's start (the larger ones skip it)
     o->translations = {Translations::kWarm, Translations::kCold, Translations::kTouched};
