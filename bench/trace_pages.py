@@ -20,13 +20,19 @@ Replay: LRU with --slots-per-k * k slots per (request, layer), the newest token 
   token_major_step  distinct (request, page) over the whole step (a cache that holds a step).
 Also: the share of a layer's misses whose token the layer before also missed.
 
+Predictions of a launch's pages (layer-major), for translations made ahead of it: the pages of the
+layer before's misses in the same step (layer_before), and the pages of the tokens LRU evicted
+from this (request, layer) in its last --evicted-steps launches (evicted). For each: recall (the
+share of the launch's pages predicted), chance (what as many pages drawn at random from the row's
+would recall) and reads_a_page (pages predicted per page needed).
+
 --neighbours N: a miss also loads the N positions either side of it that lie in its page of the
 layer-major layout (the same translation), as the least recently used of the fetch. Whether
 spending the link on a translation's neighbours turns later misses into hits; "fetched" counts
 the records moved, "misses" and "layer_major" what was left to fetch.
 
 Usage: python3 bench/trace_pages.py TRACE.gz... [--slots-per-k 2] [--record-bytes 656] [--page 64K]
-       [--neighbours 0]
+       [--neighbours 0] [--evicted-steps 4]
 Prints one JSON line a trace and a sentence.
 """
 
@@ -36,7 +42,7 @@ import argparse
 import gzip
 import json
 import sys
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 
 
 def read_trace(path: str):
@@ -68,19 +74,45 @@ def parse_bytes(text: str) -> int:
     return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
 
 
-def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 64 << 10, neighbours: int = 0) -> dict:
+class Prediction:
+    """Sums of one predictor's pages against the pages each launch needed."""
+
+    def __init__(self) -> None:
+        self.needed = self.hit = self.predicted = 0
+        self.chance = 0.0
+
+    def add(self, needed: set, predicted: set, row_pages: int) -> None:
+        self.needed += len(needed)
+        self.hit += len(needed & predicted)
+        self.predicted += len(predicted)
+        self.chance += len(needed) * min(1.0, len(predicted) / max(1, row_pages))
+
+    def summary(self) -> dict:
+        n = max(1, self.needed)
+        return dict(recall=round(self.hit / n, 4), chance=round(self.chance / n, 4),
+                    reads_a_page=round(self.predicted / n, 4))
+
+
+def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 64 << 10, neighbours: int = 0,
+          evicted_steps: int = 4) -> dict:
     k, layers, steps = read_trace(path)
     slots = slots_per_k * k
     lru = {}
+    evicted_by = {}  # (request, layer): the tokens evicted in each of its last evicted_steps launches
+    by_layer, by_evicted = Prediction(), Prediction()
     per_lm = max(1, page // record_bytes)              # tokens a page, one layer's records
     per_tm = max(1, page // (record_bytes * layers))   # tokens a page, every layer's records
     misses = same_token = layer_major = token_major = token_major_step = fetched = 0
     for step, req in sorted(steps):
         launch = steps[(step, req)]
         prev_tokens, prev_pages, step_pages = set(), set(), set()
+        prev_lm = None  # the layer before's pages (layer-major), this step
         for layer in sorted(launch):
             seq, sel = launch[layer]
             cache = lru.setdefault((req, layer), OrderedDict())
+            history = evicted_by.setdefault((req, layer), deque(maxlen=evicted_steps))
+            foretold = {p // per_lm for gone in history for p in gone}
+            evicted = set()
             missed = []
             for pos in sel:
                 if pos == seq - 1:
@@ -95,11 +127,19 @@ def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 
                     cache[q] = True
                     fetched += 1
                     if len(cache) > slots:
-                        cache.popitem(last=False)
+                        evicted.add(cache.popitem(last=False)[0])
             pages = {p // per_tm for p in missed}
+            lm = {p // per_lm for p in missed}
+            row_pages = (seq + per_lm - 1) // per_lm
+            if prev_lm is not None:
+                by_layer.add(lm, prev_lm, row_pages)
+            if len(history) == evicted_steps:
+                by_evicted.add(lm, foretold, row_pages)
+            history.append(evicted)
+            prev_lm = lm
             misses += len(missed)
             same_token += sum(p in prev_tokens for p in missed)
-            layer_major += len({p // per_lm for p in missed})
+            layer_major += len(lm)
             token_major += len(pages - prev_pages)
             step_pages |= pages
             prev_tokens, prev_pages = set(missed), pages
@@ -108,7 +148,8 @@ def count(path: str, slots_per_k: int = 2, record_bytes: int = 656, page: int = 
                 record_bytes=record_bytes, page=page, neighbours=neighbours, misses=misses, fetched=fetched,
                 missed_by_the_layer_before=round(same_token / max(1, misses), 4),
                 layer_major=layer_major, token_major=token_major, token_major_step=token_major_step,
-                tokens_a_page_layer_major=per_lm, tokens_a_page_token_major=per_tm)
+                tokens_a_page_layer_major=per_lm, tokens_a_page_token_major=per_tm, evicted_steps=evicted_steps,
+                predict=dict(layer_before=by_layer.summary(), evicted=by_evicted.summary()))
 
 
 def main(argv=None) -> int:
@@ -118,18 +159,23 @@ def main(argv=None) -> int:
     ap.add_argument("--record-bytes", type=int, default=656)
     ap.add_argument("--page", default="64K", help="the GPU's translation page of host memory")
     ap.add_argument("--neighbours", type=int, default=0, help="positions either side a miss also loads, in its page")
+    ap.add_argument("--evicted-steps", type=int, default=4, help="launches whose evictions predict")
     args = ap.parse_args(argv)
     page = parse_bytes(args.page)
-    if page < args.record_bytes or args.slots_per_k < 1 or args.neighbours < 0:
-        ap.error("--page must hold a record, --slots-per-k must be at least 1, --neighbours at least 0")
+    if page < args.record_bytes or args.slots_per_k < 1 or args.neighbours < 0 or args.evicted_steps < 1:
+        ap.error("--page must hold a record, --slots-per-k and --evicted-steps must be at least 1, "
+                 "--neighbours at least 0")
     for path in args.traces:
-        r = count(path, args.slots_per_k, args.record_bytes, page, args.neighbours)
+        r = count(path, args.slots_per_k, args.record_bytes, page, args.neighbours, args.evicted_steps)
         print(json.dumps(r))
         lm = max(1, r["layer_major"])
         print(f"# {r['trace']} (neighbours {r['neighbours']}): {r['misses']} misses, {r['fetched']} records fetched; "
               f"layer-major {r['layer_major']} translations, token-major "
               f"{r['token_major']} ({r['token_major'] / lm:.2f}x; {r['token_major_step'] / lm:.2f}x with a step "
               f"cached); {r['missed_by_the_layer_before']:.1%} of a layer's misses the layer before missed too")
+        for name, pr in r["predict"].items():
+            print(f"#   pages predicted by {name}: recall {pr['recall']:.1%} (chance {pr['chance']:.1%}), "
+                  f"{pr['reads_a_page']:.2f} read a page needed")
     return 0
 
 

@@ -61,3 +61,25 @@ def test_neighbours_in_the_page_come_with_a_miss(tmp_path):
     assert (plain["misses"], plain["fetched"]) == (5, 5)
     # 5 brings 4 and 6 (not 3 or 8: other pages); 3 then brings 2 (page 0-3), and 8 brings 9.
     assert (near["misses"], near["fetched"], near["layer_major"]) == (3, 3 + 2 + 2, 3)
+
+
+def test_predictions_of_a_launchs_pages_by_hand(tmp_path):
+    tp = bench_module("trace_pages")
+    # Two layers, 2 slots each, pages of 4 tokens (64 B / 16 B). Layer 0 then 1 each step:
+    #   step 0: misses {0, 5} (pages 0, 1) and {0, 9} (pages 0, 2); nothing evicted;
+    #   step 1: layer 0 misses {12, 16} (pages 3, 4), evicting 0 and 5; layer 1 misses 1 (page 0),
+    #           evicting 0, and hits 9;
+    #   step 2: layer 0 misses {0, 1} (page 0), evicting 12 and 16; layer 1 misses 0 (page 0),
+    #           evicting 1, and hits 9.
+    path = _write(tmp_path, "S 0 0 0 20 0 5\nS 0 1 0 20 0 9\nS 1 0 0 21 12 16\nS 1 1 0 21 1 9\n"
+                            "S 2 0 0 22 0 1\nS 2 1 0 22 0 9\n")
+    r = tp.count(path, slots_per_k=1, record_bytes=16, page=64, evicted_steps=1)
+    # The layer before, in each step's layer 1: {0,1} for {0,2} (a row of 5 pages), {3,4} for {0},
+    # {0} for {0} (rows of 6): 2 of 4 pages, 5 predicted, chance 2*2/5 + 1*2/6 + 1*1/6.
+    assert r["predict"]["layer_before"] == dict(recall=0.5, chance=round((0.8 + 2 / 6 + 1 / 6) / 4, 4),
+                                                reads_a_page=1.25)
+    # Evicted the launch before (from step 1 on): nothing for {3,4} and {0}; 0 and 5 (pages {0,1})
+    # for {0}; 0 (page 0) for {0}: 2 of 5 pages, 3 predicted, chance 1*2/6 + 1*1/6.
+    assert r["predict"]["evicted"] == dict(recall=0.4, chance=round((2 / 6 + 1 / 6) / 5, 4), reads_a_page=0.6)
+    with pytest.raises(SystemExit):
+        tp.main([path, "--evicted-steps", "0"])
