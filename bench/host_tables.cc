@@ -144,8 +144,9 @@ bool BuildHostTables(HostLayout layout, size_t pool_bytes, PageGeometry geo, int
   return true;
 }
 
-PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, const std::vector<int32_t>& pos, int batch, int k,
-                         int hits, int seq, uint32_t record_bytes, const PrewarmShape& shape, uint32_t seed) {
+PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, size_t pool_bytes, const std::vector<int32_t>& pos,
+                         int batch, int k, int hits, int seq, uint32_t record_bytes, const PrewarmShape& shape,
+                         uint32_t seed) {
   const long long tp = static_cast<long long>(shape.page);
   const long long base = static_cast<long long>(pool_dev);
   const auto page_of = [&](int r, int p) { return (base + static_cast<long long>(t.Offset(r, p, record_bytes))) / tp; };
@@ -166,17 +167,22 @@ PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, const std::vec
   for (long long i = 0; i < out.hit; ++i) out.first.push_back(start(order[i]));
   std::unordered_set<long long> used;
   std::uniform_int_distribution<int> any_row(0, batch - 1), any_pos(0, seq - 1);
-  const auto draw = [&](long long want, std::vector<long long>* into) {
+  std::uniform_int_distribution<long long> any_page(base / tp, (base + static_cast<long long>(pool_bytes) - 1) / tp);
+  // `want` pages that no miss lies in, each once, from `page` (or as many as a bounded search finds).
+  const auto draw = [&](long long want, auto page, std::vector<long long>* into) {
     for (long long tries = 0; want > 0 && tries < 64 * (want + 16); ++tries) {
-      const long long pg = page_of(any_row(rng), any_pos(rng));
+      const long long pg = page();
       if (needed.count(pg) == 0 && used.insert(pg).second) {
         into->push_back(start(pg));
         --want;
       }
     }
   };
-  draw(std::llround(shape.extra * static_cast<double>(out.needed)), &out.first);
-  draw(std::llround(shape.gap * static_cast<double>(out.needed)), &out.gap);
+  draw(
+      std::llround(shape.extra * static_cast<double>(out.needed)), [&] { return page_of(any_row(rng), any_pos(rng)); },
+      &out.first);
+  draw(
+      std::llround(shape.gap * static_cast<double>(out.needed)), [&] { return any_page(rng); }, &out.gap);
   return out;
 }
 

@@ -69,7 +69,7 @@ struct PrewarmShape {
   size_t page = size_t{64} << 10;
   double fraction = 0;  // of the distinct pages the launch's misses lie in, read in `first`
   double extra = 0;     // pages no miss lies in, per needed page, read in `first` too (a prediction's misses)
-  double gap = 0;       // pages no miss lies in, per needed page, read after `first` (another launch's)
+  double gap = 0;       // pages of the pool no miss lies in, per needed page, read after `first` (another launch's)
 };
 struct PrewarmReads {
   std::vector<long long> first, gap;
@@ -77,11 +77,13 @@ struct PrewarmReads {
   long long hit = 0;     // of those, read in `first` (its first `hit` addresses)
 };
 // The misses are selections hits..k-1 of each of `batch` rows (pos: k a row) at seq_len `seq`, their
-// records where `t` puts them in a pool at device address `pool_dev`. The needed pages are taken in
-// a seeded random order; the pages no miss lies in are drawn from the rows' own records (as another
-// step's or layer's would be), each at most once, as many as a bounded search finds.
-PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, const std::vector<int32_t>& pos, int batch, int k,
-                         int hits, int seq, uint32_t record_bytes, const PrewarmShape& shape, uint32_t seed);
+// records where `t` puts them in a pool of pool_bytes at device address `pool_dev`. The needed
+// pages are taken in a seeded random order. The extra pages are drawn from the rows' own records (a
+// prediction's wrong pages), the gap's from the whole pool (other rows' or layers'); no page is read
+// twice, and each list has as many as a bounded search finds.
+PrewarmReads PlanPrewarm(const HostTables& t, uintptr_t pool_dev, size_t pool_bytes, const std::vector<int32_t>& pos,
+                         int batch, int k, int hits, int seq, uint32_t record_bytes, const PrewarmShape& shape,
+                         uint32_t seed);
 
 }  // namespace hisparse::bench
 

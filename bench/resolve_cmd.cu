@@ -85,8 +85,9 @@ struct Options {
   size_t translation_scrub = size_t{8} << 30;  // the pool whose reads evict them
   // --prewarm (cold only): per value R, RESOLVE again after one read in each of R of the launch's
   // distinct translation pages (translation_page bytes of host address space, what the GPU caches
-  // one entry for), then prewarm_extra pages per needed page that no miss reads (a predictor's
-  // false positives), then prewarm_gap such pages more (another launch's translations in between).
+  // one entry for), then prewarm_extra pages of its rows per needed page that no miss reads (a
+  // predictor's false positives), then prewarm_gap pages of the pool no miss reads (another launch's
+  // translations in between).
   std::vector<double> prewarm;
   double prewarm_extra = 0;
   double prewarm_gap = 0;
@@ -114,8 +115,9 @@ void Usage() {
                "  --prewarm: with cold translations, per fraction R also time RESOLVE after one read in R of\n"
                "  the distinct --translation-page pages its misses lie in (translations made ahead, as an\n"
                "  engine could make them while the GPU translates nothing else), plus --prewarm-extra pages\n"
-               "  no miss needs per needed page (a prediction's misses), then --prewarm-gap more (another\n"
-               "  launch's translations between them and RESOLVE); one line of kind resolve_prewarm each\n"
+               "  of its rows that no miss needs per needed page (a prediction's misses), then --prewarm-gap of\n"
+               "  the pool's (another launch's translations between them and RESOLVE); one line of kind\n"
+               "  resolve_prewarm each\n"
                "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
                "  what an engine that hides RESOLVE beside its own kernels gives it\n"
                "  --consumer-blocks: per point, the blocks whose consumer warps take queued chunks (0: all)\n"
@@ -607,9 +609,10 @@ int ResolveMain(int argc, char** argv) {
                 };
                 std::vector<Prewarmed> prewarmed;
                 for (const double frac : o.prewarm) {
-                  PrewarmReads reads = PlanPrewarm(
-                      t, reinterpret_cast<uintptr_t>(pool.dev), pos, batch, k, hits, seq, static_cast<uint32_t>(rb),
-                      {o.translation_page, frac, o.prewarm_extra, o.prewarm_gap}, 7u + batch + hits);
+                  PrewarmReads reads =
+                      PlanPrewarm(t, reinterpret_cast<uintptr_t>(pool.dev), pool.bytes, pos, batch, k, hits, seq,
+                                  static_cast<uint32_t>(rb), {o.translation_page, frac, o.prewarm_extra, o.prewarm_gap},
+                                  7u + batch + hits);
                   const DeviceAddresses first(reads.first), gap(reads.gap);
                   Timer tw = timer;
                   tw.touch = [&] {

@@ -110,7 +110,8 @@ TEST(BenchHostTables, PrewarmReadsTheAskedShareOfTheMissesPagesAndOthersApart) {
       needed.insert(static_cast<long long>((base + t.Offset(r, pos[r * k + j], 656)) / page));
     }
   }
-  const PrewarmReads all = PlanPrewarm(t, base, pos, 4, k, hits, 20000, 656, {page, 1.0, 0.5, 2.0}, 9);
+  const PrewarmReads all =
+      PlanPrewarm(t, base, size_t{64} << 20, pos, 4, k, hits, 20000, 656, {page, 1.0, 0.5, 2.0}, 9);
   EXPECT_EQ(all.needed, static_cast<long long>(needed.size()));
   EXPECT_EQ(all.hit, all.needed);
   std::set<long long> seen;
@@ -130,17 +131,19 @@ TEST(BenchHostTables, PrewarmReadsTheAskedShareOfTheMissesPagesAndOthersApart) {
     EXPECT_TRUE(seen.insert(pg).second) << "gap page read before: " << pg;
   }
   // A fraction reads that share of the needed pages and nothing else; the same seed, the same reads.
-  const PrewarmReads half = PlanPrewarm(t, base, pos, 4, k, hits, 20000, 656, {page, 0.5, 0, 0}, 9);
+  const PrewarmReads half = PlanPrewarm(t, base, size_t{64} << 20, pos, 4, k, hits, 20000, 656, {page, 0.5, 0, 0}, 9);
   EXPECT_EQ(half.hit, std::llround(0.5 * half.needed));
   EXPECT_EQ(static_cast<long long>(half.first.size()), half.hit);
   EXPECT_TRUE(half.gap.empty());
-  EXPECT_EQ(PlanPrewarm(t, base, pos, 4, k, hits, 20000, 656, {page, 0.5, 0, 0}, 9).first, half.first);
+  EXPECT_EQ(PlanPrewarm(t, base, size_t{64} << 20, pos, 4, k, hits, 20000, 656, {page, 0.5, 0, 0}, 9).first,
+            half.first);
 
   // Contiguous: row 0's position 0 lies at the pool's start, inside a page that begins before it.
   HostTables c;
   ASSERT_TRUE(BuildHostTables(HostLayout::kContiguous, size_t{64} << 20, {}, 1, 20000, 656, 5, &c, &why)) << why;
   const std::vector<int32_t> first_only{0};
-  const PrewarmReads clamped = PlanPrewarm(c, base, first_only, 1, 1, 0, 20000, 656, {page, 1.0, 0, 0}, 9);
+  const PrewarmReads clamped =
+      PlanPrewarm(c, base, size_t{64} << 20, first_only, 1, 1, 0, 20000, 656, {page, 1.0, 0, 0}, 9);
   ASSERT_EQ(clamped.first.size(), 1u);
   EXPECT_EQ(clamped.first[0], static_cast<long long>(base));
 }
