@@ -1,0 +1,24 @@
+// The CUDA launcher of PREWARM (prewarm.h; kernels/prewarm.cu). For identical records it reads what
+// the CPU reference reads and leaves the same digest and error bits. It enqueues one kernel on the
+// given stream and returns at once: no host synchronization, no allocation, no workspace, so it can
+// be captured in a CUDA graph; the batch size is read from device memory, so one graph captured for
+// max_batch serves every batch. An ordinary launch: meant for a side stream beside the engine's
+// kernels (an eighth of the SMs by default, PrewarmDesc::max_blocks otherwise), forked from and
+// joined to the engine's stream with events.
+#ifndef HISPARSE_KERNELS_PREWARM_CUDA_H_
+#define HISPARSE_KERNELS_PREWARM_CUDA_H_
+
+#include <cuda_runtime.h>
+
+#include "hisparse/kernels/prewarm.h"
+
+namespace hisparse {
+
+// cudaSuccess, the launch's CUDA error, or cudaErrorInvalidValue for a descriptor CheckPrewarmDesc
+// rejects (LastLaunchError, resolve_cuda.h, says why). `sms`: the current device's SM count (0: the
+// launcher asks the driver). Every pointer is device memory or mapped host memory.
+cudaError_t LaunchPrewarm(const PrewarmDesc& d, int sms, cudaStream_t stream);
+
+}  // namespace hisparse
+
+#endif  // HISPARSE_KERNELS_PREWARM_CUDA_H_
