@@ -1,5 +1,5 @@
 // The C ABI's data-path calls (hisparse.h): RESOLVE, the prefill stores, the decode appends,
-// prefetch, a record's address, the device's deferred errors (hs_check_errors), and TOP-K, the
+// prefetch, prewarm, a record's address, the device's deferred errors (hs_check_errors), and TOP-K, the
 // one of them without a session. Each checks
 // its arguments and hands them to ClientSession, whose device backend does the work (on the
 // caller's stream where the call takes one); none of them makes an RPC.
@@ -14,6 +14,7 @@
 
 using hisparse::c_api::Fail;
 using hisparse::c_api::Guard;
+using hisparse::c_api::kPrewarmArgsV1;
 using hisparse::c_api::kResolveArgsV1;
 using hisparse::c_api::kStoreIndexedArgsV1;
 using hisparse::c_api::kTopkArgsV1;
@@ -118,6 +119,16 @@ hs_result hs_prefetch(hs_session* s, uint32_t layer, void* stream) {
   return Guard([&] {
     if (s == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session must not be NULL");
     return ToResult(s->Get()->Prefetch(layer, stream));
+  });
+}
+
+hs_result hs_prewarm(hs_session* s, const hs_prewarm_args* args) {
+  return Guard([&] {
+    if (s == nullptr || args == nullptr) return Fail(HS_ERR_INVALID_ARGUMENT, "session and args must not be NULL");
+    if (!SizeOk(args->struct_size, kPrewarmArgsV1)) {
+      return Fail(HS_ERR_INVALID_ARGUMENT, "hs_prewarm_args.struct_size is too small: use HS_PREWARM_ARGS_INIT");
+    }
+    return ToResult(s->Get()->Prewarm(ReadSized(*args)));
   });
 }
 

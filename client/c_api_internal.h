@@ -89,6 +89,7 @@ constexpr size_t kStoreIndexedArgsV1 = sizeof(hs_store_indexed_args);     // ABI
 constexpr size_t kAdmitArgsV1 = sizeof(hs_admit_args);                    // ABI 1.10
 constexpr size_t kRecoveryV1 = sizeof(hs_recovery);                       // ABI 1.11
 constexpr size_t kTopkArgsV1 = offsetof(hs_topk_args, after_count);       // ABI 1.16
+constexpr size_t kPrewarmArgsV1 = sizeof(hs_prewarm_args);                // ABI 1.19
 
 inline bool SizeOk(uint32_t struct_size, size_t first_version) { return struct_size >= first_version; }
 

@@ -698,6 +698,45 @@ absl::Status ClientSession::Prefetch(uint32_t layer, void* stream) {
   return backend_->Replay(d, stream);
 }
 
+absl::Status ClientSession::Prewarm(const hs_prewarm_args& a) {
+  HS_RETURN_IF_ERROR(CheckAlive());
+  if (a.layer >= geometry_.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("prewarm: layer ", a.layer, " out of range"));
+  }
+  if (a.max_batch < 0 || a.max_batch > arena_geometry_.max_rows ||
+      (a.max_batch > 0 && (a.rows == nullptr || a.seq_lens == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat("prewarm needs max_batch in [0, ", arena_geometry_.max_rows,
+                                                   "] (the session's rows), and rows and seq_lens"));
+  }
+  PrewarmDesc d;
+  d.geometry = arena_geometry_;
+  d.layer = static_cast<int32_t>(a.layer);
+  d.max_batch = a.max_batch;
+  d.batch_size = a.batch_size;  // null: the backend supplies max_batch in its own memory space
+  d.rows = a.rows;
+  d.seq_lens = a.seq_lens;
+  d.max_positions = static_cast<int32_t>(std::max<uint32_t>(1, opened_.max_tokens_per_request()));
+  d.granule_bytes = a.granule_bytes == 0 ? kPrewarmDefaultGranule : a.granule_bytes;
+  d.max_blocks = a.max_blocks;
+  d.granule_stride = a.granule_stride == 0 ? 1 : a.granule_stride;
+  d.granule_phase = a.granule_phase;
+  constexpr uint32_t kOrderFlags = HS_RESOLVE_LAUNCH_PROGRAMMATIC | HS_RESOLVE_LAUNCH_BESIDE;
+  if ((a.launch_flags & ~kOrderFlags) != 0 || a.launch_flags == kOrderFlags) {
+    return absl::InvalidArgumentError(absl::StrCat("prewarm launch_flags 0x", absl::Hex(a.launch_flags),
+                                                   ": 0, HS_RESOLVE_LAUNCH_PROGRAMMATIC or HS_RESOLVE_LAUNCH_BESIDE"));
+  }
+  d.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? LaunchOrder::kBeside
+            : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? LaunchOrder::kProgrammatic
+                                                                : LaunchOrder::kAfterCompletion;
+  d.error_flags = backend_->error_flags();
+  absl::ReaderMutexLock lock(&mu_);  // the host map must not change under a host-backend read
+  d.host = backend_->host_map();
+  PrewarmDesc checked = d;  // the backend supplies a null batch_size
+  if (checked.batch_size == nullptr) checked.batch_size = &a.max_batch;
+  if (const char* why = CheckPrewarmDesc(checked)) return absl::InvalidArgumentError(absl::StrCat("prewarm: ", why));
+  return backend_->Prewarm(d, a.stream);
+}
+
 absl::Status ClientSession::Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after,
                                   const void* src, int64_t layer_stride, int64_t token_stride, void* stream) {
   HS_RETURN_IF_ERROR(CheckAlive());

@@ -194,6 +194,8 @@ class ClientSession {
   uint64_t session_id() const { return opened_.session_id(); }
 
   absl::Status Resolve(const hs_resolve_args& args) ABSL_LOCKS_EXCLUDED(mu_);
+  // hs_prewarm: the GPU's translations of rows' host records of a layer, made ahead (PrewarmDesc).
+  absl::Status Prewarm(const hs_prewarm_args& args) ABSL_LOCKS_EXCLUDED(mu_);
   // hs_prefetch: replays `layer`'s anchor's last miss plan into `layer` (ReplayDesc).
   absl::Status Prefetch(uint32_t layer, void* stream) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Store(uint64_t request_id, int32_t start_pos, int32_t num_tokens, int32_t seq_len_after, const void* src,

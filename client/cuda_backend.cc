@@ -21,6 +21,7 @@
 #include "device_backend.h"
 #include "hisparse/common/cuda_vmm.h"
 #include "hisparse/common/device_buffer.h"
+#include "hisparse/kernels/prewarm_cuda.h"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "hisparse/kernels/topk_cuda.h"
 
@@ -191,6 +192,11 @@ class CudaBackend final : public DeviceBackend {
   }
   absl::Status Replay(const ReplayDesc& d, void* stream) override {
     return CudaError(LaunchReplay(d, launch_, static_cast<cudaStream_t>(stream)), "prefetch launch");
+  }
+  absl::Status Prewarm(const PrewarmDesc& desc, void* stream) override {
+    PrewarmDesc d = desc;
+    if (d.batch_size == nullptr) d.batch_size = counts_.as<int32_t>() + d.max_batch;
+    return CudaError(LaunchPrewarm(d, launch_.sms, static_cast<cudaStream_t>(stream)), "prewarm launch");
   }
   absl::Status CheckErrors() override {
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "data path");

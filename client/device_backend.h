@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "hisparse/hisparse.h"
+#include "hisparse/kernels/prewarm.h"
 #include "hisparse/kernels/resolve.h"
 #include "hisparse/kernels/topk.h"
 
@@ -94,6 +95,9 @@ class DeviceBackend {
   virtual absl::StatusOr<MissPlan> AllocMissPlan() = 0;
   // Exact prefetch of a shared layer from its anchor's plan (ReplayDesc).
   virtual absl::Status Replay(const ReplayDesc& d, void* stream) = 0;
+  // The translations of rows' host records, made ahead (PrewarmDesc, checked; batch_size may be
+  // null: the backend supplies max_batch, <= the session's rows, in its own memory space).
+  virtual absl::Status Prewarm(const PrewarmDesc& d, void* stream) = 0;
   // Error flags that kernels set since the last call; waits for the whole device (CUDA: every
   // stream, so that kernels on a side stream, e.g. prefetch, have landed their flags too).
   virtual absl::Status CheckErrors() = 0;

@@ -137,6 +137,12 @@ class HostBackend final : public DeviceBackend {
     return MissPlan::Of(plans_.back().get(), geometry_.max_rows);
   }
   absl::Status Replay(const ReplayDesc& d, void*) override { return Check(ReplayReference(d)); }
+  absl::Status Prewarm(const PrewarmDesc& desc, void*) override {
+    PrewarmDesc d = desc;
+    const int32_t all = d.max_batch;
+    if (d.batch_size == nullptr) d.batch_size = &all;
+    return Check(PrewarmReference(d));
+  }
   absl::Status CheckErrors() override { return absl::OkStatus(); }  // reported synchronously
   uint32_t* error_flags() override { return nullptr; }
   absl::StatusOr<ArenaCounters> ReadCounters() override {

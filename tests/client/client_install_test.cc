@@ -109,6 +109,7 @@ class ProbeBackend : public DeviceBackend {
   absl::Status Append(const AppendDesc& d, void* stream) override { return inner_->Append(d, stream); }
   absl::StatusOr<MissPlan> AllocMissPlan() override { return inner_->AllocMissPlan(); }
   absl::Status Replay(const ReplayDesc& d, void* stream) override { return inner_->Replay(d, stream); }
+  absl::Status Prewarm(const PrewarmDesc& d, void* stream) override { return inner_->Prewarm(d, stream); }
   absl::Status CheckErrors() override { return inner_->CheckErrors(); }
   uint32_t* error_flags() override { return inner_->error_flags(); }
   absl::StatusOr<ArenaCounters> ReadCounters() override { return inner_->ReadCounters(); }

@@ -278,6 +278,60 @@ TEST_F(AbiStructTest, StoreIndexedArgsFromTheFirstVersionUp) {  // ABI 1.3
   EXPECT_EQ(hs_store_indexed(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
 }
 
+// ABI 1.19: hs_prewarm reads and writes nothing a caller sees; on the host backend it runs the
+// reference, so its checks answer at once: bad arguments launch nothing, bad entries are named.
+TEST_F(AbiStructTest, PrewarmArgsFromTheFirstVersionUp) {
+  hs_request_info ri = HS_REQUEST_INFO_INIT;
+  ASSERT_EQ(hs_admit(session_.get(), 1, 4, 8, &ri), HS_OK) << hs_last_error();
+  const int32_t rows[3] = {static_cast<int32_t>(ri.row), -1, static_cast<int32_t>(ri.row)};
+  const int32_t lens[3] = {4, 0, 1};
+  hs_prewarm_args a = HS_PREWARM_ARGS_INIT;
+  a.layer = 3;
+  a.max_batch = 3;
+  a.rows = rows;
+  a.seq_lens = lens;
+  Grown<hs_prewarm_args> grown(a);
+  ASSERT_EQ(hs_prewarm(session_.get(), grown.get()), HS_OK) << hs_last_error();
+  a.granule_bytes = 4096;
+  ASSERT_EQ(hs_prewarm(session_.get(), &a), HS_OK) << hs_last_error();
+
+  const int32_t too_long[3] = {static_cast<int32_t>(ri.capacity_tokens) + 1, 0, 1};
+  a.seq_lens = too_long;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(hs_last_error()).find("seq_len"), std::string::npos) << hs_last_error();
+  const int32_t one = 2;  // the bad entry is past the batch: read nothing, no error
+  a.batch_size = &one;
+  a.seq_lens = lens;
+  const int32_t bad_rows[3] = {static_cast<int32_t>(ri.row), -1, 1000};
+  a.rows = bad_rows;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_OK) << hs_last_error();
+  a.batch_size = nullptr;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  a.rows = rows;
+  for (uint32_t g : {48u, 8u, 2u << 30}) {
+    a.granule_bytes = g;
+    EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT) << g;
+    EXPECT_NE(std::string(hs_last_error()).find("granule"), std::string::npos) << hs_last_error();
+  }
+  a.granule_bytes = 0;
+  a.layer = 4;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  a.layer = 0;
+  a.max_blocks = -1;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  a.max_blocks = 0;
+  a.max_batch = 1 << 20;  // past the session's rows
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  a.max_batch = 3;
+  a.seq_lens = nullptr;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  a.seq_lens = lens;
+  a.struct_size = sizeof(hs_prewarm_args) - 8;
+  EXPECT_EQ(hs_prewarm(session_.get(), &a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(hs_prewarm(nullptr, &a), HS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(hs_prewarm(session_.get(), nullptr), HS_ERR_INVALID_ARGUMENT);
+}
+
 // ABI 1.16: hs_topk needs no session. Host memory (device -1) runs the CPU reference; a larger
 // caller's struct is read only to this library's sizeof; bad input is refused and writes nothing.
 TEST_F(AbiStructTest, TopkArgsFromTheFirstVersionUp) {

@@ -270,6 +270,42 @@ def test_torch_cpu_tensors_on_the_host_backend(session):
         s.resolve(2, rows.long(), seq, pos, out)
 
 
+def test_prewarm_reads_and_changes_nothing(session):
+    """hs_prewarm (ABI 1.19) on the host backend: the reference reads the rows' records, and nothing a
+    caller can see changes (a RESOLVE after it equals one without); bad entries are named at once."""
+    s = session
+    row = s.admit(1, 20, 24).row
+    s.store(1, prompt(1, 20), num_tokens=20)
+    rows = np.array([row, -1], np.int32)
+    seq = np.array([20, 0], np.int32)
+    def state():
+        return ([s.record_view(1, 2, p)[0].copy() for p in range(20)], np.array(s.slot_view()),
+                (s.stats().hits, s.stats().misses))
+    before = state()
+    s.prewarm(2, rows, seq)
+    s.prewarm(2, rows, seq, granule_bytes=4096, max_blocks=3, batch_size=np.array([1], np.int32))
+    s.prewarm(2, rows, seq, granule_bytes=16, granule_stride=3, granule_phase=2, beside=True)
+    after = state()
+    for x, y in zip(before[0], after[0]):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(before[1], after[1])
+    assert before[2] == after[2]
+    pos = np.arange(K, dtype=np.int32).reshape(1, K)
+    out = np.zeros((1, K), np.int32)
+    s.resolve(2, rows[:1], seq[:1], pos, out)
+    check_slots(s, 1, row, 2, pos[0].tolist(), out[0], 20)
+    with pytest.raises(hisparse.InvalidArgument, match="seq_len"):
+        s.prewarm(2, rows, np.array([25, 0], np.int32))
+    with pytest.raises(hisparse.InvalidArgument, match="granule"):
+        s.prewarm(2, rows, seq, granule_bytes=100)
+    with pytest.raises(hisparse.InvalidArgument, match="layer"):
+        s.prewarm(LAYERS, rows, seq)
+    with pytest.raises(hisparse.InvalidArgument, match="granule_phase"):
+        s.prewarm(2, rows, seq, granule_stride=2, granule_phase=2)
+    with pytest.raises(hisparse.InvalidArgument, match="launch_flags"):
+        s.prewarm(2, rows, seq, beside=True, programmatic=True)
+
+
 def test_shared_indexer_prefetch_equals_resolve(open_session):
     """Layers 1 and 2 reuse layer 0's selection: one session prefetches them from layer 0's miss
     plan, another resolves every layer. Slot tables, LRU orders, slot bytes and counters agree."""

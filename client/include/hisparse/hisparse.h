@@ -56,9 +56,10 @@ extern "C" {
  * HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS (the next kernel may run beside RESOLVE); 1.16: hs_topk (the
  * top-k of rows of scores as RESOLVE's positions, no session needed); 1.17: hs_topk_args.after_count
  * (the top-k waits for the kernels that count on it, not for every kernel before it); 1.18:
- * hs_append's kernel lets its programmatic dependent (an engine's indexer) start at once. */
+ * hs_append's kernel lets its programmatic dependent (an engine's indexer) start at once; 1.19:
+ * hs_prewarm (the GPU's translations of a layer's host records, made ahead of its RESOLVE). */
 #define HS_ABI_VERSION_MAJOR 1
-#define HS_ABI_VERSION_MINOR 18
+#define HS_ABI_VERSION_MINOR 19
 /* The major version alone: what HS_ABI_VERSION and hs_abi_version() have always meant. */
 #define HS_ABI_VERSION HS_ABI_VERSION_MAJOR
 
@@ -557,6 +558,54 @@ hs_result hs_append_tokens(hs_session* session, uint32_t layer, int32_t max_batc
  * leaving the rest of the GPU to the engine's kernels they overlap.
  * HS_ERR_FAILED_PRECONDITION when `layer` has no other anchor or the anchor was not resolved yet. */
 hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
+
+/* Since ABI 1.19. PREWARM: makes the GPU's translations of the host records that a RESOLVE of
+ * `layer` for these rows may fetch, ahead of it, by one 16-byte read in every granule_bytes of them
+ * (one in every 64 KiB by default: the GPU translates host memory 64 KiB at a time, huge pages
+ * included). It writes nothing: no slot, table, record or counter changes, so it may run beside
+ * anything, on a side stream. A RESOLVE whose misses lie in pages the GPU has not translated lately
+ * waits for their translations; with them made ahead a window of 15 rows at 23% misses took 121-124
+ * us instead of 175 on an H100, with a whole other window's pages translated in between
+ * (bench/RESULTS.md, "Translations made ahead"). An engine launches it where the GPU translates no
+ * host memory: beside a kernel of its own that reads only HBM, for the rows whose RESOLVE comes
+ * next (docs/INTEGRATION.md, "Hiding the misses"). It helps on hosts where reads of warm host pages beat
+ * cold ones; on others it costs its reads and changes nothing. Graph-capturable (batch_size is read
+ * at run time); max_blocks thread blocks (0: an eighth of the SMs).
+ * Entry i < *batch_size (NULL: all max_batch) reads positions [0, seq_lens[i]) of row rows[i]; -1
+ * pads. A row that is not admitted or out of range, or a seq_len outside [1, its capacity], reads
+ * nothing and surfaces at hs_check_errors on the CUDA backend (at once on the host backend, where it
+ * reads host memory and buys nothing). layer out of range, max_batch < 0 or over the session's rows,
+ * NULL rows or seq_lens, max_blocks < 0 or a granule_bytes that is not 0 or a power of two in
+ * [16, 1 GiB]: HS_ERR_INVALID_ARGUMENT, nothing launched. */
+typedef struct hs_prewarm_args {
+  uint32_t struct_size; /* sizeof(hs_prewarm_args) */
+  uint32_t layer;
+  int32_t max_batch;         /* capacity of the arrays below */
+  const int32_t* batch_size; /* int32 [1] read at run time, or NULL: all max_batch entries */
+  const int32_t* rows;       /* [max_batch] arena rows (hs_request_info.row), -1: padding */
+  const int32_t* seq_lens;   /* [max_batch] positions to read of each row, as its next RESOLVE's */
+  int32_t max_blocks;        /* thread blocks to read with; 0: an eighth of the SMs */
+  uint32_t granule_bytes;    /* 0: 64 KiB */
+  void* stream;
+  /* Read only the granules g (an address / granule_bytes) with g % granule_stride == granule_phase
+   * (stride 0 or 1: every one; phase >= a stride above 1: HS_ERR_INVALID_ARGUMENT): a share that fits
+   * the time beside the kernel it runs with. */
+  uint32_t granule_stride;
+  uint32_t granule_phase;
+  /* 0, HS_RESOLVE_LAUNCH_PROGRAMMATIC (waits for the kernel before it first) or
+   * HS_RESOLVE_LAUNCH_BESIDE: runs beside the kernel before it in the stream and completes after
+   * it, so that one stream and one graph chain carry it (a side stream's fork in a captured graph
+   * cost the example engine's whole overlap: bench/RESULTS.md, "Translations made ahead, in the
+   * step"). Beside, the kernel before must ask for its dependents (griddepcontrol.launch_dependents)
+   * for the reads to start before its end, and must not write rows, seq_lens or batch_size; the
+   * kernel after, an ordinary launch, waits for both. Other bits: HS_ERR_INVALID_ARGUMENT. */
+  uint32_t launch_flags;
+} hs_prewarm_args;
+
+#define HS_PREWARM_ARGS_INIT \
+  { sizeof(hs_prewarm_args), 0, 0, NULL, NULL, NULL, 0, 0, NULL, 0, 0, 0 }
+
+hs_result hs_prewarm(hs_session* session, const hs_prewarm_args* args);
 
 /* Reports (and clears) data-path errors that kernels flagged since the last call. On the CUDA
  * backend it synchronizes the session's GPU (cudaDeviceSynchronize: waits for the work of every

@@ -97,6 +97,7 @@ class Session {
     return Error::From(hs_stats_get(s_, out));
   }
   Error Resolve(const hs_resolve_args& args) { return Error::From(hs_resolve(s_, &args)); }
+  Error Prewarm(const hs_prewarm_args& args) { return Error::From(hs_prewarm(s_, &args)); }
 
  private:
   explicit Session(hs_session* s) : s_(s) {}

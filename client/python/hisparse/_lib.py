@@ -28,7 +28,7 @@ from typing import List, Optional
 # The C ABI this package speaks (hisparse.h): HS_ABI_VERSION_MAJOR, and the least
 # HS_ABI_VERSION_MINOR whose functions it declares. ABI_VERSION is the major, as it always was.
 ABI_VERSION = 1
-ABI_VERSION_MINOR = 18
+ABI_VERSION_MINOR = 19
 
 # hs_result
 HS_OK = 0
@@ -316,6 +316,29 @@ def new_topk_args() -> TopkArgs:
     return _new(TopkArgs)
 
 
+class PrewarmArgs(ctypes.Structure):
+    """hs_prewarm_args (ABI 1.19)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("layer", ctypes.c_uint32),
+        ("max_batch", ctypes.c_int32),
+        ("batch_size", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p),
+        ("max_blocks", ctypes.c_int32),
+        ("granule_bytes", ctypes.c_uint32),
+        ("stream", ctypes.c_void_p),
+        ("granule_stride", ctypes.c_uint32),
+        ("granule_phase", ctypes.c_uint32),
+        ("launch_flags", ctypes.c_uint32),
+    ]
+
+
+def new_prewarm_args() -> PrewarmArgs:
+    return _new(PrewarmArgs)
+
+
 class _SessionHandle(ctypes.Structure):
     """The opaque hs_session (only pointers to it are used)."""
 
@@ -364,6 +387,7 @@ _SIGNATURES = {
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_int64, ctypes.c_void_p]),
     "hs_prefetch": (ctypes.c_int, [SessionPtr, ctypes.c_uint32, ctypes.c_void_p]),
+    "hs_prewarm": (ctypes.c_int, [SessionPtr, ctypes.POINTER(PrewarmArgs)]),  # ABI 1.19
     "hs_check_errors": (ctypes.c_int, [SessionPtr]),
     "hs_admit_batch": (ctypes.c_int, [SessionPtr, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64),  # ABI 1.6
                                       ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,

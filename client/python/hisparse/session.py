@@ -721,6 +721,42 @@ class Session:
         args.consumer_warps = consumer_warps  # and a count outside [0, 16]
         check(self._lib.hs_resolve(self._h(), ctypes.byref(args)), f"resolve layer {layer}")
 
+    def prewarm(self, layer: int, rows: Any, seq_lens: Any, *, max_batch: Optional[int] = None,
+                batch_size: Any = None, max_blocks: int = 0, granule_bytes: int = 0, granule_stride: int = 1,
+                granule_phase: int = 0, beside: bool = False, programmatic: bool = False,
+                stream: Any = None) -> None:
+        """The GPU's translations of these rows' host records of `layer`, made ahead of its resolve() (ABI 1.19).
+
+        One 16-byte read in every granule_bytes (0: 64 KiB) of positions [0, seq_lens[i]) of each
+        row's records; nothing is written, so it may run beside anything. Launch it for the next
+        layer's rows on a side stream beside the MoE (docs/INTEGRATION.md, "Hiding the misses"); on
+        a host where warm reads of host memory beat cold ones that layer's resolve() fetches at its
+        warm speed. rows (-1 pads), seq_lens and batch_size as resolve() takes them; max_blocks:
+        thread blocks to read with (0: an eighth of the SMs); granule_stride / granule_phase: read
+        only the granules g with g % stride == phase (a share that fits beside the kernel it runs
+        with); beside: launched beside the kernel before it in the stream, completing after it
+        (HS_RESOLVE_LAUNCH_BESIDE; that kernel must ask for its dependents), programmatic: as its
+        programmatic dependent. Bad rows surface at check_errors() on the CUDA backend, at once on
+        the host backend.
+        """
+        if max_batch is None:
+            max_batch = len(rows)
+        args = _lib.new_prewarm_args()
+        args.layer = layer
+        args.max_batch = max_batch
+        args.batch_size = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) \
+            if batch_size is not None else None
+        args.rows = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
+        args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
+        args.max_blocks = max_blocks
+        args.granule_bytes = granule_bytes
+        args.granule_stride = granule_stride
+        args.granule_phase = granule_phase
+        args.launch_flags = (_lib.HS_RESOLVE_LAUNCH_BESIDE if beside else 0) | \
+            (_lib.HS_RESOLVE_LAUNCH_PROGRAMMATIC if programmatic else 0)  # both: refused
+        args.stream = self._stream(stream) or None
+        check(self._lib.hs_prewarm(self._h(), ctypes.byref(args)), f"prewarm layer {layer}")
+
     def prefetch(self, layer: int, *, stream: Any = None) -> None:
         """Exact prefetch of a layer that shares its anchor's selection (layer_anchor at open).
 
