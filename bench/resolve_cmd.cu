@@ -57,6 +57,7 @@
 #include "bench_cmd.h"
 #include "bench_kernels.h"  // kernels/: the launch and memory floors
 #include "cuda_bench_util.h"
+#include "hisparse/kernels/prewarm_cuda.h"
 #include "hisparse/kernels/resolve_cuda.h"
 #include "host_tables.h"
 
@@ -92,6 +93,9 @@ struct Options {
   double prewarm_extra = 0;
   double prewarm_gap = 0;
   size_t translation_page = size_t{64} << 10;
+  // --prewarm-call (cold only): per value, the library's PREWARM (hs_prewarm's kernel) of every row's
+  // layer on that many thread blocks (0: its default), timed alone and then before RESOLVE.
+  std::vector<int> prewarm_call;
   bool smoke = false;
   std::vector<bool> address_order{true};  // ResolveLaunchConfig::address_order per point
   std::vector<int> max_blocks{0};         // ResolveLaunchConfig::max_blocks per point (0: no budget)
@@ -109,7 +113,7 @@ void Usage() {
                "       [--fetch-order address,selection] [--max-blocks 0,16,32] [--consumer-blocks 0,16,32]\n"
                "       [--consumer-warps 0,2,4,16] [--producer exit,early] [--translations warm]\n"
                "       [--translation-scrub 8G] [--prewarm 0,0.5,1] [--prewarm-extra 0] [--prewarm-gap 0]\n"
-               "       [--translation-page 64K] [--smoke]\n"
+               "       [--translation-page 64K] [--prewarm-call 0,16] [--smoke]\n"
                "  --translations: warm (the host pages' translations cached by the run before) or cold\n"
                "  (evicted before each run, as a serving RESOLVE finds them)\n"
                "  --prewarm: with cold translations, per fraction R also time RESOLVE after one read in R of\n"
@@ -118,6 +122,9 @@ void Usage() {
                "  of its rows that no miss needs per needed page (a prediction's misses), then --prewarm-gap of\n"
                "  the pool's (another launch's translations between them and RESOLVE); one line of kind\n"
                "  resolve_prewarm each\n"
+               "  --prewarm-call: with cold translations, per count of thread blocks (0: its default) time\n"
+               "  the library's PREWARM of the batch rows' layer (one read per --translation-page of their\n"
+               "  records, no prediction) alone, then RESOLVE after it; one line of kind resolve_prewarm_call each\n"
                "  --max-blocks: per point, the launch's budget of thread blocks (0: the GPU's capacity),\n"
                "  what an engine that hides RESOLVE beside its own kernels gives it\n"
                "  --consumer-blocks: per point, the blocks whose consumer warps take queued chunks (0: all)\n"
@@ -254,30 +261,20 @@ struct Timer {
   }
 };
 
-// A device copy of a list of addresses (--prewarm's reads). Owns it.
-struct DeviceAddresses {
-  explicit DeviceAddresses(const std::vector<long long>& v) : n(static_cast<long long>(v.size())) {
+// A device copy of a host vector (--prewarm's addresses, the producer's selections, a digest).
+// Owns it.
+template <class T>
+struct DeviceCopy {
+  explicit DeviceCopy(const std::vector<T>& v) : n(static_cast<long long>(v.size())) {
     if (v.empty()) return;
-    BENCH_CUDA(cudaMalloc(&p, v.size() * sizeof(long long)));
-    BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(long long), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMalloc(&p, v.size() * sizeof(T)));
+    BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
-  ~DeviceAddresses() { cudaFree(p); }
-  DeviceAddresses(const DeviceAddresses&) = delete;
-  DeviceAddresses& operator=(const DeviceAddresses&) = delete;
-  long long* p = nullptr;
+  ~DeviceCopy() { cudaFree(p); }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  T* p = nullptr;
   long long n;
-};
-
-// A device copy of a point's selections: the producer's source. Owns it.
-struct DeviceSelections {
-  explicit DeviceSelections(const std::vector<int32_t>& v) {
-    BENCH_CUDA(cudaMalloc(&p, v.size() * sizeof(int32_t)));
-    BENCH_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  }
-  ~DeviceSelections() { cudaFree(p); }
-  DeviceSelections(const DeviceSelections&) = delete;
-  DeviceSelections& operator=(const DeviceSelections&) = delete;
-  int32_t* p = nullptr;
 };
 
 // RESOLVE behind the kernel that writes its selections (LaunchProducer copies them from `src`
@@ -353,6 +350,9 @@ int ResolveMain(int argc, char** argv) {
     } else if (a == "--prewarm") {
       o.prewarm = ParseList<double>(next());
       ok = std::all_of(o.prewarm.begin(), o.prewarm.end(), [](double r) { return r >= 0 && r <= 1; });
+    } else if (a == "--prewarm-call") {
+      o.prewarm_call = ParseList<int>(next());
+      ok = std::all_of(o.prewarm_call.begin(), o.prewarm_call.end(), [](int b) { return b >= 0; });
     } else if (a == "--prewarm-extra") {
       ok = (o.prewarm_extra = std::atof(next())) >= 0;
     } else if (a == "--prewarm-gap") {
@@ -448,10 +448,11 @@ int ResolveMain(int argc, char** argv) {
     o.prewarm = {0.5};
     o.prewarm_extra = 0.5;
     o.prewarm_gap = 1;
+    o.prewarm_call = {0, 1};
     o.translation_page = 4096;  // the smoke's rows are a few pages of 64 KiB
   }
-  if (!o.prewarm.empty() && !o.cold_translations) {
-    std::fprintf(stderr, "hisparse-bench resolve: --prewarm needs --translations cold\n");
+  if ((!o.prewarm.empty() || !o.prewarm_call.empty()) && !o.cold_translations) {
+    std::fprintf(stderr, "hisparse-bench resolve: --prewarm and --prewarm-call need --translations cold\n");
     return 2;
   }
   if (o.batch.empty() || o.slots.empty() || o.record_bytes.empty() || o.miss.empty() || o.layouts.empty() ||
@@ -557,7 +558,7 @@ int ResolveMain(int argc, char** argv) {
               const int misses_row = k - hits;
               const std::vector<int32_t> pos = Selections(pattern, batch, k, hits, B, seq, 99u + batch + hits);
               BENCH_CUDA(cudaMemcpy(in.d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-              std::optional<DeviceSelections> pos_src;  // the producer's source, when timed behind one
+              std::optional<DeviceCopy<int32_t>> pos_src;  // the producer's source, when timed behind one
               if (!o.producers.empty()) pos_src.emplace(pos);
               for (const auto& [ordered, max_blocks, consumer_blocks, consumer_warps] : LaunchVariants(o)) {
                 ResolveLaunchConfig config;
@@ -613,7 +614,7 @@ int ResolveMain(int argc, char** argv) {
                       PlanPrewarm(t, reinterpret_cast<uintptr_t>(pool.dev), pool.bytes, pos, batch, k, hits, seq,
                                   static_cast<uint32_t>(rb), {o.translation_page, frac, o.prewarm_extra, o.prewarm_gap},
                                   7u + batch + hits);
-                  const DeviceAddresses first(reads.first), gap(reads.gap);
+                  const DeviceCopy<long long> first(reads.first), gap(reads.gap);
                   Timer tw = timer;
                   tw.touch = [&] {
                     if (first.n) LaunchReadEach(first.p, first.n, tlb->sink(), sms, st);
@@ -622,6 +623,41 @@ int ResolveMain(int argc, char** argv) {
                   const Timer::Times tt =
                       tw.Time([] {}, [&] { BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st)); });
                   prewarmed.push_back({frac, std::move(reads), tt});
+                }
+                // --prewarm-call: the library's PREWARM of the rows' whole layer, alone and before RESOLVE.
+                struct Called {
+                  int blocks;
+                  unsigned long long reads;
+                  Timer::Times alone, after;
+                };
+                std::vector<Called> called;
+                for (const int blocks : o.prewarm_call) {
+                  PrewarmDesc p;
+                  p.geometry = d.arena.geometry;
+                  p.host = d.host;
+                  p.layer = d.layer;
+                  p.max_batch = d.max_batch;
+                  p.batch_size = d.batch_size;
+                  p.rows = d.rows;
+                  p.seq_lens = d.seq_lens;
+                  p.max_positions = seq;
+                  p.granule_bytes = static_cast<uint32_t>(o.translation_page);
+                  p.max_blocks = blocks;
+                  unsigned long long digest[2] = {0, 0};
+                  {
+                    const DeviceCopy<unsigned long long> dig(std::vector<unsigned long long>(2, 0));
+                    p.digest = reinterpret_cast<uint64_t*>(dig.p);
+                    BENCH_CUDA(LaunchPrewarm(p, sms, st));
+                    BENCH_CUDA(cudaMemcpyAsync(digest, dig.p, sizeof digest, cudaMemcpyDeviceToHost, st));
+                    BENCH_CUDA(cudaStreamSynchronize(st));
+                    p.digest = nullptr;
+                  }
+                  const Timer::Times alone = timer.Time([] {}, [&] { BENCH_CUDA(LaunchPrewarm(p, sms, st)); });
+                  Timer tw = timer;
+                  tw.touch = [&] { BENCH_CUDA(LaunchPrewarm(p, sms, st)); };
+                  const Timer::Times after =
+                      tw.Time([] {}, [&] { BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st)); });
+                  called.push_back({blocks, digest[0], alone, after});
                 }
                 std::vector<BehindProducer> behind;
                 for (const ProducerStart start : o.producers) {
@@ -634,7 +670,8 @@ int ResolveMain(int argc, char** argv) {
                 BENCH_CUDA(cudaMemcpy(&err, in.d_err, 4, cudaMemcpyDeviceToHost));
                 ArenaCounters c{};
                 BENCH_CUDA(cudaMemcpy(&c, view.counters, sizeof c, cudaMemcpyDeviceToHost));
-                const uint64_t launches = (2ull + 4ull * o.producers.size() + o.prewarm.size()) * (o.runs + 5) + 1;
+                const uint64_t launches =
+                    (2ull + 4ull * o.producers.size() + o.prewarm.size() + o.prewarm_call.size()) * (o.runs + 5) + 1;
                 const bool ok = err == 0 && bad == 0 && c.misses == launches * misses_row * batch;
                 failed += ok ? 0 : 1;
                 BENCH_CUDA(cudaMemset(view.counters, 0, sizeof c));
@@ -674,6 +711,18 @@ int ResolveMain(int argc, char** argv) {
                       HostLayoutName(layout), max_blocks, consumer_warps, o.translation_page, pw.reads.needed, pw.frac,
                       pw.reads.hit, static_cast<long long>(pw.reads.first.size()) - pw.reads.hit, pw.reads.gap.size(),
                       pw.t.median, pw.t.min, med[0], link, o.runs, ok ? "ok" : "FAILED");
+                }
+                for (const Called& c : called) {
+                  std::printf(
+                      "{\"kind\":\"resolve_prewarm_call\",\"batch\":%d,\"k\":%d,\"slots\":%d,\"record_bytes\":%d,"
+                      "\"miss_rate\":%g,\"pattern\":\"%s\",\"host_layout\":\"%s\",\"max_blocks\":%d,"
+                      "\"consumer_warps\":%d,\"translation_page\":%zu,\"prewarm_blocks\":%d,\"reads\":%llu,"
+                      "\"call_us\":%.2f,\"call_min_us\":%.2f,\"median_us\":%.2f,\"min_us\":%.2f,\"cold_us\":%.2f,"
+                      "\"link_gbps\":%.2f,\"runs\":%d,\"check\":\"%s\"}\n",
+                      batch, k, B, rb, miss, pattern == Pattern::kScattered ? "scattered" : "consecutive",
+                      HostLayoutName(layout), max_blocks, consumer_warps, o.translation_page, c.blocks, c.reads,
+                      c.alone.median, c.alone.min, c.after.median, c.after.min, med[0], link, o.runs,
+                      ok && c.reads > 0 ? "ok" : "FAILED");
                 }
                 for (size_t x = 0; x < behind.size(); ++x) {
                   const BehindProducer& bp = behind[x];
