@@ -177,6 +177,24 @@ class Overlap:
     # instead: bench/RESULTS.md, "The top-k's guess, and the append beside the indexer".)
     append_early: bool = False
 
+    # pwN: after each layer's attention, the next layer's host records of the rows of ranges N and
+    # after are read ahead (hs_prewarm: one read a 64 KiB granule, the GPU's translations made before
+    # that layer's RESOLVE needs them), on a side stream beside the MoE, where the GPU translates no
+    # host memory; joined back at the step's end, since it writes nothing. -1: none. pbB: its thread
+    # blocks (0: an eighth of the SMs), pgK its granule in KiB. bench/RESULTS.md, "Translations made
+    # ahead, in the step".
+    prewarm: int = -1
+    prewarm_blocks: int = 0
+    prewarm_granule_kib: int = 0  # pgK: one read a K KiB (0: hs_prewarm's 64)
+    # pa: the read ahead runs beside the last range's split attention on the one stream instead (a
+    # programmatic dependent of that kernel, HS_RESOLVE_LAUNCH_BESIDE; the combine waits for both),
+    # reading one granule in psS (prewarm_stride), so that it fits beside that kernel.
+    prewarm_attention: bool = False
+    prewarm_stride: int = 1
+    # pm: beside the first expert GEMM of the layer's MoE instead (the Triton one asks for its
+    # dependents at its start), one stream, the next layer's rows: where the GPU translates nothing.
+    prewarm_moe: bool = False
+
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
         """"4", "4/b32", "4/b32/p0/g1.8", "4/h16", "4/w", "4/main", "4/b16/beside", "4/b16/beside/ix2/asc":
@@ -187,7 +205,10 @@ class Overlap:
         asc (the ranges' sizes ascending), cwN (consumer_warps of each budgeted RESOLVE block, 0-16; 0), rf
         (with ix: each RESOLVE first, the next segment's grid indexer beside it), under (with beside: each
         RESOLVE under all of the attention of the range before it), ae (the append last before the
-        indexer, which runs beside it)."""
+        indexer, which runs beside it), pwN (the next layer's records of ranges N.. read ahead beside
+        the MoE), pbB (that read's thread blocks), pgK (its granule, KiB), pa / pm (with pw: beside the
+        last range's attention / the first expert GEMM instead, on the one stream), psS (one granule in S
+        read)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -207,6 +228,13 @@ class Overlap:
                 o.under = True
             elif w == "ae":
                 o.append_early = True
+            elif w == "pa":
+                o.prewarm_attention = True
+            elif w == "pm":
+                o.prewarm_moe = True
+            elif w[:2] in ("pw", "pb", "pg", "ps") and w[2:].isdigit() and (w[:2] != "ps" or int(w[2:]) >= 1):
+                setattr(o, {"pw": "prewarm", "pb": "prewarm_blocks", "pg": "prewarm_granule_kib",
+                            "ps": "prewarm_stride"}[w[:2]], int(w[2:]))
             elif w[:2] == "cw" and w[2:].isdigit() and int(w[2:]) <= 16:
                 o.consumer_warps = int(w[2:])
             elif w[:2] in ("ix", "ic", "iu") and (w[2:] == "" or w[2:].isdigit()) and int(w[2:] or 1) >= 1:
@@ -223,6 +251,12 @@ class Overlap:
             raise ValueError(f"overlap spec {spec!r}: under needs beside (one stream)")
         if o.resolve_first and not o.indexer_chain:
             raise ValueError(f"overlap spec {spec!r}: rf needs ix (the indexer that runs beside RESOLVE)")
+        if (o.prewarm_attention or o.prewarm_moe or o.prewarm_stride != 1) and o.prewarm < 0:
+            raise ValueError(f"overlap spec {spec!r}: pa, pm and ps need pw (which rows to read ahead)")
+        if (o.prewarm_attention or o.prewarm_moe) and not o.beside:
+            raise ValueError(f"overlap spec {spec!r}: pa and pm need beside (one stream)")
+        if o.prewarm_attention and o.prewarm_moe:
+            raise ValueError(f"overlap spec {spec!r}: pa or pm, not both")
         if o.indexer_chain and o.max_blocks <= 0 and o.helpers < 0:
             # A RESOLVE block takes a whole SM (docs/INTEGRATION.md, "The budget"): the indexer leaves
             # the budget's SMs idle, so there must be one.
@@ -245,7 +279,11 @@ class Overlap:
             ([f"ic{self.indexer_ctas}"] if self.indexer_ctas != 1 else []) + \
             ([f"iu{self.indexer_unroll}"] if self.indexer_unroll != 1 else []) + (["asc"] if self.ascending else []) + \
             ([f"cw{self.consumer_warps}"] if self.consumer_warps else []) + (["under"] if self.under else []) + \
-            (["ae"] if self.append_early else [])
+            (["ae"] if self.append_early else []) + ([f"pw{self.prewarm}"] if self.prewarm >= 0 else []) + \
+            ([f"pb{self.prewarm_blocks}"] if self.prewarm_blocks else []) + \
+            ([f"pg{self.prewarm_granule_kib}"] if self.prewarm_granule_kib else []) + \
+            (["pa"] if self.prewarm_attention else []) + (["pm"] if self.prewarm_moe else []) + \
+            ([f"ps{self.prewarm_stride}"] if self.prewarm_stride != 1 else [])
         return "_".join(parts)
 
     def ranges(self, M: int, wave_rows: int = 1) -> List[tuple]:
@@ -459,7 +497,9 @@ class Experts:
         sb = torch.full((E, ws.shape[1]), scale, device=xq.device, dtype=torch.float32)
         return torch._scaled_grouped_mm(xq, ws.transpose(-2, -1), sa, sb, offs=offs, out_dtype=torch.bfloat16)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, after_gemm=None) -> torch.Tensor:
+        """after_gemm: called right after the first grouped GEMM's launch (what launches beside it;
+        the Triton GEMM lets it start at once), or None."""
         E, cap, H = x.shape
         if not self.fp8:
             gu = torch.bmm(x, torch.stack([w.w for w in self.w13]).transpose(1, 2))
@@ -470,6 +510,8 @@ class Experts:
             gu = self._gemm_all(xq, self.w13_all, self.w13[0].scale, cap).view(E, cap, 2 * self.inter)
         else:
             gu = torch.stack([_mm(xq[e * cap:(e + 1) * cap], self.w13[e]) for e in range(E)])
+        if after_gemm is not None:
+            after_gemm()
         a = (F.silu(gu[..., :self.inter].float()) * gu[..., self.inter:].float()).to(torch.bfloat16)
         aq = a.reshape(E * cap, self.inter).clamp(-448, 448).to(torch.float8_e4m3fn)
         if self.gemm != "loop":
@@ -547,6 +589,7 @@ class Model:
         self.events: Optional[List] = None  # probe mode: [(part, start, end)] recorded inside the step
         self.overlap: Optional[Overlap] = None  # hisparse mode: RESOLVE in row chunks beside attention
         self._side = None  # the overlap's side stream (CUDA), made once, before any capture
+        self._pw_side = None  # the prewarm's side stream (Overlap.prewarm), made the same way
         self._idx_count = None  # Overlap.under: the chained indexer's count of finished programs (int32 [1])
         self._chunk_consts: Dict[tuple, tuple] = {}  # row ranges -> (starts, sizes) on the device
         # The top-k: "torch" (torch.topk) or "hisparse" (hs_topk: a cluster of thread blocks a row,
@@ -586,7 +629,8 @@ class Model:
         k = _rms(kx).float() + (self.cfg.locality * sal).unsqueeze(-1) * L.u.float()
         return quantize_keys(k, self.idx_fp8)
 
-    def _moe(self, L: Layer, x: torch.Tensor) -> torch.Tensor:
+    def _moe(self, L: Layer, x: torch.Tensor, after_gemm=None) -> torch.Tensor:
+        """after_gemm: launched beside the first expert GEMM (Experts.__call__); dense layers have none."""
         c = self.cfg
         M = x.shape[0]
         if L.dense:
@@ -605,7 +649,7 @@ class Model:
         rows = x.repeat_interleave(c.active, dim=0)
         if cap * E != n:
             rows = torch.cat([rows, rows.new_zeros(cap * E - n, c.hidden)])
-        y = L.experts(rows.view(cap, E, c.hidden).transpose(0, 1).contiguous())  # [E, cap, H]
+        y = L.experts(rows.view(cap, E, c.hidden).transpose(0, 1).contiguous(), after_gemm)  # [E, cap, H]
         y = y.transpose(0, 1).reshape(cap * E, c.hidden)[:n].view(M, c.active, c.hidden)
         return shared + (y.float() * top_w.unsqueeze(-1)).sum(1).to(torch.bfloat16)
 
@@ -647,6 +691,40 @@ class Model:
             return ChunkPlan(chunks=chunks, segments=[], attend=chunks)
         rest, head = with_bs[len(ranges):]
         return ChunkPlan(chunks=chunks, segments=chunks[:j] + [rest], attend=[head] + chunks[j:])
+
+    def _prewarm_next(self, kv, l: int, st, plan: "ChunkPlan") -> bool:
+        """Overlap.prewarm: layer l + 1's host records of the rows of ranges prewarm.. (plan.attend)
+        read ahead on the prewarm's side stream, forked here (after layer l's RESOLVE and attention),
+        so that it runs beside the MoE. Nothing waits for it but the step's end (it writes nothing).
+        False when there is nothing to read ahead (no such layer or range, or no GPU)."""
+        o = self.overlap
+        if o.prewarm < 0 or o.prewarm_attention or o.prewarm_moe or l + 1 >= len(self.layers) or \
+                o.prewarm >= len(plan.attend) or self.device.type != "cuda":
+            return False
+        if self._pw_side is None:
+            self._pw_side = torch.cuda.Stream(device=self.device)
+        self._pw_side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._pw_side):
+            for a, b, bs in plan.attend[o.prewarm:]:
+                kv.prewarm_rows(l + 1, st, a, b, bs, max_blocks=o.prewarm_blocks,
+                                granule_bytes=o.prewarm_granule_kib << 10, granule_stride=o.prewarm_stride)
+        return True
+
+    def _prewarm_beside(self, kv, l: int, st, chunks, moe: bool = False):
+        """Overlap.prewarm_attention (moe: prewarm_moe): a launcher of layer l + 1's read ahead (the
+        rows of ranges prewarm..) beside the kernel launched before it (the last range's split
+        attention; moe: the first expert GEMM), or None."""
+        o = self.overlap
+        if o.prewarm < 0 or not (o.prewarm_moe if moe else o.prewarm_attention) or l + 1 >= len(self.layers) or \
+                o.prewarm >= len(chunks) or self.device.type != "cuda":
+            return None
+
+        def launch():
+            for a, b, bs in chunks[o.prewarm:]:
+                kv.prewarm_rows(l + 1, st, a, b, bs, max_blocks=o.prewarm_blocks,
+                                granule_bytes=o.prewarm_granule_kib << 10, granule_stride=o.prewarm_stride,
+                                granule_phase=(l + 1) % o.prewarm_stride, beside=True)
+        return launch
 
     def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False,
                        first: bool = False, early: bool = False):
@@ -762,6 +840,8 @@ class Model:
                 self._resolve_range(kv, l, st, chunks[c + 1], early=True)
             elif self.overlap.beside and more:
                 nxt = lambda n=chunks[c + 1]: self._resolve_range(kv, l, st, n, beside=True)  # noqa: E731
+            elif not more and self.device.type == "cuda":
+                nxt = self._prewarm_beside(kv, l, st, chunks)  # the next layer's translations, made ahead
             self.kernels.sparse_mla(qf[a:b], records, rec_idx[a:b], stride, fmt, bs, st.att_out[a:b], self.sm_scale,
                                     splits=splits, after_split=nxt, chained=self.overlap.under and more)
         if main is not None:
@@ -781,6 +861,7 @@ class Model:
         pos = (st.seq_lens - 1).long()
         plan = self._chunk_plan(kv, st, M)
         h = self.embed[st.tokens]
+        prewarmed = False
         for l, L in enumerate(self.layers):
             with self._part("proj"):
                 x = _rms(h)
@@ -833,8 +914,13 @@ class Model:
                     self._attend_chunks(kv, l, qf, records, rec_idx, stride, kv.fmt, st, plan.attend, ready)
                 o = torch.bmm(st.att_out.transpose(0, 1), L.w_uv).transpose(0, 1).reshape(M, c.heads * c.v_head)
                 h = h + L.wo(o)
+            if plan is not None:
+                prewarmed = self._prewarm_next(kv, l, st, plan) or prewarmed
             with self._part("moe"):
-                h = h + self._moe(L, _rms(h))
+                hook = self._prewarm_beside(kv, l, st, plan.attend, moe=True) if plan is not None else None
+                h = h + self._moe(L, _rms(h), after_gemm=hook)
+        if prewarmed:
+            torch.cuda.current_stream().wait_stream(self._pw_side)  # joins it (a capture needs it)
         with self._part("lm_head"):
             return (_rms(h) @ self.lm_head.t()).float()
 

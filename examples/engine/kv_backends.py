@@ -141,6 +141,17 @@ class HisparseKV:
                              early_dependents=early_dependents)
         return self.arena, self.page_table, self.stride
 
+    def prewarm_rows(self, layer: int, st: DecodeState, a: int, b: int, batch_size, max_blocks: int = 0,
+                     granule_bytes: int = 0, granule_stride: int = 1, granule_phase: int = 0,
+                     beside: bool = False) -> None:
+        """The GPU's translations of rows [a, b)'s host records of `layer`, made ahead of their
+        RESOLVE (hs_prewarm) on the current stream; batch_size the range's device count. It writes
+        nothing, so it may run beside other work (dsv32.Overlap.prewarm): beside, launched beside the
+        kernel before it (HS_RESOLVE_LAUNCH_BESIDE); one granule in granule_stride read."""
+        self.session.prewarm(layer, self.rows[a:b], st.seq_lens[a:b], batch_size=batch_size, max_blocks=max_blocks,
+                             granule_bytes=granule_bytes, granule_stride=granule_stride, granule_phase=granule_phase,
+                             beside=beside)
+
     def close(self) -> None:
         for rid in list(self.rows_of):
             self.release(0, rid)

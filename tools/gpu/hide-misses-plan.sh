@@ -3,7 +3,7 @@
 #   tools/gpu/make-bundle.sh .bundle-gpu            # here
 #   tools/gpu/hide-misses-plan.sh .bundle-gpu       # there, from the repo root ($OUT collects the files)
 # Steps (each skipped when its variable is 0):
-#   TESTS=1   gpu_topk_test (TOP-K against its reference); gpu_resolve_test's budget, consumer-block,
+#   TESTS=1   gpu_topk_test (TOP-K against its reference); gpu_prewarm_test; gpu_resolve_test's budget, consumer-block,
 #             beside, graph and prepared-config cases; pytest of the serve benchmark (kernels, the top-k,
 #             the CPU smoke runs: sweep and curve) and of the CUDA data path (PYTEST: the files)
 #   TOPK=1    the top-k's time a call, torch.topk against hisparse.topk, at 1-32 rows of 131,136 scores,
@@ -39,6 +39,8 @@ plan_begin "${1:-}"
 if [ "${TESTS:-1}" != 0 ]; then
   step 120 gpu_topk_test "$B/run" gpu_topk_test > "$OUT/gpu_topk_test.log" 2>&1
   tail -3 "$OUT/gpu_topk_test.log" >> "$S"
+  step 60 gpu_prewarm_test "$B/run" gpu_prewarm_test > "$OUT/gpu_prewarm_test.log" 2>&1
+  tail -3 "$OUT/gpu_prewarm_test.log" >> "$S"
   step 120 gpu_resolve_test "$B/run" gpu_resolve_test \
     --gtest_filter='ResolveGpu.ABudget*:ResolveGpu.FewerConsumer*:ResolveGpu.ConsumerWarps*:ResolveGpu.Beside*:ResolveGpu.EarlyDependents*:ResolveGpu.Prepared*:ResolveGpu.GraphReplay*:ResolveGpu.Programmatic*' \
     > "$OUT/gpu_resolve_test.log" 2>&1

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 out=${1:?bundle dir}
 build=${2:-build}
 exes=()
-for e in gpu_resolve_test gpu_topk_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test gpu_park_share_test gpu_tp_group_test gpu_engine hisparsed hisparse-import-worker hisparse-keeper hisparse-bench hisparse-ctl daemon_restart_test session_journal_test hisparse-durable-engine; do
+for e in gpu_resolve_test gpu_topk_test gpu_prewarm_test gpu_prefetch_test gpu_two_process_test gpu_store_test gpu_resolve_multi_test gpu_arena_session_test gpu_park_share_test gpu_tp_group_test gpu_engine hisparsed hisparse-import-worker hisparse-keeper hisparse-bench hisparse-ctl daemon_restart_test session_journal_test hisparse-durable-engine; do
   exes+=("$build/bin/$e")
 done
 ../shared/tools/gpu-bundle "$out" "${exes[@]}"
