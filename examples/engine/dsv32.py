@@ -191,9 +191,6 @@ class Overlap:
     # reading one granule in psS (prewarm_stride), so that it fits beside that kernel.
     prewarm_attention: bool = False
     prewarm_stride: int = 1
-    # pm: beside the first expert GEMM of the layer's MoE instead (the Triton one asks for its
-    # dependents at its start), one stream, the next layer's rows: where the GPU translates nothing.
-    prewarm_moe: bool = False
 
     @staticmethod
     def parse(spec: str, min_rows: int = 4) -> "Overlap":
@@ -206,9 +203,8 @@ class Overlap:
         (with ix: each RESOLVE first, the next segment's grid indexer beside it), under (with beside: each
         RESOLVE under all of the attention of the range before it), ae (the append last before the
         indexer, which runs beside it), pwN (the next layer's records of ranges N.. read ahead beside
-        the MoE), pbB (that read's thread blocks), pgK (its granule, KiB), pa / pm (with pw: beside the
-        last range's attention / the first expert GEMM instead, on the one stream), psS (one granule in S
-        read)."""
+        the MoE), pbB (that read's thread blocks), pgK (its granule, KiB), pa (with pw: beside the last
+        range's attention instead, on the one stream), psS (one granule in S read)."""
         words = spec.split("/")
         o = Overlap(chunks=int(words[0]), min_rows=min_rows)
         for w in words[1:]:
@@ -230,8 +226,6 @@ class Overlap:
                 o.append_early = True
             elif w == "pa":
                 o.prewarm_attention = True
-            elif w == "pm":
-                o.prewarm_moe = True
             elif w[:2] in ("pw", "pb", "pg", "ps") and w[2:].isdigit() and (w[:2] != "ps" or int(w[2:]) >= 1):
                 setattr(o, {"pw": "prewarm", "pb": "prewarm_blocks", "pg": "prewarm_granule_kib",
                             "ps": "prewarm_stride"}[w[:2]], int(w[2:]))
@@ -251,12 +245,10 @@ class Overlap:
             raise ValueError(f"overlap spec {spec!r}: under needs beside (one stream)")
         if o.resolve_first and not o.indexer_chain:
             raise ValueError(f"overlap spec {spec!r}: rf needs ix (the indexer that runs beside RESOLVE)")
-        if (o.prewarm_attention or o.prewarm_moe or o.prewarm_stride != 1) and o.prewarm < 0:
-            raise ValueError(f"overlap spec {spec!r}: pa, pm and ps need pw (which rows to read ahead)")
-        if (o.prewarm_attention or o.prewarm_moe) and not o.beside:
-            raise ValueError(f"overlap spec {spec!r}: pa and pm need beside (one stream)")
-        if o.prewarm_attention and o.prewarm_moe:
-            raise ValueError(f"overlap spec {spec!r}: pa or pm, not both")
+        if (o.prewarm_attention or o.prewarm_stride != 1) and o.prewarm < 0:
+            raise ValueError(f"overlap spec {spec!r}: pa and ps need pw (which rows to read ahead)")
+        if o.prewarm_attention and not o.beside:
+            raise ValueError(f"overlap spec {spec!r}: pa needs beside (one stream)")
         if o.indexer_chain and o.max_blocks <= 0 and o.helpers < 0:
             # A RESOLVE block takes a whole SM (docs/INTEGRATION.md, "The budget"): the indexer leaves
             # the budget's SMs idle, so there must be one.
@@ -282,7 +274,7 @@ class Overlap:
             (["ae"] if self.append_early else []) + ([f"pw{self.prewarm}"] if self.prewarm >= 0 else []) + \
             ([f"pb{self.prewarm_blocks}"] if self.prewarm_blocks else []) + \
             ([f"pg{self.prewarm_granule_kib}"] if self.prewarm_granule_kib else []) + \
-            (["pa"] if self.prewarm_attention else []) + (["pm"] if self.prewarm_moe else []) + \
+            (["pa"] if self.prewarm_attention else []) + \
             ([f"ps{self.prewarm_stride}"] if self.prewarm_stride != 1 else [])
         return "_".join(parts)
 
@@ -497,9 +489,7 @@ class Experts:
         sb = torch.full((E, ws.shape[1]), scale, device=xq.device, dtype=torch.float32)
         return torch._scaled_grouped_mm(xq, ws.transpose(-2, -1), sa, sb, offs=offs, out_dtype=torch.bfloat16)
 
-    def __call__(self, x: torch.Tensor, after_gemm=None) -> torch.Tensor:
-        """after_gemm: called right after the first grouped GEMM's launch (what launches beside it;
-        the Triton GEMM lets it start at once), or None."""
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         E, cap, H = x.shape
         if not self.fp8:
             gu = torch.bmm(x, torch.stack([w.w for w in self.w13]).transpose(1, 2))
@@ -510,8 +500,6 @@ class Experts:
             gu = self._gemm_all(xq, self.w13_all, self.w13[0].scale, cap).view(E, cap, 2 * self.inter)
         else:
             gu = torch.stack([_mm(xq[e * cap:(e + 1) * cap], self.w13[e]) for e in range(E)])
-        if after_gemm is not None:
-            after_gemm()
         a = (F.silu(gu[..., :self.inter].float()) * gu[..., self.inter:].float()).to(torch.bfloat16)
         aq = a.reshape(E * cap, self.inter).clamp(-448, 448).to(torch.float8_e4m3fn)
         if self.gemm != "loop":
@@ -629,8 +617,7 @@ class Model:
         k = _rms(kx).float() + (self.cfg.locality * sal).unsqueeze(-1) * L.u.float()
         return quantize_keys(k, self.idx_fp8)
 
-    def _moe(self, L: Layer, x: torch.Tensor, after_gemm=None) -> torch.Tensor:
-        """after_gemm: launched beside the first expert GEMM (Experts.__call__); dense layers have none."""
+    def _moe(self, L: Layer, x: torch.Tensor) -> torch.Tensor:
         c = self.cfg
         M = x.shape[0]
         if L.dense:
@@ -649,7 +636,7 @@ class Model:
         rows = x.repeat_interleave(c.active, dim=0)
         if cap * E != n:
             rows = torch.cat([rows, rows.new_zeros(cap * E - n, c.hidden)])
-        y = L.experts(rows.view(cap, E, c.hidden).transpose(0, 1).contiguous(), after_gemm)  # [E, cap, H]
+        y = L.experts(rows.view(cap, E, c.hidden).transpose(0, 1).contiguous())  # [E, cap, H]
         y = y.transpose(0, 1).reshape(cap * E, c.hidden)[:n].view(M, c.active, c.hidden)
         return shared + (y.float() * top_w.unsqueeze(-1)).sum(1).to(torch.bfloat16)
 
@@ -698,8 +685,8 @@ class Model:
         so that it runs beside the MoE. Nothing waits for it but the step's end (it writes nothing).
         False when there is nothing to read ahead (no such layer or range, or no GPU)."""
         o = self.overlap
-        if o.prewarm < 0 or o.prewarm_attention or o.prewarm_moe or l + 1 >= len(self.layers) or \
-                o.prewarm >= len(plan.attend) or self.device.type != "cuda":
+        if o.prewarm < 0 or o.prewarm_attention or l + 1 >= len(self.layers) or o.prewarm >= len(plan.attend) or \
+                self.device.type != "cuda":
             return False
         if self._pw_side is None:
             self._pw_side = torch.cuda.Stream(device=self.device)
@@ -710,13 +697,11 @@ class Model:
                                 granule_bytes=o.prewarm_granule_kib << 10, granule_stride=o.prewarm_stride)
         return True
 
-    def _prewarm_beside(self, kv, l: int, st, chunks, moe: bool = False):
-        """Overlap.prewarm_attention (moe: prewarm_moe): a launcher of layer l + 1's read ahead (the
-        rows of ranges prewarm..) beside the kernel launched before it (the last range's split
-        attention; moe: the first expert GEMM), or None."""
+    def _prewarm_beside(self, kv, l: int, st, chunks):
+        """Overlap.prewarm_attention: a launcher of layer l + 1's read ahead (the rows of ranges
+        prewarm..) beside the kernel launched before it (the last range's split attention), or None."""
         o = self.overlap
-        if o.prewarm < 0 or not (o.prewarm_moe if moe else o.prewarm_attention) or l + 1 >= len(self.layers) or \
-                o.prewarm >= len(chunks) or self.device.type != "cuda":
+        if o.prewarm < 0 or not o.prewarm_attention or l + 1 >= len(self.layers) or o.prewarm >= len(chunks):
             return None
 
         def launch():
@@ -917,8 +902,7 @@ class Model:
             if plan is not None:
                 prewarmed = self._prewarm_next(kv, l, st, plan) or prewarmed
             with self._part("moe"):
-                hook = self._prewarm_beside(kv, l, st, plan.attend, moe=True) if plan is not None else None
-                h = h + self._moe(L, _rms(h), after_gemm=hook)
+                h = h + self._moe(L, _rms(h))
         if prewarmed:
             torch.cuda.current_stream().wait_stream(self._pw_side)  # joins it (a capture needs it)
         with self._part("lm_head"):

@@ -42,20 +42,10 @@ def available() -> bool:
 
 
 if triton is not None:
-    try:  # griddepcontrol.launch_dependents (Triton 3.6 has it)
-        from triton.language.extra.cuda import gdc_launch_dependents
-    except ImportError:  # pragma: no cover - an older Triton: a beside launch then starts at the kernel's end
-        @triton.jit
-        def gdc_launch_dependents():
-            pass
 
     @triton.jit
     def _expert_gemm_kernel(x_ptr, w_ptr, out_ptr, scale, cap, N, K,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # A kernel launched beside this one as its programmatic dependent (hs_prewarm's read ahead,
-        # dsv32.Overlap's pm) may start once every program has started: it touches nothing of this
-        # GEMM's. An ordinary launch after it still waits for it to complete.
-        gdc_launch_dependents()
         e = tl.program_id(0)
         nb = tl.program_id(1)
         mb = tl.program_id(2)

@@ -261,13 +261,11 @@ def test_overlap_cuts_a_batch_into_row_ranges():
     assert (e.prewarm, e.prewarm_blocks) == (-1, 0), "nothing read ahead unless asked"
     q = dsv32.Overlap.parse("2/b8/beside/ix1/rf/under/ae/pw1/pa/ps4")
     assert (q.prewarm_attention, q.prewarm_stride, q.tag) == (True, 4, "2_b8_beside_ix1_rf_under_ae_pw1_pa_ps4")
-    m = dsv32.Overlap.parse("2/b8/beside/ix1/rf/under/ae/pw1/pm/ps2")
-    assert (m.prewarm_moe, m.prewarm_attention, m.tag) == (True, False, "2_b8_beside_ix1_rf_under_ae_pw1_pm_ps2")
     assert x.ranges(29) == [(0, 7), (7, 14), (14, 21), (21, 29)], "the 8-row range last"
     for bad in ("4/b16/ix", "4/b16/beside/ix0", "4/b16/beside/ixa", "4/b16/beside/ic0", "4/beside/ix",
                 "4/b16/beside/cw17", "4/b16/beside/cw", "4/b16/beside/cw-1", "4/b16/beside/rf", "4/b16/under",
                 "4/b16/beside/pw", "4/b16/beside/pw-1", "4/b16/beside/pbx", "4/b16/beside/pa", "4/b16/pw1/pa",
-                "4/b16/beside/pw1/ps0", "4/b16/beside/pm", "4/b16/beside/pw1/pa/pm"):
+                "4/b16/beside/pw1/ps0", "4/b16/beside/pm"):
         with pytest.raises(ValueError):
             dsv32.Overlap.parse(bad)
 
