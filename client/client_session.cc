@@ -71,6 +71,13 @@ std::string DaemonAddress(const hs_session_options& o) {
   return address;
 }
 
+// A launch's HS_RESOLVE_LAUNCH_BESIDE / _PROGRAMMATIC bit as its order (the caller has refused both).
+LaunchOrder OrderOf(uint32_t launch_flags) {
+  if (launch_flags & HS_RESOLVE_LAUNCH_BESIDE) return LaunchOrder::kBeside;
+  if (launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) return LaunchOrder::kProgrammatic;
+  return LaunchOrder::kAfterCompletion;
+}
+
 }  // namespace
 
 // Open, step by step: the options, the channel, the session stream and its SessionOpened, the
@@ -632,9 +639,7 @@ absl::Status ClientSession::Resolve(const hs_resolve_args& a) {
                                                    kMaxConsumerWarps, "] (0: the library's choice)"));
   }
   ResolvePlacement placement;
-  placement.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? LaunchOrder::kBeside
-                    : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? LaunchOrder::kProgrammatic
-                                                                        : LaunchOrder::kAfterCompletion;
+  placement.order = OrderOf(a.launch_flags);
   placement.max_blocks = a.max_blocks;          // zero for callers built before ABI 1.13
   placement.consumer_warps = a.consumer_warps;  // zero for callers built before ABI 1.15
   placement.early_dependents = (a.launch_flags & HS_RESOLVE_LAUNCH_EARLY_DEPENDENTS) != 0;
@@ -725,9 +730,7 @@ absl::Status ClientSession::Prewarm(const hs_prewarm_args& a) {
     return absl::InvalidArgumentError(absl::StrCat("prewarm launch_flags 0x", absl::Hex(a.launch_flags),
                                                    ": 0, HS_RESOLVE_LAUNCH_PROGRAMMATIC or HS_RESOLVE_LAUNCH_BESIDE"));
   }
-  d.order = (a.launch_flags & HS_RESOLVE_LAUNCH_BESIDE)         ? LaunchOrder::kBeside
-            : (a.launch_flags & HS_RESOLVE_LAUNCH_PROGRAMMATIC) ? LaunchOrder::kProgrammatic
-                                                                : LaunchOrder::kAfterCompletion;
+  d.order = OrderOf(a.launch_flags);
   d.error_flags = backend_->error_flags();
   absl::ReaderMutexLock lock(&mu_);  // the host map must not change under a host-backend read
   d.host = backend_->host_map();

@@ -651,6 +651,20 @@ class Session:
             return torch.cuda.current_stream(self.gpu).cuda_stream
         return stream_handle(stream)
 
+    def _batch_args(self, args: Any, layer: int, rows: Any, seq_lens: Any, max_batch: Optional[int],
+                    batch_size: Any) -> Any:
+        """A data-path call's batch fields (resolve, prewarm): layer, max_batch (None: len(rows)),
+        batch_size (None: all), rows and seq_lens, checked as int32 arrays of max_batch items."""
+        if max_batch is None:
+            max_batch = len(rows)
+        args.layer = layer
+        args.max_batch = max_batch
+        args.batch_size = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) \
+            if batch_size is not None else None
+        args.rows = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
+        args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
+        return args
+
     def resolve(self, layer: int, rows: Any, seq_lens: Any, positions: Any, out_slots: Any, *,
                 batch_size: Any = None, max_batch: Optional[int] = None, stream: Any = None,
                 page_table: Any = None, page_records: int = 1, page_offset: int = 0,
@@ -693,15 +707,8 @@ class Session:
         EARLY_DEPENDENTS), to run beside it on the SMs max_blocks leaves; same results. Ignored on
         the host backend.
         """
-        if max_batch is None:
-            max_batch = len(rows)
-        args = _lib.new_resolve_args()
-        args.layer = layer
-        args.max_batch = max_batch
-        args.batch_size = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) \
-            if batch_size is not None else None
-        args.rows = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
-        args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
+        args = self._batch_args(_lib.new_resolve_args(), layer, rows, seq_lens, max_batch, batch_size)
+        max_batch = args.max_batch
         lists = max_batch * (self.draft_tokens + 1) * self.k
         args.positions = self._data_ptr(positions, "positions", int32=True, min_items=lists)
         args.out_slots = self._data_ptr(out_slots, "out_slots", int32=True, writable=True,
@@ -739,15 +746,7 @@ class Session:
         programmatic dependent. Bad rows surface at check_errors() on the CUDA backend, at once on
         the host backend.
         """
-        if max_batch is None:
-            max_batch = len(rows)
-        args = _lib.new_prewarm_args()
-        args.layer = layer
-        args.max_batch = max_batch
-        args.batch_size = self._data_ptr(batch_size, "batch_size", int32=True, min_items=1) \
-            if batch_size is not None else None
-        args.rows = self._data_ptr(rows, "rows", int32=True, min_items=max_batch)
-        args.seq_lens = self._data_ptr(seq_lens, "seq_lens", int32=True, min_items=max_batch)
+        args = self._batch_args(_lib.new_prewarm_args(), layer, rows, seq_lens, max_batch, batch_size)
         args.max_blocks = max_blocks
         args.granule_bytes = granule_bytes
         args.granule_stride = granule_stride
