@@ -563,7 +563,7 @@ hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
  * `layer` for these rows may fetch, ahead of it, by one 16-byte read in every granule_bytes of them
  * (one in every 64 KiB by default: the GPU translates host memory 64 KiB at a time, huge pages
  * included). It writes nothing: no slot, table, record or counter changes, so it may run beside
- * anything, on a side stream. A RESOLVE whose misses lie in pages the GPU has not translated lately
+ * anything. A RESOLVE whose misses lie in pages the GPU has not translated lately
  * waits for their translations; with them made ahead a window of 15 rows at 23% misses took 121-124
  * us instead of 175 on an H100, with a whole other window's pages translated in between
  * (bench/RESULTS.md, "Translations made ahead"). An engine launches it where the GPU translates no

@@ -10,8 +10,12 @@
 // none while the step's MoE runs. A window's RESOLVE with its pages read ahead took its warm time,
 // 121-124 us against 175 cold, even with a whole other window's pages translated in between
 // (bench/RESULTS.md, "Translations made ahead shorten RESOLVE to its warm time"). Reading every page
-// of the rows' layer needs no prediction of which records will miss. An engine launches it for the
-// next layer's rows on a side stream beside its MoE (docs/INTEGRATION.md, "Hiding the misses").
+// of the rows' layer needs no prediction of which records will miss. The call itself costs ~37
+// translations a us (the GPU makes them one after another), so it pays only beside a long kernel that
+// reads HBM alone, launched on the same stream as that kernel's programmatic dependent (kBeside): a
+// side stream forked in a captured graph cost an engine's programmatic overlap, and beside a short
+// kernel it outlasts it (docs/INTEGRATION.md, "Hiding the misses"; bench/RESULTS.md, "Translations
+// made ahead, in the step").
 //
 // The contract, for every batch entry i < *batch_size (read at run time, clamped to [0, max_batch],
 // so one captured graph serves every batch):

@@ -2,9 +2,10 @@
 // the CPU reference reads and leaves the same digest and error bits. It enqueues one kernel on the
 // given stream and returns at once: no host synchronization, no allocation, no workspace, so it can
 // be captured in a CUDA graph; the batch size is read from device memory, so one graph captured for
-// max_batch serves every batch. An ordinary launch: meant for a side stream beside the engine's
-// kernels (an eighth of the SMs by default, PrewarmDesc::max_blocks otherwise), forked from and
-// joined to the engine's stream with events.
+// max_batch serves every batch. It takes an eighth of the SMs by default (PrewarmDesc::max_blocks
+// otherwise) and launches in PrewarmDesc::order: beside the kernel before it (programmatic dependent
+// launch, sm_90 and later; an ordinary launch on others), it runs while that kernel does and completes
+// after it, on the one stream.
 #ifndef HISPARSE_KERNELS_PREWARM_CUDA_H_
 #define HISPARSE_KERNELS_PREWARM_CUDA_H_
 
