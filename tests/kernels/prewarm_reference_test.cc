@@ -94,13 +94,15 @@ TEST_F(PrewarmByHand, ReadsOnceInEveryGranuleTheRecordsTouch) {
 
 TEST_F(PrewarmByHand, AStrideReadsOneGranuleInSoMany) {
   // seq 11 reads at 16, 64, 128, 192, 1072, 1088, 1152, 1216, 2048, 2112, 2176: granules (address /
-  // 64, from the pool's 64-aligned base) 0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34.
+  // 64) g0 + 0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, where g0 is the pool's 64-aligned base's own
+  // (the stride counts granules of the address space, so the phase is taken relative to g0 here).
+  const uint32_t g0 = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(base_) / kGranule % 3);
   d_.granule_stride = 3;
-  d_.granule_phase = 1;  // granules 1, 16, 19, 34
+  d_.granule_phase = (g0 + 1) % 3;  // g0 + 1, 16, 19, 34
   Run({0}, {11}, 1);
   EXPECT_EQ(digest_[0], 4u);
   EXPECT_EQ(digest_[1], Folded({64, 1072, 1216, 2176}));
-  d_.granule_phase = 0;  // 0, 3, 18, 33
+  d_.granule_phase = g0;  // g0 + 0, 3, 18, 33
   Run({0}, {11}, 1);
   EXPECT_EQ(digest_[0], 4u);
   EXPECT_EQ(digest_[1], Folded({16, 192, 1152, 2112}));
