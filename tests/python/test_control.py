@@ -105,7 +105,8 @@ _C_STRUCTS = {"SessionOptions": "hs_session_options", "RequestInfo": "hs_request
               "SessionInfo": "hs_session_info", "Stats": "hs_stats", "ResolveArgs": "hs_resolve_args",
               "StoreIndexedArgs": "hs_store_indexed_args", "AdmitArgs": "hs_admit_args",
               "Recovery": "hs_recovery", "RecoveredRequest": "hs_recovered_request",
-              "SessionTimings": "hs_session_timings", "TopkArgs": "hs_topk_args"}
+              "SessionTimings": "hs_session_timings", "TopkArgs": "hs_topk_args",
+              "PrewarmArgs": "hs_prewarm_args"}
 
 
 def test_ctypes_structs_match_the_header(tmp_path):
