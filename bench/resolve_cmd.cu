@@ -647,14 +647,14 @@ int ResolveMain(int argc, char** argv) {
                   {
                     const DeviceCopy<unsigned long long> dig(std::vector<unsigned long long>(2, 0));
                     p.digest = reinterpret_cast<uint64_t*>(dig.p);
-                    BENCH_CUDA(LaunchPrewarm(p, sms, st));
+                    BENCH_CUDA(LaunchPrewarm(p, config, st));
                     BENCH_CUDA(cudaMemcpyAsync(digest, dig.p, sizeof digest, cudaMemcpyDeviceToHost, st));
                     BENCH_CUDA(cudaStreamSynchronize(st));
                     p.digest = nullptr;
                   }
-                  const Timer::Times alone = timer.Time([] {}, [&] { BENCH_CUDA(LaunchPrewarm(p, sms, st)); });
+                  const Timer::Times alone = timer.Time([] {}, [&] { BENCH_CUDA(LaunchPrewarm(p, config, st)); });
                   Timer tw = timer;
-                  tw.touch = [&] { BENCH_CUDA(LaunchPrewarm(p, sms, st)); };
+                  tw.touch = [&] { BENCH_CUDA(LaunchPrewarm(p, config, st)); };
                   const Timer::Times after =
                       tw.Time([] {}, [&] { BENCH_CUDA(LaunchResolve(d, in.ws, in.ws_bytes, config, st)); });
                   called.push_back({blocks, digest[0], alone, after});

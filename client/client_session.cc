@@ -705,13 +705,11 @@ absl::Status ClientSession::Prefetch(uint32_t layer, void* stream) {
 
 absl::Status ClientSession::Prewarm(const hs_prewarm_args& a) {
   HS_RETURN_IF_ERROR(CheckAlive());
-  if (a.layer >= geometry_.num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("prewarm: layer ", a.layer, " out of range"));
-  }
-  if (a.max_batch < 0 || a.max_batch > arena_geometry_.max_rows ||
-      (a.max_batch > 0 && (a.rows == nullptr || a.seq_lens == nullptr))) {
-    return absl::InvalidArgumentError(absl::StrCat("prewarm needs max_batch in [0, ", arena_geometry_.max_rows,
-                                                   "] (the session's rows), and rows and seq_lens"));
+  // The session's own bounds; CheckPrewarmDesc checks the rest below.
+  if (a.layer >= geometry_.num_layers() || a.max_batch > arena_geometry_.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("prewarm: layer ", a.layer, " of ", geometry_.num_layers(),
+                                                   ", max_batch ", a.max_batch, " of the session's ",
+                                                   arena_geometry_.max_rows, " rows"));
   }
   PrewarmDesc d;
   d.geometry = arena_geometry_;

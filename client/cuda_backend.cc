@@ -196,7 +196,7 @@ class CudaBackend final : public DeviceBackend {
   absl::Status Prewarm(const PrewarmDesc& desc, void* stream) override {
     PrewarmDesc d = desc;
     if (d.batch_size == nullptr) d.batch_size = counts_.as<int32_t>() + d.max_batch;
-    return CudaError(LaunchPrewarm(d, launch_.sms, static_cast<cudaStream_t>(stream)), "prewarm launch");
+    return CudaError(LaunchPrewarm(d, launch_, static_cast<cudaStream_t>(stream)), "prewarm launch");
   }
   absl::Status CheckErrors() override {
     if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "data path");

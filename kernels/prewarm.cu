@@ -15,16 +15,10 @@
 
 #include "hisparse/kernels/prewarm_cuda.h"
 #include "hisparse/kernels/resolve_cuda.h"  // LastLaunchError
+#include "launch_status.h"
 #include "stream_order.cuh"
 
 namespace hisparse {
-namespace internal {
-void SetLaunchError(const char* msg);
-cudaError_t FailLaunch(const std::string& msg);
-cudaError_t LaunchCallFailed(cudaError_t e);
-cudaError_t CheckLaunched();
-}  // namespace internal
-
 namespace {
 
 constexpr int kThreads = 256;
@@ -92,23 +86,27 @@ __global__ void __launch_bounds__(kThreads) PrewarmKernel(const PrewarmDesc d, u
 
 }  // namespace
 
-cudaError_t LaunchPrewarm(const PrewarmDesc& d, int sms, cudaStream_t stream) {
+cudaError_t LaunchPrewarm(const PrewarmDesc& d, cudaStream_t stream) {
+  ResolveLaunchConfig device;  // sms 0: asks the driver
+  return LaunchPrewarm(d, device, stream);
+}
+
+cudaError_t LaunchPrewarm(const PrewarmDesc& d, const ResolveLaunchConfig& config, cudaStream_t stream) {
   if (const char* why = CheckPrewarmDesc(d)) return internal::FailLaunch(std::string("prewarm: ") + why);
   if (d.max_batch == 0) {
     internal::SetLaunchError("");
     return cudaSuccess;
   }
-  int blocks = d.max_blocks, cc_major = 0;
-  const bool ordered = d.order != LaunchOrder::kAfterCompletion;
-  if ((blocks == 0 && sms <= 0) || ordered) {
+  int sms = config.sms, cc_major = config.cc_major;
+  if (sms <= 0) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess && blocks == 0 && sms <= 0)
-      e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess && ordered) e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e != cudaSuccess) return internal::LaunchCallFailed(e);
   }
-  if (blocks == 0) blocks = sms / 8 > 0 ? sms / 8 : 1;
+  const bool ordered = d.order != LaunchOrder::kAfterCompletion;
+  const int blocks = d.max_blocks > 0 ? d.max_blocks : (sms / 8 > 0 ? sms / 8 : 1);
   const uint64_t pages = PrewarmMaxPages(d);
   const uint64_t pieces = (PrewarmMaxReadsOfPage(d) + kPrewarmReadsPerThread - 1) / kPrewarmReadsPerThread;
   if (pages * pieces > (uint64_t{1} << 40) / static_cast<uint64_t>(d.max_batch)) {

@@ -85,6 +85,7 @@
 #include "copy_chunk.cuh"
 #include "cp_async.cuh"
 #include "hisparse/kernels/resolve_cuda.h"
+#include "launch_status.h"
 #include "record_dispatch.h"
 #include "resolve_multi.h"
 #include "stream_order.cuh"

@@ -6,19 +6,13 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <string>
 
 #include "hisparse/kernels/resolve.h"
 #include "hisparse/kernels/resolve_cuda.h"
+#include "launch_status.h"
 
 namespace hisparse::internal {
 
-// Launch bookkeeping shared with resolve.cu (defined there).
-void SetLaunchError(const char* msg);
-cudaError_t FailLaunch(const std::string& msg);
-cudaError_t CheckLaunched();
-// A launch call's own error, e.g. cudaLaunchKernelEx's (cleared from cudaGetLastError, returned).
-cudaError_t LaunchCallFailed(cudaError_t e);
 // Whether to launch as a programmatic dependent: asked for (either programmatic order), on a device
 // that supports it.
 inline bool Programmatic(const ResolveLaunchConfig& c) {

@@ -15,17 +15,10 @@
 #include <string>
 
 #include "hisparse/kernels/resolve_cuda.h"
+#include "launch_status.h"
 #include "stream_order.cuh"
 
 namespace hisparse {
-namespace internal {
-void SetLaunchError(const char* msg);
-cudaError_t FailLaunch(const std::string& msg);
-cudaError_t CheckLaunched();
-const char* CheckGeometry(const ArenaGeometry& g, char* buf, size_t n);
-const char* CheckHostMap(const HostRecordMap& h);
-}  // namespace internal
-
 namespace {
 
 constexpr int kThreads = 256;

@@ -61,15 +61,9 @@
 
 #include "hisparse/kernels/resolve_cuda.h"  // LastLaunchError
 #include "hisparse/kernels/topk_cuda.h"
+#include "launch_status.h"
 
 namespace hisparse {
-namespace internal {
-void SetLaunchError(const char* msg);
-cudaError_t FailLaunch(const std::string& msg);
-cudaError_t LaunchCallFailed(cudaError_t e);
-cudaError_t CheckLaunched();
-}  // namespace internal
-
 namespace {
 
 namespace cg = cooperative_groups;

@@ -156,7 +156,7 @@ TEST_P(PrewarmGpuTest, ReadsWhatTheReferenceReads) {
       int32_t other = max_batch;
       CUDA_OK(cudaMemcpy(d_batch, &other, 4, cudaMemcpyHostToDevice));
       CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      CUDA_OK(LaunchPrewarm(d, 0, st));
+      CUDA_OK(LaunchPrewarm(d, st));
       CUDA_OK(cudaStreamEndCapture(st, &graph));
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
       CUDA_OK(cudaMemcpyAsync(d_batch, &hb, 4, cudaMemcpyHostToDevice, st));
@@ -164,8 +164,13 @@ TEST_P(PrewarmGpuTest, ReadsWhatTheReferenceReads) {
       CUDA_OK(cudaStreamSynchronize(st));
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
+    } else if (batch == max_batch) {  // with the device figures of a prepared config: no query
+      ResolveLaunchConfig prepared;
+      CUDA_OK(PrepareResolveLaunch(d.geometry, &prepared));
+      ASSERT_GT(prepared.sms, 0);
+      CUDA_OK(LaunchPrewarm(d, prepared, st));
     } else {
-      CUDA_OK(LaunchPrewarm(d, 0, st));
+      CUDA_OK(LaunchPrewarm(d, st));
     }
     uint64_t got[2];
     uint32_t flags = 0;
@@ -187,10 +192,10 @@ TEST_P(PrewarmGpuTest, ReadsWhatTheReferenceReads) {
   d.batch_size = d_batch;
   d.rows = d_rows;
   d.seq_lens = d_seq;
-  CUDA_OK(LaunchPrewarm(d, 0, st));
+  CUDA_OK(LaunchPrewarm(d, st));
   CUDA_OK(cudaStreamSynchronize(st));
   d.granule_bytes = 3000;
-  EXPECT_EQ(LaunchPrewarm(d, 0, st), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrewarm(d, st), cudaErrorInvalidValue);
   EXPECT_NE(std::string(LastLaunchError()).find("granule"), std::string::npos) << LastLaunchError();
   cudaStreamDestroy(st);
 }

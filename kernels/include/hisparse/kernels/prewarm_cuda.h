@@ -12,13 +12,19 @@
 #include <cuda_runtime.h>
 
 #include "hisparse/kernels/prewarm.h"
+#include "hisparse/kernels/resolve_cuda.h"
 
 namespace hisparse {
 
 // cudaSuccess, the launch's CUDA error, or cudaErrorInvalidValue for a descriptor CheckPrewarmDesc
-// rejects (LastLaunchError, resolve_cuda.h, says why). `sms`: the current device's SM count (0: the
-// launcher asks the driver). Every pointer is device memory or mapped host memory.
-cudaError_t LaunchPrewarm(const PrewarmDesc& d, int sms, cudaStream_t stream);
+// rejects (LastLaunchError, resolve_cuda.h, says why). Every pointer is device memory or mapped
+// host memory. This form asks the driver for the current device's SM count and, for an ordered
+// launch, its compute capability.
+cudaError_t LaunchPrewarm(const PrewarmDesc& d, cudaStream_t stream);
+// The same, with the SM count and compute capability of a config PrepareResolveLaunch prepared for
+// the current device (any geometry): on the step's path, no query. An unprepared config (sms 0)
+// falls back to asking the driver.
+cudaError_t LaunchPrewarm(const PrewarmDesc& d, const ResolveLaunchConfig& config, cudaStream_t stream);
 
 }  // namespace hisparse
 
