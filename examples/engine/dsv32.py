@@ -704,11 +704,14 @@ class Model:
         if o.prewarm < 0 or not o.prewarm_attention or l + 1 >= len(self.layers) or o.prewarm >= len(chunks):
             return None
 
+        # One launch for the rows of ranges prewarm.. (contiguous, to the batch's end): a second one
+        # would run beside the first, not beside that kernel. Its count is made here, before it.
+        a, b = chunks[o.prewarm][0], chunks[-1][1]
+        bs = chunks[-1][2] if o.prewarm == len(chunks) - 1 else torch.clamp(st.batch_size - a, min=0).to(torch.int32)
+
         def launch():
-            for a, b, bs in chunks[o.prewarm:]:
-                kv.prewarm_rows(l + 1, st, a, b, bs, max_blocks=o.prewarm_blocks,
-                                granule_bytes=o.prewarm_granule_kib << 10, granule_stride=o.prewarm_stride,
-                                granule_phase=(l + 1) % o.prewarm_stride, beside=True)
+            kv.prewarm_rows(l + 1, st, a, b, bs, max_blocks=o.prewarm_blocks, granule_bytes=o.prewarm_granule_kib << 10,
+                            granule_stride=o.prewarm_stride, granule_phase=(l + 1) % o.prewarm_stride, beside=True)
         return launch
 
     def _resolve_range(self, kv, l: int, st, chunk, beside: bool = False, alone: bool = False,
