@@ -566,10 +566,11 @@ hs_result hs_prefetch(hs_session* session, uint32_t layer, void* stream);
  * anything. A RESOLVE whose misses lie in pages the GPU has not translated lately
  * waits for their translations; with them made ahead a window of 15 rows at 23% misses took 121-124
  * us instead of 175 on an H100, with a whole other window's pages translated in between
- * (bench/RESULTS.md, "Translations made ahead"). An engine launches it where the GPU translates no
- * host memory: beside a kernel of its own that reads only HBM, for the rows whose RESOLVE comes
- * next (docs/INTEGRATION.md, "Hiding the misses"). It helps on hosts where reads of warm host pages beat
- * cold ones; on others it costs its reads and changes nothing. Graph-capturable (batch_size is read
+ * (bench/RESULTS.md, "Translations made ahead"). It pays only where the reads are off the step's
+ * path and close before that RESOLVE: in the example engine's serving step no such place was found
+ * (a side stream, beside an attention or an expert GEMM, leading the MoE: bench/RESULTS.md, "Read
+ * ahead in the MoE"; docs/INTEGRATION.md, "Hiding the misses"). It helps on hosts where reads of warm
+ * host pages beat cold ones; on others it costs its reads and changes nothing. Graph-capturable (batch_size is read
  * at run time); max_blocks thread blocks (0: an eighth of the SMs).
  * Entry i < *batch_size (NULL: all max_batch) reads positions [0, seq_lens[i]) of row rows[i]; -1
  * pads. A row that is not admitted or out of range, or a seq_len outside [1, its capacity], reads

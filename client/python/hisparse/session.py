@@ -735,13 +735,13 @@ class Session:
         """The GPU's translations of these rows' host records of `layer`, made ahead of its resolve() (ABI 1.19).
 
         One 16-byte read in every granule_bytes (0: 64 KiB) of positions [0, seq_lens[i]) of each
-        row's records; nothing is written, so it may run beside anything. Launch it where the GPU
-        translates no host memory for long, beside a kernel of the same stream (beside=True;
-        docs/INTEGRATION.md, "Hiding the misses"); on a host where warm reads of host memory beat
-        cold ones that layer's resolve() then fetches at its warm speed. rows (-1 pads), seq_lens and batch_size as resolve() takes them; max_blocks:
-        thread blocks to read with (0: an eighth of the SMs); granule_stride / granule_phase: read
-        only the granules g with g % stride == phase (a share that fits beside the kernel it runs
-        with); beside: launched beside the kernel before it in the stream, completing after it
+        row's records; nothing is written, so it may run beside anything. It pays only off the step's
+        path and close before that layer's resolve(), which then fetches at its warm speed on a host
+        where warm reads of host memory beat cold ones; the example engine's step has no such place
+        (docs/INTEGRATION.md, "Hiding the misses"). rows (-1 pads), seq_lens and batch_size as
+        resolve() takes them; max_blocks: thread blocks to read with (0: an eighth of the SMs);
+        granule_stride / granule_phase: read only the granules g with g % stride == phase (a share
+        that fits beside the kernel it runs with); beside: launched beside the kernel before it in the stream, completing after it
         (HS_RESOLVE_LAUNCH_BESIDE; that kernel must ask for its dependents), programmatic: as its
         programmatic dependent. Bad rows surface at check_errors() on the CUDA backend, at once on
         the host backend.

@@ -11,11 +11,13 @@
 // 121-124 us against 175 cold, even with a whole other window's pages translated in between
 // (bench/RESULTS.md, "Translations made ahead shorten RESOLVE to its warm time"). Reading every page
 // of the rows' layer needs no prediction of which records will miss. The call itself costs ~37
-// translations a us (the GPU makes them one after another), so it pays only beside a long kernel that
-// reads HBM alone, launched on the same stream as that kernel's programmatic dependent (kBeside): a
-// side stream forked in a captured graph cost an engine's programmatic overlap, and beside a short
-// kernel it outlasts it (docs/INTEGRATION.md, "Hiding the misses"; bench/RESULTS.md, "Translations
-// made ahead, in the step").
+// translations a us (the GPU makes them one after another), so it pays only off the step's path and
+// close before the RESOLVE it serves. In the example engine's serving step no such place was found: a
+// side stream forked in a captured graph cost the programmatic overlap; beside a split attention or
+// the first expert GEMM the reads outlasted the kernel; leading the MoE they landed on the path, and
+// the translations made ~1 ms ahead had gone by the next layer's RESOLVE (docs/INTEGRATION.md,
+// "Hiding the misses"; bench/RESULTS.md, "Translations made ahead, in the step" and "Read ahead in
+// the MoE").
 //
 // The contract, for every batch entry i < *batch_size (read at run time, clamped to [0, max_batch],
 // so one captured graph serves every batch):
