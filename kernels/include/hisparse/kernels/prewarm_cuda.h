@@ -18,8 +18,8 @@ namespace hisparse {
 
 // cudaSuccess, the launch's CUDA error, or cudaErrorInvalidValue for a descriptor CheckPrewarmDesc
 // rejects (LastLaunchError, resolve_cuda.h, says why). Every pointer is device memory or mapped
-// host memory. This form asks the driver for the current device's SM count and, for an ordered
-// launch, its compute capability.
+// host memory. This form asks the driver for the current device's SM count and compute capability
+// (two attribute queries a launch).
 cudaError_t LaunchPrewarm(const PrewarmDesc& d, cudaStream_t stream);
 // The same, with the SM count and compute capability of a config PrepareResolveLaunch prepared for
 // the current device (any geometry): on the step's path, no query. An unprepared config (sms 0)
