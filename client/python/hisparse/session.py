@@ -743,8 +743,8 @@ class Session:
         granule_stride / granule_phase: read only the granules g with g % stride == phase (a share
         that fits beside the kernel it runs with); beside: launched beside the kernel before it in
         the stream, completing after it (HS_RESOLVE_LAUNCH_BESIDE; that kernel must ask for its
-        dependents), programmatic: as its programmatic dependent. Bad rows surface at check_errors() on the CUDA backend, at once on
-        the host backend.
+        dependents), programmatic: as its programmatic dependent. Bad rows surface at check_errors()
+        on the CUDA backend, at once on the host backend.
         """
         args = self._batch_args(_lib.new_prewarm_args(), layer, rows, seq_lens, max_batch, batch_size)
         args.max_blocks = max_blocks
